@@ -1,0 +1,88 @@
+// Package atomicfile writes files so that a reader (or a crash) sees either
+// the old content or the complete new content, never a partial file.
+//
+// Limits: atomicity relies on rename(2) within one directory, which POSIX file
+// systems provide; on network file systems or Windows the guarantees are
+// weaker. The new file gets exactly perm (set with chmod, so the umask does not
+// apply), not the old file's mode.
+package atomicfile
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// WriteFile writes path atomically: it creates a temp file in the same
+// directory, writes it via fn (through a buffer), fsyncs and closes it, renames
+// it over path and fsyncs the directory so the rename itself is durable.
+// On any error the temp file is removed and the existing file at path is
+// untouched.
+func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err error) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	// Same directory as the target: rename across file systems is not atomic.
+	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("atomicfile: create temp for %s: %w", path, err)
+	}
+	tmpName := tmp.Name()
+	closed := false
+	defer func() {
+		if err != nil {
+			if !closed {
+				tmp.Close()
+			}
+			os.Remove(tmpName)
+		}
+	}()
+
+	bw := bufio.NewWriterSize(tmp, 1<<20)
+	if err = fn(bw); err != nil {
+		return fmt.Errorf("atomicfile: write %s: %w", path, err)
+	}
+	if err = bw.Flush(); err != nil {
+		return fmt.Errorf("atomicfile: write %s: %w", path, err)
+	}
+	// CreateTemp uses 0600; set the requested mode before the file becomes visible.
+	if err = tmp.Chmod(perm); err != nil {
+		return fmt.Errorf("atomicfile: chmod %s: %w", tmpName, err)
+	}
+	if err = tmp.Sync(); err != nil {
+		return fmt.Errorf("atomicfile: fsync %s: %w", tmpName, err)
+	}
+	closed = true
+	if err = tmp.Close(); err != nil {
+		return fmt.Errorf("atomicfile: close %s: %w", tmpName, err)
+	}
+	if err = os.Rename(tmpName, path); err != nil {
+		return fmt.Errorf("atomicfile: rename %s to %s: %w", tmpName, path, err)
+	}
+	// After the rename the new content is in place; a failing directory fsync
+	// only weakens durability, but it is still reported.
+	if serr := syncDir(dir); serr != nil {
+		return fmt.Errorf("atomicfile: fsync directory of %s: %w", path, serr)
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory so that a rename in it survives a crash. Some
+// file systems reject fsync on directories (EINVAL); that is not an error here.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	serr := d.Sync()
+	cerr := d.Close()
+	if serr != nil && !errors.Is(serr, syscall.EINVAL) {
+		return serr
+	}
+	return cerr
+}

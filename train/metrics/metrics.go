@@ -1,0 +1,176 @@
+// Package metrics records training metrics as JSON lines (one Record per
+// line in metrics.jsonl), plots loss curves to PNG, and shows progress on a
+// terminal or as log lines.
+//
+// Limits (this file): a Writer is meant for one process; records are written
+// with one write call each, so a crash can cut at most the last line short,
+// and readers drop such a cut line. Lines are kept byte for byte on resume,
+// so fields this version does not know survive.
+package metrics
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+)
+
+// Record is one line of metrics.jsonl. Optional values are pointers so that
+// "not measured at this step" (omitted) differs from zero.
+type Record struct {
+	Step         int      `json:"step"`
+	Time         float64  `json:"time_s"` // seconds since the run started, summed over resumes
+	TrainLoss    *float64 `json:"train_loss,omitempty"`
+	EvalLoss     *float64 `json:"eval_loss,omitempty"`
+	ExactMatch   *float64 `json:"eval_exact_match,omitempty"`
+	TokensPerSec *float64 `json:"tokens_per_s,omitempty"`
+	LR           *float64 `json:"lr,omitempty"`
+	GradNorm     *float64 `json:"grad_norm,omitempty"`
+	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint"
+}
+
+// F returns a pointer to x, for the optional fields of Record.
+func F(x float64) *float64 { return &x }
+
+// Writer appends Records to a JSON-lines file. It is safe for concurrent use.
+type Writer struct {
+	mu     sync.Mutex
+	path   string
+	f      *os.File
+	start  time.Time
+	offset float64 // time_s of the last record kept on resume
+	now    func() time.Time
+}
+
+// Create opens path for writing metrics. With resumeStep < 0 it starts a new
+// file (truncating any old one). With resumeStep >= 0 it keeps the existing
+// lines whose step is <= resumeStep, rewrites the file atomically with only
+// those, and appends after them, so a run resumed from a checkpoint at
+// resumeStep has no duplicated or orphaned steps; a missing file is created.
+// Times continue from the last kept record.
+func Create(path string, resumeStep int) (*Writer, error) {
+	w := &Writer{path: path, now: time.Now}
+	if resumeStep < 0 {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		w.f, w.start = f, w.now()
+		return w, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	recs, lines, err := parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	var keep [][]byte
+	for i, r := range recs {
+		if r.Step <= resumeStep {
+			keep = append(keep, lines[i])
+			w.offset = max(w.offset, r.Time)
+		}
+	}
+	err = atomicfile.WriteFile(path, 0o644, func(out io.Writer) error {
+		for _, l := range keep {
+			if _, err := out.Write(l); err != nil {
+				return err
+			}
+			if _, err := out.Write([]byte{'\n'}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metrics: rewrite for resume at step %d: %w", resumeStep, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	w.f, w.start = f, w.now()
+	return w, nil
+}
+
+// Write appends r as one line and hands it to the OS at once (no buffering),
+// so the file is current even if the process dies. A zero r.Time is filled in
+// with the seconds since the run started (continuing across resumes).
+func (w *Writer) Write(r Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f == nil {
+		return fmt.Errorf("metrics: write %s: writer is closed", w.path)
+	}
+	if r.Time == 0 {
+		r.Time = w.offset + w.now().Sub(w.start).Seconds()
+	}
+	b, err := json.Marshal(r)
+	if err != nil { // NaN or Inf in a field: JSON cannot hold them
+		return fmt.Errorf("metrics: write %s step %d: %w", w.path, r.Step, err)
+	}
+	if _, err := w.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("metrics: write %s: %w", w.path, err)
+	}
+	return nil
+}
+
+// Close closes the file. Closing twice is not an error.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f == nil {
+		return nil
+	}
+	err := w.f.Close()
+	w.f = nil
+	if err != nil {
+		return fmt.Errorf("metrics: close %s: %w", w.path, err)
+	}
+	return nil
+}
+
+// ReadFile reads all records of a metrics file in file order. A last line cut
+// short by a crash (no newline, not valid JSON) is dropped; any other bad line
+// is an error naming the file and line.
+func ReadFile(path string) ([]Record, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	recs, _, err := parse(path, data)
+	return recs, err
+}
+
+// parse decodes JSON lines, returning each record with its raw line (without
+// the newline). Blank lines are skipped.
+func parse(path string, data []byte) ([]Record, [][]byte, error) {
+	var recs []Record
+	var lines [][]byte
+	for n := 1; len(data) > 0; n++ {
+		line, rest, found := bytes.Cut(data, []byte{'\n'})
+		data = rest
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var r Record
+		if err := json.Unmarshal(line, &r); err != nil {
+			if !found { // the final, unterminated line: an interrupted write
+				break
+			}
+			return nil, nil, fmt.Errorf("metrics: %s:%d: %w", path, n, err)
+		}
+		recs = append(recs, r)
+		lines = append(lines, line)
+	}
+	return recs, lines, nil
+}

@@ -1,0 +1,187 @@
+// Tests for the JSON-lines Writer and ReadFile: round trip, resume keeping
+// only steps <= resumeStep (and unknown fields), crash-cut last lines, bad
+// lines, and time continuing across a resume.
+package metrics
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func steps(recs []Record) []int {
+	var s []int
+	for _, r := range recs {
+		s = append(s, r.Step)
+	}
+	return s
+}
+
+func writeAll(t *testing.T, path string, resume int, recs ...Record) {
+	t.Helper()
+	w, err := Create(path, resume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := w.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	in := []Record{
+		{Step: 1, Time: 0.5, TrainLoss: F(2.5), LR: F(1e-3), TokensPerSec: F(5100), GradNorm: F(0.7)},
+		{Step: 2, Time: 1.5, EvalLoss: F(2.25), ExactMatch: F(0.125)},
+		{Step: 2, Time: 1.6, Event: "checkpoint"},
+	}
+	writeAll(t, path, -1, in...)
+	got, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, in) {
+		t.Fatalf("got %+v, want %+v", got, in)
+	}
+	b, _ := os.ReadFile(path)
+	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 3 ||
+		lines[1] != `{"step":2,"time_s":1.5,"eval_loss":2.25,"eval_exact_match":0.125}` {
+		t.Fatalf("file:\n%s", b)
+	}
+	// A new run (resumeStep < 0) truncates.
+	writeAll(t, path, -1, Record{Step: 1, Time: 1})
+	if got, _ := ReadFile(path); len(got) != 1 {
+		t.Fatalf("after truncating create: %d records", len(got))
+	}
+}
+
+func TestResume(t *testing.T) {
+	tests := []struct {
+		name   string
+		resume int
+		want   []int
+	}{
+		{"middle", 20, []int{10, 20, 20, 21}},
+		{"before all", 5, []int{21}},
+		{"after all", 100, []int{10, 20, 20, 30, 40, 21}},
+		{"zero", 0, []int{21}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "metrics.jsonl")
+			writeAll(t, path, -1,
+				Record{Step: 10, Time: 1, TrainLoss: F(3)},
+				Record{Step: 20, Time: 2, TrainLoss: F(2)},
+				Record{Step: 20, Time: 2.5, EvalLoss: F(2.1)},
+				Record{Step: 30, Time: 3, TrainLoss: F(1.5)},
+				Record{Step: 40, Time: 4, TrainLoss: F(1.2)})
+			writeAll(t, path, tc.resume, Record{Step: 21, Time: 9, TrainLoss: F(1.9)})
+			got, err := ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := steps(got); !reflect.DeepEqual(s, tc.want) {
+				t.Fatalf("steps = %v, want %v", s, tc.want)
+			}
+		})
+	}
+}
+
+func TestResumeMissingFileAndUnknownFields(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "metrics.jsonl")
+	writeAll(t, path, 50, Record{Step: 51, Time: 1})
+	if got, err := ReadFile(path); err != nil || len(got) != 1 {
+		t.Fatalf("resume on missing file: %v %v", got, err)
+	}
+	// Lines are kept byte for byte, including fields this version lacks,
+	// and a line cut short by a crash is dropped.
+	old := `{"step":1,"time_s":1,"future_field":[1,2]}` + "\n" + `{"step":2,"time_s":2}` + "\n" + `{"step":3,"ti`
+	if err := os.WriteFile(path, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeAll(t, path, 2, Record{Step: 3, Time: 3})
+	b, _ := os.ReadFile(path)
+	want := `{"step":1,"time_s":1,"future_field":[1,2]}` + "\n" + `{"step":2,"time_s":2}` + "\n" + `{"step":3,"time_s":3}` + "\n"
+	if string(b) != want {
+		t.Fatalf("file = %q, want %q", b, want)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("directory holds %v", ents)
+	}
+}
+
+func TestResumeTimeContinues(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	writeAll(t, path, -1, Record{Step: 1, Time: 100}, Record{Step: 2, Time: 200})
+	w, err := Create(path, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := w.start
+	w.now = func() time.Time { return base.Add(5 * time.Second) }
+	if err := w.Write(Record{Step: 2, TrainLoss: F(1)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	got, _ := ReadFile(path)
+	if len(got) != 2 || got[1].Time != 105 {
+		t.Fatalf("records %+v: want time 100+5 on the resumed step", got)
+	}
+}
+
+func TestReadErrors(t *testing.T) {
+	tests := []struct {
+		name, content, want string
+	}{
+		{"bad middle line", "{\"step\":1}\nnot json\n{\"step\":3}\n", ":2:"},
+		{"bad terminated last line", "{\"step\":1}\n{\"step\":\n", ":2:"},
+		{"wrong type", "{\"step\":\"one\"}\n", ":1:"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "m.jsonl")
+			os.WriteFile(path, []byte(tc.content), 0o644)
+			_, err := ReadFile(path)
+			if err == nil || !strings.Contains(err.Error(), path+tc.want) {
+				t.Fatalf("err = %v, want one containing %q", err, path+tc.want)
+			}
+			// Resuming from a corrupt file fails too, leaving it as it was.
+			if _, err := Create(path, 10); err == nil {
+				t.Fatal("Create on a corrupt file succeeded")
+			}
+			if b, _ := os.ReadFile(path); string(b) != tc.content {
+				t.Fatalf("corrupt file was modified: %q", b)
+			}
+		})
+	}
+	if _, err := ReadFile(filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Fatal("ReadFile of a missing file succeeded")
+	}
+}
+
+func TestWriteErrors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.jsonl")
+	w, err := Create(path, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(Record{Step: 1, TrainLoss: F(nan())}); err == nil || !strings.Contains(err.Error(), "step 1") {
+		t.Fatalf("NaN loss: err = %v", err)
+	}
+	w.Close()
+	if err := w.Write(Record{Step: 2}); err == nil {
+		t.Fatal("Write after Close succeeded")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}

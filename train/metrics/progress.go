@@ -1,0 +1,229 @@
+// progress.go: a training progress display. On a terminal it redraws one
+// status line in place ("step 120/600 [=====>    ] loss 1.234 | 5.1k tok/s |
+// ETA 1m32s"); elsewhere (a pipe, a log file) it emits a slog line every
+// ~2% of the run.
+//
+// Limits: the bar assumes the logger writes to the same terminal (Log clears
+// and redraws around it); other output written behind Progress's back will
+// garble the line until the next redraw. The ETA uses the median per-step time
+// of the last few updates, so one eval or checkpoint pause does not inflate it
+// and a whole-run average does not drift; it does not foresee future pauses.
+package metrics
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/term"
+)
+
+const (
+	redrawEvery = 100 * time.Millisecond // at most ~10 redraws a second
+	etaWindow   = 16                     // per-step times kept for the ETA
+	barWidth    = 24
+)
+
+// Progress shows training progress. It is safe for concurrent use.
+type Progress struct {
+	mu     sync.Mutex
+	out    io.Writer
+	tty    bool
+	width  int // terminal columns, 0 if unknown
+	total  int
+	every  int // non-terminal: log every this many steps
+	logger *slog.Logger
+	now    func() time.Time
+
+	nextLog   int // non-terminal: the next step that gets a line
+	logged    int // non-terminal: the last step that got one
+	lastStep  int
+	lastTime  time.Time
+	stepTimes []float64 // seconds per step, the last etaWindow updates
+	lastDraw  time.Time
+	line      string // the status line currently shown (terminal)
+	drawn     bool
+	done      bool
+}
+
+// NewProgress returns a display for a run of total steps writing to w: a bar
+// redrawn in place when w is a terminal, otherwise slog lines through logger
+// (slog.Default() when nil).
+func NewProgress(w *os.File, total int, logger *slog.Logger) *Progress {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	p := &Progress{out: w, total: total, every: max(1, total/50), logger: logger, now: time.Now}
+	if w != nil && term.IsTerminal(int(w.Fd())) {
+		p.tty = true
+		if cols, _, err := term.GetSize(int(w.Fd())); err == nil {
+			p.width = cols
+		}
+	}
+	p.lastTime = p.now()
+	p.nextLog = p.every
+	return p
+}
+
+// Update reports that step (1-based, out of total) finished with this loss
+// and throughput. Steps must not go backwards; a repeated step only redraws.
+func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if n := step - p.lastStep; n > 0 {
+		per := now.Sub(p.lastTime).Seconds() / float64(n)
+		p.stepTimes = append(p.stepTimes, per)
+		if len(p.stepTimes) > etaWindow {
+			p.stepTimes = p.stepTimes[len(p.stepTimes)-etaWindow:]
+		}
+		p.lastStep, p.lastTime = step, now
+	}
+	eta := p.eta(step)
+	last := p.total > 0 && step >= p.total
+	if p.tty {
+		p.line = statusLine(step, p.total, loss, tokensPerSec, eta, p.barWidth())
+		if last || !p.drawn || now.Sub(p.lastDraw) >= redrawEvery {
+			p.draw(now)
+		}
+		return
+	}
+	// Log on crossing each multiple of every, so callers that skip steps
+	// still get lines.
+	if (step >= p.nextLog || last) && step > p.logged {
+		p.logged = step
+		p.nextLog = (step/p.every + 1) * p.every
+		p.logger.Info("train", "step", step, "total", p.total, "loss", loss,
+			"tok_s", math.Round(tokensPerSec), "eta", formatDuration(eta))
+	}
+}
+
+// Log logs a message (eval results and the like) without garbling the bar:
+// on a terminal the status line is cleared, the message logged, and the line
+// redrawn.
+func (p *Progress) Log(msg string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && p.drawn {
+		io.WriteString(p.out, "\r\x1b[K")
+	}
+	p.logger.Info(msg, args...)
+	if p.tty && p.drawn {
+		p.draw(p.now())
+	}
+}
+
+// Done ends the display: on a terminal the final status is drawn and the
+// line ended. Calling it again does nothing.
+func (p *Progress) Done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return
+	}
+	p.done = true
+	if p.tty && p.line != "" {
+		p.draw(p.now())
+		io.WriteString(p.out, "\n")
+	}
+}
+
+// draw writes the current line over the previous one. Write errors are
+// ignored: a broken terminal must not stop training.
+func (p *Progress) draw(now time.Time) {
+	io.WriteString(p.out, "\r"+p.line+"\x1b[K")
+	p.drawn, p.lastDraw = true, now
+}
+
+// barWidth shrinks the bar on narrow terminals so the line does not wrap
+// (a wrapped line cannot be redrawn with \r).
+func (p *Progress) barWidth() int {
+	if p.width == 0 {
+		return barWidth
+	}
+	return min(barWidth, max(p.width-60, 0))
+}
+
+// eta estimates the remaining time from the median recent step time; -1 if
+// unknown.
+func (p *Progress) eta(step int) time.Duration {
+	if len(p.stepTimes) == 0 || p.total <= 0 {
+		return -1
+	}
+	s := slices.Clone(p.stepTimes)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	left := max(p.total-step, 0)
+	return time.Duration(med * float64(left) * float64(time.Second))
+}
+
+// statusLine formats the terminal line; width 0 leaves the bar out.
+func statusLine(step, total int, loss, tps float64, eta time.Duration, width int) string {
+	var b strings.Builder
+	if total > 0 {
+		fmt.Fprintf(&b, "step %d/%d", step, total)
+		if width > 0 {
+			b.WriteString(" [" + bar(step, total, width) + "]")
+		}
+	} else {
+		fmt.Fprintf(&b, "step %d", step)
+	}
+	fmt.Fprintf(&b, " loss %.3f | %s tok/s | ETA %s", loss, formatRate(tps), formatDuration(eta))
+	return b.String()
+}
+
+// bar draws "=====>    " of the given width for step out of total.
+func bar(step, total, width int) string {
+	filled := min(max(width*step/total, 0), width)
+	if filled == width {
+		return strings.Repeat("=", width)
+	}
+	if filled == 0 {
+		return strings.Repeat(" ", width)
+	}
+	return strings.Repeat("=", filled-1) + ">" + strings.Repeat(" ", width-filled)
+}
+
+// formatDuration writes a duration compactly, rounded to seconds below an
+// hour ("42s", "1m32s") and to minutes from an hour on ("1h02m"); "?" when
+// unknown (negative).
+func formatDuration(d time.Duration) string {
+	if d < 0 {
+		return "?"
+	}
+	s := int64((d + time.Second/2) / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", s)
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	default:
+		m := (s + 30) / 60
+		return fmt.Sprintf("%dh%02dm", m/60, m%60)
+	}
+}
+
+// formatRate writes a rate with one decimal and an SI suffix ("950",
+// "5.1k", "12.3M").
+func formatRate(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "?"
+	}
+	if math.Abs(x) < 999.5 {
+		return fmt.Sprintf("%.0f", x)
+	}
+	u := 0
+	for x /= 1000; math.Abs(x) >= 999.95 && u < 2; u++ {
+		x /= 1000
+	}
+	return fmt.Sprintf("%.1f%s", x, "kMG"[u:u+1])
+}

@@ -1,0 +1,373 @@
+// Package safetensors reads and writes the Hugging Face safetensors format:
+// an 8-byte little-endian header length N, N bytes of JSON
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+// {string: string}}, then the data section; offsets are relative to the
+// start of the data section, and data is little-endian, row-major.
+//
+// Limits: Open reads the whole file into memory (no mmap), so a checkpoint
+// must fit in RAM. Validation is as strict as the reference implementation:
+// tensors must tile the data section exactly (no overlap, gap or trailing
+// bytes). Conversions exist for F32/BF16/F16 to float32 and I64/I32 to int64.
+package safetensors
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/bf16"
+)
+
+// maxHeader bounds the JSON header (the reference implementation uses 100 MB)
+// so a corrupt length cannot make us allocate or scan absurd amounts.
+const maxHeader = 100 << 20
+
+// TensorInfo describes one tensor in a file. Begin and End are byte offsets
+// into the data section (as in the header), End exclusive.
+type TensorInfo struct {
+	Name  string
+	DType DType
+	Shape []int
+	Begin int64
+	End   int64
+}
+
+// NumElements returns the product of the shape (1 for a scalar).
+func (ti TensorInfo) NumElements() int64 {
+	n := int64(1)
+	for _, d := range ti.Shape {
+		n *= int64(d)
+	}
+	return n
+}
+
+// File is an opened, fully validated safetensors file held in memory.
+type File struct {
+	Path     string            // the path it was opened from
+	Metadata map[string]string // the "__metadata__" entry; empty map if absent
+
+	data  []byte // the data section
+	infos map[string]TensorInfo
+	names []string // sorted
+}
+
+// Open reads the file at path and validates its header and layout. Every
+// error names the file and, where one is at fault, the tensor.
+func Open(path string) (*File, error) {
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	f, err := parse(path, buf)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// headerEntry is one tensor's JSON record; pointers detect missing fields.
+type headerEntry struct {
+	DType       *string  `json:"dtype"`
+	Shape       *[]int64 `json:"shape"`
+	DataOffsets *[]int64 `json:"data_offsets"`
+}
+
+func parse(path string, buf []byte) (*File, error) {
+	if len(buf) < 8 {
+		return nil, fmt.Errorf("file is %d bytes, shorter than the 8-byte header length", len(buf))
+	}
+	hlen := binary.LittleEndian.Uint64(buf[:8])
+	if hlen > uint64(len(buf)-8) {
+		return nil, fmt.Errorf("header length %d is larger than the %d bytes after it", hlen, len(buf)-8)
+	}
+	if hlen > maxHeader {
+		return nil, fmt.Errorf("header length %d exceeds the %d-byte limit", hlen, maxHeader)
+	}
+	header := buf[8 : 8+hlen]
+	data := buf[8+hlen:]
+
+	raw, err := decodeObject(header)
+	if err != nil {
+		return nil, fmt.Errorf("bad JSON header: %w", err)
+	}
+	f := &File{Path: path, Metadata: map[string]string{}, data: data, infos: map[string]TensorInfo{}}
+	for _, kv := range raw {
+		if kv.key == metaKey {
+			if f.Metadata, err = decodeMetadata(kv.val); err != nil {
+				return nil, fmt.Errorf("bad JSON header: %s: %w", metaKey, err)
+			}
+			continue
+		}
+		ti, err := parseEntry(kv.key, kv.val)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", kv.key, err)
+		}
+		f.infos[kv.key] = ti
+		f.names = append(f.names, kv.key)
+	}
+	sort.Strings(f.names)
+	if err := checkLayout(f, int64(len(data))); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// parseEntry validates one tensor record on its own (dtype, shape, size).
+func parseEntry(name string, val json.RawMessage) (TensorInfo, error) {
+	if name == "" {
+		return TensorInfo{}, errors.New("empty tensor name")
+	}
+	var e headerEntry
+	if err := json.Unmarshal(val, &e); err != nil {
+		return TensorInfo{}, fmt.Errorf("bad JSON: %w", err)
+	}
+	switch {
+	case e.DType == nil:
+		return TensorInfo{}, errors.New(`missing "dtype"`)
+	case e.Shape == nil:
+		return TensorInfo{}, errors.New(`missing "shape"`)
+	case e.DataOffsets == nil:
+		return TensorInfo{}, errors.New(`missing "data_offsets"`)
+	}
+	dt := DType(*e.DType)
+	bits, ok := dtypeBits[dt]
+	if !ok {
+		return TensorInfo{}, fmt.Errorf("unknown dtype %q", *e.DType)
+	}
+	ti := TensorInfo{Name: name, DType: dt, Shape: make([]int, len(*e.Shape))}
+	numel := int64(1)
+	for i, d := range *e.Shape {
+		if d < 0 || d > math.MaxInt {
+			return TensorInfo{}, fmt.Errorf("shape %v: dimension %d is out of range", *e.Shape, d)
+		}
+		if d != 0 && numel > math.MaxInt64/8/d {
+			return TensorInfo{}, fmt.Errorf("shape %v: element count overflows", *e.Shape)
+		}
+		numel *= d
+		ti.Shape[i] = int(d)
+	}
+	off := *e.DataOffsets
+	if len(off) != 2 {
+		return TensorInfo{}, fmt.Errorf("data_offsets has %d entries, want 2", len(off))
+	}
+	ti.Begin, ti.End = off[0], off[1]
+	if ti.Begin < 0 || ti.End < ti.Begin {
+		return TensorInfo{}, fmt.Errorf("data_offsets [%d, %d] out of range", ti.Begin, ti.End)
+	}
+	if numel*bits%8 != 0 {
+		return TensorInfo{}, fmt.Errorf("shape %v of %s is not a whole number of bytes", ti.Shape, dt)
+	}
+	if want := numel * bits / 8; ti.End-ti.Begin != want {
+		return TensorInfo{}, fmt.Errorf("data_offsets [%d, %d] span %d bytes, but %s %v needs %d",
+			ti.Begin, ti.End, ti.End-ti.Begin, dt, ti.Shape, want)
+	}
+	return ti, nil
+}
+
+// checkLayout verifies that the tensors tile the data section: sorted by
+// offset, each begins where the previous ended, and the last ends at the end
+// of the file. Truncation is reported first because it is the common failure
+// (an interrupted copy or download).
+func checkLayout(f *File, dataLen int64) error {
+	byOff := make([]TensorInfo, 0, len(f.infos))
+	var maxEnd int64
+	for _, n := range f.names {
+		ti := f.infos[n]
+		byOff = append(byOff, ti)
+		maxEnd = max(maxEnd, ti.End)
+	}
+	if maxEnd > dataLen {
+		return fmt.Errorf("truncated: header says %d bytes of data, file has %d", maxEnd, dataLen)
+	}
+	slices.SortFunc(byOff, func(a, b TensorInfo) int {
+		if a.Begin != b.Begin {
+			return cmpInt64(a.Begin, b.Begin)
+		}
+		return cmpInt64(a.End, b.End)
+	})
+	var pos int64
+	prev := ""
+	for _, ti := range byOff {
+		switch {
+		case ti.Begin < pos:
+			return fmt.Errorf("tensor %q: data_offsets [%d, %d] overlap tensor %q, which ends at %d",
+				ti.Name, ti.Begin, ti.End, prev, pos)
+		case ti.Begin > pos:
+			return fmt.Errorf("tensor %q: data_offsets [%d, %d] leave a gap of %d bytes after offset %d",
+				ti.Name, ti.Begin, ti.End, ti.Begin-pos, pos)
+		}
+		pos, prev = ti.End, ti.Name
+	}
+	if pos != dataLen {
+		return fmt.Errorf("%d trailing bytes after the last tensor (data section is %d bytes, tensors cover %d)",
+			dataLen-pos, dataLen, pos)
+	}
+	return nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type keyVal struct {
+	key string
+	val json.RawMessage
+}
+
+// decodeObject decodes a JSON object keeping its keys in order and rejecting
+// duplicate keys, which encoding/json would silently collapse. Anything but
+// whitespace after the object is an error.
+func decodeObject(b []byte) ([]keyVal, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("want a JSON object, found %v", tok)
+	}
+	var out []keyVal
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, fmt.Errorf("want an object key, found %v", tok)
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("duplicate name %q", key)
+		}
+		seen[key] = true
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return nil, fmt.Errorf("value of %q: %w", key, err)
+		}
+		out = append(out, keyVal{key, val})
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("unexpected data after the JSON object")
+	}
+	return out, nil
+}
+
+// decodeMetadata decodes "__metadata__": a flat object of strings.
+func decodeMetadata(b json.RawMessage) (map[string]string, error) {
+	kvs, err := decodeObject(b)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		var s string
+		if err := json.Unmarshal(kv.val, &s); err != nil {
+			return nil, fmt.Errorf("value of %q is not a string", kv.key)
+		}
+		m[kv.key] = s
+	}
+	return m, nil
+}
+
+// Names returns the tensor names, sorted.
+func (f *File) Names() []string { return slices.Clone(f.names) }
+
+// Info returns the description of the named tensor.
+func (f *File) Info(name string) (TensorInfo, bool) {
+	ti, ok := f.infos[name]
+	if ok {
+		ti.Shape = slices.Clone(ti.Shape)
+	}
+	return ti, ok
+}
+
+// Raw returns the named tensor's bytes (little-endian, row-major) and its
+// description. The bytes alias the file's buffer: callers must not modify them.
+func (f *File) Raw(name string) ([]byte, TensorInfo, error) {
+	ti, ok := f.Info(name)
+	if !ok {
+		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: no tensor %q", f.Path, name)
+	}
+	return f.data[ti.Begin:ti.End:ti.End], ti, nil
+}
+
+// Float32 returns the named tensor converted to float32, and its shape.
+// F32, BF16 and F16 are accepted (the widening is exact); other dtypes are
+// an error.
+func (f *File) Float32(name string) ([]float32, []int, error) {
+	b, ti, err := f.Raw(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	n := ti.NumElements()
+	out := make([]float32, n)
+	switch ti.DType {
+	case F32:
+		for i := range out {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+	case BF16:
+		for i := range out {
+			out[i] = bf16.ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+		}
+	case F16:
+		for i := range out {
+			out[i] = f16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+		}
+	default:
+		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.Path, name, ti.DType)
+	}
+	return out, ti.Shape, nil
+}
+
+// Int64 returns the named tensor converted to int64, and its shape. I64 and
+// I32 are accepted; other dtypes are an error.
+func (f *File) Int64(name string) ([]int64, []int, error) {
+	b, ti, err := f.Raw(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]int64, ti.NumElements())
+	switch ti.DType {
+	case I64:
+		for i := range out {
+			out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+		}
+	case I32:
+		for i := range out {
+			out[i] = int64(int32(binary.LittleEndian.Uint32(b[4*i:])))
+		}
+	default:
+		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want I64 or I32", f.Path, name, ti.DType)
+	}
+	return out, ti.Shape, nil
+}
+
+// shapeString formats a shape as JSON ("[2,3]"; "[]" for a scalar).
+func shapeString(shape []int) string {
+	parts := make([]string, len(shape))
+	for i, d := range shape {
+		parts[i] = strconv.Itoa(d)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
