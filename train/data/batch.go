@@ -1,0 +1,185 @@
+// batch.go: next-token batches. A row holds one example: inputs are its
+// tokens but the last, targets the tokens one ahead, -1 where no loss is
+// taken (prompt positions and padding). The Loader serves the training
+// examples in a shuffled order drawn afresh each epoch from (seed, epoch), so
+// a Position of two integers resumes the stream exactly. Limits: one example
+// per row (no packing); a Loader is not safe for concurrent use.
+
+package data
+
+import "fmt"
+
+// Batch holds B rows of T inputs and targets, row-major (row r is
+// [r*T, (r+1)*T)). Targets[i] = -1 where no loss is taken (prompt tokens,
+// padding). Inputs past an example's end repeat its final token, which is
+// the EOS for every instruction example that was not truncated; causal
+// attention and the -1 targets make that value irrelevant to the loss.
+// NumTargets counts the targets that are not -1.
+type Batch struct {
+	B, T            int
+	Inputs, Targets []int32
+	NumTargets      int
+}
+
+// resize sets the shape, reusing the slices when they are large enough.
+func (b *Batch) resize(B, T int) {
+	b.B, b.T = B, T
+	if cap(b.Inputs) < B*T {
+		b.Inputs = make([]int32, B*T)
+	}
+	if cap(b.Targets) < B*T {
+		b.Targets = make([]int32, B*T)
+	}
+	b.Inputs, b.Targets = b.Inputs[:B*T], b.Targets[:B*T]
+	b.NumTargets = 0
+}
+
+// fillRow writes one example into a row of T inputs and targets and returns
+// the number of targets. An example longer than T+1 is cut to T+1.
+func fillRow(in, tg []int32, ex Example, pad int32) int {
+	T := len(in)
+	t := ex.Tokens
+	if len(t) > T+1 {
+		t = t[:T+1]
+	}
+	if len(t) > 0 {
+		pad = t[len(t)-1]
+	}
+	n := 0
+	for i := range T {
+		if i+1 < len(t) {
+			in[i] = t[i]
+			// Position i predicts t[i+1]: a target once i+1 reaches the
+			// response (for plain text PromptLen is 0: always).
+			if i+1 >= ex.PromptLen {
+				tg[i] = t[i+1]
+				n++
+			} else {
+				tg[i] = -1
+			}
+		} else {
+			in[i], tg[i] = pad, -1
+		}
+	}
+	return n
+}
+
+// Position is where a Loader stands: the next example is number Index of
+// epoch Epoch's shuffled order. Together with the seed it resumes exactly.
+type Position struct {
+	Epoch int `json:"epoch"`
+	Index int `json:"index"`
+}
+
+// Loader iterates over training examples in a seeded shuffled order, epoch
+// after epoch; a batch can span an epoch boundary.
+type Loader struct {
+	ex        []Example
+	b, t      int
+	seed      uint64
+	pos       Position
+	perm      []int // the order of epoch permEpoch
+	permEpoch int
+}
+
+// NewLoader checks that every example fits a row (2 <= len(Tokens) <= T+1,
+// PromptLen < len(Tokens), so it has a target) and returns a Loader at
+// epoch 0, index 0. The examples are not copied: do not modify them.
+func NewLoader(examples []Example, B, T int, seed uint64) (*Loader, error) {
+	if B < 1 || T < 1 {
+		return nil, fmt.Errorf("data: loader shape B=%d T=%d, want both at least 1", B, T)
+	}
+	if len(examples) == 0 {
+		return nil, fmt.Errorf("data: loader has no examples")
+	}
+	for i, ex := range examples {
+		L := len(ex.Tokens)
+		switch {
+		case L > T+1:
+			return nil, fmt.Errorf("data: example %d has %d tokens, more than T+1 = %d", i, L, T+1)
+		case L < 2:
+			return nil, fmt.Errorf("data: example %d has %d token(s); it needs 2 to have a target", i, L)
+		case ex.PromptLen < 0 || ex.PromptLen >= L:
+			return nil, fmt.Errorf("data: example %d has prompt length %d of %d tokens; no target is left", i, ex.PromptLen, L)
+		}
+	}
+	l := &Loader{ex: examples, b: B, t: T, seed: seed, permEpoch: -1}
+	return l, nil
+}
+
+// order returns the shuffled order of an epoch, computing it on change.
+func (l *Loader) order(epoch int) []int {
+	if l.permEpoch != epoch {
+		l.perm = newRNG(l.seed, streamOf("loader")^uint64(epoch)).perm(len(l.ex))
+		l.permEpoch = epoch
+	}
+	return l.perm
+}
+
+// Next fills b with the next B examples (allocating its slices only when
+// they are too small) and advances the position.
+func (l *Loader) Next(b *Batch) {
+	b.resize(l.b, l.t)
+	for r := range l.b {
+		ex := l.ex[l.order(l.pos.Epoch)[l.pos.Index]]
+		b.NumTargets += fillRow(b.Inputs[r*l.t:(r+1)*l.t], b.Targets[r*l.t:(r+1)*l.t], ex, 0)
+		l.pos.Index++
+		if l.pos.Index == len(l.ex) {
+			l.pos = Position{Epoch: l.pos.Epoch + 1}
+		}
+	}
+}
+
+// Position returns the position of the next example.
+func (l *Loader) Position() Position { return l.pos }
+
+// Seek moves to p, as saved by Position; Index may equal the number of
+// examples, meaning the start of the next epoch.
+func (l *Loader) Seek(p Position) error {
+	if p.Epoch < 0 || p.Index < 0 || p.Index > len(l.ex) {
+		return fmt.Errorf("data: seek to epoch %d index %d: want epoch >= 0 and index in [0, %d]", p.Epoch, p.Index, len(l.ex))
+	}
+	if p.Index == len(l.ex) {
+		p = Position{Epoch: p.Epoch + 1}
+	}
+	l.pos = p
+	return nil
+}
+
+// Epoch returns the epochs consumed so far, fractional (1.5 = one epoch and
+// half of the next).
+func (l *Loader) Epoch() float64 {
+	return float64(l.pos.Epoch) + float64(l.pos.Index)/float64(len(l.ex))
+}
+
+// Len returns the number of examples in one epoch.
+func (l *Loader) Len() int { return len(l.ex) }
+
+// EvalBatches cuts examples, in order, into batches of B rows of T; rows of
+// the last batch past the end have no targets (their inputs repeat the final
+// token of the first example). Examples longer than T+1 are cut. It returns
+// nil for no examples or a shape below 1.
+func EvalBatches(examples []Example, B, T int) []Batch {
+	if len(examples) == 0 || B < 1 || T < 1 {
+		return nil
+	}
+	var pad int32
+	if t := examples[0].Tokens; len(t) > 0 {
+		pad = t[len(t)-1]
+	}
+	out := make([]Batch, 0, (len(examples)+B-1)/B)
+	for lo := 0; lo < len(examples); lo += B {
+		var b Batch
+		b.resize(B, T)
+		for r := range B {
+			in, tg := b.Inputs[r*T:(r+1)*T], b.Targets[r*T:(r+1)*T]
+			if lo+r < len(examples) {
+				b.NumTargets += fillRow(in, tg, examples[lo+r], pad)
+			} else {
+				fillRow(in, tg, Example{}, pad)
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}

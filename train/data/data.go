@@ -1,0 +1,301 @@
+// Package data turns training data into token sequences and batches: the
+// builtin synthetic tasks, Alpaca instruction files (JSON or JSONL) and plain
+// text; it splits off an eval set and serves next-token batches in a seeded
+// shuffled order that a checkpoint can resume exactly.
+//
+// An instruction example is Encode(Prompt) ++ Encode(Response) ++ [EOS], and
+// loss is taken only on the response and the EOS; plain text is cut into
+// windows where every token is a target. Limits: every file is read whole
+// into memory; examples that do not fit the sequence length are dropped or
+// cut, never packed several to a row.
+package data
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// Record is one instruction example, already rendered with its template.
+type Record struct{ Prompt, Response string }
+
+// Example is a tokenized record: Tokens = Encode(Prompt) ++ Encode(Response)
+// ++ [EOS] (cut short if truncated), and the first PromptLen tokens are the
+// prompt, which takes no loss. A plain-text window has PromptLen 0 and no
+// EOS. Tokens may share memory with other examples: treat it as read-only.
+type Example struct {
+	Tokens    []int32
+	PromptLen int
+}
+
+// Options controls how records become examples.
+type Options struct {
+	// SeqLen is T, the model's input length: an example fits when
+	// len(Tokens) <= T+1 (inputs are Tokens[:L-1], targets Tokens[1:]).
+	SeqLen int
+	// Truncate cuts over-long examples to T+1 tokens when at least one
+	// response token survives (otherwise they are dropped); false drops every
+	// over-long example. Dropped and Truncated count them.
+	Truncate bool
+	// EvalFraction is the share of examples held out for eval, in [0, 1).
+	// Above 0 with at least two examples, eval gets at least one and train
+	// keeps at least one; 0 holds out nothing.
+	EvalFraction float64
+	// Seed drives the builtin tasks and the train/eval split.
+	Seed uint64
+}
+
+func (o Options) validate() error {
+	if o.SeqLen < 1 {
+		return fmt.Errorf("data: sequence length %d, want at least 1", o.SeqLen)
+	}
+	if !(o.EvalFraction >= 0 && o.EvalFraction < 1) { // also rejects NaN
+		return fmt.Errorf("data: eval fraction %v, want a value in [0, 1)", o.EvalFraction)
+	}
+	return nil
+}
+
+// Dataset is loaded, tokenized and split data.
+type Dataset struct {
+	Train, Eval []Example
+	// EvalRecords are the records behind Eval, in the same order, for
+	// exact-match eval by generation (untruncated). Empty for plain text.
+	EvalRecords []Record
+	// Dropped counts examples left out for length; Truncated those cut.
+	Dropped, Truncated int
+	// Source says what was loaded, for logs.
+	Source string
+}
+
+// Load reads the data at path: "builtin" (the DefaultBuiltinTask),
+// "builtin:TASK" or "builtin:TASK:N" (N records, default DefaultBuiltinN),
+// an Alpaca file (extension .json or .jsonl, any case), or any other file as
+// plain text.
+func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	if tok == nil {
+		return nil, fmt.Errorf("data: load %s: no tokenizer", path)
+	}
+	if path == "builtin" || strings.HasPrefix(path, "builtin:") {
+		return loadBuiltin(path, tok, opt)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("data: %s is empty", path)
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".json", ".jsonl":
+		recs, kind, err := parseAlpaca(path, raw)
+		if err != nil {
+			return nil, err
+		}
+		ds, err := fromRecords(recs, tok, opt)
+		if err != nil {
+			return nil, fmt.Errorf("data: %s: %w", path, err)
+		}
+		ds.Source = fmt.Sprintf("alpaca %s %s (%d records)", kind, path, len(recs))
+		return ds, nil
+	}
+	return fromText(path, raw, tok, opt)
+}
+
+// loadBuiltin parses "builtin[:TASK[:N]]" and generates the records.
+func loadBuiltin(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	parts := strings.Split(path, ":")
+	task, n := DefaultBuiltinTask, DefaultBuiltinN
+	if len(parts) > 3 {
+		return nil, fmt.Errorf("data: %q: want builtin, builtin:TASK or builtin:TASK:N", path)
+	}
+	if len(parts) >= 2 {
+		task = parts[1]
+	}
+	if len(parts) == 3 {
+		v, err := strconv.Atoi(parts[2])
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("data: %q: record count %q is not a positive integer", path, parts[2])
+		}
+		n = v
+	}
+	recs, err := Builtin(task, n, opt.Seed)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := fromRecords(recs, tok, opt)
+	if err != nil {
+		return nil, fmt.Errorf("data: builtin:%s: %w", task, err)
+	}
+	ds.Source = fmt.Sprintf("builtin:%s (%d records, seed %d)", task, n, opt.Seed)
+	return ds, nil
+}
+
+// FromRecords tokenizes records, drops or truncates those longer than
+// SeqLen+1 tokens, and splits the rest into train and eval so that records
+// with the same prompt always land on the same side. Train and Eval keep the
+// records' order.
+func FromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	if tok == nil {
+		return nil, fmt.Errorf("data: no tokenizer")
+	}
+	ds, err := fromRecords(recs, tok, opt)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	return ds, nil
+}
+
+// fromRecords is FromRecords with checked options; its errors leave the
+// "data:" prefix to the caller, which adds the source's name.
+func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("no records")
+	}
+	for i, r := range recs {
+		if r.Prompt == "" && r.Response == "" {
+			return nil, fmt.Errorf("record %d has an empty prompt and response", i)
+		}
+	}
+	all := encodeAll(recs, tok)
+	maxLen := opt.SeqLen + 1
+	ds := &Dataset{Source: fmt.Sprintf("records (%d)", len(recs))}
+	var keep []int
+	longest := 0
+	for i := range all {
+		ex := &all[i]
+		L := len(ex.Tokens)
+		if L <= maxLen {
+			keep = append(keep, i)
+			continue
+		}
+		longest = max(longest, L)
+		// PromptLen <= T keeps Tokens[PromptLen], the first response token
+		// (or the EOS of an empty response), as a target.
+		if opt.Truncate && ex.PromptLen <= opt.SeqLen {
+			ex.Tokens = ex.Tokens[:maxLen:maxLen]
+			ds.Truncated++
+			keep = append(keep, i)
+			continue
+		}
+		ds.Dropped++
+	}
+	if len(keep) == 0 {
+		how := "longer than"
+		if opt.Truncate {
+			how = "with prompts of at least"
+		}
+		return nil, fmt.Errorf("all %d examples dropped: %d are %s %d tokens (sequence length %d + 1; the longest has %d tokens)",
+			len(recs), ds.Dropped, how, maxLen, opt.SeqLen, longest)
+	}
+	prompts := make([]string, len(keep))
+	for j, i := range keep {
+		prompts[j] = recs[i].Prompt
+	}
+	inEval := splitByPrompt(prompts, opt.EvalFraction, opt.Seed)
+	for j, i := range keep {
+		if inEval[j] {
+			ds.Eval = append(ds.Eval, all[i])
+			ds.EvalRecords = append(ds.EvalRecords, recs[i])
+		} else {
+			ds.Train = append(ds.Train, all[i])
+		}
+	}
+	return ds, nil
+}
+
+// encodeAll tokenizes the records on all cores; the output order is the
+// input order whatever the scheduling.
+func encodeAll(recs []Record, tok tokenizer.Tokenizer) []Example {
+	out := make([]Example, len(recs))
+	const chunk = 64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	workers := min(runtime.GOMAXPROCS(0), (len(recs)+chunk-1)/chunk)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				lo := int(next.Add(chunk)) - chunk
+				if lo >= len(recs) {
+					return
+				}
+				for i := lo; i < min(lo+chunk, len(recs)); i++ {
+					out[i] = encodeRecord(recs[i], tok)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func encodeRecord(r Record, tok tokenizer.Tokenizer) Example {
+	p, q := tok.Encode(r.Prompt), tok.Encode(r.Response)
+	t := make([]int32, 0, len(p)+len(q)+1)
+	t = append(append(append(t, p...), q...), tok.EOS())
+	return Example{Tokens: t, PromptLen: len(p)}
+}
+
+// evalCount is the number of eval examples out of n for a fraction: the
+// rounded share, at least one and at most n-1 when frac > 0 and n >= 2.
+func evalCount(n int, frac float64) int {
+	if frac <= 0 || n < 2 {
+		return 0
+	}
+	k := int(math.Round(frac * float64(n)))
+	return min(max(k, 1), n-1)
+}
+
+// splitByPrompt marks the examples held out for eval. Examples are grouped
+// by prompt and whole groups, in a seeded random order, go to eval until it
+// holds evalCount examples, so no prompt is in both sets; a group that would
+// empty train is skipped. Eval can hold a few more than evalCount when
+// groups are larger than one, or fewer when one group holds nearly all.
+func splitByPrompt(prompts []string, frac float64, seed uint64) []bool {
+	n := len(prompts)
+	inEval := make([]bool, n)
+	k := evalCount(n, frac)
+	if k == 0 {
+		return inEval
+	}
+	groupOf := make(map[string]int, n)
+	var groups [][]int
+	for i, p := range prompts {
+		g, ok := groupOf[p]
+		if !ok {
+			g = len(groups)
+			groupOf[p] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	taken := 0
+	for _, g := range newRNG(seed, streamOf("split")).perm(len(groups)) {
+		if taken >= k {
+			break
+		}
+		if n-taken-len(groups[g]) < 1 {
+			continue
+		}
+		for _, i := range groups[g] {
+			inEval[i] = true
+		}
+		taken += len(groups[g])
+	}
+	return inEval
+}

@@ -1,0 +1,48 @@
+// Package tokenizer turns text into token ids and back for the trainer.
+//
+// Two tokenizers exist: "byte" (each UTF-8 byte is its own id, plus one end
+// of sequence id) for tiny models and synthetic tasks, and "gpt2" (the r50k
+// byte-level BPE of GPT-2, with its vocabulary compiled into the binary, so it
+// works offline). Limits: no special-token parsing at all — text that spells
+// "<|endoftext|>" is encoded as ordinary characters, so training data cannot
+// inject an end of sequence; only EOS() yields that id.
+package tokenizer
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Tokenizer encodes text to token ids and decodes ids back to text.
+// Implementations are safe for concurrent use.
+type Tokenizer interface {
+	// Name is the name ByName accepts: "byte" or "gpt2".
+	Name() string
+	// Encode returns the ids of s. It never returns EOS().
+	Encode(s string) []int32
+	// Decode returns the text of ids. EOS and ids outside the vocabulary
+	// decode to nothing; it never panics. The result can be invalid UTF-8
+	// when ids cut a multi-byte character.
+	Decode(ids []int32) string
+	// EOS is the end-of-sequence id appended after every example.
+	EOS() int32
+	// VocabSize is the number of ids, EOS included: every id is < VocabSize.
+	VocabSize() int
+}
+
+// names lists the tokenizers ByName knows, in the order errors show them.
+var names = []string{"byte", "gpt2"}
+
+// Names returns the names ByName accepts.
+func Names() []string { return append([]string(nil), names...) }
+
+// ByName returns the tokenizer called name ("byte" or "gpt2").
+func ByName(name string) (Tokenizer, error) {
+	switch name {
+	case "byte":
+		return Byte(), nil
+	case "gpt2":
+		return GPT2()
+	}
+	return nil, fmt.Errorf("tokenizer: unknown tokenizer %q (valid: %s)", name, strings.Join(names, ", "))
+}
