@@ -1,0 +1,267 @@
+// Package backend defines the Backend contract of lsp-offload (DESIGN.md
+// section 5): device buffers, pinned host buffers, asynchronous streams,
+// events, and the compute ops every model is written against.
+//
+// Two implementations exist: the CPU backend (package train/cpu), which is
+// the readable reference and the oracle for the CUDA kernels, and the CUDA
+// backend (a later issue). Model and engine code use only this interface, so
+// they are identical on both.
+//
+// Semantics follow CUDA: every op is enqueued on a Stream and runs after the
+// ops enqueued before it on that stream; Record marks a point in a stream;
+// Wait makes a stream wait for the latest Record of an event at the moment
+// Wait is enqueued (a wait on an event never recorded is an error); errors of
+// asynchronous ops surface at Synchronize.
+package backend
+
+import (
+	"fmt"
+)
+
+// DType is a storage type. Arithmetic is always fp32; bf16 is converted at
+// load and rounded to nearest even at store.
+type DType uint8
+
+// Storage types.
+const (
+	F32  DType = iota // IEEE binary32
+	BF16              // bfloat16, the top half of a binary32
+	I32               // token ids and targets
+)
+
+// Size is the number of bytes of one element.
+func (d DType) Size() int {
+	switch d {
+	case F32, I32:
+		return 4
+	case BF16:
+		return 2
+	}
+	return 0
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "fp32"
+	case BF16:
+		return "bf16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// ParseDType reads "fp32"/"f32"/"float32" or "bf16"/"bfloat16".
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "fp32", "f32", "float32":
+		return F32, nil
+	case "bf16", "bfloat16":
+		return BF16, nil
+	}
+	return F32, fmt.Errorf("unknown dtype %q (want fp32 or bf16)", s)
+}
+
+// Buffer is one device allocation. Tensors are views into it.
+type Buffer interface {
+	// ID is unique among the live buffers of a backend.
+	ID() int
+	// Name says what the buffer holds, for errors and memory reports.
+	Name() string
+	// Bytes is the size of the allocation.
+	Bytes() int64
+}
+
+// HostBuffer is pinned (page-locked) host memory that device copies read and
+// write. Host code may touch it only when ordered after the copies that use
+// it (Synchronize, or EventSynchronize on an event recorded after them).
+type HostBuffer interface {
+	// ID is unique among the live host buffers of a backend.
+	ID() int
+	Bytes() []byte
+	Float32() []float32
+	Int32() []int32
+}
+
+// Tensor is a view (buffer, element offset, shape, dtype) into a device
+// allocation. It is a value; slicing it never copies.
+type Tensor struct {
+	Buf   Buffer
+	Off   int // in elements of DType
+	Shape []int
+	DType DType
+}
+
+// Len is the number of elements.
+func (t Tensor) Len() int {
+	n := 1
+	for _, s := range t.Shape {
+		n *= s
+	}
+	return n
+}
+
+// Bytes is the size of the view.
+func (t Tensor) Bytes() int64 { return int64(t.Len()) * int64(t.DType.Size()) }
+
+// Slice returns the contiguous view of n elements starting at element off of
+// t, shaped as shape (which must hold n elements; empty means [n]).
+func (t Tensor) Slice(off, n int, shape ...int) Tensor {
+	if len(shape) == 0 {
+		shape = []int{n}
+	}
+	return Tensor{Buf: t.Buf, Off: t.Off + off, Shape: shape, DType: t.DType}
+}
+
+// Reshape returns the same elements with another shape.
+func (t Tensor) Reshape(shape ...int) Tensor {
+	return Tensor{Buf: t.Buf, Off: t.Off, Shape: shape, DType: t.DType}
+}
+
+// Range is the byte range of the view, for hazard checks.
+func (t Tensor) Range() Range {
+	lo := int64(t.Off) * int64(t.DType.Size())
+	return Range{Buf: t.Buf.ID(), Lo: lo, Hi: lo + t.Bytes()}
+}
+
+func (t Tensor) String() string {
+	name := "<nil>"
+	if t.Buf != nil {
+		name = t.Buf.Name()
+	}
+	return fmt.Sprintf("%s[%d:]%v%v", name, t.Off, t.Shape, t.DType)
+}
+
+// Range is a byte range [Lo, Hi) of one buffer. Device buffers have
+// positive ids; host buffers negative ones, so both share one space.
+type Range struct {
+	Buf    int
+	Lo, Hi int64
+}
+
+// Overlaps reports whether two ranges share a byte.
+func (r Range) Overlaps(o Range) bool { return r.Buf == o.Buf && r.Lo < o.Hi && o.Lo < r.Hi }
+
+// Stream is an ordered queue of device work.
+type Stream interface{ Name() string }
+
+// Event marks a point in a stream.
+type Event interface{ Name() string }
+
+// MemStats reports device memory.
+type MemStats struct {
+	InUse, HighWater, Budget int64 // bytes; Budget 0 means unlimited
+}
+
+// Traffic counts bytes moved across the host-device link.
+type Traffic struct {
+	H2D, D2H int64
+}
+
+// AdamParams are the hyperparameters of one AdamW update.
+type AdamParams struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	Step                               int // 1-based, for bias correction
+	// MaxNorm > 0 clips: the gradient is scaled by min(1, MaxNorm/||g||),
+	// with ||g||^2 read from the SumSq tensor passed to AdamW.
+	MaxNorm float32
+}
+
+// Backend is the device the model runs on. All ops are asynchronous: they
+// are enqueued on a stream and return at once; argument errors (shapes,
+// dtypes) are returned immediately, failures while running at Synchronize.
+type Backend interface {
+	Name() string
+
+	// Memory.
+	Alloc(name string, n int, dt DType) (Tensor, error) // a new zeroed buffer as a 1-D tensor
+	Free(t Tensor)                                      // frees t's whole buffer
+	MemStats() MemStats
+	AllocHost(name string, bytes int) (HostBuffer, error)
+	FreeHost(h HostBuffer)
+	Traffic() Traffic
+
+	// Streams and events.
+	DefaultStream() Stream
+	NewStream(name string) Stream
+	NewEvent(name string) Event
+	Record(e Event, s Stream)
+	Wait(s Stream, e Event) error
+	Synchronize(s Stream) error     // waits for s; returns its first async error
+	EventSynchronize(e Event) error // host waits for the latest record of e
+	Close() error                   // synchronizes every stream and releases everything
+
+	// Copies between device tensors and pinned host memory (byte offsets
+	// into the host buffer). The element type is the tensor's.
+	CopyH2D(s Stream, dst Tensor, src HostBuffer, srcOff int) error
+	CopyD2H(s Stream, dst HostBuffer, dstOff int, src Tensor) error
+	CopyD2D(s Stream, dst, src Tensor) error // same length; converts dtypes
+
+	Ops
+}
+
+// Ops are the compute ops. Every op has one CPU implementation and one CUDA
+// launcher of the same name and argument order (DESIGN.md "one op, three
+// faces"). Shapes use llm.c's names: B batch, T time, C channels, NH heads,
+// V vocabulary. "+=" marks outputs that are accumulated into, not written.
+type Ops interface {
+	// Fill sets every element of t to v.
+	Fill(s Stream, t Tensor, v float32) error
+	// Scale multiplies every element of t by a.
+	Scale(s Stream, t Tensor, a float32) error
+	// Add writes out = a + b (elementwise, same length).
+	Add(s Stream, out, a, b Tensor) error
+	// Accumulate adds src into dst: dst += src.
+	Accumulate(s Stream, dst, src Tensor) error
+
+	// EncoderForward: out[B,T,C] = wte[inp[b,t]] + wpe[t]; inp is I32 [B,T].
+	EncoderForward(s Stream, out, inp, wte, wpe Tensor, B, T, C int) error
+	// EncoderBackward: dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t],
+	// in a fixed order (deterministic).
+	EncoderBackward(s Stream, dwte, dwpe, dout, inp Tensor, B, T, C int) error
+
+	// LayerNormForward over the last dim C of N = B*T rows; saves mean and
+	// rstd (F32 [N]) for the backward.
+	LayerNormForward(s Stream, out, mean, rstd, inp, weight, bias Tensor, N, C int, eps float32) error
+	// LayerNormBackward: dinp += ..., dweight += ..., dbias += ...
+	LayerNormBackward(s Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd Tensor, N, C int) error
+
+	// Gemm: C = alpha*op(A)*op(B) + beta*C, row-major, op(A) M x K, op(B)
+	// K x N, contiguous (leading dimensions K or M, N or K, and N).
+	Gemm(s Stream, transA, transB bool, M, N, K int, alpha float32, A, B Tensor, beta float32, C Tensor) error
+	// AddBias: out[N,OC] += bias[OC] on every row.
+	AddBias(s Stream, out, bias Tensor, N, OC int) error
+	// BiasBackward: dbias[OC] += sum over N rows of dout[N,OC].
+	BiasBackward(s Stream, dbias, dout Tensor, N, OC int) error
+
+	// AttentionForward: causal multi-head attention. qkv [B,T,3C] holds
+	// q, k, v side by side; out [B,T,C]; lse F32 [B,NH,T] the log-sum-exp
+	// of each softmax row, saved for the backward (flash style).
+	AttentionForward(s Stream, out, lse, qkv Tensor, B, T, C, NH int) error
+	// AttentionBackward recomputes the scores from qkv and lse and writes
+	// dqkv [B,T,3C] (not accumulated).
+	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse Tensor, B, T, C, NH int) error
+
+	// GeluForward: out = gelu(inp), the tanh approximation (HF "gelu_new").
+	GeluForward(s Stream, out, inp Tensor) error
+	// GeluBackward: dinp = gelu'(inp) * dout (dinp may alias dout).
+	GeluBackward(s Stream, dinp, inp, dout Tensor) error
+
+	// CrossEntropyForwardBackward: fused softmax + cross-entropy over V
+	// classes of N rows. losses F32 [N] gets -log p[target] (0 where the
+	// target is negative: ignored); logits [N,V] is overwritten by
+	// dlogits = scale * (softmax - onehot) (0 on ignored rows). With
+	// scale 0 only the losses are computed and logits are kept.
+	CrossEntropyForwardBackward(s Stream, losses, logits, targets Tensor, N, V int, scale float32) error
+
+	// SumSquares writes out[0] = sum of x^2, accumulated in float64 in a
+	// fixed order; out is F32 [1] (a view).
+	SumSquares(s Stream, out, x Tensor) error
+	// AdamW updates param (and master, an F32 copy of a bf16 param, when
+	// master.Buf != nil) from grad with moments m, v (F32), decoupled
+	// weight decay, bias correction for p.Step, eps outside the sqrt, and
+	// clipping by sumSq (F32 [1], the squared norm the clip uses) when
+	// p.MaxNorm > 0.
+	AdamW(s Stream, param, master, grad, m, v, sumSq Tensor, p AdamParams) error
+}

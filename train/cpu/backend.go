@@ -1,0 +1,274 @@
+// Package cpu is the CPU implementation of the Backend contract
+// (train/backend): the readable, deterministic reference that the CUDA
+// kernels are tested against, and a way to train with no GPU at all.
+//
+// Each stream is a goroutine running its ops in order. Device memory is
+// ordinary host memory accounted against a byte budget with a high-water
+// mark. Device-host copies can be charged at a link bandwidth and latency so
+// that overlap shows in step times. A test mode adds seeded random delays to
+// every op and checks every declared access for hazards (see hazard.go).
+//
+// Results never depend on the number of threads: every reduction runs in a
+// fixed order, and parallel loops split work so that each output element is
+// computed by exactly one iteration.
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+// Config sets up a CPU backend. The zero value is a plain, unlimited backend.
+type Config struct {
+	// MemBudget is the device memory budget in bytes (0: unlimited).
+	MemBudget int64
+	// LinkBandwidth in bytes/s and LinkLatency charge every device-host
+	// copy (0: copies are free).
+	LinkBandwidth float64
+	LinkLatency   time.Duration
+	// Threads used by compute ops (0: runtime.NumCPU()).
+	Threads int
+	// HazardCheck declares and checks every access; hazards become errors
+	// at Synchronize and are listed by Hazards.
+	HazardCheck bool
+	// MaxDelay > 0 sleeps a seeded random time in [0, MaxDelay) before every
+	// op, to shake out missing synchronisation.
+	MaxDelay time.Duration
+	Seed     uint64
+}
+
+// Backend is the CPU backend. It implements backend.Backend.
+type Backend struct {
+	cfg     Config
+	threads int
+
+	mu        sync.Mutex // guards the fields below
+	nextID    int
+	inUse     int64
+	highWater int64
+	live      map[int]*buffer
+	streams   []*stream
+	h2d, d2h  int64
+	failed    error // first async error: sticky, as in CUDA
+
+	haz    *hazards // nil unless cfg.HazardCheck
+	dflt   *stream
+	closed bool
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New starts a CPU backend.
+func New(cfg Config) *Backend {
+	b := &Backend{cfg: cfg, threads: cfg.Threads, live: map[int]*buffer{}}
+	if b.threads <= 0 {
+		b.threads = runtime.NumCPU()
+	} else {
+		// The matrix multiply's pool is process-wide; results do not depend
+		// on its size, only speed does.
+		host.SetThreads(b.threads)
+	}
+	if cfg.HazardCheck {
+		b.haz = newHazards()
+	}
+	b.dflt = b.newStream("default")
+	return b
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "cpu" }
+
+// Threads is the number of threads compute ops use.
+func (b *Backend) Threads() int { return b.threads }
+
+// buffer is a device allocation: 64-byte aligned host memory.
+type buffer struct {
+	owner *Backend // ops refuse buffers of other backends
+	id    int
+	name  string
+	raw   []byte // owns the memory; data is an aligned window of it
+	data  []byte
+}
+
+func (u *buffer) ID() int        { return u.id }
+func (u *buffer) Name() string   { return u.name }
+func (u *buffer) Bytes() int64   { return int64(len(u.data)) }
+func (u *buffer) String() string { return u.name }
+
+func alignedBytes(n int) (raw, data []byte) {
+	raw = make([]byte, n+64)
+	off := int((64 - uintptr(unsafe.Pointer(unsafe.SliceData(raw)))%64) % 64)
+	return raw, raw[off : off+n : off+n]
+}
+
+// Alloc implements backend.Backend: a zeroed buffer charged to the budget.
+func (b *Backend) Alloc(name string, n int, dt backend.DType) (backend.Tensor, error) {
+	if n < 0 || dt.Size() == 0 {
+		return backend.Tensor{}, fmt.Errorf("cpu: alloc %s: bad size %d or dtype %v", name, n, dt)
+	}
+	bytes := int64(n) * int64(dt.Size())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cfg.MemBudget > 0 && b.inUse+bytes > b.cfg.MemBudget {
+		return backend.Tensor{}, &OutOfMemoryError{Name: name, Need: bytes, InUse: b.inUse, Budget: b.cfg.MemBudget}
+	}
+	b.nextID++
+	u := &buffer{owner: b, id: b.nextID, name: name}
+	u.raw, u.data = alignedBytes(int(bytes))
+	b.live[u.id] = u
+	b.inUse += bytes
+	b.highWater = max(b.highWater, b.inUse)
+	return backend.Tensor{Buf: u, Shape: []int{n}, DType: dt}, nil
+}
+
+// OutOfMemoryError says which allocation did not fit in the budget.
+type OutOfMemoryError struct {
+	Name                string
+	Need, InUse, Budget int64
+}
+
+func (e *OutOfMemoryError) Error() string {
+	return fmt.Sprintf("cpu: device memory budget exceeded allocating %s: need %d bytes, %d in use, budget %d bytes",
+		e.Name, e.Need, e.InUse, e.Budget)
+}
+
+// Free implements backend.Backend. Freeing a buffer that ops still use is
+// the caller's error, as in CUDA: synchronize first.
+func (b *Backend) Free(t backend.Tensor) {
+	u, ok := t.Buf.(*buffer)
+	if !ok {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.live[u.id] == u { // not a buffer of another backend that shares the id
+		delete(b.live, u.id)
+		b.inUse -= int64(len(u.data))
+	}
+}
+
+// MemStats implements backend.Backend.
+func (b *Backend) MemStats() backend.MemStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return backend.MemStats{InUse: b.inUse, HighWater: b.highWater, Budget: b.cfg.MemBudget}
+}
+
+// Traffic implements backend.Backend.
+func (b *Backend) Traffic() backend.Traffic {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return backend.Traffic{H2D: b.h2d, D2H: b.d2h}
+}
+
+// hostBuffer is pinned host memory; on the CPU backend it is just aligned
+// memory, with a negative id so its ranges never collide with device ones.
+type hostBuffer struct {
+	id   int
+	name string
+	raw  []byte
+	data []byte
+}
+
+func (h *hostBuffer) ID() int       { return h.id }
+func (h *hostBuffer) Bytes() []byte { return h.data }
+func (h *hostBuffer) Float32() []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
+}
+func (h *hostBuffer) Int32() []int32 {
+	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
+}
+
+// AllocHost implements backend.Backend.
+func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) {
+	if bytes < 0 {
+		return nil, fmt.Errorf("cpu: host alloc %s: negative size %d", name, bytes)
+	}
+	b.mu.Lock()
+	b.nextID++
+	id := -b.nextID
+	b.mu.Unlock()
+	h := &hostBuffer{id: id, name: name}
+	h.raw, h.data = alignedBytes(bytes)
+	return h, nil
+}
+
+// FreeHost implements backend.Backend.
+func (b *Backend) FreeHost(h backend.HostBuffer) {}
+
+func hostRange(h backend.HostBuffer, off, n int) backend.Range {
+	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
+}
+
+// fail records the first asynchronous error.
+func (b *Backend) fail(err error) {
+	b.mu.Lock()
+	if b.failed == nil {
+		b.failed = err
+	}
+	b.mu.Unlock()
+}
+
+func (b *Backend) err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failed
+}
+
+// Hazards lists the hazards found so far (test mode only).
+func (b *Backend) Hazards() []Hazard {
+	if b.haz == nil {
+		return nil
+	}
+	return b.haz.list()
+}
+
+// HostAccess declares that host code is about to read and write the given
+// ranges of pinned host memory, so that hazard mode checks that the device
+// work touching them is ordered before (by Synchronize or EventSynchronize).
+func (b *Backend) HostAccess(name string, reads, writes []backend.Range) {
+	if b.haz != nil {
+		b.haz.access(hostActor, nil, name, reads, writes)
+	}
+}
+
+// Close implements backend.Backend.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return b.failed
+	}
+	b.closed = true
+	streams := append([]*stream(nil), b.streams...)
+	b.mu.Unlock()
+	var errs []error
+	for _, s := range streams {
+		errs = append(errs, s.sync())
+		s.stop()
+	}
+	b.mu.Lock()
+	b.live = map[int]*buffer{}
+	b.inUse = 0
+	b.mu.Unlock()
+	return errors.Join(append(errs, b.err())...)
+}
+
+// delay sleeps the test-mode random delay of one op.
+func (s *stream) delay() {
+	if s.b.cfg.MaxDelay > 0 {
+		time.Sleep(time.Duration(s.rng.Int64N(int64(s.b.cfg.MaxDelay))))
+	}
+}
+
+func newRNG(seed uint64, id int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, uint64(id)*0x9e3779b97f4a7c15+1))
+}

@@ -1,0 +1,310 @@
+// Pure fp32 math behind the CPU ops: the reference each CUDA kernel is
+// compared with. Shapes use llm.c's names (B, T, C, NH, HS = C/NH, V).
+// Every reduction runs in a fixed order, so results do not depend on how
+// the parallel loops are split.
+
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+// parallel runs fn over [0,n) in contiguous chunks of at least grain
+// elements on the backend's threads. fn must write disjoint outputs per
+// index so that the split never changes results.
+func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	chunks := min(b.threads, (n+grain-1)/grain)
+	if chunks <= 1 {
+		fn(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	per := (n + chunks - 1) / chunks
+	for lo := 0; lo < n; lo += per {
+		hi := min(lo+per, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+func encoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V int) error {
+	for bt := 0; bt < B*T; bt++ {
+		tok, t := int(inp[bt]), bt%T
+		if tok < 0 || tok >= V {
+			return fmt.Errorf("token id %d at position %d outside vocabulary of %d", tok, bt, V)
+		}
+		o, w, p := out[bt*C:(bt+1)*C], wte[tok*C:(tok+1)*C], wpe[t*C:(t+1)*C]
+		for i := range o {
+			o[i] = w[i] + p[i]
+		}
+	}
+	return nil
+}
+
+// encoderBackward accumulates in (b, t) order for every channel, splitting
+// the work over channels only.
+func (b *Backend) encoderBackward(dwte, dwpe, dout []float32, inp []int32, B, T, C, V int) error {
+	for bt, tok := range inp[:B*T] {
+		if tok < 0 || int(tok) >= V {
+			return fmt.Errorf("token id %d at position %d outside vocabulary of %d", tok, bt, V)
+		}
+	}
+	b.parallel(C, 32, func(lo, hi int) {
+		for bt := 0; bt < B*T; bt++ {
+			tok, t := int(inp[bt]), bt%T
+			d := dout[bt*C : (bt+1)*C]
+			for i := lo; i < hi; i++ {
+				dwte[tok*C+i] += d[i]
+				dwpe[t*C+i] += d[i]
+			}
+		}
+	})
+	return nil
+}
+
+func layerNormForward(out, mean, rstd, inp, w, bias []float32, lo, hi, C int, eps float32) {
+	for r := lo; r < hi; r++ {
+		x := inp[r*C : (r+1)*C]
+		var sum float64
+		for _, v := range x {
+			sum += float64(v)
+		}
+		m := sum / float64(C)
+		var ss float64
+		for _, v := range x {
+			d := float64(v) - m
+			ss += d * d
+		}
+		s := 1 / math.Sqrt(ss/float64(C)+float64(eps))
+		o := out[r*C : (r+1)*C]
+		for i, v := range x {
+			o[i] = float32((float64(v)-m)*s)*w[i] + bias[i]
+		}
+		mean[r], rstd[r] = float32(m), float32(s)
+	}
+}
+
+// layerNormBackwardInput: dinp += rstd * (dnorm - mean(dnorm) - norm *
+// mean(dnorm * norm)), with dnorm = dout * weight.
+func layerNormBackwardInput(dinp, dout, inp, w, mean, rstd []float32, lo, hi, C int) {
+	for r := lo; r < hi; r++ {
+		x, dy, dx := inp[r*C:(r+1)*C], dout[r*C:(r+1)*C], dinp[r*C:(r+1)*C]
+		m, s := mean[r], rstd[r]
+		var a, bb float64
+		for i := range x {
+			n := (x[i] - m) * s
+			dn := dy[i] * w[i]
+			a += float64(dn)
+			bb += float64(dn * n)
+		}
+		a /= float64(C)
+		bb /= float64(C)
+		for i := range x {
+			n := (x[i] - m) * s
+			dn := dy[i] * w[i]
+			dx[i] += float32((float64(dn) - a - float64(n)*bb) * float64(s))
+		}
+	}
+}
+
+func layerNormBackwardParams(dw, db, dout, inp, mean, rstd []float32, N, C, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		var sw, sb float32
+		for r := 0; r < N; r++ {
+			dy := dout[r*C+i]
+			sb += dy
+			sw += dy * (inp[r*C+i] - mean[r]) * rstd[r]
+		}
+		dw[i] += sw
+		db[i] += sb
+	}
+}
+
+// attentionForward handles heads bh in [lo,hi) of B*NH: for each query t,
+// softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log sum exp.
+func attentionForward(out, lse, qkv []float32, B, T, C, NH, lo, hi int) {
+	HS := C / NH
+	scale := float32(1 / math.Sqrt(float64(HS)))
+	p := make([]float32, T)
+	for bh := lo; bh < hi; bh++ {
+		b, h := bh/NH, bh%NH
+		for t := 0; t < T; t++ {
+			q := qkv[(b*T+t)*3*C+h*HS:][:HS]
+			mx := float32(math.Inf(-1))
+			for t2 := 0; t2 <= t; t2++ {
+				k := qkv[(b*T+t2)*3*C+C+h*HS:][:HS]
+				var dot float32
+				for i := range q {
+					dot += q[i] * k[i]
+				}
+				p[t2] = dot * scale
+				mx = max(mx, p[t2])
+			}
+			var sum float32
+			for t2 := 0; t2 <= t; t2++ {
+				p[t2] = float32(math.Exp(float64(p[t2] - mx)))
+				sum += p[t2]
+			}
+			o := out[(b*T+t)*C+h*HS:][:HS]
+			clear(o)
+			for t2 := 0; t2 <= t; t2++ {
+				v := qkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
+				w := p[t2] / sum
+				for i := range o {
+					o[i] += w * v[i]
+				}
+			}
+			lse[bh*T+t] = mx + float32(math.Log(float64(sum)))
+		}
+	}
+}
+
+// attentionBackward recomputes P = exp(S - lse) per row and writes dq, dk,
+// dv of heads [lo,hi): dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with
+// D = rowsum(dO o O), dQ = dS K scale, dK = dS^T Q scale.
+func attentionBackward(dqkv, dout, qkv, out, lse []float32, B, T, C, NH, lo, hi int) {
+	HS := C / NH
+	scale := float32(1 / math.Sqrt(float64(HS)))
+	for bh := lo; bh < hi; bh++ {
+		b, h := bh/NH, bh%NH
+		for t := 0; t < T; t++ {
+			base := (b*T+t)*3*C + h*HS
+			clear(dqkv[base : base+HS])
+			clear(dqkv[base+C : base+C+HS])
+			clear(dqkv[base+2*C : base+2*C+HS])
+		}
+		for t := 0; t < T; t++ {
+			q := qkv[(b*T+t)*3*C+h*HS:][:HS]
+			dq := dqkv[(b*T+t)*3*C+h*HS:][:HS]
+			do := dout[(b*T+t)*C+h*HS:][:HS]
+			o := out[(b*T+t)*C+h*HS:][:HS]
+			var D float32
+			for i := range do {
+				D += do[i] * o[i]
+			}
+			l := lse[bh*T+t]
+			for t2 := 0; t2 <= t; t2++ {
+				k := qkv[(b*T+t2)*3*C+C+h*HS:][:HS]
+				v := qkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
+				dk := dqkv[(b*T+t2)*3*C+C+h*HS:][:HS]
+				dv := dqkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
+				var s, dp float32
+				for i := range q {
+					s += q[i] * k[i]
+					dp += do[i] * v[i]
+				}
+				p := float32(math.Exp(float64(s*scale - l)))
+				ds := p * (dp - D) * scale
+				for i := range q {
+					dv[i] += p * do[i]
+					dq[i] += ds * k[i]
+					dk[i] += ds * q[i]
+				}
+			}
+		}
+	}
+}
+
+const geluC = 0.7978845608028654 // sqrt(2/pi)
+
+// gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+// computed as x * sigmoid(2u) with one exp instead of a tanh.
+func geluForward(out, inp []float32) {
+	for i, x := range inp {
+		u := geluC * (x + 0.044715*x*x*x)
+		out[i] = x / (1 + float32(math.Exp(float64(-2*u))))
+	}
+}
+
+// geluBackward: d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) u'(x), th = tanh(u).
+func geluBackward(dinp, inp, dout []float32) {
+	for i, x := range inp {
+		u := geluC * (x + 0.044715*x*x*x)
+		sig := 1 / (1 + float32(math.Exp(float64(-2*u))))
+		th := 2*sig - 1
+		d := sig + 0.5*x*(1-th*th)*geluC*(1+3*0.044715*x*x)
+		dinp[i] = d * dout[i]
+	}
+}
+
+// crossEntropy handles rows [lo,hi): loss = logsumexp(z) - z[target], and
+// when scale != 0, z <- scale * (softmax(z) - onehot(target)).
+func crossEntropy(losses, logits []float32, targets []int32, V int, scale float32, lo, hi int) {
+	for r := lo; r < hi; r++ {
+		z := logits[r*V : (r+1)*V]
+		t := targets[r]
+		if t < 0 {
+			losses[r] = 0
+			if scale != 0 {
+				clear(z)
+			}
+			continue
+		}
+		mx := z[0]
+		for _, v := range z {
+			mx = max(mx, v)
+		}
+		var sum float64
+		for _, v := range z {
+			sum += math.Exp(float64(v - mx))
+		}
+		lse := float64(mx) + math.Log(sum)
+		losses[r] = float32(lse - float64(z[t]))
+		if scale == 0 {
+			continue
+		}
+		for i, v := range z {
+			z[i] = scale * float32(math.Exp(float64(v)-lse))
+		}
+		z[t] -= scale
+	}
+}
+
+// sumSquares sums in fixed chunks, each in float64, then the chunks in
+// order: the same bits for any thread count.
+func (b *Backend) sumSquares(x []float32) float64 {
+	const chunk = 1 << 14
+	parts := make([]float64, (len(x)+chunk-1)/chunk)
+	b.parallel(len(parts), 1, func(lo, hi int) {
+		for c := lo; c < hi; c++ {
+			var s float64
+			for _, v := range x[c*chunk : min((c+1)*chunk, len(x))] {
+				s += float64(v) * float64(v)
+			}
+			parts[c] = s
+		}
+	})
+	var s float64
+	for _, p := range parts {
+		s += p
+	}
+	return s
+}
+
+// adamW is PyTorch's AdamW step in fp32: decoupled decay, then the Adam
+// update with bias correction and eps outside the square root.
+func adamW(w, g, m, v []float32, gscale float32, p backend.AdamParams) {
+	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
+	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
+	stepSize := float32(float64(p.LR) / bc1)
+	sqrtBC2 := float32(math.Sqrt(bc2))
+	decay := 1 - p.LR*p.WeightDecay
+	for i := range w {
+		gi := g[i] * gscale
+		m[i] = p.Beta1*m[i] + (1-p.Beta1)*gi
+		v[i] = p.Beta2*v[i] + (1-p.Beta2)*gi*gi
+		denom := float32(math.Sqrt(float64(v[i])))/sqrtBC2 + p.Eps
+		w[i] = w[i]*decay - stepSize*m[i]/denom
+	}
+}

@@ -1,0 +1,564 @@
+// The compute ops of the CPU backend: argument checks, declared accesses,
+// and the dtype conversions at load and store, around the pure functions of
+// math.go. bf16 tensors are widened to fp32 at load and rounded to nearest
+// even at store, as the CUDA kernels do.
+
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"unsafe"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/bf16"
+)
+
+type rw = []backend.Range
+
+func ranges(ts ...backend.Tensor) rw {
+	out := make(rw, 0, len(ts))
+	for _, t := range ts {
+		if t.Buf != nil {
+			out = append(out, t.Range())
+		}
+	}
+	return out
+}
+
+func bytesOf(t backend.Tensor) []byte {
+	u := t.Buf.(*buffer)
+	lo := t.Off * t.DType.Size()
+	return u.data[lo : lo+int(t.Bytes())]
+}
+
+func f32View(t backend.Tensor) []float32 {
+	b := bytesOf(t)
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+func u16View(t backend.Tensor) []uint16 {
+	b := bytesOf(t)
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+}
+
+func i32View(t backend.Tensor) []int32 {
+	b := bytesOf(t)
+	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+// load returns t as fp32: the memory itself for fp32 tensors (writes go
+// straight through), a widened copy for bf16 ones (see store).
+func load(t backend.Tensor) []float32 {
+	if t.DType == backend.F32 {
+		return f32View(t)
+	}
+	src := u16View(t)
+	out := make([]float32, len(src))
+	bf16.ToFloat32Slice(out, src)
+	return out
+}
+
+// store writes v, obtained from load(t), back to t.
+func store(t backend.Tensor, v []float32) {
+	if t.DType == backend.F32 {
+		return
+	}
+	bf16.FromFloat32Slice(u16View(t), v)
+}
+
+// checkTensor checks that t is a view inside a live buffer of this backend
+// with a known dtype. Anything else would index out of range, or touch
+// memory that is no longer (or never was) this backend's, on the stream.
+func (b *Backend) checkTensor(what string, t backend.Tensor) error {
+	u, ok := t.Buf.(*buffer)
+	if !ok || u == nil {
+		return fmt.Errorf("cpu: %s: tensor %v is not a CPU buffer", what, t)
+	}
+	if t.DType.Size() == 0 {
+		return fmt.Errorf("cpu: %s: tensor %v has unknown dtype %v", what, t, t.DType)
+	}
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("cpu: %s: tensor %v has a negative shape", what, t)
+		}
+	}
+	if t.Off < 0 || int64(t.Off)*int64(t.DType.Size())+t.Bytes() > int64(len(u.data)) {
+		return fmt.Errorf("cpu: %s: view %v outside its buffer of %d bytes", what, t, len(u.data))
+	}
+	if u.owner != b {
+		return fmt.Errorf("cpu: %s: tensor %v belongs to another backend", what, t)
+	}
+	b.mu.Lock()
+	live, closed := b.live[u.id] == u, b.closed
+	b.mu.Unlock()
+	switch {
+	case closed:
+		return fmt.Errorf("cpu: %s: tensor %v: backend is closed", what, t)
+	case !live:
+		return fmt.Errorf("cpu: %s: tensor %v: its buffer was freed", what, t)
+	}
+	return nil
+}
+
+// checkDims rejects negative sizes: two of them can multiply into a
+// plausible element count that then indexes out of range on the stream.
+// names lists the sizes' names, separated by spaces.
+func checkDims(op, names string, vals ...int) error {
+	for i, name := range strings.Fields(names) {
+		if vals[i] < 0 {
+			return fmt.Errorf("cpu: %s: %s=%d is negative", op, name, vals[i])
+		}
+	}
+	return nil
+}
+
+// need checks that t is a valid float tensor (or I32 when ints) of n elements.
+func (b *Backend) need(op, arg string, t backend.Tensor, n int, ints bool) error {
+	if err := b.checkTensor(op+" "+arg, t); err != nil {
+		return err
+	}
+	if ints != (t.DType == backend.I32) {
+		return fmt.Errorf("cpu: %s: %s has dtype %v", op, arg, t.DType)
+	}
+	if t.Len() != n {
+		return fmt.Errorf("cpu: %s: %s has %d elements, want %d", op, arg, t.Len(), n)
+	}
+	return nil
+}
+
+type arg struct {
+	name string
+	t    backend.Tensor
+	n    int
+	ints bool
+}
+
+func (b *Backend) needAll(op string, args ...arg) error {
+	for _, a := range args {
+		if err := b.need(op, a.name, a.t, a.n, a.ints); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func f(name string, t backend.Tensor, n int) arg { return arg{name, t, n, false} }
+
+// Fill implements backend.Ops.
+func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
+	if err := b.need("fill", "t", t, t.Len(), false); err != nil {
+		return err
+	}
+	return b.enqueue(s, "fill", nil, ranges(t), func() error {
+		x := load(t)
+		for i := range x {
+			x[i] = v
+		}
+		store(t, x)
+		return nil
+	})
+}
+
+// Scale implements backend.Ops.
+func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
+	if err := b.need("scale", "t", t, t.Len(), false); err != nil {
+		return err
+	}
+	return b.enqueue(s, "scale", ranges(t), ranges(t), func() error {
+		x := load(t)
+		for i := range x {
+			x[i] *= a
+		}
+		store(t, x)
+		return nil
+	})
+}
+
+// Add implements backend.Ops.
+func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
+	n := out.Len()
+	if err := b.needAll("add", f("out", out, n), f("a", x, n), f("b", y, n)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "add", ranges(x, y), ranges(out), func() error {
+		o, p, q := load(out), load(x), load(y)
+		b.parallel(n, 1<<14, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				o[i] = p[i] + q[i]
+			}
+		})
+		store(out, o)
+		return nil
+	})
+}
+
+// Accumulate implements backend.Ops.
+func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
+	n := dst.Len()
+	if err := b.needAll("accumulate", f("dst", dst, n), f("src", src, n)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "accumulate", ranges(dst, src), ranges(dst), func() error {
+		d, x := load(dst), load(src)
+		b.parallel(n, 1<<14, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				d[i] += x[i]
+			}
+		})
+		store(dst, d)
+		return nil
+	})
+}
+
+// EncoderForward implements backend.Ops.
+func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Tensor, B, T, C int) error {
+	if err := checkDims("encoder forward", "B T", B, T); err != nil {
+		return err
+	}
+	if C <= 0 {
+		return fmt.Errorf("cpu: encoder forward: C=%d, want > 0", C)
+	}
+	if len(wte.Shape) == 0 || wte.Len()%max(C, 1) != 0 || wpe.Len() < T*C {
+		return fmt.Errorf("cpu: encoder forward: wte %v / wpe %v do not fit C=%d T=%d", wte.Shape, wpe.Shape, C, T)
+	}
+	V := wte.Len() / C
+	if err := b.needAll("encoder forward", f("out", out, B*T*C), arg{"inp", inp, B * T, true},
+		f("wte", wte, V*C), f("wpe", wpe, wpe.Len())); err != nil {
+		return err
+	}
+	return b.enqueue(s, "encoder forward", ranges(inp, wte, wpe), ranges(out), func() error {
+		o := load(out)
+		if err := encoderForward(o, i32View(inp), load(wte), load(wpe), B, T, C, V); err != nil {
+			return err
+		}
+		store(out, o)
+		return nil
+	})
+}
+
+// EncoderBackward implements backend.Ops.
+func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backend.Tensor, B, T, C int) error {
+	if err := checkDims("encoder backward", "B T", B, T); err != nil {
+		return err
+	}
+	if C <= 0 {
+		return fmt.Errorf("cpu: encoder backward: C=%d, want > 0", C)
+	}
+	V := dwte.Len() / max(C, 1)
+	if err := b.needAll("encoder backward", f("dwte", dwte, V*C), f("dwpe", dwpe, dwpe.Len()),
+		f("dout", dout, B*T*C), arg{"inp", inp, B * T, true}); err != nil {
+		return err
+	}
+	if dwpe.Len() < T*C {
+		return fmt.Errorf("cpu: encoder backward: dwpe has %d elements, want at least %d", dwpe.Len(), T*C)
+	}
+	return b.enqueue(s, "encoder backward", ranges(dwte, dwpe, dout, inp), ranges(dwte, dwpe), func() error {
+		gw, gp := load(dwte), load(dwpe)
+		if err := b.encoderBackward(gw, gp, load(dout), i32View(inp), B, T, C, V); err != nil {
+			return err
+		}
+		store(dwte, gw)
+		store(dwpe, gp)
+		return nil
+	})
+}
+
+// LayerNormForward implements backend.Ops.
+func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weight, bias backend.Tensor, N, C int, eps float32) error {
+	if err := checkDims("layernorm forward", "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll("layernorm forward", f("out", out, N*C), f("mean", mean, N), f("rstd", rstd, N),
+		f("inp", inp, N*C), f("weight", weight, C), f("bias", bias, C)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "layernorm forward", ranges(inp, weight, bias), ranges(out, mean, rstd), func() error {
+		o, m, r := load(out), load(mean), load(rstd)
+		x, w, bb := load(inp), load(weight), load(bias)
+		b.parallel(N, 16, func(lo, hi int) {
+			layerNormForward(o, m, r, x, w, bb, lo, hi, C, eps)
+		})
+		store(out, o)
+		store(mean, m)
+		store(rstd, r)
+		return nil
+	})
+}
+
+// LayerNormBackward implements backend.Ops.
+func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd backend.Tensor, N, C int) error {
+	if err := checkDims("layernorm backward", "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll("layernorm backward", f("dinp", dinp, N*C), f("dweight", dweight, C), f("dbias", dbias, C),
+		f("dout", dout, N*C), f("inp", inp, N*C), f("weight", weight, C), f("mean", mean, N), f("rstd", rstd, N)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "layernorm backward", ranges(dinp, dweight, dbias, dout, inp, weight, mean, rstd), ranges(dinp, dweight, dbias), func() error {
+		dx, dw, db := load(dinp), load(dweight), load(dbias)
+		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
+		b.parallel(N, 16, func(lo, hi int) { layerNormBackwardInput(dx, dy, x, w, m, r, lo, hi, C) })
+		b.parallel(C, 64, func(lo, hi int) { layerNormBackwardParams(dw, db, dy, x, m, r, N, C, lo, hi) })
+		store(dinp, dx)
+		store(dweight, dw)
+		store(dbias, db)
+		return nil
+	})
+}
+
+// Gemm implements backend.Ops through the SIMD kernels of package host.
+func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
+	if err := checkDims("gemm", "M N K", M, N, K); err != nil {
+		return err
+	}
+	if err := b.needAll("gemm", f("A", A, M*K), f("B", B, K*N), f("C", C, M*N)); err != nil {
+		return err
+	}
+	reads := ranges(A, B)
+	if beta != 0 {
+		reads = append(reads, C.Range())
+	}
+	return b.enqueue(s, "gemm", reads, ranges(C), func() error {
+		a, bb, c := load(A), load(B), load(C)
+		lda, ldb := K, N
+		if transA {
+			lda = M
+		}
+		if transB {
+			ldb = K
+		}
+		if err := host.Sgemm(transA, transB, M, N, K, alpha, a, lda, bb, ldb, beta, c, N); err != nil {
+			return err
+		}
+		store(C, c)
+		return nil
+	})
+}
+
+// AddBias implements backend.Ops.
+func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int) error {
+	if err := checkDims("add bias", "N OC", N, OC); err != nil {
+		return err
+	}
+	if err := b.needAll("add bias", f("out", out, N*OC), f("bias", bias, OC)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "add bias", ranges(out, bias), ranges(out), func() error {
+		o, bb := load(out), load(bias)
+		b.parallel(N, 16, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				row := o[i*OC : (i+1)*OC]
+				for j := range row {
+					row[j] += bb[j]
+				}
+			}
+		})
+		store(out, o)
+		return nil
+	})
+}
+
+// BiasBackward implements backend.Ops.
+func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, OC int) error {
+	if err := checkDims("bias backward", "N OC", N, OC); err != nil {
+		return err
+	}
+	if err := b.needAll("bias backward", f("dbias", dbias, OC), f("dout", dout, N*OC)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "bias backward", ranges(dbias, dout), ranges(dbias), func() error {
+		db, dy := load(dbias), load(dout)
+		b.parallel(OC, 64, func(lo, hi int) {
+			for j := lo; j < hi; j++ {
+				var sum float32
+				for i := 0; i < N; i++ {
+					sum += dy[i*OC+j]
+				}
+				db[j] += sum
+			}
+		})
+		store(dbias, db)
+		return nil
+	})
+}
+
+func checkHeads(op string, B, T, C, NH int) error {
+	if err := checkDims(op, "B T C", B, T, C); err != nil {
+		return err
+	}
+	if NH <= 0 || C%NH != 0 {
+		return fmt.Errorf("cpu: %s: C=%d not divisible by NH=%d", op, C, NH)
+	}
+	return nil
+}
+
+// AttentionForward implements backend.Ops.
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, C, NH int) error {
+	if err := checkHeads("attention forward", B, T, C, NH); err != nil {
+		return err
+	}
+	if err := b.needAll("attention forward", f("out", out, B*T*C), f("lse", lse, B*NH*T), f("qkv", qkv, B*T*3*C)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "attention forward", ranges(qkv), ranges(out, lse), func() error {
+		o, l, q := load(out), load(lse), load(qkv)
+		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, B, T, C, NH, lo, hi) })
+		store(out, o)
+		store(lse, l)
+		return nil
+	})
+}
+
+// AttentionBackward implements backend.Ops.
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse backend.Tensor, B, T, C, NH int) error {
+	if err := checkHeads("attention backward", B, T, C, NH); err != nil {
+		return err
+	}
+	if err := b.needAll("attention backward", f("dqkv", dqkv, B*T*3*C), f("dout", dout, B*T*C), f("qkv", qkv, B*T*3*C),
+		f("out", out, B*T*C), f("lse", lse, B*NH*T)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "attention backward", ranges(dout, qkv, out, lse), ranges(dqkv), func() error {
+		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
+		b.parallel(B*NH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, B, T, C, NH, lo, hi) })
+		store(dqkv, dq)
+		return nil
+	})
+}
+
+// GeluForward implements backend.Ops.
+func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
+	n := inp.Len()
+	if err := b.needAll("gelu forward", f("out", out, n), f("inp", inp, n)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "gelu forward", ranges(inp), ranges(out), func() error {
+		o, x := load(out), load(inp)
+		b.parallel(n, 1<<12, func(lo, hi int) { geluForward(o[lo:hi], x[lo:hi]) })
+		store(out, o)
+		return nil
+	})
+}
+
+// GeluBackward implements backend.Ops.
+func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor) error {
+	n := inp.Len()
+	if err := b.needAll("gelu backward", f("dinp", dinp, n), f("inp", inp, n), f("dout", dout, n)); err != nil {
+		return err
+	}
+	return b.enqueue(s, "gelu backward", ranges(inp, dout), ranges(dinp), func() error {
+		dx, x, dy := load(dinp), load(inp), load(dout)
+		b.parallel(n, 1<<12, func(lo, hi int) { geluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi]) })
+		store(dinp, dx)
+		return nil
+	})
+}
+
+// CrossEntropyForwardBackward implements backend.Ops.
+func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, targets backend.Tensor, N, V int, scale float32) error {
+	if err := checkDims("cross entropy", "N V", N, V); err != nil {
+		return err
+	}
+	if err := b.needAll("cross entropy", f("losses", losses, N), f("logits", logits, N*V), arg{"targets", targets, N, true}); err != nil {
+		return err
+	}
+	writes := ranges(losses)
+	if scale != 0 {
+		writes = append(writes, logits.Range())
+	}
+	return b.enqueue(s, "cross entropy", ranges(logits, targets), writes, func() error {
+		l, z, tg := load(losses), load(logits), i32View(targets)
+		for i, t := range tg {
+			if int(t) >= V {
+				return fmt.Errorf("target %d at row %d outside vocabulary of %d", t, i, V)
+			}
+		}
+		b.parallel(N, 4, func(lo, hi int) { crossEntropy(l, z, tg, V, scale, lo, hi) })
+		store(losses, l)
+		if scale != 0 {
+			store(logits, z)
+		}
+		return nil
+	})
+}
+
+// SumSquares implements backend.Ops.
+func (b *Backend) SumSquares(s backend.Stream, out, x backend.Tensor) error {
+	if err := b.needAll("sum squares", f("out", out, 1), f("x", x, x.Len())); err != nil {
+		return err
+	}
+	return b.enqueue(s, "sum squares", ranges(x), ranges(out), func() error {
+		o := load(out)
+		o[0] = float32(b.sumSquares(load(x)))
+		store(out, o)
+		return nil
+	})
+}
+
+// AdamW implements backend.Ops.
+func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backend.Tensor, p backend.AdamParams) error {
+	n := param.Len()
+	args := []arg{f("param", param, n), f("grad", grad, n), f("m", m, n), f("v", v, n)}
+	if master.Buf != nil {
+		args = append(args, f("master", master, n))
+	}
+	if p.MaxNorm > 0 {
+		args = append(args, f("sumSq", sumSq, 1))
+	}
+	if err := b.needAll("adamw", args...); err != nil {
+		return err
+	}
+	if m.DType != backend.F32 || v.DType != backend.F32 || (master.Buf != nil && master.DType != backend.F32) {
+		return fmt.Errorf("cpu: adamw: moments and master must be fp32")
+	}
+	if p.Step < 1 {
+		return fmt.Errorf("cpu: adamw: step %d, want >= 1", p.Step)
+	}
+	reads := ranges(grad, param, m, v, master)
+	if p.MaxNorm > 0 {
+		reads = append(reads, sumSq.Range())
+	}
+	return b.enqueue(s, "adamw", reads, ranges(param, m, v, master), func() error {
+		w := load(param)
+		if master.Buf != nil {
+			w = f32View(master)
+		}
+		g, mm, vv := load(grad), f32View(m), f32View(v)
+		gscale := float32(1)
+		if p.MaxNorm > 0 {
+			norm := math.Sqrt(float64(load(sumSq)[0]))
+			if norm > float64(p.MaxNorm) {
+				gscale = float32(float64(p.MaxNorm) / norm)
+			}
+		}
+		b.parallel(n, 1<<14, func(lo, hi int) { adamW(w[lo:hi], g[lo:hi], mm[lo:hi], vv[lo:hi], gscale, p) })
+		if master.Buf != nil && param.DType == backend.F32 {
+			copy(f32View(param), w)
+		} else {
+			store(param, w) // a bf16 param is the master rounded to nearest even
+		}
+		return nil
+	})
+}
+
+// CopyD2D implements backend.Backend: same length, converting dtypes (I32
+// only to I32).
+func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
+	ints := src.DType == backend.I32
+	if err := b.needAll("copy d2d", arg{"dst", dst, src.Len(), ints}, arg{"src", src, src.Len(), ints}); err != nil {
+		return err
+	}
+	return b.enqueue(s, "copy d2d", ranges(src), ranges(dst), func() error {
+		if ints || src.DType == dst.DType {
+			copy(bytesOf(dst), bytesOf(src))
+			return nil
+		}
+		d := load(dst)
+		copy(d, load(src))
+		store(dst, d)
+		return nil
+	})
+}

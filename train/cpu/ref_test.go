@@ -1,0 +1,312 @@
+// Independent float64 references for the CPU ops, written from the maths
+// (not from math.go): naive loops over whole matrices, with the backward
+// passes of layernorm, attention, gelu and cross-entropy checked against
+// central finite differences of their own forward passes, so a mistake in
+// a reference cannot hide a mistake in an op.
+
+package cpu
+
+import (
+	"math"
+	"testing"
+)
+
+// fdCheck compares grad with central differences of f at x: grad[i] must
+// be within tol*(1+|grad[i]|) of (f(x+h e_i) - f(x-h e_i)) / 2h.
+func fdCheck(t *testing.T, what string, f func([]float64) float64, x, grad []float64, tol float64) {
+	t.Helper()
+	const h = 1e-5
+	xp := append([]float64(nil), x...)
+	for i := range x {
+		xp[i] = x[i] + h
+		up := f(xp)
+		xp[i] = x[i] - h
+		down := f(xp)
+		xp[i] = x[i]
+		fd := (up - down) / (2 * h)
+		if math.Abs(fd-grad[i]) > tol*(1+math.Abs(grad[i])) {
+			t.Fatalf("reference %s: d/dx[%d] = %v, finite difference %v", what, i, grad[i], fd)
+		}
+	}
+}
+
+func dot64(a, b []float64) float64 {
+	var s float64
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// gemm64: C = alpha*op(A)*op(B) + beta*C, row-major, op(A) M x K.
+func gemm64(transA, transB bool, M, N, K int, alpha float64, A, B []float64, beta float64, C []float64) []float64 {
+	out := make([]float64, M*N)
+	for i := range M {
+		for j := range N {
+			var s float64
+			for k := range K {
+				a, b := A[i*K+k], B[k*N+j]
+				if transA {
+					a = A[k*M+i]
+				}
+				if transB {
+					b = B[j*K+k]
+				}
+				s += a * b
+			}
+			out[i*N+j] = alpha * s
+			if beta != 0 {
+				out[i*N+j] += beta * C[i*N+j]
+			}
+		}
+	}
+	return out
+}
+
+// layerNorm64 normalises each of the N rows of x over C (biased variance).
+func layerNorm64(x, w, b []float64, N, C int, eps float64) (out, mean, rstd []float64) {
+	out, mean, rstd = make([]float64, N*C), make([]float64, N), make([]float64, N)
+	for r := range N {
+		row := x[r*C : (r+1)*C]
+		var m, v float64
+		for _, a := range row {
+			m += a
+		}
+		m /= float64(C)
+		for _, a := range row {
+			v += (a - m) * (a - m)
+		}
+		v /= float64(C)
+		s := 1 / math.Sqrt(v+eps)
+		for i, a := range row {
+			out[r*C+i] = (a-m)*s*w[i] + b[i]
+		}
+		mean[r], rstd[r] = m, s
+	}
+	return out, mean, rstd
+}
+
+// layerNormBackward64 returns the gradients of sum(out * dout) by the chain
+// rule through norm = (x - mean) * rstd, written with the full Jacobian of
+// each row rather than the closed form the op uses.
+func layerNormBackward64(dout, x, w []float64, N, C int, eps float64) (dx, dw, db []float64) {
+	_, mean, rstd := layerNorm64(x, w, make([]float64, C), N, C, eps)
+	dx, dw, db = make([]float64, N*C), make([]float64, C), make([]float64, C)
+	for r := range N {
+		m, s := mean[r], rstd[r]
+		for i := range C {
+			n := (x[r*C+i] - m) * s
+			dw[i] += dout[r*C+i] * n
+			db[i] += dout[r*C+i]
+		}
+		// d norm_i / d x_j = s*(delta_ij - 1/C) - s^3 (x_i - m)(x_j - m)/C
+		for j := range C {
+			var g float64
+			for i := range C {
+				d := 0.0
+				if i == j {
+					d = 1
+				}
+				jac := s*(d-1/float64(C)) - s*s*s*(x[r*C+i]-m)*(x[r*C+j]-m)/float64(C)
+				g += dout[r*C+i] * w[i] * jac
+			}
+			dx[r*C+j] = g
+		}
+	}
+	return dx, dw, db
+}
+
+// attention64 is naive causal softmax attention: qkv [B,T,3C] with q, k, v
+// side by side, out [B,T,C], lse [B,NH,T].
+func attention64(qkv []float64, B, T, C, NH int) (out, lse []float64) {
+	HS := C / NH
+	sc := 1 / math.Sqrt(float64(HS))
+	at := func(b, t, part, h int) []float64 { return qkv[(b*T+t)*3*C+part*C+h*HS:][:HS] }
+	out, lse = make([]float64, B*T*C), make([]float64, B*NH*T)
+	for b := range B {
+		for h := range NH {
+			for t := range T {
+				s := make([]float64, t+1)
+				mx := math.Inf(-1)
+				for t2 := range s {
+					s[t2] = dot64(at(b, t, 0, h), at(b, t2, 1, h)) * sc
+					mx = max(mx, s[t2])
+				}
+				var sum float64
+				for _, v := range s {
+					sum += math.Exp(v - mx)
+				}
+				l := mx + math.Log(sum)
+				lse[(b*NH+h)*T+t] = l
+				o := out[(b*T+t)*C+h*HS:][:HS]
+				for t2, v := range s {
+					p := math.Exp(v - l)
+					for i, x := range at(b, t2, 2, h) {
+						o[i] += p * x
+					}
+				}
+			}
+		}
+	}
+	return out, lse
+}
+
+// attentionBackward64 backpropagates dout through attention64 with the
+// whole probability matrix P of each head: dV = P^T dO, dP = dO V^T,
+// dS = P o (dP - rowsum(P o dP)), dQ = dS K / sqrt(HS), dK = dS^T Q / sqrt(HS).
+func attentionBackward64(qkv, dout []float64, B, T, C, NH int) []float64 {
+	HS := C / NH
+	sc := 1 / math.Sqrt(float64(HS))
+	idx := func(b, t, part, h int) int { return (b*T+t)*3*C + part*C + h*HS }
+	dqkv := make([]float64, len(qkv))
+	for b := range B {
+		for h := range NH {
+			P := make([][]float64, T)
+			for t := range T {
+				P[t] = make([]float64, T)
+				mx, s := math.Inf(-1), make([]float64, t+1)
+				for t2 := range s {
+					s[t2] = dot64(qkv[idx(b, t, 0, h):][:HS], qkv[idx(b, t2, 1, h):][:HS]) * sc
+					mx = max(mx, s[t2])
+				}
+				var sum float64
+				for t2 := range s {
+					P[t][t2] = math.Exp(s[t2] - mx)
+					sum += P[t][t2]
+				}
+				for t2 := range s {
+					P[t][t2] /= sum
+				}
+			}
+			for t := range T {
+				do := dout[(b*T+t)*C+h*HS:][:HS]
+				dP := make([]float64, t+1)
+				var rowdot float64
+				for t2 := range dP {
+					dP[t2] = dot64(do, qkv[idx(b, t2, 2, h):][:HS])
+					rowdot += P[t][t2] * dP[t2]
+				}
+				for t2 := range dP {
+					dS := P[t][t2] * (dP[t2] - rowdot)
+					for i := range HS {
+						dqkv[idx(b, t2, 2, h)+i] += P[t][t2] * do[i]
+						dqkv[idx(b, t, 0, h)+i] += dS * qkv[idx(b, t2, 1, h)+i] * sc
+						dqkv[idx(b, t2, 1, h)+i] += dS * qkv[idx(b, t, 0, h)+i] * sc
+					}
+				}
+			}
+		}
+	}
+	return dqkv
+}
+
+// gelu64 is HF's gelu_new, the tanh approximation.
+func gelu64(x []float64) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
+	}
+	return out
+}
+
+// geluGrad64 is the derivative of HF's gelu_new, 0.5x(1+tanh(u)) with
+// u = sqrt(2/pi)(x + 0.044715x^3).
+func geluGrad64(x []float64) []float64 {
+	c := math.Sqrt(2 / math.Pi)
+	out := make([]float64, len(x))
+	for i, v := range x {
+		th := math.Tanh(c * (v + 0.044715*v*v*v))
+		out[i] = 0.5*(1+th) + 0.5*v*(1-th*th)*c*(1+3*0.044715*v*v)
+	}
+	return out
+}
+
+// crossEntropy64 returns per-row losses -log softmax(z)[target] (0 where the
+// target is negative) and scale * d(sum of losses)/dz.
+func crossEntropy64(z []float64, targets []int32, N, V int, scale float64) (losses, dz []float64) {
+	losses, dz = make([]float64, N), make([]float64, N*V)
+	for r := range N {
+		if targets[r] < 0 {
+			continue
+		}
+		row := z[r*V : (r+1)*V]
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(v)
+		}
+		losses[r] = math.Log(sum) - row[targets[r]]
+		for i, v := range row {
+			dz[r*V+i] = scale * math.Exp(v) / sum
+		}
+		dz[r*V+int(targets[r])] -= scale
+	}
+	return losses, dz
+}
+
+// adamW64 is PyTorch's torch.optim.AdamW step (decoupled weight decay, bias
+// correction, eps added outside the square root) on a gradient first scaled
+// by min(1, maxNorm/sqrt(sumSq)) when maxNorm > 0, as clip_grad_norm_ does.
+type adam64 struct {
+	lr, b1, b2, eps, wd, maxNorm float64
+}
+
+func (a adam64) step(p, m, v, g []float64, step int, sumSq float64) {
+	coef := 1.0
+	if a.maxNorm > 0 {
+		coef = min(1, a.maxNorm/math.Sqrt(sumSq))
+	}
+	bc1 := 1 - math.Pow(a.b1, float64(step))
+	bc2 := 1 - math.Pow(a.b2, float64(step))
+	for i := range p {
+		gi := g[i] * coef
+		p[i] *= 1 - a.lr*a.wd
+		m[i] = a.b1*m[i] + (1-a.b1)*gi
+		v[i] = a.b2*v[i] + (1-a.b2)*gi*gi
+		p[i] -= a.lr / bc1 * m[i] / (math.Sqrt(v[i])/math.Sqrt(bc2) + a.eps)
+	}
+}
+
+// TestReferencesAgainstFiniteDifferences checks the backward references
+// above against their own forward references.
+func TestReferencesAgainstFiniteDifferences(t *testing.T) {
+	const B, T, C, NH, V, eps = 2, 5, 12, 3, 11, 1e-5
+	r := newRand(99)
+	N := B * T
+	x, w, bb := f64s(randVals(r, N*C, 2)), f64s(randVals(r, C, 1)), f64s(randVals(r, C, 1))
+	dout := f64s(randVals(r, N*C, 1))
+	dx, dw, db := layerNormBackward64(dout, x, w, N, C, eps)
+	lnLoss := func(x, w, b []float64) float64 {
+		out, _, _ := layerNorm64(x, w, b, N, C, eps)
+		return dot64(out, dout)
+	}
+	fdCheck(t, "layernorm dx", func(v []float64) float64 { return lnLoss(v, w, bb) }, x, dx, 1e-6)
+	fdCheck(t, "layernorm dw", func(v []float64) float64 { return lnLoss(x, v, bb) }, w, dw, 1e-6)
+	fdCheck(t, "layernorm db", func(v []float64) float64 { return lnLoss(x, w, v) }, bb, db, 1e-6)
+
+	qkv, do := f64s(randVals(r, B*T*3*C, 1.5)), f64s(randVals(r, B*T*C, 1))
+	fdCheck(t, "attention", func(v []float64) float64 {
+		out, _ := attention64(v, B, T, C, NH)
+		return dot64(out, do)
+	}, qkv, attentionBackward64(qkv, do, B, T, C, NH), 1e-6)
+
+	gx := f64s(randVals(r, 50, 5))
+	fdCheck(t, "gelu", func(v []float64) float64 {
+		var s float64
+		for _, y := range gelu64(v) {
+			s += y
+		}
+		return s
+	}, gx, geluGrad64(gx), 1e-6)
+
+	z := f64s(randVals(r, N*V, 3))
+	targets := []int32{1, -1, 10, 0, 3, 3, -1, 7, 2, 9}
+	_, dz := crossEntropy64(z, targets, N, V, 0.25)
+	fdCheck(t, "cross entropy", func(v []float64) float64 {
+		l, _ := crossEntropy64(v, targets, N, V, 0)
+		var s float64
+		for _, x := range l {
+			s += 0.25 * x
+		}
+		return s
+	}, z, dz, 1e-6)
+}
