@@ -1,0 +1,136 @@
+// Package gpt2 is the GPT-2 model on the Backend: configuration and presets,
+// the parameter layout (every parameter in one device allocation, in Hugging
+// Face order and names), forward and backward passes, and import and export
+// of Hugging Face checkpoints.
+package gpt2
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Config is a GPT-2 architecture. Names follow llm.c: V vocabulary, MaxT
+// context length, C channels, L layers, NH heads.
+type Config struct {
+	V    int     `json:"vocab_size"`
+	MaxT int     `json:"n_positions"`
+	C    int     `json:"n_embd"`
+	L    int     `json:"n_layer"`
+	NH   int     `json:"n_head"`
+	Eps  float32 `json:"layer_norm_epsilon"`
+}
+
+// presets are the named architectures. tiny is the default demo: small
+// enough to learn the built-in task in a few minutes on two cores.
+var presets = map[string]Config{
+	"tiny":        {V: 257, MaxT: 64, C: 128, L: 4, NH: 4, Eps: 1e-5},
+	"gpt2":        {V: 50257, MaxT: 1024, C: 768, L: 12, NH: 12, Eps: 1e-5},
+	"gpt2-medium": {V: 50257, MaxT: 1024, C: 1024, L: 24, NH: 16, Eps: 1e-5},
+	"gpt2-large":  {V: 50257, MaxT: 1024, C: 1280, L: 36, NH: 20, Eps: 1e-5},
+	"gpt2-xl":     {V: 50257, MaxT: 1024, C: 1600, L: 48, NH: 25, Eps: 1e-5},
+}
+
+// Presets lists the preset names, sorted.
+func Presets() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Preset returns a named architecture.
+func Preset(name string) (Config, error) {
+	c, ok := presets[name]
+	if !ok {
+		return Config{}, fmt.Errorf("unknown model preset %q (known: %s)", name, strings.Join(Presets(), ", "))
+	}
+	return c, nil
+}
+
+// Tokenizer names the tokenizer a config expects: byte-level for the
+// 257-token vocabulary, GPT-2 BPE otherwise.
+func (c Config) Tokenizer() string {
+	if c.V == 257 {
+		return "byte"
+	}
+	return "gpt2"
+}
+
+// Validate reports an inconsistent architecture.
+func (c Config) Validate() error {
+	switch {
+	case c.V <= 0 || c.MaxT <= 0 || c.C <= 0 || c.L <= 0 || c.NH <= 0:
+		return fmt.Errorf("model config: sizes must be positive (vocab_size=%d n_positions=%d n_embd=%d n_layer=%d n_head=%d)",
+			c.V, c.MaxT, c.C, c.L, c.NH)
+	case c.C%c.NH != 0:
+		return fmt.Errorf("model config: n_embd=%d is not divisible by n_head=%d", c.C, c.NH)
+	case !(c.Eps > 0):
+		return fmt.Errorf("model config: layer_norm_epsilon=%g must be positive", c.Eps)
+	}
+	return nil
+}
+
+// Param is one parameter tensor inside the single parameter allocation.
+type Param struct {
+	Name   string // Hugging Face name, e.g. transformer.h.0.attn.c_attn.weight
+	Shape  []int  // as Hugging Face stores it (Conv1D weights are in x out)
+	Offset int    // in elements
+	Decay  bool   // weight decay applies (matrices and embeddings, not biases or norms)
+}
+
+// Len is the number of elements.
+func (p Param) Len() int {
+	n := 1
+	for _, s := range p.Shape {
+		n *= s
+	}
+	return n
+}
+
+// Layout lists every parameter in allocation order: embeddings, then each
+// layer's tensors together (so one layer is one contiguous range, which the
+// layer-wise offload schedule moves as a unit), then the final LayerNorm.
+// The LM head is tied to wte and has no storage of its own.
+func (c Config) Layout() []Param {
+	var ps []Param
+	off := 0
+	add := func(name string, decay bool, shape ...int) {
+		p := Param{Name: name, Shape: shape, Offset: off, Decay: decay}
+		off += p.Len()
+		ps = append(ps, p)
+	}
+	C := c.C
+	add("transformer.wte.weight", true, c.V, C)
+	add("transformer.wpe.weight", true, c.MaxT, C)
+	for l := 0; l < c.L; l++ {
+		h := fmt.Sprintf("transformer.h.%d.", l)
+		add(h+"ln_1.weight", false, C)
+		add(h+"ln_1.bias", false, C)
+		add(h+"attn.c_attn.weight", true, C, 3*C)
+		add(h+"attn.c_attn.bias", false, 3*C)
+		add(h+"attn.c_proj.weight", true, C, C)
+		add(h+"attn.c_proj.bias", false, C)
+		add(h+"ln_2.weight", false, C)
+		add(h+"ln_2.bias", false, C)
+		add(h+"mlp.c_fc.weight", true, C, 4*C)
+		add(h+"mlp.c_fc.bias", false, 4*C)
+		add(h+"mlp.c_proj.weight", true, 4*C, C)
+		add(h+"mlp.c_proj.bias", false, C)
+	}
+	add("transformer.ln_f.weight", false, C)
+	add("transformer.ln_f.bias", false, C)
+	return ps
+}
+
+// NumParams is the number of parameter elements.
+func (c Config) NumParams() int {
+	ps := c.Layout()
+	last := ps[len(ps)-1]
+	return last.Offset + last.Len()
+}
+
+// perLayer is the number of parameter tensors of one transformer block.
+const perLayer = 12

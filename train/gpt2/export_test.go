@@ -1,0 +1,109 @@
+package gpt2
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+// TestExportRoundTrip exports the fixture and reads it back unchanged.
+func TestExportRoundTrip(t *testing.T) {
+	cfg, vals, err := LoadHF(fixtureDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := ExportHF(dir, cfg, vals); err != nil {
+		t.Fatal(err)
+	}
+	cfg2, vals2, err := LoadHF(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg2 != cfg || !slices.Equal(vals, vals2) {
+		t.Fatalf("round trip changed the model: %+v vs %+v", cfg2, cfg)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h map[string]any
+	if err := json.Unmarshal(raw, &h); err != nil {
+		t.Fatal(err)
+	}
+	if h["model_type"] != "gpt2" || h["tie_word_embeddings"] != true || h["activation_function"] != "gelu_new" {
+		t.Errorf("config.json lacks what transformers needs: %s", raw)
+	}
+	f, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.Info("lm_head.weight"); ok {
+		t.Error("export stores lm_head.weight; it is tied to wte")
+	}
+}
+
+// TestWriteExportCheck writes, when LSP_EXPORT_CHECK names a directory, an
+// export of the model in LSP_EXPORT_SRC (default: the fixture) with the
+// logits this implementation computes on random tokens, for
+// `scripts/fixtures/gpt2_tiny.py --check-export DIR` to compare with
+// transformers. It is a tool for that hand-run check, skipped otherwise.
+func TestWriteExportCheck(t *testing.T) {
+	dir := os.Getenv("LSP_EXPORT_CHECK")
+	if dir == "" {
+		t.Skip("set LSP_EXPORT_CHECK=DIR to write an export for the PyTorch check")
+	}
+	src := os.Getenv("LSP_EXPORT_SRC")
+	if src == "" {
+		src = fixtureDir
+	}
+	cfg, vals, err := LoadHF(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	B, T := 2, min(cfg.MaxT, 24)
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	s := be.DefaultStream()
+	m, err := New(be, cfg, B, T, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	ids := make([]int32, B*T)
+	ids64 := make([]int64, B*T)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(cfg.V))
+		ids64[i] = int64(ids[i])
+	}
+	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+		t.Fatal(err)
+	}
+	if err := backend.UploadInt32(be, s, m.Inputs, ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Forward(s); err != nil {
+		t.Fatal(err)
+	}
+	logits, err := backend.Download(be, s, m.Logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ExportHF(dir, cfg, vals); err != nil {
+		t.Fatal(err)
+	}
+	err = safetensors.Write(filepath.Join(dir, "lsp_check.safetensors"), []safetensors.Tensor{
+		safetensors.I64Tensor("input_ids", []int{B, T}, ids64),
+		safetensors.F32Tensor("logits", []int{B, T, cfg.V}, logits),
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,200 @@
+// Hugging Face checkpoints: a directory with config.json and
+// model.safetensors as GPT2LMHeadModel.save_pretrained writes them. Import
+// accepts both "transformer."-prefixed names (save_pretrained) and bare
+// ones (the original gpt2 hub files); export writes the prefixed names in
+// fp32, with the LM head tied to wte and so not stored.
+
+package gpt2
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+// hfConfig is the part of a transformers GPT2Config that this model uses.
+type hfConfig struct {
+	ModelType          string   `json:"model_type"`
+	Architectures      []string `json:"architectures,omitempty"`
+	VocabSize          int      `json:"vocab_size"`
+	NPositions         int      `json:"n_positions"`
+	NCtx               int      `json:"n_ctx,omitempty"`
+	NEmbd              int      `json:"n_embd"`
+	NLayer             int      `json:"n_layer"`
+	NHead              int      `json:"n_head"`
+	NInner             *int     `json:"n_inner"`
+	Activation         string   `json:"activation_function"`
+	LayerNormEpsilon   float64  `json:"layer_norm_epsilon"`
+	TieWordEmbeddings  *bool    `json:"tie_word_embeddings,omitempty"`
+	ResidPdrop         float64  `json:"resid_pdrop"`
+	EmbdPdrop          float64  `json:"embd_pdrop"`
+	AttnPdrop          float64  `json:"attn_pdrop"`
+	InitializerRange   float64  `json:"initializer_range"`
+	ScaleAttnWeights   *bool    `json:"scale_attn_weights,omitempty"`
+	ScaleByInverseIdx  bool     `json:"scale_attn_by_inverse_layer_idx,omitempty"`
+	ReorderAndUpcast   bool     `json:"reorder_and_upcast_attn,omitempty"`
+	BosTokenID         int      `json:"bos_token_id"`
+	EosTokenID         int      `json:"eos_token_id"`
+	TorchDtype         string   `json:"torch_dtype,omitempty"`
+	TransformersVerson string   `json:"transformers_version,omitempty"`
+}
+
+// ReadHFConfig reads dir/config.json and checks that this model can run it.
+func ReadHFConfig(dir string) (Config, error) {
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	var h hfConfig
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if h.ModelType != "" && h.ModelType != "gpt2" {
+		return Config{}, fmt.Errorf("checkpoint %s: model_type %q is not gpt2", path, h.ModelType)
+	}
+	switch h.Activation {
+	case "gelu_new", "gelu_pytorch_tanh", "":
+	default:
+		return Config{}, fmt.Errorf("checkpoint %s: activation_function %q not supported (want gelu_new)", path, h.Activation)
+	}
+	if h.NInner != nil && *h.NInner != 4*h.NEmbd {
+		return Config{}, fmt.Errorf("checkpoint %s: n_inner=%d not supported (want 4*n_embd)", path, *h.NInner)
+	}
+	if h.TieWordEmbeddings != nil && !*h.TieWordEmbeddings {
+		return Config{}, fmt.Errorf("checkpoint %s: tie_word_embeddings=false not supported", path)
+	}
+	if h.ScaleAttnWeights != nil && !*h.ScaleAttnWeights || h.ScaleByInverseIdx || h.ReorderAndUpcast {
+		return Config{}, fmt.Errorf("checkpoint %s: non-default attention scaling options not supported", path)
+	}
+	c := Config{V: h.VocabSize, MaxT: h.NPositions, C: h.NEmbd, L: h.NLayer, NH: h.NHead, Eps: float32(h.LayerNormEpsilon)}
+	if c.Eps == 0 {
+		c.Eps = 1e-5
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// LoadHF reads a Hugging Face GPT-2 directory: its config and every
+// parameter, in Layout order, as fp32.
+func LoadHF(dir string) (Config, []float32, error) {
+	cfg, err := ReadHFConfig(dir)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	vals, err := LoadWeights(filepath.Join(dir, "model.safetensors"), cfg)
+	return cfg, vals, err
+}
+
+// LoadWeights reads every parameter of cfg from a safetensors file,
+// checking each shape against the config.
+func LoadWeights(path string, cfg Config) ([]float32, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	vals := make([]float32, cfg.NumParams())
+	for _, p := range cfg.Layout() {
+		name := p.Name
+		if _, ok := f.Info(name); !ok {
+			name = strings.TrimPrefix(p.Name, "transformer.")
+		}
+		info, ok := f.Info(name)
+		if !ok {
+			return nil, fmt.Errorf("checkpoint %s: tensor %s missing", path, p.Name)
+		}
+		if !slices.Equal(info.Shape, p.Shape) {
+			return nil, fmt.Errorf("checkpoint %s: tensor %s has shape %v, the config needs %v", path, p.Name, info.Shape, p.Shape)
+		}
+		v, _, err := f.Float32(name)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		copy(vals[p.Offset:p.Offset+p.Len()], v)
+	}
+	if lm, ok := f.Info("lm_head.weight"); ok {
+		head, _, err := f.Float32(lm.Name)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		wte := cfg.Layout()[0]
+		if !slices.Equal(head, vals[wte.Offset:wte.Offset+wte.Len()]) {
+			return nil, fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", path)
+		}
+	}
+	return vals, nil
+}
+
+// ExportHF writes cfg and vals (Layout order) as a Hugging Face GPT-2
+// directory that transformers' GPT2LMHeadModel.from_pretrained loads.
+func ExportHF(dir string, cfg Config, vals []float32) error {
+	if len(vals) != cfg.NumParams() {
+		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), cfg.NumParams())
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	tie := true
+	h := hfConfig{
+		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
+		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
+		Activation: "gelu_new", LayerNormEpsilon: float64(cfg.Eps), TieWordEmbeddings: &tie,
+		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
+	}
+	raw, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	err = atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
+		_, err := w.Write(append(raw, '\n'))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	var ts []safetensors.Tensor
+	for _, p := range cfg.Layout() {
+		ts = append(ts, safetensors.F32Tensor(p.Name, p.Shape, vals[p.Offset:p.Offset+p.Len()]))
+	}
+	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	return nil
+}
+
+// Init returns GPT-2's initialisation for training from scratch, drawn from
+// seed: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)) as in
+// the GPT-2 paper, biases 0, LayerNorm weights 1.
+func Init(cfg Config, seed uint64) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 0x6770_7432))
+	vals := make([]float32, cfg.NumParams())
+	for _, p := range cfg.Layout() {
+		v := vals[p.Offset : p.Offset+p.Len()]
+		switch {
+		case strings.HasSuffix(p.Name, "ln_1.weight"), strings.HasSuffix(p.Name, "ln_2.weight"), strings.HasSuffix(p.Name, "ln_f.weight"):
+			for i := range v {
+				v[i] = 1
+			}
+		case len(p.Shape) == 2:
+			std := 0.02
+			if strings.HasSuffix(p.Name, "c_proj.weight") {
+				std /= math.Sqrt(2 * float64(cfg.L))
+			}
+			for i := range v {
+				v[i] = float32(rng.NormFloat64() * std)
+			}
+		}
+	}
+	return vals
+}
