@@ -1,0 +1,428 @@
+// Tests of bad input: every error must name the file, field or flag at
+// fault, come before any training, and leave earlier outputs untouched.
+
+package train
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+// wantErr fails unless err is non-nil and its message holds every part.
+func wantErr(t *testing.T, err error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error; want one mentioning %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("error %q does not mention %q", err, p)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path, text string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// writeHFDir writes a Hugging Face directory by hand: config.json as given
+// and, when tensors is not nil, model.safetensors.
+func writeHFDir(t *testing.T, config string, tensors []safetensors.Tensor) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "hf")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "config.json"), config)
+	if tensors != nil {
+		if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), tensors, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// modelTensors lays cfg's initial weights out as Hugging Face tensors,
+// with override changing the shape of one of them.
+func modelTensors(cfg gpt2.Config, name string, shape []int) []safetensors.Tensor {
+	vals := gpt2.Init(cfg, 1)
+	var ts []safetensors.Tensor
+	for _, p := range cfg.Layout() {
+		v, sh := vals[p.Offset:p.Offset+p.Len()], p.Shape
+		if p.Name == name {
+			n := 1
+			for _, d := range shape {
+				n *= d
+			}
+			v, sh = make([]float32, n), shape
+		}
+		ts = append(ts, safetensors.F32Tensor(p.Name, sh, v))
+	}
+	return ts
+}
+
+func hfConfigJSON(nEmbd, nHead, nPositions int) string {
+	return `{"model_type": "gpt2", "vocab_size": 257, "n_positions": ` + strconv.Itoa(nPositions) +
+		`, "n_embd": ` + strconv.Itoa(nEmbd) + `, "n_layer": 1, "n_head": ` + strconv.Itoa(nHead) + `}`
+}
+
+func TestBadInput(t *testing.T) {
+	model := writeModel(t, microConfig(16, 1))
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, c *Config)
+		want  []string
+	}{
+		{"missing data file", func(t *testing.T, c *Config) {
+			c.Data = filepath.Join(t.TempDir(), "nope.jsonl")
+		}, []string{"--data", "nope.jsonl"}},
+		{"empty data file", func(t *testing.T, c *Config) {
+			c.Data = writeFile(t, filepath.Join(t.TempDir(), "empty.txt"), "")
+		}, []string{"--data", "empty.txt", "empty"}},
+		{"empty jsonl", func(t *testing.T, c *Config) {
+			c.Data = writeFile(t, filepath.Join(t.TempDir(), "empty.jsonl"), "")
+		}, []string{"--data", "empty.jsonl", "empty"}},
+		{"malformed JSON line", func(t *testing.T, c *Config) {
+			c.Data = writeFile(t, filepath.Join(t.TempDir(), "bad.jsonl"),
+				`{"instruction": "say hi", "output": "hi"}`+"\n"+`{"instruction": "oops", "output": `+"\n")
+		}, []string{"--data", "bad.jsonl:2"}},
+		{"unknown builtin task", func(t *testing.T, c *Config) {
+			c.Data = "builtin:juggle"
+		}, []string{"--data", "juggle"}},
+		{"unknown preset", func(t *testing.T, c *Config) {
+			c.Model = "gpt3-mini"
+		}, []string{"--model", "gpt3-mini", "tiny"}},
+		{"model path that does not exist", func(t *testing.T, c *Config) {
+			c.Model = filepath.Join(t.TempDir(), "no-such-model")
+		}, []string{"--model", "no-such-model", "neither a checkpoint directory nor a preset"}},
+		{"n_embd not divisible by n_head", func(t *testing.T, c *Config) {
+			c.Model = writeHFDir(t, hfConfigJSON(30, 4, 32), nil)
+		}, []string{"--model", "config.json", "n_embd=30", "n_head=4"}},
+		{"config.json not JSON", func(t *testing.T, c *Config) {
+			c.Model = writeHFDir(t, `{"n_embd": 16,`, nil)
+		}, []string{"--model", "config.json"}},
+		{"seq-len beyond n_positions", func(t *testing.T, c *Config) {
+			c.SeqLen = 33
+		}, []string{"--seq-len", "33", "n_positions=32"}},
+		{"seq-len beyond the tiny preset", func(t *testing.T, c *Config) {
+			c.Model, c.SeqLen = "tiny", 65
+		}, []string{"--seq-len", "n_positions=64"}},
+		{"wrong-shaped tensor", func(t *testing.T, c *Config) {
+			cfg := microConfig(16, 1)
+			c.Model = writeHFDir(t, hfConfigJSON(16, 2, 32),
+				modelTensors(cfg, "transformer.wpe.weight", []int{31, 16}))
+		}, []string{"--model", "model.safetensors", "transformer.wpe.weight", "[31 16]", "[32 16]"}},
+		{"missing tensor file", func(t *testing.T, c *Config) {
+			c.Model = writeHFDir(t, hfConfigJSON(16, 2, 32), nil)
+		}, []string{"--model", "model.safetensors"}},
+		{"truncated model.safetensors", func(t *testing.T, c *Config) {
+			dir := writeModel(t, microConfig(16, 1))
+			truncate(t, filepath.Join(dir, "model.safetensors"))
+			c.Model = dir
+		}, []string{"--model", "model.safetensors", "truncated"}},
+		{"resume without a checkpoint", func(t *testing.T, c *Config) {
+			c.Resume = true
+		}, []string{"resume", CheckpointFile}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := quickConfig(t, model)
+			c.SeqLen = 24
+			tc.setup(t, &c)
+			_, err := Run(context.Background(), c, Options{})
+			wantErr(t, err, tc.want...)
+			if _, err := os.Stat(filepath.Join(c.Out, CheckpointFile)); err == nil {
+				t.Errorf("a failed run left %s", CheckpointFile)
+			}
+		})
+	}
+}
+
+// truncate cuts a file to half its length.
+func truncate(t *testing.T, path string) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stoppedRun leaves a checkpoint of the micro model at step 2 in c.Out.
+func stoppedRun(t *testing.T, c Config) {
+	t.Helper()
+	res := mustRun(t, context.Background(), c, Options{StopAfter: 2})
+	if !res.Interrupted || res.Steps != 2 {
+		t.Fatalf("stopped run: interrupted %v, steps %d", res.Interrupted, res.Steps)
+	}
+}
+
+func TestBadCheckpoint(t *testing.T) {
+	base := quickConfig(t, writeModel(t, microConfig(16, 1)))
+	stoppedRun(t, base)
+	ck := filepath.Join(base.Out, CheckpointFile)
+	good, err := os.ReadFile(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, c *Config)
+		want  []string
+	}{
+		{"another model", func(t *testing.T, c *Config) {
+			c.Model = writeModel(t, microConfig(32, 1))
+		}, []string{"resume", CheckpointFile, "model"}},
+		{"another batch", func(t *testing.T, c *Config) {
+			c.Batch = 3
+		}, []string{"resume", CheckpointFile, "--batch 4"}},
+		{"another dtype", func(t *testing.T, c *Config) {
+			c.DType = "bf16"
+		}, []string{"resume", CheckpointFile, "--dtype fp32"}},
+		{"truncated", func(t *testing.T, c *Config) {
+			truncate(t, filepath.Join(c.Out, CheckpointFile))
+		}, []string{"resume", CheckpointFile, "truncated"}},
+		{"not a training checkpoint", func(t *testing.T, c *Config) {
+			hf := writeModel(t, microConfig(16, 1))
+			raw, err := os.ReadFile(filepath.Join(hf, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(c.Out, CheckpointFile), string(raw))
+		}, []string{"resume", CheckpointFile, "not an lsp-train checkpoint"}},
+		{"wrong tensor length", func(t *testing.T, c *Config) {
+			path := filepath.Join(c.Out, CheckpointFile)
+			rewriteCheckpoint(t, path, func(name string, v []float32) []float32 {
+				if name == "adam.m" {
+					return v[:len(v)-1]
+				}
+				return v
+			})
+		}, []string{"resume", CheckpointFile, "adam.m"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			c.Out = filepath.Join(t.TempDir(), "out")
+			if err := os.MkdirAll(c.Out, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(c.Out, CheckpointFile), string(good))
+			c.Resume = true
+			tc.setup(t, &c)
+			before, err := os.ReadFile(filepath.Join(c.Out, CheckpointFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Run(context.Background(), c, Options{})
+			wantErr(t, err, tc.want...)
+			after, err := os.ReadFile(filepath.Join(c.Out, CheckpointFile))
+			if err != nil || string(after) != string(before) {
+				t.Errorf("the checkpoint changed after a failed resume (%v)", err)
+			}
+		})
+	}
+}
+
+// rewriteCheckpoint rewrites every tensor of a checkpoint through edit,
+// keeping its metadata.
+func rewriteCheckpoint(t *testing.T, path string, edit func(name string, v []float32) []float32) {
+	t.Helper()
+	f, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts []safetensors.Tensor
+	for _, name := range f.Names() {
+		v, _, err := f.Float32(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v = edit(name, v)
+		ts = append(ts, safetensors.F32Tensor(name, []int{len(v)}, v))
+	}
+	if err := safetensors.Write(path, ts, f.Metadata); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNonFinite: a loss that is NaN or infinite stops the run with
+// ErrNonFinite before the update, and the previous checkpoint stays as it
+// was, byte for byte.
+func TestNonFinite(t *testing.T) {
+	model := writeModel(t, microConfig(16, 1))
+	for _, tc := range []struct {
+		name, what string                        // what is not finite
+		setup      func(t *testing.T, c *Config) // after a checkpoint at step 2
+	}{
+		// Step 3 is finite, its update breaks the weights: the eval at step
+		// 4 sees it (a step-5 loss would too).
+		{"lr 1e9", "eval loss is NaN", func(t *testing.T, c *Config) { c.LR = 1e9 }},
+		{"NaN weights in the checkpoint", "loss is NaN", func(t *testing.T, c *Config) {
+			rewriteCheckpoint(t, filepath.Join(c.Out, CheckpointFile), func(name string, v []float32) []float32 {
+				if name == "params" {
+					v[len(v)-1] = float32(math.NaN()) // ln_f.bias: every logit
+				}
+				return v
+			})
+		}},
+		// A huge final LayerNorm bias: the logits and the loss stay finite,
+		// but the squared norm of the tied embedding's gradient overflows.
+		{"gradient norm overflow", "gradient norm is +Inf", func(t *testing.T, c *Config) {
+			C := microConfig(16, 1).C
+			rewriteCheckpoint(t, filepath.Join(c.Out, CheckpointFile), func(name string, v []float32) []float32 {
+				if name == "params" {
+					for i := len(v) - C; i < len(v); i++ {
+						v[i] = 1e20 // ln_f.bias
+					}
+				}
+				return v
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := quickConfig(t, model)
+			stoppedRun(t, c)
+			tc.setup(t, &c)
+			c.Resume = true
+			path := filepath.Join(c.Out, CheckpointFile)
+			before, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, runErr := Run(context.Background(), c, Options{})
+			if res == nil {
+				t.Fatalf("no result with error %v", runErr)
+			}
+			if !errors.Is(runErr, ErrNonFinite) {
+				t.Fatalf("err = %v, want one wrapping ErrNonFinite", runErr)
+			}
+			wantErr(t, runErr, "step", "--lr", tc.what)
+			after, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(after) != string(before) {
+				t.Errorf("%s changed after the non-finite loss", CheckpointFile)
+			}
+			if res.Export != "" {
+				t.Errorf("exported %s after a non-finite loss", res.Export)
+			}
+			// The metrics keep the steps before the failure, once each; a
+			// step whose gradients failed is not recorded.
+			steps := 2 + len(res.Losses)
+			if strings.Contains(runErr.Error(), "gradient norm") {
+				steps--
+			}
+			recs := trainRecords(t, filepath.Join(c.Out, "metrics.jsonl"), steps)
+			for _, r := range recs {
+				if r.TrainLoss != nil && (math.IsNaN(*r.TrainLoss) || math.IsInf(*r.TrainLoss, 0)) {
+					t.Errorf("metrics hold a non-finite loss at step %d", r.Step)
+				}
+			}
+		})
+	}
+}
+
+// TestDeviceMemTooSmall: a budget below the plan is an error before
+// training that states the bytes needed, and nothing is written.
+func TestDeviceMemTooSmall(t *testing.T) {
+	c := quickConfig(t, "tiny")
+	c.DeviceMem = 1 << 20
+	mc, _, err := ResolveModel(c.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := PlanMemory(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), c, Options{})
+	wantErr(t, err, "--device-mem", "needs "+strconv.FormatInt(plan.Total(), 10)+" bytes", strconv.FormatInt(c.DeviceMem, 10))
+	var fe *FlagError
+	if !errors.As(err, &fe) || fe.Flag != "device-mem" {
+		t.Errorf("error %v is not a FlagError for device-mem", err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, CheckpointFile)); err == nil {
+		t.Errorf("checkpoint written despite the memory error")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := Defaults().Validate(); err != nil {
+		t.Fatalf("Defaults().Validate() = %v", err)
+	}
+	for _, tc := range []struct {
+		flag string
+		set  func(c *Config)
+	}{
+		{"batch", func(c *Config) { c.Batch = 0 }},
+		{"seq-len", func(c *Config) { c.SeqLen = -1 }},
+		{"grad-accum", func(c *Config) { c.GradAccum = 0 }},
+		{"steps", func(c *Config) { c.Steps = -1 }},
+		{"steps", func(c *Config) { c.Steps, c.Epochs = 0, 0 }},
+		{"lr", func(c *Config) { c.LR = 0 }},
+		{"min-lr", func(c *Config) { c.MinLR = 2 * c.LR }},
+		{"warmup", func(c *Config) { c.Warmup = -1 }},
+		{"weight-decay", func(c *Config) { c.WeightDecay = -0.1 }},
+		{"beta1", func(c *Config) { c.Beta1 = 1 }},
+		{"beta2", func(c *Config) { c.Beta2 = -0.5 }},
+		{"clip-mode", func(c *Config) { c.ClipMode = "global" }},
+		{"grad-clip", func(c *Config) { c.GradClip = 0 }},
+		{"eval-every", func(c *Config) { c.EvalEvery = -1 }},
+		{"eval-fraction", func(c *Config) { c.EvalFraction = 1 }},
+		{"eval-generate", func(c *Config) { c.EvalGenerate = -1 }},
+		{"checkpoint-every", func(c *Config) { c.CheckpointEvery = -1 }},
+		{"device", func(c *Config) { c.Device = "tpu" }},
+		{"device-mem", func(c *Config) { c.DeviceMem = -1 }},
+		{"dtype", func(c *Config) { c.DType = "fp16" }},
+		{"threads", func(c *Config) { c.Threads = -2 }},
+		{"out", func(c *Config) { c.Out = "" }},
+		{"model", func(c *Config) { c.Model = "" }},
+		{"data", func(c *Config) { c.Data = "" }},
+	} {
+		c := Defaults()
+		tc.set(&c)
+		err := c.Validate()
+		var fe *FlagError
+		if !errors.As(err, &fe) || fe.Flag != tc.flag {
+			t.Errorf("--%s: Validate() = %v, want a FlagError for it", tc.flag, err)
+			continue
+		}
+		wantErr(t, err, "--"+tc.flag+":")
+		// Run validates first: nothing is created.
+		c.Out = filepath.Join(t.TempDir(), "out")
+		if tc.flag == "out" {
+			c.Out = ""
+		}
+		if _, err := Run(context.Background(), c, Options{}); !errors.As(err, &fe) || fe.Flag != tc.flag {
+			t.Errorf("--%s: Run() = %v", tc.flag, err)
+		}
+		if _, err := os.Stat(c.Out); c.Out != "" && err == nil {
+			t.Errorf("--%s: Run created %s despite the bad flag", tc.flag, c.Out)
+		}
+	}
+	// Several bad values are all reported.
+	c := Defaults()
+	c.Batch, c.LR = 0, -1
+	wantErr(t, c.Validate(), "--batch", "--lr")
+	// grad-clip 0 is fine when clipping is off.
+	c = Defaults()
+	c.ClipMode, c.GradClip = "none", 0
+	if err := c.Validate(); err != nil {
+		t.Errorf("--clip-mode none --grad-clip 0: %v", err)
+	}
+}

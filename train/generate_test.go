@@ -1,0 +1,222 @@
+// Tests of the sampler (greedy, temperature, top-p), of Generate's
+// bookkeeping, and of Sample on an exported model.
+
+package train
+
+import (
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+)
+
+func TestSamplerGreedy(t *testing.T) {
+	for _, tc := range []struct {
+		logits []float32
+		want   int32
+	}{
+		{[]float32{0.1, 2, -1}, 1},
+		{[]float32{-5, -3, -4}, 1},
+		{[]float32{7}, 0},
+		{[]float32{1, 3, 3, 2}, 1}, // ties: the first
+		{[]float32{float32(math.Inf(-1)), -1e30, 0}, 2},
+	} {
+		// Temperature 0 is greedy, and so is a sampler without an RNG.
+		for _, s := range []Sampler{{}, {Temperature: 0, RNG: rand.New(rand.NewPCG(1, 2))}, {Temperature: 1}} {
+			if got := s.Pick(tc.logits); got != tc.want {
+				t.Errorf("%+v.Pick(%v) = %d, want %d", s, tc.logits, got, tc.want)
+			}
+		}
+	}
+}
+
+// logitsOf turns probabilities into logits.
+func logitsOf(p ...float64) []float32 {
+	l := make([]float32, len(p))
+	for i, v := range p {
+		l[i] = float32(math.Log(v))
+	}
+	return l
+}
+
+func TestSamplerTopP(t *testing.T) {
+	peaked := logitsOf(0.05, 0.7, 0.1, 0.15)
+	s := newSampler(1, 0.5, 42)
+	for i := 0; i < 2000; i++ {
+		if got := s.Pick(peaked); got != 1 {
+			t.Fatalf("draw %d: top-p 0.5 on a distribution whose top token has 0.7 picked %d", i, got)
+		}
+	}
+	// top-p 0.8 keeps the 0.7 and 0.15 tokens, never the others, and picks
+	// them in proportion 0.7 : 0.15.
+	s = newSampler(1, 0.8, 42)
+	counts := make([]int, 4)
+	const n = 20000
+	for i := 0; i < n; i++ {
+		counts[s.Pick(peaked)]++
+	}
+	if counts[0] != 0 || counts[2] != 0 {
+		t.Fatalf("top-p 0.8 picked tokens outside the nucleus: %v", counts)
+	}
+	if f := float64(counts[1]) / n; math.Abs(f-0.7/0.85) > 0.02 {
+		t.Errorf("top token share %.3f in the nucleus, want %.3f", f, 0.7/0.85)
+	}
+}
+
+// TestSamplerTemperature: draws follow softmax(logits / T), and a seed
+// gives the same sequence every time.
+func TestSamplerTemperature(t *testing.T) {
+	probs := []float64{0.5, 0.3, 0.2}
+	logits := logitsOf(probs...)
+	for _, temp := range []float64{1, 2} {
+		// softmax(log p / T) is p^(1/T), normalised.
+		want := make([]float64, len(probs))
+		var z float64
+		for i, p := range probs {
+			want[i] = math.Pow(p, 1/temp)
+			z += want[i]
+		}
+		for _, topP := range []float64{0, 1} { // both keep every token
+			s := newSampler(temp, topP, 7)
+			counts := make([]int, len(probs))
+			const n = 30000
+			for i := 0; i < n; i++ {
+				counts[s.Pick(logits)]++
+			}
+			for i := range probs {
+				if f := float64(counts[i]) / n; math.Abs(f-want[i]/z) > 0.015 {
+					t.Errorf("T=%g top-p %g: token %d drawn %.3f of the time, want %.3f", temp, topP, i, f, want[i]/z)
+				}
+			}
+		}
+	}
+
+	draw := func(seed uint64) []int32 {
+		s := newSampler(0.8, 0.95, seed)
+		out := make([]int32, 300)
+		for i := range out {
+			out[i] = s.Pick(logits)
+		}
+		return out
+	}
+	a, b, c := draw(5), draw(5), draw(6)
+	if !slices.Equal(a, b) {
+		t.Errorf("seed 5 gave two different sequences")
+	}
+	if slices.Equal(a, c) {
+		t.Errorf("seeds 5 and 6 gave the same 300 draws")
+	}
+}
+
+// TestGenerate checks Generate's bookkeeping on a random micro model:
+// greedy generation is deterministic and independent of how prompts are
+// grouped into batches, outputs respect maxNew and the context, and EOS
+// is never returned.
+func TestGenerate(t *testing.T) {
+	mc := microConfig(16, 1)
+	vals := gpt2.Init(mc, 9)
+	newModel := func(B, T int) (*cpu.Backend, *gpt2.Model) {
+		be := cpu.New(cpu.Config{Threads: 1})
+		t.Cleanup(func() { be.Close() })
+		m, err := gpt2.New(be, mc, B, T, backend.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := backend.Upload(be, be.DefaultStream(), m.Params, vals); err != nil {
+			t.Fatal(err)
+		}
+		return be, m
+	}
+	const eos = 256
+	prompts := [][]int32{{'a', 'b', '='}, {'x'}, {}, {'l', 'o', 'n', 'g', 'e', 'r', ' ', 'p', 'r', 'o', 'm', 'p', 't', '='}, {'q', '='}}
+	be1, m1 := newModel(1, 16)
+	one, err := Generate(be1, be1.DefaultStream(), m1, prompts, 6, eos, Sampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be3, m3 := newModel(3, 16)
+	three, err := Generate(be3, be3.DefaultStream(), m3, prompts, 6, eos, Sampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for i := range prompts {
+		if !slices.Equal(one[i], three[i]) {
+			t.Errorf("prompt %d: batch of 1 gave %v, batch of 3 gave %v", i, one[i], three[i])
+		}
+		if len(one[i]) > 6 {
+			t.Errorf("prompt %d: %d new tokens, maxNew is 6", i, len(one[i]))
+		}
+		if slices.Contains(one[i], eos) {
+			t.Errorf("prompt %d: output %v holds EOS", i, one[i])
+		}
+		if n := len(prompts[i]) + len(one[i]); n > 16 {
+			t.Errorf("prompt %d: prompt and output are %d tokens, the model's T is 16", i, n)
+		}
+		total += len(one[i])
+	}
+	if total == 0 {
+		t.Errorf("no prompt produced a token; the test sees nothing")
+	}
+
+	// A prompt at the context limit gets at most one token; each output is
+	// the greedy pick at the last position, whatever maxNew.
+	long := make([]int32, 40)
+	for i := range long {
+		long[i] = int32('a' + i%26)
+	}
+	out, err := Generate(be1, be1.DefaultStream(), m1, [][]int32{long}, 10, eos, Sampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out[0]) > 1 {
+		t.Errorf("a prompt cut to T-1 tokens got %d new tokens, want at most 1", len(out[0]))
+	}
+}
+
+// TestSample exports a model and samples from it, by its hf directory and
+// by the training output directory holding it.
+func TestSample(t *testing.T) {
+	mc := microConfig(16, 1)
+	out := t.TempDir()
+	hf := filepath.Join(out, "hf")
+	if err := gpt2.ExportHF(hf, mc, gpt2.Init(mc, 4)); err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, dir := range []string{hf, out} {
+		text, err := Sample(SampleOptions{Model: dir, Prompt: "reverse abc=", MaxNew: 5, Threads: 1})
+		if err != nil {
+			t.Fatalf("Sample(%s): %v", dir, err)
+		}
+		texts = append(texts, text)
+	}
+	if texts[0] != texts[1] {
+		t.Errorf("greedy samples differ: %q vs %q", texts[0], texts[1])
+	}
+	a, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1})
+	if err != nil || a != b {
+		t.Errorf("same seed: %q then %q (%v)", a, b, err)
+	}
+	for _, tc := range []struct {
+		o    SampleOptions
+		want []string
+	}{
+		{SampleOptions{Model: t.TempDir(), Prompt: "x"}, []string{"--model", "config.json"}},
+		{SampleOptions{Model: hf, Prompt: "x", TopP: 1.5}, []string{"--top-p"}},
+		{SampleOptions{Model: hf, Prompt: "x", Temperature: -1}, []string{"--temperature"}},
+		{SampleOptions{Model: hf, Prompt: string(make([]byte, 40))}, []string{"--prompt", "32"}},
+	} {
+		_, err := Sample(tc.o)
+		wantErr(t, err, tc.want...)
+	}
+}

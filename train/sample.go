@@ -1,0 +1,76 @@
+// Sampling from a trained model, for the sample command.
+
+package train
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// SampleOptions configure Sample.
+type SampleOptions struct {
+	Model       string // Hugging Face directory, or a training output directory holding hf/
+	Prompt      string
+	Alpaca      bool // wrap Prompt in the Alpaca template
+	MaxNew      int
+	Temperature float64
+	TopP        float64
+	Seed        uint64
+	Threads     int
+}
+
+// Sample loads a model and continues the prompt.
+func Sample(o SampleOptions) (string, error) {
+	dir := o.Model
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		if _, err2 := os.Stat(filepath.Join(dir, "hf", "config.json")); err2 == nil {
+			dir = filepath.Join(dir, "hf")
+		} else {
+			return "", flagErr("model", "%s holds no config.json (nor hf/config.json)", o.Model)
+		}
+	}
+	if o.TopP < 0 || o.TopP > 1 {
+		return "", flagErr("top-p", "must be in (0, 1], got %g", o.TopP)
+	}
+	if o.Temperature < 0 {
+		return "", flagErr("temperature", "must be >= 0, got %g", o.Temperature)
+	}
+	cfg, vals, err := gpt2.LoadHF(dir)
+	if err != nil {
+		return "", flagErr("model", "%v", err)
+	}
+	tok, err := tokenizer.ByName(cfg.Tokenizer())
+	if err != nil {
+		return "", err
+	}
+	be := cpu.New(cpu.Config{Threads: o.Threads})
+	defer be.Close()
+	s := be.DefaultStream()
+	m, err := gpt2.New(be, cfg, 1, cfg.MaxT, backend.F32)
+	if err != nil {
+		return "", err
+	}
+	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+		return "", err
+	}
+	prompt := o.Prompt
+	if o.Alpaca {
+		prompt = data.AlpacaPrompt(o.Prompt, "")
+	}
+	ids := tok.Encode(prompt)
+	if len(ids) >= cfg.MaxT {
+		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), cfg.MaxT)
+	}
+	out, err := Generate(be, s, m, [][]int32{ids}, max(o.MaxNew, 1), tok.EOS(), newSampler(o.Temperature, o.TopP, o.Seed))
+	if err != nil {
+		return "", fmt.Errorf("sample: %w", err)
+	}
+	return tok.Decode(out[0]), nil
+}

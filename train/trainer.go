@@ -1,0 +1,504 @@
+// The training run: set-up, the step loop, evaluation, checkpoints, and the
+// outputs a user gets at the end.
+
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// Result summarises a finished (or interrupted) run.
+type Result struct {
+	Out          string // the output directory
+	Steps        int    // the last step completed
+	Interrupted  bool   // stopped by the context (Ctrl-C) after checkpointing
+	TrainLoss    float64
+	EvalLoss     float64 // NaN when there is no eval set
+	ExactMatch   float64 // NaN when there are no eval records
+	TokensPerSec float64
+	Elapsed      time.Duration
+	Checkpoint   string
+	Export       string // Hugging Face directory with the final weights
+	Metrics      string
+	Plot         string
+	Losses       []float64 // train loss of every step of this process, in order
+}
+
+// ErrNonFinite reports a NaN or infinite loss.
+var ErrNonFinite = errors.New("non-finite loss")
+
+// Options are the parts of a run that are not configuration.
+type Options struct {
+	Logger   *slog.Logger
+	Progress *os.File // where the progress bar goes (nil: none)
+	// Backend, when set, replaces the CPU backend built from Config (tests
+	// use it for hazard mode).
+	Backend backend.Backend
+	// StopAfter > 0 stops the run as if interrupted after that step (tests).
+	StopAfter int
+}
+
+// run holds the state of one training run.
+type run struct {
+	cfg    Config
+	opts   Options
+	log    *slog.Logger
+	be     backend.Backend
+	s      backend.Stream
+	model  *gpt2.Model
+	opt    *optim.AdamW
+	tok    tokenizer.Tokenizer
+	ds     *data.Dataset
+	loader *data.Loader
+	sched  optim.Schedule
+	mw     *metrics.Writer
+	prog   *metrics.Progress
+	start  time.Time
+	tokens int64
+	step   int
+}
+
+// Plan is the predicted device memory of a run, in bytes.
+type Plan struct {
+	Model gpt2.MemoryPlan
+	Optim int64
+}
+
+// Total is every byte the run allocates on the device.
+func (p Plan) Total() int64 { return p.Model.Total() + p.Optim }
+
+// PlanMemory predicts the device memory of training cfg with the model mc.
+func PlanMemory(mc gpt2.Config, c Config) (Plan, error) {
+	dt, err := backend.ParseDType(c.DType)
+	if err != nil {
+		return Plan{}, flagErr("dtype", "%v", err)
+	}
+	return Plan{
+		Model: mc.Plan(c.Batch, c.SeqLen, dt),
+		Optim: optim.StateBytes(mc.NumParams(), len(mc.Layout()), dt),
+	}, nil
+}
+
+// Run trains as cfg says until the steps are done or ctx is cancelled; on
+// cancellation it drains, checkpoints and returns with Interrupted set.
+func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &run{cfg: cfg, opts: opts, log: opts.Logger}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	defer r.close()
+	if err := r.setup(); err != nil {
+		return nil, err
+	}
+	return r.loop(ctx)
+}
+
+func (r *run) close() {
+	if r.mw != nil {
+		r.mw.Close()
+	}
+	if r.be != nil && r.opts.Backend == nil {
+		r.be.Close()
+	}
+}
+
+func (r *run) setup() error {
+	cfg := r.cfg
+	mc, fromCheckpoint, err := ResolveModel(cfg.Model)
+	if err != nil {
+		return err
+	}
+	if cfg.SeqLen > mc.MaxT {
+		return flagErr("seq-len", "%d is longer than the model context n_positions=%d", cfg.SeqLen, mc.MaxT)
+	}
+	if r.tok, err = tokenizer.ByName(mc.Tokenizer()); err != nil {
+		return err
+	}
+	if r.tok.VocabSize() > mc.V {
+		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", mc.V, r.tok.Name(), r.tok.VocabSize())
+	}
+	r.ds, err = data.Load(cfg.Data, r.tok, data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed})
+	if err != nil {
+		return flagErr("data", "%v", err)
+	}
+	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
+		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
+
+	plan, err := PlanMemory(mc, cfg)
+	if err != nil {
+		return err
+	}
+	r.log.Info("memory plan", "params", plan.Model.Params, "grads", plan.Model.Grads, "optimizer", plan.Optim,
+		"activations", plan.Model.Activations+plan.Model.ActGrads+plan.Model.Batch, "total_bytes", plan.Total())
+	if cfg.DeviceMem > 0 && plan.Total() > cfg.DeviceMem {
+		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: params %d, grads %d, optimizer %d, activations %d) but the budget is %d bytes; lower --batch or --seq-len, or use a smaller model",
+			plan.Total(), float64(plan.Total())/(1<<20), plan.Model.Params, plan.Model.Grads, plan.Optim,
+			plan.Model.Activations+plan.Model.ActGrads+plan.Model.Batch, cfg.DeviceMem)
+	}
+
+	dt, _ := backend.ParseDType(cfg.DType)
+	r.be = r.opts.Backend
+	if r.be == nil {
+		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed})
+	}
+	r.s = r.be.DefaultStream()
+	if r.model, err = gpt2.New(r.be, mc, cfg.Batch, cfg.SeqLen, dt); err != nil {
+		return err
+	}
+	var tensors []optim.Tensor
+	for _, p := range r.model.Layout() {
+		tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
+	}
+	mode, _ := optim.ParseClipMode(cfg.ClipMode)
+	h := optim.Hyper{Beta1: float32(cfg.Beta1), Beta2: float32(cfg.Beta2), Eps: 1e-8,
+		WeightDecay: float32(cfg.WeightDecay), Clip: mode, MaxNorm: float32(cfg.GradClip)}
+	if r.opt, err = optim.New(r.be, h, r.model.Params, r.model.Grads, tensors); err != nil {
+		return err
+	}
+	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
+		return flagErr("data", "%v", err)
+	}
+	total := cfg.Steps
+	if total == 0 {
+		perEpoch := max(1, r.loader.Len()/(cfg.Batch*cfg.GradAccum))
+		total = max(1, int(math.Ceil(cfg.Epochs*float64(perEpoch))))
+	}
+	r.cfg.Steps = total
+	r.sched = optim.Schedule{LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup, Total: total}
+
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return flagErr("out", "%v", err)
+	}
+	resumeStep := -1
+	ckPath := filepath.Join(cfg.Out, CheckpointFile)
+	if cfg.Resume {
+		ck, err := loadCheckpoint(ckPath, mc)
+		if err != nil {
+			return err
+		}
+		// Everything that decides the data order and the math must match, or
+		// the resumed run would silently train on something else.
+		saved := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v",
+			ck.DType, ck.Batch, ck.SeqLen, ck.GradAccum, ck.Data, ck.Seed, ck.EvalFraction, ck.Truncate)
+		now := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v",
+			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate)
+		if saved != now {
+			return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values", ckPath, saved, now)
+		}
+		if err := ck.restore(r.be, r.s, r.model, r.opt); err != nil {
+			return err
+		}
+		if err := r.loader.Seek(ck.Position); err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		r.step, r.tokens, resumeStep = ck.Step, ck.Tokens, ck.Step
+		r.log.Info("resumed", "checkpoint", ckPath, "step", ck.Step)
+	} else {
+		vals := gpt2.Init(mc, cfg.Seed)
+		if fromCheckpoint {
+			_, vals, err = gpt2.LoadHF(cfg.Model)
+			if err != nil {
+				return flagErr("model", "%v", err)
+			}
+		}
+		if err := backend.Upload(r.be, r.s, r.model.Params, vals); err != nil {
+			return err
+		}
+		if err := r.opt.InitMaster(r.s); err != nil {
+			return err
+		}
+	}
+	if r.mw, err = metrics.Create(filepath.Join(cfg.Out, "metrics.jsonl"), resumeStep); err != nil {
+		return err
+	}
+	r.log.Info("model", "model", cfg.Model, "params", mc.NumParams(), "layers", mc.L, "width", mc.C,
+		"heads", mc.NH, "vocab", mc.V, "dtype", cfg.DType, "device", r.be.Name())
+	return nil
+}
+
+// trainStep runs one optimizer step over GradAccum micro-batches and
+// returns the mean loss per target token.
+func (r *run) trainStep(lr float64) (float64, error) {
+	be, s, m := r.be, r.s, r.model
+	batches := make([]data.Batch, r.cfg.GradAccum)
+	targets := 0
+	for i := range batches {
+		r.loader.Next(&batches[i])
+		targets += batches[i].NumTargets
+	}
+	if targets == 0 {
+		return 0, fmt.Errorf("step %d: no target tokens in the batch", r.step+1)
+	}
+	if err := m.ZeroGrads(s); err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, b := range batches {
+		if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
+			return 0, err
+		}
+		if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
+			return 0, err
+		}
+		if err := m.Forward(s); err != nil {
+			return 0, err
+		}
+		if err := m.CrossEntropy(s, 1/float32(targets)); err != nil {
+			return 0, err
+		}
+		if err := m.Backward(s); err != nil {
+			return 0, err
+		}
+		losses, err := backend.Download(be, s, m.Losses)
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range losses {
+			sum += float64(l)
+		}
+		r.tokens += int64(b.B * b.T)
+	}
+	loss := sum / float64(targets)
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return loss, fmt.Errorf("step %d: loss is %v: %w; stopping without updating the weights (the last checkpoint is kept); try a lower --lr", r.step+1, loss, ErrNonFinite)
+	}
+	if err := r.opt.Step(s, float32(lr)); err != nil {
+		return 0, err
+	}
+	return loss, be.Synchronize(s)
+}
+
+func (r *run) loop(ctx context.Context) (*Result, error) {
+	cfg := r.cfg
+	res := &Result{Out: cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(),
+		Checkpoint: filepath.Join(cfg.Out, CheckpointFile), Metrics: filepath.Join(cfg.Out, "metrics.jsonl")}
+	if r.opts.Progress != nil {
+		r.prog = metrics.NewProgress(r.opts.Progress, cfg.Steps, r.log)
+	}
+	logf := func(msg string, args ...any) {
+		if r.prog != nil {
+			r.prog.Log(msg, args...)
+		} else {
+			r.log.Info(msg, args...)
+		}
+	}
+	r.start = time.Now()
+	startTokens := r.tokens
+	lastEval := -1
+	if r.step >= cfg.Steps {
+		// Resumed from a finished run: its final eval is in the metrics
+		// already; another would duplicate that step.
+		lastEval = r.step
+	}
+	for r.step < cfg.Steps {
+		if ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter) {
+			res.Interrupted = true
+			break
+		}
+		lr := r.sched.At(r.step + 1)
+		t0 := time.Now()
+		tok0 := r.tokens
+		loss, err := r.trainStep(lr)
+		if err != nil {
+			if r.prog != nil {
+				r.prog.Done()
+			}
+			return res, err
+		}
+		r.step++
+		res.TrainLoss = loss
+		res.Losses = append(res.Losses, loss)
+		tps := float64(r.tokens-tok0) / time.Since(t0).Seconds()
+		// Time is left 0 so the Writer fills it in, continuing across resumes.
+		rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss),
+			TokensPerSec: metrics.F(tps), LR: metrics.F(lr)}
+		if gn, err := backend.Download(r.be, r.s, r.opt.GlobalNormSq()); err == nil {
+			norm := math.Sqrt(float64(gn[0]))
+			if math.IsNaN(norm) || math.IsInf(norm, 0) {
+				// A finite loss can still give non-finite gradients; the update
+				// has used them, so stop before anything of this step is saved.
+				if r.prog != nil {
+					r.prog.Done()
+				}
+				return res, fmt.Errorf("step %d: gradient norm is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step, norm, ErrNonFinite)
+			}
+			rec.GradNorm = metrics.F(norm)
+		}
+		if err := r.mw.Write(rec); err != nil {
+			return res, err
+		}
+		if r.prog != nil {
+			r.prog.Update(r.step, loss, tps)
+		}
+		if cfg.EvalEvery > 0 && r.step%cfg.EvalEvery == 0 && r.step < cfg.Steps {
+			if err := r.evaluate(res, logf); err != nil {
+				return res, err
+			}
+			lastEval = r.step
+		}
+		if cfg.CheckpointEvery > 0 && r.step%cfg.CheckpointEvery == 0 && r.step < cfg.Steps {
+			if err := r.checkpoint(); err != nil {
+				return res, err
+			}
+		}
+	}
+	if r.prog != nil {
+		r.prog.Done()
+	}
+	res.Steps = r.step
+	res.Elapsed = time.Since(r.start)
+	res.TokensPerSec = float64(r.tokens-startTokens) / res.Elapsed.Seconds()
+	if err := r.checkpoint(); err != nil {
+		return res, err
+	}
+	if res.Interrupted {
+		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
+		return res, nil
+	}
+	if lastEval != r.step {
+		if err := r.evaluate(res, logf); err != nil {
+			return res, err
+		}
+	}
+	vals, err := backend.Download(r.be, r.s, r.model.Params)
+	if err != nil {
+		return res, err
+	}
+	res.Export = filepath.Join(cfg.Out, "hf")
+	if err := gpt2.ExportHF(res.Export, r.model.Cfg, vals); err != nil {
+		return res, err
+	}
+	recs, err := metrics.ReadFile(res.Metrics)
+	if err != nil {
+		return res, err
+	}
+	res.Plot = filepath.Join(cfg.Out, "loss.png")
+	if err := metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", cfg.Model, cfg.Data)); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func (r *run) checkpoint() error {
+	st := state{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
+		DType: r.cfg.DType, Data: r.cfg.Data, Batch: r.cfg.Batch, SeqLen: r.cfg.SeqLen, Tokens: r.tokens,
+		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate}
+	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.model, r.opt, st)
+}
+
+// evaluate computes the eval loss and the exact match of greedy generation
+// on held-out prompts, logs them and writes them to the metrics.
+func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
+	rec := metrics.Record{Step: r.step, Event: "eval"} // the Writer fills in Time
+	if len(r.ds.Eval) > 0 {
+		loss, err := EvalLoss(r.be, r.s, r.model, r.ds.Eval)
+		if err != nil {
+			return err
+		}
+		if math.IsNaN(loss) || math.IsInf(loss, 0) {
+			// The weights diverged in this step's update; the next train
+			// step would fail the same way, so stop before saving them.
+			return fmt.Errorf("step %d: eval loss is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step, loss, ErrNonFinite)
+		}
+		res.EvalLoss = loss
+		rec.EvalLoss = metrics.F(loss)
+	}
+	if n := min(r.cfg.EvalGenerate, len(r.ds.EvalRecords)); n > 0 {
+		em, err := ExactMatch(r.be, r.s, r.model, r.tok, r.ds.EvalRecords[:n])
+		if err != nil {
+			return err
+		}
+		res.ExactMatch = em
+		rec.ExactMatch = metrics.F(em)
+	}
+	if rec.EvalLoss == nil && rec.ExactMatch == nil {
+		return nil
+	}
+	args := []any{"step", r.step}
+	if rec.EvalLoss != nil {
+		args = append(args, "eval_loss", fmt.Sprintf("%.4f", *rec.EvalLoss))
+	}
+	if rec.ExactMatch != nil {
+		args = append(args, "exact_match", fmt.Sprintf("%.3f", *rec.ExactMatch))
+	}
+	logf("eval", args...)
+	return r.mw.Write(rec)
+}
+
+// EvalLoss is the mean loss per target token over examples.
+func EvalLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
+	var sum float64
+	n := 0
+	for _, b := range data.EvalBatches(examples, m.B, m.T) {
+		if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
+			return 0, err
+		}
+		if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
+			return 0, err
+		}
+		if err := m.Forward(s); err != nil {
+			return 0, err
+		}
+		if err := m.CrossEntropy(s, 0); err != nil {
+			return 0, err
+		}
+		losses, err := backend.Download(be, s, m.Losses)
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range losses {
+			sum += float64(l)
+		}
+		n += b.NumTargets
+	}
+	if n == 0 {
+		return math.NaN(), nil
+	}
+	return sum / float64(n), nil
+}
+
+// ExactMatch is the share of records whose greedy continuation of the
+// prompt, up to EOS, equals the response exactly.
+func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
+	prompts := make([][]int32, len(recs))
+	maxNew := 1
+	for i, rec := range recs {
+		prompts[i] = tok.Encode(rec.Prompt)
+		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
+	}
+	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
+	if err != nil {
+		return 0, err
+	}
+	hits := 0
+	for i, o := range outs {
+		if tok.Decode(o) == recs[i].Response {
+			hits++
+		}
+	}
+	return float64(hits) / float64(len(recs)), nil
+}
+
+// newSampler builds a sampler; temperature 0 is greedy.
+func newSampler(temperature, topP float64, seed uint64) Sampler {
+	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
+}
