@@ -151,17 +151,24 @@ func scaleC(M, N int, beta float32, C []float32, ldc int) {
 	}
 }
 
-// gemmTask is one tile of C: rows [i0, i0+rows), panels [p0, p0+np) of the
-// current column block.
-type gemmTask struct{ i0, rows, p0, np int }
+// gemmTask is one unit of work in a column block of npanels panels: when
+// pack, packing panels [p0, p0+np) of op(B) for the current K super-block;
+// otherwise the C tile rows [i0, i0+rows) by panels [p0, p0+np). chunk is
+// the column chunk both belong to; a tile waits until its chunk is packed.
+type gemmTask struct {
+	pack     bool
+	chunk    int
+	i0, rows int
+	p0, np   int
+}
 
 func sgemm(path SIMD, p gemmParams, threads int, transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) {
 	flops := 2 * float64(M) * float64(N) * float64(K)
 	threads = max(1, min(threads, int(flops/minFlopsPerThread)))
 
 	// Packed column blocks of about packChunks*nc columns, equal in size
-	// (rounded to nr); tasks then take at most nc of them, sized for L2.
-	// Wide blocks mean fewer packing phases and barriers.
+	// (rounded to nr); tiles then take at most nc of them, sized for L2.
+	// Wide blocks mean fewer barriers.
 	nblocks := ceilDiv(N, packChunks*p.nc)
 	ncb := roundUp(ceilDiv(N, nblocks), p.nr)
 	maxPanels := ncb / p.nr
@@ -187,24 +194,34 @@ func sgemm(path SIMD, p gemmParams, threads int, transA, transB bool, M, N, K in
 	for j0 := 0; j0 < N; j0 += ncb {
 		nc := min(ncb, N-j0)
 		npanels := ceilDiv(nc, p.nr)
-		tasks = splitTiles(tasks[:0], M, npanels, threads, p)
+		var nchunks int
+		tasks, nchunks = schedule(tasks[:0], M, npanels, threads, p)
+		pending := make([]atomic.Int32, nchunks)
+		ready := make([]chan struct{}, nchunks)
 		for kb := 0; kb < K; kb += ks {
 			kn := min(ks, K-kb)
-
-			// Phase 1: pack op(B)[kb:kb+kn, j0:j0+nc], panels split
-			// over threads.
-			pw := min(threads, npanels)
-			parallelFor(pw, pw, func(_, t int) {
-				p0, p1 := t*npanels/pw, (t+1)*npanels/pw
-				C.lsp_sgemm_pack_b(C.int(path), cBool(transB), cB, C.ptrdiff_t(ldb),
-					C.ptrdiff_t(kb), C.ptrdiff_t(kn), C.ptrdiff_t(j0), C.ptrdiff_t(nc),
-					C.ptrdiff_t(npanels), C.ptrdiff_t(p0), C.ptrdiff_t(p1), cBp)
-			})
-
-			// Phase 2: tiles of C over rows (at most mc each) and, when
-			// rows alone do not give every thread work, over panels.
+			for c := range ready {
+				ready[c] = make(chan struct{})
+			}
+			for _, tk := range tasks {
+				if tk.pack {
+					pending[tk.chunk].Add(1)
+				}
+			}
+			// One phase per column block and K super-block; inside it,
+			// packing and tiles of different chunks overlap.
 			parallelFor(threads, len(tasks), func(w, t int) {
 				tk := tasks[t]
+				if tk.pack {
+					C.lsp_sgemm_pack_b(C.int(path), cBool(transB), cB, C.ptrdiff_t(ldb),
+						C.ptrdiff_t(kb), C.ptrdiff_t(kn), C.ptrdiff_t(j0), C.ptrdiff_t(nc),
+						C.ptrdiff_t(npanels), C.ptrdiff_t(tk.p0), C.ptrdiff_t(tk.p0+tk.np), cBp)
+					if pending[tk.chunk].Add(-1) == 0 {
+						close(ready[tk.chunk])
+					}
+					return
+				}
+				<-ready[tk.chunk]
 				C.lsp_sgemm_task(C.int(path), cBool(transA), cA, C.ptrdiff_t(lda),
 					C.ptrdiff_t(kb), C.ptrdiff_t(kn), C.ptrdiff_t(tk.i0), C.ptrdiff_t(tk.rows),
 					cBp, C.ptrdiff_t(npanels), C.ptrdiff_t(tk.p0),
@@ -216,6 +233,29 @@ func sgemm(path SIMD, p gemmParams, threads int, transA, transB bool, M, N, K in
 	runtime.KeepAlive(A)
 	runtime.KeepAlive(B)
 	runtime.KeepAlive(C)
+}
+
+// schedule appends the work of one column block of npanels panels: for
+// each column chunk, pieces packing it and then its tiles (splitTiles).
+// Tasks are taken in order, so a thread done with one chunk's tiles packs
+// the next chunk while others still compute: memory-bound packing overlaps
+// compute-bound tiles. A tile only waits for pieces listed before it, which
+// are already taken, so the wait always ends.
+func schedule(tasks []gemmTask, M, npanels, threads int, p gemmParams) ([]gemmTask, int) {
+	tiles := splitTiles(nil, M, npanels, threads, p)
+	nchunks := 0
+	for i, tl := range tiles {
+		if i == 0 || tl.chunk != tiles[i-1].chunk {
+			pieces := min(threads, tl.np)
+			for q := range pieces {
+				q0, q1 := tl.p0+q*tl.np/pieces, tl.p0+(q+1)*tl.np/pieces
+				tasks = append(tasks, gemmTask{pack: true, chunk: tl.chunk, p0: q0, np: q1 - q0})
+			}
+			nchunks++
+		}
+		tasks = append(tasks, tl)
+	}
+	return tasks, nchunks
 }
 
 // splitTiles appends the tiles of one column block of npanels panels,
@@ -233,7 +273,7 @@ func splitTiles(tasks []gemmTask, M, npanels, threads int, p gemmParams) []gemmT
 		c0, c1 := c*npanels/nt, (c+1)*npanels/nt
 		for r := range mt {
 			i0, i1 := r*mp/mt*p.mr, min((r+1)*mp/mt*p.mr, M)
-			tasks = append(tasks, gemmTask{i0, i1 - i0, c0, c1 - c0})
+			tasks = append(tasks, gemmTask{chunk: c, i0: i0, rows: i1 - i0, p0: c0, np: c1 - c0})
 		}
 	}
 	return tasks

@@ -298,7 +298,8 @@ func TestSgemmArgErrors(t *testing.T) {
 
 // TestSplitTiles checks that the tiles of a column block cover every row
 // and panel exactly once, in whole micropanels of at most mc rows and nc
-// columns, and give every thread work when there is enough.
+// columns, and give every thread work when there is enough; and that the
+// schedule packs every panel once, before the tiles that read it.
 func TestSplitTiles(t *testing.T) {
 	p := gemmParams{mr: 14, nr: 32, kc: 384, mc: 168, nc: 768}
 	tests := []struct{ M, npanels, threads int }{
@@ -324,6 +325,34 @@ func TestSplitTiles(t *testing.T) {
 		}
 		if want := min(tc.threads, ceilDiv(tc.M, p.mr)*tc.npanels); len(tiles) < want {
 			t.Errorf("M=%d panels=%d threads=%d: %d tiles, want at least %d", tc.M, tc.npanels, tc.threads, len(tiles), want)
+		}
+
+		// schedule: the same tiles, each chunk packed exactly once by
+		// pieces listed before any of its tiles.
+		sched, nchunks := schedule(nil, tc.M, tc.npanels, tc.threads, p)
+		packed := make([]int, tc.npanels)
+		var ntiles int
+		for _, tk := range sched {
+			if tk.pack {
+				for q := tk.p0; q < tk.p0+tk.np; q++ {
+					packed[q]++
+				}
+				continue
+			}
+			ntiles++
+			for q := tk.p0; q < tk.p0+tk.np; q++ {
+				if packed[q] != 1 {
+					t.Fatalf("M=%d panels=%d threads=%d: tile %+v before panel %d is packed once", tc.M, tc.npanels, tc.threads, tk, q)
+				}
+			}
+		}
+		for q, n := range packed {
+			if n != 1 {
+				t.Fatalf("M=%d panels=%d threads=%d: panel %d packed %d times", tc.M, tc.npanels, tc.threads, q, n)
+			}
+		}
+		if ntiles != len(tiles) || nchunks != tiles[len(tiles)-1].chunk+1 {
+			t.Fatalf("M=%d panels=%d threads=%d: schedule has %d tiles in %d chunks, splitTiles %d", tc.M, tc.npanels, tc.threads, ntiles, nchunks, len(tiles))
 		}
 	}
 }
