@@ -253,28 +253,11 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	}
 	var sum float64
 	for _, b := range batches {
-		if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
-			return 0, err
-		}
-		if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
-			return 0, err
-		}
-		if err := m.Forward(s); err != nil {
-			return 0, err
-		}
-		if err := m.CrossEntropy(s, 1/float32(targets)); err != nil {
-			return 0, err
-		}
-		if err := m.Backward(s); err != nil {
-			return 0, err
-		}
-		losses, err := backend.Download(be, s, m.Losses)
+		l, err := batchLoss(be, s, m, b, 1/float32(targets))
 		if err != nil {
 			return 0, err
 		}
-		for _, l := range losses {
-			sum += float64(l)
-		}
+		sum += l
 		r.tokens += int64(b.B * b.T)
 	}
 	loss := sum / float64(targets)
@@ -444,30 +427,48 @@ func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
 	return r.mw.Write(rec)
 }
 
+// batchLoss uploads a batch, runs the forward pass and the loss, and with
+// gradScale != 0 the backward pass (accumulating gradients scaled by it);
+// it returns the sum of the batch's per-token losses.
+func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch, gradScale float32) (float64, error) {
+	if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
+		return 0, err
+	}
+	if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
+		return 0, err
+	}
+	if err := m.Forward(s); err != nil {
+		return 0, err
+	}
+	if err := m.CrossEntropy(s, gradScale); err != nil {
+		return 0, err
+	}
+	if gradScale != 0 {
+		if err := m.Backward(s); err != nil {
+			return 0, err
+		}
+	}
+	losses, err := backend.Download(be, s, m.Losses)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range losses {
+		sum += float64(l)
+	}
+	return sum, nil
+}
+
 // EvalLoss is the mean loss per target token over examples.
 func EvalLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
 	var sum float64
 	n := 0
 	for _, b := range data.EvalBatches(examples, m.B, m.T) {
-		if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
-			return 0, err
-		}
-		if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
-			return 0, err
-		}
-		if err := m.Forward(s); err != nil {
-			return 0, err
-		}
-		if err := m.CrossEntropy(s, 0); err != nil {
-			return 0, err
-		}
-		losses, err := backend.Download(be, s, m.Losses)
+		l, err := batchLoss(be, s, m, b, 0)
 		if err != nil {
 			return 0, err
 		}
-		for _, l := range losses {
-			sum += float64(l)
-		}
+		sum += l
 		n += b.NumTargets
 	}
 	if n == 0 {
