@@ -1,0 +1,69 @@
+/*
+ * triad.c: the STREAM triad kernel (see triad.h). Limits: x86-64 SIMD only;
+ * other targets and tails use the scalar loop.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "triad.h"
+
+static void triad_scalar(float *a, const float *b, const float *c, float s,
+	size_t i0, size_t n)
+{
+	for (size_t i = i0; i < n; i++)
+		a[i] = fmaf(s, c[i], b[i]);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma"))) static void triad_avx2(float *a,
+	const float *b, const float *c, float s, size_t n, int nt)
+{
+	const __m256 vs = _mm256_set1_ps(s);
+	size_t i = 0;
+	if (nt) {
+		for (; i + 8 <= n; i += 8)
+			_mm256_stream_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
+		_mm_sfence();
+	}
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
+	triad_scalar(a, b, c, s, i, n);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void triad_avx512(float *a,
+	const float *b, const float *c, float s, size_t n, int nt)
+{
+	const __m512 vs = _mm512_set1_ps(s);
+	size_t i = 0;
+	if (nt) {
+		for (; i + 16 <= n; i += 16)
+			_mm512_stream_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+		_mm_sfence();
+	}
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+	triad_scalar(a, b, c, s, i, n);
+}
+#define LSP_TRIAD_X86 1
+#endif
+
+void lsp_triad(int path, int nt, float *a, const float *b, const float *c, float s, size_t n)
+{
+#ifdef LSP_TRIAD_X86
+	nt = nt && ((uintptr_t)a & 63) == 0;
+	if (path == 2) {
+		triad_avx512(a, b, c, s, n, nt);
+		return;
+	}
+	if (path == 1) {
+		triad_avx2(a, b, c, s, n, nt);
+		return;
+	}
+#else
+	(void)path;
+	(void)nt;
+#endif
+	triad_scalar(a, b, c, s, 0, n);
+}
