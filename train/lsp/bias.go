@@ -1,0 +1,180 @@
+// The bias ratio ||P P^T G Q Q^T - G||_F / ||G||_F of one matrix's gradient
+// and the analytic gradient of its square with respect to the projectors'
+// non-zero values, both without forming the m x n reconstruction.
+//
+// Derivation. Let S = P^T G Q, A = P^T P, B = Q^T Q (d x d, symmetric) and
+// R = P S Q^T, the reconstruction. Then
+//
+//	||R||^2   = tr(Q S^T P^T P S Q^T) = tr(S^T A S B) = sum_ab (A S)_ab (S B)_ab
+//	<R, G>    = tr(Q S^T P^T G)       = tr(S^T P^T G Q) = ||S||^2
+//	f = ||R - G||^2 = tr(S^T A S B) - 2 ||S||^2 + ||G||^2,  ratio^2 = f / ||G||^2.
+//
+// Differentiating in P (S = P^T (G Q), A = P^T P; A and B symmetric):
+//
+//	df = 2 <A S B, dS> - 4 <S, dS> + tr(S^T dA S B)
+//	   = <H, dP^T G Q> + tr(S B S^T (dP^T P + P^T dP)),   H = 2 (A S B - 2 S)
+//	grad_P f = (G Q) H^T + 2 P (S B S^T)                    (m x d)
+//
+// and symmetrically in Q (S = (P^T G) Q, B = Q^T Q):
+//
+//	grad_Q f = (P^T G)^T H + 2 Q (S^T A S)                  (n x d)
+//
+// Only the entries at the projectors' positions are needed: entry (i,a) of
+// grad_P costs one length-d dot of row i of G Q with row a of H plus r
+// terms of P K, so the gradient costs O(m r d + n r d + d^3) on top of the
+// O(m n r) products G Q and P^T G. f is small relative to its terms when
+// the ratio is small; in float64 that cancellation loses about
+// 16 - 2 log10(1/ratio) digits, ample for ratios above 1e-4.
+
+package lsp
+
+import (
+	"fmt"
+	"math"
+)
+
+// gram returns P^T P (d x d) from P's rows: O(m r^2).
+func gram(p sparse) []float64 {
+	d, r := p.d, p.r
+	out := make([]float64, d*d)
+	for i := range p.rows {
+		for s := i * r; s < (i+1)*r; s++ {
+			a, v := int(p.idx[s]), p.val[s]
+			for t := i * r; t < (i+1)*r; t++ {
+				out[a*d+int(p.idx[t])] += v * p.val[t]
+			}
+		}
+	}
+	return out
+}
+
+// crossGram returns X^T Y (d x d) for projectors X, Y of the same rows and
+// d: O(m r_x r_y).
+func crossGram(x, y sparse) []float64 {
+	d := x.d
+	out := make([]float64, d*d)
+	for i := range x.rows {
+		for s := i * x.r; s < (i+1)*x.r; s++ {
+			a, v := int(x.idx[s]), x.val[s]
+			for t := i * y.r; t < (i+1)*y.r; t++ {
+				out[a*d+int(y.idx[t])] += v * y.val[t]
+			}
+		}
+	}
+	return out
+}
+
+// sqNorm32 is ||G||_F^2 in float64.
+func sqNorm32(G []float32) float64 {
+	var s float64
+	for _, g := range G {
+		s += float64(g) * float64(g)
+	}
+	return s
+}
+
+// evaluation is the bias objective of a set of matrices sharing P, and
+// optionally its gradient in the values of P and of each Q.
+type evaluation struct {
+	obj    float64     // sum over matrices of f_k / ||G_k||^2
+	ratios []float64   // per matrix, sqrt(max(f_k,0) / ||G_k||^2)
+	gp     []float64   // d obj / d P's values (row storage order)
+	gqs    [][]float64 // d obj / d Q_k's values
+}
+
+// evaluate computes the objective sum_k ||P P^T G_k Q_k Q_k^T - G_k||^2 /
+// ||G_k||^2 and, when grad, its gradient, following the derivation at the
+// top of this file. g2s[k] = ||G_k||^2 > 0.
+func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) evaluation {
+	m, d := p.rows, p.d
+	A := gram(p)
+	ev := evaluation{ratios: make([]float64, len(qs))}
+	if grad {
+		ev.gp = make([]float64, len(p.val))
+		ev.gqs = make([][]float64, len(qs))
+	}
+	for k, q := range qs {
+		G, g2, n := Gs[k], g2s[k], q.rows
+		gq := rightProject(G, m, q) // G Q, m x d
+		S := leftProject64(gq, p)   // P^T G Q
+		B := gram(q)
+		AS, SB := matMul(A, S, d), matMul(S, B, d)
+		f := dot(AS, SB) - 2*dot(S, S) + g2
+		ev.obj += f / g2
+		ev.ratios[k] = math.Sqrt(max(f, 0) / g2)
+		if !grad {
+			continue
+		}
+		w := 2 / g2 // H = 2 (A S B - 2 S); the factor 2 and 1/||G||^2 go in w
+		H := matMul(AS, B, d)
+		for e := range H {
+			H[e] -= 2 * S[e]
+		}
+		St := transpose(S, d, d)
+		K := matMul(SB, St, d) // S B S^T
+		L := matMul(St, AS, d) // S^T A S
+		// P: (G Q H^T)[i,a] = row i of G Q . row a of H; (2 P K)[i,a].
+		for i := range m {
+			gqi := gq[i*d : (i+1)*d]
+			for s := i * p.r; s < (i+1)*p.r; s++ {
+				a := int(p.idx[s])
+				g := dot(gqi, H[a*d:(a+1)*d])
+				for t := i * p.r; t < (i+1)*p.r; t++ {
+					g += p.val[t] * K[int(p.idx[t])*d+a]
+				}
+				ev.gp[s] += w * g
+			}
+		}
+		// Q: ((P^T G)^T H)[j,a] = column j of P^T G . column a of H.
+		gtp := transpose(leftProject(G, n, p), d, n) // G^T P, n x d
+		Ht := transpose(H, d, d)
+		gqk := make([]float64, len(q.val))
+		for j := range n {
+			gj := gtp[j*d : (j+1)*d]
+			for s := j * q.r; s < (j+1)*q.r; s++ {
+				a := int(q.idx[s])
+				g := dot(gj, Ht[a*d:(a+1)*d])
+				for t := j * q.r; t < (j+1)*q.r; t++ {
+					g += q.val[t] * L[int(q.idx[t])*d+a]
+				}
+				gqk[s] = w * g
+			}
+		}
+		ev.gqs[k] = gqk
+	}
+	return ev
+}
+
+// ExpectedRandomRatio is the root of E[ratio^2] for freshly drawn
+// projectors (NewProjector) of an m x n matrix, whatever G is (the
+// expectation of ||R||^2 over independent P and Q over E<R,G> = ||G||^2):
+//
+//	E[ratio^2] = (1 + 2/r + (m-1)/d) (1 + 2/r + (n-1)/d) - 1
+//
+// since E[(P P^T)^2] = (1 + 2/r + (m-1)/d) I for N(0,1/r) values (the
+// diagonal of P P^T has variance 2/r, each off-diagonal entry 1/d). It
+// approaches DESIGN.md's sqrt(mn/d^2 - 1) only for large m/d and n/d;
+// sparse rows (small r) start higher.
+func ExpectedRandomRatio(m, n, d, r int) float64 {
+	fm := 1 + 2/float64(r) + float64(m-1)/float64(d)
+	fn := 1 + 2/float64(r) + float64(n-1)/float64(d)
+	return math.Sqrt(fm*fn - 1)
+}
+
+// BiasRatio returns ||P P^T G Q Q^T - G||_F / ||G||_F for one matrix's
+// gradient G (m x n, row-major), computed from S, P^T P and Q^T Q without
+// the m x n reconstruction. G must not be zero.
+func BiasRatio(P, Q *Projector, G []float32) (float64, error) {
+	if err := checkPair(P, Q); err != nil {
+		return 0, fmt.Errorf("lsp bias ratio: %w", err)
+	}
+	if err := checkG(G, P.M, Q.M); err != nil {
+		return 0, fmt.Errorf("lsp bias ratio: %w", err)
+	}
+	g2 := sqNorm32(G)
+	if !(g2 > 0) || math.IsInf(g2, 0) {
+		return 0, fmt.Errorf("lsp bias ratio: ||G||^2 = %v, want finite and positive", g2)
+	}
+	ev := evaluate([][]float32{G}, []float64{g2}, P.view(), []sparse{Q.view()}, false)
+	return ev.ratios[0], nil
+}

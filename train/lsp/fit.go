@@ -1,0 +1,248 @@
+// Fitting the projectors (DESIGN.md section 2, "Learning the projectors"):
+// when a matrix's bias ratio exceeds alpha, draw fresh positions and fit the
+// non-zero values by Adam on ratio^2 = ||P P^T G Q Q^T - G||^2 / ||G||^2 with
+// the analytic gradient of bias.go. Matrices that read the same input share
+// P and are fitted together on the sum of their ratio^2.
+//
+// Limits: a float64 host reference, O(m n r + d^3) per iteration per
+// matrix, single-threaded; the fitted values are rounded to float32 after
+// every Adam step, so the reported ratios are those of the stored
+// projectors exactly.
+
+package lsp
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Adam's fixed constants for the value fit: the usual moments and an eps
+// far below the values' scale (about 1/sqrt(r)).
+const (
+	fitBeta1 = 0.9
+	fitBeta2 = 0.999
+	fitEps   = 1e-8
+)
+
+// FitOptions configures a fit.
+type FitOptions struct {
+	// LR is Adam's step size on the projector values (the paper's runs use
+	// 0.05 to 0.1).
+	LR float64
+	// MaxIters is the budget of Adam steps; 0 only measures and, when the
+	// ratio exceeds alpha, tries fresh random positions without fitting.
+	MaxIters int
+	// Seed keys the draw of the fresh positions and values, so a fit is
+	// reproducible; give each matrix (or shared-P group) and each check its
+	// own seed, or they all draw the same positions.
+	Seed uint64
+}
+
+// DefaultFitOptions is LR 0.05 with a budget of 200 steps.
+func DefaultFitOptions() FitOptions { return FitOptions{LR: 0.05, MaxIters: 200, Seed: 1} }
+
+// FitResult reports one matrix's fit; the caller logs it (metrics.jsonl)
+// and warns when Reached is false.
+type FitResult struct {
+	// RatioBefore is the bias ratio of the projectors passed in; RatioAfter
+	// that of the projectors left in place (equal when not Resampled).
+	RatioBefore, RatioAfter float64
+	// Iters is the number of Adam steps taken (shared by a FitShared group).
+	Iters int
+	// Resampled reports that the projectors were replaced by fitted fresh
+	// ones. The old ones are kept when they were already within alpha or
+	// when the fit ended worse than they were.
+	Resampled bool
+	// Reached reports RatioAfter <= alpha.
+	Reached bool
+}
+
+// Fit checks one matrix's projectors against its gradient G (m x n,
+// row-major) and, when the bias ratio exceeds alpha, replaces them in place
+// with fresh positions and values fitted by Adam until the ratio is at most
+// alpha or opts.MaxIters steps are spent. Clone P and Q first when the old
+// ones are needed afterwards (CarryMoments).
+func Fit(P, Q *Projector, G []float32, alpha float64, opts FitOptions) (FitResult, error) {
+	res, err := FitShared(P, []*Projector{Q}, [][]float32{G}, alpha, opts)
+	if err != nil {
+		return FitResult{}, err
+	}
+	return res[0], nil
+}
+
+// FitShared is Fit for matrices that read the same input and so share P:
+// Qs[k] and Gs[k] (m x n_k) belong to matrix k. The objective is the sum of
+// the matrices' ratio^2 (each normalised by its ||G_k||^2, so every matrix
+// weighs the same whatever its gradient's scale). When any ratio exceeds
+// alpha, P and every Q are redrawn and fitted together until all ratios are
+// at most alpha or the budget ends; the whole group is then kept or
+// replaced together, by which has the lower objective. One result per
+// matrix, in the order of Qs.
+func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
+	if err := checkFit(P, Qs, Gs, alpha, opts); err != nil {
+		return nil, err
+	}
+	g2s := make([]float64, len(Gs))
+	for k, G := range Gs {
+		g2s[k] = sqNorm32(G)
+		if !(g2s[k] > 0) || math.IsInf(g2s[k], 0) {
+			return nil, fmt.Errorf("lsp fit: matrix %d: ||G||^2 = %v, want finite and positive", k, g2s[k])
+		}
+	}
+	qviews := func(qs []*Projector) []sparse {
+		out := make([]sparse, len(qs))
+		for k, q := range qs {
+			out[k] = q.view()
+		}
+		return out
+	}
+	before := evaluate(Gs, g2s, P.view(), qviews(Qs), false)
+	res := make([]FitResult, len(Qs))
+	for k := range res {
+		res[k].RatioBefore, res[k].RatioAfter = before.ratios[k], before.ratios[k]
+	}
+	if allWithin(before.ratios, alpha) {
+		for k := range res {
+			res[k].Reached = true
+		}
+		return res, nil
+	}
+
+	// Fresh positions and values, keyed by the seed.
+	rng := rand.New(rand.NewPCG(opts.Seed, 0x6c73702d666974)) // "lsp-fit"
+	nP := P.Clone()
+	if err := nP.redraw(rng); err != nil {
+		return nil, fmt.Errorf("lsp fit: P: %w", err)
+	}
+	nQs := make([]*Projector, len(Qs))
+	for k, q := range Qs {
+		nQs[k] = q.Clone()
+		if err := nQs[k].redraw(rng); err != nil {
+			return nil, fmt.Errorf("lsp fit: Q %d: %w", k, err)
+		}
+	}
+
+	// Parameters: P's values then each Q's, float64 masters for Adam; the
+	// evaluated point is always their float32 rounding.
+	var master []float64
+	master = append(master, nP.values()...)
+	for _, q := range nQs {
+		master = append(master, q.values()...)
+	}
+	store := func() (sparse, []sparse) {
+		off := 0
+		for _, pr := range append([]*Projector{nP}, nQs...) {
+			for s := range pr.Val {
+				pr.Val[s] = float32(master[off+s])
+			}
+			off += len(pr.Val)
+		}
+		return nP.view(), qviews(nQs)
+	}
+	mom1 := make([]float64, len(master))
+	mom2 := make([]float64, len(master))
+	best := evaluation{obj: math.Inf(1)}
+	var bestVals []float32
+	iters := 0
+	for {
+		pv, qv := store()
+		ev := evaluate(Gs, g2s, pv, qv, iters < opts.MaxIters)
+		if ev.obj < best.obj {
+			best = ev
+			bestVals = bestVals[:0]
+			for _, pr := range append([]*Projector{nP}, nQs...) {
+				bestVals = append(bestVals, pr.Val...)
+			}
+		}
+		if allWithin(ev.ratios, alpha) || iters == opts.MaxIters {
+			break
+		}
+		if math.IsNaN(ev.obj) || math.IsInf(ev.obj, 0) {
+			return nil, fmt.Errorf("lsp fit: objective %v after %d steps (lower the projector learning rate)", ev.obj, iters)
+		}
+		iters++
+		grad := append([]float64(nil), ev.gp...)
+		for _, g := range ev.gqs {
+			grad = append(grad, g...)
+		}
+		c1 := 1 - math.Pow(fitBeta1, float64(iters))
+		c2 := 1 - math.Pow(fitBeta2, float64(iters))
+		for e, g := range grad {
+			mom1[e] = fitBeta1*mom1[e] + (1-fitBeta1)*g
+			mom2[e] = fitBeta2*mom2[e] + (1-fitBeta2)*g*g
+			master[e] -= opts.LR * (mom1[e] / c1) / (math.Sqrt(mom2[e]/c2) + fitEps)
+		}
+	}
+
+	for k := range res {
+		res[k].Iters = iters
+	}
+	if !(best.obj < before.obj) {
+		// The fresh fit ended no better than the projectors in place: keep
+		// those (their subspace, and the moments living in it, are better).
+		for k := range res {
+			res[k].Reached = before.ratios[k] <= alpha
+		}
+		return res, nil
+	}
+	off := 0
+	for _, pr := range append([]*Projector{nP}, nQs...) {
+		copy(pr.Val, bestVals[off:off+len(pr.Val)])
+		off += len(pr.Val)
+		if err := pr.SyncValues(); err != nil {
+			return nil, fmt.Errorf("lsp fit: %w", err)
+		}
+	}
+	*P = *nP
+	for k, q := range nQs {
+		*Qs[k] = *q
+		res[k].Resampled = true
+		res[k].RatioAfter = best.ratios[k]
+		res[k].Reached = best.ratios[k] <= alpha
+	}
+	return res, nil
+}
+
+// allWithin reports whether every ratio is at most alpha.
+func allWithin(ratios []float64, alpha float64) bool {
+	for _, r := range ratios {
+		if !(r <= alpha) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkFit validates a FitShared call.
+func checkFit(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts FitOptions) error {
+	if !(alpha > 0 && alpha < 1) {
+		return fmt.Errorf("lsp fit: --alpha %v outside (0,1)", alpha)
+	}
+	if !(opts.LR > 0) || math.IsInf(opts.LR, 0) {
+		return fmt.Errorf("lsp fit: projector learning rate %v, want finite and positive", opts.LR)
+	}
+	if opts.MaxIters < 0 {
+		return fmt.Errorf("lsp fit: MaxIters %d, want at least 0", opts.MaxIters)
+	}
+	if len(Qs) == 0 || len(Qs) != len(Gs) {
+		return fmt.Errorf("lsp fit: %d Q projectors and %d gradients, want the same positive number", len(Qs), len(Gs))
+	}
+	for k, Q := range Qs {
+		if err := checkPair(P, Q); err != nil {
+			return fmt.Errorf("lsp fit: matrix %d: %w", k, err)
+		}
+		if Q == P {
+			return fmt.Errorf("lsp fit: matrix %d: Q is the same projector as P", k)
+		}
+		for j := range k {
+			if Qs[j] == Q {
+				return fmt.Errorf("lsp fit: matrices %d and %d share one Q projector", j, k)
+			}
+		}
+		if err := checkG(Gs[k], P.M, Q.M); err != nil {
+			return fmt.Errorf("lsp fit: matrix %d: %w", k, err)
+		}
+	}
+	return nil
+}
