@@ -1,0 +1,59 @@
+// CPU reference for RMSNorm (LLaMA), the oracle of the RMSNorm kernels in
+// kernels/norms.cu: y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps)
+// over the last dimension C of N rows.
+//
+// Pure fp32 functions over plain slices, with the row sums in float64 like
+// the LayerNorm of math.go. Callers holding bf16 tensors widen them before
+// the call and round the outputs after it, as the kernels do at load and
+// store. Limits: no Backend op yet (the model that uses RMSNorm comes later);
+// sizes are trusted, the slices must hold N*C (or C, N) elements.
+
+package cpu
+
+import "math"
+
+// RMSNormForward writes out[N,C] = inp * rstd * weight and rstd[N] =
+// 1/sqrt(mean(inp^2) + eps) of each row, for the backward.
+func RMSNormForward(out, rstd, inp, weight []float32, N, C int, eps float32) {
+	for r := range N {
+		x := inp[r*C : (r+1)*C]
+		var ss float64
+		for _, v := range x {
+			ss += float64(v) * float64(v)
+		}
+		s := float32(1 / math.Sqrt(ss/float64(C)+float64(eps)))
+		o := out[r*C : (r+1)*C]
+		for i, v := range x {
+			o[i] = v * s * weight[i]
+		}
+		rstd[r] = s
+	}
+}
+
+// RMSNormBackward accumulates the gradients of RMSNormForward given dout:
+// dinp += rstd * (dnorm - norm * mean(dnorm * norm)) with norm = inp*rstd,
+// dnorm = dout*weight, and dweight += sum over rows of dout * norm (summed
+// over rows in order, then added).
+func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, N, C int) {
+	for r := range N {
+		x, dy, dx := inp[r*C:(r+1)*C], dout[r*C:(r+1)*C], dinp[r*C:(r+1)*C]
+		s := rstd[r]
+		var a float64
+		for i := range x {
+			a += float64(dy[i]*weight[i]) * float64(x[i]*s)
+		}
+		a /= float64(C)
+		for i := range x {
+			n := x[i] * s
+			dn := dy[i] * weight[i]
+			dx[i] += float32((float64(dn) - float64(n)*a) * float64(s))
+		}
+	}
+	for i := range C {
+		var sw float32
+		for r := range N {
+			sw += dout[r*C+i] * (inp[r*C+i] * rstd[r])
+		}
+		dweight[i] += sw
+	}
+}
