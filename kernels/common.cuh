@@ -1,0 +1,80 @@
+/*
+ * common.cuh: the portability header of every kernel of lsp-offload. The
+ * same file serves three compilers:
+ *
+ *   nvcc (libkernels.a)   CUDA's own headers; LSP_LAUNCH is <<<...>>>.
+ *   g++ -DLSP_SIM         the CPU simulator (kernels/sim/sim.h), which runs
+ *                         the same .cu source on CPU fibers for tests.
+ *   a C compiler          (cgo preambles including kernels.h): only the
+ *                         types the launcher declarations need.
+ *
+ * What kernels use from here:
+ *
+ *   LSP_LAUNCH(kernel, grid, block, smem_bytes, stream, args...)
+ *       launches `kernel` like kernel<<<grid, block, smem_bytes, stream>>>(args...).
+ *       `kernel` must be one token: for a template instantiation bind a
+ *       pointer first (auto k = gemm_kernel<64, 64>; LSP_LAUNCH(k, ...)).
+ *       Follow it with `return cudaGetLastError();`.
+ *   LSP_DYN_SMEM(T, name);
+ *       inside a kernel, declares `T* name` pointing at the block's dynamic
+ *       shared memory (16-byte aligned). Do not write `extern __shared__`.
+ *
+ * Rules the simulator enforces as a GPU would: at most 1024 threads a block;
+ * more than 48 KiB of dynamic shared memory needs
+ * cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+ * bytes) before the launch (at most 227 KiB; note sm_86/sm_89 allow only
+ * 99 KiB and sm_80 163 KiB); every thread of a block must reach every
+ * __syncthreads() (no early return before a barrier); warp-collective calls
+ * must be made by every lane named in the mask.
+ *
+ * Limits: LSP_LAUNCH under the simulator runs the grid synchronously and
+ * ignores the stream.
+ */
+#ifndef LSP_COMMON_CUH
+#define LSP_COMMON_CUH
+
+#if defined(LSP_SIM) && defined(__CUDACC__)
+#error "LSP_SIM selects the CPU simulator; it is for g++ builds, not nvcc"
+#endif
+
+#if !defined(__cplusplus)
+
+/* C: cgo preambles see only declarations. CUDA's bf16/fp16 headers define
+ * the storage types for C under their _raw names; pointers to them are ABI
+ * compatible with the C++ types the kernels use. */
+#include <cuda_runtime_api.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+typedef __nv_bfloat16_raw __nv_bfloat16;
+typedef __half_raw __half;
+#if defined(LSP_SIM)
+#include "sim/sim_api.h"
+#endif
+
+#elif defined(LSP_SIM)
+
+#include "sim/sim.h"
+
+#define LSP_LAUNCH(kernel, grid, block, smem, stream, ...) \
+	::lsp_sim::launch(#kernel, __FILE__, __LINE__, kernel, grid, block, smem, stream, ##__VA_ARGS__)
+
+#define LSP_DYN_SMEM(T, name) \
+	T* name = reinterpret_cast<T*>(::lsp_sim::dyn_smem())
+
+#else
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#define LSP_LAUNCH(kernel, grid, block, smem, stream, ...) \
+	kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+
+#define LSP_DYN_SMEM(T, name)                                        \
+	extern __shared__ __align__(16) unsigned char lsp_dyn_smem_[]; \
+	T* name = reinterpret_cast<T*>(lsp_dyn_smem_)
+
+#endif
+
+#endif /* LSP_COMMON_CUH */

@@ -1,0 +1,177 @@
+/*
+ * kernels.h: the extern "C" launchers of every CUDA kernel of lsp-offload.
+ *
+ * Each launcher enqueues its kernel on `stream` and returns the CUDA error
+ * of the launch (cudaErrorInvalidValue for bad sizes). Storage is bf16
+ * (__nv_bfloat16) with fp32 accumulation unless a name says f32. Shapes use
+ * llm.c's short names: B batch, T time, C channels, NH heads, HS head size,
+ * V vocabulary; m, n, d, r for the LSP projectors.
+ *
+ * The same declarations serve nvcc builds (libkernels.a) and the CPU
+ * simulator (kernels/sim), which compiles the same .cu files with g++.
+ */
+#ifndef LSP_KERNELS_H
+#define LSP_KERNELS_H
+
+#include "common.cuh"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// BEGIN gemm
+// C[b] = gelu?(alpha * op(A[b]) op(B[b]) + beta * C[b] + bias?) for b < batch
+// on tensor cores: row-major op(A) M x K, op(B) K x N, C M x N (see
+// gemm.cu). A is [M][K] or, with transA, [K][M]; B is [K][N] or, with
+// transB, [N][K]. Strides are in elements between batches (0 broadcasts A
+// or B). C is float* or, with c_is_bf16, __nv_bfloat16* (rounded to nearest
+// even); beta == 0 does not read C. bias (length N, may be NULL) and gelu
+// (tanh form) are the optional epilogue.
+cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const __nv_bfloat16* A,
+                          long long strideA, const __nv_bfloat16* B, long long strideB, float beta, void* C,
+                          int c_is_bf16, long long strideC, int batch, const __nv_bfloat16* bias, int gelu,
+                          cudaStream_t stream);
+// END gemm
+
+// BEGIN attention
+// Fused causal multi-head attention (attention.cu), HS = C/NH <= 256,
+// scale 1/sqrt(HS); HS 64 and 128 run on tensor cores when the bf16
+// pointers are 16-byte aligned, other head sizes on a generic path.
+// Forward: out [B,T,C] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp of
+// each scaled score row) from qkv [B,T,3C] bf16 (q | k | v).
+cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int C,
+                                  int NH, cudaStream_t stream);
+// Backward: dqkv [B,T,3C] bf16 (written, not accumulated) from dout
+// [B,T,C], qkv, the forward's out and lse; scratch: B*NH*T floats (D).
+// Deterministic, no atomics.
+cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                   const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int C,
+                                   int NH, cudaStream_t stream);
+// END attention
+
+// BEGIN sparse
+// LSP sparse projection (sparse.cu): P [m, d] and Q [n, d] are (d,r)-sparse
+// (r non-zeros per row). Column storage colptr[d+1], rowidx[nnz] (strictly
+// ascending within a column), colval[nnz]; row storage idx[rows*r],
+// val[rows*r]; indices are int (int32). fp32 sums in fixed orders, no atomics.
+// A [d, BT] = P^T X^T from X [BT, m] bf16 (P by column).
+cudaError_t lsp_sparse_compress_a(float* A, const __nv_bfloat16* X, const int* colptr, const int* rowidx,
+                                  const float* colval, int BT, int m, int d, cudaStream_t stream);
+// B [BT, d] = dY Q from dY [BT, n] bf16 (Q by column).
+cudaError_t lsp_sparse_compress_b(float* B, const __nv_bfloat16* dY, const int* colptr, const int* rowidx,
+                                  const float* colval, int BT, int n, int d, cudaStream_t stream);
+// S [d, d] = A B (accumulate == 0) or S += A B, summed over t ascending.
+cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, int BT, int d, int accumulate,
+                         cudaStream_t stream);
+// W [m, n] bf16 <- (1 - lr*wd) W + P Delta Q^T (P, Q by row), written by
+// stochastic rounding keyed by (seed, step, matrix, i*n + j); T: d*n floats
+// of workspace (left holding Delta Q^T).
+cudaError_t lsp_sparse_apply(__nv_bfloat16* W, float* T, const float* Delta, const int* pidx, const float* pval,
+                             const int* qidx, const float* qval, int m, int n, int d, int r, float lr, float wd,
+                             unsigned long long seed, unsigned long long step, unsigned int matrix, cudaStream_t stream);
+// END sparse
+
+// BEGIN norms
+// LayerNorm and RMSNorm over the last dim C of N rows (see norms.cu).
+// x_bf16 / g_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16) of the
+// values (out, inp, weight, bias) and of the gradients (dinp, dweight,
+// dbias, dout); mean and rstd are fp32 [N] (NULL allowed in the forwards).
+// The backwards accumulate (+=) and need an fp32 scratch of
+// lsp_*_backward_scratch_bytes(N, C) bytes, used only by that launch.
+size_t lsp_layernorm_backward_scratch_bytes(int N, int C);
+size_t lsp_rmsnorm_backward_scratch_bytes(int N, int C);
+cudaError_t lsp_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                                  const void* bias, int N, int C, float eps, int x_bf16, cudaStream_t stream);
+cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                                   const void* weight, const float* mean, const float* rstd, float* scratch, int N,
+                                   int C, int x_bf16, int g_bf16, cudaStream_t stream);
+cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C, float eps,
+                                int x_bf16, cudaStream_t stream);
+cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight,
+                                 const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16,
+                                 cudaStream_t stream);
+// END norms
+
+// BEGIN activations
+// GELU (tanh form, gelu_new) and SwiGLU (out = silu(gate) * up), over n
+// elements (see activations.cu). x_bf16 / g_bf16: dtypes (backend.DType:
+// 0 fp32, 1 bf16) of the values (inp, gate, up, out) and of the gradients
+// (dinp, dgate, dup, dout). Backwards write (not accumulate); dinp, dgate
+// or dup may alias dout.
+cudaError_t lsp_gelu_forward(void* out, const void* inp, long long n, int x_bf16, cudaStream_t stream);
+cudaError_t lsp_gelu_backward(void* dinp, const void* inp, const void* dout, long long n, int x_bf16, int g_bf16,
+                              cudaStream_t stream);
+cudaError_t lsp_swiglu_forward(void* out, const void* gate, const void* up, long long n, int x_bf16,
+                               cudaStream_t stream);
+cudaError_t lsp_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                                long long n, int x_bf16, int g_bf16, cudaStream_t stream);
+// END activations
+
+// BEGIN rope
+// RoPE (HF LLaMA rotate_half) on q or k [B, T, NH, HS] at positions
+// 0..T-1, angle t * theta^(-2i/HS) for the pairs (i, i + HS/2); the
+// backward rotates by -angle and writes dinp. In place (out == inp) or not.
+// x_bf16: dtype (backend.DType: 0 fp32, 1 bf16). HS even, <= 512.
+cudaError_t lsp_rope_forward(void* out, const void* inp, int B, int T, int NH, int HS, float theta, int x_bf16,
+                             cudaStream_t stream);
+cudaError_t lsp_rope_backward(void* dinp, const void* dout, int B, int T, int NH, int HS, float theta, int x_bf16,
+                              cudaStream_t stream);
+// END rope
+
+// BEGIN embedding
+// Token + position embedding (see embedding.cu): out[B,T,C] =
+// wte[inp[b,t]] + wpe[t] (x_bf16: dtype of out, wte, wpe); the backward
+// accumulates dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t]
+// (g_bf16: dtype of dwte, dwpe, dout) deterministically, bit-identical to
+// the CPU backend. inp is int32 [B, T]; ids outside [0, V) give NaN rows
+// (forward) and are skipped for dwte (backward).
+cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C,
+                                int V, int x_bf16, cudaStream_t stream);
+cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
+                                 int g_bf16, cudaStream_t stream);
+// END embedding
+
+// BEGIN softmax_ce
+// Fused softmax + cross-entropy over N rows of V logits (see
+// softmax_ce.cu): losses fp32 [N] = logsumexp(z) - z[target] (0 where the
+// target is negative); with scale != 0 the logits [N, V] (x_bf16: dtype,
+// backend.DType 0 fp32, 1 bf16) are overwritten in place by
+// scale * (softmax - onehot) (0 on ignored rows).
+cudaError_t lsp_cross_entropy_forward_backward(float* losses, void* logits, const int* targets, int N, int V,
+                                               float scale, int x_bf16, cudaStream_t stream);
+// END softmax_ce
+
+// BEGIN adam
+// AdamW (adam.cu), the CPU backend's AdamW op bit for bit: param (bf16 when
+// param_bf16, else fp32) updated from grad (bf16 when grad_bf16) with fp32
+// moments m, v and, when master != NULL, an fp32 master copy (param then
+// receives it, rounded to nearest even if bf16). Decoupled weight decay,
+// bias correction for step >= 1, eps outside the sqrt; when max_norm > 0
+// the gradient is scaled by min(1, max_norm / sqrt(sum_sq[0])), sum_sq read
+// on the device. n elements each.
+cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16, float* m,
+                      float* v, const float* sum_sq, long long n, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, int step, float max_norm, cudaStream_t stream);
+// END adam
+
+// BEGIN cast
+// Casts (cast.cu) of n elements: fp32 -> bf16 round to nearest even, bf16
+// -> fp32 exact (the CPU backend's CopyD2D), and fp32 -> bf16 stochastic
+// rounding with the counter-based bits of (seed, step, matrix, element i)
+// (train/cpu StochasticRoundBF16Slice).
+cudaError_t lsp_cast_f32_to_bf16(__nv_bfloat16* out, const float* in, long long n, cudaStream_t stream);
+cudaError_t lsp_cast_bf16_to_f32(float* out, const __nv_bfloat16* in, long long n, cudaStream_t stream);
+cudaError_t lsp_stochastic_round_bf16(__nv_bfloat16* out, const float* in, long long n, unsigned long long seed,
+                                      unsigned long long step, unsigned int matrix, cudaStream_t stream);
+// Gradient norm: out[0] = sum of x[i]^2 as fp32 (x bf16 when x_bf16), the
+// CPU backend's SumSquares; double accumulation in a fixed order (two
+// passes, no atomics); work: LSP_SUM_SQUARES_WORK doubles of scratch.
+#define LSP_SUM_SQUARES_WORK 1024
+cudaError_t lsp_sum_squares(float* out, const void* x, int x_bf16, long long n, double* work, cudaStream_t stream);
+// END cast
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

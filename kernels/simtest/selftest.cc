@@ -1,0 +1,3 @@
+// selftest.cc: compiles the simulator's self-test kernels into this cgo
+// package (cgo builds only the C++ files of the package directory).
+#include "selftest.cu"

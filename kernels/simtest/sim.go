@@ -1,0 +1,470 @@
+//go:build lsp_sim
+
+// Package simtest runs the project's CUDA kernels (kernels/*.cu) on the CPU
+// simulator in kernels/sim: cgo compiles every .cc file of this directory
+// with g++ and -DLSP_SIM (each <family>.cc includes ../<family>.cu), and the
+// tests call the kernels' extern "C" launchers and compare their results
+// with the CPU reference.
+//
+// This file holds the harness: the cgo flags, guarded device buffers,
+// seeds, comparison with tolerances, bf16 helpers, and running a test in a
+// child process so that a crash (an out-of-bounds access hitting a guard
+// page) becomes a test failure instead of killing `go test`.
+//
+// Build with -tags lsp_sim; it needs CUDA's headers (cuda_bf16.h,
+// cuda_fp16.h, cuda_runtime_api.h) but no GPU. Run it with `make simtest`
+// (RUN=TestGemm selects tests): Go's build cache does not notice edits to
+// the kernels this package includes from ../, so the Makefile puts a hash
+// of them in CGO_CXXFLAGS, and TestMain refuses to run a stale binary.
+//
+// Limits: the simulator runs one launch at a time and the seed is
+// process-wide, so tests in this package must not call t.Parallel; do not
+// run it under -race (fibers switch stacks under the race detector's feet).
+package simtest
+
+/*
+#cgo CFLAGS: -DLSP_SIM -I${SRCDIR}/.. -I${SRCDIR}/../sim
+#cgo CXXFLAGS: -std=c++17 -DLSP_SIM -O1 -g -Wall -Wno-unknown-pragmas -fno-strict-aliasing
+#cgo CXXFLAGS: -I${SRCDIR}/.. -I${SRCDIR}/../sim
+#cgo LDFLAGS: -lpthread -lm
+#include <stdlib.h>
+#include "sim_api.h"
+*/
+import "C"
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/lsp-offload/lsp-offload/train/bf16"
+)
+
+// ChildEnv is set (to "1") in the environment of a child started by
+// RunInChild; a test checks it with InChild to do the part that may crash.
+const ChildEnv = "LSP_SIMTEST_CHILD"
+
+// skipEnv is the simulator's switch for barrier sites (see sim.h).
+const skipEnv = "LSP_SIM_SKIP_BARRIER"
+
+// Seeds are the seeds kernel tests loop over (SetSeed before each run).
+var Seeds = []uint64{1, 2, 3}
+
+// SetSeed picks the thread orders of every later launch and the opaque
+// wmma fragment layout, and restarts the launch counter, so a test that
+// sets a seed and launches the same kernels sees the same schedule.
+func SetSeed(seed uint64) { C.lsp_sim_set_seed(C.uint64_t(seed)) }
+
+// Check turns a launcher's return code into an error naming op, the CUDA
+// error and the simulator's message (which kernel, block, thread, why).
+func Check(op string, code int) error {
+	if code == 0 {
+		return nil
+	}
+	msg := C.GoString(C.lsp_sim_last_message())
+	return fmt.Errorf("%s: %s (%s): %s", op, C.GoString(C.lsp_sim_error_name(C.int(code))),
+		C.GoString(C.lsp_sim_error_string(C.int(code))), msg)
+}
+
+// Buffer is a device buffer of the simulator: memory outside the Go heap
+// with an inaccessible guard page right after its last byte (Alloc,
+// AllocAligned) or right before its first byte (AllocBefore), so a kernel
+// reading or writing just past it crashes the process. New buffers hold
+// 0xFF bytes (NaN as float32 and as bf16), so outputs a kernel forgets to
+// write show up as NaN. A Buffer is freed when the test that allocated it
+// ends (or by Free).
+type Buffer struct {
+	t     testing.TB
+	ptr   unsafe.Pointer
+	bytes int
+	freed bool
+}
+
+func alloc(t testing.TB, bytes, align int, before bool) *Buffer {
+	t.Helper()
+	if bytes < 0 {
+		t.Fatalf("simtest: negative buffer size %d", bytes)
+	}
+	g := C.int(0)
+	if before {
+		g = 1
+	}
+	p := C.lsp_sim_alloc(C.size_t(bytes), C.size_t(align), g)
+	if p == nil {
+		t.Fatalf("simtest: cannot allocate a guarded buffer of %d bytes (align %d)", bytes, align)
+	}
+	b := &Buffer{t: t, ptr: p, bytes: bytes}
+	t.Cleanup(b.Free)
+	return b
+}
+
+// Alloc returns a buffer of the given size whose end touches a guard page:
+// reading element n of an n-element buffer crashes. Its start is therefore
+// aligned only to the largest power of two dividing bytes (at most a page);
+// use AllocAligned when a kernel needs a more aligned base.
+func Alloc(t testing.TB, bytes int) *Buffer { t.Helper(); return alloc(t, bytes, 1, false) }
+
+// AllocBefore returns a page-aligned buffer with the guard page directly
+// before its first byte, so index -1 crashes.
+func AllocBefore(t testing.TB, bytes int) *Buffer { t.Helper(); return alloc(t, bytes, 1, true) }
+
+// AllocAligned returns a buffer whose start is aligned to align (a power of
+// two up to the page size; cudaMalloc gives 256). The < align bytes between
+// its end and the guard page hold a canary: a write there is reported when
+// the buffer is freed, a read goes unnoticed.
+func AllocAligned(t testing.TB, bytes, align int) *Buffer {
+	t.Helper()
+	if align <= 0 || align&(align-1) != 0 || align > os.Getpagesize() {
+		t.Fatalf("simtest: alignment %d is not a power of two up to the page size", align)
+	}
+	return alloc(t, bytes, align, false)
+}
+
+// Free releases the buffer (idempotent) and reports a write past its end
+// into the alignment gap of AllocAligned.
+func (b *Buffer) Free() {
+	if b.freed {
+		return
+	}
+	b.freed = true
+	switch C.lsp_sim_free(b.ptr) {
+	case 1:
+		b.t.Errorf("simtest: a %d-byte buffer was written past its end (canary overwritten)", b.bytes)
+	case -1:
+		b.t.Errorf("simtest: freeing an unknown buffer")
+	}
+}
+
+// Ptr is the device address to pass to a launcher.
+func (b *Buffer) Ptr() unsafe.Pointer { b.live(); return b.ptr }
+
+// Len is the size in bytes.
+func (b *Buffer) Len() int { return b.bytes }
+
+func (b *Buffer) live() {
+	if b.freed {
+		b.t.Fatalf("simtest: use of a freed buffer")
+	}
+}
+
+func (b *Buffer) view(elem int) unsafe.Pointer {
+	b.t.Helper()
+	b.live()
+	if uintptr(b.ptr)%uintptr(elem) != 0 {
+		b.t.Fatalf("simtest: a %d-byte buffer at %p is not aligned for %d-byte elements", b.bytes, b.ptr, elem)
+	}
+	return b.ptr
+}
+
+// Bytes views the buffer's memory (valid until Free).
+func (b *Buffer) Bytes() []byte { return unsafe.Slice((*byte)(b.view(1)), b.bytes) }
+
+// Float32 views the buffer as float32s (len = Len()/4; valid until Free).
+func (b *Buffer) Float32() []float32 { return unsafe.Slice((*float32)(b.view(4)), b.bytes/4) }
+
+// Uint16 views the buffer as uint16s, e.g. bf16 bits (valid until Free).
+func (b *Buffer) Uint16() []uint16 { return unsafe.Slice((*uint16)(b.view(2)), b.bytes/2) }
+
+// Int32 views the buffer as int32s (valid until Free).
+func (b *Buffer) Int32() []int32 { return unsafe.Slice((*int32)(b.view(4)), b.bytes/4) }
+
+// BF16 returns a copy of the buffer's bf16 contents widened to float32.
+func (b *Buffer) BF16() []float32 { return BF16Values(b.Uint16()) }
+
+// SetBF16 stores xs rounded to bf16 (nearest even) at the buffer's start.
+func (b *Buffer) SetBF16(xs []float32) {
+	b.t.Helper()
+	if 2*len(xs) > b.bytes {
+		b.t.Fatalf("simtest: %d bf16 values do not fit in %d bytes", len(xs), b.bytes)
+	}
+	bf16.FromFloat32Slice(b.Uint16(), xs)
+}
+
+// FromFloat32 allocates a buffer (Alloc) holding a copy of xs.
+func FromFloat32(t testing.TB, xs []float32) *Buffer {
+	t.Helper()
+	b := Alloc(t, 4*len(xs))
+	copy(b.Float32(), xs)
+	return b
+}
+
+// FromBF16 allocates a buffer (Alloc) holding xs rounded to bf16.
+func FromBF16(t testing.TB, xs []float32) *Buffer {
+	t.Helper()
+	b := Alloc(t, 2*len(xs))
+	b.SetBF16(xs)
+	return b
+}
+
+// FromUint16 allocates a buffer (Alloc) holding a copy of xs.
+func FromUint16(t testing.TB, xs []uint16) *Buffer {
+	t.Helper()
+	b := Alloc(t, 2*len(xs))
+	copy(b.Uint16(), xs)
+	return b
+}
+
+// FromInt32 allocates a buffer (Alloc) holding a copy of xs.
+func FromInt32(t testing.TB, xs []int32) *Buffer {
+	t.Helper()
+	b := Alloc(t, 4*len(xs))
+	copy(b.Int32(), xs)
+	return b
+}
+
+// RoundBF16 returns xs rounded to the nearest bf16 (ties to even), as
+// float32: the values a kernel sees after a bf16 store.
+func RoundBF16(xs []float32) []float32 {
+	out := make([]float32, len(xs))
+	for i, x := range xs {
+		out[i] = bf16.ToFloat32(bf16.FromFloat32(x))
+	}
+	return out
+}
+
+// BF16Bits rounds xs to bf16 bit patterns.
+func BF16Bits(xs []float32) []uint16 {
+	out := make([]uint16, len(xs))
+	bf16.FromFloat32Slice(out, xs)
+	return out
+}
+
+// BF16Values widens bf16 bit patterns to float32.
+func BF16Values(hs []uint16) []float32 {
+	out := make([]float32, len(hs))
+	bf16.ToFloat32Slice(out, hs)
+	return out
+}
+
+// Rand returns n deterministic pseudo-random values uniform in
+// [-scale, scale).
+func Rand(seed uint64, n int, scale float32) []float32 {
+	r := rand.New(rand.NewPCG(seed, 0x51ED5EED))
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = (2*r.Float32() - 1) * scale
+	}
+	return out
+}
+
+// Compare checks |got[i] - want[i]| <= atol + rtol*|want[i]| for every i
+// (NaN matches only NaN, an infinity only the same infinity) and reports a
+// failure with the count of bad values and the worst one: its index, both
+// values, the difference and the tolerance. It returns whether all matched.
+// In a barrier-removal child (LSP_SIM_SKIP_BARRIER set) a failure ends the
+// test at once, to save time.
+func Compare(t testing.TB, name string, got, want []float32, atol, rtol float64) bool {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: got %d values, want %d", name, len(got), len(want))
+		failFast(t)
+		return false
+	}
+	bad, worst := 0, -1
+	worstExcess := 0.0
+	for i := range got {
+		g, w := float64(got[i]), float64(want[i])
+		tol := atol + rtol*math.Abs(w)
+		excess := 0.0
+		switch {
+		case math.IsNaN(g) || math.IsNaN(w):
+			if !(math.IsNaN(g) && math.IsNaN(w)) {
+				excess = math.Inf(1)
+			}
+		case math.IsInf(g, 0) || math.IsInf(w, 0):
+			if g != w {
+				excess = math.Inf(1)
+			}
+		default:
+			if d := math.Abs(g - w); d > tol {
+				excess = d - tol
+			}
+		}
+		if excess > 0 {
+			bad++
+			if worst < 0 || excess > worstExcess {
+				worst, worstExcess = i, excess
+			}
+		}
+	}
+	if bad == 0 {
+		return true
+	}
+	g, w := float64(got[worst]), float64(want[worst])
+	t.Errorf("%s: %d of %d values out of tolerance; worst at index %d: got %.8g, want %.8g, |diff| %.3g > tol %.3g (atol %g + rtol %g * |want|)",
+		name, bad, len(got), worst, g, w, math.Abs(g-w), atol+rtol*math.Abs(w), atol, rtol)
+	failFast(t)
+	return false
+}
+
+// CompareBits checks two slices of bit patterns (e.g. bf16) for equality
+// and reports the count of differences and the first one.
+func CompareBits(t testing.TB, name string, got, want []uint16) bool {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: got %d values, want %d", name, len(got), len(want))
+		failFast(t)
+		return false
+	}
+	bad, first := 0, -1
+	for i := range got {
+		if got[i] != want[i] {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad == 0 {
+		return true
+	}
+	t.Errorf("%s: %d of %d values differ; first at index %d: got 0x%04x (%g), want 0x%04x (%g)", name, bad,
+		len(got), first, got[first], bf16.ToFloat32(got[first]), want[first], bf16.ToFloat32(want[first]))
+	failFast(t)
+	return false
+}
+
+func failFast(t testing.TB) {
+	if os.Getenv(skipEnv) != "" {
+		t.FailNow()
+	}
+}
+
+// InChild reports whether this process is a child started by RunInChild.
+func InChild() bool { return os.Getenv(ChildEnv) != "" }
+
+// RunInChild runs the top-level test testName (matched exactly) in a child
+// process of this test binary, with ChildEnv=1 and env ("KEY=value") added
+// to the environment, and returns the child's combined output and whether
+// it failed (a test failure, a crash, or a timeout of 5 minutes). A test
+// whose body may crash the process runs that body only when InChild().
+func RunInChild(t testing.TB, testName string, env ...string) (output string, failed bool) {
+	t.Helper()
+	return runChild(t, "^"+regexp.QuoteMeta(testName)+"$", 5*time.Minute, env...)
+}
+
+// runChild runs the tests matching pattern in a child process.
+func runChild(t testing.TB, pattern string, timeout time.Duration, env ...string) (string, bool) {
+	t.Helper()
+	if InChild() {
+		t.Fatalf("simtest: a child test may not start children")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatalf("simtest: cannot find the test binary: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "-test.run="+pattern, "-test.count=1", "-test.v", "-test.failfast",
+		fmt.Sprintf("-test.timeout=%s", timeout))
+	cmd.Env = append(append(os.Environ(), ChildEnv+"=1"), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		var ee *exec.ExitError
+		if ctx.Err() != nil {
+			return string(out) + "\nsimtest: child timed out after " + timeout.String(), true
+		}
+		if errors.As(err, &ee) {
+			return string(out) + "\nsimtest: child " + ee.String(), true
+		}
+		t.Fatalf("simtest: cannot run child %s: %v", exe, err)
+	}
+	return string(out), false
+}
+
+// setSkipBarriers switches barrier sites off in this process, as
+// LSP_SIM_SKIP_BARRIER does ("file.cu:line,..."; "" for none).
+func setSkipBarriers(sites string) error {
+	cs := C.CString(sites)
+	defer C.free(unsafe.Pointer(cs))
+	if C.lsp_sim_set_skip_barriers(cs) != 0 {
+		return fmt.Errorf("simtest: bad barrier site list %q (want file.cu:line,...)", sites)
+	}
+	return nil
+}
+
+// skippedBarrierHits counts how often switched-off barrier sites were
+// reached in this process.
+func skippedBarrierHits() int64 { return int64(C.lsp_sim_skipped_barrier_hits()) }
+
+// sourceGlobs are the C++ sources compiled into this package from outside
+// its directory (plus its own .cu and .h), relative to the repository root;
+// the Makefile hashes the same list in the same (sorted) order.
+var sourceGlobs = []string{"kernels/*.cu", "kernels/*.cuh", "kernels/*.h", "kernels/sim/*.h", "kernels/sim/*.cpp",
+	"kernels/simtest/*.cu", "kernels/simtest/*.h"}
+
+// sourceFiles lists sourceGlobs from the package directory (sorted by their
+// repository-relative paths).
+func sourceFiles() ([]string, error) {
+	var files []string
+	for _, g := range sourceGlobs {
+		m, err := filepath.Glob(filepath.Join("..", "..", g))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, m...)
+	}
+	sort.Slice(files, func(i, j int) bool {
+		return filepath.ToSlash(files[i]) < filepath.ToSlash(files[j])
+	})
+	return files, nil
+}
+
+// checkFresh reports a stale build. Go's build cache keys this package on
+// the files in its directory and on CGO_CXXFLAGS, not on the kernels it
+// includes from ../, so after editing kernels/gemm.cu a plain `go test`
+// may link C++ objects compiled from the old source. `make simtest` passes
+// -DLSP_SIM_SOURCES=<hash of the sources> in CGO_CXXFLAGS, which both
+// forces a rebuild and lets this check compare the exact hash; without it
+// the check compares modification times with the compile time.
+func checkFresh() error {
+	info := C.GoString(C.lsp_sim_build_info())
+	stamp, want, _ := strings.Cut(info, "|")
+	files, err := sourceFiles()
+	if err != nil {
+		return err
+	}
+	const fix = "Go's build cache does not see kernel sources outside kernels/simtest; run `make simtest` (RUN=TestName to select tests), which rebuilds with a hash of the sources"
+	if want != "" {
+		h := sha256.New()
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			h.Write(data)
+		}
+		if got := hex.EncodeToString(h.Sum(nil))[:16]; got != want {
+			return fmt.Errorf("stale build: the kernel sources hash to %s but this binary was built from %s; %s", got, want, fix)
+		}
+		return nil
+	}
+	built, err := time.ParseInLocation("Jan _2 2006 15:04:05", stamp, time.Local)
+	if err != nil {
+		return fmt.Errorf("simtest: bad build stamp %q: %w", stamp, err)
+	}
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		if st.ModTime().After(built.Add(2 * time.Second)) {
+			return fmt.Errorf("stale build: %s changed at %s, after this binary's C++ code was compiled (%s); %s",
+				strings.TrimPrefix(filepath.ToSlash(f), "../../"), st.ModTime().Format(time.TimeOnly), built.Format(time.TimeOnly), fix)
+		}
+	}
+	return nil
+}
