@@ -1,0 +1,771 @@
+/*
+ * attention.cu: fused causal multi-head attention, flash style, forward and
+ * backward.
+ *
+ * Shapes (llm.c names): B batch, T time, C channels, NH heads, HS = C/NH.
+ *   qkv  [B,T,3C] bf16: q | k | v side by side; head h uses channels
+ *        h*HS..(h+1)*HS of each third.
+ *   out  [B,T,C]  bf16: softmax(q k^T * scale, causal) v per head, the heads
+ *        side by side (the layout the output projection reads).
+ *   lse  [B,NH,T] fp32: natural-log log-sum-exp of each scaled score row,
+ *        saved by the forward so that the backward recomputes P exactly.
+ *   dout [B,T,C]  bf16, dqkv [B,T,3C] bf16 (written, not accumulated).
+ *   scale = 1/sqrt(HS) (rounded to fp32 as the CPU backend does).
+ *
+ * Forward: one block per (64-query tile, b*NH+h); each of its 4 warps owns
+ * 16 query rows and keeps them in wmma fragments. Key/value tiles of 32 rows
+ * stream through shared memory; S = Q K^T runs on tensor cores (bf16 in,
+ * fp32 accumulate), the online softmax keeps a running max and sum per row
+ * in fp32 and rescales the output accumulator, which lives in registers
+ * (each lane owns fixed elements; P V is formed by wmma and handed over
+ * through a 16x16 fp32 scratch, never by fragment indexing).
+ *
+ * Backward (no float atomics, deterministic, two passes):
+ *   1. D = rowsum(dO o O) per (b, h, t) into the fp32 scratch [B,NH,T].
+ *   2. dK, dV: one block per (64-key tile, b*NH+h), each warp 16 keys held in
+ *      fragments; query tiles of 32 rows stream by: P^T = exp(K Q^T scale -
+ *      lse), dP^T = V dO^T, dS^T = P^T o (dP^T - D) scale, dV += P^T dO,
+ *      dK += dS^T Q with fragment accumulators.
+ *   3. dQ: one block per (64-query tile, b*NH+h), key tiles of 32 stream by:
+ *      dQ += dS K.
+ *   P and dS are rounded to bf16 before their tensor-core products (as in
+ *   FlashAttention); every sum accumulates in fp32 in a fixed order.
+ *
+ * Limits: HS 64 and 128 take the tensor-core path when qkv, out and dout
+ * are 16-byte aligned (always so for cudaMalloc'd buffers at offsets that
+ * are multiples of 8 elements); every other head size up to 256 (and
+ * misaligned views) takes the generic path (one warp per row, plain fp32
+ * FMA, same semantics, slower). B*NH <= 65535. T >= 1 of any size: ragged
+ * tiles are zero-padded in shared memory and masked. Static shared memory
+ * only (<= 46 KB per block), so no opt-in attribute is needed. Outputs must
+ * not overlap inputs (pointers are __restrict__). sm_80+.
+ */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kThreads = 128;  // 4 warps in every tensor-core kernel
+constexpr int kGenericMaxHS = 256;
+
+// attn_load_tile copies rows row0..row0+ROWS-1 (HS bf16 each, consecutive
+// rows stride elements apart in global memory) into shared memory with
+// row pitch HS+8 (the pad staggers banks for the wmma loads), writing
+// zeros for rows >= T so that padded rows hold no garbage (0 * NaN).
+// 16-byte vector copies: src and stride must keep 16-byte alignment.
+template <int ROWS, int HS>
+__device__ __forceinline__ void attn_load_tile(bf16* dst, const bf16* src, size_t stride, int row0, int T) {
+    constexpr int VPR = HS / 8;  // uint4 per row
+    constexpr int LD = HS + 8;
+    for (int i = threadIdx.x; i < ROWS * VPR; i += blockDim.x) {
+        const int r = i / VPR, v = i % VPR;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < T) {
+            val = *reinterpret_cast<const uint4*>(src + (size_t)(row0 + r) * stride + v * 8);
+        }
+        *reinterpret_cast<uint4*>(dst + r * LD + v * 8) = val;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Forward, tensor-core path (HS = 64 or 128).
+// grid (ceil(T/64), B*NH), block 128. The heaviest (last) query tiles are
+// scheduled first.
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    attn_fwd_tc_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int C,
+                       int NH, float scale) {
+    constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
+    constexpr int LDK = HS + 8;  // bf16 pitch of Q/K/V rows in shared memory
+    constexpr int LDS = BC + 4;  // fp32 pitch of the per-warp score tile
+    constexpr int LDP = BC + 8;  // bf16 pitch of the per-warp P tile
+    static_assert(BR == 2 * BC, "the Q staging area is the K|V area");
+
+    // sKV holds the Q tile at the start, then K (rows 0..BC) | V.
+    __shared__ __align__(32) bf16 sKV[2 * BC * LDK];
+    __shared__ __align__(32) float sS[NW][16 * LDS];
+    __shared__ __align__(32) bf16 sP[NW][16 * LDP];
+    __shared__ float sRow[NW][16];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* kbase = qbase + C;
+    const bf16* vbase = qbase + 2 * (size_t)C;
+    const float sl2 = scale * kLog2e;  // scores in log2 units
+
+    attn_load_tile<BR, HS>(sKV, qbase, C3, q0, T);
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) wmma::load_matrix_sync(qf[c], sKV + warp * 16 * LDK + c * 16, LDK);
+    __syncthreads();  // the K|V loads below overwrite the Q staging area
+
+    // Softmax ownership: lane -> row srow of the warp, half shalf of the
+    // key tile. Output ownership: lane -> rows orow + 2e (e < 8), column
+    // ocol of every 16-wide chunk c of HS.
+    const int srow = lane >> 1, shalf = lane & 1;
+    const int orow = lane >> 4, ocol = lane & 15;
+    const int wq0 = q0 + warp * 16;
+    const int qs = wq0 + srow;
+    float m = -INFINITY, l = 0.f;
+    float o[NCH][8];
+#pragma unroll
+    for (int c = 0; c < NCH; c++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[c][e] = 0.f;
+
+    float* S = sS[warp];
+    bf16* P = sP[warp];
+    const int kend = min(q0 + BR, T);
+    for (int k0 = 0; k0 < kend; k0 += BC) {
+        attn_load_tile<BC, HS>(sKV, kbase, C3, k0, T);
+        attn_load_tile<BC, HS>(sKV + BC * LDK, vbase, C3, k0, T);
+        __syncthreads();
+        if (k0 <= wq0 + 15) {  // warp-uniform: some key of the tile is visible
+#pragma unroll
+            for (int n = 0; n < BC / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+                wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kf;
+                    wmma::load_matrix_sync(kf, sKV + n * 16 * LDK + c * 16, LDK);
+                    wmma::mma_sync(acc, qf[c], kf, acc);
+                }
+                wmma::store_matrix_sync(S + n * 16, acc, LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+
+            // Online softmax over this tile. Key 0 is visible to every row
+            // (and k0 = 0 comes first), so m is finite from the first tile
+            // on and no row produces exp(-inf - -inf).
+            float x[16];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int col = shalf * 16 + j, key = k0 + col;
+                x[j] = (key <= qs && key < T) ? S[srow * LDS + col] * sl2 : -INFINITY;
+                mx = fmaxf(mx, x[j]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+            const float mnew = fmaxf(m, mx);
+            const float alpha = exp2f(m - mnew);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float p = exp2f(x[j] - mnew);
+                sum += p;
+                P[srow * LDP + shalf * 16 + j] = __float2bfloat16(p);
+            }
+            sum += __shfl_xor_sync(kFull, sum, 1);
+            l = l * alpha + sum;
+            m = mnew;
+            if (shalf == 0) sRow[warp][srow] = alpha;
+            __syncwarp();
+
+            float al[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) al[e] = sRow[warp][orow + 2 * e];
+            // O = alpha O + P V, one 16-column chunk at a time through the
+            // (now free) score tile.
+#pragma unroll
+            for (int c = 0; c < NCH; c++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+                wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+                for (int kk = 0; kk < BC / 16; kk++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pf;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vf;
+                    wmma::load_matrix_sync(pf, P + kk * 16, LDP);
+                    wmma::load_matrix_sync(vf, sKV + (BC + kk * 16) * LDK + c * 16, LDK);
+                    wmma::mma_sync(acc, pf, vf, acc);
+                }
+                wmma::store_matrix_sync(S, acc, LDS, wmma::mem_row_major);
+                __syncwarp();
+#pragma unroll
+                for (int e = 0; e < 8; e++) o[c][e] = o[c][e] * al[e] + S[(orow + 2 * e) * LDS + ocol];
+                __syncwarp();
+            }
+        }
+        __syncthreads();  // the next tile overwrites sKV
+    }
+
+    if (shalf == 0) {
+        sRow[warp][srow] = 1.f / l;
+        if (qs < T) lse[(size_t)bh * T + qs] = (m + log2f(l)) * kLn2;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const int r = orow + 2 * e, q = wq0 + r;
+        if (q < T) {
+            const float inv = sRow[warp][r];
+            bf16* dst = out + ((size_t)b * T + q) * C + (size_t)h * HS + ocol;
+#pragma unroll
+            for (int c = 0; c < NCH; c++) dst[c * 16] = __float2bfloat16(o[c][e] * inv);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Forward, generic path (any HS <= 256): one warp per query row, lanes take
+// 32 keys at a time for the scores and split the head dimension for O.
+// grid ceil(B*NH*T/4), block 128.
+
+__global__ void __launch_bounds__(kThreads)
+    attn_fwd_generic_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int B,
+                            int T, int C, int NH, float scale) {
+    const int lane = threadIdx.x % 32;
+    const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    if (row >= (long)B * NH * T) return;  // whole warp
+    const int HS = C / NH;
+    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* q = seq + (size_t)t * C3;
+    const float sl2 = scale * kLog2e;
+
+    float m = -INFINITY, l = 0.f;
+    float o[kGenericMaxHS / 32];
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) o[d] = 0.f;
+    for (int k0 = 0; k0 <= t; k0 += 32) {
+        const int key = k0 + lane;
+        float s = -INFINITY;
+        if (key <= t) {
+            const bf16* k = seq + (size_t)key * C3 + C;
+            float dot = 0.f;
+            for (int i = 0; i < HS; i++) dot += __bfloat162float(q[i]) * __bfloat162float(k[i]);
+            s = dot * sl2;
+        }
+        float mx = s;
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, w));
+        const float mnew = fmaxf(m, mx);  // finite: key k0 <= t is visible
+        const float alpha = exp2f(m - mnew);
+        const float p = exp2f(s - mnew);
+        float sum = p;
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(kFull, sum, w);
+        l = l * alpha + sum;
+        m = mnew;
+#pragma unroll
+        for (int d = 0; d < kGenericMaxHS / 32; d++) o[d] *= alpha;
+        const int nk = min(32, t + 1 - k0);
+        for (int j = 0; j < 32; j++) {
+            const float pj = __shfl_sync(kFull, p, j);
+            if (j < nk) {
+                const bf16* v = seq + (size_t)(k0 + j) * C3 + 2 * (size_t)C;
+#pragma unroll
+                for (int d = 0; d < kGenericMaxHS / 32; d++) {
+                    const int i = lane + 32 * d;
+                    if (i < HS) o[d] += pj * __bfloat162float(v[i]);
+                }
+            }
+        }
+    }
+    const float inv = 1.f / l;
+    bf16* dst = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) {
+        const int i = lane + 32 * d;
+        if (i < HS) dst[i] = __float2bfloat16(o[d] * inv);
+    }
+    if (lane == 0) lse[row] = (m + log2f(l)) * kLn2;
+}
+
+// ---------------------------------------------------------------------------
+// Backward step 1: D[b,h,t] = sum_i dout[b,t,h*HS+i] * out[b,t,h*HS+i].
+// One warp per row, grid ceil(B*NH*T/8), block 256. Fixed lane split and
+// butterfly reduction: deterministic.
+
+__global__ void __launch_bounds__(256)
+    attn_bwd_d_kernel(float* __restrict__ D, const bf16* __restrict__ dout, const bf16* __restrict__ out, int B,
+                      int T, int C, int NH) {
+    const int lane = threadIdx.x % 32;
+    const long row = (long)blockIdx.x * 8 + threadIdx.x / 32;
+    if (row >= (long)B * NH * T) return;  // whole warp
+    const int HS = C / NH;
+    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
+    const size_t off = ((size_t)b * T + t) * C + (size_t)h * HS;
+    float sum = 0.f;
+    for (int i = lane; i < HS; i += 32) sum += __bfloat162float(dout[off + i]) * __bfloat162float(out[off + i]);
+#pragma unroll
+    for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(kFull, sum, w);
+    if (lane == 0) D[row] = sum;
+}
+
+// ---------------------------------------------------------------------------
+// Backward step 2, tensor-core path: dK and dV of a 64-key tile.
+// grid (ceil(T/64), B*NH), block 128 (warp w: keys k0+16w..k0+16w+15).
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkv_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                           const float* __restrict__ lse, const float* __restrict__ Dg, int T, int C, int NH,
+                           float scale) {
+    constexpr int BC = 64, BR = 32, NW = 4, NCH = HS / 16;
+    constexpr int LDK = HS + 8;
+    constexpr int LDS = BR + 4;
+    constexpr int LDP = BR + 8;
+    constexpr int QD_ELEMS = 2 * BR * LDK;   // sQ | sdO
+    constexpr int KV_ELEMS = 2 * BC * LDK;   // K | V staging at the start
+    constexpr int WS_BYTES = NW * (2 * 16 * LDS * 4 + 2 * 16 * LDP * 2);
+    constexpr int AREA = (QD_ELEMS * 2 + WS_BYTES) > KV_ELEMS * 2 ? (QD_ELEMS * 2 + WS_BYTES) : KV_ELEMS * 2;
+    static_assert((QD_ELEMS * 2) % 32 == 0 && (16 * LDS * 4) % 32 == 0 && (16 * LDP * 2) % 32 == 0,
+                  "wmma tiles need 32-byte alignment");
+
+    // One area: K|V staging first; then sQ | sdO | per-warp {S, dP, P, dS}.
+    __shared__ __align__(32) unsigned char area[AREA];
+    __shared__ float sL[BR], sD[BR];
+    bf16* stage = reinterpret_cast<bf16*>(area);
+    bf16* sQ = reinterpret_cast<bf16*>(area);
+    bf16* sdO = sQ + BR * LDK;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int k0 = blockIdx.x * BC;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float sl2 = scale * kLog2e;
+
+    unsigned char* wsp = area + QD_ELEMS * 2 + warp * (2 * 16 * LDS * 4 + 2 * 16 * LDP * 2);
+    float* S = reinterpret_cast<float*>(wsp);
+    float* dP = S + 16 * LDS;
+    bf16* Pb = reinterpret_cast<bf16*>(dP + 16 * LDS);
+    bf16* dSb = Pb + 16 * LDP;
+
+    attn_load_tile<BC, HS>(stage, qbase + C, C3, k0, T);
+    attn_load_tile<BC, HS>(stage + BC * LDK, qbase + 2 * (size_t)C, C3, k0, T);
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> kf[NCH], vf[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        wmma::load_matrix_sync(kf[c], stage + warp * 16 * LDK + c * 16, LDK);
+        wmma::load_matrix_sync(vf[c], stage + (BC + warp * 16) * LDK + c * 16, LDK);
+    }
+    __syncthreads();  // the query tiles below overwrite the staging area
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> dk[NCH], dv[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        wmma::fill_fragment(dk[c], 0.f);
+        wmma::fill_fragment(dv[c], 0.f);
+    }
+
+    const int wk0 = k0 + warp * 16;
+    const int srow = lane >> 1, shalf = lane & 1;  // key row, half of the query tile
+    const int key = wk0 + srow;
+    for (int q0 = k0; q0 < T; q0 += BR) {
+        attn_load_tile<BR, HS>(sQ, qbase, C3, q0, T);
+        attn_load_tile<BR, HS>(sdO, dobase, C, q0, T);
+        for (int i = threadIdx.x; i < BR; i += blockDim.x) {
+            const int q = q0 + i;
+            sL[i] = q < T ? lse[(size_t)bh * T + q] * kLog2e : 0.f;
+            sD[i] = q < T ? Dg[(size_t)bh * T + q] : 0.f;
+        }
+        __syncthreads();
+        if (q0 + BR - 1 >= wk0) {  // warp-uniform: some query sees some key
+#pragma unroll
+            for (int n = 0; n < BR / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s, dp;
+                wmma::fill_fragment(s, 0.f);
+                wmma::fill_fragment(dp, 0.f);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> qf, of;
+                    wmma::load_matrix_sync(qf, sQ + n * 16 * LDK + c * 16, LDK);
+                    wmma::load_matrix_sync(of, sdO + n * 16 * LDK + c * 16, LDK);
+                    wmma::mma_sync(s, kf[c], qf, s);
+                    wmma::mma_sync(dp, vf[c], of, dp);
+                }
+                wmma::store_matrix_sync(S + n * 16, s, LDS, wmma::mem_row_major);
+                wmma::store_matrix_sync(dP + n * 16, dp, LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int col = shalf * 16 + j, q = q0 + col;
+                float p = 0.f, ds = 0.f;
+                if (q < T && q >= key) {
+                    p = exp2f(S[srow * LDS + col] * sl2 - sL[col]);
+                    ds = p * (dP[srow * LDS + col] - sD[col]) * scale;
+                }
+                Pb[srow * LDP + col] = __float2bfloat16(p);
+                dSb[srow * LDP + col] = __float2bfloat16(ds);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int kk = 0; kk < BR / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pf, dsf;
+                wmma::load_matrix_sync(pf, Pb + kk * 16, LDP);
+                wmma::load_matrix_sync(dsf, dSb + kk * 16, LDP);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> of, qf;
+                    wmma::load_matrix_sync(of, sdO + kk * 16 * LDK + c * 16, LDK);
+                    wmma::load_matrix_sync(qf, sQ + kk * 16 * LDK + c * 16, LDK);
+                    wmma::mma_sync(dv[c], pf, of, dv[c]);
+                    wmma::mma_sync(dk[c], dsf, qf, dk[c]);
+                }
+            }
+        }
+        __syncthreads();  // the next query tile overwrites sQ, sdO, sL, sD
+    }
+
+    // Epilogue through the warp's score tile, 16 columns at a time.
+    const int orow = lane >> 4, ocol = lane & 15;
+#pragma unroll
+    for (int part = 0; part < 2; part++) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            wmma::store_matrix_sync(S, part == 0 ? dk[c] : dv[c], LDS, wmma::mem_row_major);
+            __syncwarp();
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int r = orow + 2 * e, k = wk0 + r;
+                if (k < T) {
+                    dqkv[((size_t)b * T + k) * C3 + (size_t)(part + 1) * C + (size_t)h * HS + c * 16 + ocol] =
+                        __float2bfloat16(S[r * LDS + ocol]);
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Backward step 3, tensor-core path: dQ of a 64-query tile.
+// grid (ceil(T/64), B*NH), block 128 (warp w: queries q0+16w..q0+16w+15);
+// the heaviest (last) tiles are scheduled first.
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                          const float* __restrict__ lse, const float* __restrict__ Dg, int T, int C, int NH,
+                          float scale) {
+    constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
+    constexpr int LDK = HS + 8;
+    constexpr int LDS = BC + 4;
+    constexpr int LDP = BC + 8;
+    constexpr int KV_ELEMS = 2 * BC * LDK;  // sK | sV
+    constexpr int WS_BYTES = NW * (2 * 16 * LDS * 4 + 16 * LDP * 2);
+    constexpr int QD_BYTES = 2 * BR * LDK * 2;  // Q | dO staging at the start
+    constexpr int AREA = (KV_ELEMS * 2 + WS_BYTES) > QD_BYTES ? (KV_ELEMS * 2 + WS_BYTES) : QD_BYTES;
+    static_assert((KV_ELEMS * 2) % 32 == 0 && (16 * LDS * 4) % 32 == 0 && (16 * LDP * 2) % 32 == 0,
+                  "wmma tiles need 32-byte alignment");
+
+    __shared__ __align__(32) unsigned char area[AREA];
+    bf16* stage = reinterpret_cast<bf16*>(area);
+    bf16* sK = reinterpret_cast<bf16*>(area);
+    bf16* sV = sK + BC * LDK;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float sl2 = scale * kLog2e;
+
+    unsigned char* wsp = area + KV_ELEMS * 2 + warp * (2 * 16 * LDS * 4 + 16 * LDP * 2);
+    float* S = reinterpret_cast<float*>(wsp);
+    float* dP = S + 16 * LDS;
+    bf16* dSb = reinterpret_cast<bf16*>(dP + 16 * LDS);
+
+    attn_load_tile<BR, HS>(stage, qbase, C3, q0, T);
+    attn_load_tile<BR, HS>(stage + BR * LDK, dobase, C, q0, T);
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[NCH], of[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        wmma::load_matrix_sync(qf[c], stage + warp * 16 * LDK + c * 16, LDK);
+        wmma::load_matrix_sync(of[c], stage + (BR + warp * 16) * LDK + c * 16, LDK);
+    }
+    __syncthreads();  // the key tiles below overwrite the staging area
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> dq[NCH];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) wmma::fill_fragment(dq[c], 0.f);
+
+    const int wq0 = q0 + warp * 16;
+    const int srow = lane >> 1, shalf = lane & 1;
+    const int qs = wq0 + srow;
+    const bool rowok = qs < T;
+    const float lrow = rowok ? lse[(size_t)bh * T + qs] * kLog2e : 0.f;
+    const float drow = rowok ? Dg[(size_t)bh * T + qs] : 0.f;
+    const int kend = min(q0 + BR, T);
+    for (int k0 = 0; k0 < kend; k0 += BC) {
+        attn_load_tile<BC, HS>(sK, qbase + C, C3, k0, T);
+        attn_load_tile<BC, HS>(sV, qbase + 2 * (size_t)C, C3, k0, T);
+        __syncthreads();
+        if (k0 <= wq0 + 15) {  // warp-uniform
+#pragma unroll
+            for (int n = 0; n < BC / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s, dp;
+                wmma::fill_fragment(s, 0.f);
+                wmma::fill_fragment(dp, 0.f);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kf, vf;
+                    wmma::load_matrix_sync(kf, sK + n * 16 * LDK + c * 16, LDK);
+                    wmma::load_matrix_sync(vf, sV + n * 16 * LDK + c * 16, LDK);
+                    wmma::mma_sync(s, qf[c], kf, s);
+                    wmma::mma_sync(dp, of[c], vf, dp);
+                }
+                wmma::store_matrix_sync(S + n * 16, s, LDS, wmma::mem_row_major);
+                wmma::store_matrix_sync(dP + n * 16, dp, LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int col = shalf * 16 + j, key = k0 + col;
+                float ds = 0.f;
+                if (rowok && key <= qs) {
+                    const float p = exp2f(S[srow * LDS + col] * sl2 - lrow);
+                    ds = p * (dP[srow * LDS + col] - drow) * scale;
+                }
+                dSb[srow * LDP + col] = __float2bfloat16(ds);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> dsf;
+                wmma::load_matrix_sync(dsf, dSb + kk * 16, LDP);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> kf;
+                    wmma::load_matrix_sync(kf, sK + kk * 16 * LDK + c * 16, LDK);
+                    wmma::mma_sync(dq[c], dsf, kf, dq[c]);
+                }
+            }
+        }
+        __syncthreads();  // the next tile overwrites sK, sV
+    }
+
+    const int orow = lane >> 4, ocol = lane & 15;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        wmma::store_matrix_sync(S, dq[c], LDS, wmma::mem_row_major);
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int r = orow + 2 * e, q = wq0 + r;
+            if (q < T) dqkv[((size_t)b * T + q) * C3 + (size_t)h * HS + c * 16 + ocol] = __float2bfloat16(S[r * LDS + ocol]);
+        }
+        __syncwarp();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Backward, generic path (any HS <= 256), after attn_bwd_d_kernel.
+
+// dQ: one warp per query row t; lanes take 32 keys at a time for the
+// scores and split the head dimension for the sum dQ = sum_k dS K.
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                               const float* __restrict__ lse, const float* __restrict__ Dg, int B, int T, int C,
+                               int NH, float scale) {
+    const int lane = threadIdx.x % 32;
+    const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    if (row >= (long)B * NH * T) return;  // whole warp
+    const int HS = C / NH;
+    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* q = seq + (size_t)t * C3;
+    const bf16* dO = dout + ((size_t)b * T + t) * C + (size_t)h * HS;
+    const float sl2 = scale * kLog2e;
+    const float l2 = lse[row] * kLog2e, Dr = Dg[row];
+
+    float dq[kGenericMaxHS / 32];
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) dq[d] = 0.f;
+    for (int k0 = 0; k0 <= t; k0 += 32) {
+        const int key = k0 + lane;
+        float ds = 0.f;
+        if (key <= t) {
+            const bf16* k = seq + (size_t)key * C3 + C;
+            const bf16* v = k + C;
+            float s = 0.f, dp = 0.f;
+            for (int i = 0; i < HS; i++) {
+                s += __bfloat162float(q[i]) * __bfloat162float(k[i]);
+                dp += __bfloat162float(dO[i]) * __bfloat162float(v[i]);
+            }
+            const float p = exp2f(s * sl2 - l2);
+            ds = p * (dp - Dr) * scale;
+        }
+        const int nk = min(32, t + 1 - k0);
+        for (int j = 0; j < 32; j++) {
+            const float dsj = __shfl_sync(kFull, ds, j);
+            if (j < nk) {
+                const bf16* k = seq + (size_t)(k0 + j) * C3 + C;
+#pragma unroll
+                for (int d = 0; d < kGenericMaxHS / 32; d++) {
+                    const int i = lane + 32 * d;
+                    if (i < HS) dq[d] += dsj * __bfloat162float(k[i]);
+                }
+            }
+        }
+    }
+    bf16* dst = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) {
+        const int i = lane + 32 * d;
+        if (i < HS) dst[i] = __float2bfloat16(dq[d]);
+    }
+}
+
+// dK, dV: one warp per key row; lanes take 32 queries (>= the key) at a
+// time and split the head dimension for dV = sum_q P dO, dK = sum_q dS Q.
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkv_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                                const bf16* __restrict__ qkv, const float* __restrict__ lse,
+                                const float* __restrict__ Dg, int B, int T, int C, int NH, float scale) {
+    const int lane = threadIdx.x % 32;
+    const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+    if (row >= (long)B * NH * T) return;  // whole warp
+    const int HS = C / NH;
+    const int bh = (int)(row / T), kt = (int)(row % T), b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const bf16* dseq = dout + (size_t)b * T * C + (size_t)h * HS;
+    const bf16* k = seq + (size_t)kt * C3 + C;
+    const bf16* v = k + C;
+    const float sl2 = scale * kLog2e;
+
+    float dk[kGenericMaxHS / 32], dv[kGenericMaxHS / 32];
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) dk[d] = dv[d] = 0.f;
+    for (int q0 = kt; q0 < T; q0 += 32) {
+        const int qt = q0 + lane;
+        float p = 0.f, ds = 0.f;
+        if (qt < T) {
+            const bf16* q = seq + (size_t)qt * C3;
+            const bf16* dO = dseq + (size_t)qt * C;
+            float s = 0.f, dp = 0.f;
+            for (int i = 0; i < HS; i++) {
+                s += __bfloat162float(q[i]) * __bfloat162float(k[i]);
+                dp += __bfloat162float(dO[i]) * __bfloat162float(v[i]);
+            }
+            const size_t r = (size_t)bh * T + qt;
+            p = exp2f(s * sl2 - lse[r] * kLog2e);
+            ds = p * (dp - Dg[r]) * scale;
+        }
+        const int nq = min(32, T - q0);
+        for (int j = 0; j < 32; j++) {
+            const float pj = __shfl_sync(kFull, p, j);
+            const float dsj = __shfl_sync(kFull, ds, j);
+            if (j < nq) {
+                const bf16* q = seq + (size_t)(q0 + j) * C3;
+                const bf16* dO = dseq + (size_t)(q0 + j) * C;
+#pragma unroll
+                for (int d = 0; d < kGenericMaxHS / 32; d++) {
+                    const int i = lane + 32 * d;
+                    if (i < HS) {
+                        dv[d] += pj * __bfloat162float(dO[i]);
+                        dk[d] += dsj * __bfloat162float(q[i]);
+                    }
+                }
+            }
+        }
+    }
+    bf16* dst = dqkv + ((size_t)b * T + kt) * C3 + C + (size_t)h * HS;
+#pragma unroll
+    for (int d = 0; d < kGenericMaxHS / 32; d++) {
+        const int i = lane + 32 * d;
+        if (i < HS) {
+            dst[i] = __float2bfloat16(dk[d]);
+            dst[C + i] = __float2bfloat16(dv[d]);
+        }
+    }
+}
+
+// attn_check validates the shapes shared by both launchers and returns HS
+// (0 when invalid).
+int attn_check(int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0 || B * NH > 65535) return 0;
+    const int HS = C / NH;
+    if (HS > kGenericMaxHS) return 0;
+    if ((long long)B * T * 3 * C > (long long)1 << 40) return 0;
+    return HS;
+}
+
+bool attn_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// attn_grid_rows is the number of 128-thread blocks for one warp per row.
+unsigned attn_grid_rows(int B, int T, int NH, int rows_per_block) {
+    const long long rows = (long long)B * NH * T;
+    return (unsigned)((rows + rows_per_block - 1) / rows_per_block);
+}
+
+float attn_scale(int HS) { return (float)(1.0 / sqrt((double)HS)); }
+
+}  // namespace
+
+// lsp_attention_forward: out [B,T,C] bf16 and lse [B,NH,T] fp32 from qkv
+// [B,T,3C] bf16 (causal, scale 1/sqrt(HS), HS = C/NH <= 256).
+extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
+                                             int C, int NH, cudaStream_t stream) {
+    const int HS = attn_check(B, T, C, NH);
+    if (HS == 0 || out == nullptr || lse == nullptr || qkv == nullptr) return cudaErrorInvalidValue;
+    const float scale = attn_scale(HS);
+    const bool tc = attn_aligned16(qkv) && attn_aligned16(out);
+    const dim3 tiles((unsigned)((T + 63) / 64), (unsigned)(B * NH));
+    if (tc && (HS == 64 || HS == 128)) {
+        auto fwd = HS == 64 ? attn_fwd_tc_kernel<64> : attn_fwd_tc_kernel<128>;
+        LSP_LAUNCH(fwd, tiles, dim3(kThreads), 0, stream, out, lse, qkv, T, C, NH, scale);
+    } else {
+        LSP_LAUNCH(attn_fwd_generic_kernel, dim3(attn_grid_rows(B, T, NH, kThreads / 32)), dim3(kThreads), 0, stream,
+                   out, lse, qkv, B, T, C, NH, scale);
+    }
+    return cudaGetLastError();
+}
+
+// lsp_attention_backward: dqkv [B,T,3C] bf16 (written, not accumulated)
+// from dout [B,T,C], qkv, out (the forward's output) and lse (the
+// forward's log-sum-exp); scratch holds B*NH*T floats for D = rowsum(dO o O).
+extern "C" cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                                              const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
+                                              float* scratch, int B, int T, int C, int NH, cudaStream_t stream) {
+    const int HS = attn_check(B, T, C, NH);
+    if (HS == 0 || dqkv == nullptr || dout == nullptr || qkv == nullptr || out == nullptr || lse == nullptr ||
+        scratch == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    const float scale = attn_scale(HS);
+    LSP_LAUNCH(attn_bwd_d_kernel, dim3(attn_grid_rows(B, T, NH, 8)), dim3(256), 0, stream, scratch, dout, out, B, T,
+               C, NH);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    const bool tc = attn_aligned16(qkv) && attn_aligned16(dout);
+    const dim3 tiles((unsigned)((T + 63) / 64), (unsigned)(B * NH));
+    if (tc && (HS == 64 || HS == 128)) {
+        auto dkv = HS == 64 ? attn_bwd_dkv_tc_kernel<64> : attn_bwd_dkv_tc_kernel<128>;
+        auto dq = HS == 64 ? attn_bwd_dq_tc_kernel<64> : attn_bwd_dq_tc_kernel<128>;
+        LSP_LAUNCH(dkv, tiles, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        LSP_LAUNCH(dq, tiles, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
+    } else {
+        const dim3 grid(attn_grid_rows(B, T, NH, kThreads / 32));
+        LSP_LAUNCH(attn_bwd_dkv_generic_kernel, grid, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, B, T,
+                   C, NH, scale);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        LSP_LAUNCH(attn_bwd_dq_generic_kernel, grid, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, B, T, C,
+                   NH, scale);
+    }
+    return cudaGetLastError();
+}

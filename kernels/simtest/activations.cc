@@ -1,0 +1,2 @@
+// activations.cc: compiles kernels/activations.cu under the simulator into this cgo package.
+#include "../activations.cu"

@@ -1,0 +1,171 @@
+//go:build lsp_sim
+
+// Tests of kernels/activations.cu under the simulator: GELU against the CPU
+// backend's GeluForward/GeluBackward (train/cpu) on tensors of the same
+// dtypes, SwiGLU against cpu.SwiGLUForward/SwiGLUBackward
+// (train/cpu/ref_activations.go) on the same (bf16-rounded) values.
+//
+// Sizes: 1, 1007 (ragged), 4*64*3072 (the MLP activations of GPT-2 small
+// at B=4, T=64) and 8192*256 + 1007 (past the 8192-block grid cap, so the
+// grid-stride loop takes a second lap; first dtype mix only). Every dtype mix of values x_bf16
+// and gradients g_bf16 runs, and every backward also in place (dinp, resp.
+// dgate, aliasing dout). Inputs: x, gate uniform in [-6, 6) (both tails of
+// the sigmoid), up in [-3, 3), dout in [-1, 1). Outputs start as NaN
+// (fresh buffers), so an element not written shows. The seeds of Seeds
+// alternate the guard page after and before the buffers.
+//
+// Tolerances, |got - want| <= atol + rtol |want|: fp32 forward atol 1e-7,
+// rtol 1e-6 and backward atol 1e-6, rtol 1e-5 (expf against the CPU's
+// float64 exp: an ulp or two, grown by the 1 - tanh^2 and 1 - sigmoid
+// cancellations in the derivatives); bf16 outputs add 2^-7 to rtol (both
+// sides round once and may land an ulp apart).
+package simtest
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+// bigSize takes the grid-stride loop past its first lap; it runs with the
+// first dtype (mix) only, as the loop does not depend on the dtypes.
+const bigSize = 8192*256 + 1007
+
+var activationSizes = []int{1, 1007, 4 * 64 * 3072, bigSize}
+
+type actInputs struct{ x, up, dout []float32 }
+
+func newActInputs(n int) actInputs {
+	return actInputs{x: Rand(uint64(n), n, 6), up: Rand(uint64(n)+1, n, 3), dout: Rand(uint64(n)+2, n, 1)}
+}
+
+func TestActivationsGeluForward(t *testing.T) {
+	for _, n := range activationSizes {
+		for k, xb := range []bool{true, false} {
+			if n == bigSize && k > 0 {
+				continue
+			}
+			t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
+				in := newActInputs(n)
+				rig := newCPURig(t)
+				out := rig.tensor("out", make([]float32, n), xb)
+				rig.run("gelu forward", rig.be.GeluForward(rig.s, out, rig.tensor("x", in.x, xb)))
+				want := rig.get(out)
+				for i, seed := range Seeds {
+					o := outBuf(t, n, xb, i%2 == 0)
+					SetSeed(seed)
+					mustLaunch(t, GeluForward(o, NewFloatBuf(t, in.x, xb, i%2 == 1), n))
+					Compare(t, "out", o.Values(), want, 1e-7, tolFor(xb, 1e-6))
+				}
+			})
+		}
+	}
+}
+
+func TestActivationsGeluBackward(t *testing.T) {
+	for _, n := range activationSizes {
+		for k, mix := range dtypeMixes {
+			if n == bigSize && k > 0 {
+				continue
+			}
+			xb, gb := mix[0], mix[1]
+			t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
+				in := newActInputs(n)
+				rig := newCPURig(t)
+				dx := rig.tensor("dx", make([]float32, n), gb)
+				rig.run("gelu backward", rig.be.GeluBackward(rig.s, dx, rig.tensor("x", in.x, xb), rig.tensor("dout", in.dout, gb)))
+				want := rig.get(dx)
+				for i, seed := range Seeds {
+					before := i%2 == 0
+					x := NewFloatBuf(t, in.x, xb, !before)
+					d := outBuf(t, n, gb, before)
+					SetSeed(seed)
+					mustLaunch(t, GeluBackward(d, x, NewFloatBuf(t, in.dout, gb, !before), n))
+					Compare(t, "dinp", d.Values(), want, 1e-6, tolFor(gb, 1e-5))
+					inPlace := NewFloatBuf(t, in.dout, gb, before)
+					mustLaunch(t, GeluBackward(inPlace, x, inPlace, n))
+					Compare(t, "dinp in place", inPlace.Values(), want, 1e-6, tolFor(gb, 1e-5))
+				}
+			})
+		}
+	}
+}
+
+func TestActivationsSwiGLUForward(t *testing.T) {
+	for _, n := range activationSizes {
+		for k, xb := range []bool{true, false} {
+			if n == bigSize && k > 0 {
+				continue
+			}
+			t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
+				in := newActInputs(n)
+				gate, up := roundIf(in.x, xb), roundIf(in.up, xb)
+				want := make([]float32, n)
+				cpu.SwiGLUForward(want, gate, up)
+				for i, seed := range Seeds {
+					before := i%2 == 0
+					o := outBuf(t, n, xb, before)
+					SetSeed(seed)
+					mustLaunch(t, SwiGLUForward(o, NewFloatBuf(t, gate, xb, !before), NewFloatBuf(t, up, xb, before), n))
+					Compare(t, "out", o.Values(), roundIf(want, xb), 1e-7, tolFor(xb, 1e-6))
+				}
+			})
+		}
+	}
+}
+
+func TestActivationsSwiGLUBackward(t *testing.T) {
+	for _, n := range activationSizes {
+		for k, mix := range dtypeMixes {
+			if n == bigSize && k > 0 {
+				continue
+			}
+			xb, gb := mix[0], mix[1]
+			t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
+				in := newActInputs(n)
+				gate, up, dout := roundIf(in.x, xb), roundIf(in.up, xb), roundIf(in.dout, gb)
+				wantG, wantU := make([]float32, n), make([]float32, n)
+				cpu.SwiGLUBackward(wantG, wantU, dout, gate, up)
+				wantG, wantU = roundIf(wantG, gb), roundIf(wantU, gb)
+				for i, seed := range Seeds {
+					before := i%2 == 0
+					g, u := NewFloatBuf(t, gate, xb, before), NewFloatBuf(t, up, xb, !before)
+					dg, du := outBuf(t, n, gb, before), outBuf(t, n, gb, !before)
+					SetSeed(seed)
+					mustLaunch(t, SwiGLUBackward(dg, du, NewFloatBuf(t, dout, gb, before), g, u, n))
+					Compare(t, "dgate", dg.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
+					Compare(t, "dup", du.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
+					inPlace, du2 := NewFloatBuf(t, dout, gb, !before), outBuf(t, n, gb, before)
+					mustLaunch(t, SwiGLUBackward(inPlace, du2, inPlace, g, u, n))
+					Compare(t, "dgate in place", inPlace.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
+					Compare(t, "dup (dgate in place)", du2.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
+				}
+			})
+		}
+	}
+}
+
+// TestActivationsArgs checks the launchers' argument checks.
+func TestActivationsArgs(t *testing.T) {
+	f := NewFloatBuf(t, make([]float32, 4), false, false)
+	h := NewFloatBuf(t, make([]float32, 4), true, false)
+	bad := []struct {
+		name string
+		err  error
+	}{
+		{"n<0", GeluForward(f, f, -1)},
+		{"nil inp", GeluForward(f, FloatBuf{}, 4)},
+		{"nil dup", SwiGLUBackward(f, FloatBuf{}, f, f, f, 4)},
+		{"mixed gradients", GeluBackward(f, f, h, 4)},
+		{"mixed values", SwiGLUForward(f, h, f, 4)},
+	}
+	for _, b := range bad {
+		if b.err == nil {
+			t.Errorf("%s: accepted", b.name)
+		}
+	}
+	if err := SwiGLUForward(FloatBuf{}, FloatBuf{}, FloatBuf{}, 0); err != nil {
+		t.Errorf("n=0 must be a no-op: %v", err)
+	}
+}

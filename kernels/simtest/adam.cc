@@ -1,0 +1,2 @@
+// adam.cc: compiles kernels/adam.cu under the simulator into this cgo package.
+#include "../adam.cu"

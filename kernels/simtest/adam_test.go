@@ -1,0 +1,222 @@
+//go:build lsp_sim
+
+// Tests of kernels/adam.cu (lsp_adamw) under the simulator against the CPU
+// backend's AdamW op on the same inputs, for every seed of Seeds: every
+// combination of param dtype (fp32, bf16), fp32 master (with, without) and
+// grad dtype (fp32, bf16), with no clipping, a clip that scales and one
+// that does not, over three successive steps (1, 2 and 1000, so the bias
+// corrections differ) from random non-zero moments, on n = 1 and n = 1037.
+//
+// Tolerances: the kernel performs the CPU's fp32 operations in the CPU's
+// order without contraction, and beta^step like Go's math.Pow, so where
+// Go does not fuse float32 multiply-adds (amd64 below GOAMD64=v3, checked
+// from the build info) every output must match bit for bit. Elsewhere Go
+// may fuse, and fp32 outputs (m, v, master, fp32 param) must agree within
+// atol 1e-30 + rtol 5e-7 (4 ulps), bf16 params within rtol 2^-7 (one bf16
+// ulp, from a near-tie rounding the other way); the learning rate (1e-2)
+// is far above that, so a missing update still fails.
+
+package simtest
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+// goFusesFloat reports whether this Go build may fuse x*y+z into an FMA.
+func goFusesFloat() bool {
+	if runtime.GOARCH != "amd64" {
+		return true // arm64, ppc64, s390x, riscv64 fuse
+	}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "GOAMD64" {
+				return s.Value != "v1" && s.Value != "v2"
+			}
+		}
+	}
+	return false // the default, v1
+}
+
+type adamCase struct {
+	paramBF16, master, gradBF16 bool
+	clip                        string // "none", "scale" (norm above MaxNorm), "keep" (below)
+	n                           int
+}
+
+func (c adamCase) String() string {
+	dt := map[bool]string{false: "f32", true: "bf16"}
+	s := fmt.Sprintf("param_%s_grad_%s_clip_%s_n%d", dt[c.paramBF16], dt[c.gradBF16], c.clip, c.n)
+	if c.master {
+		s += "_master"
+	}
+	return s
+}
+
+func TestAdamW(t *testing.T) {
+	var cases []adamCase
+	for _, pb := range []bool{false, true} {
+		for _, ms := range []bool{false, true} {
+			for _, gb := range []bool{false, true} {
+				for _, clip := range []string{"none", "scale", "keep"} {
+					for _, n := range []int{1, 1037} {
+						cases = append(cases, adamCase{pb, ms, gb, clip, n})
+					}
+				}
+			}
+		}
+	}
+	exact := !goFusesFloat()
+	for _, c := range cases {
+		t.Run(c.String(), func(t *testing.T) {
+			for _, seed := range Seeds {
+				checkAdamW(t, c, seed, exact)
+			}
+		})
+	}
+}
+
+func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
+	t.Helper()
+	SetSeed(seed)
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	s := be.DefaultStream()
+	dtype := map[bool]backend.DType{false: backend.F32, true: backend.BF16}
+	tensor := func(name string, dt backend.DType, vals []float32) backend.Tensor {
+		x, err := be.Alloc(name, len(vals), dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := backend.Upload(be, s, x, vals); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	// device puts vals in a simulator buffer of dtype bf16 or fp32.
+	device := func(bf bool, vals []float32) *Buffer {
+		if bf {
+			return FromBF16(t, vals)
+		}
+		return FromFloat32(t, vals)
+	}
+
+	w0 := Rand(seed*11+1, c.n, 0.05)
+	if c.paramBF16 && !c.master {
+		w0 = RoundBF16(w0)
+	}
+	m0 := Rand(seed*11+2, c.n, 0.01)
+	v0 := Rand(seed*11+3, c.n, 0.01)
+	for i := range v0 {
+		v0[i] *= v0[i]
+	}
+	param := tensor("param", dtype[c.paramBF16], w0)
+	var master backend.Tensor
+	dev := AdamWArgs{Param: device(c.paramBF16, w0), ParamBF16: c.paramBF16, GradBF16: c.gradBF16, N: c.n,
+		M: FromFloat32(t, m0), V: FromFloat32(t, v0), SumSq: Alloc(t, 4),
+		LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WD: 0.1}
+	if c.master {
+		master = tensor("master", backend.F32, w0)
+		dev.Master = FromFloat32(t, w0)
+	}
+	mT, vT := tensor("m", backend.F32, m0), tensor("v", backend.F32, v0)
+	sumSq := tensor("sumSq", backend.F32, []float32{0})
+
+	for k, step := range []int{1, 2, 1000} {
+		g := Rand(seed*11+4+uint64(k), c.n, 1)
+		if c.gradBF16 {
+			g = RoundBF16(g)
+		}
+		var ss float64
+		for _, x := range g {
+			ss += float64(x) * float64(x)
+		}
+		maxNorm := float32(0)
+		switch c.clip {
+		case "scale":
+			maxNorm = float32(0.5 * math.Sqrt(ss))
+		case "keep":
+			maxNorm = float32(2 * math.Sqrt(ss))
+		}
+		grad := tensor("grad", dtype[c.gradBF16], g)
+		if err := backend.Upload(be, s, sumSq, []float32{float32(ss)}); err != nil {
+			t.Fatal(err)
+		}
+		p := backend.AdamParams{LR: dev.LR, Beta1: dev.Beta1, Beta2: dev.Beta2, Eps: dev.Eps,
+			WeightDecay: dev.WD, Step: step, MaxNorm: maxNorm}
+		if err := be.AdamW(s, param, master, grad, mT, vT, sumSq, p); err != nil {
+			t.Fatal(err)
+		}
+		be.Free(grad)
+
+		dev.Grad = device(c.gradBF16, g)
+		dev.SumSq.Float32()[0] = float32(ss)
+		dev.Step, dev.MaxNorm = step, maxNorm
+		if err := AdamW(dev); err != nil {
+			t.Fatal(err)
+		}
+
+		name := fmt.Sprintf("seed %d step %d", seed, step)
+		check := func(what string, got []float32, want backend.Tensor, bf bool) {
+			t.Helper()
+			w, err := backend.Download(be, s, want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case exact:
+				Compare(t, name+" "+what+" (bit-exact)", got, w, 0, 0)
+			case bf:
+				Compare(t, name+" "+what, got, w, 1e-30, 1.0/128)
+			default:
+				Compare(t, name+" "+what, got, w, 1e-30, 5e-7)
+			}
+		}
+		gotParam := dev.Param.Float32
+		if c.paramBF16 {
+			gotParam = dev.Param.BF16
+		}
+		check("param", gotParam(), param, c.paramBF16)
+		check("m", dev.M.Float32(), mT, false)
+		check("v", dev.V.Float32(), vT, false)
+		if c.master {
+			check("master", dev.Master.Float32(), master, false)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// lsp_adamw rejects a bad step, a negative n and clipping without sumSq.
+func TestAdamArgs(t *testing.T) {
+	f := Alloc(t, 64)
+	base := AdamWArgs{Param: f, Grad: f, M: f, V: f, N: 4, LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Step: 1}
+	tests := []struct {
+		name string
+		mod  func(*AdamWArgs)
+	}{
+		{"step 0", func(a *AdamWArgs) { a.Step = 0 }},
+		{"negative n", func(a *AdamWArgs) { a.N = -1 }},
+		{"clip without sumSq", func(a *AdamWArgs) { a.MaxNorm = 1 }},
+		{"nil moments", func(a *AdamWArgs) { a.V = nil }},
+	}
+	for _, tc := range tests {
+		a := base
+		tc.mod(&a)
+		if err := AdamW(a); !containsInvalidValue(err) {
+			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
+		}
+	}
+	a := base
+	a.N = 0
+	if err := AdamW(a); err != nil {
+		t.Errorf("n = 0: %v, want nothing launched and no error", err)
+	}
+}

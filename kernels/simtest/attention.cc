@@ -1,0 +1,2 @@
+// attention.cc: compiles kernels/attention.cu under the simulator into this cgo package.
+#include "../attention.cu"

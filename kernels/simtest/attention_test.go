@@ -1,0 +1,323 @@
+//go:build lsp_sim
+
+// Tests of kernels/attention.cu (lsp_attention_forward and
+// lsp_attention_backward) under the simulator against the CPU backend's
+// AttentionForward and AttentionBackward (train/cpu) on the same bf16
+// inputs. Shapes: realistic ones (B=2, T=128, C=256 with HS 64 and 128,
+// several query and key tiles), ragged ones for the tensor-core path (T 1,
+// 37, 65: not multiples of the 64/32 tiles), the generic path (HS 16, 24,
+// 40, 96, 256 with T 19, 33, 40, 9) and HS 64 through a 2-byte-misaligned
+// view (which must fall back to the generic path), each for every seed of
+// Seeds. Inputs are uniform: qkv in [-2, 2) (scaled scores of standard
+// deviation ~1.3, neither flat nor one-hot softmax rows), dout in [-1, 1).
+// Outputs start as NaN (fresh buffers), so anything not written shows.
+// Buffers rotate per seed between a 256-byte-aligned start, a guard page
+// right after the end and one right before the start. The backward gets the
+// CPU forward's out and lse on both sides, so it is checked on its own.
+//
+// Tolerances, |got - want| <= atol + rtol |want|:
+//   - out, dq, dk, dv (bf16): rtol 2^-7, atol 2^-8 max|want| + 2^-14
+//     (max over that tensor or third of dqkv). Both sides round their
+//     result to bf16 once (up to 1 ulp = 2^-8 relative apart); the kernel
+//     also rounds P (forward and backward) and dS to bf16 before the
+//     tensor-core products, relative errors of 2^-9 per term that average
+//     out in the sums but show in outputs that are sums with cancellation:
+//     hence atol relative to the tensor's scale. The 2^-14 floor covers
+//     outputs that are exactly 0 on one side (T=1: dq = dk = 0 up to the
+//     rounding of dP - D). A stale or missing tile (what a removed barrier
+//     gives) is off by O(max|want|).
+//   - lse (fp32): atol 2^-16, rtol 2^-17. Scores are fp32 sums of the same
+//     exact bf16 products in another order (plus exp2/log2 against exp/log):
+//     a few ulps of O(10) values.
+//
+// A second run with another simulator seed must give bit-identical
+// results (fixed summation orders, no atomics).
+package simtest
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+type attnCase struct {
+	B, T, C, NH int
+	off         int // bytes added to the bf16 pointers (2: misaligned)
+}
+
+func (c attnCase) String() string {
+	s := fmt.Sprintf("B%d_T%d_C%d_NH%d_HS%d", c.B, c.T, c.C, c.NH, c.C/c.NH)
+	if c.off != 0 {
+		s += fmt.Sprintf("_off%d", c.off)
+	}
+	return s
+}
+
+var attnCases = []attnCase{
+	{B: 2, T: 128, C: 256, NH: 4}, // realistic, HS 64
+	{B: 2, T: 128, C: 256, NH: 2}, // realistic, HS 128
+	{B: 1, T: 1, C: 128, NH: 2},
+	{B: 2, T: 37, C: 128, NH: 2},
+	{B: 1, T: 65, C: 128, NH: 2},
+	{B: 1, T: 65, C: 256, NH: 2},
+	{B: 2, T: 19, C: 48, NH: 2},  // generic HS 24
+	{B: 1, T: 19, C: 120, NH: 3}, // generic HS 40
+	{B: 1, T: 40, C: 32, NH: 2},  // generic HS 16
+	{B: 1, T: 33, C: 192, NH: 2}, // generic HS 96
+	{B: 1, T: 9, C: 256, NH: 1},  // generic HS 256, the largest
+	{B: 1, T: 37, C: 128, NH: 2, off: 2},
+}
+
+// attnInputs are the values both sides see (already bf16).
+type attnInputs struct {
+	qkv, dout []float32
+}
+
+func newAttnInputs(c attnCase, seed uint64) attnInputs {
+	return attnInputs{
+		qkv:  RoundBF16(Rand(seed*11+1, c.B*c.T*3*c.C, 2)),
+		dout: RoundBF16(Rand(seed*11+2, c.B*c.T*c.C, 1)),
+	}
+}
+
+// attnRef holds the CPU backend's results.
+type attnRef struct {
+	out, lse, dqkv []float32
+}
+
+// cpuAttention runs the CPU backend's forward and then its backward on the
+// forward's own out and lse.
+func cpuAttention(t *testing.T, c attnCase, in attnInputs) attnRef {
+	t.Helper()
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	s := be.DefaultStream()
+	tensor := func(name string, n int, dt backend.DType, vals []float32) backend.Tensor {
+		x, err := be.Alloc(name, n, dt)
+		if err != nil {
+			t.Fatalf("cpu alloc %s: %v", name, err)
+		}
+		if vals != nil {
+			if err := backend.Upload(be, s, x, vals); err != nil {
+				t.Fatalf("cpu upload %s: %v", name, err)
+			}
+		}
+		return x
+	}
+	n := c.B * c.T * c.C
+	qkv := tensor("qkv", 3*n, backend.BF16, in.qkv)
+	dout := tensor("dout", n, backend.BF16, in.dout)
+	out := tensor("out", n, backend.BF16, nil)
+	lse := tensor("lse", c.B*c.NH*c.T, backend.F32, nil)
+	dqkv := tensor("dqkv", 3*n, backend.BF16, nil)
+	if err := be.AttentionForward(s, out, lse, qkv, c.B, c.T, c.C, c.NH); err != nil {
+		t.Fatalf("cpu attention forward: %v", err)
+	}
+	if err := be.AttentionBackward(s, dqkv, dout, qkv, out, lse, c.B, c.T, c.C, c.NH); err != nil {
+		t.Fatalf("cpu attention backward: %v", err)
+	}
+	var r attnRef
+	for _, d := range []struct {
+		dst *[]float32
+		x   backend.Tensor
+	}{{&r.out, out}, {&r.lse, lse}, {&r.dqkv, dqkv}} {
+		v, err := backend.Download(be, s, d.x)
+		if err != nil {
+			t.Fatalf("cpu download: %v", err)
+		}
+		*d.dst = v
+	}
+	return r
+}
+
+// attnAlloc allocates bytes (plus off) with the guard placement picked by
+// mode.
+func attnAlloc(t *testing.T, bytes int, mode uint64) *Buffer {
+	t.Helper()
+	switch mode % 3 {
+	case 0:
+		return AllocAligned(t, bytes, 256)
+	case 1:
+		return Alloc(t, bytes)
+	default:
+		return AllocBefore(t, bytes)
+	}
+}
+
+// bf16Buffer allocates a bf16 buffer of n elements at byte offset off,
+// holding vals when not nil.
+func bf16Buffer(t *testing.T, n, off int, mode uint64, vals []float32) *Buffer {
+	t.Helper()
+	b := attnAlloc(t, 2*n+off, mode)
+	if vals != nil {
+		copy(b.Uint16()[off/2:], BF16Bits(vals))
+	}
+	return b
+}
+
+func bf16At(b *Buffer, off int) []float32 { return BF16Values(b.Uint16()[off/2:]) }
+
+// runAttnForward runs the kernel forward with simulator seed simSeed and
+// returns out and lse.
+func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint64) (out, lse []float32) {
+	t.Helper()
+	n := c.B * c.T * c.C
+	a := AttentionArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
+		Qkv: bf16Buffer(t, 3*n, c.off, mode, in.qkv),
+		Out: bf16Buffer(t, n, c.off, mode+1, nil),
+		Lse: attnAlloc(t, 4*c.B*c.NH*c.T, mode+2),
+	}
+	SetSeed(simSeed)
+	if err := AttentionForward(a); err != nil {
+		t.Fatalf("%v: %v", c, err)
+	}
+	return bf16At(a.Out, c.off), append([]float32(nil), a.Lse.Float32()...)
+}
+
+// runAttnBackward runs the kernel backward on the reference's out and lse
+// with simulator seed simSeed and returns dqkv.
+func runAttnBackward(t *testing.T, c attnCase, in attnInputs, ref attnRef, mode, simSeed uint64) []float32 {
+	t.Helper()
+	n := c.B * c.T * c.C
+	a := AttentionArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
+		Qkv:     bf16Buffer(t, 3*n, c.off, mode, in.qkv),
+		Dout:    bf16Buffer(t, n, c.off, mode+1, in.dout),
+		Out:     bf16Buffer(t, n, c.off, mode+2, ref.out),
+		Lse:     attnAlloc(t, 4*c.B*c.NH*c.T, mode),
+		Scratch: attnAlloc(t, 4*c.B*c.NH*c.T, mode+1),
+		Dqkv:    bf16Buffer(t, 3*n, c.off, mode+2, nil),
+	}
+	copy(a.Lse.Float32(), ref.lse)
+	SetSeed(simSeed)
+	if err := AttentionBackward(a); err != nil {
+		t.Fatalf("%v: %v", c, err)
+	}
+	return bf16At(a.Dqkv, c.off)
+}
+
+// bf16Tol is the tolerance of a bf16 result (see the file comment).
+func bf16Tol(want []float32) (atol, rtol float64) {
+	var mx float64
+	for _, w := range want {
+		mx = math.Max(mx, math.Abs(float64(w)))
+	}
+	return math.Ldexp(mx, -8) + math.Ldexp(1, -14), math.Ldexp(1, -7)
+}
+
+// dqkvPart extracts part p (0 q, 1 k, 2 v) of a [B*T, 3C] dqkv.
+func dqkvPart(x []float32, C, p int) []float32 {
+	rows := len(x) / (3 * C)
+	out := make([]float32, 0, rows*C)
+	for r := 0; r < rows; r++ {
+		out = append(out, x[r*3*C+p*C:][:C]...)
+	}
+	return out
+}
+
+func sameBits(t *testing.T, name string, a, b []float32) bool {
+	t.Helper()
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			t.Errorf("%s: not deterministic: index %d is %g with one simulator seed and %g with another", name, i,
+				a[i], b[i])
+			failFast(t)
+			return false
+		}
+	}
+	return true
+}
+
+// TestAttentionForward compares out and lse with the CPU backend.
+func TestAttentionForward(t *testing.T) {
+	for _, c := range attnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			for _, seed := range Seeds {
+				in := newAttnInputs(c, seed)
+				ref := cpuAttention(t, c, in)
+				out, lse := runAttnForward(t, c, in, seed, seed)
+				name := fmt.Sprintf("%v seed %d", c, seed)
+				atol, rtol := bf16Tol(ref.out)
+				if !Compare(t, name+" out", out, ref.out, atol, rtol) ||
+					!Compare(t, name+" lse", lse, ref.lse, math.Ldexp(1, -16), math.Ldexp(1, -17)) {
+					return
+				}
+				if seed == Seeds[0] {
+					out2, lse2 := runAttnForward(t, c, in, seed+1, seed+100)
+					if !sameBits(t, name+" out", out, out2) || !sameBits(t, name+" lse", lse, lse2) {
+						return
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAttentionBackward compares dq, dk and dv with the CPU backend.
+func TestAttentionBackward(t *testing.T) {
+	for _, c := range attnCases {
+		t.Run(c.String(), func(t *testing.T) {
+			for _, seed := range Seeds {
+				in := newAttnInputs(c, seed)
+				ref := cpuAttention(t, c, in)
+				got := runAttnBackward(t, c, in, ref, seed, seed)
+				name := fmt.Sprintf("%v seed %d", c, seed)
+				for p, part := range []string{"dq", "dk", "dv"} {
+					want := dqkvPart(ref.dqkv, c.C, p)
+					atol, rtol := bf16Tol(want)
+					if !Compare(t, name+" "+part, dqkvPart(got, c.C, p), want, atol, rtol) {
+						return
+					}
+				}
+				if seed == Seeds[0] {
+					got2 := runAttnBackward(t, c, in, ref, seed+1, seed+100)
+					if !sameBits(t, name+" dqkv", got, got2) {
+						return
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAttentionArgs: shapes and pointers the launchers must refuse.
+func TestAttentionArgs(t *testing.T) {
+	buf := func() *Buffer { return AllocAligned(t, 1<<16, 256) }
+	ok := AttentionArgs{Out: buf(), Lse: buf(), Qkv: buf(), Dqkv: buf(), Dout: buf(), Scratch: buf(),
+		B: 1, T: 4, C: 64, NH: 2}
+	bad := map[string]func(a *AttentionArgs){
+		"B=0":        func(a *AttentionArgs) { a.B = 0 },
+		"T=0":        func(a *AttentionArgs) { a.T = 0 },
+		"T<0":        func(a *AttentionArgs) { a.T = -3 },
+		"C%NH":       func(a *AttentionArgs) { a.NH = 3 },
+		"NH=0":       func(a *AttentionArgs) { a.NH = 0 },
+		"HS=264":     func(a *AttentionArgs) { a.C, a.NH = 264, 1 },
+		"B*NH>65535": func(a *AttentionArgs) { a.B, a.NH, a.C = 65536, 1, 16 },
+		"qkv nil":    func(a *AttentionArgs) { a.Qkv = nil },
+		"out nil":    func(a *AttentionArgs) { a.Out = nil },
+		"lse nil":    func(a *AttentionArgs) { a.Lse = nil },
+	}
+	for name, f := range bad {
+		a := ok
+		f(&a)
+		if err := AttentionForward(a); err == nil {
+			t.Errorf("forward with %s: no error", name)
+		}
+		if err := AttentionBackward(a); err == nil {
+			t.Errorf("backward with %s: no error", name)
+		}
+	}
+	for name, f := range map[string]func(a *AttentionArgs){
+		"dqkv nil":    func(a *AttentionArgs) { a.Dqkv = nil },
+		"dout nil":    func(a *AttentionArgs) { a.Dout = nil },
+		"scratch nil": func(a *AttentionArgs) { a.Scratch = nil },
+	} {
+		a := ok
+		f(&a)
+		if err := AttentionBackward(a); err == nil {
+			t.Errorf("backward with %s: no error", name)
+		}
+	}
+}

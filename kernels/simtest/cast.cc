@@ -1,0 +1,2 @@
+// cast.cc: compiles kernels/cast.cu under the simulator into this cgo package.
+#include "../cast.cu"

@@ -1,0 +1,2 @@
+// embedding.cc: compiles kernels/embedding.cu under the simulator into this cgo package.
+#include "../embedding.cu"

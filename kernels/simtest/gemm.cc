@@ -1,0 +1,2 @@
+// gemm.cc: compiles kernels/gemm.cu under the simulator into this cgo package.
+#include "../gemm.cu"

@@ -1,0 +1,2 @@
+// norms.cc: compiles kernels/norms.cu under the simulator into this cgo package.
+#include "../norms.cu"

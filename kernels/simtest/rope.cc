@@ -1,0 +1,2 @@
+// rope.cc: compiles kernels/rope.cu under the simulator into this cgo package.
+#include "../rope.cu"

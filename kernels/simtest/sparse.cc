@@ -1,0 +1,2 @@
+// sparse.cc: compiles kernels/sparse.cu under the simulator into this cgo package.
+#include "../sparse.cu"
