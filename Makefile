@@ -18,13 +18,15 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
+	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/'; \
+		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/; fi
 
 # Go packages under the race detector with -short; heavier training tests
 # skip themselves under -short and run in the second, race-free pass.
 gotest:
 	$(GO) test -race -short -count=1 ./...
 
-test: fmt-check vet gotest
+test: fmt-check vet gotest simtest
 
 # `make bench`: matrix multiply against OpenBLAS (bench-gemm), then training
 # throughput of the CPU backend.
@@ -34,7 +36,7 @@ bench-train:
 	$(GO) run ./bench/train
 
 clean:
-	rm -rf bin
+	rm -rf bin build
 
 # host.Sgemm against OpenBLAS on the GPT-2 124M shapes; the last line is
 # "gemm-vs-openblas: X.XX". Installs libopenblas-dev (apt-get, as root) when
@@ -54,3 +56,51 @@ bench-gemm:
 .PHONY: bench-adam
 bench-adam:
 	$(GO) run ./bench/adam $(BENCH_ADAM_FLAGS)
+
+# Kernels. `make kernels` compiles kernels/*.cu with nvcc into
+# build/libkernels.a for sm_80, sm_86, sm_89 and sm_90 plus compute_90 PTX
+# (CMakeLists.txt does the same); without nvcc it says so and succeeds.
+# `make simtest` runs every kernel under the CPU simulator (kernels/sim) via
+# the lsp_sim-tagged Go package kernels/simtest: no GPU needed, only CUDA's
+# headers; without -short (the barrier-removal check runs) and without -race.
+# RUN=regexp selects tests (e.g. make simtest RUN=TestGemm).
+.PHONY: kernels simtest
+SIM_OK    := $(or $(wildcard /usr/include/cuda_bf16.h),$(NVCC))
+CUDA_INC  := $(if $(wildcard /usr/include/cuda_bf16.h),,$(if $(NVCC),$(abspath $(dir $(realpath $(NVCC)))../include)))
+# Go's build cache does not track the kernel sources simtest includes from
+# ../, so their hash goes into CGO_CXXFLAGS (part of the cache key); the
+# tests check it (kernels/simtest/sim.go, checkFresh). Same list and order.
+SIM_SRCS   = $(sort $(wildcard kernels/*.cu kernels/*.cuh kernels/*.h kernels/sim/*.h kernels/sim/*.cpp \
+	kernels/simtest/*.cu kernels/simtest/*.h))
+SIM_HASH   = $(if $(SIM_SRCS),$(shell cat $(SIM_SRCS) | sha256sum | cut -c1-16),none)
+SIM_ENV    = CGO_CFLAGS="-g -O2 $(if $(CUDA_INC),-I$(CUDA_INC))" \
+	CGO_CXXFLAGS="-g -O1 -DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))"
+KERNEL_SRC := $(wildcard kernels/*.cu)
+KERNEL_OBJ := $(KERNEL_SRC:kernels/%.cu=build/kernels/%.o)
+NVCC_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 \
+	-gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+NVCC_FLAGS ?= -std=c++17 -O3 -Xcompiler -fPIC
+
+kernels:
+ifeq ($(NVCC),)
+	@echo "kernels: nvcc not found; skipping build/libkernels.a (the CPU-only build does not need it)"
+else
+	@$(MAKE) --no-print-directory build/libkernels.a
+endif
+
+build/libkernels.a: $(KERNEL_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@
+	ar rcs $@ $^
+
+build/kernels/%.o: kernels/%.cu kernels/kernels.h $(wildcard kernels/*.cuh)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_ARCH) -Ikernels -c $< -o $@
+
+simtest:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags lsp_sim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kernels/simtest/
+else
+	@echo "simtest: WARNING: kernel simulator tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
