@@ -50,7 +50,7 @@ type Config struct {
 }
 
 // Defaults is the default job: the tiny model on the built-in sorting
-// task (sort the letters of a word), sized to finish in about two minutes on two cores.
+// task (sort the letters of a word), sized to finish in about a minute on two cores.
 func Defaults() Config {
 	return Config{
 		Model: "tiny", Data: "builtin:sort", Steps: 600, Batch: 32, SeqLen: 24, GradAccum: 1,
