@@ -311,6 +311,35 @@ __global__ void __launch_bounds__(256)
 // Backward step 2, tensor-core path: dK and dV of a 64-key tile.
 // grid (ceil(T/64), B*NH), block 128 (warp w: keys k0+16w..k0+16w+15).
 
+// attn_scores_and_dp: the two products of one backward tile, for the warp's
+// 16 rows held in fragments: S = A X^T and dP = G Y^T against NT tiles of 16
+// rows of X and Y in shared memory (row stride LDK), written row-major to S
+// and dP (row stride LDS). The dK/dV pass calls it with A = K, G = V and
+// X = Q, Y = dO; the dQ pass with A = Q, G = dO and X = K, Y = V.
+template <int NT, int NCH>
+__device__ __forceinline__ void attn_scores_and_dp(
+    float* S, float* dP,
+    const wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> (&af)[NCH],
+    const wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> (&gf)[NCH],
+    const bf16* sX, const bf16* sY, int LDK, int LDS) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> s, dp;
+        wmma::fill_fragment(s, 0.f);
+        wmma::fill_fragment(dp, 0.f);
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> xf, yf;
+            wmma::load_matrix_sync(xf, sX + n * 16 * LDK + c * 16, LDK);
+            wmma::load_matrix_sync(yf, sY + n * 16 * LDK + c * 16, LDK);
+            wmma::mma_sync(s, af[c], xf, s);
+            wmma::mma_sync(dp, gf[c], yf, dp);
+        }
+        wmma::store_matrix_sync(S + n * 16, s, LDS, wmma::mem_row_major);
+        wmma::store_matrix_sync(dP + n * 16, dp, LDS, wmma::mem_row_major);
+    }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
@@ -379,22 +408,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
         if (q0 + BR - 1 >= wk0) {  // warp-uniform: some query sees some key
-#pragma unroll
-            for (int n = 0; n < BR / 16; n++) {
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s, dp;
-                wmma::fill_fragment(s, 0.f);
-                wmma::fill_fragment(dp, 0.f);
-#pragma unroll
-                for (int c = 0; c < NCH; c++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> qf, of;
-                    wmma::load_matrix_sync(qf, sQ + n * 16 * LDK + c * 16, LDK);
-                    wmma::load_matrix_sync(of, sdO + n * 16 * LDK + c * 16, LDK);
-                    wmma::mma_sync(s, kf[c], qf, s);
-                    wmma::mma_sync(dp, vf[c], of, dp);
-                }
-                wmma::store_matrix_sync(S + n * 16, s, LDS, wmma::mem_row_major);
-                wmma::store_matrix_sync(dP + n * 16, dp, LDS, wmma::mem_row_major);
-            }
+            attn_scores_and_dp<BR / 16, NCH>(S, dP, kf, vf, sQ, sdO, LDK, LDS);
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -513,22 +527,7 @@ __global__ void __launch_bounds__(kThreads)
         attn_load_tile<BC, HS>(sV, qbase + 2 * (size_t)C, C3, k0, T);
         __syncthreads();
         if (k0 <= wq0 + 15) {  // warp-uniform
-#pragma unroll
-            for (int n = 0; n < BC / 16; n++) {
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s, dp;
-                wmma::fill_fragment(s, 0.f);
-                wmma::fill_fragment(dp, 0.f);
-#pragma unroll
-                for (int c = 0; c < NCH; c++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kf, vf;
-                    wmma::load_matrix_sync(kf, sK + n * 16 * LDK + c * 16, LDK);
-                    wmma::load_matrix_sync(vf, sV + n * 16 * LDK + c * 16, LDK);
-                    wmma::mma_sync(s, qf[c], kf, s);
-                    wmma::mma_sync(dp, of[c], vf, dp);
-                }
-                wmma::store_matrix_sync(S + n * 16, s, LDS, wmma::mem_row_major);
-                wmma::store_matrix_sync(dP + n * 16, dp, LDS, wmma::mem_row_major);
-            }
+            attn_scores_and_dp<BC / 16, NCH>(S, dP, qf, of, sK, sV, LDK, LDS);
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < 16; j++) {
