@@ -209,162 +209,159 @@ func (c normCase) String() string { return fmt.Sprintf("N%d_C%d", c.N, c.C) }
 // paramAtol is the absolute tolerance of column sums over N rows.
 func paramAtol(N int) float64 { return 1e-5 + 4e-7*float64(N) }
 
-func TestNormsLayerNormForward(t *testing.T) {
+// eachForwardCase runs f as a subtest for every shape but the big one, with
+// fp32 and bf16 values.
+func eachForwardCase(t *testing.T, f func(t *testing.T, c normCase, xb bool)) {
 	for _, c := range normCases {
 		if c.big {
 			continue
 		}
 		for _, xb := range []bool{true, false} {
-			t.Run(c.String()+"_"+dtName(xb), func(t *testing.T) {
-				in := newNormInputs(c, uint64(c.N*7+c.C))
-				rig := newCPURig(t)
-				out, mean, rstd := rig.tensor("out", make([]float32, c.N*c.C), xb),
-					rig.tensor("mean", make([]float32, c.N), false), rig.tensor("rstd", make([]float32, c.N), false)
-				rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, out, mean, rstd, rig.tensor("x", in.x, xb),
-					rig.tensor("w", in.w, xb), rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
-				wantOut, wantMean, wantRstd := rig.get(out), rig.get(mean), rig.get(rstd)
-
-				var first []float32
-				for i, seed := range Seeds {
-					before := i%2 == 1
-					o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, before)
-					m, r := Alloc(t, 4*c.N), AllocBefore(t, 4*c.N)
-					SetSeed(seed)
-					mustLaunch(t, LayerNormForward(o, m, r, NewFloatBuf(t, in.x, xb, before), NewFloatBuf(t, in.w, xb, before),
-						NewFloatBuf(t, in.b, xb, !before), c.N, c.C, c.eps))
-					got := o.Values()
-					Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
-					Compare(t, "mean", m.Float32(), wantMean, 1e-5, 1e-6)
-					Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
-					if first == nil {
-						first = got
-					} else {
-						checkSameBits(t, "out", got, first)
-					}
-				}
-			})
+			t.Run(c.String()+"_"+dtName(xb), func(t *testing.T) { f(t, c, xb) })
 		}
 	}
+}
+
+// eachBackwardCase runs f as a subtest for every shape and dtype mix of
+// values (xb) and gradients (gb); the big shape only with the first mix.
+func eachBackwardCase(t *testing.T, f func(t *testing.T, c normCase, xb, gb bool)) {
+	for _, c := range normCases {
+		for k, mix := range dtypeMixes {
+			if c.big && k > 0 {
+				continue
+			}
+			xb, gb := mix[0], mix[1]
+			t.Run(fmt.Sprintf("%v_x%s_g%s", c, dtName(xb), dtName(gb)), func(t *testing.T) { f(t, c, xb, gb) })
+		}
+	}
+}
+
+func TestNormsLayerNormForward(t *testing.T) {
+	eachForwardCase(t, func(t *testing.T, c normCase, xb bool) {
+		in := newNormInputs(c, uint64(c.N*7+c.C))
+		rig := newCPURig(t)
+		out, mean, rstd := rig.tensor("out", make([]float32, c.N*c.C), xb),
+			rig.tensor("mean", make([]float32, c.N), false), rig.tensor("rstd", make([]float32, c.N), false)
+		rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, out, mean, rstd, rig.tensor("x", in.x, xb),
+			rig.tensor("w", in.w, xb), rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
+		wantOut, wantMean, wantRstd := rig.get(out), rig.get(mean), rig.get(rstd)
+
+		var first []float32
+		for i, seed := range Seeds {
+			before := i%2 == 1
+			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, before)
+			m, r := Alloc(t, 4*c.N), AllocBefore(t, 4*c.N)
+			SetSeed(seed)
+			mustLaunch(t, LayerNormForward(o, m, r, NewFloatBuf(t, in.x, xb, before), NewFloatBuf(t, in.w, xb, before),
+				NewFloatBuf(t, in.b, xb, !before), c.N, c.C, c.eps))
+			got := o.Values()
+			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
+			Compare(t, "mean", m.Float32(), wantMean, 1e-5, 1e-6)
+			Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
+			if first == nil {
+				first = got
+			} else {
+				checkSameBits(t, "out", got, first)
+			}
+		}
+	})
 }
 
 func TestNormsLayerNormBackward(t *testing.T) {
-	for _, c := range normCases {
-		for k, mix := range dtypeMixes {
-			if c.big && k > 0 {
-				continue
-			}
-			xb, gb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("%v_x%s_g%s", c, dtName(xb), dtName(gb)), func(t *testing.T) {
-				in := newNormInputs(c, uint64(c.N*5+c.C))
-				rig := newCPURig(t)
-				x, w := rig.tensor("x", in.x, xb), rig.tensor("w", in.w, xb)
-				mean, rstd := rig.tensor("mean", make([]float32, c.N), false), rig.tensor("rstd", make([]float32, c.N), false)
-				rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, rig.tensor("out", make([]float32, c.N*c.C), xb),
-					mean, rstd, x, w, rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
-				dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, gb), rig.tensor("db", in.db0, gb)
-				rig.run("layernorm backward", rig.be.LayerNormBackward(rig.s, dx, dw, db, rig.tensor("dout", in.dout, gb),
-					x, w, mean, rstd, c.N, c.C))
-				meanV, rstdV := rig.get(mean), rig.get(rstd)
-				wantDx, wantDw, wantDb := rig.get(dx), rig.get(dw), rig.get(db)
+	eachBackwardCase(t, func(t *testing.T, c normCase, xb, gb bool) {
+		in := newNormInputs(c, uint64(c.N*5+c.C))
+		rig := newCPURig(t)
+		x, w := rig.tensor("x", in.x, xb), rig.tensor("w", in.w, xb)
+		mean, rstd := rig.tensor("mean", make([]float32, c.N), false), rig.tensor("rstd", make([]float32, c.N), false)
+		rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, rig.tensor("out", make([]float32, c.N*c.C), xb),
+			mean, rstd, x, w, rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
+		dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, gb), rig.tensor("db", in.db0, gb)
+		rig.run("layernorm backward", rig.be.LayerNormBackward(rig.s, dx, dw, db, rig.tensor("dout", in.dout, gb),
+			x, w, mean, rstd, c.N, c.C))
+		meanV, rstdV := rig.get(mean), rig.get(rstd)
+		wantDx, wantDw, wantDb := rig.get(dx), rig.get(dw), rig.get(db)
 
-				var firstDx, firstDw, firstDb []float32
-				for i, seed := range Seeds {
-					before := i%2 == 1
-					gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, gb, !before),
-						NewFloatBuf(t, in.db0, gb, before)
-					scratch := Alloc(t, LayerNormBackwardScratchBytes(c.N, c.C))
-					SetSeed(seed)
-					mustLaunch(t, LayerNormBackward(gdx, gdw, gdb, NewFloatBuf(t, in.dout, gb, before),
-						NewFloatBuf(t, in.x, xb, !before), NewFloatBuf(t, in.w, xb, before),
-						FromFloat32(t, meanV), FromFloat32(t, rstdV), scratch, c.N, c.C))
-					dxV, dwV, dbV := gdx.Values(), gdw.Values(), gdb.Values()
-					Compare(t, "dinp", dxV, wantDx, 2e-5, tolFor(gb, 1e-5))
-					Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(gb, 1e-5))
-					Compare(t, "dbias", dbV, wantDb, paramAtol(c.N), tolFor(gb, 1e-5))
-					if firstDx == nil {
-						firstDx, firstDw, firstDb = dxV, dwV, dbV
-					} else {
-						checkSameBits(t, "dinp", dxV, firstDx)
-						checkSameBits(t, "dweight", dwV, firstDw)
-						checkSameBits(t, "dbias", dbV, firstDb)
-					}
-				}
-			})
+		var firstDx, firstDw, firstDb []float32
+		for i, seed := range Seeds {
+			before := i%2 == 1
+			gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, gb, !before),
+				NewFloatBuf(t, in.db0, gb, before)
+			scratch := Alloc(t, LayerNormBackwardScratchBytes(c.N, c.C))
+			SetSeed(seed)
+			mustLaunch(t, LayerNormBackward(gdx, gdw, gdb, NewFloatBuf(t, in.dout, gb, before),
+				NewFloatBuf(t, in.x, xb, !before), NewFloatBuf(t, in.w, xb, before),
+				FromFloat32(t, meanV), FromFloat32(t, rstdV), scratch, c.N, c.C))
+			dxV, dwV, dbV := gdx.Values(), gdw.Values(), gdb.Values()
+			Compare(t, "dinp", dxV, wantDx, 2e-5, tolFor(gb, 1e-5))
+			Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(gb, 1e-5))
+			Compare(t, "dbias", dbV, wantDb, paramAtol(c.N), tolFor(gb, 1e-5))
+			if firstDx == nil {
+				firstDx, firstDw, firstDb = dxV, dwV, dbV
+			} else {
+				checkSameBits(t, "dinp", dxV, firstDx)
+				checkSameBits(t, "dweight", dwV, firstDw)
+				checkSameBits(t, "dbias", dbV, firstDb)
+			}
 		}
-	}
+	})
 }
 
 func TestNormsRMSNormForward(t *testing.T) {
-	for _, c := range normCases {
-		if c.big {
-			continue
-		}
-		for _, xb := range []bool{true, false} {
-			t.Run(c.String()+"_"+dtName(xb), func(t *testing.T) {
-				in := newNormInputs(c, uint64(c.N*3+c.C))
-				x, w := roundIf(in.x, xb), roundIf(in.w, xb)
-				wantOut, wantRstd := make([]float32, c.N*c.C), make([]float32, c.N)
-				cpu.RMSNormForward(wantOut, wantRstd, x, w, c.N, c.C, c.eps)
+	eachForwardCase(t, func(t *testing.T, c normCase, xb bool) {
+		in := newNormInputs(c, uint64(c.N*3+c.C))
+		x, w := roundIf(in.x, xb), roundIf(in.w, xb)
+		wantOut, wantRstd := make([]float32, c.N*c.C), make([]float32, c.N)
+		cpu.RMSNormForward(wantOut, wantRstd, x, w, c.N, c.C, c.eps)
 
-				var first []float32
-				for i, seed := range Seeds {
-					before := i%2 == 1
-					o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, !before)
-					r := Alloc(t, 4*c.N)
-					SetSeed(seed)
-					mustLaunch(t, RMSNormForward(o, r, NewFloatBuf(t, x, xb, before), NewFloatBuf(t, w, xb, before),
-						c.N, c.C, c.eps))
-					got := o.Values()
-					Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
-					Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
-					if first == nil {
-						first = got
-					} else {
-						checkSameBits(t, "out", got, first)
-					}
-				}
-			})
+		var first []float32
+		for i, seed := range Seeds {
+			before := i%2 == 1
+			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, !before)
+			r := Alloc(t, 4*c.N)
+			SetSeed(seed)
+			mustLaunch(t, RMSNormForward(o, r, NewFloatBuf(t, x, xb, before), NewFloatBuf(t, w, xb, before),
+				c.N, c.C, c.eps))
+			got := o.Values()
+			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
+			Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
+			if first == nil {
+				first = got
+			} else {
+				checkSameBits(t, "out", got, first)
+			}
 		}
-	}
+	})
 }
 
 func TestNormsRMSNormBackward(t *testing.T) {
-	for _, c := range normCases {
-		for k, mix := range dtypeMixes {
-			if c.big && k > 0 {
-				continue
-			}
-			xb, gb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("%v_x%s_g%s", c, dtName(xb), dtName(gb)), func(t *testing.T) {
-				in := newNormInputs(c, uint64(c.N*9+c.C))
-				x, w := roundIf(in.x, xb), roundIf(in.w, xb)
-				dout, dx0, dw0 := roundIf(in.dout, gb), roundIf(in.dx0, gb), roundIf(in.dw0, gb)
-				rstd := make([]float32, c.N)
-				cpu.RMSNormForward(make([]float32, c.N*c.C), rstd, x, w, c.N, c.C, c.eps)
-				wantDx, wantDw := append([]float32(nil), dx0...), append([]float32(nil), dw0...)
-				cpu.RMSNormBackward(wantDx, wantDw, dout, x, w, rstd, c.N, c.C)
+	eachBackwardCase(t, func(t *testing.T, c normCase, xb, gb bool) {
+		in := newNormInputs(c, uint64(c.N*9+c.C))
+		x, w := roundIf(in.x, xb), roundIf(in.w, xb)
+		dout, dx0, dw0 := roundIf(in.dout, gb), roundIf(in.dx0, gb), roundIf(in.dw0, gb)
+		rstd := make([]float32, c.N)
+		cpu.RMSNormForward(make([]float32, c.N*c.C), rstd, x, w, c.N, c.C, c.eps)
+		wantDx, wantDw := append([]float32(nil), dx0...), append([]float32(nil), dw0...)
+		cpu.RMSNormBackward(wantDx, wantDw, dout, x, w, rstd, c.N, c.C)
 
-				var firstDx, firstDw []float32
-				for i, seed := range Seeds {
-					before := i%2 == 1
-					gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, gb, !before)
-					scratch := AllocBefore(t, RMSNormBackwardScratchBytes(c.N, c.C))
-					SetSeed(seed)
-					mustLaunch(t, RMSNormBackward(gdx, gdw, NewFloatBuf(t, dout, gb, before), NewFloatBuf(t, x, xb, before),
-						NewFloatBuf(t, w, xb, !before), FromFloat32(t, rstd), scratch, c.N, c.C))
-					dxV, dwV := gdx.Values(), gdw.Values()
-					Compare(t, "dinp", dxV, roundIf(wantDx, gb), 2e-5, tolFor(gb, 1e-5))
-					Compare(t, "dweight", dwV, roundIf(wantDw, gb), paramAtol(c.N), tolFor(gb, 1e-5))
-					if firstDx == nil {
-						firstDx, firstDw = dxV, dwV
-					} else {
-						checkSameBits(t, "dinp", dxV, firstDx)
-						checkSameBits(t, "dweight", dwV, firstDw)
-					}
-				}
-			})
+		var firstDx, firstDw []float32
+		for i, seed := range Seeds {
+			before := i%2 == 1
+			gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, gb, !before)
+			scratch := AllocBefore(t, RMSNormBackwardScratchBytes(c.N, c.C))
+			SetSeed(seed)
+			mustLaunch(t, RMSNormBackward(gdx, gdw, NewFloatBuf(t, dout, gb, before), NewFloatBuf(t, x, xb, before),
+				NewFloatBuf(t, w, xb, !before), FromFloat32(t, rstd), scratch, c.N, c.C))
+			dxV, dwV := gdx.Values(), gdw.Values()
+			Compare(t, "dinp", dxV, roundIf(wantDx, gb), 2e-5, tolFor(gb, 1e-5))
+			Compare(t, "dweight", dwV, roundIf(wantDw, gb), paramAtol(c.N), tolFor(gb, 1e-5))
+			if firstDx == nil {
+				firstDx, firstDw = dxV, dwV
+			} else {
+				checkSameBits(t, "dinp", dxV, firstDx)
+				checkSameBits(t, "dweight", dwV, firstDw)
+			}
 		}
-	}
+	})
 }
 
 // TestNormsArgs checks the launchers' argument checks and the scratch sizes.
