@@ -8,8 +8,15 @@
 //	           fch = ln2 Wfc + b; fchg = gelu(fch); x3 = x2 + fchg Wfcp + b
 //	lnf = LN(x_L); logits = lnf wte^T         (B,T,V)
 //
+// The passes are also exposed per layer (ForwardLayer, BackwardLayer, ...)
+// so that the offload engine can interleave them with its copies and host
+// work. With MatrixGrads hooks the four weight matrices of every block get no
+// dense gradient: the hooks see each matrix's input in the forward and its
+// output gradient in the backward, and compress them (DESIGN.md section 2).
+//
 // Limits: T <= MaxT; activations are kept for the backward (no
-// recomputation); the attention op saves only its log-sum-exp.
+// recomputation), except the matrix inputs ln1, ln2 and fchg under hooks;
+// the attention op saves only its log-sum-exp.
 
 package gpt2
 
@@ -19,7 +26,89 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// layerActs are one block's saved activations.
+// Matrix names one of a block's four weight matrices.
+type Matrix int
+
+// The matrices of a block, in forward order.
+const (
+	MatQKV    Matrix = iota // c_attn: C x 3C
+	MatProj                 // attn c_proj: C x C
+	MatFC                   // mlp c_fc: C x 4C
+	MatFCProj               // mlp c_proj: 4C x C
+)
+
+// NumMatrices is the number of weight matrices of a block.
+const NumMatrices = 4
+
+func (k Matrix) String() string {
+	switch k {
+	case MatQKV:
+		return "qkv"
+	case MatProj:
+		return "proj"
+	case MatFC:
+		return "fc"
+	case MatFCProj:
+		return "fcproj"
+	}
+	return fmt.Sprintf("Matrix(%d)", int(k))
+}
+
+// matrixSlot is each matrix's index among its block's 12 parameters.
+var matrixSlot = [NumMatrices]int{2, 4, 8, 10}
+
+// MatrixShape is matrix k's shape, in x out (as HF's Conv1D stores it).
+func (c Config) MatrixShape(k Matrix) (m, n int) {
+	switch k {
+	case MatQKV:
+		return c.C, 3 * c.C
+	case MatProj:
+		return c.C, c.C
+	case MatFC:
+		return c.C, 4 * c.C
+	case MatFCProj:
+		return 4 * c.C, c.C
+	}
+	return 0, 0
+}
+
+// MatrixParam is the index into Layout() of matrix k of layer l.
+func (c Config) MatrixParam(l int, k Matrix) int { return 2 + l*perLayer + matrixSlot[k] }
+
+// isMatrix reports whether Layout() entry i is a block's weight matrix.
+func (c Config) isMatrix(i int) bool {
+	if i < 2 || i >= 2+c.L*perLayer {
+		return false
+	}
+	j := (i - 2) % perLayer
+	return j == matrixSlot[0] || j == matrixSlot[1] || j == matrixSlot[2] || j == matrixSlot[3]
+}
+
+// MatrixGrads replaces the dense gradients of the four matrices of every
+// block (LSP mode, and the engine's calibration pass).
+type MatrixGrads interface {
+	// Input is called during the forward pass, on the forward's stream,
+	// right after X [BT,m] (the input of matrix k of layer l, in the model
+	// dtype) has been computed and before it is overwritten. With hooks
+	// installed X is NOT kept for the backward.
+	Input(s backend.Stream, l int, k Matrix, X backend.Tensor) error
+	// OutputGrad is called during the backward pass with dY [BT,n] (F32)
+	// of matrix k of layer l, in place of dW += X^T dY (the bias gradient
+	// and dX are still computed by the model).
+	OutputGrad(s backend.Stream, l int, k Matrix, dY backend.Tensor) error
+}
+
+// Options configure New beyond the batch shape.
+type Options struct {
+	// MatrixGrads, when set, is called instead of computing the matrices'
+	// dense gradients; Grads then holds only the other ("dense")
+	// parameters, and the matrices' inputs (ln1, ln2 and gelu outputs) are
+	// not kept per layer but in one shared buffer each.
+	MatrixGrads MatrixGrads
+}
+
+// layerActs are one block's saved activations. Under hooks ln1, ln2 and
+// fchg are the shared buffers (only the hooks read them after the forward).
 type layerActs struct {
 	ln1, ln1Mean, ln1Rstd backend.Tensor
 	qkv, atty, lse        backend.Tensor
@@ -29,7 +118,8 @@ type layerActs struct {
 	res3                  backend.Tensor
 }
 
-// layerParams are one block's parameter (or gradient) views.
+// layerParams are one block's parameter (or gradient) views. A gradient
+// view with a nil Buf does not exist (a matrix under hooks).
 type layerParams struct {
 	ln1w, ln1b, qkvw, qkvb, projw, projb backend.Tensor
 	ln2w, ln2b, fcw, fcb, fcpw, fcpb     backend.Tensor
@@ -48,8 +138,13 @@ type Model struct {
 
 	be     backend.Backend
 	layout []Param
+	hooks  MatrixGrads
+	// gradOff is each parameter's element offset in Grads, -1 where it has
+	// no dense gradient.
+	gradOff []int
 
-	// Params holds every parameter; Grads every gradient (fp32), same layout.
+	// Params holds every parameter; Grads every dense gradient (fp32): the
+	// layout of Params, or with hooks the same with the matrices left out.
 	Params, Grads backend.Tensor
 	// Inputs and Targets (I32, B*T) are filled by the caller before Forward
 	// and CrossEntropy; targets < 0 are ignored.
@@ -91,13 +186,33 @@ func (c *carver) next(shape ...int) backend.Tensor {
 }
 
 // actSizes lists the activation views in allocation order: the float ones
-// stored in the model dtype, then the fp32 statistics.
-func (c Config) actSizes(B, T int) (data, stats int) {
+// stored in the model dtype, then the fp32 statistics. shared: ln1, ln2 and
+// fchg are one buffer each instead of one per layer.
+func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
 	BT, C := B*T, c.C
-	perLayerData := BT*C*2 + BT*3*C + BT*C + BT*C + BT*4*C*2 + BT*C // ln1, atty, qkv, res2, ln2, fch, fchg, res3
-	data = BT*C + c.L*perLayerData + BT*C + BT*C + BT*c.V           // encoded, layers, lnf, scratch, logits
-	stats = c.L*(4*BT+B*c.NH*T) + 2*BT + BT                         // ln means/rstds, lse; lnf stats; losses
+	kept := BT*3*C + BT*C + BT*C + BT*4*C + BT*C // qkv, atty, res2, fch, res3
+	inputs := BT*C + BT*C + BT*4*C               // ln1, ln2, fchg
+	copies := c.L
+	if shared {
+		copies = 1
+	}
+	data = BT*C + c.L*kept + copies*inputs + BT*C + BT*C + BT*c.V // encoded, layers, lnf, scratch, logits
+	stats = c.L*(4*BT+B*c.NH*T) + 2*BT + BT                       // ln means/rstds, lse; lnf stats; losses
 	return data, stats
+}
+
+// gradOffsets places the dense gradients: Layout order, matrices left out
+// when skip is set. n is the length of Grads.
+func (c Config) gradOffsets(skip bool) (offs []int, n int) {
+	for i, p := range c.Layout() {
+		if skip && c.isMatrix(i) {
+			offs = append(offs, -1)
+			continue
+		}
+		offs = append(offs, n)
+		n += p.Len()
+	}
+	return offs, n
 }
 
 // MemoryPlan is the device memory a model needs, by part, in bytes.
@@ -111,12 +226,19 @@ func (m MemoryPlan) Total() int64 {
 }
 
 // Plan predicts the device bytes New allocates for a batch of B x T.
-func (c Config) Plan(B, T int, dt backend.DType) MemoryPlan {
-	data, stats := c.actSizes(B, T)
+func (c Config) Plan(B, T int, dt backend.DType) MemoryPlan { return c.PlanWith(B, T, dt, Options{}) }
+
+// PlanWith predicts the device bytes NewWithOptions allocates. With hooks,
+// Grads covers only the dense parameters and the activations keep one
+// shared ln1, ln2 and gelu output instead of one per layer.
+func (c Config) PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan {
+	hooked := opts.MatrixGrads != nil
+	data, stats := c.actSizes(B, T, hooked)
+	_, ng := c.gradOffsets(hooked)
 	BT := int64(B * T)
 	return MemoryPlan{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
-		Grads:       int64(c.NumParams()) * 4,
+		Grads:       int64(ng) * 4,
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT * int64(c.C*2+3*c.C+4*c.C) * 4,
 		Batch:       2 * BT * 4,
@@ -126,6 +248,11 @@ func (c Config) Plan(B, T int, dt backend.DType) MemoryPlan {
 // New allocates a model for batches of B x T on be. Parameters start at
 // zero; load or initialise them before use.
 func New(be backend.Backend, cfg Config, B, T int, dt backend.DType) (*Model, error) {
+	return NewWithOptions(be, cfg, B, T, dt, Options{})
+}
+
+// NewWithOptions is New with matrix-gradient hooks or other options.
+func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts Options) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -138,40 +265,58 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType) (*Model, er
 	if dt != backend.F32 && dt != backend.BF16 {
 		return nil, fmt.Errorf("gpt2: unsupported dtype %v", dt)
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, layout: cfg.Layout()}
+	hooked := opts.MatrixGrads != nil
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, layout: cfg.Layout(), hooks: opts.MatrixGrads}
 	n := cfg.NumParams()
+	offs, ng := cfg.gradOffsets(hooked)
+	m.gradOff = offs
 	var err error
 	free := func() { m.Free() }
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
 		return nil, fmt.Errorf("gpt2: parameters: %w", err)
 	}
-	if m.Grads, err = be.Alloc("grads", n, backend.F32); err != nil {
+	if m.Grads, err = be.Alloc("grads", ng, backend.F32); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: gradients: %w", err)
 	}
-	m.p, m.g = m.views(m.Params), m.views(m.Grads)
+	paramOffs := make([]int, len(m.layout))
+	for i, p := range m.layout {
+		paramOffs[i] = p.Offset
+	}
+	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
 
-	data, stats := cfg.actSizes(B, T)
+	data, stats := cfg.actSizes(B, T, hooked)
 	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activations: %w", err)
 	}
-	statsBuf, err := be.Alloc("activation stats", stats, backend.F32)
-	if err != nil {
+	if m.statsBuf, err = be.Alloc("activation stats", stats, backend.F32); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activations: %w", err)
 	}
 	BT, C := B*T, cfg.C
-	a, st := &carver{t: m.acts}, &carver{t: statsBuf}
+	a, st := &carver{t: m.acts}, &carver{t: m.statsBuf}
 	m.encoded = a.next(BT, C)
+	var shared struct{ ln1, ln2, fchg backend.Tensor }
+	if hooked {
+		shared.ln1, shared.ln2, shared.fchg = a.next(BT, C), a.next(BT, C), a.next(BT, 4*C)
+	}
+	// input hands out a matrix input: the shared buffer under hooks, else
+	// the next per-layer view (today's order).
+	input := func(sh backend.Tensor, shape ...int) backend.Tensor {
+		if hooked {
+			return sh
+		}
+		return a.next(shape...)
+	}
 	m.layers = make([]layerActs, cfg.L)
 	for l := range m.layers {
 		la := &m.layers[l]
-		la.ln1, la.ln1Mean, la.ln1Rstd = a.next(BT, C), st.next(BT), st.next(BT)
+		la.ln1, la.ln1Mean, la.ln1Rstd = input(shared.ln1, BT, C), st.next(BT), st.next(BT)
 		la.qkv, la.atty, la.lse = a.next(BT, 3*C), a.next(BT, C), st.next(B, cfg.NH, T)
 		la.res2 = a.next(BT, C)
-		la.ln2, la.ln2Mean, la.ln2Rstd = a.next(BT, C), st.next(BT), st.next(BT)
-		la.fch, la.fchg = a.next(BT, 4*C), a.next(BT, 4*C)
+		la.ln2, la.ln2Mean, la.ln2Rstd = input(shared.ln2, BT, C), st.next(BT), st.next(BT)
+		la.fch, la.fchg = a.next(BT, 4*C), input(shared.fchg, BT, 4*C)
 		la.res3 = a.next(BT, C)
 	}
 	m.lnf, m.lnfMean, m.lnfRstd = a.next(BT, C), st.next(BT), st.next(BT)
@@ -192,14 +337,18 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType) (*Model, er
 		return nil, fmt.Errorf("gpt2: batch: %w", err)
 	}
 	m.Inputs, m.Targets = batch.Slice(0, BT), batch.Slice(BT, BT)
-	m.statsBuf = statsBuf
 	return m, nil
 }
 
-func (m *Model) views(t backend.Tensor) modelParams {
+// views carves t into parameter views at offs (by Layout index; negative:
+// no view).
+func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 	v := func(i int) backend.Tensor {
+		if offs[i] < 0 {
+			return backend.Tensor{}
+		}
 		p := m.layout[i]
-		return t.Slice(p.Offset, p.Len(), p.Shape...)
+		return t.Slice(offs[i], p.Len(), p.Shape...)
 	}
 	mp := modelParams{wte: v(0), wpe: v(1)}
 	for l := 0; l < m.Cfg.L; l++ {
@@ -214,14 +363,49 @@ func (m *Model) views(t backend.Tensor) modelParams {
 	return mp
 }
 
-// Layout is the parameter layout of Params and Grads.
+// Layout is the parameter layout of Params (and of Grads without hooks).
 func (m *Model) Layout() []Param { return m.layout }
 
-// ParamView returns parameter i of t (Params, Grads, or a tensor of the
-// same layout such as an optimizer moment).
+// ParamView returns parameter i of t (Params, or a tensor of the same
+// layout such as an optimizer moment; Grads only without hooks, else use
+// GradView).
 func (m *Model) ParamView(t backend.Tensor, i int) backend.Tensor {
 	p := m.layout[i]
 	return t.Slice(p.Offset, p.Len(), p.Shape...)
+}
+
+// GradView returns the gradient view of parameter i (same shape as the
+// parameter) and false when the parameter has no dense gradient (a matrix
+// when MatrixGrads is set).
+func (m *Model) GradView(i int) (backend.Tensor, bool) {
+	if i < 0 || i >= len(m.layout) || m.gradOff[i] < 0 {
+		return backend.Tensor{}, false
+	}
+	p := m.layout[i]
+	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
+}
+
+// GradRange returns the element range [off, off+n) in Grads of layer l's
+// dense gradients (all 12 params without hooks; the 8 non-matrix ones,
+// still contiguous, with hooks).
+func (m *Model) GradRange(l int) (off, n int) {
+	first := 2 + l*perLayer
+	off = m.gradOff[first] // ln_1.weight: never a matrix
+	for i := first; i < first+perLayer; i++ {
+		if m.gradOff[i] >= 0 {
+			n += m.layout[i].Len()
+		}
+	}
+	return off, n
+}
+
+// ParamRange returns the element range [off, off+n) in Params of layer l's
+// 12 parameters.
+func (m *Model) ParamRange(l int) (off, n int) {
+	first := 2 + l*perLayer
+	lastP := m.layout[first+perLayer-1]
+	off = m.layout[first].Offset
+	return off, lastP.Offset + lastP.Len() - off
 }
 
 // Free releases every buffer of the model.
@@ -243,46 +427,102 @@ func chain(steps ...func() error) error {
 	return nil
 }
 
+// layerInput is the residual stream entering layer l (l == L: the input of
+// the final LayerNorm).
+func (m *Model) layerInput(l int) backend.Tensor {
+	if l == 0 {
+		return m.encoded
+	}
+	return m.layers[l-1].res3
+}
+
+func (m *Model) checkLayer(pass string, l int) error {
+	if l < 0 || l >= m.Cfg.L {
+		return fmt.Errorf("gpt2 %s: layer %d out of range [0, %d)", pass, l, m.Cfg.L)
+	}
+	return nil
+}
+
 // Forward enqueues the forward pass on s, from Inputs to Logits.
 func (m *Model) Forward(s backend.Stream) error {
-	be, c := m.be, m.Cfg
-	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
-	if err := be.EncoderForward(s, m.encoded, m.Inputs, m.p.wte, m.p.wpe, B, T, C); err != nil {
+	if err := m.ForwardEmbed(s); err != nil {
+		return err
+	}
+	for l := 0; l < m.Cfg.L; l++ {
+		if err := m.ForwardLayer(s, l); err != nil {
+			return err
+		}
+	}
+	return m.ForwardHead(s)
+}
+
+// ForwardEmbed enqueues the encoder: token plus position embeddings.
+func (m *Model) ForwardEmbed(s backend.Stream) error {
+	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, m.p.wte, m.p.wpe, m.B, m.T, m.Cfg.C); err != nil {
 		return fmt.Errorf("gpt2 forward: %w", err)
 	}
-	x := m.encoded
-	for l := range m.layers {
-		a, p := &m.layers[l], &m.p.layers[l]
-		err := chain(
-			func() error {
-				return be.LayerNormForward(s, a.ln1, a.ln1Mean, a.ln1Rstd, x, p.ln1w, p.ln1b, BT, C, c.Eps)
-			},
-			func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
-			func() error { return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, C, c.NH) },
-			func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
-			func() error { return be.Add(s, a.res2, x, m.scratch) },
-			func() error {
-				return be.LayerNormForward(s, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, p.ln2w, p.ln2b, BT, C, c.Eps)
-			},
-			func() error { return m.linear(s, a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4*C) },
-			func() error { return be.GeluForward(s, a.fchg, a.fch) },
-			func() error { return m.linear(s, m.scratch, a.fchg, p.fcpw, p.fcpb, BT, 4*C, C) },
-			func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
-		)
-		if err != nil {
-			return fmt.Errorf("gpt2 forward, layer %d: %w", l, err)
-		}
-		x = a.res3
+	return nil
+}
+
+// ForwardLayer enqueues block l; block l-1 (or the encoder) must be
+// enqueued before it.
+func (m *Model) ForwardLayer(s backend.Stream, l int) error {
+	if err := m.checkLayer("forward", l); err != nil {
+		return err
 	}
+	be, c := m.be, m.Cfg
+	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
+	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
 	err := chain(
 		func() error {
-			return be.LayerNormForward(s, m.lnf, m.lnfMean, m.lnfRstd, x, m.p.lnfw, m.p.lnfb, BT, C, c.Eps)
+			return be.LayerNormForward(s, a.ln1, a.ln1Mean, a.ln1Rstd, x, p.ln1w, p.ln1b, BT, C, c.Eps)
+		},
+		func() error { return m.input(s, l, MatQKV, a.ln1) },
+		func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
+		func() error { return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, C, c.NH) },
+		func() error { return m.input(s, l, MatProj, a.atty) },
+		func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
+		func() error { return be.Add(s, a.res2, x, m.scratch) },
+		func() error {
+			return be.LayerNormForward(s, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, p.ln2w, p.ln2b, BT, C, c.Eps)
+		},
+		func() error { return m.input(s, l, MatFC, a.ln2) },
+		func() error { return m.linear(s, a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4*C) },
+		func() error { return be.GeluForward(s, a.fchg, a.fch) },
+		func() error { return m.input(s, l, MatFCProj, a.fchg) },
+		func() error { return m.linear(s, m.scratch, a.fchg, p.fcpw, p.fcpb, BT, 4*C, C) },
+		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
+	)
+	if err != nil {
+		return fmt.Errorf("gpt2 forward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// ForwardHead enqueues the final LayerNorm and the logits.
+func (m *Model) ForwardHead(s backend.Stream) error {
+	be, c := m.be, m.Cfg
+	C, BT := c.C, m.B*m.T
+	err := chain(
+		func() error {
+			return be.LayerNormForward(s, m.lnf, m.lnfMean, m.lnfRstd, m.layerInput(c.L), m.p.lnfw, m.p.lnfb, BT, C, c.Eps)
 		},
 		// logits = lnf wte^T: the tied head.
 		func() error { return be.Gemm(s, false, true, BT, c.V, C, 1, m.lnf, m.p.wte, 0, m.Logits) },
 	)
 	if err != nil {
 		return fmt.Errorf("gpt2 forward, head: %w", err)
+	}
+	return nil
+}
+
+// input hands matrix k's input to the hooks, if any.
+func (m *Model) input(s backend.Stream, l int, k Matrix, x backend.Tensor) error {
+	if m.hooks == nil {
+		return nil
+	}
+	if err := m.hooks.Input(s, l, k, x); err != nil {
+		return fmt.Errorf("%v input hook: %w", k, err)
 	}
 	return nil
 }
@@ -295,10 +535,20 @@ func (m *Model) linear(s backend.Stream, out, inp, w, bias backend.Tensor, N, IC
 	return m.be.AddBias(s, out, bias, N, OC)
 }
 
-// linearBackward: dinp = dout W^T (written), dW += inp^T dout, db += colsum(dout).
-func (m *Model) linearBackward(s backend.Stream, dinp, dw, db, dout, inp, w backend.Tensor, N, IC, OC int) error {
+// linearBackward of matrix k of layer l: dinp = dout W^T (written), db +=
+// colsum(dout), and dW += inp^T dout, or with hooks OutputGrad(dout)
+// instead (inp is then not read: it was not kept).
+func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, dout, inp, w backend.Tensor, N, IC, OC int) error {
 	return chain(
-		func() error { return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw) },
+		func() error {
+			if m.hooks == nil {
+				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
+			}
+			if err := m.hooks.OutputGrad(s, l, k, dout); err != nil {
+				return fmt.Errorf("%v output-grad hook: %w", k, err)
+			}
+			return nil
+		},
 		func() error { return m.be.BiasBackward(s, db, dout, N, OC) },
 		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, 0, dinp) },
 	)
@@ -315,59 +565,88 @@ func (m *Model) CrossEntropy(s backend.Stream, scale float32) error {
 	return nil
 }
 
-// ZeroGrads enqueues clearing of every parameter gradient.
+// ZeroGrads enqueues clearing of every dense parameter gradient.
 func (m *Model) ZeroGrads(s backend.Stream) error { return m.be.Fill(s, m.Grads, 0) }
 
 // Backward enqueues the backward pass: from the dlogits left by
-// CrossEntropy, accumulates every parameter gradient into Grads.
+// CrossEntropy, accumulates every dense parameter gradient into Grads (and
+// calls the hooks for the matrices).
 func (m *Model) Backward(s backend.Stream) error {
-	be, c := m.be, m.Cfg
-	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
-	last := m.encoded
-	if c.L > 0 {
-		last = m.layers[c.L-1].res3
+	if err := m.BackwardHead(s); err != nil {
+		return err
 	}
+	for l := m.Cfg.L - 1; l >= 0; l-- {
+		if err := m.BackwardLayer(s, l); err != nil {
+			return err
+		}
+	}
+	return m.BackwardEmbed(s)
+}
+
+// BackwardHead enqueues the head's backward, from dlogits to dres (dL/dx of
+// the last layer's output); accumulates the wte and ln_f gradients.
+func (m *Model) BackwardHead(s backend.Stream) error {
+	be, c := m.be, m.Cfg
+	C, BT := c.C, m.B*m.T
 	err := chain(
 		// Head: dlnf = dlogits wte; dwte += dlogits^T lnf.
 		func() error { return be.Gemm(s, false, false, BT, C, c.V, 1, m.Logits, m.p.wte, 0, m.dbuf) },
 		func() error { return be.Gemm(s, true, false, c.V, C, BT, 1, m.Logits, m.lnf, 1, m.g.wte) },
 		func() error { return be.Fill(s, m.dres, 0) },
 		func() error {
-			return be.LayerNormBackward(s, m.dres, m.g.lnfw, m.g.lnfb, m.dbuf, last, m.p.lnfw, m.lnfMean, m.lnfRstd, BT, C)
+			return be.LayerNormBackward(s, m.dres, m.g.lnfw, m.g.lnfb, m.dbuf, m.layerInput(c.L), m.p.lnfw, m.lnfMean, m.lnfRstd, BT, C)
 		},
 	)
 	if err != nil {
 		return fmt.Errorf("gpt2 backward, head: %w", err)
 	}
-	// dres holds dL/dx3 of the current layer; the residual stream passes it
-	// through and each LayerNorm backward adds its branch to it.
-	for l := c.L - 1; l >= 0; l-- {
-		a, p, g := &m.layers[l], &m.p.layers[l], &m.g.layers[l]
-		x := m.encoded
-		if l > 0 {
-			x = m.layers[l-1].res3
-		}
-		err := chain(
-			func() error {
-				return m.linearBackward(s, m.dfch, g.fcpw, g.fcpb, m.dres, a.fchg, p.fcpw, BT, 4*C, C)
-			},
-			func() error { return be.GeluBackward(s, m.dfch, a.fch, m.dfch) },
-			func() error { return m.linearBackward(s, m.dbuf, g.fcw, g.fcb, m.dfch, a.ln2, p.fcw, BT, C, 4*C) },
-			func() error {
-				return be.LayerNormBackward(s, m.dres, g.ln2w, g.ln2b, m.dbuf, a.res2, p.ln2w, a.ln2Mean, a.ln2Rstd, BT, C)
-			},
-			func() error { return m.linearBackward(s, m.dbuf, g.projw, g.projb, m.dres, a.atty, p.projw, BT, C, C) },
-			func() error { return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, B, T, C, c.NH) },
-			func() error { return m.linearBackward(s, m.dbuf, g.qkvw, g.qkvb, m.dqkv, a.ln1, p.qkvw, BT, C, 3*C) },
-			func() error {
-				return be.LayerNormBackward(s, m.dres, g.ln1w, g.ln1b, m.dbuf, x, p.ln1w, a.ln1Mean, a.ln1Rstd, BT, C)
-			},
-		)
-		if err != nil {
-			return fmt.Errorf("gpt2 backward, layer %d: %w", l, err)
-		}
+	return nil
+}
+
+// BackwardLayer enqueues block l's backward. dres holds dL/dx3 of block l on
+// entry and dL/dx of its input on exit, so blocks go from L-1 down to 0,
+// after BackwardHead.
+func (m *Model) BackwardLayer(s backend.Stream, l int) error {
+	if err := m.checkLayer("backward", l); err != nil {
+		return err
 	}
-	if err := be.EncoderBackward(s, m.g.wte, m.g.wpe, m.dres, m.Inputs, B, T, C); err != nil {
+	be, c := m.be, m.Cfg
+	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
+	a, p, g, x := &m.layers[l], &m.p.layers[l], &m.g.layers[l], m.layerInput(l)
+	// The residual stream passes dres through and each LayerNorm backward
+	// adds its branch to it.
+	err := chain(
+		func() error {
+			return m.linearBackward(s, l, MatFCProj, m.dfch, g.fcpw, g.fcpb, m.dres, a.fchg, p.fcpw, BT, 4*C, C)
+		},
+		func() error { return be.GeluBackward(s, m.dfch, a.fch, m.dfch) },
+		func() error {
+			return m.linearBackward(s, l, MatFC, m.dbuf, g.fcw, g.fcb, m.dfch, a.ln2, p.fcw, BT, C, 4*C)
+		},
+		func() error {
+			return be.LayerNormBackward(s, m.dres, g.ln2w, g.ln2b, m.dbuf, a.res2, p.ln2w, a.ln2Mean, a.ln2Rstd, BT, C)
+		},
+		func() error {
+			return m.linearBackward(s, l, MatProj, m.dbuf, g.projw, g.projb, m.dres, a.atty, p.projw, BT, C, C)
+		},
+		func() error { return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, B, T, C, c.NH) },
+		func() error {
+			return m.linearBackward(s, l, MatQKV, m.dbuf, g.qkvw, g.qkvb, m.dqkv, a.ln1, p.qkvw, BT, C, 3*C)
+		},
+		func() error {
+			return be.LayerNormBackward(s, m.dres, g.ln1w, g.ln1b, m.dbuf, x, p.ln1w, a.ln1Mean, a.ln1Rstd, BT, C)
+		},
+	)
+	if err != nil {
+		return fmt.Errorf("gpt2 backward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// BackwardEmbed enqueues the encoder's backward: wte and wpe gradients from
+// dres, after BackwardLayer(0).
+func (m *Model) BackwardEmbed(s backend.Stream) error {
+	if err := m.be.EncoderBackward(s, m.g.wte, m.g.wpe, m.dres, m.Inputs, m.B, m.T, m.Cfg.C); err != nil {
 		return fmt.Errorf("gpt2 backward, embeddings: %w", err)
 	}
 	return nil

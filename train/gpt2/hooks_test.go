@@ -1,0 +1,537 @@
+package gpt2
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+// hookCfg is small enough for bit-exact comparisons of every gradient.
+var hookCfg = Config{V: 64, MaxT: 16, C: 32, L: 2, NH: 4, Eps: 1e-5}
+
+const hookB, hookT = 2, 8
+
+// hookModel builds a model with hookCfg's random weights (non-trivial norms
+// and biases) in dtype dt.
+func hookModel(t *testing.T, be backend.Backend, dt backend.DType, opts Options) *Model {
+	t.Helper()
+	m, err := NewWithOptions(be, hookCfg, hookB, hookT, dt, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := Init(hookCfg, 5)
+	rng := rand.New(rand.NewPCG(6, 7))
+	for _, p := range hookCfg.Layout() {
+		if len(p.Shape) == 1 {
+			for i := p.Offset; i < p.Offset+p.Len(); i++ {
+				vals[i] += float32(rng.NormFloat64() * 0.1)
+			}
+		}
+	}
+	if err := backend.Upload(be, be.DefaultStream(), m.Params, vals); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// setBatch uploads micro-batch number mb (its own tokens; every fifth
+// target ignored).
+func setBatch(t *testing.T, be backend.Backend, m *Model, mb int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(mb), 99))
+	inp := make([]int32, m.B*m.T)
+	tgt := make([]int32, m.B*m.T)
+	for i := range inp {
+		inp[i] = int32(rng.IntN(m.Cfg.V))
+		tgt[i] = int32(rng.IntN(m.Cfg.V))
+		if i%5 == 0 {
+			tgt[i] = -1
+		}
+	}
+	s := be.DefaultStream()
+	if err := backend.UploadInt32(be, s, m.Inputs, inp); err != nil {
+		t.Fatal(err)
+	}
+	if err := backend.UploadInt32(be, s, m.Targets, tgt); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// microBatch runs forward, loss and backward of micro-batch mb, either
+// through Forward/Backward or through the per-layer calls, and returns the
+// logits of the forward.
+func microBatch(t *testing.T, be backend.Backend, m *Model, mb int, split bool) []float32 {
+	t.Helper()
+	s := be.DefaultStream()
+	setBatch(t, be, m, mb)
+	run := func(f func() error) {
+		t.Helper()
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if split {
+		run(func() error { return m.ForwardEmbed(s) })
+		for l := 0; l < m.Cfg.L; l++ {
+			run(func() error { return m.ForwardLayer(s, l) })
+		}
+		run(func() error { return m.ForwardHead(s) })
+	} else {
+		run(func() error { return m.Forward(s) })
+	}
+	logits, err := backend.Download(be, s, m.Logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(func() error { return m.CrossEntropy(s, 1/float32(2*m.B*m.T)) })
+	if split {
+		run(func() error { return m.BackwardHead(s) })
+		for l := m.Cfg.L - 1; l >= 0; l-- {
+			run(func() error { return m.BackwardLayer(s, l) })
+		}
+		run(func() error { return m.BackwardEmbed(s) })
+	} else {
+		run(func() error { return m.Backward(s) })
+	}
+	return logits
+}
+
+func download(t *testing.T, be backend.Backend, x backend.Tensor) []float32 {
+	t.Helper()
+	v, err := backend.Download(be, be.DefaultStream(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// sameBits reports the first element whose bits differ.
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Errorf("%s[%d] = %.9g, want %.9g bit for bit", what, i, got[i], want[i])
+			return
+		}
+	}
+}
+
+var dtypes = []backend.DType{backend.F32, backend.BF16}
+
+// TestSplitPassesMatchWhole: the per-layer calls are Forward and Backward
+// to the bit, over two accumulated micro-batches.
+func TestSplitPassesMatchWhole(t *testing.T) {
+	for _, dt := range dtypes {
+		t.Run(dt.String(), func(t *testing.T) {
+			be := cpu.New(cpu.Config{})
+			defer be.Close()
+			m := hookModel(t, be, dt, Options{})
+			var logits [2][][]float32
+			var grads [2][]float32
+			for i, split := range []bool{false, true} {
+				if err := m.ZeroGrads(be.DefaultStream()); err != nil {
+					t.Fatal(err)
+				}
+				for mb := range 2 {
+					logits[i] = append(logits[i], microBatch(t, be, m, mb, split))
+				}
+				grads[i] = download(t, be, m.Grads)
+			}
+			for mb := range 2 {
+				sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), logits[1][mb], logits[0][mb])
+			}
+			sameBits(t, "grads", grads[1], grads[0])
+			if !slices.ContainsFunc(grads[0], func(g float32) bool { return g != 0 }) {
+				t.Error("every gradient is zero")
+			}
+		})
+	}
+}
+
+// denseHook computes the matrices' gradients densely from what the hooks
+// hand it, as the model would: dW += X^T dY with X copied in the forward.
+// It also accumulates X^T dY in float64 on the host, as an independent
+// reference for its own Gemm.
+type denseHook struct {
+	t     *testing.T
+	be    backend.Backend
+	cfg   Config
+	BT    int
+	dt    backend.DType
+	x, dw [][NumMatrices]backend.Tensor
+	ref   [][NumMatrices][]float64
+	calls []string
+}
+
+func newDenseHook(t *testing.T, be backend.Backend, cfg Config, BT int, dt backend.DType) *denseHook {
+	h := &denseHook{t: t, be: be, cfg: cfg, BT: BT, dt: dt}
+	h.x = make([][NumMatrices]backend.Tensor, cfg.L)
+	h.dw = make([][NumMatrices]backend.Tensor, cfg.L)
+	h.ref = make([][NumMatrices][]float64, cfg.L)
+	for l := range cfg.L {
+		for k := range Matrix(NumMatrices) {
+			mm, n := cfg.MatrixShape(k)
+			var err error
+			if h.x[l][k], err = be.Alloc("hook x", BT*mm, dt); err != nil {
+				t.Fatal(err)
+			}
+			if h.dw[l][k], err = be.Alloc("hook dw", mm*n, backend.F32); err != nil {
+				t.Fatal(err)
+			}
+			h.ref[l][k] = make([]float64, mm*n)
+		}
+	}
+	return h
+}
+
+func (h *denseHook) Input(s backend.Stream, l int, k Matrix, X backend.Tensor) error {
+	h.calls = append(h.calls, fmt.Sprintf("in %d %v", l, k))
+	mm, _ := h.cfg.MatrixShape(k)
+	if !slices.Equal(X.Shape, []int{h.BT, mm}) || X.DType != h.dt {
+		return fmt.Errorf("input of %d %v: %v, want [%d %d] %v", l, k, X, h.BT, mm, h.dt)
+	}
+	return h.be.CopyD2D(s, h.x[l][k], X)
+}
+
+func (h *denseHook) OutputGrad(s backend.Stream, l int, k Matrix, dY backend.Tensor) error {
+	h.calls = append(h.calls, fmt.Sprintf("out %d %v", l, k))
+	mm, n := h.cfg.MatrixShape(k)
+	if !slices.Equal(dY.Shape, []int{h.BT, n}) || dY.DType != backend.F32 {
+		return fmt.Errorf("output grad of %d %v: %v, want [%d %d] fp32", l, k, dY, h.BT, n)
+	}
+	if err := h.be.Gemm(s, true, false, mm, n, h.BT, 1, h.x[l][k], dY, 1, h.dw[l][k]); err != nil {
+		return err
+	}
+	// Downloads synchronize s: fine in a test.
+	x, err := backend.Download(h.be, s, h.x[l][k])
+	if err != nil {
+		return err
+	}
+	dy, err := backend.Download(h.be, s, dY)
+	if err != nil {
+		return err
+	}
+	ref := h.ref[l][k]
+	for r := range h.BT {
+		for i := range mm {
+			xi := float64(x[r*mm+i])
+			for j := range n {
+				ref[i*n+j] += xi * float64(dy[r*n+j])
+			}
+		}
+	}
+	return nil
+}
+
+// wantCalls is the order of hook calls of one micro-batch: forward inputs
+// block by block, then output grads in reverse.
+func wantCalls(L int) []string {
+	var fwd, bwd []string
+	for l := range L {
+		for k := range Matrix(NumMatrices) {
+			fwd = append(fwd, fmt.Sprintf("in %d %v", l, k))
+		}
+	}
+	for l := L - 1; l >= 0; l-- {
+		for k := Matrix(NumMatrices - 1); k >= 0; k-- {
+			bwd = append(bwd, fmt.Sprintf("out %d %v", l, k))
+		}
+	}
+	return append(fwd, bwd...)
+}
+
+// TestMatrixHooksMatchDense: a hook that computes dW = X^T dY itself gets
+// every matrix gradient bit for bit as the model without hooks, and the
+// model's own (dense) gradients do not change either.
+func TestMatrixHooksMatchDense(t *testing.T) {
+	for _, dt := range dtypes {
+		t.Run(dt.String(), func(t *testing.T) {
+			be := cpu.New(cpu.Config{})
+			defer be.Close()
+			s := be.DefaultStream()
+			plain := hookModel(t, be, dt, Options{})
+			h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
+			hooked := hookModel(t, be, dt, Options{MatrixGrads: h})
+			for _, m := range []*Model{plain, hooked} {
+				if err := m.ZeroGrads(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for mb := range 2 {
+				want := microBatch(t, be, plain, mb, false)
+				got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
+				sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
+			}
+			if calls := wantCalls(hookCfg.L); !slices.Equal(h.calls, append(calls, calls...)) {
+				t.Errorf("hook calls %v, want %v twice", h.calls, calls)
+			}
+			plainGrads := download(t, be, plain.Grads)
+			matrices := 0
+			for i, p := range plain.Layout() {
+				want := plainGrads[p.Offset : p.Offset+p.Len()]
+				if g, ok := hooked.GradView(i); ok {
+					if !slices.Equal(g.Shape, p.Shape) {
+						t.Errorf("%s: grad view shape %v, want %v", p.Name, g.Shape, p.Shape)
+					}
+					sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
+					continue
+				}
+				l, k := (i-2)/perLayer, Matrix(-1)
+				for kk := range Matrix(NumMatrices) {
+					if hookCfg.MatrixParam(l, kk) == i {
+						k = kk
+					}
+				}
+				if k < 0 {
+					t.Errorf("%s has no gradient view but is no matrix", p.Name)
+					continue
+				}
+				matrices++
+				got := download(t, be, h.dw[l][k])
+				sameBits(t, "hook grad "+p.Name, got, want)
+				closeToF64(t, "hook grad "+p.Name+" vs float64", got, h.ref[l][k], 1e-5)
+			}
+			if matrices != NumMatrices*hookCfg.L {
+				t.Errorf("%d matrices without a dense gradient, want %d", matrices, NumMatrices*hookCfg.L)
+			}
+		})
+	}
+}
+
+// closeToF64 compares with a float64 reference, relative to its scale.
+func closeToF64(t *testing.T, what string, got []float32, want []float64, rtol float64) {
+	t.Helper()
+	var scale float64
+	for _, w := range want {
+		scale = max(scale, math.Abs(w))
+	}
+	if scale == 0 {
+		t.Errorf("%s: reference is all zero", what)
+	}
+	for i := range want {
+		if d := math.Abs(float64(got[i]) - want[i]); d > rtol*scale {
+			t.Errorf("%s[%d] = %.8g, want %.8g", what, i, got[i], want[i])
+			return
+		}
+	}
+}
+
+// nopHook lets the model run in hook mode without doing anything.
+type nopHook struct{ err error }
+
+func (h nopHook) Input(backend.Stream, int, Matrix, backend.Tensor) error      { return h.err }
+func (h nopHook) OutputGrad(backend.Stream, int, Matrix, backend.Tensor) error { return h.err }
+
+// TestPlanWithMatchesAllocation: PlanWith predicts NewWithOptions' device
+// memory to the byte, and Free returns all of it.
+func TestPlanWithMatchesAllocation(t *testing.T) {
+	tiny, err := Preset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cfg  Config
+		B, T int
+	}{{hookCfg, hookB, hookT}, {tiny, 2, 16}, {Config{V: 5, MaxT: 3, C: 4, L: 1, NH: 2, Eps: 1e-5}, 1, 3}} {
+		for _, dt := range dtypes {
+			for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
+				name := fmt.Sprintf("L%d/%v/hooks=%v", tc.cfg.L, dt, opts.MatrixGrads != nil)
+				t.Run(name, func(t *testing.T) {
+					be := cpu.New(cpu.Config{})
+					defer be.Close()
+					before := be.MemStats().InUse
+					m, err := NewWithOptions(be, tc.cfg, tc.B, tc.T, dt, opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					plan := tc.cfg.PlanWith(tc.B, tc.T, dt, opts)
+					if got := be.MemStats().InUse - before; got != plan.Total() {
+						t.Errorf("allocated %d bytes, plan %d (%+v)", got, plan.Total(), plan)
+					}
+					if m.Grads.Bytes() != plan.Grads {
+						t.Errorf("grads %d bytes, plan %d", m.Grads.Bytes(), plan.Grads)
+					}
+					if got := m.acts.Bytes() + m.statsBuf.Bytes(); got != plan.Activations {
+						t.Errorf("activations %d bytes, plan %d", got, plan.Activations)
+					}
+					checkActViews(t, m)
+					wantGrads := tc.cfg.NumParams()
+					if opts.MatrixGrads != nil {
+						for range tc.cfg.L {
+							for k := range Matrix(NumMatrices) {
+								mm, n := tc.cfg.MatrixShape(k)
+								wantGrads -= mm * n
+							}
+						}
+					} else if plan != tc.cfg.Plan(tc.B, tc.T, dt) {
+						t.Errorf("PlanWith without hooks %+v, Plan %+v", plan, tc.cfg.Plan(tc.B, tc.T, dt))
+					}
+					if m.Grads.Len() != wantGrads {
+						t.Errorf("grads hold %d elements, want %d", m.Grads.Len(), wantGrads)
+					}
+					m.Free()
+					if got := be.MemStats().InUse; got != before {
+						t.Errorf("%d bytes in use after Free, want %d", got, before)
+					}
+				})
+			}
+		}
+	}
+}
+
+// checkActViews: the activation views fill their allocations exactly
+// (a plan that merely agrees with an oversized allocation fails here), and
+// with hooks every layer's ln1, ln2 and fchg are the one shared buffer.
+func checkActViews(t *testing.T, m *Model) {
+	t.Helper()
+	hooked := m.hooks != nil
+	data := []backend.Tensor{m.encoded, m.lnf, m.scratch, m.Logits}
+	stats := []backend.Tensor{m.lnfMean, m.lnfRstd, m.Losses}
+	for l, a := range m.layers {
+		data = append(data, a.qkv, a.atty, a.res2, a.fch, a.res3)
+		stats = append(stats, a.ln1Mean, a.ln1Rstd, a.lse, a.ln2Mean, a.ln2Rstd)
+		if !hooked || l == 0 {
+			data = append(data, a.ln1, a.ln2, a.fchg)
+		} else if a.ln1.Off != m.layers[0].ln1.Off || a.ln2.Off != m.layers[0].ln2.Off || a.fchg.Off != m.layers[0].fchg.Off {
+			t.Errorf("layer %d: matrix inputs are not the shared buffers", l)
+		}
+	}
+	for _, part := range []struct {
+		name  string
+		alloc backend.Tensor
+		views []backend.Tensor
+	}{{"activations", m.acts, data}, {"activation stats", m.statsBuf, stats}} {
+		n := 0
+		for _, v := range part.views {
+			n += v.Len()
+		}
+		if n != part.alloc.Len() {
+			t.Errorf("%s: views hold %d elements, allocation %d", part.name, n, part.alloc.Len())
+		}
+	}
+}
+
+// TestMatrixLayout: MatrixShape and MatrixParam name the layout's matrices.
+func TestMatrixLayout(t *testing.T) {
+	suffix := map[Matrix]string{MatQKV: "attn.c_attn.weight", MatProj: "attn.c_proj.weight", MatFC: "mlp.c_fc.weight", MatFCProj: "mlp.c_proj.weight"}
+	names := map[Matrix]string{MatQKV: "qkv", MatProj: "proj", MatFC: "fc", MatFCProj: "fcproj"}
+	for _, cfg := range []Config{hookCfg, {V: 50257, MaxT: 1024, C: 768, L: 3, NH: 12, Eps: 1e-5}} {
+		layout := cfg.Layout()
+		matrices := 0
+		for i := range layout {
+			if cfg.isMatrix(i) {
+				matrices++
+			}
+		}
+		if matrices != NumMatrices*cfg.L {
+			t.Errorf("C=%d: %d matrices, want %d", cfg.C, matrices, NumMatrices*cfg.L)
+		}
+		for l := range cfg.L {
+			for k := range Matrix(NumMatrices) {
+				if k.String() != names[k] {
+					t.Errorf("Matrix(%d).String() = %q, want %q", k, k.String(), names[k])
+				}
+				p := layout[cfg.MatrixParam(l, k)]
+				if want := fmt.Sprintf("transformer.h.%d.%s", l, suffix[k]); p.Name != want {
+					t.Errorf("MatrixParam(%d, %v) is %s, want %s", l, k, p.Name, want)
+				}
+				mm, n := cfg.MatrixShape(k)
+				if !slices.Equal(p.Shape, []int{mm, n}) {
+					t.Errorf("MatrixShape(%v) = %d x %d, layout %v", k, mm, n, p.Shape)
+				}
+				if !cfg.isMatrix(cfg.MatrixParam(l, k)) {
+					t.Errorf("isMatrix(MatrixParam(%d, %v)) is false", l, k)
+				}
+			}
+		}
+	}
+}
+
+// TestRanges: ParamRange and GradRange are exactly the union of a layer's
+// views, layers follow each other, and with hooks only the 8 dense
+// parameters remain.
+func TestRanges(t *testing.T) {
+	for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
+		be := cpu.New(cpu.Config{})
+		m, err := NewWithOptions(be, hookCfg, 1, 4, backend.F32, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hooked := opts.MatrixGrads != nil
+		pEnd, gEnd := m.layout[1].Offset+m.layout[1].Len(), m.layout[1].Offset+m.layout[1].Len()
+		for l := range hookCfg.L {
+			pOff, pN := m.ParamRange(l)
+			gOff, gN := m.GradRange(l)
+			if pOff != pEnd || gOff != gEnd {
+				t.Errorf("hooks=%v layer %d: ranges start at %d, %d, want %d, %d", hooked, l, pOff, gOff, pEnd, gEnd)
+			}
+			pAt, gAt, dense := pOff, gOff, 0
+			for i := 2 + l*perLayer; i < 2+(l+1)*perLayer; i++ {
+				p := m.layout[i]
+				if v := m.ParamView(m.Params, i); v.Off != pAt || v.Len() != p.Len() {
+					t.Errorf("%s: param view %v not at %d", p.Name, v, pAt)
+				}
+				pAt += p.Len()
+				g, ok := m.GradView(i)
+				if ok == (hooked && hookCfg.isMatrix(i)) {
+					t.Errorf("hooks=%v %s: GradView ok=%v", hooked, p.Name, ok)
+				}
+				if !ok {
+					continue
+				}
+				dense++
+				if g.Off != gAt || g.Len() != p.Len() || g.Buf != m.Grads.Buf {
+					t.Errorf("hooks=%v %s: grad view %v not at %d", hooked, p.Name, g, gAt)
+				}
+				gAt += p.Len()
+			}
+			if pAt != pOff+pN || gAt != gOff+gN {
+				t.Errorf("hooks=%v layer %d: ranges [%d,+%d) [%d,+%d), views end at %d, %d", hooked, l, pOff, pN, gOff, gN, pAt, gAt)
+			}
+			if want := map[bool]int{false: 12, true: 8}[hooked]; dense != want {
+				t.Errorf("hooks=%v layer %d: %d dense grads, want %d", hooked, l, dense, want)
+			}
+			pEnd, gEnd = pAt, gAt
+		}
+		if g, ok := m.GradView(len(m.layout) - 1); !ok || g.Off+g.Len() != m.Grads.Len() {
+			t.Errorf("hooks=%v: ln_f.bias grad %v does not end Grads (%d)", hooked, g, m.Grads.Len())
+		}
+		if _, ok := m.GradView(len(m.layout)); ok {
+			t.Error("GradView past the layout is ok")
+		}
+		be.Close()
+	}
+}
+
+// TestPassErrors: hook errors and bad layer numbers come back as errors.
+func TestPassErrors(t *testing.T) {
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	s := be.DefaultStream()
+	boom := errors.New("boom")
+	m := hookModel(t, be, backend.F32, Options{MatrixGrads: nopHook{err: boom}})
+	setBatch(t, be, m, 0)
+	if err := m.Forward(s); !errors.Is(err, boom) {
+		t.Errorf("Forward with a failing input hook: %v", err)
+	}
+	if err := m.BackwardLayer(s, 0); !errors.Is(err, boom) {
+		t.Errorf("BackwardLayer with a failing output-grad hook: %v", err)
+	}
+	for _, l := range []int{-1, hookCfg.L} {
+		if err := m.ForwardLayer(s, l); err == nil {
+			t.Errorf("ForwardLayer(%d) succeeded", l)
+		}
+		if err := m.BackwardLayer(s, l); err == nil {
+			t.Errorf("BackwardLayer(%d) succeeded", l)
+		}
+	}
+}
