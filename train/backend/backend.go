@@ -264,4 +264,33 @@ type Ops interface {
 	// clipping by sumSq (F32 [1], the squared norm the clip uses) when
 	// p.MaxNorm > 0.
 	AdamW(s Stream, param, master, grad, m, v, sumSq Tensor, p AdamParams) error
+
+	// LSP sparse projection (DESIGN.md section 2). BT tokens, m inputs, n
+	// outputs, d the projected size, r non-zeros per projector row. P
+	// [m,d] and Q [n,d] are (d,r)-sparse and never dense: column storage
+	// (colptr I32 [d+1], rowidx I32 [nnz], colval F32 [nnz], rows strictly
+	// ascending within a column) for compress, row storage (idx I32
+	// [rows*r], val F32 [rows*r], distinct columns within a row) for apply.
+	// Every sum runs in a fixed order (see train/cpu/ref_sparse.go). The
+	// CPU backend validates index contents on the stream (an error at
+	// Synchronize); kernels trust them, so build them with
+	// cpu.SparseColumns and check them with cpu.CheckSparseRows.
+
+	// SparseCompressA: A [d,BT] F32 = P^T X^T, X [BT,m] (F32 or BF16), P in
+	// column storage: colptr I32 [d+1], rowidx I32 [nnz], colval F32 [nnz].
+	SparseCompressA(s Stream, A, X, colptr, rowidx, colval Tensor, BT, m, d int) error
+	// SparseCompressB: B [BT,d] F32 = dY Q, dY [BT,n] (F32 or BF16), Q in
+	// column storage.
+	SparseCompressB(s Stream, B, dY, colptr, rowidx, colval Tensor, BT, n, d int) error
+	// SparseS: S [d,d] F32 = A B, or S += A B when accumulate, summed over
+	// t ascending; A [d,BT] and B [BT,d] F32.
+	SparseS(s Stream, S, A, B Tensor, BT, d int, accumulate bool) error
+	// SparseApply: W [m,n] <- (1 - lr*wd) W + P Delta Q^T with P, Q in row
+	// storage (pidx I32 [m*r], pval F32 [m*r], qidx I32 [n*r], qval F32
+	// [n*r]); Delta [d,d] F32; T [d,n] F32 workspace (left holding Delta
+	// Q^T); 1 <= r <= d. A BF16 W is written by stochastic rounding keyed
+	// by (seed, step, matrix, element i*n+j), bit for bit as the CPU
+	// reference (cpu.SparseApply); an F32 W is written exactly (no
+	// rounding).
+	SparseApply(s Stream, W, T, Delta, pidx, pval, qidx, qval Tensor, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32) error
 }
