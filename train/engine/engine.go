@@ -1,0 +1,470 @@
+// Package engine runs training steps in the three update modes of
+// DESIGN.md section 1 (native, zero, lsp) on any Backend, as a graph of ops
+// (graph.go) run by the sequential or the pipelined interpreter.
+//
+//	native: weights, grads and AdamW on the device (train/optim).
+//	zero:   grads of each layer go device-to-host as soon as the layer's
+//	        backward is done; CPU Adam on fp32 master weights and moments
+//	        on the host; the new weights come back host-to-device.
+//	lsp:    the four matrices of every block go through learned sparse
+//	        projectors (lsp.go): S = P^T G Q (d x d) down, subspace Adam on
+//	        the host, Delta up, W += P Delta Q^T applied on the device.
+//
+// A step's graph: zero grads; per micro-batch upload, forward, loss and
+// backward layer by layer; then, per layer from the last, the offload
+// chain d2h -> host Adam -> h2d -> apply. Every update is applied before
+// Step returns, so checkpoints, eval and Ctrl-C between steps always see a
+// drained pipeline.
+//
+// Limits: GPT-2 models; --clip-mode global-prev only in native mode (the
+// host Adam clips per tensor); fp32 gradients.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// Mode is the update mode (--mode).
+type Mode string
+
+// Modes.
+const (
+	Native Mode = "native"
+	Zero   Mode = "zero"
+	LSP    Mode = "lsp"
+)
+
+// ParseMode reads a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case Native, Zero, LSP:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown mode %q (want native, zero or lsp)", s)
+}
+
+// DenseParams says what lsp mode does with the parameters that are not
+// block matrices (embeddings, norms, biases): --dense-params.
+type DenseParams string
+
+// Dense parameter treatments.
+const (
+	DenseFrozen DenseParams = "frozen" // not updated
+	DenseDevice DenseParams = "device" // AdamW on the device, as native
+	DenseHost   DenseParams = "host"   // offloaded to the host, as zero
+)
+
+// ParseDenseParams reads a --dense-params value.
+func ParseDenseParams(s string) (DenseParams, error) {
+	switch d := DenseParams(s); d {
+	case DenseFrozen, DenseDevice, DenseHost:
+		return d, nil
+	}
+	return "", fmt.Errorf("unknown dense-params %q (want frozen, device or host)", s)
+}
+
+// LSPConfig configures the projectors (DESIGN.md section 2).
+type LSPConfig struct {
+	D, R         int     // requested projected size and non-zeros per row (capped per matrix)
+	Alpha        float64 // bias ratio a fit must reach, in (0, 1)
+	CheckEvery   int     // steps between projector checks
+	CalibSamples int     // rows of the calibration pass (rounded up to whole micro-batches)
+	ProjLR       float64 // Adam step size of the projector fit
+	FitIters     int     // step budget of one fit
+	NoFit        bool    // keep the random projectors (the compare job's control)
+}
+
+// Config configures an engine.
+type Config struct {
+	Mode        Mode
+	DenseParams DenseParams // lsp only
+	Hyper       optim.Hyper
+	Pipelined   bool
+	LSP         LSPConfig
+	Seed        uint64
+	HostThreads int // host Adam workers (0: one per core)
+}
+
+// Validate checks the configuration, naming the flag at fault.
+func (c Config) Validate() error {
+	var errs []error
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		errs = append(errs, fmt.Errorf("--mode: %w", err))
+	}
+	if c.Mode == LSP {
+		if _, err := ParseDenseParams(string(c.DenseParams)); err != nil {
+			errs = append(errs, fmt.Errorf("--dense-params: %w", err))
+		}
+		if err := checkLSP(c.LSP); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.Mode != Native && c.Hyper.Clip == optim.ClipGlobalPrev {
+		errs = append(errs, fmt.Errorf("--clip-mode: global-prev is supported with --mode native only; use matrix or none with --mode %s", c.Mode))
+	}
+	return errors.Join(errs...)
+}
+
+// Engine trains one model in one mode.
+type Engine struct {
+	cfg     Config
+	be      backend.Backend
+	st      Streams
+	interp  Interpreter
+	Model   *gpt2.Model
+	accum   int // micro-batches per step
+	step    int // optimizer steps taken
+	workers *host.Workers
+
+	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
+	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
+
+	opt   *optim.AdamW // native
+	off   *offload     // zero, and lsp with --dense-params host
+	dense *denseAdam   // lsp with --dense-params device
+	lsp   *lspState    // lsp
+
+	// editGraph, when set, rewrites each step's graph (tests remove edges).
+	editGraph func(*Graph) *Graph
+}
+
+// New builds the model of mc for micro-batches of B x T (accum per step)
+// and the state of cfg's mode. Parameters start at zero: upload them into
+// Model.Params, then call Init.
+func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if accum < 1 {
+		return nil, fmt.Errorf("engine: --grad-accum %d must be at least 1", accum)
+	}
+	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), accum: accum}
+	if cfg.Pipelined {
+		e.interp = NewPipelined(be, e.st)
+	} else {
+		e.interp = Sequential{Backend: be, Streams: e.st}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			e.Free()
+		}
+	}()
+	var opts gpt2.Options
+	if cfg.Mode == LSP {
+		e.lsp = &lspState{}
+		opts.MatrixGrads = e.lsp
+	}
+	var err error
+	if e.Model, err = gpt2.NewWithOptions(be, mc, B, T, dt, opts); err != nil {
+		return nil, err
+	}
+	BT := B * T
+	if e.stage, err = be.AllocHost("batch staging", accum*2*BT*4); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if e.lossAcc, err = be.Alloc("step losses", accum*BT, backend.F32); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cfg.Mode != Native {
+		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
+	m := e.Model
+	switch cfg.Mode {
+	case Native:
+		var tensors []optim.Tensor
+		for _, p := range m.Layout() {
+			tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
+		}
+		if e.opt, err = optim.New(be, cfg.Hyper, m.Params, m.Grads, tensors); err != nil {
+			return nil, err
+		}
+	case Zero:
+		if e.off, err = newOffload(e, groupsAll(m)); err != nil {
+			return nil, err
+		}
+	case LSP:
+		if err := e.lsp.init(e); err != nil {
+			return nil, err
+		}
+		switch cfg.DenseParams {
+		case DenseDevice:
+			if e.dense, err = newDenseAdam(e); err != nil {
+				return nil, err
+			}
+		case DenseHost:
+			if e.off, err = newOffload(e, groupsDense(m)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ok = true
+	return e, nil
+}
+
+// Init reads the parameters the caller uploaded into the optimizer state
+// (fp32 master copies) and, in lsp mode, draws the random projectors.
+func (e *Engine) Init() error {
+	s := e.st.Compute
+	if e.opt != nil {
+		if err := e.opt.InitMaster(s); err != nil {
+			return err
+		}
+	}
+	if e.off != nil {
+		if err := e.off.initMaster(); err != nil {
+			return err
+		}
+	}
+	if e.dense != nil {
+		if err := e.dense.initMaster(s); err != nil {
+			return err
+		}
+	}
+	if e.lsp != nil {
+		if err := e.lsp.draw(); err != nil {
+			return err
+		}
+	}
+	return e.be.Synchronize(s)
+}
+
+// Free releases the engine's state and the model.
+func (e *Engine) Free() {
+	if e.opt != nil {
+		e.opt.Free()
+	}
+	if e.lsp != nil {
+		e.lsp.free()
+	}
+	if e.dense != nil {
+		e.dense.free()
+	}
+	if e.lossAcc.Buf != nil {
+		e.be.Free(e.lossAcc)
+	}
+	if e.stage != nil {
+		e.be.FreeHost(e.stage)
+	}
+	if e.Model != nil {
+		e.Model.Free()
+	}
+	if e.workers != nil {
+		e.workers.Close()
+	}
+}
+
+// Mode is the engine's update mode.
+func (e *Engine) Mode() Mode { return e.cfg.Mode }
+
+// Optimizer is the native mode's device optimizer (nil in other modes).
+func (e *Engine) Optimizer() *optim.AdamW { return e.opt }
+
+// StepCount is the number of optimizer steps taken.
+func (e *Engine) StepCount() int { return e.step }
+
+// SetStepCount restores the step count from a checkpoint.
+func (e *Engine) SetStepCount(n int) {
+	e.step = n
+	if e.opt != nil {
+		e.opt.SetStepCount(n)
+	}
+}
+
+// Interpreter is the schedule interpreter in use.
+func (e *Engine) Interpreter() Interpreter { return e.interp }
+
+// hostAccesser is the CPU backend's hazard declaration for host code.
+type hostAccesser interface {
+	HostAccess(name string, reads, writes []backend.Range)
+}
+
+// hostAccess declares host reads and writes of pinned memory to a backend
+// that checks hazards.
+func (e *Engine) hostAccess(name string, reads, writes []backend.Range) {
+	if h, ok := e.be.(hostAccesser); ok {
+		h.HostAccess(name, reads, writes)
+	}
+}
+
+// hostRange is the byte range [off, off+n) of a host buffer, for hazards
+// (host buffers have negative ids, DESIGN.md section 5).
+func hostRange(h backend.HostBuffer, off, n int) backend.Range {
+	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
+}
+
+// Step runs one optimizer step over the micro-batches (len == accum) at
+// learning rate lr and returns the sum of the per-token losses and the
+// number of target tokens. Every update is applied when it returns.
+func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
+	if len(batches) != e.accum {
+		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)
+	}
+	targets := 0
+	for _, b := range batches {
+		targets += b.NumTargets
+	}
+	if targets == 0 {
+		return 0, fmt.Errorf("step %d: no target tokens in the batch", e.step+1)
+	}
+	if err := e.stageBatches(batches); err != nil {
+		return 0, err
+	}
+	e.step++
+	g, err := e.stepGraph(float32(1/float64(targets)), lr)
+	if err != nil {
+		return 0, err
+	}
+	g = g.Reduce()
+	if e.editGraph != nil {
+		g = e.editGraph(g)
+	}
+	if err := e.interp.Run(g); err != nil {
+		return 0, fmt.Errorf("step %d: %w", e.step, err)
+	}
+	if err := e.Drain(); err != nil {
+		return 0, fmt.Errorf("step %d: %w", e.step, err)
+	}
+	losses, err := backend.Download(e.be, e.st.Compute, e.lossAcc)
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range losses {
+		lossSum += float64(l)
+	}
+	return lossSum, nil
+}
+
+// Drain waits until every stream is idle.
+func (e *Engine) Drain() error {
+	for _, s := range []backend.Stream{e.st.Compute, e.st.D2H, e.st.H2D} {
+		if err := e.be.Synchronize(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GradNorm is the global gradient norm of the latest step (in lsp mode:
+// over the compressed S of the matrices and the dense gradients that were
+// updated).
+func (e *Engine) GradNorm() (float64, error) {
+	if e.opt != nil {
+		gn, err := backend.Download(e.be, e.st.Compute, e.opt.GlobalNormSq())
+		if err != nil {
+			return 0, err
+		}
+		return math.Sqrt(float64(gn[0])), nil
+	}
+	var sq float64
+	if e.dense != nil {
+		d, err := e.dense.normSq(e.st.Compute)
+		if err != nil {
+			return 0, err
+		}
+		sq += d
+	}
+	if e.off != nil {
+		sq += e.off.stepNormSq()
+	}
+	if e.lsp != nil {
+		sq += e.lsp.stepNormSq()
+	}
+	return math.Sqrt(sq), nil
+}
+
+// stageBatches writes the micro-batches into the pinned staging buffer. The
+// previous step has been drained, so no copy still reads it.
+func (e *Engine) stageBatches(batches []data.Batch) error {
+	m := e.Model
+	BT := m.B * m.T
+	buf := e.stage.Int32()
+	e.hostAccess("stage batch", nil, []backend.Range{hostRange(e.stage, 0, len(buf)*4)})
+	for i, b := range batches {
+		if len(b.Inputs) != BT || len(b.Targets) != BT {
+			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), m.B, m.T)
+		}
+		copy(buf[2*i*BT:], b.Inputs)
+		copy(buf[(2*i+1)*BT:], b.Targets)
+	}
+	return nil
+}
+
+// stepGraph builds the graph of one step.
+func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
+	m, be := e.Model, e.be
+	L, BT := m.Cfg.L, m.B*m.T
+	g := &Graph{}
+	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
+	var bwdEmbed NodeID
+	for i := 0; i < e.accum; i++ {
+		i := i
+		g.Add(fmt.Sprintf("forward %d", i), Compute, func(s backend.Stream) error {
+			if err := be.CopyH2D(s, m.Inputs, e.stage, 2*i*BT*4); err != nil {
+				return err
+			}
+			if err := be.CopyH2D(s, m.Targets, e.stage, (2*i+1)*BT*4); err != nil {
+				return err
+			}
+			if e.lsp != nil {
+				e.lsp.micro = i
+			}
+			if err := m.Forward(s); err != nil {
+				return err
+			}
+			if err := m.CrossEntropy(s, lossScale); err != nil {
+				return err
+			}
+			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), m.Losses); err != nil {
+				return err
+			}
+			return m.BackwardHead(s)
+		})
+		for l := L - 1; l >= 0; l-- {
+			l := l
+			bwd[l] = g.Add(fmt.Sprintf("backward %d.%d", i, l), Compute, func(s backend.Stream) error {
+				if e.lsp != nil {
+					e.lsp.micro = i
+				}
+				return m.BackwardLayer(s, l)
+			})
+		}
+		bwdEmbed = g.Add(fmt.Sprintf("backward %d.embed", i), Compute, func(s backend.Stream) error {
+			return m.BackwardEmbed(s)
+		})
+	}
+	switch e.cfg.Mode {
+	case Native:
+		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr)) })
+	case Zero:
+		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
+	case LSP:
+		if e.dense != nil {
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.step(s, float32(lr), e.step) })
+		}
+		// Every copy down and host Adam first, then the copies up and the
+		// applies: the launcher blocks on a host result only after all the
+		// work that can overlap with it is enqueued.
+		var offAdam []NodeID
+		if e.off != nil {
+			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
+		}
+		lspAdam := e.lsp.addDown(g, bwd, lr)
+		if e.off != nil {
+			e.off.addUp(g, offAdam)
+		}
+		e.lsp.addUp(g, lspAdam, lr)
+	}
+	return g, nil
+}

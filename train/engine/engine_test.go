@@ -1,0 +1,294 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// small is a model small enough to run many steps under -race.
+var small = gpt2.Config{V: 64, MaxT: 16, C: 32, L: 2, NH: 4, Eps: 1e-5}
+
+const testB, testT = 2, 8
+
+func testConfig(mode Mode) Config {
+	h := optim.DefaultHyper()
+	h.WeightDecay = 0.1
+	return Config{Mode: mode, DenseParams: DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
+		LSP: LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+}
+
+// batches draws n micro-batches of a learnable pattern (next = cur+1 mod V),
+// with some ignored targets.
+func batches(seed uint64, n int) []data.Batch {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	out := make([]data.Batch, n)
+	for i := range out {
+		b := data.Batch{B: testB, T: testT, Inputs: make([]int32, testB*testT), Targets: make([]int32, testB*testT)}
+		for r := 0; r < testB; r++ {
+			start := rng.IntN(small.V)
+			for t := 0; t < testT; t++ {
+				j := r*testT + t
+				b.Inputs[j] = int32((start + t) % small.V)
+				b.Targets[j] = int32((start + t + 1) % small.V)
+				if t < 2 {
+					b.Targets[j] = -1
+				} else {
+					b.NumTargets++
+				}
+			}
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// trainer is an engine with its backend, for tests.
+type trainer struct {
+	be *cpu.Backend
+	e  *Engine
+}
+
+func newTrainer(t *testing.T, cfg Config, dt backend.DType, accum int, bc cpu.Config) *trainer {
+	t.Helper()
+	be := cpu.New(bc)
+	e, err := New(be, small, testB, testT, accum, dt, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := backend.Upload(be, be.DefaultStream(), e.Model.Params, gpt2.Init(small, 11)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Free(); be.Close() })
+	return &trainer{be: be, e: e}
+}
+
+// run takes steps and returns the losses.
+func (tr *trainer) run(t *testing.T, steps int) []float64 {
+	t.Helper()
+	var losses []float64
+	for i := 0; i < steps; i++ {
+		if tr.e.CheckDue() {
+			if _, err := tr.e.Check(batches(1000+uint64(i), tr.e.CalibBatches())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := tr.e.Step(batches(uint64(i), tr.e.accum), 1e-2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		losses = append(losses, l)
+	}
+	return losses
+}
+
+func (tr *trainer) params(t *testing.T) []float32 {
+	t.Helper()
+	v, err := backend.Download(tr.be, tr.be.DefaultStream(), tr.e.Model.Params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestZeroMatchesNative(t *testing.T) {
+	for _, clip := range []optim.ClipMode{optim.ClipNone, optim.ClipMatrix} {
+		t.Run(string(clip), func(t *testing.T) {
+			nc, zc := testConfig(Native), testConfig(Zero)
+			nc.Hyper.Clip, zc.Hyper.Clip = clip, clip
+			nc.Hyper.MaxNorm, zc.Hyper.MaxNorm = 0.5, 0.5
+			nat := newTrainer(t, nc, backend.F32, 2, cpu.Config{Threads: 2})
+			zer := newTrainer(t, zc, backend.F32, 2, cpu.Config{Threads: 2})
+			ln, lz := nat.run(t, 1), zer.run(t, 1)
+			if worst := tensorDiff(nat.e.Model, nat.params(t), zer.params(t)); worst > 1e-6 {
+				t.Errorf("weights after 1 step: worst difference %.3g of the tensor's scale", worst)
+			}
+			ln, lz = append(ln, nat.run(t, 19)...), append(lz, zer.run(t, 19)...)
+			for i := range ln {
+				if math.Abs(ln[i]-lz[i]) > 1e-4*math.Abs(ln[i]) {
+					t.Errorf("step %d: native loss %v, zero %v", i+1, ln[i], lz[i])
+				}
+			}
+			// Both are fp32 AdamW with the same hyperparameters; the host one
+			// uses explicit FMAs and clips with norm+1e-6, so one step agrees
+			// to rounding, and 20 steps of training amplify that a little.
+			if worst := tensorDiff(nat.e.Model, nat.params(t), zer.params(t)); worst > 2e-4 {
+				t.Errorf("weights after 20 steps: worst difference %.3g of the tensor's scale", worst)
+			}
+			if ln[len(ln)-1] > 0.9*ln[0] {
+				t.Errorf("loss did not fall: %v -> %v", ln[0], ln[len(ln)-1])
+			}
+		})
+	}
+}
+
+// tensorDiff is the largest |a-b| over a tensor's largest |a|, over every
+// tensor, key biases left out.
+func tensorDiff(m *gpt2.Model, a, b []float32) float64 {
+	worst := 0.0
+	for _, p := range m.Layout() {
+		var scale, diff float64
+		for i := p.Offset; i < p.Offset+p.Len(); i++ {
+			if isKeyBias(m, i) {
+				continue
+			}
+			scale = max(scale, math.Abs(float64(a[i])))
+			diff = max(diff, math.Abs(float64(a[i]-b[i])))
+		}
+		if scale > 0 {
+			worst = max(worst, diff/scale)
+		}
+	}
+	return worst
+}
+
+// isKeyBias reports whether element i of the parameters is in the key part
+// of a c_attn bias. Its true gradient is 0 (softmax ignores a shift shared
+// by a row's scores), so what it gets is rounding noise, which Adam scales
+// up to full-size steps: those entries differ between any two
+// implementations and are left out of comparisons.
+func isKeyBias(m *gpt2.Model, i int) bool {
+	for _, p := range m.Layout() {
+		if strings.HasSuffix(p.Name, "attn.c_attn.bias") && i >= p.Offset+m.Cfg.C && i < p.Offset+2*m.Cfg.C {
+			return true
+		}
+	}
+	return false
+}
+
+// hazardConfig is the CPU backend's test mode with random delays.
+func hazardConfig(seed uint64) cpu.Config {
+	return cpu.Config{Threads: 2, HazardCheck: true, MaxDelay: 200 * time.Microsecond, Seed: seed}
+}
+
+func modesUnderTest() []struct {
+	name string
+	cfg  Config
+	dt   backend.DType
+} {
+	lspDev, lspHost := testConfig(LSP), testConfig(LSP)
+	lspHost.DenseParams = DenseHost
+	return []struct {
+		name string
+		cfg  Config
+		dt   backend.DType
+	}{
+		{"zero", testConfig(Zero), backend.BF16},
+		{"lsp-device", lspDev, backend.BF16},
+		{"lsp-host", lspHost, backend.F32},
+	}
+}
+
+func TestPipelinedMatchesSequential(t *testing.T) {
+	steps := 20
+	if testing.Short() {
+		steps = 8
+	}
+	for _, tc := range modesUnderTest() {
+		t.Run(tc.name, func(t *testing.T) {
+			seq := newTrainer(t, tc.cfg, tc.dt, 2, cpu.Config{Threads: 2})
+			pc := tc.cfg
+			pc.Pipelined = true
+			pip := newTrainer(t, pc, tc.dt, 2, hazardConfig(5))
+			ls, lp := seq.run(t, steps), pip.run(t, steps)
+			for i := range ls {
+				if ls[i] != lp[i] {
+					t.Fatalf("step %d: sequential loss %v, pipelined %v", i+1, ls[i], lp[i])
+				}
+			}
+			ps, pp := seq.params(t), pip.params(t)
+			for i := range ps {
+				if math.Float32bits(ps[i]) != math.Float32bits(pp[i]) {
+					t.Fatalf("weight %d: sequential %v, pipelined %v", i, ps[i], pp[i])
+				}
+			}
+			if h := pip.be.Hazards(); len(h) > 0 {
+				t.Fatalf("%d hazards, first %v", len(h), h[0])
+			}
+		})
+	}
+}
+
+// TestEveryEdgeIsNeeded removes each edge of the step graph in turn and
+// checks that the pipelined run then reports a hazard or diverges from
+// the sequential one.
+func TestEveryEdgeIsNeeded(t *testing.T) {
+	const steps = 3
+	for _, tc := range modesUnderTest() {
+		t.Run(tc.name, func(t *testing.T) {
+			seq := newTrainer(t, tc.cfg, tc.dt, 1, cpu.Config{Threads: 2})
+			seq.run(t, steps)
+			want := seq.params(t)
+			// The edges of one step, by node names (stable across steps).
+			var edges [][2]string
+			seq.e.editGraph = func(g *Graph) *Graph {
+				for _, e := range g.Edges() {
+					edges = append(edges, [2]string{g.Nodes[e.From].Name, g.Nodes[e.To].Name})
+				}
+				return g
+			}
+			if _, err := seq.e.Step(batches(99, 1), 1e-2); err != nil {
+				t.Fatal(err)
+			}
+			if len(edges) == 0 {
+				t.Fatal("no edges")
+			}
+			for _, edge := range edges {
+				pc := tc.cfg
+				pc.Pipelined = true
+				pip := newTrainer(t, pc, tc.dt, 1, hazardConfig(uint64(len(edge[0])*31+len(edge[1]))))
+				pip.e.editGraph = func(g *Graph) *Graph {
+					for _, e := range g.Edges() {
+						if g.Nodes[e.From].Name == edge[0] && g.Nodes[e.To].Name == edge[1] {
+							return g.Without(e)
+						}
+					}
+					t.Fatalf("edge %v not found", edge)
+					return g
+				}
+				caught := ""
+				for i := 0; i < steps && caught == ""; i++ {
+					if pip.e.CheckDue() {
+						if _, err := pip.e.Check(batches(1000+uint64(i), pip.e.CalibBatches())); err != nil {
+							caught = err.Error()
+						}
+					}
+					if _, err := pip.e.Step(batches(uint64(i), 1), 1e-2); err != nil {
+						caught = err.Error()
+					}
+				}
+				if caught == "" {
+					if h := pip.be.Hazards(); len(h) > 0 {
+						caught = h[0].String()
+					}
+				}
+				if caught == "" {
+					got := pip.params(t)
+					for i := range got {
+						if got[i] != want[i] {
+							caught = fmt.Sprintf("weight %d differs", i)
+							break
+						}
+					}
+				}
+				if caught == "" {
+					t.Errorf("removing edge %s -> %s went unnoticed", edge[0], edge[1])
+				} else if testing.Verbose() {
+					t.Logf("without %s -> %s: %s", edge[0], edge[1], strings.SplitN(caught, "\n", 2)[0])
+				}
+			}
+		})
+	}
+}

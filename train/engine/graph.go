@@ -1,0 +1,347 @@
+// The schedule as a graph of ops (DESIGN.md section 3), and the two
+// interpreters that run it on a Backend: Sequential (list order, a sync
+// after every op: the reference) and Pipelined (three device streams and
+// host goroutines ordered only by the graph's edges, through events).
+//
+// A node belongs to one queue: the compute, device-to-host or
+// host-to-device stream, or the host. Nodes on the same device queue run
+// in list order (the stream's own order); edges are needed only between
+// queues, and every edge is a real dependency: removing one lets the two
+// ops race (the tests check that each removal is caught). The list order
+// must be a topological order: a node's dependencies come before it.
+//
+// Limits: one graph per step; events are reused across runs of graphs of
+// the same shape (a stream wait binds to the latest record at the moment
+// it is enqueued, and the launcher records before it enqueues any wait on
+// the record, so reuse is safe).
+
+package engine
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+// Queue is where a node runs.
+type Queue uint8
+
+// Queues.
+const (
+	Compute Queue = iota // the device compute stream
+	D2H                  // the device-to-host copy stream
+	H2D                  // the host-to-device copy stream
+	Host                 // a host goroutine (CPU Adam on the worker pool)
+	numQueues
+)
+
+func (q Queue) String() string {
+	return [...]string{"compute", "d2h", "h2d", "host"}[q]
+}
+
+// NodeID indexes Graph.Nodes.
+type NodeID int
+
+// Node is one op of the schedule. Run enqueues device work on s (device
+// queues) or does host work (s is nil).
+type Node struct {
+	Name  string
+	Queue Queue
+	Run   func(s backend.Stream) error
+	Deps  []NodeID
+}
+
+// Edge is a dependency: To runs after From.
+type Edge struct{ From, To NodeID }
+
+// Graph is a schedule. Build it with Add.
+type Graph struct {
+	Nodes []Node
+}
+
+// Add appends a node after deps and returns its id.
+func (g *Graph) Add(name string, q Queue, run func(backend.Stream) error, deps ...NodeID) NodeID {
+	g.Nodes = append(g.Nodes, Node{Name: name, Queue: q, Run: run, Deps: deps})
+	return NodeID(len(g.Nodes) - 1)
+}
+
+// Edges lists every dependency.
+func (g *Graph) Edges() []Edge {
+	var es []Edge
+	for i, n := range g.Nodes {
+		for _, d := range n.Deps {
+			es = append(es, Edge{From: d, To: NodeID(i)})
+		}
+	}
+	return es
+}
+
+// Without returns a copy of g with one edge removed (for tests that check
+// every edge is needed).
+func (g *Graph) Without(e Edge) *Graph {
+	h := &Graph{Nodes: append([]Node(nil), g.Nodes...)}
+	n := &h.Nodes[e.To]
+	var deps []NodeID
+	for _, d := range n.Deps {
+		if d != e.From {
+			deps = append(deps, d)
+		}
+	}
+	n.Deps = deps
+	return h
+}
+
+// Reduce returns g without the edges that other paths already imply
+// (through other edges and the order of each device queue), so that every
+// edge left is needed: removing any one lets two ops race. In a DAG the
+// redundant edges are exactly those whose ends are also joined by a longer
+// path, and dropping them all at once keeps the order.
+func (g *Graph) Reduce() *Graph {
+	n := len(g.Nodes)
+	succ := make([][]int, n)
+	last := [numQueues]int{-1, -1, -1, -1}
+	for i, nd := range g.Nodes {
+		for _, d := range nd.Deps {
+			succ[d] = append(succ[d], i)
+		}
+		if nd.Queue != Host {
+			if p := last[nd.Queue]; p >= 0 {
+				succ[p] = append(succ[p], i)
+			}
+			last[nd.Queue] = i
+		}
+	}
+	// longer reports a path u -> ... -> v other than the direct step.
+	seen := make([]int, n)
+	stamp := 0
+	longer := func(u, v int) bool {
+		stamp++
+		stack := []int{}
+		for _, w := range succ[u] {
+			if w != v && w < v && seen[w] != stamp {
+				seen[w] = stamp
+				stack = append(stack, w)
+			}
+		}
+		for len(stack) > 0 {
+			x := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			for _, w := range succ[x] {
+				if w == v {
+					return true
+				}
+				if w < v && seen[w] != stamp {
+					seen[w] = stamp
+					stack = append(stack, w)
+				}
+			}
+		}
+		return false
+	}
+	h := &Graph{Nodes: append([]Node(nil), g.Nodes...)}
+	for i := range h.Nodes {
+		var deps []NodeID
+		for _, d := range g.Nodes[i].Deps {
+			if !longer(int(d), i) {
+				deps = append(deps, d)
+			}
+		}
+		h.Nodes[i].Deps = deps
+	}
+	return h
+}
+
+// Validate checks that every dependency comes earlier in the list and
+// crosses queues (an edge within a queue would be meaningless: the queue
+// orders it already).
+func (g *Graph) Validate() error {
+	for i, n := range g.Nodes {
+		if n.Queue >= numQueues {
+			return fmt.Errorf("schedule: node %d %q: bad queue %d", i, n.Name, n.Queue)
+		}
+		for _, d := range n.Deps {
+			if d < 0 || int(d) >= i {
+				return fmt.Errorf("schedule: node %d %q depends on node %d, which does not come before it", i, n.Name, d)
+			}
+			if g.Nodes[d].Queue == n.Queue {
+				return fmt.Errorf("schedule: edge %q -> %q stays on queue %v", g.Nodes[d].Name, n.Name, n.Queue)
+			}
+		}
+	}
+	return nil
+}
+
+// Streams are the three device streams of the schedule.
+type Streams struct {
+	Compute, D2H, H2D backend.Stream
+}
+
+// NewStreams creates the copy streams; compute is the default stream.
+func NewStreams(be backend.Backend) Streams {
+	return Streams{Compute: be.DefaultStream(), D2H: be.NewStream("d2h"), H2D: be.NewStream("h2d")}
+}
+
+func (st Streams) of(q Queue) backend.Stream {
+	switch q {
+	case Compute:
+		return st.Compute
+	case D2H:
+		return st.D2H
+	case H2D:
+		return st.H2D
+	}
+	return nil
+}
+
+// Interpreter runs a graph.
+type Interpreter interface {
+	// Run runs g. Device work may still be in flight on return (Pipelined);
+	// synchronize the streams before reading results on the host.
+	Run(g *Graph) error
+	Name() string
+}
+
+// Sequential runs the nodes in list order and waits for each to finish
+// before the next: the reference order of DESIGN.md section 3.
+type Sequential struct {
+	Backend backend.Backend
+	Streams Streams
+}
+
+// Name implements Interpreter.
+func (Sequential) Name() string { return "sequential" }
+
+// Run implements Interpreter.
+func (q Sequential) Run(g *Graph) error {
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	for _, n := range g.Nodes {
+		s := q.Streams.of(n.Queue)
+		if err := n.Run(s); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+		if s != nil {
+			if err := q.Backend.Synchronize(s); err != nil {
+				return fmt.Errorf("%s: %w", n.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Pipelined enqueues device nodes from the calling goroutine (the only
+// one that talks to the device) and runs host nodes on goroutines of
+// their own. A device node waits for a device dependency on another stream
+// through an event; for a host dependency the launcher blocks until that
+// host node is done, then enqueues (this is where the host is waited for,
+// and only where the device needs its result). A host node waits for
+// device dependencies with EventSynchronize. Build graphs so that nodes
+// fed by host work come late in the list (after the work that can
+// overlap with it), or the launcher stalls early.
+type Pipelined struct {
+	Backend backend.Backend
+	Streams Streams
+	events  []backend.Event
+}
+
+// Name implements Interpreter.
+func (*Pipelined) Name() string { return "pipelined" }
+
+// NewPipelined returns a pipelined interpreter on st.
+func NewPipelined(be backend.Backend, st Streams) *Pipelined {
+	return &Pipelined{Backend: be, Streams: st}
+}
+
+func (p *Pipelined) event(i int) backend.Event {
+	for len(p.events) <= i {
+		p.events = append(p.events, p.Backend.NewEvent(fmt.Sprintf("node %d", len(p.events))))
+	}
+	return p.events[i]
+}
+
+// Run implements Interpreter.
+func (p *Pipelined) Run(g *Graph) error {
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	n := len(g.Nodes)
+	// needEvent: a device node with a dependent on another queue records.
+	needEvent := make([]bool, n)
+	for _, nd := range g.Nodes {
+		for _, d := range nd.Deps {
+			if g.Nodes[d].Queue != Host {
+				needEvent[d] = true
+			}
+		}
+	}
+	// Create the events before any host goroutine reads the list.
+	for i := range needEvent {
+		if needEvent[i] {
+			p.event(i)
+		}
+	}
+	done := make([]chan struct{}, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	defer wg.Wait() // never return with host work still running
+	waitHost := func(d NodeID) error {
+		<-done[d]
+		if errs[d] != nil {
+			return fmt.Errorf("%s: %w", g.Nodes[d].Name, errs[d])
+		}
+		return nil
+	}
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		if nd.Queue == Host {
+			done[i] = make(chan struct{})
+			wg.Add(1)
+			go func(i int, nd *Node) {
+				defer wg.Done()
+				defer close(done[i])
+				for _, d := range nd.Deps {
+					if g.Nodes[d].Queue == Host {
+						if err := waitHost(d); err != nil {
+							errs[i] = err
+							return
+						}
+						continue
+					}
+					if err := p.Backend.EventSynchronize(p.event(int(d))); err != nil {
+						errs[i] = err
+						return
+					}
+				}
+				errs[i] = nd.Run(nil)
+			}(i, nd)
+			continue
+		}
+		s := p.Streams.of(nd.Queue)
+		for _, d := range nd.Deps {
+			if g.Nodes[d].Queue == Host {
+				if err := waitHost(d); err != nil {
+					return fmt.Errorf("%s: %w", nd.Name, err)
+				}
+				continue
+			}
+			if err := p.Backend.Wait(s, p.event(int(d))); err != nil {
+				return fmt.Errorf("%s: %w", nd.Name, err)
+			}
+		}
+		if err := nd.Run(s); err != nil {
+			return fmt.Errorf("%s: %w", nd.Name, err)
+		}
+		if needEvent[i] {
+			p.Backend.Record(p.event(i), s)
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", g.Nodes[i].Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,249 @@
+// ZeRO-Offload style updates on the host: the gradients of a group of
+// parameters (one block, or the embeddings and final norm) go down as soon
+// as the group's backward is done, CPU Adam updates fp32 master weights
+// with fp32 moments on the worker pool, and the new weights come back in
+// the model dtype. Used by --mode zero for every parameter and by --mode
+// lsp --dense-params host for the parameters that are not block matrices.
+//
+// Host memory: pinned gradients (fp32) and weights (model dtype) of every
+// offloaded parameter; master weights (bf16 models; an fp32 model's pinned
+// weights are the master) and moments in Go memory.
+
+package engine
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// hostTensor is one parameter updated on the host.
+type hostTensor struct {
+	name        string
+	param, grad backend.Tensor // device views
+	off, n      int            // elements, into the host arrays
+	decay       bool
+	state       *host.AdamState
+	paramIndex  int // into the model's Layout
+}
+
+// hostGroup is the unit of one d2h -> Adam -> h2d chain.
+type hostGroup struct {
+	name    string
+	layer   int // -1: embeddings and final norm, complete after the encoder backward
+	tensors []hostTensor
+	normSq  float64 // of the latest step, written by the group's host node
+}
+
+type offload struct {
+	e      *Engine
+	groups []hostGroup
+	n      int                // offloaded elements
+	grads  backend.HostBuffer // fp32 [n]
+	out    backend.HostBuffer // model dtype [n]
+	master []float32          // bf16 models only
+	mom    []float32          // M then V
+}
+
+// groupSpec lists, per group, the layout indices of its parameters.
+type groupSpec struct {
+	name   string
+	layer  int
+	params []int
+}
+
+// groupsAll is every parameter: one group per block, then the rest.
+func groupsAll(m *gpt2.Model) []groupSpec { return groupsOf(m, func(int) bool { return true }) }
+
+// groupsDense is every parameter but the block matrices.
+func groupsDense(m *gpt2.Model) []groupSpec {
+	return groupsOf(m, func(i int) bool { _, ok := m.GradView(i); return ok })
+}
+
+func groupsOf(m *gpt2.Model, keep func(int) bool) []groupSpec {
+	n := len(m.Layout())
+	perLayer := (n - 4) / max(m.Cfg.L, 1)
+	var gs []groupSpec
+	for l := m.Cfg.L - 1; l >= 0; l-- {
+		gsp := groupSpec{name: fmt.Sprintf("layer %d", l), layer: l}
+		for i := 2 + l*perLayer; i < 2+(l+1)*perLayer; i++ {
+			if keep(i) {
+				gsp.params = append(gsp.params, i)
+			}
+		}
+		gs = append(gs, gsp)
+	}
+	gs = append(gs, groupSpec{name: "embeddings", layer: -1, params: []int{0, 1, n - 2, n - 1}})
+	return gs
+}
+
+// offloadBytes is the host memory of offloading the given parameters.
+func offloadBytes(n int64, dt backend.DType) int64 {
+	b := n*4 + n*int64(dt.Size()) + 2*n*4 // pinned grads and weights, moments
+	if dt != backend.F32 {
+		b += n * 4 // master
+	}
+	return b
+}
+
+func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
+	m := e.Model
+	o := &offload{e: e}
+	for _, sp := range specs {
+		g := hostGroup{name: sp.name, layer: sp.layer}
+		for _, i := range sp.params {
+			p := m.Layout()[i]
+			gv, ok := m.GradView(i)
+			if !ok {
+				return nil, fmt.Errorf("engine: %s has no gradient to offload", p.Name)
+			}
+			g.tensors = append(g.tensors, hostTensor{name: p.Name, param: m.ParamView(m.Params, i), grad: gv,
+				off: o.n, n: p.Len(), decay: p.Decay, paramIndex: i})
+			o.n += p.Len()
+		}
+		o.groups = append(o.groups, g)
+	}
+	var err error
+	if o.grads, err = e.be.AllocHost("offload grads", o.n*4); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if o.out, err = e.be.AllocHost("offload weights", o.n*m.DType.Size()); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if m.DType != backend.F32 {
+		o.master = make([]float32, o.n)
+	}
+	o.mom = make([]float32, 2*o.n)
+	for gi := range o.groups {
+		for ti := range o.groups[gi].tensors {
+			t := &o.groups[gi].tensors[ti]
+			t.state = &host.AdamState{M: o.mom[t.off : t.off+t.n], V: o.mom[o.n+t.off : o.n+t.off+t.n]}
+		}
+	}
+	return o, nil
+}
+
+// weights is the fp32 master of an fp32 model (its pinned weights).
+func (o *offload) weights() []float32 {
+	if o.master != nil {
+		return o.master
+	}
+	return o.out.Float32()[:o.n]
+}
+
+func (o *offload) outBF16() []uint16 {
+	b := o.out.Bytes()
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)[:o.n]
+}
+
+// initMaster reads the device parameters into the host master weights.
+func (o *offload) initMaster() error {
+	w := o.weights()
+	o.e.hostAccess("offload init", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
+	for _, g := range o.groups {
+		for _, t := range g.tensors {
+			vals, err := backend.Download(o.e.be, o.e.st.Compute, t.param)
+			if err != nil {
+				return fmt.Errorf("engine: reading %s: %w", t.name, err)
+			}
+			copy(w[t.off:t.off+t.n], vals)
+		}
+	}
+	return nil
+}
+
+// addDown adds each group's gradient copy and host Adam; it returns the
+// Adam node of every group.
+func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) []NodeID {
+	e := o.e
+	adam := make([]NodeID, len(o.groups))
+	for gi := range o.groups {
+		grp := &o.groups[gi]
+		done := bwdEmbed
+		if grp.layer >= 0 {
+			done = bwd[grp.layer]
+		}
+		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyD2H(s, o.grads, t.off*4, t.grad); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, done)
+		adam[gi] = g.Add("host adam "+grp.name, Host, func(backend.Stream) error {
+			return o.adam(grp, lr)
+		}, d2h)
+	}
+	return adam
+}
+
+// addUp adds each group's weight copy. The copies write the weights
+// directly; the step ends with every stream drained, so the next step's
+// forward reads them without an edge of its own.
+func (o *offload) addUp(g *Graph, adam []NodeID) {
+	e := o.e
+	dsize := e.Model.DType.Size()
+	for gi := range o.groups {
+		grp := &o.groups[gi]
+		g.Add("h2d weights "+grp.name, H2D, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyH2D(s, t.param, o.out, t.off*dsize); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, adam[gi])
+	}
+}
+
+// adam runs one group's CPU Adam step.
+func (o *offload) adam(grp *hostGroup, lr float64) error {
+	e := o.e
+	dsize := e.Model.DType.Size()
+	var reads, writes []backend.Range
+	for _, t := range grp.tensors {
+		reads = append(reads, hostRange(o.grads, t.off*4, t.n*4))
+		writes = append(writes, hostRange(o.out, t.off*dsize, t.n*dsize))
+	}
+	e.hostAccess("host adam "+grp.name, reads, writes)
+	h := e.cfg.Hyper
+	grads, w := o.grads.Float32(), o.weights()
+	ts := make([]host.AdamTensor, len(grp.tensors))
+	for i, t := range grp.tensors {
+		p := host.AdamParams{LR: lr, Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
+		if t.decay {
+			p.WeightDecay = float64(h.WeightDecay)
+		}
+		if h.Clip == optim.ClipMatrix {
+			p.ClipNorm = float64(h.MaxNorm)
+		}
+		ts[i] = host.AdamTensor{Name: t.name, Params: p, W: w[t.off : t.off+t.n],
+			Grad: host.AdamGrad{F32: grads[t.off : t.off+t.n]}, State: t.state}
+		if o.master != nil {
+			ts[i].BF16Out = o.outBF16()[t.off : t.off+t.n]
+		}
+	}
+	res, err := e.workers.AdamStep(ts)
+	if err != nil {
+		return err
+	}
+	grp.normSq = 0
+	for _, r := range res.Tensors {
+		grp.normSq += r.Norm * r.Norm
+	}
+	return nil
+}
+
+// stepNormSq sums the groups' squared gradient norms of the latest step.
+func (o *offload) stepNormSq() float64 {
+	var s float64
+	for _, g := range o.groups {
+		s += g.normSq
+	}
+	return s
+}

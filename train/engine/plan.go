@@ -1,0 +1,131 @@
+// Memory and traffic accounting (issue: "will this fit on my GPU"): the
+// device and host bytes each mode allocates, predicted from the
+// configuration alone with the same size formulas the allocations use, so
+// that --device-mem is checked before anything is allocated; and the bytes
+// one step moves across the link.
+
+package engine
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// Part is one named share of a memory plan, in bytes.
+type Part struct {
+	Name  string
+	Bytes int64
+}
+
+// Plan is the predicted memory of an engine.
+type Plan struct {
+	Mode   Mode
+	Device []Part
+	Host   []Part
+	// Link is the bytes one step moves each way, excluding the batch.
+	LinkD2H, LinkH2D int64
+	// Batch is the bytes of the micro-batches' inputs and targets (up) and
+	// losses (down) per step.
+	BatchH2D, BatchD2H int64
+}
+
+func sum(ps []Part) int64 {
+	var t int64
+	for _, p := range ps {
+		t += p.Bytes
+	}
+	return t
+}
+
+// DeviceTotal is the device peak: everything is allocated up front.
+func (p Plan) DeviceTotal() int64 { return sum(p.Device) }
+
+// HostTotal is the host memory of the optimizer side.
+func (p Plan) HostTotal() int64 { return sum(p.Host) }
+
+// String is a one-line summary per side, in MiB.
+func (p Plan) String() string {
+	f := func(ps []Part) string {
+		var b strings.Builder
+		for i, x := range ps {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s %.2f", x.Name, float64(x.Bytes)/(1<<20))
+		}
+		return b.String()
+	}
+	return fmt.Sprintf("device %.2f MiB (%s); host %.2f MiB (%s)", float64(p.DeviceTotal())/(1<<20), f(p.Device),
+		float64(p.HostTotal())/(1<<20), f(p.Host))
+}
+
+// matrixCount is the elements and the number of the block matrices.
+func matrixCount(mc gpt2.Config) (elems, count int) {
+	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
+		m, n := mc.MatrixShape(k)
+		elems += mc.L * m * n
+	}
+	return elems, mc.L * gpt2.NumMatrices
+}
+
+// PlanMemory predicts the memory and link traffic of an engine for mc with
+// micro-batches of B x T, accum per step.
+func PlanMemory(mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (Plan, error) {
+	if err := cfg.Validate(); err != nil {
+		return Plan{}, err
+	}
+	BT := B * T
+	var opts gpt2.Options
+	if cfg.Mode == LSP {
+		opts.MatrixGrads = (*lspState)(nil)
+	}
+	mp := mc.PlanWith(B, T, dt, opts)
+	p := Plan{Mode: cfg.Mode,
+		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
+			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4)}},
+		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
+		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum * BT * 4),
+	}
+	N := int64(mc.NumParams())
+	dsize := int64(dt.Size())
+	switch cfg.Mode {
+	case Native:
+		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(mc.NumParams(), len(mc.Layout()), dt)})
+	case Zero:
+		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt)})
+		p.LinkD2H, p.LinkH2D = 4*N, dsize*N
+	case LSP:
+		var ints, floats, dmax, nmax, s2 int64
+		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
+			m, n, d, r := matrixDims(mc, cfg.LSP, k)
+			i, f := lspSizes(m, n, d, r, BT)
+			ints += int64(mc.L * i)
+			floats += int64(mc.L * f)
+			dmax, nmax = max(dmax, int64(d)), max(nmax, int64(n))
+			s2 += int64(mc.L * d * d)
+		}
+		p.Device = append(p.Device,
+			Part{"projectors, compressed activations, S", 4 * (ints + floats)},
+			Part{"lsp workspaces", 4 * (int64(BT)*dmax + dmax*nmax)})
+		if !cfg.LSP.NoFit {
+			p.Device = append(p.Device, Part{"calibration", calibrationBytes(mc, BT, dt)})
+		}
+		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
+		p.LinkD2H, p.LinkH2D = 4*s2, 4*s2
+		me, mcount := matrixCount(mc)
+		dense, denseTensors := N-int64(me), int64(len(mc.Layout())-mcount)
+		switch cfg.DenseParams {
+		case DenseDevice:
+			p.Device = append(p.Device, Part{"dense optimizer", denseAdamBytes(denseTensors, dense, dt)})
+		case DenseHost:
+			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt)})
+			p.LinkD2H += 4 * dense
+			p.LinkH2D += dsize * dense
+		}
+	}
+	return p, nil
+}

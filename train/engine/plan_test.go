@@ -1,0 +1,175 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+func TestPlanMatchesArena(t *testing.T) {
+	lspHost, lspNoFit, lspFrozen := testConfig(LSP), testConfig(LSP), testConfig(LSP)
+	lspHost.DenseParams = DenseHost
+	lspNoFit.LSP.NoFit = true
+	lspFrozen.DenseParams = DenseFrozen
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)},
+		{"lsp-host", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
+	} {
+		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
+			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {
+				plan, err := PlanMemory(small, testB, testT, 2, dt, tc.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := newTrainer(t, tc.cfg, dt, 2, cpu.Config{Threads: 2})
+				tr.run(t, 2)
+				hw := tr.be.MemStats().HighWater
+				pred := plan.DeviceTotal()
+				if pred < hw || float64(pred) > 1.1*float64(hw) {
+					t.Errorf("predicted device peak %d, arena high-water mark %d (%s)", pred, hw, plan)
+				}
+			})
+		}
+	}
+}
+
+func TestTrafficPerStep(t *testing.T) {
+	lspHost := testConfig(LSP)
+	lspHost.DenseParams = DenseHost
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		dt   backend.DType
+	}{
+		{"native", testConfig(Native), backend.F32}, {"zero", testConfig(Zero), backend.BF16},
+		{"lsp-device", testConfig(LSP), backend.BF16}, {"lsp-host", lspHost, backend.F32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const accum = 2
+			plan, err := PlanMemory(small, testB, testT, accum, tc.dt, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := newTrainer(t, tc.cfg, tc.dt, accum, cpu.Config{Threads: 2})
+			tr.run(t, 1) // the projector check and its uploads happen before step 1
+			before := tr.be.Traffic()
+			if _, err := tr.e.Step(batches(5, accum), 1e-2); err != nil {
+				t.Fatal(err)
+			}
+			after := tr.be.Traffic()
+			d2h, h2d := after.D2H-before.D2H, after.H2D-before.H2D
+			if d2h != plan.LinkD2H+plan.BatchD2H || h2d != plan.LinkH2D+plan.BatchH2D {
+				t.Errorf("moved d2h %d h2d %d, plan says d2h %d+%d h2d %d+%d", d2h, h2d,
+					plan.LinkD2H, plan.BatchD2H, plan.LinkH2D, plan.BatchH2D)
+			}
+			if tc.cfg.Mode != LSP {
+				return
+			}
+			// The statement: 8 d^2 per LSP matrix plus the dense
+			// parameters' traffic (plus the batch).
+			var want int64
+			for _, row := range tr.e.lsp.mats {
+				for _, x := range row {
+					want += int64(8 * x.d * x.d)
+				}
+			}
+			if tr.e.off != nil {
+				want += int64(tr.e.off.n) * int64(4+tc.dt.Size())
+			}
+			if got := d2h + h2d - plan.BatchD2H - plan.BatchH2D; got != want {
+				t.Errorf("link bytes per step %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*Config)
+		flag string
+	}{
+		{func(c *Config) { c.LSP.R = 9 }, "--r"},
+		{func(c *Config) { c.LSP.Alpha = 1 }, "--alpha"},
+		{func(c *Config) { c.LSP.Alpha = 0 }, "--alpha"},
+		{func(c *Config) { c.LSP.CheckEvery = 0 }, "--check-every"},
+		{func(c *Config) { c.LSP.D = 0 }, "--d"},
+		{func(c *Config) { c.LSP.CalibSamples = 0 }, "--calib-samples"},
+		{func(c *Config) { c.DenseParams = "gpu" }, "--dense-params"},
+		{func(c *Config) { c.Mode = "fast" }, "--mode"},
+		{func(c *Config) { c.Mode = Zero; c.Hyper.Clip = "global-prev" }, "--clip-mode"},
+	} {
+		c := testConfig(LSP)
+		tc.edit(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("%s: got %v", tc.flag, err)
+		}
+		if _, err := New(cpu.New(cpu.Config{}), small, testB, testT, 1, backend.F32, c); err == nil {
+			t.Errorf("%s: New accepted the bad config", tc.flag)
+		}
+	}
+	if err := testConfig(LSP).Validate(); err != nil {
+		t.Errorf("the test config is rejected: %v", err)
+	}
+}
+
+func TestCheckFitsProjectors(t *testing.T) {
+	cfg := testConfig(LSP)
+	cfg.LSP.FitIters = 100
+	tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+	if !tr.e.CheckDue() {
+		t.Fatal("no check before step 1")
+	}
+	reps, err := tr.e.Check(batches(77, tr.e.CalibBatches()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != small.L*4 {
+		t.Fatalf("%d reports for %d matrices", len(reps), small.L*4)
+	}
+	for _, r := range reps {
+		// Random projectors start far above alpha, so every matrix is refitted.
+		if r.RatioBefore <= cfg.LSP.Alpha || !r.Resampled || !(r.RatioAfter < r.RatioBefore) || r.Iters == 0 {
+			t.Errorf("%s: %+v", r.Matrix, r)
+		}
+		if r.Rewarm {
+			t.Errorf("%s: re-warm before any step (the moments are zero)", r.Matrix)
+		}
+	}
+	tr.run(t, 5)
+	if tr.e.CheckDue() != true {
+		t.Error("no check after --check-every steps")
+	}
+	// After 5 steps the moments are non-zero: a refit that changes the
+	// subspace carries them, and a large change re-warms.
+	reps, err = tr.e.Check(batches(78, tr.e.CalibBatches()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		if r.Resampled && r.Change == 0 {
+			t.Errorf("%s: resampled without a subspace change: %+v", r.Matrix, r)
+		}
+		if !r.Resampled && (r.Change != 0 || r.Rewarm) {
+			t.Errorf("%s: kept projectors but carried: %+v", r.Matrix, r)
+		}
+	}
+}
+
+func TestNoFitNeverChecks(t *testing.T) {
+	cfg := testConfig(LSP)
+	cfg.LSP.NoFit = true
+	tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+	if tr.e.CheckDue() {
+		t.Fatal("check due without fitting")
+	}
+	losses := tr.run(t, 10)
+	if !(losses[9] < losses[0]) {
+		t.Errorf("random projectors did not lower the loss: %v", losses)
+	}
+}
