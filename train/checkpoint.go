@@ -9,11 +9,12 @@ package train
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
-	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -36,34 +37,40 @@ type state struct {
 	GradAccum    int     `json:"grad_accum"`
 	EvalFraction float64 `json:"eval_fraction"`
 	Truncate     bool    `json:"truncate"`
+
+	// The update mode and what decides the optimizer state's shape.
+	Mode        string `json:"mode"`
+	DenseParams string `json:"dense_params,omitempty"`
+	D           int    `json:"d,omitempty"`
+	R           int    `json:"r,omitempty"`
 }
 
 const stateKey = "lsp_offload.state"
 
 // saveCheckpoint downloads the training state and writes it atomically.
 // Every tensor is saved as fp32, which holds bf16 values exactly.
-func saveCheckpoint(path string, be backend.Backend, s backend.Stream, m *gpt2.Model, opt *optim.AdamW, st state) error {
-	var ts []safetensors.Tensor
-	add := func(name string, t backend.Tensor) error {
-		if t.Buf == nil {
-			return nil
-		}
-		v, err := backend.Download(be, s, t)
-		if err != nil {
-			return fmt.Errorf("checkpoint: %s: %w", name, err)
-		}
-		ts = append(ts, safetensors.F32Tensor(name, []int{len(v)}, v))
-		return nil
+func saveCheckpoint(path string, be backend.Backend, s backend.Stream, eng *engine.Engine, st state) error {
+	if err := eng.Drain(); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
 	}
-	for _, x := range []struct {
-		name string
-		t    backend.Tensor
-	}{{"params", m.Params}, {"adam.m", opt.M}, {"adam.v", opt.V}, {"adam.master", opt.Master}, {"adam.norms", opt.Norms}} {
-		if err := add(x.name, x.t); err != nil {
-			return err
-		}
+	params, err := backend.Download(be, s, eng.Model.Params)
+	if err != nil {
+		return fmt.Errorf("checkpoint: params: %w", err)
 	}
-	st.Version = 1
+	ts := []safetensors.Tensor{safetensors.F32Tensor("params", []int{len(params)}, params)}
+	opt, err := eng.SaveState()
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	names := make([]string, 0, len(opt))
+	for name := range opt {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ts = append(ts, safetensors.F32Tensor(name, []int{len(opt[name])}, opt[name]))
+	}
+	st.Version = 2
 	raw, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -77,6 +84,7 @@ func saveCheckpoint(path string, be backend.Backend, s backend.Stream, m *gpt2.M
 // checkpoint is a loaded checkpoint, checked against the model it restores.
 type checkpoint struct {
 	state
+	path    string
 	tensors map[string][]float32
 }
 
@@ -90,56 +98,40 @@ func loadCheckpoint(path string, cfg gpt2.Config) (*checkpoint, error) {
 	if !ok {
 		return nil, fmt.Errorf("resume: %s: no training state in its metadata (not an lsp-train checkpoint)", path)
 	}
-	ck := &checkpoint{tensors: map[string][]float32{}}
+	ck := &checkpoint{path: path, tensors: map[string][]float32{}}
 	if err := json.Unmarshal([]byte(raw), &ck.state); err != nil {
 		return nil, fmt.Errorf("resume: %s: training state: %w", path, err)
+	}
+	if ck.Mode == "" {
+		ck.Mode = "native" // version 1 checkpoints predate the modes
 	}
 	if ck.Model != cfg {
 		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, cfg)
 	}
-	n := cfg.NumParams()
 	for _, name := range f.Names() {
 		v, _, err := f.Float32(name)
 		if err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
-		if name != "adam.norms" && len(v) != n {
-			return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, name, len(v), n)
-		}
 		ck.tensors[name] = v
 	}
-	for _, need := range []string{"params", "adam.m", "adam.v", "adam.norms"} {
-		if _, ok := ck.tensors[need]; !ok {
-			return nil, fmt.Errorf("resume: %s: tensor %s missing", path, need)
-		}
+	if v, ok := ck.tensors["params"]; !ok {
+		return nil, fmt.Errorf("resume: %s: tensor params missing", path)
+	} else if len(v) != cfg.NumParams() {
+		return nil, fmt.Errorf("resume: %s: tensor params has %d elements, the model config needs %d", path, len(v), cfg.NumParams())
 	}
 	return ck, nil
 }
 
-// restore uploads a checkpoint into the model and optimizer.
-func (ck *checkpoint) restore(be backend.Backend, s backend.Stream, m *gpt2.Model, opt *optim.AdamW) error {
-	pairs := []struct {
-		name string
-		t    backend.Tensor
-	}{{"params", m.Params}, {"adam.m", opt.M}, {"adam.v", opt.V}, {"adam.norms", opt.Norms}}
-	if opt.Master.Buf != nil {
-		pairs = append(pairs, struct {
-			name string
-			t    backend.Tensor
-		}{"adam.master", opt.Master})
-		if _, ok := ck.tensors["adam.master"]; !ok {
-			return fmt.Errorf("resume: checkpoint has no fp32 master weights; it was saved with another --dtype")
-		}
+// restore uploads a checkpoint into the model and the engine's optimizer
+// state.
+func (ck *checkpoint) restore(be backend.Backend, s backend.Stream, eng *engine.Engine) error {
+	if err := backend.Upload(be, s, eng.Model.Params, ck.tensors["params"]); err != nil {
+		return fmt.Errorf("resume: %s: params: %w", ck.path, err)
 	}
-	for _, p := range pairs {
-		v := ck.tensors[p.name]
-		if len(v) != p.t.Len() {
-			return fmt.Errorf("resume: tensor %s has %d elements, want %d", p.name, len(v), p.t.Len())
-		}
-		if err := backend.Upload(be, s, p.t, v); err != nil {
-			return fmt.Errorf("resume: %s: %w", p.name, err)
-		}
+	if err := eng.LoadState(ck.tensors); err != nil {
+		return fmt.Errorf("resume: %s: %w", ck.path, err)
 	}
-	opt.SetStepCount(ck.Step)
+	eng.SetStepCount(ck.Step)
 	return nil
 }

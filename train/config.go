@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -41,6 +42,18 @@ type Config struct {
 	Resume          bool    // --resume: continue from <out>/checkpoint.safetensors
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
+	Mode          string  // --mode: native, zero or lsp (DESIGN.md section 1)
+	DenseParams   string  // --dense-params: frozen, device or host in lsp mode ("": frozen from a checkpoint, device for a preset)
+	D, R          int     // --d, --r: projected size and non-zeros per projector row (capped per matrix)
+	Alpha         float64 // --alpha: bias ratio the projector fit must reach
+	CheckEvery    int     // --check-every: steps between projector checks
+	CalibSamples  int     // --calib-samples: rows of the calibration pass
+	ProjLR        float64 // --proj-lr: Adam step size of the projector fit
+	FitIters      int     // --fit-iters: step budget of one projector fit
+	NoFit         bool    // --no-fit: keep the random projectors (a control)
+	Schedule      string  // --schedule: pipelined or sequential
+	LinkBandwidth int64   // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
+
 	Seed      uint64 // --seed
 	Device    string // --device: cpu (cuda comes later)
 	DeviceMem int64  // --device-mem: device memory budget in bytes (0: unlimited)
@@ -57,6 +70,8 @@ func Defaults() Config {
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: "matrix", GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: "cpu", DType: "fp32", Out: "out",
+		Mode: "native", D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, FitIters: 200,
+		Schedule: "pipelined",
 	}
 }
 
@@ -105,6 +120,22 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("dtype", "%v", err))
 	}
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
+	if _, err := engine.ParseMode(c.Mode); err != nil {
+		errs = append(errs, flagErr("mode", "%v", err))
+	}
+	if c.DenseParams != "" {
+		if _, err := engine.ParseDenseParams(c.DenseParams); err != nil {
+			errs = append(errs, flagErr("dense-params", "%v", err))
+		}
+	}
+	check(c.Schedule == "pipelined" || c.Schedule == "sequential", "schedule", "must be pipelined or sequential, got %q", c.Schedule)
+	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
+	if c.Mode == string(engine.LSP) {
+		// The engine's own check names each flag (--d, --r, --alpha, ...).
+		if err := c.engineConfig(false).Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	check(c.Out != "", "out", "must not be empty")
 	check(c.Model != "", "model", "must not be empty")
 	check(c.Data != "", "data", "must not be empty")
@@ -129,4 +160,25 @@ func ResolveModel(model string) (gpt2.Config, bool, error) {
 		return gpt2.Config{}, false, flagErr("model", "%v", err)
 	}
 	return cfg, false, nil
+}
+
+// engineConfig is the engine's part of the configuration; fromCheckpoint
+// picks the default of --dense-params.
+func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
+	clip, _ := optim.ParseClipMode(c.ClipMode)
+	dense := engine.DenseParams(c.DenseParams)
+	if dense == "" {
+		dense = engine.DenseDevice
+		if fromCheckpoint {
+			dense = engine.DenseFrozen
+		}
+	}
+	return engine.Config{
+		Mode: engine.Mode(c.Mode), DenseParams: dense, Pipelined: c.Schedule != "sequential", Seed: c.Seed,
+		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
+			WeightDecay: float32(c.WeightDecay), Clip: clip, MaxNorm: float32(c.GradClip)},
+		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit},
+		HostThreads: c.Threads,
+	}
 }

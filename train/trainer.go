@@ -17,6 +17,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -62,7 +63,8 @@ type run struct {
 	be     backend.Backend
 	s      backend.Stream
 	model  *gpt2.Model
-	opt    *optim.AdamW
+	eng    *engine.Engine
+	calib  *data.Loader // calibration batches of the projector checks (lsp)
 	tok    tokenizer.Tokenizer
 	ds     *data.Dataset
 	loader *data.Loader
@@ -74,25 +76,19 @@ type run struct {
 	step   int
 }
 
-// Plan is the predicted device memory of a run, in bytes.
-type Plan struct {
-	Model gpt2.MemoryPlan
-	Optim int64
-}
+// Plan is the predicted memory and link traffic of a run.
+type Plan = engine.Plan
 
-// Total is every byte the run allocates on the device.
-func (p Plan) Total() int64 { return p.Model.Total() + p.Optim }
-
-// PlanMemory predicts the device memory of training cfg with the model mc.
+// PlanMemory predicts the device and host memory of training cfg with the
+// model mc, in cfg's mode.
 func PlanMemory(mc gpt2.Config, c Config) (Plan, error) {
 	dt, err := backend.ParseDType(c.DType)
 	if err != nil {
 		return Plan{}, flagErr("dtype", "%v", err)
 	}
-	return Plan{
-		Model: mc.Plan(c.Batch, c.SeqLen, dt),
-		Optim: optim.StateBytes(mc.NumParams(), len(mc.Layout()), dt),
-	}, nil
+	st, err := os.Stat(c.Model)
+	fromCheckpoint := err == nil && st.IsDir()
+	return engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, dt, c.engineConfig(fromCheckpoint))
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -147,35 +143,37 @@ func (r *run) setup() error {
 	if err != nil {
 		return err
 	}
-	r.log.Info("memory plan", "params", plan.Model.Params, "grads", plan.Model.Grads, "optimizer", plan.Optim,
-		"activations", plan.Model.Activations+plan.Model.ActGrads+plan.Model.Batch, "total_bytes", plan.Total())
+	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_bytes", plan.HostTotal(),
+		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.Total() > cfg.DeviceMem {
-		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: params %d, grads %d, optimizer %d, activations %d) but the budget is %d bytes; lower --batch or --seq-len, or use a smaller model",
-			plan.Total(), float64(plan.Total())/(1<<20), plan.Model.Params, plan.Model.Grads, plan.Optim,
-			plan.Model.Activations+plan.Model.ActGrads+plan.Model.Batch, cfg.DeviceMem)
+		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"
+		if cfg.Mode == string(engine.LSP) {
+			hint = "lower --batch, --seq-len or --d, or use a smaller model"
+		}
+		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: %s) but the budget is %d bytes; %s",
+			plan.Total(), float64(plan.Total())/(1<<20), plan.String(), cfg.DeviceMem, hint)
 	}
 
 	dt, _ := backend.ParseDType(cfg.DType)
 	r.be = r.opts.Backend
 	if r.be == nil {
-		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed})
+		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed,
+			LinkBandwidth: float64(cfg.LinkBandwidth)})
 	}
 	r.s = r.be.DefaultStream()
-	if r.model, err = gpt2.New(r.be, mc, cfg.Batch, cfg.SeqLen, dt); err != nil {
+	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, dt, cfg.engineConfig(fromCheckpoint)); err != nil {
 		return err
 	}
-	var tensors []optim.Tensor
-	for _, p := range r.model.Layout() {
-		tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
-	}
-	mode, _ := optim.ParseClipMode(cfg.ClipMode)
-	h := optim.Hyper{Beta1: float32(cfg.Beta1), Beta2: float32(cfg.Beta2), Eps: 1e-8,
-		WeightDecay: float32(cfg.WeightDecay), Clip: mode, MaxNorm: float32(cfg.GradClip)}
-	if r.opt, err = optim.New(r.be, h, r.model.Params, r.model.Grads, tensors); err != nil {
-		return err
-	}
+	r.model = r.eng.Model
 	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
 		return flagErr("data", "%v", err)
+	}
+	if r.eng.CheckDue() {
+		// Its own order over the training rows, so the checks do not move
+		// the training data's position (resume stays exact).
+		if r.calib, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed^0xca1b); err != nil {
+			return flagErr("data", "%v", err)
+		}
 	}
 	total := cfg.Steps
 	if total == 0 {
@@ -197,14 +195,15 @@ func (r *run) setup() error {
 		}
 		// Everything that decides the data order and the math must match, or
 		// the resumed run would silently train on something else.
-		saved := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v",
-			ck.DType, ck.Batch, ck.SeqLen, ck.GradAccum, ck.Data, ck.Seed, ck.EvalFraction, ck.Truncate)
-		now := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v",
-			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate)
+		saved := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v --mode %s%s",
+			ck.DType, ck.Batch, ck.SeqLen, ck.GradAccum, ck.Data, ck.Seed, ck.EvalFraction, ck.Truncate, ck.Mode, lspFlags(ck.Mode, ck.DenseParams, ck.D, ck.R))
+		ec := cfg.engineConfig(fromCheckpoint)
+		now := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v --mode %s%s",
+			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate, cfg.Mode, lspFlags(cfg.Mode, string(ec.DenseParams), cfg.D, cfg.R))
 		if saved != now {
 			return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values", ckPath, saved, now)
 		}
-		if err := ck.restore(r.be, r.s, r.model, r.opt); err != nil {
+		if err := ck.restore(r.be, r.s, r.eng); err != nil {
 			return err
 		}
 		if err := r.loader.Seek(ck.Position); err != nil {
@@ -223,7 +222,7 @@ func (r *run) setup() error {
 		if err := backend.Upload(r.be, r.s, r.model.Params, vals); err != nil {
 			return err
 		}
-		if err := r.opt.InitMaster(r.s); err != nil {
+		if err := r.eng.Init(); err != nil {
 			return err
 		}
 	}
@@ -235,39 +234,65 @@ func (r *run) setup() error {
 	return nil
 }
 
-// trainStep runs one optimizer step over GradAccum micro-batches and
-// returns the mean loss per target token.
+// trainStep runs one optimizer step over GradAccum micro-batches (after a
+// projector check when one is due) and returns the mean loss per target
+// token.
 func (r *run) trainStep(lr float64) (float64, error) {
-	be, s, m := r.be, r.s, r.model
+	if r.eng.CheckDue() {
+		if err := r.checkProjectors(); err != nil {
+			return 0, err
+		}
+	}
 	batches := make([]data.Batch, r.cfg.GradAccum)
 	targets := 0
 	for i := range batches {
 		r.loader.Next(&batches[i])
 		targets += batches[i].NumTargets
+		r.tokens += int64(batches[i].B * batches[i].T)
 	}
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", r.step+1)
 	}
-	if err := m.ZeroGrads(s); err != nil {
+	sum, err := r.eng.Step(batches, lr)
+	if err != nil {
 		return 0, err
-	}
-	var sum float64
-	for _, b := range batches {
-		l, err := batchLoss(be, s, m, b, 1/float32(targets))
-		if err != nil {
-			return 0, err
-		}
-		sum += l
-		r.tokens += int64(b.B * b.T)
 	}
 	loss := sum / float64(targets)
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return loss, fmt.Errorf("step %d: loss is %v: %w; stopping without updating the weights (the last checkpoint is kept); try a lower --lr", r.step+1, loss, ErrNonFinite)
+		return loss, fmt.Errorf("step %d: loss is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step+1, loss, ErrNonFinite)
 	}
-	if err := r.opt.Step(s, float32(lr)); err != nil {
-		return 0, err
+	return loss, nil
+}
+
+// checkProjectors runs the lsp projector check and logs every matrix's
+// result to the metrics; a fit that misses alpha is a warning.
+func (r *run) checkProjectors() error {
+	batches := make([]data.Batch, r.eng.CalibBatches())
+	for i := range batches {
+		r.calib.Next(&batches[i])
 	}
-	return loss, be.Synchronize(s)
+	t0 := time.Now()
+	reps, err := r.eng.Check(batches)
+	if err != nil {
+		return err
+	}
+	missed := 0
+	for _, p := range reps {
+		if !p.Reached {
+			missed++
+			r.log.Warn("projector fit did not reach --alpha; training continues with the best projectors found",
+				"matrix", p.Matrix, "ratio_before", p.RatioBefore, "ratio_after", p.RatioAfter, "alpha", r.cfg.Alpha, "iters", p.Iters)
+		}
+		rec := metrics.Record{Step: r.step, Event: "projector-check", Projector: &metrics.ProjectorCheck{
+			Matrix: p.Matrix, RatioBefore: p.RatioBefore, RatioAfter: p.RatioAfter, Iters: p.Iters,
+			Resampled: p.Resampled, Reached: p.Reached, Change: p.Change, Rewarm: p.Rewarm, Seconds: p.Seconds}}
+		if err := r.mw.Write(rec); err != nil {
+			return err
+		}
+	}
+	r.log.Info("projector check", "step", r.step, "matrices", len(reps), "missed_alpha", missed,
+		"seconds", fmt.Sprintf("%.2f", time.Since(t0).Seconds()))
+	return nil
 }
 
 func (r *run) loop(ctx context.Context) (*Result, error) {
@@ -314,8 +339,8 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		// Time is left 0 so the Writer fills it in, continuing across resumes.
 		rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss),
 			TokensPerSec: metrics.F(tps), LR: metrics.F(lr)}
-		if gn, err := backend.Download(r.be, r.s, r.opt.GlobalNormSq()); err == nil {
-			norm := math.Sqrt(float64(gn[0]))
+		if gn, err := r.eng.GradNorm(); err == nil {
+			norm := gn
 			if math.IsNaN(norm) || math.IsInf(norm, 0) {
 				// A finite loss can still give non-finite gradients; the update
 				// has used them, so stop before anything of this step is saved.
@@ -384,8 +409,11 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 func (r *run) checkpoint() error {
 	st := state{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
 		DType: r.cfg.DType, Data: r.cfg.Data, Batch: r.cfg.Batch, SeqLen: r.cfg.SeqLen, Tokens: r.tokens,
-		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate}
-	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.model, r.opt, st)
+		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate, Mode: r.cfg.Mode}
+	if r.cfg.Mode == string(engine.LSP) {
+		st.DenseParams, st.D, st.R = string(r.eng.DenseParams()), r.cfg.D, r.cfg.R
+	}
+	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.eng, st)
 }
 
 // evaluate computes the eval loss and the exact match of greedy generation
@@ -502,4 +530,12 @@ func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokeniz
 // newSampler builds a sampler; temperature 0 is greedy.
 func newSampler(temperature, topP float64, seed uint64) Sampler {
 	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
+}
+
+// lspFlags is the part of a resume's identity that only lsp mode has.
+func lspFlags(mode, dense string, d, r int) string {
+	if mode != string(engine.LSP) {
+		return ""
+	}
+	return fmt.Sprintf(" --dense-params %s --d %d --r %d", dense, d, r)
 }

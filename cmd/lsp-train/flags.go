@@ -42,6 +42,18 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
 	fs.StringVar(&c.DType, "dtype", c.DType, "storage of weights and activations: fp32 or bf16 (fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
+	fs.StringVar(&c.Mode, "mode", c.Mode, "update mode: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
+	fs.StringVar(&c.DenseParams, "dense-params", c.DenseParams, "lsp mode, parameters other than block matrices: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
+	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
+	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
+	fs.Float64Var(&c.Alpha, "alpha", c.Alpha, "lsp: bias ratio in (0,1) above which the projectors are refitted")
+	fs.IntVar(&c.CheckEvery, "check-every", c.CheckEvery, "lsp: steps between projector checks")
+	fs.IntVar(&c.CalibSamples, "calib-samples", c.CalibSamples, "lsp: rows of the calibration batch of a projector check")
+	fs.Float64Var(&c.ProjLR, "proj-lr", c.ProjLR, "lsp: Adam step size of the projector fit")
+	fs.IntVar(&c.FitIters, "fit-iters", c.FitIters, "lsp: Adam steps a projector fit may take")
+	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
+	fs.StringVar(&c.Schedule, "schedule", c.Schedule, "pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
+	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.StringVar(&c.Out, "out", c.Out, "output directory")
 }
 

@@ -264,6 +264,9 @@ func (e *Engine) Free() {
 	}
 }
 
+// DenseParams is the treatment of the non-matrix parameters in lsp mode.
+func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
+
 // Mode is the engine's update mode.
 func (e *Engine) Mode() Mode { return e.cfg.Mode }
 

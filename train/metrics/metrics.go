@@ -33,7 +33,26 @@ type Record struct {
 	TokensPerSec *float64 `json:"tokens_per_s,omitempty"`
 	LR           *float64 `json:"lr,omitempty"`
 	GradNorm     *float64 `json:"grad_norm,omitempty"`
-	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint"
+	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint", "projector-check"
+	// Projector is one matrix's projector check in lsp mode.
+	Projector *ProjectorCheck `json:"projector,omitempty"`
+}
+
+// ProjectorCheck is one matrix's projector check: the bias ratio
+// ||P P^T G Q Q^T - G|| / ||G|| before and after the fit, the fit's Adam
+// steps, whether the projectors were redrawn and fitted, whether the ratio
+// reached alpha, the subspace change of the moment carry-over, whether
+// the matrix's learning rate is re-warmed, and the fit's wall time.
+type ProjectorCheck struct {
+	Matrix      string  `json:"matrix"`
+	RatioBefore float64 `json:"ratio_before"`
+	RatioAfter  float64 `json:"ratio_after"`
+	Iters       int     `json:"iters"`
+	Resampled   bool    `json:"resampled"`
+	Reached     bool    `json:"reached"`
+	Change      float64 `json:"change"`
+	Rewarm      bool    `json:"rewarm"`
+	Seconds     float64 `json:"seconds"`
 }
 
 // F returns a pointer to x, for the optional fields of Record.

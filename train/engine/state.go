@@ -1,0 +1,217 @@
+// The optimizer state of each mode as named fp32 arrays, for checkpoints:
+// native's device moments, the host's master weights and moments (zero,
+// lsp --dense-params host), the dense device optimizer, and per LSP matrix
+// its projectors (row storage; the columns are rebuilt), subspace moments,
+// Adam step count and re-warm start. Integers are stored as float32, exact
+// below 2^24, which every index and count here is.
+
+package engine
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
+)
+
+// SaveState returns the optimizer state by name. The pipeline must be
+// drained (it is between steps).
+func (e *Engine) SaveState() (map[string][]float32, error) {
+	out := map[string][]float32{}
+	s := e.st.Compute
+	dev := func(name string, t backend.Tensor) error {
+		if t.Buf == nil {
+			return nil
+		}
+		v, err := backend.Download(e.be, s, t)
+		if err != nil {
+			return fmt.Errorf("saving %s: %w", name, err)
+		}
+		out[name] = v
+		return nil
+	}
+	if o := e.opt; o != nil {
+		for name, t := range map[string]backend.Tensor{"adam.m": o.M, "adam.v": o.V, "adam.master": o.Master, "adam.norms": o.Norms} {
+			if err := dev(name, t); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if d := e.dense; d != nil {
+		for name, t := range map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms} {
+			if err := dev(name, t); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if o := e.off; o != nil {
+		out["host.master"] = append([]float32(nil), o.weights()...)
+		out["host.m"] = append([]float32(nil), o.mom[:o.n]...)
+		out["host.v"] = append([]float32(nil), o.mom[o.n:]...)
+		var steps []float32
+		for _, g := range o.groups {
+			for _, t := range g.tensors {
+				steps = append(steps, float32(t.state.Step))
+			}
+		}
+		out["host.steps"] = steps
+	}
+	if st := e.lsp; st != nil {
+		for _, row := range st.mats {
+			for _, x := range row {
+				p := "lsp." + x.name + "."
+				out[p+"p_idx"], out[p+"p_val"] = ints(x.P.Idx), append([]float32(nil), x.P.Val...)
+				out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), append([]float32(nil), x.Q.Val...)
+				out[p+"m"], out[p+"v"] = append([]float32(nil), x.state.M...), append([]float32(nil), x.state.V...)
+				out[p+"counters"] = []float32{float32(x.state.Step), float32(x.rewarmFrom)}
+			}
+		}
+	}
+	return out, nil
+}
+
+func ints(v []int32) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// LoadState restores SaveState's arrays; every array the mode needs must be
+// present with its exact length.
+func (e *Engine) LoadState(ts map[string][]float32) error {
+	s := e.st.Compute
+	get := func(name string, n int) ([]float32, error) {
+		v, ok := ts[name]
+		if !ok {
+			return nil, fmt.Errorf("optimizer state %s missing (was the checkpoint saved with another --mode, --dense-params or --dtype?)", name)
+		}
+		if len(v) != n {
+			return nil, fmt.Errorf("optimizer state %s has %d elements, this run needs %d (was it saved with another --d or --r?)", name, len(v), n)
+		}
+		return v, nil
+	}
+	dev := func(name string, t backend.Tensor) error {
+		if t.Buf == nil {
+			return nil
+		}
+		v, err := get(name, t.Len())
+		if err != nil {
+			return err
+		}
+		return backend.Upload(e.be, s, t, v)
+	}
+	if o := e.opt; o != nil {
+		for _, name := range sortedKeys(map[string]backend.Tensor{"adam.m": o.M, "adam.v": o.V, "adam.master": o.Master, "adam.norms": o.Norms}) {
+			if err := dev(name.k, name.t); err != nil {
+				return err
+			}
+		}
+	}
+	if d := e.dense; d != nil {
+		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms}) {
+			if err := dev(name.k, name.t); err != nil {
+				return err
+			}
+		}
+	}
+	if o := e.off; o != nil {
+		w, err := get("host.master", o.n)
+		if err != nil {
+			return err
+		}
+		m, err := get("host.m", o.n)
+		if err != nil {
+			return err
+		}
+		v, err := get("host.v", o.n)
+		if err != nil {
+			return err
+		}
+		count := 0
+		for _, g := range o.groups {
+			count += len(g.tensors)
+		}
+		steps, err := get("host.steps", count)
+		if err != nil {
+			return err
+		}
+		e.hostAccess("restore host state", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
+		copy(o.weights(), w)
+		copy(o.mom[:o.n], m)
+		copy(o.mom[o.n:], v)
+		i := 0
+		for _, g := range o.groups {
+			for _, t := range g.tensors {
+				t.state.Step = int64(steps[i])
+				i++
+			}
+		}
+	}
+	if st := e.lsp; st != nil {
+		for _, row := range st.mats {
+			for _, x := range row {
+				if err := st.restoreMatrix(x, get); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return e.be.Synchronize(s)
+}
+
+func (st *lspState) restoreMatrix(x *lspMatrix, get func(string, int) ([]float32, error)) error {
+	p := "lsp." + x.name + "."
+	var vals [6][]float32
+	for i, f := range []struct {
+		name string
+		n    int
+	}{{"p_idx", x.m * x.r}, {"p_val", x.m * x.r}, {"q_idx", x.n * x.r}, {"q_val", x.n * x.r}, {"m", x.d * x.d}, {"v", x.d * x.d}} {
+		v, err := get(p+f.name, f.n)
+		if err != nil {
+			return err
+		}
+		vals[i] = v
+	}
+	counters, err := get(p+"counters", 2)
+	if err != nil {
+		return err
+	}
+	build := func(rows int, idx, val []float32) (*lsp.Projector, error) {
+		pr := &lsp.Projector{M: rows, D: x.d, R: x.r, Idx: make([]int32, len(idx)), Val: append([]float32(nil), val...)}
+		for i, v := range idx {
+			pr.Idx[i] = int32(v)
+		}
+		if err := pr.RebuildColumns(); err != nil {
+			return nil, fmt.Errorf("optimizer state %s: %w", x.name, err)
+		}
+		return pr, pr.Validate()
+	}
+	if x.P, err = build(x.m, vals[0], vals[1]); err != nil {
+		return err
+	}
+	if x.Q, err = build(x.n, vals[2], vals[3]); err != nil {
+		return err
+	}
+	copy(x.state.M, vals[4])
+	copy(x.state.V, vals[5])
+	x.state.Step, x.rewarmFrom = int64(counters[0]), int(counters[1])
+	return st.upload(x)
+}
+
+type keyed struct {
+	k string
+	t backend.Tensor
+}
+
+// sortedKeys fixes the order of uploads (map order is random).
+func sortedKeys(m map[string]backend.Tensor) []keyed {
+	var out []keyed
+	for k, t := range m {
+		out = append(out, keyed{k, t})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].k < out[j].k })
+	return out
+}
