@@ -4,7 +4,7 @@
 GO      ?= go
 NVCC    ?= $(shell command -v nvcc 2>/dev/null)
 
-.PHONY: all build test fmt-check vet gotest bench bench-train clean
+.PHONY: all build test fmt-check vet gotest gotest-norace bench bench-train clean
 
 all: build
 
@@ -22,11 +22,18 @@ vet:
 		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/; fi
 
 # Go packages under the race detector with -short; heavier training tests
-# skip themselves under -short and run in the second, race-free pass.
+# skip themselves under -short or under the race detector and run in the
+# second, race-free pass (gotest-norace).
 gotest:
 	$(GO) test -race -short -count=1 ./...
 
-test: fmt-check vet gotest simtest
+# The race-free pass: every edge of the offload schedule removed in turn
+# (those runs race on purpose, so the race detector would flag them), the
+# pipelined-vs-sequential check at full length, and the compare job.
+gotest-norace:
+	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/ ./train/engine/
+
+test: fmt-check vet gotest gotest-norace simtest
 
 # `make bench`: matrix multiply against OpenBLAS (bench-gemm), then training
 # throughput of the CPU backend.
