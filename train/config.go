@@ -43,6 +43,7 @@ type Config struct {
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
 	Mode          string  // --mode: native, zero or lsp (DESIGN.md section 1)
+	GradDType     string  // --grad-dtype: fp32 or bf16 storage of the parameter gradients
 	DenseParams   string  // --dense-params: frozen, device or host in lsp mode ("": frozen from a checkpoint, device for a preset)
 	D, R          int     // --d, --r: projected size and non-zeros per projector row (capped per matrix)
 	Alpha         float64 // --alpha: bias ratio the projector fit must reach
@@ -70,7 +71,7 @@ func Defaults() Config {
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: "matrix", GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: "cpu", DType: "fp32", Out: "out",
-		Mode: "native", D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, FitIters: 200,
+		Mode: "native", GradDType: "fp32", D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, FitIters: 200,
 		Schedule: "pipelined",
 	}
 }
@@ -123,6 +124,9 @@ func (c Config) Validate() error {
 	if _, err := engine.ParseMode(c.Mode); err != nil {
 		errs = append(errs, flagErr("mode", "%v", err))
 	}
+	if _, err := backend.ParseDType(c.GradDType); err != nil {
+		errs = append(errs, flagErr("grad-dtype", "%v", err))
+	}
 	if c.DenseParams != "" {
 		if _, err := engine.ParseDenseParams(c.DenseParams); err != nil {
 			errs = append(errs, flagErr("dense-params", "%v", err))
@@ -173,8 +177,9 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 			dense = engine.DenseFrozen
 		}
 	}
+	gdt, _ := backend.ParseDType(c.GradDType)
 	return engine.Config{
-		Mode: engine.Mode(c.Mode), DenseParams: dense, Pipelined: c.Schedule != "sequential", Seed: c.Seed,
+		GradDType: gdt, Mode: engine.Mode(c.Mode), DenseParams: dense, Pipelined: c.Schedule != "sequential", Seed: c.Seed,
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: clip, MaxNorm: float32(c.GradClip)},
 		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,

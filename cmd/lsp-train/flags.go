@@ -43,6 +43,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.StringVar(&c.DType, "dtype", c.DType, "storage of weights and activations: fp32 or bf16 (fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
 	fs.StringVar(&c.Mode, "mode", c.Mode, "update mode: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
+	fs.StringVar(&c.GradDType, "grad-dtype", c.GradDType, "storage of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
 	fs.StringVar(&c.DenseParams, "dense-params", c.DenseParams, "lsp mode, parameters other than block matrices: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")

@@ -17,7 +17,7 @@
 // drained pipeline.
 //
 // Limits: GPT-2 models; --clip-mode global-prev only in native mode (the
-// host Adam clips per tensor); fp32 gradients.
+// host Adam clips per tensor).
 package engine
 
 import (
@@ -91,6 +91,9 @@ type Config struct {
 	LSP         LSPConfig
 	Seed        uint64
 	HostThreads int // host Adam workers (0: one per core)
+	// GradDType stores the parameter gradients on the device (and on the
+	// host in zero mode): fp32 (the zero value) or bf16. LSP's S is fp32.
+	GradDType backend.DType
 }
 
 // Validate checks the configuration, naming the flag at fault.
@@ -106,6 +109,9 @@ func (c Config) Validate() error {
 		if err := checkLSP(c.LSP); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.GradDType != backend.F32 && c.GradDType != backend.BF16 {
+		errs = append(errs, fmt.Errorf("--grad-dtype: %v is not fp32 or bf16", c.GradDType))
 	}
 	if c.Mode != Native && c.Hyper.Clip == optim.ClipGlobalPrev {
 		errs = append(errs, fmt.Errorf("--clip-mode: global-prev is supported with --mode native only; use matrix or none with --mode %s", c.Mode))
@@ -158,7 +164,7 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 			e.Free()
 		}
 	}()
-	var opts gpt2.Options
+	opts := gpt2.Options{GradDType: cfg.GradDType}
 	if cfg.Mode == LSP {
 		e.lsp = &lspState{}
 		opts.MatrixGrads = e.lsp

@@ -43,7 +43,8 @@ type offload struct {
 	e      *Engine
 	groups []hostGroup
 	n      int                // offloaded elements
-	grads  backend.HostBuffer // fp32 [n]
+	gsize  int                // bytes per gradient element
+	grads  backend.HostBuffer // [n], the gradient dtype
 	out    backend.HostBuffer // model dtype [n]
 	master []float32          // bf16 models only
 	mom    []float32          // M then V
@@ -82,8 +83,8 @@ func groupsOf(m *gpt2.Model, keep func(int) bool) []groupSpec {
 }
 
 // offloadBytes is the host memory of offloading the given parameters.
-func offloadBytes(n int64, dt backend.DType) int64 {
-	b := n*4 + n*int64(dt.Size()) + 2*n*4 // pinned grads and weights, moments
+func offloadBytes(n int64, dt, gdt backend.DType) int64 {
+	b := n*int64(gdt.Size()) + n*int64(dt.Size()) + 2*n*4 // pinned grads and weights, moments
 	if dt != backend.F32 {
 		b += n * 4 // master
 	}
@@ -108,7 +109,8 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 		o.groups = append(o.groups, g)
 	}
 	var err error
-	if o.grads, err = e.be.AllocHost("offload grads", o.n*4); err != nil {
+	o.gsize = e.cfg.GradDType.Size()
+	if o.grads, err = e.be.AllocHost("offload grads", o.n*o.gsize); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if o.out, err = e.be.AllocHost("offload weights", o.n*m.DType.Size()); err != nil {
@@ -135,9 +137,18 @@ func (o *offload) weights() []float32 {
 	return o.out.Float32()[:o.n]
 }
 
-func (o *offload) outBF16() []uint16 {
-	b := o.out.Bytes()
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)[:o.n]
+func (o *offload) outBF16() []uint16 { return u16(o.out.Bytes())[:o.n] }
+
+// grad is a tensor's gradient in the pinned buffer.
+func (o *offload) grad(t hostTensor) host.AdamGrad {
+	if o.gsize == 2 {
+		return host.AdamGrad{BF16: u16(o.grads.Bytes())[t.off : t.off+t.n]}
+	}
+	return host.AdamGrad{F32: o.grads.Float32()[t.off : t.off+t.n]}
+}
+
+func u16(b []byte) []uint16 {
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }
 
 // initMaster reads the device parameters into the host master weights.
@@ -169,7 +180,7 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 		}
 		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
 			for _, t := range grp.tensors {
-				if err := e.be.CopyD2H(s, o.grads, t.off*4, t.grad); err != nil {
+				if err := e.be.CopyD2H(s, o.grads, t.off*o.gsize, t.grad); err != nil {
 					return err
 				}
 			}
@@ -207,12 +218,12 @@ func (o *offload) adam(grp *hostGroup, lr float64) error {
 	dsize := e.Model.DType.Size()
 	var reads, writes []backend.Range
 	for _, t := range grp.tensors {
-		reads = append(reads, hostRange(o.grads, t.off*4, t.n*4))
+		reads = append(reads, hostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
 		writes = append(writes, hostRange(o.out, t.off*dsize, t.n*dsize))
 	}
 	e.hostAccess("host adam "+grp.name, reads, writes)
 	h := e.cfg.Hyper
-	grads, w := o.grads.Float32(), o.weights()
+	w := o.weights()
 	ts := make([]host.AdamTensor, len(grp.tensors))
 	for i, t := range grp.tensors {
 		p := host.AdamParams{LR: lr, Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
@@ -222,8 +233,7 @@ func (o *offload) adam(grp *hostGroup, lr float64) error {
 		if h.Clip == optim.ClipMatrix {
 			p.ClipNorm = float64(h.MaxNorm)
 		}
-		ts[i] = host.AdamTensor{Name: t.name, Params: p, W: w[t.off : t.off+t.n],
-			Grad: host.AdamGrad{F32: grads[t.off : t.off+t.n]}, State: t.state}
+		ts[i] = host.AdamTensor{Name: t.name, Params: p, W: w[t.off : t.off+t.n], Grad: o.grad(t), State: t.state}
 		if o.master != nil {
 			ts[i].BF16Out = o.outBF16()[t.off : t.off+t.n]
 		}

@@ -86,6 +86,7 @@ func PlanMemory(mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (
 	if cfg.Mode == LSP {
 		opts.MatrixGrads = (*lspState)(nil)
 	}
+	opts.GradDType = cfg.GradDType
 	mp := mc.PlanWith(B, T, dt, opts)
 	p := Plan{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
@@ -94,13 +95,13 @@ func PlanMemory(mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (
 		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum * BT * 4),
 	}
 	N := int64(mc.NumParams())
-	dsize := int64(dt.Size())
+	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
 	switch cfg.Mode {
 	case Native:
 		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(mc.NumParams(), len(mc.Layout()), dt)})
 	case Zero:
-		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt)})
-		p.LinkD2H, p.LinkH2D = 4*N, dsize*N
+		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
+		p.LinkD2H, p.LinkH2D = gsize*N, dsize*N
 	case LSP:
 		var ints, floats, dmax, nmax, s2 int64
 		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
@@ -125,8 +126,8 @@ func PlanMemory(mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (
 		case DenseDevice:
 			p.Device = append(p.Device, Part{"dense optimizer", denseAdamBytes(denseTensors, dense, dt)})
 		case DenseHost:
-			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt)})
-			p.LinkD2H += 4 * dense
+			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
+			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
 		}
 	}

@@ -9,8 +9,9 @@ import (
 )
 
 func TestPlanMatchesArena(t *testing.T) {
-	lspHost, lspNoFit, lspFrozen := testConfig(LSP), testConfig(LSP), testConfig(LSP)
+	lspHost, lspNoFit, lspFrozen, zeroBF16 := testConfig(LSP), testConfig(LSP), testConfig(LSP), testConfig(Zero)
 	lspHost.DenseParams = DenseHost
+	lspHost.GradDType, zeroBF16.GradDType = backend.BF16, backend.BF16
 	lspNoFit.LSP.NoFit = true
 	lspFrozen.DenseParams = DenseFrozen
 	for _, tc := range []struct {
@@ -18,7 +19,8 @@ func TestPlanMatchesArena(t *testing.T) {
 		cfg  Config
 	}{
 		{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)},
-		{"lsp-host", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
+		{"lsp-host-bf16-grads", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
+		{"zero-bf16-grads", zeroBF16},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {
@@ -39,14 +41,16 @@ func TestPlanMatchesArena(t *testing.T) {
 }
 
 func TestTrafficPerStep(t *testing.T) {
-	lspHost := testConfig(LSP)
+	lspHost, zeroBF16 := testConfig(LSP), testConfig(Zero)
 	lspHost.DenseParams = DenseHost
+	zeroBF16.GradDType = backend.BF16
 	for _, tc := range []struct {
 		name string
 		cfg  Config
 		dt   backend.DType
 	}{
 		{"native", testConfig(Native), backend.F32}, {"zero", testConfig(Zero), backend.BF16},
+		{"zero-bf16-grads", zeroBF16, backend.BF16},
 		{"lsp-device", testConfig(LSP), backend.BF16}, {"lsp-host", lspHost, backend.F32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,7 +83,7 @@ func TestTrafficPerStep(t *testing.T) {
 				}
 			}
 			if tr.e.off != nil {
-				want += int64(tr.e.off.n) * int64(4+tc.dt.Size())
+				want += int64(tr.e.off.n) * int64(tc.cfg.GradDType.Size()+tc.dt.Size())
 			}
 			if got := d2h + h2d - plan.BatchD2H - plan.BatchH2D; got != want {
 				t.Errorf("link bytes per step %d, want %d", got, want)

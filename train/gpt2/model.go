@@ -105,6 +105,10 @@ type Options struct {
 	// parameters, and the matrices' inputs (ln1, ln2 and gelu outputs) are
 	// not kept per layer but in one shared buffer each.
 	MatrixGrads MatrixGrads
+	// GradDType stores the parameter gradients (fp32, the zero value, or
+	// bf16: every accumulation rounds to nearest even). Activation
+	// gradients stay fp32.
+	GradDType backend.DType
 }
 
 // layerActs are one block's saved activations. Under hooks ln1, ln2 and
@@ -238,7 +242,7 @@ func (c Config) PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan {
 	BT := int64(B * T)
 	return MemoryPlan{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
-		Grads:       int64(ng) * 4,
+		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT * int64(c.C*2+3*c.C+4*c.C) * 4,
 		Batch:       2 * BT * 4,
@@ -275,7 +279,10 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
 		return nil, fmt.Errorf("gpt2: parameters: %w", err)
 	}
-	if m.Grads, err = be.Alloc("grads", ng, backend.F32); err != nil {
+	if gdt := opts.GradDType; gdt != backend.F32 && gdt != backend.BF16 {
+		return nil, fmt.Errorf("gpt2: unsupported gradient dtype %v", gdt)
+	}
+	if m.Grads, err = be.Alloc("grads", ng, opts.GradDType); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: gradients: %w", err)
 	}
