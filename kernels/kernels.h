@@ -54,21 +54,24 @@ cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dou
 // (r non-zeros per row). Column storage colptr[d+1], rowidx[nnz] (strictly
 // ascending within a column), colval[nnz]; row storage idx[rows*r],
 // val[rows*r]; indices are int (int32). fp32 sums in fixed orders, no atomics.
-// A [d, BT] = P^T X^T from X [BT, m] bf16 (P by column).
-cudaError_t lsp_sparse_compress_a(float* A, const __nv_bfloat16* X, const int* colptr, const int* rowidx,
-                                  const float* colval, int BT, int m, int d, cudaStream_t stream);
-// B [BT, d] = dY Q from dY [BT, n] bf16 (Q by column).
-cudaError_t lsp_sparse_compress_b(float* B, const __nv_bfloat16* dY, const int* colptr, const int* rowidx,
-                                  const float* colval, int BT, int n, int d, cudaStream_t stream);
+// x_bf16, dy_bf16, w_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16) of
+// X, dY and W; bf16 is widened exactly at load.
+// A [d, BT] fp32 = P^T X^T from X [BT, m] (P by column).
+cudaError_t lsp_sparse_compress_a(float* A, const void* X, const int* colptr, const int* rowidx, const float* colval,
+                                  int BT, int m, int d, int x_bf16, cudaStream_t stream);
+// B [BT, d] fp32 = dY Q from dY [BT, n] (Q by column).
+cudaError_t lsp_sparse_compress_b(float* B, const void* dY, const int* colptr, const int* rowidx, const float* colval,
+                                  int BT, int n, int d, int dy_bf16, cudaStream_t stream);
 // S [d, d] = A B (accumulate == 0) or S += A B, summed over t ascending.
 cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, int BT, int d, int accumulate,
                          cudaStream_t stream);
-// W [m, n] bf16 <- (1 - lr*wd) W + P Delta Q^T (P, Q by row), written by
-// stochastic rounding keyed by (seed, step, matrix, i*n + j); T: d*n floats
-// of workspace (left holding Delta Q^T).
-cudaError_t lsp_sparse_apply(__nv_bfloat16* W, float* T, const float* Delta, const int* pidx, const float* pval,
+// W [m, n] <- (1 - lr*wd) W + P Delta Q^T (P, Q by row), written exactly
+// when fp32, by stochastic rounding keyed by (seed, step, matrix, i*n + j)
+// when bf16; T: d*n floats of workspace (left holding Delta Q^T).
+cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval,
                              const int* qidx, const float* qval, int m, int n, int d, int r, float lr, float wd,
-                             unsigned long long seed, unsigned long long step, unsigned int matrix, cudaStream_t stream);
+                             unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16,
+                             cudaStream_t stream);
 // END sparse
 
 // BEGIN norms

@@ -13,33 +13,42 @@
  *
  *   compress A  A [d, BT] = P^T X^T     A[a,t] = sum_k colval[k] X[t, rowidx[k]]
  *   compress B  B [BT, d] = dY Q        B[t,a] = sum_k colval[k] dY[t, rowidx[k]]
- *               (X [BT, m], dY [BT, n] bf16; A, B fp32; column storage; k over
- *               column a's entries in order)
+ *               (X [BT, m], dY [BT, n] fp32 or bf16; A, B fp32; column
+ *               storage; k over column a's entries in order)
  *   S           S [d, d] (+)= A B       summed over t ascending from 0 in fp32,
  *               then added to S (accumulate != 0: micro-batches sum) or written
  *   apply       W <- (1 - lr*wd) W + P Delta Q^T, Delta [d, d] fp32, W [m, n]
- *               bf16: first T [d, n] = Delta Q^T (T[a,j] = sum over row j's
- *               entries s of Delta[a, qidx] * qval, row storage of Q), then
- *               W[i,j] = SR(decay * W[i,j] + sum over row i's entries s of
- *               pval * T[pidx, j]) (row storage of P), SR = stochastic
- *               rounding keyed by (seed, step, matrix, element i*n + j), see
- *               rounding.cuh.
+ *               fp32 or bf16: first T [d, n] = Delta Q^T (T[a,j] = sum over
+ *               row j's entries s of Delta[a, qidx] * qval, row storage of
+ *               Q), then x = decay * W[i,j] + sum over row i's entries s of
+ *               pval * T[pidx, j] (row storage of P), stored as it is in an
+ *               fp32 W and by stochastic rounding in a bf16 W, SR keyed by
+ *               (seed, step, matrix, element i*n + j), see rounding.cuh.
+ *
+ * Storage: the launchers take the dtype of X (x_bf16), dY (dy_bf16) and W
+ * (w_bf16) as backend.DType values (0 fp32, 1 bf16), like the norms
+ * launchers: the model feeds model-dtype activations and weights and fp32
+ * activation gradients. bf16 is widened exactly at load, so both dtypes
+ * share every summation order; only the store of W differs. Semantics are
+ * those of the CPU backend's ops (train/cpu/ops_sparse.go), whose bf16 case
+ * is train/cpu/ref_sparse.go.
  *
  * How:
  *   compress: a block owns kCT = 8 tokens and 128 columns (one per thread);
  *     it stages the tokens' rows of X through shared memory in chunks of
- *     kCM = 1024 inputs (32 KiB fp32), and each thread walks its column's
- *     entries that fall in the chunk, keeping 8 fp32 sums in registers.
- *     X is read once per 128 columns; the gathers hit shared memory.
+ *     kCM = 1024 inputs (32 KiB fp32, whatever X's dtype), and each thread
+ *     walks its column's entries that fall in the chunk, keeping 8 fp32 sums
+ *     in registers. X is read once per 128 columns; the gathers hit shared
+ *     memory.
  *   S: a 256-thread block owns a 64 x 64 tile of S, each thread 4 x 4
  *     entries (rows ty + 16i, columns tx + 16j), with A and B staged through
  *     shared memory 16 tokens at a time (zero-filled past BT: adding +-0 to
  *     a sum leaves it unchanged, so the sum is the plain one over t).
  *   apply: T is one thread per (a, j); W is one thread per (i, j), rows
  *     striding by gridDim.y. Both use non-contracted fp32 (rounding.cuh), so
- *     apply matches train/cpu SparseApply bit for bit on the device too;
- *     compress and S may be FMA-contracted by nvcc (they match the CPU
- *     reference bit for bit in the simulator, to rounding on a GPU).
+ *     apply matches the CPU op bit for bit on the device too, in either
+ *     dtype of W; compress and S may be FMA-contracted by nvcc (they match
+ *     the CPU op bit for bit in the simulator, to rounding on a GPU).
  *
  * Limits: BT, m, n, d >= 1, 1 <= r <= d, d <= 65535 and ceil(BT/8) <=
  * 2^31-1; m*r and n*r below 2^31 (int32 indices); T holds d*n floats; W
@@ -53,15 +62,23 @@
 
 namespace {
 
+bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
+
+// ld widens one input value to fp32 (exact for bf16).
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const uint16_t* p) { return lsp_bf16_to_f32(*p); }
+
 // ---------------------------------------------------------------- compress
 
 constexpr int kCT = 8;          // tokens per block
 constexpr int kCM = 1024;       // inputs (rows of P or Q) staged per chunk
 constexpr int kCThreads = 128;  // columns per block
 
-// out[a*sa + t*st] = sum over column a's entries of colval * x[t, rowidx].
+// out[a*sa + t*st] = sum over column a's entries of colval * x[t, rowidx];
+// X is float or uint16_t (bf16 bits).
+template <typename X>
 __global__ void __launch_bounds__(kCThreads)
-    sparse_gather_kernel(float* __restrict__ out, const uint16_t* __restrict__ x,
+    sparse_gather_kernel(float* __restrict__ out, const X* __restrict__ x,
                          const int32_t* __restrict__ colptr, const int32_t* __restrict__ rowidx,
                          const float* __restrict__ colval, int BT, int rows, int d, long long sa, long long st) {
   __shared__ float xs[kCT][kCM];
@@ -81,8 +98,8 @@ __global__ void __launch_bounds__(kCThreads)
     const int cn = min(kCM, rows - c0);
     // Stage rows t0..t0+kCT of x, inputs c0..c0+cn (0 past BT).
     for (int tt = 0; tt < kCT; tt++) {
-      const uint16_t* src = x + (long long)(t0 + tt) * rows + c0;
-      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? lsp_bf16_to_f32(src[c]) : 0.0f;
+      const X* src = x + (long long)(t0 + tt) * rows + c0;
+      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? ld(src + c) : 0.0f;
     }
     __syncthreads();  // the chunk is staged
     const int cend = c0 + cn;
@@ -101,15 +118,24 @@ __global__ void __launch_bounds__(kCThreads)
   }
 }
 
-cudaError_t launch_gather(float* out, const uint16_t* x, const int32_t* colptr, const int32_t* rowidx,
-                          const float* colval, int BT, int rows, int d, long long sa, long long st,
+// launch_gather checks the arguments of both compress launchers and
+// enqueues the gather for x's dtype (x_bf16: 0 fp32, 1 bf16).
+cudaError_t launch_gather(float* out, const void* x, const int32_t* colptr, const int32_t* rowidx,
+                          const float* colval, int BT, int rows, int d, long long sa, long long st, int x_bf16,
                           cudaStream_t stream) {
   if (out == nullptr || x == nullptr || colptr == nullptr || rowidx == nullptr || colval == nullptr || BT < 1 ||
-      rows < 1 || d < 1 || d > 65535 * kCThreads)
+      rows < 1 || d < 1 || d > 65535 * kCThreads || bad_dtype(x_bf16))
     return cudaErrorInvalidValue;
   const dim3 grid((BT + kCT - 1) / kCT, (d + kCThreads - 1) / kCThreads);
-  LSP_LAUNCH(sparse_gather_kernel, grid, dim3(kCThreads), 0, stream, out, x, colptr, rowidx, colval, BT, rows, d,
-             sa, st);
+  if (x_bf16) {
+    auto kernel = sparse_gather_kernel<uint16_t>;
+    LSP_LAUNCH(kernel, grid, dim3(kCThreads), 0, stream, out, static_cast<const uint16_t*>(x), colptr, rowidx,
+               colval, BT, rows, d, sa, st);
+  } else {
+    auto kernel = sparse_gather_kernel<float>;
+    LSP_LAUNCH(kernel, grid, dim3(kCThreads), 0, stream, out, static_cast<const float*>(x), colptr, rowidx,
+               colval, BT, rows, d, sa, st);
+  }
   return cudaGetLastError();
 }
 
@@ -192,9 +218,18 @@ __global__ void __launch_bounds__(kAThreads)
   T[(long long)a * n + j] = acc;
 }
 
-// W[i, j] = SR(decay * W[i, j] + sum over row i's entries of pval * T[pidx, j]).
+// store_w writes element w of W: exactly to fp32, by stochastic rounding
+// with the bits of (key, w) to bf16.
+__device__ __forceinline__ void store_w(float* W, long long w, float x, uint64_t) { W[w] = x; }
+__device__ __forceinline__ void store_w(uint16_t* W, long long w, float x, uint64_t key) {
+  W[w] = lsp_f32_to_bf16_sr(x, lsp_sr_bits(key, static_cast<uint64_t>(w)));
+}
+
+// W[i, j] = store(decay * W[i, j] + sum over row i's entries of pval *
+// T[pidx, j]); Wt is float or uint16_t (bf16 bits).
+template <typename Wt>
 __global__ void __launch_bounds__(kAThreads)
-    sparse_w_kernel(uint16_t* __restrict__ W, const float* __restrict__ T, const int32_t* __restrict__ pidx,
+    sparse_w_kernel(Wt* __restrict__ W, const float* __restrict__ T, const int32_t* __restrict__ pidx,
                     const float* __restrict__ pval, int m, int n, int r, float lr, float wd, uint64_t key) {
   const int j = blockIdx.x * kAThreads + threadIdx.x;
   if (j >= n) return;
@@ -205,23 +240,22 @@ __global__ void __launch_bounds__(kAThreads)
     for (int s = 0; s < r; s++)
       upd = __fadd_rn(upd, __fmul_rn(__ldg(pval + e + s), __ldg(T + (long long)__ldg(pidx + e + s) * n + j)));
     const long long w = (long long)i * n + j;
-    const float x = __fadd_rn(__fmul_rn(decay, lsp_bf16_to_f32(W[w])), upd);
-    W[w] = lsp_f32_to_bf16_sr(x, lsp_sr_bits(key, static_cast<uint64_t>(w)));
+    store_w(W, w, __fadd_rn(__fmul_rn(decay, ld(W + w)), upd), key);
   }
 }
 
 }  // namespace
 
-extern "C" cudaError_t lsp_sparse_compress_a(float* A, const __nv_bfloat16* X, const int* colptr,
-                                             const int* rowidx, const float* colval, int BT, int m, int d,
+extern "C" cudaError_t lsp_sparse_compress_a(float* A, const void* X, const int* colptr, const int* rowidx,
+                                             const float* colval, int BT, int m, int d, int x_bf16,
                                              cudaStream_t stream) {
-  return launch_gather(A, reinterpret_cast<const uint16_t*>(X), colptr, rowidx, colval, BT, m, d, BT, 1, stream);
+  return launch_gather(A, X, colptr, rowidx, colval, BT, m, d, BT, 1, x_bf16, stream);
 }
 
-extern "C" cudaError_t lsp_sparse_compress_b(float* B, const __nv_bfloat16* dY, const int* colptr,
-                                             const int* rowidx, const float* colval, int BT, int n, int d,
+extern "C" cudaError_t lsp_sparse_compress_b(float* B, const void* dY, const int* colptr, const int* rowidx,
+                                             const float* colval, int BT, int n, int d, int dy_bf16,
                                              cudaStream_t stream) {
-  return launch_gather(B, reinterpret_cast<const uint16_t*>(dY), colptr, rowidx, colval, BT, n, d, 1, d, stream);
+  return launch_gather(B, dY, colptr, rowidx, colval, BT, n, d, 1, d, dy_bf16, stream);
 }
 
 extern "C" cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, int BT, int d, int accumulate,
@@ -233,20 +267,28 @@ extern "C" cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, in
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t lsp_sparse_apply(__nv_bfloat16* W, float* T, const float* Delta, const int* pidx,
-                                        const float* pval, const int* qidx, const float* qval, int m, int n,
-                                        int d, int r, float lr, float wd, unsigned long long seed,
-                                        unsigned long long step, unsigned int matrix, cudaStream_t stream) {
+extern "C" cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval,
+                                        const int* qidx, const float* qval, int m, int n, int d, int r, float lr,
+                                        float wd, unsigned long long seed, unsigned long long step,
+                                        unsigned int matrix, int w_bf16, cudaStream_t stream) {
   if (W == nullptr || T == nullptr || Delta == nullptr || pidx == nullptr || pval == nullptr || qidx == nullptr ||
       qval == nullptr || m < 1 || n < 1 || d < 1 || d > 65535 || r < 1 || r > d ||
-      (long long)m * r > INT32_MAX || (long long)n * r > INT32_MAX)
+      (long long)m * r > INT32_MAX || (long long)n * r > INT32_MAX || bad_dtype(w_bf16))
     return cudaErrorInvalidValue;
   const int cols = (n + kAThreads - 1) / kAThreads;
   LSP_LAUNCH(sparse_t_kernel, dim3(cols, d), dim3(kAThreads), 0, stream, T, Delta, qidx, qval, n, d, r);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const uint64_t key = lsp_sr_key(seed, step, matrix);
-  LSP_LAUNCH(sparse_w_kernel, dim3(cols, m < 65535 ? m : 65535), dim3(kAThreads), 0, stream, reinterpret_cast<uint16_t*>(W), T, pidx, pval, m,
-             n, r, lr, wd, key);
+  const dim3 grid(cols, m < 65535 ? m : 65535);
+  if (w_bf16) {
+    auto kernel = sparse_w_kernel<uint16_t>;
+    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<uint16_t*>(W), T, pidx, pval, m, n, r, lr, wd,
+               key);
+  } else {
+    auto kernel = sparse_w_kernel<float>;
+    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<float*>(W), T, pidx, pval, m, n, r, lr, wd,
+               key);
+  }
   return cudaGetLastError();
 }

@@ -1,8 +1,15 @@
 //go:build lsp_sim
 
 // Tests of kernels/sparse.cu (LSP sparse projection) under the simulator,
-// against the CPU references of train/cpu/ref_sparse.go and against dense
-// float64 maths, for every seed of Seeds.
+// against the CPU backend's ops (train/cpu/ops_sparse.go, run through a
+// cpu.Backend on tensors of the same dtypes) and against dense float64
+// maths, for every seed of Seeds.
+//
+// Dtypes: compress runs every mix of X and dY in fp32 and bf16 (the
+// model's first: bf16 activations, fp32 activation gradients), apply runs
+// W in bf16 (stochastic rounding) and in fp32 (written exactly). fp32
+// inputs are drawn unrounded, so a kernel that narrowed them to bf16
+// would differ.
 //
 // Shapes (BT, m, n, d, r): ragged (37, 70, 45, 12, 3); realistic (37, 256,
 // 256, 32, 4); a large-m one (11, 2100, 130, 150, 5), whose m spans three
@@ -10,25 +17,25 @@
 // three 64-wide S tiles, and whose W has more rows than blocks in a
 // column; a full one (5, 9, 7, 7, 7, every column of each row set) and the
 // smallest (1, 1, 1, 1, 1). BT = 37 takes S through three 16-token stages.
-// Input buffers alternate per seed between a guard page after their end
-// and one before their start, so any out-of-bounds access crashes.
+// Buffers alternate per seed between a guard page after their end and one
+// before their start, so any out-of-bounds access (a bf16 stride on an
+// fp32 buffer included) crashes.
 //
 // Tolerances:
-//   - compress A, B and S vs the CPU reference: exact (atol = rtol = 0).
-//     The references (train/cpu/ref_sparse.go) perform the kernels' fp32
+//   - compress A, B, S, apply's T and W vs the CPU backend: bit for bit.
+//     The CPU ops widen bf16 exactly and perform the kernels' fp32
 //     operations in the kernels' order, each product rounded before it is
-//     added, and the simulator's g++ build (x86-64, no -mfma) contracts
-//     nothing, so any difference is a bug. (On a GPU nvcc may contract the
-//     compress and S sums into FMAs: there they agree only to a few ulps of
-//     the sum of the magnitudes of the terms.)
+//     added, with the same stochastic-rounding bits for a bf16 W; the
+//     simulator's g++ build (x86-64, no -mfma) contracts nothing, so any
+//     difference is a bug. (On a GPU nvcc may contract the compress and S
+//     sums into FMAs: there they agree only to a few ulps of the sum of the
+//     magnitudes of the terms; apply is uncontracted there too.)
 //   - S vs dense float64 P^T (X^T dY) Q: per entry 1e-5 times the sum of
 //     the magnitudes of its terms (|P|^T |X|^T |dY| |Q|), which bounds the
 //     rounding of fp32 sums of a few thousand terms.
-//   - apply: W bit-exact against the CPU reference (same fp32 operations,
-//     uncontracted on the device too, and the same rounding bits) and T
-//     exact; against dense float64 (1 - lr wd) W + P Delta Q^T each element
-//     within one bf16 ulp (of |x| + e) plus e = 1e-5 times the magnitude of
-//     its terms.
+//   - apply vs dense float64 (1 - lr wd) W + P Delta Q^T: with e = 1e-5
+//     times the magnitude of the element's terms, a bf16 W within one bf16
+//     ulp (of |x| + e) plus e, an fp32 W within e.
 
 package simtest
 
@@ -36,11 +43,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/bf16"
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
 
@@ -86,27 +92,27 @@ func newSparseProj(t *testing.T, rng *rand.Rand, rows, d, r int) sparseProj {
 
 // sparseAlloc copies data to a buffer whose guard page sits after its end
 // (mode even) or before its start (mode odd).
-func sparseAlloc[E int32 | float32 | uint16](t *testing.T, mode uint64, data []E) *Buffer {
+func sparseAlloc[E int32 | float32](t *testing.T, mode uint64, data []E) *Buffer {
 	t.Helper()
-	size := 4
-	if _, ok := any(data).([]uint16); ok {
-		size = 2
-	}
 	var b *Buffer
 	if mode%2 == 0 {
-		b = Alloc(t, size*len(data))
+		b = Alloc(t, 4*len(data))
 	} else {
-		b = AllocBefore(t, size*len(data))
+		b = AllocBefore(t, 4*len(data))
 	}
 	switch v := any(data).(type) {
 	case []int32:
 		copy(b.Int32(), v)
 	case []float32:
 		copy(b.Float32(), v)
-	case []uint16:
-		copy(b.Uint16(), v)
 	}
 	return b
+}
+
+// sparseFloats is NewFloatBuf with sparseAlloc's guard placement.
+func sparseFloats(t *testing.T, mode uint64, vals []float32, bf16 bool) FloatBuf {
+	t.Helper()
+	return NewFloatBuf(t, vals, bf16, mode%2 == 1)
 }
 
 func (p sparseProj) columns(t *testing.T, mode uint64) SparseColumns {
@@ -117,19 +123,52 @@ func (p sparseProj) rowsOnDevice(t *testing.T, mode uint64) SparseRows {
 	return SparseRows{sparseAlloc(t, mode, p.idx), sparseAlloc(t, mode, p.val)}
 }
 
-// randBF16 draws n bf16 values N(0, scale^2).
-func randBF16(rng *rand.Rand, n int, scale float64) []uint16 {
-	out := make([]uint16, n)
+// cpuColumns and cpuRows are the projector's storages as CPU backend tensors.
+func (p sparseProj) cpuColumns(r *cpuRig) (colptr, rowidx, colval backend.Tensor) {
+	return r.ints("colptr", p.colptr), r.ints("rowidx", p.rowidx), r.tensor("colval", p.colval, false)
+}
+
+func (p sparseProj) cpuRows(r *cpuRig) (idx, val backend.Tensor) {
+	return r.ints("idx", p.idx), r.tensor("val", p.val, false)
+}
+
+// randVals draws n values N(0, scale^2), rounded to bf16 when bf16 (what a
+// buffer of that dtype holds, so both sides see the same values).
+func randVals(rng *rand.Rand, n int, scale float64, bf16 bool) []float32 {
+	out := make([]float32, n)
 	for i := range out {
-		out[i] = bf16.FromFloat32(float32(rng.NormFloat64() * scale))
+		out[i] = float32(rng.NormFloat64() * scale)
 	}
-	return out
+	return roundIf(out, bf16)
+}
+
+// checkF32Bits fails unless got and want hold the same float32 bit
+// patterns (so -0 differs from +0 and NaN payloads count).
+func checkF32Bits(t *testing.T, name string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: got %d values, want %d", name, len(got), len(want))
+	}
+	bad, first := 0, -1
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%s: %d of %d values differ from the CPU backend; first at index %d: got %.9g (0x%08x), want %.9g (0x%08x)",
+			name, bad, len(got), first, got[first], math.Float32bits(got[first]), want[first], math.Float32bits(want[first]))
+		failFast(t)
+	}
 }
 
 // sparseS64 is S = P^T (X^T dY) Q in float64 with G = X^T dY formed
 // densely; with abs, every factor is replaced by its magnitude (the sum of
 // the magnitudes of S's terms, for tolerances).
-func sparseS64(X, dY []uint16, P, Q sparseProj, BT, m, n int, abs bool) []float64 {
+func sparseS64(X, dY []float32, P, Q sparseProj, BT, m, n int, abs bool) []float64 {
 	f := func(x float64) float64 {
 		if abs {
 			return math.Abs(x)
@@ -140,10 +179,10 @@ func sparseS64(X, dY []uint16, P, Q sparseProj, BT, m, n int, abs bool) []float6
 	G := make([]float64, m*n)
 	for t := range BT {
 		for i := range m {
-			x := f(float64(bf16.ToFloat32(X[t*m+i])))
+			x := f(float64(X[t*m+i]))
 			g := G[i*n : (i+1)*n]
 			for j := range n {
-				g[j] += x * f(float64(bf16.ToFloat32(dY[t*n+j])))
+				g[j] += x * f(float64(dY[t*n+j]))
 			}
 		}
 	}
@@ -184,84 +223,81 @@ func compareS64(t *testing.T, name string, got []float32, want, scale []float64)
 }
 
 // TestSparseCompress runs compress A, compress B and S (written, then
-// accumulated over a second micro-batch) against the CPU references and
-// the dense definition.
+// accumulated over a second micro-batch) for every dtype mix of X and dY
+// against the CPU backend's ops and the dense definition.
 func TestSparseCompress(t *testing.T) {
 	for _, sh := range sparseShapes {
-		t.Run(sh.String(), func(t *testing.T) {
-			for _, seed := range Seeds {
-				SetSeed(seed)
-				rng := rand.New(rand.NewPCG(seed, uint64(sh.m)))
-				P := newSparseProj(t, rng, sh.m, sh.d, sh.r)
-				Q := newSparseProj(t, rng, sh.n, sh.d, sh.r)
-				Pc, Qc := P.columns(t, seed), Q.columns(t, seed+1)
-				S := Alloc(t, 4*sh.d*sh.d)
-				wantS := make([]float32, sh.d*sh.d)
-				s64, abs64 := make([]float64, sh.d*sh.d), make([]float64, sh.d*sh.d)
-				for mb := range 2 {
-					name := fmt.Sprintf("seed %d micro-batch %d", seed, mb)
-					X, dY := randBF16(rng, sh.BT*sh.m, 1), randBF16(rng, sh.BT*sh.n, 1)
-					A, B := Alloc(t, 4*sh.d*sh.BT), Alloc(t, 4*sh.BT*sh.d)
-					if err := SparseCompressA(A, sparseAlloc(t, seed, X), Pc, sh.BT, sh.m, sh.d); err != nil {
-						t.Fatal(err)
+		for _, mix := range dtypeMixes {
+			xb, gb := mix[0], mix[1]
+			t.Run(fmt.Sprintf("%v/X_%s_dY_%s", sh, dtName(xb), dtName(gb)), func(t *testing.T) {
+				cr := newCPURig(t)
+				for _, seed := range Seeds {
+					SetSeed(seed)
+					rng := rand.New(rand.NewPCG(seed, uint64(sh.m)))
+					P := newSparseProj(t, rng, sh.m, sh.d, sh.r)
+					Q := newSparseProj(t, rng, sh.n, sh.d, sh.r)
+					Pc, Qc := P.columns(t, seed), Q.columns(t, seed+1)
+					pcp, pri, pcv := P.cpuColumns(cr)
+					qcp, qri, qcv := Q.cpuColumns(cr)
+					S := Alloc(t, 4*sh.d*sh.d)
+					cS := cr.tensor("S", make([]float32, sh.d*sh.d), false)
+					s64, abs64 := make([]float64, sh.d*sh.d), make([]float64, sh.d*sh.d)
+					for mb := range 2 {
+						name := fmt.Sprintf("seed %d micro-batch %d", seed, mb)
+						X, dY := randVals(rng, sh.BT*sh.m, 1, xb), randVals(rng, sh.BT*sh.n, 1, gb)
+						A, B := Alloc(t, 4*sh.d*sh.BT), Alloc(t, 4*sh.BT*sh.d)
+						mustLaunch(t, SparseCompressA(A, sparseFloats(t, seed, X, xb), Pc, sh.BT, sh.m, sh.d))
+						mustLaunch(t, SparseCompressB(B, sparseFloats(t, seed+1, dY, gb), Qc, sh.BT, sh.n, sh.d))
+						mustLaunch(t, SparseS(S, A, B, sh.BT, sh.d, mb > 0))
+
+						cA := cr.tensor("A", make([]float32, sh.d*sh.BT), false)
+						cB := cr.tensor("B", make([]float32, sh.BT*sh.d), false)
+						cr.run("SparseCompressA", cr.be.SparseCompressA(cr.s, cA, cr.tensor("X", X, xb), pcp, pri, pcv,
+							sh.BT, sh.m, sh.d))
+						cr.run("SparseCompressB", cr.be.SparseCompressB(cr.s, cB, cr.tensor("dY", dY, gb), qcp, qri, qcv,
+							sh.BT, sh.n, sh.d))
+						cr.run("SparseS", cr.be.SparseS(cr.s, cS, cA, cB, sh.BT, sh.d, mb > 0))
+						checkF32Bits(t, name+" A", A.Float32(), cr.get(cA))
+						checkF32Bits(t, name+" B", B.Float32(), cr.get(cB))
+						checkF32Bits(t, name+" S", S.Float32(), cr.get(cS))
+
+						d64 := sparseS64(X, dY, P, Q, sh.BT, sh.m, sh.n, false)
+						a64 := sparseS64(X, dY, P, Q, sh.BT, sh.m, sh.n, true)
+						for k := range s64 {
+							s64[k] += d64[k]
+							abs64[k] += a64[k]
+						}
+						compareS64(t, name+" S vs dense", S.Float32(), s64, abs64)
 					}
-					if err := SparseCompressB(B, sparseAlloc(t, seed+1, dY), Qc, sh.BT, sh.n, sh.d); err != nil {
-						t.Fatal(err)
-					}
-					if err := SparseS(S, A, B, sh.BT, sh.d, mb > 0); err != nil {
-						t.Fatal(err)
-					}
-					wantA, wantB := make([]float32, sh.d*sh.BT), make([]float32, sh.BT*sh.d)
-					if err := cpu.SparseCompressA(wantA, X, P.colptr, P.rowidx, P.colval, sh.BT, sh.m, sh.d); err != nil {
-						t.Fatal(err)
-					}
-					if err := cpu.SparseCompressB(wantB, dY, Q.colptr, Q.rowidx, Q.colval, sh.BT, sh.n, sh.d); err != nil {
-						t.Fatal(err)
-					}
-					if err := cpu.SparseS(wantS, wantA, wantB, sh.BT, sh.d, mb > 0); err != nil {
-						t.Fatal(err)
-					}
-					Compare(t, name+" A", A.Float32(), wantA, 0, 0)
-					Compare(t, name+" B", B.Float32(), wantB, 0, 0)
-					Compare(t, name+" S", S.Float32(), wantS, 0, 0)
-					d64 := sparseS64(X, dY, P, Q, sh.BT, sh.m, sh.n, false)
-					a64 := sparseS64(X, dY, P, Q, sh.BT, sh.m, sh.n, true)
-					for k := range s64 {
-						s64[k] += d64[k]
-						abs64[k] += a64[k]
-					}
-					compareS64(t, name+" S vs dense", S.Float32(), s64, abs64)
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
 // Matrices reading the same input share P: one compressed A serves two
-// matrices with their own Q, and each S matches its dense definition.
+// matrices with their own Q (and dY of either dtype), and each S matches
+// its dense definition.
 func TestSparseSharedP(t *testing.T) {
 	const BT, m, d, r = 23, 70, 12, 3
 	for _, seed := range Seeds {
 		SetSeed(seed)
 		rng := rand.New(rand.NewPCG(seed, 7))
 		P := newSparseProj(t, rng, m, d, r)
-		X := randBF16(rng, BT*m, 1)
+		X := randVals(rng, BT*m, 1, true)
 		A := Alloc(t, 4*d*BT)
-		if err := SparseCompressA(A, sparseAlloc(t, seed, X), P.columns(t, seed), BT, m, d); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range []int{45, 33} {
-			Q := newSparseProj(t, rng, n, d, r)
-			dY := randBF16(rng, BT*n, 1)
+		mustLaunch(t, SparseCompressA(A, sparseFloats(t, seed, X, true), P.columns(t, seed), BT, m, d))
+		for _, q := range []struct {
+			n    int
+			bf16 bool
+		}{{45, false}, {33, true}} {
+			Q := newSparseProj(t, rng, q.n, d, r)
+			dY := randVals(rng, BT*q.n, 1, q.bf16)
 			B, S := Alloc(t, 4*BT*d), Alloc(t, 4*d*d)
-			if err := SparseCompressB(B, sparseAlloc(t, seed, dY), Q.columns(t, seed), BT, n, d); err != nil {
-				t.Fatal(err)
-			}
-			if err := SparseS(S, A, B, BT, d, false); err != nil {
-				t.Fatal(err)
-			}
-			compareS64(t, fmt.Sprintf("seed %d n %d", seed, n), S.Float32(),
-				sparseS64(X, dY, P, Q, BT, m, n, false), sparseS64(X, dY, P, Q, BT, m, n, true))
+			mustLaunch(t, SparseCompressB(B, sparseFloats(t, seed, dY, q.bf16), Q.columns(t, seed), BT, q.n, d))
+			mustLaunch(t, SparseS(S, A, B, BT, d, false))
+			compareS64(t, fmt.Sprintf("seed %d n %d", seed, q.n), S.Float32(),
+				sparseS64(X, dY, P, Q, BT, m, q.n, false), sparseS64(X, dY, P, Q, BT, m, q.n, true))
 		}
 	}
 }
@@ -277,7 +313,7 @@ func bf16Ulp(v float64) float64 {
 
 // sparseApply64 is (1 - lr wd) W + P Delta Q^T in float64 and the sum of
 // the magnitudes of its terms.
-func sparseApply64(W []uint16, Delta []float32, P, Q sparseProj, m, n int, lr, wd float32) (x, scale []float64) {
+func sparseApply64(W, Delta []float32, P, Q sparseProj, m, n int, lr, wd float32) (x, scale []float64) {
 	d := P.d
 	T, Ta := make([]float64, d*n), make([]float64, d*n) // Delta Q^T and |Delta| |Q|^T
 	for a := range d {
@@ -293,7 +329,7 @@ func sparseApply64(W []uint16, Delta []float32, P, Q sparseProj, m, n int, lr, w
 	x, scale = make([]float64, m*n), make([]float64, m*n)
 	for i := range m {
 		for j := range n {
-			w := decay * float64(bf16.ToFloat32(W[i*n+j]))
+			w := decay * float64(W[i*n+j])
 			s, sa := w, math.Abs(w)
 			for k := range P.r {
 				p := float64(P.val[i*P.r+k])
@@ -307,98 +343,112 @@ func sparseApply64(W []uint16, Delta []float32, P, Q sparseProj, m, n int, lr, w
 	return x, scale
 }
 
-// TestSparseApply compares apply with the CPU reference bit for bit, with
-// dense float64 within one stochastic rounding, and checks that a fixed
-// seed reproduces and another seed rounds differently.
+// TestSparseApply compares apply, with W in bf16 and in fp32, with the CPU
+// backend's op bit for bit and with dense float64 within one stochastic
+// rounding (bf16) or fp32 rounding; a fixed seed must reproduce, and
+// another seed must round differently in bf16 and change nothing in fp32.
 func TestSparseApply(t *testing.T) {
 	const lr, wd, step, matrix = 2e-3, 0.1, 1234, 5
 	for _, sh := range sparseShapes {
-		t.Run(sh.String(), func(t *testing.T) {
-			for _, seed := range Seeds {
-				SetSeed(seed)
-				rng := rand.New(rand.NewPCG(seed, uint64(sh.n)))
-				P := newSparseProj(t, rng, sh.m, sh.d, sh.r)
-				Q := newSparseProj(t, rng, sh.n, sh.d, sh.r)
-				W0 := randBF16(rng, sh.m*sh.n, 0.05)
-				Delta := make([]float32, sh.d*sh.d)
-				for k := range Delta {
-					Delta[k] = float32(rng.NormFloat64() * 1e-2)
-				}
-				args := SparseApplyArgs{
-					W: sparseAlloc(t, seed, W0), T: Alloc(t, 4*sh.d*sh.n), Delta: sparseAlloc(t, seed, Delta),
-					P: P.rowsOnDevice(t, seed), Q: Q.rowsOnDevice(t, seed+1),
-					M: sh.m, N: sh.n, D: sh.d, R: sh.r, LR: lr, WD: wd, Seed: seed, Step: step, Matrix: matrix,
-				}
-				if err := SparseApply(args); err != nil {
-					t.Fatal(err)
-				}
-				wantW, wantT := slices.Clone(W0), make([]float32, sh.d*sh.n)
-				if err := cpu.SparseApply(wantW, wantT, Delta, P.idx, P.val, Q.idx, Q.val, sh.m, sh.n, sh.d, sh.r,
-					lr, wd, seed, step, matrix); err != nil {
-					t.Fatal(err)
-				}
-				name := fmt.Sprintf("seed %d", seed)
-				Compare(t, name+" T", args.T.Float32(), wantT, 0, 0)
-				got := slices.Clone(args.W.Uint16())
-				CompareBits(t, name+" W", got, wantW)
+		for _, wb := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/W_%s", sh, dtName(wb)), func(t *testing.T) {
+				cr := newCPURig(t)
+				for _, seed := range Seeds {
+					SetSeed(seed)
+					rng := rand.New(rand.NewPCG(seed, uint64(sh.n)))
+					P := newSparseProj(t, rng, sh.m, sh.d, sh.r)
+					Q := newSparseProj(t, rng, sh.n, sh.d, sh.r)
+					W0 := randVals(rng, sh.m*sh.n, 0.05, wb)
+					Delta := randVals(rng, sh.d*sh.d, 1e-2, false)
+					args := SparseApplyArgs{
+						W: sparseFloats(t, seed, W0, wb), T: Alloc(t, 4*sh.d*sh.n), Delta: sparseAlloc(t, seed, Delta),
+						P: P.rowsOnDevice(t, seed), Q: Q.rowsOnDevice(t, seed+1),
+						M: sh.m, N: sh.n, D: sh.d, R: sh.r, LR: lr, WD: wd, Seed: seed, Step: step, Matrix: matrix,
+					}
+					mustLaunch(t, SparseApply(args))
 
-				x, scale := sparseApply64(W0, Delta, P, Q, sh.m, sh.n, lr, wd)
-				for k, h := range got {
-					g := float64(bf16.ToFloat32(h))
-					e := 1e-5 * scale[k]
-					if d := math.Abs(g - x[k]); !(d <= bf16Ulp(math.Abs(x[k])+e)+e) {
-						t.Fatalf("%s: W[%d] = %v, dense float64 %v: more than one bf16 ulp (%.3g) apart",
-							name, k, g, x[k], bf16Ulp(math.Abs(x[k])+e))
-					}
-				}
+					cW := cr.tensor("W", W0, wb)
+					cT := cr.tensor("T", make([]float32, sh.d*sh.n), false)
+					pidx, pval := P.cpuRows(cr)
+					qidx, qval := Q.cpuRows(cr)
+					cr.run("SparseApply", cr.be.SparseApply(cr.s, cW, cT, cr.tensor("Delta", Delta, false), pidx, pval,
+						qidx, qval, sh.m, sh.n, sh.d, sh.r, lr, wd, seed, step, matrix))
+					name := fmt.Sprintf("seed %d", seed)
+					checkF32Bits(t, name+" T", args.T.Float32(), cr.get(cT))
+					got := args.W.Values()
+					checkF32Bits(t, name+" W", got, cr.get(cW))
 
-				// The same seed reproduces; seed+100 changes some rounding
-				// when enough elements are inexact.
-				for _, s2 := range []uint64{seed, seed + 100} {
-					copy(args.W.Uint16(), W0)
-					args.Seed = s2
-					if err := SparseApply(args); err != nil {
-						t.Fatal(err)
+					x, scale := sparseApply64(W0, Delta, P, Q, sh.m, sh.n, lr, wd)
+					for k, g := range got {
+						e := 1e-5 * scale[k]
+						tol := e
+						if wb {
+							tol += bf16Ulp(math.Abs(x[k]) + e)
+						}
+						if d := math.Abs(float64(g) - x[k]); !(d <= tol) {
+							t.Fatalf("%s: W[%d] = %v, dense float64 %v: |diff| %.3g > %.3g", name, k, g, x[k], d, tol)
+						}
 					}
-					same := slices.Equal(args.W.Uint16(), got)
-					if s2 == seed && !same {
-						t.Fatalf("%s: a second run with the same seed differs", name)
-					}
-					if s2 != seed && same && sh.m*sh.n >= 1000 {
-						t.Fatalf("%s: seed %d rounds every element as seed %d does", name, s2, seed)
+
+					// The same seed reproduces; seed+100 changes some
+					// rounding of a bf16 W when enough elements are inexact,
+					// and nothing in an fp32 W.
+					for _, s2 := range []uint64{seed, seed + 100} {
+						args.W.Set(W0)
+						args.Seed = s2
+						mustLaunch(t, SparseApply(args))
+						again := args.W.Values()
+						same := true
+						for k := range again {
+							same = same && math.Float32bits(again[k]) == math.Float32bits(got[k])
+						}
+						switch {
+						case (s2 == seed || !wb) && !same:
+							t.Fatalf("%s: a run with seed %d differs from the first", name, s2)
+						case s2 != seed && wb && same && sh.m*sh.n >= 1000:
+							t.Fatalf("%s: seed %d rounds every element as seed %d does", name, s2, seed)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
-// The launchers reject bad sizes and missing buffers with
-// cudaErrorInvalidValue (code 1) before launching anything.
+// The launchers reject bad sizes, missing buffers and dtype flags other
+// than 0 and 1 with cudaErrorInvalidValue (code 1) before launching
+// anything.
 func TestSparseArgs(t *testing.T) {
 	f := Alloc(t, 64)
+	x := FloatBuf{Buf: f}
 	cols := SparseColumns{f, f, f}
 	rows := SparseRows{f, f}
-	apply := func(mod func(*SparseApplyArgs)) error {
-		a := SparseApplyArgs{W: f, T: f, Delta: f, P: rows, Q: rows, M: 2, N: 2, D: 2, R: 1, LR: 1}
+	apply := func(flag int, mod func(*SparseApplyArgs)) error {
+		a := SparseApplyArgs{W: x, T: f, Delta: f, P: rows, Q: rows, M: 2, N: 2, D: 2, R: 1, LR: 1}
 		mod(&a)
-		return SparseApply(a)
+		return sparseApply(a, flag)
 	}
+	same := func(*SparseApplyArgs) {}
 	tests := []struct {
 		name string
 		err  error
 	}{
-		{"compress A BT 0", SparseCompressA(f, f, cols, 0, 2, 2)},
-		{"compress A d 0", SparseCompressA(f, f, cols, 2, 2, 0)},
-		{"compress B n 0", SparseCompressB(f, f, cols, 2, 0, 2)},
-		{"compress B nil colval", SparseCompressB(f, f, SparseColumns{f, f, nil}, 2, 2, 2)},
+		{"compress A BT 0", SparseCompressA(f, x, cols, 0, 2, 2)},
+		{"compress A d 0", SparseCompressA(f, x, cols, 2, 2, 0)},
+		{"compress A nil X", SparseCompressA(f, FloatBuf{}, cols, 2, 2, 2)},
+		{"compress A x_bf16 2", sparseCompressA(f, x, 2, cols, 2, 2, 2)},
+		{"compress B n 0", SparseCompressB(f, x, cols, 2, 0, 2)},
+		{"compress B nil colval", SparseCompressB(f, x, SparseColumns{f, f, nil}, 2, 2, 2)},
+		{"compress B dy_bf16 -1", sparseCompressB(f, x, -1, cols, 2, 2, 2)},
 		{"S d 0", SparseS(f, f, f, 2, 0, false)},
 		{"S nil A", SparseS(f, nil, f, 2, 2, false)},
-		{"apply r > d", apply(func(a *SparseApplyArgs) { a.R = 3 })},
-		{"apply r 0", apply(func(a *SparseApplyArgs) { a.R = 0 })},
-		{"apply m 0", apply(func(a *SparseApplyArgs) { a.M = 0 })},
-		{"apply d too big", apply(func(a *SparseApplyArgs) { a.D, a.R = 65536, 1 })},
-		{"apply nil T", apply(func(a *SparseApplyArgs) { a.T = nil })},
+		{"apply r > d", apply(0, func(a *SparseApplyArgs) { a.R = 3 })},
+		{"apply r 0", apply(0, func(a *SparseApplyArgs) { a.R = 0 })},
+		{"apply m 0", apply(1, func(a *SparseApplyArgs) { a.M = 0 })},
+		{"apply d too big", apply(0, func(a *SparseApplyArgs) { a.D, a.R = 65536, 1 })},
+		{"apply nil T", apply(0, func(a *SparseApplyArgs) { a.T = nil })},
+		{"apply nil W", apply(0, func(a *SparseApplyArgs) { a.W = FloatBuf{} })},
+		{"apply w_bf16 2", apply(2, same)},
 	}
 	for _, tc := range tests {
 		if tc.err == nil {
