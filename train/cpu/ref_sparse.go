@@ -10,9 +10,11 @@
 //     column a's entries at [colptr[a], colptr[a+1]) with rowidx strictly
 //     ascending (compress uses it; the kernel walks rows in chunks).
 //
-// Shapes: BT tokens, m inputs, n outputs, d the projected size. X [BT, m]
-// and dY [BT, n] are bf16; A [d, BT], B [BT, d], S [d, d], Delta [d, d] and
-// T [d, n] are fp32; W [m, n] is bf16.
+// Shapes: BT tokens, m inputs, n outputs, d the projected size. In these
+// exported references X [BT, m], dY [BT, n] and W [m, n] are bf16 (the
+// launchers and the backend ops also take them as fp32, through the same
+// cores below); A [d, BT], B [BT, d], S [d, d], Delta [d, d] and T [d, n]
+// are fp32.
 //
 // Arithmetic is fp32 in the kernels' fixed orders, each product rounded
 // before it is added (float32(a*b)), so Go never fuses it into an FMA: the
