@@ -1,6 +1,10 @@
-// Command train measures training throughput (tokens/s) of the CPU
-// backend for the tiny and gpt2 (124M) presets: forward, backward and AdamW
-// on random tokens, after one warm-up step. It is part of `make bench`.
+// Command train measures training throughput (tokens/s) of the CPU backend
+// in each update mode (native, zero, lsp) for the tiny and gpt2 (124M)
+// presets: full steps through train/engine (forward, backward, the mode's
+// offload schedule, pipelined) on random tokens, after one warm-up step.
+// lsp runs with never-fitted projectors (d 512 capped per matrix, r 16) so
+// that only steady-state steps are timed; its projector checks cost extra
+// every --check-every steps. It is part of `make bench`.
 package main
 
 import (
@@ -14,6 +18,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -27,75 +33,61 @@ func main() {
 	threads := flag.Int("threads", runtime.NumCPU(), "compute threads")
 	flag.Parse()
 	host.SetThreads(*threads)
-	fmt.Printf("training throughput, CPU backend, %d threads, SIMD %v\n", *threads, host.ActiveSIMD())
-	fmt.Printf("%-8s %4s %5s %6s %12s %12s\n", "model", "B", "T", "steps", "s/step", "tokens/s")
+	fmt.Printf("training throughput, CPU backend, %d threads, SIMD %v, pipelined schedule, link not charged\n", *threads, host.ActiveSIMD())
+	fmt.Printf("%-6s %-6s %4s %5s %6s %10s %10s %14s\n", "model", "mode", "B", "T", "steps", "s/step", "tokens/s", "link MiB/step")
 	for _, j := range []job{{"tiny", 32, 24, 20}, {"gpt2", 4, 256, 3}} {
-		sec, err := measure(j, *threads)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench train:", err)
-			os.Exit(1)
+		for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+			sec, link, err := measure(j, mode, *threads)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "bench train:", err)
+				os.Exit(1)
+			}
+			fmt.Printf("%-6s %-6s %4d %5d %6d %10.3f %10.0f %14.2f\n", j.preset, mode, j.B, j.T, j.steps, sec,
+				float64(j.B*j.T)/sec, float64(link)/(1<<20))
 		}
-		fmt.Printf("%-8s %4d %5d %6d %12.3f %12.0f\n", j.preset, j.B, j.T, j.steps, sec, float64(j.B*j.T)/sec)
 	}
 }
 
-// measure returns seconds per training step.
-func measure(j job, threads int) (float64, error) {
+// measure returns seconds per training step and link bytes per step.
+func measure(j job, mode engine.Mode, threads int) (float64, int64, error) {
 	cfg, err := gpt2.Preset(j.preset)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	be := cpu.New(cpu.Config{Threads: threads})
 	defer be.Close()
-	s := be.DefaultStream()
-	m, err := gpt2.New(be, cfg, j.B, j.T, backend.F32)
+	ec := engine.Config{Mode: mode, DenseParams: engine.DenseDevice, Hyper: optim.DefaultHyper(), Pipelined: true,
+		Seed: 1, HostThreads: threads,
+		LSP: engine.LSPConfig{D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, NoFit: true}}
+	e, err := engine.New(be, cfg, j.B, j.T, 1, backend.F32, ec)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	if err := backend.Upload(be, s, m.Params, gpt2.Init(cfg, 1)); err != nil {
-		return 0, err
+	defer e.Free()
+	if err := backend.Upload(be, be.DefaultStream(), e.Model.Params, gpt2.Init(cfg, 1)); err != nil {
+		return 0, 0, err
+	}
+	if err := e.Init(); err != nil {
+		return 0, 0, err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	tokens := make([]int32, j.B*j.T)
-	for i := range tokens {
-		tokens[i] = int32(rng.IntN(cfg.V))
+	b := data.Batch{B: j.B, T: j.T, Inputs: make([]int32, j.B*j.T), Targets: make([]int32, j.B*j.T), NumTargets: j.B * j.T}
+	for i := range b.Inputs {
+		b.Inputs[i] = int32(rng.IntN(cfg.V))
+		b.Targets[i] = b.Inputs[i]
 	}
-	if err := backend.UploadInt32(be, s, m.Inputs, tokens); err != nil {
-		return 0, err
+	batches := []data.Batch{b}
+	if _, err := e.Step(batches, 1e-4); err != nil { // warm-up
+		return 0, 0, err
 	}
-	if err := backend.UploadInt32(be, s, m.Targets, tokens); err != nil {
-		return 0, err
-	}
-	var ts []optim.Tensor
-	for _, p := range m.Layout() {
-		ts = append(ts, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
-	}
-	opt, err := optim.New(be, optim.DefaultHyper(), m.Params, m.Grads, ts)
-	if err != nil {
-		return 0, err
-	}
-	step := func() error {
-		for _, f := range []func() error{
-			func() error { return m.ZeroGrads(s) },
-			func() error { return m.Forward(s) },
-			func() error { return m.CrossEntropy(s, 1/float32(len(tokens))) },
-			func() error { return m.Backward(s) },
-			func() error { return opt.Step(s, 1e-4) },
-		} {
-			if err := f(); err != nil {
-				return err
-			}
-		}
-		return be.Synchronize(s)
-	}
-	if err := step(); err != nil { // warm-up
-		return 0, err
-	}
+	t0 := be.Traffic()
 	start := time.Now()
 	for i := 0; i < j.steps; i++ {
-		if err := step(); err != nil {
-			return 0, err
+		if _, err := e.Step(batches, 1e-4); err != nil {
+			return 0, 0, err
 		}
 	}
-	return time.Since(start).Seconds() / float64(j.steps), nil
+	sec := time.Since(start).Seconds() / float64(j.steps)
+	t1 := be.Traffic()
+	return sec, (t1.D2H + t1.H2D - t0.D2H - t0.H2D) / int64(j.steps), nil
 }
