@@ -2,8 +2,9 @@
 // compress A = P^T X^T and B = dY Q, S = A B summed over micro-batches,
 // and apply W <- (1 - lr wd) W + P Delta Q^T written by stochastic rounding.
 //
-// They wrap the fp32 cores of ref_sparse.go, which the exported references
-// share: bf16 inputs are widened exactly at load, so bf16 results are the
+// They run the fp32 cores of package host (C, SIMD across independent
+// outputs only), which the exported references of ref_sparse.go share:
+// bf16 inputs are widened exactly at load, so bf16 results are the
 // references' bits (what the kernel tests compare with), and fp32 inputs
 // take the same summation orders. bf16 inputs and W cost a widened fp32
 // copy per call. Work is split over independent outputs only (tokens of
@@ -19,7 +20,9 @@ package cpu
 import (
 	"fmt"
 	"strings"
+	"sync"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
@@ -42,6 +45,23 @@ func checkPositive(op, names string, vals ...int) error {
 		}
 	}
 	return nil
+}
+
+// parallelErr is parallel for bodies that can fail (the host cores check
+// their arguments again): it returns the first error seen, wrapped with op.
+func (b *Backend) parallelErr(op string, n, grain int, fn func(lo, hi int) error) error {
+	var mu sync.Mutex
+	var first error
+	b.parallel(n, grain, func(lo, hi int) {
+		if err := fn(lo, hi); err != nil {
+			mu.Lock()
+			if first == nil {
+				first = fmt.Errorf("cpu: %s: %w", op, err)
+			}
+			mu.Unlock()
+		}
+	})
+	return first
 }
 
 // SparseCompressA implements backend.Ops: A [d,BT] = P^T X^T.
@@ -75,8 +95,9 @@ func (b *Backend) sparseCompress(s backend.Stream, op, outName, xName, dims stri
 			return fmt.Errorf("cpu: %s: %w", op, err)
 		}
 		o, xs := f32View(out), load(x)
-		b.parallel(BT, 4, func(lo, hi int) { sparseGather(o, xs, cp, ri, cv, rows, d, sa, st, lo, hi) })
-		return nil
+		return b.parallelErr(op, BT, 4, func(lo, hi int) error {
+			return host.SparseGather(o, xs, cp, ri, cv, rows, d, sa, st, lo, hi)
+		})
 	})
 }
 
@@ -99,8 +120,7 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 	}
 	return b.enqueue(s, op, reads, ranges(S), func() error {
 		so, a, bb := f32View(S), f32View(A), f32View(B)
-		b.parallel(d, 1, func(lo, hi int) { sparseS(so, a, bb, BT, d, accumulate, lo, hi) })
-		return nil
+		return b.parallelErr(op, d, 1, func(lo, hi int) error { return host.SparseS(so, a, bb, BT, d, accumulate, lo, hi) })
 	})
 }
 
@@ -130,16 +150,20 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 		if err := CheckSparseRows(qi, qv, n, d, r); err != nil {
 			return fmt.Errorf("cpu: %s: Q: %w", op, err)
 		}
-		tt := f32View(T)
-		b.parallel(d, 1, func(lo, hi int) { sparseApplyT(tt, f32View(Delta), qi, qv, n, d, r, lo, hi) })
+		tt, dd := f32View(T), f32View(Delta)
+		if err := b.parallelErr(op, d, 1, func(lo, hi int) error { return host.SparseApplyT(tt, dd, qi, qv, n, d, r, lo, hi) }); err != nil {
+			return err
+		}
 		w, decay := load(W), sparseDecay(lr, wd) // an fp32 W is updated in place, exactly
 		key := SRKey(seed, step, matrix)
-		b.parallel(m, 4, func(lo, hi int) {
-			sparseApplyW(w, tt, pi, pv, n, r, decay, lo, hi)
+		return b.parallelErr(op, m, 4, func(lo, hi int) error {
+			if err := host.SparseApplyW(w, tt, pi, pv, n, r, decay, lo, hi); err != nil {
+				return err
+			}
 			if W.DType == backend.BF16 {
 				sparseRoundW(u16View(W), w, key, lo*n, hi*n)
 			}
+			return nil
 		})
-		return nil
 	})
 }

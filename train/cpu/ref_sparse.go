@@ -23,16 +23,20 @@
 // __fadd_rn), so apply matches there too; compress and S may be contracted
 // by nvcc and agree to rounding.
 //
-// The unexported fp32 cores below (sparseGather, sparseS, sparseApplyT,
-// sparseApplyW) are shared with the backend's ops (ops_sparse.go): bf16
-// inputs are widened exactly before them, so the ops give these references'
-// bits, and fp32 inputs go through the same summation orders.
+// The fp32 cores (gather, S, T and the W update) are host's C kernels
+// (host.SparseGather, SparseS, SparseApplyT, SparseApplyW: SIMD across
+// independent outputs only, no FMA, so every SIMD path gives the bits of the
+// plain fp32 loops written out in their doc comments). They are shared with
+// the backend's ops (ops_sparse.go): bf16 inputs are widened exactly before
+// them, so the ops give these references' bits, and fp32 inputs go through
+// the same summation orders.
 
 package cpu
 
 import (
 	"fmt"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
 
@@ -129,24 +133,6 @@ func widen(x []uint16, n int) []float32 {
 	return out
 }
 
-// sparseGather is the shared body of compress A and B, on the references
-// and on the CPU backend's ops: for tokens t in [lo,hi) and every column a,
-// out[a*sa + t*st] = sum over column a's entries k (ascending) of colval[k]
-// * x[t*rows + rowidx[k]], accumulated in fp32 from 0. x is fp32 (a bf16
-// input widened exactly), so both input dtypes share this order.
-func sparseGather(out, x []float32, colptr, rowidx []int32, colval []float32, rows, d, sa, st, lo, hi int) {
-	for t := lo; t < hi; t++ {
-		xt := x[t*rows : (t+1)*rows]
-		for a := range d {
-			var acc float32
-			for k := colptr[a]; k < colptr[a+1]; k++ {
-				acc += float32(colval[k] * xt[rowidx[k]])
-			}
-			out[a*sa+t*st] = acc
-		}
-	}
-}
-
 func checkCompress(op, x string, out []float32, xs []uint16, colptr, rowidx []int32, colval []float32, BT, rows, d int) error {
 	if BT < 1 {
 		return fmt.Errorf("%s: BT=%d, want >= 1", op, BT)
@@ -170,7 +156,9 @@ func SparseCompressA(A []float32, X []uint16, colptr, rowidx []int32, colval []f
 	if err := checkCompress("sparse compress A", "X", A, X, colptr, rowidx, colval, BT, m, d); err != nil {
 		return err
 	}
-	sparseGather(A, widen(X, BT*m), colptr, rowidx, colval, m, d, BT, 1, 0, BT)
+	if err := host.SparseGather(A, widen(X, BT*m), colptr, rowidx, colval, m, d, BT, 1, 0, BT); err != nil {
+		return fmt.Errorf("sparse compress A: %w", err)
+	}
 	return nil
 }
 
@@ -181,7 +169,9 @@ func SparseCompressB(B []float32, dY []uint16, colptr, rowidx []int32, colval []
 	if err := checkCompress("sparse compress B", "dY", B, dY, colptr, rowidx, colval, BT, n, d); err != nil {
 		return err
 	}
-	sparseGather(B, widen(dY, BT*n), colptr, rowidx, colval, n, d, 1, d, 0, BT)
+	if err := host.SparseGather(B, widen(dY, BT*n), colptr, rowidx, colval, n, d, 1, d, 0, BT); err != nil {
+		return fmt.Errorf("sparse compress B: %w", err)
+	}
 	return nil
 }
 
@@ -195,30 +185,10 @@ func SparseS(S, A, B []float32, BT, d int, accumulate bool) error {
 	if len(S) < d*d || len(A) < d*BT || len(B) < BT*d {
 		return fmt.Errorf("sparse S: S, A, B have %d, %d, %d elements, want %d, %d, %d", len(S), len(A), len(B), d*d, d*BT, BT*d)
 	}
-	sparseS(S, A, B, BT, d, accumulate, 0, d)
-	return nil
-}
-
-// sparseS computes rows a in [lo,hi) of S = A B (or S += A B): each entry
-// summed over t ascending in fp32 from 0, then added to S when accumulating.
-// A row of sums is carried along t so that B is read by rows.
-func sparseS(S, A, B []float32, BT, d int, accumulate bool, lo, hi int) {
-	acc := make([]float32, d)
-	for a := lo; a < hi; a++ {
-		clear(acc)
-		for t, x := range A[a*BT : (a+1)*BT] {
-			for b, y := range B[t*d : (t+1)*d] {
-				acc[b] += float32(x * y)
-			}
-		}
-		sa := S[a*d : (a+1)*d]
-		for b := range sa {
-			if accumulate {
-				acc[b] += sa[b]
-			}
-			sa[b] = acc[b]
-		}
+	if err := host.SparseS(S, A, B, BT, d, accumulate, 0, d); err != nil {
+		return fmt.Errorf("sparse S: %w", err)
 	}
+	return nil
 }
 
 // SparseApply is the reference of lsp_sparse_apply: W <- (1 - lr*wd) W +
@@ -239,52 +209,19 @@ func SparseApply(W []uint16, T, Delta []float32, pidx []int32, pval []float32, q
 	if len(W) < m*n || len(T) < d*n || len(Delta) < d*d {
 		return fmt.Errorf("sparse apply: W, T, Delta have %d, %d, %d elements, want %d, %d, %d", len(W), len(T), len(Delta), m*n, d*n, d*d)
 	}
-	sparseApplyT(T, Delta, qidx, qval, n, d, r, 0, d)
+	if err := host.SparseApplyT(T, Delta, qidx, qval, n, d, r, 0, d); err != nil {
+		return fmt.Errorf("sparse apply: %w", err)
+	}
 	w := widen(W, m*n)
-	sparseApplyW(w, T, pidx, pval, n, r, sparseDecay(lr, wd), 0, m)
+	if err := host.SparseApplyW(w, T, pidx, pval, n, r, sparseDecay(lr, wd), 0, m); err != nil {
+		return fmt.Errorf("sparse apply: %w", err)
+	}
 	sparseRoundW(W, w, SRKey(seed, step, matrix), 0, m*n)
 	return nil
 }
 
 // sparseDecay is the fp32 decay factor 1 - lr*wd of the apply kernel.
 func sparseDecay(lr, wd float32) float32 { return 1 - float32(lr*wd) }
-
-// sparseApplyT computes rows a in [lo,hi) of T = Delta Q^T: T[a, j] = sum
-// over row j's entries s of Delta[a, qidx] * qval, in entry order, in fp32
-// from 0.
-func sparseApplyT(T, Delta []float32, qidx []int32, qval []float32, n, d, r, lo, hi int) {
-	for a := lo; a < hi; a++ {
-		da := Delta[a*d : (a+1)*d]
-		for j := range n {
-			var acc float32
-			for s := range r {
-				acc += float32(da[qidx[j*r+s]] * qval[j*r+s])
-			}
-			T[a*n+j] = acc
-		}
-	}
-}
-
-// sparseApplyW updates rows i in [lo,hi) of the fp32 W in place to the
-// value before the store: w[i, j] = decay*w[i, j] + the sum over row i's
-// entries s (in entry order, fp32 from 0) of pval * T[pidx, j]. A row of
-// sums is carried along s so that T is read by rows.
-func sparseApplyW(w, T []float32, pidx []int32, pval []float32, n, r int, decay float32, lo, hi int) {
-	upd := make([]float32, n)
-	for i := lo; i < hi; i++ {
-		clear(upd)
-		for s := range r {
-			p, ts := pval[i*r+s], T[int(pidx[i*r+s])*n:][:n]
-			for j, x := range ts {
-				upd[j] += float32(p * x)
-			}
-		}
-		wi := w[i*n : (i+1)*n]
-		for j := range wi {
-			wi[j] = float32(decay*wi[j]) + upd[j]
-		}
-	}
-}
 
 // sparseRoundW stores elements k in [lo,hi) of w into the bf16 W by
 // stochastic rounding with the bits of element k under key.
