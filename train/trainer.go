@@ -19,6 +19,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -39,6 +40,13 @@ type Result struct {
 	Metrics      string
 	Plot         string
 	Losses       []float64 // train loss of every step of this process, in order
+
+	// Measurements of this process's steps, for the compare job.
+	StepSeconds      float64 // mean wall time of an optimizer step (engine Step only: no checks, eval or checkpoints)
+	CheckSeconds     float64 // total wall time of the projector checks (lsp)
+	DevicePeak       int64   // the backend's device memory high-water mark at the end
+	Plan             Plan    // the predicted memory and link traffic the run was checked against
+	LinkBytesPerStep float64 // mean device-host bytes (both ways) copied during an optimizer step
 }
 
 // ErrNonFinite reports a NaN or infinite loss.
@@ -53,6 +61,9 @@ type Options struct {
 	Backend backend.Backend
 	// StopAfter > 0 stops the run as if interrupted after that step (tests).
 	StopAfter int
+	// EvalAtStart evaluates once before the first step (a step-0 eval
+	// record) when the run starts fresh rather than resuming.
+	EvalAtStart bool
 }
 
 // run holds the state of one training run.
@@ -64,7 +75,6 @@ type run struct {
 	s      backend.Stream
 	model  *gpt2.Model
 	eng    *engine.Engine
-	calib  *data.Loader // calibration batches of the projector checks (lsp)
 	tok    tokenizer.Tokenizer
 	ds     *data.Dataset
 	loader *data.Loader
@@ -74,6 +84,12 @@ type run struct {
 	start  time.Time
 	tokens int64
 	step   int
+	plan   Plan
+
+	// Step measurements of this process (Result.StepSeconds and so on).
+	stepSecs, checkSecs float64
+	stepLink            int64
+	stepsTimed          int
 }
 
 // Plan is the predicted memory and link traffic of a run.
@@ -105,12 +121,19 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if err := r.setup(); err != nil {
 		return nil, err
 	}
-	return r.loop(ctx)
+	res, err := r.loop(ctx)
+	if res != nil {
+		res.DevicePeak = r.be.MemStats().HighWater
+	}
+	return res, err
 }
 
 func (r *run) close() {
 	if r.mw != nil {
 		r.mw.Close()
+	}
+	if r.eng != nil {
+		r.eng.Free() // also stops the host worker threads
 	}
 	if r.be != nil && r.opts.Backend == nil {
 		r.be.Close()
@@ -143,6 +166,7 @@ func (r *run) setup() error {
 	if err != nil {
 		return err
 	}
+	r.plan = plan
 	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_bytes", plan.HostTotal(),
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.Total() > cfg.DeviceMem {
@@ -165,15 +189,17 @@ func (r *run) setup() error {
 		return err
 	}
 	r.model = r.eng.Model
+	if cfg.Mode == string(engine.LSP) {
+		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
+			m, n := mc.MatrixShape(k)
+			if d := lsp.CapD(cfg.D, m, n); d < cfg.D || lsp.CapR(cfg.R, d) < cfg.R {
+				r.log.Info("lsp: d and r capped for this matrix", "matrix", k.String(), "shape", fmt.Sprintf("%dx%d", m, n),
+					"d", d, "r", lsp.CapR(cfg.R, d), "requested_d", cfg.D, "requested_r", cfg.R)
+			}
+		}
+	}
 	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
 		return flagErr("data", "%v", err)
-	}
-	if r.eng.CheckDue() {
-		// Its own order over the training rows, so the checks do not move
-		// the training data's position (resume stays exact).
-		if r.calib, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed^0xca1b); err != nil {
-			return flagErr("data", "%v", err)
-		}
 	}
 	total := cfg.Steps
 	if total == 0 {
@@ -253,10 +279,15 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", r.step+1)
 	}
+	tr0, t0 := r.be.Traffic(), time.Now()
 	sum, err := r.eng.Step(batches, lr)
 	if err != nil {
 		return 0, err
 	}
+	tr1 := r.be.Traffic()
+	r.stepSecs += time.Since(t0).Seconds()
+	r.stepLink += tr1.D2H - tr0.D2H + tr1.H2D - tr0.H2D
+	r.stepsTimed++
 	loss := sum / float64(targets)
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		return loss, fmt.Errorf("step %d: loss is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step+1, loss, ErrNonFinite)
@@ -267,12 +298,20 @@ func (r *run) trainStep(lr float64) (float64, error) {
 // checkProjectors runs the lsp projector check and logs every matrix's
 // result to the metrics; a fit that misses alpha is a warning.
 func (r *run) checkProjectors() error {
+	// The calibration rows come from their own shuffle of the training
+	// rows, keyed by the step, so the checks neither move the training
+	// data's position nor depend on where a run was resumed.
+	calib, err := data.NewLoader(r.ds.Train, r.cfg.Batch, r.cfg.SeqLen, r.cfg.Seed^0xca1b^uint64(r.step)*0x9e3779b97f4a7c15)
+	if err != nil {
+		return flagErr("data", "%v", err)
+	}
 	batches := make([]data.Batch, r.eng.CalibBatches())
 	for i := range batches {
-		r.calib.Next(&batches[i])
+		calib.Next(&batches[i])
 	}
 	t0 := time.Now()
 	reps, err := r.eng.Check(batches)
+	r.checkSecs += time.Since(t0).Seconds()
 	if err != nil {
 		return err
 	}
@@ -307,6 +346,12 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 			r.prog.Log(msg, args...)
 		} else {
 			r.log.Info(msg, args...)
+		}
+	}
+	// Before the clock starts, so tokens/s counts training only.
+	if r.opts.EvalAtStart && !cfg.Resume && r.step == 0 {
+		if err := r.evaluate(res, logf); err != nil {
+			return res, err
 		}
 	}
 	r.start = time.Now()
@@ -374,6 +419,11 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	}
 	res.Steps = r.step
 	res.Elapsed = time.Since(r.start)
+	res.Plan, res.CheckSeconds = r.plan, r.checkSecs
+	if r.stepsTimed > 0 {
+		res.StepSeconds = r.stepSecs / float64(r.stepsTimed)
+		res.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
+	}
 	res.TokensPerSec = float64(r.tokens-startTokens) / res.Elapsed.Seconds()
 	if err := r.checkpoint(); err != nil {
 		return res, err

@@ -1,9 +1,11 @@
 // Command lsp-train fine-tunes GPT-2 style language models. With no flags it
 // trains the tiny preset on a built-in task on the CPU and says where its
-// outputs are; `lsp-train sample` generates text from a trained model.
+// outputs are; `lsp-train sample` generates text from a trained model, and
+// `lsp-train compare` fine-tunes in every update mode and prints a table.
 //
 //	lsp-train [flags]                 train (see -h)
 //	lsp-train sample -model DIR -prompt TEXT [flags]
+//	lsp-train compare [flags]         native, zero and lsp side by side
 package main
 
 import (
@@ -28,6 +30,16 @@ func main() {
 }
 
 func run(args []string, stdout io.Writer, stderr *os.File) int {
+	if len(args) > 0 && args[0] == "compare" {
+		if err := compare(args[1:], stdout, stderr); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0 // -h: the usage is printed already
+			}
+			fmt.Fprintln(stderr, "lsp-train compare:", err)
+			return 1
+		}
+		return 0
+	}
 	if len(args) > 0 && args[0] == "sample" {
 		if err := sample(args[1:], stdout, stderr); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -55,7 +67,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	configFile := fs.String("config", "", "JSON file of flag values (`{\"steps\": 100, ...}`); flags given on the command line win")
 	bindTrainFlags(fs, &cfg)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: lsp-train [flags]\n       lsp-train sample -model DIR -prompt TEXT\n\nTrains a GPT-2 style model; with no flags, the tiny preset on a built-in task.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage: lsp-train [flags]\n       lsp-train sample -model DIR -prompt TEXT\n       lsp-train compare [flags]\n\nTrains a GPT-2 style model; with no flags, the tiny preset on a built-in task.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -1,0 +1,120 @@
+package train
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/metrics"
+)
+
+// modeConfigs are the offload modes as a user sets them, on the quick job.
+func modeConfigs(t *testing.T, model string) map[string]Config {
+	out := map[string]Config{}
+	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen"} {
+		c := quickConfig(t, model)
+		c.Out = filepath.Join(t.TempDir(), name)
+		c.Mode = strings.SplitN(name, "-", 2)[0]
+		if c.Mode == "lsp" {
+			c.DenseParams = strings.SplitN(name, "-", 2)[1]
+			c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10
+		}
+		out[name] = c
+	}
+	return out
+}
+
+// TestModesResumeBitForBit: a zero or lsp run stopped after step 3 and
+// resumed ends exactly where an uninterrupted run does, projector checks
+// after the resume included (--check-every 2).
+func TestModesResumeBitForBit(t *testing.T) {
+	model := writeModel(t, microConfig(16, 2))
+	for name, c := range modeConfigs(t, model) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			full := mustRun(t, context.Background(), c, Options{})
+			c2 := c
+			c2.Out = filepath.Join(t.TempDir(), "out")
+			first := mustRun(t, context.Background(), c2, Options{StopAfter: 3})
+			c2.Resume = true
+			second := mustRun(t, context.Background(), c2, Options{})
+			got := append(slices.Clone(first.Losses), second.Losses...)
+			if !slices.Equal(got, full.Losses) {
+				t.Errorf("losses %v after resume, %v uninterrupted", got, full.Losses)
+			}
+			sameTensors(t, readCheckpoint(t, c.Out), readCheckpoint(t, c2.Out))
+		})
+	}
+}
+
+// TestModesUnderHazardCheck runs each mode through Run on the backend's
+// test mode (random delays, hazard detection) and compares with a plain
+// backend: no hazard, the same losses.
+func TestModesUnderHazardCheck(t *testing.T) {
+	model := writeModel(t, microConfig(16, 2))
+	for name, c := range modeConfigs(t, model) {
+		t.Run(name, func(t *testing.T) {
+			c.Steps = 4
+			plain := mustRun(t, context.Background(), c, Options{})
+			be := cpu.New(cpu.Config{Threads: 2, HazardCheck: true, MaxDelay: 50 * time.Microsecond, Seed: 9})
+			defer be.Close()
+			c.Out = filepath.Join(t.TempDir(), "hazard")
+			res := mustRun(t, context.Background(), c, Options{Backend: be})
+			if hz := be.Hazards(); len(hz) > 0 {
+				t.Fatalf("%d hazards, first %v", len(hz), hz[0])
+			}
+			if !slices.Equal(res.Losses, plain.Losses) {
+				t.Errorf("losses %v under hazard mode, %v plain", res.Losses, plain.Losses)
+			}
+		})
+	}
+}
+
+// TestProjectorChecksInMetrics: every check writes one record per matrix
+// with the ratios before and after.
+func TestProjectorChecksInMetrics(t *testing.T) {
+	c := modeConfigs(t, writeModel(t, microConfig(16, 2)))["lsp-device"]
+	res := mustRun(t, context.Background(), c, Options{})
+	recs, err := metrics.ReadFile(res.Metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perStep := map[int]int{}
+	for _, r := range recs {
+		if r.Event != "projector-check" {
+			continue
+		}
+		p := r.Projector
+		if p == nil || p.Matrix == "" || !(p.RatioBefore > 0) || !(p.RatioAfter > 0) {
+			t.Fatalf("bad check record %+v", r)
+		}
+		perStep[r.Step]++
+	}
+	// Checks before steps 1, 3, 5 and 7 (after 0, 2, 4, 6 steps), 2 layers
+	// x 4 matrices each.
+	for _, s := range []int{0, 2, 4, 6} {
+		if perStep[s] != 8 {
+			t.Errorf("step %d: %d check records, want 8 (all: %v)", s, perStep[s], perStep)
+		}
+	}
+}
+
+// TestLSPCapLogged: a --d larger than a matrix side is capped per matrix
+// and the run says so.
+func TestLSPCapLogged(t *testing.T) {
+	c := modeConfigs(t, writeModel(t, microConfig(16, 2)))["lsp-device"]
+	c.D, c.R, c.Steps = 100, 4, 1
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	mustRun(t, context.Background(), c, Options{Logger: log})
+	for _, want := range []string{"matrix=qkv shape=16x48 d=16 r=4 requested_d=100", "matrix=fcproj shape=64x16 d=16"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
