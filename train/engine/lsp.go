@@ -122,7 +122,7 @@ func (st *lspState) init(e *Engine) error {
 	if st.tWork, err = be.Alloc("lsp apply workspace", dmax*nmax, backend.F32); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	ic, fc := &carver{t: st.ints}, &carver{t: st.floats}
+	ic, fc := &backend.Carver{T: st.ints}, &backend.Carver{T: st.floats}
 	hostBytes := 0
 	st.mats = make([][gpt2.NumMatrices]*lspMatrix, mc.L)
 	st.layerNorm = make([]float64, mc.L)
@@ -133,10 +133,10 @@ func (st *lspState) init(e *Engine) error {
 			p := m.Layout()[pi]
 			x := &lspMatrix{name: p.Name, l: l, k: k, id: uint32(l*gpt2.NumMatrices + int(k)),
 				m: mm, n: nn, d: d, r: r, decay: p.Decay, w: m.ParamView(m.Params, pi)}
-			x.pIdx, x.pColPtr, x.pRowIdx = ic.next(mm*r), ic.next(d+1), ic.next(mm*r)
-			x.qIdx, x.qColPtr, x.qRowIdx = ic.next(nn*r), ic.next(d+1), ic.next(nn*r)
-			x.pVal, x.pColVal, x.qVal, x.qColVal = fc.next(mm*r), fc.next(mm*r), fc.next(nn*r), fc.next(nn*r)
-			x.A, x.S = fc.next(d, BT), fc.next(d, d)
+			x.pIdx, x.pColPtr, x.pRowIdx = ic.Next(mm*r), ic.Next(d+1), ic.Next(mm*r)
+			x.qIdx, x.qColPtr, x.qRowIdx = ic.Next(nn*r), ic.Next(d+1), ic.Next(nn*r)
+			x.pVal, x.pColVal, x.qVal, x.qColVal = fc.Next(mm*r), fc.Next(mm*r), fc.Next(nn*r), fc.Next(nn*r)
+			x.A, x.S = fc.Next(d, BT), fc.Next(d, d)
 			x.hostOff = hostBytes
 			hostBytes += d * d * 4
 			x.state = host.NewAdamState(d * d)
@@ -167,22 +167,6 @@ func (st *lspState) free() {
 	if st.calib != nil {
 		st.calib.free()
 	}
-}
-
-// carver hands out consecutive views of one allocation.
-type carver struct {
-	t   backend.Tensor
-	off int
-}
-
-func (c *carver) next(shape ...int) backend.Tensor {
-	n := 1
-	for _, s := range shape {
-		n *= s
-	}
-	v := c.t.Slice(c.off, n, shape...)
-	c.off += n
-	return v
 }
 
 // draw gives every matrix fresh random projectors (seeded per matrix) and

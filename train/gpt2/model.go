@@ -173,22 +173,6 @@ type Model struct {
 	statsBuf   backend.Tensor
 }
 
-// carver hands out consecutive views of one allocation.
-type carver struct {
-	t   backend.Tensor
-	off int
-}
-
-func (c *carver) next(shape ...int) backend.Tensor {
-	n := 1
-	for _, s := range shape {
-		n *= s
-	}
-	v := c.t.Slice(c.off, n, shape...)
-	c.off += n
-	return v
-}
-
 // actSizes lists the activation views in allocation order: the float ones
 // stored in the model dtype, then the fp32 statistics. shared: ln1, ln2 and
 // fchg are one buffer each instead of one per layer.
@@ -302,11 +286,11 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		return nil, fmt.Errorf("gpt2: activations: %w", err)
 	}
 	BT, C := B*T, cfg.C
-	a, st := &carver{t: m.acts}, &carver{t: m.statsBuf}
-	m.encoded = a.next(BT, C)
+	a, st := &backend.Carver{T: m.acts}, &backend.Carver{T: m.statsBuf}
+	m.encoded = a.Next(BT, C)
 	var shared struct{ ln1, ln2, fchg backend.Tensor }
 	if hooked {
-		shared.ln1, shared.ln2, shared.fchg = a.next(BT, C), a.next(BT, C), a.next(BT, 4*C)
+		shared.ln1, shared.ln2, shared.fchg = a.Next(BT, C), a.Next(BT, C), a.Next(BT, 4*C)
 	}
 	// input hands out a matrix input: the shared buffer under hooks, else
 	// the next per-layer view (today's order).
@@ -314,29 +298,29 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		if hooked {
 			return sh
 		}
-		return a.next(shape...)
+		return a.Next(shape...)
 	}
 	m.layers = make([]layerActs, cfg.L)
 	for l := range m.layers {
 		la := &m.layers[l]
-		la.ln1, la.ln1Mean, la.ln1Rstd = input(shared.ln1, BT, C), st.next(BT), st.next(BT)
-		la.qkv, la.atty, la.lse = a.next(BT, 3*C), a.next(BT, C), st.next(B, cfg.NH, T)
-		la.res2 = a.next(BT, C)
-		la.ln2, la.ln2Mean, la.ln2Rstd = input(shared.ln2, BT, C), st.next(BT), st.next(BT)
-		la.fch, la.fchg = a.next(BT, 4*C), input(shared.fchg, BT, 4*C)
-		la.res3 = a.next(BT, C)
+		la.ln1, la.ln1Mean, la.ln1Rstd = input(shared.ln1, BT, C), st.Next(BT), st.Next(BT)
+		la.qkv, la.atty, la.lse = a.Next(BT, 3*C), a.Next(BT, C), st.Next(B, cfg.NH, T)
+		la.res2 = a.Next(BT, C)
+		la.ln2, la.ln2Mean, la.ln2Rstd = input(shared.ln2, BT, C), st.Next(BT), st.Next(BT)
+		la.fch, la.fchg = a.Next(BT, 4*C), input(shared.fchg, BT, 4*C)
+		la.res3 = a.Next(BT, C)
 	}
-	m.lnf, m.lnfMean, m.lnfRstd = a.next(BT, C), st.next(BT), st.next(BT)
-	m.scratch = a.next(BT, C)
-	m.Logits = a.next(BT, cfg.V)
-	m.Losses = st.next(BT)
+	m.lnf, m.lnfMean, m.lnfRstd = a.Next(BT, C), st.Next(BT), st.Next(BT)
+	m.scratch = a.Next(BT, C)
+	m.Logits = a.Next(BT, cfg.V)
+	m.Losses = st.Next(BT)
 
 	if m.grad, err = be.Alloc("activation grads", BT*(2*C+3*C+4*C), backend.F32); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activation gradients: %w", err)
 	}
-	gc := &carver{t: m.grad}
-	m.dres, m.dbuf, m.dqkv, m.dfch = gc.next(BT, C), gc.next(BT, C), gc.next(BT, 3*C), gc.next(BT, 4*C)
+	gc := &backend.Carver{T: m.grad}
+	m.dres, m.dbuf, m.dqkv, m.dfch = gc.Next(BT, C), gc.Next(BT, C), gc.Next(BT, 3*C), gc.Next(BT, 4*C)
 
 	batch, err := be.Alloc("batch", 2*BT, backend.I32)
 	if err != nil {
