@@ -166,7 +166,7 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 	}()
 	opts := gpt2.Options{GradDType: cfg.GradDType}
 	if cfg.Mode == LSP {
-		e.lsp = &lspState{}
+		e.lsp = &lspState{e: e}
 		opts.MatrixGrads = e.lsp
 	}
 	var err error
@@ -255,6 +255,9 @@ func (e *Engine) Free() {
 	}
 	if e.dense != nil {
 		e.dense.free()
+	}
+	if e.off != nil {
+		e.off.free()
 	}
 	if e.lossAcc.Buf != nil {
 		e.be.Free(e.lossAcc)

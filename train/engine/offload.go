@@ -129,6 +129,14 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 	return o, nil
 }
 
+func (o *offload) free() {
+	for _, h := range []backend.HostBuffer{o.grads, o.out} {
+		if h != nil {
+			o.e.be.FreeHost(h)
+		}
+	}
+}
+
 // weights is the fp32 master of an fp32 model (its pinned weights).
 func (o *offload) weights() []float32 {
 	if o.master != nil {

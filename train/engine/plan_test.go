@@ -177,3 +177,33 @@ func TestNoFitNeverChecks(t *testing.T) {
 		t.Errorf("random projectors did not lower the loss: %v", losses)
 	}
 }
+
+// TestNewOutOfMemory: a budget below the plan fails cleanly in every mode
+// (an error, no panic), and everything allocated so far is released.
+func TestNewOutOfMemory(t *testing.T) {
+	for _, mode := range []Mode{Native, Zero, LSP} {
+		cfg := testConfig(mode)
+		plan, err := PlanMemory(small, testB, testT, 1, backend.F32, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, budget := range []int64{1, plan.DeviceTotal() / 2, plan.DeviceTotal() - 1} {
+			be := cpu.New(cpu.Config{MemBudget: budget})
+			if _, err := New(be, small, testB, testT, 1, backend.F32, cfg); err == nil {
+				t.Errorf("%s: budget %d below the plan %d accepted", mode, budget, plan.DeviceTotal())
+			}
+			if in := be.MemStats().InUse; in != 0 {
+				t.Errorf("%s: budget %d: %d bytes left allocated after the failure", mode, budget, in)
+			}
+			be.Close()
+		}
+		be := cpu.New(cpu.Config{MemBudget: plan.DeviceTotal()})
+		e, err := New(be, small, testB, testT, 1, backend.F32, cfg)
+		if err != nil {
+			t.Errorf("%s: budget = plan refused: %v", mode, err)
+		} else {
+			e.Free()
+		}
+		be.Close()
+	}
+}
