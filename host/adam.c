@@ -139,19 +139,48 @@ static double sumsq_finish(double acc[16])
  * the write-allocate read saves about a tenth of the step's memory time. */
 enum { MODE_W = 0, MODE_W_OUT = 1, MODE_DELTA = 2, MODE_W_OUT_NT = 3 };
 
-/* Software prefetch distance, in elements, for the update (every stream)
+/* Software prefetch distances, in elements, for the update (every stream)
  * and the pre-scan: on a machine whose bandwidth per core is limited by
- * outstanding misses, prefetching 1-2 KiB ahead gains 10-25%. Prefetches
- * past the end of an array are harmless (they never fault). */
+ * outstanding misses, prefetching 1-2 KiB ahead into L1 gains 10-25%. With
+ * `far` set (the caller's data does not fit in the last-level cache) they
+ * also prefetch further ahead into L2, keeping more lines in flight than the
+ * L1 fill buffers allow: at 128M parameters on two cores, 1-3% more for the
+ * update, about 10% for the pre-scan's single stream; on data already in
+ * the cache the extra prefetches cost 5-10% instead. Prefetches past the
+ * end of an array are harmless (they never fault). */
 #define LSP_PF_UPDATE 256
+#define LSP_PF_UPDATE_L2 1024
 #define LSP_PF_SCAN 512
+#define LSP_PF_SCAN_L2 4096
 
 #define LSP_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define LSP_PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+
+/* LSP_GPTR is the address of gradient element i of type gt. */
+#define LSP_GPTR(g, i, gt)                                                 \
+	((gt) == LSP_ADAM_F32 ? (const void *)((const float *)(g) + (i))  \
+			      : (const void *)((const uint16_t *)(g) + (i)))
 
 /* LSP_PREFETCH_G prefetches gradient element i of type gt. */
-#define LSP_PREFETCH_G(g, i, gt)                                           \
-	LSP_PREFETCH((gt) == LSP_ADAM_F32 ? (const void *)((const float *)(g) + (i)) \
-					  : (const void *)((const uint16_t *)(g) + (i)))
+#define LSP_PREFETCH_G(g, i, gt) LSP_PREFETCH(LSP_GPTR(g, i, gt))
+
+/* LSP_PREFETCH_UPDATE prefetches the update's input streams for element i
+ * (w only in the weight modes; into L2 as well when far). */
+#define LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far)                  \
+	do {                                                               \
+		LSP_PREFETCH_G(g, (i) + LSP_PF_UPDATE, gt);                 \
+		LSP_PREFETCH((m) + (i) + LSP_PF_UPDATE);                    \
+		LSP_PREFETCH((v) + (i) + LSP_PF_UPDATE);                    \
+		if ((mode) != MODE_DELTA)                                   \
+			LSP_PREFETCH((w) + (i) + LSP_PF_UPDATE);            \
+		if (far) {                                                  \
+			LSP_PREFETCH_L2(LSP_GPTR(g, (i) + LSP_PF_UPDATE_L2, gt)); \
+			LSP_PREFETCH_L2((m) + (i) + LSP_PF_UPDATE_L2);      \
+			LSP_PREFETCH_L2((v) + (i) + LSP_PF_UPDATE_L2);      \
+			if ((mode) != MODE_DELTA)                           \
+				LSP_PREFETCH_L2((w) + (i) + LSP_PF_UPDATE_L2); \
+		}                                                           \
+	} while (0)
 
 LSP_AVX2 LSP_INLINE __m256 ld8_256(const void *g, size_t i, int gt)
 {
@@ -177,7 +206,7 @@ LSP_AVX2 LSP_INLINE __m128i bf16_256(__m256 w)
 
 LSP_AVX2 LSP_INLINE void adam_body_avx2(const lsp_adam_coef *c, float *w,
 	float *m, float *v, const void *g, const int gt, float *delta,
-	uint16_t *out16, const int mode, size_t n)
+	uint16_t *out16, const int mode, const int far, size_t n)
 {
 	const __m256 b1 = _mm256_set1_ps(c->beta1), omb1 = _mm256_set1_ps(c->omb1);
 	const __m256 b2 = _mm256_set1_ps(c->beta2), omb2 = _mm256_set1_ps(c->omb2);
@@ -186,11 +215,7 @@ LSP_AVX2 LSP_INLINE void adam_body_avx2(const lsp_adam_coef *c, float *w,
 	const __m256 gs = _mm256_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8) {
-		LSP_PREFETCH_G(g, i + LSP_PF_UPDATE, gt);
-		LSP_PREFETCH(m + i + LSP_PF_UPDATE);
-		LSP_PREFETCH(v + i + LSP_PF_UPDATE);
-		if (mode != MODE_DELTA)
-			LSP_PREFETCH(w + i + LSP_PF_UPDATE);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far);
 		__m256 gg = _mm256_mul_ps(ld8_256(g, i, gt), gs);
 		__m256 mm = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + i), _mm256_mul_ps(omb1, gg));
 		__m256 vv = _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + i),
@@ -240,7 +265,7 @@ LSP_AVX512 LSP_INLINE __m256i bf16_512(__m512 w)
 
 LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 	float *m, float *v, const void *g, const int gt, float *delta,
-	uint16_t *out16, const int mode, size_t n)
+	uint16_t *out16, const int mode, const int far, size_t n)
 {
 	const __m512 b1 = _mm512_set1_ps(c->beta1), omb1 = _mm512_set1_ps(c->omb1);
 	const __m512 b2 = _mm512_set1_ps(c->beta2), omb2 = _mm512_set1_ps(c->omb2);
@@ -249,11 +274,7 @@ LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 	const __m512 gs = _mm512_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
-		LSP_PREFETCH_G(g, i + LSP_PF_UPDATE, gt);
-		LSP_PREFETCH(m + i + LSP_PF_UPDATE);
-		LSP_PREFETCH(v + i + LSP_PF_UPDATE);
-		if (mode != MODE_DELTA)
-			LSP_PREFETCH(w + i + LSP_PF_UPDATE);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far);
 		__m512 gg = _mm512_mul_ps(ld16_512(g, i, gt), gs);
 		__m512 mm = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(omb1, gg));
 		__m512 vv = _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i),
@@ -279,19 +300,23 @@ LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 		mode == MODE_W_OUT || mode == MODE_W_OUT_NT ? out16 : NULL, i, n);
 }
 
-/* One specialised function per (gradient type, mode) so the loop carries no
- * branches. */
+/* One specialised function per (gradient type, mode, far) so the loop
+ * carries no branches. */
+#define LSP_CASE(BODY, GT, MODE, FAR)                                          \
+	case (GT) * 8 + (FAR) * 4 + (MODE):                                    \
+		BODY(c, w, m, v, g, GT, delta, out16, MODE, FAR, n);           \
+		break;
 #define LSP_CASES(BODY, GT)                                                    \
-	case GT * 4 + 0: BODY(c, w, m, v, g, GT, delta, out16, 0, n); break;   \
-	case GT * 4 + 1: BODY(c, w, m, v, g, GT, delta, out16, 1, n); break;   \
-	case GT * 4 + 2: BODY(c, w, m, v, g, GT, delta, out16, 2, n); break;   \
-	case GT * 4 + 3: BODY(c, w, m, v, g, GT, delta, out16, 3, n); break;
+	LSP_CASE(BODY, GT, 0, 0) LSP_CASE(BODY, GT, 1, 0)                      \
+	LSP_CASE(BODY, GT, 2, 0) LSP_CASE(BODY, GT, 3, 0)                      \
+	LSP_CASE(BODY, GT, 0, 1) LSP_CASE(BODY, GT, 1, 1)                      \
+	LSP_CASE(BODY, GT, 2, 1) LSP_CASE(BODY, GT, 3, 1)
 #define LSP_SPECIALISE(ATTR, NAME, BODY)                                       \
 	ATTR static void NAME(const lsp_adam_coef *c, float *w, float *m,      \
 		float *v, const void *g, int gt, float *delta, uint16_t *out16, \
-		int mode, size_t n)                                             \
+		int mode, int far, size_t n)                                    \
 	{                                                                      \
-		switch (gt * 4 + mode) {                                       \
+		switch (gt * 8 + (far ? 4 : 0) + mode) {                       \
 			LSP_CASES(BODY, 0)                                     \
 			LSP_CASES(BODY, 1)                                     \
 			LSP_CASES(BODY, 2)                                     \
@@ -301,12 +326,15 @@ LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 LSP_SPECIALISE(LSP_AVX2, adam_avx2, adam_body_avx2)
 LSP_SPECIALISE(LSP_AVX512, adam_avx512, adam_body_avx512)
 
-LSP_AVX2 static double sumsq_avx2(const void *g, int gt, size_t n)
+LSP_AVX2 LSP_INLINE double sumsq_body_avx2(const void *g, int gt, size_t n,
+	const int far)
 {
 	__m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
 		LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
+		if (far)
+			LSP_PREFETCH_L2(LSP_GPTR(g, i + LSP_PF_SCAN_L2, gt));
 		__m256 x = ld8_256(g, i, gt), y = ld8_256(g, i + 8, gt);
 		__m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
 		__m256d x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
@@ -326,12 +354,15 @@ LSP_AVX2 static double sumsq_avx2(const void *g, int gt, size_t n)
 	return sumsq_finish(acc);
 }
 
-LSP_AVX512 static double sumsq_avx512(const void *g, int gt, size_t n)
+LSP_AVX512 LSP_INLINE double sumsq_body_avx512(const void *g, int gt,
+	size_t n, const int far)
 {
 	__m512d a0 = _mm512_setzero_pd(), a1 = a0;
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
 		LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
+		if (far)
+			LSP_PREFETCH_L2(LSP_GPTR(g, i + LSP_PF_SCAN_L2, gt));
 		__m512d x = _mm512_cvtps_pd(ld8_256(g, i, gt));
 		__m512d y = _mm512_cvtps_pd(ld8_256(g, i + 8, gt));
 		a0 = _mm512_fmadd_pd(x, x, a0);
@@ -342,6 +373,17 @@ LSP_AVX512 static double sumsq_avx512(const void *g, int gt, size_t n)
 	_mm512_storeu_pd(acc + 8, a1);
 	sumsq_scalar_range(acc, g, gt, i, n);
 	return sumsq_finish(acc);
+}
+
+/* The scans, with the prefetch choice hoisted out of the loop. */
+LSP_AVX2 static double sumsq_avx2(const void *g, int gt, size_t n, int far)
+{
+	return far ? sumsq_body_avx2(g, gt, n, 1) : sumsq_body_avx2(g, gt, n, 0);
+}
+
+LSP_AVX512 static double sumsq_avx512(const void *g, int gt, size_t n, int far)
+{
+	return far ? sumsq_body_avx512(g, gt, n, 1) : sumsq_body_avx512(g, gt, n, 0);
 }
 #endif /* x86 */
 
@@ -356,8 +398,12 @@ int lsp_adam_simd_compiled(void)
 #endif
 }
 
-void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
-	const void *g, int gtype, float *delta, uint16_t *out16, size_t n)
+/* lsp_adam_far is lsp_adam with the prefetch choice: far != 0 when the
+ * step's data does not fit in the last-level cache. The results are the
+ * same bits either way. */
+void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
+	const void *g, int gtype, float *delta, uint16_t *out16, size_t n,
+	int far)
 {
 	if (gtype < LSP_ADAM_F32 || gtype > LSP_ADAM_F16)
 		return; /* the Go side validates; never read with a wrong width */
@@ -368,34 +414,60 @@ void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
 	if (path == LSP_PATH_AVX512) {
 		if (mode == MODE_W_OUT && ((uintptr_t)out16 & 31) == 0)
 			mode = MODE_W_OUT_NT;
-		adam_avx512(&c, w, m, v, g, gtype, delta, out16, mode, n);
+		adam_avx512(&c, w, m, v, g, gtype, delta, out16, mode, far, n);
 		return;
 	}
 	if (path == LSP_PATH_AVX2) {
 		if (mode == MODE_W_OUT && ((uintptr_t)out16 & 15) == 0)
 			mode = MODE_W_OUT_NT;
-		adam_avx2(&c, w, m, v, g, gtype, delta, out16, mode, n);
+		adam_avx2(&c, w, m, v, g, gtype, delta, out16, mode, far, n);
 		return;
 	}
 #else
 	(void)path;
+	(void)far;
 #endif
 	adam_scalar_range(&c, w, m, v, g, gtype, delta, out16, 0, n);
 }
 
-double lsp_adam_sumsq(int path, const void *g, int gtype, size_t n)
+void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
+	const void *g, int gtype, float *delta, uint16_t *out16, size_t n)
+{
+	lsp_adam_far(path, c, w, m, v, g, gtype, delta, out16, n, 0);
+}
+
+static double sumsq_far(int path, const void *g, int gtype, size_t n, int far)
 {
 	if (gtype < LSP_ADAM_F32 || gtype > LSP_ADAM_F16)
 		return NAN;
 #ifdef LSP_HAVE_X86
 	if (path == LSP_PATH_AVX512)
-		return sumsq_avx512(g, gtype, n);
+		return sumsq_avx512(g, gtype, n, far);
 	if (path == LSP_PATH_AVX2)
-		return sumsq_avx2(g, gtype, n);
+		return sumsq_avx2(g, gtype, n, far);
 #else
 	(void)path;
+	(void)far;
 #endif
 	double acc[16] = {0};
 	sumsq_scalar_range(acc, g, gtype, 0, n);
 	return sumsq_finish(acc);
+}
+
+double lsp_adam_sumsq(int path, const void *g, int gtype, size_t n)
+{
+	return sumsq_far(path, g, gtype, n, 0);
+}
+
+/* lsp_adam_sumsq_chunks writes the canonical sum of squares of each chunk of
+ * `chunk` elements of g[0:n] (the last may be short) to out[0], out[1], ...
+ * (far as for lsp_adam_far): one call for a worker's whole run of chunks. */
+void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
+	size_t chunk, double *out, int far)
+{
+	size_t size = gtype == LSP_ADAM_F32 ? 4 : 2;
+	for (size_t lo = 0, k = 0; lo < n; lo += chunk, k++) {
+		size_t len = n - lo < chunk ? n - lo : chunk;
+		out[k] = sumsq_far(path, (const char *)g + lo * size, gtype, len, far);
+	}
 }

@@ -3,13 +3,19 @@
 // worker pool, with the NaN/Inf pre-scan that skips a bad tensor before any
 // of its state is written.
 //
-// A step runs in two parallel phases over fixed chunks of AdamChunkLen
-// elements: the pre-scan (sum of squares of each gradient; skipped when the
-// caller supplies the norm), then the update of every tensor whose norm is
-// finite. Chunk boundaries depend only on tensor lengths and the C kernels
-// give the same bits on every SIMD path, so results do not depend on the
-// thread count or the CPU. adam.h states the arithmetic; it follows
-// torch.optim.AdamW (decoupled weight decay, eps outside the square root).
+// A step runs in two parallel phases: the pre-scan (sum of squares of each
+// gradient, one partial per fixed chunk of AdamChunkLen elements; skipped
+// when the caller supplies the norm), then the update of every tensor whose
+// norm is finite. Workers take runs of whole chunks ("grabs") of shrinking
+// length, as OpenMP's guided schedule does: long runs keep the number of cgo
+// calls per step small (each call longer than a scheduler tick lets the Go
+// runtime take the worker's P and wake a spinning thread on a busy core,
+// which cost about a tenth of a 128M-parameter step with one call per
+// chunk), short last runs balance the workers. Chunk boundaries depend only
+// on tensor lengths and the C kernels give the same bits on every SIMD path,
+// so results do not depend on the thread count, the grabs or the CPU.
+// adam.h states the arithmetic; it follows torch.optim.AdamW (decoupled
+// weight decay, eps outside the square root).
 //
 // Limits: fp32 weights and moments only; a tensor must not be in two
 // in-flight steps at once, and the caller must not touch a submitted step's
@@ -32,9 +38,13 @@ import (
 	"github.com/klauspost/cpuid/v2"
 )
 
-// AdamChunkLen is the number of elements handed to a worker at a time: big
-// enough that the cgo call and the hand-out cost well under 1% of the work.
+// AdamChunkLen is the pre-scan's unit (one partial sum each, added in chunk
+// order) and the smallest run of elements handed to a worker.
 const AdamChunkLen = 1 << 16
+
+// adamGuided sets the grab length: about remaining/(adamGuided*workers)
+// chunks, so a step has about adamGuided*workers*ln(chunks) grabs.
+const adamGuided = 2
 
 // AdamParams are the AdamW hyperparameters of one tensor for one step.
 type AdamParams struct {
@@ -174,9 +184,12 @@ type adamJob struct {
 	coef  C.lsp_adam_coef
 }
 
-type adamChunk struct {
+// adamGrab is a run of whole chunks of one job, done in one C call: elements
+// [lo, hi), whose first chunk is number chunk0 of the phase.
+type adamGrab struct {
 	job    int
 	lo, hi int
+	chunk0 int
 }
 
 // AdamBytesPerElement returns the bytes one element of a step moves: the
@@ -252,7 +265,21 @@ func (w *Workers) parallel(chunks int, fn func(int)) error {
 	return w.ParallelFor(chunks, fn)
 }
 
+// adamPrefetch chooses the kernels' far prefetches (see adamFar); tests
+// force each choice.
+type adamPrefetch int
+
+const (
+	adamPrefetchAuto adamPrefetch = iota // from the step's size and the cache
+	adamPrefetchNear                     // never
+	adamPrefetchFar                      // always
+)
+
 func (w *Workers) adamStep(ts []AdamTensor, path SIMD) (AdamResult, error) {
+	return w.adamStepPrefetch(ts, path, adamPrefetchAuto)
+}
+
+func (w *Workers) adamStepPrefetch(ts []AdamTensor, path SIMD, pf adamPrefetch) (AdamResult, error) {
 	if path < Scalar || path > DetectSIMD() {
 		return AdamResult{}, fmt.Errorf("host: adam: SIMD path %v not supported here", path)
 	}
@@ -266,32 +293,39 @@ func (w *Workers) adamStep(ts []AdamTensor, path SIMD) (AdamResult, error) {
 		}
 	}
 	res := AdamResult{Tensors: make([]AdamTensorResult, len(ts))}
+	far := C.int(0)
+	if pf == adamPrefetchFar || pf == adamPrefetchAuto && adamFar(jobs) {
+		far = 1
+	}
 
 	// Phase 1: pre-scan every gradient whose norm is not supplied.
-	var scan []adamChunk
+	var scanJobs []int
 	for j := range jobs {
 		if !jobs[j].t.NormKnown {
-			scan = adamAppendChunks(scan, j, jobs[j].n)
+			scanJobs = append(scanJobs, j)
 			res.Bytes += int64(jobs[j].n * jobs[j].gsize)
 		}
 	}
-	partial := make([]float64, len(scan))
-	err := w.parallel(len(scan), func(c int) {
-		ch := scan[c]
-		jb := &jobs[ch.job]
-		p := unsafe.Add(jb.gp, ch.lo*jb.gsize)
-		partial[c] = float64(C.lsp_adam_sumsq(C.int(path), p, jb.gt, C.size_t(ch.hi-ch.lo)))
+	scan, nchunks := adamPlan(jobs, scanJobs, w.workers())
+	partial := make([]float64, nchunks)
+	err := w.parallel(len(scan), func(k int) {
+		gr := scan[k]
+		jb := &jobs[gr.job]
+		C.lsp_adam_sumsq_chunks(C.int(path), unsafe.Add(jb.gp, gr.lo*jb.gsize), jb.gt,
+			C.size_t(gr.hi-gr.lo), AdamChunkLen, (*C.double)(unsafe.Pointer(&partial[gr.chunk0])), far)
 	})
 	if err != nil {
 		return AdamResult{}, fmt.Errorf("host: adam: pre-scan: %w", err)
 	}
 	sumsq := make([]float64, len(jobs))
-	for c, ch := range scan { // in chunk order: a fixed summation order
-		sumsq[ch.job] += partial[c]
+	for _, gr := range scan { // grabs and their chunks in order: a fixed summation order
+		for c := gr.chunk0; c < gr.chunk0+adamChunks(gr.hi-gr.lo); c++ {
+			sumsq[gr.job] += partial[c]
+		}
 	}
 
 	// Phase 2: update every tensor with a finite gradient.
-	var upd []adamChunk
+	var updJobs []int
 	for j := range jobs {
 		jb := &jobs[j]
 		norm := jb.t.Norm
@@ -305,12 +339,13 @@ func (w *Workers) adamStep(ts []AdamTensor, path SIMD) (AdamResult, error) {
 			continue
 		}
 		jb.setCoef(norm)
-		upd = adamAppendChunks(upd, j, jb.n)
+		updJobs = append(updJobs, j)
 		res.Bytes += int64(jb.n * (AdamBytesPerElement(jb.gsize, false, jb.t.BF16Out != nil, jb.t.W == nil)))
 	}
-	err = w.parallel(len(upd), func(c int) {
-		ch := upd[c]
-		jobs[ch.job].run(path, ch.lo, ch.hi)
+	upd, _ := adamPlan(jobs, updJobs, w.workers())
+	err = w.parallel(len(upd), func(k int) {
+		gr := upd[k]
+		jobs[gr.job].run(path, gr.lo, gr.hi, far)
 	})
 	if err != nil {
 		return AdamResult{}, fmt.Errorf("host: adam: update: %w", err)
@@ -323,12 +358,55 @@ func (w *Workers) adamStep(ts []AdamTensor, path SIMD) (AdamResult, error) {
 	return res, nil
 }
 
-// adamAppendChunks splits [0, n) of job j into AdamChunkLen pieces.
-func adamAppendChunks(cs []adamChunk, j, n int) []adamChunk {
-	for lo := 0; lo < n; lo += AdamChunkLen {
-		cs = append(cs, adamChunk{job: j, lo: lo, hi: min(lo+AdamChunkLen, n)})
+// adamChunks returns the number of chunks of n elements.
+func adamChunks(n int) int { return (n + AdamChunkLen - 1) / AdamChunkLen }
+
+// adamPlan splits the listed jobs, in order, into grabs for the given number
+// of workers: each about remaining/(adamGuided*workers) chunks, at least
+// one, never across a job's end. It also returns the total chunk count.
+func adamPlan(jobs []adamJob, sel []int, workers int) ([]adamGrab, int) {
+	total := 0
+	for _, j := range sel {
+		total += adamChunks(jobs[j].n)
 	}
-	return cs
+	var grabs []adamGrab
+	left, c0 := total, 0
+	for _, j := range sel {
+		n := jobs[j].n
+		for lo := 0; lo < n; {
+			k := max(1, left/(adamGuided*workers))
+			hi := min(lo+k*AdamChunkLen, n)
+			grabs = append(grabs, adamGrab{job: j, lo: lo, hi: hi, chunk0: c0})
+			k = adamChunks(hi - lo)
+			left, c0, lo = left-k, c0+k, hi
+		}
+	}
+	return grabs, total
+}
+
+// adamFar reports whether the step's arrays together are
+// larger than the last-level cache (or its size is unknown): then the
+// kernels also prefetch far ahead into L2, which pays on data streamed from
+// memory and costs a little on data already in the cache.
+func adamFar(jobs []adamJob) bool {
+	var bytes int64
+	for _, jb := range jobs {
+		per := jb.gsize + 12 // gradient, m, v, w or Delta
+		if jb.t.BF16Out != nil {
+			per += 2
+		}
+		bytes += int64(jb.n) * int64(per)
+	}
+	llc := TriadLLCBytes()
+	return llc <= 0 || bytes > llc
+}
+
+// workers returns the number of workers, 1 for a nil pool.
+func (w *Workers) workers() int {
+	if w == nil {
+		return 1
+	}
+	return w.n
 }
 
 // init validates t: lengths, modes and parameters.
@@ -390,8 +468,8 @@ func (jb *adamJob) setCoef(norm float64) {
 	}
 }
 
-// run updates elements [lo, hi) of the job.
-func (jb *adamJob) run(path SIMD, lo, hi int) {
+// run updates elements [lo, hi) of the job (far: see adamFar).
+func (jb *adamJob) run(path SIMD, lo, hi int, far C.int) {
 	t := jb.t
 	var w, delta *C.float
 	var out *C.uint16_t
@@ -403,8 +481,8 @@ func (jb *adamJob) run(path SIMD, lo, hi int) {
 	} else {
 		delta = (*C.float)(unsafe.Pointer(&t.Delta[lo]))
 	}
-	C.lsp_adam(C.int(path), jb.coef, w,
+	C.lsp_adam_far(C.int(path), jb.coef, w,
 		(*C.float)(unsafe.Pointer(&t.State.M[lo])),
 		(*C.float)(unsafe.Pointer(&t.State.V[lo])),
-		unsafe.Add(jb.gp, lo*jb.gsize), jb.gt, delta, out, C.size_t(hi-lo))
+		unsafe.Add(jb.gp, lo*jb.gsize), jb.gt, delta, out, C.size_t(hi-lo), far)
 }

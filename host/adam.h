@@ -57,6 +57,17 @@ void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
  * elements. */
 double lsp_adam_sumsq(int path, const void *g, int gtype, size_t n);
 
+/* lsp_adam_far is lsp_adam with the choice of far (L2) prefetches, for
+ * arrays that do not fit in the last-level cache. */
+void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
+	const void *g, int gtype, float *delta, uint16_t *out16, size_t n,
+	int far);
+
+/* lsp_adam_sumsq_chunks writes the canonical sum of squares of each
+ * chunk-element piece of n gradient elements to out, in one call. */
+void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
+	size_t chunk, double *out, int far);
+
 /* lsp_adam_simd_compiled reports whether the SIMD paths were compiled in
  * (x86-64 with a compiler that supports target attributes). */
 int lsp_adam_simd_compiled(void);

@@ -162,10 +162,11 @@ func adamTestBitsLen(top int) int {
 
 // adamTestCase is one input: weights, state, gradient and parameters.
 type adamTestCase struct {
-	w, m, v []float32
-	g       AdamGrad
-	step    int64
-	p       AdamParams
+	w, m, v  []float32
+	g        AdamGrad
+	step     int64
+	p        AdamParams
+	prefetch adamPrefetch // the zero value decides from the size
 }
 
 // adamTestTile fills dst by repeating a shorter random block: cheap, and the
@@ -327,7 +328,7 @@ func (c adamTestCase) run(t *testing.T, pool *Workers, a *adamTestArena, path SI
 		}
 		tensor.BF16Out = o.out16
 	}
-	res, err := pool.adamStep([]AdamTensor{tensor}, path)
+	res, err := pool.adamStepPrefetch([]AdamTensor{tensor}, path, c.prefetch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,13 +339,24 @@ func (c adamTestCase) run(t *testing.T, pool *Workers, a *adamTestArena, path SI
 	return o
 }
 
+// adamTestSIMDRun is one SIMD path with one prefetch choice.
+type adamTestSIMDRun struct {
+	path     SIMD
+	prefetch adamPrefetch
+}
+
 // TestAdamSIMDMatchesScalar: tolerance 0. Every path performs the same IEEE
 // operations (explicit FMAs, correctly rounded sqrt and division, exact
-// conversions), so every output must equal the scalar path's bit for bit.
+// conversions), so every output must equal the scalar path's bit for bit,
+// with and without the far prefetches.
 func TestAdamSIMDMatchesScalar(t *testing.T) {
 	paths := SupportedSIMD()
 	if len(paths) < 2 {
 		t.Skipf("this CPU has only the scalar path (best %v)", DetectSIMD())
+	}
+	var runs []adamTestSIMDRun
+	for _, path := range paths[1:] {
+		runs = append(runs, adamTestSIMDRun{path, adamPrefetchNear}, adamTestSIMDRun{path, adamPrefetchFar})
 	}
 	pool := adamTestWorkers(t, 2)
 	r := rand.New(rand.NewPCG(1, 2))
@@ -359,10 +371,11 @@ func TestAdamSIMDMatchesScalar(t *testing.T) {
 					for _, mode := range []string{"w", "w+bf16", "w+bf16-unaligned", "delta"} {
 						ra.reset()
 						ref := c.run(t, pool, ra, Scalar, mode)
-						for _, path := range paths[1:] {
-							name := fmt.Sprintf("n=%d/%s/step=%d/%s/%s/%v", n, dtype, step, kind, mode, path)
+						for _, sp := range runs {
+							name := fmt.Sprintf("n=%d/%s/step=%d/%s/%s/%v/far=%v", n, dtype, step, kind, mode, sp.path, sp.prefetch == adamPrefetchFar)
 							ga.reset()
-							got := c.run(t, pool, ga, path, mode)
+							c.prefetch = sp.prefetch
+							got := c.run(t, pool, ga, sp.path, mode)
 							adamTestSame(t, name+"/w", got.w, ref.w)
 							adamTestSame(t, name+"/m", got.m, ref.m)
 							adamTestSame(t, name+"/v", got.v, ref.v)
@@ -773,6 +786,142 @@ func TestAdamThreadInvariance(t *testing.T) {
 		adamTestSame(t, name+"/bf16", got.out16, ref.out16)
 		if got.res.Tensors[0].Norm != ref.res.Tensors[0].Norm {
 			t.Errorf("%s: norm %v, serial %v", name, got.res.Tensors[0].Norm, ref.res.Tensors[0].Norm)
+		}
+	}
+}
+
+// TestAdamPlan: the grabs of a step cover every element of every listed
+// tensor once, in order, in runs of whole chunks that never cross a tensor's
+// end; their count stays logarithmic in the chunk count, and the last grab
+// is one chunk (the workers finish together).
+func TestAdamPlan(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lens []int
+	}{
+		{"one chunk", []int{5}},
+		{"exact chunks", []int{4 * AdamChunkLen}},
+		{"128M", []int{128 << 20}},
+		{"mixed", []int{1, AdamChunkLen - 1, AdamChunkLen, 3*AdamChunkLen + 5, 37*AdamChunkLen + 1}},
+		{"many small", []int{100, 200, 300, 400, 500, 600, 700}},
+	} {
+		jobs := make([]adamJob, len(tc.lens)+1)
+		jobs[len(tc.lens)].n = 99 * AdamChunkLen // not listed: must get no grab
+		var sel []int
+		chunks := 0
+		for j, n := range tc.lens {
+			jobs[j].n = n
+			sel = append(sel, j)
+			chunks += (n + AdamChunkLen - 1) / AdamChunkLen
+		}
+		for _, workers := range []int{1, 2, 3, 16} {
+			name := fmt.Sprintf("%s/%d workers", tc.name, workers)
+			grabs, total := adamPlan(jobs, sel, workers)
+			if total != chunks {
+				t.Errorf("%s: %d chunks, want %d", name, total, chunks)
+			}
+			k, lo, c0 := 0, 0, 0
+			for _, gr := range grabs {
+				for k < len(sel) && lo == jobs[sel[k]].n {
+					k, lo = k+1, 0
+				}
+				if k == len(sel) || gr.job != sel[k] || gr.lo != lo || gr.chunk0 != c0 || gr.hi <= gr.lo || gr.hi > jobs[gr.job].n ||
+					(gr.hi != jobs[gr.job].n && (gr.hi-gr.lo)%AdamChunkLen != 0) {
+					t.Fatalf("%s: grab %+v, want job %d from %d, chunk %d, whole chunks inside the tensor", name, gr, sel[min(k, len(sel)-1)], lo, c0)
+				}
+				c0 += (gr.hi - gr.lo + AdamChunkLen - 1) / AdamChunkLen
+				lo = gr.hi
+			}
+			if k != len(sel)-1 || lo != jobs[sel[k]].n || c0 != chunks {
+				t.Errorf("%s: grabs end at job %d element %d chunk %d, want the end of job %d (%d chunks)", name, k, lo, c0, len(sel)-1, chunks)
+			}
+			if limit := len(sel) + adamGuided*workers*(int(math.Log(float64(chunks)))+2); len(grabs) > limit {
+				t.Errorf("%s: %d grabs, want at most %d", name, len(grabs), limit)
+			}
+			if last := grabs[len(grabs)-1]; last.hi-last.lo > AdamChunkLen {
+				t.Errorf("%s: last grab %+v is longer than a chunk", name, last)
+			}
+		}
+	}
+}
+
+// TestAdamFar: the far prefetches are chosen exactly when the step's arrays
+// (gradient, m, v, w or Delta, bf16 copy) outgrow the last-level cache.
+func TestAdamFar(t *testing.T) {
+	llc := TriadLLCBytes()
+	if llc <= 0 {
+		t.Skip("last-level cache size unknown: always far")
+	}
+	withCopy := &AdamTensor{BF16Out: []uint16{}}
+	for _, tc := range []struct {
+		name string
+		jobs []adamJob
+		want bool
+	}{
+		{"small", []adamJob{{t: &AdamTensor{}, n: 1000, gsize: 4}}, false},
+		{"exactly the cache", []adamJob{{t: &AdamTensor{}, n: int(llc / 16), gsize: 4}}, false},
+		{"one over", []adamJob{{t: &AdamTensor{}, n: int(llc/16) + 1, gsize: 4}}, true},
+		{"bf16 copy counted", []adamJob{{t: withCopy, n: int(llc / 16), gsize: 4}}, true},
+		{"summed over tensors", []adamJob{{t: &AdamTensor{}, n: int(llc/28) + 1, gsize: 2}, {t: &AdamTensor{}, n: int(llc/28) + 1, gsize: 2}}, true},
+		{"half each", []adamJob{{t: &AdamTensor{}, n: int(llc / 28), gsize: 2}, {t: &AdamTensor{}, n: int(llc / 28), gsize: 2}}, false},
+	} {
+		if got := adamFar(tc.jobs); got != tc.want {
+			t.Errorf("%s: far = %v, want %v (LLC %d bytes)", tc.name, got, tc.want, llc)
+		}
+	}
+}
+
+// TestAdamNormCanonical: the pre-scanned norm of tensors spanning many
+// chunks equals, bit for bit, the documented order computed here in Go
+// (per chunk: 16 lanes by index mod 16, a pairwise tree; chunks added in
+// order), for every pool size, on the scalar and the active path, with and
+// without the far prefetches.
+func TestAdamNormCanonical(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	lens := []int{3, AdamChunkLen + 1, 9*AdamChunkLen + 17}
+	var grads [][]float32
+	var want []float64
+	for _, n := range lens {
+		g := make([]float32, n)
+		for i := range g {
+			g[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(40)-20))
+		}
+		grads = append(grads, g)
+		total := 0.0
+		for lo := 0; lo < n; lo += AdamChunkLen {
+			var acc [16]float64
+			for i := lo; i < min(lo+AdamChunkLen, n); i++ {
+				acc[(i-lo)&15] += float64(g[i]) * float64(g[i])
+			}
+			for s := 8; s >= 1; s >>= 1 {
+				for j := 0; j < s; j++ {
+					acc[j] += acc[j+s]
+				}
+			}
+			total += acc[0]
+		}
+		want = append(want, math.Sqrt(total))
+	}
+	pools := map[string]*Workers{"serial": nil}
+	for _, k := range []int{1, 2, 3} {
+		pools[fmt.Sprintf("%d workers", k)] = adamTestWorkers(t, k)
+	}
+	for name, pool := range pools {
+		for _, sp := range []adamTestSIMDRun{{Scalar, adamPrefetchNear}, {ActiveSIMD(), adamPrefetchNear}, {ActiveSIMD(), adamPrefetchFar}} {
+			ts := make([]AdamTensor, len(lens))
+			for j, n := range lens {
+				ts[j] = AdamTensor{Name: fmt.Sprint(j), W: make([]float32, n), Grad: AdamGrad{F32: grads[j]},
+					State: NewAdamState(n), Params: AdamDefaults()}
+			}
+			res, err := pool.adamStepPrefetch(ts, sp.path, sp.prefetch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range lens {
+				if got := res.Tensors[j].Norm; math.Float64bits(got) != math.Float64bits(want[j]) {
+					t.Errorf("%s/%v/far=%v: tensor %d norm %v, want %v", name, sp.path, sp.prefetch == adamPrefetchFar, j, got, want[j])
+				}
+			}
 		}
 	}
 }
