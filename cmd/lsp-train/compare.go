@@ -5,15 +5,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/lsp-offload/lsp-offload/train"
 )
@@ -58,18 +55,8 @@ func compare(args []string, stdout io.Writer, stderr *os.File) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	finished := make(chan struct{})
-	defer close(finished)
-	go func() {
-		select {
-		case <-ctx.Done():
-			stop() // a second Ctrl-C kills at once
-			logger.Info("interrupt: stopping after the current step (Ctrl-C again to quit at once)")
-		case <-finished:
-		}
-	}()
+	ctx, done := interruptible(logger, "interrupt: stopping after the current step (Ctrl-C again to quit at once)")
+	defer done()
 	res, err := train.Compare(ctx, c, logger)
 	if err != nil {
 		if errors.Is(err, train.ErrInterrupted) {

@@ -90,18 +90,8 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	finished := make(chan struct{})
-	defer close(finished)
-	go func() {
-		select {
-		case <-ctx.Done():
-			stop() // a second Ctrl-C kills at once
-			logger.Info("interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
-		case <-finished:
-		}
-	}()
+	ctx, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
+	defer done()
 	res, err := train.Run(ctx, cfg, train.Options{Logger: logger, Progress: progress})
 	if err != nil {
 		return err
@@ -135,4 +125,21 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	case strings.HasSuffix(cfg.Data, ".json"), strings.HasSuffix(cfg.Data, ".jsonl"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -alpaca -prompt 'Name three colours.'\n", res.Export)
 	}
+}
+
+// interruptible returns a context cancelled by the first Ctrl-C (or
+// SIGTERM), which logs msg; a second one kills the process at once. Call
+// done when the work has finished.
+func interruptible(logger *slog.Logger, msg string) (ctx context.Context, done func()) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	finished := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			stop() // a second Ctrl-C kills at once
+			logger.Info(msg)
+		case <-finished:
+		}
+	}()
+	return ctx, func() { close(finished); stop() }
 }
