@@ -276,15 +276,6 @@ func (e *Engine) Free() {
 // DenseParams is the treatment of the non-matrix parameters in lsp mode.
 func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 
-// Mode is the engine's update mode.
-func (e *Engine) Mode() Mode { return e.cfg.Mode }
-
-// Optimizer is the native mode's device optimizer (nil in other modes).
-func (e *Engine) Optimizer() *optim.AdamW { return e.opt }
-
-// StepCount is the number of optimizer steps taken.
-func (e *Engine) StepCount() int { return e.step }
-
 // SetStepCount restores the step count from a checkpoint.
 func (e *Engine) SetStepCount(n int) {
 	e.step = n
@@ -292,9 +283,6 @@ func (e *Engine) SetStepCount(n int) {
 		e.opt.SetStepCount(n)
 	}
 }
-
-// Interpreter is the schedule interpreter in use.
-func (e *Engine) Interpreter() Interpreter { return e.interp }
 
 // hostAccesser is the CPU backend's hazard declaration for host code.
 type hostAccesser interface {

@@ -28,7 +28,6 @@ type hostTensor struct {
 	off, n      int            // elements, into the host arrays
 	decay       bool
 	state       *host.AdamState
-	paramIndex  int // into the model's Layout
 }
 
 // hostGroup is the unit of one d2h -> Adam -> h2d chain.
@@ -103,7 +102,7 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 				return nil, fmt.Errorf("engine: %s has no gradient to offload", p.Name)
 			}
 			g.tensors = append(g.tensors, hostTensor{name: p.Name, param: m.ParamView(m.Params, i), grad: gv,
-				off: o.n, n: p.Len(), decay: p.Decay, paramIndex: i})
+				off: o.n, n: p.Len(), decay: p.Decay})
 			o.n += p.Len()
 		}
 		o.groups = append(o.groups, g)
