@@ -141,11 +141,8 @@ func Generate(be backend.Backend, s backend.Stream, m *gpt2.Model, prompts [][]i
 			}
 			logits := host.Float32()
 			if m.Logits.DType == backend.BF16 {
-				raw := host.Bytes()
 				logits = make([]float32, B*V)
-				for i := range logits {
-					logits[i] = bf16.ToFloat32(uint16(raw[2*i]) | uint16(raw[2*i+1])<<8)
-				}
+				bf16.ToFloat32Slice(logits, host.BF16())
 			}
 			for r := range rows {
 				if done[r] {

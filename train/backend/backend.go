@@ -82,6 +82,9 @@ type HostBuffer interface {
 	Bytes() []byte
 	Float32() []float32
 	Int32() []int32
+	// BF16 views the bytes as bfloat16 values (raw uint16 bits), the
+	// model dtype's storage, so no caller builds its own unsafe view.
+	BF16() []uint16
 }
 
 // Tensor is a view (buffer, element offset, shape, dtype) into a device

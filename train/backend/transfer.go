@@ -6,7 +6,6 @@ package backend
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
@@ -25,7 +24,7 @@ func Upload(be Backend, s Stream, t Tensor, vals []float32) error {
 	case F32:
 		copy(h.Float32(), vals)
 	case BF16:
-		bf16.FromFloat32Slice(u16(h.Bytes()), vals)
+		bf16.FromFloat32Slice(h.BF16(), vals)
 	default:
 		return fmt.Errorf("upload to %v: not a float tensor", t)
 	}
@@ -71,13 +70,9 @@ func Download(be Backend, s Stream, t Tensor) ([]float32, error) {
 	case F32:
 		copy(out, h.Float32())
 	case BF16:
-		bf16.ToFloat32Slice(out, u16(h.Bytes()))
+		bf16.ToFloat32Slice(out, h.BF16())
 	default:
 		return nil, fmt.Errorf("download of %v: not a float tensor", t)
 	}
 	return out, nil
-}
-
-func u16(b []byte) []uint16 {
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }

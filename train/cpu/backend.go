@@ -186,6 +186,9 @@ func (h *hostBuffer) Float32() []float32 {
 func (h *hostBuffer) Int32() []int32 {
 	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
 }
+func (h *hostBuffer) BF16() []uint16 {
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/2)
+}
 
 // AllocHost implements backend.Backend.
 func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) {

@@ -13,7 +13,6 @@ package engine
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -144,18 +143,14 @@ func (o *offload) weights() []float32 {
 	return o.out.Float32()[:o.n]
 }
 
-func (o *offload) outBF16() []uint16 { return u16(o.out.Bytes())[:o.n] }
+func (o *offload) outBF16() []uint16 { return o.out.BF16()[:o.n] }
 
 // grad is a tensor's gradient in the pinned buffer.
 func (o *offload) grad(t hostTensor) host.AdamGrad {
 	if o.gsize == 2 {
-		return host.AdamGrad{BF16: u16(o.grads.Bytes())[t.off : t.off+t.n]}
+		return host.AdamGrad{BF16: o.grads.BF16()[t.off : t.off+t.n]}
 	}
 	return host.AdamGrad{F32: o.grads.Float32()[t.off : t.off+t.n]}
-}
-
-func u16(b []byte) []uint16 {
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }
 
 // initMaster reads the device parameters into the host master weights.
