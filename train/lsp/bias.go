@@ -28,10 +28,7 @@
 
 package lsp
 
-import (
-	"fmt"
-	"math"
-)
+import "math"
 
 // gram returns P^T P (d x d) from P's rows: O(m r^2).
 func gram(p sparse) []float64 {
@@ -143,38 +140,4 @@ func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) e
 		ev.gqs[k] = gqk
 	}
 	return ev
-}
-
-// ExpectedRandomRatio is the root of E[ratio^2] for freshly drawn
-// projectors (NewProjector) of an m x n matrix, whatever G is (the
-// expectation of ||R||^2 over independent P and Q over E<R,G> = ||G||^2):
-//
-//	E[ratio^2] = (1 + 2/r + (m-1)/d) (1 + 2/r + (n-1)/d) - 1
-//
-// since E[(P P^T)^2] = (1 + 2/r + (m-1)/d) I for N(0,1/r) values (the
-// diagonal of P P^T has variance 2/r, each off-diagonal entry 1/d). It
-// approaches DESIGN.md's sqrt(mn/d^2 - 1) only for large m/d and n/d;
-// sparse rows (small r) start higher.
-func ExpectedRandomRatio(m, n, d, r int) float64 {
-	fm := 1 + 2/float64(r) + float64(m-1)/float64(d)
-	fn := 1 + 2/float64(r) + float64(n-1)/float64(d)
-	return math.Sqrt(fm*fn - 1)
-}
-
-// BiasRatio returns ||P P^T G Q Q^T - G||_F / ||G||_F for one matrix's
-// gradient G (m x n, row-major), computed from S, P^T P and Q^T Q without
-// the m x n reconstruction. G must not be zero.
-func BiasRatio(P, Q *Projector, G []float32) (float64, error) {
-	if err := checkPair(P, Q); err != nil {
-		return 0, fmt.Errorf("lsp bias ratio: %w", err)
-	}
-	if err := checkG(G, P.M, Q.M); err != nil {
-		return 0, fmt.Errorf("lsp bias ratio: %w", err)
-	}
-	g2 := sqNorm32(G)
-	if !(g2 > 0) || math.IsInf(g2, 0) {
-		return 0, fmt.Errorf("lsp bias ratio: ||G||^2 = %v, want finite and positive", g2)
-	}
-	ev := evaluate([][]float32{G}, []float64{g2}, P.view(), []sparse{Q.view()}, false)
-	return ev.ratios[0], nil
 }

@@ -39,9 +39,6 @@ type FitOptions struct {
 	Seed uint64
 }
 
-// DefaultFitOptions is LR 0.05 with a budget of 200 steps.
-func DefaultFitOptions() FitOptions { return FitOptions{LR: 0.05, MaxIters: 200, Seed: 1} }
-
 // FitResult reports one matrix's fit; the caller logs it (metrics.jsonl)
 // and warns when Reached is false.
 type FitResult struct {

@@ -1,0 +1,100 @@
+// The sparse float64 products of a full gradient G (m x n) with the
+// projectors that the bias objective (bias.go) needs: G Q, P^T G and
+// P^T (G Q), each from the projectors' row storage without densifying them,
+// plus the argument checks shared by the fit and the carry. They run on the
+// host once per projector check, so they are written for clarity, not speed
+// (one thread, O(m n r)). The per-step compression S = (P^T X^T)(dY Q) is a
+// backend op, not this: its CPU reference is train/cpu's ref_sparse.go.
+
+package lsp
+
+import "fmt"
+
+// sparse is the float64 row view of a projector used by the bias math:
+// row i's columns idx[i*r:(i+1)*r], values val[i*r:(i+1)*r].
+type sparse struct {
+	rows, d, r int
+	idx        []int32
+	val        []float64
+}
+
+// view returns p's row storage in float64.
+func (p *Projector) view() sparse {
+	return sparse{rows: p.M, d: p.D, r: p.R, idx: p.Idx, val: p.values()}
+}
+
+// checkPair validates P (m x d) and Q (n x d) and that they share d.
+func checkPair(P, Q *Projector) error {
+	if err := P.Validate(); err != nil {
+		return fmt.Errorf("P: %w", err)
+	}
+	if err := Q.Validate(); err != nil {
+		return fmt.Errorf("Q: %w", err)
+	}
+	if P.D != Q.D {
+		return fmt.Errorf("P is %dx%d and Q %dx%d: they must share d", P.M, P.D, Q.M, Q.D)
+	}
+	return nil
+}
+
+// checkG validates the length of an m x n gradient.
+func checkG(G []float32, m, n int) error {
+	if len(G) != m*n {
+		return fmt.Errorf("G has %d entries, want m*n = %d*%d = %d", len(G), m, n, m*n)
+	}
+	return nil
+}
+
+// rightProject returns G Q (m x d) for G m x n row-major, using Q's rows:
+// (G Q)[i,b] = sum over j and Q's entries (j,b) of G[i,j] Q[j,b].
+func rightProject(G []float32, m int, q sparse) []float64 {
+	n, d, r := q.rows, q.d, q.r
+	out := make([]float64, m*d)
+	for i := range m {
+		oi := out[i*d : (i+1)*d]
+		for j, g := range G[i*n : (i+1)*n] {
+			if g == 0 {
+				continue
+			}
+			gv := float64(g)
+			for s := j * r; s < (j+1)*r; s++ {
+				oi[q.idx[s]] += gv * q.val[s]
+			}
+		}
+	}
+	return out
+}
+
+// leftProject returns P^T G (d x n) for G m x n row-major, using P's rows.
+func leftProject(G []float32, n int, p sparse) []float64 {
+	d, r := p.d, p.r
+	out := make([]float64, d*n)
+	for i := range p.rows {
+		gi := G[i*n : (i+1)*n]
+		for s := i * r; s < (i+1)*r; s++ {
+			oa := out[int(p.idx[s])*n : (int(p.idx[s])+1)*n]
+			v := p.val[s]
+			for j, g := range gi {
+				oa[j] += v * float64(g)
+			}
+		}
+	}
+	return out
+}
+
+// leftProject64 returns P^T Y (d x d) for Y m x d, using P's rows.
+func leftProject64(Y []float64, p sparse) []float64 {
+	d, r := p.d, p.r
+	out := make([]float64, d*d)
+	for i := range p.rows {
+		yi := Y[i*d : (i+1)*d]
+		for s := i * r; s < (i+1)*r; s++ {
+			oa := out[int(p.idx[s])*d : (int(p.idx[s])+1)*d]
+			v := p.val[s]
+			for b, y := range yi {
+				oa[b] += v * y
+			}
+		}
+	}
+	return out
+}
