@@ -1,6 +1,7 @@
 // buffer_test.go: off-heap host buffers: alignment, zeroing, views and their
 // bounds, the huge-page advice and mlock (read back from /proc/self/smaps),
 // and Free.
+
 package host
 
 import (

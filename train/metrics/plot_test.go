@@ -1,6 +1,7 @@
 // Tests for PlotLoss and PlotEvalLoss: a valid PNG for train-only,
 // eval-only and mixed data (with non-finite values skipped), every curve of
 // a multi-run plot visible, errors on no data, and the smoother.
+
 package metrics
 
 import (

@@ -1,6 +1,7 @@
 // Tests for safetensors: round trips of every writer, golden bytes of the
 // layout, conversions (BF16, F16, I32), each validation error on hand-made bad
 // files, and (when present) the PyTorch-written GPT-2 fixture.
+
 package safetensors
 
 import (
