@@ -173,7 +173,9 @@ func TestCarryErrors(t *testing.T) {
 	}
 	hole2 := hole.Clone()
 	hole2.Val[0] = 2
-	_ = hole2.SyncValues()
+	if err := hole2.SyncValues(); err != nil {
+		t.Fatal(err)
+	}
 	Qs := mustProjector(t, 4, 4, 1, rng)
 	M, V := randMoments(4, 1)
 	for _, tc := range []struct {

@@ -147,6 +147,9 @@ func TestFitShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(res) != len(Qs) {
+		t.Fatalf("%d results for %d matrices", len(res), len(Qs))
+	}
 	for k, rk := range res {
 		t.Logf("matrix %d: %+v", k, rk)
 		if !rk.Reached || !rk.Resampled || rk.RatioAfter > alpha || rk.Iters != res[0].Iters || rk.Iters >= 1000 {
