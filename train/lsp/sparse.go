@@ -65,8 +65,9 @@ func rightProject(G []float32, m int, q sparse) []float64 {
 	return out
 }
 
-// leftProject returns P^T G (d x n) for G m x n row-major, using P's rows.
-func leftProject(G []float32, n int, p sparse) []float64 {
+// leftProject returns P^T G (d x n) for G (m x n, row-major; the gradient
+// in float32 or G Q in float64), using P's rows.
+func leftProject[T float32 | float64](G []T, n int, p sparse) []float64 {
 	d, r := p.d, p.r
 	out := make([]float64, d*n)
 	for i := range p.rows {
@@ -76,23 +77,6 @@ func leftProject(G []float32, n int, p sparse) []float64 {
 			v := p.val[s]
 			for j, g := range gi {
 				oa[j] += v * float64(g)
-			}
-		}
-	}
-	return out
-}
-
-// leftProject64 returns P^T Y (d x d) for Y m x d, using P's rows.
-func leftProject64(Y []float64, p sparse) []float64 {
-	d, r := p.d, p.r
-	out := make([]float64, d*d)
-	for i := range p.rows {
-		yi := Y[i*d : (i+1)*d]
-		for s := i * r; s < (i+1)*r; s++ {
-			oa := out[int(p.idx[s])*d : (int(p.idx[s])+1)*d]
-			v := p.val[s]
-			for b, y := range yi {
-				oa[b] += v * y
 			}
 		}
 	}
