@@ -243,3 +243,25 @@ func checkFit(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts
 	}
 	return nil
 }
+
+// checkPair validates P (m x d) and Q (n x d) and that they share d.
+func checkPair(P, Q *Projector) error {
+	if err := P.Validate(); err != nil {
+		return fmt.Errorf("P: %w", err)
+	}
+	if err := Q.Validate(); err != nil {
+		return fmt.Errorf("Q: %w", err)
+	}
+	if P.D != Q.D {
+		return fmt.Errorf("P is %dx%d and Q %dx%d: they must share d", P.M, P.D, Q.M, Q.D)
+	}
+	return nil
+}
+
+// checkG validates the length of an m x n gradient.
+func checkG(G []float32, m, n int) error {
+	if len(G) != m*n {
+		return fmt.Errorf("G has %d entries, want m*n = %d*%d = %d", len(G), m, n, m*n)
+	}
+	return nil
+}

@@ -1,14 +1,12 @@
 // The sparse float64 products of a full gradient G (m x n) with the
 // projectors that the bias objective (bias.go) needs: G Q, P^T G and
-// P^T (G Q), each from the projectors' row storage without densifying them,
-// plus the argument checks shared by the fit and the carry. They run on the
-// host once per projector check, so they are written for clarity, not speed
-// (one thread, O(m n r)). The per-step compression S = (P^T X^T)(dY Q) is a
-// backend op, not this: its CPU reference is train/cpu's ref_sparse.go.
+// P^T (G Q), each from the projectors' row storage without densifying them.
+// They run on the host once per projector check, so they are written for
+// clarity, not speed (one thread, O(m n r)). The per-step compression
+// S = (P^T X^T)(dY Q) is a backend op, not this: its CPU reference is
+// train/cpu's ref_sparse.go.
 
 package lsp
-
-import "fmt"
 
 // sparse is the float64 row view of a projector used by the bias math:
 // row i's columns idx[i*r:(i+1)*r], values val[i*r:(i+1)*r].
@@ -21,28 +19,6 @@ type sparse struct {
 // view returns p's row storage in float64.
 func (p *Projector) view() sparse {
 	return sparse{rows: p.M, d: p.D, r: p.R, idx: p.Idx, val: p.values()}
-}
-
-// checkPair validates P (m x d) and Q (n x d) and that they share d.
-func checkPair(P, Q *Projector) error {
-	if err := P.Validate(); err != nil {
-		return fmt.Errorf("P: %w", err)
-	}
-	if err := Q.Validate(); err != nil {
-		return fmt.Errorf("Q: %w", err)
-	}
-	if P.D != Q.D {
-		return fmt.Errorf("P is %dx%d and Q %dx%d: they must share d", P.M, P.D, Q.M, Q.D)
-	}
-	return nil
-}
-
-// checkG validates the length of an m x n gradient.
-func checkG(G []float32, m, n int) error {
-	if len(G) != m*n {
-		return fmt.Errorf("G has %d entries, want m*n = %d*%d = %d", len(G), m, n, m*n)
-	}
-	return nil
 }
 
 // rightProject returns G Q (m x d) for G m x n row-major, using Q's rows:
