@@ -4,10 +4,10 @@
 // the analytic gradient of bias.go. Matrices that read the same input share
 // P and are fitted together on the sum of their ratio^2.
 //
-// Limits: a float64 host reference, O(m n r + d^3) per iteration per
-// matrix, single-threaded; the fitted values are rounded to float32 after
-// every Adam step, so the reported ratios are those of the stored
-// projectors exactly.
+// Limits: float64 on the host, single-threaded, O(m n r + d^3) per
+// iteration per matrix (the engine runs it between steps); the fitted
+// values are rounded to float32 after every Adam step, so the reported
+// ratios are those of the stored projectors exactly.
 
 package lsp
 
