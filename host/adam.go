@@ -20,6 +20,7 @@
 // Limits: fp32 weights and moments only; a tensor must not be in two
 // in-flight steps at once, and the caller must not touch a submitted step's
 // slices before its completion.
+
 package host
 
 /*

@@ -1,6 +1,7 @@
 // adam_test.go: the fused Adam against PyTorch's AdamW trajectory, every
 // SIMD path against the scalar one (bit for bit), bf16 rounding, the NaN/Inf
 // skip, argument errors, clipping, the subspace form and thread invariance.
+
 package host
 
 import (

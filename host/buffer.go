@@ -7,6 +7,7 @@
 // Free it explicitly, and do not use any view after Free (the pages are
 // gone: a use is a fault, not a Go error). Huge pages are a hint; the
 // kernel may ignore it.
+
 package host
 
 import (

@@ -37,9 +37,6 @@ func SetThreads(n int) int {
 	return int(gemmThreads.Swap(int64(n)))
 }
 
-// Threads returns how many threads Sgemm uses.
-func Threads() int { return int(gemmThreads.Load()) }
-
 // gemmParams is the blocking of one SIMD path, read once from C.
 type gemmParams struct{ mr, nr, kc, mc, nc int }
 
@@ -176,15 +173,15 @@ func sgemm(path SIMD, p gemmParams, threads int, transA, transB bool, M, N, K in
 	// K super-blocks: whole kc-blocks, as many as fit in packFloats.
 	ks := max(1, gemmPackFloats/(maxPanels*p.nr*p.kc)) * p.kc
 
-	bp := getBuf(min(ks, K) * maxPanels * p.nr)
-	defer bp.put()
-	aps := make([]*packBuf, threads)
+	bp := gemmBufs.get(min(ks, K) * maxPanels * p.nr)
+	defer gemmBufs.put(bp)
+	aps := make([]*scratchBuf, threads)
 	for t := range aps {
-		aps[t] = getBuf(p.mc * p.kc)
+		aps[t] = gemmBufs.get(p.mc * p.kc)
 	}
 	defer func() {
 		for _, b := range aps {
-			b.put()
+			gemmBufs.put(b)
 		}
 	}()
 
@@ -307,30 +304,6 @@ func parallelFor(workers, n int, fn func(worker, task int)) {
 	wg.Wait()
 }
 
-// packBuf is a packing buffer: f is a 64-byte aligned window of raw, so
-// packed panels start on cache lines.
-type packBuf struct{ raw, f []float32 }
-
-// bufPool holds packing buffers; they are large and reused across calls.
-var bufPool sync.Pool
-
-// getBuf returns a buffer of at least n floats.
-func getBuf(n int) *packBuf {
-	const align = 16 // floats per 64 bytes
-	b, ok := bufPool.Get().(*packBuf)
-	if !ok || len(b.raw) < n+align {
-		b = &packBuf{raw: make([]float32, n+align)}
-	}
-	off := int(uintptr(unsafe.Pointer(&b.raw[0]))%64) / 4
-	if off != 0 {
-		off = align - off
-	}
-	b.f = b.raw[off : off+n : off+n]
-	return b
-}
-
-func (b *packBuf) put() { bufPool.Put(b) }
-
 func sliceArg(s []float32) *C.float {
 	if len(s) == 0 {
 		return nil
@@ -344,6 +317,9 @@ func cBool(b bool) C.int {
 	}
 	return 0
 }
+
+// gemmBufs holds the packing buffers; they are large and reused across calls.
+var gemmBufs scratchPool
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 

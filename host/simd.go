@@ -1,5 +1,6 @@
-// Package host is the CPU side of lsp-offload: SIMD kernels in C behind cgo
-// (matrix multiply, fused Adam), off-heap host buffers and a worker pool.
+// simd.go: the instruction-set paths of the C kernels (scalar, AVX2,
+// AVX-512), which ones this CPU can run, and the one the kernels use.
+
 package host
 
 import (

@@ -22,7 +22,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"unsafe"
 )
 
@@ -107,8 +106,8 @@ func sparseGather(path SIMD, out, x []float32, colptr []int32, r int, rowidx []i
 	}
 	var scratch *C.float
 	if n := int(C.lsp_host_sparse_gather_scratch(C.int(path), C.ptrdiff_t(rows), C.ptrdiff_t(d))); n > 0 {
-		b := getSparseBuf(n)
-		defer sparsePool.Put(b)
+		b := sparseBufs.get(n)
+		defer sparseBufs.put(b)
 		scratch = sliceArg(b.f)
 	}
 	C.lsp_host_sparse_gather(C.int(path), sliceArg(out), sliceArg(x), C.ptrdiff_t(rows), cptr, C.ptrdiff_t(r),
@@ -174,24 +173,9 @@ func sparseApplyW(path SIMD, w, T []float32, pidx []int32, pval []float32, n, r 
 	return nil
 }
 
-// sparsePool holds the gather's scratch tiles (a pool apart from Sgemm's,
+// sparseBufs holds the gather's scratch tiles (a pool apart from Sgemm's,
 // whose buffers are much larger).
-var sparsePool sync.Pool
-
-// getSparseBuf returns a 64-byte aligned scratch buffer of at least n floats.
-func getSparseBuf(n int) *packBuf {
-	const align = 16 // floats per 64 bytes
-	b, ok := sparsePool.Get().(*packBuf)
-	if !ok || len(b.raw) < n+align {
-		b = &packBuf{raw: make([]float32, n+align)}
-	}
-	off := int(uintptr(unsafe.Pointer(&b.raw[0]))%64) / 4
-	if off != 0 {
-		off = align - off
-	}
-	b.f = b.raw[off : off+n : off+n]
-	return b
-}
+var sparseBufs scratchPool
 
 func int32Arg(s []int32) *C.int32_t {
 	if len(s) == 0 {

@@ -212,6 +212,29 @@ func nanEqual(what string, got, want []float32) error {
 	return nil
 }
 
+// checkPaths runs a core on every path, each time into a guarded copy of
+// init, and fails the test unless every path gives want (the Go loop's
+// bits) and the scalar path's bits.
+func checkPaths(t *testing.T, name string, init, want []float32, run func(path SIMD, got []float32) error) {
+	t.Helper()
+	var scalar []float32
+	for _, path := range spPaths() {
+		got := guarded(t, len(init))
+		copy(got, init)
+		if err := run(path, got); err != nil {
+			t.Fatalf("%s %v: %v", name, path, err)
+		}
+		if err := bitsEqual(fmt.Sprintf("%s %v vs Go", name, path), got, want); err != nil {
+			t.Fatal(err)
+		}
+		if path == Scalar {
+			scalar = got
+		} else if err := bitsEqual(fmt.Sprintf("%s %v vs scalar", name, path), got, scalar); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 type gatherCase struct {
 	rows, d, BT, lo, hi int
 	layout              string // "A" (sa = BT, st = 1), "B" (sa = 1, st = d) or "odd"
@@ -262,22 +285,9 @@ func TestSparseGatherBitExact(t *testing.T) {
 				}
 				want := append([]float32(nil), init...)
 				goGather(want, x, colptr, 0, rowidx, colval, c.rows, c.d, sa, st, c.lo, c.hi)
-				var scalar []float32
-				for _, path := range spPaths() {
-					got := guarded(t, n)
-					copy(got, init)
-					if err := sparseGather(path, got, x, colptr, 0, rowidx, colval, c.rows, c.d, sa, st, c.lo, c.hi); err != nil {
-						t.Fatalf("%s %v: %v", name, path, err)
-					}
-					if err := bitsEqual(fmt.Sprintf("%s %v vs Go", name, path), got, want); err != nil {
-						t.Fatal(err)
-					}
-					if path == Scalar {
-						scalar = got
-					} else if err := bitsEqual(fmt.Sprintf("%s %v vs scalar", name, path), got, scalar); err != nil {
-						t.Fatal(err)
-					}
-				}
+				checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+					return sparseGather(path, got, x, colptr, 0, rowidx, colval, c.rows, c.d, sa, st, c.lo, c.hi)
+				})
 			}
 		}
 	}
@@ -307,22 +317,9 @@ func TestSparseApplyTBitExact(t *testing.T) {
 			}
 			init := append([]float32(nil), want...)
 			goApplyT(want, Delta, qidx, qval, c.n, c.d, c.r, c.lo, c.hi)
-			var scalar []float32
-			for _, path := range spPaths() {
-				got := guarded(t, len(want))
-				copy(got, init)
-				if err := sparseGather(path, got, Delta, nil, c.r, qidx, qval, c.d, c.n, 1, c.n, c.lo, c.hi); err != nil {
-					t.Fatalf("%s %v: %v", name, path, err)
-				}
-				if err := bitsEqual(fmt.Sprintf("%s %v vs Go", name, path), got, want); err != nil {
-					t.Fatal(err)
-				}
-				if path == Scalar {
-					scalar = got
-				} else if err := bitsEqual(fmt.Sprintf("%s %v vs scalar", name, path), got, scalar); err != nil {
-					t.Fatal(err)
-				}
-			}
+			checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+				return sparseGather(path, got, Delta, nil, c.r, qidx, qval, c.d, c.n, 1, c.n, c.lo, c.hi)
+			})
 		}
 	}
 }
@@ -343,22 +340,9 @@ func TestSparseSBitExact(t *testing.T) {
 				spFill(rng, init, wild)
 				want := append([]float32(nil), init...)
 				goS(want, A, B, c.BT, c.d, acc, c.lo, c.hi)
-				var scalar []float32
-				for _, path := range spPaths() {
-					got := guarded(t, len(init))
-					copy(got, init)
-					if err := sparseS(path, got, A, B, c.BT, c.d, acc, c.lo, c.hi); err != nil {
-						t.Fatalf("%s %v: %v", name, path, err)
-					}
-					if err := bitsEqual(fmt.Sprintf("%s %v vs Go", name, path), got, want); err != nil {
-						t.Fatal(err)
-					}
-					if path == Scalar {
-						scalar = got
-					} else if err := bitsEqual(fmt.Sprintf("%s %v vs scalar", name, path), got, scalar); err != nil {
-						t.Fatal(err)
-					}
-				}
+				checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+					return sparseS(path, got, A, B, c.BT, c.d, acc, c.lo, c.hi)
+				})
 			}
 		}
 	}
@@ -387,22 +371,9 @@ func TestSparseApplyWBitExact(t *testing.T) {
 			spFill(rng, init, wild)
 			want := append([]float32(nil), init...)
 			goApplyW(want, T, pidx, pval, c.n, c.r, decay, c.lo, c.hi)
-			var scalar []float32
-			for _, path := range spPaths() {
-				got := guarded(t, len(init))
-				copy(got, init)
-				if err := sparseApplyW(path, got, T, pidx, pval, c.n, c.r, decay, c.lo, c.hi); err != nil {
-					t.Fatalf("%s %v: %v", name, path, err)
-				}
-				if err := bitsEqual(fmt.Sprintf("%s %v vs Go", name, path), got, want); err != nil {
-					t.Fatal(err)
-				}
-				if path == Scalar {
-					scalar = got
-				} else if err := bitsEqual(fmt.Sprintf("%s %v vs scalar", name, path), got, scalar); err != nil {
-					t.Fatal(err)
-				}
-			}
+			checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+				return sparseApplyW(path, got, T, pidx, pval, c.n, c.r, decay, c.lo, c.hi)
+			})
 		}
 	}
 }

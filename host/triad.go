@@ -9,6 +9,7 @@
 // yardstick.
 // Limits: the arrays should be at least 4 times the last-level cache
 // (TriadMinElements) or the figure measures the cache, not memory.
+
 package host
 
 /*

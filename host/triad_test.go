@@ -1,5 +1,6 @@
 // triad_test.go: the triad kernel on every path and length (tails
 // included) against exact integer arithmetic, and a small bandwidth run.
+
 package host
 
 import (

@@ -7,6 +7,7 @@
 // taken dynamically, so which worker runs a chunk varies from run to run;
 // callers that need determinism make each chunk's result independent of the
 // worker (the Adam code does).
+
 package host
 
 import (

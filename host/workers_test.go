@@ -1,6 +1,7 @@
 // workers_test.go: the pinned worker pool: every chunk runs exactly once,
 // workers sit on one core each, panics become errors, submissions complete,
 // and a closed pool refuses work.
+
 package host
 
 import (

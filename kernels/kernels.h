@@ -2,10 +2,15 @@
  * kernels.h: the extern "C" launchers of every CUDA kernel of lsp-offload.
  *
  * Each launcher enqueues its kernel on `stream` and returns the CUDA error
- * of the launch (cudaErrorInvalidValue for bad sizes). Storage is bf16
- * (__nv_bfloat16) with fp32 accumulation unless a name says f32. Shapes use
- * llm.c's short names: B batch, T time, C channels, NH heads, HS head size,
- * V vocabulary; m, n, d, r for the LSP projectors.
+ * of the launch (cudaErrorInvalidValue for bad sizes). Storage types are in
+ * the signatures: a `void*` tensor is fp32 or bf16 as the launcher's int
+ * argument for it says (those named *_bf16: 0 fp32, 1 bf16, as backend.DType
+ * numbers them), and the other pointers have a fixed type
+ * (`__nv_bfloat16*`, `float*`, `int*` for int32). bf16 is widened exactly at
+ * load and, unless a launcher says otherwise, rounded to nearest even at
+ * store; arithmetic and accumulation are fp32 (lsp_sum_squares sums in
+ * double). Shapes use llm.c's short names: B batch, T time, C channels, NH
+ * heads, HS head size, V vocabulary; m, n, d, r for the LSP projectors.
  *
  * The same declarations serve nvcc builds (libkernels.a) and the CPU
  * simulator (kernels/sim), which compiles the same .cu files with g++.

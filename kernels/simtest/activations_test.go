@@ -19,6 +19,7 @@
 // float64 exp: an ulp or two, grown by the 1 - tanh^2 and 1 - sigmoid
 // cancellations in the derivatives); bf16 outputs add 2^-7 to rtol (both
 // sides round once and may land an ulp apart).
+
 package simtest
 
 import (

@@ -32,6 +32,7 @@
 //
 // A second run with another simulator seed must give bit-identical
 // results (fixed summation orders, no atomics).
+
 package simtest
 
 import (

@@ -16,6 +16,7 @@
 // the forward start as NaN. The seeds of Seeds alternate the guard page
 // after and before the buffers. Ids outside [0, V) are checked on their
 // own: NaN rows in the forward, skipped for dwte in the backward.
+
 package simtest
 
 import (

@@ -22,6 +22,7 @@
 //   - bf16 output: the same atol, rtol 2^-8: the kernel rounds once to
 //     nearest even (relative error <= 2^-9, taken twice as margin) and the
 //     reference keeps fp32 (its C tensor is fp32, so it does not round).
+
 package simtest
 
 import (

@@ -32,6 +32,7 @@
 //
 // A wrong term, a missing eps (0.5 case) or a lost row chunk is off by far
 // more.
+
 package simtest
 
 import (

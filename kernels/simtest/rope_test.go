@@ -17,6 +17,7 @@
 // 1e-6 (the angles are the same fp32 numbers on both sides; sincosf
 // against the CPU's float64 sin/cos rounded to fp32 is an ulp or two, on
 // values of size <= 2); bf16 adds 2^-7 to rtol (one rounding each side).
+
 package simtest
 
 import (

@@ -4,9 +4,9 @@
 // simulator in kernels/sim: cgo compiles every .cc file of this directory
 // with g++ and -DLSP_SIM (each <family>.cc includes ../<family>.cu), and the
 // tests call the kernels' extern "C" launchers and compare their results
-// with the CPU reference.
+// with the CPU references (train/cpu).
 //
-// This file holds the harness: the cgo flags, guarded device buffers,
+// sim.go holds the harness: the cgo flags, guarded device buffers,
 // seeds, comparison with tolerances, bf16 helpers, and running a test in a
 // child process so that a crash (an out-of-bounds access hitting a guard
 // page) becomes a test failure instead of killing `go test`.

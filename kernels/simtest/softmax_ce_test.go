@@ -23,6 +23,7 @@
 //     one rounding each side). p = exp(z - lse) inherits the lse error
 //     (~1e-6 absolute in the exponent); the target's scale*(p - 1) is
 //     scale*p - scale on both sides.
+
 package simtest
 
 import (

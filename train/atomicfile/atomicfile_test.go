@@ -1,5 +1,6 @@
 // Tests for WriteFile: success, failure leaving the old file intact and no
 // temp file behind, permissions, and a missing directory.
+
 package atomicfile
 
 import (

@@ -2,10 +2,10 @@
 // section 5): device buffers, pinned host buffers, asynchronous streams,
 // events, and the compute ops every model is written against.
 //
-// Two implementations exist: the CPU backend (package train/cpu), which is
-// the readable reference and the oracle for the CUDA kernels, and the CUDA
-// backend (a later issue). Model and engine code use only this interface, so
-// they are identical on both.
+// The CPU backend (package train/cpu) implements it: the readable reference
+// and the oracle for the CUDA kernels; the CUDA backend (a later issue) will
+// be the second. Model and engine code use only this interface, so they are
+// the same on both.
 //
 // Semantics follow CUDA: every op is enqueued on a Stream and runs after the
 // ops enqueued before it on that stream; Record marks a point in a stream;

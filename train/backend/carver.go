@@ -1,3 +1,5 @@
+// Carver: consecutive views carved out of one allocation.
+
 package backend
 
 // Carver hands out consecutive views of one allocation, so that a model or

@@ -1,9 +1,10 @@
 // Package bf16 converts between float32 and bfloat16 (the upper 16 bits of an
 // IEEE-754 binary32), the storage dtype of weights on the device.
 //
-// Limits: scalar conversions only (the hot paths live in kernels and in the
-// host package); rounding is round-to-nearest-even, the rounding PyTorch and
-// CUDA's __float2bfloat16 use. Stochastic rounding lives with the kernels.
+// Limits: plain Go loops, one element at a time (the hot paths live in
+// kernels and in the host package); rounding is round-to-nearest-even, the
+// rounding PyTorch and CUDA's __float2bfloat16 use. Stochastic rounding
+// lives with the kernels and their CPU reference (train/cpu).
 package bf16
 
 import "math"

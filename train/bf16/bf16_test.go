@@ -1,6 +1,7 @@
 // Tests for bfloat16 conversion: exact values, round-to-nearest-even ties,
 // NaN, Inf, overflow, denormals, and an exhaustive round trip of all 65536
 // bfloat16 values.
+
 package bf16
 
 import (

@@ -28,10 +28,7 @@
 
 package lsp
 
-import (
-	"fmt"
-	"math"
-)
+import "math"
 
 // gram returns P^T P (d x d) from P's rows: O(m r^2).
 func gram(p sparse) []float64 {
@@ -96,7 +93,7 @@ func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) e
 	for k, q := range qs {
 		G, g2, n := Gs[k], g2s[k], q.rows
 		gq := rightProject(G, m, q) // G Q, m x d
-		S := leftProject64(gq, p)   // P^T G Q
+		S := leftProject(gq, d, p)  // P^T G Q
 		B := gram(q)
 		AS, SB := matMul(A, S, d), matMul(S, B, d)
 		f := dot(AS, SB) - 2*dot(S, S) + g2
@@ -114,67 +111,30 @@ func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) e
 		K := matMul(SB, St, d) // S B S^T
 		L := matMul(St, AS, d) // S^T A S
 		// P: (G Q H^T)[i,a] = row i of G Q . row a of H; (2 P K)[i,a].
-		for i := range m {
-			gqi := gq[i*d : (i+1)*d]
-			for s := i * p.r; s < (i+1)*p.r; s++ {
-				a := int(p.idx[s])
-				g := dot(gqi, H[a*d:(a+1)*d])
-				for t := i * p.r; t < (i+1)*p.r; t++ {
-					g += p.val[t] * K[int(p.idx[t])*d+a]
-				}
-				ev.gp[s] += w * g
-			}
-		}
+		addValueGrad(ev.gp, p, gq, H, K, w)
 		// Q: ((P^T G)^T H)[j,a] = column j of P^T G . column a of H.
 		gtp := transpose(leftProject(G, n, p), d, n) // G^T P, n x d
-		Ht := transpose(H, d, d)
-		gqk := make([]float64, len(q.val))
-		for j := range n {
-			gj := gtp[j*d : (j+1)*d]
-			for s := j * q.r; s < (j+1)*q.r; s++ {
-				a := int(q.idx[s])
-				g := dot(gj, Ht[a*d:(a+1)*d])
-				for t := j * q.r; t < (j+1)*q.r; t++ {
-					g += q.val[t] * L[int(q.idx[t])*d+a]
-				}
-				gqk[s] = w * g
-			}
-		}
-		ev.gqs[k] = gqk
+		ev.gqs[k] = make([]float64, len(q.val))
+		addValueGrad(ev.gqs[k], q, gtp, transpose(H, d, d), L, w)
 	}
 	return ev
 }
 
-// ExpectedRandomRatio is the root of E[ratio^2] for freshly drawn
-// projectors (NewProjector) of an m x n matrix, whatever G is (the
-// expectation of ||R||^2 over independent P and Q over E<R,G> = ||G||^2):
-//
-//	E[ratio^2] = (1 + 2/r + (m-1)/d) (1 + 2/r + (n-1)/d) - 1
-//
-// since E[(P P^T)^2] = (1 + 2/r + (m-1)/d) I for N(0,1/r) values (the
-// diagonal of P P^T has variance 2/r, each off-diagonal entry 1/d). It
-// approaches DESIGN.md's sqrt(mn/d^2 - 1) only for large m/d and n/d;
-// sparse rows (small r) start higher.
-func ExpectedRandomRatio(m, n, d, r int) float64 {
-	fm := 1 + 2/float64(r) + float64(m-1)/float64(d)
-	fn := 1 + 2/float64(r) + float64(n-1)/float64(d)
-	return math.Sqrt(fm*fn - 1)
-}
-
-// BiasRatio returns ||P P^T G Q Q^T - G||_F / ||G||_F for one matrix's
-// gradient G (m x n, row-major), computed from S, P^T P and Q^T Q without
-// the m x n reconstruction. G must not be zero.
-func BiasRatio(P, Q *Projector, G []float32) (float64, error) {
-	if err := checkPair(P, Q); err != nil {
-		return 0, fmt.Errorf("lsp bias ratio: %w", err)
+// addValueGrad adds w times the gradient in x's values to out, the same
+// formula for P and for Q: entry s of row i, at column a, gets
+// Y[i,:] . M[a,:] + sum over row i's entries t of x.val[t] K[x.idx[t], a]
+// (Y is x.rows x d; M and K are d x d).
+func addValueGrad(out []float64, x sparse, Y, M, K []float64, w float64) {
+	d, r := x.d, x.r
+	for i := range x.rows {
+		yi := Y[i*d : (i+1)*d]
+		for s := i * r; s < (i+1)*r; s++ {
+			a := int(x.idx[s])
+			g := dot(yi, M[a*d:(a+1)*d])
+			for t := i * r; t < (i+1)*r; t++ {
+				g += x.val[t] * K[int(x.idx[t])*d+a]
+			}
+			out[s] += w * g
+		}
 	}
-	if err := checkG(G, P.M, Q.M); err != nil {
-		return 0, fmt.Errorf("lsp bias ratio: %w", err)
-	}
-	g2 := sqNorm32(G)
-	if !(g2 > 0) || math.IsInf(g2, 0) {
-		return 0, fmt.Errorf("lsp bias ratio: ||G||^2 = %v, want finite and positive", g2)
-	}
-	ev := evaluate([][]float32{G}, []float64{g2}, P.view(), []sparse{Q.view()}, false)
-	return ev.ratios[0], nil
 }

@@ -86,14 +86,14 @@ func TestCarryMatchesDense(t *testing.T) {
 			M, V := randMoments(d, 4)
 			m64, v64 := to64(M), to64(V)
 			inv := func(p *Projector) []float64 {
-				a := dMul(dT(p.Dense(), p.M, d), p.Dense(), d, p.M, d)
+				a := dMul(dT(p.dense(), p.M, d), p.dense(), d, p.M, d)
 				for i := range d {
 					a[i*d+i] += tc.ridge
 				}
 				return dInverse(t, a, d)
 			}
-			C := dMul(dMul(dT(tc.pn.Dense(), m, d), Po.Dense(), d, m, d), inv(Po), d, d, d)
-			D := dMul(inv(Qo), dMul(dT(Qo.Dense(), n, d), tc.qn.Dense(), d, n, d), d, d, d)
+			C := dMul(dMul(dT(tc.pn.dense(), m, d), Po.dense(), d, m, d), inv(Po), d, d, d)
+			D := dMul(inv(Qo), dMul(dT(Qo.dense(), n, d), tc.qn.dense(), d, n, d), d, d, d)
 			if tc.qn == Qo {
 				D = identity(d)
 			}
@@ -148,13 +148,12 @@ func TestTransitionMapsSubspaceGradients(t *testing.T) {
 	Po, Qo := mustProjector(t, m, d, r, rng), mustProjector(t, n, d, r, rng)
 	Pn, Qn := mustProjector(t, m, d, r, rng), mustProjector(t, n, d, r, rng)
 	X := to64(randMat(rng, d, d))
-	G64 := dMul(dMul(Po.Dense(), X, m, d, d), dT(Qo.Dense(), n, d), m, d, n)
+	G64 := dMul(dMul(Po.dense(), X, m, d, d), dT(Qo.dense(), n, d), m, d, n)
 	G := make([]float32, len(G64))
 	for i, v := range G64 {
 		G[i] = float32(v)
 	}
-	Sold, _ := Compress(Po, Qo, G)
-	Snew, _ := Compress(Pn, Qn, G)
+	Sold, Snew := denseS(Po, Qo, G), denseS(Pn, Qn, G)
 	C, D, err := Transition(Po, Pn, Qo, Qn, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +173,9 @@ func TestCarryErrors(t *testing.T) {
 	}
 	hole2 := hole.Clone()
 	hole2.Val[0] = 2
-	_ = hole2.SyncValues()
+	if err := hole2.SyncValues(); err != nil {
+		t.Fatal(err)
+	}
 	Qs := mustProjector(t, 4, 4, 1, rng)
 	M, V := randMoments(4, 1)
 	for _, tc := range []struct {
@@ -218,8 +219,5 @@ func TestRewarm(t *testing.T) {
 		if got := w.Large(tc.c); got != tc.want {
 			t.Errorf("Large(%+v) = %v", tc.c, got)
 		}
-	}
-	if DefaultRewarm().Validate() != nil || (Rewarm{Steps: -1}).Validate() == nil {
-		t.Error("Validate")
 	}
 }

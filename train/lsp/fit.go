@@ -4,10 +4,10 @@
 // the analytic gradient of bias.go. Matrices that read the same input share
 // P and are fitted together on the sum of their ratio^2.
 //
-// Limits: a float64 host reference, O(m n r + d^3) per iteration per
-// matrix, single-threaded; the fitted values are rounded to float32 after
-// every Adam step, so the reported ratios are those of the stored
-// projectors exactly.
+// Limits: float64 on the host, single-threaded, O(m n r + d^3) per
+// iteration per matrix (the engine runs it between steps); the fitted
+// values are rounded to float32 after every Adam step, so the reported
+// ratios are those of the stored projectors exactly.
 
 package lsp
 
@@ -38,9 +38,6 @@ type FitOptions struct {
 	// own seed, or they all draw the same positions.
 	Seed uint64
 }
-
-// DefaultFitOptions is LR 0.05 with a budget of 200 steps.
-func DefaultFitOptions() FitOptions { return FitOptions{LR: 0.05, MaxIters: 200, Seed: 1} }
 
 // FitResult reports one matrix's fit; the caller logs it (metrics.jsonl)
 // and warns when Reached is false.
@@ -243,6 +240,28 @@ func checkFit(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts
 		if err := checkG(Gs[k], P.M, Q.M); err != nil {
 			return fmt.Errorf("lsp fit: matrix %d: %w", k, err)
 		}
+	}
+	return nil
+}
+
+// checkPair validates P (m x d) and Q (n x d) and that they share d.
+func checkPair(P, Q *Projector) error {
+	if err := P.Validate(); err != nil {
+		return fmt.Errorf("P: %w", err)
+	}
+	if err := Q.Validate(); err != nil {
+		return fmt.Errorf("Q: %w", err)
+	}
+	if P.D != Q.D {
+		return fmt.Errorf("P is %dx%d and Q %dx%d: they must share d", P.M, P.D, Q.M, Q.D)
+	}
+	return nil
+}
+
+// checkG validates the length of an m x n gradient.
+func checkG(G []float32, m, n int) error {
+	if len(G) != m*n {
+		return fmt.Errorf("G has %d entries, want m*n = %d*%d = %d", len(G), m, n, m*n)
 	}
 	return nil
 }

@@ -27,11 +27,7 @@ func checkStored(t *testing.T, P, Q *Projector, G []float32, want float64) {
 			t.Fatalf("after fit: %v", err)
 		}
 	}
-	got, err := BiasRatio(P, Q, G)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != want {
+	if got := biasRatio(P, Q, G); got != want {
 		t.Errorf("stored projectors have ratio %.9g, result says %.9g", got, want)
 	}
 }
@@ -151,6 +147,9 @@ func TestFitShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(res) != len(Qs) {
+		t.Fatalf("%d results for %d matrices", len(res), len(Qs))
+	}
 	for k, rk := range res {
 		t.Logf("matrix %d: %+v", k, rk)
 		if !rk.Reached || !rk.Resampled || rk.RatioAfter > alpha || rk.Iters != res[0].Iters || rk.Iters >= 1000 {
@@ -163,7 +162,10 @@ func TestFitShared(t *testing.T) {
 func TestFitErrors(t *testing.T) {
 	P, Q, G := fitCase(t, 7)
 	Q2 := Q.Clone()
-	ok := DefaultFitOptions()
+	Q5 := mustProjector(t, Q.M, P.D-1, Q.R, newRNG(3))
+	broken := P.Clone()
+	broken.Idx[0] = int32(P.D) + 3
+	ok := FitOptions{LR: 0.05, MaxIters: 200, Seed: 1}
 	for _, tc := range []struct {
 		name  string
 		P     *Projector
@@ -178,6 +180,8 @@ func TestFitErrors(t *testing.T) {
 		{"iters", P, []*Projector{Q}, [][]float32{G}, 0.5, FitOptions{LR: 0.1, MaxIters: -1}, "MaxIters"},
 		{"counts", P, []*Projector{Q, Q2}, [][]float32{G}, 0.5, ok, "2 Q projectors and 1 gradients"},
 		{"shared Q", P, []*Projector{Q, Q}, [][]float32{G, G}, 0.5, ok, "share one Q"},
+		{"d mismatch", P, []*Projector{Q5}, [][]float32{G}, 0.5, ok, "must share d"},
+		{"broken P", broken, []*Projector{Q}, [][]float32{G}, 0.5, ok, "P: lsp projector"},
 		{"G length", P, []*Projector{Q}, [][]float32{G[1:]}, 0.5, ok, "G has"},
 		{"zero G", P, []*Projector{Q}, [][]float32{make([]float32, len(G))}, 0.5, ok, "||G||^2 = 0"},
 		{"P is Q", P, []*Projector{P}, [][]float32{make([]float32, P.M*P.M)}, 0.5, ok, "same projector"},

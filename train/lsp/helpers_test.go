@@ -1,6 +1,6 @@
 // Dense float64 references and random inputs shared by the package's tests.
 // The dense paths are written independently of the sparse code under test
-// (plain triple loops on Dense() matrices, Gauss-Jordan inversion).
+// (plain triple loops on dense() matrices, Gauss-Jordan inversion).
 
 package lsp
 
@@ -53,6 +53,18 @@ func lowRank(rng *rand.Rand, m, n, k int, noise float64) []float32 {
 	return out
 }
 
+// dense returns p as an M x D matrix, row-major, in float64: the tests'
+// reference (the package itself never densifies a projector).
+func (p *Projector) dense() []float64 {
+	out := make([]float64, p.M*p.D)
+	for i := range p.M {
+		for s := range p.R {
+			out[i*p.D+int(p.Idx[i*p.R+s])] = float64(p.Val[i*p.R+s])
+		}
+	}
+	return out
+}
+
 func to64(x []float32) []float64 {
 	out := make([]float64, len(x))
 	for i, v := range x {
@@ -90,14 +102,14 @@ func dT(a []float64, p, q int) []float64 {
 // denseS is P^T G Q from dense P, Q.
 func denseS(P, Q *Projector, G []float32) []float64 {
 	m, n, d := P.M, Q.M, P.D
-	ptg := dMul(dT(P.Dense(), m, d), to64(G), d, m, n)
-	return dMul(ptg, Q.Dense(), d, n, d)
+	ptg := dMul(dT(P.dense(), m, d), to64(G), d, m, n)
+	return dMul(ptg, Q.dense(), d, n, d)
 }
 
 // denseRatio forms P P^T G Q Q^T explicitly.
 func denseRatio(P, Q *Projector, G []float32) float64 {
 	m, n, d := P.M, Q.M, P.D
-	Pd, Qd := P.Dense(), Q.Dense()
+	Pd, Qd := P.dense(), Q.dense()
 	R := dMul(dMul(Pd, denseS(P, Q, G), m, d, d), dT(Qd, n, d), m, d, n)
 	var num, den float64
 	for i, g := range G {

@@ -1,15 +1,10 @@
-// Package lsp holds the host-side math of LSP-Offload's learned sparse
-// projectors (DESIGN.md section 2): the (d,r)-sparse projector and its two
-// storages, compression P^T G Q, the bias ratio, fitting the projector
-// values, carrying Adam moments into a new subspace and the learning-rate
-// re-warm after a large change. It is a float64 reference: the tests and the
-// CPU backend use it; the hot path lives in kernels and train/cpu.
-//
-// This file: the Projector type, its construction and validation. A
-// projector of an m x d matrix keeps exactly r non-zeros per row at distinct
-// columns, stored by row (Idx, Val; used by apply) and by column (ColPtr,
-// RowIdx, ColVal; used by compress, rebuilt after every change of
-// positions). Projectors are never densified except by Dense, for tests.
+// The Projector type, its construction and validation. A projector of an
+// m x d matrix keeps exactly r non-zeros per row at distinct columns, stored
+// by row (Idx, Val; used by apply) and by column (ColPtr, RowIdx, ColVal;
+// used by compress, rebuilt after every change of positions). Nothing here
+// densifies a projector (the tests' dense reference does, in
+// helpers_test.go).
+
 package lsp
 
 import (
@@ -254,20 +249,8 @@ func (p *Projector) Equal(o *Projector) bool {
 	return true
 }
 
-// Dense returns the M x D matrix row-major in float64. For tests only: the
-// training paths never densify a projector.
-func (p *Projector) Dense() []float64 {
-	out := make([]float64, p.M*p.D)
-	for i := range p.M {
-		for s := range p.R {
-			out[i*p.D+int(p.Idx[i*p.R+s])] = float64(p.Val[i*p.R+s])
-		}
-	}
-	return out
-}
-
-// values returns the row values in float64 (the working form of the
-// reference math).
+// values returns the row values in float64 (the working form of the bias
+// math).
 func (p *Projector) values() []float64 {
 	out := make([]float64, len(p.Val))
 	for k, v := range p.Val {

@@ -42,14 +42,14 @@ func TestNewProjectorShapes(t *testing.T) {
 				t.Fatalf("row %d columns %v: want %d distinct, ascending", i, row, p.R)
 			}
 		}
-		// The column storage, densified on its own, equals Dense().
+		// The column storage, densified on its own, equals dense().
 		cd := make([]float64, p.M*p.D)
 		for a := range p.D {
 			for k := p.ColPtr[a]; k < p.ColPtr[a+1]; k++ {
 				cd[int(p.RowIdx[k])*p.D+a] = float64(p.ColVal[k])
 			}
 		}
-		if !slices.Equal(cd, p.Dense()) {
+		if !slices.Equal(cd, p.dense()) {
 			t.Errorf("%dx%d r=%d: column storage disagrees with row storage", tc.m, tc.d, tc.r)
 		}
 	}
@@ -90,7 +90,7 @@ func TestExpectationIdentity(t *testing.T) {
 	rng := newRNG(3)
 	sum := make([]float64, m*m)
 	for range n {
-		pd := mustProjector(t, m, d, r, rng).Dense()
+		pd := mustProjector(t, m, d, r, rng).dense()
 		for e, v := range dMul(pd, dT(pd, m, d), m, d, m) {
 			sum[e] += v
 		}

@@ -6,8 +6,6 @@
 
 package lsp
 
-import "fmt"
-
 // Rewarm is the rule: a change is large when Carry.Change (max(||C-I||_F,
 // ||D-I||_F) / sqrt(d), 0 for unchanged projectors and about 1 for
 // independent fresh ones) exceeds Threshold; after a large change the
@@ -21,14 +19,6 @@ type Rewarm struct {
 
 // DefaultRewarm re-warms over 20 steps after changes above 0.5.
 func DefaultRewarm() Rewarm { return Rewarm{Steps: 20, Threshold: 0.5} }
-
-// Validate checks Steps >= 0 and Threshold >= 0.
-func (w Rewarm) Validate() error {
-	if w.Steps < 0 || !(w.Threshold >= 0) {
-		return fmt.Errorf("lsp rewarm: steps %d and threshold %v, want both non-negative", w.Steps, w.Threshold)
-	}
-	return nil
-}
 
 // Large reports whether a carry-over's change calls for a re-warm.
 func (w Rewarm) Large(c Carry) bool { return !c.Identity && c.Change > w.Threshold }

@@ -2,7 +2,7 @@
 // line in metrics.jsonl), plots loss curves to PNG, and shows progress on a
 // terminal or as log lines.
 //
-// Limits (this file): a Writer is meant for one process; records are written
+// Limits of metrics.jsonl: a Writer is meant for one process; records are written
 // with one write call each, so a crash can cut at most the last line short,
 // and readers drop such a cut line. Lines are kept byte for byte on resume,
 // so fields this version does not know survive.

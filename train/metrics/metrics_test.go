@@ -1,6 +1,7 @@
 // Tests for the JSON-lines Writer and ReadFile: round trip, resume keeping
 // only steps <= resumeStep (and unknown fields), crash-cut last lines, bad
 // lines, and time continuing across a resume.
+
 package metrics
 
 import (

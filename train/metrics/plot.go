@@ -5,6 +5,7 @@
 // Limits: linear axes only; non-finite losses (a diverged step) are left out
 // of the plot rather than drawn; the image size is fixed (8 x 5 inches);
 // past seven curves the colours repeat (the dashes and markers still differ).
+
 package metrics
 
 import (

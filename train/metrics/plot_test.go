@@ -1,6 +1,7 @@
 // Tests for PlotLoss and PlotEvalLoss: a valid PNG for train-only,
 // eval-only and mixed data (with non-finite values skipped), every curve of
 // a multi-run plot visible, errors on no data, and the smoother.
+
 package metrics
 
 import (
@@ -19,6 +20,38 @@ import (
 )
 
 func nan() float64 { return math.NaN() }
+
+// checkPlot checks the outcome of a plot into path (in dir): when !ok, an
+// error naming path and no file left behind (it returns nil); when ok, a
+// PNG of a plausible size, which it returns.
+func checkPlot(t *testing.T, dir, path string, err error, ok bool) image.Image {
+	t.Helper()
+	if !ok {
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("err = %v, want one naming %s", err, path)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("failed plot left files: %v", ents)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("not a PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() < 400 || b.Dy() < 200 {
+		t.Fatalf("image is %v", b)
+	}
+	return img
+}
 
 func TestPlotLoss(t *testing.T) {
 	var mixed []Record
@@ -49,30 +82,7 @@ func TestPlotLoss(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "loss.png")
 			err := PlotLoss(tc.recs, path, "test run")
-			if !tc.ok {
-				if err == nil || !strings.Contains(err.Error(), path) {
-					t.Fatalf("err = %v, want one naming %s", err, path)
-				}
-				if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-					t.Fatalf("failed plot left files: %v", ents)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			img, err := png.Decode(f)
-			if err != nil {
-				t.Fatalf("not a PNG: %v", err)
-			}
-			if b := img.Bounds(); b.Dx() < 400 || b.Dy() < 200 {
-				t.Fatalf("image is %v", b)
-			}
+			checkPlot(t, dir, path, err, tc.ok)
 		})
 	}
 }
@@ -155,29 +165,9 @@ func TestPlotEvalLoss(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "compare.png")
 			err := PlotEvalLoss(tc.curves, tc.refs, path, "compare")
-			if !tc.ok {
-				if err == nil || !strings.Contains(err.Error(), path) {
-					t.Fatalf("err = %v, want one naming %s", err, path)
-				}
-				if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-					t.Fatalf("failed plot left files: %v", ents)
-				}
+			img := checkPlot(t, dir, path, err, tc.ok)
+			if img == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			img, err := png.Decode(f)
-			if err != nil {
-				t.Fatalf("not a PNG: %v", err)
-			}
-			if b := img.Bounds(); b.Dx() < 400 || b.Dy() < 200 {
-				t.Fatalf("image is %v", b)
 			}
 			// Every curve shows in its own colour, even one drawn under an
 			// identical one, and so does a finite reference line.

@@ -8,6 +8,7 @@
 // garble the line until the next redraw. The ETA uses the median per-step time
 // of the last few updates, so one eval or checkpoint pause does not inflate it
 // and a whole-run average does not drift; it does not foresee future pauses.
+
 package metrics
 
 import (

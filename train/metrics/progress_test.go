@@ -2,6 +2,7 @@
 // many, on which steps, with which attrs), the terminal path with a fake
 // clock (in-place redraws, throttling, Log and Done), the moving ETA, and the
 // formatting helpers.
+
 package metrics
 
 import (

@@ -3,6 +3,7 @@
 //
 // Limits: sub-byte types (F4, F6_*) are known for validation (a tensor's
 // bit count must be a whole number of bytes) but have no conversions.
+
 package safetensors
 
 import "math"

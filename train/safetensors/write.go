@@ -3,6 +3,7 @@
 //
 // Limits: the whole header is built in memory; tensor data is streamed from
 // the given slices. Tensors are laid out in the order given, back to back.
+
 package safetensors
 
 import (
