@@ -188,7 +188,10 @@ func (r *run) setup() error {
 	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, dt, cfg.engineConfig(fromCheckpoint)); err != nil {
 		return err
 	}
-	r.model = r.eng.Model
+	var ok bool
+	if r.model, ok = r.eng.Model.(*gpt2.Model); !ok {
+		return fmt.Errorf("train: the engine built a %T from a GPT-2 config", r.eng.Model)
+	}
 	if cfg.Mode == string(engine.LSP) {
 		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
 			m, n := mc.MatrixShape(k)

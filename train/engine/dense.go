@@ -26,18 +26,6 @@ type denseAdam struct {
 	m, v, master, norms backend.Tensor
 }
 
-// denseState lists the dense parameters of a model with matrix hooks.
-func denseCount(e *Engine) (tensors, elems int) {
-	m := e.Model
-	for i, p := range m.Layout() {
-		if _, ok := m.GradView(i); ok {
-			tensors++
-			elems += p.Len()
-		}
-	}
-	return tensors, elems
-}
-
 // denseAdamBytes is the device state of denseAdam.
 func denseAdamBytes(tensors, elems int64, dt backend.DType) int64 {
 	b := 8*elems + 4*tensors
@@ -49,13 +37,14 @@ func denseAdamBytes(tensors, elems int64, dt backend.DType) int64 {
 
 func newDenseAdam(e *Engine) (*denseAdam, error) {
 	m, be := e.Model, e.be
+	params := m.Buffers().Params
 	d := &denseAdam{e: e}
-	for i, p := range m.Layout() {
+	for i, p := range e.idx.Layout {
 		gv, ok := m.GradView(i)
 		if !ok {
 			continue
 		}
-		d.tensors = append(d.tensors, denseTensor{name: p.Name, param: m.ParamView(m.Params, i), grad: gv,
+		d.tensors = append(d.tensors, denseTensor{name: p.Name, param: m.ParamView(params, i), grad: gv,
 			off: d.n, n: p.Len(), decay: p.Decay})
 		d.n += p.Len()
 	}
@@ -69,7 +58,7 @@ func newDenseAdam(e *Engine) (*denseAdam, error) {
 		return t
 	}
 	d.m, d.v = alloc("dense adam m", d.n), alloc("dense adam v", d.n)
-	if m.DType != backend.F32 {
+	if e.dt != backend.F32 {
 		d.master = alloc("dense master weights", d.n)
 	}
 	d.norms = alloc("dense grad norms", len(d.tensors))

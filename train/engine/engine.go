@@ -6,9 +6,12 @@
 //	zero:   grads of each layer go device-to-host as soon as the layer's
 //	        backward is done; CPU Adam on fp32 master weights and moments
 //	        on the host; the new weights come back host-to-device.
-//	lsp:    the four matrices of every block go through learned sparse
-//	        projectors (lsp.go): S = P^T G Q (d x d) down, subspace Adam on
-//	        the host, Delta up, W += P Delta Q^T applied on the device.
+//	lsp:    the block matrices go through learned sparse projectors
+//	        (lsp.go): S = P^T G Q (d x d) down, subspace Adam on the host,
+//	        Delta up, W += P Delta Q^T applied on the device.
+//
+// The engine knows no model family: a model describes its layout and
+// offers its passes through train/model's Arch and Model.
 //
 // A step's graph: zero grads; per micro-batch upload, forward, loss and
 // backward layer by layer; then, per layer from the last, the offload
@@ -16,8 +19,8 @@
 // Step returns, so checkpoints, eval and Ctrl-C between steps always see a
 // drained pipeline.
 //
-// Limits: GPT-2 models; --clip-mode global-prev only in native mode (the
-// host Adam clips per tensor).
+// Limits: --clip-mode global-prev only in native mode (the host Adam clips
+// per tensor).
 package engine
 
 import (
@@ -28,7 +31,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -125,7 +128,10 @@ type Engine struct {
 	be      backend.Backend
 	st      Streams
 	interp  Interpreter
-	Model   *gpt2.Model
+	Model   model.Model
+	idx     *model.Index // the model's layout by block
+	b, t    int          // micro-batch shape B x T
+	dt      backend.DType
 	accum   int // micro-batches per step
 	step    int // optimizer steps taken
 	workers *host.Workers
@@ -142,17 +148,21 @@ type Engine struct {
 	editGraph func(*Graph) *Graph
 }
 
-// New builds the model of mc for micro-batches of B x T (accum per step)
+// New builds the model of arch for micro-batches of B x T (accum per step)
 // and the state of cfg's mode. Parameters start at zero: upload them into
-// Model.Params, then call Init.
-func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
+// Model.Buffers().Params, then call Init.
+func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if accum < 1 {
 		return nil, fmt.Errorf("engine: --grad-accum %d must be at least 1", accum)
 	}
-	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), accum: accum}
+	idx, err := model.NewIndex(arch)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), idx: idx, b: B, t: T, dt: dt, accum: accum}
 	if cfg.Pipelined {
 		e.interp = NewPipelined(be, e.st)
 	} else {
@@ -164,13 +174,12 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 			e.Free()
 		}
 	}()
-	opts := gpt2.Options{GradDType: cfg.GradDType}
+	opts := model.Options{GradDType: cfg.GradDType}
 	if cfg.Mode == LSP {
 		e.lsp = &lspState{e: e}
 		opts.MatrixGrads = e.lsp
 	}
-	var err error
-	if e.Model, err = gpt2.NewWithOptions(be, mc, B, T, dt, opts); err != nil {
+	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
 		return nil, err
 	}
 	BT := B * T
@@ -185,18 +194,18 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 	}
-	m := e.Model
 	switch cfg.Mode {
 	case Native:
 		var tensors []optim.Tensor
-		for _, p := range m.Layout() {
+		for _, p := range idx.Layout {
 			tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
 		}
-		if e.opt, err = optim.New(be, cfg.Hyper, m.Params, m.Grads, tensors); err != nil {
+		bufs := e.Model.Buffers()
+		if e.opt, err = optim.New(be, cfg.Hyper, bufs.Params, bufs.Grads, tensors); err != nil {
 			return nil, err
 		}
 	case Zero:
-		if e.off, err = newOffload(e, groupsAll(m)); err != nil {
+		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
 			return nil, err
 		}
 	case LSP:
@@ -209,7 +218,7 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 				return nil, err
 			}
 		case DenseHost:
-			if e.off, err = newOffload(e, groupsDense(m)); err != nil {
+			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
 				return nil, err
 			}
 		}
@@ -386,13 +395,12 @@ func (e *Engine) GradNorm() (float64, error) {
 // stageBatches writes the micro-batches into the pinned staging buffer. The
 // previous step has been drained, so no copy still reads it.
 func (e *Engine) stageBatches(batches []data.Batch) error {
-	m := e.Model
-	BT := m.B * m.T
+	BT := e.b * e.t
 	buf := e.stage.Int32()
 	e.hostAccess("stage batch", nil, []backend.Range{hostRange(e.stage, 0, len(buf)*4)})
 	for i, b := range batches {
 		if len(b.Inputs) != BT || len(b.Targets) != BT {
-			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), m.B, m.T)
+			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), e.b, e.t)
 		}
 		copy(buf[2*i*BT:], b.Inputs)
 		copy(buf[(2*i+1)*BT:], b.Targets)
@@ -402,8 +410,8 @@ func (e *Engine) stageBatches(batches []data.Batch) error {
 
 // stepGraph builds the graph of one step.
 func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
-	m, be := e.Model, e.be
-	L, BT := m.Cfg.L, m.B*m.T
+	m, be, bufs := e.Model, e.be, e.Model.Buffers()
+	L, BT := len(e.idx.Blocks), e.b*e.t
 	g := &Graph{}
 	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
@@ -411,10 +419,10 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	for i := 0; i < e.accum; i++ {
 		i := i
 		g.Add(fmt.Sprintf("forward %d", i), Compute, func(s backend.Stream) error {
-			if err := be.CopyH2D(s, m.Inputs, e.stage, 2*i*BT*4); err != nil {
+			if err := be.CopyH2D(s, bufs.Inputs, e.stage, 2*i*BT*4); err != nil {
 				return err
 			}
-			if err := be.CopyH2D(s, m.Targets, e.stage, (2*i+1)*BT*4); err != nil {
+			if err := be.CopyH2D(s, bufs.Targets, e.stage, (2*i+1)*BT*4); err != nil {
 				return err
 			}
 			if e.lsp != nil {
@@ -426,7 +434,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			if err := m.CrossEntropy(s, lossScale); err != nil {
 				return err
 			}
-			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), m.Losses); err != nil {
+			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), bufs.Losses); err != nil {
 				return err
 			}
 			return m.BackwardHead(s)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // hookCfg is small enough for bit-exact comparisons of every gradient.
@@ -19,7 +20,7 @@ const hookB, hookT = 2, 8
 
 // hookModel builds a model with hookCfg's random weights (non-trivial norms
 // and biases) in dtype dt.
-func hookModel(t *testing.T, be backend.Backend, dt backend.DType, opts Options) *Model {
+func hookModel(t *testing.T, be backend.Backend, dt backend.DType, opts model.Options) *Model {
 	t.Helper()
 	m, err := NewWithOptions(be, hookCfg, hookB, hookT, dt, opts)
 	if err != nil {
@@ -134,7 +135,7 @@ func TestSplitPassesMatchWhole(t *testing.T) {
 		t.Run(dt.String(), func(t *testing.T) {
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
-			m := hookModel(t, be, dt, Options{})
+			m := hookModel(t, be, dt, model.Options{})
 			var logits [2][][]float32
 			var grads [2][]float32
 			for i, split := range []bool{false, true} {
@@ -193,7 +194,8 @@ func newDenseHook(t *testing.T, be backend.Backend, cfg Config, BT int, dt backe
 	return h
 }
 
-func (h *denseHook) Input(s backend.Stream, l int, k Matrix, X backend.Tensor) error {
+func (h *denseHook) Input(s backend.Stream, l, in int, X backend.Tensor) error {
+	k := Matrix(in) // GPT-2: input k is matrix k's
 	h.calls = append(h.calls, fmt.Sprintf("in %d %v", l, k))
 	mm, _ := h.cfg.MatrixShape(k)
 	if !slices.Equal(X.Shape, []int{h.BT, mm}) || X.DType != h.dt {
@@ -202,7 +204,8 @@ func (h *denseHook) Input(s backend.Stream, l int, k Matrix, X backend.Tensor) e
 	return h.be.CopyD2D(s, h.x[l][k], X)
 }
 
-func (h *denseHook) OutputGrad(s backend.Stream, l int, k Matrix, dY backend.Tensor) error {
+func (h *denseHook) OutputGrad(s backend.Stream, l, kk int, dY backend.Tensor) error {
+	k := Matrix(kk)
 	h.calls = append(h.calls, fmt.Sprintf("out %d %v", l, k))
 	mm, n := h.cfg.MatrixShape(k)
 	if !slices.Equal(dY.Shape, []int{h.BT, n}) || dY.DType != backend.F32 {
@@ -258,9 +261,9 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
 			s := be.DefaultStream()
-			plain := hookModel(t, be, dt, Options{})
+			plain := hookModel(t, be, dt, model.Options{})
 			h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
-			hooked := hookModel(t, be, dt, Options{MatrixGrads: h})
+			hooked := hookModel(t, be, dt, model.Options{MatrixGrads: h})
 			for _, m := range []*Model{plain, hooked} {
 				if err := m.ZeroGrads(s); err != nil {
 					t.Fatal(err)
@@ -328,8 +331,8 @@ func closeToF64(t *testing.T, what string, got []float32, want []float64, rtol f
 // nopHook lets the model run in hook mode without doing anything.
 type nopHook struct{ err error }
 
-func (h nopHook) Input(backend.Stream, int, Matrix, backend.Tensor) error      { return h.err }
-func (h nopHook) OutputGrad(backend.Stream, int, Matrix, backend.Tensor) error { return h.err }
+func (h nopHook) Input(backend.Stream, int, int, backend.Tensor) error      { return h.err }
+func (h nopHook) OutputGrad(backend.Stream, int, int, backend.Tensor) error { return h.err }
 
 // TestPlanWithMatchesAllocation: PlanWith predicts NewWithOptions' device
 // memory to the byte, and Free returns all of it.
@@ -343,7 +346,7 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 		B, T int
 	}{{hookCfg, hookB, hookT}, {tiny, 2, 16}, {Config{V: 5, MaxT: 3, C: 4, L: 1, NH: 2, Eps: 1e-5}, 1, 3}} {
 		for _, dt := range dtypes {
-			for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
+			for _, opts := range []model.Options{{}, {MatrixGrads: nopHook{}}} {
 				name := fmt.Sprintf("L%d/%v/hooks=%v", tc.cfg.L, dt, opts.MatrixGrads != nil)
 				t.Run(name, func(t *testing.T) {
 					be := cpu.New(cpu.Config{})
@@ -453,6 +456,30 @@ func TestMatrixLayout(t *testing.T) {
 				}
 			}
 		}
+		// The description the engine reads says the same: four matrices
+		// per block, each with an input of its own, at MatrixParam.
+		x, err := model.NewIndex(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Inputs != NumMatrices || len(x.Blocks) != cfg.L || len(x.Blocks[0]) != perLayer {
+			t.Errorf("index: %d inputs, %d blocks of %d parameters", x.Inputs, len(x.Blocks), len(x.Blocks[0]))
+		}
+		if want := []int{0, 1, len(layout) - 2, len(layout) - 1}; !slices.Equal(x.Outside, want) {
+			t.Errorf("parameters outside the blocks %v, want %v", x.Outside, want)
+		}
+		for l := range cfg.L {
+			for k := range Matrix(NumMatrices) {
+				if i := x.Matrix[l][k]; i != cfg.MatrixParam(l, k) {
+					t.Errorf("index: matrix %v of block %d at %d, MatrixParam says %d", k, l, i, cfg.MatrixParam(l, k))
+				}
+			}
+		}
+		for i := range layout {
+			if x.IsMat[i] != cfg.isMatrix(i) {
+				t.Errorf("index: IsMat[%d] = %v, isMatrix says %v", i, x.IsMat[i], cfg.isMatrix(i))
+			}
+		}
 	}
 }
 
@@ -460,7 +487,7 @@ func TestMatrixLayout(t *testing.T) {
 // views, layers follow each other, and with hooks only the 8 dense
 // parameters remain.
 func TestRanges(t *testing.T) {
-	for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
+	for _, opts := range []model.Options{{}, {MatrixGrads: nopHook{}}} {
 		be := cpu.New(cpu.Config{})
 		m, err := NewWithOptions(be, hookCfg, 1, 4, backend.F32, opts)
 		if err != nil {
@@ -518,7 +545,7 @@ func TestPassErrors(t *testing.T) {
 	defer be.Close()
 	s := be.DefaultStream()
 	boom := errors.New("boom")
-	m := hookModel(t, be, backend.F32, Options{MatrixGrads: nopHook{err: boom}})
+	m := hookModel(t, be, backend.F32, model.Options{MatrixGrads: nopHook{err: boom}})
 	setBatch(t, be, m, 0)
 	if err := m.Forward(s); !errors.Is(err, boom) {
 		t.Errorf("Forward with a failing input hook: %v", err)
