@@ -139,9 +139,9 @@ type Engine struct {
 	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
 	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
 
-	opt   *optim.AdamW // native
+	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
-	dense *denseAdam   // lsp with --dense-params device
+	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lspState    // lsp
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
@@ -196,12 +196,9 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	}
 	switch cfg.Mode {
 	case Native:
-		var tensors []optim.Tensor
-		for _, p := range idx.Layout {
-			tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
-		}
-		bufs := e.Model.Buffers()
-		if e.opt, err = optim.New(be, cfg.Hyper, bufs.Params, bufs.Grads, tensors); err != nil {
+		// Without hooks every parameter has a gradient, and Grads is laid
+		// out as Params: the whole gradient gives the global norm.
+		if e.opt, err = optim.New(be, cfg.Hyper, e.denseTensors(), e.Model.Buffers().Grads); err != nil {
 			return nil, err
 		}
 	case Zero:
@@ -214,8 +211,8 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 		}
 		switch cfg.DenseParams {
 		case DenseDevice:
-			if e.dense, err = newDenseAdam(e); err != nil {
-				return nil, err
+			if e.dense, err = optim.New(be, cfg.Hyper, e.denseTensors(), backend.Tensor{}); err != nil {
+				return nil, fmt.Errorf("engine: dense optimizer: %w", err)
 			}
 		case DenseHost:
 			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
@@ -225,6 +222,19 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	}
 	ok = true
 	return e, nil
+}
+
+// denseTensors lists the parameters that have a dense gradient (every one
+// without matrix hooks), in layout order, for the device AdamW.
+func (e *Engine) denseTensors() []optim.Tensor {
+	params := e.Model.Buffers().Params
+	var ts []optim.Tensor
+	for i, p := range e.idx.Layout {
+		if g, ok := e.Model.GradView(i); ok {
+			ts = append(ts, optim.Tensor{Name: p.Name, Param: e.Model.ParamView(params, i), Grad: g, Decay: p.Decay})
+		}
+	}
+	return ts
 }
 
 // Init reads the parameters the caller uploaded into the optimizer state
@@ -242,7 +252,7 @@ func (e *Engine) Init() error {
 		}
 	}
 	if e.dense != nil {
-		if err := e.dense.initMaster(s); err != nil {
+		if err := e.dense.InitMaster(s); err != nil {
 			return err
 		}
 	}
@@ -263,7 +273,7 @@ func (e *Engine) Free() {
 		e.lsp.free()
 	}
 	if e.dense != nil {
-		e.dense.free()
+		e.dense.Free()
 	}
 	if e.off != nil {
 		e.off.free()
@@ -288,8 +298,10 @@ func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 // SetStepCount restores the step count from a checkpoint.
 func (e *Engine) SetStepCount(n int) {
 	e.step = n
-	if e.opt != nil {
-		e.opt.SetStepCount(n)
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o != nil {
+			o.SetStepCount(n)
+		}
 	}
 }
 
@@ -368,20 +380,15 @@ func (e *Engine) Drain() error {
 // over the compressed S of the matrices and the dense gradients that were
 // updated).
 func (e *Engine) GradNorm() (float64, error) {
-	if e.opt != nil {
-		gn, err := backend.Download(e.be, e.st.Compute, e.opt.GlobalNormSq())
-		if err != nil {
-			return 0, err
-		}
-		return math.Sqrt(float64(gn[0])), nil
-	}
 	var sq float64
-	if e.dense != nil {
-		d, err := e.dense.normSq(e.st.Compute)
-		if err != nil {
-			return 0, err
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o != nil {
+			d, err := o.GradNormSq(e.st.Compute)
+			if err != nil {
+				return 0, err
+			}
+			sq += d
 		}
-		sq += d
 	}
 	if e.off != nil {
 		sq += e.off.stepNormSq()
@@ -459,7 +466,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
 	case LSP:
 		if e.dense != nil {
-			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.step(s, float32(lr), e.step) })
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr)) })
 		}
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the

@@ -27,7 +27,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
 // lspInput is one block input X (BT x m) that matrices read, with the
@@ -375,16 +374,12 @@ func (st *lspState) adam(l int, lr float64) error {
 		rs = append(rs, hostRange(st.hostS, x.hostOff, x.d*x.d*4))
 	}
 	e.hostAccess(fmt.Sprintf("host adam S %d", l), rs, rs)
-	h := e.cfg.Hyper
 	all := st.hostS.Float32()
 	ts := make([]host.AdamTensor, 0, len(st.mats[l]))
 	for _, x := range st.mats[l] {
-		p := host.AdamParams{LR: st.lr(x, lr), Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
-		if h.Clip == optim.ClipMatrix {
-			p.ClipNorm = float64(h.MaxNorm)
-		}
+		// Weight decay is the apply's (on W), not the subspace Adam's.
 		s := all[x.hostOff/4 : x.hostOff/4+x.d*x.d]
-		ts = append(ts, host.AdamSubspace(x.name, s, x.state, p))
+		ts = append(ts, host.AdamSubspace(x.name, s, x.state, e.cfg.Hyper.HostParams(st.lr(x, lr), false)))
 	}
 	res, err := e.workers.AdamStep(ts)
 	if err != nil {

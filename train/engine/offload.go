@@ -17,7 +17,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
 // hostTensor is one parameter updated on the host.
@@ -229,18 +228,11 @@ func (o *offload) adam(grp *hostGroup, lr float64) error {
 		writes = append(writes, hostRange(o.out, t.off*dsize, t.n*dsize))
 	}
 	e.hostAccess("host adam "+grp.name, reads, writes)
-	h := e.cfg.Hyper
 	w := o.weights()
 	ts := make([]host.AdamTensor, len(grp.tensors))
 	for i, t := range grp.tensors {
-		p := host.AdamParams{LR: lr, Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
-		if t.decay {
-			p.WeightDecay = float64(h.WeightDecay)
-		}
-		if h.Clip == optim.ClipMatrix {
-			p.ClipNorm = float64(h.MaxNorm)
-		}
-		ts[i] = host.AdamTensor{Name: t.name, Params: p, W: w[t.off : t.off+t.n], Grad: o.grad(t), State: t.state}
+		ts[i] = host.AdamTensor{Name: t.name, Params: e.cfg.Hyper.HostParams(lr, t.decay), W: w[t.off : t.off+t.n],
+			Grad: o.grad(t), State: t.state}
 		if o.master != nil {
 			ts[i].BF16Out = o.outBF16()[t.off : t.off+t.n]
 		}

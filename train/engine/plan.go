@@ -93,7 +93,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
 	switch cfg.Mode {
 	case Native:
-		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(arch.NumParams(), len(x.Layout), dt)})
+		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)})
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		p.LinkD2H, p.LinkH2D = gsize*N, dsize*N
@@ -109,10 +109,10 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
 		p.LinkD2H, p.LinkH2D = 4*s2, 4*s2
 		dense := N - int64(x.MatrixElems())
-		denseTensors := int64(len(x.Layout) - len(x.Blocks)*len(x.Mats))
 		switch cfg.DenseParams {
 		case DenseDevice:
-			p.Device = append(p.Device, Part{"dense optimizer", denseAdamBytes(denseTensors, dense, dt)})
+			denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
+			p.Device = append(p.Device, Part{"dense optimizer", optim.StateBytes(int(dense), denseTensors, dt, false)})
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
 			p.LinkD2H += gsize * dense

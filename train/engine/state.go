@@ -41,7 +41,7 @@ func (e *Engine) SaveState() (map[string][]float32, error) {
 		}
 	}
 	if d := e.dense; d != nil {
-		for name, t := range map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms} {
+		for name, t := range map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms} {
 			if err := dev(name, t); err != nil {
 				return nil, err
 			}
@@ -113,7 +113,7 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 		}
 	}
 	if d := e.dense; d != nil {
-		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms}) {
+		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms}) {
 			if err := dev(name.k, name.t); err != nil {
 				return err
 			}
