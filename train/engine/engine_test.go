@@ -127,9 +127,9 @@ func TestZeroMatchesNative(t *testing.T) {
 					t.Errorf("step %d: native loss %v, zero %v", i+1, ln[i], lz[i])
 				}
 			}
-			// Both are fp32 AdamW with the same hyperparameters; the host one
-			// uses explicit FMAs and clips with norm+1e-6, so one step agrees
-			// to rounding, and 20 steps of training amplify that a little:
+			// Both are fp32 AdamW with the same hyperparameters and the same
+			// clip (norm+1e-6); the host one uses explicit FMAs, so one step
+			// agrees to rounding, and 20 steps of training amplify that a little:
 			// with bf16 gradients a weight that differs by an ulp can round
 			// its gradient the other way, so the bound there is a few bf16
 			// ulps (2^-8 relative).
