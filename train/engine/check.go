@@ -31,7 +31,6 @@ const carryRidge = 1e-6
 
 // CheckReport is one matrix's projector check, for metrics.jsonl.
 type CheckReport struct {
-	Step        int     // optimizer steps taken before the check
 	Matrix      string  // the parameter name
 	RatioBefore float64 // bias ratio of the projectors in use
 	RatioAfter  float64 // bias ratio of the projectors kept
@@ -222,7 +221,7 @@ func (st *lspState) fit(in *lspInput, Gs [][]float32) ([]CheckReport, error) {
 	resampled := false
 	for i, x := range in.mats {
 		r := res[i]
-		reps[i] = CheckReport{Step: e.step, Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
+		reps[i] = CheckReport{Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
 			Iters: r.Iters, Resampled: r.Resampled, Reached: r.Reached}
 		if !r.Resampled {
 			continue

@@ -41,11 +41,9 @@ func sum(ps []Part) int64 {
 	return t
 }
 
-// DeviceTotal is the device peak: everything is allocated up front.
+// DeviceTotal is the device peak (everything is allocated up front): what
+// --device-mem is checked against.
 func (p Plan) DeviceTotal() int64 { return sum(p.Device) }
-
-// Total is DeviceTotal: what --device-mem is checked against.
-func (p Plan) Total() int64 { return p.DeviceTotal() }
 
 // HostTotal is the host memory of the optimizer side.
 func (p Plan) HostTotal() int64 { return sum(p.Host) }

@@ -483,62 +483,6 @@ func TestMatrixLayout(t *testing.T) {
 	}
 }
 
-// TestRanges: ParamRange and GradRange are exactly the union of a layer's
-// views, layers follow each other, and with hooks only the 8 dense
-// parameters remain.
-func TestRanges(t *testing.T) {
-	for _, opts := range []model.Options{{}, {MatrixGrads: nopHook{}}} {
-		be := cpu.New(cpu.Config{})
-		m, err := NewWithOptions(be, hookCfg, 1, 4, backend.F32, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hooked := opts.MatrixGrads != nil
-		pEnd, gEnd := m.layout[1].Offset+m.layout[1].Len(), m.layout[1].Offset+m.layout[1].Len()
-		for l := range hookCfg.L {
-			pOff, pN := m.ParamRange(l)
-			gOff, gN := m.GradRange(l)
-			if pOff != pEnd || gOff != gEnd {
-				t.Errorf("hooks=%v layer %d: ranges start at %d, %d, want %d, %d", hooked, l, pOff, gOff, pEnd, gEnd)
-			}
-			pAt, gAt, dense := pOff, gOff, 0
-			for i := 2 + l*perLayer; i < 2+(l+1)*perLayer; i++ {
-				p := m.layout[i]
-				if v := m.ParamView(m.Params, i); v.Off != pAt || v.Len() != p.Len() {
-					t.Errorf("%s: param view %v not at %d", p.Name, v, pAt)
-				}
-				pAt += p.Len()
-				g, ok := m.GradView(i)
-				if ok == (hooked && hookCfg.isMatrix(i)) {
-					t.Errorf("hooks=%v %s: GradView ok=%v", hooked, p.Name, ok)
-				}
-				if !ok {
-					continue
-				}
-				dense++
-				if g.Off != gAt || g.Len() != p.Len() || g.Buf != m.Grads.Buf {
-					t.Errorf("hooks=%v %s: grad view %v not at %d", hooked, p.Name, g, gAt)
-				}
-				gAt += p.Len()
-			}
-			if pAt != pOff+pN || gAt != gOff+gN {
-				t.Errorf("hooks=%v layer %d: ranges [%d,+%d) [%d,+%d), views end at %d, %d", hooked, l, pOff, pN, gOff, gN, pAt, gAt)
-			}
-			if want := map[bool]int{false: 12, true: 8}[hooked]; dense != want {
-				t.Errorf("hooks=%v layer %d: %d dense grads, want %d", hooked, l, dense, want)
-			}
-			pEnd, gEnd = pAt, gAt
-		}
-		if g, ok := m.GradView(len(m.layout) - 1); !ok || g.Off+g.Len() != m.Grads.Len() {
-			t.Errorf("hooks=%v: ln_f.bias grad %v does not end Grads (%d)", hooked, g, m.Grads.Len())
-		}
-		if _, ok := m.GradView(len(m.layout)); ok {
-			t.Error("GradView past the layout is ok")
-		}
-		be.Close()
-	}
-}
-
 // TestPassErrors: hook errors and bad layer numbers come back as errors.
 func TestPassErrors(t *testing.T) {
 	be := cpu.New(cpu.Config{})

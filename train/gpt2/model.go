@@ -378,29 +378,6 @@ func (m *Model) GradView(i int) (backend.Tensor, bool) {
 	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
 }
 
-// GradRange returns the element range [off, off+n) in Grads of layer l's
-// dense gradients (all 12 params without hooks; the 8 non-matrix ones,
-// still contiguous, with hooks).
-func (m *Model) GradRange(l int) (off, n int) {
-	first := 2 + l*perLayer
-	off = m.gradOff[first] // ln_1.weight: never a matrix
-	for i := first; i < first+perLayer; i++ {
-		if m.gradOff[i] >= 0 {
-			n += m.layout[i].Len()
-		}
-	}
-	return off, n
-}
-
-// ParamRange returns the element range [off, off+n) in Params of layer l's
-// 12 parameters.
-func (m *Model) ParamRange(l int) (off, n int) {
-	first := 2 + l*perLayer
-	lastP := m.layout[first+perLayer-1]
-	off = m.layout[first].Offset
-	return off, lastP.Offset + lastP.Len() - off
-}
-
 // Free releases every buffer of the model.
 func (m *Model) Free() {
 	for _, t := range []backend.Tensor{m.Params, m.Grads, m.acts, m.statsBuf, m.grad, m.Inputs} {

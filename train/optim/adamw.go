@@ -191,9 +191,6 @@ func (o *AdamW) Free() {
 	}
 }
 
-// StepCount is the number of steps taken.
-func (o *AdamW) StepCount() int { return o.step }
-
 // SetStepCount restores the step count from a checkpoint.
 func (o *AdamW) SetStepCount(n int) { o.step = n }
 
