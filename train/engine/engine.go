@@ -325,8 +325,9 @@ func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 }
 
 // Step runs one optimizer step over the micro-batches (len == accum) at
-// learning rate lr and returns the sum of the per-token losses and the
-// number of target tokens. Every update is applied when it returns.
+// learning rate lr and returns the sum of the per-token losses (divide by
+// the batches' NumTargets for the mean). Every update is applied when it
+// returns.
 func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
 	if len(batches) != e.accum {
 		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)

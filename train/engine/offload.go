@@ -1,13 +1,14 @@
 // ZeRO-Offload style updates on the host: the gradients of a group of
 // parameters (one block, or the parameters outside the blocks: embeddings,
-// final norm, head) go down as soon as the group's backward is done, CPU Adam updates fp32 master weights
-// with fp32 moments on the worker pool, and the new weights come back in
-// the model dtype. Used by --mode zero for every parameter and by --mode
-// lsp --dense-params host for the parameters that are not block matrices.
+// final norm, head) go down as soon as the group's backward is done, CPU
+// Adam updates fp32 master weights with fp32 moments on the worker pool,
+// and the new weights come back in the model dtype. Used by --mode zero for
+// every parameter and by --mode lsp --dense-params host for the parameters
+// that are not block matrices.
 //
-// Host memory: pinned gradients (--grad-dtype) and weights (model dtype)
-// of every offloaded parameter; master weights (bf16 models; an fp32 model's pinned
-// weights are the master) and moments in Go memory.
+// Host memory: pinned gradients (--grad-dtype) and weights (model dtype) of
+// every offloaded parameter; master weights (bf16 models; an fp32 model's
+// pinned weights are the master) and moments in Go memory.
 
 package engine
 
@@ -139,7 +140,8 @@ func (o *offload) free() {
 	}
 }
 
-// weights is the fp32 master of an fp32 model (its pinned weights).
+// weights is the fp32 master: the Go copy of a bf16 model's, or an fp32
+// model's pinned weights.
 func (o *offload) weights() []float32 {
 	if o.master != nil {
 		return o.master

@@ -135,8 +135,9 @@ type Model struct {
 	// no dense gradient.
 	gradOff []int
 
-	// Params holds every parameter; Grads every dense gradient (fp32): the
-	// layout of Params, or with hooks the same with the matrices left out.
+	// Params holds every parameter; Grads every dense gradient (in
+	// Options.GradDType): the layout of Params, or with hooks the same with
+	// the matrices left out.
 	Params, Grads backend.Tensor
 	// Inputs and Targets (I32, B*T) are filled by the caller before Forward
 	// and CrossEntropy; targets < 0 are ignored.
