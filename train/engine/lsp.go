@@ -178,7 +178,7 @@ func (st *lspState) init(e *Engine) error {
 	for l := 0; l < L; l++ {
 		st.inputs[l] = make([]*lspInput, x.Inputs)
 		for k, mt := range x.Mats {
-			pi := x.Matrix[l][k]
+			pi := x.MatParam[l][k]
 			p := x.Layout[pi]
 			xm := &lspMatrix{name: p.Name, l: l, k: k, id: uint32(l*len(x.Mats) + k),
 				m: mt.M, n: mt.N, d: d[k], r: r[k], decay: p.Decay, w: e.Model.ParamView(params, pi)}

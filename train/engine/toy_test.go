@@ -383,7 +383,7 @@ func TestToySharedInput(t *testing.T) {
 	}
 	for l := range toy.L {
 		for k, xm := range st.mats[l] {
-			p := x.Layout[x.Matrix[l][k]]
+			p := x.Layout[x.MatParam[l][k]]
 			want, err := lsp.Compress(xm.in.P, xm.Q, grads[p.Offset:p.Offset+p.Len()])
 			if err != nil {
 				t.Fatal(err)

@@ -470,7 +470,7 @@ func TestMatrixLayout(t *testing.T) {
 		}
 		for l := range cfg.L {
 			for k := range Matrix(NumMatrices) {
-				if i := x.Matrix[l][k]; i != cfg.MatrixParam(l, k) {
+				if i := x.MatParam[l][k]; i != cfg.MatrixParam(l, k) {
 					t.Errorf("index: matrix %v of block %d at %d, MatrixParam says %d", k, l, i, cfg.MatrixParam(l, k))
 				}
 			}

@@ -172,15 +172,15 @@ func Backward(m Model, s backend.Stream, L int) error {
 // Index is an architecture's layout indexed by block, checked against the
 // conventions of this package.
 type Index struct {
-	Layout  []Param
-	Blocks  [][]int  // Blocks[l]: Layout indices of block l's parameters, in Layout order
-	Outside []int    // Layout indices of the parameters outside the blocks
-	Mats    []Matrix // one block's matrices
-	Matrix  [][]int  // Matrix[l][k]: Layout index of matrix k of block l
-	Inputs  int      // matrix inputs per block
-	InputM  []int    // each input's width m
-	IsMat   []bool   // by Layout index: a block matrix
-	Readers [][]int  // Readers[in]: the matrices reading input in, in order
+	Layout   []Param
+	Blocks   [][]int  // Blocks[l]: Layout indices of block l's parameters, in Layout order
+	Outside  []int    // Layout indices of the parameters outside the blocks
+	Mats     []Matrix // one block's matrices
+	MatParam [][]int  // MatParam[l][k]: Layout index of matrix k of block l
+	Inputs   int      // matrix inputs per block
+	InputM   []int    // each input's width m
+	IsMat    []bool   // by Layout index: a block matrix
+	Readers  [][]int  // Readers[in]: the matrices reading input in, in order
 }
 
 // NewIndex indexes a's layout and checks it: parameters back to back,
@@ -228,7 +228,7 @@ func NewIndex(a Arch) (*Index, error) {
 		}
 		x.Readers[mt.Input] = append(x.Readers[mt.Input], k)
 	}
-	x.Matrix = make([][]int, L)
+	x.MatParam = make([][]int, L)
 	for l, blk := range x.Blocks {
 		for _, mt := range x.Mats {
 			if mt.Slot < 0 || mt.Slot >= len(blk) {
@@ -242,7 +242,7 @@ func NewIndex(a Arch) (*Index, error) {
 				return nil, fmt.Errorf("model: two matrices at slot %d", mt.Slot)
 			}
 			x.IsMat[i] = true
-			x.Matrix[l] = append(x.Matrix[l], i)
+			x.MatParam[l] = append(x.MatParam[l], i)
 		}
 	}
 	return x, nil
@@ -251,7 +251,7 @@ func NewIndex(a Arch) (*Index, error) {
 // MatrixElems is the number of elements of every block matrix together.
 func (x *Index) MatrixElems() int {
 	n := 0
-	for _, row := range x.Matrix {
+	for _, row := range x.MatParam {
 		for _, i := range row {
 			n += x.Layout[i].Len()
 		}

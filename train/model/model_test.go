@@ -60,8 +60,8 @@ func TestNewIndex(t *testing.T) {
 	if !slices.Equal(x.Outside, []int{0, 9}) || !slices.Equal(x.Blocks[1], []int{5, 6, 7, 8}) {
 		t.Errorf("outside %v, block 1 %v", x.Outside, x.Blocks[1])
 	}
-	if !slices.Equal(x.Matrix[1], []int{5, 6, 8}) || x.Inputs != 2 || !slices.Equal(x.InputM, []int{4, 2}) {
-		t.Errorf("matrices of block 1 %v, %d inputs of widths %v", x.Matrix[1], x.Inputs, x.InputM)
+	if !slices.Equal(x.MatParam[1], []int{5, 6, 8}) || x.Inputs != 2 || !slices.Equal(x.InputM, []int{4, 2}) {
+		t.Errorf("matrices of block 1 %v, %d inputs of widths %v", x.MatParam[1], x.Inputs, x.InputM)
 	}
 	if len(x.Readers) != 2 || !slices.Equal(x.Readers[0], []int{0, 1}) || !slices.Equal(x.Readers[1], []int{2}) {
 		t.Errorf("readers %v", x.Readers)
