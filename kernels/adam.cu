@@ -2,9 +2,10 @@
  * adam.cu: AdamW on the device, the CPU backend's AdamW op
  * (train/cpu/ops.go AdamW, math.go adamW) step for step.
  *
- *   g  = grad * gscale         gscale = min(1, max_norm / sqrt(sum_sq[0]))
+ *   g  = grad * gscale         gscale = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6))
  *                              when max_norm > 0 (sum_sq read on the device,
- *                              the ratio in double), else 1
+ *                              the ratio in double; torch's clip_grad_norm_
+ *                              and the host Adam add the same 1e-6), else 1
  *   m  = beta1 m + (1 - beta1) g
  *   v  = beta2 v + (1 - beta2) g g
  *   w  = w (1 - lr wd) - step_size m / (sqrt(v) / sqrt(bc2) + eps)
@@ -48,8 +49,8 @@ __global__ void __launch_bounds__(kThreads)
                  AdamScalars p) {
   float gscale = 1.0f;
   if (p.max_norm > 0.0f) {
-    const double norm = sqrt(static_cast<double>(*sum_sq));
-    if (norm > static_cast<double>(p.max_norm)) gscale = static_cast<float>(static_cast<double>(p.max_norm) / norm);
+    const double c = static_cast<double>(p.max_norm) / (sqrt(static_cast<double>(*sum_sq)) + 1e-6);
+    if (c < 1.0) gscale = static_cast<float>(c);  // a NaN norm leaves g as it is
   }
   const float decay = __fsub_rn(1.0f, __fmul_rn(p.lr, p.wd));
   const float om1 = __fsub_rn(1.0f, p.beta1), om2 = __fsub_rn(1.0f, p.beta2);

@@ -53,7 +53,7 @@ func saveCheckpoint(path string, be backend.Backend, s backend.Stream, eng *engi
 	if err := eng.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	params, err := backend.Download(be, s, eng.Model.Params)
+	params, err := backend.Download(be, s, eng.Model.Buffers().Params)
 	if err != nil {
 		return fmt.Errorf("checkpoint: params: %w", err)
 	}
@@ -126,7 +126,7 @@ func loadCheckpoint(path string, cfg gpt2.Config) (*checkpoint, error) {
 // restore uploads a checkpoint into the model and the engine's optimizer
 // state.
 func (ck *checkpoint) restore(be backend.Backend, s backend.Stream, eng *engine.Engine) error {
-	if err := backend.Upload(be, s, eng.Model.Params, ck.tensors["params"]); err != nil {
+	if err := backend.Upload(be, s, eng.Model.Buffers().Params, ck.tensors["params"]); err != nil {
 		return fmt.Errorf("resume: %s: params: %w", ck.path, err)
 	}
 	if err := eng.LoadState(ck.tensors); err != nil {

@@ -351,7 +351,7 @@ func TestDeviceMemTooSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Run(context.Background(), c, Options{})
-	wantErr(t, err, "--device-mem", "needs "+strconv.FormatInt(plan.Total(), 10)+" bytes", strconv.FormatInt(c.DeviceMem, 10))
+	wantErr(t, err, "--device-mem", "needs "+strconv.FormatInt(plan.DeviceTotal(), 10)+" bytes", strconv.FormatInt(c.DeviceMem, 10))
 	var fe *FlagError
 	if !errors.As(err, &fe) || fe.Flag != "device-mem" {
 		t.Errorf("error %v is not a FlagError for device-mem", err)

@@ -405,10 +405,10 @@ func TestDeviceMemExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.DeviceMem = plan.Total()
+		c.DeviceMem = plan.DeviceTotal()
 		c.Out = filepath.Join(t.TempDir(), "out")
 		if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err != nil {
-			t.Fatalf("%s: budget = plan (%d bytes): %v", dt, plan.Total(), err)
+			t.Fatalf("%s: budget = plan (%d bytes): %v", dt, plan.DeviceTotal(), err)
 		}
 		c.DeviceMem--
 		c.Out = filepath.Join(t.TempDir(), "out")

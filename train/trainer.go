@@ -169,13 +169,13 @@ func (r *run) setup() error {
 	r.plan = plan
 	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_bytes", plan.HostTotal(),
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
-	if cfg.DeviceMem > 0 && plan.Total() > cfg.DeviceMem {
+	if cfg.DeviceMem > 0 && plan.DeviceTotal() > cfg.DeviceMem {
 		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"
 		if cfg.Mode == string(engine.LSP) {
 			hint = "lower --batch, --seq-len or --d, or use a smaller model"
 		}
 		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: %s) but the budget is %d bytes; %s",
-			plan.Total(), float64(plan.Total())/(1<<20), plan.String(), cfg.DeviceMem, hint)
+			plan.DeviceTotal(), float64(plan.DeviceTotal())/(1<<20), plan.String(), cfg.DeviceMem, hint)
 	}
 
 	dt, _ := backend.ParseDType(cfg.DType)
@@ -188,7 +188,10 @@ func (r *run) setup() error {
 	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, dt, cfg.engineConfig(fromCheckpoint)); err != nil {
 		return err
 	}
-	r.model = r.eng.Model
+	var ok bool
+	if r.model, ok = r.eng.Model.(*gpt2.Model); !ok {
+		return fmt.Errorf("train: the engine built a %T from a GPT-2 config", r.eng.Model)
+	}
 	if cfg.Mode == string(engine.LSP) {
 		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
 			m, n := mc.MatrixShape(k)

@@ -64,7 +64,7 @@ func measure(j job, mode engine.Mode, threads int) (float64, int64, error) {
 		return 0, 0, err
 	}
 	defer e.Free()
-	if err := backend.Upload(be, be.DefaultStream(), e.Model.Params, gpt2.Init(cfg, 1)); err != nil {
+	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, gpt2.Init(cfg, 1)); err != nil {
 		return 0, 0, err
 	}
 	if err := e.Init(); err != nil {

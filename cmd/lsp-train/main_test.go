@@ -106,7 +106,7 @@ func TestCommandErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	needs := "needs " + strconv.FormatInt(plan.Total(), 10) + " bytes"
+	needs := "needs " + strconv.FormatInt(plan.DeviceTotal(), 10) + " bytes"
 	for _, tc := range []struct {
 		name string
 		args []string

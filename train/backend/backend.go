@@ -166,7 +166,8 @@ type Traffic struct {
 type AdamParams struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
 	Step                               int // 1-based, for bias correction
-	// MaxNorm > 0 clips: the gradient is scaled by min(1, MaxNorm/||g||),
+	// MaxNorm > 0 clips: the gradient is scaled by min(1,
+	// MaxNorm/(||g||+1e-6)), as torch's clip_grad_norm_ and the host Adam,
 	// with ||g||^2 read from the SumSq tensor passed to AdamW.
 	MaxNorm float32
 }

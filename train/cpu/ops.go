@@ -529,9 +529,11 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backe
 		g, mm, vv := load(grad), f32View(m), f32View(v)
 		gscale := float32(1)
 		if p.MaxNorm > 0 {
+			// min(1, max/(norm+1e-6)), as torch's clip_grad_norm_ and the
+			// host Adam; a NaN norm leaves the gradient as it is.
 			norm := math.Sqrt(float64(load(sumSq)[0]))
-			if norm > float64(p.MaxNorm) {
-				gscale = float32(float64(p.MaxNorm) / norm)
+			if c := float64(p.MaxNorm) / (norm + 1e-6); c < 1 {
+				gscale = float32(c)
 			}
 		}
 		b.parallel(n, 1<<14, func(lo, hi int) { adamW(w[lo:hi], g[lo:hi], mm[lo:hi], vv[lo:hi], gscale, p) })

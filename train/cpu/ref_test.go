@@ -245,7 +245,8 @@ func crossEntropy64(z []float64, targets []int32, N, V int, scale float64) (loss
 
 // adamW64 is PyTorch's torch.optim.AdamW step (decoupled weight decay, bias
 // correction, eps added outside the square root) on a gradient first scaled
-// by min(1, maxNorm/sqrt(sumSq)) when maxNorm > 0, as clip_grad_norm_ does.
+// by min(1, maxNorm/(sqrt(sumSq)+1e-6)) when maxNorm > 0, as clip_grad_norm_
+// does.
 type adam64 struct {
 	lr, b1, b2, eps, wd, maxNorm float64
 }
@@ -253,7 +254,7 @@ type adam64 struct {
 func (a adam64) step(p, m, v, g []float64, step int, sumSq float64) {
 	coef := 1.0
 	if a.maxNorm > 0 {
-		coef = min(1, a.maxNorm/math.Sqrt(sumSq))
+		coef = min(1, a.maxNorm/(math.Sqrt(sumSq)+1e-6))
 	}
 	bc1 := 1 - math.Pow(a.b1, float64(step))
 	bc2 := 1 - math.Pow(a.b2, float64(step))

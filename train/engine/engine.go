@@ -6,9 +6,12 @@
 //	zero:   grads of each layer go device-to-host as soon as the layer's
 //	        backward is done; CPU Adam on fp32 master weights and moments
 //	        on the host; the new weights come back host-to-device.
-//	lsp:    the four matrices of every block go through learned sparse
-//	        projectors (lsp.go): S = P^T G Q (d x d) down, subspace Adam on
-//	        the host, Delta up, W += P Delta Q^T applied on the device.
+//	lsp:    the block matrices go through learned sparse projectors
+//	        (lsp.go): S = P^T G Q (d x d) down, subspace Adam on the host,
+//	        Delta up, W += P Delta Q^T applied on the device.
+//
+// The engine knows no model family: a model describes its layout and
+// offers its passes through train/model's Arch and Model.
 //
 // A step's graph: zero grads; per micro-batch upload, forward, loss and
 // backward layer by layer; then, per layer from the last, the offload
@@ -16,8 +19,8 @@
 // Step returns, so checkpoints, eval and Ctrl-C between steps always see a
 // drained pipeline.
 //
-// Limits: GPT-2 models; --clip-mode global-prev only in native mode (the
-// host Adam clips per tensor).
+// Limits: --clip-mode global-prev only in native mode (the host Adam clips
+// per tensor).
 package engine
 
 import (
@@ -28,7 +31,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -125,7 +128,10 @@ type Engine struct {
 	be      backend.Backend
 	st      Streams
 	interp  Interpreter
-	Model   *gpt2.Model
+	Model   model.Model
+	idx     *model.Index // the model's layout by block
+	b, t    int          // micro-batch shape B x T
+	dt      backend.DType
 	accum   int // micro-batches per step
 	step    int // optimizer steps taken
 	workers *host.Workers
@@ -133,26 +139,30 @@ type Engine struct {
 	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
 	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
 
-	opt   *optim.AdamW // native
+	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
-	dense *denseAdam   // lsp with --dense-params device
+	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lspState    // lsp
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
 }
 
-// New builds the model of mc for micro-batches of B x T (accum per step)
+// New builds the model of arch for micro-batches of B x T (accum per step)
 // and the state of cfg's mode. Parameters start at zero: upload them into
-// Model.Params, then call Init.
-func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
+// Model.Buffers().Params, then call Init.
+func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if accum < 1 {
 		return nil, fmt.Errorf("engine: --grad-accum %d must be at least 1", accum)
 	}
-	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), accum: accum}
+	idx, err := model.NewIndex(arch)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), idx: idx, b: B, t: T, dt: dt, accum: accum}
 	if cfg.Pipelined {
 		e.interp = NewPipelined(be, e.st)
 	} else {
@@ -164,13 +174,12 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 			e.Free()
 		}
 	}()
-	opts := gpt2.Options{GradDType: cfg.GradDType}
+	opts := model.Options{GradDType: cfg.GradDType}
 	if cfg.Mode == LSP {
 		e.lsp = &lspState{e: e}
 		opts.MatrixGrads = e.lsp
 	}
-	var err error
-	if e.Model, err = gpt2.NewWithOptions(be, mc, B, T, dt, opts); err != nil {
+	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
 		return nil, err
 	}
 	BT := B * T
@@ -185,18 +194,15 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 	}
-	m := e.Model
 	switch cfg.Mode {
 	case Native:
-		var tensors []optim.Tensor
-		for _, p := range m.Layout() {
-			tensors = append(tensors, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: p.Decay})
-		}
-		if e.opt, err = optim.New(be, cfg.Hyper, m.Params, m.Grads, tensors); err != nil {
+		// Without hooks every parameter has a gradient, and Grads is laid
+		// out as Params: the whole gradient gives the global norm.
+		if e.opt, err = optim.New(be, cfg.Hyper, e.denseTensors(), e.Model.Buffers().Grads); err != nil {
 			return nil, err
 		}
 	case Zero:
-		if e.off, err = newOffload(e, groupsAll(m)); err != nil {
+		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
 			return nil, err
 		}
 	case LSP:
@@ -205,17 +211,30 @@ func New(be backend.Backend, mc gpt2.Config, B, T, accum int, dt backend.DType, 
 		}
 		switch cfg.DenseParams {
 		case DenseDevice:
-			if e.dense, err = newDenseAdam(e); err != nil {
-				return nil, err
+			if e.dense, err = optim.New(be, cfg.Hyper, e.denseTensors(), backend.Tensor{}); err != nil {
+				return nil, fmt.Errorf("engine: dense optimizer: %w", err)
 			}
 		case DenseHost:
-			if e.off, err = newOffload(e, groupsDense(m)); err != nil {
+			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
 				return nil, err
 			}
 		}
 	}
 	ok = true
 	return e, nil
+}
+
+// denseTensors lists the parameters that have a dense gradient (every one
+// without matrix hooks), in layout order, for the device AdamW.
+func (e *Engine) denseTensors() []optim.Tensor {
+	params := e.Model.Buffers().Params
+	var ts []optim.Tensor
+	for i, p := range e.idx.Layout {
+		if g, ok := e.Model.GradView(i); ok {
+			ts = append(ts, optim.Tensor{Name: p.Name, Param: e.Model.ParamView(params, i), Grad: g, Decay: p.Decay})
+		}
+	}
+	return ts
 }
 
 // Init reads the parameters the caller uploaded into the optimizer state
@@ -233,7 +252,7 @@ func (e *Engine) Init() error {
 		}
 	}
 	if e.dense != nil {
-		if err := e.dense.initMaster(s); err != nil {
+		if err := e.dense.InitMaster(s); err != nil {
 			return err
 		}
 	}
@@ -254,7 +273,7 @@ func (e *Engine) Free() {
 		e.lsp.free()
 	}
 	if e.dense != nil {
-		e.dense.free()
+		e.dense.Free()
 	}
 	if e.off != nil {
 		e.off.free()
@@ -279,8 +298,10 @@ func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 // SetStepCount restores the step count from a checkpoint.
 func (e *Engine) SetStepCount(n int) {
 	e.step = n
-	if e.opt != nil {
-		e.opt.SetStepCount(n)
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o != nil {
+			o.SetStepCount(n)
+		}
 	}
 }
 
@@ -304,8 +325,9 @@ func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 }
 
 // Step runs one optimizer step over the micro-batches (len == accum) at
-// learning rate lr and returns the sum of the per-token losses and the
-// number of target tokens. Every update is applied when it returns.
+// learning rate lr and returns the sum of the per-token losses (divide by
+// the batches' NumTargets for the mean). Every update is applied when it
+// returns.
 func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
 	if len(batches) != e.accum {
 		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)
@@ -359,20 +381,15 @@ func (e *Engine) Drain() error {
 // over the compressed S of the matrices and the dense gradients that were
 // updated).
 func (e *Engine) GradNorm() (float64, error) {
-	if e.opt != nil {
-		gn, err := backend.Download(e.be, e.st.Compute, e.opt.GlobalNormSq())
-		if err != nil {
-			return 0, err
-		}
-		return math.Sqrt(float64(gn[0])), nil
-	}
 	var sq float64
-	if e.dense != nil {
-		d, err := e.dense.normSq(e.st.Compute)
-		if err != nil {
-			return 0, err
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o != nil {
+			d, err := o.GradNormSq(e.st.Compute)
+			if err != nil {
+				return 0, err
+			}
+			sq += d
 		}
-		sq += d
 	}
 	if e.off != nil {
 		sq += e.off.stepNormSq()
@@ -386,13 +403,12 @@ func (e *Engine) GradNorm() (float64, error) {
 // stageBatches writes the micro-batches into the pinned staging buffer. The
 // previous step has been drained, so no copy still reads it.
 func (e *Engine) stageBatches(batches []data.Batch) error {
-	m := e.Model
-	BT := m.B * m.T
+	BT := e.b * e.t
 	buf := e.stage.Int32()
 	e.hostAccess("stage batch", nil, []backend.Range{hostRange(e.stage, 0, len(buf)*4)})
 	for i, b := range batches {
 		if len(b.Inputs) != BT || len(b.Targets) != BT {
-			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), m.B, m.T)
+			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), e.b, e.t)
 		}
 		copy(buf[2*i*BT:], b.Inputs)
 		copy(buf[(2*i+1)*BT:], b.Targets)
@@ -402,8 +418,8 @@ func (e *Engine) stageBatches(batches []data.Batch) error {
 
 // stepGraph builds the graph of one step.
 func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
-	m, be := e.Model, e.be
-	L, BT := m.Cfg.L, m.B*m.T
+	m, be, bufs := e.Model, e.be, e.Model.Buffers()
+	L, BT := len(e.idx.Blocks), e.b*e.t
 	g := &Graph{}
 	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
@@ -411,10 +427,10 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	for i := 0; i < e.accum; i++ {
 		i := i
 		g.Add(fmt.Sprintf("forward %d", i), Compute, func(s backend.Stream) error {
-			if err := be.CopyH2D(s, m.Inputs, e.stage, 2*i*BT*4); err != nil {
+			if err := be.CopyH2D(s, bufs.Inputs, e.stage, 2*i*BT*4); err != nil {
 				return err
 			}
-			if err := be.CopyH2D(s, m.Targets, e.stage, (2*i+1)*BT*4); err != nil {
+			if err := be.CopyH2D(s, bufs.Targets, e.stage, (2*i+1)*BT*4); err != nil {
 				return err
 			}
 			if e.lsp != nil {
@@ -426,7 +442,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			if err := m.CrossEntropy(s, lossScale); err != nil {
 				return err
 			}
-			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), m.Losses); err != nil {
+			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), bufs.Losses); err != nil {
 				return err
 			}
 			return m.BackwardHead(s)
@@ -451,7 +467,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
 	case LSP:
 		if e.dense != nil {
-			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.step(s, float32(lr), e.step) })
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr)) })
 		}
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the

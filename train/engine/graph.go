@@ -199,7 +199,6 @@ type Interpreter interface {
 	// Run runs g. Device work may still be in flight on return (Pipelined);
 	// synchronize the streams before reading results on the host.
 	Run(g *Graph) error
-	Name() string
 }
 
 // Sequential runs the nodes in list order and waits for each to finish
@@ -208,9 +207,6 @@ type Sequential struct {
 	Backend backend.Backend
 	Streams Streams
 }
-
-// Name implements Interpreter.
-func (Sequential) Name() string { return "sequential" }
 
 // Run implements Interpreter.
 func (q Sequential) Run(g *Graph) error {
@@ -245,9 +241,6 @@ type Pipelined struct {
 	Streams Streams
 	events  []backend.Event
 }
-
-// Name implements Interpreter.
-func (*Pipelined) Name() string { return "pipelined" }
 
 // NewPipelined returns a pipelined interpreter on st.
 func NewPipelined(be backend.Backend, st Streams) *Pipelined {

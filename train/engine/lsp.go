@@ -1,6 +1,7 @@
 // LSP-Offload's matrix path (DESIGN.md section 2) inside the engine: the
-// model's four block matrices hand their input X and output gradient dY to
-// this file's hooks instead of forming G = X^T dY.
+// model's block matrices hand their input X and output gradient dY to this
+// file's hooks instead of forming G = X^T dY. Matrices that read the same
+// input (model.Matrix.Input) share P and A.
 //
 //	forward:  A = P^T X^T          (d x BT, kept; X is not)
 //	backward: B = dY Q; S (+)= A B (d x d, fp32, summed over micro-batches)
@@ -10,9 +11,10 @@
 // The projector check (check.go) uses the same hooks in a calibration mode
 // that forms one layer's full G at a time.
 //
-// Device memory per matrix: projectors by row and by column (2 m r + 2 n r
-// int32 and as many float32, plus 2 (d+1) int32), A (d BT fp32) and S (d^2
-// fp32); shared: B (BT dmax) and the apply's T (dmax nmax) workspaces.
+// Device memory per input: P by row and by column (2 m r int32 and as many
+// float32, plus d+1 int32) and A (d BT fp32); per matrix: Q likewise (2 n r
+// and 2 n r, plus d+1) and S (d^2 fp32); shared: B (BT dmax) and the
+// apply's T (dmax nmax) workspaces.
 
 package engine
 
@@ -23,43 +25,60 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
-	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
-// lspMatrix is one block matrix W (m x n) and its projectors.
+// lspInput is one block input X (BT x m) that matrices read, with the
+// projector P (m x d) and the compressed activation A = P^T X^T that the
+// matrices reading it share (DESIGN.md section 2).
+type lspInput struct {
+	m, d, r int
+	P       *lsp.Projector // host copy, the truth after every fit
+	mats    []*lspMatrix   // the readers, in matrix order
+
+	// Device storage: P by row (apply) and by column (compress), and A.
+	pIdx, pColPtr, pRowIdx backend.Tensor // I32
+	pVal, pColVal          backend.Tensor // F32
+	A                      backend.Tensor // F32 [d,BT]
+}
+
+// lspMatrix is one block matrix W (m x n) and its projector Q.
 type lspMatrix struct {
 	name       string
-	l          int
-	k          gpt2.Matrix
-	id         uint32 // keys the stochastic rounding
+	l, k       int
+	id         uint32 // keys the stochastic rounding: l*(matrices per block)+k
 	m, n, d, r int
 	decay      bool
 	w          backend.Tensor // the weight, a view of Params
-	P, Q       *lsp.Projector // host copies, the truth after every fit
+	in         *lspInput      // P and A
+	Q          *lsp.Projector // host copy, the truth after every fit
 
-	// Device storage: P and Q by row (apply) and by column (compress).
-	pIdx, pColPtr, pRowIdx, qIdx, qColPtr, qRowIdx backend.Tensor // I32
-	pVal, pColVal, qVal, qColVal                   backend.Tensor // F32
-	A, S                                           backend.Tensor // F32 [d,BT], [d,d]
+	// Device storage: Q by row (apply) and by column (compress), and S.
+	qIdx, qColPtr, qRowIdx backend.Tensor // I32
+	qVal, qColVal          backend.Tensor // F32
+	S                      backend.Tensor // F32 [d,d]
 
 	hostOff    int // byte offset of S / Delta in the pinned buffer
 	state      *host.AdamState
 	rewarmFrom int // the step after the latest large subspace change (0: none)
 }
 
-// lspSizes are the element counts of one matrix's device storage.
-func lspSizes(m, n, d, r, BT int) (ints, floats int) {
-	ints = 2*m*r + 2*n*r + 2*(d+1)
-	floats = 2*m*r + 2*n*r + d*BT + d*d
-	return ints, floats
+// lspInputSizes are the element counts of one input's device storage (P
+// and A), lspMatrixSizes those of one matrix's (Q and S).
+func lspInputSizes(m, d, r, BT int) (ints, floats int) {
+	return 2*m*r + (d + 1), 2*m*r + d*BT
+}
+
+func lspMatrixSizes(n, d, r int) (ints, floats int) {
+	return 2*n*r + (d + 1), 2*n*r + d*d
 }
 
 type lspState struct {
 	e      *Engine
 	cfg    LSPConfig
-	mats   [][gpt2.NumMatrices]*lspMatrix
+	mats   [][]*lspMatrix // [layer][k]
+	inputs [][]*lspInput  // [layer][input]
 	ints   backend.Tensor // every projector's int32 storage
 	floats backend.Tensor // every projector's values, A and S
 	bWork  backend.Tensor // B = dY Q, [BT, dmax]
@@ -73,12 +92,46 @@ type lspState struct {
 	layerNorm  []float64 // squared norm of the layer's S in the latest step
 }
 
-// matrixDims is the capped d and r of every block matrix of mc.
-func matrixDims(mc gpt2.Config, c LSPConfig, k gpt2.Matrix) (m, n, d, r int) {
-	m, n = mc.MatrixShape(k)
-	d = lsp.CapD(c.D, m, n)
-	r = lsp.CapR(c.R, d)
-	return m, n, d, r
+// lspDims is the capped d and r of every block matrix k: d = min(--d, m,
+// n) over the matrices that share k's input (they share P, m x d), and r
+// capped by d.
+func lspDims(x *model.Index, c LSPConfig) (d, r []int) {
+	d, r = make([]int, len(x.Mats)), make([]int, len(x.Mats))
+	for _, readers := range x.Readers {
+		dd := c.D
+		for _, k := range readers {
+			dd = lsp.CapD(dd, x.Mats[k].M, x.Mats[k].N)
+		}
+		for _, k := range readers {
+			d[k], r[k] = dd, lsp.CapR(c.R, dd)
+		}
+	}
+	return d, r
+}
+
+// lspCounts are the element counts of lsp mode's storage.
+type lspCounts struct {
+	ints, floats int // every projector (int32; float32), A and S
+	dmax, nmax   int // the largest d and n: the workspaces are BT x dmax and dmax x nmax
+	s2           int // the sum of d^2 over every matrix of every layer
+}
+
+func lspCount(x *model.Index, c LSPConfig, BT int) lspCounts {
+	d, r := lspDims(x, c)
+	L := len(x.Blocks)
+	var n lspCounts
+	for _, readers := range x.Readers {
+		k := readers[0]
+		i, f := lspInputSizes(x.Mats[k].M, d[k], r[k], BT)
+		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+	}
+	for k, mt := range x.Mats {
+		i, f := lspMatrixSizes(mt.N, d[k], r[k])
+		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+		n.dmax, n.nmax = max(n.dmax, d[k]), max(n.nmax, mt.N)
+		n.s2 += L * d[k] * d[k]
+	}
+	return n
 }
 
 // checkLSP validates the LSP flags.
@@ -99,48 +152,60 @@ func checkLSP(c LSPConfig) error {
 func (st *lspState) init(e *Engine) error {
 	st.e, st.cfg, st.calibLayer = e, e.cfg.LSP, -1
 	st.rewarm = lsp.DefaultRewarm()
-	m, be := e.Model, e.be
-	mc, BT := m.Cfg, m.B*m.T
-	var nInts, nFloats, dmax, nmax int
-	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-		mm, nn, d, r := matrixDims(mc, st.cfg, k)
-		i, f := lspSizes(mm, nn, d, r, BT)
-		nInts += mc.L * i
-		nFloats += mc.L * f
-		dmax, nmax = max(dmax, d), max(nmax, nn)
-	}
+	x, be := e.idx, e.be
+	BT, L := e.b*e.t, len(x.Blocks)
+	d, r := lspDims(x, st.cfg)
+	n := lspCount(x, st.cfg, BT)
 	var err error
-	if st.ints, err = be.Alloc("lsp projector indices", nInts, backend.I32); err != nil {
+	if st.ints, err = be.Alloc("lsp projector indices", n.ints, backend.I32); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	if st.floats, err = be.Alloc("lsp projectors, A and S", nFloats, backend.F32); err != nil {
+	if st.floats, err = be.Alloc("lsp projectors, A and S", n.floats, backend.F32); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	if st.bWork, err = be.Alloc("lsp B workspace", BT*dmax, backend.F32); err != nil {
+	if st.bWork, err = be.Alloc("lsp B workspace", BT*n.dmax, backend.F32); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	if st.tWork, err = be.Alloc("lsp apply workspace", dmax*nmax, backend.F32); err != nil {
+	if st.tWork, err = be.Alloc("lsp apply workspace", n.dmax*n.nmax, backend.F32); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
 	ic, fc := &backend.Carver{T: st.ints}, &backend.Carver{T: st.floats}
+	params := e.Model.Buffers().Params
 	hostBytes := 0
-	st.mats = make([][gpt2.NumMatrices]*lspMatrix, mc.L)
-	st.layerNorm = make([]float64, mc.L)
-	for l := 0; l < mc.L; l++ {
-		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-			mm, nn, d, r := matrixDims(mc, st.cfg, k)
-			pi := mc.MatrixParam(l, k)
-			p := m.Layout()[pi]
-			x := &lspMatrix{name: p.Name, l: l, k: k, id: uint32(l*gpt2.NumMatrices + int(k)),
-				m: mm, n: nn, d: d, r: r, decay: p.Decay, w: m.ParamView(m.Params, pi)}
-			x.pIdx, x.pColPtr, x.pRowIdx = ic.Next(mm*r), ic.Next(d+1), ic.Next(mm*r)
-			x.qIdx, x.qColPtr, x.qRowIdx = ic.Next(nn*r), ic.Next(d+1), ic.Next(nn*r)
-			x.pVal, x.pColVal, x.qVal, x.qColVal = fc.Next(mm*r), fc.Next(mm*r), fc.Next(nn*r), fc.Next(nn*r)
-			x.A, x.S = fc.Next(d, BT), fc.Next(d, d)
-			x.hostOff = hostBytes
-			hostBytes += d * d * 4
-			x.state = host.NewAdamState(d * d)
-			st.mats[l][k] = x
+	st.mats = make([][]*lspMatrix, L)
+	st.inputs = make([][]*lspInput, L)
+	st.layerNorm = make([]float64, L)
+	for l := 0; l < L; l++ {
+		st.inputs[l] = make([]*lspInput, x.Inputs)
+		for k, mt := range x.Mats {
+			pi := x.MatParam[l][k]
+			p := x.Layout[pi]
+			xm := &lspMatrix{name: p.Name, l: l, k: k, id: uint32(l*len(x.Mats) + k),
+				m: mt.M, n: mt.N, d: d[k], r: r[k], decay: p.Decay, w: e.Model.ParamView(params, pi)}
+			// P's storage comes with its first reader's, in the order
+			// each matrix had its own P before inputs were shared.
+			in := st.inputs[l][mt.Input]
+			first := in == nil
+			if first {
+				in = &lspInput{m: mt.M, d: d[k], r: r[k]}
+				st.inputs[l][mt.Input] = in
+				in.pIdx, in.pColPtr, in.pRowIdx = ic.Next(mt.M*r[k]), ic.Next(d[k]+1), ic.Next(mt.M*r[k])
+			}
+			in.mats = append(in.mats, xm)
+			xm.in = in
+			xm.qIdx, xm.qColPtr, xm.qRowIdx = ic.Next(mt.N*r[k]), ic.Next(d[k]+1), ic.Next(mt.N*r[k])
+			if first {
+				in.pVal, in.pColVal = fc.Next(mt.M*r[k]), fc.Next(mt.M*r[k])
+			}
+			xm.qVal, xm.qColVal = fc.Next(mt.N*r[k]), fc.Next(mt.N*r[k])
+			if first {
+				in.A = fc.Next(d[k], BT)
+			}
+			xm.S = fc.Next(d[k], d[k])
+			xm.hostOff = hostBytes
+			hostBytes += d[k] * d[k] * 4
+			xm.state = host.NewAdamState(d[k] * d[k])
+			st.mats[l] = append(st.mats[l], xm)
 		}
 	}
 	if st.hostS, err = be.AllocHost("lsp S and Delta", hostBytes); err != nil {
@@ -169,20 +234,26 @@ func (st *lspState) free() {
 	}
 }
 
-// draw gives every matrix fresh random projectors (seeded per matrix) and
-// uploads them.
+// draw gives every matrix fresh random projectors and uploads them. Each
+// matrix draws from a generator keyed by its id; an input's P is drawn
+// from its first reader's, before that reader's Q.
 func (st *lspState) draw() error {
 	for _, row := range st.mats {
 		for _, x := range row {
 			rng := rand.New(rand.NewPCG(st.e.cfg.Seed, 0x15b0000+uint64(x.id)))
 			var err error
-			if x.P, err = lsp.NewProjector(x.m, x.d, x.r, rng); err != nil {
-				return fmt.Errorf("engine: projector P of %s: %w", x.name, err)
+			if x.in.mats[0] == x {
+				if x.in.P, err = lsp.NewProjector(x.m, x.d, x.r, rng); err != nil {
+					return fmt.Errorf("engine: projector P of %s: %w", x.name, err)
+				}
+				if err := st.uploadP(x.in); err != nil {
+					return err
+				}
 			}
 			if x.Q, err = lsp.NewProjector(x.n, x.d, x.r, rng); err != nil {
 				return fmt.Errorf("engine: projector Q of %s: %w", x.name, err)
 			}
-			if err := st.upload(x); err != nil {
+			if err := st.uploadQ(x); err != nil {
 				return err
 			}
 		}
@@ -190,52 +261,59 @@ func (st *lspState) draw() error {
 	return nil
 }
 
-// upload copies a matrix's projectors (both storages) to the device.
-func (st *lspState) upload(x *lspMatrix) error {
+// uploadP copies an input's projector P (both storages) to the device.
+func (st *lspState) uploadP(in *lspInput) error {
+	return st.upload(in.mats[0].name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
+}
+
+// uploadQ copies a matrix's projector Q (both storages) to the device.
+func (st *lspState) uploadQ(x *lspMatrix) error {
+	return st.upload(x.name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
+}
+
+func (st *lspState) upload(name string, p *lsp.Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) error {
 	be, s := st.e.be, st.e.st.Compute
 	for _, u := range []struct {
 		t backend.Tensor
 		v []int32
-	}{{x.pIdx, x.P.Idx}, {x.pColPtr, x.P.ColPtr}, {x.pRowIdx, x.P.RowIdx},
-		{x.qIdx, x.Q.Idx}, {x.qColPtr, x.Q.ColPtr}, {x.qRowIdx, x.Q.RowIdx}} {
+	}{{idx, p.Idx}, {colPtr, p.ColPtr}, {rowIdx, p.RowIdx}} {
 		if err := backend.UploadInt32(be, s, u.t, u.v); err != nil {
-			return fmt.Errorf("engine: projectors of %s: %w", x.name, err)
+			return fmt.Errorf("engine: projectors of %s: %w", name, err)
 		}
 	}
 	for _, u := range []struct {
 		t backend.Tensor
 		v []float32
-	}{{x.pVal, x.P.Val}, {x.pColVal, x.P.ColVal}, {x.qVal, x.Q.Val}, {x.qColVal, x.Q.ColVal}} {
+	}{{val, p.Val}, {colVal, p.ColVal}} {
 		if err := backend.Upload(be, s, u.t, u.v); err != nil {
-			return fmt.Errorf("engine: projectors of %s: %w", x.name, err)
+			return fmt.Errorf("engine: projectors of %s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// Input implements gpt2.MatrixGrads: keep A = P^T X^T.
-func (st *lspState) Input(s backend.Stream, l int, k gpt2.Matrix, X backend.Tensor) error {
+// Input implements model.MatrixGrads: keep A = P^T X^T, once for the
+// matrices that read X.
+func (st *lspState) Input(s backend.Stream, l, in int, X backend.Tensor) error {
 	if st.calibLayer >= 0 {
-		return st.calib.input(s, l, k, X)
+		return st.calib.input(s, l, in, X)
 	}
-	x := st.mats[l][k]
-	m := st.e.Model
-	return st.e.be.SparseCompressA(s, x.A, X, x.pColPtr, x.pRowIdx, x.pColVal, m.B*m.T, x.m, x.d)
+	x := st.inputs[l][in]
+	return st.e.be.SparseCompressA(s, x.A, X, x.pColPtr, x.pRowIdx, x.pColVal, st.e.b*st.e.t, x.m, x.d)
 }
 
-// OutputGrad implements gpt2.MatrixGrads: S (+)= A (dY Q).
-func (st *lspState) OutputGrad(s backend.Stream, l int, k gpt2.Matrix, dY backend.Tensor) error {
+// OutputGrad implements model.MatrixGrads: S (+)= A (dY Q).
+func (st *lspState) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error {
 	if st.calibLayer >= 0 {
 		return st.calib.outputGrad(s, l, k, dY)
 	}
 	x := st.mats[l][k]
-	be, m := st.e.be, st.e.Model
-	BT := m.B * m.T
+	be, BT := st.e.be, st.e.b*st.e.t
 	b := st.bWork.Slice(0, BT*x.d, BT, x.d)
 	if err := be.SparseCompressB(s, b, dY, x.qColPtr, x.qRowIdx, x.qColVal, BT, x.n, x.d); err != nil {
 		return err
 	}
-	return be.SparseS(s, x.S, x.A, b, BT, x.d, st.micro > 0)
+	return be.SparseS(s, x.S, x.in.A, b, BT, x.d, st.micro > 0)
 }
 
 // lr is a matrix's learning rate at the current step, re-warmed after a
@@ -247,7 +325,7 @@ func (st *lspState) lr(x *lspMatrix, lr float64) float64 {
 	return lr * st.rewarm.Multiplier(st.e.step-x.rewarmFrom)
 }
 
-// addDown adds, per layer from the last, the copy of its four S and the
+// addDown adds, per layer from the last, the copy of its S and the
 // host Adam on them; it returns the Adam nodes by layer.
 func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 	e := st.e
@@ -296,16 +374,12 @@ func (st *lspState) adam(l int, lr float64) error {
 		rs = append(rs, hostRange(st.hostS, x.hostOff, x.d*x.d*4))
 	}
 	e.hostAccess(fmt.Sprintf("host adam S %d", l), rs, rs)
-	h := e.cfg.Hyper
 	all := st.hostS.Float32()
-	ts := make([]host.AdamTensor, 0, gpt2.NumMatrices)
+	ts := make([]host.AdamTensor, 0, len(st.mats[l]))
 	for _, x := range st.mats[l] {
-		p := host.AdamParams{LR: st.lr(x, lr), Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
-		if h.Clip == optim.ClipMatrix {
-			p.ClipNorm = float64(h.MaxNorm)
-		}
+		// Weight decay is the apply's (on W), not the subspace Adam's.
 		s := all[x.hostOff/4 : x.hostOff/4+x.d*x.d]
-		ts = append(ts, host.AdamSubspace(x.name, s, x.state, p))
+		ts = append(ts, host.AdamSubspace(x.name, s, x.state, e.cfg.Hyper.HostParams(st.lr(x, lr), false)))
 	}
 	res, err := e.workers.AdamStep(ts)
 	if err != nil {
@@ -332,7 +406,7 @@ func (st *lspState) apply(s backend.Stream, l int, lr float64) error {
 		if x.decay {
 			wd = e.cfg.Hyper.WeightDecay
 		}
-		err := e.be.SparseApply(s, x.w, st.tWork.Slice(0, x.d*x.n, x.d, x.n), x.S, x.pIdx, x.pVal, x.qIdx, x.qVal,
+		err := e.be.SparseApply(s, x.w, st.tWork.Slice(0, x.d*x.n, x.d, x.n), x.S, x.in.pIdx, x.in.pVal, x.qIdx, x.qVal,
 			x.m, x.n, x.d, x.r, float32(xlr), wd, e.cfg.Seed, uint64(e.step), x.id)
 		if err != nil {
 			return fmt.Errorf("apply %s: %w", x.name, err)

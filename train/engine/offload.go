@@ -1,13 +1,14 @@
 // ZeRO-Offload style updates on the host: the gradients of a group of
-// parameters (one block, or the embeddings and final norm) go down as soon
-// as the group's backward is done, CPU Adam updates fp32 master weights
-// with fp32 moments on the worker pool, and the new weights come back in
-// the model dtype. Used by --mode zero for every parameter and by --mode
-// lsp --dense-params host for the parameters that are not block matrices.
+// parameters (one block, or the parameters outside the blocks: embeddings,
+// final norm, head) go down as soon as the group's backward is done, CPU
+// Adam updates fp32 master weights with fp32 moments on the worker pool,
+// and the new weights come back in the model dtype. Used by --mode zero for
+// every parameter and by --mode lsp --dense-params host for the parameters
+// that are not block matrices.
 //
-// Host memory: pinned gradients (fp32) and weights (model dtype) of every
-// offloaded parameter; master weights (bf16 models; an fp32 model's pinned
-// weights are the master) and moments in Go memory.
+// Host memory: pinned gradients (--grad-dtype) and weights (model dtype) of
+// every offloaded parameter; master weights (bf16 models; an fp32 model's
+// pinned weights are the master) and moments in Go memory.
 
 package engine
 
@@ -16,8 +17,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
-	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // hostTensor is one parameter updated on the host.
@@ -32,7 +32,7 @@ type hostTensor struct {
 // hostGroup is the unit of one d2h -> Adam -> h2d chain.
 type hostGroup struct {
 	name    string
-	layer   int // -1: embeddings and final norm, complete after the encoder backward
+	layer   int // -1: outside the blocks, complete after the embeddings' backward
 	tensors []hostTensor
 	normSq  float64 // of the latest step, written by the group's host node
 }
@@ -55,29 +55,33 @@ type groupSpec struct {
 	params []int
 }
 
-// groupsAll is every parameter: one group per block, then the rest.
-func groupsAll(m *gpt2.Model) []groupSpec { return groupsOf(m, func(int) bool { return true }) }
+// groupsAll is every parameter: one group per block from the last, then
+// the parameters outside the blocks.
+func groupsAll(x *model.Index) []groupSpec { return groupsOf(x, func(int) bool { return true }) }
 
 // groupsDense is every parameter but the block matrices.
-func groupsDense(m *gpt2.Model) []groupSpec {
-	return groupsOf(m, func(i int) bool { _, ok := m.GradView(i); return ok })
+func groupsDense(x *model.Index) []groupSpec {
+	return groupsOf(x, func(i int) bool { return !x.IsMat[i] })
 }
 
-func groupsOf(m *gpt2.Model, keep func(int) bool) []groupSpec {
-	n := len(m.Layout())
-	perLayer := (n - 4) / max(m.Cfg.L, 1)
+func groupsOf(x *model.Index, keep func(int) bool) []groupSpec {
 	var gs []groupSpec
-	for l := m.Cfg.L - 1; l >= 0; l-- {
+	for l := len(x.Blocks) - 1; l >= 0; l-- {
 		gsp := groupSpec{name: fmt.Sprintf("layer %d", l), layer: l}
-		for i := 2 + l*perLayer; i < 2+(l+1)*perLayer; i++ {
+		for _, i := range x.Blocks[l] {
 			if keep(i) {
 				gsp.params = append(gsp.params, i)
 			}
 		}
 		gs = append(gs, gsp)
 	}
-	gs = append(gs, groupSpec{name: "embeddings", layer: -1, params: []int{0, 1, n - 2, n - 1}})
-	return gs
+	out := groupSpec{name: "embeddings and head", layer: -1}
+	for _, i := range x.Outside {
+		if keep(i) {
+			out.params = append(out.params, i)
+		}
+	}
+	return append(gs, out)
 }
 
 // offloadBytes is the host memory of offloading the given parameters.
@@ -91,16 +95,17 @@ func offloadBytes(n int64, dt, gdt backend.DType) int64 {
 
 func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 	m := e.Model
+	params := m.Buffers().Params
 	o := &offload{e: e}
 	for _, sp := range specs {
 		g := hostGroup{name: sp.name, layer: sp.layer}
 		for _, i := range sp.params {
-			p := m.Layout()[i]
+			p := e.idx.Layout[i]
 			gv, ok := m.GradView(i)
 			if !ok {
 				return nil, fmt.Errorf("engine: %s has no gradient to offload", p.Name)
 			}
-			g.tensors = append(g.tensors, hostTensor{name: p.Name, param: m.ParamView(m.Params, i), grad: gv,
+			g.tensors = append(g.tensors, hostTensor{name: p.Name, param: m.ParamView(params, i), grad: gv,
 				off: o.n, n: p.Len(), decay: p.Decay})
 			o.n += p.Len()
 		}
@@ -111,10 +116,10 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 	if o.grads, err = e.be.AllocHost("offload grads", o.n*o.gsize); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if o.out, err = e.be.AllocHost("offload weights", o.n*m.DType.Size()); err != nil {
+	if o.out, err = e.be.AllocHost("offload weights", o.n*e.dt.Size()); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if m.DType != backend.F32 {
+	if e.dt != backend.F32 {
 		o.master = make([]float32, o.n)
 	}
 	o.mom = make([]float32, 2*o.n)
@@ -135,7 +140,8 @@ func (o *offload) free() {
 	}
 }
 
-// weights is the fp32 master of an fp32 model (its pinned weights).
+// weights is the fp32 master: the Go copy of a bf16 model's, or an fp32
+// model's pinned weights.
 func (o *offload) weights() []float32 {
 	if o.master != nil {
 		return o.master
@@ -200,7 +206,7 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 // forward reads them without an edge of its own.
 func (o *offload) addUp(g *Graph, adam []NodeID) {
 	e := o.e
-	dsize := e.Model.DType.Size()
+	dsize := e.dt.Size()
 	for gi := range o.groups {
 		grp := &o.groups[gi]
 		g.Add("h2d weights "+grp.name, H2D, func(s backend.Stream) error {
@@ -217,25 +223,18 @@ func (o *offload) addUp(g *Graph, adam []NodeID) {
 // adam runs one group's CPU Adam step.
 func (o *offload) adam(grp *hostGroup, lr float64) error {
 	e := o.e
-	dsize := e.Model.DType.Size()
+	dsize := e.dt.Size()
 	var reads, writes []backend.Range
 	for _, t := range grp.tensors {
 		reads = append(reads, hostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
 		writes = append(writes, hostRange(o.out, t.off*dsize, t.n*dsize))
 	}
 	e.hostAccess("host adam "+grp.name, reads, writes)
-	h := e.cfg.Hyper
 	w := o.weights()
 	ts := make([]host.AdamTensor, len(grp.tensors))
 	for i, t := range grp.tensors {
-		p := host.AdamParams{LR: lr, Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
-		if t.decay {
-			p.WeightDecay = float64(h.WeightDecay)
-		}
-		if h.Clip == optim.ClipMatrix {
-			p.ClipNorm = float64(h.MaxNorm)
-		}
-		ts[i] = host.AdamTensor{Name: t.name, Params: p, W: w[t.off : t.off+t.n], Grad: o.grad(t), State: t.state}
+		ts[i] = host.AdamTensor{Name: t.name, Params: e.cfg.Hyper.HostParams(lr, t.decay), W: w[t.off : t.off+t.n],
+			Grad: o.grad(t), State: t.state}
 		if o.master != nil {
 			ts[i].BF16Out = o.outBF16()[t.off : t.off+t.n]
 		}

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -41,11 +41,9 @@ func sum(ps []Part) int64 {
 	return t
 }
 
-// DeviceTotal is the device peak: everything is allocated up front.
+// DeviceTotal is the device peak (everything is allocated up front): what
+// --device-mem is checked against.
 func (p Plan) DeviceTotal() int64 { return sum(p.Device) }
-
-// Total is DeviceTotal: what --device-mem is checked against.
-func (p Plan) Total() int64 { return p.DeviceTotal() }
 
 // HostTotal is the host memory of the optimizer side.
 func (p Plan) HostTotal() int64 { return sum(p.Host) }
@@ -66,65 +64,53 @@ func (p Plan) String() string {
 		float64(p.HostTotal())/(1<<20), f(p.Host))
 }
 
-// matrixCount is the elements and the number of the block matrices.
-func matrixCount(mc gpt2.Config) (elems, count int) {
-	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-		m, n := mc.MatrixShape(k)
-		elems += mc.L * m * n
-	}
-	return elems, mc.L * gpt2.NumMatrices
-}
-
-// PlanMemory predicts the memory and link traffic of an engine for mc with
-// micro-batches of B x T, accum per step.
-func PlanMemory(mc gpt2.Config, B, T, accum int, dt backend.DType, cfg Config) (Plan, error) {
+// PlanMemory predicts the memory and link traffic of an engine for arch
+// with micro-batches of B x T, accum per step.
+func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (Plan, error) {
 	if err := cfg.Validate(); err != nil {
 		return Plan{}, err
 	}
+	x, err := model.NewIndex(arch)
+	if err != nil {
+		return Plan{}, fmt.Errorf("engine: %w", err)
+	}
 	BT := B * T
-	var opts gpt2.Options
+	var opts model.Options
 	if cfg.Mode == LSP {
-		opts.MatrixGrads = (*lspState)(nil)
+		opts.MatrixGrads = (*lspState)(nil) // plans for hooks
 	}
 	opts.GradDType = cfg.GradDType
-	mp := mc.PlanWith(B, T, dt, opts)
+	mp := arch.PlanWith(B, T, dt, opts)
 	p := Plan{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
 			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4)}},
 		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
 		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum * BT * 4),
 	}
-	N := int64(mc.NumParams())
+	N := int64(arch.NumParams())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
 	switch cfg.Mode {
 	case Native:
-		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(mc.NumParams(), len(mc.Layout()), dt)})
+		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)})
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		p.LinkD2H, p.LinkH2D = gsize*N, dsize*N
 	case LSP:
-		var ints, floats, dmax, nmax, s2 int64
-		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-			m, n, d, r := matrixDims(mc, cfg.LSP, k)
-			i, f := lspSizes(m, n, d, r, BT)
-			ints += int64(mc.L * i)
-			floats += int64(mc.L * f)
-			dmax, nmax = max(dmax, int64(d)), max(nmax, int64(n))
-			s2 += int64(mc.L * d * d)
-		}
+		n := lspCount(x, cfg.LSP, BT)
 		p.Device = append(p.Device,
-			Part{"projectors, compressed activations, S", 4 * (ints + floats)},
-			Part{"lsp workspaces", 4 * (int64(BT)*dmax + dmax*nmax)})
+			Part{"projectors, compressed activations, S", 4 * int64(n.ints+n.floats)},
+			Part{"lsp workspaces", 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax))})
 		if !cfg.LSP.NoFit {
-			p.Device = append(p.Device, Part{"calibration", calibrationBytes(mc, BT, dt)})
+			p.Device = append(p.Device, Part{"calibration", calibrationBytes(x, BT, dt)})
 		}
+		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
 		p.LinkD2H, p.LinkH2D = 4*s2, 4*s2
-		me, mcount := matrixCount(mc)
-		dense, denseTensors := N-int64(me), int64(len(mc.Layout())-mcount)
+		dense := N - int64(x.MatrixElems())
 		switch cfg.DenseParams {
 		case DenseDevice:
-			p.Device = append(p.Device, Part{"dense optimizer", denseAdamBytes(denseTensors, dense, dt)})
+			denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
+			p.Device = append(p.Device, Part{"dense optimizer", optim.StateBytes(int(dense), denseTensors, dt, false)})
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
 			p.LinkD2H += gsize * dense

@@ -3,12 +3,14 @@
 // lsp --dense-params host), the dense device optimizer, and per LSP matrix
 // its projectors (row storage; the columns are rebuilt), subspace moments,
 // Adam step count and re-warm start. Integers are stored as float32, exact
-// below 2^24, which every index and count here is.
+// below 2^24, which every index and count here is. Matrices that share an
+// input each store the shared P under their own name.
 
 package engine
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -39,7 +41,7 @@ func (e *Engine) SaveState() (map[string][]float32, error) {
 		}
 	}
 	if d := e.dense; d != nil {
-		for name, t := range map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms} {
+		for name, t := range map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms} {
 			if err := dev(name, t); err != nil {
 				return nil, err
 			}
@@ -61,7 +63,7 @@ func (e *Engine) SaveState() (map[string][]float32, error) {
 		for _, row := range st.mats {
 			for _, x := range row {
 				p := "lsp." + x.name + "."
-				out[p+"p_idx"], out[p+"p_val"] = ints(x.P.Idx), append([]float32(nil), x.P.Val...)
+				out[p+"p_idx"], out[p+"p_val"] = ints(x.in.P.Idx), append([]float32(nil), x.in.P.Val...)
 				out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), append([]float32(nil), x.Q.Val...)
 				out[p+"m"], out[p+"v"] = append([]float32(nil), x.state.M...), append([]float32(nil), x.state.V...)
 				out[p+"counters"] = []float32{float32(x.state.Step), float32(x.rewarmFrom)}
@@ -111,7 +113,7 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 		}
 	}
 	if d := e.dense; d != nil {
-		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.m, "dense.v": d.v, "dense.master": d.master, "dense.norms": d.norms}) {
+		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms}) {
 			if err := dev(name.k, name.t); err != nil {
 				return err
 			}
@@ -162,6 +164,8 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 	return e.be.Synchronize(s)
 }
 
+// restoreMatrix restores one matrix's state and, for the first reader of
+// its input, the shared P; a later reader's copy of P must equal it.
 func (st *lspState) restoreMatrix(x *lspMatrix, get func(string, int) ([]float32, error)) error {
 	p := "lsp." + x.name + "."
 	var vals [6][]float32
@@ -179,26 +183,38 @@ func (st *lspState) restoreMatrix(x *lspMatrix, get func(string, int) ([]float32
 	if err != nil {
 		return err
 	}
-	build := func(rows int, idx, val []float32) (*lsp.Projector, error) {
-		pr := &lsp.Projector{M: rows, D: x.d, R: x.r, Idx: make([]int32, len(idx)), Val: append([]float32(nil), val...)}
-		for i, v := range idx {
-			pr.Idx[i] = int32(v)
-		}
-		if err := pr.RebuildColumns(); err != nil {
-			return nil, fmt.Errorf("optimizer state %s: %w", x.name, err)
-		}
-		return pr, pr.Validate()
-	}
-	if x.P, err = build(x.m, vals[0], vals[1]); err != nil {
+	P, err := restoreProjector(x.name, x.m, x.d, x.r, vals[0], vals[1])
+	if err != nil {
 		return err
 	}
-	if x.Q, err = build(x.n, vals[2], vals[3]); err != nil {
+	if first := x.in.mats[0]; first == x {
+		x.in.P = P
+		if err := st.uploadP(x.in); err != nil {
+			return err
+		}
+	} else if !slices.Equal(P.Idx, x.in.P.Idx) || !slices.Equal(P.Val, x.in.P.Val) {
+		return fmt.Errorf("optimizer state %sp_idx, p_val: differ from %s's, which shares the input and so P", p, first.name)
+	}
+	if x.Q, err = restoreProjector(x.name, x.n, x.d, x.r, vals[2], vals[3]); err != nil {
 		return err
 	}
 	copy(x.state.M, vals[4])
 	copy(x.state.V, vals[5])
 	x.state.Step, x.rewarmFrom = int64(counters[0]), int(counters[1])
-	return st.upload(x)
+	return st.uploadQ(x)
+}
+
+// restoreProjector rebuilds a projector of rows x d from its saved row
+// storage.
+func restoreProjector(name string, rows, d, r int, idx, val []float32) (*lsp.Projector, error) {
+	pr := &lsp.Projector{M: rows, D: d, R: r, Idx: make([]int32, len(idx)), Val: append([]float32(nil), val...)}
+	for i, v := range idx {
+		pr.Idx[i] = int32(v)
+	}
+	if err := pr.RebuildColumns(); err != nil {
+		return nil, fmt.Errorf("optimizer state %s: %w", name, err)
+	}
+	return pr, pr.Validate()
 }
 
 type keyed struct {

@@ -49,7 +49,7 @@ func TestStateRoundTrip(t *testing.T) {
 			}
 			params := a.params(t)
 			b := newTrainer(t, tc.cfg, tc.dt, 1, cpu.Config{Threads: 2})
-			if err := backend.Upload(b.be, b.be.DefaultStream(), b.e.Model.Params, params); err != nil {
+			if err := backend.Upload(b.be, b.be.DefaultStream(), b.e.Model.Buffers().Params, params); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.e.LoadState(st); err != nil {

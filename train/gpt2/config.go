@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // Config is a GPT-2 architecture. Names follow llm.c: V vocabulary, MaxT
@@ -73,32 +75,15 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Param is one parameter tensor inside the single parameter allocation.
-type Param struct {
-	Name   string // Hugging Face name, e.g. transformer.h.0.attn.c_attn.weight
-	Shape  []int  // as Hugging Face stores it (Conv1D weights are in x out)
-	Offset int    // in elements
-	Decay  bool   // weight decay applies (matrices and embeddings, not biases or norms)
-}
-
-// Len is the number of elements.
-func (p Param) Len() int {
-	n := 1
-	for _, s := range p.Shape {
-		n *= s
-	}
-	return n
-}
-
-// Layout lists every parameter in allocation order: embeddings, then each
-// layer's tensors together (so one layer is one contiguous range, which the
-// layer-wise offload schedule moves as a unit), then the final LayerNorm.
-// The LM head is tied to wte and has no storage of its own.
-func (c Config) Layout() []Param {
-	var ps []Param
-	off := 0
+// Layout lists every parameter in allocation order, with Hugging Face's
+// names and shapes (Conv1D weights are in x out): embeddings, then each
+// layer's tensors together, then the final LayerNorm. The LM head is tied
+// to wte and has no storage of its own.
+func (c Config) Layout() []model.Param {
+	var ps []model.Param
+	off, layer := 0, -1
 	add := func(name string, decay bool, shape ...int) {
-		p := Param{Name: name, Shape: shape, Offset: off, Decay: decay}
+		p := model.Param{Name: name, Shape: shape, Offset: off, Decay: decay, Layer: layer}
 		off += p.Len()
 		ps = append(ps, p)
 	}
@@ -106,6 +91,7 @@ func (c Config) Layout() []Param {
 	add("transformer.wte.weight", true, c.V, C)
 	add("transformer.wpe.weight", true, c.MaxT, C)
 	for l := 0; l < c.L; l++ {
+		layer = l
 		h := fmt.Sprintf("transformer.h.%d.", l)
 		add(h+"ln_1.weight", false, C)
 		add(h+"ln_1.bias", false, C)
@@ -120,6 +106,7 @@ func (c Config) Layout() []Param {
 		add(h+"mlp.c_proj.weight", true, 4*C, C)
 		add(h+"mlp.c_proj.bias", false, C)
 	}
+	layer = -1
 	add("transformer.ln_f.weight", false, C)
 	add("transformer.ln_f.bias", false, C)
 	return ps
@@ -131,6 +118,9 @@ func (c Config) NumParams() int {
 	last := ps[len(ps)-1]
 	return last.Offset + last.Len()
 }
+
+// Layers is the number of blocks (model.Arch).
+func (c Config) Layers() int { return c.L }
 
 // perLayer is the number of parameter tensors of one transformer block.
 const perLayer = 12

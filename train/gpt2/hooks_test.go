@@ -10,6 +10,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // hookCfg is small enough for bit-exact comparisons of every gradient.
@@ -19,7 +20,7 @@ const hookB, hookT = 2, 8
 
 // hookModel builds a model with hookCfg's random weights (non-trivial norms
 // and biases) in dtype dt.
-func hookModel(t *testing.T, be backend.Backend, dt backend.DType, opts Options) *Model {
+func hookModel(t *testing.T, be backend.Backend, dt backend.DType, opts model.Options) *Model {
 	t.Helper()
 	m, err := NewWithOptions(be, hookCfg, hookB, hookT, dt, opts)
 	if err != nil {
@@ -134,7 +135,7 @@ func TestSplitPassesMatchWhole(t *testing.T) {
 		t.Run(dt.String(), func(t *testing.T) {
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
-			m := hookModel(t, be, dt, Options{})
+			m := hookModel(t, be, dt, model.Options{})
 			var logits [2][][]float32
 			var grads [2][]float32
 			for i, split := range []bool{false, true} {
@@ -193,7 +194,8 @@ func newDenseHook(t *testing.T, be backend.Backend, cfg Config, BT int, dt backe
 	return h
 }
 
-func (h *denseHook) Input(s backend.Stream, l int, k Matrix, X backend.Tensor) error {
+func (h *denseHook) Input(s backend.Stream, l, in int, X backend.Tensor) error {
+	k := Matrix(in) // GPT-2: input k is matrix k's
 	h.calls = append(h.calls, fmt.Sprintf("in %d %v", l, k))
 	mm, _ := h.cfg.MatrixShape(k)
 	if !slices.Equal(X.Shape, []int{h.BT, mm}) || X.DType != h.dt {
@@ -202,7 +204,8 @@ func (h *denseHook) Input(s backend.Stream, l int, k Matrix, X backend.Tensor) e
 	return h.be.CopyD2D(s, h.x[l][k], X)
 }
 
-func (h *denseHook) OutputGrad(s backend.Stream, l int, k Matrix, dY backend.Tensor) error {
+func (h *denseHook) OutputGrad(s backend.Stream, l, kk int, dY backend.Tensor) error {
+	k := Matrix(kk)
 	h.calls = append(h.calls, fmt.Sprintf("out %d %v", l, k))
 	mm, n := h.cfg.MatrixShape(k)
 	if !slices.Equal(dY.Shape, []int{h.BT, n}) || dY.DType != backend.F32 {
@@ -258,9 +261,9 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
 			s := be.DefaultStream()
-			plain := hookModel(t, be, dt, Options{})
+			plain := hookModel(t, be, dt, model.Options{})
 			h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
-			hooked := hookModel(t, be, dt, Options{MatrixGrads: h})
+			hooked := hookModel(t, be, dt, model.Options{MatrixGrads: h})
 			for _, m := range []*Model{plain, hooked} {
 				if err := m.ZeroGrads(s); err != nil {
 					t.Fatal(err)
@@ -328,8 +331,8 @@ func closeToF64(t *testing.T, what string, got []float32, want []float64, rtol f
 // nopHook lets the model run in hook mode without doing anything.
 type nopHook struct{ err error }
 
-func (h nopHook) Input(backend.Stream, int, Matrix, backend.Tensor) error      { return h.err }
-func (h nopHook) OutputGrad(backend.Stream, int, Matrix, backend.Tensor) error { return h.err }
+func (h nopHook) Input(backend.Stream, int, int, backend.Tensor) error      { return h.err }
+func (h nopHook) OutputGrad(backend.Stream, int, int, backend.Tensor) error { return h.err }
 
 // TestPlanWithMatchesAllocation: PlanWith predicts NewWithOptions' device
 // memory to the byte, and Free returns all of it.
@@ -343,7 +346,7 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 		B, T int
 	}{{hookCfg, hookB, hookT}, {tiny, 2, 16}, {Config{V: 5, MaxT: 3, C: 4, L: 1, NH: 2, Eps: 1e-5}, 1, 3}} {
 		for _, dt := range dtypes {
-			for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
+			for _, opts := range []model.Options{{}, {MatrixGrads: nopHook{}}} {
 				name := fmt.Sprintf("L%d/%v/hooks=%v", tc.cfg.L, dt, opts.MatrixGrads != nil)
 				t.Run(name, func(t *testing.T) {
 					be := cpu.New(cpu.Config{})
@@ -453,62 +456,30 @@ func TestMatrixLayout(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// TestRanges: ParamRange and GradRange are exactly the union of a layer's
-// views, layers follow each other, and with hooks only the 8 dense
-// parameters remain.
-func TestRanges(t *testing.T) {
-	for _, opts := range []Options{{}, {MatrixGrads: nopHook{}}} {
-		be := cpu.New(cpu.Config{})
-		m, err := NewWithOptions(be, hookCfg, 1, 4, backend.F32, opts)
+		// The description the engine reads says the same: four matrices
+		// per block, each with an input of its own, at MatrixParam.
+		x, err := model.NewIndex(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		hooked := opts.MatrixGrads != nil
-		pEnd, gEnd := m.layout[1].Offset+m.layout[1].Len(), m.layout[1].Offset+m.layout[1].Len()
-		for l := range hookCfg.L {
-			pOff, pN := m.ParamRange(l)
-			gOff, gN := m.GradRange(l)
-			if pOff != pEnd || gOff != gEnd {
-				t.Errorf("hooks=%v layer %d: ranges start at %d, %d, want %d, %d", hooked, l, pOff, gOff, pEnd, gEnd)
-			}
-			pAt, gAt, dense := pOff, gOff, 0
-			for i := 2 + l*perLayer; i < 2+(l+1)*perLayer; i++ {
-				p := m.layout[i]
-				if v := m.ParamView(m.Params, i); v.Off != pAt || v.Len() != p.Len() {
-					t.Errorf("%s: param view %v not at %d", p.Name, v, pAt)
-				}
-				pAt += p.Len()
-				g, ok := m.GradView(i)
-				if ok == (hooked && hookCfg.isMatrix(i)) {
-					t.Errorf("hooks=%v %s: GradView ok=%v", hooked, p.Name, ok)
-				}
-				if !ok {
-					continue
-				}
-				dense++
-				if g.Off != gAt || g.Len() != p.Len() || g.Buf != m.Grads.Buf {
-					t.Errorf("hooks=%v %s: grad view %v not at %d", hooked, p.Name, g, gAt)
-				}
-				gAt += p.Len()
-			}
-			if pAt != pOff+pN || gAt != gOff+gN {
-				t.Errorf("hooks=%v layer %d: ranges [%d,+%d) [%d,+%d), views end at %d, %d", hooked, l, pOff, pN, gOff, gN, pAt, gAt)
-			}
-			if want := map[bool]int{false: 12, true: 8}[hooked]; dense != want {
-				t.Errorf("hooks=%v layer %d: %d dense grads, want %d", hooked, l, dense, want)
-			}
-			pEnd, gEnd = pAt, gAt
+		if x.Inputs != NumMatrices || len(x.Blocks) != cfg.L || len(x.Blocks[0]) != perLayer {
+			t.Errorf("index: %d inputs, %d blocks of %d parameters", x.Inputs, len(x.Blocks), len(x.Blocks[0]))
 		}
-		if g, ok := m.GradView(len(m.layout) - 1); !ok || g.Off+g.Len() != m.Grads.Len() {
-			t.Errorf("hooks=%v: ln_f.bias grad %v does not end Grads (%d)", hooked, g, m.Grads.Len())
+		if want := []int{0, 1, len(layout) - 2, len(layout) - 1}; !slices.Equal(x.Outside, want) {
+			t.Errorf("parameters outside the blocks %v, want %v", x.Outside, want)
 		}
-		if _, ok := m.GradView(len(m.layout)); ok {
-			t.Error("GradView past the layout is ok")
+		for l := range cfg.L {
+			for k := range Matrix(NumMatrices) {
+				if i := x.MatParam[l][k]; i != cfg.MatrixParam(l, k) {
+					t.Errorf("index: matrix %v of block %d at %d, MatrixParam says %d", k, l, i, cfg.MatrixParam(l, k))
+				}
+			}
 		}
-		be.Close()
+		for i := range layout {
+			if x.IsMat[i] != cfg.isMatrix(i) {
+				t.Errorf("index: IsMat[%d] = %v, isMatrix says %v", i, x.IsMat[i], cfg.isMatrix(i))
+			}
+		}
 	}
 }
 
@@ -518,7 +489,7 @@ func TestPassErrors(t *testing.T) {
 	defer be.Close()
 	s := be.DefaultStream()
 	boom := errors.New("boom")
-	m := hookModel(t, be, backend.F32, Options{MatrixGrads: nopHook{err: boom}})
+	m := hookModel(t, be, backend.F32, model.Options{MatrixGrads: nopHook{err: boom}})
 	setBatch(t, be, m, 0)
 	if err := m.Forward(s); !errors.Is(err, boom) {
 		t.Errorf("Forward with a failing input hook: %v", err)

@@ -10,9 +10,12 @@
 //
 // The passes are also exposed per layer (ForwardLayer, BackwardLayer, ...)
 // so that the offload engine can interleave them with its copies and host
-// work. With MatrixGrads hooks the four weight matrices of every block get no
+// work; Config and Model implement train/model's Arch and Model for it.
+// With MatrixGrads hooks the four weight matrices of every block get no
 // dense gradient: the hooks see each matrix's input in the forward and its
 // output gradient in the backward, and compress them (DESIGN.md section 2).
+// Each of GPT-2's four matrices reads an input of its own (c_attn is q, k
+// and v fused into one matrix), so input k is matrix k's.
 //
 // Limits: T <= MaxT; activations are kept for the backward (no
 // recomputation), except the matrix inputs ln1, ln2 and fchg under hooks;
@@ -24,6 +27,7 @@ import (
 	"fmt"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // Matrix names one of a block's four weight matrices.
@@ -75,6 +79,17 @@ func (c Config) MatrixShape(k Matrix) (m, n int) {
 // MatrixParam is the index into Layout() of matrix k of layer l.
 func (c Config) MatrixParam(l int, k Matrix) int { return 2 + l*perLayer + matrixSlot[k] }
 
+// Matrices lists a block's four matrices for model.Arch; each reads its own
+// input.
+func (c Config) Matrices() []model.Matrix {
+	ms := make([]model.Matrix, NumMatrices)
+	for k := range Matrix(NumMatrices) {
+		m, n := c.MatrixShape(k)
+		ms[k] = model.Matrix{Name: k.String(), Slot: matrixSlot[k], M: m, N: n, Input: int(k)}
+	}
+	return ms
+}
+
 // isMatrix reports whether Layout() entry i is a block's weight matrix.
 func (c Config) isMatrix(i int) bool {
 	if i < 2 || i >= 2+c.L*perLayer {
@@ -82,33 +97,6 @@ func (c Config) isMatrix(i int) bool {
 	}
 	j := (i - 2) % perLayer
 	return j == matrixSlot[0] || j == matrixSlot[1] || j == matrixSlot[2] || j == matrixSlot[3]
-}
-
-// MatrixGrads replaces the dense gradients of the four matrices of every
-// block (LSP mode, and the engine's calibration pass).
-type MatrixGrads interface {
-	// Input is called during the forward pass, on the forward's stream,
-	// right after X [BT,m] (the input of matrix k of layer l, in the model
-	// dtype) has been computed and before it is overwritten. With hooks
-	// installed X is NOT kept for the backward.
-	Input(s backend.Stream, l int, k Matrix, X backend.Tensor) error
-	// OutputGrad is called during the backward pass with dY [BT,n] (F32)
-	// of matrix k of layer l, in place of dW += X^T dY (the bias gradient
-	// and dX are still computed by the model).
-	OutputGrad(s backend.Stream, l int, k Matrix, dY backend.Tensor) error
-}
-
-// Options configure New beyond the batch shape.
-type Options struct {
-	// MatrixGrads, when set, is called instead of computing the matrices'
-	// dense gradients; Grads then holds only the other ("dense")
-	// parameters, and the matrices' inputs (ln1, ln2 and gelu outputs) are
-	// not kept per layer but in one shared buffer each.
-	MatrixGrads MatrixGrads
-	// GradDType stores the parameter gradients (fp32, the zero value, or
-	// bf16: every accumulation rounds to nearest even). Activation
-	// gradients stay fp32.
-	GradDType backend.DType
 }
 
 // layerActs are one block's saved activations. Under hooks ln1, ln2 and
@@ -141,14 +129,15 @@ type Model struct {
 	DType backend.DType // parameter and activation storage
 
 	be     backend.Backend
-	layout []Param
-	hooks  MatrixGrads
+	layout []model.Param
+	hooks  model.MatrixGrads
 	// gradOff is each parameter's element offset in Grads, -1 where it has
 	// no dense gradient.
 	gradOff []int
 
-	// Params holds every parameter; Grads every dense gradient (fp32): the
-	// layout of Params, or with hooks the same with the matrices left out.
+	// Params holds every parameter; Grads every dense gradient (in
+	// Options.GradDType): the layout of Params, or with hooks the same with
+	// the matrices left out.
 	Params, Grads backend.Tensor
 	// Inputs and Targets (I32, B*T) are filled by the caller before Forward
 	// and CrossEntropy; targets < 0 are ignored.
@@ -203,28 +192,20 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 	return offs, n
 }
 
-// MemoryPlan is the device memory a model needs, by part, in bytes.
-type MemoryPlan struct {
-	Params, Grads, Activations, ActGrads, Batch int64
-}
-
-// Total is the sum of the parts.
-func (m MemoryPlan) Total() int64 {
-	return m.Params + m.Grads + m.Activations + m.ActGrads + m.Batch
-}
-
 // Plan predicts the device bytes New allocates for a batch of B x T.
-func (c Config) Plan(B, T int, dt backend.DType) MemoryPlan { return c.PlanWith(B, T, dt, Options{}) }
+func (c Config) Plan(B, T int, dt backend.DType) model.MemoryPlan {
+	return c.PlanWith(B, T, dt, model.Options{})
+}
 
 // PlanWith predicts the device bytes NewWithOptions allocates. With hooks,
 // Grads covers only the dense parameters and the activations keep one
 // shared ln1, ln2 and gelu output instead of one per layer.
-func (c Config) PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan {
+func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked)
 	_, ng := c.gradOffsets(hooked)
 	BT := int64(B * T)
-	return MemoryPlan{
+	return model.MemoryPlan{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
@@ -236,11 +217,28 @@ func (c Config) PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan {
 // New allocates a model for batches of B x T on be. Parameters start at
 // zero; load or initialise them before use.
 func New(be backend.Backend, cfg Config, B, T int, dt backend.DType) (*Model, error) {
-	return NewWithOptions(be, cfg, B, T, dt, Options{})
+	return NewWithOptions(be, cfg, B, T, dt, model.Options{})
 }
 
-// NewWithOptions is New with matrix-gradient hooks or other options.
-func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts Options) (*Model, error) {
+// Config and Model are the model contract's Arch and Model.
+var (
+	_ model.Arch  = Config{}
+	_ model.Model = (*Model)(nil)
+)
+
+// NewModel is NewWithOptions for model.Arch.
+func (c Config) NewModel(be backend.Backend, B, T int, dt backend.DType, opts model.Options) (model.Model, error) {
+	m, err := NewWithOptions(be, c, B, T, dt, opts)
+	if err != nil {
+		return nil, err // not a nil *Model in a non-nil interface
+	}
+	return m, nil
+}
+
+// NewWithOptions is New with matrix-gradient hooks or other options. With
+// hooks, the matrices' inputs (ln1, ln2 and gelu outputs) are not kept per
+// layer but in one shared buffer each.
+func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.Options) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -355,7 +353,12 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 }
 
 // Layout is the parameter layout of Params (and of Grads without hooks).
-func (m *Model) Layout() []Param { return m.layout }
+func (m *Model) Layout() []model.Param { return m.layout }
+
+// Buffers implements model.Model.
+func (m *Model) Buffers() model.Buffers {
+	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses}
+}
 
 // ParamView returns parameter i of t (Params, or a tensor of the same
 // layout such as an optimizer moment; Grads only without hooks, else use
@@ -374,29 +377,6 @@ func (m *Model) GradView(i int) (backend.Tensor, bool) {
 	}
 	p := m.layout[i]
 	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
-}
-
-// GradRange returns the element range [off, off+n) in Grads of layer l's
-// dense gradients (all 12 params without hooks; the 8 non-matrix ones,
-// still contiguous, with hooks).
-func (m *Model) GradRange(l int) (off, n int) {
-	first := 2 + l*perLayer
-	off = m.gradOff[first] // ln_1.weight: never a matrix
-	for i := first; i < first+perLayer; i++ {
-		if m.gradOff[i] >= 0 {
-			n += m.layout[i].Len()
-		}
-	}
-	return off, n
-}
-
-// ParamRange returns the element range [off, off+n) in Params of layer l's
-// 12 parameters.
-func (m *Model) ParamRange(l int) (off, n int) {
-	first := 2 + l*perLayer
-	lastP := m.layout[first+perLayer-1]
-	off = m.layout[first].Offset
-	return off, lastP.Offset + lastP.Len() - off
 }
 
 // Free releases every buffer of the model.
@@ -512,7 +492,7 @@ func (m *Model) input(s backend.Stream, l int, k Matrix, x backend.Tensor) error
 	if m.hooks == nil {
 		return nil
 	}
-	if err := m.hooks.Input(s, l, k, x); err != nil {
+	if err := m.hooks.Input(s, l, int(k), x); err != nil {
 		return fmt.Errorf("%v input hook: %w", k, err)
 	}
 	return nil
@@ -535,7 +515,7 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, 
 			if m.hooks == nil {
 				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
 			}
-			if err := m.hooks.OutputGrad(s, l, k, dout); err != nil {
+			if err := m.hooks.OutputGrad(s, l, int(k), dout); err != nil {
 				return fmt.Errorf("%v output-grad hook: %w", k, err)
 			}
 			return nil

@@ -192,14 +192,15 @@ func TestAdamWTrajectoryMatchesPyTorch(t *testing.T) {
 	s := be.DefaultStream()
 	m := fixtureModel(t, be, fx)
 	var ts []optim.Tensor
-	for _, p := range m.Layout() {
-		ts = append(ts, optim.Tensor{Name: p.Name, Offset: p.Offset, Len: p.Len(), Decay: len(p.Shape) >= 2})
+	for i, p := range m.Layout() {
+		g, _ := m.GradView(i)
+		ts = append(ts, optim.Tensor{Name: p.Name, Param: m.ParamView(m.Params, i), Grad: g, Decay: len(p.Shape) >= 2})
 		if p.Decay != (len(p.Shape) >= 2) {
 			t.Errorf("%s: layout decay %v differs from the fixture's dim >= 2 rule", p.Name, p.Decay)
 		}
 	}
 	h := optim.Hyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: optim.ClipNone}
-	opt, err := optim.New(be, h, m.Params, m.Grads, ts)
+	opt, err := optim.New(be, h, ts, m.Grads)
 	if err != nil {
 		t.Fatal(err)
 	}

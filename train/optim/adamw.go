@@ -1,6 +1,8 @@
-// Package optim holds the dense AdamW optimizer that runs on the device
-// (the "native" placement), its gradient clipping, and the learning-rate
-// schedule.
+// Package optim holds the AdamW optimizer's settings and its device
+// implementation: the hyperparameters and the one place they become the
+// device's or the host's Adam parameters, the dense AdamW that runs on the
+// device (native mode, and lsp's dense parameters), its gradient
+// clipping, and the learning-rate schedule.
 //
 // Clipping follows DESIGN.md section 2: a global norm of the current step
 // would need every gradient before any update and would break the layer-wise
@@ -12,6 +14,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
@@ -46,51 +49,100 @@ func DefaultHyper() Hyper {
 	return Hyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: ClipMatrix, MaxNorm: 1}
 }
 
-// Tensor is one parameter tensor the optimizer updates.
+// deviceParams are the device AdamW's parameters (backend.AdamParams) of
+// one tensor at learning rate lr and 1-based step; clipping is set by Step,
+// which owns the norms.
+func (h Hyper) deviceParams(lr float32, step int, decay bool) backend.AdamParams {
+	p := backend.AdamParams{LR: lr, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, Step: step}
+	if decay {
+		p.WeightDecay = h.WeightDecay
+	}
+	return p
+}
+
+// HostParams are the host Adam's parameters (host.AdamParams) of one
+// tensor at learning rate lr: decoupled weight decay when decay is set,
+// and with ClipMatrix a clip by the tensor's own norm (the host Adam
+// computes it). ClipGlobalPrev has no host form; the engine rejects it
+// outside native mode.
+func (h Hyper) HostParams(lr float64, decay bool) host.AdamParams {
+	p := host.AdamParams{LR: lr, Beta1: float64(h.Beta1), Beta2: float64(h.Beta2), Eps: float64(h.Eps)}
+	if decay {
+		p.WeightDecay = float64(h.WeightDecay)
+	}
+	if h.Clip == ClipMatrix {
+		p.ClipNorm = float64(h.MaxNorm)
+	}
+	return p
+}
+
+// Tensor is one parameter tensor the optimizer updates: views of the
+// parameter and of its gradient, wherever they lie.
 type Tensor struct {
-	Name   string
-	Offset int // in elements, the same in params, grads and moments
-	Len    int
-	Decay  bool
+	Name        string
+	Param, Grad backend.Tensor
+	Decay       bool
 }
 
 // AdamW keeps fp32 moments (and an fp32 master copy when the parameters
-// are bf16) on the device, in allocations laid out like the parameters.
+// are bf16) on the device, the tensors' back to back in their order. It is
+// the device's one AdamW: native mode's over every parameter, and lsp
+// mode's over the dense parameters (--dense-params device).
 type AdamW struct {
 	H       Hyper
 	be      backend.Backend
 	tensors []Tensor
-	params  backend.Tensor
-	grads   backend.Tensor
+	offs    []int          // each tensor's offset in the state
+	all     backend.Tensor // every gradient as one tensor (nil Buf: none)
 
 	// M, V and Master (nil Buf when params are fp32) are the state that a
-	// checkpoint saves. Norms holds one squared norm per tensor, then the
-	// step's global squared norm, then the previous step's.
+	// checkpoint saves. Norms holds one squared norm per tensor, then, with
+	// the whole gradient, the step's global squared norm and the previous
+	// step's.
 	M, V, Master, Norms backend.Tensor
 	step                int
 }
 
-// StateBytes predicts the device bytes New allocates.
-func StateBytes(numParams, numTensors int, paramDType backend.DType) int64 {
-	b := int64(numParams) * 8
+// StateBytes predicts the device bytes New allocates for numTensors
+// tensors of numElems elements together; global: New is given the whole
+// gradient.
+func StateBytes(numElems, numTensors int, paramDType backend.DType, global bool) int64 {
+	b := int64(numElems) * 8
 	if paramDType != backend.F32 {
-		b += int64(numParams) * 4
+		b += int64(numElems) * 4
 	}
-	return b + int64(numTensors+2)*4
+	if global {
+		numTensors += 2
+	}
+	return b + int64(numTensors)*4
 }
 
-// New allocates the optimizer state for params and grads (which share the
-// layout of tensors). A bf16 params gets an fp32 master copied from it by
-// InitMaster.
-func New(be backend.Backend, h Hyper, params, grads backend.Tensor, tensors []Tensor) (*AdamW, error) {
+// New allocates the optimizer state of tensors (parameters of one dtype;
+// bf16 ones get an fp32 master, copied from them by InitMaster). allGrads,
+// when its Buf is set, holds every gradient of the tensors as one tensor:
+// each step then sums the global squared norm over it (GradNormSq, and
+// the clip of ClipGlobalPrev, which needs it); without it each tensor's
+// norm is summed every step and GradNormSq adds them up.
+func New(be backend.Backend, h Hyper, tensors []Tensor, allGrads backend.Tensor) (*AdamW, error) {
 	if h.Beta1 < 0 || h.Beta1 >= 1 || h.Beta2 < 0 || h.Beta2 >= 1 {
 		return nil, fmt.Errorf("adamw: betas (%g, %g) must be in [0, 1)", h.Beta1, h.Beta2)
 	}
 	if h.Clip != ClipNone && h.Clip != "" && !(h.MaxNorm > 0) {
 		return nil, fmt.Errorf("adamw: clip mode %s needs a positive max norm, got %g", h.Clip, h.MaxNorm)
 	}
-	o := &AdamW{H: h, be: be, tensors: tensors, params: params, grads: grads}
-	n := params.Len()
+	if h.Clip == ClipGlobalPrev && allGrads.Buf == nil {
+		return nil, fmt.Errorf("adamw: clip mode %s needs the whole gradient", h.Clip)
+	}
+	o := &AdamW{H: h, be: be, tensors: tensors, all: allGrads}
+	n, master := 0, false
+	for _, t := range tensors {
+		if t.Param.Len() != t.Grad.Len() {
+			return nil, fmt.Errorf("adamw: %s has %d elements and a gradient of %d", t.Name, t.Param.Len(), t.Grad.Len())
+		}
+		o.offs = append(o.offs, n)
+		n += t.Param.Len()
+		master = master || t.Param.DType != backend.F32
+	}
 	var err error
 	fail := func(what string, err error) (*AdamW, error) {
 		o.Free()
@@ -102,12 +154,16 @@ func New(be backend.Backend, h Hyper, params, grads backend.Tensor, tensors []Te
 	if o.V, err = be.Alloc("adam v", n, backend.F32); err != nil {
 		return fail("second moment", err)
 	}
-	if params.DType != backend.F32 {
+	if master {
 		if o.Master, err = be.Alloc("master weights", n, backend.F32); err != nil {
 			return fail("master weights", err)
 		}
 	}
-	if o.Norms, err = be.Alloc("grad norms", len(tensors)+2, backend.F32); err != nil {
+	norms := len(tensors)
+	if allGrads.Buf != nil {
+		norms += 2
+	}
+	if o.Norms, err = be.Alloc("grad norms", norms, backend.F32); err != nil {
 		return fail("norms", err)
 	}
 	return o, nil
@@ -118,7 +174,12 @@ func (o *AdamW) InitMaster(s backend.Stream) error {
 	if o.Master.Buf == nil {
 		return nil
 	}
-	return o.be.CopyD2D(s, o.Master, o.params)
+	for i, t := range o.tensors {
+		if err := o.be.CopyD2D(s, o.Master.Slice(o.offs[i], t.Param.Len()), t.Param); err != nil {
+			return fmt.Errorf("adamw: master of %s: %w", t.Name, err)
+		}
+	}
+	return nil
 }
 
 // Free releases the optimizer state.
@@ -130,50 +191,71 @@ func (o *AdamW) Free() {
 	}
 }
 
-// StepCount is the number of steps taken.
-func (o *AdamW) StepCount() int { return o.step }
-
 // SetStepCount restores the step count from a checkpoint.
 func (o *AdamW) SetStepCount(n int) { o.step = n }
 
-// GlobalNormSq is the view holding the squared global gradient norm of the
-// latest step (written by Step), for logging.
-func (o *AdamW) GlobalNormSq() backend.Tensor { return o.Norms.Slice(len(o.tensors), 1) }
+// GradNormSq is the squared gradient norm of the latest step, for logging:
+// the global one, or the sum of the tensors' without the whole gradient.
+// It synchronizes s.
+func (o *AdamW) GradNormSq(s backend.Stream) (float64, error) {
+	if o.all.Buf != nil {
+		v, err := backend.Download(o.be, s, o.Norms.Slice(len(o.tensors), 1))
+		if err != nil {
+			return 0, err
+		}
+		return float64(v[0]), nil
+	}
+	v, err := backend.Download(o.be, s, o.Norms)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, x := range v {
+		sum += float64(x)
+	}
+	return sum, nil
+}
 
 // Step enqueues one AdamW update of every tensor at learning rate lr.
 func (o *AdamW) Step(s backend.Stream, lr float32) error {
 	o.step++
 	be := o.be
 	nt := len(o.tensors)
-	cur, prev := o.Norms.Slice(nt, 1), o.Norms.Slice(nt+1, 1)
-	if err := be.SumSquares(s, cur, o.grads); err != nil {
-		return fmt.Errorf("adamw: global norm: %w", err)
+	global := o.all.Buf != nil
+	var cur, prev backend.Tensor
+	if global {
+		cur, prev = o.Norms.Slice(nt, 1), o.Norms.Slice(nt+1, 1)
+		if err := be.SumSquares(s, cur, o.all); err != nil {
+			return fmt.Errorf("adamw: global norm: %w", err)
+		}
 	}
 	for i, t := range o.tensors {
-		view := func(x backend.Tensor) backend.Tensor {
+		state := func(x backend.Tensor) backend.Tensor {
 			if x.Buf == nil {
 				return x
 			}
-			return x.Slice(t.Offset, t.Len)
+			return x.Slice(o.offs[i], t.Param.Len())
 		}
-		p := backend.AdamParams{LR: lr, Beta1: o.H.Beta1, Beta2: o.H.Beta2, Eps: o.H.Eps, Step: o.step}
-		if t.Decay {
-			p.WeightDecay = o.H.WeightDecay
-		}
+		p := o.H.deviceParams(lr, o.step, t.Decay)
 		var norm backend.Tensor
-		switch o.H.Clip {
-		case ClipMatrix:
+		if o.H.Clip == ClipMatrix || !global {
 			norm = o.Norms.Slice(i, 1)
-			if err := be.SumSquares(s, norm, view(o.grads)); err != nil {
+			if err := be.SumSquares(s, norm, t.Grad); err != nil {
 				return fmt.Errorf("adamw: norm of %s: %w", t.Name, err)
 			}
+		}
+		switch o.H.Clip {
+		case ClipMatrix:
 			p.MaxNorm = o.H.MaxNorm
 		case ClipGlobalPrev:
 			norm, p.MaxNorm = prev, o.H.MaxNorm
 		}
-		if err := be.AdamW(s, view(o.params), view(o.Master), view(o.grads), view(o.M), view(o.V), norm, p); err != nil {
+		if err := be.AdamW(s, t.Param, state(o.Master), t.Grad, state(o.M), state(o.V), norm, p); err != nil {
 			return fmt.Errorf("adamw: %s: %w", t.Name, err)
 		}
+	}
+	if !global {
+		return nil
 	}
 	// The next step clips by this step's global norm.
 	if err := be.CopyD2D(s, prev, cur); err != nil {

@@ -1,0 +1,260 @@
+// Package model is the contract between a model family (train/gpt2, later
+// LLaMA) and the training engine (train/engine): a model describes its own
+// parameter layout (which tensors belong to which block, which of them are
+// the weight matrices LSP projects and which of those read the same input)
+// and offers its forward and backward passes block by block, so that the
+// engine schedules, offloads and compresses any model without knowing it.
+//
+// The conventions every implementation keeps:
+//
+//   - All parameters live in one allocation (Buffers.Params), laid out as
+//     Layout says, back to back; block l's parameters come before block
+//     l+1's.
+//   - A weight matrix W is stored m x n (in x out: y = x W), the form the
+//     LSP kernels take (DESIGN.md section 2).
+//   - BackwardLayer(l) writes the gradients of block l's parameters only,
+//     and nothing after it writes them again in the same micro-batch; the
+//     parameters outside the blocks are complete after BackwardEmbed.
+//     The engine starts a block's offload as soon as its backward is done.
+package model
+
+import (
+	"fmt"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+// Param is one parameter tensor inside the single parameter allocation.
+type Param struct {
+	Name   string // the checkpoint's name, e.g. transformer.h.0.attn.c_attn.weight
+	Shape  []int  // as the checkpoint stores it (a matrix: in x out)
+	Offset int    // in elements
+	Decay  bool   // weight decay applies (matrices and embeddings, not biases or norms)
+	Layer  int    // the block it belongs to; -1: outside the blocks (embeddings, final norm, head)
+}
+
+// Len is the number of elements.
+func (p Param) Len() int {
+	n := 1
+	for _, s := range p.Shape {
+		n *= s
+	}
+	return n
+}
+
+// Matrix describes one weight matrix that every block has and that LSP
+// projects (the engine gives it no dense gradient in lsp mode).
+type Matrix struct {
+	Name string // short, for logs and buffer names, e.g. "qkv"
+	// Slot is the matrix's position among its block's parameters (Layout
+	// order).
+	Slot int
+	M, N int // in x out
+	// Input numbers the block input the matrix reads, from 0. Matrices
+	// with the same Input read the same activation X (LLaMA's q, k and v;
+	// its gate and up), so LSP keeps one projector P and one compressed
+	// activation for them. Inputs are numbered in order of first use.
+	Input int
+}
+
+// MemoryPlan is the device memory a model allocates, by part, in bytes.
+type MemoryPlan struct {
+	Params, Grads, Activations, ActGrads, Batch int64
+}
+
+// Total is the sum of the parts.
+func (m MemoryPlan) Total() int64 {
+	return m.Params + m.Grads + m.Activations + m.ActGrads + m.Batch
+}
+
+// MatrixGrads replaces the dense gradients of the block matrices (lsp
+// mode, and the engine's calibration pass).
+type MatrixGrads interface {
+	// Input is called during the forward pass, on the forward's stream,
+	// right after X [BT, m] (input `in` of block l, Matrix.Input, in the
+	// model dtype) has been computed and before it is overwritten; once
+	// per input, before the first matrix that reads it. With hooks
+	// installed X is NOT kept for the backward.
+	Input(s backend.Stream, l, in int, X backend.Tensor) error
+	// OutputGrad is called during the backward pass with dY [BT, n] (F32)
+	// of matrix k of block l, in place of dW += X^T dY (the bias gradient
+	// and dX are still computed by the model).
+	OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
+}
+
+// Options configure a model beyond its batch shape.
+type Options struct {
+	// MatrixGrads, when set, is called instead of computing the matrices'
+	// dense gradients; Grads then holds only the other ("dense")
+	// parameters, and the matrices' inputs need not be kept per layer.
+	// For planning, any non-nil value (even a nil pointer of a hook type)
+	// plans for hooks.
+	MatrixGrads MatrixGrads
+	// GradDType stores the parameter gradients (fp32, the zero value, or
+	// bf16: every accumulation rounds to nearest even). Activation
+	// gradients stay fp32.
+	GradDType backend.DType
+}
+
+// Arch is a model architecture: the layout of its parameters, its memory
+// plan and the constructor of its model on a backend.
+type Arch interface {
+	// Layout lists every parameter in allocation order.
+	Layout() []Param
+	// Layers is the number of blocks.
+	Layers() int
+	// Matrices lists the weight matrices of one block (every block has the
+	// same), in forward order; k indexes this list.
+	Matrices() []Matrix
+	// NumParams is the number of parameter elements.
+	NumParams() int
+	// PlanWith predicts the device bytes NewModel allocates for batches of
+	// B x T in dtype dt.
+	PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan
+	// NewModel allocates the model for batches of B x T on be. Parameters
+	// start at zero.
+	NewModel(be backend.Backend, B, T int, dt backend.DType, opts Options) (Model, error)
+}
+
+// Buffers are the device tensors of a model that the engine reads and
+// writes.
+type Buffers struct {
+	// Params holds every parameter (Layout); Grads every dense gradient.
+	Params, Grads backend.Tensor
+	// Inputs and Targets (I32, B*T) are filled before Forward and
+	// CrossEntropy; targets < 0 are ignored.
+	Inputs, Targets backend.Tensor
+	// Losses (F32, B*T) holds the per-position losses after CrossEntropy.
+	Losses backend.Tensor
+}
+
+// Model is a model allocated on a backend for one batch shape. Every pass
+// is enqueued on the stream it is given and returns at once.
+type Model interface {
+	Buffers() Buffers
+	// ParamView returns parameter i of t: Params, or a tensor of the same
+	// layout.
+	ParamView(t backend.Tensor, i int) backend.Tensor
+	// GradView returns the gradient of parameter i, false when it has no
+	// dense gradient (a matrix under MatrixGrads).
+	GradView(i int) (backend.Tensor, bool)
+	// ZeroGrads clears every dense gradient.
+	ZeroGrads(s backend.Stream) error
+	// Forward runs from Inputs to the logits.
+	Forward(s backend.Stream) error
+	// CrossEntropy writes Losses and, with scale != 0, scale times the
+	// loss gradient of the logits, ready for the backward.
+	CrossEntropy(s backend.Stream, scale float32) error
+	// BackwardHead runs the head's backward: the final norm and the logits.
+	BackwardHead(s backend.Stream) error
+	// BackwardLayer runs block l's backward, after block l+1's (or the
+	// head's); it accumulates block l's parameter gradients.
+	BackwardLayer(s backend.Stream, l int) error
+	// BackwardEmbed runs the embeddings' backward, after block 0's.
+	BackwardEmbed(s backend.Stream) error
+	// Free releases every buffer of the model.
+	Free()
+}
+
+// Backward enqueues a whole backward pass of m with L blocks.
+func Backward(m Model, s backend.Stream, L int) error {
+	if err := m.BackwardHead(s); err != nil {
+		return err
+	}
+	for l := L - 1; l >= 0; l-- {
+		if err := m.BackwardLayer(s, l); err != nil {
+			return err
+		}
+	}
+	return m.BackwardEmbed(s)
+}
+
+// Index is an architecture's layout indexed by block, checked against the
+// conventions of this package.
+type Index struct {
+	Layout   []Param
+	Blocks   [][]int  // Blocks[l]: Layout indices of block l's parameters, in Layout order
+	Outside  []int    // Layout indices of the parameters outside the blocks
+	Mats     []Matrix // one block's matrices
+	MatParam [][]int  // MatParam[l][k]: Layout index of matrix k of block l
+	Inputs   int      // matrix inputs per block
+	InputM   []int    // each input's width m
+	IsMat    []bool   // by Layout index: a block matrix
+	Readers  [][]int  // Readers[in]: the matrices reading input in, in order
+}
+
+// NewIndex indexes a's layout and checks it: parameters back to back,
+// blocks in order, every matrix's parameter of shape M x N, inputs numbered in
+// order of first use and read by matrices of the same width.
+func NewIndex(a Arch) (*Index, error) {
+	x := &Index{Layout: a.Layout(), Mats: a.Matrices()}
+	L := a.Layers()
+	if L < 1 {
+		return nil, fmt.Errorf("model: %d blocks, want at least 1", L)
+	}
+	x.Blocks = make([][]int, L)
+	x.IsMat = make([]bool, len(x.Layout))
+	off, prev := 0, -1
+	for i, p := range x.Layout {
+		if p.Offset != off {
+			return nil, fmt.Errorf("model: %s at offset %d, want %d (one contiguous allocation)", p.Name, p.Offset, off)
+		}
+		off += p.Len()
+		switch {
+		case p.Layer < -1 || p.Layer >= L:
+			return nil, fmt.Errorf("model: %s in block %d of %d", p.Name, p.Layer, L)
+		case p.Layer == -1:
+			x.Outside = append(x.Outside, i)
+			continue
+		case p.Layer < prev || (p.Layer != prev && len(x.Blocks[p.Layer]) > 0):
+			return nil, fmt.Errorf("model: %s of block %d breaks the block order", p.Name, p.Layer)
+		}
+		prev = p.Layer
+		x.Blocks[p.Layer] = append(x.Blocks[p.Layer], i)
+	}
+	if off != a.NumParams() {
+		return nil, fmt.Errorf("model: layout has %d elements, NumParams says %d", off, a.NumParams())
+	}
+	for k, mt := range x.Mats {
+		switch {
+		case mt.Input < 0 || mt.Input > x.Inputs:
+			return nil, fmt.Errorf("model: matrix %s reads input %d; inputs are numbered in order of first use", mt.Name, mt.Input)
+		case mt.Input == x.Inputs:
+			x.Inputs++
+			x.InputM = append(x.InputM, mt.M)
+			x.Readers = append(x.Readers, nil)
+		case x.InputM[mt.Input] != mt.M:
+			return nil, fmt.Errorf("model: matrix %s reads input %d with width %d, another reader has %d", mt.Name, mt.Input, mt.M, x.InputM[mt.Input])
+		}
+		x.Readers[mt.Input] = append(x.Readers[mt.Input], k)
+	}
+	x.MatParam = make([][]int, L)
+	for l, blk := range x.Blocks {
+		for _, mt := range x.Mats {
+			if mt.Slot < 0 || mt.Slot >= len(blk) {
+				return nil, fmt.Errorf("model: matrix %s at slot %d of block %d's %d parameters", mt.Name, mt.Slot, l, len(blk))
+			}
+			i := blk[mt.Slot]
+			if p := x.Layout[i]; len(p.Shape) != 2 || p.Shape[0] != mt.M || p.Shape[1] != mt.N {
+				return nil, fmt.Errorf("model: matrix %s of block %d is %s %v, want %d x %d", mt.Name, l, p.Name, p.Shape, mt.M, mt.N)
+			}
+			if x.IsMat[i] {
+				return nil, fmt.Errorf("model: two matrices at slot %d", mt.Slot)
+			}
+			x.IsMat[i] = true
+			x.MatParam[l] = append(x.MatParam[l], i)
+		}
+	}
+	return x, nil
+}
+
+// MatrixElems is the number of elements of every block matrix together.
+func (x *Index) MatrixElems() int {
+	n := 0
+	for _, row := range x.MatParam {
+		for _, i := range row {
+			n += x.Layout[i].Len()
+		}
+	}
+	return n
+}

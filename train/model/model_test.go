@@ -1,0 +1,94 @@
+package model
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+// fake is an Arch with a given layout, for NewIndex.
+type fake struct {
+	layout []Param
+	layers int
+	mats   []Matrix
+}
+
+func (f fake) Layout() []Param    { return f.layout }
+func (f fake) Layers() int        { return f.layers }
+func (f fake) Matrices() []Matrix { return f.mats }
+func (f fake) NumParams() int {
+	last := f.layout[len(f.layout)-1]
+	return last.Offset + last.Len()
+}
+func (f fake) PlanWith(int, int, backend.DType, Options) MemoryPlan { return MemoryPlan{} }
+func (f fake) NewModel(backend.Backend, int, int, backend.DType, Options) (Model, error) {
+	return nil, nil
+}
+
+// twoBlocks: an embedding, two blocks of (q, k, bias, o) where q and k
+// read one input and o another, and a final norm.
+func twoBlocks() fake {
+	f := fake{layers: 2, mats: []Matrix{
+		{Name: "q", Slot: 0, M: 4, N: 4, Input: 0},
+		{Name: "k", Slot: 1, M: 4, N: 2, Input: 0},
+		{Name: "o", Slot: 3, M: 2, N: 4, Input: 1},
+	}}
+	off := 0
+	add := func(name string, layer int, shape ...int) {
+		p := Param{Name: name, Shape: shape, Offset: off, Layer: layer}
+		off += p.Len()
+		f.layout = append(f.layout, p)
+	}
+	add("emb", -1, 10, 4)
+	for l := range 2 {
+		add("q", l, 4, 4)
+		add("k", l, 4, 2)
+		add("bias", l, 4)
+		add("o", l, 2, 4)
+	}
+	add("norm", -1, 4)
+	return f
+}
+
+func TestNewIndex(t *testing.T) {
+	x, err := NewIndex(twoBlocks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(x.Outside, []int{0, 9}) || !slices.Equal(x.Blocks[1], []int{5, 6, 7, 8}) {
+		t.Errorf("outside %v, block 1 %v", x.Outside, x.Blocks[1])
+	}
+	if !slices.Equal(x.MatParam[1], []int{5, 6, 8}) || x.Inputs != 2 || !slices.Equal(x.InputM, []int{4, 2}) {
+		t.Errorf("matrices of block 1 %v, %d inputs of widths %v", x.MatParam[1], x.Inputs, x.InputM)
+	}
+	if len(x.Readers) != 2 || !slices.Equal(x.Readers[0], []int{0, 1}) || !slices.Equal(x.Readers[1], []int{2}) {
+		t.Errorf("readers %v", x.Readers)
+	}
+	if x.IsMat[7] || !x.IsMat[8] || x.MatrixElems() != 2*(16+8+8) {
+		t.Errorf("IsMat %v, %d matrix elements", x.IsMat, x.MatrixElems())
+	}
+}
+
+func TestNewIndexErrors(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*fake)
+		want string
+	}{
+		{func(f *fake) { f.layers = 0 }, "blocks"},
+		{func(f *fake) { f.layout[3].Offset++ }, "offset"},
+		{func(f *fake) { f.layout[2].Layer = 1 }, "block order"},
+		{func(f *fake) { f.layout[1].Layer = 2 }, "in block 2"},
+		{func(f *fake) { f.mats[2].Input = 3 }, "order of first use"},
+		{func(f *fake) { f.mats[1].M = 2; f.mats[1].N = 4 }, "width"},
+		{func(f *fake) { f.mats[2].Slot = 2 }, "want 2 x 4"},
+		{func(f *fake) { f.mats[2].Slot = 4 }, "slot 4"},
+	} {
+		f := twoBlocks()
+		tc.edit(&f)
+		if _, err := NewIndex(f); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want an error with %q, got %v", tc.want, err)
+		}
+	}
+}
