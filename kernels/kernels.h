@@ -155,7 +155,7 @@ cudaError_t lsp_cross_entropy_forward_backward(float* losses, void* logits, cons
 // moments m, v and, when master != NULL, an fp32 master copy (param then
 // receives it, rounded to nearest even if bf16). Decoupled weight decay,
 // bias correction for step >= 1, eps outside the sqrt; when max_norm > 0
-// the gradient is scaled by min(1, max_norm / sqrt(sum_sq[0])), sum_sq read
+// the gradient is scaled by min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), sum_sq read
 // on the device. n elements each.
 cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16, float* m,
                       float* v, const float* sum_sq, long long n, float lr, float beta1, float beta2, float eps,
