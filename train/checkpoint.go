@@ -28,7 +28,7 @@ type state struct {
 	Position data.Position `json:"data_position"`
 	Seed     uint64        `json:"seed"`
 	Model    gpt2.Config   `json:"model"`
-	DType    string        `json:"dtype"`
+	DType    backend.DType `json:"dtype"`
 	Data     string        `json:"data"`
 	Batch    int           `json:"batch"`
 	SeqLen   int           `json:"seq_len"`
@@ -39,10 +39,10 @@ type state struct {
 	Truncate     bool    `json:"truncate"`
 
 	// The update mode and what decides the optimizer state's shape.
-	Mode        string `json:"mode"`
-	DenseParams string `json:"dense_params,omitempty"`
-	D           int    `json:"d,omitempty"`
-	R           int    `json:"r,omitempty"`
+	Mode        engine.Mode        `json:"mode"`
+	DenseParams engine.DenseParams `json:"dense_params,omitempty"`
+	D           int                `json:"d,omitempty"`
+	R           int                `json:"r,omitempty"`
 }
 
 const stateKey = "lsp_offload.state"
@@ -103,7 +103,7 @@ func loadCheckpoint(path string, cfg gpt2.Config) (*checkpoint, error) {
 		return nil, fmt.Errorf("resume: %s: training state: %w", path, err)
 	}
 	if ck.Mode == "" {
-		ck.Mode = "native" // version 1 checkpoints predate the modes
+		ck.Mode = engine.Native // version 1 checkpoints predate the modes
 	}
 	if ck.Model != cfg {
 		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, cfg)

@@ -253,12 +253,12 @@ func Compare(ctx context.Context, c CompareConfig, log *slog.Logger) (*CompareRe
 		res.Rows = append(res.Rows, row)
 	}
 	for i, spec := range compareRows {
-		for _, sched := range []string{"sequential", "pipelined"} {
+		for _, sched := range []Schedule{Sequential, Pipelined} {
 			sec, err := compareTiming(ctx, c, spec, sched, res.Pretrained, log)
 			if err != nil {
 				return nil, err
 			}
-			if sched == "sequential" {
+			if sched == Sequential {
 				res.Rows[i].StepSecondsSequential = sec
 			} else {
 				res.Rows[i].StepSecondsPipelined = sec
@@ -290,12 +290,12 @@ func compareBase(c CompareConfig) Config {
 // identical one is stamped in <out>/pretrain.
 func comparePretrain(ctx context.Context, c CompareConfig, log *slog.Logger) (string, bool, error) {
 	cfg := compareBase(c)
-	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = compareModel, c.PretrainTask, c.PretrainSteps, string(engine.Native)
+	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = compareModel, c.PretrainTask, c.PretrainSteps, engine.Native
 	cfg.EvalEvery = 0
 	cfg.Out = filepath.Join(c.Out, "pretrain")
 	stamp, err := json.MarshalIndent(pretrainStamp{Version: 1, Model: cfg.Model, Data: cfg.Data, Steps: cfg.Steps,
 		Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: cfg.SeqLen, LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup,
-		DType: cfg.DType}, "", "  ")
+		DType: cfg.DType.String()}, "", "  ")
 	if err != nil {
 		return "", false, err
 	}
@@ -336,9 +336,9 @@ func compareRowConfig(c CompareConfig, spec compareRowSpec, model string) Config
 	cfg := compareBase(c)
 	cfg.Model, cfg.Data, cfg.Steps = model, c.Task, c.Steps
 	cfg.LR, cfg.Warmup, cfg.EvalEvery = compareLR, compareWarmup, c.EvalEvery
-	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = string(spec.mode), "pipelined", c.LinkBandwidth
+	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
-		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = string(engine.DenseDevice), c.D, c.R, spec.noFit
+		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
 		cfg.CheckEvery, cfg.CalibSamples = compareCheckEvery, compareCalibSamples
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
@@ -434,10 +434,10 @@ func compareExactMatch(cfg Config, export string, n int) (float64, error) {
 
 // compareTiming runs a row for --timing-steps steps with schedule sched and
 // no eval, and returns its mean step time.
-func compareTiming(ctx context.Context, c CompareConfig, spec compareRowSpec, sched, model string, log *slog.Logger) (float64, error) {
+func compareTiming(ctx context.Context, c CompareConfig, spec compareRowSpec, sched Schedule, model string, log *slog.Logger) (float64, error) {
 	cfg := compareRowConfig(c, spec, model)
 	cfg.Steps, cfg.EvalEvery, cfg.EvalFraction, cfg.Schedule = c.TimingSteps, 0, 0, sched
-	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+sched)
+	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+string(sched))
 	r, err := Run(ctx, cfg, Options{})
 	if err != nil {
 		return 0, fmt.Errorf("compare: timing %s %s: %w", spec.name, sched, err)

@@ -29,6 +29,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -127,7 +128,7 @@ func TestRunMeasurements(t *testing.T) {
 	for _, mode := range []string{"native", "zero", "lsp"} {
 		t.Run(mode, func(t *testing.T) {
 			c := quickConfig(t, model)
-			c.Mode, c.Steps, c.EvalEvery, c.EvalGenerate = mode, 3, 0, 0
+			c.Mode, c.Steps, c.EvalEvery, c.EvalGenerate = engine.Mode(mode), 3, 0, 0
 			c.LinkBandwidth = 1 << 40 // charged, but too fast to matter
 			res := mustRun(t, context.Background(), c, Options{EvalAtStart: true})
 			recs, err := metrics.ReadFile(res.Metrics)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -191,7 +192,7 @@ func TestBadCheckpoint(t *testing.T) {
 			c.Batch = 3
 		}, []string{"resume", CheckpointFile, "--batch 4"}},
 		{"another dtype", func(t *testing.T, c *Config) {
-			c.DType = "bf16"
+			c.DType = backend.BF16
 		}, []string{"resume", CheckpointFile, "--dtype fp32"}},
 		{"truncated", func(t *testing.T, c *Config) {
 			truncate(t, filepath.Join(c.Out, CheckpointFile))
@@ -387,8 +388,13 @@ func TestValidate(t *testing.T) {
 		{"eval-generate", func(c *Config) { c.EvalGenerate = -1 }},
 		{"checkpoint-every", func(c *Config) { c.CheckpointEvery = -1 }},
 		{"device", func(c *Config) { c.Device = "tpu" }},
+		{"device", func(c *Config) { c.Device = "cuda" }}, // a known backend, not in this build
 		{"device-mem", func(c *Config) { c.DeviceMem = -1 }},
-		{"dtype", func(c *Config) { c.DType = "fp16" }},
+		{"dtype", func(c *Config) { c.DType = backend.I32 }}, // not a storage type
+		{"grad-dtype", func(c *Config) { c.GradDType = backend.DType(9) }},
+		{"mode", func(c *Config) { c.Mode = "offload" }},
+		{"dense-params", func(c *Config) { c.DenseParams = "cpu" }},
+		{"schedule", func(c *Config) { c.Schedule = "eager" }},
 		{"threads", func(c *Config) { c.Threads = -2 }},
 		{"out", func(c *Config) { c.Out = "" }},
 		{"model", func(c *Config) { c.Model = "" }},

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 )
 
@@ -38,7 +39,7 @@ func legacyConfig(mode, out string) Config {
 	c.EvalFraction = 0.05
 	c.ClipMode = "none"
 	c.Threads = 1
-	c.Mode = mode
+	c.Mode = engine.Mode(mode)
 	if mode == "lsp" {
 		c.D, c.R, c.DenseParams, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, "device", 2, 4, 20
 	}

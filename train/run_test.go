@@ -24,6 +24,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -220,15 +221,17 @@ func checkOutputs(t *testing.T, res *Result, losses []float64, evalSteps []int) 
 func TestResumeBitForBit(t *testing.T) {
 	model := writeModel(t, microConfig(32, 1))
 	for _, tc := range []struct {
-		name, clip, dtype string
-		maxNorm           float64
+		name    string
+		clip    optim.ClipMode
+		dtype   backend.DType
+		maxNorm float64
 	}{
-		{"matrix-fp32", "matrix", "fp32", 1},
+		{"matrix-fp32", optim.ClipMatrix, backend.F32, 1},
 		// A small max norm so global-prev clips every step after the first:
 		// the resumed step 4 must clip by step 3's norm from the checkpoint.
-		{"global-prev-fp32", "global-prev", "fp32", 0.05},
-		{"matrix-bf16", "matrix", "bf16", 1},
-		{"global-prev-bf16", "global-prev", "bf16", 0.05},
+		{"global-prev-fp32", optim.ClipGlobalPrev, backend.F32, 0.05},
+		{"matrix-bf16", optim.ClipMatrix, backend.BF16, 1},
+		{"global-prev-bf16", optim.ClipGlobalPrev, backend.BF16, 0.05},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -399,7 +402,7 @@ func TestDeviceMemExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, dt := range []string{"fp32", "bf16"} {
+	for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 		c.DType = dt
 		plan, err := PlanMemory(mc, c)
 		if err != nil {

@@ -98,13 +98,9 @@ type Plan = engine.Plan
 // PlanMemory predicts the device and host memory of training cfg with the
 // model mc, in cfg's mode.
 func PlanMemory(mc gpt2.Config, c Config) (Plan, error) {
-	dt, err := backend.ParseDType(c.DType)
-	if err != nil {
-		return Plan{}, flagErr("dtype", "%v", err)
-	}
 	st, err := os.Stat(c.Model)
 	fromCheckpoint := err == nil && st.IsDir()
-	return engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, dt, c.engineConfig(fromCheckpoint))
+	return engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -171,25 +167,24 @@ func (r *run) setup() error {
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.Total() > cfg.DeviceMem {
 		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"
-		if cfg.Mode == string(engine.LSP) {
+		if cfg.Mode == engine.LSP {
 			hint = "lower --batch, --seq-len or --d, or use a smaller model"
 		}
 		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: %s) but the budget is %d bytes; %s",
 			plan.Total(), float64(plan.Total())/(1<<20), plan.String(), cfg.DeviceMem, hint)
 	}
 
-	dt, _ := backend.ParseDType(cfg.DType)
 	r.be = r.opts.Backend
 	if r.be == nil {
 		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed,
 			LinkBandwidth: float64(cfg.LinkBandwidth)})
 	}
 	r.s = r.be.DefaultStream()
-	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, dt, cfg.engineConfig(fromCheckpoint)); err != nil {
+	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.DType, cfg.engineConfig(fromCheckpoint)); err != nil {
 		return err
 	}
 	r.model = r.eng.Model
-	if cfg.Mode == string(engine.LSP) {
+	if cfg.Mode == engine.LSP {
 		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
 			m, n := mc.MatrixShape(k)
 			if d := lsp.CapD(cfg.D, m, n); d < cfg.D || lsp.CapR(cfg.R, d) < cfg.R {
@@ -225,7 +220,7 @@ func (r *run) setup() error {
 			ck.DType, ck.Batch, ck.SeqLen, ck.GradAccum, ck.Data, ck.Seed, ck.EvalFraction, ck.Truncate, ck.Mode, lspFlags(ck.Mode, ck.DenseParams, ck.D, ck.R))
 		ec := cfg.engineConfig(fromCheckpoint)
 		now := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v --mode %s%s",
-			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate, cfg.Mode, lspFlags(cfg.Mode, string(ec.DenseParams), cfg.D, cfg.R))
+			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate, cfg.Mode, lspFlags(cfg.Mode, ec.DenseParams, cfg.D, cfg.R))
 		if saved != now {
 			return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values", ckPath, saved, now)
 		}
@@ -460,8 +455,8 @@ func (r *run) checkpoint() error {
 	st := state{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
 		DType: r.cfg.DType, Data: r.cfg.Data, Batch: r.cfg.Batch, SeqLen: r.cfg.SeqLen, Tokens: r.tokens,
 		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate, Mode: r.cfg.Mode}
-	if r.cfg.Mode == string(engine.LSP) {
-		st.DenseParams, st.D, st.R = string(r.eng.DenseParams()), r.cfg.D, r.cfg.R
+	if r.cfg.Mode == engine.LSP {
+		st.DenseParams, st.D, st.R = r.eng.DenseParams(), r.cfg.D, r.cfg.R
 	}
 	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.eng, st)
 }
@@ -583,8 +578,8 @@ func newSampler(temperature, topP float64, seed uint64) Sampler {
 }
 
 // lspFlags is the part of a resume's identity that only lsp mode has.
-func lspFlags(mode, dense string, d, r int) string {
-	if mode != string(engine.LSP) {
+func lspFlags(mode engine.Mode, dense engine.DenseParams, d, r int) string {
+	if mode != engine.LSP {
 		return ""
 	}
 	return fmt.Sprintf(" --dense-params %s --d %d --r %d", dense, d, r)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
 // runCmd runs the command with args and returns its exit code, stdout and
@@ -83,13 +84,15 @@ func TestConfigFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := writeJSON(t, `{"steps": 1000000, "batch": 3, "lr": 3e-4, "seq_len": 20, "seed": 1234567,
-		"data": "builtin:sort", "resume": true, "device-mem": "512MiB", "clip_mode": "global-prev", "warmup": 0}`)
+		"data": "builtin:sort", "resume": true, "device-mem": "512MiB", "clip_mode": "global-prev", "warmup": 0,
+		"mode": "zero", "dtype": "bfloat16", "grad_dtype": "bf16", "schedule": "sequential", "dense_params": "host", "device": "cpu"}`)
 	if err := applyConfigFile(fs, path); err != nil {
 		t.Fatal(err)
 	}
 	want := train.Defaults()
 	want.Steps, want.Batch, want.LR, want.SeqLen, want.Seed = 1000000, 4, 0.01, 20, 1234567
 	want.Data, want.Resume, want.DeviceMem, want.ClipMode, want.Warmup = "builtin:sort", true, 512<<20, "global-prev", 0
+	want.Mode, want.DType, want.GradDType, want.Schedule, want.DenseParams = "zero", backend.BF16, backend.BF16, "sequential", "host"
 	if cfg != want {
 		t.Errorf("config after file and flags:\n%+v\nwant\n%+v", cfg, want)
 	}
@@ -124,6 +127,14 @@ func TestCommandErrors(t *testing.T) {
 		{"config file not JSON", []string{"--config", writeJSON(t, `{"steps": 5,`)}, []string{"--config", "config.json"}},
 		{"config names config", []string{"--config", writeJSON(t, `{"config": "x.json"}`)}, []string{"--config", `"config"`}},
 		{"bad byte size", []string{"--device-mem", "lots"}, []string{"device-mem", "lots"}},
+		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero or lsp"}},
+		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}},
+		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}},
+		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}},
+		{"bad dense params", []string{"--dense-params", "cpu"}, []string{"-dense-params", "cpu"}},
+		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}},
+		{"unknown device", []string{"--device", "tpu"}, []string{"-device", "tpu", "cpu or cuda"}},
+		{"cuda not in this build", []string{"--device", "cuda"}, []string{"--device", "not available in this build"}},
 		{"bad batch", []string{"--batch", "0"}, []string{"--batch"}},
 		{"unknown flag", []string{"--learning-rate", "1"}, []string{"learning-rate"}},
 		{"positional argument", []string{"train"}, []string{`"train"`}},
