@@ -9,15 +9,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -40,13 +41,17 @@ type Result struct {
 	Metrics      string
 	Plot         string
 	Losses       []float64 // train loss of every step of this process, in order
+}
 
-	// Measurements of this process's steps, for the compare job.
+// Measurements are what a run measured of its own steps in this process,
+// beside the plan it was checked against: the figures a comparison of
+// runs reads (Options.Measurements).
+type Measurements struct {
+	Plan             Plan    // the predicted memory and link traffic the run was checked against
 	StepSeconds      float64 // mean wall time of an optimizer step (engine Step only: no checks, eval or checkpoints)
 	CheckSeconds     float64 // total wall time of the projector checks (lsp)
-	DevicePeak       int64   // the backend's device memory high-water mark at the end
-	Plan             Plan    // the predicted memory and link traffic the run was checked against
 	LinkBytesPerStep float64 // mean device-host bytes (both ways) copied during an optimizer step
+	DevicePeak       int64   // the backend's device memory high-water mark at the end
 }
 
 // ErrNonFinite reports a NaN or infinite loss.
@@ -64,6 +69,9 @@ type Options struct {
 	// EvalAtStart evaluates once before the first step (a step-0 eval
 	// record) when the run starts fresh rather than resuming.
 	EvalAtStart bool
+	// Measurements, when set, receives the run's measurements when it
+	// returns a Result.
+	Measurements *Measurements
 }
 
 // run holds the state of one training run.
@@ -118,8 +126,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 		return nil, err
 	}
 	res, err := r.loop(ctx)
-	if res != nil {
-		res.DevicePeak = r.be.MemStats().HighWater
+	if res != nil && opts.Measurements != nil {
+		*opts.Measurements = r.measurements()
 	}
 	return res, err
 }
@@ -176,8 +184,10 @@ func (r *run) setup() error {
 
 	r.be = r.opts.Backend
 	if r.be == nil {
-		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed,
-			LinkBandwidth: float64(cfg.LinkBandwidth)})
+		if r.be, err = device.Open(device.Config{Kind: cfg.Device, MemBudget: cfg.DeviceMem, Threads: cfg.Threads,
+			Seed: cfg.Seed, LinkBandwidth: cfg.LinkBandwidth}); err != nil {
+			return flagErr("device", "%v", err)
+		}
 	}
 	r.s = r.be.DefaultStream()
 	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.DType, cfg.engineConfig(fromCheckpoint)); err != nil {
@@ -208,9 +218,9 @@ func (r *run) setup() error {
 		return flagErr("out", "%v", err)
 	}
 	resumeStep := -1
-	ckPath := filepath.Join(cfg.Out, CheckpointFile)
+	ckPath := filepath.Join(cfg.Out, checkpoint.FileName)
 	if cfg.Resume {
-		ck, err := loadCheckpoint(ckPath, mc)
+		ck, err := checkpoint.Load(ckPath, mc)
 		if err != nil {
 			return err
 		}
@@ -224,7 +234,7 @@ func (r *run) setup() error {
 		if saved != now {
 			return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values", ckPath, saved, now)
 		}
-		if err := ck.restore(r.be, r.s, r.eng); err != nil {
+		if err := ck.Restore(r.be, r.s, r.model.Params, r.eng); err != nil {
 			return err
 		}
 		if err := r.loader.Seek(ck.Position); err != nil {
@@ -332,7 +342,7 @@ func (r *run) checkProjectors() error {
 func (r *run) loop(ctx context.Context) (*Result, error) {
 	cfg := r.cfg
 	res := &Result{Out: cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(),
-		Checkpoint: filepath.Join(cfg.Out, CheckpointFile), Metrics: filepath.Join(cfg.Out, "metrics.jsonl")}
+		Checkpoint: filepath.Join(cfg.Out, checkpoint.FileName), Metrics: filepath.Join(cfg.Out, "metrics.jsonl")}
 	if r.opts.Progress != nil {
 		r.prog = metrics.NewProgress(r.opts.Progress, cfg.Steps, r.log)
 	}
@@ -404,7 +414,7 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 			lastEval = r.step
 		}
 		if cfg.CheckpointEvery > 0 && r.step%cfg.CheckpointEvery == 0 && r.step < cfg.Steps {
-			if err := r.checkpoint(); err != nil {
+			if err := r.saveCheckpoint(); err != nil {
 				return res, err
 			}
 		}
@@ -414,13 +424,8 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	}
 	res.Steps = r.step
 	res.Elapsed = time.Since(r.start)
-	res.Plan, res.CheckSeconds = r.plan, r.checkSecs
-	if r.stepsTimed > 0 {
-		res.StepSeconds = r.stepSecs / float64(r.stepsTimed)
-		res.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
-	}
 	res.TokensPerSec = float64(r.tokens-startTokens) / res.Elapsed.Seconds()
-	if err := r.checkpoint(); err != nil {
+	if err := r.saveCheckpoint(); err != nil {
 		return res, err
 	}
 	if res.Interrupted {
@@ -451,14 +456,24 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-func (r *run) checkpoint() error {
-	st := state{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
+// measurements are the run's Measurements so far.
+func (r *run) measurements() Measurements {
+	m := Measurements{Plan: r.plan, CheckSeconds: r.checkSecs, DevicePeak: r.be.MemStats().HighWater}
+	if r.stepsTimed > 0 {
+		m.StepSeconds = r.stepSecs / float64(r.stepsTimed)
+		m.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
+	}
+	return m
+}
+
+func (r *run) saveCheckpoint() error {
+	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
 		DType: r.cfg.DType, Data: r.cfg.Data, Batch: r.cfg.Batch, SeqLen: r.cfg.SeqLen, Tokens: r.tokens,
 		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate, Mode: r.cfg.Mode}
 	if r.cfg.Mode == engine.LSP {
 		st.DenseParams, st.D, st.R = r.eng.DenseParams(), r.cfg.D, r.cfg.R
 	}
-	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.eng, st)
+	return checkpoint.Save(filepath.Join(r.cfg.Out, checkpoint.FileName), r.be, r.s, r.model.Params, r.eng, st)
 }
 
 // evaluate computes the eval loss and the exact match of greedy generation
@@ -466,7 +481,7 @@ func (r *run) checkpoint() error {
 func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
 	rec := metrics.Record{Step: r.step, Event: "eval"} // the Writer fills in Time
 	if len(r.ds.Eval) > 0 {
-		loss, err := EvalLoss(r.be, r.s, r.model, r.ds.Eval)
+		loss, err := eval.Loss(r.be, r.s, r.model, r.ds.Eval)
 		if err != nil {
 			return err
 		}
@@ -479,7 +494,7 @@ func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
 		rec.EvalLoss = metrics.F(loss)
 	}
 	if n := min(r.cfg.EvalGenerate, len(r.ds.EvalRecords)); n > 0 {
-		em, err := ExactMatch(r.be, r.s, r.model, r.tok, r.ds.EvalRecords[:n])
+		em, err := eval.ExactMatch(r.be, r.s, r.model, r.tok, r.ds.EvalRecords[:n])
 		if err != nil {
 			return err
 		}
@@ -498,83 +513,6 @@ func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
 	}
 	logf("eval", args...)
 	return r.mw.Write(rec)
-}
-
-// batchLoss uploads a batch, runs the forward pass and the loss, and with
-// gradScale != 0 the backward pass (accumulating gradients scaled by it);
-// it returns the sum of the batch's per-token losses.
-func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch, gradScale float32) (float64, error) {
-	if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
-		return 0, err
-	}
-	if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
-		return 0, err
-	}
-	if err := m.Forward(s); err != nil {
-		return 0, err
-	}
-	if err := m.CrossEntropy(s, gradScale); err != nil {
-		return 0, err
-	}
-	if gradScale != 0 {
-		if err := m.Backward(s); err != nil {
-			return 0, err
-		}
-	}
-	losses, err := backend.Download(be, s, m.Losses)
-	if err != nil {
-		return 0, err
-	}
-	var sum float64
-	for _, l := range losses {
-		sum += float64(l)
-	}
-	return sum, nil
-}
-
-// EvalLoss is the mean loss per target token over examples.
-func EvalLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
-	var sum float64
-	n := 0
-	for _, b := range data.EvalBatches(examples, m.B, m.T) {
-		l, err := batchLoss(be, s, m, b, 0)
-		if err != nil {
-			return 0, err
-		}
-		sum += l
-		n += b.NumTargets
-	}
-	if n == 0 {
-		return math.NaN(), nil
-	}
-	return sum / float64(n), nil
-}
-
-// ExactMatch is the share of records whose greedy continuation of the
-// prompt, up to EOS, equals the response exactly.
-func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
-	prompts := make([][]int32, len(recs))
-	maxNew := 1
-	for i, rec := range recs {
-		prompts[i] = tok.Encode(rec.Prompt)
-		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
-	}
-	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
-	if err != nil {
-		return 0, err
-	}
-	hits := 0
-	for i, o := range outs {
-		if tok.Decode(o) == recs[i].Response {
-			hits++
-		}
-	}
-	return float64(hits) / float64(len(recs)), nil
-}
-
-// newSampler builds a sampler; temperature 0 is greedy.
-func newSampler(temperature, topP float64, seed uint64) Sampler {
-	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
 }
 
 // lspFlags is the part of a resume's identity that only lsp mode has.

@@ -31,7 +31,7 @@ func main() {
 
 func run(args []string, stdout io.Writer, stderr *os.File) int {
 	if len(args) > 0 && args[0] == "compare" {
-		if err := compare(args[1:], stdout, stderr); err != nil {
+		if err := compareCmd(args[1:], stdout, stderr); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return 0 // -h: the usage is printed already
 			}
@@ -41,7 +41,7 @@ func run(args []string, stdout io.Writer, stderr *os.File) int {
 		return 0
 	}
 	if len(args) > 0 && args[0] == "sample" {
-		if err := sample(args[1:], stdout, stderr); err != nil {
+		if err := sampleCmd(args[1:], stdout, stderr); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return 0 // -h: the usage is printed already
 			}

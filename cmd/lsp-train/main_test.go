@@ -15,6 +15,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
 // runCmd runs the command with args and returns its exit code, stdout and
@@ -55,14 +56,14 @@ func TestTrainAndSample(t *testing.T) {
 	}
 	for _, want := range []string{
 		"2 steps", "final train loss", "eval loss", "eval exact match",
-		filepath.Join(dir, "hf"), filepath.Join(dir, train.CheckpointFile),
+		filepath.Join(dir, "hf"), filepath.Join(dir, checkpoint.FileName),
 		filepath.Join(dir, "metrics.jsonl"), filepath.Join(dir, "loss.png"),
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout does not mention %q:\n%s", want, stdout)
 		}
 	}
-	for _, f := range []string{"hf/config.json", "hf/model.safetensors", train.CheckpointFile, "metrics.jsonl", "loss.png"} {
+	for _, f := range []string{"hf/config.json", "hf/model.safetensors", checkpoint.FileName, "metrics.jsonl", "loss.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("output missing: %v", err)
 		}
@@ -156,7 +157,7 @@ func TestCommandErrors(t *testing.T) {
 					t.Errorf("stderr does not mention %q:\n%s", w, stderr)
 				}
 			}
-			if _, err := os.Stat(filepath.Join(out, train.CheckpointFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(out, checkpoint.FileName)); err == nil {
 				t.Errorf("a failed command left a checkpoint")
 			}
 		})
