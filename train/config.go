@@ -1,20 +1,22 @@
-// Package train ties the pieces together into a training run: it resolves
-// the model and data, checks the memory plan against the device budget,
-// runs the steps with evaluation, checkpoints and metrics, and exports the
-// result as a Hugging Face checkpoint.
+// Package train is the training run: from its configuration (the
+// command's flags) it resolves the model and data, checks the memory plan
+// against the device budget, runs the steps with evaluation, checkpoints
+// and metrics, and exports the result as a Hugging Face checkpoint.
+//
+// The run uses the other packages for the rest of the work: train/device
+// opens the backend, train/engine runs the steps, train/eval scores the
+// model, train/checkpoint is the checkpoint format; the compare job, which
+// starts runs of its own, is train/compare.
 package train
 
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -170,26 +172,6 @@ func (c Config) Validate() error {
 	check(c.Model != "", "model", "must not be empty")
 	check(c.Data != "", "data", "must not be empty")
 	return errors.Join(errs...)
-}
-
-// ResolveModel returns the architecture of --model, a preset name or a
-// checkpoint directory, and whether it is a checkpoint.
-func ResolveModel(model string) (gpt2.Config, bool, error) {
-	if st, err := os.Stat(model); err == nil && st.IsDir() {
-		cfg, err := gpt2.ReadHFConfig(model)
-		if err != nil {
-			return gpt2.Config{}, false, flagErr("model", "%v", err)
-		}
-		return cfg, true, nil
-	}
-	cfg, err := gpt2.Preset(model)
-	if err != nil {
-		if filepath.IsAbs(model) || filepath.Base(model) != model {
-			return gpt2.Config{}, false, flagErr("model", "%s is neither a checkpoint directory nor a preset", model)
-		}
-		return gpt2.Config{}, false, flagErr("model", "%v", err)
-	}
-	return cfg, false, nil
 }
 
 // engineConfig is the engine's part of the configuration; fromCheckpoint
