@@ -1,7 +1,7 @@
 // Package flagerr is the error of a bad command-line flag value, shared by
-// every package that checks what a user gave (the run, evaluation and
-// sampling, the compare job, the device), so each names its flag the same
-// way: "--flag: what is wrong".
+// every package that checks what a user gave (the run, sampling and the
+// compare job), so each names its flag the same way: "--flag: what is
+// wrong".
 package flagerr
 
 import "fmt"
