@@ -93,7 +93,7 @@ func Defaults() Config {
 // r <= d/4, so that S (d x d) is a real compression of every matrix and the
 // projectors stay sparse.
 func bounds(d int) (dmax, rmax int) {
-	mc, _ := gpt2.Preset(preset)
+	mc, _ := gpt2.Preset(preset) // a built-in preset: it always resolves
 	dmax = math.MaxInt
 	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
 		m, n := mc.MatrixShape(k)
