@@ -31,7 +31,7 @@ gotest:
 # (those runs race on purpose, so the race detector would flag them), the
 # pipelined-vs-sequential check at full length, and the compare job.
 gotest-norace:
-	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/ ./train/engine/
+	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
 
 test: fmt-check vet gotest gotest-norace simtest
 

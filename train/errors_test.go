@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -135,7 +137,7 @@ func TestBadInput(t *testing.T) {
 		}, []string{"--model", "model.safetensors", "truncated"}},
 		{"resume without a checkpoint", func(t *testing.T, c *Config) {
 			c.Resume = true
-		}, []string{"resume", CheckpointFile}},
+		}, []string{"resume", checkpoint.FileName}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := quickConfig(t, model)
@@ -143,8 +145,8 @@ func TestBadInput(t *testing.T) {
 			tc.setup(t, &c)
 			_, err := Run(context.Background(), c, Options{})
 			wantErr(t, err, tc.want...)
-			if _, err := os.Stat(filepath.Join(c.Out, CheckpointFile)); err == nil {
-				t.Errorf("a failed run left %s", CheckpointFile)
+			if _, err := os.Stat(filepath.Join(c.Out, checkpoint.FileName)); err == nil {
+				t.Errorf("a failed run left %s", checkpoint.FileName)
 			}
 		})
 	}
@@ -174,7 +176,7 @@ func stoppedRun(t *testing.T, c Config) {
 func TestBadCheckpoint(t *testing.T) {
 	base := quickConfig(t, writeModel(t, microConfig(16, 1)))
 	stoppedRun(t, base)
-	ck := filepath.Join(base.Out, CheckpointFile)
+	ck := filepath.Join(base.Out, checkpoint.FileName)
 	good, err := os.ReadFile(ck)
 	if err != nil {
 		t.Fatal(err)
@@ -186,33 +188,33 @@ func TestBadCheckpoint(t *testing.T) {
 	}{
 		{"another model", func(t *testing.T, c *Config) {
 			c.Model = writeModel(t, microConfig(32, 1))
-		}, []string{"resume", CheckpointFile, "model"}},
+		}, []string{"resume", checkpoint.FileName, "model"}},
 		{"another batch", func(t *testing.T, c *Config) {
 			c.Batch = 3
-		}, []string{"resume", CheckpointFile, "--batch 4"}},
+		}, []string{"resume", checkpoint.FileName, "--batch 4"}},
 		{"another dtype", func(t *testing.T, c *Config) {
-			c.DType = "bf16"
-		}, []string{"resume", CheckpointFile, "--dtype fp32"}},
+			c.DType = backend.BF16
+		}, []string{"resume", checkpoint.FileName, "--dtype fp32"}},
 		{"truncated", func(t *testing.T, c *Config) {
-			truncate(t, filepath.Join(c.Out, CheckpointFile))
-		}, []string{"resume", CheckpointFile, "truncated"}},
+			truncate(t, filepath.Join(c.Out, checkpoint.FileName))
+		}, []string{"resume", checkpoint.FileName, "truncated"}},
 		{"not a training checkpoint", func(t *testing.T, c *Config) {
 			hf := writeModel(t, microConfig(16, 1))
 			raw, err := os.ReadFile(filepath.Join(hf, "model.safetensors"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			writeFile(t, filepath.Join(c.Out, CheckpointFile), string(raw))
-		}, []string{"resume", CheckpointFile, "not an lsp-train checkpoint"}},
+			writeFile(t, filepath.Join(c.Out, checkpoint.FileName), string(raw))
+		}, []string{"resume", checkpoint.FileName, "not an lsp-train checkpoint"}},
 		{"wrong tensor length", func(t *testing.T, c *Config) {
-			path := filepath.Join(c.Out, CheckpointFile)
+			path := filepath.Join(c.Out, checkpoint.FileName)
 			rewriteCheckpoint(t, path, func(name string, v []float32) []float32 {
 				if name == "adam.m" {
 					return v[:len(v)-1]
 				}
 				return v
 			})
-		}, []string{"resume", CheckpointFile, "adam.m"}},
+		}, []string{"resume", checkpoint.FileName, "adam.m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
@@ -220,16 +222,16 @@ func TestBadCheckpoint(t *testing.T) {
 			if err := os.MkdirAll(c.Out, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			writeFile(t, filepath.Join(c.Out, CheckpointFile), string(good))
+			writeFile(t, filepath.Join(c.Out, checkpoint.FileName), string(good))
 			c.Resume = true
 			tc.setup(t, &c)
-			before, err := os.ReadFile(filepath.Join(c.Out, CheckpointFile))
+			before, err := os.ReadFile(filepath.Join(c.Out, checkpoint.FileName))
 			if err != nil {
 				t.Fatal(err)
 			}
 			_, err = Run(context.Background(), c, Options{})
 			wantErr(t, err, tc.want...)
-			after, err := os.ReadFile(filepath.Join(c.Out, CheckpointFile))
+			after, err := os.ReadFile(filepath.Join(c.Out, checkpoint.FileName))
 			if err != nil || string(after) != string(before) {
 				t.Errorf("the checkpoint changed after a failed resume (%v)", err)
 			}
@@ -272,7 +274,7 @@ func TestNonFinite(t *testing.T) {
 		// 4 sees it (a step-5 loss would too).
 		{"lr 1e9", "eval loss is NaN", func(t *testing.T, c *Config) { c.LR = 1e9 }},
 		{"NaN weights in the checkpoint", "loss is NaN", func(t *testing.T, c *Config) {
-			rewriteCheckpoint(t, filepath.Join(c.Out, CheckpointFile), func(name string, v []float32) []float32 {
+			rewriteCheckpoint(t, filepath.Join(c.Out, checkpoint.FileName), func(name string, v []float32) []float32 {
 				if name == "params" {
 					v[len(v)-1] = float32(math.NaN()) // ln_f.bias: every logit
 				}
@@ -283,7 +285,7 @@ func TestNonFinite(t *testing.T) {
 		// but the squared norm of the tied embedding's gradient overflows.
 		{"gradient norm overflow", "gradient norm is +Inf", func(t *testing.T, c *Config) {
 			C := microConfig(16, 1).C
-			rewriteCheckpoint(t, filepath.Join(c.Out, CheckpointFile), func(name string, v []float32) []float32 {
+			rewriteCheckpoint(t, filepath.Join(c.Out, checkpoint.FileName), func(name string, v []float32) []float32 {
 				if name == "params" {
 					for i := len(v) - C; i < len(v); i++ {
 						v[i] = 1e20 // ln_f.bias
@@ -298,7 +300,7 @@ func TestNonFinite(t *testing.T) {
 			stoppedRun(t, c)
 			tc.setup(t, &c)
 			c.Resume = true
-			path := filepath.Join(c.Out, CheckpointFile)
+			path := filepath.Join(c.Out, checkpoint.FileName)
 			before, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
@@ -316,7 +318,7 @@ func TestNonFinite(t *testing.T) {
 				t.Fatal(err)
 			}
 			if string(after) != string(before) {
-				t.Errorf("%s changed after the non-finite loss", CheckpointFile)
+				t.Errorf("%s changed after the non-finite loss", checkpoint.FileName)
 			}
 			if res.Export != "" {
 				t.Errorf("exported %s after a non-finite loss", res.Export)
@@ -356,7 +358,7 @@ func TestDeviceMemTooSmall(t *testing.T) {
 	if !errors.As(err, &fe) || fe.Flag != "device-mem" {
 		t.Errorf("error %v is not a FlagError for device-mem", err)
 	}
-	if _, err := os.Stat(filepath.Join(c.Out, CheckpointFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(c.Out, checkpoint.FileName)); err == nil {
 		t.Errorf("checkpoint written despite the memory error")
 	}
 }
@@ -387,8 +389,13 @@ func TestValidate(t *testing.T) {
 		{"eval-generate", func(c *Config) { c.EvalGenerate = -1 }},
 		{"checkpoint-every", func(c *Config) { c.CheckpointEvery = -1 }},
 		{"device", func(c *Config) { c.Device = "tpu" }},
+		{"device", func(c *Config) { c.Device = "cuda" }}, // a known backend, not in this build
 		{"device-mem", func(c *Config) { c.DeviceMem = -1 }},
-		{"dtype", func(c *Config) { c.DType = "fp16" }},
+		{"dtype", func(c *Config) { c.DType = backend.I32 }}, // not a storage type
+		{"grad-dtype", func(c *Config) { c.GradDType = backend.DType(9) }},
+		{"mode", func(c *Config) { c.Mode = "offload" }},
+		{"dense-params", func(c *Config) { c.DenseParams = "cpu" }},
+		{"schedule", func(c *Config) { c.Schedule = "eager" }},
 		{"threads", func(c *Config) { c.Threads = -2 }},
 		{"out", func(c *Config) { c.Out = "" }},
 		{"model", func(c *Config) { c.Model = "" }},

@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 )
 
@@ -38,7 +40,7 @@ func legacyConfig(mode, out string) Config {
 	c.EvalFraction = 0.05
 	c.ClipMode = "none"
 	c.Threads = 1
-	c.Mode = mode
+	c.Mode = engine.Mode(mode)
 	if mode == "lsp" {
 		c.D, c.R, c.DenseParams, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, "device", 2, 4, 20
 	}
@@ -81,7 +83,7 @@ func TestLegacyCheckpoint(t *testing.T) {
 				if err := os.MkdirAll(fix, 0o755); err != nil {
 					t.Fatal(err)
 				}
-				copyFile(t, filepath.Join(fix, CheckpointFile), filepath.Join(out, CheckpointFile))
+				copyFile(t, filepath.Join(fix, checkpoint.FileName), filepath.Join(out, checkpoint.FileName))
 				c.Resume = true
 				res := mustRun(t, context.Background(), c, Options{})
 				raw, _ := json.Marshal(res.Losses)
@@ -101,7 +103,7 @@ func TestLegacyCheckpoint(t *testing.T) {
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			copyFile(t, filepath.Join(out, CheckpointFile), filepath.Join(fix, CheckpointFile))
+			copyFile(t, filepath.Join(out, checkpoint.FileName), filepath.Join(fix, checkpoint.FileName))
 			c := legacyConfig(mode, out)
 			c.Resume = true
 			res := mustRun(t, context.Background(), c, Options{})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
@@ -19,9 +20,9 @@ func modeConfigs(t *testing.T, model string) map[string]Config {
 	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen"} {
 		c := quickConfig(t, model)
 		c.Out = filepath.Join(t.TempDir(), name)
-		c.Mode = strings.SplitN(name, "-", 2)[0]
-		if c.Mode == "lsp" {
-			c.DenseParams = strings.SplitN(name, "-", 2)[1]
+		c.Mode = engine.Mode(strings.SplitN(name, "-", 2)[0])
+		if c.Mode == engine.LSP {
+			c.DenseParams = engine.DenseParams(strings.SplitN(name, "-", 2)[1])
 			c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10
 		}
 		out[name] = c

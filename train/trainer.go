@@ -1,5 +1,9 @@
-// The training run: set-up, the step loop, evaluation, checkpoints, and the
-// outputs a user gets at the end.
+// The training run: set-up in named steps, the step loop, evaluation,
+// checkpoints, and the outputs a user gets at the end.
+//
+// Limits: one run per process at a time holds the backend it opens; the
+// step measurements (Measurements) cover this process's steps only, not
+// those before a resume.
 
 package train
 
@@ -9,17 +13,17 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -40,13 +44,17 @@ type Result struct {
 	Metrics      string
 	Plot         string
 	Losses       []float64 // train loss of every step of this process, in order
+}
 
-	// Measurements of this process's steps, for the compare job.
+// Measurements are what a run measured of its own steps in this process,
+// beside the plan it was checked against: the figures a comparison of
+// runs reads (Options.Measurements).
+type Measurements struct {
+	Plan             Plan    // the predicted memory and link traffic the run was checked against
 	StepSeconds      float64 // mean wall time of an optimizer step (engine Step only: no checks, eval or checkpoints)
 	CheckSeconds     float64 // total wall time of the projector checks (lsp)
-	DevicePeak       int64   // the backend's device memory high-water mark at the end
-	Plan             Plan    // the predicted memory and link traffic the run was checked against
 	LinkBytesPerStep float64 // mean device-host bytes (both ways) copied during an optimizer step
+	DevicePeak       int64   // the backend's device memory high-water mark at the end
 }
 
 // ErrNonFinite reports a NaN or infinite loss.
@@ -56,55 +64,52 @@ var ErrNonFinite = errors.New("non-finite loss")
 type Options struct {
 	Logger   *slog.Logger
 	Progress *os.File // where the progress bar goes (nil: none)
-	// Backend, when set, replaces the CPU backend built from Config (tests
-	// use it for hazard mode).
+	// Backend, when set, replaces the backend opened from Config (tests
+	// use it for hazard mode); the run does not close it.
 	Backend backend.Backend
 	// StopAfter > 0 stops the run as if interrupted after that step (tests).
 	StopAfter int
 	// EvalAtStart evaluates once before the first step (a step-0 eval
 	// record) when the run starts fresh rather than resuming.
 	EvalAtStart bool
+	// Measurements, when set, receives the run's measurements when it
+	// returns a Result.
+	Measurements *Measurements
 }
 
 // run holds the state of one training run.
 type run struct {
-	cfg    Config
-	opts   Options
-	log    *slog.Logger
-	be     backend.Backend
-	s      backend.Stream
-	model  *gpt2.Model
-	eng    *engine.Engine
-	tok    tokenizer.Tokenizer
-	ds     *data.Dataset
-	loader *data.Loader
-	sched  optim.Schedule
-	mw     *metrics.Writer
-	prog   *metrics.Progress
-	start  time.Time
-	tokens int64
-	step   int
-	plan   Plan
+	cfg  Config
+	opts Options
+	log  *slog.Logger
 
-	// Step measurements of this process (Result.StepSeconds and so on).
+	// Set by setup, in the order of its steps.
+	mc             gpt2.Config // the model's architecture
+	fromCheckpoint bool        // --model is a checkpoint directory, not a preset
+	tok            tokenizer.Tokenizer
+	ds             *data.Dataset
+	plan           Plan
+	be             backend.Backend
+	s              backend.Stream
+	eng            *engine.Engine
+	model          *gpt2.Model
+	loader         *data.Loader
+	sched          optim.Schedule
+	resumedAt      int // the checkpoint's step, -1 when the run starts fresh
+	mw             *metrics.Writer
+
+	// The loop's state.
+	prog        *metrics.Progress
+	step        int   // optimizer steps completed, resumed ones included
+	tokens      int64 // tokens trained on, resumed ones included
+	lastEval    int   // step of the latest eval record, -1 when none is known
+	start       time.Time
+	startTokens int64
+
+	// Step measurements of this process (Measurements).
 	stepSecs, checkSecs float64
 	stepLink            int64
 	stepsTimed          int
-}
-
-// Plan is the predicted memory and link traffic of a run.
-type Plan = engine.Plan
-
-// PlanMemory predicts the device and host memory of training cfg with the
-// model mc, in cfg's mode.
-func PlanMemory(mc gpt2.Config, c Config) (Plan, error) {
-	dt, err := backend.ParseDType(c.DType)
-	if err != nil {
-		return Plan{}, flagErr("dtype", "%v", err)
-	}
-	st, err := os.Stat(c.Model)
-	fromCheckpoint := err == nil && st.IsDir()
-	return engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, dt, c.engineConfig(fromCheckpoint))
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -113,7 +118,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg, opts: opts, log: opts.Logger}
+	r := &run{cfg: cfg, opts: opts, log: opts.Logger, resumedAt: -1, lastEval: -1}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -122,8 +127,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 		return nil, err
 	}
 	res, err := r.loop(ctx)
-	if res != nil {
-		res.DevicePeak = r.be.MemStats().HighWater
+	if opts.Measurements != nil {
+		*opts.Measurements = r.measurements()
 	}
 	return res, err
 }
@@ -140,29 +145,64 @@ func (r *run) close() {
 	}
 }
 
+// setup prepares everything the loop needs, in steps that each fail with
+// an error naming the flag at fault. Nothing is written to --out before
+// the memory plan is checked and the engine is built.
 func (r *run) setup() error {
+	for _, step := range []func() error{
+		r.resolveModel,
+		r.loadData,
+		r.checkMemory,
+		r.openEngine,
+		r.logLSPCaps,
+		r.buildLoader,
+		r.resumeOrInit,
+		r.openMetrics,
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveModel finds the architecture of --model and its tokenizer, and
+// checks that they fit --seq-len and each other.
+func (r *run) resolveModel() error {
+	var err error
+	if r.mc, r.fromCheckpoint, err = ResolveModel(r.cfg.Model); err != nil {
+		return err
+	}
+	if r.cfg.SeqLen > r.mc.MaxT {
+		return flagErr("seq-len", "%d is longer than the model context n_positions=%d", r.cfg.SeqLen, r.mc.MaxT)
+	}
+	if r.tok, err = tokenizer.ByName(r.mc.Tokenizer()); err != nil {
+		return err
+	}
+	if r.tok.VocabSize() > r.mc.V {
+		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", r.mc.V, r.tok.Name(), r.tok.VocabSize())
+	}
+	return nil
+}
+
+// loadData reads and tokenizes --data and splits off the eval set.
+func (r *run) loadData() error {
 	cfg := r.cfg
-	mc, fromCheckpoint, err := ResolveModel(cfg.Model)
-	if err != nil {
-		return err
-	}
-	if cfg.SeqLen > mc.MaxT {
-		return flagErr("seq-len", "%d is longer than the model context n_positions=%d", cfg.SeqLen, mc.MaxT)
-	}
-	if r.tok, err = tokenizer.ByName(mc.Tokenizer()); err != nil {
-		return err
-	}
-	if r.tok.VocabSize() > mc.V {
-		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", mc.V, r.tok.Name(), r.tok.VocabSize())
-	}
+	var err error
 	r.ds, err = data.Load(cfg.Data, r.tok, data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed})
 	if err != nil {
 		return flagErr("data", "%v", err)
 	}
 	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
 		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
+	return nil
+}
 
-	plan, err := PlanMemory(mc, cfg)
+// checkMemory plans the run's memory and refuses a plan above
+// --device-mem, before anything is allocated.
+func (r *run) checkMemory() error {
+	cfg := r.cfg
+	plan, err := planMemory(r.mc, cfg, r.fromCheckpoint)
 	if err != nil {
 		return err
 	}
@@ -171,36 +211,55 @@ func (r *run) setup() error {
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.DeviceTotal() > cfg.DeviceMem {
 		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"
-		if cfg.Mode == string(engine.LSP) {
+		if cfg.Mode == engine.LSP {
 			hint = "lower --batch, --seq-len or --d, or use a smaller model"
 		}
 		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: %s) but the budget is %d bytes; %s",
 			plan.DeviceTotal(), float64(plan.DeviceTotal())/(1<<20), plan.String(), cfg.DeviceMem, hint)
 	}
+	return nil
+}
 
-	dt, _ := backend.ParseDType(cfg.DType)
+// openEngine opens the backend (unless Options gives one) and builds the
+// engine on it.
+func (r *run) openEngine() error {
+	cfg := r.cfg
+	var err error
 	r.be = r.opts.Backend
 	if r.be == nil {
-		r.be = cpu.New(cpu.Config{MemBudget: cfg.DeviceMem, Threads: cfg.Threads, Seed: cfg.Seed,
-			LinkBandwidth: float64(cfg.LinkBandwidth)})
+		if r.be, err = device.Open(device.Config{Kind: cfg.Device, MemBudget: cfg.DeviceMem, Threads: cfg.Threads,
+			Seed: cfg.Seed, LinkBandwidth: cfg.LinkBandwidth}); err != nil {
+			return flagErr("device", "%v", err)
+		}
 	}
 	r.s = r.be.DefaultStream()
-	if r.eng, err = engine.New(r.be, mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, dt, cfg.engineConfig(fromCheckpoint)); err != nil {
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint); err != nil {
 		return err
 	}
 	var ok bool
 	if r.model, ok = r.eng.Model.(*gpt2.Model); !ok {
 		return fmt.Errorf("train: the engine built a %T from a GPT-2 config", r.eng.Model)
 	}
-	if cfg.Mode == string(engine.LSP) {
-		for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-			m, n := mc.MatrixShape(k)
-			if d := lsp.CapD(cfg.D, m, n); d < cfg.D || lsp.CapR(cfg.R, d) < cfg.R {
-				r.log.Info("lsp: d and r capped for this matrix", "matrix", k.String(), "shape", fmt.Sprintf("%dx%d", m, n),
-					"d", d, "r", lsp.CapR(cfg.R, d), "requested_d", cfg.D, "requested_r", cfg.R)
-			}
-		}
+	return nil
+}
+
+// logLSPCaps says which matrices get a smaller d or r than asked for (lsp).
+func (r *run) logLSPCaps() error {
+	if r.cfg.Mode != engine.LSP {
+		return nil
 	}
+	for _, c := range lspCaps(r.mc, r.cfg.D, r.cfg.R) {
+		r.log.Info("lsp: d and r capped for this matrix", "matrix", c.matrix, "shape", fmt.Sprintf("%dx%d", c.m, c.n),
+			"d", c.d, "r", c.r, "requested_d", r.cfg.D, "requested_r", r.cfg.R)
+	}
+	return nil
+}
+
+// buildLoader builds the training data's loader and the learning-rate
+// schedule, turning --epochs into steps when --steps is 0.
+func (r *run) buildLoader() error {
+	cfg := r.cfg
+	var err error
 	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
 		return flagErr("data", "%v", err)
 	}
@@ -211,56 +270,128 @@ func (r *run) setup() error {
 	}
 	r.cfg.Steps = total
 	r.sched = optim.Schedule{LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup, Total: total}
+	return nil
+}
 
-	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+// resumeOrInit creates --out, then restores the checkpoint there
+// (--resume) or sets the initial weights and optimizer state.
+func (r *run) resumeOrInit() error {
+	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {
 		return flagErr("out", "%v", err)
 	}
-	resumeStep := -1
-	ckPath := filepath.Join(cfg.Out, CheckpointFile)
-	if cfg.Resume {
-		ck, err := loadCheckpoint(ckPath, mc)
-		if err != nil {
-			return err
-		}
-		// Everything that decides the data order and the math must match, or
-		// the resumed run would silently train on something else.
-		saved := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v --mode %s%s",
-			ck.DType, ck.Batch, ck.SeqLen, ck.GradAccum, ck.Data, ck.Seed, ck.EvalFraction, ck.Truncate, ck.Mode, lspFlags(ck.Mode, ck.DenseParams, ck.D, ck.R))
-		ec := cfg.engineConfig(fromCheckpoint)
-		now := fmt.Sprintf("--dtype %s --batch %d --seq-len %d --grad-accum %d --data %s --seed %d --eval-fraction %g --truncate=%v --mode %s%s",
-			cfg.DType, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.Data, cfg.Seed, cfg.EvalFraction, cfg.Truncate, cfg.Mode, lspFlags(cfg.Mode, string(ec.DenseParams), cfg.D, cfg.R))
-		if saved != now {
-			return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values", ckPath, saved, now)
-		}
-		if err := ck.restore(r.be, r.s, r.eng); err != nil {
-			return err
-		}
-		if err := r.loader.Seek(ck.Position); err != nil {
-			return fmt.Errorf("resume: %w", err)
-		}
-		r.step, r.tokens, resumeStep = ck.Step, ck.Tokens, ck.Step
-		r.log.Info("resumed", "checkpoint", ckPath, "step", ck.Step)
-	} else {
-		vals := gpt2.Init(mc, cfg.Seed)
-		if fromCheckpoint {
-			_, vals, err = gpt2.LoadHF(cfg.Model)
-			if err != nil {
-				return flagErr("model", "%v", err)
-			}
-		}
-		if err := backend.Upload(r.be, r.s, r.model.Params, vals); err != nil {
-			return err
-		}
-		if err := r.eng.Init(); err != nil {
-			return err
-		}
+	if r.cfg.Resume {
+		return r.resume()
 	}
-	if r.mw, err = metrics.Create(filepath.Join(cfg.Out, "metrics.jsonl"), resumeStep); err != nil {
+	vals, err := initialWeights(r.mc, r.cfg, r.fromCheckpoint)
+	if err != nil {
 		return err
 	}
-	r.log.Info("model", "model", cfg.Model, "params", mc.NumParams(), "layers", mc.L, "width", mc.C,
-		"heads", mc.NH, "vocab", mc.V, "dtype", cfg.DType, "device", r.be.Name())
+	if err := backend.Upload(r.be, r.s, r.model.Params, vals); err != nil {
+		return err
+	}
+	return r.eng.Init()
+}
+
+// resume restores the checkpoint in --out after checking that it was
+// saved with this run's identity, and moves the data to where it stopped.
+func (r *run) resume() error {
+	path := r.checkpointPath()
+	ck, err := checkpoint.Load(path, r.mc)
+	if err != nil {
+		return err
+	}
+	if err := savedIdentity(ck.State).mismatch(r.cfg.resumeIdentity(r.fromCheckpoint), path); err != nil {
+		return err
+	}
+	if err := ck.Restore(r.be, r.s, r.model.Params, r.eng); err != nil {
+		return err
+	}
+	if err := r.loader.Seek(ck.Position); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	r.step, r.tokens, r.resumedAt = ck.Step, ck.Tokens, ck.Step
+	r.log.Info("resumed", "checkpoint", path, "step", ck.Step)
 	return nil
+}
+
+// openMetrics opens metrics.jsonl, cut back to the resumed step.
+func (r *run) openMetrics() error {
+	var err error
+	if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
+		return err
+	}
+	r.log.Info("model", append(append([]any{"model", r.cfg.Model}, describeModel(r.mc)...),
+		"dtype", r.cfg.DType, "device", r.be.Name())...)
+	return nil
+}
+
+func (r *run) checkpointPath() string { return filepath.Join(r.cfg.Out, checkpoint.FileName) }
+func (r *run) metricsPath() string    { return filepath.Join(r.cfg.Out, "metrics.jsonl") }
+
+// loop trains the remaining steps, then finishes: checkpoint, and unless
+// interrupted the final eval, export and plot.
+func (r *run) loop(ctx context.Context) (*Result, error) {
+	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(),
+		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
+	if r.opts.Progress != nil {
+		r.prog = metrics.NewProgress(r.opts.Progress, r.cfg.Steps, r.log)
+	}
+	err := r.trainSteps(ctx, res)
+	if r.prog != nil {
+		r.prog.Done()
+	}
+	if err != nil {
+		return res, err
+	}
+	return res, r.finish(res)
+}
+
+// trainSteps runs steps until --steps, a cancelled ctx or StopAfter, with
+// the periodic evals and checkpoints, and fills in res's step counts and
+// throughput.
+func (r *run) trainSteps(ctx context.Context, res *Result) error {
+	// Before the clock starts, so tokens/s counts training only.
+	if r.opts.EvalAtStart && !r.cfg.Resume && r.step == 0 {
+		if err := r.evaluate(res); err != nil {
+			return err
+		}
+	}
+	r.start, r.startTokens = time.Now(), r.tokens
+	if r.step >= r.cfg.Steps {
+		// Resumed from a finished run: its final eval is in the metrics
+		// already; another would duplicate that step.
+		r.lastEval = r.step
+	}
+	for r.step < r.cfg.Steps {
+		if ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter) {
+			res.Interrupted = true
+			break
+		}
+		if err := r.oneStep(res); err != nil {
+			return err
+		}
+		if err := r.periodic(res); err != nil {
+			return err
+		}
+	}
+	res.Steps = r.step
+	res.Elapsed = time.Since(r.start)
+	res.TokensPerSec = float64(r.tokens-r.startTokens) / res.Elapsed.Seconds()
+	return nil
+}
+
+// oneStep runs the next optimizer step and records it.
+func (r *run) oneStep(res *Result) error {
+	lr := r.sched.At(r.step + 1)
+	t0, tok0 := time.Now(), r.tokens
+	loss, err := r.trainStep(lr)
+	if err != nil {
+		return err
+	}
+	r.step++
+	res.TrainLoss = loss
+	res.Losses = append(res.Losses, loss)
+	return r.recordStep(loss, lr, float64(r.tokens-tok0)/time.Since(t0).Seconds())
 }
 
 // trainStep runs one optimizer step over GradAccum micro-batches (after a
@@ -292,10 +423,91 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	r.stepLink += tr1.D2H - tr0.D2H + tr1.H2D - tr0.H2D
 	r.stepsTimed++
 	loss := sum / float64(targets)
-	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return loss, fmt.Errorf("step %d: loss is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step+1, loss, ErrNonFinite)
+	return loss, checkFinite(r.step+1, "loss", loss)
+}
+
+// recordStep writes the metrics of the step just done and updates the
+// progress display. A finite loss can still come with non-finite
+// gradients; the update has used them, so the run stops before anything
+// of this step is saved.
+func (r *run) recordStep(loss, lr, tokensPerSec float64) error {
+	norm, err := r.eng.GradNorm()
+	if err != nil {
+		return fmt.Errorf("step %d: gradient norm: %w", r.step, err)
 	}
-	return loss, nil
+	if err := checkFinite(r.step, "gradient norm", norm); err != nil {
+		return err
+	}
+	// Time is left 0 so the Writer fills it in, continuing across resumes.
+	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(tokensPerSec),
+		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
+	if err := r.mw.Write(rec); err != nil {
+		return err
+	}
+	if r.prog != nil {
+		r.prog.Update(r.step, loss, tokensPerSec)
+	}
+	return nil
+}
+
+// periodic evaluates and checkpoints when --eval-every and
+// --checkpoint-every say so; the last step's are finish's.
+func (r *run) periodic(res *Result) error {
+	if r.step >= r.cfg.Steps {
+		return nil
+	}
+	if r.cfg.EvalEvery > 0 && r.step%r.cfg.EvalEvery == 0 {
+		if err := r.evaluate(res); err != nil {
+			return err
+		}
+		r.lastEval = r.step
+	}
+	if r.cfg.CheckpointEvery > 0 && r.step%r.cfg.CheckpointEvery == 0 {
+		return r.saveCheckpoint()
+	}
+	return nil
+}
+
+// finish checkpoints; unless the run was interrupted it then evaluates the
+// final weights (once), exports them and plots the losses.
+func (r *run) finish(res *Result) error {
+	if err := r.saveCheckpoint(); err != nil {
+		return err
+	}
+	if res.Interrupted {
+		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
+		return nil
+	}
+	if r.lastEval != r.step {
+		if err := r.evaluate(res); err != nil {
+			return err
+		}
+	}
+	vals, err := backend.Download(r.be, r.s, r.model.Params)
+	if err != nil {
+		return err
+	}
+	res.Export = filepath.Join(r.cfg.Out, "hf")
+	if err := exportModel(res.Export, r.mc, vals); err != nil {
+		return err
+	}
+	recs, err := metrics.ReadFile(res.Metrics)
+	if err != nil {
+		return err
+	}
+	res.Plot = filepath.Join(r.cfg.Out, "loss.png")
+	return metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", r.cfg.Model, r.cfg.Data))
+}
+
+// checkFinite is nil when v, the step's what (a loss or a norm), is
+// finite, and otherwise the error that stops the run without saving the
+// step.
+func checkFinite(step int, what string, v float64) error {
+	if !math.IsNaN(v) && !math.IsInf(v, 0) {
+		return nil
+	}
+	return fmt.Errorf("step %d: %s is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr",
+		step, what, v, ErrNonFinite)
 }
 
 // checkProjectors runs the lsp projector check and logs every matrix's
@@ -337,157 +549,45 @@ func (r *run) checkProjectors() error {
 	return nil
 }
 
-func (r *run) loop(ctx context.Context) (*Result, error) {
-	cfg := r.cfg
-	res := &Result{Out: cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(),
-		Checkpoint: filepath.Join(cfg.Out, CheckpointFile), Metrics: filepath.Join(cfg.Out, "metrics.jsonl")}
-	if r.opts.Progress != nil {
-		r.prog = metrics.NewProgress(r.opts.Progress, cfg.Steps, r.log)
+// measurements are the run's Measurements so far.
+func (r *run) measurements() Measurements {
+	m := Measurements{Plan: r.plan, CheckSeconds: r.checkSecs}
+	if r.be != nil {
+		m.DevicePeak = r.be.MemStats().HighWater
 	}
-	logf := func(msg string, args ...any) {
-		if r.prog != nil {
-			r.prog.Log(msg, args...)
-		} else {
-			r.log.Info(msg, args...)
-		}
-	}
-	// Before the clock starts, so tokens/s counts training only.
-	if r.opts.EvalAtStart && !cfg.Resume && r.step == 0 {
-		if err := r.evaluate(res, logf); err != nil {
-			return res, err
-		}
-	}
-	r.start = time.Now()
-	startTokens := r.tokens
-	lastEval := -1
-	if r.step >= cfg.Steps {
-		// Resumed from a finished run: its final eval is in the metrics
-		// already; another would duplicate that step.
-		lastEval = r.step
-	}
-	for r.step < cfg.Steps {
-		if ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter) {
-			res.Interrupted = true
-			break
-		}
-		lr := r.sched.At(r.step + 1)
-		t0 := time.Now()
-		tok0 := r.tokens
-		loss, err := r.trainStep(lr)
-		if err != nil {
-			if r.prog != nil {
-				r.prog.Done()
-			}
-			return res, err
-		}
-		r.step++
-		res.TrainLoss = loss
-		res.Losses = append(res.Losses, loss)
-		tps := float64(r.tokens-tok0) / time.Since(t0).Seconds()
-		// Time is left 0 so the Writer fills it in, continuing across resumes.
-		rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss),
-			TokensPerSec: metrics.F(tps), LR: metrics.F(lr)}
-		if gn, err := r.eng.GradNorm(); err == nil {
-			norm := gn
-			if math.IsNaN(norm) || math.IsInf(norm, 0) {
-				// A finite loss can still give non-finite gradients; the update
-				// has used them, so stop before anything of this step is saved.
-				if r.prog != nil {
-					r.prog.Done()
-				}
-				return res, fmt.Errorf("step %d: gradient norm is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step, norm, ErrNonFinite)
-			}
-			rec.GradNorm = metrics.F(norm)
-		}
-		if err := r.mw.Write(rec); err != nil {
-			return res, err
-		}
-		if r.prog != nil {
-			r.prog.Update(r.step, loss, tps)
-		}
-		if cfg.EvalEvery > 0 && r.step%cfg.EvalEvery == 0 && r.step < cfg.Steps {
-			if err := r.evaluate(res, logf); err != nil {
-				return res, err
-			}
-			lastEval = r.step
-		}
-		if cfg.CheckpointEvery > 0 && r.step%cfg.CheckpointEvery == 0 && r.step < cfg.Steps {
-			if err := r.checkpoint(); err != nil {
-				return res, err
-			}
-		}
-	}
-	if r.prog != nil {
-		r.prog.Done()
-	}
-	res.Steps = r.step
-	res.Elapsed = time.Since(r.start)
-	res.Plan, res.CheckSeconds = r.plan, r.checkSecs
 	if r.stepsTimed > 0 {
-		res.StepSeconds = r.stepSecs / float64(r.stepsTimed)
-		res.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
+		m.StepSeconds = r.stepSecs / float64(r.stepsTimed)
+		m.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
 	}
-	res.TokensPerSec = float64(r.tokens-startTokens) / res.Elapsed.Seconds()
-	if err := r.checkpoint(); err != nil {
-		return res, err
-	}
-	if res.Interrupted {
-		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
-		return res, nil
-	}
-	if lastEval != r.step {
-		if err := r.evaluate(res, logf); err != nil {
-			return res, err
-		}
-	}
-	vals, err := backend.Download(r.be, r.s, r.model.Params)
-	if err != nil {
-		return res, err
-	}
-	res.Export = filepath.Join(cfg.Out, "hf")
-	if err := gpt2.ExportHF(res.Export, r.model.Cfg, vals); err != nil {
-		return res, err
-	}
-	recs, err := metrics.ReadFile(res.Metrics)
-	if err != nil {
-		return res, err
-	}
-	res.Plot = filepath.Join(cfg.Out, "loss.png")
-	if err := metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", cfg.Model, cfg.Data)); err != nil {
-		return res, err
-	}
-	return res, nil
+	return m
 }
 
-func (r *run) checkpoint() error {
-	st := state{Step: r.step, Position: r.loader.Position(), Seed: r.cfg.Seed, Model: r.model.Cfg,
-		DType: r.cfg.DType, Data: r.cfg.Data, Batch: r.cfg.Batch, SeqLen: r.cfg.SeqLen, Tokens: r.tokens,
-		GradAccum: r.cfg.GradAccum, EvalFraction: r.cfg.EvalFraction, Truncate: r.cfg.Truncate, Mode: r.cfg.Mode}
-	if r.cfg.Mode == string(engine.LSP) {
-		st.DenseParams, st.D, st.R = string(r.eng.DenseParams()), r.cfg.D, r.cfg.R
-	}
-	return saveCheckpoint(filepath.Join(r.cfg.Out, CheckpointFile), r.be, r.s, r.eng, st)
+// saveCheckpoint writes the run's state to --out, atomically.
+func (r *run) saveCheckpoint() error {
+	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
+	r.cfg.resumeIdentity(r.fromCheckpoint).into(&st)
+	return checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Params, r.eng, st)
 }
 
 // evaluate computes the eval loss and the exact match of greedy generation
 // on held-out prompts, logs them and writes them to the metrics.
-func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
+func (r *run) evaluate(res *Result) error {
 	rec := metrics.Record{Step: r.step, Event: "eval"} // the Writer fills in Time
 	if len(r.ds.Eval) > 0 {
-		loss, err := EvalLoss(r.be, r.s, r.model, r.ds.Eval)
+		loss, err := eval.Loss(r.be, r.s, r.model, r.ds.Eval)
 		if err != nil {
 			return err
 		}
-		if math.IsNaN(loss) || math.IsInf(loss, 0) {
-			// The weights diverged in this step's update; the next train
-			// step would fail the same way, so stop before saving them.
-			return fmt.Errorf("step %d: eval loss is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr", r.step, loss, ErrNonFinite)
+		// Non-finite: the weights diverged in this step's update; the next
+		// train step would fail the same way, so stop before saving them.
+		if err := checkFinite(r.step, "eval loss", loss); err != nil {
+			return err
 		}
 		res.EvalLoss = loss
 		rec.EvalLoss = metrics.F(loss)
 	}
 	if n := min(r.cfg.EvalGenerate, len(r.ds.EvalRecords)); n > 0 {
-		em, err := ExactMatch(r.be, r.s, r.model, r.tok, r.ds.EvalRecords[:n])
+		em, err := eval.ExactMatch(r.be, r.s, r.model, r.tok, r.ds.EvalRecords[:n])
 		if err != nil {
 			return err
 		}
@@ -504,91 +604,16 @@ func (r *run) evaluate(res *Result, logf func(string, ...any)) error {
 	if rec.ExactMatch != nil {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *rec.ExactMatch))
 	}
-	logf("eval", args...)
+	r.logf("eval", args...)
 	return r.mw.Write(rec)
 }
 
-// batchLoss uploads a batch, runs the forward pass and the loss, and with
-// gradScale != 0 the backward pass (accumulating gradients scaled by it);
-// it returns the sum of the batch's per-token losses.
-func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch, gradScale float32) (float64, error) {
-	if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
-		return 0, err
+// logf logs through the progress display when there is one, so the bar
+// is not garbled.
+func (r *run) logf(msg string, args ...any) {
+	if r.prog != nil {
+		r.prog.Log(msg, args...)
+	} else {
+		r.log.Info(msg, args...)
 	}
-	if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
-		return 0, err
-	}
-	if err := m.Forward(s); err != nil {
-		return 0, err
-	}
-	if err := m.CrossEntropy(s, gradScale); err != nil {
-		return 0, err
-	}
-	if gradScale != 0 {
-		if err := m.Backward(s); err != nil {
-			return 0, err
-		}
-	}
-	losses, err := backend.Download(be, s, m.Losses)
-	if err != nil {
-		return 0, err
-	}
-	var sum float64
-	for _, l := range losses {
-		sum += float64(l)
-	}
-	return sum, nil
-}
-
-// EvalLoss is the mean loss per target token over examples.
-func EvalLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
-	var sum float64
-	n := 0
-	for _, b := range data.EvalBatches(examples, m.B, m.T) {
-		l, err := batchLoss(be, s, m, b, 0)
-		if err != nil {
-			return 0, err
-		}
-		sum += l
-		n += b.NumTargets
-	}
-	if n == 0 {
-		return math.NaN(), nil
-	}
-	return sum / float64(n), nil
-}
-
-// ExactMatch is the share of records whose greedy continuation of the
-// prompt, up to EOS, equals the response exactly.
-func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
-	prompts := make([][]int32, len(recs))
-	maxNew := 1
-	for i, rec := range recs {
-		prompts[i] = tok.Encode(rec.Prompt)
-		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
-	}
-	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
-	if err != nil {
-		return 0, err
-	}
-	hits := 0
-	for i, o := range outs {
-		if tok.Decode(o) == recs[i].Response {
-			hits++
-		}
-	}
-	return float64(hits) / float64(len(recs)), nil
-}
-
-// newSampler builds a sampler; temperature 0 is greedy.
-func newSampler(temperature, topP float64, seed uint64) Sampler {
-	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
-}
-
-// lspFlags is the part of a resume's identity that only lsp mode has.
-func lspFlags(mode, dense string, d, r int) string {
-	if mode != string(engine.LSP) {
-		return ""
-	}
-	return fmt.Sprintf(" --dense-params %s --d %d --r %d", dense, d, r)
 }

@@ -1,5 +1,5 @@
 // The compare command: native, zero and lsp fine-tuning side by side in one
-// table (train.Compare), with the table on stdout and one log line per
+// table (train/compare), with the table on stdout and one log line per
 // finished run on stderr.
 
 package main
@@ -12,11 +12,11 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/compare"
 )
 
 // bindCompareFlags binds the flags of the compare command to c.
-func bindCompareFlags(fs *flag.FlagSet, c *train.CompareConfig) {
+func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.StringVar(&c.Out, "out", c.Out, "output directory (pretrain/, one directory per run, compare.png, compare.md, compare.json)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "fine-tuning steps of every row")
 	fs.IntVar(&c.PretrainSteps, "pretrain-steps", c.PretrainSteps, "native pretraining steps of the tiny preset (reused when an identical earlier compare left them)")
@@ -32,8 +32,8 @@ func bindCompareFlags(fs *flag.FlagSet, c *train.CompareConfig) {
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split, projectors)")
 }
 
-func compare(args []string, stdout io.Writer, stderr *os.File) error {
-	c := train.CompareDefaults()
+func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
+	c := compare.Defaults()
 	fs := flag.NewFlagSet("lsp-train compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	bindCompareFlags(fs, &c)
@@ -57,9 +57,9 @@ func compare(args []string, stdout io.Writer, stderr *os.File) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, done := interruptible(logger, "interrupt: stopping after the current step (Ctrl-C again to quit at once)")
 	defer done()
-	res, err := train.Compare(ctx, c, logger)
+	res, err := compare.Run(ctx, c, logger)
 	if err != nil {
-		if errors.Is(err, train.ErrInterrupted) {
+		if errors.Is(err, compare.ErrInterrupted) {
 			return fmt.Errorf("%w (a finished pretraining in %s/pretrain is reused by the next compare with the same settings)", err, c.Out)
 		}
 		return err

@@ -1,5 +1,7 @@
 // Flags of the train command, the optional JSON config file, and byte
-// sizes such as 8GiB.
+// sizes such as 8GiB. Modes, dtypes, clip modes, the schedule and the
+// device are typed flag values: parsed once, here, and refused here when
+// misspelled.
 
 package main
 
@@ -29,7 +31,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.WeightDecay, "weight-decay", c.WeightDecay, "decoupled weight decay of matrices and embeddings")
 	fs.Float64Var(&c.Beta1, "beta1", c.Beta1, "AdamW beta1")
 	fs.Float64Var(&c.Beta2, "beta2", c.Beta2, "AdamW beta2")
-	fs.StringVar(&c.ClipMode, "clip-mode", c.ClipMode, "gradient clipping: none, matrix (each tensor by its norm) or global-prev (by the previous step's global norm)")
+	fs.Var(&c.ClipMode, "clip-mode", "gradient clipping `mode`: none, matrix (each tensor by its norm) or global-prev (by the previous step's global norm)")
 	fs.Float64Var(&c.GradClip, "grad-clip", c.GradClip, "max gradient norm for clipping")
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evaluations (0: only at the end)")
 	fs.Float64Var(&c.EvalFraction, "eval-fraction", c.EvalFraction, "share of the data held out for evaluation")
@@ -38,13 +40,13 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
-	fs.StringVar(&c.Device, "device", c.Device, "where to train: cpu")
+	fs.Var(&c.Device, "device", "`backend` to train on: cpu (cuda: not in this build yet)")
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
-	fs.StringVar(&c.DType, "dtype", c.DType, "storage of weights and activations: fp32 or bf16 (fp32 master weights and moments either way)")
+	fs.Var(&c.DType, "dtype", "storage `type` of weights and activations: fp32 (the default) or bf16 (fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
-	fs.StringVar(&c.Mode, "mode", c.Mode, "update mode: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
-	fs.StringVar(&c.GradDType, "grad-dtype", c.GradDType, "storage of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
-	fs.StringVar(&c.DenseParams, "dense-params", c.DenseParams, "lsp mode, parameters other than block matrices: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
+	fs.Var(&c.Mode, "mode", "update `mode`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
+	fs.Var(&c.GradDType, "grad-dtype", "storage `type` of the parameter gradients: fp32 (the default) or bf16 (native and zero; lsp's compressed S is fp32)")
+	fs.Var(&c.DenseParams, "dense-params", "lsp mode, `treatment` of the parameters other than block matrices: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
 	fs.Float64Var(&c.Alpha, "alpha", c.Alpha, "lsp: bias ratio in (0,1) above which the projectors are refitted")
@@ -53,7 +55,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.ProjLR, "proj-lr", c.ProjLR, "lsp: Adam step size of the projector fit")
 	fs.IntVar(&c.FitIters, "fit-iters", c.FitIters, "lsp: Adam steps a projector fit may take")
 	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
-	fs.StringVar(&c.Schedule, "schedule", c.Schedule, "pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
+	fs.Var(&c.Schedule, "schedule", "`order` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.StringVar(&c.Out, "out", c.Out, "output directory")
 }

@@ -29,32 +29,22 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// subcommands are the commands after the first argument; anything else
+// is the train command's flags.
+var subcommands = map[string]func(args []string, stdout io.Writer, stderr *os.File) error{
+	"compare": compareCmd,
+	"sample":  sampleCmd,
+}
+
+// run runs the command args name and returns the exit code: 0 also for
+// -h, whose usage the flag package has printed already.
 func run(args []string, stdout io.Writer, stderr *os.File) int {
-	if len(args) > 0 && args[0] == "compare" {
-		if err := compare(args[1:], stdout, stderr); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0 // -h: the usage is printed already
-			}
-			fmt.Fprintln(stderr, "lsp-train compare:", err)
-			return 1
-		}
-		return 0
+	name, cmd := "lsp-train", trainCmd
+	if len(args) > 0 && subcommands[args[0]] != nil {
+		name, cmd, args = "lsp-train "+args[0], subcommands[args[0]], args[1:]
 	}
-	if len(args) > 0 && args[0] == "sample" {
-		if err := sample(args[1:], stdout, stderr); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0 // -h: the usage is printed already
-			}
-			fmt.Fprintln(stderr, "lsp-train sample:", err)
-			return 1
-		}
-		return 0
-	}
-	if err := trainCmd(args, stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0 // -h: the usage is printed already
-		}
-		fmt.Fprintln(stderr, "lsp-train:", err)
+	if err := cmd(args, stdout, stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stderr, name+":", err)
 		return 1
 	}
 	return 0

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
 // runCmd runs the command with args and returns its exit code, stdout and
@@ -54,14 +56,14 @@ func TestTrainAndSample(t *testing.T) {
 	}
 	for _, want := range []string{
 		"2 steps", "final train loss", "eval loss", "eval exact match",
-		filepath.Join(dir, "hf"), filepath.Join(dir, train.CheckpointFile),
+		filepath.Join(dir, "hf"), filepath.Join(dir, checkpoint.FileName),
 		filepath.Join(dir, "metrics.jsonl"), filepath.Join(dir, "loss.png"),
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout does not mention %q:\n%s", want, stdout)
 		}
 	}
-	for _, f := range []string{"hf/config.json", "hf/model.safetensors", train.CheckpointFile, "metrics.jsonl", "loss.png"} {
+	for _, f := range []string{"hf/config.json", "hf/model.safetensors", checkpoint.FileName, "metrics.jsonl", "loss.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("output missing: %v", err)
 		}
@@ -83,13 +85,15 @@ func TestConfigFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := writeJSON(t, `{"steps": 1000000, "batch": 3, "lr": 3e-4, "seq_len": 20, "seed": 1234567,
-		"data": "builtin:sort", "resume": true, "device-mem": "512MiB", "clip_mode": "global-prev", "warmup": 0}`)
+		"data": "builtin:sort", "resume": true, "device-mem": "512MiB", "clip_mode": "global-prev", "warmup": 0,
+		"mode": "zero", "dtype": "bfloat16", "grad_dtype": "bf16", "schedule": "sequential", "dense_params": "host", "device": "cpu"}`)
 	if err := applyConfigFile(fs, path); err != nil {
 		t.Fatal(err)
 	}
 	want := train.Defaults()
 	want.Steps, want.Batch, want.LR, want.SeqLen, want.Seed = 1000000, 4, 0.01, 20, 1234567
 	want.Data, want.Resume, want.DeviceMem, want.ClipMode, want.Warmup = "builtin:sort", true, 512<<20, "global-prev", 0
+	want.Mode, want.DType, want.GradDType, want.Schedule, want.DenseParams = "zero", backend.BF16, backend.BF16, "sequential", "host"
 	if cfg != want {
 		t.Errorf("config after file and flags:\n%+v\nwant\n%+v", cfg, want)
 	}
@@ -124,6 +128,14 @@ func TestCommandErrors(t *testing.T) {
 		{"config file not JSON", []string{"--config", writeJSON(t, `{"steps": 5,`)}, []string{"--config", "config.json"}},
 		{"config names config", []string{"--config", writeJSON(t, `{"config": "x.json"}`)}, []string{"--config", `"config"`}},
 		{"bad byte size", []string{"--device-mem", "lots"}, []string{"device-mem", "lots"}},
+		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero or lsp"}},
+		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}},
+		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}},
+		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}},
+		{"bad dense params", []string{"--dense-params", "cpu"}, []string{"-dense-params", "cpu"}},
+		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}},
+		{"unknown device", []string{"--device", "tpu"}, []string{"-device", "tpu", "cpu or cuda"}},
+		{"cuda not in this build", []string{"--device", "cuda"}, []string{"--device", "not available in this build"}},
 		{"bad batch", []string{"--batch", "0"}, []string{"--batch"}},
 		{"unknown flag", []string{"--learning-rate", "1"}, []string{"learning-rate"}},
 		{"positional argument", []string{"train"}, []string{`"train"`}},
@@ -145,7 +157,7 @@ func TestCommandErrors(t *testing.T) {
 					t.Errorf("stderr does not mention %q:\n%s", w, stderr)
 				}
 			}
-			if _, err := os.Stat(filepath.Join(out, train.CheckpointFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(out, checkpoint.FileName)); err == nil {
 				t.Errorf("a failed command left a checkpoint")
 			}
 		})

@@ -8,13 +8,13 @@ import (
 	"io"
 	"os"
 
-	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/eval"
 )
 
-func sample(args []string, stdout io.Writer, stderr *os.File) error {
+func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o train.SampleOptions
+	var o eval.SampleOptions
 	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face GPT-2 directory (such as <out>/hf) or a training output directory")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt text")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
@@ -29,7 +29,7 @@ func sample(args []string, stdout io.Writer, stderr *os.File) error {
 	if o.Prompt == "" {
 		return fmt.Errorf("--prompt is required")
 	}
-	text, err := train.Sample(o)
+	text, err := eval.Sample(o)
 	if err != nil {
 		return err
 	}

@@ -1,26 +1,26 @@
-// The compare job (lsp-train compare): one table that puts the three update
-// modes side by side on the same fine-tuning problem.
+// Package compare is the compare job (lsp-train compare): one table that
+// puts the three update modes side by side on the same fine-tuning
+// problem, from training runs it starts itself.
 //
-//	1. pretrain the tiny preset natively on one builtin task (--pretrain-task)
-//	   into <out>/pretrain, or reuse it when a stamp says an identical earlier
-//	   compare made it;
-//	2. fine-tune that checkpoint on another builtin task (--task) in four
-//	   rows: native, zero, lsp and lsp with never-fitted projectors (a
-//	   control), same steps and schedule, the link charged at
-//	   --link-bandwidth, with an eval before the first step (L0) and every
-//	   --eval-every steps, and greedy exact match at the end;
-//	3. time each row in two short extra runs, sequential and pipelined;
-//	4. write <out>/compare.png (eval-loss curves), compare.md (the table)
-//	   and compare.json (every number), and return the table, whose last
-//	   line is "lsp-recovery: X.XX" = (L0 - L_lsp) / (L0 - L_native).
+//  1. pretrain the tiny preset natively on one builtin task (--pretrain-task)
+//     into <out>/pretrain, or reuse it when a stamp says an identical earlier
+//     compare made it;
+//  2. fine-tune that checkpoint on another builtin task (--task) in four
+//     rows: native, zero, lsp and lsp with never-fitted projectors (a
+//     control), same steps and schedule, the link charged at
+//     --link-bandwidth, with an eval before the first step (L0) and every
+//     --eval-every steps, and greedy exact match at the end;
+//  3. time each row in two short extra runs, sequential and pipelined;
+//  4. write <out>/compare.png (eval-loss curves), compare.md (the table)
+//     and compare.json (every number), and return the table, whose last
+//     line is "lsp-recovery: X.XX" = (L0 - L_lsp) / (L0 - L_native).
 //
 // Limits: the model is always the tiny preset and the tasks builtin ones;
 // d and r are bounded by tiny's matrices (d <= min(m, n)/4, r <= d/4) so
 // the lsp rows really compress; step times come from 10-step runs (the
 // first step's allocations included) on the CPU backend, whose "device"
 // and link are far slower than a GPU's, so only their ratios mean much.
-
-package train
+package compare
 
 import (
 	"bytes"
@@ -38,30 +38,35 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/eval"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
-// compareModel is the preset every compare job trains.
-const compareModel = "tiny"
+// preset is the model every compare job trains.
+const preset = "tiny"
+
+var flagErr = flagerr.New
 
 // Fixed settings of the compare job's fine-tuning rows.
 const (
-	compareLR           = 3e-3
-	compareWarmup       = 10
-	compareCheckEvery   = 50
-	compareCalibSamples = 32
+	fineTuneLR     = 3e-3
+	fineTuneWarmup = 10
+	checkEvery     = 50
+	calibSamples   = 32
 )
 
-// CompareConfig is one compare job; the flags of `lsp-train compare` map
+// Config is one compare job; the flags of `lsp-train compare` map
 // onto it one to one.
-type CompareConfig struct {
+type Config struct {
 	Out           string // --out: output directory
 	Steps         int    // --steps: fine-tuning steps of every row
 	PretrainSteps int    // --pretrain-steps: native pretraining steps
@@ -76,19 +81,19 @@ type CompareConfig struct {
 	Seed          uint64 // --seed
 }
 
-// CompareDefaults is the default compare job: a few minutes on two cores.
-func CompareDefaults() CompareConfig {
-	return CompareConfig{Out: "out/compare", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
+// Defaults is the default compare job: a few minutes on two cores.
+func Defaults() Config {
+	return Config{Out: "out/compare", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
 		EvalEvery: 10, EvalGenerate: 100, Seed: 1}
 }
 
-// compareBounds is the largest --d and the largest --r for d that the
+// bounds is the largest --d and the largest --r for d that the
 // compare job accepts: d <= min(m, n)/4 over the preset's block matrices and
 // r <= d/4, so that S (d x d) is a real compression of every matrix and the
 // projectors stay sparse.
-func compareBounds(d int) (dmax, rmax int) {
-	mc, _ := gpt2.Preset(compareModel)
+func bounds(d int) (dmax, rmax int) {
+	mc, _ := gpt2.Preset(preset) // a built-in preset: it always resolves
 	dmax = math.MaxInt
 	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
 		m, n := mc.MatrixShape(k)
@@ -112,7 +117,7 @@ func builtinTask(flag, spec string) (string, error) {
 }
 
 // Validate checks the job, naming the flag at fault.
-func (c CompareConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	check := func(ok bool, flag, format string, a ...any) {
 		if !ok {
@@ -127,9 +132,9 @@ func (c CompareConfig) Validate() error {
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
-	dmax, rmax := compareBounds(c.D)
+	dmax, rmax := bounds(c.D)
 	check(c.D >= 4 && c.D <= dmax, "d", "must be in [4, %d], got %d: %s's block matrices are at least %d on a side and compare keeps d <= min(m, n)/4 (and r <= d/4 >= 1)",
-		dmax, c.D, compareModel, 4*dmax)
+		dmax, c.D, preset, 4*dmax)
 	check(c.R >= 1 && c.R <= max(rmax, 1), "r", "must be in [1, d/4 = %d], got %d: compare keeps the projectors sparse (r <= d/4)", max(rmax, 1), c.R)
 	ft, err1 := builtinTask("task", c.Task)
 	pt, err2 := builtinTask("pretrain-task", c.PretrainTask)
@@ -144,9 +149,9 @@ type EvalPoint struct {
 	Loss float64 `json:"eval_loss"`
 }
 
-// CompareRow is one row of the table: a mode's fine-tuning run and its
+// Row is one row of the table: a mode's fine-tuning run and its
 // two timing runs.
-type CompareRow struct {
+type Row struct {
 	Name  string `json:"name"` // native, zero, lsp, lsp (no fit)
 	Mode  string `json:"mode"`
 	NoFit bool   `json:"no_fit,omitempty"`
@@ -174,33 +179,33 @@ type CompareRow struct {
 	Seconds       float64     `json:"seconds"` // wall time of the fine-tuning run
 }
 
-// CompareResult is a finished compare job.
-type CompareResult struct {
-	Config         CompareConfig `json:"config"`
-	Pretrained     string        `json:"pretrained"` // the Hugging Face export fine-tuned by every row
-	PretrainReused bool          `json:"pretrain_reused"`
-	L0             float64       `json:"l0"` // eval loss before fine-tuning (the native row's step 0)
+// Result is a finished compare job.
+type Result struct {
+	Config         Config  `json:"config"`
+	Pretrained     string  `json:"pretrained"` // the Hugging Face export fine-tuned by every row
+	PretrainReused bool    `json:"pretrain_reused"`
+	L0             float64 `json:"l0"` // eval loss before fine-tuning (the native row's step 0)
 	// Recovery is (L0 - L_lsp) / (L0 - L_native) of the final eval losses
 	// (absent in JSON when native did not lower the loss).
-	Recovery *float64     `json:"lsp_recovery,omitempty"`
-	Rows     []CompareRow `json:"rows"`
-	Table    string       `json:"-"` // what is printed: the table, footnotes, the recovery line
-	PNG      string       `json:"-"`
-	MD       string       `json:"-"`
-	JSON     string       `json:"-"`
+	Recovery *float64 `json:"lsp_recovery,omitempty"`
+	Rows     []Row    `json:"rows"`
+	Table    string   `json:"-"` // what is printed: the table, footnotes, the recovery line
+	PNG      string   `json:"-"`
+	MD       string   `json:"-"`
+	JSON     string   `json:"-"`
 }
 
 // ErrInterrupted reports a compare job stopped by its context.
 var ErrInterrupted = errors.New("interrupted")
 
-// compareRowSpec is what distinguishes the rows.
-type compareRowSpec struct {
+// rowSpec is what distinguishes the rows.
+type rowSpec struct {
 	name, dir string
 	mode      engine.Mode
 	noFit     bool
 }
 
-var compareRows = []compareRowSpec{
+var rows = []rowSpec{
 	{"native", "native", engine.Native, false},
 	{"zero", "zero", engine.Zero, false},
 	{"lsp", "lsp", engine.LSP, false},
@@ -226,10 +231,10 @@ type pretrainStamp struct {
 // pretrainStampFile is the stamp's name inside <out>/pretrain.
 const pretrainStampFile = "compare-stamp.json"
 
-// Compare runs the compare job; log gets one line per finished run (nil:
+// Run runs the compare job; log gets one line per finished run (nil:
 // none). Cancelling ctx stops the run under way at its next step and
 // returns an error wrapping ErrInterrupted.
-func Compare(ctx context.Context, c CompareConfig, log *slog.Logger) (*CompareResult, error) {
+func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -239,26 +244,26 @@ func Compare(ctx context.Context, c CompareConfig, log *slog.Logger) (*CompareRe
 	if err := os.MkdirAll(c.Out, 0o755); err != nil {
 		return nil, flagErr("out", "%v", err)
 	}
-	res := &CompareResult{Config: c, PNG: filepath.Join(c.Out, "compare.png"),
+	res := &Result{Config: c, PNG: filepath.Join(c.Out, "compare.png"),
 		MD: filepath.Join(c.Out, "compare.md"), JSON: filepath.Join(c.Out, "compare.json")}
 	var err error
-	if res.Pretrained, res.PretrainReused, err = comparePretrain(ctx, c, log); err != nil {
+	if res.Pretrained, res.PretrainReused, err = pretrain(ctx, c, log); err != nil {
 		return nil, err
 	}
-	for _, spec := range compareRows {
-		row, err := compareFineTune(ctx, c, spec, res.Pretrained, log)
+	for _, spec := range rows {
+		row, err := fineTune(ctx, c, spec, res.Pretrained, log)
 		if err != nil {
 			return nil, err
 		}
 		res.Rows = append(res.Rows, row)
 	}
-	for i, spec := range compareRows {
-		for _, sched := range []string{"sequential", "pipelined"} {
-			sec, err := compareTiming(ctx, c, spec, sched, res.Pretrained, log)
+	for i, spec := range rows {
+		for _, sched := range []train.Schedule{train.Sequential, train.Pipelined} {
+			sec, err := timing(ctx, c, spec, sched, res.Pretrained, log)
 			if err != nil {
 				return nil, err
 			}
-			if sched == "sequential" {
+			if sched == train.Sequential {
 				res.Rows[i].StepSecondsSequential = sec
 			} else {
 				res.Rows[i].StepSecondsPipelined = sec
@@ -270,39 +275,39 @@ func Compare(ctx context.Context, c CompareConfig, log *slog.Logger) (*CompareRe
 	if drop := res.L0 - native.FinalEvalLoss; drop > 0 {
 		res.Recovery = metrics.F((res.L0 - lspRow.FinalEvalLoss) / drop)
 	}
-	res.Table = compareTable(res)
-	if err := compareWrite(res); err != nil {
+	res.Table = table(res)
+	if err := write(res); err != nil {
 		return nil, err
 	}
 	return res, nil
 }
 
-// compareBase is the part of a run's Config that every run of the job
-// shares.
-func compareBase(c CompareConfig) Config {
-	cfg := Defaults()
+// base is the part of a training run's configuration that every run of
+// the job shares.
+func base(c Config) train.Config {
+	cfg := train.Defaults()
 	cfg.Threads, cfg.Seed = c.Threads, c.Seed
 	cfg.EvalGenerate, cfg.CheckpointEvery = 0, 0
 	return cfg
 }
 
-// comparePretrain returns the pretrained export, training it unless an
+// pretrain returns the pretrained export, training it unless an
 // identical one is stamped in <out>/pretrain.
-func comparePretrain(ctx context.Context, c CompareConfig, log *slog.Logger) (string, bool, error) {
-	cfg := compareBase(c)
-	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = compareModel, c.PretrainTask, c.PretrainSteps, string(engine.Native)
+func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, error) {
+	cfg := base(c)
+	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = preset, c.PretrainTask, c.PretrainSteps, engine.Native
 	cfg.EvalEvery = 0
 	cfg.Out = filepath.Join(c.Out, "pretrain")
 	stamp, err := json.MarshalIndent(pretrainStamp{Version: 1, Model: cfg.Model, Data: cfg.Data, Steps: cfg.Steps,
 		Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: cfg.SeqLen, LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup,
-		DType: cfg.DType}, "", "  ")
+		DType: cfg.DType.String()}, "", "  ")
 	if err != nil {
 		return "", false, err
 	}
 	stamp = append(stamp, '\n')
 	stampPath, hf := filepath.Join(cfg.Out, pretrainStampFile), filepath.Join(cfg.Out, "hf")
 	if old, err := os.ReadFile(stampPath); err == nil && bytes.Equal(old, stamp) {
-		if _, _, err := ResolveModel(hf); err == nil {
+		if _, _, err := train.ResolveModel(hf); err == nil {
 			log.Info("pretrain reused", "model", hf, "data", cfg.Data, "steps", cfg.Steps)
 			return hf, true, nil
 		}
@@ -312,7 +317,7 @@ func comparePretrain(ctx context.Context, c CompareConfig, log *slog.Logger) (st
 		return "", false, fmt.Errorf("compare: %w", err)
 	}
 	t0 := time.Now()
-	r, err := Run(ctx, cfg, Options{})
+	r, err := train.Run(ctx, cfg, train.Options{})
 	if err != nil {
 		return "", false, fmt.Errorf("compare: pretrain: %w", err)
 	}
@@ -330,40 +335,41 @@ func comparePretrain(ctx context.Context, c CompareConfig, log *slog.Logger) (st
 	return r.Export, false, nil
 }
 
-// compareRowConfig is a row's run: fine-tuning (or timing, with the
+// rowConfig is a row's run: fine-tuning (or timing, with the
 // caller's changes) of the pretrained model.
-func compareRowConfig(c CompareConfig, spec compareRowSpec, model string) Config {
-	cfg := compareBase(c)
+func rowConfig(c Config, spec rowSpec, model string) train.Config {
+	cfg := base(c)
 	cfg.Model, cfg.Data, cfg.Steps = model, c.Task, c.Steps
-	cfg.LR, cfg.Warmup, cfg.EvalEvery = compareLR, compareWarmup, c.EvalEvery
-	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = string(spec.mode), "pipelined", c.LinkBandwidth
+	cfg.LR, cfg.Warmup, cfg.EvalEvery = fineTuneLR, fineTuneWarmup, c.EvalEvery
+	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
-		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = string(engine.DenseDevice), c.D, c.R, spec.noFit
-		cfg.CheckEvery, cfg.CalibSamples = compareCheckEvery, compareCalibSamples
+		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
+		cfg.CheckEvery, cfg.CalibSamples = checkEvery, calibSamples
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	return cfg
 }
 
-// compareFineTune runs one row's fine-tuning and scores it.
-func compareFineTune(ctx context.Context, c CompareConfig, spec compareRowSpec, model string, log *slog.Logger) (CompareRow, error) {
-	cfg := compareRowConfig(c, spec, model)
-	row := CompareRow{Name: spec.name, Mode: string(spec.mode), NoFit: spec.noFit, Out: cfg.Out}
+// fineTune runs one row's fine-tuning and scores it.
+func fineTune(ctx context.Context, c Config, spec rowSpec, model string, log *slog.Logger) (Row, error) {
+	cfg := rowConfig(c, spec, model)
+	row := Row{Name: spec.name, Mode: string(spec.mode), NoFit: spec.noFit, Out: cfg.Out}
 	if spec.mode == engine.LSP {
 		row.D, row.R = c.D, c.R
 	}
 	t0 := time.Now()
-	r, err := Run(ctx, cfg, Options{EvalAtStart: true})
+	var m train.Measurements
+	r, err := train.Run(ctx, cfg, train.Options{EvalAtStart: true, Measurements: &m})
 	if err != nil {
 		return row, fmt.Errorf("compare: %s: %w", spec.name, err)
 	}
 	if r.Interrupted {
 		return row, fmt.Errorf("compare: %s: %w at step %d", spec.name, ErrInterrupted, r.Steps)
 	}
-	row.StepSecondsFineTune, row.CheckSeconds = r.StepSeconds, r.CheckSeconds
-	row.DevicePredicted, row.DevicePeak, row.Host = r.Plan.DeviceTotal(), r.DevicePeak, r.Plan.HostTotal()
-	row.LinkPredicted = r.Plan.LinkD2H + r.Plan.LinkH2D + r.Plan.BatchD2H + r.Plan.BatchH2D
-	row.LinkMeasured, row.FinalEvalLoss = r.LinkBytesPerStep, r.EvalLoss
+	row.StepSecondsFineTune, row.CheckSeconds = m.StepSeconds, m.CheckSeconds
+	row.DevicePredicted, row.DevicePeak, row.Host = m.Plan.DeviceTotal(), m.DevicePeak, m.Plan.HostTotal()
+	row.LinkPredicted = m.Plan.LinkD2H + m.Plan.LinkH2D + m.Plan.BatchD2H + m.Plan.BatchH2D
+	row.LinkMeasured, row.FinalEvalLoss = m.LinkBytesPerStep, r.EvalLoss
 	recs, err := metrics.ReadFile(r.Metrics)
 	if err != nil {
 		return row, fmt.Errorf("compare: %s: %w", spec.name, err)
@@ -381,7 +387,7 @@ func compareFineTune(ctx context.Context, c CompareConfig, spec compareRowSpec, 
 		return row, fmt.Errorf("compare: %s: %s holds no eval loss at step 0 and at the end (is the eval set of --task empty?)", spec.name, r.Metrics)
 	}
 	if c.EvalGenerate > 0 {
-		em, err := compareExactMatch(cfg, r.Export, c.EvalGenerate)
+		em, err := exactMatch(cfg, r.Export, c.EvalGenerate)
 		if err != nil {
 			return row, fmt.Errorf("compare: %s: %w", spec.name, err)
 		}
@@ -391,7 +397,7 @@ func compareFineTune(ctx context.Context, c CompareConfig, spec compareRowSpec, 
 	}
 	row.Seconds = time.Since(t0).Seconds()
 	args := []any{"row", spec.name, "steps", r.Steps, "eval_loss_start", fmt.Sprintf("%.4f", row.StartEvalLoss),
-		"eval_loss", fmt.Sprintf("%.4f", row.FinalEvalLoss), "step_s", fmt.Sprintf("%.3f", r.StepSeconds)}
+		"eval_loss", fmt.Sprintf("%.4f", row.FinalEvalLoss), "step_s", fmt.Sprintf("%.3f", m.StepSeconds)}
 	if row.ExactMatch != nil {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *row.ExactMatch))
 	}
@@ -399,10 +405,10 @@ func compareFineTune(ctx context.Context, c CompareConfig, spec compareRowSpec, 
 	return row, nil
 }
 
-// compareExactMatch scores the exported weights of a run by greedy exact
+// exactMatch scores the exported weights of a run by greedy exact
 // match on the first n held-out records of its data. It runs after the
 // training run, so that only the final weights pay for generation.
-func compareExactMatch(cfg Config, export string, n int) (float64, error) {
+func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 	mc, vals, err := gpt2.LoadHF(export)
 	if err != nil {
 		return 0, err
@@ -419,7 +425,10 @@ func compareExactMatch(cfg Config, export string, n int) (float64, error) {
 	if len(ds.EvalRecords) == 0 {
 		return math.NaN(), nil
 	}
-	be := cpu.New(cpu.Config{Threads: cfg.Threads, Seed: cfg.Seed})
+	be, err := device.Open(device.Config{Kind: cfg.Device, Threads: cfg.Threads, Seed: cfg.Seed})
+	if err != nil {
+		return 0, err
+	}
 	defer be.Close()
 	s := be.DefaultStream()
 	m, err := gpt2.New(be, mc, cfg.Batch, cfg.SeqLen, backend.F32)
@@ -429,16 +438,17 @@ func compareExactMatch(cfg Config, export string, n int) (float64, error) {
 	if err := backend.Upload(be, s, m.Params, vals); err != nil {
 		return 0, err
 	}
-	return ExactMatch(be, s, m, tok, ds.EvalRecords[:min(n, len(ds.EvalRecords))])
+	return eval.ExactMatch(be, s, m, tok, ds.EvalRecords[:min(n, len(ds.EvalRecords))])
 }
 
-// compareTiming runs a row for --timing-steps steps with schedule sched and
+// timing runs a row for --timing-steps steps with schedule sched and
 // no eval, and returns its mean step time.
-func compareTiming(ctx context.Context, c CompareConfig, spec compareRowSpec, sched, model string, log *slog.Logger) (float64, error) {
-	cfg := compareRowConfig(c, spec, model)
+func timing(ctx context.Context, c Config, spec rowSpec, sched train.Schedule, model string, log *slog.Logger) (float64, error) {
+	cfg := rowConfig(c, spec, model)
 	cfg.Steps, cfg.EvalEvery, cfg.EvalFraction, cfg.Schedule = c.TimingSteps, 0, 0, sched
-	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+sched)
-	r, err := Run(ctx, cfg, Options{})
+	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+string(sched))
+	var m train.Measurements
+	r, err := train.Run(ctx, cfg, train.Options{Measurements: &m})
 	if err != nil {
 		return 0, fmt.Errorf("compare: timing %s %s: %w", spec.name, sched, err)
 	}
@@ -446,14 +456,14 @@ func compareTiming(ctx context.Context, c CompareConfig, spec compareRowSpec, sc
 		return 0, fmt.Errorf("compare: timing %s %s: %w at step %d", spec.name, sched, ErrInterrupted, r.Steps)
 	}
 	log.Info("timing done", "row", spec.name, "schedule", sched, "steps", r.Steps,
-		"step_s", fmt.Sprintf("%.3f", r.StepSeconds), "link_bandwidth", c.LinkBandwidth)
-	return r.StepSeconds, nil
+		"step_s", fmt.Sprintf("%.3f", m.StepSeconds), "link_bandwidth", c.LinkBandwidth)
+	return m.StepSeconds, nil
 }
 
 func mib(b float64) string { return fmt.Sprintf("%.2f", b/(1<<20)) }
 
-// compareTable formats the table, its footnotes and the recovery line.
-func compareTable(res *CompareResult) string {
+// table formats the table, its footnotes and the recovery line.
+func table(res *Result) string {
 	c := res.Config
 	var b strings.Builder
 	head := []string{"row", "d", "r", "step s (sequential)", "step s (pipelined)", "device MiB predicted",
@@ -523,15 +533,15 @@ func compareTable(res *CompareResult) string {
 	}
 	notes := []string{
 		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, seed %d.",
-			compareModel, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, compareLR, compareWarmup,
-			Defaults().Batch, Defaults().SeqLen, c.Seed),
+			preset, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
+			train.Defaults().Batch, train.Defaults().SeqLen, c.Seed),
 		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f) and every %d steps (curves: %s); "+em,
-			c.Task, Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
+			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's optimizer-side host memory.",
 		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks at step 0 and every %d steps with %d calibration rows took %.1f s in all (not in step s); lsp (no fit) keeps its random projectors (--no-fit), a control.",
-			c.D, c.R, compareCheckEvery, compareCalibSamples, checks),
+			c.D, c.R, checkEvery, calibSamples, checks),
 		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it).",
 	}
 	b.WriteString("\n")
@@ -546,8 +556,8 @@ func compareTable(res *CompareResult) string {
 	return b.String()
 }
 
-// compareWrite writes the plot, the Markdown table and the JSON numbers.
-func compareWrite(res *CompareResult) error {
+// write writes the plot, the Markdown table and the JSON numbers.
+func write(res *Result) error {
 	var curves []metrics.Curve
 	for _, r := range res.Rows {
 		recs := make([]metrics.Record, len(r.Curve))
@@ -556,7 +566,7 @@ func compareWrite(res *CompareResult) error {
 		}
 		curves = append(curves, metrics.Curve{Label: r.Name, Records: recs})
 	}
-	title := fmt.Sprintf("%s: fine-tuning on %s after %s", compareModel, res.Config.Task, res.Config.PretrainTask)
+	title := fmt.Sprintf("%s: fine-tuning on %s after %s", preset, res.Config.Task, res.Config.PretrainTask)
 	refs := []metrics.RefLine{{Label: fmt.Sprintf("L0 = %.2f (before fine-tuning)", res.L0), Y: res.L0}}
 	if err := metrics.PlotEvalLoss(curves, refs, res.PNG, title); err != nil {
 		return fmt.Errorf("compare: %w", err)

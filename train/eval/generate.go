@@ -3,7 +3,7 @@
 // token reruns the forward pass over the rows, which is fine for evaluation
 // and sampling from small models but not a serving path.
 
-package train
+package eval
 
 import (
 	"fmt"
@@ -21,6 +21,12 @@ type Sampler struct {
 	Temperature float64 // 0: greedy
 	TopP        float64 // in (0, 1]; 1 or 0 keeps every token
 	RNG         *rand.Rand
+}
+
+// NewSampler returns a sampler with its own seeded RNG; temperature 0 is
+// greedy.
+func NewSampler(temperature, topP float64, seed uint64) Sampler {
+	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
 }
 
 // Pick returns the next token id.

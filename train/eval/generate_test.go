@@ -1,13 +1,15 @@
 // Tests of the sampler (greedy, temperature, top-p), of Generate's
-// bookkeeping, and of Sample on an exported model.
+// bookkeeping, of Sample on an exported model, and of Loss without
+// examples.
 
-package train
+package eval
 
 import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -46,7 +48,7 @@ func logitsOf(p ...float64) []float32 {
 
 func TestSamplerTopP(t *testing.T) {
 	peaked := logitsOf(0.05, 0.7, 0.1, 0.15)
-	s := newSampler(1, 0.5, 42)
+	s := NewSampler(1, 0.5, 42)
 	for i := 0; i < 2000; i++ {
 		if got := s.Pick(peaked); got != 1 {
 			t.Fatalf("draw %d: top-p 0.5 on a distribution whose top token has 0.7 picked %d", i, got)
@@ -54,7 +56,7 @@ func TestSamplerTopP(t *testing.T) {
 	}
 	// top-p 0.8 keeps the 0.7 and 0.15 tokens, never the others, and picks
 	// them in proportion 0.7 : 0.15.
-	s = newSampler(1, 0.8, 42)
+	s = NewSampler(1, 0.8, 42)
 	counts := make([]int, 4)
 	const n = 20000
 	for i := 0; i < n; i++ {
@@ -82,7 +84,7 @@ func TestSamplerTemperature(t *testing.T) {
 			z += want[i]
 		}
 		for _, topP := range []float64{0, 1} { // both keep every token
-			s := newSampler(temp, topP, 7)
+			s := NewSampler(temp, topP, 7)
 			counts := make([]int, len(probs))
 			const n = 30000
 			for i := 0; i < n; i++ {
@@ -97,7 +99,7 @@ func TestSamplerTemperature(t *testing.T) {
 	}
 
 	draw := func(seed uint64) []int32 {
-		s := newSampler(0.8, 0.95, seed)
+		s := NewSampler(0.8, 0.95, seed)
 		out := make([]int32, 300)
 		for i := range out {
 			out[i] = s.Pick(logits)
@@ -218,5 +220,38 @@ func TestSample(t *testing.T) {
 	} {
 		_, err := Sample(tc.o)
 		wantErr(t, err, tc.want...)
+	}
+}
+
+// microConfig is a GPT-2 small enough for tests under -race; V = 257 so it
+// uses the byte tokenizer.
+func microConfig(C, L int) gpt2.Config {
+	return gpt2.Config{V: 257, MaxT: 32, C: C, L: L, NH: 2, Eps: 1e-5}
+}
+
+// wantErr fails unless err is non-nil and its message holds every part.
+func wantErr(t *testing.T, err error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error; want one mentioning %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("error %q does not mention %q", err, p)
+		}
+	}
+}
+
+// TestLossNoExamples: no eval examples is NaN, not 0/0 panics or 0.
+func TestLossNoExamples(t *testing.T) {
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	s := be.DefaultStream()
+	m, err := gpt2.New(be, microConfig(16, 1), 2, 8, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := Loss(be, s, m, nil); err != nil || !math.IsNaN(l) {
+		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
 	}
 }

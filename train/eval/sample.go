@@ -1,6 +1,7 @@
-// Sampling from a trained model, for the sample command.
+// Sampling from a trained model, for the sample command: find the export,
+// check the options (naming their flags), open the backend, generate.
 
-package train
+package eval
 
 import (
 	"fmt"
@@ -8,8 +9,9 @@ import (
 	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -25,6 +27,8 @@ type SampleOptions struct {
 	Seed        uint64
 	Threads     int
 }
+
+var flagErr = flagerr.New
 
 // Sample loads a model and continues the prompt.
 func Sample(o SampleOptions) (string, error) {
@@ -50,7 +54,10 @@ func Sample(o SampleOptions) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	be := cpu.New(cpu.Config{Threads: o.Threads})
+	be, err := device.Open(device.Config{Kind: device.CPU, Threads: o.Threads})
+	if err != nil {
+		return "", fmt.Errorf("sample: %w", err)
+	}
 	defer be.Close()
 	s := be.DefaultStream()
 	m, err := gpt2.New(be, cfg, 1, cfg.MaxT, backend.F32)
@@ -68,7 +75,7 @@ func Sample(o SampleOptions) (string, error) {
 	if len(ids) >= cfg.MaxT {
 		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), cfg.MaxT)
 	}
-	out, err := Generate(be, s, m, [][]int32{ids}, max(o.MaxNew, 1), tok.EOS(), newSampler(o.Temperature, o.TopP, o.Seed))
+	out, err := Generate(be, s, m, [][]int32{ids}, max(o.MaxNew, 1), tok.EOS(), NewSampler(o.Temperature, o.TopP, o.Seed))
 	if err != nil {
 		return "", fmt.Errorf("sample: %w", err)
 	}

@@ -1,0 +1,174 @@
+// Package checkpoint is the training checkpoint format: one safetensors
+// file holding the weights, the optimizer state and, in its metadata, the
+// step, data position, seed and the settings a resume must match. A file
+// is written to a temp file, fsynced and renamed, so a crash or Ctrl-C
+// never leaves a half-written checkpoint, and the previous one stays until
+// the new one is complete.
+//
+// Limits: the format is version 2 (testdata/checkpoint-v2 under train
+// holds one of each update mode); version 1 files, which predate the
+// update modes, load as native. Every tensor is stored as fp32, which
+// holds bf16 values exactly; the model part of the state is a GPT-2
+// configuration.
+package checkpoint
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+// FileName is the checkpoint's name inside a run's output directory.
+const FileName = "checkpoint.safetensors"
+
+// MetadataKey is the safetensors metadata entry holding the State as JSON.
+const MetadataKey = "lsp_offload.state"
+
+// Version is the format Save writes.
+const Version = 2
+
+// ParamsTensor is the name of the tensor holding every model parameter;
+// the optimizer state's tensors are named by the engine.
+const ParamsTensor = "params"
+
+// State is what a checkpoint holds besides tensors. Its JSON is the
+// format: field names and spellings must not change.
+type State struct {
+	Version  int           `json:"version"`
+	Step     int           `json:"step"`
+	Position data.Position `json:"data_position"`
+	Seed     uint64        `json:"seed"`
+	Model    gpt2.Config   `json:"model"`
+	DType    backend.DType `json:"dtype"`
+	Data     string        `json:"data"`
+	Batch    int           `json:"batch"`
+	SeqLen   int           `json:"seq_len"`
+	Tokens   int64         `json:"tokens_seen"`
+
+	GradAccum    int     `json:"grad_accum"`
+	EvalFraction float64 `json:"eval_fraction"`
+	Truncate     bool    `json:"truncate"`
+
+	// The update mode and what decides the optimizer state's shape (the
+	// last three in lsp mode only).
+	Mode        engine.Mode        `json:"mode"`
+	DenseParams engine.DenseParams `json:"dense_params,omitempty"`
+	D           int                `json:"d,omitempty"`
+	R           int                `json:"r,omitempty"`
+}
+
+// Optimizer is the training side of a checkpoint: the engine, which owns
+// the optimizer state and the step counter.
+type Optimizer interface {
+	// Drain waits for every update in flight.
+	Drain() error
+	SaveState() (map[string][]float32, error)
+	LoadState(map[string][]float32) error
+	SetStepCount(step int)
+}
+
+// Save downloads the parameters and the optimizer state and writes them
+// with st to path, atomically.
+func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) error {
+	if err := opt.Drain(); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	vals, err := backend.Download(be, s, params)
+	if err != nil {
+		return fmt.Errorf("checkpoint: params: %w", err)
+	}
+	ts := []safetensors.Tensor{safetensors.F32Tensor(ParamsTensor, []int{len(vals)}, vals)}
+	state, err := opt.SaveState()
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	names := make([]string, 0, len(state))
+	for name := range state {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ts = append(ts, safetensors.F32Tensor(name, []int{len(state[name])}, state[name]))
+	}
+	st.Version = Version
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := safetensors.Write(path, ts, map[string]string{MetadataKey: string(raw)}); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Checkpoint is a loaded checkpoint, checked against the model it
+// restores.
+type Checkpoint struct {
+	State
+	Path    string
+	tensors map[string][]float32
+}
+
+// ReadState decodes the State of an open checkpoint file.
+func ReadState(f *safetensors.File) (State, error) {
+	var st State
+	raw, ok := f.Metadata[MetadataKey]
+	if !ok {
+		return st, fmt.Errorf("%s: no training state in its metadata (not an lsp-train checkpoint)", f.Path)
+	}
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return st, fmt.Errorf("%s: training state: %w", f.Path, err)
+	}
+	if st.Mode == "" {
+		st.Mode = engine.Native // version 1 checkpoints predate the modes
+	}
+	return st, nil
+}
+
+// Load reads path and checks that it holds a checkpoint of model.
+func Load(path string, model gpt2.Config) (*Checkpoint, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	st, err := ReadState(f)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	ck := &Checkpoint{State: st, Path: path, tensors: map[string][]float32{}}
+	if ck.Model != model {
+		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, model)
+	}
+	for _, name := range f.Names() {
+		v, _, err := f.Float32(name)
+		if err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+		ck.tensors[name] = v
+	}
+	if v, ok := ck.tensors[ParamsTensor]; !ok {
+		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
+	} else if len(v) != model.NumParams() {
+		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, len(v), model.NumParams())
+	}
+	return ck, nil
+}
+
+// Restore uploads the checkpoint's parameters into params and its
+// optimizer state into opt, and sets opt's step counter.
+func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {
+	if err := backend.Upload(be, s, params, ck.tensors[ParamsTensor]); err != nil {
+		return fmt.Errorf("resume: %s: params: %w", ck.Path, err)
+	}
+	if err := opt.LoadState(ck.tensors); err != nil {
+		return fmt.Errorf("resume: %s: %w", ck.Path, err)
+	}
+	opt.SetStepCount(ck.Step)
+	return nil
+}

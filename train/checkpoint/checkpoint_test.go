@@ -1,0 +1,133 @@
+// Tests of the checkpoint format: the committed version-2 files (one per
+// update mode, written by an earlier program) decode and re-encode to the
+// very same state JSON, and Save then Load gives back every tensor and the
+// state. That the files also resume to the same losses is checked through
+// whole runs in train (TestLegacyCheckpoint).
+
+package checkpoint
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+const legacyDir = "../testdata/checkpoint-v2"
+
+func TestLegacyFormat(t *testing.T) {
+	model, _, err := gpt2.LoadHF(filepath.Join(legacyDir, "model"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		t.Run(string(mode), func(t *testing.T) {
+			path := filepath.Join(legacyDir, string(mode), FileName)
+			f, err := safetensors.Open(path)
+			if err != nil {
+				t.Fatalf("fixture missing (it is committed): %v", err)
+			}
+			st, err := ReadState(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Version != Version || st.Mode != mode || st.DType != backend.F32 || st.Step != 3 || st.Model != model {
+				t.Errorf("state %+v: want version %d, mode %s, dtype fp32, step 3, model %+v", st, Version, mode, model)
+			}
+			if (mode == engine.LSP) != (st.DenseParams == engine.DenseDevice && st.D == 8 && st.R == 2) {
+				t.Errorf("%s: dense params %q, d %d, r %d", mode, st.DenseParams, st.D, st.R)
+			}
+			// The same fields, names, order and spellings: what this program
+			// writes is byte for byte what the older one wrote.
+			raw, err := json.Marshal(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(raw) != f.Metadata[MetadataKey] {
+				t.Errorf("state re-encodes to\n%s\nthe file holds\n%s", raw, f.Metadata[MetadataKey])
+			}
+			ck, err := Load(path, model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ck.tensors) != len(f.Names()) || len(ck.tensors[ParamsTensor]) != model.NumParams() {
+				t.Errorf("loaded %d tensors (params %d), the file has %d", len(ck.tensors), len(ck.tensors[ParamsTensor]), len(f.Names()))
+			}
+			other := model
+			other.C *= 2
+			if _, err := Load(path, other); err == nil {
+				t.Errorf("Load for another model succeeded")
+			}
+		})
+	}
+}
+
+// fakeOptimizer holds named state in memory.
+type fakeOptimizer struct {
+	state   map[string][]float32
+	step    int
+	drained bool
+}
+
+func (o *fakeOptimizer) Drain() error { o.drained = true; return nil }
+func (o *fakeOptimizer) SaveState() (map[string][]float32, error) {
+	return o.state, nil
+}
+func (o *fakeOptimizer) LoadState(s map[string][]float32) error { o.state = s; return nil }
+func (o *fakeOptimizer) SetStepCount(step int)                  { o.step = step }
+
+func TestSaveLoad(t *testing.T) {
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	s := be.DefaultStream()
+	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
+	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := gpt2.Init(mc, 3)
+	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+		t.Fatal(err)
+	}
+	opt := &fakeOptimizer{state: map[string][]float32{"b.m": {1, 2}, "a.v": {3}}}
+	st := State{Step: 5, Position: data.Position{Epoch: 1, Index: 7}, Seed: 9, Model: mc, DType: backend.BF16,
+		Data: "builtin:copy", Batch: 2, SeqLen: 8, Tokens: 80, GradAccum: 2, EvalFraction: 0.1, Truncate: true,
+		Mode: engine.LSP, DenseParams: engine.DenseHost, D: 4, R: 1}
+	path := filepath.Join(t.TempDir(), FileName)
+	if err := Save(path, be, s, m.Params, opt, st); err != nil {
+		t.Fatal(err)
+	}
+	if !opt.drained {
+		t.Errorf("Save did not drain the optimizer first")
+	}
+	ck, err := Load(path, mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Version = Version
+	if ck.State != st {
+		t.Errorf("state %+v, saved %+v", ck.State, st)
+	}
+	if err := backend.Upload(be, s, m.Params, make([]float32, len(vals))); err != nil {
+		t.Fatal(err)
+	}
+	back := &fakeOptimizer{}
+	if err := ck.Restore(be, s, m.Params, back); err != nil {
+		t.Fatal(err)
+	}
+	got, err := backend.Download(be, s, m.Params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, vals) || back.step != 5 || !slices.Equal(back.state["b.m"], []float32{1, 2}) ||
+		!slices.Equal(back.state["a.v"], []float32{3}) {
+		t.Errorf("restored params equal %v, step %d, state %v", slices.Equal(got, vals), back.step, back.state)
+	}
+}

@@ -1,0 +1,224 @@
+// Tests of the compare job: the flag checks, a cancelled job, the reuse of
+// the pretrained model, and the whole job at reduced size. The run
+// measurements it reads are tested with the run (train, TestRunMeasurements).
+//
+// Limits: TestCompare and TestComparePretrainReuse train the tiny preset
+// for real (about a minute and a few seconds on two cores) and are skipped
+// under -short; CI runs them in their own pass without -race
+// (go test -count=1 -run TestCompare ./train/compare/).
+
+package compare
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/png"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
+)
+
+func TestCompareConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		flag string // "" wants no error
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"smallest d and r", func(c *Config) { c.D, c.R = 4, 1 }, ""},
+		{"d 16 r 4", func(c *Config) { c.D, c.R = 16, 4 }, ""},
+		{"task with count", func(c *Config) { c.Task = "builtin:reverse:500" }, ""},
+		{"d above min(m,n)/4", func(c *Config) { c.D = 33 }, "d"},
+		{"d below 4", func(c *Config) { c.D, c.R = 3, 1 }, "d"},
+		{"r above d/4", func(c *Config) { c.D, c.R = 16, 5 }, "r"},
+		{"r zero", func(c *Config) { c.R = 0 }, "r"},
+		{"same task twice", func(c *Config) { c.Task = "builtin:sort:300" }, "task"},
+		{"task not builtin", func(c *Config) { c.Task = "copy" }, "task"},
+		{"unknown task", func(c *Config) { c.Task = "builtin:nope" }, "task"},
+		{"bad count", func(c *Config) { c.Task = "builtin:copy:x" }, "task"},
+		{"bad pretrain task", func(c *Config) { c.PretrainTask = "data.txt" }, "pretrain-task"},
+		{"steps 0", func(c *Config) { c.Steps = 0 }, "steps"},
+		{"pretrain steps 0", func(c *Config) { c.PretrainSteps = 0 }, "pretrain-steps"},
+		{"timing steps 0", func(c *Config) { c.TimingSteps = 0 }, "timing-steps"},
+		{"eval every 0", func(c *Config) { c.EvalEvery = 0 }, "eval-every"},
+		{"eval generate -1", func(c *Config) { c.EvalGenerate = -1 }, "eval-generate"},
+		{"negative bandwidth", func(c *Config) { c.LinkBandwidth = -1 }, "link-bandwidth"},
+		{"negative threads", func(c *Config) { c.Threads = -1 }, "threads"},
+		{"no out", func(c *Config) { c.Out = "" }, "out"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			tc.edit(&c)
+			err := c.Validate()
+			if tc.flag == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			var fe *flagerr.Error
+			if !errors.As(err, &fe) || !strings.Contains(err.Error(), "--"+tc.flag+":") {
+				t.Fatalf("err = %v, want a FlagError naming --%s", err, tc.flag)
+			}
+		})
+	}
+	// The bounds come from the tiny preset's smallest matrix side, 128.
+	if dmax, rmax := bounds(32); dmax != 32 || rmax != 8 {
+		t.Errorf("bounds(32) = %d, %d; want 32, 8", dmax, rmax)
+	}
+}
+
+// TestCompareCancelled: a cancelled context stops the job with
+// ErrInterrupted and leaves no pretraining stamp to be reused.
+func TestCompareCancelled(t *testing.T) {
+	c := Defaults()
+	c.Out = filepath.Join(t.TempDir(), "cmp")
+	c.PretrainTask, c.Task, c.Threads = "builtin:sort:100", "builtin:copy:100", 1
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := Run(ctx, c, nil)
+	if !errors.Is(err, ErrInterrupted) || res != nil {
+		t.Fatalf("Compare with a cancelled context: %v, %v; want ErrInterrupted", res, err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, "pretrain", pretrainStampFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stamp after an interrupted pretraining: %v", err)
+	}
+}
+
+// TestComparePretrainReuse: an identical pretraining is reused, and a
+// different one (another seed or step count) is trained again.
+func TestComparePretrainReuse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the tiny preset (seconds); run without -short")
+	}
+	c := Defaults()
+	c.Out = filepath.Join(t.TempDir(), "cmp")
+	c.PretrainSteps, c.PretrainTask = 2, "builtin:sort:200"
+	ctx := context.Background()
+	steps := []struct {
+		edit   func(*Config)
+		reused bool
+	}{
+		{func(*Config) {}, false},
+		{func(c *Config) { c.Threads = 1 }, true}, // threads do not change the result
+		{func(c *Config) { c.Seed = 2 }, false},
+		{func(c *Config) { c.Seed = 2 }, true},
+		{func(c *Config) { c.PretrainSteps = 3 }, false},
+	}
+	for i, s := range steps {
+		s.edit(&c)
+		hf, reused, err := pretrain(ctx, c, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if reused != s.reused || hf != filepath.Join(c.Out, "pretrain", "hf") {
+			t.Fatalf("call %d: %s reused %v, want %v", i, hf, reused, s.reused)
+		}
+	}
+}
+
+// TestCompare runs the whole job at reduced size: lsp must recover at
+// least 0.8 of native's eval-loss drop, native and zero must agree, the
+// plan must cover the peak and predict the link bytes, and the outputs and
+// the table's last line must be as documented.
+func TestCompare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the tiny preset for about a minute; run without -short")
+	}
+	c := Defaults()
+	c.Out = filepath.Join(t.TempDir(), "cmp")
+	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
+	t0 := time.Now()
+	res, err := Run(context.Background(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("compare took %.1f s\n%s", time.Since(t0).Seconds(), res.Table)
+
+	if len(res.Rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(res.Rows))
+	}
+	native, zero, lspRow := res.Rows[0], res.Rows[1], res.Rows[2]
+	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.NoFit || !res.Rows[3].NoFit {
+		t.Fatalf("rows out of order: %+v", res.Rows)
+	}
+	if res.Recovery == nil {
+		t.Fatalf("no lsp-recovery: L0 %v, native final %v", res.L0, native.FinalEvalLoss)
+	}
+	want := (res.L0 - lspRow.FinalEvalLoss) / (res.L0 - native.FinalEvalLoss)
+	if rec := *res.Recovery; math.Abs(rec-want) > 1e-12 || rec < 0.8 {
+		t.Errorf("lsp-recovery %.4f (from the rows %.4f), want >= 0.8", rec, want)
+	}
+	if d := math.Abs(native.FinalEvalLoss - zero.FinalEvalLoss); d > 1e-3*native.FinalEvalLoss {
+		t.Errorf("final eval loss native %.6f, zero %.6f: differ by more than 1e-3 relative", native.FinalEvalLoss, zero.FinalEvalLoss)
+	}
+	steps := []int{0, 10, 20, 30, 40}
+	for _, r := range res.Rows {
+		if r.DevicePeak <= 0 || r.DevicePredicted < r.DevicePeak {
+			t.Errorf("%s: predicted device %d bytes < peak %d", r.Name, r.DevicePredicted, r.DevicePeak)
+		}
+		if r.LinkMeasured != float64(r.LinkPredicted) {
+			t.Errorf("%s: link %v bytes per step, the plan says %d", r.Name, r.LinkMeasured, r.LinkPredicted)
+		}
+		if r.StartEvalLoss != res.L0 {
+			t.Errorf("%s: step-0 eval loss %v differs from L0 %v (same weights, same data)", r.Name, r.StartEvalLoss, res.L0)
+		}
+		var got []int
+		for _, p := range r.Curve {
+			got = append(got, p.Step)
+		}
+		if !slices.Equal(got, steps) {
+			t.Errorf("%s: eval steps %v, want %v", r.Name, got, steps)
+		}
+		if !(r.StepSecondsSequential > 0 && r.StepSecondsPipelined > 0) || r.ExactMatch == nil {
+			t.Errorf("%s: step s %v / %v, exact match %v", r.Name, r.StepSecondsSequential, r.StepSecondsPipelined, r.ExactMatch)
+		}
+	}
+	if !(res.Rows[2].CheckSeconds > 0) || res.Rows[3].CheckSeconds != 0 {
+		t.Errorf("check seconds lsp %v, lsp (no fit) %v", res.Rows[2].CheckSeconds, res.Rows[3].CheckSeconds)
+	}
+
+	lines := strings.Split(strings.TrimRight(res.Table, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if !regexp.MustCompile(`^lsp-recovery: -?[0-9]+\.[0-9]{2}$`).MatchString(last) || last != fmt.Sprintf("lsp-recovery: %.2f", *res.Recovery) {
+		t.Errorf("last line %q", last)
+	}
+	if !strings.HasPrefix(lines[0], "| row ") || !strings.Contains(res.Table, "| lsp (no fit) ") ||
+		!strings.Contains(res.Table, "dense params (embeddings, norms and biases) are trained on the device") {
+		t.Errorf("table:\n%s", res.Table)
+	}
+
+	if md, err := os.ReadFile(res.MD); err != nil || string(md) != res.Table {
+		t.Errorf("%s: %v; differs from the printed table: %v", res.MD, err, string(md) != res.Table)
+	}
+	raw, err := os.ReadFile(res.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Result
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatalf("%s: %v", res.JSON, err)
+	}
+	if len(back.Rows) != 4 || back.Recovery == nil || *back.Recovery != *res.Recovery || back.L0 != res.L0 {
+		t.Errorf("%s does not hold the numbers: %s", res.JSON, raw)
+	}
+	f, err := os.Open(res.PNG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("%s: %v", res.PNG, err)
+	}
+}

@@ -1,0 +1,32 @@
+// Mode and DenseParams as flag values (flag.Value), so the command parses
+// --mode and --dense-params once, where they are given, and the rest of the
+// program holds typed values.
+
+package engine
+
+// String is the mode's flag spelling.
+func (m Mode) String() string { return string(m) }
+
+// Set parses a --mode value (flag.Value).
+func (m *Mode) Set(s string) error {
+	v, err := ParseMode(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// String is the flag spelling; "" is the unset default (frozen from a
+// checkpoint, device for a preset).
+func (d DenseParams) String() string { return string(d) }
+
+// Set parses a --dense-params value (flag.Value).
+func (d *DenseParams) Set(s string) error {
+	v, err := ParseDenseParams(s)
+	if err != nil {
+		return err
+	}
+	*d = v
+	return nil
+}

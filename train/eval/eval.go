@@ -1,0 +1,84 @@
+// Package eval measures and uses a trained model: the mean loss on held-out
+// examples, greedy exact match on held-out prompts, text generation with
+// greedy, temperature and nucleus sampling, and the sample command's job
+// (load an exported model, continue a prompt).
+//
+// Limits: generation has no KV cache (see generate.go); the model is a
+// GPT-2 on one backend stream.
+package eval
+
+import (
+	"math"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// batchLoss uploads a batch, runs the forward pass and the loss (no
+// backward), and returns the sum of the batch's per-token losses.
+func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch) (float64, error) {
+	if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
+		return 0, err
+	}
+	if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
+		return 0, err
+	}
+	if err := m.Forward(s); err != nil {
+		return 0, err
+	}
+	if err := m.CrossEntropy(s, 0); err != nil {
+		return 0, err
+	}
+	losses, err := backend.Download(be, s, m.Losses)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range losses {
+		sum += float64(l)
+	}
+	return sum, nil
+}
+
+// Loss is the mean loss per target token over examples (NaN when they
+// have no target).
+func Loss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
+	var sum float64
+	n := 0
+	for _, b := range data.EvalBatches(examples, m.B, m.T) {
+		l, err := batchLoss(be, s, m, b)
+		if err != nil {
+			return 0, err
+		}
+		sum += l
+		n += b.NumTargets
+	}
+	if n == 0 {
+		return math.NaN(), nil
+	}
+	return sum / float64(n), nil
+}
+
+// ExactMatch is the share of records whose greedy continuation of the
+// prompt, up to EOS, equals the response exactly.
+func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
+	prompts := make([][]int32, len(recs))
+	maxNew := 1
+	for i, rec := range recs {
+		prompts[i] = tok.Encode(rec.Prompt)
+		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
+	}
+	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
+	if err != nil {
+		return 0, err
+	}
+	hits := 0
+	for i, o := range outs {
+		if tok.Decode(o) == recs[i].Response {
+			hits++
+		}
+	}
+	return float64(hits) / float64(len(recs)), nil
+}

@@ -1,0 +1,17 @@
+// ClipMode as a flag value (flag.Value), so --clip-mode is parsed once,
+// where it is given.
+
+package optim
+
+// String is the clip mode's flag spelling.
+func (c ClipMode) String() string { return string(c) }
+
+// Set parses a --clip-mode value (flag.Value).
+func (c *ClipMode) Set(s string) error {
+	v, err := ParseClipMode(s)
+	if err != nil {
+		return err
+	}
+	*c = v
+	return nil
+}
