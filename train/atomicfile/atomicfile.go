@@ -66,17 +66,17 @@ func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err e
 	}
 	// CreateTemp uses 0600; set the requested mode before the file becomes visible.
 	if err = tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("atomicfile: chmod %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: chmod %s: %w", path, tmpName, err)
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("atomicfile: fsync %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: fsync %s: %w", path, tmpName, err)
 	}
 	closed = true
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("atomicfile: close %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: close %s: %w", path, tmpName, err)
 	}
 	if err = faults.Point("temp-fsynced", base); err != nil {
-		return fmt.Errorf("atomicfile: fsync %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: fsync %s: %w", path, tmpName, err)
 	}
 	if err = os.Rename(tmpName, path); err != nil {
 		return fmt.Errorf("atomicfile: rename %s to %s: %w", tmpName, path, err)

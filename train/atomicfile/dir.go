@@ -41,13 +41,13 @@ func WriteDir(path string, perm os.FileMode, fn func(tmp string) error) (err err
 		}
 	}()
 	if err = os.Chmod(tmp, perm); err != nil {
-		return fmt.Errorf("atomicfile: chmod %s: %w", tmp, err)
+		return fmt.Errorf("atomicfile: write %s: chmod %s: %w", path, tmp, err)
 	}
 	if err = fn(tmp); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
 	}
 	if err = syncDir(tmp); err != nil {
-		return fmt.Errorf("atomicfile: fsync %s: %w", tmp, err)
+		return fmt.Errorf("atomicfile: write %s: fsync %s: %w", path, tmp, err)
 	}
 	if err = faults.Point("dir-written", base); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
