@@ -29,11 +29,13 @@ gotest:
 
 # The race-free pass: every edge of the offload schedule removed in turn
 # (those runs race on purpose, so the race detector would flag them), the
-# pipelined-vs-sequential check at full length, the compare job, and the
-# train command killed (SIGKILL) once at every named write point and
-# resumed (child processes, slow under -race).
+# pipelined-vs-sequential check at full length, the compare job, a full
+# disk at every write point (injected, and on a tmpfs where one mounts),
+# and the train command killed (SIGKILL) once at every named write point
+# and resumed (child processes, slow under -race).
 gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
+	$(GO) test -count=1 -run 'TestDiskFull' ./train/
 	$(GO) test -count=1 -run 'TestKillNamedPoints' ./cmd/lsp-train/
 
 # `make test-kill`: the train command killed with SIGKILL at every named

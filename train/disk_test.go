@@ -80,6 +80,9 @@ func fileBytes(t *testing.T, path string) []byte {
 
 // TestDiskFull fills the disk at each write point of each output.
 func TestDiskFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two dozen runs, slow under -race; runs in make test's race-free pass (gotest-norace)")
+	}
 	base := quickConfig(t, writeModel(t, microConfig(16, 1)))
 	base.CheckpointEvery = 2
 	ref := base
@@ -213,7 +216,7 @@ func fill(t *testing.T, dir string, keep int64) string {
 // byte, then freed.
 func TestDiskFullTmpfs(t *testing.T) {
 	if testing.Short() {
-		t.Skip("mounts a tmpfs; runs without -short")
+		t.Skip("mounts a tmpfs; runs in make test's race-free pass (gotest-norace)")
 	}
 	mnt := mountTmpfs(t, "4m")
 	c := quickConfig(t, writeModel(t, microConfig(16, 1)))
