@@ -29,9 +29,26 @@ gotest:
 
 # The race-free pass: every edge of the offload schedule removed in turn
 # (those runs race on purpose, so the race detector would flag them), the
-# pipelined-vs-sequential check at full length, and the compare job.
+# pipelined-vs-sequential check at full length, the compare job, a full
+# disk at every write point (injected, and on a tmpfs where one mounts),
+# and the train command killed (SIGKILL) once at every named write point
+# and resumed (child processes, slow under -race).
 gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
+	$(GO) test -count=1 -run 'TestDiskFull' ./train/
+	$(GO) test -count=1 -run 'TestKillNamedPoints' ./cmd/lsp-train/
+
+# `make test-kill`: the train command killed with SIGKILL at every named
+# write point, then KILLS more times at seeded random points and moments
+# in native, zero and lsp mode, resumed after each kill; the outputs must
+# equal an uninterrupted run's bit for bit. KILL_SEED=N replays a seed
+# (each run logs its own).
+KILLS ?= 40
+.PHONY: test-kill
+test-kill:
+	@log=$$(mktemp); LSP_KILL_TEST_KILLS=$(KILLS) $(if $(KILL_SEED),LSP_KILL_TEST_SEED=$(KILL_SEED)) \
+		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
+	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
 test: fmt-check vet gotest gotest-norace simtest
 

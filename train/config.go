@@ -44,6 +44,7 @@ type Config struct {
 	EvalGenerate    int     // --eval-generate: held-out prompts scored by exact match per eval
 	CheckpointEvery int     // --checkpoint-every: steps between checkpoints (0: only at the end)
 	Resume          bool    // --resume: continue from <out>/checkpoint.safetensors
+	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
 	Mode          engine.Mode        // --mode: native, zero or lsp (DESIGN.md section 1)
@@ -169,6 +170,7 @@ func (c Config) Validate() error {
 		}
 	}
 	check(c.Out != "", "out", "must not be empty")
+	check(!c.Resume || !c.Overwrite, "overwrite", "contradicts --resume: --resume continues the run in --out, --overwrite replaces it")
 	check(c.Model != "", "model", "must not be empty")
 	check(c.Data != "", "data", "must not be empty")
 	return errors.Join(errs...)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
@@ -97,7 +98,12 @@ func describeModel(mc gpt2.Config) []any {
 	return []any{"params", mc.NumParams(), "layers", mc.L, "width", mc.C, "heads", mc.NH, "vocab", mc.V}
 }
 
-// exportModel writes the weights vals of mc as a Hugging Face directory.
+// exportModel writes the weights vals of mc as a Hugging Face directory,
+// as a whole: into a temp directory that replaces dir only when complete,
+// so that a crash mid-export never leaves a half-written dir that
+// transformers would load, and an earlier export stays until then.
 func exportModel(dir string, mc gpt2.Config, vals []float32) error {
-	return gpt2.ExportHF(dir, mc, vals)
+	return atomicfile.WriteDir(dir, 0o755, func(tmp string) error {
+		return gpt2.ExportHF(tmp, mc, vals)
+	})
 }

@@ -28,6 +28,7 @@ var resumeMayDiffer = map[string]string{
 	"CheckpointEvery": "checkpoints are bit-for-bit resumable at any step",
 	"Resume":          "differs by definition",
 	"Out":             "where the checkpoint is; resume reads it from there",
+	"Overwrite":       "what happens to an earlier run's outputs, not what this run computes",
 	"Model":           "checked by architecture instead: checkpoint.Load refuses another model's checkpoint",
 
 	// Where and how fast it runs: same results bit for bit.

@@ -11,18 +11,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
+	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -150,6 +155,7 @@ func (r *run) close() {
 // the memory plan is checked and the engine is built.
 func (r *run) setup() error {
 	for _, step := range []func() error{
+		r.checkOut,
 		r.resolveModel,
 		r.loadData,
 		r.checkMemory,
@@ -162,6 +168,69 @@ func (r *run) setup() error {
 		if err := step(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkOut refuses a non-empty --out unless --resume continues the run
+// in it or --overwrite replaces its outputs, so that another run's
+// checkpoint and metrics are never overwritten by mistake.
+func (r *run) checkOut() error {
+	if r.cfg.Resume || r.cfg.Overwrite {
+		return nil
+	}
+	ents, err := os.ReadDir(r.cfg.Out)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return flagErr("out", "%v", err)
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	var names []string
+	for _, e := range ents[:min(len(ents), 4)] {
+		names = append(names, e.Name())
+	}
+	if len(ents) > 4 {
+		names = append(names, "...")
+	}
+	return flagErr("out", "%s is not empty (%s): it holds another run's outputs; continue that run with --resume, "+
+		"replace its outputs with --overwrite, or choose another --out", r.cfg.Out, strings.Join(names, ", "))
+}
+
+// previousOutputs are the files and directories of a run's outputs that
+// --overwrite removes before a new run starts in the same --out.
+var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf"}
+
+// prepareOut creates --out, removes what a killed run's atomic writes
+// left there, and with --overwrite (and no --resume) the outputs of the
+// run before, so that a kill before this run's first checkpoint cannot
+// leave another run's checkpoint to resume.
+func (r *run) prepareOut() error {
+	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {
+		return flagErr("out", "%v", err)
+	}
+	removed, err := atomicfile.Clean(r.cfg.Out)
+	if err != nil {
+		return flagErr("out", "%v", err)
+	}
+	if len(removed) > 0 {
+		r.log.Info("removed the leftovers of an interrupted write", "out", r.cfg.Out, "names", removed)
+	}
+	if !r.cfg.Overwrite || r.cfg.Resume {
+		return nil
+	}
+	for _, name := range previousOutputs {
+		p := filepath.Join(r.cfg.Out, name)
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return flagErr("out", "--overwrite: %v", err)
+		}
+		r.log.Info("--overwrite: removed an earlier run's output", "path", p)
 	}
 	return nil
 }
@@ -273,11 +342,11 @@ func (r *run) buildLoader() error {
 	return nil
 }
 
-// resumeOrInit creates --out, then restores the checkpoint there
+// resumeOrInit prepares --out, then restores the checkpoint there
 // (--resume) or sets the initial weights and optimizer state.
 func (r *run) resumeOrInit() error {
-	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {
-		return flagErr("out", "%v", err)
+	if err := r.prepareOut(); err != nil {
+		return err
 	}
 	if r.cfg.Resume {
 		return r.resume()
@@ -318,7 +387,7 @@ func (r *run) resume() error {
 func (r *run) openMetrics() error {
 	var err error
 	if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
-		return err
+		return diskHint(err)
 	}
 	r.log.Info("model", append(append([]any{"model", r.cfg.Model}, describeModel(r.mc)...),
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
@@ -442,12 +511,12 @@ func (r *run) recordStep(loss, lr, tokensPerSec float64) error {
 	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(tokensPerSec),
 		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
 	if err := r.mw.Write(rec); err != nil {
-		return err
+		return diskHint(err)
 	}
 	if r.prog != nil {
 		r.prog.Update(r.step, loss, tokensPerSec)
 	}
-	return nil
+	return faults.Point("step", "")
 }
 
 // periodic evaluates and checkpoints when --eval-every and
@@ -468,9 +537,18 @@ func (r *run) periodic(res *Result) error {
 	return nil
 }
 
-// finish checkpoints; unless the run was interrupted it then evaluates the
-// final weights (once), exports them and plots the losses.
+// finish evaluates the final weights (once, unless the run was
+// interrupted) and checkpoints; unless interrupted it then exports the
+// weights and plots the losses. The eval comes before the checkpoint, as
+// in periodic, so that a run killed after its last checkpoint and resumed
+// finds the final eval in its metrics already.
 func (r *run) finish(res *Result) error {
+	if !res.Interrupted && r.lastEval != r.step {
+		if err := r.evaluate(res); err != nil {
+			return err
+		}
+		r.lastEval = r.step
+	}
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
@@ -478,25 +556,30 @@ func (r *run) finish(res *Result) error {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
 		return nil
 	}
-	if r.lastEval != r.step {
-		if err := r.evaluate(res); err != nil {
-			return err
-		}
-	}
 	vals, err := backend.Download(r.be, r.s, r.model.Params)
 	if err != nil {
 		return err
 	}
 	res.Export = filepath.Join(r.cfg.Out, "hf")
 	if err := exportModel(res.Export, r.mc, vals); err != nil {
-		return err
+		return diskHint(err)
 	}
 	recs, err := metrics.ReadFile(res.Metrics)
 	if err != nil {
 		return err
 	}
 	res.Plot = filepath.Join(r.cfg.Out, "loss.png")
-	return metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", r.cfg.Model, r.cfg.Data))
+	return diskHint(metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", r.cfg.Model, r.cfg.Data)))
+}
+
+// diskHint adds what to do to an error of a write that found the disk
+// full; other errors (and nil) pass unchanged.
+func diskHint(err error) error {
+	if err == nil || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	return fmt.Errorf("%w; the disk holding --out is full: free space, then continue with the same flags plus --resume "+
+		"(the last complete checkpoint is kept)", err)
 }
 
 // checkFinite is nil when v, the step's what (a loss or a norm), is
@@ -537,7 +620,7 @@ func (r *run) checkProjectors() error {
 			r.log.Warn("projector fit did not reach --alpha; training continues with the best projectors found",
 				"matrix", p.Matrix, "ratio_before", p.RatioBefore, "ratio_after", p.RatioAfter, "alpha", r.cfg.Alpha, "iters", p.Iters)
 		}
-		rec := metrics.Record{Step: r.step, Event: "projector-check", Projector: &metrics.ProjectorCheck{
+		rec := metrics.Record{Step: r.step, Event: metrics.ProjectorCheckEvent, Projector: &metrics.ProjectorCheck{
 			Matrix: p.Matrix, RatioBefore: p.RatioBefore, RatioAfter: p.RatioAfter, Iters: p.Iters,
 			Resampled: p.Resampled, Reached: p.Reached, Change: p.Change, Rewarm: p.Rewarm, Seconds: p.Seconds}}
 		if err := r.mw.Write(rec); err != nil {
@@ -566,7 +649,10 @@ func (r *run) measurements() Measurements {
 func (r *run) saveCheckpoint() error {
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	r.cfg.resumeIdentity(r.fromCheckpoint).into(&st)
-	return checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Params, r.eng, st)
+	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Params, r.eng, st); err != nil {
+		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
+	}
+	return nil
 }
 
 // evaluate computes the eval loss and the exact match of greedy generation
@@ -594,6 +680,9 @@ func (r *run) evaluate(res *Result) error {
 		res.ExactMatch = em
 		rec.ExactMatch = metrics.F(em)
 	}
+	if err := faults.Point("eval", ""); err != nil {
+		return err
+	}
 	if rec.EvalLoss == nil && rec.ExactMatch == nil {
 		return nil
 	}
@@ -605,7 +694,7 @@ func (r *run) evaluate(res *Result) error {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *rec.ExactMatch))
 	}
 	r.logf("eval", args...)
-	return r.mw.Write(rec)
+	return diskHint(r.mw.Write(rec))
 }
 
 // logf logs through the progress display when there is one, so the bar

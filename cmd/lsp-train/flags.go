@@ -38,6 +38,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match at each evaluation")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", c.CheckpointEvery, "steps between checkpoints (0: only at the end)")
 	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors")
+	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot and hf/")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
 	fs.Var(&c.Device, "device", "`backend` to train on: cpu (cuda: not in this build yet)")
@@ -57,7 +58,19 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
 	fs.Var(&c.Schedule, "schedule", "`order` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
-	fs.StringVar(&c.Out, "out", c.Out, "output directory")
+	fs.StringVar(&c.Out, "out", c.Out, "output `directory`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
+}
+
+// reuseDefaultOut sets --overwrite when --out was given neither on the
+// command line nor in the config file (and --resume is not set): the
+// default out/ is the scratch directory of the plain command, which works
+// twice in a row; a directory the user named is never replaced unasked.
+func reuseDefaultOut(fs *flag.FlagSet, c *train.Config) {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "out" || f.Name == "overwrite" })
+	if !given && !c.Resume {
+		c.Overwrite = true
+	}
 }
 
 // applyConfigFile sets every flag named in a JSON object that was not given

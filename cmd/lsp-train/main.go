@@ -71,6 +71,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			return err
 		}
 	}
+	reuseDefaultOut(fs, &cfg)
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {

@@ -232,3 +232,34 @@ func TestReportInterrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestOutReuse: without --out the command reuses out/ (the README's first
+// command works twice); a named non-empty --out is refused the second
+// time, naming the directory and both ways on (--resume, --overwrite).
+func TestOutReuse(t *testing.T) {
+	model, err := filepath.Abs(killModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir())
+	args := []string{"--model", model, "--steps", "1", "--batch", "4", "--seq-len", "24", "--data", "builtin:reverse:200",
+		"--eval-generate", "0", "--threads", "1"}
+	for i := range 2 {
+		if code, stdout, stderr := runCmd(t, args...); code != 0 {
+			t.Fatalf("run %d without --out: exit %d\n%s\n%s", i+1, code, stdout, stderr)
+		}
+	}
+	named := append(args, "--out", "mine")
+	if code, _, stderr := runCmd(t, named...); code != 0 {
+		t.Fatalf("first run into --out mine: exit %d\n%s", code, stderr)
+	}
+	code, _, stderr := runCmd(t, named...)
+	for _, want := range []string{"--out", "mine", "--resume", "--overwrite"} {
+		if code == 0 || !strings.Contains(stderr, want) {
+			t.Errorf("second run into --out mine: exit %d, stderr does not name %q:\n%s", code, want, stderr)
+		}
+	}
+	if code, _, stderr := runCmd(t, append(named, "--overwrite")...); code != 0 {
+		t.Errorf("--overwrite: exit %d\n%s", code, stderr)
+	}
+}

@@ -4,7 +4,12 @@
 // Limits: atomicity relies on rename(2) within one directory, which POSIX file
 // systems provide; on network file systems or Windows the guarantees are
 // weaker. The new file gets exactly perm (set with chmod, so the umask does not
-// apply), not the old file's mode.
+// apply), not the old file's mode. A process killed mid-write leaves its temp
+// file (named .NAME.tmp-*) behind; Clean removes such leftovers.
+//
+// Every write passes the named points of train/faults (temp-partial,
+// temp-written, temp-fsynced, renamed, dir-fsynced), where tests inject a
+// kill or a full disk; unarmed, they cost nothing.
 package atomicfile
 
 import (
@@ -15,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/lsp-offload/lsp-offload/train/faults"
 )
 
 // WriteFile writes path atomically: it creates a temp file in the same
@@ -43,33 +50,75 @@ func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err e
 		}
 	}()
 
-	bw := bufio.NewWriterSize(tmp, 1<<20)
+	var out io.Writer = tmp
+	if faults.Armed() {
+		out = &partialPoint{w: tmp, file: base}
+	}
+	bw := bufio.NewWriterSize(out, 1<<20)
 	if err = fn(bw); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
 	}
 	if err = bw.Flush(); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
 	}
+	if err = faults.Point("temp-written", base); err != nil {
+		return fmt.Errorf("atomicfile: write %s: %w", path, err)
+	}
 	// CreateTemp uses 0600; set the requested mode before the file becomes visible.
 	if err = tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("atomicfile: chmod %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: chmod %s: %w", path, tmpName, err)
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("atomicfile: fsync %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: fsync %s: %w", path, tmpName, err)
 	}
 	closed = true
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("atomicfile: close %s: %w", tmpName, err)
+		return fmt.Errorf("atomicfile: write %s: close %s: %w", path, tmpName, err)
+	}
+	if err = faults.Point("temp-fsynced", base); err != nil {
+		return fmt.Errorf("atomicfile: write %s: fsync %s: %w", path, tmpName, err)
 	}
 	if err = os.Rename(tmpName, path); err != nil {
 		return fmt.Errorf("atomicfile: rename %s to %s: %w", tmpName, path, err)
 	}
-	// After the rename the new content is in place; a failing directory fsync
-	// only weakens durability, but it is still reported.
+	// After the rename the new content is in place (the temp name is gone,
+	// so nothing is left to remove); a failing directory fsync only weakens
+	// durability, but it is still reported.
+	if perr := faults.Point("renamed", base); perr != nil {
+		return fmt.Errorf("atomicfile: fsync directory of %s: %w", path, perr)
+	}
 	if serr := syncDir(dir); serr != nil {
 		return fmt.Errorf("atomicfile: fsync directory of %s: %w", path, serr)
 	}
+	if perr := faults.Point("dir-fsynced", base); perr != nil {
+		return fmt.Errorf("atomicfile: after writing %s: %w", path, perr)
+	}
 	return nil
+}
+
+// partialPoint passes the temp-partial fault point once, after the first
+// half of the first write reached the file, so that a kill there leaves a
+// partly written temp file. It is used only while a fault is armed.
+type partialPoint struct {
+	w      io.Writer
+	file   string
+	passed bool
+}
+
+func (p *partialPoint) Write(b []byte) (int, error) {
+	if p.passed || len(b) < 2 {
+		return p.w.Write(b)
+	}
+	p.passed = true
+	n, err := p.w.Write(b[:len(b)/2])
+	if err != nil {
+		return n, err
+	}
+	if err := faults.Point("temp-partial", p.file); err != nil {
+		return n, err
+	}
+	m, err := p.w.Write(b[len(b)/2:])
+	return n + m, err
 }
 
 // syncDir fsyncs a directory so that a rename in it survives a crash. Some

@@ -288,6 +288,9 @@ func base(c Config) train.Config {
 	cfg := train.Defaults()
 	cfg.Threads, cfg.Seed = c.Threads, c.Seed
 	cfg.EvalGenerate, cfg.CheckpointEvery = 0, 0
+	// Every run has its own subdirectory of --out, which the job re-runs
+	// into on purpose (a new pretraining, every row on every call).
+	cfg.Overwrite = true
 	return cfg
 }
 

@@ -4,8 +4,10 @@
 //
 // Limits of metrics.jsonl: a Writer is meant for one process; records are written
 // with one write call each, so a crash can cut at most the last line short,
-// and readers drop such a cut line. Lines are kept byte for byte on resume,
-// so fields this version does not know survive.
+// and readers drop such a cut line (a resumed run rewrites the file without
+// it). A write that fails part way (a full disk) is cut back off the file
+// at once, so no later record follows a broken line. Lines are kept byte
+// for byte on resume, so fields this version does not know survive.
 package metrics
 
 import (
@@ -16,10 +18,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/faults"
 )
 
 // Record is one line of metrics.jsonl. Optional values are pointers so that
@@ -37,6 +41,9 @@ type Record struct {
 	// Projector is one matrix's projector check in lsp mode.
 	Projector *ProjectorCheck `json:"projector,omitempty"`
 }
+
+// ProjectorCheckEvent is the Event of a projector check's record.
+const ProjectorCheckEvent = "projector-check"
 
 // ProjectorCheck is one matrix's projector check: the bias ratio
 // ||P P^T G Q Q^T - G|| / ||G|| before and after the fit, the fit's Adam
@@ -63,6 +70,7 @@ type Writer struct {
 	mu     sync.Mutex
 	path   string
 	f      *os.File
+	size   int64 // the file's length after the last complete record
 	start  time.Time
 	offset float64 // time_s of the last record kept on resume
 	now    func() time.Time
@@ -73,7 +81,10 @@ type Writer struct {
 // lines whose step is <= resumeStep, rewrites the file atomically with only
 // those, and appends after them, so a run resumed from a checkpoint at
 // resumeStep has no duplicated or orphaned steps; a missing file is created.
-// Times continue from the last kept record.
+// Projector checks at resumeStep are not kept: a run checks the projectors
+// before the step after its checkpoint (recording them at the checkpoint's
+// step), so a resumed run checks them again. Times continue from the last
+// kept record.
 func Create(path string, resumeStep int) (*Writer, error) {
 	w := &Writer{path: path, now: time.Now}
 	if resumeStep < 0 {
@@ -94,7 +105,7 @@ func Create(path string, resumeStep int) (*Writer, error) {
 	}
 	var keep [][]byte
 	for i, r := range recs {
-		if r.Step <= resumeStep {
+		if r.Step < resumeStep || r.Step == resumeStep && r.Event != ProjectorCheckEvent {
 			keep = append(keep, lines[i])
 			w.offset = max(w.offset, r.Time)
 		}
@@ -117,7 +128,12 @@ func Create(path string, resumeStep int) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	w.f, w.start = f, w.now()
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	w.f, w.size, w.start = f, st.Size(), w.now()
 	return w, nil
 }
 
@@ -137,10 +153,36 @@ func (w *Writer) Write(r Record) error {
 	if err != nil { // NaN or Inf in a field: JSON cannot hold them
 		return fmt.Errorf("metrics: write %s step %d: %w", w.path, r.Step, err)
 	}
-	if _, err := w.f.Write(append(b, '\n')); err != nil {
+	b = append(b, '\n')
+	if err := w.append(b); err != nil {
+		// Cut the partial line off, so the file stays valid JSON lines and
+		// a later record never follows a broken one.
+		if terr := w.f.Truncate(w.size); terr != nil {
+			err = errors.Join(err, fmt.Errorf("cutting the partial line off: %w", terr))
+		}
 		return fmt.Errorf("metrics: write %s: %w", w.path, err)
 	}
+	w.size += int64(len(b))
 	return nil
+}
+
+// append writes line in one call; while a fault is armed (tests) it
+// writes it in two halves with the metrics-partial point between them.
+func (w *Writer) append(line []byte) error {
+	base := filepath.Base(w.path)
+	if faults.Armed() {
+		if _, err := w.f.Write(line[:len(line)/2]); err != nil {
+			return err
+		}
+		if err := faults.Point("metrics-partial", base); err != nil {
+			return err
+		}
+		line = line[len(line)/2:]
+	}
+	if _, err := w.f.Write(line); err != nil {
+		return err
+	}
+	return faults.Point("metrics-appended", base)
 }
 
 // Close closes the file. Closing twice is not an error.

@@ -5,12 +5,16 @@
 package metrics
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/faults"
 )
 
 func steps(recs []Record) []int {
@@ -184,5 +188,54 @@ func TestWriteErrors(t *testing.T) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestFullDiskCutsPartialLine: a record whose line is half written when
+// the disk fills is cut off again, so the file stays whole lines and a
+// later record (after space is freed) does not follow a broken one; a
+// resume from a cut line written by a crash drops it.
+func TestFullDiskCutsPartialLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	w, err := Create(path, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Write(Record{Step: 1, TrainLoss: F(1)}); err != nil {
+		t.Fatal(err)
+	}
+	disarm, err := faults.Arm(faults.Fail, "metrics-partial@metrics.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Write(Record{Step: 2, TrainLoss: F(2)})
+	disarm()
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("err = %v, want ENOSPC naming %s", err, path)
+	}
+	if err := w.Write(Record{Step: 2, TrainLoss: F(2)}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadFile(path)
+	if err != nil || len(recs) != 2 || recs[1].Step != 2 {
+		t.Fatalf("records %+v, %v; want steps 1 and 2", recs, err)
+	}
+
+	// A crash's cut line at the end: dropped on resume, appends follow.
+	raw, _ := os.ReadFile(path)
+	if err := os.WriteFile(path, append(raw, `{"step":3,"train_lo`...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w2, err := Create(path, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Write(Record{Step: 3, TrainLoss: F(3)}); err != nil {
+		t.Fatal(err)
+	}
+	w2.Close()
+	if recs, err := ReadFile(path); err != nil || len(recs) != 3 || recs[2].Step != 3 {
+		t.Fatalf("after resume: %+v, %v", recs, err)
 	}
 }
