@@ -145,22 +145,7 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	tie := true
-	h := hfConfig{
-		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
-		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
-		Activation: "gelu_new", LayerNormEpsilon: float64(cfg.Eps), TieWordEmbeddings: &tie,
-		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
-	}
-	raw, err := json.MarshalIndent(h, "", "  ")
-	if err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	err = atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
-		_, err := w.Write(append(raw, '\n'))
-		return err
-	})
-	if err != nil {
+	if err := writeHFConfig(dir, cfg); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	var ts []safetensors.Tensor
@@ -171,6 +156,25 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	return nil
+}
+
+// writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config.
+func writeHFConfig(dir string, cfg Config) error {
+	tie := true
+	h := hfConfig{
+		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
+		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
+		Activation: "gelu_new", LayerNormEpsilon: float64(cfg.Eps), TieWordEmbeddings: &tie,
+		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
+	}
+	raw, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
+		_, err := w.Write(append(raw, '\n'))
+		return err
+	})
 }
 
 // Init returns GPT-2's initialisation for training from scratch, drawn from
