@@ -33,7 +33,7 @@ type hfConfig struct {
 	NHead              int      `json:"n_head"`
 	NInner             *int     `json:"n_inner"`
 	Activation         string   `json:"activation_function"`
-	LayerNormEpsilon   float64  `json:"layer_norm_epsilon"`
+	LayerNormEpsilon   *float64 `json:"layer_norm_epsilon"`
 	TieWordEmbeddings  *bool    `json:"tie_word_embeddings,omitempty"`
 	ResidPdrop         float64  `json:"resid_pdrop"`
 	EmbdPdrop          float64  `json:"embd_pdrop"`
@@ -76,9 +76,14 @@ func ReadHFConfig(dir string) (Config, error) {
 	if h.ScaleAttnWeights != nil && !*h.ScaleAttnWeights || h.ScaleByInverseIdx || h.ReorderAndUpcast {
 		return Config{}, fmt.Errorf("checkpoint %s: non-default attention scaling options not supported", path)
 	}
-	c := Config{V: h.VocabSize, MaxT: h.NPositions, C: h.NEmbd, L: h.NLayer, NH: h.NHead, Eps: float32(h.LayerNormEpsilon)}
-	if c.Eps == 0 {
-		c.Eps = 1e-5
+	c := Config{V: h.VocabSize, MaxT: h.NPositions, C: h.NEmbd, L: h.NLayer, NH: h.NHead, Eps: 1e-5}
+	if e := h.LayerNormEpsilon; e != nil {
+		// The model computes in float32: an epsilon that float32 cannot
+		// hold (1e300 is +Inf, 1e-50 is 0) is refused, not changed.
+		c.Eps = float32(*e)
+		if *e > 0 && (c.Eps == 0 || math.IsInf(float64(c.Eps), 0)) {
+			return Config{}, fmt.Errorf("checkpoint %s: layer_norm_epsilon=%g is outside float32's range", path, *e)
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
@@ -160,11 +165,11 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 
 // writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config.
 func writeHFConfig(dir string, cfg Config) error {
-	tie := true
+	tie, eps := true, float64(cfg.Eps)
 	h := hfConfig{
 		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
 		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
-		Activation: "gelu_new", LayerNormEpsilon: float64(cfg.Eps), TieWordEmbeddings: &tie,
+		Activation: "gelu_new", LayerNormEpsilon: &eps, TieWordEmbeddings: &tie,
 		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
 	}
 	raw, err := json.MarshalIndent(h, "", "  ")

@@ -303,3 +303,37 @@ func TestHFCacheLayout(t *testing.T) {
 		t.Fatal("the linked directory loads differently from the fixture")
 	}
 }
+
+// layer_norm_epsilon that float32 cannot hold is refused rather than
+// replaced (1e-50 used to become the default 1e-5, 1e300 became +Inf and
+// broke the export: FuzzHFConfig); a missing or null one is GPT-2's 1e-5.
+func TestHFConfigEpsilon(t *testing.T) {
+	base := `{"vocab_size":5,"n_positions":3,"n_embd":2,"n_layer":1,"n_head":1`
+	for _, tc := range []struct {
+		extra, want string
+		eps         float32
+	}{
+		{``, "", 1e-5},
+		{`,"layer_norm_epsilon":null`, "", 1e-5},
+		{`,"layer_norm_epsilon":1e-6`, "", 1e-6},
+		{`,"layer_norm_epsilon":1e300`, "outside float32's range", 0},
+		{`,"layer_norm_epsilon":1e-50`, "outside float32's range", 0},
+		{`,"layer_norm_epsilon":0`, "must be positive", 0},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(base+tc.extra+"}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, w := seedDir(t, fuzzCfg, nil)
+		if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), w, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := ReadHFConfig(dir)
+		switch {
+		case tc.want == "" && (err != nil || cfg.Eps != tc.eps):
+			t.Errorf("%s: eps %g, err %v; want %g", tc.extra, cfg.Eps, err, tc.eps)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: err %v, want %q", tc.extra, err, tc.want)
+		}
+	}
+}
