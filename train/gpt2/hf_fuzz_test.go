@@ -17,6 +17,7 @@ package gpt2
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -139,6 +140,19 @@ func FuzzHFConfig(f *testing.F) {
 	f.Fuzz(checkHFConfig)
 }
 
+// sparseWeights makes dir/model.safetensors a 1 GiB file of holes (no
+// disk used): ReadHFConfig judges a config against the weights file's size,
+// and this one can hold any config of up to half a billion parameters.
+func sparseWeights(t *testing.T, dir string) {
+	p := filepath.Join(dir, "model.safetensors")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // checkHFConfig is FuzzHFConfig's property: ReadHFConfig refuses config
 // naming the file, or returns a valid Config that writeHFConfig and
 // ReadHFConfig carry over unchanged.
@@ -148,6 +162,7 @@ func checkHFConfig(t *testing.T, config []byte) {
 	if err := os.WriteFile(path, config, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	sparseWeights(t, dir)
 	var cfg Config
 	var err error
 	used := allocated(func() { cfg, err = ReadHFConfig(dir) })
@@ -167,6 +182,7 @@ func checkHFConfig(t *testing.T, config []byte) {
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	sparseWeights(t, out)
 	if err := writeHFConfig(out, cfg); err != nil {
 		t.Fatalf("writing back config %+v: %v", cfg, err)
 	}
@@ -334,6 +350,65 @@ func TestHFConfigEpsilon(t *testing.T) {
 			t.Errorf("%s: eps %g, err %v; want %g", tc.extra, cfg.Eps, err, tc.eps)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: err %v, want %q", tc.extra, err, tc.want)
+		}
+	}
+}
+
+// A config.json claiming a huge model next to a small weights file is
+// refused before anything of the claimed size is allocated: by the file's
+// size (n_embd = 1e12 overflows, n_layer = 1e9 needs terabytes), or by its
+// tensor count (n_layer = 2000 in a file of the right size but one tensor,
+// which would otherwise build a 24000-entry layout first).
+func TestHugeConfigRefusedBeforeAllocation(t *testing.T) {
+	_, tiny := seedDir(t, fuzzCfg, nil)
+	big := filepath.Join(t.TempDir(), "big.safetensors")
+	if err := safetensors.Write(big, []safetensors.Tensor{{Name: "blob", DType: safetensors.U8, Shape: []int{1 << 17}, Data: make([]byte, 1<<17)}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	oneTensor, err := os.ReadFile(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := `{"vocab_size":%d,"n_positions":3,"n_embd":%d,"n_layer":%d,"n_head":1}`
+	for _, tc := range []struct {
+		config  string
+		weights []byte
+		want    string
+	}{
+		{fmt.Sprintf(base, 5, 1000000000000, 1), tiny, "overflows"},
+		{fmt.Sprintf(base, 5, 2, 1000000000), tiny, "holds"},
+		{fmt.Sprintf(base, math.MaxInt, 2, 1), tiny, "overflows"},
+		{fmt.Sprintf(base, 5, 1000000, 1), tiny, "holds"},
+		{fmt.Sprintf(base, 1, 1, 2000), oneTensor, "too few for n_layer=2000"},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tc.config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), tc.weights, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		used := allocated(func() { _, _, err = LoadHF(dir) })
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), dir) {
+			t.Errorf("%s: err = %v, want one naming %s and saying %q", tc.config, err, dir, tc.want)
+		}
+		if limit := 4*uint64(len(tc.weights)) + allocSlack; used > limit {
+			t.Errorf("%s: refusing it allocated %d bytes (limit %d)", tc.config, used, limit)
+		}
+	}
+}
+
+// paramCount agrees with the layout wherever the layout can be built.
+func TestParamCount(t *testing.T) {
+	cfgs := []Config{fuzzCfg, {V: 1, MaxT: 1, C: 1, L: 3, NH: 1, Eps: 1}}
+	for _, name := range Presets() {
+		c, _ := Preset(name)
+		cfgs = append(cfgs, c)
+	}
+	for _, c := range cfgs {
+		if n, ok := paramCount(c); !ok || n != c.NumParams() {
+			t.Errorf("%+v: paramCount %d %v, NumParams %d", c, n, ok, c.NumParams())
 		}
 	}
 }
