@@ -240,3 +240,29 @@ func TestHugeClaimsRefusedBeforeAllocation(t *testing.T) {
 		})
 	}
 }
+
+// Converting a tensor of the wrong dtype is refused before the output is
+// allocated: a 1 MiB U8 tensor used to cost 4 MiB (Float32) or 8 MiB
+// (Int64) on its way to the error.
+func TestWrongDTypeAllocatesNothing(t *testing.T) {
+	const n = 1 << 20
+	p := filepath.Join(t.TempDir(), "u8.safetensors")
+	if err := Write(p, []Tensor{{Name: "w", DType: U8, Shape: []int{n}, Data: make([]byte, n)}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ferr, ierr error
+	used := allocated(func() {
+		_, _, ferr = f.Float32("w")
+		_, _, ierr = f.Int64("w")
+	})
+	if ferr == nil || ierr == nil {
+		t.Fatalf("U8 converted: Float32 err %v, Int64 err %v", ferr, ierr)
+	}
+	if used > n/4 {
+		t.Fatalf("refusing to convert a %d-byte U8 tensor allocated %d bytes", n, used)
+	}
+}
