@@ -4,7 +4,7 @@
 GO      ?= go
 NVCC    ?= $(shell command -v nvcc 2>/dev/null)
 
-.PHONY: all build test fmt-check vet gotest gotest-norace bench bench-train clean
+.PHONY: all build test fmt-check vet gotest gotest-norace bench bench-train clean fuzz
 
 all: build
 
@@ -58,6 +58,33 @@ bench: bench-gemm bench-train
 
 bench-train:
 	$(GO) run ./bench/train
+
+# `make fuzz`: Go's native fuzzing of every parser of a file a user may have
+# downloaded (safetensors, the Hugging Face GPT-2 directory, Alpaca JSON/JSONL
+# and plain text, the tokenizers on that text), one target after another for
+# FUZZTIME each, on one worker (FUZZPAR) so it shares the machine politely.
+# The seed corpora (f.Add and testdata/fuzz/FuzzXxx) already run in every
+# `go test`; a crash found here is written to the package's testdata/fuzz/ as
+# a new regression seed. FUZZ=regexp picks targets, e.g. make fuzz FUZZ=Open.
+FUZZTIME ?= 2m
+FUZZPAR  ?= 1
+FUZZ     ?= .
+FUZZ_TARGETS = \
+	./train/safetensors:FuzzOpen \
+	./train/gpt2:FuzzHFConfig \
+	./train/gpt2:FuzzLoadHF \
+	./train/data:FuzzAlpaca \
+	./train/data:FuzzText \
+	./train/tokenizer:FuzzEncode \
+	./train/tokenizer:FuzzDecode
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "$$fn" | grep -Eq -e '$(FUZZ)' || continue; \
+		echo "== $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -parallel $(FUZZPAR) $$pkg; \
+	done
 
 clean:
 	rm -rf bin build

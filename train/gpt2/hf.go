@@ -33,7 +33,7 @@ type hfConfig struct {
 	NHead              int      `json:"n_head"`
 	NInner             *int     `json:"n_inner"`
 	Activation         string   `json:"activation_function"`
-	LayerNormEpsilon   float64  `json:"layer_norm_epsilon"`
+	LayerNormEpsilon   *float64 `json:"layer_norm_epsilon"`
 	TieWordEmbeddings  *bool    `json:"tie_word_embeddings,omitempty"`
 	ResidPdrop         float64  `json:"resid_pdrop"`
 	EmbdPdrop          float64  `json:"embd_pdrop"`
@@ -76,18 +76,84 @@ func ReadHFConfig(dir string) (Config, error) {
 	if h.ScaleAttnWeights != nil && !*h.ScaleAttnWeights || h.ScaleByInverseIdx || h.ReorderAndUpcast {
 		return Config{}, fmt.Errorf("checkpoint %s: non-default attention scaling options not supported", path)
 	}
-	c := Config{V: h.VocabSize, MaxT: h.NPositions, C: h.NEmbd, L: h.NLayer, NH: h.NHead, Eps: float32(h.LayerNormEpsilon)}
-	if c.Eps == 0 {
-		c.Eps = 1e-5
+	c := Config{V: h.VocabSize, MaxT: h.NPositions, C: h.NEmbd, L: h.NLayer, NH: h.NHead, Eps: 1e-5}
+	if e := h.LayerNormEpsilon; e != nil {
+		// The model computes in float32: an epsilon that float32 cannot
+		// hold (1e300 is +Inf, 1e-50 is 0) is refused, not changed.
+		c.Eps = float32(*e)
+		if *e > 0 && (c.Eps == 0 || math.IsInf(float64(c.Eps), 0)) {
+			return Config{}, fmt.Errorf("checkpoint %s: layer_norm_epsilon=%g is outside float32's range", path, *e)
+		}
 	}
 	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if err := checkFits(filepath.Join(dir, "model.safetensors"), c); err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	return c, nil
 }
 
+// minParamBytes is the least storage of one parameter in a weights file:
+// two bytes (BF16, F16), the narrowest dtype LoadWeights converts.
+const minParamBytes = 2
+
+// paramCount is cfg.NumParams computed without building the layout and
+// without overflow; ok is false when the count does not fit in an int.
+// Per layer: 12*C*C weights and 13*C biases and LayerNorm parameters.
+func paramCount(c Config) (n int, ok bool) {
+	mul := func(a, b int) int {
+		if a != 0 && b > math.MaxInt/a {
+			ok = false
+			return 0
+		}
+		return a * b
+	}
+	add := func(a, b int) int {
+		if a > math.MaxInt-b {
+			ok = false
+			return 0
+		}
+		return a + b
+	}
+	ok = true
+	perLayer := add(mul(12, mul(c.C, c.C)), mul(13, c.C))
+	n = add(add(mul(c.V, c.C), mul(c.MaxT, c.C)), add(mul(c.L, perLayer), mul(2, c.C)))
+	return n, ok
+}
+
+// checkFits refuses a config whose parameters cannot be in the weights
+// file, judged by the file's size alone, so that an absurd config.json
+// (n_embd = 1e12, n_layer = 1e9) is refused before anything is allocated
+// for it: by the loader here, and by callers that build a model from
+// ReadHFConfig before loading the weights. os.Stat follows a symbolic
+// link, as Hugging Face's cache needs (see LoadHF).
+func checkFits(weightsPath string, c Config) error {
+	st, err := os.Stat(weightsPath)
+	if err != nil {
+		return err
+	}
+	n, ok := paramCount(c)
+	if !ok {
+		return fmt.Errorf("the parameter count of n_embd=%d n_layer=%d vocab_size=%d n_positions=%d overflows",
+			c.C, c.L, c.V, c.MaxT)
+	}
+	if int64(n) > st.Size()/minParamBytes {
+		return fmt.Errorf("the config declares %d parameters (n_embd=%d n_layer=%d vocab_size=%d n_positions=%d) of at least %d bytes each, but %s holds %d bytes",
+			n, c.C, c.L, c.V, c.MaxT, minParamBytes, weightsPath, st.Size())
+	}
+	return nil
+}
+
 // LoadHF reads a Hugging Face GPT-2 directory: its config and every
 // parameter, in Layout order, as fp32.
+//
+// The directory's file names are fixed (config.json, model.safetensors; no
+// index of shards), so no name read from a file can lead out of it. The two
+// files may be symbolic links anywhere: Hugging Face's own cache makes
+// snapshots/<rev>/model.safetensors a link to ../../blobs/<hash>, so
+// refusing links, or links out of the directory, would refuse every model
+// downloaded with transformers.
 func LoadHF(dir string) (Config, []float32, error) {
 	cfg, err := ReadHFConfig(dir)
 	if err != nil {
@@ -99,13 +165,27 @@ func LoadHF(dir string) (Config, []float32, error) {
 
 // LoadWeights reads every parameter of cfg from a safetensors file,
 // checking each shape against the config.
+// The file's size bounds what the config may claim (checkFits), and its
+// tensor count bounds the layout, before either is allocated.
 func LoadWeights(path string, cfg Config) ([]float32, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if err := checkFits(path, cfg); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
 	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	vals := make([]float32, cfg.NumParams())
-	for _, p := range cfg.Layout() {
+	// Every layer has perLayer tensors, plus wte, wpe and ln_f's two.
+	if have := len(f.Names()); cfg.L > (have-4)/perLayer {
+		return nil, fmt.Errorf("checkpoint %s: %d tensors, too few for n_layer=%d (%d per layer)", path, have, cfg.L, perLayer)
+	}
+	layout := cfg.Layout()
+	last := layout[len(layout)-1]
+	vals := make([]float32, last.Offset+last.Len())
+	for _, p := range layout {
 		name := p.Name
 		if _, ok := f.Info(name); !ok {
 			name = strings.TrimPrefix(p.Name, "transformer.")
@@ -128,7 +208,7 @@ func LoadWeights(path string, cfg Config) ([]float32, error) {
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
 		}
-		wte := cfg.Layout()[0]
+		wte := layout[0]
 		if !slices.Equal(head, vals[wte.Offset:wte.Offset+wte.Len()]) {
 			return nil, fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", path)
 		}
@@ -145,22 +225,7 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	tie := true
-	h := hfConfig{
-		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
-		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
-		Activation: "gelu_new", LayerNormEpsilon: float64(cfg.Eps), TieWordEmbeddings: &tie,
-		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
-	}
-	raw, err := json.MarshalIndent(h, "", "  ")
-	if err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	err = atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
-		_, err := w.Write(append(raw, '\n'))
-		return err
-	})
-	if err != nil {
+	if err := writeHFConfig(dir, cfg); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	var ts []safetensors.Tensor
@@ -171,6 +236,25 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	return nil
+}
+
+// writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config.
+func writeHFConfig(dir string, cfg Config) error {
+	tie, eps := true, float64(cfg.Eps)
+	h := hfConfig{
+		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
+		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
+		Activation: "gelu_new", LayerNormEpsilon: &eps, TieWordEmbeddings: &tie,
+		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
+	}
+	raw, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
+		_, err := w.Write(append(raw, '\n'))
+		return err
+	})
 }
 
 // Init returns GPT-2's initialisation for training from scratch, drawn from

@@ -319,8 +319,14 @@ func (f *File) Float32(name string) ([]float32, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	n := ti.NumElements()
-	out := make([]float32, n)
+	// The dtype is checked before allocating: a U8 or F4 tensor would
+	// otherwise cost 4 or 8 bytes of float32 per byte of file for nothing.
+	switch ti.DType {
+	case F32, BF16, F16:
+	default:
+		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.Path, name, ti.DType)
+	}
+	out := make([]float32, ti.NumElements())
 	switch ti.DType {
 	case F32:
 		for i := range out {
@@ -334,8 +340,6 @@ func (f *File) Float32(name string) ([]float32, []int, error) {
 		for i := range out {
 			out[i] = f16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
 		}
-	default:
-		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.Path, name, ti.DType)
 	}
 	return out, ti.Shape, nil
 }
@@ -347,6 +351,9 @@ func (f *File) Int64(name string) ([]int64, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if ti.DType != I64 && ti.DType != I32 {
+		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want I64 or I32", f.Path, name, ti.DType)
+	}
 	out := make([]int64, ti.NumElements())
 	switch ti.DType {
 	case I64:
@@ -357,8 +364,6 @@ func (f *File) Int64(name string) ([]int64, []int, error) {
 		for i := range out {
 			out[i] = int64(int32(binary.LittleEndian.Uint32(b[4*i:])))
 		}
-	default:
-		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want I64 or I32", f.Path, name, ti.DType)
 	}
 	return out, ti.Shape, nil
 }

@@ -8,12 +8,23 @@
 // 50256 (<|endoftext|>) is only ever produced by EOS(). Invalid UTF-8 in the
 // input is read as U+FFFD by the pre-tokenizer regexp, so such text does not
 // round-trip byte for byte (valid UTF-8 always does).
+//
+// The library's generated pre-tokenizer leaves DEL (0x7f) out of the
+// punctuation class that GPT-2's pattern puts it in, so the library skips
+// every DEL without a word (found by FuzzEncode). Encode puts the skipped
+// text back as byte tokens (DEL is id 221). No GPT-2 merge involves DEL (no
+// other vocabulary entry holds the byte), so this is Hugging Face's result
+// exactly, except where DEL is directly followed by an apostrophe
+// contraction ("\x7f's"): there GPT-2 splits "\x7f'" + "s" and we give
+// DEL + "'s". Either way the text round-trips.
 
 package tokenizer
 
 import (
 	"fmt"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	tiktoken "github.com/tiktoken-go/tokenizer"
 )
@@ -24,7 +35,8 @@ const (
 )
 
 type gpt2Tokenizer struct {
-	codec tiktoken.Codec
+	codec  tiktoken.Codec
+	byteID [256]int32 // the single-byte token of each byte
 }
 
 // gpt2Once builds the codec once per process: compiling the split regexp and
@@ -36,7 +48,24 @@ var gpt2Once = sync.OnceValues(func() (Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &gpt2Tokenizer{codec: c}, nil
+	t := &gpt2Tokenizer{codec: c}
+	// Byte-level BPE has one token per byte: find them by decoding (they
+	// are ids 0..255 in GPT-2, but the vocabulary is the authority).
+	found := 0
+	for i := range t.byteID {
+		t.byteID[i] = -1
+	}
+	for id := uint(0); id < gpt2EOS && found < 256; id++ {
+		s, err := c.Decode([]uint{id})
+		if err == nil && len(s) == 1 && t.byteID[s[0]] < 0 {
+			t.byteID[s[0]] = int32(id)
+			found++
+		}
+	}
+	if found != 256 {
+		return nil, fmt.Errorf("vocabulary has single-byte tokens for only %d of 256 bytes", found)
+	}
+	return t, nil
 })
 
 // GPT2 returns the GPT-2 BPE tokenizer: EOS is 50256 (<|endoftext|>),
@@ -54,29 +83,41 @@ func (*gpt2Tokenizer) EOS() int32     { return gpt2EOS }
 func (*gpt2Tokenizer) VocabSize() int { return gpt2Vocab }
 
 func (t *gpt2Tokenizer) Encode(s string) []int32 {
-	ids, _, err := t.codec.Encode(s)
+	ids, pieces, err := t.codec.Encode(s)
 	if err != nil {
 		// Only a regexp failure (a match timeout, which is off by default)
 		// gets here. Every single byte is itself a GPT-2 token, so encoding
 		// byte by byte is still a faithful, if long, encoding.
-		return t.encodeBytes(s)
+		return t.appendBytes(nil, s)
 	}
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		out[i] = int32(id)
+	// The pieces are consecutive substrings of the text the pre-tokenizer
+	// saw (the input with each invalid byte read as U+FFFD); text it
+	// skipped lies between them and becomes byte tokens.
+	text := s
+	if !utf8.ValidString(s) {
+		text = string([]rune(s))
 	}
-	return out
+	out := make([]int32, 0, len(ids))
+	pos := 0
+	for i, p := range pieces {
+		if !strings.HasPrefix(text[pos:], p) {
+			j := strings.Index(text[pos:], p)
+			if j < 0 { // the library's pieces do not follow the text
+				return t.appendBytes(nil, s)
+			}
+			out = t.appendBytes(out, text[pos:pos+j])
+			pos += j
+		}
+		out = append(out, int32(ids[i]))
+		pos += len(p)
+	}
+	return t.appendBytes(out, text[pos:])
 }
 
-// encodeBytes encodes s one byte per token.
-func (t *gpt2Tokenizer) encodeBytes(s string) []int32 {
-	out := make([]int32, 0, len(s))
+// appendBytes appends the single-byte token of each byte of s.
+func (t *gpt2Tokenizer) appendBytes(out []int32, s string) []int32 {
 	for i := 0; i < len(s); i++ {
-		ids, _, err := t.codec.Encode(s[i : i+1])
-		if err != nil || len(ids) != 1 {
-			continue
-		}
-		out = append(out, int32(ids[0]))
+		out = append(out, t.byteID[s[i]])
 	}
 	return out
 }

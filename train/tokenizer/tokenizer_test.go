@@ -211,3 +211,29 @@ func BenchmarkGPT2Encode(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// DEL (0x7f) is punctuation to GPT-2's pre-tokenizer and a token of its own
+// (221); the library skips it, and Encode puts it back (FuzzEncode found the
+// loss). No merge involves DEL, so these are GPT-2's own ids.
+func TestGPT2KeepsDEL(t *testing.T) {
+	tok := mustGPT2(t)
+	tests := []struct {
+		in   string
+		want []int32
+	}{
+		{"\x7f", []int32{221}},
+		{"a\x7fb", []int32{64, 221, 65}},
+		{"!\x7f!", []int32{0, 221, 0}},
+		{" \x7f", []int32{220, 221}},
+		{"\x7f\x7f", []int32{221, 221}},
+	}
+	for _, tc := range tests {
+		got := tok.Encode(tc.in)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+		if back := tok.Decode(got); back != tc.in {
+			t.Errorf("Decode(Encode(%q)) = %q", tc.in, back)
+		}
+	}
+}
