@@ -1,7 +1,8 @@
 // Tests of integrity through the run (issue 15, item 3): resuming from a
-// checkpoint with a corrupted byte or a NaN is refused before any
-// training with an error naming the tensor and the file, and leaves the
-// checkpoint as it was; a version-2 checkpoint, which carries no checksums, resumes with a
+// checkpoint with a corrupted byte or a NaN, and starting from pretrained
+// weights holding NaN or an infinity, are refused before any training with
+// an error naming the tensor and the file, and leave the checkpoint as it
+// was; a version-2 checkpoint, which carries no checksums, resumes with a
 // warning in the run's log and is replaced by one that carries them. The
 // byte-by-byte corruption of every region of a file is tested in
 // train/checkpoint.
@@ -101,6 +102,49 @@ func TestIntegrityResume(t *testing.T) {
 			after, err := os.ReadFile(path)
 			if err != nil || !bytes.Equal(after, before) {
 				t.Errorf("the checkpoint changed after a refused resume (%v)", err)
+			}
+		})
+	}
+}
+
+func TestNonFinitePretrained(t *testing.T) {
+	mc := microConfig(16, 1)
+	offset := func(name string) int {
+		for _, p := range mc.Layout() {
+			if p.Name == name {
+				return p.Offset
+			}
+		}
+		t.Fatalf("no parameter %s", name)
+		return 0
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(vals []float32)
+		where string
+	}{
+		{"NaN in a bias", func(v []float32) { v[offset("transformer.h.0.mlp.c_fc.bias")+5] = float32(math.NaN()) },
+			"transformer.h.0.mlp.c_fc.bias holds NaN at element 5"},
+		{"+Inf in the embedding", func(v []float32) { v[0] = float32(math.Inf(1)) },
+			"transformer.wte.weight holds +Inf at element 0"},
+		{"-Inf in the last block", func(v []float32) { v[offset("transformer.h.0.mlp.c_proj.weight")+17] = float32(math.Inf(-1)) },
+			"transformer.h.0.mlp.c_proj.weight holds -Inf at element 17"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := gpt2.Init(mc, 7)
+			tc.edit(vals)
+			dir := filepath.Join(t.TempDir(), "model")
+			if err := gpt2.ExportHF(dir, mc, vals); err != nil {
+				t.Fatal(err)
+			}
+			c := quickConfig(t, dir)
+			res, err := Run(context.Background(), c, Options{})
+			wantErr(t, err, "--model", filepath.Join(dir, "model.safetensors"), tc.where, "not finite")
+			if res != nil && res.Steps > 0 {
+				t.Errorf("trained %d steps from non-finite weights", res.Steps)
+			}
+			if _, err := os.Stat(filepath.Join(c.Out, checkpoint.FileName)); err == nil {
+				t.Errorf("a refused run wrote %s", checkpoint.FileName)
 			}
 		})
 	}
