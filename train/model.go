@@ -13,6 +13,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
@@ -61,7 +62,9 @@ func newEngine(be backend.Backend, mc gpt2.Config, c Config, fromCheckpoint bool
 }
 
 // initialWeights are the weights a fresh run starts from: the checkpoint's
-// of --model, or a seeded initialisation of a preset.
+// of --model, or a seeded initialisation of a preset. Pretrained weights
+// holding a NaN or an infinity are refused, naming the tensor, rather than
+// trained into a run whose every loss is NaN.
 func initialWeights(mc gpt2.Config, c Config, fromCheckpoint bool) ([]float32, error) {
 	if !fromCheckpoint {
 		return gpt2.Init(mc, c.Seed), nil
@@ -69,6 +72,9 @@ func initialWeights(mc gpt2.Config, c Config, fromCheckpoint bool) ([]float32, e
 	_, vals, err := gpt2.LoadHF(c.Model)
 	if err != nil {
 		return nil, flagErr("model", "%v", err)
+	}
+	if d := checkpoint.NonFinite(vals, mc.Layout()); d != "" {
+		return nil, flagErr("model", "%s: %s; refusing weights that are not finite", filepath.Join(c.Model, "model.safetensors"), d)
 	}
 	return vals, nil
 }

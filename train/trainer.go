@@ -365,7 +365,7 @@ func (r *run) resumeOrInit() error {
 // saved with this run's identity, and moves the data to where it stopped.
 func (r *run) resume() error {
 	path := r.checkpointPath()
-	ck, err := checkpoint.Load(path, r.mc)
+	ck, err := checkpoint.Load(path, r.mc, r.log)
 	if err != nil {
 		return err
 	}

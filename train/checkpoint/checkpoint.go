@@ -3,10 +3,13 @@
 // step, data position, seed and the settings a resume must match. A file
 // is written to a temp file, fsynced and renamed, so a crash or Ctrl-C
 // never leaves a half-written checkpoint, and the previous one stays until
-// the new one is complete.
+// the new one is complete. The file carries a CRC-32C of every tensor and
+// of the state, and Load verifies them, and refuses NaN and infinities,
+// before any value is used.
 //
-// Limits: the format is version 2 (testdata/checkpoint-v2 under train
-// holds one of each update mode); version 1 files, which predate the
+// Limits: the format is version 3; version 2 files (testdata/checkpoint-v2
+// under train holds one of each update mode), which carry no checksums,
+// load unverified with a warning, and version 1 files, which predate the
 // update modes, load as native. Every tensor is stored as fp32, which
 // holds bf16 values exactly; the model part of the state is a GPT-2
 // configuration.
@@ -15,12 +18,14 @@ package checkpoint
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -30,8 +35,8 @@ const FileName = "checkpoint.safetensors"
 // MetadataKey is the safetensors metadata entry holding the State as JSON.
 const MetadataKey = "lsp_offload.state"
 
-// Version is the format Save writes.
-const Version = 2
+// Version is the format Save writes: 3, the first with checksums.
+const Version = checksumVersion
 
 // ParamsTensor is the name of the tensor holding every model parameter;
 // the optimizer state's tensors are named by the engine.
@@ -74,7 +79,7 @@ type Optimizer interface {
 }
 
 // Save downloads the parameters and the optimizer state and writes them
-// with st to path, atomically.
+// with st to path, atomically, with their checksums.
 func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) error {
 	if err := opt.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -101,7 +106,8 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	if err := safetensors.Write(path, ts, map[string]string{MetadataKey: string(raw)}); err != nil {
+	// The checksums are taken from ts, the buffers Write stores.
+	if err := safetensors.Write(path, ts, Metadata(ts, string(raw))); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil
@@ -115,7 +121,8 @@ type Checkpoint struct {
 	tensors map[string][]float32
 }
 
-// ReadState decodes the State of an open checkpoint file.
+// ReadState decodes the State of an open checkpoint file, without
+// verifying its checksum (Load does).
 func ReadState(f *safetensors.File) (State, error) {
 	var st State
 	raw, ok := f.Metadata[MetadataKey]
@@ -131,9 +138,20 @@ func ReadState(f *safetensors.File) (State, error) {
 	return st, nil
 }
 
-// Load reads path and checks that it holds a checkpoint of model.
-func Load(path string, model gpt2.Config) (*Checkpoint, error) {
+// Load reads path and checks that it holds an intact checkpoint of the model mc:
+// the checksums of the state and of every tensor match, no value is NaN or
+// infinite, and the model is the same. A file that predates checksums
+// (version 2) loads unverified, with a warning on log (slog.Default() when
+// nil). Every error names the file and, where one is at fault, the tensor.
+func Load(path string, mc gpt2.Config, log *slog.Logger) (*Checkpoint, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	unverified, err := verify(f)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
@@ -141,9 +159,16 @@ func Load(path string, model gpt2.Config) (*Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
+	if st.Version > Version {
+		return nil, fmt.Errorf("resume: %s: format version %d is newer than this program's %d", path, st.Version, Version)
+	}
+	if unverified {
+		log.Warn("checkpoint carries no checksums, so damage to it cannot be detected; the next one saved will carry them",
+			"checkpoint", path, "version", st.Version)
+	}
 	ck := &Checkpoint{State: st, Path: path, tensors: map[string][]float32{}}
-	if ck.Model != model {
-		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, model)
+	if ck.Model != mc {
+		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, mc)
 	}
 	for _, name := range f.Names() {
 		v, _, err := f.Float32(name)
@@ -154,8 +179,17 @@ func Load(path string, model gpt2.Config) (*Checkpoint, error) {
 	}
 	if v, ok := ck.tensors[ParamsTensor]; !ok {
 		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
-	} else if len(v) != model.NumParams() {
-		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, len(v), model.NumParams())
+	} else if len(v) != mc.NumParams() {
+		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, len(v), mc.NumParams())
+	}
+	for _, name := range f.Names() {
+		var layout []model.Param
+		if name == ParamsTensor {
+			layout = mc.Layout()
+		}
+		if d := NonFinite(ck.tensors[name], layout); d != "" {
+			return nil, fmt.Errorf("resume: %s: tensor %s: %s; refusing a checkpoint that is not finite", path, name, d)
+		}
 	}
 	return ck, nil
 }

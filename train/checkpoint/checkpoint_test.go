@@ -1,15 +1,19 @@
 // Tests of the checkpoint format: the committed version-2 files (one per
 // update mode, written by an earlier program) decode and re-encode to the
-// very same state JSON, and Save then Load gives back every tensor and the
-// state. That the files also resume to the same losses is checked through
+// very same state JSON and load with a warning that they carry no
+// checksums, and Save then Load gives back every tensor and the state,
+// without a warning. That the files also resume to the same losses is checked through
 // whole runs in train (TestLegacyCheckpoint).
 
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -38,8 +42,8 @@ func TestLegacyFormat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Version != Version || st.Mode != mode || st.DType != backend.F32 || st.Step != 3 || st.Model != model {
-				t.Errorf("state %+v: want version %d, mode %s, dtype fp32, step 3, model %+v", st, Version, mode, model)
+			if st.Version != 2 || st.Mode != mode || st.DType != backend.F32 || st.Step != 3 || st.Model != model {
+				t.Errorf("state %+v: want version 2, mode %s, dtype fp32, step 3, model %+v", st, mode, model)
 			}
 			if (mode == engine.LSP) != (st.DenseParams == engine.DenseDevice && st.D == 8 && st.R == 2) {
 				t.Errorf("%s: dense params %q, d %d, r %d", mode, st.DenseParams, st.D, st.R)
@@ -53,20 +57,31 @@ func TestLegacyFormat(t *testing.T) {
 			if string(raw) != f.Metadata[MetadataKey] {
 				t.Errorf("state re-encodes to\n%s\nthe file holds\n%s", raw, f.Metadata[MetadataKey])
 			}
-			ck, err := Load(path, model)
+			log, logged := captureLog()
+			ck, err := Load(path, model, log)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if w := logged.String(); !strings.Contains(w, "level=WARN") || !strings.Contains(w, "no checksums") ||
+				!strings.Contains(w, path) || !strings.Contains(w, "version=2") {
+				t.Errorf("loading a version-2 file logged %q; want a warning that it carries no checksums, naming it", w)
 			}
 			if len(ck.tensors) != len(f.Names()) || len(ck.tensors[ParamsTensor]) != model.NumParams() {
 				t.Errorf("loaded %d tensors (params %d), the file has %d", len(ck.tensors), len(ck.tensors[ParamsTensor]), len(f.Names()))
 			}
 			other := model
 			other.C *= 2
-			if _, err := Load(path, other); err == nil {
+			if _, err := Load(path, other, log); err == nil {
 				t.Errorf("Load for another model succeeded")
 			}
 		})
 	}
+}
+
+// captureLog returns a logger that writes text records into the buffer.
+func captureLog() (*slog.Logger, *bytes.Buffer) {
+	var b bytes.Buffer
+	return slog.New(slog.NewTextHandler(&b, nil)), &b
 }
 
 // fakeOptimizer holds named state in memory.
@@ -107,9 +122,13 @@ func TestSaveLoad(t *testing.T) {
 	if !opt.drained {
 		t.Errorf("Save did not drain the optimizer first")
 	}
-	ck, err := Load(path, mc)
+	log, logged := captureLog()
+	ck, err := Load(path, mc, log)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if logged.Len() != 0 {
+		t.Errorf("loading a fresh checkpoint logged %q", logged)
 	}
 	st.Version = Version
 	if ck.State != st {
