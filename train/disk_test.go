@@ -138,7 +138,7 @@ func TestDiskFull(t *testing.T) {
 			noLeftovers(t, filepath.Join(c.Out, "hf"))
 			// The checkpoint is the one before or a complete newer one.
 			got := fileBytes(t, ck)
-			if _, lerr := checkpoint.Load(ck, microConfig(16, 1)); lerr != nil {
+			if _, lerr := checkpoint.Load(ck, microConfig(16, 1), nil); lerr != nil {
 				t.Errorf("the checkpoint does not load after a full disk: %v", lerr)
 			}
 			if tc.file == checkpoint.FileName && string(got) != string(oldCk) {

@@ -153,7 +153,7 @@ func (k *killRun) check(what string) {
 	k.t.Helper()
 	path := filepath.Join(k.out, checkpoint.FileName)
 	if _, err := os.Stat(path); err == nil || k.ckpt {
-		if _, err := checkpoint.Load(path, k.mc); err != nil {
+		if _, err := checkpoint.Load(path, k.mc, nil); err != nil {
 			k.t.Fatalf("after a kill (%s) the checkpoint does not load: %v", what, err)
 		}
 		k.ckpt = true
