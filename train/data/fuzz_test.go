@@ -14,9 +14,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/internal/alloc"
 
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -32,15 +33,6 @@ const (
 	allocSlack   = 1 << 20
 	allocPerByte = 256
 )
-
-// allocated returns the bytes fn allocates on the heap.
-func allocated(fn func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	fn()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // fuzzOptions are the loader options of the fuzz targets: a short sequence
 // so that truncation and dropping both happen, and an eval split.
@@ -153,7 +145,7 @@ func checkLoad(t *testing.T, path string, size int, ok func(*Dataset)) {
 	tok := tokenizer.Byte()
 	var ds *Dataset
 	var err error
-	used := allocated(func() { ds, err = Load(path, tok, fuzzOptions) })
+	used := alloc.Bytes(func() { ds, err = Load(path, tok, fuzzOptions) })
 	if limit := allocPerByte*uint64(size) + allocSlack; used > limit {
 		t.Fatalf("loading a %d-byte file allocated %d bytes (limit %d); err = %v", size, used, limit, err)
 	}

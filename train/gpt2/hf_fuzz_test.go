@@ -21,10 +21,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/internal/alloc"
 
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -38,15 +39,6 @@ const (
 	allocSlack   = 1 << 20
 	allocPerByte = 64
 )
-
-// allocated returns the bytes fn allocates on the heap.
-func allocated(fn func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	fn()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // fuzzCfg is the model of the generated seeds: small enough that the fuzzer
 // mutates a few kilobytes.
@@ -165,7 +157,7 @@ func checkHFConfig(t *testing.T, config []byte) {
 	sparseWeights(t, dir)
 	var cfg Config
 	var err error
-	used := allocated(func() { cfg, err = ReadHFConfig(dir) })
+	used := alloc.Bytes(func() { cfg, err = ReadHFConfig(dir) })
 	if limit := allocPerByte*uint64(len(config)) + allocSlack; used > limit {
 		t.Fatalf("a %d-byte config.json allocated %d bytes (limit %d); err = %v", len(config), used, limit, err)
 	}
@@ -256,7 +248,7 @@ func checkLoadHF(t *testing.T, config, weights []byte) {
 	var cfg Config
 	var vals []float32
 	var err error
-	used := allocated(func() { cfg, vals, err = LoadHF(dir) })
+	used := alloc.Bytes(func() { cfg, vals, err = LoadHF(dir) })
 	size := uint64(len(config) + len(weights))
 	if limit := allocPerByte*size + allocSlack; used > limit {
 		t.Fatalf("a %d-byte directory allocated %d bytes (limit %d); err = %v", size, used, limit, err)
@@ -389,7 +381,7 @@ func TestHugeConfigRefusedBeforeAllocation(t *testing.T) {
 			t.Fatal(err)
 		}
 		var err error
-		used := allocated(func() { _, _, err = LoadHF(dir) })
+		used := alloc.Bytes(func() { _, _, err = LoadHF(dir) })
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), dir) {
 			t.Errorf("%s: err = %v, want one naming %s and saying %q", tc.config, err, dir, tc.want)
 		}

@@ -13,10 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/internal/alloc"
 )
 
 // allocSlack is the fixed part of the allocation bound: the test's own
@@ -31,16 +32,6 @@ const allocSlack = 1 << 20
 // and each Info call copies the shape), 9x for 5,000 empty tensors, under 3x
 // for the GPT-2 fixture. What matters is that it is a constant.
 const allocPerByte = 128
-
-// allocated returns the bytes fn allocates on the heap (the fuzz worker runs
-// one input at a time, so nothing else allocates meanwhile to speak of).
-func allocated(fn func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	fn()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // seedFiles are hand-made files, good and bad: one per rule of the format.
 func seedFiles() [][]byte {
@@ -113,7 +104,7 @@ func checkOpen(t *testing.T, data []byte) {
 	}
 	var file *File
 	var openErr error
-	used := allocated(func() {
+	used := alloc.Bytes(func() {
 		file, openErr = Open(path)
 		if openErr == nil {
 			convertAll(t, file)
@@ -233,7 +224,7 @@ func TestHugeClaimsRefusedBeforeAllocation(t *testing.T) {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			p := writeTemp(t, b)
 			var err error
-			used := allocated(func() { _, err = Open(p) })
+			used := alloc.Bytes(func() { _, err = Open(p) })
 			if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "truncated") {
 				t.Fatalf("err = %v, want a truncation error naming %s", err, p)
 			}
@@ -258,7 +249,7 @@ func TestWrongDTypeAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ferr, ierr error
-	used := allocated(func() {
+	used := alloc.Bytes(func() {
 		_, _, ferr = f.Float32("w")
 		_, _, ierr = f.Int64("w")
 	})
