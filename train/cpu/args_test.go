@@ -99,20 +99,20 @@ func TestArgumentErrors(t *testing.T) {
 		}, "logits has 9"},
 		{"sum squares out", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.f10.Slice(0, 2), x.g10) }, "out has 2"},
 		{"adamw bf16 moments", func(be *Backend, x argEnv) error {
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.h10, x.f10, backend.Tensor{}, adam)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.h10, x.f10, backend.Tensor{}, backend.Tensor{}, adam)
 		}, "fp32"},
 		{"adamw step 0", func(be *Backend, x argEnv) error {
 			p := adam
 			p.Step = 0
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, p)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, p)
 		}, "step 0"},
 		{"adamw clipping without sumSq", func(be *Backend, x argEnv) error {
 			p := adam
 			p.MaxNorm = 1
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, p)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, p)
 		}, "sumSq"},
 		{"adamw master length", func(be *Backend, x argEnv) error {
-			return be.AdamW(s(be), x.h10, x.f9, x.g10, x.f10, x.f10, backend.Tensor{}, adam)
+			return be.AdamW(s(be), x.h10, x.f9, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, adam)
 		}, "master has 9"},
 		{"copy to int", func(be *Backend, x argEnv) error { return be.CopyD2D(s(be), x.i10, x.f10) }, "dst has dtype i32"},
 		{"copy length", func(be *Backend, x argEnv) error { return be.CopyD2D(s(be), x.f9, x.h10) }, "dst has 9"},
