@@ -27,7 +27,9 @@ func skipModes() []struct {
 	dt   backend.DType
 } {
 	native, global := testConfig(Native), testConfig(Native)
-	global.Hyper.Clip, global.Hyper.MaxNorm = optim.ClipGlobalPrev, 0.5
+	// A max norm far below the gradients' so that every step clips, by
+	// the previous step's norm.
+	global.Hyper.Clip, global.Hyper.MaxNorm = optim.ClipGlobalPrev, 1e-3
 	lspFrozen := testConfig(LSP)
 	lspFrozen.DenseParams = DenseFrozen
 	return append([]struct {
@@ -111,22 +113,27 @@ func stepAt(t *testing.T, tr *trainer, seed uint64) float64 {
 	return l
 }
 
-// TestSkipNonFiniteLoss: a NaN in one micro-batch's loss at step 6 (right
-// after lsp's projector check at 5) skips the step: the weights, master
-// copies, moments (device and host), step counts and projectors are those
-// after step 5, bit for bit, and the engine reports the skip. The run then
-// takes step 6 with the next batch and step 7 and ends exactly where a
-// run that never saw the bad batch ends, so nothing of the skipped step
-// (its norm for global-prev clipping, its step count in Adam's bias
-// correction or in the rounding key, a second projector check) leaks into
-// later steps. "loss" leaves the gradients finite, so only the flag can
-// stop the updates; "both" makes them NaN too, as an overflow would.
+// TestSkipNonFiniteLoss: a NaN in one micro-batch's loss at step k skips
+// the step: the weights, master copies, moments (device and host), step
+// counts and projectors are those after step k-1, bit for bit, and the
+// engine reports the skip. The run then takes step k with the next batch
+// and step k+1 and ends exactly where a run that never saw the bad batch
+// ends, so nothing of the skipped step (its norm for global-prev
+// clipping, its step count in Adam's bias correction or in the rounding
+// key, a second projector check) leaks into later steps.
+//
+// "loss" at step 6, right after lsp's projector check at 5, leaves the
+// gradients finite, so only the flag can stop the updates; "both" at step
+// 1 makes the gradients NaN too, as an overflow would, before any host
+// Adam has written the pinned weights that zero mode sends up.
 func TestSkipNonFiniteLoss(t *testing.T) {
-	steps := 7
 	for _, tc := range skipModes() {
-		for _, kind := range []string{"loss", "both"} {
+		for _, inj := range []struct {
+			kind string
+			at   int
+		}{{"loss", 6}, {"both", 1}} {
 			for _, pipelined := range []bool{false, true} {
-				name := fmt.Sprintf("%s/%s/sequential", tc.name, kind)
+				name := fmt.Sprintf("%s/%s@%d/sequential", tc.name, inj.kind, inj.at)
 				bc := cpu.Config{Threads: 2}
 				cfg := tc.cfg
 				if pipelined {
@@ -134,49 +141,61 @@ func TestSkipNonFiniteLoss(t *testing.T) {
 					cfg.Pipelined, bc = true, hazardConfig(11)
 				}
 				t.Run(name, func(t *testing.T) {
-					ref := newTrainer(t, cfg, tc.dt, 2, cpu.Config{Threads: 2})
-					tr := newTrainer(t, cfg, tc.dt, 2, bc)
-					for s := 1; s < steps-1; s++ {
-						stepAt(t, ref, uint64(s))
-						stepAt(t, tr, uint64(s))
-					}
-					// lsp checks its projectors before step 6: the state to
-					// keep is the one after that check (which the attempt
-					// after the skip must not repeat).
-					if tr.e.CheckDue() {
-						if _, err := tr.e.Check(batches(1000+uint64(tr.e.step), tr.e.CalibBatches())); err != nil {
-							t.Fatal(err)
-						}
-					}
-					before := snapshot(t, tr)
-					disarm, err := faults.ArmNaN(kind + "@6/1")
-					if err != nil {
-						t.Fatal(err)
-					}
-					loss := stepAt(t, tr, 999)
-					disarm()
-					if !math.IsNaN(loss) || !tr.e.Skipped() {
-						t.Fatalf("loss sum %v, skipped %v; want NaN and a skipped step", loss, tr.e.Skipped())
-					}
-					// The per-tensor norms are scratch, written before each
-					// use by the step that uses them.
-					if d := snapshot(t, tr).diff(before, func(n string) bool { return strings.HasSuffix(n, ".norms") }); d != "" {
-						t.Fatalf("after the skipped step: %s", d)
-					}
-					for s := steps - 1; s <= steps; s++ {
-						lr, lt := stepAt(t, ref, uint64(s)), stepAt(t, tr, uint64(s))
-						if tr.e.Skipped() || lr != lt {
-							t.Fatalf("step %d: loss %v (skipped %v), %v without the bad batch", s, lt, tr.e.Skipped(), lr)
-						}
-					}
-					if d := snapshot(t, tr).diff(snapshot(t, ref), nil); d != "" {
-						t.Errorf("after step %d, unlike a run without the bad batch: %s", steps, d)
-					}
-					if h := tr.be.Hazards(); len(h) > 0 {
-						t.Fatalf("%d hazards, first %v", len(h), h[0])
-					}
+					checkSkip(t, cfg, tc.dt, bc, inj.kind, inj.at)
 				})
 			}
 		}
+	}
+}
+
+func checkSkip(t *testing.T, cfg Config, dt backend.DType, bc cpu.Config, kind string, at int) {
+	ref := newTrainer(t, cfg, dt, 2, cpu.Config{Threads: 2})
+	tr := newTrainer(t, cfg, dt, 2, bc)
+	for s := 1; s < at; s++ {
+		stepAt(t, ref, uint64(s))
+		stepAt(t, tr, uint64(s))
+	}
+	// lsp checks its projectors before steps 1 and 6: the state to keep is
+	// the one after that check (which the attempt after the skip must not
+	// repeat).
+	if tr.e.CheckDue() {
+		if _, err := tr.e.Check(batches(1000+uint64(tr.e.step), tr.e.CalibBatches())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := snapshot(t, tr)
+	disarm, err := faults.ArmNaN(fmt.Sprintf("%s@%d/1", kind, at))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := tr.be.Traffic().H2D
+	loss := stepAt(t, tr, 999)
+	disarm()
+	if !math.IsNaN(loss) || !tr.e.Skipped() {
+		t.Fatalf("loss sum %v, skipped %v; want NaN and a skipped step", loss, tr.e.Skipped())
+	}
+	// Nothing but the batch goes up: no weights (zero), no Delta (lsp).
+	if batch := int64(2 * 2 * testB * testT * 4); tr.be.Traffic().H2D-up != batch {
+		t.Errorf("the skipped step copied %d bytes host-to-device, want the batch's %d", tr.be.Traffic().H2D-up, batch)
+	}
+	// The per-tensor norms are scratch, written before each use by the
+	// step that uses them.
+	if d := snapshot(t, tr).diff(before, func(n string) bool { return strings.HasSuffix(n, ".norms") }); d != "" {
+		t.Fatalf("after the skipped step: %s", d)
+	}
+	if tr.e.CheckDue() {
+		t.Fatal("the projectors are due for a second check before the attempt after the skip")
+	}
+	for s := at; s <= at+1; s++ {
+		lr, lt := stepAt(t, ref, uint64(s)), stepAt(t, tr, uint64(s))
+		if tr.e.Skipped() || lr != lt {
+			t.Fatalf("step %d: loss %v (skipped %v), %v without the bad batch", s, lt, tr.e.Skipped(), lr)
+		}
+	}
+	if d := snapshot(t, tr).diff(snapshot(t, ref), nil); d != "" {
+		t.Errorf("after step %d, unlike a run without the bad batch: %s", at+1, d)
+	}
+	if h := tr.be.Hazards(); len(h) > 0 {
+		t.Fatalf("%d hazards, first %v", len(h), h[0])
 	}
 }
