@@ -63,15 +63,15 @@ func SparseS(S, A, B *Buffer, BT, d int, accumulate bool) error {
 // SparseApplyArgs are the arguments of lsp_sparse_apply: W [m, n] (fp32,
 // written exactly, or bf16, written by stochastic rounding keyed by (Seed,
 // Step, Matrix, element)) <- (1 - LR*WD) W + P Delta Q^T; T is d*n floats
-// of workspace.
+// of workspace; Skip (fp32 [1], nil for none) skips the apply when set.
 type SparseApplyArgs struct {
-	W          FloatBuf
-	T, Delta   *Buffer
-	P, Q       SparseRows
-	M, N, D, R int
-	LR, WD     float32
-	Seed, Step uint64
-	Matrix     uint32
+	W              FloatBuf
+	T, Delta, Skip *Buffer
+	P, Q           SparseRows
+	M, N, D, R     int
+	LR, WD         float32
+	Seed, Step     uint64
+	Matrix         uint32
 }
 
 // SparseApply runs lsp_sparse_apply with a.
@@ -79,7 +79,7 @@ func SparseApply(a SparseApplyArgs) error { return sparseApply(a, bf16Flag(a.W))
 
 func sparseApply(a SparseApplyArgs, wBF16 int) error {
 	code := C.lsp_sparse_apply(a.W.ptr(), f32Ptr(a.T), f32Ptr(a.Delta), i32Ptr(a.P.Idx), f32Ptr(a.P.Val),
-		i32Ptr(a.Q.Idx), f32Ptr(a.Q.Val), C.int(a.M), C.int(a.N), C.int(a.D), C.int(a.R), C.float(a.LR),
+		i32Ptr(a.Q.Idx), f32Ptr(a.Q.Val), f32Ptr(a.Skip), C.int(a.M), C.int(a.N), C.int(a.D), C.int(a.R), C.float(a.LR),
 		C.float(a.WD), C.ulonglong(a.Seed), C.ulonglong(a.Step), C.uint(a.Matrix), C.int(wBF16), nil)
 	return Check("lsp_sparse_apply", int(code))
 }
