@@ -38,6 +38,12 @@ var resumeMayDiffer = map[string]string{
 	"Schedule":      "pipelined and sequential give identical weights (engine TestPipelinedMatchesSequential)",
 	"LinkBandwidth": "charges time on the CPU backend only",
 
+	// What happens to a step whose loss is not finite: a finite step
+	// computes the same with either value, a skipped one changes nothing,
+	// and a run stopped by a NaN is meant to be resumed with skip.
+	"OnNonFinite": "finite steps compute the same either way; a skipped step updates nothing",
+	"MaxSkips":    "as --on-nonfinite",
+
 	// These change the computation but have always been allowed to differ
 	// on resume (the schedule and optimizer settings of a continued run);
 	// whether to refuse them is issue 13's decision, not this list's.
