@@ -19,12 +19,12 @@
 // Step returns, so checkpoints, eval and Ctrl-C between steps always see a
 // drained pipeline.
 //
-// A step whose loss is not finite is skipped whole (DESIGN.md section 3,
-// "Numerical faults"): after the last micro-batch's loss, NonFiniteFlag
-// reduces the step's per-token losses into a flag on the device, before
-// any update. Every device update op (AdamW, SparseApply) reads it and
-// writes nothing when it is set; in zero and lsp mode a 4-byte copy of it
-// goes down on the d2h stream ahead of the first gradient, and the host
+// A step whose loss is not finite is skipped whole: after the last
+// micro-batch's loss, NonFiniteFlag reduces the step's per-token losses
+// into a flag on the device, before any update. Every device update op
+// (AdamW, SparseApply) reads it and writes nothing when it is set; in
+// zero and lsp mode a 4-byte copy of it goes down on the d2h stream
+// ahead of the first gradient, and the host
 // Adam nodes, which wait for their gradient's copy anyway, read it there
 // and neither update nor send anything up. The launcher never waits for
 // the flag: the only host read of it outside the host nodes is with the
