@@ -152,10 +152,10 @@ type Engine struct {
 	workers *host.Workers
 
 	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
-	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
-	// skipFlag is the step's non-finite flag (F32 [1], after lossAcc in
-	// its allocation, so the losses and the flag come back in one copy).
-	skipFlag backend.Tensor
+	// lossFlag is lossAcc, the per-position losses of every micro-batch,
+	// followed by skipFlag, the step's non-finite flag (F32 [1]): one
+	// allocation, so that the losses and the flag come back in one copy.
+	lossFlag, lossAcc, skipFlag backend.Tensor
 	flagHost backend.HostBuffer // the flag's copy for the host Adam (zero, lsp)
 	skipped  bool               // the latest Step was skipped
 	checked  int                // the step count of the latest projector check (-1: none)
@@ -207,11 +207,10 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if e.stage, err = be.AllocHost("batch staging", accum*2*BT*4); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	losses, err := be.Alloc("step losses and non-finite flag", accum*BT+1, backend.F32)
-	if err != nil {
+	if e.lossFlag, err = be.Alloc("step losses and non-finite flag", accum*BT+1, backend.F32); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.lossAcc, e.skipFlag = losses.Slice(0, accum*BT), losses.Slice(accum*BT, 1)
+	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
 	if cfg.Mode != Native {
 		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
@@ -304,8 +303,8 @@ func (e *Engine) Free() {
 	if e.off != nil {
 		e.off.free()
 	}
-	if e.lossAcc.Buf != nil {
-		e.be.Free(e.lossAcc)
+	if e.lossFlag.Buf != nil {
+		e.be.Free(e.lossFlag)
 	}
 	if e.stage != nil {
 		e.be.FreeHost(e.stage)
@@ -390,7 +389,7 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	}
 	// The losses and the flag: one copy, after the drain, where the step
 	// has finished anyway.
-	losses, err := backend.Download(e.be, e.st.Compute, e.lossAcc.Slice(0, e.lossAcc.Len()+1))
+	losses, err := backend.Download(e.be, e.st.Compute, e.lossFlag)
 	if err != nil {
 		return 0, err
 	}
