@@ -52,6 +52,13 @@ test-kill:
 
 test: fmt-check vet gotest gotest-norace simtest
 
+# `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
+# to find flaky tests (not in CI: about 10 x 8 minutes on 2 cores).
+REPEAT ?= 10
+.PHONY: test-repeat
+test-repeat:
+	scripts/test-repeat.sh $(REPEAT)
+
 # `make bench`: matrix multiply against OpenBLAS (bench-gemm), then training
 # throughput of the CPU backend.
 bench: bench-gemm bench-train
