@@ -31,12 +31,14 @@
  * lsp_add_bias lays a block out as bx columns (32..256, a power of two
  * covering OC when it is small) by 256/bx rows, so each thread loads its
  * bias once and a small OC still fills the block; rows are grid-strided.
- * lsp_bias_backward runs one thread per column (blocks of 64, to spread few
- * columns over many SMs), reading its column down the rows, coalesced
- * across the warp's adjacent columns: the CPU's row order is a sequential
- * fp32 sum that any split or tree would round differently, so the sum of a
- * column is not parallelised and its time grows with N (fine for the
- * model's bias widths, OC >= 768, and N = B*T rows).
+ * lsp_bias_backward: the CPU's row order is a sequential fp32 sum that any
+ * split or tree would round differently, so one lane adds up each column
+ * and the time grows with N (about N dependent adds); what the kernel
+ * parallelises is the loading. A block of 8 warps owns 32 columns: warps
+ * 1..7 stage the next 128-row tile (coalesced rows of 32 columns, widened
+ * to fp32) in shared memory while warp 0 sums the current one; two tiles
+ * alternate with one barrier per tile (32 KiB of static shared memory).
+ * ceil(OC/32) blocks: a narrow OC leaves most SMs idle.
  *
  * Limits: n, N, OC >= 0 (n 64-bit; N*OC may pass 2^31); n == 0 (N == 0 or
  * OC == 0 for lsp_add_bias) enqueues nothing and NULL pointers are then
@@ -44,7 +46,7 @@
  * into +0 as the CPU does), dout may be NULL then. Aliasing: out may be a
  * or b, src may be dst (the same pointer and dtype: every element is read
  * before it is written, by the same thread); no other overlaps. No
- * barriers, no atomics, no shared memory: deterministic.
+ * atomics: deterministic. Barriers only in lsp_bias_backward.
  */
 #include "kernels.h"
 #include "rounding.cuh"
@@ -55,7 +57,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr long long kMaxBlocks = 8192;
-constexpr int kBiasBackwardThreads = 64;
 
 // bf16 travels as its bit pattern (see rounding.cuh).
 typedef uint16_t bf16_t;
@@ -112,29 +113,49 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(O* out, const Bi* bi
   }
 }
 
-// dbias [OC] += column sums of dout [N, OC]: thread j sums column j over
-// rows 0..N-1 in order, from +0, in fp32 (train/cpu BiasBackward). The
-// loop loads four rows before adding them, still in row order, so four
-// loads are in flight while the adds wait.
+// dbias [OC] += column sums of dout [N, OC], in the CPU's order: column j
+// is summed over rows 0..N-1 in turn, from +0, in fp32 (train/cpu
+// BiasBackward). That chain of adds cannot be split, so the kernel hides
+// the loads' latency instead: a block owns 32 columns; warps 1..7 copy
+// the next kBBRows x 32 tile of dout (widened to fp32) into shared memory
+// while warp 0, lane = column, adds up the current tile row by row; the
+// two tiles alternate, one barrier per tile.
+constexpr int kBBRows = 128;
+constexpr int kBBWarps = 8;
+constexpr int kBBThreads = 32 * kBBWarps;
+
 template <typename D, typename G>
-__global__ void __launch_bounds__(kBiasBackwardThreads) bias_backward_kernel(D* dbias, const G* dout, int N, int OC) {
-  const long long j = (long long)blockIdx.x * kBiasBackwardThreads + threadIdx.x;
-  if (j >= OC) return;
+__global__ void __launch_bounds__(kBBThreads) bias_backward_kernel(D* dbias, const G* dout, int N, int OC) {
+  __shared__ float tile[2][kBBRows][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const long long j = (long long)blockIdx.x * 32 + lane;
+  const bool in_col = j < OC;
+  const int tiles = (int)(((long long)N + kBBRows - 1) / kBBRows);
+  // Loader warp w copies rows w-1, w-1+7, ... of tile t into buffer b
+  // (0 for columns past OC, which warp 0 never stores).
+  auto load = [&](int t, int b) {
+    const long long r0 = (long long)t * kBBRows;
+    const int rows = (int)(N - r0 < kBBRows ? N - r0 : kBBRows);
+#pragma unroll 4
+    for (int r = warp - 1; r < rows; r += kBBWarps - 1)
+      tile[b][r][lane] = in_col ? ld(dout + (r0 + r) * OC + j) : 0.0f;
+  };
+  if (warp > 0 && tiles > 0) load(0, 0);
+  __syncthreads();  // tile 0 is in buffer 0
   float s = 0.0f;
-  if (N > 0) {  // dout may be NULL when N == 0
-    const long long ld_row = OC;
-    const G* p = dout + j;
-    long long r = 0;
-    for (; r + 4 <= N; r += 4, p += 4 * ld_row) {
-      const float x0 = ld(p), x1 = ld(p + ld_row), x2 = ld(p + 2 * ld_row), x3 = ld(p + 3 * ld_row);
-      s += x0;
-      s += x1;
-      s += x2;
-      s += x3;
+  for (int t = 0; t < tiles; ++t) {
+    if (warp > 0) {
+      if (t + 1 < tiles) load(t + 1, (t + 1) & 1);
+    } else {
+      const long long r0 = (long long)t * kBBRows;
+      const int rows = (int)(N - r0 < kBBRows ? N - r0 : kBBRows);
+      const float(*cur)[32] = tile[t & 1];
+#pragma unroll 8
+      for (int r = 0; r < rows; ++r) s += cur[r][lane];
     }
-    for (; r < N; ++r, p += ld_row) s += ld(p);
+    __syncthreads();  // tile t+1 is loaded, and warp 0 is done with tile t's buffer
   }
-  st(dbias + j, ld(dbias + j) + s);
+  if (warp == 0 && in_col) st(dbias + j, ld(dbias + j) + s);
 }
 
 dim3 flat_grid(long long n) {
@@ -211,9 +232,9 @@ cudaError_t launch_add_bias(void* out, const void* bias, int N, int OC, cudaStre
 
 template <typename D, typename G>
 cudaError_t launch_bias_backward(void* dbias, const void* dout, int N, int OC, cudaStream_t stream) {
-  const dim3 grid((unsigned)(((long long)OC + kBiasBackwardThreads - 1) / kBiasBackwardThreads));
+  const dim3 grid((unsigned)(((long long)OC + 31) / 32));
   auto kernel = bias_backward_kernel<D, G>;
-  LSP_LAUNCH(kernel, grid, dim3(kBiasBackwardThreads), 0, stream, (D*)dbias, (const G*)dout, N, OC);
+  LSP_LAUNCH(kernel, grid, dim3(kBBThreads), 0, stream, (D*)dbias, (const G*)dout, N, OC);
   return cudaGetLastError();
 }
 
