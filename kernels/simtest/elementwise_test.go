@@ -14,11 +14,13 @@
 //
 // Shapes: n = 1, 7, 1003, 1000003 and 8192*256 + 1007 (past the 8192-block
 // grid cap, so the grid-stride loop takes a second lap; first dtype mix
-// only); N x OC = 1x1, 17x33, 129x769, 6x130, 71x65, 64x1 (N mod 4 = 1, 2,
-// 3, 0 for the bias gradient's unrolled row loop), 3x5000 (several column
-// slabs) and 70001x3 (more row blocks than the grid's cap: a second lap),
-// and 0x5 for the bias gradient (which still adds +0 to dbias, making -0
-// +0). Every dtype mix the CPU accepts runs: fp32 or bf16 for each tensor
+// only); N x OC = 1x1, 17x33, 129x769, 6x130, 71x65, 64x1, 256x40,
+// 3x5000 and 70001x3. For AddBias these are block layouts of 32 to 256
+// columns, several column slabs (3x5000) and more row blocks than the
+// grid's cap (70001x3: a second lap); for BiasBackward, 32-column blocks
+// with a partial last one, 128-row tiles one partial (N < 128), two with a
+// partial second (129), exactly full (256) and 547 (70001), and 0x5 (which
+// still adds +0 to dbias, making -0 +0). Every dtype mix the CPU accepts runs: fp32 or bf16 for each tensor
 // independently (8 mixes of Add, 4 of the two-tensor ops), plus in place:
 // out = a, out = b, src = dst. Inputs are uniform random with special
 // values spread once each through every input (signed zeros, infinities,
@@ -306,7 +308,7 @@ func TestElementwiseAccumulate(t *testing.T) {
 }
 
 // ewBiasShapes are the N x OC cases of AddBias and BiasBackward.
-var ewBiasShapes = [][2]int{{1, 1}, {17, 33}, {129, 769}, {6, 130}, {71, 65}, {64, 1}, {3, 5000}, {70001, 3}}
+var ewBiasShapes = [][2]int{{1, 1}, {17, 33}, {129, 769}, {6, 130}, {71, 65}, {64, 1}, {256, 40}, {3, 5000}, {70001, 3}}
 
 func TestElementwiseAddBias(t *testing.T) {
 	for _, sh := range ewBiasShapes {
