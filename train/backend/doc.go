@@ -49,8 +49,10 @@
 // signatures in kernels/kernels.h. Arguments in one group share one dtype,
 // chosen by the launcher argument in brackets; a group with one dtype is
 // fixed. The GEMM and attention kernels take bf16 only, so a model stored in
-// fp32 does not run on the GPU (--device cuda defaults to --dtype bf16);
-// the CPU backend accepts any mix of fp32 and bf16 in every float argument.
+// fp32 does not run on the GPU (--device cuda defaults to --dtype bf16).
+// The CPU backend accepts any mix of fp32 and bf16 in every float argument,
+// and in its KernelDTypes mode refuses what the table refuses, so whether
+// a schedule's dtypes run on the GPU is checked with no GPU.
 //
 //	Fill                         t: fp32|bf16 (kernel pending)
 //	Scale                        t: fp32|bf16 (kernel pending)

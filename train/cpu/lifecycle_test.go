@@ -17,6 +17,22 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
+// quietGoroutines is the goroutine count once it stops falling: a
+// goroutine that has signalled its end (a stream's, a test's) may still be
+// counted for a moment.
+func quietGoroutines() int {
+	n := runtime.NumGoroutine()
+	for range 200 {
+		time.Sleep(2 * time.Millisecond)
+		m := runtime.NumGoroutine()
+		if m == n {
+			break
+		}
+		n = m
+	}
+	return n
+}
+
 // settledGoroutines waits (up to 2 s) for the goroutine count to fall to
 // want and returns the last count: goroutines that are ending may take a
 // moment, leaked ones never go.
@@ -44,7 +60,7 @@ func wantErr(t *testing.T, what string, err error, subs ...string) {
 }
 
 func TestCloseEndsEveryGoroutine(t *testing.T) {
-	before := runtime.NumGoroutine()
+	before := quietGoroutines()
 	be := New(Config{})
 	for _, name := range []string{"a", "b", "c"} {
 		newStream(t, be, name)
@@ -53,7 +69,7 @@ func TestCloseEndsEveryGoroutine(t *testing.T) {
 		t.Fatalf("%d goroutines after 4 streams, %d before: the test counts nothing", runtime.NumGoroutine(), before)
 	}
 	ok(t, be.Close())
-	if n := settledGoroutines(before); n != before {
+	if n := settledGoroutines(before); n > before {
 		t.Errorf("%d goroutines after Close, %d before New", n, before)
 	}
 }
@@ -65,14 +81,14 @@ func TestDestroyStream(t *testing.T) {
 	h, err := be.AllocHost("h", 4)
 	ok(t, err)
 	h.Float32()[0] = 7
-	before := runtime.NumGoroutine()
+	before := quietGoroutines()
 	s := newStream(t, be, "doomed")
 	// Work enqueued before the destroy still runs: a slow copy, then a
 	// scale that reads what it wrote.
 	ok(t, be.CopyH2D(s, x, h, 0))
 	ok(t, be.Scale(s, x, 3))
 	ok(t, be.DestroyStream(s))
-	if n := settledGoroutines(before); n != before {
+	if n := settledGoroutines(before); n > before {
 		t.Errorf("%d goroutines after DestroyStream, %d before NewStream", n, before)
 	}
 	same(t, "x", get(t, be, x), []float32{21})
