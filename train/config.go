@@ -63,7 +63,7 @@ type Config struct {
 	Seed      uint64        // --seed
 	Device    device.Kind   // --device: cpu (cuda comes later)
 	DeviceMem int64         // --device-mem: device memory budget in bytes (0: unlimited)
-	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations
+	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations (the command's default: Device.DefaultDType)
 	Threads   int           // --threads: compute threads (0: all cores)
 	Out       string        // --out: output directory
 }
@@ -149,6 +149,9 @@ func (c Config) Validate() error {
 	}
 	check(c.DeviceMem >= 0, "device-mem", "must be >= 0, got %d", c.DeviceMem)
 	check(storageDType(c.DType), "dtype", "%v is not a storage type (want fp32 or bf16)", c.DType)
+	if err := device.CheckDType(c.Device, c.DType); err != nil {
+		errs = append(errs, flagErr("dtype", "%v with --device %s: %v", c.DType, c.Device, err))
+	}
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
 	if _, err := engine.ParseMode(string(c.Mode)); err != nil {
 		errs = append(errs, flagErr("mode", "%v", err))

@@ -43,7 +43,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
 	fs.Var(&c.Device, "device", "`backend` to train on: cpu (cuda: not in this build yet)")
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
-	fs.Var(&c.DType, "dtype", "storage `type` of weights and activations: fp32 (the default) or bf16 (fp32 master weights and moments either way)")
+	fs.Var(&c.DType, "dtype", "storage `type` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
 	fs.Var(&c.Mode, "mode", "update `mode`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
 	fs.Var(&c.GradDType, "grad-dtype", "storage `type` of the parameter gradients: fp32 (the default) or bf16 (native and zero; lsp's compressed S is fp32)")

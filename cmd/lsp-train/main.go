@@ -72,6 +72,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 	}
 	reuseDefaultOut(fs, &cfg)
+	defaultDType(fs, &cfg)
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {
