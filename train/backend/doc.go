@@ -54,17 +54,17 @@
 // and in its KernelDTypes mode refuses what the table refuses, so whether
 // a schedule's dtypes run on the GPU is checked with no GPU.
 //
-//	Fill                         t: fp32|bf16 (kernel pending)
-//	Scale                        t: fp32|bf16 (kernel pending)
-//	Add                          out: fp32|bf16; a: fp32|bf16; b: fp32|bf16 (kernel pending)
-//	Accumulate                   dst: fp32|bf16; src: fp32|bf16 (kernel pending)
+//	Fill                         t: fp32|bf16 [t_bf16]
+//	Scale                        t: fp32|bf16 [t_bf16]
+//	Add                          out: fp32|bf16 [out_bf16]; a: fp32|bf16 [a_bf16]; b: fp32|bf16 [b_bf16]
+//	Accumulate                   dst: fp32|bf16 [dst_bf16]; src: fp32|bf16 [src_bf16]
 //	EncoderForward               out, wte, wpe: fp32|bf16 [x_bf16]; inp: i32
 //	EncoderBackward              dwte, dwpe, dout: fp32|bf16 [g_bf16]; inp: i32
 //	LayerNormForward             out, inp, weight, bias: fp32|bf16 [x_bf16]; mean, rstd: fp32
 //	LayerNormBackward            dinp, dweight, dbias, dout: fp32|bf16 [g_bf16]; inp, weight: fp32|bf16 [x_bf16]; mean, rstd, scratch: fp32
 //	Gemm                         A, B: bf16; C: fp32|bf16 [c_is_bf16]
-//	AddBias                      out: fp32|bf16; bias: fp32|bf16 (kernel pending)
-//	BiasBackward                 dbias: fp32|bf16; dout: fp32|bf16 (kernel pending)
+//	AddBias                      out: fp32|bf16 [out_bf16]; bias: fp32|bf16 [bias_bf16]
+//	BiasBackward                 dbias: fp32|bf16 [dbias_bf16]; dout: fp32|bf16 [dout_bf16]
 //	AttentionForward             out, qkv: bf16; lse: fp32
 //	AttentionBackward            dqkv, dout, qkv, out: bf16; lse, scratch: fp32
 //	GeluForward                  out, inp: fp32|bf16 [x_bf16]

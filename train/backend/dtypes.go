@@ -54,22 +54,23 @@ func grp(dts []DType, flag string, args ...string) DTypeGroup {
 	return DTypeGroup{Args: args, DTypes: dts, Flag: flag}
 }
 
-// pending is an op whose kernel is still to come: every argument fp32 or
-// bf16 on its own, as on the CPU backend.
-func pending(op, launcher string, args ...string) OpDTypes {
-	o := OpDTypes{Op: op, Launcher: launcher, Pending: true, Args: args}
+// perTensor is an op whose launcher has one *_bf16 flag per tensor (the
+// elementwise family): every argument fp32 or bf16 on its own, as on the
+// CPU backend.
+func perTensor(op, launcher string, args ...string) OpDTypes {
+	o := OpDTypes{Op: op, Launcher: launcher, Args: args}
 	for _, a := range args {
-		o.Groups = append(o.Groups, grp(storage, "", a))
+		o.Groups = append(o.Groups, grp(storage, a+"_bf16", a))
 	}
 	return o
 }
 
 // kernelDTypes is the table, in the order of the Ops methods.
 var kernelDTypes = []OpDTypes{
-	pending("Fill", "lsp_fill", "t"),
-	pending("Scale", "lsp_scale", "t"),
-	pending("Add", "lsp_add", "out", "a", "b"),
-	pending("Accumulate", "lsp_accumulate", "dst", "src"),
+	perTensor("Fill", "lsp_fill", "t"),
+	perTensor("Scale", "lsp_scale", "t"),
+	perTensor("Add", "lsp_add", "out", "a", "b"),
+	perTensor("Accumulate", "lsp_accumulate", "dst", "src"),
 	{Op: "EncoderForward", Launcher: "lsp_encoder_forward", Args: []string{"out", "inp", "wte", "wpe"},
 		Groups: []DTypeGroup{grp(storage, "x_bf16", "out", "wte", "wpe"), grp(onlyI32, "", "inp")}},
 	{Op: "EncoderBackward", Launcher: "lsp_encoder_backward", Args: []string{"dwte", "dwpe", "dout", "inp"},
@@ -82,8 +83,8 @@ var kernelDTypes = []OpDTypes{
 			grp(onlyF32, "", "mean", "rstd", "scratch")}},
 	{Op: "Gemm", Launcher: "lsp_gemm_bf16", Args: []string{"A", "B", "C"},
 		Groups: []DTypeGroup{grp(onlyBF16, "", "A", "B"), grp(storage, "c_is_bf16", "C")}},
-	pending("AddBias", "lsp_add_bias", "out", "bias"),
-	pending("BiasBackward", "lsp_bias_backward", "dbias", "dout"),
+	perTensor("AddBias", "lsp_add_bias", "out", "bias"),
+	perTensor("BiasBackward", "lsp_bias_backward", "dbias", "dout"),
 	{Op: "AttentionForward", Launcher: "lsp_attention_forward", Args: []string{"out", "lse", "qkv"},
 		Groups: []DTypeGroup{grp(onlyBF16, "", "out", "qkv"), grp(onlyF32, "", "lse")}},
 	{Op: "AttentionBackward", Launcher: "lsp_attention_backward", Args: []string{"dqkv", "dout", "qkv", "out", "lse", "scratch"},
