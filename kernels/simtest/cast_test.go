@@ -166,6 +166,9 @@ func TestCastStochasticRound(t *testing.T) {
 }
 
 func TestCastSumSquares(t *testing.T) {
+	if backend.SumSquaresWork != SumSquaresWork {
+		t.Fatalf("backend.SumSquaresWork is %d, LSP_SUM_SQUARES_WORK %d", backend.SumSquaresWork, SumSquaresWork)
+	}
 	be := cpu.New(cpu.Config{})
 	defer be.Close()
 	s := be.DefaultStream()
@@ -196,7 +199,11 @@ func TestCastSumSquares(t *testing.T) {
 				if err := backend.Upload(be, s, xt, x); err != nil {
 					t.Fatal(err)
 				}
-				if err := be.SumSquares(s, out, xt); err != nil {
+				cpuWork, err := be.Alloc("work", backend.SumSquaresWork, backend.F64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := be.SumSquares(s, out, xt, cpuWork); err != nil {
 					t.Fatal(err)
 				}
 				want, err := backend.Download(be, s, out)
@@ -205,7 +212,8 @@ func TestCastSumSquares(t *testing.T) {
 				}
 				be.Free(xt)
 				be.Free(out)
-				got, work := Alloc(t, 4), Alloc(t, 8*SumSquaresWork)
+				be.Free(cpuWork)
+				got, work := Alloc(t, 4), Alloc(t, 8*backend.SumSquaresWork) // the Go size callers allocate
 				if err := SumSquares(got, dev, bf, n, work); err != nil {
 					t.Fatal(err)
 				}

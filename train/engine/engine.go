@@ -143,6 +143,7 @@ type Engine struct {
 	be      backend.Backend
 	st      Streams
 	interp  Interpreter
+	pip     *Pipelined // interp when pipelined: its events are the engine's
 	Model   model.Model
 	idx     *model.Index // the model's layout by block
 	b, t    int          // micro-batch shape B x T
@@ -151,11 +152,14 @@ type Engine struct {
 	step    int // optimizer steps taken
 	workers *host.Workers
 
-	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
+	stage backend.HostBuffer // inputs and targets of every micro-batch (I32)
+
 	// lossFlag is lossAcc, the per-position losses of every micro-batch,
 	// followed by skipFlag, the step's non-finite flag (F32 [1]): one
 	// allocation, so that the losses and the flag come back in one copy.
 	lossFlag, lossAcc, skipFlag backend.Tensor
+
+	losses   []float32          // lossFlag read back (through the backend's staging buffer)
 	flagHost backend.HostBuffer // the flag's copy for the host Adam (zero, lsp)
 	skipped  bool               // the latest Step was skipped
 	checked  int                // the step count of the latest projector check (-1: none)
@@ -183,16 +187,20 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1}
+	if e.st, err = NewStreams(be); err != nil {
+		return nil, err
+	}
 	if cfg.Pipelined {
-		e.interp = NewPipelined(be, e.st)
+		e.pip = NewPipelined(be, e.st)
+		e.interp = e.pip
 	} else {
 		e.interp = Sequential{Backend: be, Streams: e.st}
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			e.Free()
+			_ = e.Free() // New's error is the one to report
 		}
 	}()
 	opts := model.Options{GradDType: cfg.GradDType}
@@ -211,6 +219,7 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
+	e.losses = make([]float32, accum*BT+1)
 	if cfg.Mode != Native {
 		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
@@ -289,8 +298,15 @@ func (e *Engine) Init() error {
 	return e.be.Synchronize(s)
 }
 
-// Free releases the engine's state and the model.
-func (e *Engine) Free() {
+// Free releases the engine's state, its streams and events, and the
+// model, after the work in flight has run. It releases everything even when
+// that work failed, and returns that failure with any of its own.
+func (e *Engine) Free() error {
+	errs := []error{e.Drain()}
+	if e.pip != nil {
+		errs = append(errs, e.pip.Close())
+	}
+	errs = append(errs, e.st.Destroy(e.be))
 	if e.opt != nil {
 		e.opt.Free()
 	}
@@ -318,6 +334,7 @@ func (e *Engine) Free() {
 	if e.workers != nil {
 		e.workers.Close()
 	}
+	return errors.Join(errs...)
 }
 
 // DenseParams is the treatment of the non-matrix parameters in lsp mode.
@@ -389,15 +406,14 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	}
 	// The losses and the flag: one copy, after the drain, where the step
 	// has finished anyway.
-	losses, err := backend.Download(e.be, e.st.Compute, e.lossFlag)
-	if err != nil {
+	if err := e.be.Staging().DownloadInto(e.st.Compute, e.losses, e.lossFlag); err != nil {
 		return 0, err
 	}
 	n := e.lossAcc.Len()
-	for _, l := range losses[:n] {
+	for _, l := range e.losses[:n] {
 		lossSum += float64(l)
 	}
-	if losses[n] != 0 {
+	if e.losses[n] != 0 {
 		if err := e.undoStep(); err != nil {
 			return 0, fmt.Errorf("step %d: taking back the skipped step: %w", e.step+1, err)
 		}
@@ -437,6 +453,9 @@ func (e *Engine) hostSkip(node string) bool {
 // Drain waits until every stream is idle.
 func (e *Engine) Drain() error {
 	for _, s := range []backend.Stream{e.st.Compute, e.st.D2H, e.st.H2D} {
+		if s == nil {
+			continue // New failed before making it
+		}
 		if err := e.be.Synchronize(s); err != nil {
 			return err
 		}
