@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/activations.cu for the simulator tests: GELU and
 // SwiGLU forward and backward over n elements. Values (inp, gate, up, out)

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/activations.cu under the simulator: GELU against the CPU
 // backend's GeluForward/GeluBackward (train/cpu) on tensors of the same

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/adam.cu for the simulator tests: AdamW calls the
 // launcher lsp_adamw on simulator buffers. It checks nothing itself; the

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/adam.cu (lsp_adamw) under the simulator against the CPU
 // backend's AdamW op on the same inputs, for every seed of Seeds: every

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/attention.cu for the simulator tests:
 // AttentionForward and AttentionBackward call lsp_attention_forward and

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/attention.cu (lsp_attention_forward and
 // lsp_attention_backward) under the simulator against the CPU backend's

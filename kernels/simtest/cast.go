@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/cast.cu for the simulator tests: wrappers of the cast,
 // stochastic rounding and sum-of-squares launchers on simulator buffers.

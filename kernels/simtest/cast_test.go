@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/cast.cu under the simulator, for every seed of Seeds:
 //   - fp32 -> bf16 (round to nearest even) against the CPU backend's

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/embedding.cu for the simulator tests: the token +
 // position embedding forward and its deterministic backward. inp is an

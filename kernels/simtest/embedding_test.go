@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/embedding.cu under the simulator against the CPU
 // backend's EncoderForward/EncoderBackward (train/cpu) on tensors of the

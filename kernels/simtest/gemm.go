@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/gemm.cu for the simulator tests: GemmBF16 calls the
 // launcher lsp_gemm_bf16 on simulator buffers. It checks nothing itself;

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/gemm.cu (lsp_gemm_bf16) under the simulator against the
 // CPU backend: train/cpu's Gemm on bf16 A and B tensors, followed by its

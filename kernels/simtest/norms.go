@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/norms.cu for the simulator tests (LayerNorm and
 // RMSNorm launchers), and FloatBuf, the typed buffer that the Go faces of

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/norms.cu under the simulator: LayerNorm against the CPU
 // backend's LayerNormForward/LayerNormBackward (train/cpu) on tensors of

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/rope.cu for the simulator tests: RoPE forward and
 // backward on one tensor [B, T, NH, HS], in place when out and inp are the

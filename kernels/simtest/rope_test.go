@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/rope.cu under the simulator against cpu.RoPEForward and
 // cpu.RoPEBackward (train/cpu/ref_rope.go) on the same (bf16-rounded)

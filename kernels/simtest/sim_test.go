@@ -25,21 +25,6 @@ import (
 	"time"
 )
 
-func TestMain(m *testing.M) {
-	if !InChild() {
-		if err := checkFresh(); err != nil {
-			fmt.Fprintf(os.Stderr, "simtest: %v\n", err)
-			os.Exit(2)
-		}
-	}
-	code := m.Run()
-	if os.Getenv(skipEnv) != "" {
-		// Read by TestBarrierRemoval in the parent.
-		fmt.Printf("lsp_sim: skipped barrier hits: %d\n", skippedBarrierHits())
-	}
-	os.Exit(code)
-}
-
 // markerLine returns the line of selftest.cu that contains marker.
 func markerLine(t *testing.T, marker string) int {
 	t.Helper()

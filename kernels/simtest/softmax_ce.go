@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/softmax_ce.cu for the simulator tests: the fused
 // softmax + cross-entropy. losses is an fp32 buffer of N values, targets an

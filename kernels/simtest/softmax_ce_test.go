@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/softmax_ce.cu under the simulator against the CPU
 // backend's CrossEntropyForwardBackward (train/cpu) on logits of the same

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Go face of kernels/sparse.cu for the simulator tests: thin wrappers that
 // call the LSP sparse projection launchers (compress A and B, S, apply) on

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/sparse.cu (LSP sparse projection) under the simulator,
 // against the CPU backend's ops (train/cpu/ops_sparse.go, run through a
