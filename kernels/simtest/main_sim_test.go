@@ -25,4 +25,3 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
-
