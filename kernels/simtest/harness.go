@@ -48,6 +48,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
 
@@ -127,8 +128,19 @@ func (b *Buffer) Free() {
 	}
 }
 
-// Ptr is the device address to pass to a launcher.
+// Ptr is the buffer's address, for tests that look at it (alignment,
+// guard pages); launchers take Dev.
 func (b *Buffer) Ptr() unsafe.Pointer { b.live(); return b.ptr }
+
+// Dev is the device address to pass to a launcher; a nil Buffer gives the
+// null pointer.
+func (b *Buffer) Dev() kernels.Ptr {
+	if b == nil {
+		return 0
+	}
+	b.live()
+	return kernels.Ptr(uintptr(b.ptr))
+}
 
 // Len is the size in bytes.
 func (b *Buffer) Len() int { return b.bytes }
@@ -202,6 +214,65 @@ func FromInt32(t testing.TB, xs []int32) *Buffer {
 	b := Alloc(t, 4*len(xs))
 	copy(b.Int32(), xs)
 	return b
+}
+
+// FloatBuf is a buffer of float values stored as bf16 (BF16) or fp32, for
+// the launchers that take a dtype flag per tensor. The zero FloatBuf
+// passes a null pointer.
+type FloatBuf struct {
+	Buf  *Buffer
+	BF16 bool
+}
+
+// NewFloatBuf allocates a buffer holding vals (rounded to nearest even for
+// bf16), with its guard page right after the end or, with guardBefore,
+// right before the start.
+func NewFloatBuf(t testing.TB, vals []float32, bf16, guardBefore bool) FloatBuf {
+	t.Helper()
+	size := 4
+	if bf16 {
+		size = 2
+	}
+	var b *Buffer
+	if guardBefore {
+		b = AllocBefore(t, size*len(vals))
+	} else {
+		b = Alloc(t, size*len(vals))
+	}
+	f := FloatBuf{Buf: b, BF16: bf16}
+	f.Set(vals)
+	return f
+}
+
+// Set stores vals at the start of the buffer (rounded for bf16).
+func (f FloatBuf) Set(vals []float32) {
+	if f.BF16 {
+		f.Buf.SetBF16(vals)
+	} else {
+		copy(f.Buf.Float32(), vals)
+	}
+}
+
+// Values returns a copy of the buffer's values widened to float32.
+func (f FloatBuf) Values() []float32 {
+	if f.BF16 {
+		return f.Buf.BF16()
+	}
+	return append([]float32(nil), f.Buf.Float32()...)
+}
+
+// Dev is the device address (null for the zero FloatBuf).
+func (f FloatBuf) Dev() kernels.Ptr { return f.Buf.Dev() }
+
+// DT is the launchers' dtype flag of the buffer.
+func (f FloatBuf) DT() kernels.DType { return dtype(f.BF16) }
+
+// dtype is the launchers' dtype flag: BF16 when bf16, else F32.
+func dtype(bf16 bool) kernels.DType {
+	if bf16 {
+		return kernels.BF16
+	}
+	return kernels.F32
 }
 
 // RoundBF16 returns xs rounded to the nearest bf16 (ties to even), as

@@ -16,19 +16,7 @@
 package simtest
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/..
-#cgo LDFLAGS: ${SRCDIR}/../../build/libkernels.a -lcudart_static -ldl -lrt -lpthread -lstdc++
 #include <cuda_runtime_api.h>
-
-// The Makefile passes a hash of build/libkernels.a (-DLSP_KERNELS_LIB=...):
-// Go's build cache does not see the library's contents, but it does see
-// CGO_CFLAGS, so a new library relinks the binary, which reports the hash.
-#ifndef LSP_KERNELS_LIB
-#define LSP_KERNELS_LIB unknown
-#endif
-#define LSP_STR2(x) #x
-#define LSP_STR(x) LSP_STR2(x)
-static const char* lsp_kernels_lib(void) { return LSP_STR(LSP_KERNELS_LIB); }
 */
 import "C"
 
@@ -127,10 +115,6 @@ func devFree(_ unsafe.Pointer, m devMem) error {
 	return err
 }
 
-// KernelsLib is the hash of build/libkernels.a this binary was linked
-// with, as the Makefile passed it ("unknown" when built without it).
-func KernelsLib() string { return C.GoString(C.lsp_kernels_lib()) }
-
 // DeviceInfo describes the GPU the tests run on, or why none can be used
 // (no device, no driver, or one older than sm_80, which the kernels need).
 func DeviceInfo() (string, error) {
@@ -154,22 +138,4 @@ func DeviceInfo() (string, error) {
 		return desc, fmt.Errorf("%s: the kernels need sm_80 or newer", desc)
 	}
 	return desc, nil
-}
-
-// Check turns a launcher's return code into an error naming op and the
-// CUDA error. A launch that returned success is waited for
-// (cudaDeviceSynchronize), so a fault while the kernel ran is reported
-// here, as its launcher's error, before the test reads any result.
-func Check(op string, code int) error {
-	if code == 0 {
-		if c := C.cudaDeviceSynchronize(); c != C.cudaSuccess {
-			code = int(c)
-		} else {
-			code = int(C.cudaGetLastError())
-		}
-	}
-	if code == 0 {
-		return nil
-	}
-	return cudaErr(op, C.cudaError_t(code))
 }

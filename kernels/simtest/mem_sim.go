@@ -64,17 +64,6 @@ func devFree(p unsafe.Pointer, _ devMem) error {
 	return nil
 }
 
-// Check turns a launcher's return code into an error naming op, the CUDA
-// error and the simulator's message (which kernel, block, thread, why).
-func Check(op string, code int) error {
-	if code == 0 {
-		return nil
-	}
-	msg := C.GoString(C.lsp_sim_last_message())
-	return fmt.Errorf("%s: %s (%s): %s", op, C.GoString(C.lsp_sim_error_name(C.int(code))),
-		C.GoString(C.lsp_sim_error_string(C.int(code))), msg)
-}
-
 // setSkipBarriers switches barrier sites off in this process, as
 // LSP_SIM_SKIP_BARRIER does ("file.cu:line,..."; "" for none).
 func setSkipBarriers(sites string) error {
