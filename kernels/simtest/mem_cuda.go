@@ -35,13 +35,6 @@ const Simulated = false
 // where a test compares them).
 func SetSeed(uint64) {}
 
-// gpuPage is the granule buffers are placed in, the simulator's page size
-// on x86-64 Linux.
-const gpuPage = 4096
-
-// canaryByte fills the bytes around a buffer inside its allocation.
-const canaryByte = 0xA5
-
 // devMem is one managed allocation holding a buffer and its canaries.
 type devMem struct {
 	base  unsafe.Pointer // from cudaMallocManaged
@@ -61,28 +54,12 @@ func cudaErr(op string, code C.cudaError_t) error {
 }
 
 func devAlloc(bytes, align int, before bool) (unsafe.Pointer, devMem, error) {
-	if align <= 0 {
-		align = 1
-	}
-	// A page to round the base up to a page boundary, the buffer's pages
-	// (as the simulator maps them), and a page of canaries after them.
-	region := (bytes + align - 1 + gpuPage - 1) / gpuPage * gpuPage
-	if before {
-		region = gpuPage + (bytes+gpuPage-1)/gpuPage*gpuPage
-	}
-	size := gpuPage + region + gpuPage
+	size := gpuAllocSize(bytes, align, before)
 	var base unsafe.Pointer
 	if code := C.cudaMallocManaged(&base, C.size_t(size), C.cudaMemAttachGlobal); code != C.cudaSuccess {
 		return nil, devMem{}, cudaErr("cudaMallocManaged", code)
 	}
-	first := int((gpuPage - uintptr(base)%gpuPage) % gpuPage) // offset of the first page boundary
-	m := devMem{base: base, size: size, bytes: bytes}
-	if before {
-		m.data = first + gpuPage // the page before holds canaries
-	} else {
-		end := uintptr(base) + uintptr(first+region) // a page boundary
-		m.data = int((end-uintptr(bytes))&^uintptr(align-1) - uintptr(base))
-	}
+	m := devMem{base: base, size: size, bytes: bytes, data: gpuDataOffset(uintptr(base), bytes, align, before)}
 	all := unsafe.Slice((*byte)(base), size)
 	for _, r := range m.canaries() {
 		for i := r[0]; i < r[1]; i++ {
