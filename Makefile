@@ -18,8 +18,9 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
-	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/'; \
-		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/; fi
+	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...'; \
+		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...; \
+		echo '$(SIM_ENV) $(GO) vet -tags cuda ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cuda ./kernels/...; fi
 
 # Go packages under the race detector with -short; heavier training tests
 # skip themselves under -short or under the race detector and run in the
@@ -114,17 +115,22 @@ bench-adam:
 # `make simtest` runs every kernel under the CPU simulator (kernels/sim) via
 # the lsp_sim-tagged Go package kernels/simtest: no GPU needed, only CUDA's
 # headers; without -short (the barrier-removal check runs) and without -race.
+# The tests call the launchers through package kernels, the Go face
+# generated from kernels/kernels.h (`go generate ./kernels`; a plain `go
+# test ./kernels` fails when it is out of date).
 # RUN=regexp selects tests (e.g. make simtest RUN=TestGemm).
 .PHONY: kernels simtest gpu-test-bin
 SIM_OK    := $(or $(wildcard /usr/include/cuda_bf16.h),$(NVCC))
 CUDA_INC  := $(if $(wildcard /usr/include/cuda_bf16.h),,$(if $(NVCC),$(abspath $(dir $(realpath $(NVCC)))../include)))
 # Go's build cache does not track the kernel sources simtest includes from
-# ../, so their hash goes into CGO_CXXFLAGS (part of the cache key); the
-# tests check it (kernels/simtest/sim.go, checkFresh). Same list and order.
+# ../ (nor the headers the generated face in package kernels includes from
+# sim/), so their hash goes into CGO_CXXFLAGS and CGO_CFLAGS (part of the
+# cache key); the tests check it (kernels/simtest/mem_sim.go, checkFresh).
+# Same list and order.
 SIM_SRCS   = $(sort $(wildcard kernels/*.cu kernels/*.cuh kernels/*.h kernels/sim/*.h kernels/sim/*.cpp \
 	kernels/simtest/*.cu kernels/simtest/*.h))
 SIM_HASH   = $(if $(SIM_SRCS),$(shell cat $(SIM_SRCS) | sha256sum | cut -c1-16),none)
-SIM_ENV    = CGO_CFLAGS="-g -O2 $(if $(CUDA_INC),-I$(CUDA_INC))" \
+SIM_ENV    = CGO_CFLAGS="-g -O2 -DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))" \
 	CGO_CXXFLAGS="-g -O1 -DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))"
 KERNEL_SRC := $(wildcard kernels/*.cu)
 KERNEL_OBJ := $(KERNEL_SRC:kernels/%.cu=build/kernels/%.o)
@@ -165,7 +171,8 @@ endif
 # not see the library's contents, so its hash goes into CGO_CFLAGS (the
 # binary prints it). The ldd check keeps libcudart.so out of the binary.
 CUDA_LIBDIR := $(if $(NVCC),$(firstword $(wildcard $(abspath $(dir $(realpath $(NVCC)))../lib64/libcudart_static.a))))
-GPU_ENV    = CGO_CFLAGS="-g -O2 -DLSP_KERNELS_LIB=$$(sha256sum build/libkernels.a | cut -c1-16) $(if $(CUDA_INC),-I$(CUDA_INC))" \
+GPU_ENV    = CGO_CFLAGS="-g -O2 -DLSP_KERNELS_LIB=$$(sha256sum build/libkernels.a | cut -c1-16) -DLSP_SIM_SOURCES=$(SIM_HASH) \
+	$(if $(CUDA_INC),-I$(CUDA_INC))" \
 	$(if $(CUDA_LIBDIR),CGO_LDFLAGS="-L$(dir $(CUDA_LIBDIR))")
 
 gpu-test-bin:

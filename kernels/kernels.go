@@ -29,13 +29,13 @@
 // A launcher's Go function takes the C arguments in the C order with Go
 // types: device pointers as Ptr, cudaStream_t as Stream, int as int
 // (refused, before any launch, when it does not fit in 32 bits), an int
-// named *_bf16 as DType, the on/off ints (kernelgen.FlagParams: transA,
-// gelu, accumulate, ...) as bool, long long
-// as int64, unsigned as uint32, unsigned long long as uint64, float as
-// float32. A C parameter named C (channels, or gemm's output) is C_ in Go,
-// as C names cgo's pseudo-package. It returns the launcher's error as an
-// *Error. Helpers that return a value (lsp_*_scratch_bytes) return it with
-// an error for arguments out of range.
+// named *_bf16 as DType, the on/off ints of kernelgen.FlagParams (transA,
+// gelu, accumulate, ...) as bool, long long as int64, unsigned as uint32,
+// unsigned long long as uint64, float as float32. A C parameter named C
+// (channels, or gemm's output) is C_ in Go, as C names cgo's
+// pseudo-package. It returns the launcher's error as an *Error. Helpers
+// that return a value (lsp_*_scratch_bytes) return it with an error for
+// arguments out of range.
 //
 // Errors are the launcher's own: the generated C shim clears the calling
 // thread's last CUDA error (and the simulator's message) before it calls

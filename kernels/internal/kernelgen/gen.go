@@ -227,15 +227,16 @@ func lowerCamel(c string) string {
 }
 
 func lowerFirst(s string) string {
-	if s == "" {
-		return s
+	// Lower a leading initialism as a whole (BF16Round -> bf16Round,
+	// RMSNorm -> rmsNorm), but not the capital that starts the next word.
+	n := 0
+	for n < len(s) && (s[n] >= 'A' && s[n] <= 'Z' || s[n] >= '0' && s[n] <= '9') {
+		n++
 	}
-	// Keep an initialism together: BF16Foo -> bf16Foo.
-	i := 1
-	for i < len(s) && s[i] >= 'A' && s[i] <= 'Z' && (i+1 == len(s) || s[i+1] >= 'A' && s[i+1] <= 'Z') {
-		i++
+	if n > 1 && n < len(s) {
+		n--
 	}
-	return strings.ToLower(s[:i]) + s[i:]
+	return strings.ToLower(s[:n]) + s[n:]
 }
 
 // proto writes f as one C line.

@@ -87,6 +87,9 @@ func Parse(file string, src []byte) (*Header, error) {
 		n := i + 1
 		line := strings.TrimSpace(raw)
 		if pending.Len() > 0 {
+			if line == "" || strings.HasPrefix(line, "//") || strings.HasPrefix(line, "#") {
+				return nil, errAt(pendAt, "a declaration without its closing \");\" before line %d", n)
+			}
 			pending.WriteString(" ")
 			pending.WriteString(line)
 			if strings.HasSuffix(line, ";") {
