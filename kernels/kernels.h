@@ -178,6 +178,32 @@ cudaError_t lsp_stochastic_round_bf16(__nv_bfloat16* out, const float* in, long 
 cudaError_t lsp_sum_squares(float* out, const void* x, int x_bf16, long long n, double* work, cudaStream_t stream);
 // END cast
 
+// BEGIN elementwise
+// The small ops of Backend.Ops (elementwise.cu), each the CPU backend's op
+// bit for bit (a NaN made by arithmetic is NaN, its payload may differ).
+// Every tensor has its own dtype flag, named after it (backend.DType: 0
+// fp32, 1 bf16), in any mix; bf16 is rounded to nearest even at store.
+// n elements (64-bit); out [N, OC] and dout [N, OC] row-major, bias and
+// dbias [OC]. out may alias a or b, src may alias dst (same dtype); no
+// other overlaps. Deterministic, no atomics.
+// t = v.
+cudaError_t lsp_fill(void* t, float v, long long n, int t_bf16, cudaStream_t stream);
+// t = t * a.
+cudaError_t lsp_scale(void* t, float a, long long n, int t_bf16, cudaStream_t stream);
+// out = a + b.
+cudaError_t lsp_add(void* out, const void* a, const void* b, long long n, int out_bf16, int a_bf16, int b_bf16,
+                    cudaStream_t stream);
+// dst += src.
+cudaError_t lsp_accumulate(void* dst, const void* src, long long n, int dst_bf16, int src_bf16, cudaStream_t stream);
+// out[r, :] += bias for every row r < N.
+cudaError_t lsp_add_bias(void* out, const void* bias, int N, int OC, int out_bf16, int bias_bf16,
+                         cudaStream_t stream);
+// dbias += the column sums of dout, each summed over rows 0..N-1 in order
+// from +0 in fp32 (the CPU's order; N == 0 adds +0).
+cudaError_t lsp_bias_backward(void* dbias, const void* dout, int N, int OC, int dbias_bf16, int dout_bf16,
+                              cudaStream_t stream);
+// END elementwise
+
 #ifdef __cplusplus
 }
 #endif

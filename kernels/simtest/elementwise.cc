@@ -1,0 +1,2 @@
+// elementwise.cc: compiles kernels/elementwise.cu under the simulator into this cgo package.
+#include "../elementwise.cu"
