@@ -173,6 +173,36 @@ static lspgo_ret lspgo_lsp_sum_squares(uintptr_t out, uintptr_t x, int x_bf16, l
 	lspgo_begin();
 	return lspgo_end(lsp_sum_squares((float*)out, (const void*)x, x_bf16, n, (double*)work, (cudaStream_t)stream), lspgo_sync);
 }
+
+static lspgo_ret lspgo_lsp_fill(uintptr_t t, float v, long long n, int t_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_fill((void*)t, v, n, t_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_scale(uintptr_t t, float a, long long n, int t_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_scale((void*)t, a, n, t_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_add(uintptr_t out, uintptr_t a, uintptr_t b, long long n, int out_bf16, int a_bf16, int b_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_add((void*)out, (const void*)a, (const void*)b, n, out_bf16, a_bf16, b_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_accumulate(uintptr_t dst, uintptr_t src, long long n, int dst_bf16, int src_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_accumulate((void*)dst, (const void*)src, n, dst_bf16, src_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_add_bias(uintptr_t out, uintptr_t bias, int N, int OC, int out_bf16, int bias_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_add_bias((void*)out, (const void*)bias, N, OC, out_bf16, bias_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_bias_backward(uintptr_t dbias, uintptr_t dout, int N, int OC, int dbias_bf16, int dout_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_bias_backward((void*)dbias, (const void*)dout, N, OC, dbias_bf16, dout_bf16, (cudaStream_t)stream), lspgo_sync);
+}
 */
 import "C"
 
@@ -642,4 +672,78 @@ func StochasticRoundBF16(out, in Ptr, n int64, seed, step uint64, matrix uint32,
 // passes, no atomics); work: LSP_SUM_SQUARES_WORK doubles of scratch.
 func SumSquares(out, x Ptr, xBF16 DType, n int64, work Ptr, stream Stream) error {
 	return lspgoResult("lsp_sum_squares", C.lspgo_lsp_sum_squares(C.uintptr_t(out), C.uintptr_t(x), C.int(xBF16), C.longlong(n), C.uintptr_t(work), C.uintptr_t(stream), lspgoSync()))
+}
+
+// Fill runs lsp_fill (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_fill(void* t, float v, long long n, int t_bf16, cudaStream_t stream)
+//
+// The small ops of Backend.Ops (elementwise.cu), each the CPU backend's op
+// bit for bit (a NaN made by arithmetic is NaN, its payload may differ).
+// Every tensor has its own dtype flag, named after it (backend.DType: 0
+// fp32, 1 bf16), in any mix; bf16 is rounded to nearest even at store.
+// n elements (64-bit); out [N, OC] and dout [N, OC] row-major, bias and
+// dbias [OC]. out may alias a or b, src may alias dst (same dtype); no
+// other overlaps. Deterministic, no atomics.
+// t = v.
+func Fill(t Ptr, v float32, n int64, tBF16 DType, stream Stream) error {
+	return lspgoResult("lsp_fill", C.lspgo_lsp_fill(C.uintptr_t(t), C.float(v), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// Scale runs lsp_scale (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_scale(void* t, float a, long long n, int t_bf16, cudaStream_t stream)
+//
+// t = t * a.
+func Scale(t Ptr, a float32, n int64, tBF16 DType, stream Stream) error {
+	return lspgoResult("lsp_scale", C.lspgo_lsp_scale(C.uintptr_t(t), C.float(a), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// Add runs lsp_add (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_add(void* out, const void* a, const void* b, long long n, int out_bf16, int a_bf16, int b_bf16, cudaStream_t stream)
+//
+// out = a + b.
+func Add(out, a, b Ptr, n int64, outBF16, aBF16, bBF16 DType, stream Stream) error {
+	return lspgoResult("lsp_add", C.lspgo_lsp_add(C.uintptr_t(out), C.uintptr_t(a), C.uintptr_t(b), C.longlong(n), C.int(outBF16), C.int(aBF16), C.int(bBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// Accumulate runs lsp_accumulate (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_accumulate(void* dst, const void* src, long long n, int dst_bf16, int src_bf16, cudaStream_t stream)
+//
+// dst += src.
+func Accumulate(dst, src Ptr, n int64, dstBF16, srcBF16 DType, stream Stream) error {
+	return lspgoResult("lsp_accumulate", C.lspgo_lsp_accumulate(C.uintptr_t(dst), C.uintptr_t(src), C.longlong(n), C.int(dstBF16), C.int(srcBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// AddBias runs lsp_add_bias (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_add_bias(void* out, const void* bias, int N, int OC, int out_bf16, int bias_bf16, cudaStream_t stream)
+//
+// out[r, :] += bias for every row r < N.
+func AddBias(out, bias Ptr, N, OC int, outBF16, biasBF16 DType, stream Stream) error {
+	if int(int32(N)) != N {
+		return lspgoRange("lsp_add_bias", "N", N, "does not fit in a C int")
+	}
+	if int(int32(OC)) != OC {
+		return lspgoRange("lsp_add_bias", "OC", OC, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_add_bias", C.lspgo_lsp_add_bias(C.uintptr_t(out), C.uintptr_t(bias), C.int(N), C.int(OC), C.int(outBF16), C.int(biasBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// BiasBackward runs lsp_bias_backward (kernels.h, section elementwise):
+//
+//	cudaError_t lsp_bias_backward(void* dbias, const void* dout, int N, int OC, int dbias_bf16, int dout_bf16, cudaStream_t stream)
+//
+// dbias += the column sums of dout, each summed over rows 0..N-1 in order
+// from +0 in fp32 (the CPU's order; N == 0 adds +0).
+func BiasBackward(dbias, dout Ptr, N, OC int, dbiasBF16, doutBF16 DType, stream Stream) error {
+	if int(int32(N)) != N {
+		return lspgoRange("lsp_bias_backward", "N", N, "does not fit in a C int")
+	}
+	if int(int32(OC)) != OC {
+		return lspgoRange("lsp_bias_backward", "OC", OC, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_bias_backward", C.lspgo_lsp_bias_backward(C.uintptr_t(dbias), C.uintptr_t(dout), C.int(N), C.int(OC), C.int(dbiasBF16), C.int(doutBF16), C.uintptr_t(stream), lspgoSync()))
 }
