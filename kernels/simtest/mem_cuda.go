@@ -25,10 +25,6 @@ import (
 	"unsafe"
 )
 
-// Simulated reports whether the kernels run on the CPU simulator or on a
-// GPU (false here).
-const Simulated = false
-
 // SetSeed does nothing on a GPU: the hardware picks its own thread orders.
 // Tests still loop over Seeds, which reruns each launch (a kernel whose
 // result depends on the schedule shows up as a difference between runs

@@ -29,10 +29,6 @@ import (
 	"unsafe"
 )
 
-// Simulated reports whether the kernels run on the CPU simulator (true
-// here) or on a GPU.
-const Simulated = true
-
 // SetSeed picks the thread orders of every later launch and the opaque
 // wmma fragment layout, and restarts the launch counter, so a test that
 // sets a seed and launches the same kernels sees the same schedule.
