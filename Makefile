@@ -32,12 +32,13 @@ gotest:
 # (those runs race on purpose, so the race detector would flag them), the
 # pipelined-vs-sequential check at full length, the compare job, a full
 # disk at every write point (injected, and on a tmpfs where one mounts),
-# and the train command killed (SIGKILL) once at every named write point
-# and resumed (child processes, slow under -race).
+# the train command killed (SIGKILL) once at every named write point and
+# resumed, stopped by SIGINT and SIGTERM (its exit status), and every
+# command line of README.md run (child processes, slow under -race).
 gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull' ./train/
-	$(GO) test -count=1 -run 'TestKillNamedPoints' ./cmd/lsp-train/
+	$(GO) test -count=1 -run 'TestKillNamedPoints|TestInterruptExitStatus|TestCompareInterruptExitStatus|TestREADMEExamples' ./cmd/lsp-train/
 
 # `make test-kill`: the train command killed with SIGKILL at every named
 # write point, then KILLS more times at seeded random points and moments

@@ -2,63 +2,65 @@ package kernels_test
 
 import (
 	"reflect"
-	"sort"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// opLaunchers names the launchers of the Backend methods whose launcher is
-// not the Go function of the same name (DESIGN.md "one op, three faces":
-// every op has one launcher in kernels.h). Every other method of
-// backend.Ops must have a launcher whose Go name is the method's.
-var opLaunchers = map[string][]string{
-	"Gemm": {"lsp_gemm_bf16"}, // bf16 operands on tensor cores; fp32 or bf16 C
-	// Backend.CopyD2D converts between dtypes; a same-dtype copy is a
-	// cudaMemcpyAsync, the conversions are launchers.
-	"CopyD2D": {"lsp_cast_f32_to_bf16", "lsp_cast_bf16_to_f32"},
-}
-
 // TestOpsHaveLaunchers: every compute op of the Backend contract has its
-// launcher in kernels.h, hence a function in the generated face.
+// launcher in kernels.h, hence a function in the generated face (DESIGN.md
+// "one op, three faces"). The op's launcher is the one backend's dtype
+// table names (backend.KernelDTypes); the table's dtype flags must be the
+// launcher's DType parameters, all of them.
 func TestOpsHaveLaunchers(t *testing.T) {
 	ops := reflect.TypeOf((*backend.Ops)(nil)).Elem()
 	if ops.NumMethod() == 0 {
 		t.Fatal("backend.Ops has no methods: the reflection is wrong")
 	}
-	methods := map[string]bool{}
+	table := map[string]backend.OpDTypes{}
+	for _, o := range backend.KernelDTypes() {
+		table[o.Op] = o
+	}
 	for i := range ops.NumMethod() {
-		methods[ops.Method(i).Name] = true
-	}
-	methods["CopyD2D"] = true // on backend.Backend, not Ops, but it converts dtypes on the device
-	if _, ok := reflect.TypeOf((*backend.Backend)(nil)).Elem().MethodByName("CopyD2D"); !ok {
-		t.Error("backend.Backend has no CopyD2D any more: drop it from this test")
-	}
-	var names []string
-	for m := range methods {
-		names = append(names, m)
-	}
-	sort.Strings(names)
-	for _, m := range names {
-		want, ok := opLaunchers[m]
+		m := ops.Method(i).Name
+		o, ok := table[m]
 		if !ok {
-			want = []string{m}
+			t.Errorf("backend.Ops.%s has no entry (hence no launcher) in backend.KernelDTypes", m)
+			continue
 		}
-		var missing []string
-		for _, name := range want {
-			l, ok := kernels.Lookup(name)
-			if !ok || !l.IsLaunch() {
-				missing = append(missing, name)
+		l, ok := kernels.Lookup(o.Launcher)
+		if !ok || !l.IsLaunch() {
+			t.Errorf("backend.Ops.%s has no launcher %s in kernels.h (regenerated face: kernels.Launchers); every op needs one (DESIGN.md section 5)", m, o.Launcher)
+			continue
+		}
+		flags := map[string]bool{}
+		for _, p := range l.Params {
+			if p.GoType == "DType" {
+				flags[p.Name] = true
 			}
 		}
-		if len(missing) > 0 {
-			t.Errorf("backend.Ops.%s has no launcher %v in kernels.h (regenerated face: kernels.Launchers); every op needs one (DESIGN.md section 5)", m, missing)
+		for _, g := range o.Groups {
+			if g.Flag == "" {
+				continue
+			}
+			if !flags[g.Flag] {
+				t.Errorf("backend.Ops.%s: the dtype table's flag %s (for %v) is not a dtype parameter of %s", m, g.Flag, g.Args, l.C)
+			}
+			delete(flags, g.Flag)
+		}
+		for f := range flags {
+			t.Errorf("backend.Ops.%s: %s's dtype parameter %s chooses no argument's type in the dtype table", m, l.C, f)
 		}
 	}
-	for m := range opLaunchers {
-		if !methods[m] {
-			t.Errorf("opLaunchers names %s, which backend.Ops does not have", m)
+	// Backend.CopyD2D converts between dtypes on the device: a same-dtype
+	// copy is a cudaMemcpyAsync, the conversions are launchers.
+	if _, ok := reflect.TypeOf((*backend.Backend)(nil)).Elem().MethodByName("CopyD2D"); !ok {
+		t.Error("backend.Backend has no CopyD2D any more: drop its launchers from this test")
+	}
+	for _, c := range []string{"lsp_cast_f32_to_bf16", "lsp_cast_bf16_to_f32"} {
+		if l, ok := kernels.Lookup(c); !ok || !l.IsLaunch() {
+			t.Errorf("backend.Backend.CopyD2D has no launcher %s in kernels.h", c)
 		}
 	}
 }
@@ -90,7 +92,7 @@ func TestLaunchersTable(t *testing.T) {
 			}
 		}
 	}
-	if kernels.SumSquaresWork != 1024 {
-		t.Errorf("SumSquaresWork = %d, want kernels.h's LSP_SUM_SQUARES_WORK 1024", kernels.SumSquaresWork)
+	if kernels.SumSquaresWork != backend.SumSquaresWork {
+		t.Errorf("kernels.SumSquaresWork (LSP_SUM_SQUARES_WORK) = %d, backend.SumSquaresWork = %d", kernels.SumSquaresWork, backend.SumSquaresWork)
 	}
 }

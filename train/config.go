@@ -12,6 +12,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/device"
@@ -25,8 +26,8 @@ import (
 type Config struct {
 	Model     string  // --model: a preset name or a Hugging Face checkpoint directory
 	Data      string  // --data: "builtin", "builtin:TASK[:N]", an Alpaca .json/.jsonl file, or a text file
-	Steps     int     // --steps: optimizer steps (0: from --epochs)
-	Epochs    float64 // --epochs: passes over the training set when --steps is 0
+	Steps     int     // --steps: optimizer steps (0: from --epochs, or DefaultSteps when neither is set)
+	Epochs    float64 // --epochs: passes over the training set instead of --steps (0: unset)
 	Batch     int     // --batch: rows per micro-batch (B)
 	SeqLen    int     // --seq-len: tokens per row (T)
 	GradAccum int     // --grad-accum: micro-batches per step
@@ -63,16 +64,21 @@ type Config struct {
 	Seed      uint64        // --seed
 	Device    device.Kind   // --device: cpu (cuda comes later)
 	DeviceMem int64         // --device-mem: device memory budget in bytes (0: unlimited)
-	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations
+	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations (the command's default: Device.DefaultDType)
 	Threads   int           // --threads: compute threads (0: all cores)
 	Out       string        // --out: output directory
 }
 
+// DefaultSteps is the length of a run given neither --steps nor --epochs.
+const DefaultSteps = 600
+
 // Defaults is the default job: the tiny model on the built-in sorting
-// task (sort the letters of a word), sized to finish in about a minute on two cores.
+// task (sort the letters of a word), sized to finish in about a minute on
+// two cores. Steps and Epochs are both unset, so that either may be given
+// alone (DefaultSteps when neither is).
 func Defaults() Config {
 	return Config{
-		Model: "tiny", Data: "builtin:sort", Steps: 600, Batch: 32, SeqLen: 24, GradAccum: 1,
+		Model: "tiny", Data: "builtin:sort", Batch: 32, SeqLen: 24, GradAccum: 1,
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
@@ -126,12 +132,15 @@ func (c Config) Validate() error {
 		}
 	}
 	check(c.Steps >= 0, "steps", "must be >= 0, got %d", c.Steps)
-	check(c.Steps > 0 || c.Epochs > 0, "steps", "set --steps or --epochs to a positive value")
+	check(c.Epochs >= 0 && !math.IsInf(c.Epochs, 0), "epochs", "must be >= 0 and finite, got %g", c.Epochs)
+	// Both set would leave one silently ignored.
+	check(c.Steps == 0 || c.Epochs == 0, "epochs", "%g contradicts --steps %d: give one of them (--steps counts optimizer steps, --epochs passes over the data)",
+		c.Epochs, c.Steps)
 	check(c.Batch > 0, "batch", "must be positive, got %d", c.Batch)
 	check(c.SeqLen > 0, "seq-len", "must be positive, got %d", c.SeqLen)
 	check(c.GradAccum > 0, "grad-accum", "must be positive, got %d", c.GradAccum)
 	check(c.LR > 0, "lr", "must be positive, got %g", c.LR)
-	check(c.MinLR >= 0 && c.MinLR <= c.LR, "min-lr", "must be in [0, --lr], got %g", c.MinLR)
+	check(c.MinLR >= 0 && c.MinLR <= c.LR, "min-lr", "must be in [0, --lr = %g], got %g (with a lower --lr, give --min-lr too, say a tenth of it)", c.LR, c.MinLR)
 	check(c.Warmup >= 0, "warmup", "must be >= 0, got %d", c.Warmup)
 	check(c.WeightDecay >= 0, "weight-decay", "must be >= 0, got %g", c.WeightDecay)
 	check(c.Beta1 >= 0 && c.Beta1 < 1, "beta1", "must be in [0, 1), got %g", c.Beta1)
@@ -149,6 +158,9 @@ func (c Config) Validate() error {
 	}
 	check(c.DeviceMem >= 0, "device-mem", "must be >= 0, got %d", c.DeviceMem)
 	check(storageDType(c.DType), "dtype", "%v is not a storage type (want fp32 or bf16)", c.DType)
+	if err := device.CheckDType(c.Device, c.DType); err != nil {
+		errs = append(errs, flagErr("dtype", "%v with --device %s: %v", c.DType, c.Device, err))
+	}
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
 	if _, err := engine.ParseMode(string(c.Mode)); err != nil {
 		errs = append(errs, flagErr("mode", "%v", err))

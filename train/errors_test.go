@@ -5,10 +5,12 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -191,10 +193,10 @@ func TestBadCheckpoint(t *testing.T) {
 		}, []string{"resume", checkpoint.FileName, "model"}},
 		{"another batch", func(t *testing.T, c *Config) {
 			c.Batch = 3
-		}, []string{"resume", checkpoint.FileName, "--batch 4"}},
+		}, []string{"resume", checkpoint.FileName, "--batch: checkpoint has 4, command line has 3"}},
 		{"another dtype", func(t *testing.T, c *Config) {
 			c.DType = backend.BF16
-		}, []string{"resume", checkpoint.FileName, "--dtype fp32"}},
+		}, []string{"resume", checkpoint.FileName, "--dtype: checkpoint has fp32, command line has bf16"}},
 		{"truncated", func(t *testing.T, c *Config) {
 			truncate(t, filepath.Join(c.Out, checkpoint.FileName))
 		}, []string{"resume", checkpoint.FileName, "truncated"}},
@@ -239,6 +241,39 @@ func TestBadCheckpoint(t *testing.T) {
 	}
 }
 
+// raiseLR sets c's learning rate to lr and records it as the one the
+// checkpoint in c.Out was saved with, so that the resume, which refuses a
+// changed --lr, goes on from finite weights with a rate that breaks them.
+func raiseLR(t *testing.T, c *Config, lr float64) {
+	t.Helper()
+	c.LR = lr
+	path := filepath.Join(c.Out, checkpoint.FileName)
+	f, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := checkpoint.ReadState(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Settings["lr"] = settingText(reflect.ValueOf(lr))
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts []safetensors.Tensor
+	for _, name := range f.Names() {
+		v, _, err := f.Float32(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, safetensors.F32Tensor(name, []int{len(v)}, v))
+	}
+	if err := safetensors.Write(path, ts, checkpoint.Metadata(ts, string(raw))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // rewriteCheckpoint rewrites every tensor of a checkpoint through edit,
 // keeping its training state, with checksums of the edited tensors.
 func rewriteCheckpoint(t *testing.T, path string, edit func(name string, v []float32) []float32) {
@@ -272,11 +307,11 @@ func TestNonFinite(t *testing.T) {
 	}{
 		// Step 3 is finite, its update breaks the weights: the eval at step
 		// 4 sees it (a step-5 loss would too).
-		{"lr 1e9", "eval loss is NaN", func(t *testing.T, c *Config) { c.LR = 1e9 }},
+		{"lr 1e9", "eval loss is NaN", func(t *testing.T, c *Config) { raiseLR(t, c, 1e9) }},
 		// Without that eval, the step-5 loss is the first to see it (NaN
 		// weights in a checkpoint are refused when it loads instead:
 		// TestIntegrityResume).
-		{"lr 1e9, no eval", "step 5: loss is NaN", func(t *testing.T, c *Config) { c.LR, c.EvalEvery = 1e9, 0 }},
+		{"lr 1e9, no eval", "step 5: loss is NaN", func(t *testing.T, c *Config) { raiseLR(t, c, 1e9); c.EvalEvery = 0 }},
 		// A huge final LayerNorm bias: the logits and the loss stay finite,
 		// but the squared norm of the tied embedding's gradient overflows.
 		{"gradient norm overflow", "gradient norm is +Inf", func(t *testing.T, c *Config) {
@@ -371,7 +406,9 @@ func TestValidate(t *testing.T) {
 		{"seq-len", func(c *Config) { c.SeqLen = -1 }},
 		{"grad-accum", func(c *Config) { c.GradAccum = 0 }},
 		{"steps", func(c *Config) { c.Steps = -1 }},
-		{"steps", func(c *Config) { c.Steps, c.Epochs = 0, 0 }},
+		{"epochs", func(c *Config) { c.Steps, c.Epochs = 5, 1 }}, // both: one would be ignored
+		{"epochs", func(c *Config) { c.Epochs = -1 }},
+		{"epochs", func(c *Config) { c.Epochs = math.NaN() }},
 		{"lr", func(c *Config) { c.LR = 0 }},
 		{"min-lr", func(c *Config) { c.MinLR = 2 * c.LR }},
 		{"warmup", func(c *Config) { c.Warmup = -1 }},

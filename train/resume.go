@@ -1,100 +1,273 @@
-// The resume identity: the settings a resumed run must share with the run
-// that saved its checkpoint, compared field by field, so that a resume
-// with another value stops with an error naming each differing flag
-// instead of silently training on something else.
+// The resume check: which settings a resumed run must share with the run
+// that saved its checkpoint, which it may change, and the messages for
+// both. Every setting is saved in the checkpoint; on resume a changed
+// identity setting (resumeIdentity: anything that decides the data order
+// or the math, the learning rate included) stops the run with one line
+// per differing flag, and a changed allowed setting (resumeAllowed: the
+// length of the run, its evaluation and checkpoint cadence, where and how
+// fast it runs) is logged. resume_test.go fails on a Config field that is
+// in neither.
 //
-// Limits: the identity holds today's checked settings only; other settings
-// that change the computation (the learning rate and its schedule, Adam's
-// hyperparameters, clipping, the gradient dtype, lsp's fit settings) may
-// still differ on resume. resume_test.go lists them, and fails on a new
-// Config field that is in neither list.
+// Limits: checkpoints written before the settings were recorded
+// (checkpoint.State.Settings) hold only the first block of
+// resumeIdentity; the other settings of such a resume go unchecked, with
+// a warning naming them.
 
 package train
 
 import (
 	"fmt"
+	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
-// resumeIdentity is what decides the data order and the math of the state
-// a checkpoint holds. Each field is named as the Config field (and the
-// checkpoint.State field) it comes from; its tag is its flag, and
-// resume:"lsp" marks a field that lsp mode alone has (zero in the other
-// modes, compared only when both runs are in lsp mode).
+// resumeIdentity is what decides the data order and the math of a run:
+// a resume with any other value would not continue the run it claims to.
+// Each field is named as the Config field it comes from; its tag is its
+// flag; resume:"lsp" marks a setting only lsp mode has (zero in the other
+// modes, compared only when both runs are in lsp mode); state:"field"
+// marks the settings that checkpoint.State holds as fields of their own
+// name, which every checkpoint version has.
 type resumeIdentity struct {
-	DType        backend.DType      `flag:"dtype"`
-	Batch        int                `flag:"batch"`
-	SeqLen       int                `flag:"seq-len"`
-	GradAccum    int                `flag:"grad-accum"`
-	Data         string             `flag:"data"`
-	Seed         uint64             `flag:"seed"`
-	EvalFraction float64            `flag:"eval-fraction"`
-	Truncate     bool               `flag:"truncate"`
-	Mode         engine.Mode        `flag:"mode"`
-	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp"` // resolved: never "" in lsp mode
-	D            int                `flag:"d" resume:"lsp"`
-	R            int                `flag:"r" resume:"lsp"`
+	DType        backend.DType      `flag:"dtype" state:"field"`
+	Batch        int                `flag:"batch" state:"field"`
+	SeqLen       int                `flag:"seq-len" state:"field"`
+	GradAccum    int                `flag:"grad-accum" state:"field"`
+	Data         string             `flag:"data" state:"field"`
+	Seed         uint64             `flag:"seed" state:"field"`
+	EvalFraction float64            `flag:"eval-fraction" state:"field"`
+	Truncate     bool               `flag:"truncate" state:"field"`
+	Mode         engine.Mode        `flag:"mode" state:"field"`
+	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp" state:"field"` // resolved: never "" in lsp mode
+	D            int                `flag:"d" resume:"lsp" state:"field"`
+	R            int                `flag:"r" resume:"lsp" state:"field"`
+
+	// Recorded in checkpoint.State.Settings only.
+	LR           float64        `flag:"lr"`
+	MinLR        float64        `flag:"min-lr"`
+	Warmup       int            `flag:"warmup"`
+	WeightDecay  float64        `flag:"weight-decay"`
+	Beta1        float64        `flag:"beta1"`
+	Beta2        float64        `flag:"beta2"`
+	ClipMode     optim.ClipMode `flag:"clip-mode"`
+	GradClip     float64        `flag:"grad-clip"`
+	GradDType    backend.DType  `flag:"grad-dtype"`
+	Alpha        float64        `flag:"alpha" resume:"lsp"`
+	CheckEvery   int            `flag:"check-every" resume:"lsp"`
+	CalibSamples int            `flag:"calib-samples" resume:"lsp"`
+	ProjLR       float64        `flag:"proj-lr" resume:"lsp"`
+	FitIters     int            `flag:"fit-iters" resume:"lsp"`
+	NoFit        bool           `flag:"no-fit" resume:"lsp"`
+}
+
+// resumeAllowed are the settings a resumed run may change; each change is
+// logged. The README's "Resuming" section lists them.
+type resumeAllowed struct {
+	// How long the run goes on: a run may be extended or cut short. The
+	// cosine schedule then decays to the new last step from the resumed
+	// one on, so the result differs from a run given that length at the
+	// start.
+	Steps  int     `flag:"steps"`
+	Epochs float64 `flag:"epochs"`
+	// Evaluation reads the weights and never changes them; checkpoints
+	// resume bit for bit from any step.
+	EvalEvery       int `flag:"eval-every"`
+	EvalGenerate    int `flag:"eval-generate"`
+	CheckpointEvery int `flag:"checkpoint-every"`
+	// The weights come from the checkpoint; checkpoint.Load refuses one
+	// of another architecture.
+	Model string `flag:"model"`
+	// Where and how fast it runs: the same results bit for bit (the
+	// thread count: TestDeterministic; the schedule: engine
+	// TestPipelinedMatchesSequential; the budget is checked against the
+	// plan; the link bandwidth charges time on the CPU backend only).
+	Device        device.Kind `flag:"device"`
+	DeviceMem     int64       `flag:"device-mem"`
+	Threads       int         `flag:"threads"`
+	Schedule      Schedule    `flag:"schedule"`
+	LinkBandwidth int64       `flag:"link-bandwidth"`
 }
 
 // resumeIdentity is the identity of a run of c; fromCheckpoint resolves
 // the default of --dense-params.
 func (c Config) resumeIdentity(fromCheckpoint bool) resumeIdentity {
-	id := resumeIdentity{DType: c.DType, Batch: c.Batch, SeqLen: c.SeqLen, GradAccum: c.GradAccum, Data: c.Data,
-		Seed: c.Seed, EvalFraction: c.EvalFraction, Truncate: c.Truncate, Mode: c.Mode}
+	var id resumeIdentity
+	fromConfig(&id, c)
 	if c.Mode == engine.LSP {
-		id.DenseParams, id.D, id.R = c.denseParams(fromCheckpoint), c.D, c.R
+		id.DenseParams = c.denseParams(fromCheckpoint)
+	} else {
+		// Zero, as a checkpoint of another mode saves them.
+		zeroLSPOnly(&id)
 	}
 	return id
 }
 
-// savedIdentity is the identity a checkpoint was saved with.
+// resumeAllowed is the part of c a resume may change.
+func (c Config) resumeAllowed() resumeAllowed {
+	var a resumeAllowed
+	fromConfig(&a, c)
+	return a
+}
+
+// fromConfig sets every field of the struct dst points to from the Config
+// field of its name.
+func fromConfig(dst any, c Config) {
+	dv, cv := reflect.ValueOf(dst).Elem(), reflect.ValueOf(c)
+	for i := range dv.NumField() {
+		dv.Field(i).Set(cv.FieldByName(dv.Type().Field(i).Name))
+	}
+}
+
+// zeroLSPOnly zeroes the fields of the identity only lsp mode has.
+func zeroLSPOnly(id *resumeIdentity) {
+	v := reflect.ValueOf(id).Elem()
+	for i := range v.NumField() {
+		if v.Type().Field(i).Tag.Get("resume") == "lsp" {
+			v.Field(i).SetZero()
+		}
+	}
+}
+
+// savedIdentity is the part of the identity a checkpoint holds as
+// State fields (state:"field"); the other fields are zero.
 func savedIdentity(st checkpoint.State) resumeIdentity {
-	return resumeIdentity{DType: st.DType, Batch: st.Batch, SeqLen: st.SeqLen, GradAccum: st.GradAccum, Data: st.Data,
-		Seed: st.Seed, EvalFraction: st.EvalFraction, Truncate: st.Truncate, Mode: st.Mode,
-		DenseParams: st.DenseParams, D: st.D, R: st.R}
+	var id resumeIdentity
+	iv, sv := reflect.ValueOf(&id).Elem(), reflect.ValueOf(st)
+	for i := range iv.NumField() {
+		if f := iv.Type().Field(i); f.Tag.Get("state") == "field" {
+			iv.Field(i).Set(sv.FieldByName(f.Name))
+		}
+	}
+	return id
 }
 
-// into writes the identity into the state a checkpoint saves.
-func (id resumeIdentity) into(st *checkpoint.State) {
-	st.DType, st.Batch, st.SeqLen, st.GradAccum, st.Data = id.DType, id.Batch, id.SeqLen, id.GradAccum, id.Data
-	st.Seed, st.EvalFraction, st.Truncate, st.Mode = id.Seed, id.EvalFraction, id.Truncate, id.Mode
-	st.DenseParams, st.D, st.R = id.DenseParams, id.D, id.R
+// saveSettings writes the run's identity and allowed settings into the
+// state a checkpoint saves: the State fields, and every setting as text
+// in Settings.
+func saveSettings(st *checkpoint.State, id resumeIdentity, allowed resumeAllowed) {
+	iv, sv := reflect.ValueOf(id), reflect.ValueOf(st).Elem()
+	for i := range iv.NumField() {
+		if f := iv.Type().Field(i); f.Tag.Get("state") == "field" {
+			sv.FieldByName(f.Name).Set(iv.Field(i))
+		}
+	}
+	st.Settings = map[string]string{}
+	for _, s := range append(settingsOf(id), settingsOf(allowed)...) {
+		st.Settings[s.flag] = s.text
+	}
 }
 
-// mismatch is nil when a run with identity now may resume the checkpoint
-// at path saved with saved; otherwise an error naming every differing
-// flag with its saved value and this run's.
-func (saved resumeIdentity) mismatch(now resumeIdentity, path string) error {
-	sv, nv := reflect.ValueOf(saved), reflect.ValueOf(now)
-	bothLSP := saved.Mode == engine.LSP && now.Mode == engine.LSP
-	var was, has []string
-	for i := range sv.NumField() {
-		f := sv.Type().Field(i)
-		if f.Tag.Get("resume") == "lsp" && !bothLSP {
+// setting is one flag's value as text.
+type setting struct {
+	flag, text string
+	lspOnly    bool
+}
+
+// settingsOf lists the flags of a settings struct (resumeIdentity or
+// resumeAllowed) with their values as text.
+func settingsOf(v any) []setting {
+	rv := reflect.ValueOf(v)
+	out := make([]setting, rv.NumField())
+	for i := range rv.NumField() {
+		f := rv.Type().Field(i)
+		out[i] = setting{flag: f.Tag.Get("flag"), text: settingText(rv.Field(i)), lspOnly: f.Tag.Get("resume") == "lsp"}
+	}
+	return out
+}
+
+// settingText writes a value so that two values are equal exactly when
+// their texts are: floats in their shortest exact form.
+func settingText(v reflect.Value) string {
+	switch v.Kind() {
+	case reflect.Float32, reflect.Float64:
+		return strconv.FormatFloat(v.Float(), 'g', -1, 64)
+	case reflect.Bool:
+		return strconv.FormatBool(v.Bool())
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// savedSettings are the settings a checkpoint was saved with, flag to
+// text: its State fields, then its recorded Settings. A flag that is
+// missing was not recorded.
+func savedSettings(st checkpoint.State) map[string]string {
+	m := map[string]string{}
+	id := savedIdentity(st)
+	t := reflect.TypeOf(id)
+	for i, s := range settingsOf(id) {
+		if t.Field(i).Tag.Get("state") == "field" {
+			m[s.flag] = s.text
+		}
+	}
+	for k, v := range st.Settings {
+		m[k] = v
+	}
+	return m
+}
+
+// change is a setting whose value differs between the checkpoint and
+// this run.
+type change struct{ flag, was, now string }
+
+func (c change) String() string {
+	return fmt.Sprintf("--%s: checkpoint has %s, command line has %s", c.flag, c.was, c.now)
+}
+
+// resumeDiff compares the settings a checkpoint was saved with (saved,
+// from savedSettings) with this run's: refused are the identity settings
+// that differ, allowed the changed settings a resume may change,
+// unrecorded the identity flags the checkpoint does not hold. Settings
+// only lsp mode has count when both runs are in lsp mode.
+func resumeDiff(saved map[string]string, id resumeIdentity, allowed resumeAllowed) (refused, changed []change, unrecorded []string) {
+	bothLSP := saved["mode"] == string(engine.LSP) && id.Mode == engine.LSP
+	for _, s := range settingsOf(id) {
+		if s.lspOnly && !bothLSP {
 			continue // a mode that has no such setting; --mode differs already
 		}
-		if sv.Field(i).Equal(nv.Field(i)) {
-			continue
+		was, ok := saved[s.flag]
+		switch {
+		case !ok:
+			unrecorded = append(unrecorded, "--"+s.flag)
+		case was != s.text:
+			refused = append(refused, change{s.flag, was, s.text})
 		}
-		was = append(was, flagText(f.Tag.Get("flag"), sv.Field(i).Interface()))
-		has = append(has, flagText(f.Tag.Get("flag"), nv.Field(i).Interface()))
 	}
-	if len(was) == 0 {
-		return nil
+	for _, s := range settingsOf(allowed) {
+		if was, ok := saved[s.flag]; ok && was != s.text {
+			changed = append(changed, change{s.flag, was, s.text})
+		}
 	}
-	return fmt.Errorf("resume: %s was saved with %s; this run has %s; resume with the same values",
-		path, strings.Join(was, " "), strings.Join(has, " "))
+	return refused, changed, unrecorded
 }
 
-// flagText writes a setting as it is given on the command line.
-func flagText(flag string, v any) string {
-	if b, ok := v.(bool); ok {
-		return fmt.Sprintf("--%s=%v", flag, b)
+// checkResume is nil when a run of c may resume the checkpoint at path
+// saved with st, after logging each allowed change (and, for an old
+// checkpoint, the settings it cannot check); otherwise an error with one
+// line per refused flag.
+func checkResume(st checkpoint.State, c Config, fromCheckpoint bool, path string, log *slog.Logger) error {
+	refused, changed, unrecorded := resumeDiff(savedSettings(st), c.resumeIdentity(fromCheckpoint), c.resumeAllowed())
+	if len(refused) > 0 {
+		lines := make([]string, len(refused))
+		for i, ch := range refused {
+			lines[i] = "  " + ch.String()
+		}
+		return fmt.Errorf("resume: %s was saved with other settings than this run's; resume with the checkpoint's values, "+
+			"or start a new run (--overwrite, or another --out):\n%s", path, strings.Join(lines, "\n"))
 	}
-	return fmt.Sprintf("--%s %v", flag, v)
+	for _, ch := range changed {
+		log.Info("resume with a changed setting (allowed)", "flag", "--"+ch.flag, "checkpoint", ch.was, "now", ch.now)
+	}
+	if len(unrecorded) > 0 {
+		log.Warn("resume: the checkpoint predates recording these settings, so a change to them cannot be detected; "+
+			"give the values it was trained with", "checkpoint", path, "flags", strings.Join(unrecorded, " "))
+	}
+	return nil
 }

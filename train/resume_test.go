@@ -1,61 +1,33 @@
-// Tests of the resume identity: every Config field is either part of it
-// or listed here as allowed to differ on resume, so a new setting that
-// changes the computation cannot be forgotten; the identity survives the
-// checkpoint's state; a mismatch names each differing flag with both
-// values.
+// Tests of the resume check: every Config field is part of the resume
+// identity, allowed to change on resume, or listed here as never
+// recorded, so a new setting cannot be forgotten; the settings survive
+// the checkpoint's state; a refused change names each differing flag
+// with both values; an allowed one is logged; a checkpoint from before
+// the settings were recorded is checked on what it has.
 
 package train
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 )
 
-// resumeMayDiffer are the Config fields a resumed run may set differently
-// from the run that saved the checkpoint. A new Config field goes either
-// into resumeIdentity (resume.go) or here, with the reason.
-var resumeMayDiffer = map[string]string{
-	// How long and how the run goes on, not what it computes.
-	"Steps":           "a run may be extended or cut short",
-	"Epochs":          "as --steps",
-	"EvalEvery":       "evaluation reads the weights, never changes them",
-	"EvalGenerate":    "as --eval-every",
-	"CheckpointEvery": "checkpoints are bit-for-bit resumable at any step",
-	"Resume":          "differs by definition",
-	"Out":             "where the checkpoint is; resume reads it from there",
-	"Overwrite":       "what happens to an earlier run's outputs, not what this run computes",
-	"Model":           "checked by architecture instead: checkpoint.Load refuses another model's checkpoint",
-
-	// Where and how fast it runs: same results bit for bit.
-	"Threads":       "results do not depend on the thread count (TestDeterministic)",
-	"Device":        "the backend; the state is saved as fp32 values any backend loads",
-	"DeviceMem":     "a budget, checked against the plan, not an input of the math",
-	"Schedule":      "pipelined and sequential give identical weights (engine TestPipelinedMatchesSequential)",
-	"LinkBandwidth": "charges time on the CPU backend only",
-
-	// These change the computation but have always been allowed to differ
-	// on resume (the schedule and optimizer settings of a continued run);
-	// whether to refuse them is issue 13's decision, not this list's.
-	"LR":           "learning-rate schedule",
-	"MinLR":        "learning-rate schedule",
-	"Warmup":       "learning-rate schedule",
-	"WeightDecay":  "AdamW hyperparameter",
-	"Beta1":        "AdamW hyperparameter",
-	"Beta2":        "AdamW hyperparameter",
-	"ClipMode":     "clipping",
-	"GradClip":     "clipping",
-	"GradDType":    "gradient storage (native and zero)",
-	"Alpha":        "lsp projector checks",
-	"CheckEvery":   "lsp projector checks",
-	"CalibSamples": "lsp projector checks",
-	"ProjLR":       "lsp projector fit",
-	"FitIters":     "lsp projector fit",
-	"NoFit":        "lsp projector fit",
+// resumeNotRecorded are the Config fields that are neither part of the
+// identity nor a setting a resume may change: they say where the run is
+// and how it starts, and so are not saved in its checkpoint.
+var resumeNotRecorded = map[string]string{
+	"Resume":    "differs by definition",
+	"Out":       "where the checkpoint is; resume reads it from there",
+	"Overwrite": "what happens to an earlier run's outputs; contradicts --resume (Validate)",
 }
 
 func fieldNames(t reflect.Type) map[string]reflect.StructField {
@@ -66,94 +38,111 @@ func fieldNames(t reflect.Type) map[string]reflect.StructField {
 	return m
 }
 
-// TestResumeIdentityCoversConfig fails when a Config field is neither in
-// the resume identity nor allowed to differ on resume.
-func TestResumeIdentityCoversConfig(t *testing.T) {
+// TestResumeSettingsCoverConfig fails when a Config field is in none of
+// resumeIdentity, resumeAllowed and resumeNotRecorded, or in two; when a
+// field's type differs from Config's; when a flag tag is missing or
+// repeated; and when a state:"field" setting has no checkpoint.State
+// field of its name and type.
+func TestResumeSettingsCoverConfig(t *testing.T) {
 	cfg := fieldNames(reflect.TypeFor[Config]())
 	id := fieldNames(reflect.TypeFor[resumeIdentity]())
+	allowed := fieldNames(reflect.TypeFor[resumeAllowed]())
 	st := fieldNames(reflect.TypeFor[checkpoint.State]())
-	for name, f := range cfg {
+	for name := range cfg {
 		_, inID := id[name]
-		_, mayDiffer := resumeMayDiffer[name]
-		switch {
-		case !inID && !mayDiffer:
-			t.Errorf("Config.%s is neither in resumeIdentity (resume.go) nor in resumeMayDiffer (this file): "+
-				"if it changes what a run computes, add it to the identity (and to checkpoint.State), else list it with the reason", name)
-		case inID && mayDiffer:
-			t.Errorf("Config.%s is both in resumeIdentity and in resumeMayDiffer", name)
-		case inID && id[name].Type != f.Type:
-			t.Errorf("resumeIdentity.%s is a %v, Config.%s a %v", name, id[name].Type, name, f.Type)
+		_, inAllowed := allowed[name]
+		_, notRecorded := resumeNotRecorded[name]
+		switch n := btoi(inID) + btoi(inAllowed) + btoi(notRecorded); {
+		case n == 0:
+			t.Errorf("Config.%s is in none of resumeIdentity and resumeAllowed (resume.go) and resumeNotRecorded (this file): "+
+				"if it changes what a run computes, add it to the identity; if a resume may change it, to resumeAllowed", name)
+		case n > 1:
+			t.Errorf("Config.%s is in more than one of resumeIdentity, resumeAllowed and resumeNotRecorded", name)
 		}
 	}
-	for name := range resumeMayDiffer {
+	for name := range resumeNotRecorded {
 		if _, ok := cfg[name]; !ok {
-			t.Errorf("resumeMayDiffer lists %s, which Config does not have", name)
+			t.Errorf("resumeNotRecorded lists %s, which Config does not have", name)
 		}
 	}
-	for name, f := range id {
-		if _, ok := cfg[name]; !ok {
-			t.Errorf("resumeIdentity.%s is not named as a Config field", name)
-		}
-		if s, ok := st[name]; !ok || s.Type != f.Type {
-			t.Errorf("resumeIdentity.%s has no checkpoint.State field of its name and type", name)
-		}
-		if f.Tag.Get("flag") == "" {
-			t.Errorf("resumeIdentity.%s has no flag tag", name)
+	flags := map[string]bool{}
+	for _, fields := range []map[string]reflect.StructField{id, allowed} {
+		for name, f := range fields {
+			if c, ok := cfg[name]; !ok || c.Type != f.Type {
+				t.Errorf("%s has no Config field of its name and type", name)
+			}
+			flag := f.Tag.Get("flag")
+			if flag == "" || flags[flag] {
+				t.Errorf("%s: flag tag %q missing or repeated", name, flag)
+			}
+			flags[flag] = true
+			if f.Tag.Get("state") == "field" {
+				if s, ok := st[name]; !ok || s.Type != f.Type {
+					t.Errorf("%s is marked state:\"field\" but checkpoint.State has no field of its name and type", name)
+				}
+			}
 		}
 	}
 }
 
-// filled is a Config whose identity fields all hold non-zero values, in
-// lsp mode so that its lsp-only fields count too.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// filled is a Config whose resume settings all hold non-zero values that
+// differ from Defaults', in lsp mode so that its lsp-only settings count
+// too.
 func filled(t *testing.T) Config {
 	t.Helper()
-	var c Config
+	c := Defaults()
 	v := reflect.ValueOf(&c).Elem()
-	for i := range reflect.TypeFor[resumeIdentity]().NumField() {
-		name := reflect.TypeFor[resumeIdentity]().Field(i).Name
-		f := v.FieldByName(name)
+	for i, sf := range append(reflect.VisibleFields(reflect.TypeFor[resumeIdentity]()), reflect.VisibleFields(reflect.TypeFor[resumeAllowed]())...) {
+		f := v.FieldByName(sf.Name)
 		switch f.Kind() {
 		case reflect.String:
-			f.SetString("x" + name)
+			f.SetString(f.String() + "x")
 		case reflect.Int, reflect.Int64:
-			f.SetInt(int64(i + 2))
+			f.SetInt(f.Int() + int64(i+2))
 		case reflect.Uint8, reflect.Uint64:
-			f.SetUint(uint64(i%2 + 1))
+			f.SetUint(f.Uint() + 1)
 		case reflect.Float64:
-			f.SetFloat(0.25)
+			f.SetFloat(f.Float() + 0.25)
 		case reflect.Bool:
-			f.SetBool(true)
+			f.SetBool(!f.Bool())
 		default:
-			t.Fatalf("Config.%s: kind %v has no test value", name, f.Kind())
+			t.Fatalf("Config.%s: kind %v has no test value", sf.Name, f.Kind())
 		}
 	}
 	c.Mode = engine.LSP
 	return c
 }
 
-// TestResumeIdentityRoundTrip: the identity built from a Config holds
-// every one of its fields, and survives the checkpoint's state.
-func TestResumeIdentityRoundTrip(t *testing.T) {
+// TestResumeSettingsRoundTrip: every setting a run saves is read back as
+// it was, so resuming with the same Config changes and refuses nothing.
+func TestResumeSettingsRoundTrip(t *testing.T) {
 	c := filled(t)
-	id := c.resumeIdentity(false)
-	iv, cv := reflect.ValueOf(id), reflect.ValueOf(c)
-	for i := range iv.NumField() {
-		name := iv.Type().Field(i).Name
-		if !iv.Field(i).Equal(cv.FieldByName(name)) || iv.Field(i).IsZero() {
-			t.Errorf("identity.%s = %v, Config.%s = %v", name, iv.Field(i), name, cv.FieldByName(name))
+	var st checkpoint.State
+	saveSettings(&st, c.resumeIdentity(false), c.resumeAllowed())
+	saved := savedSettings(st)
+	for _, s := range append(settingsOf(c.resumeIdentity(false)), settingsOf(c.resumeAllowed())...) {
+		if saved[s.flag] != s.text {
+			t.Errorf("--%s saved as %q, the run has %q", s.flag, saved[s.flag], s.text)
 		}
 	}
-	var st checkpoint.State
-	id.into(&st)
-	if back := savedIdentity(st); back != id {
-		t.Errorf("identity through the checkpoint state:\n%+v\nwant\n%+v", back, id)
+	if back := savedIdentity(st); back.Batch != c.Batch || back.DenseParams != c.DenseParams || back.D != c.D {
+		t.Errorf("the State fields do not hold the identity: %+v", back)
 	}
-	if err := savedIdentity(st).mismatch(id, "ck"); err != nil {
-		t.Errorf("an identity mismatches itself: %v", err)
+	refused, changed, unrecorded := resumeDiff(saved, c.resumeIdentity(false), c.resumeAllowed())
+	if len(refused)+len(changed)+len(unrecorded) > 0 {
+		t.Errorf("a run differs from its own checkpoint: refused %v, changed %v, unrecorded %v", refused, changed, unrecorded)
 	}
-	// Outside lsp mode the lsp-only settings are not part of it.
+	// Outside lsp mode the lsp-only settings are zero, as a checkpoint
+	// of another mode holds them.
 	c.Mode = engine.Zero
-	if id := c.resumeIdentity(false); id.DenseParams != "" || id.D != 0 || id.R != 0 {
+	if id := c.resumeIdentity(false); id.DenseParams != "" || id.D != 0 || id.R != 0 || id.Alpha != 0 || id.NoFit {
 		t.Errorf("zero mode identity holds lsp settings: %+v", id)
 	}
 	// The default of --dense-params is resolved.
@@ -164,25 +153,126 @@ func TestResumeIdentityRoundTrip(t *testing.T) {
 	}
 }
 
-// TestResumeMismatch: each differing flag is named with the saved value
-// and this run's; lsp settings count only when both runs are lsp.
-func TestResumeMismatch(t *testing.T) {
+// TestResumeDiff: each refused flag is one line with the checkpoint's
+// value and this run's; allowed changes are returned, not refused; lsp
+// settings count only when both runs are lsp; a checkpoint without
+// recorded settings is checked on its State fields and names the rest.
+func TestResumeDiff(t *testing.T) {
 	saved := Defaults()
-	saved.Mode, saved.D, saved.R = engine.LSP, 8, 2
+	saved.Mode, saved.D, saved.R, saved.LR = engine.LSP, 8, 2, 0.001
+	var st checkpoint.State
+	saveSettings(&st, saved.resumeIdentity(false), saved.resumeAllowed())
+
 	now := saved
-	now.Batch, now.DType, now.Truncate, now.R = 4, backend.BF16, true, 3
-	err := saved.resumeIdentity(false).mismatch(now.resumeIdentity(false), "out/ck")
-	wantErr(t, err, "resume: out/ck was saved with", "--batch 32", "--dtype fp32", "--truncate=false", "--r 2",
-		"this run has", "--batch 4", "--dtype bf16", "--truncate=true", "--r 3")
-	if strings.Contains(err.Error(), "--seq-len") || strings.Contains(err.Error(), "--d ") {
-		t.Errorf("error names flags that do not differ: %v", err)
+	now.LR, now.Batch, now.Truncate, now.R, now.Alpha = 0.002, 4, true, 3, 0.75
+	now.Steps, now.EvalEvery, now.Threads = 1000, 7, 3 // allowed
+	refused, changed, _ := resumeDiff(savedSettings(st), now.resumeIdentity(false), now.resumeAllowed())
+	var lines []string
+	for _, ch := range refused {
+		lines = append(lines, ch.String())
+	}
+	want := []string{
+		"--batch: checkpoint has 32, command line has 4",
+		"--truncate: checkpoint has false, command line has true",
+		"--r: checkpoint has 2, command line has 3",
+		"--lr: checkpoint has 0.001, command line has 0.002",
+		"--alpha: checkpoint has 0.5, command line has 0.75",
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("refused:\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+	var names []string
+	for _, ch := range changed {
+		names = append(names, ch.flag+" "+ch.was+" "+ch.now)
+	}
+	if got := strings.Join(names, ", "); got != "steps 0 1000, eval-every 100 7, threads 0 3" {
+		t.Errorf("allowed changes: %s", got)
 	}
 
+	// Native against lsp: --mode differs; lsp's settings are not named.
 	now = saved
 	now.Mode = engine.Native
-	err = saved.resumeIdentity(false).mismatch(now.resumeIdentity(false), "ck")
-	wantErr(t, err, "--mode lsp", "--mode native")
-	if strings.Contains(err.Error(), "--d ") || strings.Contains(err.Error(), "--dense-params") {
-		t.Errorf("lsp-only settings named for a native run: %v", err)
+	refused, _, _ = resumeDiff(savedSettings(st), now.resumeIdentity(false), now.resumeAllowed())
+	if len(refused) != 1 || refused[0].String() != "--mode: checkpoint has lsp, command line has native" {
+		t.Errorf("lsp checkpoint, native run: refused %v", refused)
+	}
+
+	// A checkpoint from before the settings were recorded: its State
+	// fields are checked, the rest is named as unrecorded.
+	st.Settings = nil
+	now = saved
+	now.LR, now.SeqLen = 0.5, 12
+	refused, changed, unrecorded := resumeDiff(savedSettings(st), now.resumeIdentity(false), now.resumeAllowed())
+	if len(refused) != 1 || refused[0].flag != "seq-len" || len(changed) != 0 {
+		t.Errorf("old checkpoint: refused %v, changed %v; want --seq-len only", refused, changed)
+	}
+	if u := strings.Join(unrecorded, " "); !strings.Contains(u, "--lr") || !strings.Contains(u, "--no-fit") || strings.Contains(u, "--batch") {
+		t.Errorf("old checkpoint: unrecorded %s", u)
+	}
+}
+
+// TestResumeChangedSettings runs, then resumes with a changed learning
+// rate (refused, one line per flag, nothing trained), and with a longer
+// run and another eval cadence (allowed, each change logged).
+func TestResumeChangedSettings(t *testing.T) {
+	c := quickConfig(t, writeModel(t, microConfig(16, 1)))
+	c.Steps, c.EvalEvery = 2, 0
+	mustRun(t, context.Background(), c, Options{})
+	ck := filepath.Join(c.Out, checkpoint.FileName)
+	before, err := os.ReadFile(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bad := c
+	bad.Resume, bad.LR, bad.Warmup = true, c.LR*2, 5
+	_, err = Run(context.Background(), bad, Options{})
+	wantErr(t, err, "resume: "+ck, "\n  --lr: checkpoint has 0.003, command line has 0.006",
+		"\n  --warmup: checkpoint has 2, command line has 5")
+	if strings.Contains(err.Error(), "--batch") || strings.Contains(err.Error(), "--steps") {
+		t.Errorf("the error names flags that did not change: %v", err)
+	}
+	if after, _ := os.ReadFile(ck); !bytes.Equal(before, after) {
+		t.Errorf("a refused resume changed the checkpoint")
+	}
+
+	ok := c
+	ok.Resume, ok.Steps, ok.EvalEvery = true, 3, 1
+	var logged bytes.Buffer
+	res := mustRun(t, context.Background(), ok, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if res.Steps != 3 || res.StepsRun != 1 || res.ResumedAt != 2 {
+		t.Errorf("resumed run: steps %d, run %d, resumed at %d; want 3, 1, 2", res.Steps, res.StepsRun, res.ResumedAt)
+	}
+	for _, want := range []string{"flag=--steps checkpoint=2 now=3", "flag=--eval-every checkpoint=0 now=1"} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("the log does not hold %q:\n%s", want, logged.String())
+		}
+	}
+	if strings.Contains(logged.String(), "predates") {
+		t.Errorf("a checkpoint with recorded settings was called old:\n%s", logged.String())
+	}
+}
+
+// TestResumeOldCheckpointWarns: resuming a version-2 checkpoint, which
+// holds none of the recorded settings, warns naming those it cannot
+// check.
+func TestResumeOldCheckpointWarns(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(out, checkpoint.FileName), filepath.Join(legacyDir, "native", checkpoint.FileName))
+	c := legacyConfig("native", out)
+	c.Resume = true
+	var logged bytes.Buffer
+	mustRun(t, context.Background(), c, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	var warning string
+	for _, line := range strings.Split(logged.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "predates") {
+			warning = line
+		}
+	}
+	if !strings.Contains(warning, "--lr") || strings.Contains(warning, "--batch") {
+		t.Errorf("no warning naming --lr (and not --batch, which it holds); the log:\n%s", logged.String())
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -36,19 +37,38 @@ import (
 
 // Result summarises a finished (or interrupted) run.
 type Result struct {
-	Out          string // the output directory
-	Steps        int    // the last step completed
-	Interrupted  bool   // stopped by the context (Ctrl-C) after checkpointing
-	TrainLoss    float64
-	EvalLoss     float64 // NaN when there is no eval set
-	ExactMatch   float64 // NaN when there are no eval records
+	Out         string // the output directory
+	Steps       int    // the last step completed, resumed ones included
+	Total       int    // the run's length in steps: --steps, from --epochs, or DefaultSteps
+	StepsRun    int    // the steps this process ran
+	ResumedAt   int    // the checkpoint's step when the run resumed, -1 when it started fresh
+	Interrupted bool   // stopped by the context (Ctrl-C) after checkpointing
+	TrainLoss   float64
+	EvalLoss    float64 // NaN when there is no eval set
+	ExactMatch  float64 // NaN when there are no eval records
+	// TokensPerSec is the one throughput figure of a run: tokens of this
+	// process's steps over their wall time (Times.Train). The progress
+	// display shows it as the steps go; metrics.jsonl has each step's
+	// own tokens over its own time.
 	TokensPerSec float64
-	Elapsed      time.Duration
+	Elapsed      time.Duration // wall time of the whole run in this process, every phase
+	Times        Times         // Elapsed by phase
 	Checkpoint   string
-	Export       string // Hugging Face directory with the final weights
+	Export       string // Hugging Face directory with the final weights ("" when interrupted)
 	Metrics      string
-	Plot         string
+	Plot         string    // the loss plot ("" when there was no loss to plot)
 	Losses       []float64 // train loss of every step of this process, in order
+}
+
+// Times are the wall times of a run's phases in this process. Elapsed
+// minus their sum is the rest: metrics lines, logging, the progress
+// display.
+type Times struct {
+	Setup      time.Duration // model, data, memory plan, engine, resume or initial weights
+	Train      time.Duration // the optimizer steps, projector checks (lsp) included
+	Eval       time.Duration // evaluations (loss and exact match)
+	Checkpoint time.Duration // checkpoint writes
+	Export     time.Duration // the Hugging Face export and the loss plot
 }
 
 // Measurements are what a run measured of its own steps in this process,
@@ -104,12 +124,12 @@ type run struct {
 	mw             *metrics.Writer
 
 	// The loop's state.
-	prog        *metrics.Progress
-	step        int   // optimizer steps completed, resumed ones included
-	tokens      int64 // tokens trained on, resumed ones included
-	lastEval    int   // step of the latest eval record, -1 when none is known
-	start       time.Time
-	startTokens int64
+	prog      *metrics.Progress
+	step      int   // optimizer steps completed, resumed ones included
+	tokens    int64 // tokens trained on, resumed ones included
+	lastEval  int   // step of the latest eval record, -1 when none is known
+	times     Times // this process's wall time by phase
+	runTokens int64 // tokens of this process's steps
 
 	// Step measurements of this process (Measurements).
 	stepSecs, checkSecs float64
@@ -123,6 +143,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	r := &run{cfg: cfg, opts: opts, log: opts.Logger, resumedAt: -1, lastEval: -1}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -131,7 +152,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if err := r.setup(); err != nil {
 		return nil, err
 	}
+	r.times.Setup = time.Since(start)
 	res, err := r.loop(ctx)
+	res.Elapsed, res.Times = time.Since(start), r.times
 	if opts.Measurements != nil {
 		*opts.Measurements = r.measurements()
 	}
@@ -258,13 +281,54 @@ func (r *run) resolveModel() error {
 func (r *run) loadData() error {
 	cfg := r.cfg
 	var err error
-	r.ds, err = data.Load(cfg.Data, r.tok, data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed})
+	opt := data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed}
+	r.ds, err = data.Load(cfg.Data, r.tok, opt)
 	if err != nil {
-		return flagErr("data", "%v", err)
+		// The data package's errors start with its name, which --data
+		// says already.
+		return flagErr("data", "%s%s", strings.TrimPrefix(err.Error(), "data: "), r.lengthHint(opt))
 	}
 	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
 		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
 	return nil
+}
+
+// lengthHint says what would make the examples of --data fit after a
+// load with opt failed: when loading them whole succeeds, the failure was
+// their length, and the hint names the --seq-len that keeps the shortest,
+// or a preset whose context holds it when this model's does not. It is ""
+// when the failure was something else.
+func (r *run) lengthHint(opt data.Options) string {
+	opt.SeqLen, opt.Truncate = math.MaxInt32, false
+	ds, err := data.Load(r.cfg.Data, r.tok, opt)
+	if err != nil {
+		return ""
+	}
+	shortest := math.MaxInt
+	for _, ex := range slices.Concat(ds.Train, ds.Eval) {
+		shortest = min(shortest, len(ex.Tokens))
+	}
+	need := shortest - 1 // --seq-len T holds an example of T+1 tokens
+	if need <= r.mc.MaxT {
+		return fmt.Sprintf("; the shortest example has %d tokens: --seq-len %d or more (up to the model's context, %d) keeps it",
+			shortest, need, r.mc.MaxT)
+	}
+	// Every preset's tokenizer takes at most a token per byte, and
+	// tiny's takes exactly one, so a context of need tokens is enough
+	// for any of them.
+	best, bestCfg := "", gpt2.Config{}
+	for _, name := range gpt2.Presets() {
+		c, err := gpt2.Preset(name)
+		if err == nil && c.MaxT >= need && (best == "" || c.NumParams() < bestCfg.NumParams()) {
+			best, bestCfg = name, c
+		}
+	}
+	hint := fmt.Sprintf("; the shortest example has %d tokens, more than the model's context of %d", shortest, r.mc.MaxT)
+	if best != "" {
+		hint += fmt.Sprintf(": use a model with a longer context, such as --model %s (%d tokens) with --seq-len %d",
+			best, bestCfg.MaxT, min(bestCfg.MaxT, max(512, need)))
+	}
+	return hint
 }
 
 // checkMemory plans the run's memory and refuses a plan above
@@ -283,10 +347,20 @@ func (r *run) checkMemory() error {
 		if cfg.Mode == engine.LSP {
 			hint = "lower --batch, --seq-len or --d, or use a smaller model"
 		}
-		return flagErr("device-mem", "the run needs %d bytes of device memory (%.1f MiB: %s) but the budget is %d bytes; %s",
-			plan.DeviceTotal(), float64(plan.DeviceTotal())/(1<<20), plan.String(), cfg.DeviceMem, hint)
+		return flagErr("device-mem", "the run needs %d bytes of device memory (%s) but the budget is %d bytes; %s",
+			plan.DeviceTotal(), deviceParts(plan), cfg.DeviceMem, hint)
 	}
 	return nil
+}
+
+// deviceParts writes the device side of a plan in MiB, part by part (the
+// host side is not device memory and not checked against --device-mem).
+func deviceParts(p Plan) string {
+	parts := make([]string, len(p.Device))
+	for i, x := range p.Device {
+		parts[i] = fmt.Sprintf("%s %.2f", x.Name, float64(x.Bytes)/(1<<20))
+	}
+	return fmt.Sprintf("%.2f MiB: %s", float64(p.DeviceTotal())/(1<<20), strings.Join(parts, ", "))
 }
 
 // openEngine opens the backend (unless Options gives one) and builds the
@@ -325,7 +399,8 @@ func (r *run) logLSPCaps() error {
 }
 
 // buildLoader builds the training data's loader and the learning-rate
-// schedule, turning --epochs into steps when --steps is 0.
+// schedule, turning --epochs into steps, or taking DefaultSteps when
+// neither --steps nor --epochs is set (Validate refuses both).
 func (r *run) buildLoader() error {
 	cfg := r.cfg
 	var err error
@@ -333,9 +408,14 @@ func (r *run) buildLoader() error {
 		return flagErr("data", "%v", err)
 	}
 	total := cfg.Steps
-	if total == 0 {
+	switch {
+	case total > 0:
+	case cfg.Epochs > 0:
 		perEpoch := max(1, r.loader.Len()/(cfg.Batch*cfg.GradAccum))
 		total = max(1, int(math.Ceil(cfg.Epochs*float64(perEpoch))))
+		r.log.Info("--epochs in steps", "epochs", cfg.Epochs, "steps_per_epoch", perEpoch, "steps", total)
+	default:
+		total = DefaultSteps
 	}
 	r.cfg.Steps = total
 	r.sched = optim.Schedule{LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup, Total: total}
@@ -369,7 +449,7 @@ func (r *run) resume() error {
 	if err != nil {
 		return err
 	}
-	if err := savedIdentity(ck.State).mismatch(r.cfg.resumeIdentity(r.fromCheckpoint), path); err != nil {
+	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}
 	if err := ck.Restore(r.be, r.s, r.model.Params, r.eng); err != nil {
@@ -400,7 +480,7 @@ func (r *run) metricsPath() string    { return filepath.Join(r.cfg.Out, "metrics
 // loop trains the remaining steps, then finishes: checkpoint, and unless
 // interrupted the final eval, export and plot.
 func (r *run) loop(ctx context.Context) (*Result, error) {
-	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(),
+	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
 	if r.opts.Progress != nil {
 		r.prog = metrics.NewProgress(r.opts.Progress, r.cfg.Steps, r.log)
@@ -419,13 +499,18 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 // the periodic evals and checkpoints, and fills in res's step counts and
 // throughput.
 func (r *run) trainSteps(ctx context.Context, res *Result) error {
-	// Before the clock starts, so tokens/s counts training only.
 	if r.opts.EvalAtStart && !r.cfg.Resume && r.step == 0 {
 		if err := r.evaluate(res); err != nil {
 			return err
 		}
 	}
-	r.start, r.startTokens = time.Now(), r.tokens
+	first := r.step
+	defer func() {
+		res.Steps, res.StepsRun = r.step, r.step-first
+		if r.times.Train > 0 {
+			res.TokensPerSec = float64(r.runTokens) / r.times.Train.Seconds()
+		}
+	}()
 	if r.step >= r.cfg.Steps {
 		// Resumed from a finished run: its final eval is in the metrics
 		// already; another would duplicate that step.
@@ -443,24 +528,28 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 			return err
 		}
 	}
-	res.Steps = r.step
-	res.Elapsed = time.Since(r.start)
-	res.TokensPerSec = float64(r.tokens-r.startTokens) / res.Elapsed.Seconds()
 	return nil
 }
 
-// oneStep runs the next optimizer step and records it.
+// oneStep runs the next optimizer step and records it. The step's time
+// (its data, a projector check when one is due, the engine's step) is
+// what every tokens/s figure divides by: the step's own in the metrics,
+// the sum over this process's steps in the progress display and the
+// summary.
 func (r *run) oneStep(res *Result) error {
 	lr := r.sched.At(r.step + 1)
 	t0, tok0 := time.Now(), r.tokens
 	loss, err := r.trainStep(lr)
+	dt := time.Since(t0)
+	r.times.Train += dt
+	r.runTokens += r.tokens - tok0
 	if err != nil {
 		return err
 	}
 	r.step++
 	res.TrainLoss = loss
 	res.Losses = append(res.Losses, loss)
-	return r.recordStep(loss, lr, float64(r.tokens-tok0)/time.Since(t0).Seconds())
+	return r.recordStep(loss, lr, float64(r.tokens-tok0)/dt.Seconds(), float64(r.runTokens)/r.times.Train.Seconds())
 }
 
 // trainStep runs one optimizer step over GradAccum micro-batches (after a
@@ -495,11 +584,12 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	return loss, checkFinite(r.step+1, "loss", loss)
 }
 
-// recordStep writes the metrics of the step just done and updates the
-// progress display. A finite loss can still come with non-finite
+// recordStep writes the metrics of the step just done (with its own
+// throughput, stepRate) and updates the progress display (with this
+// process's, runRate). A finite loss can still come with non-finite
 // gradients; the update has used them, so the run stops before anything
 // of this step is saved.
-func (r *run) recordStep(loss, lr, tokensPerSec float64) error {
+func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	norm, err := r.eng.GradNorm()
 	if err != nil {
 		return fmt.Errorf("step %d: gradient norm: %w", r.step, err)
@@ -508,13 +598,13 @@ func (r *run) recordStep(loss, lr, tokensPerSec float64) error {
 		return err
 	}
 	// Time is left 0 so the Writer fills it in, continuing across resumes.
-	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(tokensPerSec),
+	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(stepRate),
 		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
 	if err := r.mw.Write(rec); err != nil {
 		return diskHint(err)
 	}
 	if r.prog != nil {
-		r.prog.Update(r.step, loss, tokensPerSec)
+		r.prog.Update(r.step, loss, runRate)
 	}
 	return faults.Point("step", "")
 }
@@ -552,9 +642,11 @@ func (r *run) finish(res *Result) error {
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
+	t0 := time.Now()
+	defer func() { r.times.Export += time.Since(t0) }()
 	if res.Interrupted {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
-		return nil
+		return r.plot(res)
 	}
 	vals, err := backend.Download(r.be, r.s, r.model.Params)
 	if err != nil {
@@ -564,9 +656,18 @@ func (r *run) finish(res *Result) error {
 	if err := exportModel(res.Export, r.mc, vals); err != nil {
 		return diskHint(err)
 	}
+	return r.plot(res)
+}
+
+// plot draws the loss curves of metrics.jsonl into loss.png, also for an
+// interrupted run; a run interrupted before its first step has none.
+func (r *run) plot(res *Result) error {
 	recs, err := metrics.ReadFile(res.Metrics)
 	if err != nil {
 		return err
+	}
+	if !slices.ContainsFunc(recs, func(rec metrics.Record) bool { return rec.TrainLoss != nil || rec.EvalLoss != nil }) {
+		return nil
 	}
 	res.Plot = filepath.Join(r.cfg.Out, "loss.png")
 	return diskHint(metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", r.cfg.Model, r.cfg.Data)))
@@ -647,8 +748,10 @@ func (r *run) measurements() Measurements {
 
 // saveCheckpoint writes the run's state to --out, atomically.
 func (r *run) saveCheckpoint() error {
+	t0 := time.Now()
+	defer func() { r.times.Checkpoint += time.Since(t0) }()
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
-	r.cfg.resumeIdentity(r.fromCheckpoint).into(&st)
+	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
 	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Params, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
@@ -658,6 +761,8 @@ func (r *run) saveCheckpoint() error {
 // evaluate computes the eval loss and the exact match of greedy generation
 // on held-out prompts, logs them and writes them to the metrics.
 func (r *run) evaluate(res *Result) error {
+	t0 := time.Now()
+	defer func() { r.times.Eval += time.Since(t0) }()
 	rec := metrics.Record{Step: r.step, Event: "eval"} // the Writer fills in Time
 	if len(r.ds.Eval) > 0 {
 		loss, err := eval.Loss(r.be, r.s, r.model, r.ds.Eval)

@@ -1,16 +1,20 @@
-// Flags of the train command, the optional JSON config file, and byte
-// sizes such as 8GiB. Modes, dtypes, clip modes, the schedule and the
-// device are typed flag values: parsed once, here, and refused here when
-// misspelled.
+// Flags of the train command, their -h (grouped, with readable
+// placeholders, the subcommands with theirs), the one-line answer to a
+// mistyped flag, the optional JSON config file, and byte sizes such as
+// 8GiB. Modes, dtypes, clip modes, the schedule and the device are typed
+// flag values: parsed once, here, and refused here when misspelled.
 
 package main
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,12 +22,12 @@ import (
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
-	fs.StringVar(&c.Model, "model", c.Model, "model preset (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a Hugging Face GPT-2 checkpoint directory")
-	fs.StringVar(&c.Data, "data", c.Data, "training data: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
-	fs.IntVar(&c.Steps, "steps", c.Steps, "optimizer steps (0: use --epochs)")
-	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, when --steps is 0")
+	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl; from random weights) or a Hugging Face GPT-2 checkpoint directory")
+	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
+	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
+	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per micro-batch")
-	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row (at most the model context)")
+	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row (at most the model context); longer records are dropped (or cut: --truncate)")
 	fs.IntVar(&c.GradAccum, "grad-accum", c.GradAccum, "micro-batches accumulated per optimizer step")
 	fs.Float64Var(&c.LR, "lr", c.LR, "peak learning rate (after warmup; cosine decay to --min-lr)")
 	fs.Float64Var(&c.MinLR, "min-lr", c.MinLR, "learning rate at the last step")
@@ -31,23 +35,23 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.WeightDecay, "weight-decay", c.WeightDecay, "decoupled weight decay of matrices and embeddings")
 	fs.Float64Var(&c.Beta1, "beta1", c.Beta1, "AdamW beta1")
 	fs.Float64Var(&c.Beta2, "beta2", c.Beta2, "AdamW beta2")
-	fs.Var(&c.ClipMode, "clip-mode", "gradient clipping `mode`: none, matrix (each tensor by its norm) or global-prev (by the previous step's global norm)")
+	fs.Var(&c.ClipMode, "clip-mode", "gradient clipping `MODE`: none, matrix (each tensor by its norm) or global-prev (by the previous step's global norm)")
 	fs.Float64Var(&c.GradClip, "grad-clip", c.GradClip, "max gradient norm for clipping")
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evaluations (0: only at the end)")
 	fs.Float64Var(&c.EvalFraction, "eval-fraction", c.EvalFraction, "share of the data held out for evaluation")
 	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match at each evaluation")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", c.CheckpointEvery, "steps between checkpoints (0: only at the end)")
-	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors")
+	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors (the run's settings must match the checkpoint's, except the length, eval and checkpoint cadence, and where it runs)")
 	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot and hf/")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
-	fs.Var(&c.Device, "device", "`backend` to train on: cpu (cuda: not in this build yet)")
+	fs.Var(&c.Device, "device", "`BACKEND` to train on: cpu (cuda: not in this build yet)")
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
-	fs.Var(&c.DType, "dtype", "storage `type` of weights and activations: fp32 (the default) or bf16 (fp32 master weights and moments either way)")
+	fs.Var(&c.DType, "dtype", "storage `TYPE` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
-	fs.Var(&c.Mode, "mode", "update `mode`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
-	fs.Var(&c.GradDType, "grad-dtype", "storage `type` of the parameter gradients: fp32 (the default) or bf16 (native and zero; lsp's compressed S is fp32)")
-	fs.Var(&c.DenseParams, "dense-params", "lsp mode, `treatment` of the parameters other than block matrices: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
+	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
+	fs.Var(&c.GradDType, "grad-dtype", "storage `TYPE` of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
+	fs.Var(&c.DenseParams, "dense-params", "lsp mode: `WHERE` the parameters other than block matrices train: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
 	fs.Float64Var(&c.Alpha, "alpha", c.Alpha, "lsp: bias ratio in (0,1) above which the projectors are refitted")
@@ -56,9 +60,276 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.ProjLR, "proj-lr", c.ProjLR, "lsp: Adam step size of the projector fit")
 	fs.IntVar(&c.FitIters, "fit-iters", c.FitIters, "lsp: Adam steps a projector fit may take")
 	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
-	fs.Var(&c.Schedule, "schedule", "`order` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
+	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
-	fs.StringVar(&c.Out, "out", c.Out, "output `directory`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
+	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
+}
+
+// The headings of the train command's -h, in order.
+const (
+	groupModelData = "Model and data"
+	groupTraining  = "Training"
+	groupOffload   = "Offload and LSP"
+	groupOutput    = "Output"
+	groupDevice    = "Device"
+)
+
+var trainGroupOrder = []string{groupModelData, groupTraining, groupOffload, groupOutput, groupDevice}
+
+// trainFlagGroups puts every flag of the train command under a heading
+// of -h, listed in this order. A new flag joins a group with one line
+// here; TestHelp fails on a flag that has none.
+var trainFlagGroups = []struct{ flag, group string }{
+	{"model", groupModelData},
+	{"data", groupModelData},
+	{"seq-len", groupModelData},
+	{"truncate", groupModelData},
+	{"eval-fraction", groupModelData},
+	{"seed", groupModelData},
+	{"config", groupTraining},
+	{"steps", groupTraining},
+	{"epochs", groupTraining},
+	{"batch", groupTraining},
+	{"grad-accum", groupTraining},
+	{"lr", groupTraining},
+	{"min-lr", groupTraining},
+	{"warmup", groupTraining},
+	{"weight-decay", groupTraining},
+	{"beta1", groupTraining},
+	{"beta2", groupTraining},
+	{"clip-mode", groupTraining},
+	{"grad-clip", groupTraining},
+	{"eval-every", groupTraining},
+	{"eval-generate", groupTraining},
+	{"mode", groupOffload},
+	{"grad-dtype", groupOffload},
+	{"dense-params", groupOffload},
+	{"d", groupOffload},
+	{"r", groupOffload},
+	{"alpha", groupOffload},
+	{"check-every", groupOffload},
+	{"calib-samples", groupOffload},
+	{"proj-lr", groupOffload},
+	{"fit-iters", groupOffload},
+	{"no-fit", groupOffload},
+	{"schedule", groupOffload},
+	{"link-bandwidth", groupOffload},
+	{"out", groupOutput},
+	{"overwrite", groupOutput},
+	{"resume", groupOutput},
+	{"checkpoint-every", groupOutput},
+	{"device", groupDevice},
+	{"device-mem", groupDevice},
+	{"dtype", groupDevice},
+	{"threads", groupDevice},
+}
+
+// trainUsage is the train command's -h: the synopsis, the subcommands
+// with their flags, the flags by group, and the exit statuses.
+func trainUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `Usage: lsp-train [flags]                train a model (no flags: the tiny preset on a built-in task)
+       lsp-train SUBCOMMAND [flags]
+
+Any flag may also come from a JSON file: --config FILE; flags on the command line win.
+
+Subcommands (lsp-train SUBCOMMAND -h describes their flags):
+`)
+	for _, name := range subcommandNames {
+		sc := subcommands[name]
+		fmt.Fprintf(w, "  %-9s %s\n", name, sc.summary)
+		var flags []string
+		sc.flags().VisitAll(func(f *flag.Flag) {
+			flags = append(flags, strings.TrimSpace("[--"+f.Name+" "+placeholder(f))+"]")
+		})
+		fmt.Fprint(w, wrap(flags, 12, 78))
+	}
+	grouped := map[string][]string{}
+	for _, g := range trainFlagGroups {
+		grouped[g.group] = append(grouped[g.group], g.flag)
+	}
+	for _, g := range trainGroupOrder {
+		fmt.Fprintf(w, "\n%s:\n", g)
+		printFlags(w, fs, grouped[g])
+	}
+	var other []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if !slices.ContainsFunc(trainFlagGroups, func(g struct{ flag, group string }) bool { return g.flag == f.Name }) {
+			other = append(other, f.Name)
+		}
+	})
+	if len(other) > 0 {
+		fmt.Fprintf(w, "\nOther:\n")
+		printFlags(w, fs, other)
+	}
+	fmt.Fprint(w, `
+Exit status: 0 when the run finished, 1 on an error (a bad flag included),
+130 after Ctrl-C (SIGINT) and 143 after SIGTERM, once the checkpoint and
+the loss plot are saved (continue with the same flags plus --resume).
+`)
+}
+
+// subcommandUsage is a subcommand's -h: its synopsis, what it does, and
+// its flags.
+func subcommandUsage(w io.Writer, fs *flag.FlagSet, synopsis, about string) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, about)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	printFlags(w, fs, names)
+}
+
+// printFlags lists the named flags of fs, each with a placeholder for its
+// value, its usage wrapped to the terminal's customary width, and its
+// default when that is not the zero value.
+func printFlags(w io.Writer, fs *flag.FlagSet, names []string) {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		_, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  %s\n", strings.TrimSpace("--"+f.Name+" "+placeholder(f)))
+		if def := f.DefValue; def != "" && def != "0" && def != "false" {
+			if _, ok := f.Value.(*byteSize); ok {
+				def = formatBytes(def)
+			}
+			usage += " (default " + def + ")"
+		}
+		fmt.Fprint(w, wrap(strings.Fields(usage), 8, 78))
+	}
+}
+
+// placeholder is the name of a flag's value in the usage: the back-quoted
+// word of its usage (FILE, DIR, MODE, ...), SIZE for a byte size, N for
+// an integer, X for a real number, TEXT for a string, and none for a
+// boolean.
+func placeholder(f *flag.Flag) string {
+	if _, ok := f.Value.(*byteSize); ok {
+		return "SIZE"
+	}
+	name, _ := flag.UnquoteUsage(f)
+	switch name {
+	case "int", "uint":
+		return "N"
+	case "float":
+		return "X"
+	case "string":
+		return "TEXT"
+	case "value":
+		return "VALUE"
+	}
+	return name // back-quoted, or "" for a boolean
+}
+
+// formatBytes writes a byte count flag default in binary units when it
+// is a whole number of them (8589934592 as 8GiB).
+func formatBytes(def string) string {
+	n, err := strconv.ParseInt(def, 10, 64)
+	if err != nil || n <= 0 {
+		return def
+	}
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return def
+}
+
+// wrap writes words, separated by spaces, in lines of at most width
+// columns (a longer word stays whole), each indented by indent spaces.
+func wrap(words []string, indent, width int) string {
+	var b strings.Builder
+	pad := strings.Repeat(" ", indent)
+	line := 0
+	for _, word := range words {
+		switch {
+		case line == 0:
+			b.WriteString(pad)
+			line = indent
+		case line+1+len(word) > width:
+			b.WriteString("\n" + pad)
+			line = indent
+		default:
+			b.WriteByte(' ')
+			line++
+		}
+		b.WriteString(word)
+		line += len(word)
+	}
+	if line > 0 {
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// parseFlags parses args into fs. -h prints the usage (through usage, to
+// stderr) and returns flag.ErrHelp; a bad flag returns a one-line error
+// with a hint (the flag meant, and -h), not the whole usage; so does an
+// argument that is not a flag.
+func parseFlags(fs *flag.FlagSet, args []string, usage func(io.Writer), stderr io.Writer) error {
+	fs.SetOutput(io.Discard) // the flag package would print the usage on every error
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		usage(stderr)
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%v%s; %s -h lists the flags", err, didYouMean(fs, err), fs.Name())
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with -); %s -h lists the flags", fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
+// didYouMean names the flag closest to an undefined one (" (did you
+// mean --steps?)"), when one is close: at most two edits away, or one
+// name holding the other.
+func didYouMean(fs *flag.FlagSet, err error) string {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
+	if !ok {
+		return ""
+	}
+	name = strings.TrimLeft(name, "-")
+	best, bestDist := "", 3
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(name, f.Name)
+		if len(name) >= 3 && len(f.Name) >= 3 && (strings.Contains(f.Name, name) || strings.Contains(name, f.Name)) {
+			d = min(d, 2)
+		}
+		if d < bestDist {
+			best, bestDist = f.Name, d
+		}
+	})
+	if best == "" {
+		return ""
+	}
+	return " (did you mean --" + best + "?)"
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // reuseDefaultOut sets --overwrite when --out was given neither on the

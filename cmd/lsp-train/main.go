@@ -6,6 +6,10 @@
 //	lsp-train [flags]                 train (see -h)
 //	lsp-train sample -model DIR -prompt TEXT [flags]
 //	lsp-train compare [flags]         native, zero and lsp side by side
+//
+// Exit status: 0 when the work is done (and for -h), 1 on an error (a bad
+// flag included), and 128 + the signal's number when Ctrl-C (SIGINT: 130)
+// or SIGTERM (143) stopped the work after saving what it could.
 package main
 
 import (
@@ -18,7 +22,9 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/term"
 
@@ -29,42 +35,83 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// subcommands are the commands after the first argument; anything else
-// is the train command's flags.
-var subcommands = map[string]func(args []string, stdout io.Writer, stderr *os.File) error{
-	"compare": compareCmd,
-	"sample":  sampleCmd,
+// subcommand is a command named by the first argument; anything else is
+// the train command's flags. The train command's -h lists every
+// subcommand with its flags, from this table.
+type subcommand struct {
+	summary string
+	// flags returns the subcommand's flag set with its defaults, for the
+	// usage; the subcommand itself builds its own.
+	flags func() *flag.FlagSet
+	run   func(args []string, stdout io.Writer, stderr *os.File) error
 }
 
-// run runs the command args name and returns the exit code: 0 also for
-// -h, whose usage the flag package has printed already.
+// subcommandNames lists the subcommands in the order -h shows them.
+var subcommandNames = []string{"sample", "compare"}
+
+var subcommands = map[string]subcommand{
+	"sample":  {"generate text from a trained model", newSampleFlags, sampleCmd},
+	"compare": {"fine-tune tiny in every update mode and print one table", newCompareFlags, compareCmd},
+}
+
+// exitCoder is an error that sets the exit status.
+type exitCoder interface{ ExitCode() int }
+
+// run runs the command args name and returns the exit status: 0 also for
+// -h, whose usage parseFlags has printed already.
 func run(args []string, stdout io.Writer, stderr *os.File) int {
 	name, cmd := "lsp-train", trainCmd
-	if len(args) > 0 && subcommands[args[0]] != nil {
-		name, cmd, args = "lsp-train "+args[0], subcommands[args[0]], args[1:]
+	if len(args) > 0 {
+		if sc, ok := subcommands[args[0]]; ok {
+			name, cmd, args = "lsp-train "+args[0], sc.run, args[1:]
+		}
 	}
-	if err := cmd(args, stdout, stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, name+":", err)
-		return 1
+	err := cmd(args, stdout, stderr)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
-	return 0
+	fmt.Fprintln(stderr, name+":", err)
+	var ec exitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return 1
+}
+
+// interrupted is the error of work stopped by a signal after it saved
+// what it could; the exit status is 128 + the signal's number, as a
+// shell reports a process the signal killed (130 for SIGINT, 143 for
+// SIGTERM), so that scripts can tell it from finished work.
+type interrupted struct {
+	sig syscall.Signal
+	err error // what was saved and how to go on
+}
+
+func (e *interrupted) Error() string {
+	return fmt.Sprintf("interrupted by %s: %v (exit status %d)", signalName(e.sig), e.err, e.ExitCode())
+}
+
+func (e *interrupted) Unwrap() error { return e.err }
+
+func (e *interrupted) ExitCode() int { return 128 + int(e.sig) }
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT (Ctrl-C)"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
 }
 
 func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	cfg := train.Defaults()
 	fs := flag.NewFlagSet("lsp-train", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configFile := fs.String("config", "", "JSON file of flag values (`{\"steps\": 100, ...}`); flags given on the command line win")
+	configFile := fs.String("config", "", "read flag values from the JSON `FILE` (an object such as {\"steps\": 200, \"lr\": 1e-4}); flags given on the command line win")
 	bindTrainFlags(fs, &cfg)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: lsp-train [flags]\n       lsp-train sample -model DIR -prompt TEXT\n       lsp-train compare [flags]\n\nTrains a GPT-2 style model; with no flags, the tiny preset on a built-in task.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, func(w io.Writer) { trainUsage(w, fs) }, stderr); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags start with -)", fs.Arg(0))
 	}
 	if *configFile != "" {
 		if err := applyConfigFile(fs, *configFile); err != nil {
@@ -72,6 +119,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 	}
 	reuseDefaultOut(fs, &cfg)
+	defaultDType(fs, &cfg)
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {
@@ -81,24 +129,42 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
-	ctx, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
+	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
 	defer done()
 	res, err := train.Run(ctx, cfg, train.Options{Logger: logger, Progress: progress})
 	if err != nil {
 		return err
 	}
 	report(stdout, cfg, res)
+	if res.Interrupted {
+		s := sig()
+		if s == 0 {
+			s = syscall.SIGINT // stopped by the context without a signal: cannot happen from the command line
+		}
+		return &interrupted{sig: s, err: fmt.Errorf("checkpoint saved at step %d; continue with the same flags plus --resume", res.Steps)}
+	}
 	return nil
 }
 
+// report prints the run's summary: the steps of this process (and where
+// a resumed run started), its losses, the time of each phase, and where
+// the outputs are.
 func report(w io.Writer, cfg train.Config, res *train.Result) {
 	if res.Interrupted {
-		fmt.Fprintf(w, "\nInterrupted at step %d. Checkpoint: %s\nContinue with the same flags plus --resume.\n", res.Steps, res.Checkpoint)
+		fmt.Fprintf(w, "\nInterrupted at step %d of %d: %s.\n", res.Steps, res.Total, stepsText(res))
+		reportTimes(w, res)
+		fmt.Fprintf(w, "Checkpoint: %s\n", res.Checkpoint)
+		if res.Plot != "" {
+			fmt.Fprintf(w, "Loss plot:  %s\n", res.Plot)
+		}
+		fmt.Fprintf(w, "Continue with the same flags plus --resume.\n")
 		return
 	}
-	fmt.Fprintf(w, "\nTrained %s on %s: %d steps in %s (%.0f tokens/s).\n", cfg.Model, cfg.Data, res.Steps,
-		res.Elapsed.Round(1e8), res.TokensPerSec)
-	fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
+	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
+	reportTimes(w, res)
+	if res.StepsRun > 0 {
+		fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
+	}
 	if res.EvalLoss == res.EvalLoss {
 		fmt.Fprintf(w, "  eval loss         %.4f\n", res.EvalLoss)
 	}
@@ -109,7 +175,9 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: GPT2LMHeadModel.from_pretrained)\n", res.Export)
 	fmt.Fprintf(w, "  %-40s checkpoint for --resume\n", res.Checkpoint)
 	fmt.Fprintf(w, "  %-40s metrics, one JSON object per line\n", res.Metrics)
-	fmt.Fprintf(w, "  %-40s loss curves\n", res.Plot)
+	if res.Plot != "" {
+		fmt.Fprintf(w, "  %-40s loss curves\n", res.Plot)
+	}
 	switch {
 	case strings.HasPrefix(cfg.Data, "builtin:sort"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -prompt 'sort hello='\n", res.Export)
@@ -118,19 +186,80 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	}
 }
 
+// stepsText says which steps this process ran: "600 steps", or for a
+// resumed run "525 steps in this run (76 to 600; resumed at step 75)".
+func stepsText(res *train.Result) string {
+	n := fmt.Sprintf("%d steps", res.StepsRun)
+	if res.StepsRun == 1 {
+		n = "1 step"
+	}
+	switch {
+	case res.ResumedAt < 0:
+		return n
+	case res.StepsRun == 0:
+		return fmt.Sprintf("no steps in this run (resumed at step %d, the last)", res.ResumedAt)
+	}
+	return fmt.Sprintf("%s in this run (%d to %d; resumed at step %d)", n, res.ResumedAt+1, res.Steps, res.ResumedAt)
+}
+
+// reportTimes prints the wall time of each phase: the steps and their
+// throughput (the same figure as the progress display's), then the rest.
+func reportTimes(w io.Writer, res *train.Result) {
+	t := res.Times
+	if res.StepsRun > 0 {
+		fmt.Fprintf(w, "  training          %s, %.0f tokens/s (tokens of these steps over their time)\n",
+			duration(t.Train), res.TokensPerSec)
+	}
+	var other []string
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{{"setup", t.Setup}, {"evaluation", t.Eval}, {"checkpoints", t.Checkpoint}, {"export and plot", t.Export}} {
+		if p.d > 0 {
+			other = append(other, p.name+" "+duration(p.d))
+		}
+	}
+	fmt.Fprintf(w, "  other phases      %s\n", strings.Join(other, ", "))
+	fmt.Fprintf(w, "  wall time         %s\n", duration(res.Elapsed))
+}
+
+// duration rounds d to what a person reads: milliseconds below a second,
+// tenths below a minute, seconds above.
+func duration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
 // interruptible returns a context cancelled by the first Ctrl-C (or
-// SIGTERM), which logs msg; a second one kills the process at once. Call
-// done when the work has finished.
-func interruptible(logger *slog.Logger, msg string) (ctx context.Context, done func()) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// SIGTERM), which logs msg; sig returns that signal (0 before one came).
+// A second signal has its default effect and ends the process at once.
+// Call done when the work has finished.
+func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig func() syscall.Signal, done func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	var got atomic.Int32
 	finished := make(chan struct{})
 	go func() {
 		select {
-		case <-ctx.Done():
-			stop() // a second Ctrl-C kills at once
+		case s := <-ch:
+			signal.Stop(ch) // the default action again: a second signal kills at once
+			if s, ok := s.(syscall.Signal); ok {
+				got.Store(int32(s)) // before cancel, so a cancelled run finds it
+			}
 			logger.Info(msg)
+			cancel()
 		case <-finished:
 		}
 	}()
-	return ctx, func() { close(finished); stop() }
+	return ctx, func() syscall.Signal { return syscall.Signal(got.Load()) }, func() {
+		close(finished)
+		signal.Stop(ch)
+		cancel()
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,7 +56,8 @@ func TestTrainAndSample(t *testing.T) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	for _, want := range []string{
-		"2 steps", "final train loss", "eval loss", "eval exact match",
+		": 2 steps.", "final train loss", "eval loss", "eval exact match", "tokens/s", "setup", "evaluation",
+		"checkpoints", "export and plot", "wall time",
 		filepath.Join(dir, "hf"), filepath.Join(dir, checkpoint.FileName),
 		filepath.Join(dir, "metrics.jsonl"), filepath.Join(dir, "loss.png"),
 	} {
@@ -66,6 +68,17 @@ func TestTrainAndSample(t *testing.T) {
 	for _, f := range []string{"hf/config.json", "hf/model.safetensors", checkpoint.FileName, "metrics.jsonl", "loss.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("output missing: %v", err)
+		}
+	}
+
+	// The exported config writes the float32 epsilon as Python does.
+	if raw, err := os.ReadFile(filepath.Join(dir, "hf", "config.json")); err != nil || !strings.Contains(string(raw), `"layer_norm_epsilon": 1e-05,`) {
+		t.Errorf("hf/config.json does not hold layer_norm_epsilon 1e-05 (%v):\n%s", err, raw)
+	}
+	// The progress lines hold losses with four decimals.
+	for _, line := range strings.Split(stderr, "\n") {
+		if strings.Contains(line, "msg=train") && !regexp.MustCompile(` loss=\d+\.\d{4} `).MatchString(line) {
+			t.Errorf("a progress line's loss is not written with four decimals: %s", line)
 		}
 	}
 
@@ -111,36 +124,52 @@ func TestCommandErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	needs := "needs " + strconv.FormatInt(plan.DeviceTotal(), 10) + " bytes"
+	alpaca, err := filepath.Abs("../../train/data/testdata/alpaca-sample.json")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
 		want []string
+		not  []string // what the error (stderr's lines from "lsp-train") must not hold
 	}{
-		{"device-mem too small", []string{"--device-mem", "1KiB", "--batch", "4"}, []string{"--device-mem", needs, "1024"}},
-		{"device-mem from the config file", []string{"--config", writeJSON(t, `{"device_mem": "1KiB", "batch": 4}`)}, []string{"--device-mem", needs}},
+		{"device-mem too small", []string{"--device-mem", "1KiB", "--batch", "4"}, []string{"--device-mem", needs, "1024", "device memory (", "activations"},
+			// The host side is not device memory.
+			[]string{"host", "staging"}},
+		{"device-mem from the config file", []string{"--config", writeJSON(t, `{"device_mem": "1KiB", "batch": 4}`)}, []string{"--device-mem", needs}, nil},
 		// The file's batch 0 would fail validation; the command line's 4
 		// wins, and the bytes needed are those of batch 4.
-		{"flags override the config file", []string{"--config", writeJSON(t, `{"batch": 0, "device_mem": "1KiB"}`), "--batch", "4"}, []string{"--device-mem", needs}},
-		{"unknown config key", []string{"--config", writeJSON(t, `{"steps": 5, "learning_rate": 0.1}`)}, []string{"--config", "learning_rate"}},
-		{"config key that is not a value", []string{"--config", writeJSON(t, `{"steps": [5]}`)}, []string{"--config", "steps"}},
-		{"config value of the wrong type", []string{"--config", writeJSON(t, `{"steps": "many"}`)}, []string{"--config", "steps", "many"}},
-		{"config file missing", []string{"--config", filepath.Join(t.TempDir(), "nope.json")}, []string{"--config", "nope.json"}},
-		{"config file not JSON", []string{"--config", writeJSON(t, `{"steps": 5,`)}, []string{"--config", "config.json"}},
-		{"config names config", []string{"--config", writeJSON(t, `{"config": "x.json"}`)}, []string{"--config", `"config"`}},
-		{"bad byte size", []string{"--device-mem", "lots"}, []string{"device-mem", "lots"}},
-		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero or lsp"}},
-		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}},
-		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}},
-		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}},
-		{"bad dense params", []string{"--dense-params", "cpu"}, []string{"-dense-params", "cpu"}},
-		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}},
-		{"unknown device", []string{"--device", "tpu"}, []string{"-device", "tpu", "cpu or cuda"}},
-		{"cuda not in this build", []string{"--device", "cuda"}, []string{"--device", "not available in this build"}},
-		{"bad batch", []string{"--batch", "0"}, []string{"--batch"}},
-		{"unknown flag", []string{"--learning-rate", "1"}, []string{"learning-rate"}},
-		{"positional argument", []string{"train"}, []string{`"train"`}},
-		{"sample without a prompt", []string{"sample", "-model", t.TempDir()}, []string{"--prompt"}},
-		{"sample of a missing model", []string{"sample", "-model", filepath.Join(t.TempDir(), "gone"), "-prompt", "x"}, []string{"--model", "gone"}},
+		{"flags override the config file", []string{"--config", writeJSON(t, `{"batch": 0, "device_mem": "1KiB"}`), "--batch", "4"}, []string{"--device-mem", needs}, nil},
+		{"unknown config key", []string{"--config", writeJSON(t, `{"steps": 5, "learning_rate": 0.1}`)}, []string{"--config", "learning_rate"}, nil},
+		{"config key that is not a value", []string{"--config", writeJSON(t, `{"steps": [5]}`)}, []string{"--config", "steps"}, nil},
+		{"config value of the wrong type", []string{"--config", writeJSON(t, `{"steps": "many"}`)}, []string{"--config", "steps", "many"}, nil},
+		{"config file missing", []string{"--config", filepath.Join(t.TempDir(), "nope.json")}, []string{"--config", "nope.json"}, nil},
+		{"config file not JSON", []string{"--config", writeJSON(t, `{"steps": 5,`)}, []string{"--config", "config.json"}, nil},
+		{"config names config", []string{"--config", writeJSON(t, `{"config": "x.json"}`)}, []string{"--config", `"config"`}, nil},
+		{"bad byte size", []string{"--device-mem", "lots"}, []string{"device-mem", "lots"}, nil},
+		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero or lsp"}, nil},
+		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}, nil},
+		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}, nil},
+		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}, nil},
+		{"bad dense params", []string{"--dense-params", "cpu"}, []string{"-dense-params", "cpu"}, nil},
+		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}, nil},
+		{"unknown device", []string{"--device", "tpu"}, []string{"-device", "tpu", "cpu or cuda"}, nil},
+		{"cuda not in this build", []string{"--device", "cuda"}, []string{"--device", "not available in this build"}, nil},
+		{"bad batch", []string{"--batch", "0"}, []string{"--batch"}, nil},
+		{"steps and epochs", []string{"--steps", "5", "--epochs", "1"}, []string{"--epochs", "contradicts --steps 5"}, nil},
+		{"steps in the config file, epochs on the command line", []string{"--config", writeJSON(t, `{"steps": 5}`), "--epochs", "2"},
+			[]string{"--epochs", "contradicts --steps 5"}, nil},
+		// tiny's 64-token context holds no Alpaca record: name a preset that does.
+		{"alpaca into tiny", []string{"--data", alpaca}, []string{"--data: " + alpaca, "all 4 examples dropped", "--model gpt2", "--seq-len"}, []string{"--data: data:"}},
+		{"missing data file", []string{"--data", "nope.json"}, []string{"--data: open nope.json"}, []string{"--data: data:"}},
+		{"sample top-p 0", []string{"sample", "-prompt", "x", "-top-p", "0"}, []string{"--top-p", "(0, 1]"}, nil},
+		{"sample top-p above 1", []string{"sample", "-prompt", "x", "-top-p", "1.5"}, []string{"--top-p", "(0, 1]"}, nil},
+		{"sample negative temperature", []string{"sample", "-prompt", "x", "-temperature", "-1"}, []string{"--temperature"}, nil},
+		{"unknown flag", []string{"--learning-rate", "1"}, []string{"learning-rate"}, nil},
+		{"positional argument", []string{"train"}, []string{`"train"`}, nil},
+		{"sample without a prompt", []string{"sample", "-model", t.TempDir()}, []string{"--prompt"}, nil},
+		{"sample of a missing model", []string{"sample", "-model", filepath.Join(t.TempDir(), "gone"), "-prompt", "x"}, []string{"--model", "gone"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out")
@@ -157,6 +186,12 @@ func TestCommandErrors(t *testing.T) {
 					t.Errorf("stderr does not mention %q:\n%s", w, stderr)
 				}
 			}
+			msg := stderr[max(0, strings.Index(stderr, "lsp-train")):]
+			for _, w := range append(tc.not, "Usage:") {
+				if strings.Contains(msg, w) {
+					t.Errorf("the error mentions %q:\n%s", w, msg)
+				}
+			}
 			if _, err := os.Stat(filepath.Join(out, checkpoint.FileName)); err == nil {
 				t.Errorf("a failed command left a checkpoint")
 			}
@@ -165,23 +200,178 @@ func TestCommandErrors(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"-h"}, {"--help"}, {"sample", "-h"}} {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"sample", "-h"}, {"compare", "-h"}} {
 		code, stdout, stderr := runCmd(t, args...)
 		if code != 0 {
 			t.Errorf("%v: exit %d, want 0; stderr:\n%s", args, code, stderr)
 		}
-		if !strings.Contains(stderr, "-model") || stdout != "" {
+		if !strings.Contains(stderr, "Usage: lsp-train") || stdout != "" {
 			t.Errorf("%v: usage not on stderr (stdout %q, stderr %q)", args, stdout, stderr)
 		}
 		if strings.Contains(stderr, "help requested") {
 			t.Errorf("%v: help reported as an error: %s", args, stderr)
 		}
+		// Placeholders a person can read: none of the flag package's
+		// type names, no example standing in for a name.
+		if m := regexp.MustCompile(`(?m)^  --\S+ (value|int|float|string|uint)$`).FindString(stderr); m != "" {
+			t.Errorf("%v: a placeholder that names a Go type: %q", args, m)
+		}
 	}
 	_, _, stderr := runCmd(t, "-h")
-	for _, f := range []string{"-device-mem", "-config", "-clip-mode", "-resume", "-eval-generate"} {
-		if !strings.Contains(stderr, f) {
-			t.Errorf("usage does not list %s", f)
+
+	// The groups, in order, each holding its flags.
+	at := func(s string) int {
+		i := strings.Index(stderr, s)
+		if i < 0 {
+			t.Errorf("usage does not hold %q", s)
 		}
+		return i
+	}
+	prev := -1
+	for _, g := range trainGroupOrder {
+		i := at("\n" + g + ":\n")
+		if i < prev {
+			t.Errorf("group %q out of order", g)
+		}
+		prev = i
+	}
+	for _, fg := range trainFlagGroups {
+		start, end := at("\n"+fg.group+":\n"), len(stderr)
+		if k := slices.Index(trainGroupOrder, fg.group); k+1 < len(trainGroupOrder) {
+			end = at("\n" + trainGroupOrder[k+1] + ":\n")
+		}
+		loc := regexp.MustCompile(`\n  --` + regexp.QuoteMeta(fg.flag) + `[ \n]`).FindStringIndex(stderr)
+		if loc == nil || loc[0] < start || loc[0] > end {
+			t.Errorf("--%s is not listed under %s", fg.flag, fg.group)
+		}
+	}
+	// Every flag is in a group once: a new flag joins one in trainFlagGroups.
+	cfg := train.Defaults()
+	fs := flag.NewFlagSet("lsp-train", flag.ContinueOnError)
+	fs.String("config", "", "")
+	bindTrainFlags(fs, &cfg)
+	seen := map[string]int{}
+	for _, fg := range trainFlagGroups {
+		seen[fg.flag]++
+		if fs.Lookup(fg.flag) == nil {
+			t.Errorf("trainFlagGroups names --%s, which is not a flag", fg.flag)
+		}
+		if !slices.Contains(trainGroupOrder, fg.group) {
+			t.Errorf("--%s is in group %q, which -h does not show", fg.flag, fg.group)
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if seen[f.Name] != 1 {
+			t.Errorf("--%s is in %d groups of trainFlagGroups (flags.go), want 1", f.Name, seen[f.Name])
+		}
+	})
+	if strings.Contains(stderr, "\nOther:\n") {
+		t.Errorf("usage has flags outside the groups:\n%s", stderr)
+	}
+
+	// Readable placeholders, the subcommands with their flags, the exit
+	// statuses.
+	for _, want := range []string{
+		"--config FILE\n", "--device-mem SIZE\n", "--link-bandwidth SIZE\n", "--out DIR\n", "--steps N\n",
+		"--lr X\n", "--mode MODE\n", "--resume\n",
+		"  sample ", "[--prompt TEXT]", "[--top-p X]", "  compare ", "[--pretrain-steps N]", "[--link-bandwidth SIZE]",
+		"130", "143",
+	} {
+		at(want)
+	}
+}
+
+// TestMistypedFlag: a flag that does not exist, or a bad value, is
+// answered with one line naming it, the flag meant when one is close, and
+// -h; not with the whole usage.
+func TestMistypedFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--step", "3"}, []string{"-step", "did you mean --steps?", "lsp-train -h"}},
+		{[]string{"--seqlen", "3"}, []string{"-seqlen", "did you mean --seq-len?", "lsp-train -h"}},
+		{[]string{"--learning-rate", "1"}, []string{"-learning-rate", "lsp-train -h"}},
+		{[]string{"--mode", "fast"}, []string{"-mode", "fast", "lsp-train -h"}},
+		{[]string{"--steps"}, []string{"-steps", "lsp-train -h"}},
+		{[]string{"sample", "--promt", "x"}, []string{"lsp-train sample:", "did you mean --prompt?", "lsp-train sample -h"}},
+		{[]string{"compare", "--step", "2"}, []string{"lsp-train compare:", "did you mean --steps?", "lsp-train compare -h"}},
+	} {
+		code, stdout, stderr := runCmd(t, tc.args...)
+		if code != 1 || stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q; want 1 and nothing", tc.args, code, stdout)
+		}
+		if n := strings.Count(stderr, "\n"); n != 1 {
+			t.Errorf("%v: %d lines on stderr, want 1:\n%s", tc.args, n, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%v: stderr does not hold %q: %s", tc.args, w, stderr)
+			}
+		}
+	}
+}
+
+// TestEpochs: --epochs alone sets the run's length (it used to be ignored
+// for --steps' default of 600), and neither flag runs 600 steps.
+func TestEpochs(t *testing.T) {
+	model, err := filepath.Abs(killModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	// builtin:reverse:40 at --seq-len 24 keeps 31 training rows: 7 steps
+	// of 4 an epoch.
+	code, stdout, stderr := runCmd(t, "--model", model, "--data", "builtin:reverse:40", "--epochs", "1", "--batch", "4",
+		"--seq-len", "24", "--eval-generate", "0", "--threads", "1", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, ": 7 steps.") || !strings.Contains(stderr, "steps_per_epoch=7") {
+		t.Errorf("--epochs 1 did not train one epoch of 7 steps:\n%s\n%s", stdout, stderr)
+	}
+}
+
+// TestResumeCommand: a resume with a changed --lr is refused with one
+// line naming it and both values; one with a longer run and another eval
+// cadence is allowed, logs each change, and its summary counts the steps
+// of this process, names where it resumed, and shows the progress
+// display's tokens/s.
+func TestResumeCommand(t *testing.T) {
+	model, err := filepath.Abs(killModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	args := []string{"--model", model, "--data", "builtin:reverse:200", "--batch", "4", "--seq-len", "24",
+		"--eval-generate", "2", "--threads", "1", "--out", dir}
+	if code, stdout, stderr := runCmd(t, append(args, "--steps", "2")...); code != 0 {
+		t.Fatalf("first run: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	code, _, stderr := runCmd(t, append(args, "--steps", "2", "--resume", "--lr", "0.001")...)
+	if code != 1 || !strings.Contains(stderr, "\n  --lr: checkpoint has 0.003, command line has 0.001\n") || strings.Contains(stderr, "--batch") {
+		t.Errorf("resume with another --lr: exit %d, want 1 and one line naming --lr:\n%s", code, stderr)
+	}
+
+	code, stdout, stderr := runCmd(t, append(args, "--steps", "5", "--eval-every", "2", "--resume")...)
+	if code != 0 {
+		t.Fatalf("resume: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"flag=--steps checkpoint=2 now=5", "flag=--eval-every checkpoint=100 now=2"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("the log does not hold %q:\n%s", want, stderr)
+		}
+	}
+	if !strings.Contains(stdout, ": 3 steps in this run (3 to 5; resumed at step 2).") {
+		t.Errorf("the summary does not count this run's steps:\n%s", stdout)
+	}
+	// One tokens/s: the last progress line's is the summary's.
+	var last string
+	for _, m := range regexp.MustCompile(`msg=train step=\d+ total=5 loss=\S+ tok_s=(\d+)`).FindAllStringSubmatch(stderr, -1) {
+		last = m[1]
+	}
+	if last == "" || !strings.Contains(stdout, ", "+last+" tokens/s") {
+		t.Errorf("the progress display ended at %s tokens/s, the summary says otherwise:\n%s", last, stdout)
 	}
 }
 
@@ -225,8 +415,9 @@ func TestParseBytes(t *testing.T) {
 // and how to continue.
 func TestReportInterrupted(t *testing.T) {
 	var out bytes.Buffer
-	report(&out, train.Defaults(), &train.Result{Interrupted: true, Steps: 7, Checkpoint: "out/checkpoint.safetensors"})
-	for _, w := range []string{"step 7", "out/checkpoint.safetensors", "--resume"} {
+	report(&out, train.Defaults(), &train.Result{Interrupted: true, Steps: 7, StepsRun: 3, ResumedAt: 4, Total: 600,
+		Checkpoint: "out/checkpoint.safetensors", Plot: "out/loss.png"})
+	for _, w := range []string{"step 7 of 600", "3 steps in this run (5 to 7; resumed at step 4)", "out/checkpoint.safetensors", "out/loss.png", "--resume"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("report does not mention %q:\n%s", w, out.String())
 		}

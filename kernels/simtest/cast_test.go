@@ -167,6 +167,9 @@ func TestCastStochasticRound(t *testing.T) {
 }
 
 func TestCastSumSquares(t *testing.T) {
+	if backend.SumSquaresWork != kernels.SumSquaresWork {
+		t.Fatalf("backend.SumSquaresWork is %d, LSP_SUM_SQUARES_WORK %d", backend.SumSquaresWork, kernels.SumSquaresWork)
+	}
 	be := cpu.New(cpu.Config{})
 	defer be.Close()
 	s := be.DefaultStream()
@@ -197,7 +200,11 @@ func TestCastSumSquares(t *testing.T) {
 				if err := backend.Upload(be, s, xt, x); err != nil {
 					t.Fatal(err)
 				}
-				if err := be.SumSquares(s, out, xt); err != nil {
+				cpuWork, err := be.Alloc("work", backend.SumSquaresWork, backend.F64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := be.SumSquares(s, out, xt, cpuWork); err != nil {
 					t.Fatal(err)
 				}
 				want, err := backend.Download(be, s, out)
@@ -206,7 +213,8 @@ func TestCastSumSquares(t *testing.T) {
 				}
 				be.Free(xt)
 				be.Free(out)
-				got, work := Alloc(t, 4), Alloc(t, 8*kernels.SumSquaresWork)
+				be.Free(cpuWork)
+				got, work := Alloc(t, 4), Alloc(t, 8*backend.SumSquaresWork) // the Go size callers allocate
 				if err := kernels.SumSquares(got.Dev(), dev.Dev(), dtype(bf), int64(n), work.Dev(), 0); err != nil {
 					t.Fatal(err)
 				}
@@ -215,7 +223,7 @@ func TestCastSumSquares(t *testing.T) {
 		}
 	}
 	// The sum of nothing is 0.
-	got, work := Alloc(t, 4), Alloc(t, 8*kernels.SumSquaresWork)
+	got, work := Alloc(t, 4), Alloc(t, 8*backend.SumSquaresWork)
 	if err := kernels.SumSquares(got.Dev(), Alloc(t, 0).Dev(), kernels.F32, 0, work.Dev(), 0); err != nil {
 		t.Fatal(err)
 	}

@@ -290,8 +290,12 @@ func TestNormsLayerNormBackward(t *testing.T) {
 		rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, rig.tensor("out", make([]float32, c.N*c.C), xb),
 			mean, rstd, x, w, rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
 		dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, gb), rig.tensor("db", in.db0, gb)
+		// The Go size of the scratch (what callers allocate) is the launcher's.
+		if got, want := 4*backend.LayerNormBackwardScratch(c.N, c.C), scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(c.N, c.C)); got != want {
+			t.Fatalf("backend.LayerNormBackwardScratch(%d, %d) is %d bytes, the launcher needs %d", c.N, c.C, got, want)
+		}
 		rig.run("layernorm backward", rig.be.LayerNormBackward(rig.s, dx, dw, db, rig.tensor("dout", in.dout, gb),
-			x, w, mean, rstd, c.N, c.C))
+			x, w, mean, rstd, rig.tensor("scratch", make([]float32, backend.LayerNormBackwardScratch(c.N, c.C)), false), c.N, c.C))
 		meanV, rstdV := rig.get(mean), rig.get(rstd)
 		wantDx, wantDw, wantDb := rig.get(dx), rig.get(dw), rig.get(db)
 
@@ -300,7 +304,7 @@ func TestNormsLayerNormBackward(t *testing.T) {
 			before := i%2 == 1
 			gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, gb, !before),
 				NewFloatBuf(t, in.db0, gb, before)
-			scratch := Alloc(t, scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(c.N, c.C)))
+			scratch := Alloc(t, 4*backend.LayerNormBackwardScratch(c.N, c.C))
 			SetSeed(seed)
 			mustLaunch(t, kernels.LayerNormBackward(gdx.Dev(), gdw.Dev(), gdb.Dev(), NewFloatBuf(t, in.dout, gb, before).Dev(),
 				NewFloatBuf(t, in.x, xb, !before).Dev(), NewFloatBuf(t, in.w, xb, before).Dev(),

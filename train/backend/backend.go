@@ -1,21 +1,10 @@
-// Package backend defines the Backend contract of lsp-offload (DESIGN.md
-// section 5): device buffers, pinned host buffers, asynchronous streams,
-// events, and the compute ops every model is written against.
-//
-// The CPU backend (package train/cpu) implements it: the readable reference
-// and the oracle for the CUDA kernels; the CUDA backend (a later issue) will
-// be the second. Model and engine code use only this interface, so they are
-// the same on both.
-//
-// Semantics follow CUDA: every op is enqueued on a Stream and runs after the
-// ops enqueued before it on that stream; Record marks a point in a stream;
-// Wait makes a stream wait for the latest Record of an event at the moment
-// Wait is enqueued (a wait on an event never recorded is an error); errors of
-// asynchronous ops surface at Synchronize.
+// The Backend interface, its storage types and tensor views.
+
 package backend
 
 import (
 	"fmt"
+	"time"
 )
 
 // DType is a storage type. Arithmetic is always fp32; bf16 is converted at
@@ -27,6 +16,9 @@ const (
 	F32  DType = iota // IEEE binary32
 	BF16              // bfloat16, the top half of a binary32
 	I32               // token ids and targets
+	// F64 is for scratch only (SumSquares' work): no model tensor and no
+	// flag has it, and no op computes on it.
+	F64
 )
 
 // Size is the number of bytes of one element.
@@ -36,6 +28,8 @@ func (d DType) Size() int {
 		return 4
 	case BF16:
 		return 2
+	case F64:
+		return 8
 	}
 	return 0
 }
@@ -48,6 +42,8 @@ func (d DType) String() string {
 		return "bf16"
 	case I32:
 		return "i32"
+	case F64:
+		return "fp64"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -175,6 +171,7 @@ type AdamParams struct {
 // Backend is the device the model runs on. All ops are asynchronous: they
 // are enqueued on a stream and return at once; argument errors (shapes,
 // dtypes) are returned immediately, failures while running at Synchronize.
+// The package doc says which goroutine may call which method.
 type Backend interface {
 	Name() string
 
@@ -185,16 +182,34 @@ type Backend interface {
 	AllocHost(name string, bytes int) (HostBuffer, error)
 	FreeHost(h HostBuffer)
 	Traffic() Traffic
+	// Staging is the backend's pinned staging buffer, owned by the
+	// backend and freed by Close: the blocking transfers (Upload,
+	// Download) go through it instead of pinning memory per call.
+	Staging() *Staging
 
 	// Streams and events.
-	DefaultStream() Stream
-	NewStream(name string) Stream
-	NewEvent(name string) Event
-	Record(e Event, s Stream)
+	DefaultStream() Stream // the backend's own; it cannot be destroyed
+	NewStream(name string) (Stream, error)
+	// DestroyStream releases s once the work enqueued on it has run (as
+	// cudaStreamDestroy); s may not be used afterwards.
+	DestroyStream(s Stream) error
+	NewEvent(name string) (Event, error)
+	// DestroyEvent releases e; waits already enqueued on it still end
+	// when its record is reached. e may not be used afterwards.
+	DestroyEvent(e Event) error
+	// Record marks the point s has reached: work enqueued on s before it.
+	// It fails on an event or stream that is not this backend's or was
+	// destroyed, and after Close.
+	Record(e Event, s Stream) error
 	Wait(s Stream, e Event) error
 	Synchronize(s Stream) error     // waits for s; returns its first async error
 	EventSynchronize(e Event) error // host waits for the latest record of e
-	Close() error                   // synchronizes every stream and releases everything
+	// ElapsedTime is the device time from the latest record of start to
+	// the latest record of end (cudaEventElapsedTime): both must have been
+	// recorded and have completed (EventSynchronize first), or it is an
+	// error.
+	ElapsedTime(start, end Event) (time.Duration, error)
+	Close() error // synchronizes every stream and releases everything
 
 	// Copies between device tensors and pinned host memory (byte offsets
 	// into the host buffer). The element type is the tensor's.
@@ -207,7 +222,10 @@ type Backend interface {
 
 // Ops are the compute ops. Every op has one CPU implementation and one CUDA
 // launcher of the same name and argument order (DESIGN.md "one op, three
-// faces"). Shapes use llm.c's names: B batch, T time, C channels, NH heads,
+// faces"); the dtypes each accepts on every backend are the table of
+// KernelDTypes (the package doc shows it). Scratch arguments are sized by
+// the functions of scratch.go and allocated by the caller, so that memory
+// plans count them. Shapes use llm.c's names: B batch, T time, C channels, NH heads,
 // V vocabulary. "+=" marks outputs that are accumulated into, not written.
 type Ops interface {
 	// Fill sets every element of t to v.
@@ -228,8 +246,10 @@ type Ops interface {
 	// LayerNormForward over the last dim C of N = B*T rows; saves mean and
 	// rstd (F32 [N]) for the backward.
 	LayerNormForward(s Stream, out, mean, rstd, inp, weight, bias Tensor, N, C int, eps float32) error
-	// LayerNormBackward: dinp += ..., dweight += ..., dbias += ...
-	LayerNormBackward(s Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd Tensor, N, C int) error
+	// LayerNormBackward: dinp += ..., dweight += ..., dbias += ...;
+	// scratch F32 of at least LayerNormBackwardScratch(N, C) elements,
+	// overwritten (its contents are undefined after the op).
+	LayerNormBackward(s Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch Tensor, N, C int) error
 
 	// Gemm: C = alpha*op(A)*op(B) + beta*C, row-major, op(A) M x K, op(B)
 	// K x N, contiguous (leading dimensions K or M, N or K, and N).
@@ -244,8 +264,9 @@ type Ops interface {
 	// of each softmax row, saved for the backward (flash style).
 	AttentionForward(s Stream, out, lse, qkv Tensor, B, T, C, NH int) error
 	// AttentionBackward recomputes the scores from qkv and lse and writes
-	// dqkv [B,T,3C] (not accumulated).
-	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse Tensor, B, T, C, NH int) error
+	// dqkv [B,T,3C] (not accumulated); scratch F32 of at least
+	// AttentionBackwardScratch(B, T, NH) elements, overwritten.
+	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse, scratch Tensor, B, T, C, NH int) error
 
 	// GeluForward: out = gelu(inp), the tanh approximation (HF "gelu_new").
 	GeluForward(s Stream, out, inp Tensor) error
@@ -260,8 +281,9 @@ type Ops interface {
 	CrossEntropyForwardBackward(s Stream, losses, logits, targets Tensor, N, V int, scale float32) error
 
 	// SumSquares writes out[0] = sum of x^2, accumulated in float64 in a
-	// fixed order; out is F32 [1] (a view).
-	SumSquares(s Stream, out, x Tensor) error
+	// fixed order; out is F32 [1] (a view); work F64 of at least
+	// SumSquaresWork elements, overwritten.
+	SumSquares(s Stream, out, x, work Tensor) error
 	// AdamW updates param (and master, an F32 copy of a bf16 param, when
 	// master.Buf != nil) from grad with moments m, v (F32), decoupled
 	// weight decay, bias correction for p.Step, eps outside the sqrt, and

@@ -66,6 +66,11 @@ type State struct {
 	DenseParams engine.DenseParams `json:"dense_params,omitempty"`
 	D           int                `json:"d,omitempty"`
 	R           int                `json:"r,omitempty"`
+
+	// Settings are the run's other settings, flag name to value as text,
+	// so that a resume can refuse or log a change (package train decides
+	// which). Checkpoints written before they were recorded lack them.
+	Settings map[string]string `json:"settings,omitempty"`
 }
 
 // Optimizer is the training side of a checkpoint: the engine, which owns

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -114,7 +115,7 @@ func TestSaveLoad(t *testing.T) {
 	opt := &fakeOptimizer{state: map[string][]float32{"b.m": {1, 2}, "a.v": {3}}}
 	st := State{Step: 5, Position: data.Position{Epoch: 1, Index: 7}, Seed: 9, Model: mc, DType: backend.BF16,
 		Data: "builtin:copy", Batch: 2, SeqLen: 8, Tokens: 80, GradAccum: 2, EvalFraction: 0.1, Truncate: true,
-		Mode: engine.LSP, DenseParams: engine.DenseHost, D: 4, R: 1}
+		Mode: engine.LSP, DenseParams: engine.DenseHost, D: 4, R: 1, Settings: map[string]string{"lr": "0.001", "no-fit": "true"}}
 	path := filepath.Join(t.TempDir(), FileName)
 	if err := Save(path, be, s, m.Params, opt, st); err != nil {
 		t.Fatal(err)
@@ -131,7 +132,7 @@ func TestSaveLoad(t *testing.T) {
 		t.Errorf("loading a fresh checkpoint logged %q", logged)
 	}
 	st.Version = Version
-	if ck.State != st {
+	if !reflect.DeepEqual(ck.State, st) {
 		t.Errorf("state %+v, saved %+v", ck.State, st)
 	}
 	if err := backend.Upload(be, s, m.Params, make([]float32, len(vals))); err != nil {

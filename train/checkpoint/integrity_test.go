@@ -14,6 +14,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -188,7 +189,7 @@ func TestCorruptAnyByte(t *testing.T) {
 			continue
 		}
 		same++
-		if ck.State != want.State || !maps.EqualFunc(ck.tensors, want.tensors, slices.Equal) {
+		if !reflect.DeepEqual(ck.State, want.State) || !maps.EqualFunc(ck.tensors, want.tensors, slices.Equal) {
 			t.Fatalf("byte %d (%q) flipped: loaded without an error, and not the same checkpoint", i, good[i])
 		}
 	}

@@ -19,6 +19,8 @@ type argEnv struct {
 	h10          backend.Tensor // BF16 [10]
 	i10          backend.Tensor // I32 [10]
 	one          backend.Tensor // F32 [1]
+	lns          backend.Tensor // F32 [20]: layernorm scratch for N=1, C=10
+	work, w10    backend.Tensor // F64 [SumSquaresWork], F64 [10]
 	freed        backend.Tensor // F32 [10], freed
 	foreign      backend.Tensor // F32 [10] of another backend
 	host         backend.HostBuffer
@@ -68,8 +70,17 @@ func TestArgumentErrors(t *testing.T) {
 			return be.LayerNormForward(s(be), x.f10, x.one, x.one, x.f10, x.f9, x.f10, 1, 10, 1e-5)
 		}, "weight has 9 elements"},
 		{"layernorm backward rstd", func(be *Backend, x argEnv) error {
-			return be.LayerNormBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, x.one, x.f9, 1, 10)
+			return be.LayerNormBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, x.one, x.f9, x.lns, 1, 10)
 		}, "rstd has 9 elements"},
+		{"layernorm backward scratch short", func(be *Backend, x argEnv) error {
+			return be.LayerNormBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, x.one, x.one, x.f10, 1, 10)
+		}, "scratch has 10 elements, the op needs 20 (backend.LayerNormBackwardScratch)"},
+		{"layernorm backward scratch bf16", func(be *Backend, x argEnv) error {
+			return be.LayerNormBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, x.one, x.one, x.h10, 1, 10)
+		}, "layernorm backward: scratch has dtype bf16, want fp32"},
+		{"layernorm backward scratch absent", func(be *Backend, x argEnv) error {
+			return be.LayerNormBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, x.one, x.one, backend.Tensor{}, 1, 10)
+		}, "layernorm backward scratch"},
 		{"gemm A length", func(be *Backend, x argEnv) error {
 			return be.Gemm(s(be), false, false, 2, 5, 5, 1, x.f9, x.h10, 0, x.g10)
 		}, "A has 9 elements"},
@@ -82,14 +93,18 @@ func TestArgumentErrors(t *testing.T) {
 			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, 1, 1, 10, 3)
 		}, "not divisible by NH=3"},
 		{"attention NH = 0", func(be *Backend, x argEnv) error {
-			return be.AttentionBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, 1, 1, 10, 0)
+			return be.AttentionBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, 1, 1, 10, 0)
 		}, "NH=0"},
 		{"attention negative B, T", func(be *Backend, x argEnv) error {
 			return be.AttentionForward(s(be), x.one, x.one, x.f10.Slice(0, 3), -1, -1, 1, 1)
 		}, "B=-1"},
 		{"attention lse length", func(be *Backend, x argEnv) error {
-			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.f9, 1, 1, 2, 2)
+			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.f9, x.f10, 1, 1, 2, 2)
 		}, "lse has 9 elements, want 2"},
+		{"attention backward scratch short", func(be *Backend, x argEnv) error {
+			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 2),
+				x.f10.Slice(0, 1), 1, 1, 2, 2)
+		}, "attention backward: scratch has 1 elements, the op needs 2"},
 		{"gelu length", func(be *Backend, x argEnv) error { return be.GeluBackward(s(be), x.f10, x.g10, x.f9) }, "dout has 9"},
 		{"cross entropy targets fp32", func(be *Backend, x argEnv) error {
 			return be.CrossEntropyForwardBackward(s(be), x.f10.Slice(0, 2), x.g10, x.f10.Slice(0, 2), 2, 5, 1)
@@ -97,7 +112,10 @@ func TestArgumentErrors(t *testing.T) {
 		{"cross entropy logits", func(be *Backend, x argEnv) error {
 			return be.CrossEntropyForwardBackward(s(be), x.f10.Slice(0, 2), x.f9, x.i10.Slice(0, 2), 2, 5, 1)
 		}, "logits has 9"},
-		{"sum squares out", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.f10.Slice(0, 2), x.g10) }, "out has 2"},
+		{"sum squares out", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.f10.Slice(0, 2), x.g10, x.work) }, "out has 2"},
+		{"sum squares work fp32", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.one, x.g10, x.f10) }, "work has dtype fp32, want fp64"},
+		{"sum squares work short", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.one, x.g10, x.w10) }, "work has 10 elements, the op needs 1024"},
+		{"fp64 is no storage type", func(be *Backend, x argEnv) error { return be.Fill(s(be), x.w10, 1) }, "t has dtype fp64"},
 		{"adamw bf16 moments", func(be *Backend, x argEnv) error {
 			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.h10, x.f10, backend.Tensor{}, adam)
 		}, "fp32"},
@@ -138,6 +156,7 @@ func TestArgumentErrors(t *testing.T) {
 				f10: alloc(t, be, "f10", 10, backend.F32), f9: alloc(t, be, "f9", 9, backend.F32),
 				g10: alloc(t, be, "g10", 10, backend.F32), h10: alloc(t, be, "h10", 10, backend.BF16),
 				i10: alloc(t, be, "i10", 10, backend.I32), one: alloc(t, be, "one", 1, backend.F32),
+				lns: alloc(t, be, "lns", 20, backend.F32), work: sumWork(t, be), w10: alloc(t, be, "w10", 10, backend.F64),
 				freed: alloc(t, be, "freed", 10, backend.F32), foreign: alloc(t, other, "foreign", 10, backend.F32),
 				host: h, other: other,
 			}
@@ -169,9 +188,9 @@ func TestArgumentErrors(t *testing.T) {
 func TestUseAfterClose(t *testing.T) {
 	be := New(Config{})
 	x := alloc(t, be, "x", 4, backend.F32)
-	s := be.NewStream("s")
-	e := be.NewEvent("e")
-	be.Record(e, s)
+	s := newStream(t, be, "s")
+	e := newEvent(t, be, "e")
+	ok(t, be.Record(e, s))
 	ok(t, be.Close())
 	done := make(chan []error, 1)
 	go func() {

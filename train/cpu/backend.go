@@ -43,6 +43,11 @@ type Config struct {
 	// op, to shake out missing synchronisation.
 	MaxDelay time.Duration
 	Seed     uint64
+	// KernelDTypes refuses, when an op is enqueued, the storage types the
+	// CUDA kernels do not take (backend.CheckDTypes), as the CUDA backend
+	// does: a schedule that runs here in this mode has the dtypes to run
+	// on the GPU.
+	KernelDTypes bool
 }
 
 // Backend is the CPU backend. It implements backend.Backend.
@@ -50,18 +55,22 @@ type Backend struct {
 	cfg     Config
 	threads int
 
-	mu        sync.Mutex // guards the fields below
-	nextID    int
-	inUse     int64
-	highWater int64
-	live      map[int]*buffer
-	streams   []*stream
-	h2d, d2h  int64
-	failed    error // first async error: sticky, as in CUDA
+	mu         sync.Mutex // guards the fields below
+	nextID     int
+	inUse      int64
+	highWater  int64
+	live       map[int]*buffer
+	streams    []*stream // live streams, the default first
+	nextStream int       // stream ids handed out (hazard actors)
+	h2d, d2h   int64
+	hostAllocs int64
+	failed     error // first async error: sticky, as in CUDA
 
-	haz    *hazards // nil unless cfg.HazardCheck
-	dflt   *stream
-	closed bool
+	haz     *hazards // nil unless cfg.HazardCheck
+	owner   uint64   // the device goroutine (hazard mode only)
+	dflt    *stream
+	staging *backend.Staging
+	closed  bool
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -78,10 +87,15 @@ func New(cfg Config) *Backend {
 	}
 	if cfg.HazardCheck {
 		b.haz = newHazards()
+		b.owner = goid()
 	}
 	b.dflt = b.newStream("default")
+	b.staging = backend.NewStaging(b, backend.StagingBytes)
 	return b
 }
+
+// Staging implements backend.Backend.
+func (b *Backend) Staging() *backend.Staging { return b.staging }
 
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "cpu" }
@@ -111,6 +125,9 @@ func alignedBytes(n int) (raw, data []byte) {
 
 // Alloc implements backend.Backend: a zeroed buffer charged to the budget.
 func (b *Backend) Alloc(name string, n int, dt backend.DType) (backend.Tensor, error) {
+	if err := b.onDevice(); err != nil {
+		return backend.Tensor{}, err
+	}
 	if n < 0 || dt.Size() == 0 {
 		return backend.Tensor{}, fmt.Errorf("cpu: alloc %s: bad size %d or dtype %v", name, n, dt)
 	}
@@ -143,6 +160,7 @@ func (e *OutOfMemoryError) Error() string {
 // Free implements backend.Backend. Freeing a buffer that ops still use is
 // the caller's error, as in CUDA: synchronize first.
 func (b *Backend) Free(t backend.Tensor) {
+	_ = b.onDevice() // kept: reported at the next Synchronize
 	u, ok := t.Buf.(*buffer)
 	if !ok {
 		return
@@ -192,10 +210,14 @@ func (h *hostBuffer) BF16() []uint16 {
 
 // AllocHost implements backend.Backend.
 func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) {
+	if err := b.onDevice(); err != nil {
+		return nil, err
+	}
 	if bytes < 0 {
 		return nil, fmt.Errorf("cpu: host alloc %s: negative size %d", name, bytes)
 	}
 	b.mu.Lock()
+	b.hostAllocs++
 	b.nextID++
 	id := -b.nextID
 	b.mu.Unlock()
@@ -205,7 +227,17 @@ func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) 
 }
 
 // FreeHost implements backend.Backend.
-func (b *Backend) FreeHost(h backend.HostBuffer) {}
+func (b *Backend) FreeHost(h backend.HostBuffer) {
+	_ = b.onDevice() // kept: reported at the next Synchronize
+}
+
+// HostAllocs counts the AllocHost calls so far, the staging buffer's
+// included: pinning memory is costly on a GPU, and a step should do none.
+func (b *Backend) HostAllocs() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hostAllocs
+}
 
 func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
@@ -226,6 +258,15 @@ func (b *Backend) err() error {
 	return b.failed
 }
 
+// ThreadViolations lists the calls made off the device goroutine so far
+// (hazard mode only), each an error naming the method.
+func (b *Backend) ThreadViolations() []error {
+	if b.haz == nil {
+		return nil
+	}
+	return b.haz.violations()
+}
+
 // Hazards lists the hazards found so far (test mode only).
 func (b *Backend) Hazards() []Hazard {
 	if b.haz == nil {
@@ -243,8 +284,12 @@ func (b *Backend) HostAccess(name string, reads, writes []backend.Range) {
 	}
 }
 
-// Close implements backend.Backend.
+// Close implements backend.Backend: it returns once every stream's
+// goroutine has ended.
 func (b *Backend) Close() error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -257,7 +302,9 @@ func (b *Backend) Close() error {
 	for _, s := range streams {
 		errs = append(errs, s.sync())
 		s.stop()
+		<-s.exited
 	}
+	b.staging.Free()
 	b.mu.Lock()
 	b.live = map[int]*buffer{}
 	b.inUse = 0

@@ -69,7 +69,7 @@ func TestThreadCountInvariance(t *testing.T) {
 			const N, C = 60, 200
 			dinp, dw, db := rnd(t, be, "dinp", N*C, 1), rnd(t, be, "dw", C, 2), rnd(t, be, "db", C, 3)
 			ok(t, be.LayerNormBackward(s(be), dinp, dw, db, rnd(t, be, "dout", N*C, 5), rnd(t, be, "inp", N*C, 6),
-				rnd(t, be, "w", C, 7), rnd(t, be, "mean", N, 8), rnd(t, be, "rstd", N, 4), N, C))
+				rnd(t, be, "w", C, 7), rnd(t, be, "mean", N, 8), rnd(t, be, "rstd", N, 4), lnScratch(t, be, N, C), N, C))
 			return []backend.Tensor{dinp, dw, db}
 		}},
 		// Channels C=100 split by 32 (3 chunks); 4 token ids repeat.
@@ -97,13 +97,13 @@ func TestThreadCountInvariance(t *testing.T) {
 			out, lse := alloc(t, be, "out", B*T*C, backend.F32), alloc(t, be, "lse", B*NH*T, backend.F32)
 			dqkv := alloc(t, be, "dqkv", B*T*3*C, backend.F32)
 			ok(t, be.AttentionForward(s(be), out, lse, qkv, B, T, C, NH))
-			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, B, T, C, NH))
+			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, C, NH))
 			return []backend.Tensor{out, lse, dqkv}
 		}},
 		// 50000 elements: 4 chunks of 2^14, spread over the threads.
 		{"sum squares", func(t *testing.T, be *Backend) []backend.Tensor {
 			out := alloc(t, be, "out", 1, backend.F32)
-			ok(t, be.SumSquares(s(be), out, rnd(t, be, "x", 50000, 1)))
+			ok(t, be.SumSquares(s(be), out, rnd(t, be, "x", 50000, 1), sumWork(t, be)))
 			return []backend.Tensor{out}
 		}},
 		// 2*150*143*161 = 6.9 Mflop: 3 threads of Sgemm at 2 Mflop each.

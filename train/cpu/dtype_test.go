@@ -4,7 +4,8 @@
 // inputs. Equality, not a tolerance: loads widen exactly and only the final
 // store rounds, as the CUDA kernels do. Tensors the contract fixes to fp32
 // (mean, rstd, lse, losses, moments, master, sumSq) stay fp32 in both runs
-// and must come out bit-identical.
+// and must come out bit-identical. The bf16 runs are in the KernelDTypes
+// mode: every op takes bf16 storage on the GPU as well.
 
 package cpu
 
@@ -36,7 +37,7 @@ type dtypeCase struct {
 	name    string
 	tensors []tspec
 	outs    []string
-	run     func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error
+	run     func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error
 }
 
 func dtypeCases() []dtypeCase {
@@ -45,93 +46,93 @@ func dtypeCases() []dtypeCase {
 	target := func(r *rand.Rand) float32 { return float32(r.IntN(V+2) - 2) } // some ignored
 	positive := func(r *rand.Rand) float32 { return 0.5 + r.Float32() }
 	return []dtypeCase{
-		{"fill", []tspec{{"t", 7, flt, nil}}, []string{"t"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+		{"fill", []tspec{{"t", 7, flt, nil}}, []string{"t"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 			return be.Fill(s, x["t"], 0.3)
 		}},
-		{"scale", []tspec{{"t", 7, flt, nil}}, []string{"t"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+		{"scale", []tspec{{"t", 7, flt, nil}}, []string{"t"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 			return be.Scale(s, x["t"], 1.0/3)
 		}},
 		{"add", []tspec{{"out", 9, flt, nil}, {"a", 9, flt, nil}, {"b", 9, flt, nil}}, []string{"out"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.Add(s, x["out"], x["a"], x["b"])
 			}},
 		{"accumulate", []tspec{{"dst", 9, flt, nil}, {"src", 9, flt, nil}}, []string{"dst"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.Accumulate(s, x["dst"], x["src"])
 			}},
 		{"encoder forward", []tspec{{"out", N * C, flt, nil}, {"inp", N, ints, token}, {"wte", V * C, flt, nil}, {"wpe", T * C, flt, nil}},
-			[]string{"out"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"out"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.EncoderForward(s, x["out"], x["inp"], x["wte"], x["wpe"], B, T, C)
 			}},
 		{"encoder backward", []tspec{{"dwte", V * C, flt, nil}, {"dwpe", T * C, flt, nil}, {"dout", N * C, flt, nil}, {"inp", N, ints, token}},
-			[]string{"dwte", "dwpe"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"dwte", "dwpe"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
 			}},
 		{"layernorm forward", []tspec{{"out", N * C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, nil},
 			{"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"b", C, flt, nil}},
-			[]string{"out", "mean", "rstd"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"out", "mean", "rstd"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.LayerNormForward(s, x["out"], x["mean"], x["rstd"], x["inp"], x["w"], x["b"], N, C, 1e-5)
 			}},
 		{"layernorm backward", []tspec{{"dinp", N * C, flt, nil}, {"dw", C, flt, nil}, {"db", C, flt, nil}, {"dout", N * C, flt, nil},
 			{"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, positive}},
-			[]string{"dinp", "dw", "db"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.LayerNormBackward(s, x["dinp"], x["dw"], x["db"], x["dout"], x["inp"], x["w"], x["mean"], x["rstd"], N, C)
+			[]string{"dinp", "dw", "db"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.LayerNormBackward(s, x["dinp"], x["dw"], x["db"], x["dout"], x["inp"], x["w"], x["mean"], x["rstd"], lnScratch(t, be, N, C), N, C)
 			}},
 		{"gemm", []tspec{{"A", 9 * 5, flt, nil}, {"B", 9 * 7, flt, nil}, {"C", 5 * 7, flt, nil}}, []string{"C"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.Gemm(s, true, false, 5, 7, 9, 0.75, x["A"], x["B"], 0.5, x["C"])
 			}},
 		{"add bias", []tspec{{"out", N * 7, flt, nil}, {"bias", 7, flt, nil}}, []string{"out"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.AddBias(s, x["out"], x["bias"], N, 7)
 			}},
 		{"bias backward", []tspec{{"dbias", 7, flt, nil}, {"dout", N * 7, flt, nil}}, []string{"dbias"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.BiasBackward(s, x["dbias"], x["dout"], N, 7)
 			}},
 		{"attention forward", []tspec{{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, nil}, {"qkv", N * 3 * C, flt, nil}},
-			[]string{"out", "lse"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"out", "lse"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, C, NH)
 			}},
 		{"attention backward", []tspec{{"dqkv", N * 3 * C, flt, nil}, {"dout", N * C, flt, nil}, {"qkv", N * 3 * C, flt, nil},
 			{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, positive}},
-			[]string{"dqkv"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], B, T, C, NH)
+			[]string{"dqkv"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], attnScratch(t, be, B, T, NH), B, T, C, NH)
 			}},
 		{"gelu forward", []tspec{{"out", 40, flt, nil}, {"inp", 40, flt, nil}}, []string{"out"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.GeluForward(s, x["out"], x["inp"])
 			}},
 		{"gelu backward", []tspec{{"dinp", 40, flt, nil}, {"inp", 40, flt, nil}, {"dout", 40, flt, nil}}, []string{"dinp"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.GeluBackward(s, x["dinp"], x["inp"], x["dout"])
 			}},
 		{"cross entropy", []tspec{{"losses", N, fixed, nil}, {"logits", N * V, flt, nil}, {"targets", N, ints, target}},
-			[]string{"losses", "logits"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"losses", "logits"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.CrossEntropyForwardBackward(s, x["losses"], x["logits"], x["targets"], N, V, 0.1)
 			}},
 		{"sum squares", []tspec{{"out", 1, fixed, nil}, {"x", 50, flt, nil}}, []string{"out"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.SumSquares(s, x["out"], x["x"])
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.SumSquares(s, x["out"], x["x"], sumWork(t, be))
 			}},
 		{"adamw with master", []tspec{{"param", 20, flt, nil}, {"master", 20, fixed, nil}, {"grad", 20, flt, nil},
 			{"m", 20, fixed, nil}, {"v", 20, fixed, positive}, {"sumSq", 1, fixed, positive}},
-			[]string{"param", "master", "m", "v"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"param", "master", "m", "v"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"],
 					backend.AdamParams{LR: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, MaxNorm: 0.8})
 			}},
 		{"adamw without master", []tspec{{"param", 20, flt, nil}, {"grad", 20, flt, nil},
 			{"m", 20, fixed, nil}, {"v", 20, fixed, positive}},
-			[]string{"param", "m", "v"}, func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			[]string{"param", "m", "v"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.AdamW(s, x["param"], backend.Tensor{}, x["grad"], x["m"], x["v"], backend.Tensor{},
 					backend.AdamParams{LR: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 1})
 			}},
 		{"copy from fp32", []tspec{{"dst", 15, flt, nil}, {"src", 15, fixed, nil}}, []string{"dst"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.CopyD2D(s, x["dst"], x["src"])
 			}},
 		{"copy to fp32", []tspec{{"dst", 15, fixed, nil}, {"src", 15, flt, nil}}, []string{"dst"},
-			func(be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.CopyD2D(s, x["dst"], x["src"])
 			}},
 	}
@@ -159,7 +160,8 @@ func TestBF16MatchesFP32(t *testing.T) {
 			}
 			res := map[backend.DType]map[string][]float32{}
 			for _, dt := range []backend.DType{backend.F32, backend.BF16} {
-				be := newBE(t, Config{Threads: 2})
+				// bf16 storage passes the CUDA kernels' dtype table too.
+				be := newBE(t, Config{Threads: 2, KernelDTypes: dt == backend.BF16})
 				x := map[string]backend.Tensor{}
 				for _, sp := range tc.tensors {
 					switch sp.kind {
@@ -175,7 +177,7 @@ func TestBF16MatchesFP32(t *testing.T) {
 						x[sp.name] = intsOf(t, be, sp.name, iv)
 					}
 				}
-				ok(t, tc.run(be, be.DefaultStream(), x))
+				ok(t, tc.run(t, be, be.DefaultStream(), x))
 				res[dt] = map[string][]float32{}
 				for _, o := range tc.outs {
 					res[dt][o] = get(t, be, x[o])

@@ -13,8 +13,13 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
@@ -59,11 +64,12 @@ type access struct {
 }
 
 type hazards struct {
-	mu     sync.Mutex
-	clocks []vclock
-	events map[*event]vclock // clock at the latest record of each event
-	hist   map[int][]access  // live accesses by buffer id
-	found  []Hazard
+	mu       sync.Mutex
+	clocks   []vclock
+	events   map[*event]vclock // clock at the latest record of each event
+	hist     map[int][]access  // live accesses by buffer id
+	found    []Hazard
+	offOwner []error // calls that broke the goroutine rule (see onDevice)
 }
 
 func newHazards() *hazards {
@@ -140,6 +146,25 @@ func (h *hazards) wait(actor int, ev *event, gen uint64) {
 	h.clock(actor).join(h.events[ev])
 }
 
+// forget drops a destroyed event's clock.
+func (h *hazards) forget(ev *event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.events, ev)
+}
+
+func (h *hazards) violate(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.offOwner = append(h.offOwner, err)
+}
+
+func (h *hazards) violations() []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]error(nil), h.offOwner...)
+}
+
 func (h *hazards) hostJoinsStream(actor int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -161,8 +186,69 @@ func (h *hazards) list() []Hazard {
 func (h *hazards) err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.found) == 0 {
+	var errs []error
+	if len(h.found) > 0 {
+		errs = append(errs, fmt.Errorf("cpu: %d hazard(s); first: %v", len(h.found), h.found[0]))
+	}
+	if len(h.offOwner) > 0 {
+		errs = append(errs, fmt.Errorf("cpu: %d call(s) off the device goroutine; first: %w", len(h.offOwner), h.offOwner[0]))
+	}
+	return errors.Join(errs...)
+}
+
+// The goroutine rule (package backend's doc): only the device goroutine,
+// the one that created the backend, may enqueue work or change resources.
+// Hazard mode checks it at the top of every such method. Go does not
+// expose goroutine ids; the first line of the goroutine's stack trace
+// holds it, which is slow but only paid in hazard mode.
+
+// goid is the id of the calling goroutine.
+func goid() uint64 {
+	var buf [64]byte
+	n := runtime.Stack(buf[:], false)
+	s := strings.TrimPrefix(string(buf[:n]), "goroutine ")
+	if i := strings.IndexByte(s, ' '); i > 0 {
+		if id, err := strconv.ParseUint(s[:i], 10, 64); err == nil {
+			return id
+		}
+	}
+	return 0
+}
+
+// backendMethod names the exported method of *Backend that the caller runs
+// in (the first one up the stack), for the violation's message.
+func backendMethod() string {
+	pcs := make([]uintptr, 16)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		const recv = "/train/cpu.(*Backend)."
+		if i := strings.Index(f.Function, recv); i >= 0 {
+			name := f.Function[i+len(recv):]
+			if name != "" && unicode.IsUpper(rune(name[0])) {
+				return name
+			}
+		}
+		if !more {
+			return "a method"
+		}
+	}
+}
+
+// onDevice checks, in hazard mode, that the calling method runs on the
+// device goroutine. A violation is returned and kept, so that the methods
+// with no error result (Free, FreeHost) report it at the next Synchronize,
+// and ThreadViolations lists it.
+func (b *Backend) onDevice() error {
+	if b.haz == nil {
 		return nil
 	}
-	return fmt.Errorf("cpu: %d hazard(s); first: %v", len(h.found), h.found[0])
+	id := goid()
+	if id == b.owner {
+		return nil
+	}
+	err := fmt.Errorf("cpu: %s called on goroutine %d; only the device goroutine (%d, which created the backend) may call it",
+		backendMethod(), id, b.owner)
+	b.haz.violate(err)
+	return err
 }

@@ -24,7 +24,7 @@ var hazardSeeds = []uint64{1, 2, 3, 4, 5}
 // a token id outside the vocabulary fails, and failures are sticky.
 func poison(t *testing.T, be *Backend) {
 	t.Helper()
-	s := be.NewStream("poison")
+	s := newStream(t, be, "poison")
 	inp := intsOf(t, be, "bad ids", []int32{99})
 	out, wte, wpe := alloc(t, be, "o", 1, backend.F32), alloc(t, be, "wte", 1, backend.F32), alloc(t, be, "wpe", 1, backend.F32)
 	ok(t, be.EncoderForward(s, out, inp, wte, wpe, 1, 1, 1))
@@ -53,7 +53,7 @@ func TestHazards(t *testing.T) {
 	}{
 		{"RAW ordered by event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.Wait(v.b, v.e))
 			ok(t, v.be.CopyD2D(v.b, v.y, v.x))
 		}, nil},
@@ -64,7 +64,7 @@ func TestHazards(t *testing.T) {
 		{"WAR ordered by event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.CopyD2D(v.a, v.y, v.x))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.Wait(v.b, v.e))
 			ok(t, v.be.Fill(v.b, v.x, 7))
 		}, nil},
@@ -92,10 +92,10 @@ func TestHazards(t *testing.T) {
 		}, []pair{{"fill", "fill"}}},
 		{"wait binds to the earlier record", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.Wait(v.b, v.e))
 			ok(t, v.be.Scale(v.a, v.x, 3)) // after the record B waits for
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.CopyD2D(v.b, v.y, v.x))
 		}, []pair{{"copy d2d", "scale"}}},
 		{"host synchronize orders streams", func(t *testing.T, v hazardEnv) {
@@ -122,7 +122,7 @@ func TestHazards(t *testing.T) {
 		{"host reads pinned after event synchronize", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.CopyD2H(v.a, v.h, 0, v.x))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.EventSynchronize(v.e))
 			v.be.HostAccess("host reads h", []backend.Range{hostRange(v.h, 0, 40)}, nil)
 			ok(t, v.be.CopyD2D(v.b, v.y, v.x))
@@ -148,9 +148,9 @@ func TestHazards(t *testing.T) {
 				}
 				h, err := be.AllocHost("h", 40)
 				ok(t, err)
-				v := hazardEnv{be: be, a: be.NewStream("A"), b: be.NewStream("B"),
+				v := hazardEnv{be: be, a: newStream(t, be, "A"), b: newStream(t, be, "B"),
 					x: alloc(t, be, "x", 10, backend.F32), y: alloc(t, be, "y", 10, backend.F32),
-					z: alloc(t, be, "z", 10, backend.F32), h: h, e: be.NewEvent("e")}
+					z: alloc(t, be, "z", 10, backend.F32), h: h, e: newEvent(t, be, "e")}
 				tc.run(t, v)
 				errA, errB := be.Synchronize(v.a), be.Synchronize(v.b)
 				got := be.Hazards()
@@ -191,8 +191,8 @@ func TestHazards(t *testing.T) {
 // skip names one edge to leave out ("" for none).
 func pipeline(t *testing.T, be *Backend, skip string) (out [2][]float32, in [2][]float32) {
 	const n = 37
-	up, comp, down := be.NewStream("up"), be.NewStream("comp"), be.NewStream("down")
-	xReady, xFree, yReady, yFree := be.NewEvent("xReady"), be.NewEvent("xFree"), be.NewEvent("yReady"), be.NewEvent("yFree")
+	up, comp, down := newStream(t, be, "up"), newStream(t, be, "comp"), newStream(t, be, "down")
+	xReady, xFree, yReady, yFree := newEvent(t, be, "xReady"), newEvent(t, be, "xFree"), newEvent(t, be, "yReady"), newEvent(t, be, "yFree")
 	x, y := alloc(t, be, "x", n, backend.F32), alloc(t, be, "y", n, backend.F32)
 	var hin, hout [2]backend.HostBuffer
 	r := newRand(7)
@@ -215,17 +215,17 @@ func pipeline(t *testing.T, be *Backend, skip string) (out [2][]float32, in [2][
 			edge("up waits comp", i, up, xFree) // WAR on x
 		}
 		ok(t, be.CopyH2D(up, x, hin[i], 0))
-		be.Record(xReady, up)
+		ok(t, be.Record(xReady, up))
 		edge("comp waits up", i, comp, xReady) // RAW on x
 		if i > 0 {
 			edge("comp waits down", i, comp, yFree) // WAR on y
 		}
 		ok(t, be.GeluForward(comp, y, x))
-		be.Record(xFree, comp)
-		be.Record(yReady, comp)
+		ok(t, be.Record(xFree, comp))
+		ok(t, be.Record(yReady, comp))
 		edge("down waits comp", i, down, yReady) // RAW on y
 		ok(t, be.CopyD2H(down, hout[i], 0, y))
-		be.Record(yFree, down)
+		ok(t, be.Record(yFree, down))
 	}
 	if skip != "host syncs down" {
 		// A run missing an edge is poisoned, so its Synchronize fails.

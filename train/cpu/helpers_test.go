@@ -139,3 +139,41 @@ func same(t testing.TB, what string, got, want []float32) {
 		}
 	}
 }
+
+// newStream creates a stream or fails the test.
+func newStream(t testing.TB, be *Backend, name string) backend.Stream {
+	t.Helper()
+	s, err := be.NewStream(name)
+	if err != nil {
+		t.Fatalf("new stream %s: %v", name, err)
+	}
+	return s
+}
+
+// newEvent creates an event or fails the test.
+func newEvent(t testing.TB, be *Backend, name string) backend.Event {
+	t.Helper()
+	e, err := be.NewEvent(name)
+	if err != nil {
+		t.Fatalf("new event %s: %v", name, err)
+	}
+	return e
+}
+
+// lnScratch is scratch enough for LayerNormBackward over N rows of C.
+func lnScratch(t testing.TB, be *Backend, N, C int) backend.Tensor {
+	t.Helper()
+	return alloc(t, be, "layernorm scratch", max(backend.LayerNormBackwardScratch(N, C), 1), backend.F32)
+}
+
+// attnScratch is scratch enough for AttentionBackward.
+func attnScratch(t testing.TB, be *Backend, B, T, NH int) backend.Tensor {
+	t.Helper()
+	return alloc(t, be, "attention scratch", max(backend.AttentionBackwardScratch(B, T, NH), 1), backend.F32)
+}
+
+// sumWork is SumSquares' work.
+func sumWork(t testing.TB, be *Backend) backend.Tensor {
+	t.Helper()
+	return alloc(t, be, "sum squares work", backend.SumSquaresWork, backend.F64)
+}

@@ -115,12 +115,14 @@ func checkDims(op, names string, vals ...int) error {
 	return nil
 }
 
-// need checks that t is a valid float tensor (or I32 when ints) of n elements.
+// need checks that t is a valid float tensor (fp32 or bf16; I32 when ints)
+// of n elements.
 func (b *Backend) need(op, arg string, t backend.Tensor, n int, ints bool) error {
 	if err := b.checkTensor(op+" "+arg, t); err != nil {
 		return err
 	}
-	if ints != (t.DType == backend.I32) {
+	float := t.DType == backend.F32 || t.DType == backend.BF16
+	if ints != (t.DType == backend.I32) || !ints && !float {
 		return fmt.Errorf("cpu: %s: %s has dtype %v", op, arg, t.DType)
 	}
 	if t.Len() != n {
@@ -147,9 +149,64 @@ func (b *Backend) needAll(op string, args ...arg) error {
 
 func f(name string, t backend.Tensor, n int) arg { return arg{name, t, n, false} }
 
+// kernelDTypes refuses, in the KernelDTypes mode, what the CUDA kernel of
+// op does not take; ts are the op's tensors in its method's order.
+func (b *Backend) kernelDTypes(op string, ts ...backend.Tensor) error {
+	if !b.cfg.KernelDTypes {
+		return nil
+	}
+	if err := backend.CheckDTypes(op, ts...); err != nil {
+		return fmt.Errorf("cpu: refused as the CUDA kernel would: %w", err)
+	}
+	return nil
+}
+
+// scratch checks a scratch argument of dtype dt that the op needs n
+// elements of (backend's scratch sizes; none when n is 0, and then t may
+// be absent), and returns the range the op overwrites.
+func (b *Backend) scratch(op, arg, size string, t backend.Tensor, dt backend.DType, n int) (backend.Tensor, error) {
+	if n == 0 {
+		return backend.Tensor{}, nil
+	}
+	if err := b.checkTensor(op+" "+arg, t); err != nil {
+		return backend.Tensor{}, err
+	}
+	if t.DType != dt {
+		return backend.Tensor{}, fmt.Errorf("cpu: %s: %s has dtype %v, want %v", op, arg, t.DType, dt)
+	}
+	if t.Len() < n {
+		return backend.Tensor{}, fmt.Errorf("cpu: %s: %s has %d elements, the op needs %d (backend.%s)", op, arg, t.Len(), n, size)
+	}
+	return t.Slice(0, n), nil
+}
+
+// spoil overwrites the scratch an op used with NaN, as the kernel leaves it
+// holding its partial sums: the CPU backend needs no scratch, but code that
+// expects scratch to survive an op must fail here too.
+func spoil(t backend.Tensor) {
+	if t.Buf == nil {
+		return
+	}
+	if t.DType == backend.F64 {
+		b := bytesOf(t)
+		v := unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+		for i := range v {
+			v[i] = math.NaN()
+		}
+		return
+	}
+	v := f32View(t)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+}
+
 // Fill implements backend.Ops.
 func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 	if err := b.need("fill", "t", t, t.Len(), false); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("Fill", t); err != nil {
 		return err
 	}
 	return b.enqueue(s, "fill", nil, ranges(t), func() error {
@@ -165,6 +222,9 @@ func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 // Scale implements backend.Ops.
 func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
 	if err := b.need("scale", "t", t, t.Len(), false); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("Scale", t); err != nil {
 		return err
 	}
 	return b.enqueue(s, "scale", ranges(t), ranges(t), func() error {
@@ -183,6 +243,9 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 	if err := b.needAll("add", f("out", out, n), f("a", x, n), f("b", y, n)); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("Add", out, x, y); err != nil {
+		return err
+	}
 	return b.enqueue(s, "add", ranges(x, y), ranges(out), func() error {
 		o, p, q := load(out), load(x), load(y)
 		b.parallel(n, 1<<14, func(lo, hi int) {
@@ -199,6 +262,9 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	n := dst.Len()
 	if err := b.needAll("accumulate", f("dst", dst, n), f("src", src, n)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("Accumulate", dst, src); err != nil {
 		return err
 	}
 	return b.enqueue(s, "accumulate", ranges(dst, src), ranges(dst), func() error {
@@ -229,6 +295,9 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 		f("wte", wte, V*C), f("wpe", wpe, wpe.Len())); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("EncoderForward", out, inp, wte, wpe); err != nil {
+		return err
+	}
 	return b.enqueue(s, "encoder forward", ranges(inp, wte, wpe), ranges(out), func() error {
 		o := load(out)
 		if err := encoderForward(o, i32View(inp), load(wte), load(wpe), B, T, C, V); err != nil {
@@ -250,6 +319,9 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 	V := dwte.Len() / max(C, 1)
 	if err := b.needAll("encoder backward", f("dwte", dwte, V*C), f("dwpe", dwpe, dwpe.Len()),
 		f("dout", dout, B*T*C), arg{"inp", inp, B * T, true}); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("EncoderBackward", dwte, dwpe, dout, inp); err != nil {
 		return err
 	}
 	if dwpe.Len() < T*C {
@@ -275,6 +347,9 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 		f("inp", inp, N*C), f("weight", weight, C), f("bias", bias, C)); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("LayerNormForward", out, mean, rstd, inp, weight, bias); err != nil {
+		return err
+	}
 	return b.enqueue(s, "layernorm forward", ranges(inp, weight, bias), ranges(out, mean, rstd), func() error {
 		o, m, r := load(out), load(mean), load(rstd)
 		x, w, bb := load(inp), load(weight), load(bias)
@@ -289,7 +364,7 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 }
 
 // LayerNormBackward implements backend.Ops.
-func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd backend.Tensor, N, C int) error {
+func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch backend.Tensor, N, C int) error {
 	if err := checkDims("layernorm backward", "N C", N, C); err != nil {
 		return err
 	}
@@ -297,7 +372,15 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 		f("dout", dout, N*C), f("inp", inp, N*C), f("weight", weight, C), f("mean", mean, N), f("rstd", rstd, N)); err != nil {
 		return err
 	}
-	return b.enqueue(s, "layernorm backward", ranges(dinp, dweight, dbias, dout, inp, weight, mean, rstd), ranges(dinp, dweight, dbias), func() error {
+	used, err := b.scratch("layernorm backward", "scratch", "LayerNormBackwardScratch", scratch, backend.F32, backend.LayerNormBackwardScratch(N, C))
+	if err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("LayerNormBackward", dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch); err != nil {
+		return err
+	}
+	return b.enqueue(s, "layernorm backward", ranges(dinp, dweight, dbias, dout, inp, weight, mean, rstd), ranges(dinp, dweight, dbias, used), func() error {
+		spoil(used)
 		dx, dw, db := load(dinp), load(dweight), load(dbias)
 		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
 		b.parallel(N, 16, func(lo, hi int) { layerNormBackwardInput(dx, dy, x, w, m, r, lo, hi, C) })
@@ -315,6 +398,9 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 		return err
 	}
 	if err := b.needAll("gemm", f("A", A, M*K), f("B", B, K*N), f("C", C, M*N)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("Gemm", A, B, C); err != nil {
 		return err
 	}
 	reads := ranges(A, B)
@@ -346,6 +432,9 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 	if err := b.needAll("add bias", f("out", out, N*OC), f("bias", bias, OC)); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("AddBias", out, bias); err != nil {
+		return err
+	}
 	return b.enqueue(s, "add bias", ranges(out, bias), ranges(out), func() error {
 		o, bb := load(out), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
@@ -367,6 +456,9 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 		return err
 	}
 	if err := b.needAll("bias backward", f("dbias", dbias, OC), f("dout", dout, N*OC)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("BiasBackward", dbias, dout); err != nil {
 		return err
 	}
 	return b.enqueue(s, "bias backward", ranges(dbias, dout), ranges(dbias), func() error {
@@ -403,6 +495,9 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	if err := b.needAll("attention forward", f("out", out, B*T*C), f("lse", lse, B*NH*T), f("qkv", qkv, B*T*3*C)); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("AttentionForward", out, lse, qkv); err != nil {
+		return err
+	}
 	return b.enqueue(s, "attention forward", ranges(qkv), ranges(out, lse), func() error {
 		o, l, q := load(out), load(lse), load(qkv)
 		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, B, T, C, NH, lo, hi) })
@@ -413,7 +508,7 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 }
 
 // AttentionBackward implements backend.Ops.
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse backend.Tensor, B, T, C, NH int) error {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, C, NH int) error {
 	if err := checkHeads("attention backward", B, T, C, NH); err != nil {
 		return err
 	}
@@ -421,7 +516,15 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse 
 		f("out", out, B*T*C), f("lse", lse, B*NH*T)); err != nil {
 		return err
 	}
-	return b.enqueue(s, "attention backward", ranges(dout, qkv, out, lse), ranges(dqkv), func() error {
+	used, err := b.scratch("attention backward", "scratch", "AttentionBackwardScratch", scratch, backend.F32, backend.AttentionBackwardScratch(B, T, NH))
+	if err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("AttentionBackward", dqkv, dout, qkv, out, lse, scratch); err != nil {
+		return err
+	}
+	return b.enqueue(s, "attention backward", ranges(dout, qkv, out, lse), ranges(dqkv, used), func() error {
+		spoil(used)
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
 		b.parallel(B*NH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, B, T, C, NH, lo, hi) })
 		store(dqkv, dq)
@@ -433,6 +536,9 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse 
 func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	n := inp.Len()
 	if err := b.needAll("gelu forward", f("out", out, n), f("inp", inp, n)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("GeluForward", out, inp); err != nil {
 		return err
 	}
 	return b.enqueue(s, "gelu forward", ranges(inp), ranges(out), func() error {
@@ -449,6 +555,9 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	if err := b.needAll("gelu backward", f("dinp", dinp, n), f("inp", inp, n), f("dout", dout, n)); err != nil {
 		return err
 	}
+	if err := b.kernelDTypes("GeluBackward", dinp, inp, dout); err != nil {
+		return err
+	}
 	return b.enqueue(s, "gelu backward", ranges(inp, dout), ranges(dinp), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
 		b.parallel(n, 1<<12, func(lo, hi int) { geluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi]) })
@@ -463,6 +572,9 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 		return err
 	}
 	if err := b.needAll("cross entropy", f("losses", losses, N), f("logits", logits, N*V), arg{"targets", targets, N, true}); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("CrossEntropyForwardBackward", losses, logits, targets); err != nil {
 		return err
 	}
 	writes := ranges(losses)
@@ -486,11 +598,19 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 }
 
 // SumSquares implements backend.Ops.
-func (b *Backend) SumSquares(s backend.Stream, out, x backend.Tensor) error {
+func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) error {
 	if err := b.needAll("sum squares", f("out", out, 1), f("x", x, x.Len())); err != nil {
 		return err
 	}
-	return b.enqueue(s, "sum squares", ranges(x), ranges(out), func() error {
+	used, err := b.scratch("sum squares", "work", "SumSquaresWork", work, backend.F64, backend.SumSquaresWork)
+	if err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("SumSquares", out, x, work); err != nil {
+		return err
+	}
+	return b.enqueue(s, "sum squares", ranges(x), ranges(out, used), func() error {
+		spoil(used)
 		o := load(out)
 		o[0] = float32(b.sumSquares(load(x)))
 		store(out, o)

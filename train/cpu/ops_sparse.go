@@ -66,11 +66,17 @@ func (b *Backend) parallelErr(op string, n, grain int, fn func(lo, hi int) error
 
 // SparseCompressA implements backend.Ops: A [d,BT] = P^T X^T.
 func (b *Backend) SparseCompressA(s backend.Stream, A, X, colptr, rowidx, colval backend.Tensor, BT, m, d int) error {
+	if err := b.kernelDTypes("SparseCompressA", A, X, colptr, rowidx, colval); err != nil {
+		return err
+	}
 	return b.sparseCompress(s, "sparse compress A", "A", "X", "BT m d", A, X, colptr, rowidx, colval, BT, m, d, BT, 1)
 }
 
 // SparseCompressB implements backend.Ops: B [BT,d] = dY Q.
 func (b *Backend) SparseCompressB(s backend.Stream, B, dY, colptr, rowidx, colval backend.Tensor, BT, n, d int) error {
+	if err := b.kernelDTypes("SparseCompressB", B, dY, colptr, rowidx, colval); err != nil {
+		return err
+	}
 	return b.sparseCompress(s, "sparse compress B", "B", "dY", "BT n d", B, dY, colptr, rowidx, colval, BT, n, d, 1, d)
 }
 
@@ -112,6 +118,9 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 		return err
 	}
 	if err := needF32(op, args...); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("SparseS", S, A, B); err != nil {
 		return err
 	}
 	reads := ranges(A, B)

@@ -662,7 +662,7 @@ func TestSparseOpsHazards(t *testing.T) {
 	}{
 		{"S after compress, ordered", func(t *testing.T, v spHazEnv) {
 			ok(t, v.compressA(v.a))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.compressB(v.b))
 			ok(t, v.be.Wait(v.b, v.e))
 			ok(t, v.be.SparseS(v.b, v.S, v.A, v.B, v.BT, v.d, false))
@@ -697,7 +697,7 @@ func TestSparseOpsHazards(t *testing.T) {
 		}, []pair{{"sparse compress A", "copy d2d"}}, nil},
 		{"W after apply, ordered", func(t *testing.T, v spHazEnv) {
 			ok(t, v.apply(v.a))
-			v.be.Record(v.e, v.a)
+			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.Wait(v.b, v.e))
 			ok(t, v.be.CopyD2D(v.b, v.Wc, v.W))
 			ok(t, v.be.CopyD2D(v.b, v.Tc, v.T))
@@ -726,7 +726,7 @@ func TestSparseOpsHazards(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, seed := range hazardSeeds {
 				be := newBE(t, Config{HazardCheck: true, MaxDelay: 100 * time.Microsecond, Seed: seed})
-				v := spHazEnv{spArgEnv: newSpArgEnv(t, be), be: be, a: be.NewStream("a"), b: be.NewStream("b"), e: be.NewEvent("e")}
+				v := spHazEnv{spArgEnv: newSpArgEnv(t, be), be: be, a: newStream(t, be, "a"), b: newStream(t, be, "b"), e: newEvent(t, be, "e")}
 				in := newSpInputs(spShape{BT: v.BT, m: v.m, n: v.n, d: v.d, r: v.r}, seed, true)
 				in.P.idx, in.P.val, in.Q.idx, in.Q.val = v.P.idx, v.P.val, v.Q.idx, v.Q.val
 				in.lr, in.wd, in.seed, in.step, in.matrix = 1e-3, 0.1, 5, 6, 7

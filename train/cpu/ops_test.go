@@ -108,7 +108,7 @@ func TestLayerNorm(t *testing.T) {
 
 	dx0, dw0, db0, dout := randVals(r, N*C, 1), randVals(r, C, 1), randVals(r, C, 1), randVals(r, N*C, 1)
 	dinp, dw, db := tensorOf(t, be, "dinp", backend.F32, dx0), tensorOf(t, be, "dw", backend.F32, dw0), tensorOf(t, be, "db", backend.F32, db0)
-	ok(t, be.LayerNormBackward(s, dinp, dw, db, tensorOf(t, be, "dout", backend.F32, dout), inp, wt, mean, rstd, N, C))
+	ok(t, be.LayerNormBackward(s, dinp, dw, db, tensorOf(t, be, "dout", backend.F32, dout), inp, wt, mean, rstd, lnScratch(t, be, N, C), N, C))
 	gx, gw, gb := layerNormBackward64(f64s(dout), f64s(x), f64s(w), N, C, eps)
 	// fp32 sums of 10-12 O(1) terms, and rstd ~ 1.7 amplifying dinp.
 	near(t, "layernorm dinp", get(t, be, dinp), add64(f64s(dx0), gx), 1e-5, 1e-5)
@@ -188,7 +188,7 @@ func TestAttention(t *testing.T) {
 
 			dout := randVals(r, B*T*C, 1)
 			dqkv := tensorOf(t, be, "dqkv", backend.F32, randVals(r, B*T*3*C, 9)) // overwritten, not accumulated
-			ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse, B, T, C, NH))
+			ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, C, NH))
 			// Through the saved fp32 out and lse: a few ulps of O(1) terms.
 			near(t, "attention dqkv", get(t, be, dqkv), attentionBackward64(f64s(q), f64s(dout), B, T, C, NH), 1e-5, 1e-5)
 		})
@@ -257,7 +257,7 @@ func TestSumSquares(t *testing.T) {
 			want += float64(v) * float64(v)
 		}
 		buf := tensorOf(t, be, "out", backend.F32, []float32{-1, -1, -1})
-		ok(t, be.SumSquares(s, buf.Slice(1, 1), tensorOf(t, be, "x", backend.F32, x)))
+		ok(t, be.SumSquares(s, buf.Slice(1, 1), tensorOf(t, be, "x", backend.F32, x), sumWork(t, be)))
 		// float64 sums, then one fp32 rounding.
 		near(t, fmt.Sprintf("sum squares of %d", n), get(t, be, buf), []float64{-1, want, -1}, 0, 1e-7)
 	}
@@ -294,7 +294,7 @@ func TestAdamW(t *testing.T) {
 				master = tensorOf(t, be, "master", backend.F32, p0)
 			}
 			m, v := alloc(t, be, "m", n, backend.F32), alloc(t, be, "v", n, backend.F32)
-			sumSq := alloc(t, be, "sumSq", 1, backend.F32)
+			sumSq, work := alloc(t, be, "sumSq", 1, backend.F32), sumWork(t, be)
 			ref := adam64{lr: float64(hp.LR), b1: float64(hp.Beta1), b2: float64(hp.Beta2), eps: float64(hp.Eps),
 				wd: float64(hp.WeightDecay), maxNorm: float64(tc.maxNorm)}
 			wp, wm, wv := f64s(p0), make([]float64, n), make([]float64, n)
@@ -304,7 +304,7 @@ func TestAdamW(t *testing.T) {
 					g = roundBF16(g)
 				}
 				grad := tensorOf(t, be, "grad", tc.grad, g)
-				ok(t, be.SumSquares(s, sumSq, grad))
+				ok(t, be.SumSquares(s, sumSq, grad, work))
 				p := hp
 				p.Step, p.MaxNorm = step, tc.maxNorm
 				ok(t, be.AdamW(s, param, master, grad, m, v, sumSq, p))

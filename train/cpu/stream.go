@@ -1,13 +1,15 @@
 // Streams and events of the CPU backend, with CUDA's rules: a stream runs
-// its ops in order on its own goroutine; Record marks the point reached; a
-// Wait binds, when it is enqueued, to the latest Record of its event, and a
-// wait on an event never recorded is an error.
+// its ops in order on its own goroutine; Record marks the point reached
+// (and the time it was reached, for ElapsedTime); a Wait binds, when it is
+// enqueued, to the latest Record of its event, and a wait on an event never
+// recorded is an error. Destroyed streams and events are refused.
 
 package cpu
 
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,14 +34,17 @@ type stream struct {
 	enqueued uint64
 	done     uint64
 	quit     bool
+	exited   chan struct{} // closed when the goroutine returns
+
+	destroyed bool // guarded by b.mu
 }
 
 func (s *stream) Name() string { return s.name }
 
 func (b *Backend) newStream(name string) *stream {
 	b.mu.Lock()
-	id := len(b.streams) + 1 // actor 0 is the host
-	s := &stream{b: b, id: id, name: name, rng: newRNG(b.cfg.Seed, id)}
+	b.nextStream++ // actor 0 is the host; ids are never reused
+	s := &stream{b: b, id: b.nextStream, name: name, rng: newRNG(b.cfg.Seed, b.nextStream), exited: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	b.streams = append(b.streams, s)
 	b.mu.Unlock()
@@ -50,10 +55,46 @@ func (b *Backend) newStream(name string) *stream {
 // DefaultStream implements backend.Backend.
 func (b *Backend) DefaultStream() backend.Stream { return b.dflt }
 
-// NewStream implements backend.Backend.
-func (b *Backend) NewStream(name string) backend.Stream { return b.newStream(name) }
+// NewStream implements backend.Backend: a stream is a goroutine, which
+// DestroyStream or Close ends.
+func (b *Backend) NewStream(name string) (backend.Stream, error) {
+	if err := b.onDevice(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("cpu: new stream %s: backend is closed", name)
+	}
+	return b.newStream(name), nil
+}
+
+// DestroyStream implements backend.Backend. The work enqueued on s still
+// runs; unlike CUDA, the call returns only once it has and the stream's
+// goroutine has ended, so that nothing outlives the stream.
+func (b *Backend) DestroyStream(s backend.Stream) error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
+	st, err := b.stream(s)
+	if err != nil {
+		return fmt.Errorf("cpu: destroy stream: %w", err)
+	}
+	if st == b.dflt {
+		return fmt.Errorf("cpu: destroy stream %s: the default stream belongs to the backend", st.name)
+	}
+	b.mu.Lock()
+	st.destroyed = true
+	b.streams = slices.DeleteFunc(b.streams, func(x *stream) bool { return x == st })
+	b.mu.Unlock()
+	st.stop()
+	<-st.exited
+	return nil
+}
 
 func (s *stream) loop() {
+	defer close(s.exited)
 	for {
 		s.mu.Lock()
 		for len(s.queue) == 0 && !s.quit {
@@ -124,16 +165,22 @@ func (b *Backend) stream(s backend.Stream) (*stream, error) {
 	// After Close the stream goroutines have stopped: work queued on them
 	// would never run, and a Synchronize would wait for it forever.
 	b.mu.Lock()
-	closed := b.closed
+	closed, destroyed := b.closed, st.destroyed
 	b.mu.Unlock()
-	if closed {
+	switch {
+	case closed:
 		return nil, fmt.Errorf("cpu: stream %s: backend is closed", st.name)
+	case destroyed:
+		return nil, fmt.Errorf("cpu: stream %s was destroyed", st.name)
 	}
 	return st, nil
 }
 
 // enqueue checks an op's declared accesses (in hazard mode) and queues it.
 func (b *Backend) enqueue(s backend.Stream, name string, reads, writes []backend.Range, run func() error) error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
 	st, err := b.stream(s)
 	if err != nil {
 		return err
@@ -147,6 +194,9 @@ func (b *Backend) enqueue(s backend.Stream, name string, reads, writes []backend
 
 // Synchronize implements backend.Backend.
 func (b *Backend) Synchronize(s backend.Stream) error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
 	st, err := b.stream(s)
 	if err != nil {
 		return err
@@ -162,40 +212,88 @@ func (b *Backend) Synchronize(s backend.Stream) error {
 }
 
 type event struct {
+	b    *Backend
 	name string
 
-	mu       sync.Mutex
-	recorded uint64 // records enqueued so far (the hazard clocks key on it)
-	latest   *mark  // the latest record enqueued; nil before the first
+	mu        sync.Mutex
+	recorded  uint64 // records enqueued so far (the hazard clocks key on it)
+	latest    *mark  // the latest record enqueued; nil before the first
+	destroyed bool
 }
 
 // mark is one Record of an event: done is closed when its stream reaches
-// it. A Wait keeps the mark current when it was enqueued, so a later record
-// of the same event, even one on a faster stream, cannot release it.
-type mark struct{ done chan struct{} }
+// it, at the time in at (written before done is closed). A Wait keeps the
+// mark current when it was enqueued, so a later record of the same event,
+// even one on a faster stream, cannot release it.
+type mark struct {
+	done chan struct{}
+	at   time.Time
+}
 
 func (e *event) Name() string { return e.name }
 
 // NewEvent implements backend.Backend.
-func (b *Backend) NewEvent(name string) backend.Event {
-	return &event{name: name}
+func (b *Backend) NewEvent(name string) (backend.Event, error) {
+	if err := b.onDevice(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("cpu: new event %s: backend is closed", name)
+	}
+	return &event{b: b, name: name}, nil
 }
 
-func asEvent(e backend.Event) (*event, error) {
+// event checks that e is a live event of this backend.
+func (b *Backend) event(e backend.Event) (*event, error) {
 	ev, ok := e.(*event)
 	if !ok || ev == nil {
 		return nil, fmt.Errorf("cpu: event of type %T is not a CPU event", e)
 	}
+	if ev.b != b {
+		return nil, fmt.Errorf("cpu: event %s belongs to another backend", ev.name)
+	}
+	ev.mu.Lock()
+	destroyed := ev.destroyed
+	ev.mu.Unlock()
+	if destroyed {
+		return nil, fmt.Errorf("cpu: event %s was destroyed", ev.name)
+	}
 	return ev, nil
 }
 
+// DestroyEvent implements backend.Backend.
+func (b *Backend) DestroyEvent(e backend.Event) error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
+	ev, err := b.event(e)
+	if err != nil {
+		return fmt.Errorf("cpu: destroy event: %w", err)
+	}
+	ev.mu.Lock()
+	ev.destroyed = true
+	ev.mu.Unlock()
+	if b.haz != nil {
+		b.haz.forget(ev)
+	}
+	return nil
+}
+
 // Record implements backend.Backend.
-func (b *Backend) Record(e backend.Event, s backend.Stream) {
-	ev, err := asEvent(e)
-	st, serr := b.stream(s)
-	if err != nil || serr != nil {
-		b.fail(fmt.Errorf("cpu: record: %v %v", err, serr))
-		return
+func (b *Backend) Record(e backend.Event, s backend.Stream) error {
+	if err := b.onDevice(); err != nil {
+		return err
+	}
+	ev, err := b.event(e)
+	if err != nil {
+		return fmt.Errorf("cpu: record: %w", err)
+	}
+	st, err := b.stream(s)
+	if err != nil {
+		return fmt.Errorf("cpu: record %s: %w", ev.name, err)
 	}
 	m := &mark{done: make(chan struct{})}
 	ev.mu.Lock()
@@ -207,15 +305,20 @@ func (b *Backend) Record(e backend.Event, s backend.Stream) {
 		b.haz.record(ev, gen, st.id)
 	}
 	st.push(op{name: "record " + ev.name, control: true, run: func() error {
+		m.at = time.Now()
 		close(m.done)
 		return nil
 	}})
+	return nil
 }
 
 // Wait implements backend.Backend: s waits for the latest record of e as of
 // now; records made later do not matter to this wait.
 func (b *Backend) Wait(s backend.Stream, e backend.Event) error {
-	ev, err := asEvent(e)
+	if err := b.onDevice(); err != nil {
+		return err
+	}
+	ev, err := b.event(e)
 	if err != nil {
 		return err
 	}
@@ -239,9 +342,9 @@ func (b *Backend) Wait(s backend.Stream, e backend.Event) error {
 	return nil
 }
 
-// EventSynchronize implements backend.Backend.
+// EventSynchronize implements backend.Backend. Any goroutine may call it.
 func (b *Backend) EventSynchronize(e backend.Event) error {
-	ev, err := asEvent(e)
+	ev, err := b.event(e)
 	if err != nil {
 		return err
 	}
@@ -259,6 +362,31 @@ func (b *Backend) EventSynchronize(e backend.Event) error {
 		}
 	}
 	return b.err()
+}
+
+// ElapsedTime implements backend.Backend: the time between the moments the
+// two latest records ran on their streams. Any goroutine may call it.
+func (b *Backend) ElapsedTime(start, end backend.Event) (time.Duration, error) {
+	var at [2]time.Time
+	for i, e := range []backend.Event{start, end} {
+		ev, err := b.event(e)
+		if err != nil {
+			return 0, fmt.Errorf("cpu: elapsed time: %w", err)
+		}
+		ev.mu.Lock()
+		m := ev.latest
+		ev.mu.Unlock()
+		if m == nil {
+			return 0, fmt.Errorf("cpu: elapsed time: event %s was never recorded", ev.name)
+		}
+		select {
+		case <-m.done:
+			at[i] = m.at
+		default:
+			return 0, fmt.Errorf("cpu: elapsed time: the latest record of event %s has not completed (EventSynchronize it first)", ev.name)
+		}
+	}
+	return at[1].Sub(at[0]), nil
 }
 
 // chargeLink sleeps for the modelled cost of moving n bytes.

@@ -41,7 +41,7 @@ func syncWithin(t *testing.T, be *Backend, s backend.Stream, limit time.Duration
 func TestStreamRunsOpsInOrder(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		be := newBE(t, Config{MaxDelay: 100 * time.Microsecond, Seed: seed})
-		s := be.NewStream("work")
+		s := newStream(t, be, "work")
 		x := alloc(t, be, "x", 3, backend.F32)
 		one := tensorOf(t, be, "one", backend.F32, []float32{1, 1, 1})
 		ok(t, be.Fill(s, x, 0.5))
@@ -59,7 +59,7 @@ func TestStreamRunsOpsInOrder(t *testing.T) {
 func TestSynchronizeWaits(t *testing.T) {
 	const latency = 30 * time.Millisecond
 	be := newBE(t, Config{LinkLatency: latency})
-	s := be.NewStream("up")
+	s := newStream(t, be, "up")
 	x := alloc(t, be, "x", 4, backend.F32)
 	h, err := be.AllocHost("h", 16)
 	ok(t, err)
@@ -101,7 +101,7 @@ func TestAsyncErrorIsSticky(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			be := newBE(t, Config{})
-			s := be.NewStream("s")
+			s := newStream(t, be, "s")
 			x := tensorOf(t, be, "x", backend.F32, []float32{7})
 			// The bad id is only seen when the op runs: enqueueing succeeds.
 			ok(t, tc.enqueue(be, s))
@@ -132,8 +132,8 @@ func TestAsyncErrorIsSticky(t *testing.T) {
 func TestWaitBindsAtEnqueue(t *testing.T) {
 	const latency = 40 * time.Millisecond
 	be := newBE(t, Config{LinkLatency: latency})
-	a, b := be.NewStream("A"), be.NewStream("B")
-	e, f := be.NewEvent("e"), be.NewEvent("f")
+	a, b := newStream(t, be, "A"), newStream(t, be, "B")
+	e, f := newEvent(t, be, "e"), newEvent(t, be, "f")
 	h, err := be.AllocHost("h", 4)
 	ok(t, err)
 	sa, sb := alloc(t, be, "scratchA", 1, backend.F32), alloc(t, be, "scratchB", 1, backend.F32)
@@ -142,17 +142,17 @@ func TestWaitBindsAtEnqueue(t *testing.T) {
 	slowCopy(t, be, a, sa, h)
 	slowCopy(t, be, a, sa, h)
 	ok(t, be.Fill(a, x, 1))
-	be.Record(e, a) // first record
+	ok(t, be.Record(e, a)) // first record
 
 	slowCopy(t, be, b, sb, h)
 	ok(t, be.Wait(b, e))
 	ok(t, be.CopyD2D(b, y, x))
-	be.Record(f, b)
+	ok(t, be.Record(f, b))
 
 	ok(t, be.Wait(a, f))
 	slowCopy(t, be, a, sa, h)
 	ok(t, be.Fill(a, x, 2))
-	be.Record(e, a) // second record: B's wait must not see it
+	ok(t, be.Record(e, a)) // second record: B's wait must not see it
 
 	syncWithin(t, be, b, 10*time.Second)
 	syncWithin(t, be, a, 10*time.Second)
@@ -166,8 +166,8 @@ func TestWaitBindsAtEnqueue(t *testing.T) {
 func TestWaitOnRerecordedEvent(t *testing.T) {
 	const latency = 40 * time.Millisecond
 	be := newBE(t, Config{LinkLatency: latency})
-	a, s, c := be.NewStream("A"), be.NewStream("S"), be.NewStream("C")
-	e := be.NewEvent("e")
+	a, s, c := newStream(t, be, "A"), newStream(t, be, "S"), newStream(t, be, "C")
+	e := newEvent(t, be, "e")
 	h, err := be.AllocHost("h", 4)
 	ok(t, err)
 	sa := alloc(t, be, "scratch", 1, backend.F32)
@@ -176,10 +176,10 @@ func TestWaitOnRerecordedEvent(t *testing.T) {
 	slowCopy(t, be, a, sa, h)
 	slowCopy(t, be, a, sa, h)
 	ok(t, be.Fill(a, x, 1))
-	be.Record(e, a)
+	ok(t, be.Record(e, a))
 	ok(t, be.Wait(s, e))
 	ok(t, be.CopyD2D(s, y, x))
-	be.Record(e, c) // completes at once on the idle stream C
+	ok(t, be.Record(e, c)) // completes at once on the idle stream C
 
 	syncWithin(t, be, s, 10*time.Second)
 	same(t, "y", get(t, be, y), []float32{1, 1, 1})
@@ -190,18 +190,18 @@ func TestWaitOnRerecordedEvent(t *testing.T) {
 func TestEventSynchronize(t *testing.T) {
 	const latency = 30 * time.Millisecond
 	be := newBE(t, Config{LinkLatency: latency})
-	a := be.NewStream("A")
-	e := be.NewEvent("e")
+	a := newStream(t, be, "A")
+	e := newEvent(t, be, "e")
 	h, err := be.AllocHost("h", 4)
 	ok(t, err)
 	sa := alloc(t, be, "scratch", 1, backend.F32)
 	x := alloc(t, be, "x", 2, backend.F32)
 
 	ok(t, be.Fill(a, x, 1))
-	be.Record(e, a)
+	ok(t, be.Record(e, a))
 	slowCopy(t, be, a, sa, h)
 	ok(t, be.Fill(a, x, 3))
-	be.Record(e, a) // EventSynchronize waits for this, the latest record
+	ok(t, be.Record(e, a)) // EventSynchronize waits for this, the latest record
 	start := time.Now()
 	ok(t, be.EventSynchronize(e))
 	if d := time.Since(start); d < latency*9/10 {
@@ -213,8 +213,8 @@ func TestEventSynchronize(t *testing.T) {
 
 func TestNeverRecordedEvent(t *testing.T) {
 	be := newBE(t, Config{})
-	s := be.NewStream("s")
-	e := be.NewEvent("lonely")
+	s := newStream(t, be, "s")
+	e := newEvent(t, be, "lonely")
 	if err := be.Wait(s, e); err == nil || !strings.Contains(err.Error(), "lonely") {
 		t.Errorf("Wait on a never-recorded event: %v, want an error naming it", err)
 	}
@@ -293,7 +293,7 @@ func TestLinkCharge(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			be := newBE(t, Config{LinkBandwidth: tc.bandwidth, LinkLatency: tc.latency})
-			s := be.NewStream("link")
+			s := newStream(t, be, "link")
 			x, y := alloc(t, be, "x", n, backend.F32), alloc(t, be, "y", n, backend.F32)
 			h, err := be.AllocHost("h", 4*n)
 			ok(t, err)

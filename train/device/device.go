@@ -3,6 +3,11 @@
 // has, so every job (training, evaluation, sampling, compare) gets its
 // backend the same way and a new backend is added here only.
 //
+// It also knows what storage each backend can train in: the CUDA kernels
+// of GEMM and attention take bf16 only (backend.KernelDTypes), so --device
+// cuda defaults to --dtype bf16 and refuses fp32, while the CPU backend
+// takes either and defaults to fp32.
+//
 // Limits: this build has the CPU backend only; --device cuda is a known
 // name that Open refuses, with a message saying so, until the CUDA backend
 // lands.
@@ -10,6 +15,7 @@ package device
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
@@ -66,6 +72,38 @@ func (k *Kind) Set(s string) error {
 		return err
 	}
 	*k = v
+	return nil
+}
+
+// DefaultDType is the storage type of weights and activations on k when
+// --dtype is not given: bf16 on cuda, fp32 on the CPU.
+func (k Kind) DefaultDType() backend.DType {
+	if k == CUDA {
+		return backend.BF16
+	}
+	return backend.F32
+}
+
+// modelOps are the ops whose inputs are the model's weights and
+// activations in its storage type: a backend that refuses the storage type
+// for one of them cannot train the model.
+var modelOps = []struct{ op, arg string }{{"Gemm", "A"}, {"AttentionForward", "qkv"}}
+
+// CheckDType says whether models stored in dt train on k: nil, or why not,
+// naming the ops whose kernels refuse dt.
+func CheckDType(k Kind, dt backend.DType) error {
+	if k != CUDA {
+		return nil // the CPU backend computes every op in fp32 and bf16
+	}
+	var refused []string
+	for _, m := range modelOps {
+		if !backend.Accepts(m.op, m.arg, dt) {
+			refused = append(refused, m.op)
+		}
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("the CUDA kernels of %s take no %v input; train in bf16 (the default on cuda)", strings.Join(refused, " and "), dt)
+	}
 	return nil
 }
 

@@ -7,6 +7,8 @@ package device
 import (
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
 func TestOpenCPU(t *testing.T) {
@@ -46,5 +48,23 @@ func TestKindFlag(t *testing.T) {
 	}
 	if err := k.Set("gpu"); err == nil || k != CUDA {
 		t.Errorf("Set(gpu) = %v and left %q; want an error and cuda kept", err, k)
+	}
+}
+
+func TestDefaultDType(t *testing.T) {
+	if CUDA.DefaultDType() != backend.BF16 || CPU.DefaultDType() != backend.F32 {
+		t.Errorf("default dtypes: cuda %v, cpu %v; want bf16 and fp32", CUDA.DefaultDType(), CPU.DefaultDType())
+	}
+	for _, k := range []Kind{CPU, CUDA} {
+		if err := CheckDType(k, k.DefaultDType()); err != nil {
+			t.Errorf("%s refuses its own default dtype: %v", k, err)
+		}
+	}
+	if err := CheckDType(CPU, backend.BF16); err != nil {
+		t.Errorf("cpu refuses bf16: %v", err)
+	}
+	err := CheckDType(CUDA, backend.F32)
+	if err == nil || !strings.Contains(err.Error(), "Gemm and AttentionForward") || !strings.Contains(err.Error(), "fp32") {
+		t.Errorf("cuda with fp32: %v; want an error naming Gemm, AttentionForward and fp32", err)
 	}
 }

@@ -128,6 +128,7 @@ type Engine struct {
 	be      backend.Backend
 	st      Streams
 	interp  Interpreter
+	pip     *Pipelined // interp when pipelined: its events are the engine's
 	Model   model.Model
 	idx     *model.Index // the model's layout by block
 	b, t    int          // micro-batch shape B x T
@@ -138,6 +139,7 @@ type Engine struct {
 
 	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
 	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
+	losses  []float32          // lossAcc read back (through the backend's staging buffer)
 
 	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
@@ -162,16 +164,20 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, st: NewStreams(be), idx: idx, b: B, t: T, dt: dt, accum: accum}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum}
+	if e.st, err = NewStreams(be); err != nil {
+		return nil, err
+	}
 	if cfg.Pipelined {
-		e.interp = NewPipelined(be, e.st)
+		e.pip = NewPipelined(be, e.st)
+		e.interp = e.pip
 	} else {
 		e.interp = Sequential{Backend: be, Streams: e.st}
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			e.Free()
+			_ = e.Free() // New's error is the one to report
 		}
 	}()
 	opts := model.Options{GradDType: cfg.GradDType}
@@ -189,6 +195,7 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if e.lossAcc, err = be.Alloc("step losses", accum*BT, backend.F32); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	e.losses = make([]float32, accum*BT)
 	if cfg.Mode != Native {
 		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
@@ -264,8 +271,15 @@ func (e *Engine) Init() error {
 	return e.be.Synchronize(s)
 }
 
-// Free releases the engine's state and the model.
-func (e *Engine) Free() {
+// Free releases the engine's state, its streams and events, and the
+// model, after the work in flight has run. It releases everything even when
+// that work failed, and returns that failure with any of its own.
+func (e *Engine) Free() error {
+	errs := []error{e.Drain()}
+	if e.pip != nil {
+		errs = append(errs, e.pip.Close())
+	}
+	errs = append(errs, e.st.Destroy(e.be))
 	if e.opt != nil {
 		e.opt.Free()
 	}
@@ -290,6 +304,7 @@ func (e *Engine) Free() {
 	if e.workers != nil {
 		e.workers.Close()
 	}
+	return errors.Join(errs...)
 }
 
 // DenseParams is the treatment of the non-matrix parameters in lsp mode.
@@ -357,11 +372,10 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	if err := e.Drain(); err != nil {
 		return 0, fmt.Errorf("step %d: %w", e.step, err)
 	}
-	losses, err := backend.Download(e.be, e.st.Compute, e.lossAcc)
-	if err != nil {
+	if err := e.be.Staging().DownloadInto(e.st.Compute, e.losses, e.lossAcc); err != nil {
 		return 0, err
 	}
-	for _, l := range losses {
+	for _, l := range e.losses {
 		lossSum += float64(l)
 	}
 	return lossSum, nil
@@ -370,6 +384,9 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 // Drain waits until every stream is idle.
 func (e *Engine) Drain() error {
 	for _, s := range []backend.Stream{e.st.Compute, e.st.D2H, e.st.H2D} {
+		if s == nil {
+			continue // New failed before making it
+		}
 		if err := e.be.Synchronize(s); err != nil {
 			return err
 		}

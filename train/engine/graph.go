@@ -18,6 +18,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -178,8 +179,30 @@ type Streams struct {
 }
 
 // NewStreams creates the copy streams; compute is the default stream.
-func NewStreams(be backend.Backend) Streams {
-	return Streams{Compute: be.DefaultStream(), D2H: be.NewStream("d2h"), H2D: be.NewStream("h2d")}
+// Destroy releases them.
+func NewStreams(be backend.Backend) (Streams, error) {
+	st := Streams{Compute: be.DefaultStream()}
+	var err error
+	if st.D2H, err = be.NewStream("d2h"); err != nil {
+		return Streams{}, fmt.Errorf("engine: %w", err)
+	}
+	if st.H2D, err = be.NewStream("h2d"); err != nil {
+		_ = be.DestroyStream(st.D2H) // the creation error is the one to report
+		return Streams{}, fmt.Errorf("engine: %w", err)
+	}
+	return st, nil
+}
+
+// Destroy releases the copy streams (once the work on them has run); the
+// compute stream is the backend's.
+func (st Streams) Destroy(be backend.Backend) error {
+	var errs []error
+	for _, s := range []backend.Stream{st.D2H, st.H2D} {
+		if s != nil {
+			errs = append(errs, be.DestroyStream(s))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (st Streams) of(q Queue) backend.Stream {
@@ -247,11 +270,32 @@ func NewPipelined(be backend.Backend, st Streams) *Pipelined {
 	return &Pipelined{Backend: be, Streams: st}
 }
 
-func (p *Pipelined) event(i int) backend.Event {
+// event is node i's event; Run has made it (ensure) before it starts, so
+// that host goroutines only read the list.
+func (p *Pipelined) event(i int) backend.Event { return p.events[i] }
+
+// ensure makes the events of nodes up to i. Events are kept from step to
+// step; Close destroys them.
+func (p *Pipelined) ensure(i int) error {
 	for len(p.events) <= i {
-		p.events = append(p.events, p.Backend.NewEvent(fmt.Sprintf("node %d", len(p.events))))
+		e, err := p.Backend.NewEvent(fmt.Sprintf("node %d", len(p.events)))
+		if err != nil {
+			return fmt.Errorf("schedule: %w", err)
+		}
+		p.events = append(p.events, e)
 	}
-	return p.events[i]
+	return nil
+}
+
+// Close destroys the events the interpreter made; it may run again after,
+// making new ones.
+func (p *Pipelined) Close() error {
+	var errs []error
+	for _, e := range p.events {
+		errs = append(errs, p.Backend.DestroyEvent(e))
+	}
+	p.events = nil
+	return errors.Join(errs...)
 }
 
 // Run implements Interpreter.
@@ -272,7 +316,9 @@ func (p *Pipelined) Run(g *Graph) error {
 	// Create the events before any host goroutine reads the list.
 	for i := range needEvent {
 		if needEvent[i] {
-			p.event(i)
+			if err := p.ensure(i); err != nil {
+				return err
+			}
 		}
 	}
 	done := make([]chan struct{}, n)
@@ -327,7 +373,9 @@ func (p *Pipelined) Run(g *Graph) error {
 			return fmt.Errorf("%s: %w", nd.Name, err)
 		}
 		if needEvent[i] {
-			p.Backend.Record(p.event(i), s)
+			if err := p.Backend.Record(p.event(i), s); err != nil {
+				return fmt.Errorf("%s: %w", nd.Name, err)
+			}
 		}
 	}
 	wg.Wait()

@@ -47,10 +47,21 @@ func traceSpans(e *Engine) (spans map[string]span, wait func()) {
 				continue
 			}
 			n.Run = func(s backend.Stream) error {
-				begin, done := e.be.NewEvent(name+" start"), e.be.NewEvent(name+" end")
-				e.be.Record(begin, s)
-				err := run(s)
-				e.be.Record(done, s)
+				begin, err := e.be.NewEvent(name + " start")
+				if err != nil {
+					return err
+				}
+				done, err := e.be.NewEvent(name + " end")
+				if err != nil {
+					return err
+				}
+				if err := e.be.Record(begin, s); err != nil {
+					return err
+				}
+				err = run(s)
+				if err := e.be.Record(done, s); err != nil {
+					return err
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -47,6 +48,42 @@ func TestExportRoundTrip(t *testing.T) {
 	}
 	if _, ok := f.Info("lm_head.weight"); ok {
 		t.Error("export stores lm_head.weight; it is tied to wte")
+	}
+}
+
+// TestExportEpsilon: config.json holds layer_norm_epsilon as the shortest
+// decimal of the float32 value (1e-05, as transformers writes it, not
+// 0.000009999999747378752), and reads back as the same float32, for
+// epsilons float32 cannot hold exactly.
+func TestExportEpsilon(t *testing.T) {
+	for _, tc := range []struct {
+		eps  float32
+		want string
+	}{
+		{1e-5, `"layer_norm_epsilon": 1e-05,`},
+		{1e-6, `"layer_norm_epsilon": 1e-06,`},
+		{0.1, `"layer_norm_epsilon": 0.1,`},
+		{3.3e-7, `"layer_norm_epsilon": 3.3e-07,`},
+	} {
+		cfg := Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: tc.eps}
+		dir := t.TempDir()
+		if err := ExportHF(dir, cfg, Init(cfg, 1)); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(raw), tc.want) {
+			t.Errorf("epsilon %g: config.json does not hold %s:\n%s", tc.eps, tc.want, raw)
+		}
+		back, err := ReadHFConfig(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.Eps != tc.eps {
+			t.Errorf("epsilon %g read back as %g", tc.eps, back.Eps)
+		}
 	}
 }
 

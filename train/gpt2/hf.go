@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
@@ -23,29 +24,44 @@ import (
 
 // hfConfig is the part of a transformers GPT2Config that this model uses.
 type hfConfig struct {
-	ModelType          string   `json:"model_type"`
-	Architectures      []string `json:"architectures,omitempty"`
-	VocabSize          int      `json:"vocab_size"`
-	NPositions         int      `json:"n_positions"`
-	NCtx               int      `json:"n_ctx,omitempty"`
-	NEmbd              int      `json:"n_embd"`
-	NLayer             int      `json:"n_layer"`
-	NHead              int      `json:"n_head"`
-	NInner             *int     `json:"n_inner"`
-	Activation         string   `json:"activation_function"`
-	LayerNormEpsilon   *float64 `json:"layer_norm_epsilon"`
-	TieWordEmbeddings  *bool    `json:"tie_word_embeddings,omitempty"`
-	ResidPdrop         float64  `json:"resid_pdrop"`
-	EmbdPdrop          float64  `json:"embd_pdrop"`
-	AttnPdrop          float64  `json:"attn_pdrop"`
-	InitializerRange   float64  `json:"initializer_range"`
-	ScaleAttnWeights   *bool    `json:"scale_attn_weights,omitempty"`
-	ScaleByInverseIdx  bool     `json:"scale_attn_by_inverse_layer_idx,omitempty"`
-	ReorderAndUpcast   bool     `json:"reorder_and_upcast_attn,omitempty"`
-	BosTokenID         int      `json:"bos_token_id"`
-	EosTokenID         int      `json:"eos_token_id"`
-	TorchDtype         string   `json:"torch_dtype,omitempty"`
-	TransformersVerson string   `json:"transformers_version,omitempty"`
+	ModelType          string       `json:"model_type"`
+	Architectures      []string     `json:"architectures,omitempty"`
+	VocabSize          int          `json:"vocab_size"`
+	NPositions         int          `json:"n_positions"`
+	NCtx               int          `json:"n_ctx,omitempty"`
+	NEmbd              int          `json:"n_embd"`
+	NLayer             int          `json:"n_layer"`
+	NHead              int          `json:"n_head"`
+	NInner             *int         `json:"n_inner"`
+	Activation         string       `json:"activation_function"`
+	LayerNormEpsilon   *float32JSON `json:"layer_norm_epsilon"`
+	TieWordEmbeddings  *bool        `json:"tie_word_embeddings,omitempty"`
+	ResidPdrop         float64      `json:"resid_pdrop"`
+	EmbdPdrop          float64      `json:"embd_pdrop"`
+	AttnPdrop          float64      `json:"attn_pdrop"`
+	InitializerRange   float64      `json:"initializer_range"`
+	ScaleAttnWeights   *bool        `json:"scale_attn_weights,omitempty"`
+	ScaleByInverseIdx  bool         `json:"scale_attn_by_inverse_layer_idx,omitempty"`
+	ReorderAndUpcast   bool         `json:"reorder_and_upcast_attn,omitempty"`
+	BosTokenID         int          `json:"bos_token_id"`
+	EosTokenID         int          `json:"eos_token_id"`
+	TorchDtype         string       `json:"torch_dtype,omitempty"`
+	TransformersVerson string       `json:"transformers_version,omitempty"`
+}
+
+// float32JSON is a number the model holds as a float32. It reads as any
+// JSON number and writes as the shortest decimal that reads back as the
+// same float32, in Python's form, as transformers writes it: 1e-05, not
+// the float32 value's expansion 0.000009999999747378752 (nor Go's
+// 0.00001).
+type float32JSON float64
+
+func (f float32JSON) MarshalJSON() ([]byte, error) {
+	x := float32(f)
+	if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+		return nil, fmt.Errorf("%v is not a JSON number", x)
+	}
+	return strconv.AppendFloat(nil, float64(x), 'g', -1, 32), nil
 }
 
 // ReadHFConfig reads dir/config.json and checks that this model can run it.
@@ -240,7 +256,7 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 
 // writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config.
 func writeHFConfig(dir string, cfg Config) error {
-	tie, eps := true, float64(cfg.Eps)
+	tie, eps := true, float32JSON(cfg.Eps)
 	h := hfConfig{
 		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
 		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,

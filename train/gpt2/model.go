@@ -159,6 +159,7 @@ type Model struct {
 	grad       backend.Tensor // the single allocation of activation gradients (fp32)
 	dres, dbuf backend.Tensor // (B,T,C)
 	dqkv, dfch backend.Tensor // (B,T,3C), (B,T,4C)
+	bwdScratch backend.Tensor // the LayerNorm and attention backwards' scratch (fp32)
 	statsBuf   backend.Tensor
 }
 
@@ -176,6 +177,12 @@ func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
 	data = BT*C + c.L*kept + copies*inputs + BT*C + BT*C + BT*c.V // encoded, layers, lnf, scratch, logits
 	stats = c.L*(4*BT+B*c.NH*T) + 2*BT + BT                       // ln means/rstds, lse; lnf stats; losses
 	return data, stats
+}
+
+// backwardScratch is the fp32 elements of scratch the backward's ops need
+// (one buffer: they run one after another on one stream).
+func (c Config) backwardScratch(B, T int) int {
+	return max(backend.LayerNormBackwardScratch(B*T, c.C), backend.AttentionBackwardScratch(B, T, c.NH))
 }
 
 // gradOffsets places the dense gradients: Layout order, matrices left out
@@ -209,7 +216,7 @@ func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.M
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
-		ActGrads:    BT * int64(c.C*2+3*c.C+4*c.C) * 4,
+		ActGrads:    (BT*int64(c.C*2+3*c.C+4*c.C) + int64(c.backwardScratch(B, T))) * 4,
 		Batch:       2 * BT * 4,
 	}
 }
@@ -313,12 +320,14 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	m.Logits = a.Next(BT, cfg.V)
 	m.Losses = st.Next(BT)
 
-	if m.grad, err = be.Alloc("activation grads", BT*(2*C+3*C+4*C), backend.F32); err != nil {
+	scratch := cfg.backwardScratch(B, T)
+	if m.grad, err = be.Alloc("activation grads", BT*(2*C+3*C+4*C)+scratch, backend.F32); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activation gradients: %w", err)
 	}
 	gc := &backend.Carver{T: m.grad}
 	m.dres, m.dbuf, m.dqkv, m.dfch = gc.Next(BT, C), gc.Next(BT, C), gc.Next(BT, 3*C), gc.Next(BT, 4*C)
+	m.bwdScratch = gc.Next(scratch)
 
 	batch, err := be.Alloc("batch", 2*BT, backend.I32)
 	if err != nil {
@@ -565,7 +574,7 @@ func (m *Model) BackwardHead(s backend.Stream) error {
 		func() error { return be.Gemm(s, true, false, c.V, C, BT, 1, m.Logits, m.lnf, 1, m.g.wte) },
 		func() error { return be.Fill(s, m.dres, 0) },
 		func() error {
-			return be.LayerNormBackward(s, m.dres, m.g.lnfw, m.g.lnfb, m.dbuf, m.layerInput(c.L), m.p.lnfw, m.lnfMean, m.lnfRstd, BT, C)
+			return be.LayerNormBackward(s, m.dres, m.g.lnfw, m.g.lnfb, m.dbuf, m.layerInput(c.L), m.p.lnfw, m.lnfMean, m.lnfRstd, m.bwdScratch, BT, C)
 		},
 	)
 	if err != nil {
@@ -595,17 +604,19 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 			return m.linearBackward(s, l, MatFC, m.dbuf, g.fcw, g.fcb, m.dfch, a.ln2, p.fcw, BT, C, 4*C)
 		},
 		func() error {
-			return be.LayerNormBackward(s, m.dres, g.ln2w, g.ln2b, m.dbuf, a.res2, p.ln2w, a.ln2Mean, a.ln2Rstd, BT, C)
+			return be.LayerNormBackward(s, m.dres, g.ln2w, g.ln2b, m.dbuf, a.res2, p.ln2w, a.ln2Mean, a.ln2Rstd, m.bwdScratch, BT, C)
 		},
 		func() error {
 			return m.linearBackward(s, l, MatProj, m.dbuf, g.projw, g.projb, m.dres, a.atty, p.projw, BT, C, C)
 		},
-		func() error { return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, B, T, C, c.NH) },
+		func() error {
+			return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, C, c.NH)
+		},
 		func() error {
 			return m.linearBackward(s, l, MatQKV, m.dbuf, g.qkvw, g.qkvb, m.dqkv, a.ln1, p.qkvw, BT, C, 3*C)
 		},
 		func() error {
-			return be.LayerNormBackward(s, m.dres, g.ln1w, g.ln1b, m.dbuf, x, p.ln1w, a.ln1Mean, a.ln1Rstd, BT, C)
+			return be.LayerNormBackward(s, m.dres, g.ln1w, g.ln1b, m.dbuf, x, p.ln1w, a.ln1Mean, a.ln1Rstd, m.bwdScratch, BT, C)
 		},
 	)
 	if err != nil {

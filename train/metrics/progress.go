@@ -100,7 +100,8 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 	if (step >= p.nextLog || last) && step > p.logged {
 		p.logged = step
 		p.nextLog = (step/p.every + 1) * p.every
-		p.logger.Info("train", "step", step, "total", p.total, "loss", loss,
+		// Four decimals, as the eval lines: a float64's 16 digits are noise.
+		p.logger.Info("train", "step", step, "total", p.total, "loss", fmt.Sprintf("%.4f", loss),
 			"tok_s", math.Round(tokensPerSec), "eta", formatDuration(eta))
 	}
 }

@@ -23,6 +23,22 @@ type fakeClock struct {
 
 func (c *fakeClock) now() time.Time { c.t = c.t.Add(c.step); return c.t }
 
+// TestProgressLogLoss: a log line holds the loss with four decimals, not
+// a float64's 16 digits.
+func TestProgressLogLoss(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var logs bytes.Buffer
+	p := NewProgress(f, 2, slog.New(slog.NewTextHandler(&logs, nil)))
+	p.Update(1, 5.460508011005543, 1944)
+	if got := attr(logs.String(), "loss"); got != "5.4605" {
+		t.Errorf("loss logged as %q, want 5.4605: %s", got, logs.String())
+	}
+}
+
 func TestProgressNonTerminal(t *testing.T) {
 	tests := []struct {
 		name      string

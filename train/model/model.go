@@ -109,7 +109,9 @@ type Arch interface {
 	// NumParams is the number of parameter elements.
 	NumParams() int
 	// PlanWith predicts the device bytes NewModel allocates for batches of
-	// B x T in dtype dt.
+	// B x T in dtype dt, the scratch its ops take included (the sizes of
+	// package backend: a model allocates its ops' scratch, so that the
+	// engine's memory plan counts it).
 	PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan
 	// NewModel allocates the model for batches of B x T on be. Parameters
 	// start at zero.

@@ -101,13 +101,16 @@ type AdamW struct {
 	// step's.
 	M, V, Master, Norms backend.Tensor
 	step                int
+	// work is SumSquares' scratch, shared by every norm of a step (they
+	// run in order on one stream).
+	work backend.Tensor
 }
 
 // StateBytes predicts the device bytes New allocates for numTensors
 // tensors of numElems elements together; global: New is given the whole
 // gradient.
 func StateBytes(numElems, numTensors int, paramDType backend.DType, global bool) int64 {
-	b := int64(numElems) * 8
+	b := int64(numElems)*8 + backend.SumSquaresWork*8 // moments, the norms' work
 	if paramDType != backend.F32 {
 		b += int64(numElems) * 4
 	}
@@ -166,6 +169,9 @@ func New(be backend.Backend, h Hyper, tensors []Tensor, allGrads backend.Tensor)
 	if o.Norms, err = be.Alloc("grad norms", norms, backend.F32); err != nil {
 		return fail("norms", err)
 	}
+	if o.work, err = be.Alloc("grad norm work", backend.SumSquaresWork, backend.F64); err != nil {
+		return fail("norm work", err)
+	}
 	return o, nil
 }
 
@@ -184,7 +190,7 @@ func (o *AdamW) InitMaster(s backend.Stream) error {
 
 // Free releases the optimizer state.
 func (o *AdamW) Free() {
-	for _, t := range []backend.Tensor{o.M, o.V, o.Master, o.Norms} {
+	for _, t := range []backend.Tensor{o.M, o.V, o.Master, o.Norms, o.work} {
 		if t.Buf != nil {
 			o.be.Free(t)
 		}
@@ -225,7 +231,7 @@ func (o *AdamW) Step(s backend.Stream, lr float32) error {
 	var cur, prev backend.Tensor
 	if global {
 		cur, prev = o.Norms.Slice(nt, 1), o.Norms.Slice(nt+1, 1)
-		if err := be.SumSquares(s, cur, o.all); err != nil {
+		if err := be.SumSquares(s, cur, o.all, o.work); err != nil {
 			return fmt.Errorf("adamw: global norm: %w", err)
 		}
 	}
@@ -240,7 +246,7 @@ func (o *AdamW) Step(s backend.Stream, lr float32) error {
 		var norm backend.Tensor
 		if o.H.Clip == ClipMatrix || !global {
 			norm = o.Norms.Slice(i, 1)
-			if err := be.SumSquares(s, norm, t.Grad); err != nil {
+			if err := be.SumSquares(s, norm, t.Grad, o.work); err != nil {
 				return fmt.Errorf("adamw: norm of %s: %w", t.Name, err)
 			}
 		}
