@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/adam.cu (lsp_adamw) under the simulator against the CPU
 // backend's AdamW op on the same inputs, for every seed of Seeds: every
@@ -25,6 +25,7 @@ import (
 	"runtime/debug"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -57,6 +58,25 @@ func (c adamCase) String() string {
 		s += "_master"
 	}
 	return s
+}
+
+// adamArgs are the arguments of lsp_adamw (see kernels/adam.cu): Param
+// (bf16 with ParamBF16, else fp32), optional fp32 Master (nil for none),
+// Grad (bf16 with GradBF16), fp32 moments M and V, and SumSq (fp32 [1],
+// read when MaxNorm > 0), all of N elements.
+type adamArgs struct {
+	Param, Master, Grad, M, V, SumSq *Buffer
+	ParamBF16, GradBF16              bool
+	N                                int
+	LR, Beta1, Beta2, Eps, WD        float32
+	Step                             int
+	MaxNorm                          float32
+}
+
+// launch runs lsp_adamw with a.
+func (a adamArgs) launch() error {
+	return kernels.AdamW(a.Param.Dev(), dtype(a.ParamBF16), a.Master.Dev(), a.Grad.Dev(), dtype(a.GradBF16), a.M.Dev(),
+		a.V.Dev(), a.SumSq.Dev(), int64(a.N), a.LR, a.Beta1, a.Beta2, a.Eps, a.WD, a.Step, a.MaxNorm, 0)
 }
 
 func TestAdamW(t *testing.T) {
@@ -118,7 +138,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 	}
 	param := tensor("param", dtype[c.paramBF16], w0)
 	var master backend.Tensor
-	dev := AdamWArgs{Param: device(c.paramBF16, w0), ParamBF16: c.paramBF16, GradBF16: c.gradBF16, N: c.n,
+	dev := adamArgs{Param: device(c.paramBF16, w0), ParamBF16: c.paramBF16, GradBF16: c.gradBF16, N: c.n,
 		M: FromFloat32(t, m0), V: FromFloat32(t, v0), SumSq: Alloc(t, 4),
 		LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WD: 0.1}
 	if c.master {
@@ -158,7 +178,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 		dev.Grad = device(c.gradBF16, g)
 		dev.SumSq.Float32()[0] = float32(ss)
 		dev.Step, dev.MaxNorm = step, maxNorm
-		if err := AdamW(dev); err != nil {
+		if err := dev.launch(); err != nil {
 			t.Fatal(err)
 		}
 
@@ -197,26 +217,26 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 // lsp_adamw rejects a bad step, a negative n and clipping without sumSq.
 func TestAdamArgs(t *testing.T) {
 	f := Alloc(t, 64)
-	base := AdamWArgs{Param: f, Grad: f, M: f, V: f, N: 4, LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Step: 1}
+	base := adamArgs{Param: f, Grad: f, M: f, V: f, N: 4, LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Step: 1}
 	tests := []struct {
 		name string
-		mod  func(*AdamWArgs)
+		mod  func(*adamArgs)
 	}{
-		{"step 0", func(a *AdamWArgs) { a.Step = 0 }},
-		{"negative n", func(a *AdamWArgs) { a.N = -1 }},
-		{"clip without sumSq", func(a *AdamWArgs) { a.MaxNorm = 1 }},
-		{"nil moments", func(a *AdamWArgs) { a.V = nil }},
+		{"step 0", func(a *adamArgs) { a.Step = 0 }},
+		{"negative n", func(a *adamArgs) { a.N = -1 }},
+		{"clip without sumSq", func(a *adamArgs) { a.MaxNorm = 1 }},
+		{"nil moments", func(a *adamArgs) { a.V = nil }},
 	}
 	for _, tc := range tests {
 		a := base
 		tc.mod(&a)
-		if err := AdamW(a); !containsInvalidValue(err) {
+		if err := a.launch(); !containsInvalidValue(err) {
 			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
 		}
 	}
 	a := base
 	a.N = 0
-	if err := AdamW(a); err != nil {
+	if err := a.launch(); err != nil {
 		t.Errorf("n = 0: %v, want nothing launched and no error", err)
 	}
 }
