@@ -18,8 +18,9 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
-	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/'; \
-		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/simtest/; fi
+	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...'; \
+		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...; \
+		echo '$(SIM_ENV) $(GO) vet -tags cuda ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cuda ./kernels/...; fi
 
 # Go packages under the race detector with -short; heavier training tests
 # skip themselves under -short or under the race detector and run in the
@@ -132,17 +133,22 @@ bench-adam:
 # `make simtest` runs every kernel under the CPU simulator (kernels/sim) via
 # the lsp_sim-tagged Go package kernels/simtest: no GPU needed, only CUDA's
 # headers; without -short (the barrier-removal check runs) and without -race.
+# The tests call the launchers through package kernels, the Go face
+# generated from kernels/kernels.h (`go generate ./kernels`; a plain `go
+# test ./kernels` fails when it is out of date).
 # RUN=regexp selects tests (e.g. make simtest RUN=TestGemm).
-.PHONY: kernels simtest
+.PHONY: kernels simtest gpu-test-bin
 SIM_OK    := $(or $(wildcard /usr/include/cuda_bf16.h),$(NVCC))
 CUDA_INC  := $(if $(wildcard /usr/include/cuda_bf16.h),,$(if $(NVCC),$(abspath $(dir $(realpath $(NVCC)))../include)))
 # Go's build cache does not track the kernel sources simtest includes from
-# ../, so their hash goes into CGO_CXXFLAGS (part of the cache key); the
-# tests check it (kernels/simtest/sim.go, checkFresh). Same list and order.
+# ../ (nor the headers the generated face in package kernels includes from
+# sim/), so their hash goes into CGO_CXXFLAGS and CGO_CFLAGS (part of the
+# cache key); the tests check it (kernels/simtest/mem_sim.go, checkFresh).
+# Same list and order.
 SIM_SRCS   = $(sort $(wildcard kernels/*.cu kernels/*.cuh kernels/*.h kernels/sim/*.h kernels/sim/*.cpp \
 	kernels/simtest/*.cu kernels/simtest/*.h))
 SIM_HASH   = $(if $(SIM_SRCS),$(shell cat $(SIM_SRCS) | sha256sum | cut -c1-16),none)
-SIM_ENV    = CGO_CFLAGS="-g -O2 $(if $(CUDA_INC),-I$(CUDA_INC))" \
+SIM_ENV    = CGO_CFLAGS="-g -O2 -DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))" \
 	CGO_CXXFLAGS="-g -O1 -DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))"
 KERNEL_SRC := $(wildcard kernels/*.cu)
 KERNEL_OBJ := $(KERNEL_SRC:kernels/%.cu=build/kernels/%.o)
@@ -172,4 +178,29 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags lsp_sim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kernels/simtest/
 else
 	@echo "simtest: WARNING: kernel simulator tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
+
+# `make gpu-test-bin`: the kernel tests of kernels/simtest for a real GPU
+# (-tags cuda), linked against build/libkernels.a and CUDA's static runtime
+# (libcudart_static.a), into bin/gpu/kernels.test. Copy that one file to a
+# GPU machine and run it there (bin/gpu/kernels.test -test.v; -test.run
+# selects tests); it needs only the driver's libcuda.so, and without a
+# usable GPU (sm_80 or newer) it says so and exits 0. Go's build cache does
+# not see the library's contents, so its hash goes into CGO_CFLAGS (the
+# binary prints it). The ldd check keeps libcudart.so out of the binary.
+CUDA_LIBDIR := $(if $(NVCC),$(firstword $(wildcard $(abspath $(dir $(realpath $(NVCC)))../lib64/libcudart_static.a))))
+GPU_ENV    = CGO_CFLAGS="-g -O2 -DLSP_KERNELS_LIB=$$(sha256sum build/libkernels.a | cut -c1-16) -DLSP_SIM_SOURCES=$(SIM_HASH) \
+	$(if $(CUDA_INC),-I$(CUDA_INC))" \
+	$(if $(CUDA_LIBDIR),CGO_LDFLAGS="-L$(dir $(CUDA_LIBDIR))")
+
+gpu-test-bin:
+ifeq ($(NVCC),)
+	@echo "gpu-test-bin: nvcc not found; cannot build build/libkernels.a, so no GPU test binary"; exit 1
+else
+	@$(MAKE) --no-print-directory build/libkernels.a
+	@mkdir -p bin/gpu
+	$(GPU_ENV) $(GO) test -c -tags cuda -o bin/gpu/kernels.test ./kernels/simtest/
+	@if ldd bin/gpu/kernels.test | grep -q 'libcudart\.so'; then \
+		echo "gpu-test-bin: bin/gpu/kernels.test needs libcudart.so at run time; it must link libcudart_static.a"; exit 1; fi
+	@echo "gpu-test-bin: bin/gpu/kernels.test (run it on a GPU machine: bin/gpu/kernels.test -test.v)"
 endif

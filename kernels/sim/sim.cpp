@@ -213,8 +213,9 @@ std::atomic<uint64_t> g_launch_no{0};
 std::atomic<uint64_t> g_launch_serial{0};
 uint16_t g_perm[FRAG_KINDS][256]; /* fragment slot (lane*8+i) -> row*16+col */
 
-std::mutex g_msg_mu;
-std::string g_last_msg;
+/* The last error and its message are per thread, as CUDA keeps its last
+ * error: a launch on one thread must not report another thread's failure. */
+thread_local std::string t_last_msg;
 __thread cudaError_t t_last_error = cudaSuccess;
 
 std::mutex g_attr_mu;
@@ -334,10 +335,7 @@ void init_env() {
 	});
 }
 
-void set_message(const std::string& m) {
-	std::lock_guard<std::mutex> l(g_msg_mu);
-	g_last_msg = m;
-}
+void set_message(const std::string& m) { t_last_msg = m; }
 
 std::string vformat(const char* fmt, va_list ap) {
 	char buf[1024];
@@ -1360,10 +1358,9 @@ int lsp_sim_free(void* p) {
 	return -1;
 }
 
-const char* lsp_sim_last_message(void) {
-	std::lock_guard<std::mutex> l(lsp_sim::g_msg_mu);
-	return lsp_sim::g_last_msg.c_str();
-}
+const char* lsp_sim_last_message(void) { return lsp_sim::t_last_msg.c_str(); }
+
+void lsp_sim_clear_message(void) { lsp_sim::t_last_msg.clear(); }
 
 const char* lsp_sim_error_name(int code) {
 	switch (code) {

@@ -11,8 +11,11 @@
  * filled with a canary that lsp_sim_free checks. New buffers hold 0xFF bytes
  * (NaN as float32 and as bf16).
  *
- * Limits: at most 16384 live buffers; not thread-safe against a concurrent
- * lsp_sim_set_seed during a launch (tests run launches one at a time).
+ * Launches from several threads at once are serialised (one grid runs at a
+ * time); each thread keeps its own last error and message.
+ *
+ * Limits: at most 16384 live buffers; lsp_sim_set_seed during launches
+ * from other threads makes their schedules depend on timing.
  */
 #ifndef LSP_SIM_API_H
 #define LSP_SIM_API_H
@@ -36,9 +39,16 @@ void* lsp_sim_alloc(size_t bytes, size_t align, int guard_before);
  * overwritten (freed anyway), -1 not a live buffer. */
 int lsp_sim_free(void* p);
 
-/* The message of the last error a launch reported (config or run time),
- * "" if none since the process started. Valid until the next launch. */
+/* The message of the last error a launch on the calling thread reported
+ * (config or run time), "" if none since the thread started or called
+ * lsp_sim_clear_message. Per thread, as CUDA's last error is: a launch on
+ * another thread neither sees nor replaces it. Valid until the next launch
+ * on this thread. */
 const char* lsp_sim_last_message(void);
+
+/* Forgets the calling thread's message (lsp_sim_last_message returns ""
+ * until a launch on this thread reports an error). */
+void lsp_sim_clear_message(void);
 
 /* Names of CUDA error codes, as cudaGetErrorName / cudaGetErrorString. */
 const char* lsp_sim_error_name(int code);

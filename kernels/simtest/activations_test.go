@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/activations.cu under the simulator: GELU against the CPU
 // backend's GeluForward/GeluBackward (train/cpu) on tensors of the same
@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
 
@@ -56,7 +57,7 @@ func TestActivationsGeluForward(t *testing.T) {
 				for i, seed := range Seeds {
 					o := outBuf(t, n, xb, i%2 == 0)
 					SetSeed(seed)
-					mustLaunch(t, GeluForward(o, NewFloatBuf(t, in.x, xb, i%2 == 1), n))
+					mustLaunch(t, kernels.GeluForward(o.Dev(), NewFloatBuf(t, in.x, xb, i%2 == 1).Dev(), int64(n), dtype(xb), 0))
 					Compare(t, "out", o.Values(), want, 1e-7, tolFor(xb, 1e-6))
 				}
 			})
@@ -82,10 +83,10 @@ func TestActivationsGeluBackward(t *testing.T) {
 					x := NewFloatBuf(t, in.x, xb, !before)
 					d := outBuf(t, n, gb, before)
 					SetSeed(seed)
-					mustLaunch(t, GeluBackward(d, x, NewFloatBuf(t, in.dout, gb, !before), n))
+					mustLaunch(t, kernels.GeluBackward(d.Dev(), x.Dev(), NewFloatBuf(t, in.dout, gb, !before).Dev(), int64(n), dtype(xb), dtype(gb), 0))
 					Compare(t, "dinp", d.Values(), want, 1e-6, tolFor(gb, 1e-5))
 					inPlace := NewFloatBuf(t, in.dout, gb, before)
-					mustLaunch(t, GeluBackward(inPlace, x, inPlace, n))
+					mustLaunch(t, kernels.GeluBackward(inPlace.Dev(), x.Dev(), inPlace.Dev(), int64(n), dtype(xb), dtype(gb), 0))
 					Compare(t, "dinp in place", inPlace.Values(), want, 1e-6, tolFor(gb, 1e-5))
 				}
 			})
@@ -108,7 +109,8 @@ func TestActivationsSwiGLUForward(t *testing.T) {
 					before := i%2 == 0
 					o := outBuf(t, n, xb, before)
 					SetSeed(seed)
-					mustLaunch(t, SwiGLUForward(o, NewFloatBuf(t, gate, xb, !before), NewFloatBuf(t, up, xb, before), n))
+					mustLaunch(t, kernels.SwiGLUForward(o.Dev(), NewFloatBuf(t, gate, xb, !before).Dev(), NewFloatBuf(t, up, xb, before).Dev(),
+						int64(n), dtype(xb), 0))
 					Compare(t, "out", o.Values(), roundIf(want, xb), 1e-7, tolFor(xb, 1e-6))
 				}
 			})
@@ -134,11 +136,13 @@ func TestActivationsSwiGLUBackward(t *testing.T) {
 					g, u := NewFloatBuf(t, gate, xb, before), NewFloatBuf(t, up, xb, !before)
 					dg, du := outBuf(t, n, gb, before), outBuf(t, n, gb, !before)
 					SetSeed(seed)
-					mustLaunch(t, SwiGLUBackward(dg, du, NewFloatBuf(t, dout, gb, before), g, u, n))
+					mustLaunch(t, kernels.SwiGLUBackward(dg.Dev(), du.Dev(), NewFloatBuf(t, dout, gb, before).Dev(), g.Dev(), u.Dev(),
+						int64(n), dtype(xb), dtype(gb), 0))
 					Compare(t, "dgate", dg.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
 					Compare(t, "dup", du.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
 					inPlace, du2 := NewFloatBuf(t, dout, gb, !before), outBuf(t, n, gb, before)
-					mustLaunch(t, SwiGLUBackward(inPlace, du2, inPlace, g, u, n))
+					mustLaunch(t, kernels.SwiGLUBackward(inPlace.Dev(), du2.Dev(), inPlace.Dev(), g.Dev(), u.Dev(), int64(n), dtype(xb),
+						dtype(gb), 0))
 					Compare(t, "dgate in place", inPlace.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
 					Compare(t, "dup (dgate in place)", du2.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
 				}
@@ -149,24 +153,23 @@ func TestActivationsSwiGLUBackward(t *testing.T) {
 
 // TestActivationsArgs checks the launchers' argument checks.
 func TestActivationsArgs(t *testing.T) {
-	f := NewFloatBuf(t, make([]float32, 4), false, false)
-	h := NewFloatBuf(t, make([]float32, 4), true, false)
+	f := NewFloatBuf(t, make([]float32, 4), false, false).Dev()
 	bad := []struct {
 		name string
 		err  error
 	}{
-		{"n<0", GeluForward(f, f, -1)},
-		{"nil inp", GeluForward(f, FloatBuf{}, 4)},
-		{"nil dup", SwiGLUBackward(f, FloatBuf{}, f, f, f, 4)},
-		{"mixed gradients", GeluBackward(f, f, h, 4)},
-		{"mixed values", SwiGLUForward(f, h, f, 4)},
+		{"n<0", kernels.GeluForward(f, f, -1, kernels.F32, 0)},
+		{"nil inp", kernels.GeluForward(f, 0, 4, kernels.F32, 0)},
+		{"nil dup", kernels.SwiGLUBackward(f, 0, f, f, f, 4, kernels.F32, kernels.F32, 0)},
+		{"bad gradient dtype", kernels.GeluBackward(f, f, f, 4, kernels.F32, 2, 0)},
+		{"bad value dtype", kernels.SwiGLUForward(f, f, f, 4, -1, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := SwiGLUForward(FloatBuf{}, FloatBuf{}, FloatBuf{}, 0); err != nil {
+	if err := kernels.SwiGLUForward(0, 0, 0, 0, kernels.F32, 0); err != nil {
 		t.Errorf("n=0 must be a no-op: %v", err)
 	}
 }

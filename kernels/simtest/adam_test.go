@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/adam.cu (lsp_adamw, lsp_non_finite_flag) under the
 // simulator against the CPU backend's AdamW and NonFiniteFlag ops on the
@@ -30,6 +30,7 @@ import (
 	"runtime/debug"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -62,6 +63,26 @@ func (c adamCase) String() string {
 		s += "_master"
 	}
 	return s
+}
+
+// adamArgs are the arguments of lsp_adamw (see kernels/adam.cu): Param
+// (bf16 with ParamBF16, else fp32), optional fp32 Master (nil for none),
+// Grad (bf16 with GradBF16), fp32 moments M and V, and SumSq (fp32 [1],
+// read when MaxNorm > 0), all of N elements.
+type adamArgs struct {
+	Param, Master, Grad, M, V, SumSq *Buffer
+	Skip                             *Buffer // the skip flag (fp32 [1]); nil: none
+	ParamBF16, GradBF16              bool
+	N                                int
+	LR, Beta1, Beta2, Eps, WD        float32
+	Step                             int
+	MaxNorm                          float32
+}
+
+// launch runs lsp_adamw with a.
+func (a adamArgs) launch() error {
+	return kernels.AdamW(a.Param.Dev(), dtype(a.ParamBF16), a.Master.Dev(), a.Grad.Dev(), dtype(a.GradBF16), a.M.Dev(),
+		a.V.Dev(), a.SumSq.Dev(), a.Skip.Dev(), int64(a.N), a.LR, a.Beta1, a.Beta2, a.Eps, a.WD, a.Step, a.MaxNorm, 0)
 }
 
 func TestAdamW(t *testing.T) {
@@ -123,7 +144,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 	}
 	param := tensor("param", dtype[c.paramBF16], w0)
 	var master backend.Tensor
-	dev := AdamWArgs{Param: device(c.paramBF16, w0), ParamBF16: c.paramBF16, GradBF16: c.gradBF16, N: c.n,
+	dev := adamArgs{Param: device(c.paramBF16, w0), ParamBF16: c.paramBF16, GradBF16: c.gradBF16, N: c.n,
 		M: FromFloat32(t, m0), V: FromFloat32(t, v0), SumSq: Alloc(t, 4),
 		LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WD: 0.1}
 	if c.master {
@@ -171,7 +192,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 		dev.Grad = device(c.gradBF16, g)
 		dev.SumSq.Float32()[0] = float32(ss)
 		dev.Step, dev.MaxNorm = step, maxNorm
-		if err := AdamW(dev); err != nil {
+		if err := dev.launch(); err != nil {
 			t.Fatal(err)
 		}
 
@@ -225,7 +246,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 	dev.Grad, dev.Skip = device(c.gradBF16, g), FromFloat32(t, []float32{1})
 	dev.SumSq.Float32()[0] = float32(math.NaN())
 	dev.Step, dev.MaxNorm = 1001, 1
-	if err := AdamW(dev); err != nil {
+	if err := dev.launch(); err != nil {
 		t.Fatal(err)
 	}
 	for i, got := range outs() {
@@ -296,7 +317,7 @@ func TestAdamNonFiniteFlag(t *testing.T) {
 				flag := FromFloat32(t, []float32{7})
 				xd := Alloc(t, 4*max(n, 1))
 				copy(xd.Float32(), x)
-				if err := NonFiniteFlag(flag, xd, n); err != nil {
+				if err := kernels.NonFiniteFlag(flag.Dev(), xd.Dev(), int64(n), 0); err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
 				xc := cX.Slice(0, n)
@@ -327,7 +348,7 @@ func TestAdamNonFiniteFlag(t *testing.T) {
 		{"negative n", Alloc(t, 4), Alloc(t, 4), -1},
 		{"nil x", Alloc(t, 4), nil, 1},
 	} {
-		if err := NonFiniteFlag(tc.flag, tc.x, tc.n); !containsInvalidValue(err) {
+		if err := kernels.NonFiniteFlag(tc.flag.Dev(), tc.x.Dev(), int64(tc.n), 0); !containsInvalidValue(err) {
 			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
 		}
 	}
@@ -336,26 +357,26 @@ func TestAdamNonFiniteFlag(t *testing.T) {
 // lsp_adamw rejects a bad step, a negative n and clipping without sumSq.
 func TestAdamArgs(t *testing.T) {
 	f := Alloc(t, 64)
-	base := AdamWArgs{Param: f, Grad: f, M: f, V: f, N: 4, LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Step: 1}
+	base := adamArgs{Param: f, Grad: f, M: f, V: f, N: 4, LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Step: 1}
 	tests := []struct {
 		name string
-		mod  func(*AdamWArgs)
+		mod  func(*adamArgs)
 	}{
-		{"step 0", func(a *AdamWArgs) { a.Step = 0 }},
-		{"negative n", func(a *AdamWArgs) { a.N = -1 }},
-		{"clip without sumSq", func(a *AdamWArgs) { a.MaxNorm = 1 }},
-		{"nil moments", func(a *AdamWArgs) { a.V = nil }},
+		{"step 0", func(a *adamArgs) { a.Step = 0 }},
+		{"negative n", func(a *adamArgs) { a.N = -1 }},
+		{"clip without sumSq", func(a *adamArgs) { a.MaxNorm = 1 }},
+		{"nil moments", func(a *adamArgs) { a.V = nil }},
 	}
 	for _, tc := range tests {
 		a := base
 		tc.mod(&a)
-		if err := AdamW(a); !containsInvalidValue(err) {
+		if err := a.launch(); !containsInvalidValue(err) {
 			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
 		}
 	}
 	a := base
 	a.N = 0
-	if err := AdamW(a); err != nil {
+	if err := a.launch(); err != nil {
 		t.Errorf("n = 0: %v, want nothing launched and no error", err)
 	}
 }

@@ -1,2 +1,4 @@
+//go:build lsp_sim
+
 // attention.cc: compiles kernels/attention.cu under the simulator into this cgo package.
 #include "../attention.cu"

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/attention.cu (lsp_attention_forward and
 // lsp_attention_backward) under the simulator against the CPU backend's
@@ -40,6 +40,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -167,13 +168,13 @@ func bf16At(b *Buffer, off int) []float32 { return BF16Values(b.Uint16()[off/2:]
 func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint64) (out, lse []float32) {
 	t.Helper()
 	n := c.B * c.T * c.C
-	a := AttentionArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
+	a := attnArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
 		Qkv: bf16Buffer(t, 3*n, c.off, mode, in.qkv),
 		Out: bf16Buffer(t, n, c.off, mode+1, nil),
 		Lse: attnAlloc(t, 4*c.B*c.NH*c.T, mode+2),
 	}
 	SetSeed(simSeed)
-	if err := AttentionForward(a); err != nil {
+	if err := a.forward(); err != nil {
 		t.Fatalf("%v: %v", c, err)
 	}
 	return bf16At(a.Out, c.off), append([]float32(nil), a.Lse.Float32()...)
@@ -184,7 +185,7 @@ func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint6
 func runAttnBackward(t *testing.T, c attnCase, in attnInputs, ref attnRef, mode, simSeed uint64) []float32 {
 	t.Helper()
 	n := c.B * c.T * c.C
-	a := AttentionArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
+	a := attnArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
 		Qkv:     bf16Buffer(t, 3*n, c.off, mode, in.qkv),
 		Dout:    bf16Buffer(t, n, c.off, mode+1, in.dout),
 		Out:     bf16Buffer(t, n, c.off, mode+2, ref.out),
@@ -194,7 +195,7 @@ func runAttnBackward(t *testing.T, c attnCase, in attnInputs, ref attnRef, mode,
 	}
 	copy(a.Lse.Float32(), ref.lse)
 	SetSeed(simSeed)
-	if err := AttentionBackward(a); err != nil {
+	if err := a.backward(); err != nil {
 		t.Fatalf("%v: %v", c, err)
 	}
 	return bf16At(a.Dqkv, c.off)
@@ -233,6 +234,37 @@ func sameBits(t *testing.T, name string, a, b []float32) bool {
 }
 
 // TestAttentionForward compares out and lse with the CPU backend.
+// attnArgs are the buffers and sizes of the attention launchers (see
+// kernels/attention.cu): qkv, out, dout, dqkv bf16; lse, scratch fp32. A
+// nil buffer is passed as a null pointer. Off (bytes) is added to every
+// bf16 pointer (qkv, out, dout, dqkv) to test unaligned views; the buffers
+// must then be Off bytes longer.
+type attnArgs struct {
+	Out, Lse, Qkv, Dqkv, Dout, Scratch *Buffer
+	B, T, C, NH                        int
+	Off                                int
+}
+
+// at is b's device address plus off bytes (null for a nil b).
+func (a attnArgs) at(b *Buffer, off int) kernels.Ptr {
+	if b == nil {
+		return 0
+	}
+	return b.Dev().Add(off)
+}
+
+// forward runs lsp_attention_forward(Out, Lse, Qkv, B, T, C, NH).
+func (a attnArgs) forward() error {
+	return kernels.AttentionForward(a.at(a.Out, a.Off), a.at(a.Lse, 0), a.at(a.Qkv, a.Off), a.B, a.T, a.C, a.NH, 0)
+}
+
+// backward runs lsp_attention_backward(Dqkv, Dout, Qkv, Out, Lse, Scratch,
+// B, T, C, NH).
+func (a attnArgs) backward() error {
+	return kernels.AttentionBackward(a.at(a.Dqkv, a.Off), a.at(a.Dout, a.Off), a.at(a.Qkv, a.Off), a.at(a.Out, a.Off),
+		a.at(a.Lse, 0), a.at(a.Scratch, 0), a.B, a.T, a.C, a.NH, 0)
+}
+
 func TestAttentionForward(t *testing.T) {
 	for _, c := range attnCases {
 		t.Run(c.String(), func(t *testing.T) {
@@ -287,38 +319,38 @@ func TestAttentionBackward(t *testing.T) {
 // TestAttentionArgs: shapes and pointers the launchers must refuse.
 func TestAttentionArgs(t *testing.T) {
 	buf := func() *Buffer { return AllocAligned(t, 1<<16, 256) }
-	ok := AttentionArgs{Out: buf(), Lse: buf(), Qkv: buf(), Dqkv: buf(), Dout: buf(), Scratch: buf(),
+	ok := attnArgs{Out: buf(), Lse: buf(), Qkv: buf(), Dqkv: buf(), Dout: buf(), Scratch: buf(),
 		B: 1, T: 4, C: 64, NH: 2}
-	bad := map[string]func(a *AttentionArgs){
-		"B=0":        func(a *AttentionArgs) { a.B = 0 },
-		"T=0":        func(a *AttentionArgs) { a.T = 0 },
-		"T<0":        func(a *AttentionArgs) { a.T = -3 },
-		"C%NH":       func(a *AttentionArgs) { a.NH = 3 },
-		"NH=0":       func(a *AttentionArgs) { a.NH = 0 },
-		"HS=264":     func(a *AttentionArgs) { a.C, a.NH = 264, 1 },
-		"B*NH>65535": func(a *AttentionArgs) { a.B, a.NH, a.C = 65536, 1, 16 },
-		"qkv nil":    func(a *AttentionArgs) { a.Qkv = nil },
-		"out nil":    func(a *AttentionArgs) { a.Out = nil },
-		"lse nil":    func(a *AttentionArgs) { a.Lse = nil },
+	bad := map[string]func(a *attnArgs){
+		"B=0":        func(a *attnArgs) { a.B = 0 },
+		"T=0":        func(a *attnArgs) { a.T = 0 },
+		"T<0":        func(a *attnArgs) { a.T = -3 },
+		"C%NH":       func(a *attnArgs) { a.NH = 3 },
+		"NH=0":       func(a *attnArgs) { a.NH = 0 },
+		"HS=264":     func(a *attnArgs) { a.C, a.NH = 264, 1 },
+		"B*NH>65535": func(a *attnArgs) { a.B, a.NH, a.C = 65536, 1, 16 },
+		"qkv nil":    func(a *attnArgs) { a.Qkv = nil },
+		"out nil":    func(a *attnArgs) { a.Out = nil },
+		"lse nil":    func(a *attnArgs) { a.Lse = nil },
 	}
 	for name, f := range bad {
 		a := ok
 		f(&a)
-		if err := AttentionForward(a); err == nil {
+		if err := a.forward(); err == nil {
 			t.Errorf("forward with %s: no error", name)
 		}
-		if err := AttentionBackward(a); err == nil {
+		if err := a.backward(); err == nil {
 			t.Errorf("backward with %s: no error", name)
 		}
 	}
-	for name, f := range map[string]func(a *AttentionArgs){
-		"dqkv nil":    func(a *AttentionArgs) { a.Dqkv = nil },
-		"dout nil":    func(a *AttentionArgs) { a.Dout = nil },
-		"scratch nil": func(a *AttentionArgs) { a.Scratch = nil },
+	for name, f := range map[string]func(a *attnArgs){
+		"dqkv nil":    func(a *attnArgs) { a.Dqkv = nil },
+		"dout nil":    func(a *attnArgs) { a.Dout = nil },
+		"scratch nil": func(a *attnArgs) { a.Scratch = nil },
 	} {
 		a := ok
 		f(&a)
-		if err := AttentionBackward(a); err == nil {
+		if err := a.backward(); err == nil {
 			t.Errorf("backward with %s: no error", name)
 		}
 	}

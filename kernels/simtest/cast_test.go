@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/cast.cu under the simulator, for every seed of Seeds:
 //   - fp32 -> bf16 (round to nearest even) against the CPU backend's
@@ -25,6 +25,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
@@ -88,7 +89,7 @@ func TestCastConvert(t *testing.T) {
 		want := bitsOf(copyD2D(src, backend.BF16))
 		be.Free(src)
 		out := Alloc(t, 2*len(x))
-		if err := CastF32ToBF16(out, FromFloat32(t, x), len(x)); err != nil {
+		if err := kernels.CastF32ToBF16(out.Dev(), FromFloat32(t, x).Dev(), int64(len(x)), 0); err != nil {
 			t.Fatal(err)
 		}
 		CompareBits(t, fmt.Sprintf("seed %d fp32->bf16", seed), out.Uint16(), want)
@@ -108,7 +109,7 @@ func TestCastConvert(t *testing.T) {
 	}
 	want := copyD2D(src, backend.F32)
 	out := AllocBefore(t, 4*len(all))
-	if err := CastBF16ToF32(out, FromUint16(t, all), len(all)); err != nil {
+	if err := kernels.CastBF16ToF32(out.Dev(), FromUint16(t, all).Dev(), int64(len(all)), 0); err != nil {
 		t.Fatal(err)
 	}
 	for i, g := range out.Float32() {
@@ -125,7 +126,7 @@ func TestCastStochasticRound(t *testing.T) {
 		in := FromFloat32(t, x)
 		out := Alloc(t, 2*len(x))
 		step, matrix := 1000+seed, uint32(seed*3)
-		if err := StochasticRoundBF16(out, in, len(x), seed, step, matrix); err != nil {
+		if err := kernels.StochasticRoundBF16(out.Dev(), in.Dev(), int64(len(x)), seed, step, matrix, 0); err != nil {
 			t.Fatal(err)
 		}
 		want := make([]uint16, len(x))
@@ -133,7 +134,7 @@ func TestCastStochasticRound(t *testing.T) {
 		name := fmt.Sprintf("seed %d", seed)
 		CompareBits(t, name+" SR", out.Uint16(), want)
 		first := slices.Clone(out.Uint16())
-		if err := StochasticRoundBF16(out, in, len(x), seed, step, matrix); err != nil {
+		if err := kernels.StochasticRoundBF16(out.Dev(), in.Dev(), int64(len(x)), seed, step, matrix, 0); err != nil {
 			t.Fatal(err)
 		}
 		CompareBits(t, name+" SR rerun", out.Uint16(), first)
@@ -149,7 +150,7 @@ func TestCastStochasticRound(t *testing.T) {
 			xs[i] = x
 		}
 		out := Alloc(t, 2*K)
-		if err := StochasticRoundBF16(out, FromFloat32(t, xs), K, 9, 10, 11); err != nil {
+		if err := kernels.StochasticRoundBF16(out.Dev(), FromFloat32(t, xs).Dev(), K, 9, 10, 11, 0); err != nil {
 			t.Fatal(err)
 		}
 		var sum float64
@@ -166,8 +167,8 @@ func TestCastStochasticRound(t *testing.T) {
 }
 
 func TestCastSumSquares(t *testing.T) {
-	if backend.SumSquaresWork != SumSquaresWork {
-		t.Fatalf("backend.SumSquaresWork is %d, LSP_SUM_SQUARES_WORK %d", backend.SumSquaresWork, SumSquaresWork)
+	if backend.SumSquaresWork != kernels.SumSquaresWork {
+		t.Fatalf("backend.SumSquaresWork is %d, LSP_SUM_SQUARES_WORK %d", backend.SumSquaresWork, kernels.SumSquaresWork)
 	}
 	be := cpu.New(cpu.Config{})
 	defer be.Close()
@@ -214,7 +215,7 @@ func TestCastSumSquares(t *testing.T) {
 				be.Free(out)
 				be.Free(cpuWork)
 				got, work := Alloc(t, 4), Alloc(t, 8*backend.SumSquaresWork) // the Go size callers allocate
-				if err := SumSquares(got, dev, bf, n, work); err != nil {
+				if err := kernels.SumSquares(got.Dev(), dev.Dev(), dtype(bf), int64(n), work.Dev(), 0); err != nil {
 					t.Fatal(err)
 				}
 				Compare(t, fmt.Sprintf("seed %d n %d bf16 %v", seed, n, bf), got.Float32(), want, 0, 2.4e-7)
@@ -222,8 +223,8 @@ func TestCastSumSquares(t *testing.T) {
 		}
 	}
 	// The sum of nothing is 0.
-	got, work := Alloc(t, 4), Alloc(t, 8*SumSquaresWork)
-	if err := SumSquares(got, Alloc(t, 0), false, 0, work); err != nil {
+	got, work := Alloc(t, 4), Alloc(t, 8*backend.SumSquaresWork)
+	if err := kernels.SumSquares(got.Dev(), Alloc(t, 0).Dev(), kernels.F32, 0, work.Dev(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if got.Float32()[0] != 0 {
@@ -233,16 +234,16 @@ func TestCastSumSquares(t *testing.T) {
 
 // The launchers reject negative sizes and missing buffers.
 func TestCastArgs(t *testing.T) {
-	f := Alloc(t, 64)
+	f := Alloc(t, 64).Dev()
 	tests := []struct {
 		name string
 		err  error
 	}{
-		{"f32->bf16 negative n", CastF32ToBF16(f, f, -1)},
-		{"bf16->f32 nil in", CastBF16ToF32(f, nil, 4)},
-		{"SR nil out", StochasticRoundBF16(nil, f, 4, 0, 0, 0)},
-		{"sum squares nil work", SumSquares(f, f, false, 4, nil)},
-		{"sum squares negative n", SumSquares(f, f, false, -1, f)},
+		{"f32->bf16 negative n", kernels.CastF32ToBF16(f, f, -1, 0)},
+		{"bf16->f32 nil in", kernels.CastBF16ToF32(f, 0, 4, 0)},
+		{"SR nil out", kernels.StochasticRoundBF16(0, f, 4, 0, 0, 0, 0)},
+		{"sum squares nil work", kernels.SumSquares(f, f, kernels.F32, 4, 0, 0)},
+		{"sum squares negative n", kernels.SumSquares(f, f, kernels.F32, -1, f, 0)},
 	}
 	for _, tc := range tests {
 		if !containsInvalidValue(tc.err) {

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/elementwise.cu under the simulator: Fill, Scale, Add,
 // Accumulate, AddBias and BiasBackward against the CPU backend's ops of the
@@ -42,6 +42,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
@@ -201,7 +202,7 @@ func TestElementwiseFill(t *testing.T) {
 					for i, seed := range Seeds {
 						b := ewAlloc(t, n, ewInputs(uint64(n), n, 1, 0), tb, i)
 						SetSeed(seed)
-						mustLaunch(t, Fill(b, v, n, tb))
+						mustLaunch(t, kernels.Fill(b.Dev(), v, int64(n), dtype(tb), 0))
 						ewSame(t, "t", ewGet(b, n, tb), want, false)
 					}
 				})
@@ -227,7 +228,7 @@ func TestElementwiseScale(t *testing.T) {
 					for i, seed := range Seeds {
 						b := ewAlloc(t, n, in, tb, i)
 						SetSeed(seed)
-						mustLaunch(t, Scale(b, a, n, tb))
+						mustLaunch(t, kernels.Scale(b.Dev(), a, int64(n), dtype(tb), 0))
 						ewSame(t, "t", ewGet(b, n, tb), want, true)
 					}
 				})
@@ -253,17 +254,17 @@ func TestElementwiseAdd(t *testing.T) {
 					o := ewAlloc(t, n, nil, ob, i)
 					a, b := ewAlloc(t, n, av, ab, i+1), ewAlloc(t, n, bv, bb, i+2)
 					SetSeed(seed)
-					mustLaunch(t, Add(o, a, b, n, ob, ab, bb))
+					mustLaunch(t, kernels.Add(o.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ob), dtype(ab), dtype(bb), 0))
 					ewSame(t, "out", ewGet(o, n, ob), want, true)
 					ewSame(t, "a (read only)", ewGet(a, n, ab), roundIf(av, ab), false)
 					// In place, where out and the input share a dtype.
 					if ob == ab {
-						mustLaunch(t, Add(a, a, b, n, ab, ab, bb))
+						mustLaunch(t, kernels.Add(a.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ab), dtype(ab), dtype(bb), 0))
 						ewSame(t, "out = a", ewGet(a, n, ab), want, true)
 					}
 					if ob == bb {
 						a2 := ewAlloc(t, n, av, ab, i+1)
-						mustLaunch(t, Add(b, a2, b, n, bb, ab, bb))
+						mustLaunch(t, kernels.Add(b.Dev(), a2.Dev(), b.Dev(), int64(n), dtype(bb), dtype(ab), dtype(bb), 0))
 						ewSame(t, "out = b", ewGet(b, n, bb), want, true)
 					}
 				}
@@ -294,11 +295,11 @@ func TestElementwiseAccumulate(t *testing.T) {
 				for i, seed := range Seeds {
 					d, s := ewAlloc(t, n, dv, db, i), ewAlloc(t, n, sv, sb, i+1)
 					SetSeed(seed)
-					mustLaunch(t, Accumulate(d, s, n, db, sb))
+					mustLaunch(t, kernels.Accumulate(d.Dev(), s.Dev(), int64(n), dtype(db), dtype(sb), 0))
 					ewSame(t, "dst", ewGet(d, n, db), want, true)
 					if wantSelf != nil {
 						d2 := ewAlloc(t, n, dv, db, i+2)
-						mustLaunch(t, Accumulate(d2, d2, n, db, db))
+						mustLaunch(t, kernels.Accumulate(d2.Dev(), d2.Dev(), int64(n), dtype(db), dtype(db), 0))
 						ewSame(t, "dst += dst", ewGet(d2, n, db), wantSelf, true)
 					}
 				}
@@ -324,7 +325,7 @@ func TestElementwiseAddBias(t *testing.T) {
 				for i, seed := range Seeds {
 					o, b := ewAlloc(t, N*OC, ov, ob, i), ewAlloc(t, OC, bv, bb, i+1)
 					SetSeed(seed)
-					mustLaunch(t, AddBias(o, b, N, OC, ob, bb))
+					mustLaunch(t, kernels.AddBias(o.Dev(), b.Dev(), N, OC, dtype(ob), dtype(bb), 0))
 					ewSame(t, "out", ewGet(o, N*OC, ob), want, true)
 				}
 			})
@@ -353,7 +354,7 @@ func TestElementwiseBiasBackward(t *testing.T) {
 						g = ewAlloc(t, N*OC, gv, gb, i+1)
 					}
 					SetSeed(seed)
-					mustLaunch(t, BiasBackward(d, g, N, OC, db, gb))
+					mustLaunch(t, kernels.BiasBackward(d.Dev(), g.Dev(), N, OC, dtype(db), dtype(gb), 0))
 					ewSame(t, "dbias", ewGet(d, OC, db), want, true)
 				}
 			})
@@ -371,22 +372,22 @@ func TestElementwiseArgs(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"fill n<0", Fill(x, 1, -1, false)},
-		{"fill nil t", Fill(nil, 1, 4, false)},
-		{"scale n<0", Scale(x, 2, -1, false)},
-		{"scale nil t", Scale(nil, 2, 4, true)},
-		{"add n<0", Add(x, x, y, -1, false, false, false)},
-		{"add nil out", Add(nil, x, y, 4, false, false, false)},
-		{"add nil b", Add(x, x, nil, 4, false, false, false)},
-		{"accumulate n<0", Accumulate(x, y, -1, false, false)},
-		{"accumulate nil src", Accumulate(x, nil, 4, false, false)},
-		{"add bias N<0", AddBias(x, y, -1, 4, false, false)},
-		{"add bias OC<0", AddBias(x, y, 1, -4, false, false)},
-		{"add bias nil bias", AddBias(x, nil, 1, 4, false, false)},
-		{"bias backward N<0", BiasBackward(x, y, -1, 4, false, false)},
-		{"bias backward OC<0", BiasBackward(x, y, 1, -4, false, false)},
-		{"bias backward nil dbias", BiasBackward(nil, y, 1, 4, false, false)},
-		{"bias backward nil dout", BiasBackward(x, nil, 1, 4, false, false)},
+		{"fill n<0", kernels.Fill(x.Dev(), 1, -1, kernels.F32, 0)},
+		{"fill nil t", kernels.Fill(0, 1, 4, kernels.F32, 0)},
+		{"scale n<0", kernels.Scale(x.Dev(), 2, -1, kernels.F32, 0)},
+		{"scale nil t", kernels.Scale(0, 2, 4, kernels.BF16, 0)},
+		{"add n<0", kernels.Add(x.Dev(), x.Dev(), y.Dev(), -1, kernels.F32, kernels.F32, kernels.F32, 0)},
+		{"add nil out", kernels.Add(0, x.Dev(), y.Dev(), 4, kernels.F32, kernels.F32, kernels.F32, 0)},
+		{"add nil b", kernels.Add(x.Dev(), x.Dev(), 0, 4, kernels.F32, kernels.F32, kernels.F32, 0)},
+		{"accumulate n<0", kernels.Accumulate(x.Dev(), y.Dev(), -1, kernels.F32, kernels.F32, 0)},
+		{"accumulate nil src", kernels.Accumulate(x.Dev(), 0, 4, kernels.F32, kernels.F32, 0)},
+		{"add bias N<0", kernels.AddBias(x.Dev(), y.Dev(), -1, 4, kernels.F32, kernels.F32, 0)},
+		{"add bias OC<0", kernels.AddBias(x.Dev(), y.Dev(), 1, -4, kernels.F32, kernels.F32, 0)},
+		{"add bias nil bias", kernels.AddBias(x.Dev(), 0, 1, 4, kernels.F32, kernels.F32, 0)},
+		{"bias backward N<0", kernels.BiasBackward(x.Dev(), y.Dev(), -1, 4, kernels.F32, kernels.F32, 0)},
+		{"bias backward OC<0", kernels.BiasBackward(x.Dev(), y.Dev(), 1, -4, kernels.F32, kernels.F32, 0)},
+		{"bias backward nil dbias", kernels.BiasBackward(0, y.Dev(), 1, 4, kernels.F32, kernels.F32, 0)},
+		{"bias backward nil dout", kernels.BiasBackward(x.Dev(), 0, 1, 4, kernels.F32, kernels.F32, 0)},
 	}
 	for i, err := range elementwiseBadDType(x, y, 4) {
 		bad = append(bad, struct {
@@ -406,17 +407,38 @@ func TestElementwiseArgs(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"fill n=0", Fill(nil, 1, 0, true)},
-		{"scale n=0", Scale(nil, 2, 0, false)},
-		{"add n=0", Add(nil, nil, nil, 0, true, false, true)},
-		{"accumulate n=0", Accumulate(nil, nil, 0, false, true)},
-		{"add bias N=0", AddBias(nil, nil, 0, 4, false, false)},
-		{"add bias OC=0", AddBias(nil, nil, 4, 0, true, true)},
-		{"bias backward OC=0", BiasBackward(nil, nil, 4, 0, false, true)},
+		{"fill n=0", kernels.Fill(0, 1, 0, kernels.BF16, 0)},
+		{"scale n=0", kernels.Scale(0, 2, 0, kernels.F32, 0)},
+		{"add n=0", kernels.Add(0, 0, 0, 0, kernels.BF16, kernels.F32, kernels.BF16, 0)},
+		{"accumulate n=0", kernels.Accumulate(0, 0, 0, kernels.F32, kernels.BF16, 0)},
+		{"add bias N=0", kernels.AddBias(0, 0, 0, 4, kernels.F32, kernels.F32, 0)},
+		{"add bias OC=0", kernels.AddBias(0, 0, 4, 0, kernels.BF16, kernels.BF16, 0)},
+		{"bias backward OC=0", kernels.BiasBackward(0, 0, 4, 0, kernels.F32, kernels.BF16, 0)},
 	}
 	for _, b := range noop {
 		if b.err != nil {
 			t.Errorf("%s must be a no-op: %v", b.name, b.err)
 		}
+	}
+}
+
+// elementwiseBadDType calls every launcher with the dtype flag 2 (no such
+// dtype) in each flag position in turn, the others fp32, on the fp32
+// buffers x and y of n elements (bias shapes 1 x n), and returns the
+// errors, which should all be non-nil.
+func elementwiseBadDType(x, y *Buffer, n int) []error {
+	px, py, ln, f := x.Dev(), y.Dev(), int64(n), kernels.F32
+	return []error{
+		kernels.Fill(px, 1, ln, 2, 0),
+		kernels.Scale(px, 2, ln, 2, 0),
+		kernels.Add(px, px, py, ln, 2, f, f, 0),
+		kernels.Add(px, px, py, ln, f, 2, f, 0),
+		kernels.Add(px, px, py, ln, f, f, 2, 0),
+		kernels.Accumulate(px, py, ln, 2, f, 0),
+		kernels.Accumulate(px, py, ln, f, 2, 0),
+		kernels.AddBias(px, py, 1, n, 2, f, 0),
+		kernels.AddBias(px, py, 1, n, f, 2, 0),
+		kernels.BiasBackward(px, py, 1, n, 2, f, 0),
+		kernels.BiasBackward(px, py, 1, n, f, 2, 0),
 	}
 }

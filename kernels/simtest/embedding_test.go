@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/embedding.cu under the simulator against the CPU
 // backend's EncoderForward/EncoderBackward (train/cpu) on tensors of the
@@ -24,6 +24,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/kernels"
 )
 
 type embCase struct {
@@ -77,8 +79,8 @@ func TestEmbeddingForward(t *testing.T) {
 					before := i%2 == 0
 					o := outBuf(t, c.B*c.T*c.C, xb, before)
 					SetSeed(seed)
-					mustLaunch(t, EncoderForward(o, FromInt32(t, ids), NewFloatBuf(t, wte, xb, !before),
-						NewFloatBuf(t, wpe, xb, before), c.B, c.T, c.C, c.V))
+					mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), NewFloatBuf(t, wte, xb, !before).Dev(),
+						NewFloatBuf(t, wpe, xb, before).Dev(), c.B, c.T, c.C, c.V, dtype(xb), 0))
 					Compare(t, "out", o.Values(), want, 0, 0)
 				}
 			})
@@ -108,8 +110,8 @@ func TestEmbeddingBackward(t *testing.T) {
 					before := i%2 == 0
 					gw, gp := NewFloatBuf(t, dwte0, gb, before), NewFloatBuf(t, dwpe0, gb, !before)
 					SetSeed(seed)
-					mustLaunch(t, EncoderBackward(gw, gp, NewFloatBuf(t, dout, gb, before), FromInt32(t, ids),
-						c.B, c.T, c.C, c.V))
+					mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, gb, before).Dev(),
+						FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, dtype(gb), 0))
 					Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 					Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 				}
@@ -142,8 +144,8 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 	for _, seed := range Seeds {
 		SetSeed(seed)
 		o := outBuf(t, c.B*c.T*c.C, false, false)
-		mustLaunch(t, EncoderForward(o, FromInt32(t, ids), NewFloatBuf(t, wte, false, false),
-			NewFloatBuf(t, wpe, false, true), c.B, c.T, c.C, c.V))
+		mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), NewFloatBuf(t, wte, false, false).Dev(),
+			NewFloatBuf(t, wpe, false, true).Dev(), c.B, c.T, c.C, c.V, kernels.F32, 0))
 		got := o.Values()
 		for bt := range c.B * c.T {
 			for k, v := range got[bt*c.C : (bt+1)*c.C] {
@@ -154,7 +156,8 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 			}
 		}
 		gw, gp := NewFloatBuf(t, dwte0, false, true), NewFloatBuf(t, dwpe0, false, false)
-		mustLaunch(t, EncoderBackward(gw, gp, NewFloatBuf(t, dout, false, false), FromInt32(t, ids), c.B, c.T, c.C, c.V))
+		mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, false, false).Dev(),
+			FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, kernels.F32, 0))
 		Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 		Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 	}
@@ -162,24 +165,24 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 
 // TestEmbeddingArgs checks the launchers' argument checks.
 func TestEmbeddingArgs(t *testing.T) {
-	f := NewFloatBuf(t, make([]float32, 16), false, false)
-	ids := FromInt32(t, []int32{0, 1})
+	f := NewFloatBuf(t, make([]float32, 16), false, false).Dev()
+	ids := FromInt32(t, []int32{0, 1}).Dev()
 	bad := []struct {
 		name string
 		err  error
 	}{
-		{"C=0", EncoderForward(f, ids, f, f, 1, 2, 0, 4)},
-		{"V=0", EncoderBackward(f, f, f, ids, 1, 2, 4, 0)},
-		{"B<0", EncoderForward(f, ids, f, f, -1, 2, 4, 4)},
-		{"nil inp", EncoderBackward(f, f, f, nil, 1, 2, 4, 4)},
-		{"mixed", EncoderForward(f, ids, NewFloatBuf(t, make([]float32, 16), true, false), f, 1, 2, 4, 4)},
+		{"C=0", kernels.EncoderForward(f, ids, f, f, 1, 2, 0, 4, kernels.F32, 0)},
+		{"V=0", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 0, kernels.F32, 0)},
+		{"B<0", kernels.EncoderForward(f, ids, f, f, -1, 2, 4, 4, kernels.F32, 0)},
+		{"nil inp", kernels.EncoderBackward(f, f, f, 0, 1, 2, 4, 4, kernels.F32, 0)},
+		{"bad dtype", kernels.EncoderForward(f, ids, f, f, 1, 2, 4, 4, 2, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := EncoderBackward(FloatBuf{}, FloatBuf{}, FloatBuf{}, nil, 0, 2, 4, 4); err != nil {
+	if err := kernels.EncoderBackward(0, 0, 0, 0, 0, 2, 4, 4, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }

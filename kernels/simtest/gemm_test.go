@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/gemm.cu (lsp_gemm_bf16) under the simulator against the
 // CPU backend: train/cpu's Gemm on bf16 A and B tensors, followed by its
@@ -30,6 +30,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -147,9 +148,8 @@ func runGemmKernel(t *testing.T, c gemmCase, in gemmInputs, seed uint64) []float
 		bias.SetBF16(in.bias)
 	}
 	SetSeed(seed)
-	err := GemmBF16(GemmArgs{TransA: c.tA, TransB: c.tB, M: c.M, N: c.N, K: c.K, Alpha: c.alpha, Beta: c.beta,
-		A: A, B: B, C: Cb, CBF16: c.cBF16, StrideA: int64(in.sA), StrideB: int64(in.sB), StrideC: int64(in.sC),
-		Batch: c.batches(), Bias: bias, Gelu: c.gelu})
+	err := kernels.GemmBF16(c.tA, c.tB, c.M, c.N, c.K, c.alpha, A.Dev(), int64(in.sA), B.Dev(), int64(in.sB), c.beta,
+		Cb.Dev(), dtype(c.cBF16), int64(in.sC), c.batches(), bias.Dev(), c.gelu, 0)
 	if err != nil {
 		t.Fatalf("%v: %v", c, err)
 	}
@@ -301,27 +301,38 @@ func TestGemmArgs(t *testing.T) {
 	for i := range Cb.Float32() {
 		Cb.Float32()[i] = float32(i)
 	}
-	bad := []GemmArgs{
-		{M: -1, N: 4, K: 4, A: A, B: B, C: Cb, Batch: 1},
-		{M: 4, N: 4, K: -1, A: A, B: B, C: Cb, Batch: 1},
-		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, Batch: -1},
-		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, Batch: 1, StrideA: -2},
-		{M: 4, N: 4, K: 4, A: A, B: B, C: nil, Batch: 1},
-		{M: 4, N: 4, K: 4, A: nil, B: B, C: Cb, Batch: 1},
-		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, Batch: 2, StrideC: 15}, // batches of C overlap
-		{M: 128*65535 + 1, N: 1, K: 0, A: A, B: B, C: Cb, Batch: 1},  // grid y too large
+	// The arguments of lsp_gemm_bf16 that these cases vary.
+	type args struct {
+		M, N, K, batch   int
+		strideA, strideC int64
+		A, B, C          *Buffer
+	}
+	gemm := func(a args) error {
+		return kernels.GemmBF16(false, false, a.M, a.N, a.K, 1, a.A.Dev(), a.strideA, a.B.Dev(), 0, 0, a.C.Dev(),
+			kernels.F32, a.strideC, a.batch, 0, false, 0)
+	}
+	bad := []args{
+		{M: -1, N: 4, K: 4, A: A, B: B, C: Cb, batch: 1},
+		{M: 4, N: 4, K: -1, A: A, B: B, C: Cb, batch: 1},
+		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, batch: -1},
+		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, batch: 1, strideA: -2},
+		{M: 4, N: 4, K: 4, A: A, B: B, C: nil, batch: 1},
+		{M: 4, N: 4, K: 4, A: nil, B: B, C: Cb, batch: 1},
+		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, batch: 2, strideC: 15}, // batches of C overlap
+		{M: 128*65535 + 1, N: 1, K: 0, A: A, B: B, C: Cb, batch: 1},  // grid y too large
+		{M: 1 << 31, N: 1, K: 1, A: A, B: B, C: Cb, batch: 1},        // not a C int: refused by the Go face
 	}
 	for i, a := range bad {
-		if err := GemmBF16(a); err == nil {
+		if err := gemm(a); err == nil {
 			t.Errorf("bad arguments %d (%+v): no error", i, a)
 		}
 	}
-	for _, a := range []GemmArgs{
-		{M: 0, N: 4, K: 4, A: A, B: B, C: Cb, Batch: 1, Alpha: 1},
-		{M: 4, N: 0, K: 4, A: A, B: B, C: Cb, Batch: 1, Alpha: 1},
-		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, Batch: 0, Alpha: 1},
+	for _, a := range []args{
+		{M: 0, N: 4, K: 4, A: A, B: B, C: Cb, batch: 1},
+		{M: 4, N: 0, K: 4, A: A, B: B, C: Cb, batch: 1},
+		{M: 4, N: 4, K: 4, A: A, B: B, C: Cb, batch: 0},
 	} {
-		if err := GemmBF16(a); err != nil {
+		if err := gemm(a); err != nil {
 			t.Errorf("empty launch %+v: %v", a, err)
 		}
 	}

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/norms.cu under the simulator: LayerNorm against the CPU
 // backend's LayerNormForward/LayerNormBackward (train/cpu) on tensors of
@@ -40,6 +40,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -160,6 +161,18 @@ func outBuf(t *testing.T, n int, bf16, guardBefore bool) FloatBuf {
 	return FloatBuf{Buf: Alloc(t, size*n), BF16: bf16}
 }
 
+// scratchBytes returns a function that fails the test when a scratch size
+// helper returned an error, and returns its size otherwise.
+func scratchBytes(t *testing.T) func(int, error) int {
+	return func(n int, err error) int {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+}
+
 // mustLaunch fails the test when a launcher returned an error.
 func mustLaunch(t *testing.T, err error) {
 	t.Helper()
@@ -253,8 +266,8 @@ func TestNormsLayerNormForward(t *testing.T) {
 			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, before)
 			m, r := Alloc(t, 4*c.N), AllocBefore(t, 4*c.N)
 			SetSeed(seed)
-			mustLaunch(t, LayerNormForward(o, m, r, NewFloatBuf(t, in.x, xb, before), NewFloatBuf(t, in.w, xb, before),
-				NewFloatBuf(t, in.b, xb, !before), c.N, c.C, c.eps))
+			mustLaunch(t, kernels.LayerNormForward(o.Dev(), m.Dev(), r.Dev(), NewFloatBuf(t, in.x, xb, before).Dev(),
+				NewFloatBuf(t, in.w, xb, before).Dev(), NewFloatBuf(t, in.b, xb, !before).Dev(), c.N, c.C, c.eps, dtype(xb), 0))
 			got := o.Values()
 			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
 			Compare(t, "mean", m.Float32(), wantMean, 1e-5, 1e-6)
@@ -278,7 +291,7 @@ func TestNormsLayerNormBackward(t *testing.T) {
 			mean, rstd, x, w, rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
 		dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, gb), rig.tensor("db", in.db0, gb)
 		// The Go size of the scratch (what callers allocate) is the launcher's.
-		if got, want := 4*backend.LayerNormBackwardScratch(c.N, c.C), LayerNormBackwardScratchBytes(c.N, c.C); got != want {
+		if got, want := 4*backend.LayerNormBackwardScratch(c.N, c.C), scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(c.N, c.C)); got != want {
 			t.Fatalf("backend.LayerNormBackwardScratch(%d, %d) is %d bytes, the launcher needs %d", c.N, c.C, got, want)
 		}
 		rig.run("layernorm backward", rig.be.LayerNormBackward(rig.s, dx, dw, db, rig.tensor("dout", in.dout, gb),
@@ -293,9 +306,9 @@ func TestNormsLayerNormBackward(t *testing.T) {
 				NewFloatBuf(t, in.db0, gb, before)
 			scratch := Alloc(t, 4*backend.LayerNormBackwardScratch(c.N, c.C))
 			SetSeed(seed)
-			mustLaunch(t, LayerNormBackward(gdx, gdw, gdb, NewFloatBuf(t, in.dout, gb, before),
-				NewFloatBuf(t, in.x, xb, !before), NewFloatBuf(t, in.w, xb, before),
-				FromFloat32(t, meanV), FromFloat32(t, rstdV), scratch, c.N, c.C))
+			mustLaunch(t, kernels.LayerNormBackward(gdx.Dev(), gdw.Dev(), gdb.Dev(), NewFloatBuf(t, in.dout, gb, before).Dev(),
+				NewFloatBuf(t, in.x, xb, !before).Dev(), NewFloatBuf(t, in.w, xb, before).Dev(),
+				FromFloat32(t, meanV).Dev(), FromFloat32(t, rstdV).Dev(), scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), 0))
 			dxV, dwV, dbV := gdx.Values(), gdw.Values(), gdb.Values()
 			Compare(t, "dinp", dxV, wantDx, 2e-5, tolFor(gb, 1e-5))
 			Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(gb, 1e-5))
@@ -324,8 +337,8 @@ func TestNormsRMSNormForward(t *testing.T) {
 			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, !before)
 			r := Alloc(t, 4*c.N)
 			SetSeed(seed)
-			mustLaunch(t, RMSNormForward(o, r, NewFloatBuf(t, x, xb, before), NewFloatBuf(t, w, xb, before),
-				c.N, c.C, c.eps))
+			mustLaunch(t, kernels.RMSNormForward(o.Dev(), r.Dev(), NewFloatBuf(t, x, xb, before).Dev(),
+				NewFloatBuf(t, w, xb, before).Dev(), c.N, c.C, c.eps, dtype(xb), 0))
 			got := o.Values()
 			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
 			Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
@@ -352,10 +365,11 @@ func TestNormsRMSNormBackward(t *testing.T) {
 		for i, seed := range Seeds {
 			before := i%2 == 1
 			gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, gb, !before)
-			scratch := AllocBefore(t, RMSNormBackwardScratchBytes(c.N, c.C))
+			scratch := AllocBefore(t, scratchBytes(t)(kernels.RMSNormBackwardScratchBytes(c.N, c.C)))
 			SetSeed(seed)
-			mustLaunch(t, RMSNormBackward(gdx, gdw, NewFloatBuf(t, dout, gb, before), NewFloatBuf(t, x, xb, before),
-				NewFloatBuf(t, w, xb, !before), FromFloat32(t, rstd), scratch, c.N, c.C))
+			mustLaunch(t, kernels.RMSNormBackward(gdx.Dev(), gdw.Dev(), NewFloatBuf(t, dout, gb, before).Dev(),
+				NewFloatBuf(t, x, xb, before).Dev(), NewFloatBuf(t, w, xb, !before).Dev(), FromFloat32(t, rstd).Dev(),
+				scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), 0))
 			dxV, dwV := gdx.Values(), gdw.Values()
 			Compare(t, "dinp", dxV, roundIf(wantDx, gb), 2e-5, tolFor(gb, 1e-5))
 			Compare(t, "dweight", dwV, roundIf(wantDw, gb), paramAtol(c.N), tolFor(gb, 1e-5))
@@ -371,34 +385,38 @@ func TestNormsRMSNormBackward(t *testing.T) {
 
 // TestNormsArgs checks the launchers' argument checks and the scratch sizes.
 func TestNormsArgs(t *testing.T) {
-	f := NewFloatBuf(t, make([]float32, 8), false, false)
-	s := Alloc(t, 64)
-	if got, want := LayerNormBackwardScratchBytes(100, 33), 2*4*33*4; got != want {
+	f := NewFloatBuf(t, make([]float32, 8), false, false).Dev()
+	s := Alloc(t, 64).Dev()
+	if got, want := scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(100, 33)), 2*4*33*4; got != want {
 		t.Errorf("layernorm scratch for N=100, C=33: %d bytes, want %d (4 chunks)", got, want)
 	}
-	if got, want := RMSNormBackwardScratchBytes(1<<20, 3), 512*3*4; got != want {
+	if got, want := scratchBytes(t)(kernels.RMSNormBackwardScratchBytes(1<<20, 3)), 512*3*4; got != want {
 		t.Errorf("rmsnorm scratch for N=2^20, C=3: %d bytes, want %d (512 chunks)", got, want)
 	}
-	if got := LayerNormBackwardScratchBytes(0, 5); got != 0 {
+	if got := scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(0, 5)); got != 0 {
 		t.Errorf("scratch for N=0: %d bytes, want 0", got)
+	}
+	if _, err := kernels.RMSNormBackwardScratchBytes(1<<31, 5); err == nil {
+		t.Errorf("scratch for N=2^31 (not a C int): no error")
 	}
 	bad := []struct {
 		name string
 		err  error
 	}{
-		{"C=0", LayerNormForward(f, s, s, f, f, f, 1, 0, 1e-5)},
-		{"N<0", RMSNormForward(f, s, f, f, -1, 4, 1e-5)},
-		{"nil weight", LayerNormForward(f, s, s, f, FloatBuf{}, f, 2, 4, 1e-5)},
-		{"nil scratch", RMSNormBackward(f, f, f, f, f, s, nil, 2, 4)},
-		{"nil dbias", LayerNormBackward(f, f, FloatBuf{}, f, f, f, s, s, s, 2, 4)},
-		{"mixed values", RMSNormForward(f, s, NewFloatBuf(t, make([]float32, 8), true, false), f, 2, 4, 1e-5)},
+		{"C=0", kernels.LayerNormForward(f, s, s, f, f, f, 1, 0, 1e-5, kernels.F32, 0)},
+		{"N<0", kernels.RMSNormForward(f, s, f, f, -1, 4, 1e-5, kernels.F32, 0)},
+		{"nil weight", kernels.LayerNormForward(f, s, s, f, 0, f, 2, 4, 1e-5, kernels.F32, 0)},
+		{"nil scratch", kernels.RMSNormBackward(f, f, f, f, f, s, 0, 2, 4, kernels.F32, kernels.F32, 0)},
+		{"nil dbias", kernels.LayerNormBackward(f, f, 0, f, f, f, s, s, s, 2, 4, kernels.F32, kernels.F32, 0)},
+		{"bad value dtype", kernels.RMSNormForward(f, s, f, f, 2, 4, 1e-5, 2, 0)},
+		{"bad gradient dtype", kernels.LayerNormBackward(f, f, f, f, f, f, s, s, s, 2, 4, kernels.F32, -1, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := LayerNormForward(FloatBuf{}, nil, nil, FloatBuf{}, FloatBuf{}, FloatBuf{}, 0, 4, 1e-5); err != nil {
+	if err := kernels.LayerNormForward(0, 0, 0, 0, 0, 0, 0, 4, 1e-5, kernels.F32, 0); err != nil {
 		t.Errorf("N=0 must be a no-op: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/rope.cu under the simulator against cpu.RoPEForward and
 // cpu.RoPEBackward (train/cpu/ref_rope.go) on the same (bf16-rounded)
@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
 
@@ -54,16 +55,16 @@ func TestRope(t *testing.T) {
 
 					SetSeed(seed)
 					in, out := NewFloatBuf(t, x, xb, before), outBuf(t, n, xb, !before)
-					mustLaunch(t, RoPEForward(out, in, c.B, c.T, c.NH, c.HS, theta))
+					mustLaunch(t, kernels.RoPEForward(out.Dev(), in.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
 					Compare(t, "forward", out.Values(), wantF, atol, rtol)
 					Compare(t, "forward input", in.Values(), x, 0, 0)
-					mustLaunch(t, RoPEForward(in, in, c.B, c.T, c.NH, c.HS, theta))
+					mustLaunch(t, kernels.RoPEForward(in.Dev(), in.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
 					Compare(t, "forward in place", in.Values(), wantF, atol, rtol)
 
 					din, dout := outBuf(t, n, xb, before), NewFloatBuf(t, x, xb, !before)
-					mustLaunch(t, RoPEBackward(din, dout, c.B, c.T, c.NH, c.HS, theta))
+					mustLaunch(t, kernels.RoPEBackward(din.Dev(), dout.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
 					Compare(t, "backward", din.Values(), wantB, atol, rtol)
-					mustLaunch(t, RoPEBackward(dout, dout, c.B, c.T, c.NH, c.HS, theta))
+					mustLaunch(t, kernels.RoPEBackward(dout.Dev(), dout.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
 					Compare(t, "backward in place", dout.Values(), wantB, atol, rtol)
 				}
 			})
@@ -73,24 +74,25 @@ func TestRope(t *testing.T) {
 
 // TestRopeArgs checks the launchers' argument checks.
 func TestRopeArgs(t *testing.T) {
-	f := NewFloatBuf(t, make([]float32, 1024), false, false)
+	f := NewFloatBuf(t, make([]float32, 1024), false, false).Dev()
 	bad := []struct {
 		name string
 		err  error
 	}{
-		{"odd HS", RoPEForward(f, f, 1, 1, 1, 9, 10000)},
-		{"HS 0", RoPEForward(f, f, 1, 1, 1, 0, 10000)},
-		{"HS 514", RoPEBackward(f, f, 1, 1, 1, 514, 10000)},
-		{"theta 0", RoPEForward(f, f, 1, 1, 1, 8, 0)},
-		{"T<0", RoPEForward(f, f, 1, -1, 1, 8, 10000)},
-		{"nil out", RoPEForward(FloatBuf{}, f, 1, 2, 1, 8, 10000)},
+		{"odd HS", kernels.RoPEForward(f, f, 1, 1, 1, 9, 10000, kernels.F32, 0)},
+		{"HS 0", kernels.RoPEForward(f, f, 1, 1, 1, 0, 10000, kernels.F32, 0)},
+		{"HS 514", kernels.RoPEBackward(f, f, 1, 1, 1, 514, 10000, kernels.F32, 0)},
+		{"theta 0", kernels.RoPEForward(f, f, 1, 1, 1, 8, 0, kernels.F32, 0)},
+		{"T<0", kernels.RoPEForward(f, f, 1, -1, 1, 8, 10000, kernels.F32, 0)},
+		{"nil out", kernels.RoPEForward(0, f, 1, 2, 1, 8, 10000, kernels.F32, 0)},
+		{"bad dtype", kernels.RoPEBackward(f, f, 1, 2, 1, 8, 10000, 2, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := RoPEForward(FloatBuf{}, FloatBuf{}, 0, 5, 2, 8, 10000); err != nil {
+	if err := kernels.RoPEForward(0, 0, 0, 5, 2, 8, 10000, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }

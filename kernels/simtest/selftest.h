@@ -11,6 +11,9 @@
 extern "C" {
 #endif
 
+// BEGIN selftest
+// The Go face of these launchers is generated (kernels/cmd/kernelgen) into
+// selftest_gen.go: stReverse, stOrder, ...
 cudaError_t lsp_st_reverse(const float* in, float* out, int n, int use_barrier, cudaStream_t stream);
 cudaError_t lsp_st_order(int* tickets, int* counter, int n, cudaStream_t stream);
 cudaError_t lsp_st_warp(const int* in, int* out, int n, cudaStream_t stream);
@@ -29,6 +32,7 @@ cudaError_t lsp_st_reduce(const float* in, float* out, int n, int blocks, cudaSt
 cudaError_t lsp_st_blocks(int* out, int* counter, unsigned* maxv, int gx, int gy, int gz, int bx, int by, int bz,
                           cudaStream_t stream);
 cudaError_t lsp_st_recurse(int depth, int* out, cudaStream_t stream);
+// END selftest
 
 #ifdef __cplusplus
 }

@@ -25,21 +25,6 @@ import (
 	"time"
 )
 
-func TestMain(m *testing.M) {
-	if !InChild() {
-		if err := checkFresh(); err != nil {
-			fmt.Fprintf(os.Stderr, "simtest: %v\n", err)
-			os.Exit(2)
-		}
-	}
-	code := m.Run()
-	if os.Getenv(skipEnv) != "" {
-		// Read by TestBarrierRemoval in the parent.
-		fmt.Printf("lsp_sim: skipped barrier hits: %d\n", skippedBarrierHits())
-	}
-	os.Exit(code)
-}
-
 // markerLine returns the line of selftest.cu that contains marker.
 func markerLine(t *testing.T, marker string) int {
 	t.Helper()
@@ -94,7 +79,7 @@ func TestSimBarrier(t *testing.T) {
 		for _, barrier := range []bool{true, false} {
 			SetSeed(seed)
 			out := Alloc(t, 4*n)
-			if err := stReverse(in, out, n, barrier); err != nil {
+			if err := stReverse(in.Dev(), out.Dev(), n, barrier, 0); err != nil {
 				t.Fatal(err)
 			}
 			ok := equal(out.Float32(), want)
@@ -131,7 +116,7 @@ func TestSimSkipBarrier(t *testing.T) {
 		SetSeed(7)
 		before := skippedBarrierHits()
 		out := Alloc(t, 4*n)
-		if err := stReverse(in, out, n, true); err != nil {
+		if err := stReverse(in.Dev(), out.Dev(), n, true, 0); err != nil {
 			t.Fatal(err)
 		}
 		hits := skippedBarrierHits() - before
@@ -155,7 +140,7 @@ func TestSimOrder(t *testing.T) {
 		SetSeed(seed)
 		tickets := Alloc(t, 4*2*n)
 		counter := FromInt32(t, []int32{0})
-		if err := stOrder(tickets, counter, n); err != nil {
+		if err := stOrder(tickets.Dev(), counter.Dev(), n, 0); err != nil {
 			t.Fatal(err)
 		}
 		return append([]int32(nil), tickets.Int32()...)
@@ -218,7 +203,7 @@ func TestSimWarp(t *testing.T) {
 		SetSeed(seed)
 		inb := FromInt32(t, in)
 		out := Alloc(t, 4*14*n)
-		if err := stWarp(inb, out, n); err != nil {
+		if err := stWarp(inb.Dev(), out.Dev(), n, 0); err != nil {
 			t.Fatal(err)
 		}
 		got := out.Int32()
@@ -316,7 +301,7 @@ func TestSimWmma(t *testing.T) {
 			SetSeed(seed)
 			D := Alloc(t, 4*16*a.ldd)
 			bufs := []*Buffer{FromBF16(t, A), FromBF16(t, B), FromFloat32(t, Cm)}
-			if err := stWmma(a, bufs[0], bufs[1], bufs[2], D, 1.5, nil); err != nil {
+			if err := a.launch(bufs[0], bufs[1], bufs[2], D, 1.5, nil); err != nil {
 				t.Fatal(err)
 			}
 			got := D.Float32()
@@ -330,7 +315,7 @@ func TestSimWmma(t *testing.T) {
 
 			// Adding a bias by element position is layout-dependent.
 			Db := Alloc(t, 4*16*a.ldd)
-			if err := stWmma(a, bufs[0], bufs[1], bufs[2], Db, 1.5, FromFloat32(t, bias)); err != nil {
+			if err := a.launch(bufs[0], bufs[1], bufs[2], Db, 1.5, FromFloat32(t, bias)); err != nil {
 				t.Fatal(err)
 			}
 			for r := 0; r < 16; r++ {
@@ -366,7 +351,7 @@ func TestSimWmmaMisaligned(t *testing.T) {
 		{0, 24, true},  // 48-byte rows
 	} {
 		D := AllocAligned(t, 4*256, 256)
-		err := stWmmaMisaligned(A, tc.off, tc.lda, D)
+		err := stWmmaMisaligned(A.Dev(), tc.off, tc.lda, D.Dev(), 0)
 		if (err == nil) != tc.ok {
 			t.Errorf("off %d lda %d: error %v, want ok=%v", tc.off, tc.lda, err, tc.ok)
 		}
@@ -397,7 +382,7 @@ func TestSimGemm(t *testing.T) {
 		SetSeed(seed)
 		Cb := Alloc(t, 4*M*N)
 		start := time.Now()
-		if err := stGemm(Ab, Bb, Cb, M, N, K); err != nil {
+		if err := stGemm(Ab.Dev(), Bb.Dev(), Cb.Dev(), M, N, K, 0); err != nil {
 			t.Fatal(err)
 		}
 		el := time.Since(start)
@@ -414,7 +399,7 @@ func BenchmarkSimGemm(b *testing.B) {
 	Ab, Bb := FromBF16(b, Rand(1, M*K, 1)), FromBF16(b, Rand(2, K*N, 1))
 	Cb := Alloc(b, 4*M*N)
 	for b.Loop() {
-		if err := stGemm(Ab, Bb, Cb, M, N, K); err != nil {
+		if err := stGemm(Ab.Dev(), Bb.Dev(), Cb.Dev(), M, N, K, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -431,14 +416,14 @@ func TestSimOutOfBounds(t *testing.T) {
 		if mode == "before" {
 			in, off = AllocBefore(t, 4*n), -1
 		}
-		_ = stShift(in, Alloc(t, 4*n), n, off)
+		_ = stShift(in.Dev(), Alloc(t, 4*n).Dev(), n, off, 0)
 		t.Logf("the %s off-by-one read did not crash", mode)
 		return
 	}
 	// In bounds it works.
 	in := FromFloat32(t, iota32(n+1))
 	out := Alloc(t, 4*n)
-	if err := stShift(in, out, n, 1); err != nil {
+	if err := stShift(in.Dev(), out.Dev(), n, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	Compare(t, "shift", out.Float32(), iota32(n + 1)[1:], 0, 0)
@@ -461,13 +446,13 @@ func TestSimOutOfBounds(t *testing.T) {
 
 func TestSimSharedMemory(t *testing.T) {
 	if InChild() && os.Getenv("LSP_SIMTEST_SMEM") != "" {
-		_ = stSmem(Alloc(t, 4*2*64), 64, 1)
+		_ = stSmem(Alloc(t, 4*2*64).Dev(), 64, 1, 0)
 		t.Log("the shared memory overrun did not crash")
 		return
 	}
 	// Fresh dynamic shared memory holds NaN bytes; writes land.
 	out := Alloc(t, 4*2*50)
-	if err := stSmem(out, 50, 0); err != nil {
+	if err := stSmem(out.Dev(), 50, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i, v := range out.Int32()[:50] {
@@ -491,7 +476,7 @@ func TestSimSharedMemory(t *testing.T) {
 		{63, 1, "past the end of the block's 252 bytes"},
 		{64, -1, "before the start of the block's 256 bytes"},
 	} {
-		err := stSmem(Alloc(t, 4*2*tc.n), tc.n, tc.off)
+		err := stSmem(Alloc(t, 4*2*tc.n).Dev(), tc.n, tc.off, 0)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("n %d off %d: error %v, want one containing %q", tc.n, tc.off, err, tc.want)
 		}
@@ -505,12 +490,12 @@ func TestSimSharedMemory(t *testing.T) {
 
 func TestSimStackOverflow(t *testing.T) {
 	if InChild() && os.Getenv("LSP_SIMTEST_STACK") != "" {
-		_ = stRecurse(1000, Alloc(t, 4))
+		_ = stRecurse(1000, Alloc(t, 4).Dev(), 0)
 		t.Log("the recursion did not overflow")
 		return
 	}
 	out := Alloc(t, 4)
-	if err := stRecurse(3, out); err != nil {
+	if err := stRecurse(3, out.Dev(), 0); err != nil {
 		t.Fatal(err)
 	}
 	output, failed := RunInChild(t, "TestSimStackOverflow", "LSP_SIMTEST_STACK=1")
@@ -540,7 +525,7 @@ func TestSimLaunchErrors(t *testing.T) {
 		{"227 KiB opted in", one, one, 227 << 10, 227 << 10, ""},
 		{"opt-in above 227 KiB", one, one, 0, 227<<10 + 1, "cudaErrorInvalidValue"},
 	} {
-		err := stConfig(tc.grid, tc.block, tc.smem, tc.setAttr)
+		err := stConfig(tc.grid[0], tc.grid[1], tc.grid[2], tc.block[0], tc.block[1], tc.block[2], tc.smem, tc.setAttr, 0)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
@@ -562,7 +547,7 @@ func TestSimMisuse(t *testing.T) {
 		out := Alloc(t, 4*64)
 		for _, seed := range Seeds {
 			SetSeed(seed)
-			err := stMisuse(kind, out)
+			err := stMisuse(kind, out.Dev(), 0)
 			if err == nil || !strings.Contains(err.Error(), "cudaErrorLaunchFailure") || !strings.Contains(err.Error(), want) {
 				t.Errorf("misuse %d seed %d: error %v, want cudaErrorLaunchFailure mentioning %q", kind, seed, err, want)
 			}
@@ -570,7 +555,7 @@ func TestSimMisuse(t *testing.T) {
 		// The simulator recovers: the next launch works.
 		in := FromFloat32(t, iota32(32))
 		o := Alloc(t, 4*32)
-		if err := stReverse(in, o, 32, true); err != nil || !equal(o.Float32(), reversed(iota32(32))) {
+		if err := stReverse(in.Dev(), o.Dev(), 32, true, 0); err != nil || !equal(o.Float32(), reversed(iota32(32))) {
 			t.Fatalf("after misuse %d: %v", kind, err)
 		}
 	}
@@ -585,7 +570,7 @@ func TestSimDeterminism(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3, 1} {
 		SetSeed(seed)
 		out := Alloc(t, 4*blocks)
-		if err := stReduce(in, out, n, blocks); err != nil {
+		if err := stReduce(in.Dev(), out.Dev(), n, blocks, 0); err != nil {
 			t.Fatal(err)
 		}
 		got := append([]float32(nil), out.Float32()...)
@@ -618,7 +603,7 @@ func TestSimBlocks(t *testing.T) {
 		out := Alloc(t, 4*nb*nt)
 		counter := FromInt32(t, []int32{0})
 		maxv := FromInt32(t, []int32{0})
-		if err := stBlocks(out, counter, maxv, g, b); err != nil {
+		if err := stBlocks(out.Dev(), counter.Dev(), maxv.Dev(), g[0], g[1], g[2], b[0], b[1], b[2], 0); err != nil {
 			t.Fatal(err)
 		}
 		cnt := 0
@@ -648,7 +633,7 @@ func TestSimBlocks(t *testing.T) {
 
 // The simulator's SIGSEGV reporter passes Go's own faults on to Go.
 func TestSimGoFaultsStillPanic(t *testing.T) {
-	if err := stReverse(FromFloat32(t, iota32(32)), Alloc(t, 4*32), 32, true); err != nil {
+	if err := stReverse(FromFloat32(t, iota32(32)).Dev(), Alloc(t, 4*32).Dev(), 32, true, 0); err != nil {
 		t.Fatal(err)
 	}
 	var p *int

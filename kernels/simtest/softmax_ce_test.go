@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/softmax_ce.cu under the simulator against the CPU
 // backend's CrossEntropyForwardBackward (train/cpu) on logits of the same
@@ -31,6 +31,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/kernels"
 )
 
 var ceCases = []struct{ N, V int }{{9, 257}, {7, 1007}, {8, 50257}, {3, 1}, {6, 20}}
@@ -74,7 +76,8 @@ func TestSoftmaxCe(t *testing.T) {
 							l = AllocBefore(t, 4*c.N)
 						}
 						SetSeed(seed)
-						mustLaunch(t, CrossEntropyForwardBackward(l, zb, FromInt32(t, targets), c.N, c.V, scale))
+						mustLaunch(t, kernels.CrossEntropyForwardBackward(l.Dev(), zb.Dev(), FromInt32(t, targets).Dev(), c.N, c.V, scale,
+							zb.DT(), 0))
 						Compare(t, "losses", l.Float32(), wantL, 1e-5, 1e-5)
 						if scale == 0 {
 							Compare(t, "logits (scale 0: untouched)", zb.Values(), logits, 0, 0)
@@ -105,7 +108,7 @@ func TestSoftmaxCeBadTarget(t *testing.T) {
 	for _, seed := range Seeds {
 		SetSeed(seed)
 		l, zb := Alloc(t, 4*N), NewFloatBuf(t, logits, false, false)
-		mustLaunch(t, CrossEntropyForwardBackward(l, zb, FromInt32(t, targets), N, V, scale))
+		mustLaunch(t, kernels.CrossEntropyForwardBackward(l.Dev(), zb.Dev(), FromInt32(t, targets).Dev(), N, V, scale, zb.DT(), 0))
 		if got := l.Float32(); !math.IsNaN(float64(got[0])) {
 			t.Errorf("loss of a target >= V is %v, want NaN", got[0])
 		}
@@ -116,19 +119,23 @@ func TestSoftmaxCeBadTarget(t *testing.T) {
 
 // TestSoftmaxCeArgs checks the launcher's argument checks.
 func TestSoftmaxCeArgs(t *testing.T) {
-	l, tg := Alloc(t, 8), FromInt32(t, []int32{0, 1})
-	z := NewFloatBuf(t, make([]float32, 8), false, false)
+	l, tg := Alloc(t, 8).Dev(), FromInt32(t, []int32{0, 1}).Dev()
+	z := NewFloatBuf(t, make([]float32, 8), false, false).Dev()
+	ce := func(losses, logits, targets kernels.Ptr, N, V int, scale float32) error {
+		return kernels.CrossEntropyForwardBackward(losses, logits, targets, N, V, scale, kernels.F32, 0)
+	}
 	for name, err := range map[string]error{
-		"V=0":         CrossEntropyForwardBackward(l, z, tg, 2, 0, 1),
-		"N<0":         CrossEntropyForwardBackward(l, z, tg, -1, 4, 1),
-		"nil targets": CrossEntropyForwardBackward(l, z, nil, 2, 4, 1),
-		"nil losses":  CrossEntropyForwardBackward(nil, z, tg, 2, 4, 1),
+		"V=0":         ce(l, z, tg, 2, 0, 1),
+		"N<0":         ce(l, z, tg, -1, 4, 1),
+		"nil targets": ce(l, z, 0, 2, 4, 1),
+		"nil losses":  ce(0, z, tg, 2, 4, 1),
+		"bad dtype":   kernels.CrossEntropyForwardBackward(l, z, tg, 2, 4, 1, 2, 0),
 	} {
 		if err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if err := CrossEntropyForwardBackward(nil, FloatBuf{}, nil, 0, 4, 1); err != nil {
+	if err := ce(0, 0, 0, 0, 4, 1); err != nil {
 		t.Errorf("N=0 must be a no-op: %v", err)
 	}
 }

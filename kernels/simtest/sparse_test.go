@@ -1,4 +1,4 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
 // Tests of kernels/sparse.cu (LSP sparse projection) under the simulator,
 // against the CPU backend's ops (train/cpu/ops_sparse.go, run through a
@@ -46,6 +46,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -115,12 +116,51 @@ func sparseFloats(t *testing.T, mode uint64, vals []float32, bf16 bool) FloatBuf
 	return NewFloatBuf(t, vals, bf16, mode%2 == 1)
 }
 
-func (p sparseProj) columns(t *testing.T, mode uint64) SparseColumns {
-	return SparseColumns{sparseAlloc(t, mode, p.colptr), sparseAlloc(t, mode, p.rowidx), sparseAlloc(t, mode, p.colval)}
+// devColumns is a projector in column storage (int32 colptr [d+1],
+// rowidx [nnz], fp32 colval [nnz]) on the device.
+type devColumns struct{ Colptr, Rowidx, Colval *Buffer }
+
+// devRows is a projector in row storage (int32 idx, fp32 val, r per row).
+type devRows struct{ Idx, Val *Buffer }
+
+// compressA runs lsp_sparse_compress_a: A [d, BT] fp32 = P^T X^T, X
+// [BT, m] fp32 or bf16.
+func compressA(A *Buffer, X FloatBuf, P devColumns, BT, m, d int) error {
+	return kernels.SparseCompressA(A.Dev(), X.Dev(), P.Colptr.Dev(), P.Rowidx.Dev(), P.Colval.Dev(), BT, m, d, X.DT(), 0)
 }
 
-func (p sparseProj) rowsOnDevice(t *testing.T, mode uint64) SparseRows {
-	return SparseRows{sparseAlloc(t, mode, p.idx), sparseAlloc(t, mode, p.val)}
+// compressB runs lsp_sparse_compress_b: B [BT, d] fp32 = dY Q, dY [BT, n]
+// fp32 or bf16.
+func compressB(B *Buffer, dY FloatBuf, Q devColumns, BT, n, d int) error {
+	return kernels.SparseCompressB(B.Dev(), dY.Dev(), Q.Colptr.Dev(), Q.Rowidx.Dev(), Q.Colval.Dev(), BT, n, d, dY.DT(), 0)
+}
+
+// applyArgs are the arguments of lsp_sparse_apply: W [m, n] (fp32,
+// written exactly, or bf16, written by stochastic rounding keyed by (Seed,
+// Step, Matrix, element)) <- (1 - LR*WD) W + P Delta Q^T; T is d*n floats
+// of workspace.
+type applyArgs struct {
+	W              FloatBuf
+	T, Delta, Skip *Buffer // Skip: the skip flag (fp32 [1]); nil: none
+	P, Q           devRows
+	M, N, D, R     int
+	LR, WD         float32
+	Seed, Step     uint64
+	Matrix         uint32
+}
+
+// launch runs lsp_sparse_apply with a and the dtype flag wBF16 for W.
+func (a applyArgs) launch(wBF16 kernels.DType) error {
+	return kernels.SparseApply(a.W.Dev(), a.T.Dev(), a.Delta.Dev(), a.P.Idx.Dev(), a.P.Val.Dev(), a.Q.Idx.Dev(),
+		a.Q.Val.Dev(), a.Skip.Dev(), a.M, a.N, a.D, a.R, a.LR, a.WD, a.Seed, a.Step, a.Matrix, wBF16, 0)
+}
+
+func (p sparseProj) columns(t *testing.T, mode uint64) devColumns {
+	return devColumns{sparseAlloc(t, mode, p.colptr), sparseAlloc(t, mode, p.rowidx), sparseAlloc(t, mode, p.colval)}
+}
+
+func (p sparseProj) rowsOnDevice(t *testing.T, mode uint64) devRows {
+	return devRows{sparseAlloc(t, mode, p.idx), sparseAlloc(t, mode, p.val)}
 }
 
 // cpuColumns and cpuRows are the projector's storages as CPU backend tensors.
@@ -246,9 +286,9 @@ func TestSparseCompress(t *testing.T) {
 						name := fmt.Sprintf("seed %d micro-batch %d", seed, mb)
 						X, dY := randVals(rng, sh.BT*sh.m, 1, xb), randVals(rng, sh.BT*sh.n, 1, gb)
 						A, B := Alloc(t, 4*sh.d*sh.BT), Alloc(t, 4*sh.BT*sh.d)
-						mustLaunch(t, SparseCompressA(A, sparseFloats(t, seed, X, xb), Pc, sh.BT, sh.m, sh.d))
-						mustLaunch(t, SparseCompressB(B, sparseFloats(t, seed+1, dY, gb), Qc, sh.BT, sh.n, sh.d))
-						mustLaunch(t, SparseS(S, A, B, sh.BT, sh.d, mb > 0))
+						mustLaunch(t, compressA(A, sparseFloats(t, seed, X, xb), Pc, sh.BT, sh.m, sh.d))
+						mustLaunch(t, compressB(B, sparseFloats(t, seed+1, dY, gb), Qc, sh.BT, sh.n, sh.d))
+						mustLaunch(t, kernels.SparseS(S.Dev(), A.Dev(), B.Dev(), sh.BT, sh.d, mb > 0, 0))
 
 						cA := cr.tensor("A", make([]float32, sh.d*sh.BT), false)
 						cB := cr.tensor("B", make([]float32, sh.BT*sh.d), false)
@@ -286,7 +326,7 @@ func TestSparseSharedP(t *testing.T) {
 		P := newSparseProj(t, rng, m, d, r)
 		X := randVals(rng, BT*m, 1, true)
 		A := Alloc(t, 4*d*BT)
-		mustLaunch(t, SparseCompressA(A, sparseFloats(t, seed, X, true), P.columns(t, seed), BT, m, d))
+		mustLaunch(t, compressA(A, sparseFloats(t, seed, X, true), P.columns(t, seed), BT, m, d))
 		for _, q := range []struct {
 			n    int
 			bf16 bool
@@ -294,8 +334,8 @@ func TestSparseSharedP(t *testing.T) {
 			Q := newSparseProj(t, rng, q.n, d, r)
 			dY := randVals(rng, BT*q.n, 1, q.bf16)
 			B, S := Alloc(t, 4*BT*d), Alloc(t, 4*d*d)
-			mustLaunch(t, SparseCompressB(B, sparseFloats(t, seed, dY, q.bf16), Q.columns(t, seed), BT, q.n, d))
-			mustLaunch(t, SparseS(S, A, B, BT, d, false))
+			mustLaunch(t, compressB(B, sparseFloats(t, seed, dY, q.bf16), Q.columns(t, seed), BT, q.n, d))
+			mustLaunch(t, kernels.SparseS(S.Dev(), A.Dev(), B.Dev(), BT, d, false, 0))
 			compareS64(t, fmt.Sprintf("seed %d n %d", seed, q.n), S.Float32(),
 				sparseS64(X, dY, P, Q, BT, m, q.n, false), sparseS64(X, dY, P, Q, BT, m, q.n, true))
 		}
@@ -362,12 +402,12 @@ func TestSparseApply(t *testing.T) {
 					Q := newSparseProj(t, rng, sh.n, sh.d, sh.r)
 					W0 := randVals(rng, sh.m*sh.n, 0.05, wb)
 					Delta := randVals(rng, sh.d*sh.d, 1e-2, false)
-					args := SparseApplyArgs{
+					args := applyArgs{
 						W: sparseFloats(t, seed, W0, wb), T: Alloc(t, 4*sh.d*sh.n), Delta: sparseAlloc(t, seed, Delta),
 						P: P.rowsOnDevice(t, seed), Q: Q.rowsOnDevice(t, seed+1),
 						M: sh.m, N: sh.n, D: sh.d, R: sh.r, LR: lr, WD: wd, Seed: seed, Step: step, Matrix: matrix,
 					}
-					mustLaunch(t, SparseApply(args))
+					mustLaunch(t, args.launch(args.W.DT()))
 
 					cW := cr.tensor("W", W0, wb)
 					cT := cr.tensor("T", make([]float32, sh.d*sh.n), false)
@@ -400,7 +440,7 @@ func TestSparseApply(t *testing.T) {
 					for _, s2 := range []uint64{seed, seed + 100} {
 						args.W.Set(W0)
 						args.Seed = s2
-						mustLaunch(t, SparseApply(args))
+						mustLaunch(t, args.launch(args.W.DT()))
 						again := args.W.Values()
 						same := true
 						for k := range again {
@@ -423,14 +463,14 @@ func TestSparseApply(t *testing.T) {
 // that is clear (the result must be the one without a flag) and then with
 // one that is set (nothing may change, W and T alike), on the simulator
 // and on the CPU backend, and leaves args.Skip nil.
-func checkApplySkip(t *testing.T, cr *cpuRig, args SparseApplyArgs, W0, Delta []float32, P, Q sparseProj, sh sparseShape,
+func checkApplySkip(t *testing.T, cr *cpuRig, args applyArgs, W0, Delta []float32, P, Q sparseProj, sh sparseShape,
 	lr, wd float32, step uint64, matrix uint32) {
 	t.Helper()
 	want := args.W.Values()
 	wantT := append([]float32(nil), args.T.Float32()...)
 	args.W.Set(W0)
 	args.Skip = FromFloat32(t, []float32{0})
-	mustLaunch(t, SparseApply(args))
+	mustLaunch(t, args.launch(args.W.DT()))
 	checkF32Bits(t, "clear flag: W", args.W.Values(), want)
 	checkF32Bits(t, "clear flag: T", args.T.Float32(), wantT)
 
@@ -438,7 +478,7 @@ func checkApplySkip(t *testing.T, cr *cpuRig, args SparseApplyArgs, W0, Delta []
 	args.T.Float32()[0] = 12345 // a value the apply would overwrite
 	wantT[0] = 12345
 	args.Skip.Float32()[0] = 1
-	mustLaunch(t, SparseApply(args))
+	mustLaunch(t, args.launch(args.W.DT()))
 	checkF32Bits(t, "set flag: W", args.W.Values(), W0)
 	checkF32Bits(t, "set flag: T", args.T.Float32(), wantT)
 
@@ -458,33 +498,34 @@ func checkApplySkip(t *testing.T, cr *cpuRig, args SparseApplyArgs, W0, Delta []
 func TestSparseArgs(t *testing.T) {
 	f := Alloc(t, 64)
 	x := FloatBuf{Buf: f}
-	cols := SparseColumns{f, f, f}
-	rows := SparseRows{f, f}
-	apply := func(flag int, mod func(*SparseApplyArgs)) error {
-		a := SparseApplyArgs{W: x, T: f, Delta: f, P: rows, Q: rows, M: 2, N: 2, D: 2, R: 1, LR: 1}
+	cols := devColumns{f, f, f}
+	rows := devRows{f, f}
+	apply := func(flag kernels.DType, mod func(*applyArgs)) error {
+		a := applyArgs{W: x, T: f, Delta: f, P: rows, Q: rows, M: 2, N: 2, D: 2, R: 1, LR: 1}
 		mod(&a)
-		return sparseApply(a, flag)
+		return a.launch(flag)
 	}
-	same := func(*SparseApplyArgs) {}
+	fd := f.Dev()
+	same := func(*applyArgs) {}
 	tests := []struct {
 		name string
 		err  error
 	}{
-		{"compress A BT 0", SparseCompressA(f, x, cols, 0, 2, 2)},
-		{"compress A d 0", SparseCompressA(f, x, cols, 2, 2, 0)},
-		{"compress A nil X", SparseCompressA(f, FloatBuf{}, cols, 2, 2, 2)},
-		{"compress A x_bf16 2", sparseCompressA(f, x, 2, cols, 2, 2, 2)},
-		{"compress B n 0", SparseCompressB(f, x, cols, 2, 0, 2)},
-		{"compress B nil colval", SparseCompressB(f, x, SparseColumns{f, f, nil}, 2, 2, 2)},
-		{"compress B dy_bf16 -1", sparseCompressB(f, x, -1, cols, 2, 2, 2)},
-		{"S d 0", SparseS(f, f, f, 2, 0, false)},
-		{"S nil A", SparseS(f, nil, f, 2, 2, false)},
-		{"apply r > d", apply(0, func(a *SparseApplyArgs) { a.R = 3 })},
-		{"apply r 0", apply(0, func(a *SparseApplyArgs) { a.R = 0 })},
-		{"apply m 0", apply(1, func(a *SparseApplyArgs) { a.M = 0 })},
-		{"apply d too big", apply(0, func(a *SparseApplyArgs) { a.D, a.R = 65536, 1 })},
-		{"apply nil T", apply(0, func(a *SparseApplyArgs) { a.T = nil })},
-		{"apply nil W", apply(0, func(a *SparseApplyArgs) { a.W = FloatBuf{} })},
+		{"compress A BT 0", compressA(f, x, cols, 0, 2, 2)},
+		{"compress A d 0", compressA(f, x, cols, 2, 2, 0)},
+		{"compress A nil X", compressA(f, FloatBuf{}, cols, 2, 2, 2)},
+		{"compress A x_bf16 2", kernels.SparseCompressA(fd, fd, fd, fd, fd, 2, 2, 2, 2, 0)},
+		{"compress B n 0", compressB(f, x, cols, 2, 0, 2)},
+		{"compress B nil colval", compressB(f, x, devColumns{f, f, nil}, 2, 2, 2)},
+		{"compress B dy_bf16 -1", kernels.SparseCompressB(fd, fd, fd, fd, fd, 2, 2, 2, -1, 0)},
+		{"S d 0", kernels.SparseS(fd, fd, fd, 2, 0, false, 0)},
+		{"S nil A", kernels.SparseS(fd, 0, fd, 2, 2, false, 0)},
+		{"apply r > d", apply(0, func(a *applyArgs) { a.R = 3 })},
+		{"apply r 0", apply(0, func(a *applyArgs) { a.R = 0 })},
+		{"apply m 0", apply(1, func(a *applyArgs) { a.M = 0 })},
+		{"apply d too big", apply(0, func(a *applyArgs) { a.D, a.R = 65536, 1 })},
+		{"apply nil T", apply(0, func(a *applyArgs) { a.T = nil })},
+		{"apply nil W", apply(0, func(a *applyArgs) { a.W = FloatBuf{} })},
 		{"apply w_bf16 2", apply(2, same)},
 	}
 	for _, tc := range tests {

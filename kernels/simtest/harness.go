@@ -1,55 +1,54 @@
-//go:build lsp_sim
+//go:build lsp_sim || cuda
 
-// Package simtest runs the project's CUDA kernels (kernels/*.cu) on the CPU
-// simulator in kernels/sim: cgo compiles every .cc file of this directory
-// with g++ and -DLSP_SIM (each <family>.cc includes ../<family>.cu), and the
-// tests call the kernels' extern "C" launchers and compare their results
-// with the CPU references (train/cpu).
+// Package simtest runs the project's CUDA kernels (kernels/*.cu) and
+// compares their results with the CPU references (train/cpu). It builds in
+// one of two ways:
 //
-// sim.go holds the harness: the cgo flags, guarded device buffers,
-// seeds, comparison with tolerances, bf16 helpers, and running a test in a
-// child process so that a crash (an out-of-bounds access hitting a guard
-// page) becomes a test failure instead of killing `go test`.
+//   - -tags lsp_sim (`make simtest`): on the CPU simulator in kernels/sim.
+//     cgo compiles every .cc file of this directory with g++ and -DLSP_SIM
+//     (each <family>.cc includes ../<family>.cu). Device buffers have
+//     guard pages, so an out-of-bounds access crashes; the simulator varies
+//     thread orders per seed; its own self tests (sim_test.go) run too. It
+//     needs CUDA's headers (cuda_bf16.h, cuda_fp16.h, cuda_runtime_api.h)
+//     but no GPU.
+//   - -tags cuda (`make gpu-test-bin`, then run bin/gpu/kernels.test on a
+//     GPU box): the same kernel tests against build/libkernels.a (nvcc) and
+//     the static CUDA runtime, on a real GPU (sm_80 or newer). Buffers are
+//     managed memory (cudaMallocManaged) placed as the simulator places
+//     them, with canary bytes instead of guard pages; every launch is
+//     synchronous. Without a usable GPU the binary says so and exits 0.
+//     The simulator's self tests are not built in this mode.
 //
-// Build with -tags lsp_sim; it needs CUDA's headers (cuda_bf16.h,
-// cuda_fp16.h, cuda_runtime_api.h) but no GPU. Run it with `make simtest`
-// (RUN=TestGemm selects tests): Go's build cache does not notice edits to
-// the kernels this package includes from ../, so the Makefile puts a hash
-// of them in CGO_CXXFLAGS, and TestMain refuses to run a stale binary.
+// harness.go holds what both modes share: device buffers, comparison with
+// tolerances, bf16 helpers, and running a test in a child process so that
+// a crash (an out-of-bounds access hitting a guard page) becomes a test
+// failure instead of killing `go test`. mem_sim.go and mem_cuda.go hold
+// each mode's memory and seeds.
+//
+// Go's build cache does not notice edits to the kernels this package
+// includes from ../, so the Makefile puts a hash of them in CGO_CXXFLAGS,
+// and TestMain refuses to run a stale simulator binary (RUN=TestGemm
+// selects tests).
 //
 // Limits: the simulator runs one launch at a time and the seed is
 // process-wide, so tests in this package must not call t.Parallel; do not
 // run it under -race (fibers switch stacks under the race detector's feet).
 package simtest
 
-/*
-#cgo CFLAGS: -DLSP_SIM -I${SRCDIR}/.. -I${SRCDIR}/../sim
-#cgo CXXFLAGS: -std=c++17 -DLSP_SIM -O1 -g -Wall -Wno-unknown-pragmas -fno-strict-aliasing
-#cgo CXXFLAGS: -I${SRCDIR}/.. -I${SRCDIR}/../sim
-#cgo LDFLAGS: -lpthread -lm
-#include <stdlib.h>
-#include "sim_api.h"
-*/
-import "C"
-
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"sort"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
 
@@ -63,26 +62,12 @@ const skipEnv = "LSP_SIM_SKIP_BARRIER"
 // Seeds are the seeds kernel tests loop over (SetSeed before each run).
 var Seeds = []uint64{1, 2, 3}
 
-// SetSeed picks the thread orders of every later launch and the opaque
-// wmma fragment layout, and restarts the launch counter, so a test that
-// sets a seed and launches the same kernels sees the same schedule.
-func SetSeed(seed uint64) { C.lsp_sim_set_seed(C.uint64_t(seed)) }
-
-// Check turns a launcher's return code into an error naming op, the CUDA
-// error and the simulator's message (which kernel, block, thread, why).
-func Check(op string, code int) error {
-	if code == 0 {
-		return nil
-	}
-	msg := C.GoString(C.lsp_sim_last_message())
-	return fmt.Errorf("%s: %s (%s): %s", op, C.GoString(C.lsp_sim_error_name(C.int(code))),
-		C.GoString(C.lsp_sim_error_string(C.int(code))), msg)
-}
-
-// Buffer is a device buffer of the simulator: memory outside the Go heap
-// with an inaccessible guard page right after its last byte (Alloc,
-// AllocAligned) or right before its first byte (AllocBefore), so a kernel
-// reading or writing just past it crashes the process. New buffers hold
+// Buffer is a device buffer: memory outside the Go heap, placed so that a
+// kernel reading or writing just past it is caught. Under the simulator an
+// inaccessible guard page lies right after its last byte (Alloc,
+// AllocAligned) or right before its first byte (AllocBefore) and the access
+// crashes the process; on a GPU canary bytes fill the rest of the page and
+// a write there fails the test when the buffer is freed. New buffers hold
 // 0xFF bytes (NaN as float32 and as bf16), so outputs a kernel forgets to
 // write show up as NaN. A Buffer is freed when the test that allocated it
 // ends (or by Free).
@@ -90,6 +75,7 @@ type Buffer struct {
 	t     testing.TB
 	ptr   unsafe.Pointer
 	bytes int
+	mem   devMem // the mode's record of the allocation
 	freed bool
 }
 
@@ -98,15 +84,11 @@ func alloc(t testing.TB, bytes, align int, before bool) *Buffer {
 	if bytes < 0 {
 		t.Fatalf("simtest: negative buffer size %d", bytes)
 	}
-	g := C.int(0)
-	if before {
-		g = 1
+	p, mem, err := devAlloc(bytes, align, before)
+	if err != nil {
+		t.Fatalf("simtest: cannot allocate a buffer of %d bytes (align %d): %v", bytes, align, err)
 	}
-	p := C.lsp_sim_alloc(C.size_t(bytes), C.size_t(align), g)
-	if p == nil {
-		t.Fatalf("simtest: cannot allocate a guarded buffer of %d bytes (align %d)", bytes, align)
-	}
-	b := &Buffer{t: t, ptr: p, bytes: bytes}
+	b := &Buffer{t: t, ptr: p, bytes: bytes, mem: mem}
 	t.Cleanup(b.Free)
 	return b
 }
@@ -134,22 +116,31 @@ func AllocAligned(t testing.TB, bytes, align int) *Buffer {
 }
 
 // Free releases the buffer (idempotent) and reports a write past its end
-// into the alignment gap of AllocAligned.
+// (into AllocAligned's alignment gap under the simulator, into the canary
+// bytes on a GPU).
 func (b *Buffer) Free() {
 	if b.freed {
 		return
 	}
 	b.freed = true
-	switch C.lsp_sim_free(b.ptr) {
-	case 1:
-		b.t.Errorf("simtest: a %d-byte buffer was written past its end (canary overwritten)", b.bytes)
-	case -1:
-		b.t.Errorf("simtest: freeing an unknown buffer")
+	if err := devFree(b.ptr, b.mem); err != nil {
+		b.t.Errorf("simtest: a %d-byte buffer %v", b.bytes, err)
 	}
 }
 
-// Ptr is the device address to pass to a launcher.
+// Ptr is the buffer's address, for tests that look at it (alignment,
+// guard pages); launchers take Dev.
 func (b *Buffer) Ptr() unsafe.Pointer { b.live(); return b.ptr }
+
+// Dev is the device address to pass to a launcher; a nil Buffer gives the
+// null pointer.
+func (b *Buffer) Dev() kernels.Ptr {
+	if b == nil {
+		return 0
+	}
+	b.live()
+	return kernels.Ptr(uintptr(b.ptr))
+}
 
 // Len is the size in bytes.
 func (b *Buffer) Len() int { return b.bytes }
@@ -223,6 +214,65 @@ func FromInt32(t testing.TB, xs []int32) *Buffer {
 	b := Alloc(t, 4*len(xs))
 	copy(b.Int32(), xs)
 	return b
+}
+
+// FloatBuf is a buffer of float values stored as bf16 (BF16) or fp32, for
+// the launchers that take a dtype flag per tensor. The zero FloatBuf
+// passes a null pointer.
+type FloatBuf struct {
+	Buf  *Buffer
+	BF16 bool
+}
+
+// NewFloatBuf allocates a buffer holding vals (rounded to nearest even for
+// bf16), with its guard page right after the end or, with guardBefore,
+// right before the start.
+func NewFloatBuf(t testing.TB, vals []float32, bf16, guardBefore bool) FloatBuf {
+	t.Helper()
+	size := 4
+	if bf16 {
+		size = 2
+	}
+	var b *Buffer
+	if guardBefore {
+		b = AllocBefore(t, size*len(vals))
+	} else {
+		b = Alloc(t, size*len(vals))
+	}
+	f := FloatBuf{Buf: b, BF16: bf16}
+	f.Set(vals)
+	return f
+}
+
+// Set stores vals at the start of the buffer (rounded for bf16).
+func (f FloatBuf) Set(vals []float32) {
+	if f.BF16 {
+		f.Buf.SetBF16(vals)
+	} else {
+		copy(f.Buf.Float32(), vals)
+	}
+}
+
+// Values returns a copy of the buffer's values widened to float32.
+func (f FloatBuf) Values() []float32 {
+	if f.BF16 {
+		return f.Buf.BF16()
+	}
+	return append([]float32(nil), f.Buf.Float32()...)
+}
+
+// Dev is the device address (null for the zero FloatBuf).
+func (f FloatBuf) Dev() kernels.Ptr { return f.Buf.Dev() }
+
+// DT is the launchers' dtype flag of the buffer.
+func (f FloatBuf) DT() kernels.DType { return dtype(f.BF16) }
+
+// dtype is the launchers' dtype flag: BF16 when bf16, else F32.
+func dtype(bf16 bool) kernels.DType {
+	if bf16 {
+		return kernels.BF16
+	}
+	return kernels.F32
 }
 
 // RoundBF16 returns xs rounded to the nearest bf16 (ties to even), as
@@ -383,88 +433,4 @@ func runChild(t testing.TB, pattern string, timeout time.Duration, env ...string
 		t.Fatalf("simtest: cannot run child %s: %v", exe, err)
 	}
 	return string(out), false
-}
-
-// setSkipBarriers switches barrier sites off in this process, as
-// LSP_SIM_SKIP_BARRIER does ("file.cu:line,..."; "" for none).
-func setSkipBarriers(sites string) error {
-	cs := C.CString(sites)
-	defer C.free(unsafe.Pointer(cs))
-	if C.lsp_sim_set_skip_barriers(cs) != 0 {
-		return fmt.Errorf("simtest: bad barrier site list %q (want file.cu:line,...)", sites)
-	}
-	return nil
-}
-
-// skippedBarrierHits counts how often switched-off barrier sites were
-// reached in this process.
-func skippedBarrierHits() int64 { return int64(C.lsp_sim_skipped_barrier_hits()) }
-
-// sourceGlobs are the C++ sources compiled into this package from outside
-// its directory (plus its own .cu and .h), relative to the repository root;
-// the Makefile hashes the same list in the same (sorted) order.
-var sourceGlobs = []string{"kernels/*.cu", "kernels/*.cuh", "kernels/*.h", "kernels/sim/*.h", "kernels/sim/*.cpp",
-	"kernels/simtest/*.cu", "kernels/simtest/*.h"}
-
-// sourceFiles lists sourceGlobs from the package directory (sorted by their
-// repository-relative paths).
-func sourceFiles() ([]string, error) {
-	var files []string
-	for _, g := range sourceGlobs {
-		m, err := filepath.Glob(filepath.Join("..", "..", g))
-		if err != nil {
-			return nil, err
-		}
-		files = append(files, m...)
-	}
-	sort.Slice(files, func(i, j int) bool {
-		return filepath.ToSlash(files[i]) < filepath.ToSlash(files[j])
-	})
-	return files, nil
-}
-
-// checkFresh reports a stale build. Go's build cache keys this package on
-// the files in its directory and on CGO_CXXFLAGS, not on the kernels it
-// includes from ../, so after editing kernels/gemm.cu a plain `go test`
-// may link C++ objects compiled from the old source. `make simtest` passes
-// -DLSP_SIM_SOURCES=<hash of the sources> in CGO_CXXFLAGS, which both
-// forces a rebuild and lets this check compare the exact hash; without it
-// the check compares modification times with the compile time.
-func checkFresh() error {
-	info := C.GoString(C.lsp_sim_build_info())
-	stamp, want, _ := strings.Cut(info, "|")
-	files, err := sourceFiles()
-	if err != nil {
-		return err
-	}
-	const fix = "Go's build cache does not see kernel sources outside kernels/simtest; run `make simtest` (RUN=TestName to select tests), which rebuilds with a hash of the sources"
-	if want != "" {
-		h := sha256.New()
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return err
-			}
-			h.Write(data)
-		}
-		if got := hex.EncodeToString(h.Sum(nil))[:16]; got != want {
-			return fmt.Errorf("stale build: the kernel sources hash to %s but this binary was built from %s; %s", got, want, fix)
-		}
-		return nil
-	}
-	built, err := time.ParseInLocation("Jan _2 2006 15:04:05", stamp, time.Local)
-	if err != nil {
-		return fmt.Errorf("simtest: bad build stamp %q: %w", stamp, err)
-	}
-	for _, f := range files {
-		st, err := os.Stat(f)
-		if err != nil {
-			return err
-		}
-		if st.ModTime().After(built.Add(2 * time.Second)) {
-			return fmt.Errorf("stale build: %s changed at %s, after this binary's C++ code was compiled (%s); %s",
-				strings.TrimPrefix(filepath.ToSlash(f), "../../"), st.ModTime().Format(time.TimeOnly), built.Format(time.TimeOnly), fix)
-		}
-	}
-	return nil
 }
