@@ -1,6 +1,7 @@
 /*
  * adam.cu: AdamW on the device, the CPU backend's AdamW op
- * (train/cpu/ops.go AdamW, math.go adamW) step for step.
+ * (train/cpu/ops.go AdamW, math.go adamW) step for step, and the
+ * non-finite flag that skips a step (train/cpu NonFiniteFlag).
  *
  *   g  = grad * gscale         gscale = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6))
  *                              when max_norm > 0 (sum_sq read on the device,
@@ -16,6 +17,13 @@
  * widened, updated, rounded to nearest even). grad is fp32 or bf16; m, v
  * and master are fp32; all have n elements.
  *
+ * Skipping a step: lsp_non_finite_flag writes flag[0] = 1 when some of
+ * the step's per-token losses is NaN or infinite (else 0), on the stream,
+ * after the last loss and before any update; lsp_adamw (and
+ * lsp_sparse_apply) take that flag as `skip` and, when it is set, every
+ * thread returns before touching param, master, m or v. The host never
+ * reads the flag to decide, so skipping costs no synchronization.
+ *
  * Every fp32 operation is non-contracted (rounding.cuh) and in the CPU's
  * order, beta^step is computed by square-and-multiply like Go's math.Pow
  * for integer exponents, so the result matches the CPU backend bit for bit
@@ -23,8 +31,10 @@
  * default; the tests allow a few ulps).
  *
  * Limits: n >= 0 (0 launches nothing); step >= 1; sum_sq may be NULL
- * unless max_norm > 0; param, master, m, v must not overlap grad. One thread
- * per element with a grid-stride loop: elementwise, hence deterministic.
+ * unless max_norm > 0; skip may be NULL (never skip); param, master, m, v
+ * must not overlap grad. One thread per element with a grid-stride loop:
+ * elementwise, hence deterministic. lsp_non_finite_flag runs one block,
+ * sized for a step's losses (B*T per micro-batch), not for large tensors.
  */
 #include "kernels.h"
 #include "rounding.cuh"
@@ -45,8 +55,9 @@ struct AdamScalars {
 template <bool ParamBF16, bool GradBF16>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(void* __restrict__ param, float* __restrict__ master, const void* __restrict__ grad,
-                 float* __restrict__ m, float* __restrict__ v, const float* __restrict__ sum_sq, long long n,
-                 AdamScalars p) {
+                 float* __restrict__ m, float* __restrict__ v, const float* __restrict__ sum_sq,
+                 const float* __restrict__ skip, long long n, AdamScalars p) {
+  if (skip != nullptr && *skip != 0.0f) return;  // a step with a non-finite loss: write nothing
   float gscale = 1.0f;
   if (p.max_norm > 0.0f) {
     const double c = static_cast<double>(p.max_norm) / (sqrt(static_cast<double>(*sum_sq)) + 1e-6);
@@ -93,11 +104,30 @@ double pow_int(double beta, int step) {
   return a;
 }
 
+// flag[0] = 1 when some x[i] is NaN or +-Inf (exponent bits all ones),
+// else 0; one block of kFlagThreads threads strides over x.
+constexpr int kFlagThreads = 1024;
+
+__global__ void __launch_bounds__(kFlagThreads)
+    non_finite_flag_kernel(float* __restrict__ flag, const float* __restrict__ x, long long n) {
+  int bad = 0;
+  for (long long i = threadIdx.x; i < n; i += kFlagThreads)
+    bad |= (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u;
+  bad = __syncthreads_or(bad);  // every thread's verdict reaches thread 0
+  if (threadIdx.x == 0) flag[0] = bad ? 1.0f : 0.0f;
+}
+
 }  // namespace
 
+extern "C" cudaError_t lsp_non_finite_flag(float* flag, const float* x, long long n, cudaStream_t stream) {
+  if (flag == nullptr || n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
+  LSP_LAUNCH(non_finite_flag_kernel, dim3(1), dim3(kFlagThreads), 0, stream, flag, x, n);
+  return cudaGetLastError();
+}
+
 extern "C" cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16,
-                                 float* m, float* v, const float* sum_sq, long long n, float lr, float beta1,
-                                 float beta2, float eps, float weight_decay, int step, float max_norm,
+                                 float* m, float* v, const float* sum_sq, const float* skip, long long n, float lr,
+                                 float beta1, float beta2, float eps, float weight_decay, int step, float max_norm,
                                  cudaStream_t stream) {
   if (n < 0 || step < 1 || (max_norm > 0.0f && sum_sq == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
@@ -119,16 +149,16 @@ extern "C" cudaError_t lsp_adamw(void* param, int param_bf16, float* master, con
   const dim3 grid(static_cast<unsigned int>(blocks));
   if (param_bf16 && grad_bf16) {
     auto k = adamw_kernel<true, true>;
-    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, n, p);
+    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, skip, n, p);
   } else if (param_bf16) {
     auto k = adamw_kernel<true, false>;
-    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, n, p);
+    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, skip, n, p);
   } else if (grad_bf16) {
     auto k = adamw_kernel<false, true>;
-    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, n, p);
+    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, skip, n, p);
   } else {
     auto k = adamw_kernel<false, false>;
-    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, n, p);
+    LSP_LAUNCH(k, grid, dim3(kThreads), 0, stream, param, master, grad, m, v, sum_sq, skip, n, p);
   }
   return cudaGetLastError();
 }

@@ -72,11 +72,13 @@ cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, int BT, int d
                          cudaStream_t stream);
 // W [m, n] <- (1 - lr*wd) W + P Delta Q^T (P, Q by row), written exactly
 // when fp32, by stochastic rounding keyed by (seed, step, matrix, i*n + j)
-// when bf16; T: d*n floats of workspace (left holding Delta Q^T).
+// when bf16; T: d*n floats of workspace (left holding Delta Q^T). skip
+// (fp32 [1] on the device, NULL: never): when skip[0] != 0 nothing is
+// written, neither W nor T (lsp_non_finite_flag's flag).
 cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval,
-                             const int* qidx, const float* qval, int m, int n, int d, int r, float lr, float wd,
-                             unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16,
-                             cudaStream_t stream);
+                             const int* qidx, const float* qval, const float* skip, int m, int n, int d, int r,
+                             float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix,
+                             int w_bf16, cudaStream_t stream);
 // END sparse
 
 // BEGIN norms
@@ -156,10 +158,16 @@ cudaError_t lsp_cross_entropy_forward_backward(float* losses, void* logits, cons
 // receives it, rounded to nearest even if bf16). Decoupled weight decay,
 // bias correction for step >= 1, eps outside the sqrt; when max_norm > 0
 // the gradient is scaled by min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), sum_sq read
-// on the device. n elements each.
+// on the device. n elements each. skip (fp32 [1] on the device, NULL:
+// never): when skip[0] != 0 nothing is written (param, master, m and v
+// keep their bits), for a step whose loss is not finite.
 cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16, float* m,
-                      float* v, const float* sum_sq, long long n, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, int step, float max_norm, cudaStream_t stream);
+                      float* v, const float* sum_sq, const float* skip, long long n, float lr, float beta1,
+                      float beta2, float eps, float weight_decay, int step, float max_norm, cudaStream_t stream);
+// The step's skip flag (the CPU backend's NonFiniteFlag): flag[0] = 1 when
+// some of x[0..n) is NaN or +-Inf, else 0 (written; n = 0 gives 0); one
+// block, for vectors the size of a step's per-token losses.
+cudaError_t lsp_non_finite_flag(float* flag, const float* x, long long n, cudaStream_t stream);
 // END adam
 
 // BEGIN cast

@@ -79,9 +79,9 @@ static lspgo_ret lspgo_lsp_sparse_s(uintptr_t S, uintptr_t A, uintptr_t B, int B
 	return lspgo_end(lsp_sparse_s((float*)S, (const float*)A, (const float*)B, BT, d, accumulate, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delta, uintptr_t pidx, uintptr_t pval, uintptr_t qidx, uintptr_t qval, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delta, uintptr_t pidx, uintptr_t pval, uintptr_t qidx, uintptr_t qval, uintptr_t skip, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_sparse_apply((void*)W, (float*)T, (const float*)Delta, (const int*)pidx, (const float*)pval, (const int*)qidx, (const float*)qval, m, n, d, r, lr, wd, seed, step, matrix, w_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_sparse_apply((void*)W, (float*)T, (const float*)Delta, (const int*)pidx, (const float*)pval, (const int*)qidx, (const float*)qval, (const float*)skip, m, n, d, r, lr, wd, seed, step, matrix, w_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_layernorm_forward(uintptr_t out, uintptr_t mean, uintptr_t rstd, uintptr_t inp, uintptr_t weight, uintptr_t bias, int N, int C, float eps, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -149,9 +149,14 @@ static lspgo_ret lspgo_lsp_cross_entropy_forward_backward(uintptr_t losses, uint
 	return lspgo_end(lsp_cross_entropy_forward_backward((float*)losses, (void*)logits, (const int*)targets, N, V, scale, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_adamw(uintptr_t param, int param_bf16, uintptr_t master, uintptr_t grad, int grad_bf16, uintptr_t m, uintptr_t v, uintptr_t sum_sq, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_adamw(uintptr_t param, int param_bf16, uintptr_t master, uintptr_t grad, int grad_bf16, uintptr_t m, uintptr_t v, uintptr_t sum_sq, uintptr_t skip, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_adamw((void*)param, param_bf16, (float*)master, (const void*)grad, grad_bf16, (float*)m, (float*)v, (const float*)sum_sq, n, lr, beta1, beta2, eps, weight_decay, step, max_norm, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_adamw((void*)param, param_bf16, (float*)master, (const void*)grad, grad_bf16, (float*)m, (float*)v, (const float*)sum_sq, (const float*)skip, n, lr, beta1, beta2, eps, weight_decay, step, max_norm, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_non_finite_flag(uintptr_t flag, uintptr_t x, long long n, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_non_finite_flag((float*)flag, (const float*)x, n, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_cast_f32_to_bf16(uintptr_t out, uintptr_t in, long long n, uintptr_t stream, int lspgo_sync) {
@@ -372,12 +377,14 @@ func SparseS(S, A, B Ptr, BT, d int, accumulate bool, stream Stream) error {
 
 // SparseApply runs lsp_sparse_apply (kernels.h, section sparse):
 //
-//	cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval, const int* qidx, const float* qval, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, cudaStream_t stream)
+//	cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval, const int* qidx, const float* qval, const float* skip, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, cudaStream_t stream)
 //
 // W [m, n] <- (1 - lr*wd) W + P Delta Q^T (P, Q by row), written exactly
 // when fp32, by stochastic rounding keyed by (seed, step, matrix, i*n + j)
-// when bf16; T: d*n floats of workspace (left holding Delta Q^T).
-func SparseApply(W, T, Delta, pidx, pval, qidx, qval Ptr, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32, wBF16 DType, stream Stream) error {
+// when bf16; T: d*n floats of workspace (left holding Delta Q^T). skip
+// (fp32 [1] on the device, NULL: never): when skip[0] != 0 nothing is
+// written, neither W nor T (lsp_non_finite_flag's flag).
+func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32, wBF16 DType, stream Stream) error {
 	if int(int32(m)) != m {
 		return lspgoRange("lsp_sparse_apply", "m", m, "does not fit in a C int")
 	}
@@ -390,7 +397,7 @@ func SparseApply(W, T, Delta, pidx, pval, qidx, qval Ptr, m, n, d, r int, lr, wd
 	if int(int32(r)) != r {
 		return lspgoRange("lsp_sparse_apply", "r", r, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.uintptr_t(skip), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // LayerNormBackwardScratchBytes calls lsp_layernorm_backward_scratch_bytes (kernels.h, section norms):
@@ -621,7 +628,7 @@ func CrossEntropyForwardBackward(losses, logits, targets Ptr, N, V int, scale fl
 
 // AdamW runs lsp_adamw (kernels.h, section adam):
 //
-//	cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16, float* m, float* v, const float* sum_sq, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, cudaStream_t stream)
+//	cudaError_t lsp_adamw(void* param, int param_bf16, float* master, const void* grad, int grad_bf16, float* m, float* v, const float* sum_sq, const float* skip, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, cudaStream_t stream)
 //
 // AdamW (adam.cu), the CPU backend's AdamW op bit for bit: param (bf16 when
 // param_bf16, else fp32) updated from grad (bf16 when grad_bf16) with fp32
@@ -629,12 +636,25 @@ func CrossEntropyForwardBackward(losses, logits, targets Ptr, N, V int, scale fl
 // receives it, rounded to nearest even if bf16). Decoupled weight decay,
 // bias correction for step >= 1, eps outside the sqrt; when max_norm > 0
 // the gradient is scaled by min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), sum_sq read
-// on the device. n elements each.
-func AdamW(param Ptr, paramBF16 DType, master, grad Ptr, gradBF16 DType, m, v, sumSq Ptr, n int64, lr, beta1, beta2, eps, weightDecay float32, step int, maxNorm float32, stream Stream) error {
+// on the device. n elements each. skip (fp32 [1] on the device, NULL:
+// never): when skip[0] != 0 nothing is written (param, master, m and v
+// keep their bits), for a step whose loss is not finite.
+func AdamW(param Ptr, paramBF16 DType, master, grad Ptr, gradBF16 DType, m, v, sumSq, skip Ptr, n int64, lr, beta1, beta2, eps, weightDecay float32, step int, maxNorm float32, stream Stream) error {
 	if int(int32(step)) != step {
 		return lspgoRange("lsp_adamw", "step", step, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_adamw", C.lspgo_lsp_adamw(C.uintptr_t(param), C.int(paramBF16), C.uintptr_t(master), C.uintptr_t(grad), C.int(gradBF16), C.uintptr_t(m), C.uintptr_t(v), C.uintptr_t(sumSq), C.longlong(n), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(weightDecay), C.int(step), C.float(maxNorm), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_adamw", C.lspgo_lsp_adamw(C.uintptr_t(param), C.int(paramBF16), C.uintptr_t(master), C.uintptr_t(grad), C.int(gradBF16), C.uintptr_t(m), C.uintptr_t(v), C.uintptr_t(sumSq), C.uintptr_t(skip), C.longlong(n), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(weightDecay), C.int(step), C.float(maxNorm), C.uintptr_t(stream), lspgoSync()))
+}
+
+// NonFiniteFlag runs lsp_non_finite_flag (kernels.h, section adam):
+//
+//	cudaError_t lsp_non_finite_flag(float* flag, const float* x, long long n, cudaStream_t stream)
+//
+// The step's skip flag (the CPU backend's NonFiniteFlag): flag[0] = 1 when
+// some of x[0..n) is NaN or +-Inf, else 0 (written; n = 0 gives 0); one
+// block, for vectors the size of a step's per-token losses.
+func NonFiniteFlag(flag, x Ptr, n int64, stream Stream) error {
+	return lspgoResult("lsp_non_finite_flag", C.lspgo_lsp_non_finite_flag(C.uintptr_t(flag), C.uintptr_t(x), C.longlong(n), C.uintptr_t(stream), lspgoSync()))
 }
 
 // CastF32ToBF16 runs lsp_cast_f32_to_bf16 (kernels.h, section cast):

@@ -96,6 +96,7 @@ var Launchers = []Launcher{
 		{Name: "pval", CType: "const float*", GoName: "pval", GoType: "Ptr"},
 		{Name: "qidx", CType: "const int*", GoName: "qidx", GoType: "Ptr"},
 		{Name: "qval", CType: "const float*", GoName: "qval", GoType: "Ptr"},
+		{Name: "skip", CType: "const float*", GoName: "skip", GoType: "Ptr"},
 		{Name: "m", CType: "int", GoName: "m", GoType: "int"},
 		{Name: "n", CType: "int", GoName: "n", GoType: "int"},
 		{Name: "d", CType: "int", GoName: "d", GoType: "int"},
@@ -270,6 +271,7 @@ var Launchers = []Launcher{
 		{Name: "m", CType: "float*", GoName: "m", GoType: "Ptr"},
 		{Name: "v", CType: "float*", GoName: "v", GoType: "Ptr"},
 		{Name: "sum_sq", CType: "const float*", GoName: "sumSq", GoType: "Ptr"},
+		{Name: "skip", CType: "const float*", GoName: "skip", GoType: "Ptr"},
 		{Name: "n", CType: "long long", GoName: "n", GoType: "int64"},
 		{Name: "lr", CType: "float", GoName: "lr", GoType: "float32"},
 		{Name: "beta1", CType: "float", GoName: "beta1", GoType: "float32"},
@@ -278,6 +280,12 @@ var Launchers = []Launcher{
 		{Name: "weight_decay", CType: "float", GoName: "weightDecay", GoType: "float32"},
 		{Name: "step", CType: "int", GoName: "step", GoType: "int"},
 		{Name: "max_norm", CType: "float", GoName: "maxNorm", GoType: "float32"},
+		{Name: "stream", CType: "cudaStream_t", GoName: "stream", GoType: "Stream"},
+	}},
+	{Name: "NonFiniteFlag", C: "lsp_non_finite_flag", Family: "adam", Returns: "cudaError_t", Params: []Param{
+		{Name: "flag", CType: "float*", GoName: "flag", GoType: "Ptr"},
+		{Name: "x", CType: "const float*", GoName: "x", GoType: "Ptr"},
+		{Name: "n", CType: "long long", GoName: "n", GoType: "int64"},
 		{Name: "stream", CType: "cudaStream_t", GoName: "stream", GoType: "Stream"},
 	}},
 	{Name: "CastF32ToBF16", C: "lsp_cast_f32_to_bf16", Family: "cast", Returns: "cudaError_t", Params: []Param{

@@ -24,6 +24,9 @@
  *               pval * T[pidx, j] (row storage of P), stored as it is in an
  *               fp32 W and by stochastic rounding in a bf16 W, SR keyed by
  *               (seed, step, matrix, element i*n + j), see rounding.cuh.
+ *               skip (fp32 [1] on the device, may be NULL): when skip[0]
+ *               != 0 both kernels return at once and neither T nor W is
+ *               written (a step whose loss is not finite, adam.cu).
  *
  * Storage: the launchers take the dtype of X (x_bf16), dY (dy_bf16) and W
  * (w_bf16) as backend.DType values (0 fp32, 1 bf16), like the norms
@@ -207,7 +210,8 @@ constexpr int kAThreads = 256;
 // T[a, j] = sum over row j's entries s of Delta[a, qidx[j*r+s]] * qval[j*r+s].
 __global__ void __launch_bounds__(kAThreads)
     sparse_t_kernel(float* __restrict__ T, const float* __restrict__ Delta, const int32_t* __restrict__ qidx,
-                    const float* __restrict__ qval, int n, int d, int r) {
+                    const float* __restrict__ qval, const float* __restrict__ skip, int n, int d, int r) {
+  if (skip != nullptr && *skip != 0.0f) return;
   const int j = blockIdx.x * kAThreads + threadIdx.x;
   const int a = blockIdx.y;
   if (j >= n) return;
@@ -230,7 +234,9 @@ __device__ __forceinline__ void store_w(uint16_t* W, long long w, float x, uint6
 template <typename Wt>
 __global__ void __launch_bounds__(kAThreads)
     sparse_w_kernel(Wt* __restrict__ W, const float* __restrict__ T, const int32_t* __restrict__ pidx,
-                    const float* __restrict__ pval, int m, int n, int r, float lr, float wd, uint64_t key) {
+                    const float* __restrict__ pval, const float* __restrict__ skip, int m, int n, int r, float lr,
+                    float wd, uint64_t key) {
+  if (skip != nullptr && *skip != 0.0f) return;
   const int j = blockIdx.x * kAThreads + threadIdx.x;
   if (j >= n) return;
   const float decay = __fsub_rn(1.0f, __fmul_rn(lr, wd));
@@ -268,27 +274,27 @@ extern "C" cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, in
 }
 
 extern "C" cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* pidx, const float* pval,
-                                        const int* qidx, const float* qval, int m, int n, int d, int r, float lr,
-                                        float wd, unsigned long long seed, unsigned long long step,
+                                        const int* qidx, const float* qval, const float* skip, int m, int n, int d,
+                                        int r, float lr, float wd, unsigned long long seed, unsigned long long step,
                                         unsigned int matrix, int w_bf16, cudaStream_t stream) {
   if (W == nullptr || T == nullptr || Delta == nullptr || pidx == nullptr || pval == nullptr || qidx == nullptr ||
       qval == nullptr || m < 1 || n < 1 || d < 1 || d > 65535 || r < 1 || r > d ||
       (long long)m * r > INT32_MAX || (long long)n * r > INT32_MAX || bad_dtype(w_bf16))
     return cudaErrorInvalidValue;
   const int cols = (n + kAThreads - 1) / kAThreads;
-  LSP_LAUNCH(sparse_t_kernel, dim3(cols, d), dim3(kAThreads), 0, stream, T, Delta, qidx, qval, n, d, r);
+  LSP_LAUNCH(sparse_t_kernel, dim3(cols, d), dim3(kAThreads), 0, stream, T, Delta, qidx, qval, skip, n, d, r);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const uint64_t key = lsp_sr_key(seed, step, matrix);
   const dim3 grid(cols, m < 65535 ? m : 65535);
   if (w_bf16) {
     auto kernel = sparse_w_kernel<uint16_t>;
-    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<uint16_t*>(W), T, pidx, pval, m, n, r, lr, wd,
-               key);
+    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<uint16_t*>(W), T, pidx, pval, skip, m, n, r, lr,
+               wd, key);
   } else {
     auto kernel = sparse_w_kernel<float>;
-    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<float*>(W), T, pidx, pval, m, n, r, lr, wd,
-               key);
+    LSP_LAUNCH(kernel, grid, dim3(kAThreads), 0, stream, static_cast<float*>(W), T, pidx, pval, skip, m, n, r, lr,
+               wd, key);
   }
   return cudaGetLastError();
 }

@@ -61,6 +61,9 @@ type Config struct {
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
+	OnNonFinite NonFinite // --on-nonfinite: stop (the default) or skip a step whose loss is NaN or infinite
+	MaxSkips    int       // --max-skips: with skip, the most steps skipped in a row; one more stops the run
+
 	Seed      uint64        // --seed
 	Device    device.Kind   // --device: cpu (cuda comes later)
 	DeviceMem int64         // --device-mem: device memory budget in bytes (0: unlimited)
@@ -83,8 +86,45 @@ func Defaults() Config {
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, FitIters: 200,
-		Schedule: Pipelined,
+		Schedule: Pipelined, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
+}
+
+// NonFinite is what a run does with a step whose loss is NaN or infinite
+// (--on-nonfinite).
+type NonFinite string
+
+// What to do with a non-finite loss.
+const (
+	// StopOnNonFinite stops the run without saving the step (the last
+	// checkpoint is kept).
+	StopOnNonFinite NonFinite = "stop"
+	// SkipNonFinite skips the step: nothing is updated, the batch is
+	// consumed, the step is tried again with the next batch; --max-skips
+	// in a row are allowed.
+	SkipNonFinite NonFinite = "skip"
+)
+
+// ParseNonFinite reads an --on-nonfinite value.
+func ParseNonFinite(s string) (NonFinite, error) {
+	switch v := NonFinite(s); v {
+	case StopOnNonFinite, SkipNonFinite:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown value %q (want stop or skip)", s)
+}
+
+// String is the flag spelling.
+func (n NonFinite) String() string { return string(n) }
+
+// Set parses an --on-nonfinite value (flag.Value).
+func (n *NonFinite) Set(v string) error {
+	p, err := ParseNonFinite(v)
+	if err != nil {
+		return err
+	}
+	*n = p
+	return nil
 }
 
 // Schedule is the order the engine runs a step's ops in (--schedule).
@@ -175,6 +215,10 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("schedule", "%v", err))
 	}
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
+	if _, err := ParseNonFinite(string(c.OnNonFinite)); err != nil {
+		errs = append(errs, flagErr("on-nonfinite", "%v", err))
+	}
+	check(c.MaxSkips >= 1, "max-skips", "must be at least 1, got %d (--on-nonfinite stop skips none)", c.MaxSkips)
 	if c.Mode == engine.LSP {
 		// The engine's own check names each flag (--d, --r, --alpha, ...).
 		if err := c.engineConfig(false).Validate(); err != nil {

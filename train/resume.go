@@ -94,6 +94,11 @@ type resumeAllowed struct {
 	Threads       int         `flag:"threads"`
 	Schedule      Schedule    `flag:"schedule"`
 	LinkBandwidth int64       `flag:"link-bandwidth"`
+	// What happens to a step whose loss is not finite: a finite step
+	// computes the same either way and a skipped one updates nothing, so
+	// a run stopped by a NaN may be resumed with --on-nonfinite skip.
+	OnNonFinite NonFinite `flag:"on-nonfinite"`
+	MaxSkips    int       `flag:"max-skips"`
 }
 
 // resumeIdentity is the identity of a run of c; fromCheckpoint resolves

@@ -82,7 +82,9 @@ type Measurements struct {
 	DevicePeak       int64   // the backend's device memory high-water mark at the end
 }
 
-// ErrNonFinite reports a NaN or infinite loss.
+// ErrNonFinite reports a NaN or infinite loss (or gradient norm) that
+// stopped the run: --on-nonfinite stop, more than --max-skips skipped
+// steps in a row, or a non-finite gradient, which cannot be skipped.
 var ErrNonFinite = errors.New("non-finite loss")
 
 // Options are the parts of a run that are not configuration.
@@ -532,29 +534,89 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 }
 
 // oneStep runs the next optimizer step and records it. The step's time
-// (its data, a projector check when one is due, the engine's step) is
-// what every tokens/s figure divides by: the step's own in the metrics,
-// the sum over this process's steps in the progress display and the
-// summary.
+// (its data, a projector check when one is due, the engine's step, and
+// any attempts skipped before it) is what every tokens/s figure divides
+// by: the step's own in the metrics, the sum over this process's steps in
+// the progress display and the summary.
+//
+// An attempt whose loss is not finite updated nothing (the engine skips
+// it on the device); with --on-nonfinite skip it is recorded as skipped
+// and the step is attempted again with the next batch, up to --max-skips
+// times in a row, and otherwise the run stops. The retries happen here,
+// before the loop looks at Ctrl-C or StopAfter again, so a checkpoint
+// always follows a step that was taken: it never holds the position of a
+// skipped batch without the step after it, and a run resumed from it
+// meets the same batches (and skips) again.
 func (r *run) oneStep(res *Result) error {
 	lr := r.sched.At(r.step + 1)
 	t0, tok0 := time.Now(), r.tokens
-	loss, err := r.trainStep(lr)
-	dt := time.Since(t0)
-	r.times.Train += dt
-	r.runTokens += r.tokens - tok0
-	if err != nil {
-		return err
+	for inARow := 1; ; inARow++ {
+		tokA := r.tokens
+		loss, err := r.trainStep(lr)
+		if err == nil && r.eng.Skipped() {
+			r.tokens = tokA // the skipped batch's tokens were read, not trained on
+			if err = r.skipStep(loss, lr, inARow); err == nil {
+				continue
+			}
+		}
+		dt := time.Since(t0)
+		r.times.Train += dt
+		r.runTokens += r.tokens - tok0
+		if err != nil {
+			return err
+		}
+		// The engine's flag and the host's sum agree (a float64 sum of
+		// finite fp32 losses cannot overflow); check anyway.
+		if err := checkFinite(r.step+1, "loss", loss); err != nil {
+			return err
+		}
+		r.step++
+		res.TrainLoss = loss
+		res.Losses = append(res.Losses, loss)
+		return r.recordStep(loss, lr, float64(r.tokens-tok0)/dt.Seconds(), float64(r.runTokens)/r.times.Train.Seconds())
 	}
-	r.step++
-	res.TrainLoss = loss
-	res.Losses = append(res.Losses, loss)
-	return r.recordStep(loss, lr, float64(r.tokens-tok0)/dt.Seconds(), float64(r.runTokens)/r.times.Train.Seconds())
+}
+
+// skipStep handles an attempt at the next step whose loss was not finite
+// and which the engine skipped: it stops the run (--on-nonfinite stop, or
+// the attempt is one more than --max-skips in a row), or logs a warning and
+// records the skip in the metrics.
+func (r *run) skipStep(loss, lr float64, inARow int) error {
+	step := r.step + 1
+	if r.cfg.OnNonFinite != SkipNonFinite {
+		return checkFinite(step, "loss", loss)
+	}
+	if inARow > r.cfg.MaxSkips {
+		return fmt.Errorf("step %d: loss is %v for the %d%s attempt in a row, after --max-skips %d skipped: %w; "+
+			"stopping without saving this step (the last checkpoint is kept); try a lower --lr",
+			step, loss, inARow, ordinal(inARow), r.cfg.MaxSkips, ErrNonFinite)
+	}
+	r.warnf("skipped a step whose loss is not finite: nothing was updated; the step is taken again with the next batch",
+		"step", step, "loss", loss, "in_a_row", inARow, "max_skips", r.cfg.MaxSkips)
+	rec := metrics.Record{Step: step, LR: metrics.F(lr), Event: metrics.SkippedStepEvent,
+		Skipped: &metrics.SkippedStep{Loss: fmt.Sprint(loss), InARow: inARow}}
+	return diskHint(r.mw.Write(rec))
+}
+
+// ordinal is the English suffix of n: 1st, 2nd, 3rd, 4th, 11th, 21st.
+func ordinal(n int) string {
+	if n%100 >= 11 && n%100 <= 13 {
+		return "th"
+	}
+	switch n % 10 {
+	case 1:
+		return "st"
+	case 2:
+		return "nd"
+	case 3:
+		return "rd"
+	}
+	return "th"
 }
 
 // trainStep runs one optimizer step over GradAccum micro-batches (after a
 // projector check when one is due) and returns the mean loss per target
-// token.
+// token; the engine says whether it skipped the step (a non-finite loss).
 func (r *run) trainStep(lr float64) (float64, error) {
 	if r.eng.CheckDue() {
 		if err := r.checkProjectors(); err != nil {
@@ -580,21 +642,26 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	r.stepSecs += time.Since(t0).Seconds()
 	r.stepLink += tr1.D2H - tr0.D2H + tr1.H2D - tr0.H2D
 	r.stepsTimed++
-	loss := sum / float64(targets)
-	return loss, checkFinite(r.step+1, "loss", loss)
+	return sum / float64(targets), nil
 }
 
 // recordStep writes the metrics of the step just done (with its own
 // throughput, stepRate) and updates the progress display (with this
 // process's, runRate). A finite loss can still come with non-finite
 // gradients; the update has used them, so the run stops before anything
-// of this step is saved.
+// of this step is saved. --on-nonfinite skip cannot help there: the
+// gradients are found layer by layer, when deeper layers are updated
+// already (DESIGN.md section 3).
 func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	norm, err := r.eng.GradNorm()
 	if err != nil {
 		return fmt.Errorf("step %d: gradient norm: %w", r.step, err)
 	}
 	if err := checkFinite(r.step, "gradient norm", norm); err != nil {
+		if r.cfg.OnNonFinite == SkipNonFinite {
+			err = fmt.Errorf("%w (--on-nonfinite skip skips a non-finite loss only: a non-finite gradient with a finite loss "+
+				"shows layer by layer, after deeper layers were updated)", err)
+		}
 		return err
 	}
 	// Time is left 0 so the Writer fills it in, continuing across resumes.
@@ -690,8 +757,12 @@ func checkFinite(step int, what string, v float64) error {
 	if !math.IsNaN(v) && !math.IsInf(v, 0) {
 		return nil
 	}
-	return fmt.Errorf("step %d: %s is %v: %w; stopping without saving this step (the last checkpoint is kept); try a lower --lr",
-		step, what, v, ErrNonFinite)
+	hint := "try a lower --lr"
+	if what == "loss" {
+		hint += ", or --on-nonfinite skip to skip such steps"
+	}
+	return fmt.Errorf("step %d: %s is %v: %w; stopping without saving this step (the last checkpoint is kept); %s",
+		step, what, v, ErrNonFinite, hint)
 }
 
 // checkProjectors runs the lsp projector check and logs every matrix's
@@ -809,5 +880,14 @@ func (r *run) logf(msg string, args ...any) {
 		r.prog.Log(msg, args...)
 	} else {
 		r.log.Info(msg, args...)
+	}
+}
+
+// warnf is logf at the warning level.
+func (r *run) warnf(msg string, args ...any) {
+	if r.prog != nil {
+		r.prog.Warn(msg, args...)
+	} else {
+		r.log.Warn(msg, args...)
 	}
 }

@@ -62,6 +62,8 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
+	fs.Var(&c.OnNonFinite, "on-nonfinite", "`ACTION` on a step whose loss is NaN or infinite: stop (without saving that step) or skip (update nothing, go on with the next batch)")
+	fs.IntVar(&c.MaxSkips, "max-skips", c.MaxSkips, "with --on-nonfinite skip, the most steps skipped in a row; one more stops the run")
 	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
 }
 
@@ -101,6 +103,8 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"grad-clip", groupTraining},
 	{"eval-every", groupTraining},
 	{"eval-generate", groupTraining},
+	{"on-nonfinite", groupTraining},
+	{"max-skips", groupTraining},
 	{"mode", groupOffload},
 	{"grad-dtype", groupOffload},
 	{"dense-params", groupOffload},

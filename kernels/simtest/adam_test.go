@@ -1,11 +1,16 @@
 //go:build lsp_sim || cuda
 
-// Tests of kernels/adam.cu (lsp_adamw) under the simulator against the CPU
-// backend's AdamW op on the same inputs, for every seed of Seeds: every
-// combination of param dtype (fp32, bf16), fp32 master (with, without) and
-// grad dtype (fp32, bf16), with no clipping, a clip that scales and one
-// that does not, over three successive steps (1, 2 and 1000, so the bias
-// corrections differ) from random non-zero moments, on n = 1 and n = 1037.
+// Tests of kernels/adam.cu (lsp_adamw, lsp_non_finite_flag) under the
+// simulator against the CPU backend's AdamW and NonFiniteFlag ops on the
+// same inputs, for every seed of Seeds: every combination of param dtype
+// (fp32, bf16), fp32 master (with, without) and grad dtype (fp32, bf16),
+// with no clipping, a clip that scales and one that does not, over three
+// successive steps (1, 2 and 1000, so the bias corrections differ; the
+// second with a skip flag that is clear) from random non-zero moments, then
+// a fourth with the flag set, NaN gradients and a NaN norm, which must
+// leave every output bit as it was, on n = 1 and n = 1037. The flag
+// itself on ragged lengths around the block size, with NaN, +Inf and -Inf
+// at the first, a middle and the last position, and none.
 //
 // Tolerances: the kernel performs the CPU's fp32 operations in the CPU's
 // order without contraction, and beta^step like Go's math.Pow, so where
@@ -66,6 +71,7 @@ func (c adamCase) String() string {
 // read when MaxNorm > 0), all of N elements.
 type adamArgs struct {
 	Param, Master, Grad, M, V, SumSq *Buffer
+	Skip                             *Buffer // the skip flag (fp32 [1]); nil: none
 	ParamBF16, GradBF16              bool
 	N                                int
 	LR, Beta1, Beta2, Eps, WD        float32
@@ -76,7 +82,7 @@ type adamArgs struct {
 // launch runs lsp_adamw with a.
 func (a adamArgs) launch() error {
 	return kernels.AdamW(a.Param.Dev(), dtype(a.ParamBF16), a.Master.Dev(), a.Grad.Dev(), dtype(a.GradBF16), a.M.Dev(),
-		a.V.Dev(), a.SumSq.Dev(), int64(a.N), a.LR, a.Beta1, a.Beta2, a.Eps, a.WD, a.Step, a.MaxNorm, 0)
+		a.V.Dev(), a.SumSq.Dev(), a.Skip.Dev(), int64(a.N), a.LR, a.Beta1, a.Beta2, a.Eps, a.WD, a.Step, a.MaxNorm, 0)
 }
 
 func TestAdamW(t *testing.T) {
@@ -147,6 +153,7 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 	}
 	mT, vT := tensor("m", backend.F32, m0), tensor("v", backend.F32, v0)
 	sumSq := tensor("sumSq", backend.F32, []float32{0})
+	skip := tensor("skip", backend.F32, []float32{0})
 
 	for k, step := range []int{1, 2, 1000} {
 		g := Rand(seed*11+4+uint64(k), c.n, 1)
@@ -170,7 +177,14 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 		}
 		p := backend.AdamParams{LR: dev.LR, Beta1: dev.Beta1, Beta2: dev.Beta2, Eps: dev.Eps,
 			WeightDecay: dev.WD, Step: step, MaxNorm: maxNorm}
-		if err := be.AdamW(s, param, master, grad, mT, vT, sumSq, p); err != nil {
+		// Step 2 passes a skip flag that is clear: it must update as
+		// without one.
+		var cSkip backend.Tensor
+		dev.Skip = nil
+		if k == 1 {
+			cSkip, dev.Skip = skip, FromFloat32(t, []float32{0})
+		}
+		if err := be.AdamW(s, param, master, grad, mT, vT, sumSq, cSkip, p); err != nil {
 			t.Fatal(err)
 		}
 		be.Free(grad)
@@ -210,6 +224,132 @@ func checkAdamW(t *testing.T, c adamCase, seed uint64, exact bool) {
 		}
 		if t.Failed() {
 			return
+		}
+	}
+
+	// A skipped step: NaN gradients and norm, the flag set. Every output
+	// keeps its bits, on both faces.
+	gotParam := dev.Param.Float32
+	if c.paramBF16 {
+		gotParam = dev.Param.BF16
+	}
+	outs := func() [][]float32 {
+		o := [][]float32{gotParam(), dev.M.Float32(), dev.V.Float32()}
+		if c.master {
+			o = append(o, dev.Master.Float32())
+		}
+		return o
+	}
+	before := outs()
+	g := Rand(seed*11+9, c.n, 1)
+	g[c.n/2] = float32(math.NaN())
+	dev.Grad, dev.Skip = device(c.gradBF16, g), FromFloat32(t, []float32{1})
+	dev.SumSq.Float32()[0] = float32(math.NaN())
+	dev.Step, dev.MaxNorm = 1001, 1
+	if err := dev.launch(); err != nil {
+		t.Fatal(err)
+	}
+	for i, got := range outs() {
+		if !t.Failed() {
+			Compare(t, fmt.Sprintf("seed %d skipped step, output %d", seed, i), got, before[i], 0, 0)
+		}
+	}
+	grad := tensor("grad", dtype[c.gradBF16], g)
+	if err := backend.Upload(be, s, skip, []float32{1}); err != nil {
+		t.Fatal(err)
+	}
+	p := backend.AdamParams{LR: dev.LR, Beta1: dev.Beta1, Beta2: dev.Beta2, Eps: dev.Eps, WeightDecay: dev.WD, Step: 1001}
+	if err := be.AdamW(s, param, master, grad, mT, vT, sumSq, skip, p); err != nil {
+		t.Fatal(err)
+	}
+	cpuOuts := []backend.Tensor{param, mT, vT, master}
+	for i, got := range before {
+		w, err := backend.Download(be, s, cpuOuts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !t.Failed() {
+			Compare(t, fmt.Sprintf("seed %d skipped step, CPU output %d", seed, i), w, got, 0, 0)
+		}
+	}
+}
+
+// TestAdamNonFiniteFlag compares lsp_non_finite_flag with the CPU
+// backend's NonFiniteFlag on lengths around the block of 1024 threads,
+// with one non-finite value at the first, a middle or the last position
+// (so every thread's part of the reduction is exercised as the culprit
+// over the lengths), or none among large, tiny and signed-zero values. The
+// flag starts at a stale value: it is written, not accumulated.
+func TestAdamNonFiniteFlag(t *testing.T) {
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	s := be.DefaultStream()
+	cFlag, err := be.Alloc("flag", 1, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cX, err := be.Alloc("x", 3000, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, 1, 2, 1023, 1024, 1025, 3000} {
+		for _, bad := range []float32{0, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			positions := []int{-1}
+			if bad != 0 && n > 0 {
+				positions = []int{0, n / 2, n - 1}
+			}
+			for _, at := range positions {
+				x := Rand(uint64(n)+7, n, 1)
+				for i := range x {
+					switch i % 5 {
+					case 1:
+						x[i] = math.MaxFloat32
+					case 2:
+						x[i] = -1e-45
+					case 3:
+						x[i] = float32(math.Copysign(0, -1))
+					}
+				}
+				if at >= 0 {
+					x[at] = bad
+				}
+				name := fmt.Sprintf("n %d, %v at %d", n, bad, at)
+				flag := FromFloat32(t, []float32{7})
+				xd := Alloc(t, 4*max(n, 1))
+				copy(xd.Float32(), x)
+				if err := kernels.NonFiniteFlag(flag.Dev(), xd.Dev(), int64(n), 0); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				xc := cX.Slice(0, n)
+				if n > 0 {
+					if err := backend.Upload(be, s, xc, x); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := be.NonFiniteFlag(s, cFlag, xc); err != nil {
+					t.Fatal(err)
+				}
+				want, err := backend.Download(be, s, cFlag)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := flag.Float32()[0]; got != want[0] || (want[0] != 0) != (at >= 0) {
+					t.Errorf("%s: flag %v, CPU %v", name, got, want[0])
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		flag, x *Buffer
+		n       int
+	}{
+		{"nil flag", nil, Alloc(t, 4), 1},
+		{"negative n", Alloc(t, 4), Alloc(t, 4), -1},
+		{"nil x", Alloc(t, 4), nil, 1},
+	} {
+		if err := kernels.NonFiniteFlag(tc.flag.Dev(), tc.x.Dev(), int64(tc.n), 0); !containsInvalidValue(err) {
+			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
 		}
 	}
 }

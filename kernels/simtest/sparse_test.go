@@ -140,19 +140,19 @@ func compressB(B *Buffer, dY FloatBuf, Q devColumns, BT, n, d int) error {
 // Step, Matrix, element)) <- (1 - LR*WD) W + P Delta Q^T; T is d*n floats
 // of workspace.
 type applyArgs struct {
-	W          FloatBuf
-	T, Delta   *Buffer
-	P, Q       devRows
-	M, N, D, R int
-	LR, WD     float32
-	Seed, Step uint64
-	Matrix     uint32
+	W              FloatBuf
+	T, Delta, Skip *Buffer // Skip: the skip flag (fp32 [1]); nil: none
+	P, Q           devRows
+	M, N, D, R     int
+	LR, WD         float32
+	Seed, Step     uint64
+	Matrix         uint32
 }
 
 // launch runs lsp_sparse_apply with a and the dtype flag wBF16 for W.
 func (a applyArgs) launch(wBF16 kernels.DType) error {
 	return kernels.SparseApply(a.W.Dev(), a.T.Dev(), a.Delta.Dev(), a.P.Idx.Dev(), a.P.Val.Dev(), a.Q.Idx.Dev(),
-		a.Q.Val.Dev(), a.M, a.N, a.D, a.R, a.LR, a.WD, a.Seed, a.Step, a.Matrix, wBF16, 0)
+		a.Q.Val.Dev(), a.Skip.Dev(), a.M, a.N, a.D, a.R, a.LR, a.WD, a.Seed, a.Step, a.Matrix, wBF16, 0)
 }
 
 func (p sparseProj) columns(t *testing.T, mode uint64) devColumns {
@@ -387,6 +387,8 @@ func sparseApply64(W, Delta []float32, P, Q sparseProj, m, n int, lr, wd float32
 // backend's op bit for bit and with dense float64 within one stochastic
 // rounding (bf16) or fp32 rounding; a fixed seed must reproduce, and
 // another seed must round differently in bf16 and change nothing in fp32.
+// A skip flag that is set leaves W and T as they were (on both faces), and
+// one that is clear changes nothing in the result.
 func TestSparseApply(t *testing.T) {
 	const lr, wd, step, matrix = 2e-3, 0.1, 1234, 5
 	for _, sh := range sparseShapes {
@@ -412,7 +414,7 @@ func TestSparseApply(t *testing.T) {
 					pidx, pval := P.cpuRows(cr)
 					qidx, qval := Q.cpuRows(cr)
 					cr.run("SparseApply", cr.be.SparseApply(cr.s, cW, cT, cr.tensor("Delta", Delta, false), pidx, pval,
-						qidx, qval, sh.m, sh.n, sh.d, sh.r, lr, wd, seed, step, matrix))
+						qidx, qval, backend.Tensor{}, sh.m, sh.n, sh.d, sh.r, lr, wd, seed, step, matrix))
 					name := fmt.Sprintf("seed %d", seed)
 					checkF32Bits(t, name+" T", args.T.Float32(), cr.get(cT))
 					got := args.W.Values()
@@ -429,6 +431,8 @@ func TestSparseApply(t *testing.T) {
 							t.Fatalf("%s: W[%d] = %v, dense float64 %v: |diff| %.3g > %.3g", name, k, g, x[k], d, tol)
 						}
 					}
+
+					checkApplySkip(t, cr, args, W0, Delta, P, Q, sh, lr, wd, step, matrix)
 
 					// The same seed reproduces; seed+100 changes some
 					// rounding of a bf16 W when enough elements are inexact,
@@ -453,6 +457,39 @@ func TestSparseApply(t *testing.T) {
 			})
 		}
 	}
+}
+
+// checkApplySkip runs the apply of args again, from W0, with a skip flag
+// that is clear (the result must be the one without a flag) and then with
+// one that is set (nothing may change, W and T alike), on the simulator
+// and on the CPU backend, and leaves args.Skip nil.
+func checkApplySkip(t *testing.T, cr *cpuRig, args applyArgs, W0, Delta []float32, P, Q sparseProj, sh sparseShape,
+	lr, wd float32, step uint64, matrix uint32) {
+	t.Helper()
+	want := args.W.Values()
+	wantT := append([]float32(nil), args.T.Float32()...)
+	args.W.Set(W0)
+	args.Skip = FromFloat32(t, []float32{0})
+	mustLaunch(t, args.launch(args.W.DT()))
+	checkF32Bits(t, "clear flag: W", args.W.Values(), want)
+	checkF32Bits(t, "clear flag: T", args.T.Float32(), wantT)
+
+	args.W.Set(W0)
+	args.T.Float32()[0] = 12345 // a value the apply would overwrite
+	wantT[0] = 12345
+	args.Skip.Float32()[0] = 1
+	mustLaunch(t, args.launch(args.W.DT()))
+	checkF32Bits(t, "set flag: W", args.W.Values(), W0)
+	checkF32Bits(t, "set flag: T", args.T.Float32(), wantT)
+
+	cW := cr.tensor("W", W0, args.W.BF16)
+	cT := cr.tensor("T", wantT, false)
+	pidx, pval := P.cpuRows(cr)
+	qidx, qval := Q.cpuRows(cr)
+	cr.run("SparseApply", cr.be.SparseApply(cr.s, cW, cT, cr.tensor("Delta", Delta, false), pidx, pval,
+		qidx, qval, cr.tensor("skip", []float32{1}, false), sh.m, sh.n, sh.d, sh.r, lr, wd, args.Seed, step, matrix))
+	checkF32Bits(t, "set flag: CPU W", cr.get(cW), W0)
+	checkF32Bits(t, "set flag: CPU T", cr.get(cT), wantT)
 }
 
 // The launchers reject bad sizes, missing buffers and dtype flags other

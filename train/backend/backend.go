@@ -284,12 +284,20 @@ type Ops interface {
 	// fixed order; out is F32 [1] (a view); work F64 of at least
 	// SumSquaresWork elements, overwritten.
 	SumSquares(s Stream, out, x, work Tensor) error
+	// NonFiniteFlag writes flag[0] = 1 when some element of x (F32) is NaN
+	// or infinite, else 0; flag is F32 [1] (a view). It turns the step's
+	// per-token losses into the skip flag the update ops read, on the
+	// device, so skipping a step needs no host synchronization.
+	NonFiniteFlag(s Stream, flag, x Tensor) error
 	// AdamW updates param (and master, an F32 copy of a bf16 param, when
 	// master.Buf != nil) from grad with moments m, v (F32), decoupled
 	// weight decay, bias correction for p.Step, eps outside the sqrt, and
 	// clipping by sumSq (F32 [1], the squared norm the clip uses) when
-	// p.MaxNorm > 0.
-	AdamW(s Stream, param, master, grad, m, v, sumSq Tensor, p AdamParams) error
+	// p.MaxNorm > 0. skip (F32 [1], read on the device; nil Buf: never)
+	// skips the update when skip[0] != 0: nothing is written (param,
+	// master, m and v keep their bits), as for a step whose loss
+	// NonFiniteFlag found not finite.
+	AdamW(s Stream, param, master, grad, m, v, sumSq, skip Tensor, p AdamParams) error
 
 	// LSP sparse projection (DESIGN.md section 2). BT tokens, m inputs, n
 	// outputs, d the projected size, r non-zeros per projector row. P
@@ -317,6 +325,8 @@ type Ops interface {
 	// Q^T); 1 <= r <= d. A BF16 W is written by stochastic rounding keyed
 	// by (seed, step, matrix, element i*n+j), bit for bit as the CPU
 	// reference (cpu.SparseApply); an F32 W is written exactly (no
-	// rounding).
-	SparseApply(s Stream, W, T, Delta, pidx, pval, qidx, qval Tensor, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32) error
+	// rounding). skip (F32 [1], read on the device; nil Buf: never) skips
+	// the apply when skip[0] != 0: neither W nor T is written (AdamW's
+	// skip).
+	SparseApply(s Stream, W, T, Delta, pidx, pval, qidx, qval, skip Tensor, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32) error
 }

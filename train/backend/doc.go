@@ -71,11 +71,12 @@
 //	GeluBackward                 dinp, dout: fp32|bf16 [g_bf16]; inp: fp32|bf16 [x_bf16]
 //	CrossEntropyForwardBackward  losses: fp32; logits: fp32|bf16 [x_bf16]; targets: i32
 //	SumSquares                   out: fp32; x: fp32|bf16 [x_bf16]; work: fp64
-//	AdamW                        param: fp32|bf16 [param_bf16]; grad: fp32|bf16 [grad_bf16]; master, m, v, sumSq: fp32
+//	NonFiniteFlag                flag, x: fp32
+//	AdamW                        param: fp32|bf16 [param_bf16]; grad: fp32|bf16 [grad_bf16]; master, m, v, sumSq, skip: fp32
 //	SparseCompressA              A, colval: fp32; X: fp32|bf16 [x_bf16]; colptr, rowidx: i32
 //	SparseCompressB              B, colval: fp32; dY: fp32|bf16 [dy_bf16]; colptr, rowidx: i32
 //	SparseS                      S, A, B: fp32
-//	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval: fp32; pidx, qidx: i32
+//	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval, skip: fp32; pidx, qidx: i32
 //
 // Scratch memory (LayerNormBackward, AttentionBackward, SumSquares) is
 // passed in by the caller, sized by LayerNormBackwardScratch,

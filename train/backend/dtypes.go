@@ -97,17 +97,19 @@ var kernelDTypes = []OpDTypes{
 		Groups: []DTypeGroup{grp(onlyF32, "", "losses"), grp(storage, "x_bf16", "logits"), grp(onlyI32, "", "targets")}},
 	{Op: "SumSquares", Launcher: "lsp_sum_squares", Args: []string{"out", "x", "work"},
 		Groups: []DTypeGroup{grp(onlyF32, "", "out"), grp(storage, "x_bf16", "x"), grp(onlyF64, "", "work")}},
-	{Op: "AdamW", Launcher: "lsp_adamw", Args: []string{"param", "master", "grad", "m", "v", "sumSq"},
+	{Op: "NonFiniteFlag", Launcher: "lsp_non_finite_flag", Args: []string{"flag", "x"},
+		Groups: []DTypeGroup{grp(onlyF32, "", "flag", "x")}},
+	{Op: "AdamW", Launcher: "lsp_adamw", Args: []string{"param", "master", "grad", "m", "v", "sumSq", "skip"},
 		Groups: []DTypeGroup{grp(storage, "param_bf16", "param"), grp(storage, "grad_bf16", "grad"),
-			grp(onlyF32, "", "master", "m", "v", "sumSq")}},
+			grp(onlyF32, "", "master", "m", "v", "sumSq", "skip")}},
 	{Op: "SparseCompressA", Launcher: "lsp_sparse_compress_a", Args: []string{"A", "X", "colptr", "rowidx", "colval"},
 		Groups: []DTypeGroup{grp(onlyF32, "", "A", "colval"), grp(storage, "x_bf16", "X"), grp(onlyI32, "", "colptr", "rowidx")}},
 	{Op: "SparseCompressB", Launcher: "lsp_sparse_compress_b", Args: []string{"B", "dY", "colptr", "rowidx", "colval"},
 		Groups: []DTypeGroup{grp(onlyF32, "", "B", "colval"), grp(storage, "dy_bf16", "dY"), grp(onlyI32, "", "colptr", "rowidx")}},
 	{Op: "SparseS", Launcher: "lsp_sparse_s", Args: []string{"S", "A", "B"},
 		Groups: []DTypeGroup{grp(onlyF32, "", "S", "A", "B")}},
-	{Op: "SparseApply", Launcher: "lsp_sparse_apply", Args: []string{"W", "T", "Delta", "pidx", "pval", "qidx", "qval"},
-		Groups: []DTypeGroup{grp(storage, "w_bf16", "W"), grp(onlyF32, "", "T", "Delta", "pval", "qval"), grp(onlyI32, "", "pidx", "qidx")}},
+	{Op: "SparseApply", Launcher: "lsp_sparse_apply", Args: []string{"W", "T", "Delta", "pidx", "pval", "qidx", "qval", "skip"},
+		Groups: []DTypeGroup{grp(storage, "w_bf16", "W"), grp(onlyF32, "", "T", "Delta", "pval", "qval", "skip"), grp(onlyI32, "", "pidx", "qidx")}},
 }
 
 // KernelDTypes returns the table, one entry per Ops method (a copy).

@@ -117,20 +117,20 @@ func TestArgumentErrors(t *testing.T) {
 		{"sum squares work short", func(be *Backend, x argEnv) error { return be.SumSquares(s(be), x.one, x.g10, x.w10) }, "work has 10 elements, the op needs 1024"},
 		{"fp64 is no storage type", func(be *Backend, x argEnv) error { return be.Fill(s(be), x.w10, 1) }, "t has dtype fp64"},
 		{"adamw bf16 moments", func(be *Backend, x argEnv) error {
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.h10, x.f10, backend.Tensor{}, adam)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.h10, x.f10, backend.Tensor{}, backend.Tensor{}, adam)
 		}, "fp32"},
 		{"adamw step 0", func(be *Backend, x argEnv) error {
 			p := adam
 			p.Step = 0
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, p)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, p)
 		}, "step 0"},
 		{"adamw clipping without sumSq", func(be *Backend, x argEnv) error {
 			p := adam
 			p.MaxNorm = 1
-			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, p)
+			return be.AdamW(s(be), x.f10, backend.Tensor{}, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, p)
 		}, "sumSq"},
 		{"adamw master length", func(be *Backend, x argEnv) error {
-			return be.AdamW(s(be), x.h10, x.f9, x.g10, x.f10, x.f10, backend.Tensor{}, adam)
+			return be.AdamW(s(be), x.h10, x.f9, x.g10, x.f10, x.f10, backend.Tensor{}, backend.Tensor{}, adam)
 		}, "master has 9"},
 		{"copy to int", func(be *Backend, x argEnv) error { return be.CopyD2D(s(be), x.i10, x.f10) }, "dst has dtype i32"},
 		{"copy length", func(be *Backend, x argEnv) error { return be.CopyD2D(s(be), x.f9, x.h10) }, "dst has 9"},

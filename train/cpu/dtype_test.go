@@ -118,13 +118,13 @@ func dtypeCases() []dtypeCase {
 		{"adamw with master", []tspec{{"param", 20, flt, nil}, {"master", 20, fixed, nil}, {"grad", 20, flt, nil},
 			{"m", 20, fixed, nil}, {"v", 20, fixed, positive}, {"sumSq", 1, fixed, positive}},
 			[]string{"param", "master", "m", "v"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"],
+				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"], backend.Tensor{},
 					backend.AdamParams{LR: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, MaxNorm: 0.8})
 			}},
 		{"adamw without master", []tspec{{"param", 20, flt, nil}, {"grad", 20, flt, nil},
 			{"m", 20, fixed, nil}, {"v", 20, fixed, positive}},
 			[]string{"param", "m", "v"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AdamW(s, x["param"], backend.Tensor{}, x["grad"], x["m"], x["v"], backend.Tensor{},
+				return be.AdamW(s, x["param"], backend.Tensor{}, x["grad"], x["m"], x["v"], backend.Tensor{}, backend.Tensor{},
 					backend.AdamParams{LR: 0.01, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 1})
 			}},
 		{"copy from fp32", []tspec{{"dst", 15, flt, nil}, {"src", 15, fixed, nil}}, []string{"dst"},

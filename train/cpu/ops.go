@@ -618,8 +618,46 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 	})
 }
 
+// NonFiniteFlag implements backend.Ops.
+func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error {
+	const op = "non-finite flag"
+	if err := b.needAll(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
+		return err
+	}
+	if err := needF32(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
+		return err
+	}
+	return b.enqueue(s, op, ranges(x), ranges(flag), func() error {
+		bad := float32(0)
+		for _, v := range f32View(x) {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				bad = 1
+				break
+			}
+		}
+		f32View(flag)[0] = bad
+		return nil
+	})
+}
+
+// needSkip checks an update op's optional skip flag: none (nil Buf) or an
+// F32 [1].
+func (b *Backend) needSkip(op string, skip backend.Tensor) error {
+	if skip.Buf == nil {
+		return nil
+	}
+	if err := b.need(op, "skip", skip, 1, false); err != nil {
+		return err
+	}
+	return needF32(op, f("skip", skip, 1))
+}
+
+// skipped reads an update op's skip flag on the stream: set means the op
+// writes nothing.
+func skipped(skip backend.Tensor) bool { return skip.Buf != nil && f32View(skip)[0] != 0 }
+
 // AdamW implements backend.Ops.
-func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backend.Tensor, p backend.AdamParams) error {
+func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip backend.Tensor, p backend.AdamParams) error {
 	n := param.Len()
 	args := []arg{f("param", param, n), f("grad", grad, n), f("m", m, n), f("v", v, n)}
 	if master.Buf != nil {
@@ -631,17 +669,23 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backe
 	if err := b.needAll("adamw", args...); err != nil {
 		return err
 	}
+	if err := b.needSkip("adamw", skip); err != nil {
+		return err
+	}
 	if m.DType != backend.F32 || v.DType != backend.F32 || (master.Buf != nil && master.DType != backend.F32) {
 		return fmt.Errorf("cpu: adamw: moments and master must be fp32")
 	}
 	if p.Step < 1 {
 		return fmt.Errorf("cpu: adamw: step %d, want >= 1", p.Step)
 	}
-	reads := ranges(grad, param, m, v, master)
+	reads := ranges(grad, param, m, v, master, skip)
 	if p.MaxNorm > 0 {
 		reads = append(reads, sumSq.Range())
 	}
 	return b.enqueue(s, "adamw", reads, ranges(param, m, v, master), func() error {
+		if skipped(skip) {
+			return nil
+		}
 		w := load(param)
 		if master.Buf != nil {
 			w = f32View(master)

@@ -134,8 +134,9 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 }
 
 // SparseApply implements backend.Ops: W <- (1 - lr*wd) W + P Delta Q^T,
-// through T = Delta Q^T; a bf16 W is stored by stochastic rounding.
-func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval backend.Tensor, m, n, d, r int,
+// through T = Delta Q^T; a bf16 W is stored by stochastic rounding. A set
+// skip flag leaves W and T as they are.
+func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor, m, n, d, r int,
 	lr, wd float32, seed, step uint64, matrix uint32) error {
 	const op = "sparse apply"
 	if err := checkPositive(op, "m n d r", m, n, d, r); err != nil {
@@ -151,7 +152,13 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	if err := needF32(op, f("T", T, 0), f("Delta", Delta, 0), f("pval", pval, 0), f("qval", qval, 0)); err != nil {
 		return err
 	}
-	return b.enqueue(s, op, ranges(W, Delta, pidx, pval, qidx, qval), ranges(W, T), func() error {
+	if err := b.needSkip(op, skip); err != nil {
+		return err
+	}
+	return b.enqueue(s, op, ranges(W, Delta, pidx, pval, qidx, qval, skip), ranges(W, T), func() error {
+		if skipped(skip) {
+			return nil
+		}
 		pi, pv, qi, qv := i32View(pidx), f32View(pval), i32View(qidx), f32View(qval)
 		if err := CheckSparseRows(pi, pv, m, d, r); err != nil {
 			return fmt.Errorf("cpu: %s: P: %w", op, err)

@@ -271,7 +271,7 @@ func runSparseOps(t *testing.T, threads int, dt backend.DType, in spInputs) spOu
 	ok(t, be.SparseCompressB(s, B, dY, Q.tColptr, Q.tRowidx, Q.tColval, sh.BT, sh.n, sh.d))
 	ok(t, be.SparseS(s, S, A, B, sh.BT, sh.d, false))
 	ok(t, be.SparseS(s, S, A, B, sh.BT, sh.d, true))
-	ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, sh.m, sh.n, sh.d, sh.r,
+	ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, backend.Tensor{}, sh.m, sh.n, sh.d, sh.r,
 		in.lr, in.wd, in.seed, in.step, in.matrix))
 	return spOut{A: get(t, be, A), B: get(t, be, B), S: get(t, be, S), T: get(t, be, T), W: get(t, be, W)}
 }
@@ -407,7 +407,7 @@ func TestSparseOpsApply(t *testing.T) {
 			Delta, T := tensorOf(t, be, "Delta", backend.F32, dv), alloc(t, be, "T", sh.d*sh.n, backend.F32)
 			apply := func(seed, step uint64, matrix uint32) []float32 {
 				W := tensorOf(t, be, "W", dt, W0)
-				ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, sh.m, sh.n, sh.d, sh.r, lr, wd, seed, step, matrix))
+				ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, backend.Tensor{}, sh.m, sh.n, sh.d, sh.r, lr, wd, seed, step, matrix))
 				return get(t, be, W)
 			}
 			got := apply(1, 10, 2)
@@ -460,7 +460,7 @@ func TestSparseOpsApplyUnbiased(t *testing.T) {
 	res := alloc(t, be, "results", seeds*m*n, backend.BF16)
 	for seed := range seeds {
 		ok(t, be.CopyD2D(s, W, W0t))
-		ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, m, n, d, r, lr, wd, uint64(seed), 3, 1))
+		ok(t, be.SparseApply(s, W, T, Delta, P.tIdx, P.tVal, Q.tIdx, Q.tVal, backend.Tensor{}, m, n, d, r, lr, wd, uint64(seed), 3, 1))
 		ok(t, be.CopyD2D(s, res.Slice(seed*m*n, m*n), W))
 	}
 	all := get(t, be, res)
@@ -530,7 +530,7 @@ func TestSparseOpsArgumentErrors(t *testing.T) {
 		return be.SparseCompressB(be.DefaultStream(), B, dY, cp, ri, cv, v.BT, v.n, v.d)
 	}
 	ap := func(be *Backend, v spArgEnv, W, T, Delta, pi, pv, qi, qv backend.Tensor, d, r int) error {
-		return be.SparseApply(be.DefaultStream(), W, T, Delta, pi, pv, qi, qv, v.m, v.n, d, r, 1e-3, 0.1, 1, 1, 1)
+		return be.SparseApply(be.DefaultStream(), W, T, Delta, pi, pv, qi, qv, backend.Tensor{}, v.m, v.n, d, r, 1e-3, 0.1, 1, 1, 1)
 	}
 	cases := []struct {
 		name  string
@@ -643,7 +643,7 @@ func (v spHazEnv) compressB(s backend.Stream) error {
 }
 
 func (v spHazEnv) apply(s backend.Stream) error {
-	return v.be.SparseApply(s, v.W, v.T, v.Delta, v.P.tIdx, v.P.tVal, v.Q.tIdx, v.Q.tVal, v.m, v.n, v.d, v.r, 1e-3, 0.1, 5, 6, 7)
+	return v.be.SparseApply(s, v.W, v.T, v.Delta, v.P.tIdx, v.P.tVal, v.Q.tIdx, v.Q.tVal, backend.Tensor{}, v.m, v.n, v.d, v.r, 1e-3, 0.1, 5, 6, 7)
 }
 
 // TestSparseOpsHazards: the sparse ops on two streams. Ordered by an event

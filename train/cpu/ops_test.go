@@ -307,7 +307,7 @@ func TestAdamW(t *testing.T) {
 				ok(t, be.SumSquares(s, sumSq, grad, work))
 				p := hp
 				p.Step, p.MaxNorm = step, tc.maxNorm
-				ok(t, be.AdamW(s, param, master, grad, m, v, sumSq, p))
+				ok(t, be.AdamW(s, param, master, grad, m, v, sumSq, backend.Tensor{}, p))
 				var ss float64
 				for _, x := range g {
 					ss += float64(x) * float64(x)

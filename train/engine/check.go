@@ -116,8 +116,11 @@ func (c *calibration) outputGrad(s backend.Stream, l, k int, dY backend.Tensor) 
 }
 
 // CheckDue reports whether the projectors are checked before the next step.
+// A step skipped for a non-finite loss does not advance the step count, so
+// the attempt after it would be due again; one check per step count is
+// enough (and a second would refit the projectors once more).
 func (e *Engine) CheckDue() bool {
-	if e.lsp == nil || e.lsp.calib == nil {
+	if e.lsp == nil || e.lsp.calib == nil || e.checked == e.step {
 		return false
 	}
 	return e.step == 0 || e.step%e.cfg.LSP.CheckEvery == 0
@@ -144,6 +147,7 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 		return nil, fmt.Errorf("engine: projector check: no target tokens in the calibration batch")
 	}
 	defer func() { st.calibLayer = -1 }()
+	e.checked = e.step
 	m, be, s := e.Model, e.be, e.st.Compute
 	bufs := m.Buffers()
 	var reports []CheckReport

@@ -19,6 +19,20 @@
 // Step returns, so checkpoints, eval and Ctrl-C between steps always see a
 // drained pipeline.
 //
+// A step whose loss is not finite is skipped whole: after the last
+// micro-batch's loss, NonFiniteFlag reduces the step's per-token losses
+// into a flag on the device, before any update. Every device update op
+// (AdamW, SparseApply) reads it and writes nothing when it is set; in
+// zero and lsp mode a 4-byte copy of it goes down on the d2h stream
+// ahead of the first gradient, and the host
+// Adam nodes, which wait for their gradient's copy anyway, read it there
+// and neither update nor send anything up. The launcher never waits for
+// the flag: the only host read of it outside the host nodes is with the
+// losses after the step's drain, which takes the skipped step back from
+// the step counts (Skipped). A non-finite gradient with a finite loss is
+// not caught this way: it shows only layer by layer, when deeper layers
+// are already updated (GradNorm tells the caller).
+//
 // Limits: --clip-mode global-prev only in native mode (the host Adam clips
 // per tensor).
 package engine
@@ -31,6 +45,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -137,9 +152,17 @@ type Engine struct {
 	step    int // optimizer steps taken
 	workers *host.Workers
 
-	stage   backend.HostBuffer // inputs and targets of every micro-batch (I32)
-	lossAcc backend.Tensor     // per-position losses of every micro-batch (F32)
-	losses  []float32          // lossAcc read back (through the backend's staging buffer)
+	stage backend.HostBuffer // inputs and targets of every micro-batch (I32)
+
+	// lossFlag is lossAcc, the per-position losses of every micro-batch,
+	// followed by skipFlag, the step's non-finite flag (F32 [1]): one
+	// allocation, so that the losses and the flag come back in one copy.
+	lossFlag, lossAcc, skipFlag backend.Tensor
+
+	losses   []float32          // lossFlag read back (through the backend's staging buffer)
+	flagHost backend.HostBuffer // the flag's copy for the host Adam (zero, lsp)
+	skipped  bool               // the latest Step was skipped
+	checked  int                // the step count of the latest projector check (-1: none)
 
 	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
@@ -164,7 +187,7 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1}
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
@@ -192,12 +215,16 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if e.stage, err = be.AllocHost("batch staging", accum*2*BT*4); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if e.lossAcc, err = be.Alloc("step losses", accum*BT, backend.F32); err != nil {
+	if e.lossFlag, err = be.Alloc("step losses and non-finite flag", accum*BT+1, backend.F32); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e.losses = make([]float32, accum*BT)
+	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
+	e.losses = make([]float32, accum*BT+1)
 	if cfg.Mode != Native {
 		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
 	}
@@ -292,11 +319,14 @@ func (e *Engine) Free() error {
 	if e.off != nil {
 		e.off.free()
 	}
-	if e.lossAcc.Buf != nil {
-		e.be.Free(e.lossAcc)
+	if e.lossFlag.Buf != nil {
+		e.be.Free(e.lossFlag)
 	}
 	if e.stage != nil {
 		e.be.FreeHost(e.stage)
+	}
+	if e.flagHost != nil {
+		e.be.FreeHost(e.flagHost)
 	}
 	if e.Model != nil {
 		e.Model.Free()
@@ -312,7 +342,7 @@ func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 
 // SetStepCount restores the step count from a checkpoint.
 func (e *Engine) SetStepCount(n int) {
-	e.step = n
+	e.step, e.checked = n, -1
 	for _, o := range []*optim.AdamW{e.opt, e.dense} {
 		if o != nil {
 			o.SetStepCount(n)
@@ -342,7 +372,8 @@ func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 // Step runs one optimizer step over the micro-batches (len == accum) at
 // learning rate lr and returns the sum of the per-token losses (divide by
 // the batches' NumTargets for the mean). Every update is applied when it
-// returns.
+// returns. When the loss is not finite the step is skipped (see Skipped):
+// the sum returned is NaN or infinite, and nothing was updated.
 func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
 	if len(batches) != e.accum {
 		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)
@@ -358,6 +389,7 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 		return 0, err
 	}
 	e.step++
+	e.skipped = false
 	g, err := e.stepGraph(float32(1/float64(targets)), lr)
 	if err != nil {
 		return 0, err
@@ -372,13 +404,50 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	if err := e.Drain(); err != nil {
 		return 0, fmt.Errorf("step %d: %w", e.step, err)
 	}
-	if err := e.be.Staging().DownloadInto(e.st.Compute, e.losses, e.lossAcc); err != nil {
+	// The losses and the flag: one copy, after the drain, where the step
+	// has finished anyway.
+	if err := e.be.Staging().DownloadInto(e.st.Compute, e.losses, e.lossFlag); err != nil {
 		return 0, err
 	}
-	for _, l := range e.losses {
+	n := e.lossAcc.Len()
+	for _, l := range e.losses[:n] {
 		lossSum += float64(l)
 	}
+	if e.losses[n] != 0 {
+		if err := e.undoStep(); err != nil {
+			return 0, fmt.Errorf("step %d: taking back the skipped step: %w", e.step+1, err)
+		}
+	}
 	return lossSum, nil
+}
+
+// Skipped reports whether the latest Step was skipped because its loss was
+// not finite: no parameter, master copy or moment (device or host) was
+// written, and the step counts (Adam's bias correction, the rounding key,
+// the next Step's number) did not advance, as torch's GradScaler leaves
+// the optimizer untouched on a step it skips. The batches were consumed.
+func (e *Engine) Skipped() bool { return e.skipped }
+
+// undoStep takes a step that the device skipped back from the step counts.
+func (e *Engine) undoStep() error {
+	e.skipped = true
+	e.step--
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o != nil {
+			if err := o.Skipped(e.st.Compute); err != nil {
+				return err
+			}
+		}
+	}
+	return e.be.Synchronize(e.st.Compute)
+}
+
+// hostSkip reads the step's non-finite flag from its pinned copy. Only a
+// host node ordered after the flag's d2h copy (every one after a gradient
+// copy is: the flag goes first on the d2h stream) may call it.
+func (e *Engine) hostSkip(node string) bool {
+	e.hostAccess(node+" (flag)", []backend.Range{hostRange(e.flagHost, 0, 4)}, nil)
+	return e.flagHost.Float32()[0] != 0
 }
 
 // Drain waits until every stream is idle.
@@ -443,6 +512,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	var bwdEmbed NodeID
 	for i := 0; i < e.accum; i++ {
 		i := i
+		// A test's NaN injection (train/faults), decided here so that both
+		// schedules run the same graph.
+		scale, nan := lossScale, faults.NaNAt(e.step, i)
+		if nan == faults.NaNGrad || nan == faults.NaNBoth {
+			scale = float32(math.NaN()) // every gradient of the micro-batch, not its loss
+		}
 		g.Add(fmt.Sprintf("forward %d", i), Compute, func(s backend.Stream) error {
 			if err := be.CopyH2D(s, bufs.Inputs, e.stage, 2*i*BT*4); err != nil {
 				return err
@@ -456,14 +531,30 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			if err := m.Forward(s); err != nil {
 				return err
 			}
-			if err := m.CrossEntropy(s, lossScale); err != nil {
+			if err := m.CrossEntropy(s, scale); err != nil {
 				return err
 			}
 			if err := be.CopyD2D(s, e.lossAcc.Slice(i*BT, BT), bufs.Losses); err != nil {
 				return err
 			}
+			if nan == faults.NaNLoss || nan == faults.NaNBoth {
+				if err := be.Fill(s, e.lossAcc.Slice(i*BT, 1), float32(math.NaN())); err != nil {
+					return err
+				}
+			}
 			return m.BackwardHead(s)
 		})
+		if i == e.accum-1 {
+			// Every loss of the step is known: the flag, before any update.
+			flag := g.Add("non-finite flag", Compute, func(s backend.Stream) error {
+				return be.NonFiniteFlag(s, e.skipFlag, e.lossAcc)
+			})
+			if e.flagHost != nil {
+				g.Add("d2h non-finite flag", D2H, func(s backend.Stream) error {
+					return be.CopyD2H(s, e.flagHost, 0, e.skipFlag)
+				}, flag)
+			}
+		}
 		for l := L - 1; l >= 0; l-- {
 			l := l
 			bwd[l] = g.Add(fmt.Sprintf("backward %d.%d", i, l), Compute, func(s backend.Stream) error {
@@ -479,12 +570,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	}
 	switch e.cfg.Mode {
 	case Native:
-		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr)) })
+		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) })
 	case Zero:
 		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
 	case LSP:
 		if e.dense != nil {
-			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr)) })
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) })
 		}
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the

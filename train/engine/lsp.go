@@ -90,6 +90,10 @@ type lspState struct {
 	calibLayer int // >= 0: calibration mode for that layer (check.go)
 	calib      *calibration
 	layerNorm  []float64 // squared norm of the layer's S in the latest step
+	// skipped[l]: the step's loss was not finite, so layer l's host Adam
+	// left its moments alone and no Delta goes up (written by the host
+	// node, read by the launcher after it); the apply skips on the device.
+	skipped []bool
 }
 
 // lspDims is the capped d and r of every block matrix k: d = min(--d, m,
@@ -175,6 +179,7 @@ func (st *lspState) init(e *Engine) error {
 	st.mats = make([][]*lspMatrix, L)
 	st.inputs = make([][]*lspInput, L)
 	st.layerNorm = make([]float64, L)
+	st.skipped = make([]bool, L)
 	for l := 0; l < L; l++ {
 		st.inputs[l] = make([]*lspInput, x.Inputs)
 		for k, mt := range x.Mats {
@@ -353,6 +358,9 @@ func (st *lspState) addUp(g *Graph, adam []NodeID, lr float64) {
 	for l := len(st.mats) - 1; l >= 0; l-- {
 		l := l
 		h2d := g.Add(fmt.Sprintf("h2d Delta %d", l), H2D, func(s backend.Stream) error {
+			if st.skipped[l] {
+				return nil // no Delta: the apply skips on the device flag
+			}
 			for _, x := range st.mats[l] {
 				if err := e.be.CopyH2D(s, x.S, st.hostS, x.hostOff); err != nil {
 					return err
@@ -366,9 +374,14 @@ func (st *lspState) addUp(g *Graph, adam []NodeID, lr float64) {
 	}
 }
 
-// adam runs subspace Adam on one layer's S, in place: S becomes Delta.
+// adam runs subspace Adam on one layer's S, in place: S becomes Delta; on
+// a step whose loss is not finite it does nothing, so the subspace moments
+// and step counts stay as they are.
 func (st *lspState) adam(l int, lr float64) error {
 	e := st.e
+	if st.skipped[l] = e.hostSkip(fmt.Sprintf("host adam S %d", l)); st.skipped[l] {
+		return nil
+	}
 	var rs []backend.Range
 	for _, x := range st.mats[l] {
 		rs = append(rs, hostRange(st.hostS, x.hostOff, x.d*x.d*4))
@@ -407,7 +420,7 @@ func (st *lspState) apply(s backend.Stream, l int, lr float64) error {
 			wd = e.cfg.Hyper.WeightDecay
 		}
 		err := e.be.SparseApply(s, x.w, st.tWork.Slice(0, x.d*x.n, x.d, x.n), x.S, x.in.pIdx, x.in.pVal, x.qIdx, x.qVal,
-			x.m, x.n, x.d, x.r, float32(xlr), wd, e.cfg.Seed, uint64(e.step), x.id)
+			e.skipFlag, x.m, x.n, x.d, x.r, float32(xlr), wd, e.cfg.Seed, uint64(e.step), x.id)
 		if err != nil {
 			return fmt.Errorf("apply %s: %w", x.name, err)
 		}

@@ -35,6 +35,10 @@ type hostGroup struct {
 	layer   int // -1: outside the blocks, complete after the embeddings' backward
 	tensors []hostTensor
 	normSq  float64 // of the latest step, written by the group's host node
+	// skipped: the step's loss was not finite, so the host node left the
+	// master and moments alone and the weight copy up is not made
+	// (written by the host node, read by the launcher after it).
+	skipped bool
 }
 
 type offload struct {
@@ -210,6 +214,9 @@ func (o *offload) addUp(g *Graph, adam []NodeID) {
 	for gi := range o.groups {
 		grp := &o.groups[gi]
 		g.Add("h2d weights "+grp.name, H2D, func(s backend.Stream) error {
+			if grp.skipped {
+				return nil // the pinned weights are not this step's
+			}
 			for _, t := range grp.tensors {
 				if err := e.be.CopyH2D(s, t.param, o.out, t.off*dsize); err != nil {
 					return err
@@ -220,9 +227,14 @@ func (o *offload) addUp(g *Graph, adam []NodeID) {
 	}
 }
 
-// adam runs one group's CPU Adam step.
+// adam runs one group's CPU Adam step, or nothing on a step whose loss is
+// not finite: the master weights, moments and step counts stay as they
+// are (host.AdamState.Step counts applied steps only).
 func (o *offload) adam(grp *hostGroup, lr float64) error {
 	e := o.e
+	if grp.skipped = e.hostSkip("host adam " + grp.name); grp.skipped {
+		return nil
+	}
 	dsize := e.dt.Size()
 	var reads, writes []backend.Range
 	for _, t := range grp.tensors {

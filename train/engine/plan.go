@@ -26,10 +26,11 @@ type Plan struct {
 	Mode   Mode
 	Device []Part
 	Host   []Part
-	// Link is the bytes one step moves each way, excluding the batch.
+	// Link is the bytes one step moves each way, excluding the batch (and
+	// including the non-finite flag's copy for the host Adam).
 	LinkD2H, LinkH2D int64
 	// Batch is the bytes of the micro-batches' inputs and targets (up) and
-	// losses (down) per step.
+	// losses with the non-finite flag (down) per step.
 	BatchH2D, BatchD2H int64
 }
 
@@ -83,9 +84,14 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	mp := arch.PlanWith(B, T, dt, opts)
 	p := Plan{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
-			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4)}},
+			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4) + 4}},
 		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
-		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum * BT * 4),
+		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum*BT*4) + 4,
+	}
+	if cfg.Mode != Native {
+		// The non-finite flag's pinned copy, read by the host Adam.
+		p.Host = append(p.Host, Part{"non-finite flag", 4})
+		p.LinkD2H += 4
 	}
 	N := int64(arch.NumParams())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
@@ -94,7 +100,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)})
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
-		p.LinkD2H, p.LinkH2D = gsize*N, dsize*N
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, dsize*N
 	case LSP:
 		n := lspCount(x, cfg.LSP, BT)
 		p.Device = append(p.Device,
@@ -105,7 +111,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		}
 		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
-		p.LinkD2H, p.LinkH2D = 4*s2, 4*s2
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, 4*s2
 		dense := N - int64(x.MatrixElems())
 		switch cfg.DenseParams {
 		case DenseDevice:

@@ -75,8 +75,9 @@ func TestTrafficPerStep(t *testing.T) {
 				return
 			}
 			// The statement: 8 d^2 per LSP matrix plus the dense
-			// parameters' traffic (plus the batch).
-			var want int64
+			// parameters' traffic (plus the batch), and the 4-byte
+			// non-finite flag the host Adam reads.
+			want := int64(4)
 			for _, row := range tr.e.lsp.mats {
 				for _, x := range row {
 					want += int64(8 * x.d * x.d)

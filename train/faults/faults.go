@@ -7,6 +7,8 @@
 // is armed by an environment variable read once at start-up, by a child
 // process that a test starts (LSP_KILL_AT, LSP_FAIL_AT), or in-process by
 // a test through Arm. Unarmed, Point is one atomic load and a nil check.
+// Numerical faults (a NaN in one micro-batch's loss or gradients,
+// LSP_NAN_AT, ArmNaN) are nan.go's.
 //
 // A spec is POINT[@FILE][:N]: the N-th passing (default 1) of POINT, only
 // counting passings whose file is FILE when @FILE is given. A kill

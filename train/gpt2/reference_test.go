@@ -219,7 +219,7 @@ func TestAdamWTrajectoryMatchesPyTorch(t *testing.T) {
 		if math.Abs(got-float64(want)) > lossRTol*float64(want) {
 			t.Errorf("step %d: loss %.8g, PyTorch %.8g", step, got, want)
 		}
-		if err := opt.Step(s, 1e-3); err != nil {
+		if err := opt.Step(s, 1e-3, backend.Tensor{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -37,9 +37,25 @@ type Record struct {
 	TokensPerSec *float64 `json:"tokens_per_s,omitempty"`
 	LR           *float64 `json:"lr,omitempty"`
 	GradNorm     *float64 `json:"grad_norm,omitempty"`
-	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint", "projector-check"
+	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint", "projector-check", "skipped-step"
 	// Projector is one matrix's projector check in lsp mode.
 	Projector *ProjectorCheck `json:"projector,omitempty"`
+	// Skipped is an attempt at step Step whose loss was not finite and
+	// which --on-nonfinite skip skipped.
+	Skipped *SkippedStep `json:"skipped,omitempty"`
+}
+
+// SkippedStepEvent is the Event of a skipped step's record.
+const SkippedStepEvent = "skipped-step"
+
+// SkippedStep is an attempt at a step that was skipped because its loss
+// was not finite: nothing was updated and the step number did not
+// advance, so the next record of the same step is the attempt with the
+// next batch. A run resumed from a checkpoint before the skip reads the
+// same batch again and records the skip again, at the same step.
+type SkippedStep struct {
+	Loss   string `json:"loss"`     // the step's mean loss as Go prints it: NaN, +Inf or -Inf (JSON has no such numbers)
+	InARow int    `json:"in_a_row"` // the attempts at this step skipped so far, this one included
 }
 
 // ProjectorCheckEvent is the Event of a projector check's record.

@@ -239,3 +239,43 @@ func TestFullDiskCutsPartialLine(t *testing.T) {
 		t.Fatalf("after resume: %+v, %v", recs, err)
 	}
 }
+
+// TestSkippedStep: a skipped attempt round-trips with its non-finite loss
+// as text, and a resume from a checkpoint before the skipped step drops
+// it (the resumed run reads the batch again) while a resume from the step
+// it was attempted at, which the checkpoint includes, keeps it.
+func TestSkippedStep(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	in := []Record{
+		{Step: 1, Time: 0.5, TrainLoss: F(2.5)},
+		{Step: 2, Time: 0.9, LR: F(1e-3), Event: SkippedStepEvent, Skipped: &SkippedStep{Loss: "NaN", InARow: 1}},
+		{Step: 2, Time: 1.2, LR: F(1e-3), Event: SkippedStepEvent, Skipped: &SkippedStep{Loss: "+Inf", InARow: 2}},
+		{Step: 2, Time: 1.5, TrainLoss: F(2.25)},
+	}
+	writeAll(t, path, -1, in...)
+	got, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, in) {
+		t.Fatalf("got %+v, want %+v", got, in)
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b), `"event":"skipped-step","skipped":{"loss":"NaN","in_a_row":1}`) {
+		t.Errorf("no skipped record as documented in\n%s", b)
+	}
+	for _, tc := range []struct {
+		resume int
+		want   []int
+	}{{1, []int{1}}, {2, []int{1, 2, 2, 2}}} {
+		writeAll(t, path, -1, in...)
+		writeAll(t, path, tc.resume)
+		got, err := ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := steps(got); !reflect.DeepEqual(s, tc.want) {
+			t.Errorf("resume at %d kept steps %v, want %v", tc.resume, s, tc.want)
+		}
+	}
+}

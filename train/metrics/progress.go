@@ -12,6 +12,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -109,13 +110,18 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 // Log logs a message (eval results and the like) without garbling the bar:
 // on a terminal the status line is cleared, the message logged, and the line
 // redrawn.
-func (p *Progress) Log(msg string, args ...any) {
+func (p *Progress) Log(msg string, args ...any) { p.log(slog.LevelInfo, msg, args...) }
+
+// Warn is Log at the warning level (a skipped step and the like).
+func (p *Progress) Warn(msg string, args ...any) { p.log(slog.LevelWarn, msg, args...) }
+
+func (p *Progress) log(level slog.Level, msg string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tty && p.drawn {
 		io.WriteString(p.out, "\r\x1b[K")
 	}
-	p.logger.Info(msg, args...)
+	p.logger.Log(context.Background(), level, msg, args...)
 	if p.tty && p.drawn {
 		p.draw(p.now())
 	}

@@ -97,8 +97,8 @@ type AdamW struct {
 
 	// M, V and Master (nil Buf when params are fp32) are the state that a
 	// checkpoint saves. Norms holds one squared norm per tensor, then, with
-	// the whole gradient, the step's global squared norm and the previous
-	// step's.
+	// the whole gradient, the latest step's global squared norm and the one
+	// before it (the clip of ClipGlobalPrev).
 	M, V, Master, Norms backend.Tensor
 	step                int
 	// work is SumSquares' scratch, shared by every norm of a step (they
@@ -223,7 +223,11 @@ func (o *AdamW) GradNormSq(s backend.Stream) (float64, error) {
 }
 
 // Step enqueues one AdamW update of every tensor at learning rate lr.
-func (o *AdamW) Step(s backend.Stream, lr float32) error {
+// skip (F32 [1] on the device, nil Buf: none) is the step's non-finite
+// flag: when it is set the device writes no parameter, master or moment,
+// and the caller, once it has read the flag, calls Skipped to take the
+// step back from the optimizer's own bookkeeping.
+func (o *AdamW) Step(s backend.Stream, lr float32, skip backend.Tensor) error {
 	o.step++
 	be := o.be
 	nt := len(o.tensors)
@@ -231,6 +235,13 @@ func (o *AdamW) Step(s backend.Stream, lr float32) error {
 	var cur, prev backend.Tensor
 	if global {
 		cur, prev = o.Norms.Slice(nt, 1), o.Norms.Slice(nt+1, 1)
+		// This step clips by the latest applied step's global norm. The
+		// copy is made here rather than after the updates so that a
+		// skipped step's norm (NaN, most likely) never becomes prev:
+		// Skipped puts the applied one back into cur.
+		if err := be.CopyD2D(s, prev, cur); err != nil {
+			return fmt.Errorf("adamw: %w", err)
+		}
 		if err := be.SumSquares(s, cur, o.all, o.work); err != nil {
 			return fmt.Errorf("adamw: global norm: %w", err)
 		}
@@ -256,15 +267,26 @@ func (o *AdamW) Step(s backend.Stream, lr float32) error {
 		case ClipGlobalPrev:
 			norm, p.MaxNorm = prev, o.H.MaxNorm
 		}
-		if err := be.AdamW(s, t.Param, state(o.Master), t.Grad, state(o.M), state(o.V), norm, p); err != nil {
+		if err := be.AdamW(s, t.Param, state(o.Master), t.Grad, state(o.M), state(o.V), norm, skip, p); err != nil {
 			return fmt.Errorf("adamw: %s: %w", t.Name, err)
 		}
 	}
-	if !global {
+	return nil
+}
+
+// Skipped takes back the latest Step, which the device skipped (its skip
+// flag was set): the step count used for bias correction goes back, as
+// torch leaves an optimizer's state untouched on a step its GradScaler
+// skips, and the global norm of the latest applied step, which the
+// skipped step moved to prev, goes back to cur for the next Step to
+// clip by. Enqueued on s, after the skipped step.
+func (o *AdamW) Skipped(s backend.Stream) error {
+	o.step--
+	if o.all.Buf == nil {
 		return nil
 	}
-	// The next step clips by this step's global norm.
-	if err := be.CopyD2D(s, prev, cur); err != nil {
+	nt := len(o.tensors)
+	if err := o.be.CopyD2D(s, o.Norms.Slice(nt, 1), o.Norms.Slice(nt+1, 1)); err != nil {
 		return fmt.Errorf("adamw: %w", err)
 	}
 	return nil
