@@ -85,8 +85,6 @@ dim3 blocks(long long n) {
   return dim3((unsigned)(b < kMaxBlocks ? b : kMaxBlocks));
 }
 
-bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
-
 template <typename X>
 cudaError_t launch_gelu_forward(void* out, const void* inp, long long n, cudaStream_t stream) {
   auto kernel = gelu_forward_kernel<X>;
@@ -120,7 +118,7 @@ cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, con
 }  // namespace
 
 extern "C" cudaError_t lsp_gelu_forward(void* out, const void* inp, long long n, int x_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(x_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_gelu_forward<__nv_bfloat16>(out, inp, n, stream);
@@ -129,7 +127,7 @@ extern "C" cudaError_t lsp_gelu_forward(void* out, const void* inp, long long n,
 
 extern "C" cudaError_t lsp_gelu_backward(void* dinp, const void* inp, const void* dout, long long n, int x_bf16,
                                          int g_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(x_bf16) || lsp_bad_dtype(g_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (dinp == nullptr || inp == nullptr || dout == nullptr) return cudaErrorInvalidValue;
   typedef __nv_bfloat16 bf;
@@ -141,7 +139,7 @@ extern "C" cudaError_t lsp_gelu_backward(void* dinp, const void* inp, const void
 
 extern "C" cudaError_t lsp_swiglu_forward(void* out, const void* gate, const void* up, long long n, int x_bf16,
                                           cudaStream_t stream) {
-  if (n < 0 || bad_dtype(x_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (out == nullptr || gate == nullptr || up == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_swiglu_forward<__nv_bfloat16>(out, gate, up, n, stream);
@@ -150,7 +148,7 @@ extern "C" cudaError_t lsp_swiglu_forward(void* out, const void* gate, const voi
 
 extern "C" cudaError_t lsp_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                                            long long n, int x_bf16, int g_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(x_bf16) || lsp_bad_dtype(g_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (dgate == nullptr || dup == nullptr || dout == nullptr || gate == nullptr || up == nullptr)
     return cudaErrorInvalidValue;

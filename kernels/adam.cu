@@ -129,7 +129,8 @@ extern "C" cudaError_t lsp_adamw(void* param, int param_bf16, float* master, con
                                  float* m, float* v, const float* sum_sq, const float* skip, long long n, float lr,
                                  float beta1, float beta2, float eps, float weight_decay, int step, float max_norm,
                                  cudaStream_t stream) {
-  if (n < 0 || step < 1 || (max_norm > 0.0f && sum_sq == nullptr)) return cudaErrorInvalidValue;
+  if (n < 0 || step < 1 || (max_norm > 0.0f && sum_sq == nullptr) || lsp_bad_dtype(param_bf16) || lsp_bad_dtype(grad_bf16))
+    return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (param == nullptr || grad == nullptr || m == nullptr || v == nullptr) return cudaErrorInvalidValue;
   // volatile: the host compiler must not fuse the last product into 1 - x.

@@ -122,7 +122,8 @@ extern "C" cudaError_t lsp_stochastic_round_bf16(__nv_bfloat16* out, const float
 
 extern "C" cudaError_t lsp_sum_squares(float* out, const void* x, int x_bf16, long long n, double* work,
                                        cudaStream_t stream) {
-  if (out == nullptr || work == nullptr || n < 0 || (n > 0 && x == nullptr)) return cudaErrorInvalidValue;
+  if (out == nullptr || work == nullptr || n < 0 || (n > 0 && x == nullptr) || lsp_bad_dtype(x_bf16))
+    return cudaErrorInvalidValue;
   long long g = (n + kThreads * kSumPerThread - 1) / (kThreads * kSumPerThread);
   if (g > kSumBlocks) g = kSumBlocks;
   if (g < 1) g = 1;  // n == 0: one block writes work[0] = 0

@@ -77,4 +77,11 @@ typedef __half_raw __half;
 
 #endif
 
+#if defined(__cplusplus)
+/* lsp_bad_dtype: a launcher's *_bf16 flag that names no storage type (the
+ * flags are backend.DType numbers: 0 fp32, 1 bf16); launchers refuse it with
+ * cudaErrorInvalidValue rather than read it as "not zero: bf16". */
+static inline bool lsp_bad_dtype(int flag) { return flag != 0 && flag != 1; }
+#endif
+
 #endif /* LSP_COMMON_CUH */

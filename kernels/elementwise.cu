@@ -163,8 +163,6 @@ dim3 flat_grid(long long n) {
   return dim3((unsigned)(b < kMaxBlocks ? b : kMaxBlocks));
 }
 
-bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
-
 // The launchers dispatch on the dtype flags through these: each maps
 // (flag, pointer) to the storage type and calls the next level.
 template <typename T>
@@ -241,14 +239,14 @@ cudaError_t launch_bias_backward(void* dbias, const void* dout, int N, int OC, c
 }  // namespace
 
 extern "C" cudaError_t lsp_fill(void* t, float v, long long n, int t_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(t_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(t_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (t == nullptr) return cudaErrorInvalidValue;
   return t_bf16 ? launch_fill<bf16_t>(t, v, n, stream) : launch_fill<float>(t, v, n, stream);
 }
 
 extern "C" cudaError_t lsp_scale(void* t, float a, long long n, int t_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(t_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(t_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (t == nullptr) return cudaErrorInvalidValue;
   return t_bf16 ? launch_scale<bf16_t>(t, a, n, stream) : launch_scale<float>(t, a, n, stream);
@@ -256,7 +254,7 @@ extern "C" cudaError_t lsp_scale(void* t, float a, long long n, int t_bf16, cuda
 
 extern "C" cudaError_t lsp_add(void* out, const void* a, const void* b, long long n, int out_bf16, int a_bf16,
                                int b_bf16, cudaStream_t stream) {
-  if (n < 0 || bad_dtype(out_bf16) || bad_dtype(a_bf16) || bad_dtype(b_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(out_bf16) || lsp_bad_dtype(a_bf16) || lsp_bad_dtype(b_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (out == nullptr || a == nullptr || b == nullptr) return cudaErrorInvalidValue;
   return out_bf16 ? add_a<bf16_t>(out, a, b, n, a_bf16, b_bf16, stream)
@@ -265,7 +263,7 @@ extern "C" cudaError_t lsp_add(void* out, const void* a, const void* b, long lon
 
 extern "C" cudaError_t lsp_accumulate(void* dst, const void* src, long long n, int dst_bf16, int src_bf16,
                                       cudaStream_t stream) {
-  if (n < 0 || bad_dtype(dst_bf16) || bad_dtype(src_bf16)) return cudaErrorInvalidValue;
+  if (n < 0 || lsp_bad_dtype(dst_bf16) || lsp_bad_dtype(src_bf16)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   if (dst_bf16) {
@@ -278,7 +276,7 @@ extern "C" cudaError_t lsp_accumulate(void* dst, const void* src, long long n, i
 
 extern "C" cudaError_t lsp_add_bias(void* out, const void* bias, int N, int OC, int out_bf16, int bias_bf16,
                                     cudaStream_t stream) {
-  if (N < 0 || OC < 0 || bad_dtype(out_bf16) || bad_dtype(bias_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || OC < 0 || lsp_bad_dtype(out_bf16) || lsp_bad_dtype(bias_bf16)) return cudaErrorInvalidValue;
   if (N == 0 || OC == 0) return cudaSuccess;
   if (out == nullptr || bias == nullptr) return cudaErrorInvalidValue;
   if (out_bf16) {
@@ -291,7 +289,7 @@ extern "C" cudaError_t lsp_add_bias(void* out, const void* bias, int N, int OC, 
 
 extern "C" cudaError_t lsp_bias_backward(void* dbias, const void* dout, int N, int OC, int dbias_bf16,
                                          int dout_bf16, cudaStream_t stream) {
-  if (N < 0 || OC < 0 || bad_dtype(dbias_bf16) || bad_dtype(dout_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || OC < 0 || lsp_bad_dtype(dbias_bf16) || lsp_bad_dtype(dout_bf16)) return cudaErrorInvalidValue;
   if (OC == 0) return cudaSuccess;
   if (dbias == nullptr || (N > 0 && dout == nullptr)) return cudaErrorInvalidValue;
   if (dbias_bf16) {

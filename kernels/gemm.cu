@@ -381,7 +381,8 @@ extern "C" cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K
                                      long long strideA, const __nv_bfloat16* B, long long strideB, float beta, void* C,
                                      int c_is_bf16, long long strideC, int batch, const __nv_bfloat16* bias, int gelu,
                                      cudaStream_t stream) {
-  if (M < 0 || N < 0 || K < 0 || batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+  if (M < 0 || N < 0 || K < 0 || batch < 0 || strideA < 0 || strideB < 0 || strideC < 0 || lsp_bad_dtype(c_is_bf16))
+    return cudaErrorInvalidValue;
   if (M == 0 || N == 0 || batch == 0) return cudaSuccess;
   if (C == nullptr || (K > 0 && (A == nullptr || B == nullptr))) return cudaErrorInvalidValue;
   const long long gm = (M + kBM - 1) / kBM, gn = (N + kBN - 1) / kBN;

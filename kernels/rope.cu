@@ -98,7 +98,7 @@ cudaError_t launch_rope(void* out, const void* inp, int B, int T, int NH, int HS
 cudaError_t rope(void* out, const void* inp, int B, int T, int NH, int HS, float theta, int x_bf16, float sign,
                  cudaStream_t stream) {
   if (B < 0 || T < 0 || NH < 0 || HS < 2 || HS % 2 != 0 || HS / 2 > kMaxHalf || !(theta > 0.0f) ||
-      (x_bf16 != 0 && x_bf16 != 1))
+      lsp_bad_dtype(x_bf16))
     return cudaErrorInvalidValue;
   if ((long long)B * T * NH == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr) return cudaErrorInvalidValue;

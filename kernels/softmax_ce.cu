@@ -113,7 +113,7 @@ cudaError_t launch(float* losses, void* logits, const int* targets, int N, int V
 
 extern "C" cudaError_t lsp_cross_entropy_forward_backward(float* losses, void* logits, const int* targets, int N,
                                                           int V, float scale, int x_bf16, cudaStream_t stream) {
-  if (N < 0 || V <= 0 || (x_bf16 != 0 && x_bf16 != 1)) return cudaErrorInvalidValue;
+  if (N < 0 || V <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (losses == nullptr || logits == nullptr || targets == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch<__nv_bfloat16>(losses, logits, targets, N, V, scale, stream);

@@ -65,8 +65,6 @@
 
 namespace {
 
-bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
-
 // ld widens one input value to fp32 (exact for bf16).
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const uint16_t* p) { return lsp_bf16_to_f32(*p); }
@@ -127,7 +125,7 @@ cudaError_t launch_gather(float* out, const void* x, const int32_t* colptr, cons
                           const float* colval, int BT, int rows, int d, long long sa, long long st, int x_bf16,
                           cudaStream_t stream) {
   if (out == nullptr || x == nullptr || colptr == nullptr || rowidx == nullptr || colval == nullptr || BT < 1 ||
-      rows < 1 || d < 1 || d > 65535 * kCThreads || bad_dtype(x_bf16))
+      rows < 1 || d < 1 || d > 65535 * kCThreads || lsp_bad_dtype(x_bf16))
     return cudaErrorInvalidValue;
   const dim3 grid((BT + kCT - 1) / kCT, (d + kCThreads - 1) / kCThreads);
   if (x_bf16) {
@@ -279,7 +277,7 @@ extern "C" cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, c
                                         unsigned int matrix, int w_bf16, cudaStream_t stream) {
   if (W == nullptr || T == nullptr || Delta == nullptr || pidx == nullptr || pval == nullptr || qidx == nullptr ||
       qval == nullptr || m < 1 || n < 1 || d < 1 || d > 65535 || r < 1 || r > d ||
-      (long long)m * r > INT32_MAX || (long long)n * r > INT32_MAX || bad_dtype(w_bf16))
+      (long long)m * r > INT32_MAX || (long long)n * r > INT32_MAX || lsp_bad_dtype(w_bf16))
     return cudaErrorInvalidValue;
   const int cols = (n + kAThreads - 1) / kAThreads;
   LSP_LAUNCH(sparse_t_kernel, dim3(cols, d), dim3(kAThreads), 0, stream, T, Delta, qidx, qval, skip, n, d, r);

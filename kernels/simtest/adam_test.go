@@ -374,6 +374,13 @@ func TestAdamArgs(t *testing.T) {
 			t.Errorf("%s: %v, want cudaErrorInvalidValue", tc.name, err)
 		}
 	}
+	// A dtype flag that names no dtype is refused, not read as bf16.
+	for _, flags := range [][2]kernels.DType{{2, kernels.F32}, {kernels.F32, 2}} {
+		err := kernels.AdamW(f.Dev(), flags[0], 0, f.Dev(), flags[1], f.Dev(), f.Dev(), 0, 0, 4, 1e-3, 0.9, 0.999, 1e-8, 0, 1, 0, 0)
+		if !containsInvalidValue(err) {
+			t.Errorf("dtype flags (param %d, grad %d): %v, want cudaErrorInvalidValue", flags[0], flags[1], err)
+		}
+	}
 	a := base
 	a.N = 0
 	if err := a.launch(); err != nil {

@@ -244,6 +244,7 @@ func TestCastArgs(t *testing.T) {
 		{"SR nil out", kernels.StochasticRoundBF16(0, f, 4, 0, 0, 0, 0)},
 		{"sum squares nil work", kernels.SumSquares(f, f, kernels.F32, 4, 0, 0)},
 		{"sum squares negative n", kernels.SumSquares(f, f, kernels.F32, -1, f, 0)},
+		{"sum squares dtype flag 2", kernels.SumSquares(f, f, 2, 4, f, 0)},
 	}
 	for _, tc := range tests {
 		if !containsInvalidValue(tc.err) {

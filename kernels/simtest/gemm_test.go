@@ -327,6 +327,10 @@ func TestGemmArgs(t *testing.T) {
 			t.Errorf("bad arguments %d (%+v): no error", i, a)
 		}
 	}
+	// A C dtype flag that names no dtype is refused, not read as bf16.
+	if err := kernels.GemmBF16(false, false, 4, 4, 4, 1, A.Dev(), 0, B.Dev(), 0, 0, Cb.Dev(), 2, 0, 1, 0, false, 0); !containsInvalidValue(err) {
+		t.Errorf("C dtype flag 2: %v, want cudaErrorInvalidValue", err)
+	}
 	for _, a := range []args{
 		{M: 0, N: 4, K: 4, A: A, B: B, C: Cb, batch: 1},
 		{M: 4, N: 0, K: 4, A: A, B: B, C: Cb, batch: 1},
