@@ -6,8 +6,10 @@
  *   backward: dwte[inp[b,t],:] += dout[b,t,:],  dwpe[t,:] += sum_b dout[b,t,:]
  *
  * Shapes: inp int32 [B, T] token ids; wte, dwte [V, C]; wpe, dwpe at least
- * [T, C]; out, dout [B, T, C]. x_bf16 is the dtype of out, wte, wpe and
- * g_bf16 that of dwte, dwpe, dout (backend.DType: 0 fp32, 1 bf16). The CPU
+ * [T, C]; out, dout [B, T, C]. x_bf16 is the dtype of out, wte, wpe,
+ * g_bf16 that of dout (an activation gradient: the model's storage dtype)
+ * and dw_bf16 that of dwte, dwpe (parameter gradients: --grad-dtype), each
+ * a backend.DType (0 fp32, 1 bf16), in any mix. The CPU
  * backend's EncoderForward/EncoderBackward (train/cpu/math.go) are the
  * reference; the backward adds in the CPU's order (each gradient element
  * starts from its stored value and adds dout over (b, t) in increasing
@@ -68,9 +70,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // encoder_backward_wpe_kernel: dwpe[t,c] += dout[0,t,c], then dout[1,t,c], ...
-template <typename G>
+// (G: dout's type, W: dwpe's).
+template <typename G, typename W>
 __global__ void __launch_bounds__(kThreads)
-    encoder_backward_wpe_kernel(G* dwpe, const G* dout, int B, int T, int C) {
+    encoder_backward_wpe_kernel(W* dwpe, const G* dout, int B, int T, int C) {
   const long long n = (long long)T * C;
   for (long long idx = (long long)blockIdx.x * kThreads + threadIdx.x; idx < n;
        idx += (long long)gridDim.x * kThreads) {
@@ -81,10 +84,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // encoder_backward_wte_kernel: block (x, y) owns dwte rows [32x, 32x+32) and
-// channels [128y, 128y+128); thread k owns channel 128y + k of those rows.
-template <typename G>
+// channels [128y, 128y+128); thread k owns channel 128y + k of those rows
+// (G: dout's type, W: dwte's).
+template <typename G, typename W>
 __global__ void __launch_bounds__(kCols)
-    encoder_backward_wte_kernel(G* dwte, const G* dout, const int* inp, long long BT, int C, int V) {
+    encoder_backward_wte_kernel(W* dwte, const G* dout, const int* inp, long long BT, int C, int V) {
   __shared__ float acc[kRows * kCols];  // acc[r*kCols + k]: row r, thread k's channel
   __shared__ int hitPos[kCols];         // chunk offsets of this chunk's hits, in order
   __shared__ int hitRow[kCols];         // and their rows (token - v0)
@@ -150,17 +154,17 @@ cudaError_t launch_forward(void* out, const int* inp, const void* wte, const voi
   return cudaGetLastError();
 }
 
-template <typename G>
+template <typename G, typename W>
 cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
                             cudaStream_t stream) {
-  auto wpe = encoder_backward_wpe_kernel<G>;
-  LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (G*)dwpe, (const G*)dout, B, T,
+  auto wpe = encoder_backward_wpe_kernel<G, W>;
+  LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (W*)dwpe, (const G*)dout, B, T,
              C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 grid((unsigned)((V + kRows - 1) / kRows), (unsigned)((C + kCols - 1) / kCols));
-  auto wte = encoder_backward_wte_kernel<G>;
-  LSP_LAUNCH(wte, grid, dim3(kCols), 0, stream, (G*)dwte, (const G*)dout, inp, (long long)B * T, C, V);
+  auto wte = encoder_backward_wte_kernel<G, W>;
+  LSP_LAUNCH(wte, grid, dim3(kCols), 0, stream, (W*)dwte, (const G*)dout, inp, (long long)B * T, C, V);
   return cudaGetLastError();
 }
 
@@ -178,11 +182,15 @@ extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const void
 }
 
 extern "C" cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T,
-                                            int C, int V, int g_bf16, cudaStream_t stream) {
-  if (B < 0 || T < 0 || C <= 0 || V <= 0 || bad_dtype(g_bf16) || (C + kCols - 1) / kCols > 65535)
+                                            int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream) {
+  if (B < 0 || T < 0 || C <= 0 || V <= 0 || bad_dtype(g_bf16) || bad_dtype(dw_bf16) ||
+      (C + kCols - 1) / kCols > 65535)
     return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
   if (dwte == nullptr || dwpe == nullptr || dout == nullptr || inp == nullptr) return cudaErrorInvalidValue;
-  if (g_bf16) return launch_backward<__nv_bfloat16>(dwte, dwpe, dout, inp, B, T, C, V, stream);
-  return launch_backward<float>(dwte, dwpe, dout, inp, B, T, C, V, stream);
+  typedef __nv_bfloat16 bf;
+  if (g_bf16 && dw_bf16) return launch_backward<bf, bf>(dwte, dwpe, dout, inp, B, T, C, V, stream);
+  if (g_bf16) return launch_backward<bf, float>(dwte, dwpe, dout, inp, B, T, C, V, stream);
+  if (dw_bf16) return launch_backward<float, bf>(dwte, dwpe, dout, inp, B, T, C, V, stream);
+  return launch_backward<float, float>(dwte, dwpe, dout, inp, B, T, C, V, stream);
 }

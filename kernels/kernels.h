@@ -83,9 +83,10 @@ cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* p
 
 // BEGIN norms
 // LayerNorm and RMSNorm over the last dim C of N rows (see norms.cu).
-// x_bf16 / g_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16) of the
-// values (out, inp, weight, bias) and of the gradients (dinp, dweight,
-// dbias, dout); mean and rstd are fp32 [N] (NULL allowed in the forwards).
+// x_bf16 / g_bf16 / dw_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16)
+// of the values (out, inp, weight, bias), of the activation gradients
+// (dinp, dout) and of the parameter gradients (dweight, dbias), in any mix;
+// mean and rstd are fp32 [N] (NULL allowed in the forwards).
 // The backwards accumulate (+=) and need an fp32 scratch of
 // lsp_*_backward_scratch_bytes(N, C) bytes, used only by that launch.
 size_t lsp_layernorm_backward_scratch_bytes(int N, int C);
@@ -94,12 +95,12 @@ cudaError_t lsp_layernorm_forward(void* out, float* mean, float* rstd, const voi
                                   const void* bias, int N, int C, float eps, int x_bf16, cudaStream_t stream);
 cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                    const void* weight, const float* mean, const float* rstd, float* scratch, int N,
-                                   int C, int x_bf16, int g_bf16, cudaStream_t stream);
+                                   int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream);
 cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C, float eps,
                                 int x_bf16, cudaStream_t stream);
 cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight,
                                  const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16,
-                                 cudaStream_t stream);
+                                 int dw_bf16, cudaStream_t stream);
 // END norms
 
 // BEGIN activations
@@ -132,13 +133,14 @@ cudaError_t lsp_rope_backward(void* dinp, const void* dout, int B, int T, int NH
 // Token + position embedding (see embedding.cu): out[B,T,C] =
 // wte[inp[b,t]] + wpe[t] (x_bf16: dtype of out, wte, wpe); the backward
 // accumulates dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t]
-// (g_bf16: dtype of dwte, dwpe, dout) deterministically, bit-identical to
-// the CPU backend. inp is int32 [B, T]; ids outside [0, V) give NaN rows
-// (forward) and are skipped for dwte (backward).
+// (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
+// deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
+// ids outside [0, V) give NaN rows (forward) and are skipped for dwte
+// (backward).
 cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C,
                                 int V, int x_bf16, cudaStream_t stream);
 cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
-                                 int g_bf16, cudaStream_t stream);
+                                 int g_bf16, int dw_bf16, cudaStream_t stream);
 // END embedding
 
 // BEGIN softmax_ce

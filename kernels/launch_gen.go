@@ -89,9 +89,9 @@ static lspgo_ret lspgo_lsp_layernorm_forward(uintptr_t out, uintptr_t mean, uint
 	return lspgo_end(lsp_layernorm_forward((void*)out, (float*)mean, (float*)rstd, (const void*)inp, (const void*)weight, (const void*)bias, N, C, eps, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_layernorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dbias, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t mean, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_layernorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dbias, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t mean, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_layernorm_backward((void*)dinp, (void*)dweight, (void*)dbias, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)mean, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_layernorm_backward((void*)dinp, (void*)dweight, (void*)dbias, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)mean, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_rmsnorm_forward(uintptr_t out, uintptr_t rstd, uintptr_t inp, uintptr_t weight, int N, int C, float eps, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -99,9 +99,9 @@ static lspgo_ret lspgo_lsp_rmsnorm_forward(uintptr_t out, uintptr_t rstd, uintpt
 	return lspgo_end(lsp_rmsnorm_forward((void*)out, (float*)rstd, (const void*)inp, (const void*)weight, N, C, eps, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rmsnorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rmsnorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_rmsnorm_backward((void*)dinp, (void*)dweight, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_rmsnorm_backward((void*)dinp, (void*)dweight, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_gelu_forward(uintptr_t out, uintptr_t inp, long long n, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -139,9 +139,9 @@ static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr
 	return lspgo_end(lsp_encoder_forward((void*)out, (const int*)inp, (const void*)wte, (const void*)wpe, B, T, C, V, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, int B, int T, int C, int V, int g_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, int B, int T, int C, int V, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_encoder_backward((void*)dwte, (void*)dwpe, (const void*)dout, (const int*)inp, B, T, C, V, g_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_encoder_backward((void*)dwte, (void*)dwpe, (const void*)dout, (const int*)inp, B, T, C, V, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_cross_entropy_forward_backward(uintptr_t losses, uintptr_t logits, uintptr_t targets, int N, int V, float scale, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -405,9 +405,10 @@ func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, 
 //	size_t lsp_layernorm_backward_scratch_bytes(int N, int C)
 //
 // LayerNorm and RMSNorm over the last dim C of N rows (see norms.cu).
-// x_bf16 / g_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16) of the
-// values (out, inp, weight, bias) and of the gradients (dinp, dweight,
-// dbias, dout); mean and rstd are fp32 [N] (NULL allowed in the forwards).
+// x_bf16 / g_bf16 / dw_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16)
+// of the values (out, inp, weight, bias), of the activation gradients
+// (dinp, dout) and of the parameter gradients (dweight, dbias), in any mix;
+// mean and rstd are fp32 [N] (NULL allowed in the forwards).
 // The backwards accumulate (+=) and need an fp32 scratch of
 // lsp_*_backward_scratch_bytes(N, C) bytes, used only by that launch.
 func LayerNormBackwardScratchBytes(N, C_ int) (int, error) {
@@ -448,15 +449,15 @@ func LayerNormForward(out, mean, rstd, inp, weight, bias Ptr, N, C_ int, eps flo
 
 // LayerNormBackward runs lsp_layernorm_backward (kernels.h, section norms):
 //
-//	cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, cudaStream_t stream)
-func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch Ptr, N, C_ int, xBF16, gBF16 DType, stream Stream) error {
+//	cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream)
+func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch Ptr, N, C_ int, xBF16, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
 		return lspgoRange("lsp_layernorm_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
 		return lspgoRange("lsp_layernorm_backward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_layernorm_backward", C.lspgo_lsp_layernorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dbias), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_layernorm_backward", C.lspgo_lsp_layernorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dbias), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // RMSNormForward runs lsp_rmsnorm_forward (kernels.h, section norms):
@@ -474,15 +475,15 @@ func RMSNormForward(out, rstd, inp, weight Ptr, N, C_ int, eps float32, xBF16 DT
 
 // RMSNormBackward runs lsp_rmsnorm_backward (kernels.h, section norms):
 //
-//	cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, cudaStream_t stream)
-func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch Ptr, N, C_ int, xBF16, gBF16 DType, stream Stream) error {
+//	cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream)
+func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch Ptr, N, C_ int, xBF16, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
 		return lspgoRange("lsp_rmsnorm_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
 		return lspgoRange("lsp_rmsnorm_backward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rmsnorm_backward", C.lspgo_lsp_rmsnorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rmsnorm_backward", C.lspgo_lsp_rmsnorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // GeluForward runs lsp_gelu_forward (kernels.h, section activations):
@@ -569,9 +570,10 @@ func RoPEBackward(dinp, dout Ptr, B, T, NH, HS int, theta float32, xBF16 DType, 
 // Token + position embedding (see embedding.cu): out[B,T,C] =
 // wte[inp[b,t]] + wpe[t] (x_bf16: dtype of out, wte, wpe); the backward
 // accumulates dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t]
-// (g_bf16: dtype of dwte, dwpe, dout) deterministically, bit-identical to
-// the CPU backend. inp is int32 [B, T]; ids outside [0, V) give NaN rows
-// (forward) and are skipped for dwte (backward).
+// (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
+// deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
+// ids outside [0, V) give NaN rows (forward) and are skipped for dwte
+// (backward).
 func EncoderForward(out, inp, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_encoder_forward", "B", B, "does not fit in a C int")
@@ -590,8 +592,8 @@ func EncoderForward(out, inp, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream
 
 // EncoderBackward runs lsp_encoder_backward (kernels.h, section embedding):
 //
-//	cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V, int g_bf16, cudaStream_t stream)
-func EncoderBackward(dwte, dwpe, dout, inp Ptr, B, T, C_, V int, gBF16 DType, stream Stream) error {
+//	cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream)
+func EncoderBackward(dwte, dwpe, dout, inp Ptr, B, T, C_, V int, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_encoder_backward", "B", B, "does not fit in a C int")
 	}
@@ -604,7 +606,7 @@ func EncoderBackward(dwte, dwpe, dout, inp Ptr, B, T, C_, V int, gBF16 DType, st
 	if int(int32(V)) != V {
 		return lspgoRange("lsp_encoder_backward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // CrossEntropyForwardBackward runs lsp_cross_entropy_forward_backward (kernels.h, section softmax_ce):

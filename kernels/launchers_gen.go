@@ -144,6 +144,7 @@ var Launchers = []Launcher{
 		{Name: "C", CType: "int", GoName: "C_", GoType: "int"},
 		{Name: "x_bf16", CType: "int", GoName: "xBF16", GoType: "DType"},
 		{Name: "g_bf16", CType: "int", GoName: "gBF16", GoType: "DType"},
+		{Name: "dw_bf16", CType: "int", GoName: "dwBF16", GoType: "DType"},
 		{Name: "stream", CType: "cudaStream_t", GoName: "stream", GoType: "Stream"},
 	}},
 	{Name: "RMSNormForward", C: "lsp_rmsnorm_forward", Family: "norms", Returns: "cudaError_t", Params: []Param{
@@ -169,6 +170,7 @@ var Launchers = []Launcher{
 		{Name: "C", CType: "int", GoName: "C_", GoType: "int"},
 		{Name: "x_bf16", CType: "int", GoName: "xBF16", GoType: "DType"},
 		{Name: "g_bf16", CType: "int", GoName: "gBF16", GoType: "DType"},
+		{Name: "dw_bf16", CType: "int", GoName: "dwBF16", GoType: "DType"},
 		{Name: "stream", CType: "cudaStream_t", GoName: "stream", GoType: "Stream"},
 	}},
 	{Name: "GeluForward", C: "lsp_gelu_forward", Family: "activations", Returns: "cudaError_t", Params: []Param{
@@ -250,6 +252,7 @@ var Launchers = []Launcher{
 		{Name: "C", CType: "int", GoName: "C_", GoType: "int"},
 		{Name: "V", CType: "int", GoName: "V", GoType: "int"},
 		{Name: "g_bf16", CType: "int", GoName: "gBF16", GoType: "DType"},
+		{Name: "dw_bf16", CType: "int", GoName: "dwBF16", GoType: "DType"},
 		{Name: "stream", CType: "cudaStream_t", GoName: "stream", GoType: "Stream"},
 	}},
 	{Name: "CrossEntropyForwardBackward", C: "lsp_cross_entropy_forward_backward", Family: "softmax_ce", Returns: "cudaError_t", Params: []Param{

@@ -10,12 +10,15 @@
  * the forward for the backward; the forward may be given NULL for them).
  * The backward accumulates: dinp += ..., dweight += ..., dbias += ...
  *
- * Storage: every launcher takes the dtype of two groups of tensors, as
+ * Storage: the launchers take the dtype of each group of tensors, as
  * backend.DType values (0 fp32, 1 bf16): x_bf16 for the values (out, inp,
- * weight, bias) and g_bf16 for the gradients (dinp, dweight, dbias, dout),
- * so the GPT-2 model's mixture (bf16 parameters and activations, fp32
- * gradients) and the all-fp32 and all-bf16 cases all run. Arithmetic is
- * fp32; bf16 is widened at load and rounded to nearest even at store, once.
+ * weight, bias), and in the backwards g_bf16 for the activation gradients
+ * (dinp, dout) and dw_bf16 for the parameter gradients (dweight, dbias).
+ * The two gradient flags are apart because a model keeps them apart: the
+ * activation gradients in its storage dtype (bf16 on the GPU, as llm.c),
+ * the parameter gradients in --grad-dtype (fp32 or bf16). Every mix runs.
+ * Arithmetic is fp32; bf16 is widened at load and rounded to nearest even
+ * at store, once.
  * Semantics are those of the CPU backend (train/cpu/math.go) and of
  * cpu.RMSNormForward/RMSNormBackward (train/cpu/ref_norms.go).
  *
@@ -159,10 +162,10 @@ __global__ void __launch_bounds__(kColThreads)
 }
 
 // norm_params_kernel: dweight[c] += the P partials of column c in chunk
-// order (and dbias[c] for LayerNorm).
-template <typename G, bool kLN>
+// order (and dbias[c] for LayerNorm). W is the parameter gradients' type.
+template <typename W, bool kLN>
 __global__ void __launch_bounds__(kColThreads)
-    norm_params_kernel(G* dweight, G* dbias, const float* scratch, int C, int P) {
+    norm_params_kernel(W* dweight, W* dbias, const float* scratch, int C, int P) {
   const int c = blockIdx.x * kColThreads + threadIdx.x;
   if (c >= C) return;
   float dw = 0.0f, db = 0.0f;
@@ -202,11 +205,13 @@ cudaError_t launch_rmsnorm_forward(void* out, float* rstd, const void* inp, cons
   return cudaGetLastError();
 }
 
-// launch_norm_backward enqueues the three backward kernels in order.
+// launch_norm_backward enqueues the three backward kernels in order: X is
+// the values' type, G the activation gradients', dw_bf16 picks the
+// parameter gradients' (only the last kernel stores them).
 template <typename X, typename G, bool kLN>
 cudaError_t launch_norm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                  const void* weight, const float* mean, const float* rstd, float* scratch, int N,
-                                 int C, cudaStream_t stream) {
+                                 int C, int dw_bf16, cudaStream_t stream) {
   auto input = norm_backward_input_kernel<X, G, kLN>;
   LSP_LAUNCH(input, dim3(row_blocks(N)), dim3(kRowThreads), 0, stream, (G*)dinp, (const G*)dout, (const X*)inp,
              (const X*)weight, mean, rstd, N, C);
@@ -219,28 +224,34 @@ cudaError_t launch_norm_backward(void* dinp, void* dweight, void* dbias, const v
   LSP_LAUNCH(partials, dim3(colBlocks, (unsigned)P), dim3(kColThreads), 0, stream, scratch, (const G*)dout,
              (const X*)inp, mean, rstd, N, C, chunkRows, P);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  auto params = norm_params_kernel<G, kLN>;
-  LSP_LAUNCH(params, dim3(colBlocks), dim3(kColThreads), 0, stream, (G*)dweight, (G*)dbias,
-             (const float*)scratch, C, P);
+  if (dw_bf16) {
+    auto params = norm_params_kernel<__nv_bfloat16, kLN>;
+    LSP_LAUNCH(params, dim3(colBlocks), dim3(kColThreads), 0, stream, (__nv_bfloat16*)dweight,
+               (__nv_bfloat16*)dbias, (const float*)scratch, C, P);
+  } else {
+    auto params = norm_params_kernel<float, kLN>;
+    LSP_LAUNCH(params, dim3(colBlocks), dim3(kColThreads), 0, stream, (float*)dweight, (float*)dbias,
+               (const float*)scratch, C, P);
+  }
   return cudaGetLastError();
 }
 
 template <bool kLN>
 cudaError_t dispatch_norm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                    const void* weight, const float* mean, const float* rstd, float* scratch, int N,
-                                   int C, int x_bf16, int g_bf16, cudaStream_t stream) {
+                                   int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream) {
   typedef __nv_bfloat16 bf;
   if (x_bf16 && g_bf16)
     return launch_norm_backward<bf, bf, kLN>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C,
-                                             stream);
+                                             dw_bf16, stream);
   if (x_bf16)
     return launch_norm_backward<bf, float, kLN>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N,
-                                                C, stream);
+                                                C, dw_bf16, stream);
   if (g_bf16)
     return launch_norm_backward<float, bf, kLN>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N,
-                                                C, stream);
+                                                C, dw_bf16, stream);
   return launch_norm_backward<float, float, kLN>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N,
-                                                 C, stream);
+                                                 C, dw_bf16, stream);
 }
 
 }  // namespace
@@ -268,14 +279,14 @@ extern "C" cudaError_t lsp_layernorm_forward(void* out, float* mean, float* rstd
 extern "C" cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                               const void* inp, const void* weight, const float* mean,
                                               const float* rstd, float* scratch, int N, int C, int x_bf16,
-                                              int g_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16)) return cudaErrorInvalidValue;
+                                              int g_bf16, int dw_bf16, cudaStream_t stream) {
+  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16) || bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (dinp == nullptr || dweight == nullptr || dbias == nullptr || dout == nullptr || inp == nullptr ||
       weight == nullptr || mean == nullptr || rstd == nullptr || scratch == nullptr)
     return cudaErrorInvalidValue;
   return dispatch_norm_backward<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C, x_bf16,
-                                      g_bf16, stream);
+                                      g_bf16, dw_bf16, stream);
 }
 
 extern "C" cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N,
@@ -289,12 +300,12 @@ extern "C" cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* i
 
 extern "C" cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
                                             const void* weight, const float* rstd, float* scratch, int N, int C,
-                                            int x_bf16, int g_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16)) return cudaErrorInvalidValue;
+                                            int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream) {
+  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16) || bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (dinp == nullptr || dweight == nullptr || dout == nullptr || inp == nullptr || weight == nullptr ||
       rstd == nullptr || scratch == nullptr)
     return cudaErrorInvalidValue;
   return dispatch_norm_backward<false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, scratch, N, C,
-                                       x_bf16, g_bf16, stream);
+                                       x_bf16, g_bf16, dw_bf16, stream);
 }

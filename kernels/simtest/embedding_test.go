@@ -11,7 +11,9 @@
 // 50257 (GPT-2's vocabulary: 1571 row ranges, 2 channel tiles), 1 x 1 x 1 x
 // 1. Token ids: uniform over V, or skewed (70% from {0, 1, 31, 32, 33,
 // V-1}, so some rows are hit hundreds of times and every chunk has hits in
-// several warps, in varying numbers), or all the same id. fp32 and bf16.
+// several warps, in varying numbers), or all the same id. fp32 and bf16
+// values in the forward; in the backward every mix of dout's dtype (g_bf16)
+// and dwte's and dwpe's (dw_bf16).
 // The gradients start from random values (they are accumulated); outputs of
 // the forward start as NaN. The seeds of Seeds alternate the guard page
 // after and before the buffers. Ids outside [0, V) are checked on their
@@ -88,11 +90,12 @@ func TestEmbeddingForward(t *testing.T) {
 	}
 }
 
-// cpuEncoderBackward returns the CPU backend's dwte and dwpe.
-func cpuEncoderBackward(t *testing.T, c embCase, ids []int32, dwte0, dwpe0, dout []float32, gb bool) (dwte, dwpe []float32) {
+// cpuEncoderBackward returns the CPU backend's dwte and dwpe, with dout in
+// bf16 when gb and the gradients dwte, dwpe in bf16 when wb.
+func cpuEncoderBackward(t *testing.T, c embCase, ids []int32, dwte0, dwpe0, dout []float32, gb, wb bool) (dwte, dwpe []float32) {
 	t.Helper()
 	rig := newCPURig(t)
-	gw, gp := rig.tensor("dwte", dwte0, gb), rig.tensor("dwpe", dwpe0, gb)
+	gw, gp := rig.tensor("dwte", dwte0, wb), rig.tensor("dwpe", dwpe0, wb)
 	rig.run("encoder backward", rig.be.EncoderBackward(rig.s, gw, gp, rig.tensor("dout", dout, gb), rig.ints("inp", ids),
 		c.B, c.T, c.C))
 	return rig.get(gw), rig.get(gp)
@@ -100,18 +103,20 @@ func cpuEncoderBackward(t *testing.T, c embCase, ids []int32, dwte0, dwpe0, dout
 
 func TestEmbeddingBackward(t *testing.T) {
 	for _, c := range embCases {
-		for _, gb := range []bool{false, true} {
-			t.Run(c.String()+"_"+dtName(gb), func(t *testing.T) {
+		// dout's dtype, dwte's and dwpe's: a bf16 model's two mixes first.
+		for _, mix := range [][2]bool{{true, false}, {true, true}, {false, false}, {false, true}} {
+			gb, wb := mix[0], mix[1]
+			t.Run(c.String()+"_dout"+dtName(gb)+"_dw"+dtName(wb), func(t *testing.T) {
 				ids := embTokens(c, uint64(c.V*3+c.T))
 				dwte0, dwpe0 := Rand(uint64(c.V)+5, c.V*c.C, 1), Rand(uint64(c.T)+5, c.T*c.C, 1)
 				dout := Rand(uint64(c.B*c.T), c.B*c.T*c.C, 1)
-				wantW, wantP := cpuEncoderBackward(t, c, ids, dwte0, dwpe0, dout, gb)
+				wantW, wantP := cpuEncoderBackward(t, c, ids, dwte0, dwpe0, dout, gb, wb)
 				for i, seed := range Seeds {
 					before := i%2 == 0
-					gw, gp := NewFloatBuf(t, dwte0, gb, before), NewFloatBuf(t, dwpe0, gb, !before)
+					gw, gp := NewFloatBuf(t, dwte0, wb, before), NewFloatBuf(t, dwpe0, wb, !before)
 					SetSeed(seed)
 					mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, gb, before).Dev(),
-						FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, dtype(gb), 0))
+						FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, dtype(gb), dtype(wb), 0))
 					Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 					Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 				}
@@ -138,8 +143,8 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 	for i := range bad {
 		clear(zeroed[i*c.C : (i+1)*c.C])
 	}
-	wantW, _ := cpuEncoderBackward(t, c, clean, dwte0, dwpe0, zeroed, false)
-	_, wantP := cpuEncoderBackward(t, c, clean, dwte0, dwpe0, dout, false)
+	wantW, _ := cpuEncoderBackward(t, c, clean, dwte0, dwpe0, zeroed, false, false)
+	_, wantP := cpuEncoderBackward(t, c, clean, dwte0, dwpe0, dout, false, false)
 
 	for _, seed := range Seeds {
 		SetSeed(seed)
@@ -157,7 +162,7 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 		}
 		gw, gp := NewFloatBuf(t, dwte0, false, true), NewFloatBuf(t, dwpe0, false, false)
 		mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, false, false).Dev(),
-			FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, kernels.F32, 0))
+			FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, kernels.F32, kernels.F32, 0))
 		Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 		Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 	}
@@ -172,17 +177,19 @@ func TestEmbeddingArgs(t *testing.T) {
 		err  error
 	}{
 		{"C=0", kernels.EncoderForward(f, ids, f, f, 1, 2, 0, 4, kernels.F32, 0)},
-		{"V=0", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 0, kernels.F32, 0)},
+		{"V=0", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 0, kernels.F32, kernels.F32, 0)},
 		{"B<0", kernels.EncoderForward(f, ids, f, f, -1, 2, 4, 4, kernels.F32, 0)},
-		{"nil inp", kernels.EncoderBackward(f, f, f, 0, 1, 2, 4, 4, kernels.F32, 0)},
+		{"nil inp", kernels.EncoderBackward(f, f, f, 0, 1, 2, 4, 4, kernels.F32, kernels.F32, 0)},
 		{"bad dtype", kernels.EncoderForward(f, ids, f, f, 1, 2, 4, 4, 2, 0)},
+		{"bad dout dtype", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 4, 2, kernels.F32, 0)},
+		{"bad parameter-gradient dtype", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 4, kernels.BF16, -1, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := kernels.EncoderBackward(0, 0, 0, 0, 0, 2, 4, 4, kernels.F32, 0); err != nil {
+	if err := kernels.EncoderBackward(0, 0, 0, 0, 0, 2, 4, 4, kernels.F32, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }

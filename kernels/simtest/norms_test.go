@@ -11,12 +11,14 @@
 // 100 x 33 (ragged: not multiples of the 8-row blocks, the 32 lanes or the
 // 128-column tiles; 2 and 4 partial row chunks), 1 x 1, 3 x 1007, and
 // 16411 x 5 (the 512-chunk cap, chunks of 33 rows, the last ones empty).
-// Every dtype mix of values x_bf16 and gradients g_bf16 runs. Inputs:
+// Every dtype mix of values x_bf16, activation gradients g_bf16 (dinp,
+// dout) and parameter gradients dw_bf16 (dweight, dbias) runs. Inputs:
 // x uniform in [-2, 2) plus a per-row offset in [-3, 3) (so the mean
 // matters), weight in [-1.5, 1.5), bias in [-1, 1), dout in [-1, 1); the
 // gradients start from random values (they are accumulated). eps is 1e-5,
 // and 0.5 in one case so that a lost eps shows; the 16411-row case runs in
-// the backwards only, with the model's dtype mix only. Data are fixed per case;
+// the backwards only, with the models' dtype mixes only (bf16 values and
+// activation gradients with either parameter gradient). Data are fixed per case;
 // the simulator seed loops over Seeds, with the guard page after the
 // buffers or before them, and the results must be bit-identical across
 // seeds (deterministic reductions).
@@ -196,8 +198,25 @@ var normCases = []normCase{
 	{N: 16411, C: 5, eps: 1e-5, big: true},
 }
 
-// dtypeMixes are (x_bf16, g_bf16) pairs; the first is the model's.
-var dtypeMixes = [][2]bool{{true, false}, {true, true}, {false, false}, {false, true}}
+// dtypeMixes are (x_bf16, g_bf16) pairs of values and activation
+// gradients (the activation and sparse tests use them too); the first is
+// a bf16 model's, which keeps its activation gradients in bf16.
+var dtypeMixes = [][2]bool{{true, true}, {true, false}, {false, false}, {false, true}}
+
+// normMix is the dtypes of a norm backward's values (x_bf16), activation
+// gradients (g_bf16) and parameter gradients (dw_bf16).
+type normMix struct{ x, g, dw bool }
+
+func (m normMix) String() string {
+	return fmt.Sprintf("x%s_g%s_dw%s", dtName(m.x), dtName(m.g), dtName(m.dw))
+}
+
+// normMixes are every mix of the three; the first two are a bf16 model's
+// (--grad-dtype fp32 or bf16), the next two an fp32 model's.
+var normMixes = []normMix{
+	{true, true, false}, {true, true, true}, {false, false, false}, {false, false, true},
+	{true, false, false}, {true, false, true}, {false, true, false}, {false, true, true},
+}
 
 // normInputs are the values both sides see, before any bf16 rounding.
 type normInputs struct {
@@ -236,16 +255,15 @@ func eachForwardCase(t *testing.T, f func(t *testing.T, c normCase, xb bool)) {
 	}
 }
 
-// eachBackwardCase runs f as a subtest for every shape and dtype mix of
-// values (xb) and gradients (gb); the big shape only with the first mix.
-func eachBackwardCase(t *testing.T, f func(t *testing.T, c normCase, xb, gb bool)) {
+// eachBackwardCase runs f as a subtest for every shape and dtype mix; the
+// big shape only with a bf16 model's two mixes.
+func eachBackwardCase(t *testing.T, f func(t *testing.T, c normCase, m normMix)) {
 	for _, c := range normCases {
-		for k, mix := range dtypeMixes {
-			if c.big && k > 0 {
+		for k, mix := range normMixes {
+			if c.big && k > 1 {
 				continue
 			}
-			xb, gb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("%v_x%s_g%s", c, dtName(xb), dtName(gb)), func(t *testing.T) { f(t, c, xb, gb) })
+			t.Run(fmt.Sprintf("%v_%v", c, mix), func(t *testing.T) { f(t, c, mix) })
 		}
 	}
 }
@@ -282,14 +300,15 @@ func TestNormsLayerNormForward(t *testing.T) {
 }
 
 func TestNormsLayerNormBackward(t *testing.T) {
-	eachBackwardCase(t, func(t *testing.T, c normCase, xb, gb bool) {
+	eachBackwardCase(t, func(t *testing.T, c normCase, mix normMix) {
+		xb, gb, wb := mix.x, mix.g, mix.dw
 		in := newNormInputs(c, uint64(c.N*5+c.C))
 		rig := newCPURig(t)
 		x, w := rig.tensor("x", in.x, xb), rig.tensor("w", in.w, xb)
 		mean, rstd := rig.tensor("mean", make([]float32, c.N), false), rig.tensor("rstd", make([]float32, c.N), false)
 		rig.run("layernorm forward", rig.be.LayerNormForward(rig.s, rig.tensor("out", make([]float32, c.N*c.C), xb),
 			mean, rstd, x, w, rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
-		dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, gb), rig.tensor("db", in.db0, gb)
+		dx, dw, db := rig.tensor("dx", in.dx0, gb), rig.tensor("dw", in.dw0, wb), rig.tensor("db", in.db0, wb)
 		// The Go size of the scratch (what callers allocate) is the launcher's.
 		if got, want := 4*backend.LayerNormBackwardScratch(c.N, c.C), scratchBytes(t)(kernels.LayerNormBackwardScratchBytes(c.N, c.C)); got != want {
 			t.Fatalf("backend.LayerNormBackwardScratch(%d, %d) is %d bytes, the launcher needs %d", c.N, c.C, got, want)
@@ -302,17 +321,17 @@ func TestNormsLayerNormBackward(t *testing.T) {
 		var firstDx, firstDw, firstDb []float32
 		for i, seed := range Seeds {
 			before := i%2 == 1
-			gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, gb, !before),
-				NewFloatBuf(t, in.db0, gb, before)
+			gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, wb, !before),
+				NewFloatBuf(t, in.db0, wb, before)
 			scratch := Alloc(t, 4*backend.LayerNormBackwardScratch(c.N, c.C))
 			SetSeed(seed)
 			mustLaunch(t, kernels.LayerNormBackward(gdx.Dev(), gdw.Dev(), gdb.Dev(), NewFloatBuf(t, in.dout, gb, before).Dev(),
 				NewFloatBuf(t, in.x, xb, !before).Dev(), NewFloatBuf(t, in.w, xb, before).Dev(),
-				FromFloat32(t, meanV).Dev(), FromFloat32(t, rstdV).Dev(), scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), 0))
+				FromFloat32(t, meanV).Dev(), FromFloat32(t, rstdV).Dev(), scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), dtype(wb), 0))
 			dxV, dwV, dbV := gdx.Values(), gdw.Values(), gdb.Values()
 			Compare(t, "dinp", dxV, wantDx, 2e-5, tolFor(gb, 1e-5))
-			Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(gb, 1e-5))
-			Compare(t, "dbias", dbV, wantDb, paramAtol(c.N), tolFor(gb, 1e-5))
+			Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(wb, 1e-5))
+			Compare(t, "dbias", dbV, wantDb, paramAtol(c.N), tolFor(wb, 1e-5))
 			if firstDx == nil {
 				firstDx, firstDw, firstDb = dxV, dwV, dbV
 			} else {
@@ -352,10 +371,11 @@ func TestNormsRMSNormForward(t *testing.T) {
 }
 
 func TestNormsRMSNormBackward(t *testing.T) {
-	eachBackwardCase(t, func(t *testing.T, c normCase, xb, gb bool) {
+	eachBackwardCase(t, func(t *testing.T, c normCase, mix normMix) {
+		xb, gb, wb := mix.x, mix.g, mix.dw
 		in := newNormInputs(c, uint64(c.N*9+c.C))
 		x, w := roundIf(in.x, xb), roundIf(in.w, xb)
-		dout, dx0, dw0 := roundIf(in.dout, gb), roundIf(in.dx0, gb), roundIf(in.dw0, gb)
+		dout, dx0, dw0 := roundIf(in.dout, gb), roundIf(in.dx0, gb), roundIf(in.dw0, wb)
 		rstd := make([]float32, c.N)
 		cpu.RMSNormForward(make([]float32, c.N*c.C), rstd, x, w, c.N, c.C, c.eps)
 		wantDx, wantDw := append([]float32(nil), dx0...), append([]float32(nil), dw0...)
@@ -364,15 +384,15 @@ func TestNormsRMSNormBackward(t *testing.T) {
 		var firstDx, firstDw []float32
 		for i, seed := range Seeds {
 			before := i%2 == 1
-			gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, gb, !before)
+			gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, wb, !before)
 			scratch := AllocBefore(t, scratchBytes(t)(kernels.RMSNormBackwardScratchBytes(c.N, c.C)))
 			SetSeed(seed)
 			mustLaunch(t, kernels.RMSNormBackward(gdx.Dev(), gdw.Dev(), NewFloatBuf(t, dout, gb, before).Dev(),
 				NewFloatBuf(t, x, xb, before).Dev(), NewFloatBuf(t, w, xb, !before).Dev(), FromFloat32(t, rstd).Dev(),
-				scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), 0))
+				scratch.Dev(), c.N, c.C, dtype(xb), dtype(gb), dtype(wb), 0))
 			dxV, dwV := gdx.Values(), gdw.Values()
 			Compare(t, "dinp", dxV, roundIf(wantDx, gb), 2e-5, tolFor(gb, 1e-5))
-			Compare(t, "dweight", dwV, roundIf(wantDw, gb), paramAtol(c.N), tolFor(gb, 1e-5))
+			Compare(t, "dweight", dwV, roundIf(wantDw, wb), paramAtol(c.N), tolFor(wb, 1e-5))
 			if firstDx == nil {
 				firstDx, firstDw = dxV, dwV
 			} else {
@@ -406,10 +426,12 @@ func TestNormsArgs(t *testing.T) {
 		{"C=0", kernels.LayerNormForward(f, s, s, f, f, f, 1, 0, 1e-5, kernels.F32, 0)},
 		{"N<0", kernels.RMSNormForward(f, s, f, f, -1, 4, 1e-5, kernels.F32, 0)},
 		{"nil weight", kernels.LayerNormForward(f, s, s, f, 0, f, 2, 4, 1e-5, kernels.F32, 0)},
-		{"nil scratch", kernels.RMSNormBackward(f, f, f, f, f, s, 0, 2, 4, kernels.F32, kernels.F32, 0)},
-		{"nil dbias", kernels.LayerNormBackward(f, f, 0, f, f, f, s, s, s, 2, 4, kernels.F32, kernels.F32, 0)},
+		{"nil scratch", kernels.RMSNormBackward(f, f, f, f, f, s, 0, 2, 4, kernels.F32, kernels.F32, kernels.F32, 0)},
+		{"nil dbias", kernels.LayerNormBackward(f, f, 0, f, f, f, s, s, s, 2, 4, kernels.F32, kernels.F32, kernels.F32, 0)},
 		{"bad value dtype", kernels.RMSNormForward(f, s, f, f, 2, 4, 1e-5, 2, 0)},
-		{"bad gradient dtype", kernels.LayerNormBackward(f, f, f, f, f, f, s, s, s, 2, 4, kernels.F32, -1, 0)},
+		{"bad gradient dtype", kernels.LayerNormBackward(f, f, f, f, f, f, s, s, s, 2, 4, kernels.F32, -1, kernels.F32, 0)},
+		{"bad parameter-gradient dtype", kernels.LayerNormBackward(f, f, f, f, f, f, s, s, s, 2, 4, kernels.F32, kernels.F32, 2, 0)},
+		{"bad rmsnorm parameter-gradient dtype", kernels.RMSNormBackward(f, f, f, f, f, s, s, 2, 4, kernels.BF16, kernels.BF16, -1, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {

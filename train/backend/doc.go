@@ -49,7 +49,10 @@
 // signatures in kernels/kernels.h. Arguments in one group share one dtype,
 // chosen by the launcher argument in brackets; a group with one dtype is
 // fixed. The GEMM and attention kernels take bf16 only, so a model stored in
-// fp32 does not run on the GPU (--device cuda defaults to --dtype bf16).
+// fp32 does not run on the GPU (--device cuda defaults to --dtype bf16), and
+// a model keeps its activation gradients in its storage dtype, as llm.c
+// does (the flags g_bf16, dout's and dinp's), apart from its parameter
+// gradients (--grad-dtype; dw_bf16 where one op writes both kinds).
 // The CPU backend accepts any mix of fp32 and bf16 in every float argument,
 // and in its KernelDTypes mode refuses what the table refuses, so whether
 // a schedule's dtypes run on the GPU is checked with no GPU.
@@ -59,9 +62,9 @@
 //	Add                          out: fp32|bf16 [out_bf16]; a: fp32|bf16 [a_bf16]; b: fp32|bf16 [b_bf16]
 //	Accumulate                   dst: fp32|bf16 [dst_bf16]; src: fp32|bf16 [src_bf16]
 //	EncoderForward               out, wte, wpe: fp32|bf16 [x_bf16]; inp: i32
-//	EncoderBackward              dwte, dwpe, dout: fp32|bf16 [g_bf16]; inp: i32
+//	EncoderBackward              dwte, dwpe: fp32|bf16 [dw_bf16]; dout: fp32|bf16 [g_bf16]; inp: i32
 //	LayerNormForward             out, inp, weight, bias: fp32|bf16 [x_bf16]; mean, rstd: fp32
-//	LayerNormBackward            dinp, dweight, dbias, dout: fp32|bf16 [g_bf16]; inp, weight: fp32|bf16 [x_bf16]; mean, rstd, scratch: fp32
+//	LayerNormBackward            dinp, dout: fp32|bf16 [g_bf16]; dweight, dbias: fp32|bf16 [dw_bf16]; inp, weight: fp32|bf16 [x_bf16]; mean, rstd, scratch: fp32
 //	Gemm                         A, B: bf16; C: fp32|bf16 [c_is_bf16]
 //	AddBias                      out: fp32|bf16 [out_bf16]; bias: fp32|bf16 [bias_bf16]
 //	BiasBackward                 dbias: fp32|bf16 [dbias_bf16]; dout: fp32|bf16 [dout_bf16]

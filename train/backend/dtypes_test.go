@@ -247,7 +247,12 @@ func TestCheckDTypes(t *testing.T) {
 		{"AttentionBackward", []Tensor{b, b, b, b, f, f}, nil},
 		{"AttentionBackward", []Tensor{b, b, b, b, f, b}, []string{"scratch bf16", "lse, scratch must be fp32"}},
 		{"LayerNormBackward", []Tensor{f, f, f, f, b, b, f, f, f}, nil},
-		{"LayerNormBackward", []Tensor{f, b, b, f, b, b, f, f, f}, []string{"dinp, dweight, dbias, dout must share one dtype", "g_bf16"}},
+		{"LayerNormBackward", []Tensor{b, f, f, b, b, b, f, f, f}, nil}, // a bf16 model, fp32 parameter gradients
+		{"LayerNormBackward", []Tensor{f, b, b, f, f, f, f, f, f}, nil}, // an fp32 model, bf16 parameter gradients
+		{"LayerNormBackward", []Tensor{f, b, b, b, b, b, f, f, f}, []string{"dinp, dout must share one dtype", "g_bf16"}},
+		{"LayerNormBackward", []Tensor{b, b, f, b, b, b, f, f, f}, []string{"dweight, dbias must share one dtype", "dw_bf16"}},
+		{"EncoderBackward", []Tensor{f, f, b, i}, nil},
+		{"EncoderBackward", []Tensor{b, f, b, i}, []string{"dwte, dwpe must share one dtype", "dw_bf16"}},
 		{"SumSquares", []Tensor{f, b, d}, nil},
 		{"SumSquares", []Tensor{f, b, f}, []string{"work fp32", "work must be fp64"}},
 		{"EncoderForward", []Tensor{b, i, b, b}, nil},

@@ -68,6 +68,12 @@ func dtypeCases() []dtypeCase {
 			[]string{"dwte", "dwpe"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
 			}},
+		// A bf16 model with fp32 parameter gradients: dwte, dwpe stay fp32.
+		{"encoder backward, fp32 parameter gradients", []tspec{{"dwte", V * C, fixed, nil}, {"dwpe", T * C, fixed, nil},
+			{"dout", N * C, flt, nil}, {"inp", N, ints, token}},
+			[]string{"dwte", "dwpe"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+			}},
 		{"layernorm forward", []tspec{{"out", N * C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, nil},
 			{"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"b", C, flt, nil}},
 			[]string{"out", "mean", "rstd"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
@@ -75,6 +81,12 @@ func dtypeCases() []dtypeCase {
 			}},
 		{"layernorm backward", []tspec{{"dinp", N * C, flt, nil}, {"dw", C, flt, nil}, {"db", C, flt, nil}, {"dout", N * C, flt, nil},
 			{"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, positive}},
+			[]string{"dinp", "dw", "db"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.LayerNormBackward(s, x["dinp"], x["dw"], x["db"], x["dout"], x["inp"], x["w"], x["mean"], x["rstd"], lnScratch(t, be, N, C), N, C)
+			}},
+		// A bf16 model with fp32 parameter gradients: dw, db stay fp32.
+		{"layernorm backward, fp32 parameter gradients", []tspec{{"dinp", N * C, flt, nil}, {"dw", C, fixed, nil}, {"db", C, fixed, nil},
+			{"dout", N * C, flt, nil}, {"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, positive}},
 			[]string{"dinp", "dw", "db"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				return be.LayerNormBackward(s, x["dinp"], x["dw"], x["db"], x["dout"], x["inp"], x["w"], x["mean"], x["rstd"], lnScratch(t, be, N, C), N, C)
 			}},

@@ -342,11 +342,21 @@ func TestKernelDTypesMode(t *testing.T) {
 			mustSync(t, be, be.DefaultStream())
 		}
 	}
-	// A mixed gradient group: dinp fp32 but dweight, dbias bf16.
+	// The LayerNorm backward's gradient groups: the activation gradients
+	// (dinp, dout) share g_bf16, the parameter gradients (dweight, dbias)
+	// dw_bf16; a bf16 model with fp32 parameter gradients mixes the two.
 	be := newBE(t, Config{KernelDTypes: true})
 	const N, C = 3, 4
 	f := func(n int) backend.Tensor { return alloc(t, be, "f", n, backend.F32) }
 	h := func(n int) backend.Tensor { return alloc(t, be, "h", n, backend.BF16) }
-	err := be.LayerNormBackward(be.DefaultStream(), f(N*C), h(C), h(C), f(N*C), h(N*C), h(C), f(N), f(N), lnScratch(t, be, N, C), N, C)
-	wantErr(t, "layernorm backward with mixed gradient dtypes", err, "LayerNormBackward(dinp fp32, dweight bf16", "share one dtype", "g_bf16")
+	s := be.DefaultStream()
+	err := be.LayerNormBackward(s, f(N*C), h(C), h(C), h(N*C), h(N*C), h(C), f(N), f(N), lnScratch(t, be, N, C), N, C)
+	wantErr(t, "layernorm backward with mixed activation gradients", err, "LayerNormBackward(dinp fp32, dweight bf16, dbias bf16, dout bf16",
+		"dinp, dout must share one dtype", "g_bf16")
+	err = be.LayerNormBackward(s, h(N*C), h(C), f(C), h(N*C), h(N*C), h(C), f(N), f(N), lnScratch(t, be, N, C), N, C)
+	wantErr(t, "layernorm backward with mixed parameter gradients", err, "dweight, dbias must share one dtype", "dw_bf16")
+	if err := be.LayerNormBackward(s, h(N*C), f(C), f(C), h(N*C), h(N*C), h(C), f(N), f(N), lnScratch(t, be, N, C), N, C); err != nil {
+		t.Errorf("layernorm backward of a bf16 model with fp32 parameter gradients: %v", err)
+	}
+	mustSync(t, be, s)
 }

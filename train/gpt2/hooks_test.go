@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -208,8 +209,8 @@ func (h *denseHook) OutputGrad(s backend.Stream, l, kk int, dY backend.Tensor) e
 	k := Matrix(kk)
 	h.calls = append(h.calls, fmt.Sprintf("out %d %v", l, k))
 	mm, n := h.cfg.MatrixShape(k)
-	if !slices.Equal(dY.Shape, []int{h.BT, n}) || dY.DType != backend.F32 {
-		return fmt.Errorf("output grad of %d %v: %v, want [%d %d] fp32", l, k, dY, h.BT, n)
+	if !slices.Equal(dY.Shape, []int{h.BT, n}) || dY.DType != h.dt {
+		return fmt.Errorf("output grad of %d %v: %v, want [%d %d] %v (the model dtype)", l, k, dY, h.BT, n, h.dt)
 	}
 	if err := h.be.Gemm(s, true, false, mm, n, h.BT, 1, h.x[l][k], dY, 1, h.dw[l][k]); err != nil {
 		return err
@@ -366,6 +367,9 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 					if got := m.acts.Bytes() + m.statsBuf.Bytes(); got != plan.Activations {
 						t.Errorf("activations %d bytes, plan %d", got, plan.Activations)
 					}
+					if got := m.grad.Bytes() + m.bwdScratch.Bytes(); got != plan.ActGrads {
+						t.Errorf("activation gradients and scratch %d bytes, plan %d", got, plan.ActGrads)
+					}
 					checkActViews(t, m)
 					wantGrads := tc.cfg.NumParams()
 					if opts.MatrixGrads != nil {
@@ -408,11 +412,17 @@ func checkActViews(t *testing.T, m *Model) {
 			t.Errorf("layer %d: matrix inputs are not the shared buffers", l)
 		}
 	}
+	// The activation gradients are in the model dtype: half the bytes at
+	// bf16.
+	if m.grad.DType != m.DType {
+		t.Errorf("activation gradients in %v, model in %v", m.grad.DType, m.DType)
+	}
 	for _, part := range []struct {
 		name  string
 		alloc backend.Tensor
 		views []backend.Tensor
-	}{{"activations", m.acts, data}, {"activation stats", m.statsBuf, stats}} {
+	}{{"activations", m.acts, data}, {"activation stats", m.statsBuf, stats},
+		{"activation gradients", m.grad, []backend.Tensor{m.dres, m.dbuf, m.dqkv, m.dfch}}} {
 		n := 0
 		for _, v := range part.views {
 			n += v.Len()
@@ -504,5 +514,43 @@ func TestPassErrors(t *testing.T) {
 		if err := m.BackwardLayer(s, l); err == nil {
 			t.Errorf("BackwardLayer(%d) succeeded", l)
 		}
+	}
+}
+
+// TestKernelDTypes: at bf16 the passes use only the storage types the
+// CUDA kernels take (the CPU backend's KernelDTypes mode refuses the
+// rest), with and without matrix hooks, with fp32 and bf16 parameter
+// gradients; the gradients are those of a plain backend, bit for bit (the
+// mode only checks). An fp32 model is refused, naming the GEMM: the
+// kernels have no fp32 GEMM.
+func TestKernelDTypes(t *testing.T) {
+	for _, gdt := range dtypes {
+		for _, hooked := range []bool{false, true} {
+			t.Run(fmt.Sprintf("grad-%v/hooks=%v", gdt, hooked), func(t *testing.T) {
+				var grads [2][]float32
+				for i, strict := range []bool{false, true} {
+					be := cpu.New(cpu.Config{KernelDTypes: strict})
+					defer be.Close()
+					opts := model.Options{GradDType: gdt}
+					if hooked {
+						opts.MatrixGrads = newDenseHook(t, be, hookCfg, hookB*hookT, backend.BF16)
+					}
+					m := hookModel(t, be, backend.BF16, opts)
+					if err := m.ZeroGrads(be.DefaultStream()); err != nil {
+						t.Fatal(err)
+					}
+					microBatch(t, be, m, 0, false)
+					grads[i] = download(t, be, m.Grads)
+				}
+				sameBits(t, "grads under KernelDTypes", grads[1], grads[0])
+			})
+		}
+	}
+	be := cpu.New(cpu.Config{KernelDTypes: true})
+	defer be.Close()
+	m := hookModel(t, be, backend.F32, model.Options{})
+	setBatch(t, be, m, 0)
+	if err := m.Forward(be.DefaultStream()); err == nil || !strings.Contains(err.Error(), "Gemm(A fp32, B fp32, C fp32)") {
+		t.Errorf("an fp32 model's forward under KernelDTypes: %v, want the GEMM refused", err)
 	}
 }

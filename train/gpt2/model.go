@@ -17,9 +17,17 @@
 // Each of GPT-2's four matrices reads an input of its own (c_attn is q, k
 // and v fused into one matrix), so input k is matrix k's.
 //
+// Storage: parameters, activations and activation gradients are in the
+// model's dtype (DType), as in llm.c, so that at bf16 every op gets the
+// types the CUDA kernels take (backend.KernelDTypes: GEMM and attention
+// are bf16 only); the parameter gradients are in Options.GradDType; the
+// LayerNorm and attention statistics and the backward's scratch are fp32.
+//
 // Limits: T <= MaxT; activations are kept for the backward (no
 // recomputation), except the matrix inputs ln1, ln2 and fchg under hooks;
-// the attention op saves only its log-sum-exp.
+// the attention op saves only its log-sum-exp. At bf16 the residual
+// stream's gradient (dres) is rounded to bf16 at every LayerNorm backward
+// that adds to it, 2L+1 times per backward.
 
 package gpt2
 
@@ -156,10 +164,10 @@ type Model struct {
 	lnfMean    backend.Tensor
 	lnfRstd    backend.Tensor
 	scratch    backend.Tensor // (B,T,C) output of the projections before the residual add
-	grad       backend.Tensor // the single allocation of activation gradients (fp32)
+	grad       backend.Tensor // the single allocation of activation gradients (DType)
 	dres, dbuf backend.Tensor // (B,T,C)
 	dqkv, dfch backend.Tensor // (B,T,3C), (B,T,4C)
-	bwdScratch backend.Tensor // the LayerNorm and attention backwards' scratch (fp32)
+	bwdScratch backend.Tensor // the LayerNorm and attention backwards' scratch (fp32, its own allocation)
 	statsBuf   backend.Tensor
 }
 
@@ -178,6 +186,10 @@ func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
 	stats = c.L*(4*BT+B*c.NH*T) + 2*BT + BT                       // ln means/rstds, lse; lnf stats; losses
 	return data, stats
 }
+
+// actGradWidth is the activation gradients' elements per position: dres
+// and dbuf (C each), dqkv (3C) and dfch (4C).
+func (c Config) actGradWidth() int { return 2*c.C + 3*c.C + 4*c.C }
 
 // backwardScratch is the fp32 elements of scratch the backward's ops need
 // (one buffer: they run one after another on one stream).
@@ -216,7 +228,7 @@ func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.M
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
-		ActGrads:    (BT*int64(c.C*2+3*c.C+4*c.C) + int64(c.backwardScratch(B, T))) * 4,
+		ActGrads:    BT*int64(c.actGradWidth())*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
 		Batch:       2 * BT * 4,
 	}
 }
@@ -320,14 +332,19 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	m.Logits = a.Next(BT, cfg.V)
 	m.Losses = st.Next(BT)
 
-	scratch := cfg.backwardScratch(B, T)
-	if m.grad, err = be.Alloc("activation grads", BT*(2*C+3*C+4*C)+scratch, backend.F32); err != nil {
+	// Activation gradients in the model dtype: at bf16 the GEMMs and the
+	// attention backward take them as they are, and they take half the
+	// memory.
+	if m.grad, err = be.Alloc("activation grads", BT*cfg.actGradWidth(), dt); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activation gradients: %w", err)
 	}
 	gc := &backend.Carver{T: m.grad}
 	m.dres, m.dbuf, m.dqkv, m.dfch = gc.Next(BT, C), gc.Next(BT, C), gc.Next(BT, 3*C), gc.Next(BT, 4*C)
-	m.bwdScratch = gc.Next(scratch)
+	if m.bwdScratch, err = be.Alloc("backward scratch", cfg.backwardScratch(B, T), backend.F32); err != nil {
+		free()
+		return nil, fmt.Errorf("gpt2: backward scratch: %w", err)
+	}
 
 	batch, err := be.Alloc("batch", 2*BT, backend.I32)
 	if err != nil {
@@ -390,7 +407,7 @@ func (m *Model) GradView(i int) (backend.Tensor, bool) {
 
 // Free releases every buffer of the model.
 func (m *Model) Free() {
-	for _, t := range []backend.Tensor{m.Params, m.Grads, m.acts, m.statsBuf, m.grad, m.Inputs} {
+	for _, t := range []backend.Tensor{m.Params, m.Grads, m.acts, m.statsBuf, m.grad, m.bwdScratch, m.Inputs} {
 		if t.Buf != nil {
 			m.be.Free(t)
 		}

@@ -76,9 +76,10 @@ type MatrixGrads interface {
 	// per input, before the first matrix that reads it. With hooks
 	// installed X is NOT kept for the backward.
 	Input(s backend.Stream, l, in int, X backend.Tensor) error
-	// OutputGrad is called during the backward pass with dY [BT, n] (F32)
-	// of matrix k of block l, in place of dW += X^T dY (the bias gradient
-	// and dX are still computed by the model).
+	// OutputGrad is called during the backward pass with dY [BT, n] of
+	// matrix k of block l (in the model dtype, as every activation
+	// gradient), in place of dW += X^T dY (the bias gradient and dX are
+	// still computed by the model).
 	OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 }
 
@@ -92,7 +93,7 @@ type Options struct {
 	MatrixGrads MatrixGrads
 	// GradDType stores the parameter gradients (fp32, the zero value, or
 	// bf16: every accumulation rounds to nearest even). Activation
-	// gradients stay fp32.
+	// gradients are in the model dtype, whatever GradDType is.
 	GradDType backend.DType
 }
 
