@@ -168,13 +168,11 @@ cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int*
   return cudaGetLastError();
 }
 
-bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
-
 }  // namespace
 
 extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T,
                                            int C, int V, int x_bf16, cudaStream_t stream) {
-  if (B < 0 || T < 0 || C <= 0 || V <= 0 || bad_dtype(x_bf16)) return cudaErrorInvalidValue;
+  if (B < 0 || T < 0 || C <= 0 || V <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr || wte == nullptr || wpe == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_forward<__nv_bfloat16>(out, inp, wte, wpe, B, T, C, V, stream);
@@ -183,7 +181,7 @@ extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const void
 
 extern "C" cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T,
                                             int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream) {
-  if (B < 0 || T < 0 || C <= 0 || V <= 0 || bad_dtype(g_bf16) || bad_dtype(dw_bf16) ||
+  if (B < 0 || T < 0 || C <= 0 || V <= 0 || lsp_bad_dtype(g_bf16) || lsp_bad_dtype(dw_bf16) ||
       (C + kCols - 1) / kCols > 65535)
     return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;

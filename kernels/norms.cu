@@ -183,8 +183,6 @@ int chunks(int N) {
   return p < kMaxChunks ? p : kMaxChunks;
 }
 
-bool bad_dtype(int bf16) { return bf16 != 0 && bf16 != 1; }
-
 unsigned row_blocks(int N) { return (unsigned)((N + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 template <typename X>
@@ -269,7 +267,7 @@ extern "C" size_t lsp_rmsnorm_backward_scratch_bytes(int N, int C) {
 extern "C" cudaError_t lsp_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
                                              const void* weight, const void* bias, int N, int C, float eps,
                                              int x_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || C <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr || weight == nullptr || bias == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_layernorm_forward<__nv_bfloat16>(out, mean, rstd, inp, weight, bias, N, C, eps, stream);
@@ -280,7 +278,7 @@ extern "C" cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* d
                                               const void* inp, const void* weight, const float* mean,
                                               const float* rstd, float* scratch, int N, int C, int x_bf16,
                                               int g_bf16, int dw_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16) || bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || C <= 0 || lsp_bad_dtype(x_bf16) || lsp_bad_dtype(g_bf16) || lsp_bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (dinp == nullptr || dweight == nullptr || dbias == nullptr || dout == nullptr || inp == nullptr ||
       weight == nullptr || mean == nullptr || rstd == nullptr || scratch == nullptr)
@@ -291,7 +289,7 @@ extern "C" cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* d
 
 extern "C" cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N,
                                            int C, float eps, int x_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || C <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr || weight == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_rmsnorm_forward<__nv_bfloat16>(out, rstd, inp, weight, N, C, eps, stream);
@@ -301,7 +299,7 @@ extern "C" cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* i
 extern "C" cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
                                             const void* weight, const float* rstd, float* scratch, int N, int C,
                                             int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream) {
-  if (N < 0 || C <= 0 || bad_dtype(x_bf16) || bad_dtype(g_bf16) || bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
+  if (N < 0 || C <= 0 || lsp_bad_dtype(x_bf16) || lsp_bad_dtype(g_bf16) || lsp_bad_dtype(dw_bf16)) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   if (dinp == nullptr || dweight == nullptr || dout == nullptr || inp == nullptr || weight == nullptr ||
       rstd == nullptr || scratch == nullptr)
