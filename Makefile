@@ -180,6 +180,22 @@ else
 	@echo "simtest: WARNING: kernel simulator tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
 endif
 
+# `make cudasim-test`: the CUDA backend (package cuda: lifecycle, events,
+# errors, the conformance table against the CPU backend) and the packages
+# that open it (train/device), built with -tags cudasim: the same Go code
+# on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
+# compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
+# the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
+# check it). RUN=regexp selects tests.
+.PHONY: cudasim-test
+CUDASIM_PKGS ?= ./cuda/ ./train/device/
+cudasim-test:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
+else
+	@echo "cudasim-test: WARNING: CUDA backend tests on the simulated runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
+
 # `make gpu-test-bin`: the kernel tests of kernels/simtest for a real GPU
 # (-tags cuda), linked against build/libkernels.a and CUDA's static runtime
 # (libcudart_static.a), into bin/gpu/kernels.test. Copy that one file to a

@@ -16,3 +16,6 @@ const maxDefaultArena = math.MaxInt64
 
 // lastMessage is "": CUDA's errors carry only their code.
 func lastMessage() string { return "" }
+
+// simSetDelays does nothing on a GPU, whose streams keep their own timing.
+func simSetDelays(seed uint64, maxMicros uint) {}
