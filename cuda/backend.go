@@ -26,7 +26,8 @@ type Config struct {
 	// MemBudget is the --device-mem budget in bytes: the arena is this
 	// much (and a little slack for alignment) and Alloc refuses what would
 	// exceed it, as the CPU backend does. 0: the arena is the device's
-	// free memory less Headroom.
+	// free memory less Headroom (at most 512 MiB on the simulated runtime,
+	// whose device memory is real memory).
 	MemBudget int64
 	// CheckGoroutine refuses, as the CPU backend's hazard mode does, the
 	// calls only the device goroutine (the one that called New) may make
@@ -123,7 +124,7 @@ func (b *Backend) start() error {
 		size, hint := b.cfg.MemBudget+arenaSlack, "lower --device-mem"
 		if b.cfg.MemBudget == 0 {
 			size = min(free-Headroom(free), maxDefaultArena)
-			hint = fmt.Sprintf("the arena takes the free memory less %d bytes for CUDA itself; is another process using the device?", Headroom(free))
+			hint = fmt.Sprintf("with no --device-mem the arena takes the free memory less %d bytes for CUDA itself; is another process using the device?", Headroom(free))
 		}
 		size &^= arenaAlign - 1
 		oom := &OutOfMemoryError{Device: b.info.String(), What: "the device arena", Asked: size, Free: free,

@@ -24,8 +24,8 @@ const simulated = true
 // maxDefaultArena caps the arena of a backend without a budget: the
 // simulated runtime fills the device memory it hands out (0xFF, NaN), so
 // its device memory is real memory, and a run without --device-mem should
-// not take all of it (8 GiB by default).
-const maxDefaultArena = 1 << 30
+// not take all of it (8 GiB by default). Pass --device-mem for more.
+const maxDefaultArena = 512 << 20
 
 // lastMessage is the simulated runtime's message of the last failed call
 // on this OS thread (which kernel, block and thread, and why, for a fault

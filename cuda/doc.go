@@ -40,10 +40,11 @@
 //
 // One device arena per backend: a single cudaMalloc of the --device-mem
 // budget (plus a little slack for alignment), or, with no budget, of the
-// free memory less a headroom for CUDA's own use, reserved when the backend
-// starts, so that a real out-of-memory is an error at start naming the
-// bytes asked and free, and no cudaMalloc or cudaFree (which synchronise
-// the device) happens during a run. Alloc carves buffers out of it (first
+// free memory less a headroom for CUDA's own use (at most 512 MiB on the
+// simulated runtime, whose device memory is real, filled memory). It is
+// reserved when the backend starts, so that a real out-of-memory is an
+// error at start naming the bytes asked and free, and no cudaMalloc or
+// cudaFree (which synchronise the device) happens during a run. Alloc carves buffers out of it (first
 // fit, 256-byte aligned) and accounts them against the budget exactly as
 // the CPU backend does (bytes asked, in use, high-water mark), so the
 // memory plan that --device-mem is checked against holds unchanged. Alloc
