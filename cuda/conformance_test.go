@@ -41,7 +41,8 @@ import (
 )
 
 // tspec is one tensor of a case: its values come from ints (I32), vals,
-// gen, or else uniform in [-1, 1).
+// gen, or else uniform in [-1, 1). off > 0 makes it a view starting off
+// elements into its buffer (so its address is not the buffer's alignment).
 type tspec struct {
 	name string
 	n    int
@@ -49,6 +50,16 @@ type tspec struct {
 	gen  func(r *rand.Rand) float32
 	vals []float32
 	ints []int32
+	off  int
+}
+
+// offsetViews returns in with each tensor a view at an odd offset.
+func offsetViews(in []tspec) []tspec {
+	out := slices.Clone(in)
+	for i := range out {
+		out[i].off = 2*i + 1
+	}
+	return out
 }
 
 // check is one output compared after the op.
@@ -142,10 +153,12 @@ func conformanceCases() []opCase {
 	}
 	for _, d := range [][3]backend.DType{{f32, f32, f32}, {bf, f32, bf}, {bf, bf, bf}} {
 		sh := fmt.Sprintf("n=1037 out/a/b %s", dtName(d[:]...))
-		add(opCase{"Add", sh, []tspec{{name: "out", n: 1037, dt: d[0]}, {name: "a", n: 1037, dt: d[1]}, {name: "b", n: 1037, dt: d[2]}},
-			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.Add(s, x["out"], x["a"], x["b"])
-			}, []check{{"out", 0, 0}}})
+		in := []tspec{{name: "out", n: 1037, dt: d[0]}, {name: "a", n: 1037, dt: d[1]}, {name: "b", n: 1037, dt: d[2]}}
+		run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			return be.Add(s, x["out"], x["a"], x["b"])
+		}
+		add(opCase{"Add", sh, in, run, []check{{"out", 0, 0}}})
+		add(opCase{"Add", sh + " views at odd offsets", offsetViews(in), run, []check{{"out", 0, 0}}})
 		sh = fmt.Sprintf("n=1037 dst/src %s", dtName(d[0], d[2]))
 		add(opCase{"Accumulate", sh, []tspec{{name: "dst", n: 1037, dt: d[0]}, {name: "src", n: 1037, dt: d[2]}},
 			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
@@ -223,10 +236,15 @@ func conformanceCases() []opCase {
 				if cdt == bf {
 					rtol = 1.0 / 256
 				}
-				add(opCase{"Gemm", sh, []tspec{{name: "A", n: M * K, dt: bf}, {name: "B", n: K * N, dt: bf}, {name: "C", n: M * N, dt: cdt}},
-					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-						return be.Gemm(s, tr[0], tr[1], M, N, K, 0.75, x["A"], x["B"], beta, x["C"])
-					}, []check{{"C", math.Ldexp(float64(K), -21), rtol}}})
+				in := []tspec{{name: "A", n: M * K, dt: bf}, {name: "B", n: K * N, dt: bf}, {name: "C", n: M * N, dt: cdt}}
+				run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.Gemm(s, tr[0], tr[1], M, N, K, 0.75, x["A"], x["B"], beta, x["C"])
+				}
+				out := []check{{"C", math.Ldexp(float64(K), -21), rtol}}
+				add(opCase{"Gemm", sh, in, run, out})
+				if !tr[1] {
+					add(opCase{"Gemm", sh + " views at odd offsets", offsetViews(in), run, out})
+				}
 			}
 		}
 	}
@@ -237,7 +255,9 @@ func conformanceCases() []opCase {
 		forward := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
 			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, C, NH)
 		}
-		add(opCase{"AttentionForward", sh, att, forward, []check{{"out", -1, 0}, {"lse", math.Ldexp(1, -16), math.Ldexp(1, -17)}}})
+		attOut := []check{{"out", -1, 0}, {"lse", math.Ldexp(1, -16), math.Ldexp(1, -17)}}
+		add(opCase{"AttentionForward", sh, att, forward, attOut})
+		add(opCase{"AttentionForward", sh + " views at odd offsets", offsetViews(att), forward, attOut})
 		add(opCase{"AttentionBackward", sh, append(slices.Clone(att), tspec{name: "dqkv", n: B * T * 3 * C, dt: bf},
 			tspec{name: "dout", n: B * T * C, dt: bf}, tspec{name: "scratch", n: backend.AttentionBackwardScratch(B, T, NH), dt: f32}),
 			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
@@ -376,8 +396,9 @@ func (c opCase) runOn(t *testing.T, be backend.Backend, vals map[string][]float3
 	s := be.DefaultStream()
 	x := map[string]backend.Tensor{}
 	for _, sp := range c.in {
-		tn := alloc(t, be, sp.name, sp.n, sp.dt)
-		defer be.Free(tn)
+		buf := alloc(t, be, sp.name, sp.n+sp.off, sp.dt)
+		defer be.Free(buf)
+		tn := buf.Slice(sp.off, sp.n)
 		x[sp.name] = tn
 		v := vals[sp.name]
 		switch sp.dt {
