@@ -90,7 +90,7 @@ func ParseKind(s string) (Kind, error) {
 		}
 		return Kind(s), nil
 	}
-	return "", fmt.Errorf("unknown device %q (want cpu, cuda or cuda:N)", s)
+	return "", fmt.Errorf("unknown device %q (want cpu or cuda, or cuda:N for device N)", s)
 }
 
 // String is the flag spelling.
