@@ -332,10 +332,13 @@ func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) 
 }
 
 // FreeHost implements backend.Backend (cudaFreeHost, which waits for the
-// device). A buffer that is not a live one of this backend is reported by
-// the next Synchronize.
+// device). nil is ignored; a buffer that is not a live one of this backend
+// (freed twice, another backend's) is reported by the next Synchronize.
 func (b *Backend) FreeHost(hb backend.HostBuffer) {
 	_ = b.onDevice("FreeHost")
+	if hb == nil {
+		return
+	}
 	h, ok := hb.(*hostBuffer)
 	b.mu.Lock()
 	live := ok && h != nil && b.hosts[h.id] == h

@@ -385,6 +385,25 @@ func TestTensorChecks(t *testing.T) {
 	wantErr(t, "another backend's host buffer", be.CopyD2H(s, ho, 0, x), "not a live host buffer")
 }
 
+// TestFreeHost: nil is ignored; a freed host buffer is refused by copies,
+// and freeing it again is an error the next Synchronize (and Close)
+// reports, as FreeHost returns none.
+func TestFreeHost(t *testing.T) {
+	be, err := New(Config{MemBudget: testBudget})
+	ok(t, err)
+	s := be.DefaultStream()
+	x := alloc(t, be, "x", 1, backend.F32)
+	h, err := be.AllocHost("h", 16)
+	ok(t, err)
+	be.FreeHost(nil)
+	ok(t, be.Synchronize(s))
+	be.FreeHost(h)
+	wantErr(t, "copy from a freed host buffer", be.CopyH2D(s, x, h, 0), "not a live host buffer")
+	be.FreeHost(h)
+	wantErr(t, "Synchronize after a host buffer freed twice", be.Synchronize(s), "FreeHost", "not a live host buffer")
+	wantErr(t, "Close after a host buffer freed twice", be.Close(), "FreeHost", "not a live host buffer")
+}
+
 // TestDTypeRefusedByName: what the kernels do not take is refused at
 // enqueue, naming the op and every tensor's dtype.
 func TestDTypeRefusedByName(t *testing.T) {

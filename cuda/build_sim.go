@@ -3,8 +3,7 @@
 // The simulated build: cgo flags that compile the kernels and the
 // simulated CUDA runtime (kernels/sim/cudart.cpp) into this package, the
 // runtime's message of a failed call, and the runtime's controls the tests
-// use (device memory, hazard delays, the sticky error, the build's source
-// hash).
+// use (hazard delays, the build's source hash).
 
 package cuda
 
@@ -42,7 +41,3 @@ func simBuildInfo() string { return C.GoString(C.lsp_sim_build_info()) }
 func simSetDelays(seed uint64, maxMicros uint) {
 	C.lsp_sim_set_delays(C.uint64_t(seed), C.unsigned(maxMicros))
 }
-
-// simClearStickyError waits for every stream and forgets the sticky error
-// of a failed operation, returning its code.
-func simClearStickyError() int { return int(C.lsp_sim_clear_sticky_error()) }
