@@ -41,3 +41,7 @@ func simBuildInfo() string { return C.GoString(C.lsp_sim_build_info()) }
 func simSetDelays(seed uint64, maxMicros uint) {
 	C.lsp_sim_set_delays(C.uint64_t(seed), C.unsigned(maxMicros))
 }
+
+// simPageableCopies counts the cudaMemcpyAsync calls so far whose host side
+// was not pinned memory (which CUDA stages or waits for).
+func simPageableCopies() int64 { return int64(C.lsp_sim_pageable_copies()) }
