@@ -12,8 +12,16 @@
 //	cudaStreamDestroy, cudaStreamSynchronize, cudaStreamWaitEvent,
 //	cudaEventCreateWithFlags (default: timing on), cudaEventDestroy,
 //	cudaEventRecord, cudaEventSynchronize, cudaEventQuery,
-//	cudaEventElapsedTime, cudaGetLastError (through kernels.NewError's
-//	names: cudaGetErrorName, cudaGetErrorString).
+//	cudaEventElapsedTime, cudaGetLastError (to clear a failed
+//	allocation), and through kernels.NewError cudaGetErrorName and
+//	cudaGetErrorString.
+//
+// Elsewhere: cudaGetDeviceCount and cudaGetDeviceProperties find the
+// devices of the simulated build (discover_sim.go; the GPU build asks the
+// driver through cu), and the tests' gates use cudaLaunchHostFunc
+// (testhooks.go). The launchers themselves call cudaFuncSetAttribute and
+// cudaGetLastError, and the generated face cudaDeviceSynchronize when
+// kernels.SetSynchronous is on.
 //
 // Every wrapper but the host waits (lspcu_event_*) counts a call made off a
 // backend's device thread (a thread that did not call lspcu_mark_worker):
