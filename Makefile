@@ -52,7 +52,7 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-test: fmt-check vet gotest gotest-norace simtest
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 8 minutes on 2 cores).
@@ -178,6 +178,37 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags lsp_sim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kernels/simtest/
 else
 	@echo "simtest: WARNING: kernel simulator tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
+
+# `make cudasim-rt-test`: the simulated CUDA runtime (kernels/sim/cudart.cpp,
+# what -tags cudasim builds link instead of NVIDIA's libraries) tested on
+# its own through cgo by kernels/cudasimrt: stream order and overlap from
+# the runtime's timestamps, CUDA's event rules, sticky asynchronous errors,
+# out-of-memory, pinned host memory, the hazard delays, and ldd of the test
+# binary showing no NVIDIA library. Needs only CUDA's headers, as simtest;
+# about 20 s on 2 cores after the C++ is compiled. RUN=regexp selects tests.
+.PHONY: cudasim-rt-test
+cudasim-rt-test:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 5m $(if $(RUN),-run '$(RUN)') ./kernels/cudasimrt/
+else
+	@echo "cudasim-rt-test: WARNING: simulated CUDA runtime tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
+
+# `make cudasim-test`: the CUDA backend (package cuda: lifecycle, events,
+# errors, the conformance table against the CPU backend) and the packages
+# that open it (train/device), built with -tags cudasim: the same Go code
+# on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
+# compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
+# the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
+# check it). RUN=regexp selects tests.
+.PHONY: cudasim-test
+CUDASIM_PKGS ?= ./cuda/ ./train/device/
+cudasim-test:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
+else
+	@echo "cudasim-test: WARNING: CUDA backend tests on the simulated runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
 endif
 
 # `make gpu-test-bin`: the kernel tests of kernels/simtest for a real GPU

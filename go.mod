@@ -3,6 +3,7 @@ module github.com/lsp-offload/lsp-offload
 go 1.26.0
 
 require (
+	github.com/barnex/cuda5 v0.0.0-20171012184954-da30a9b287d8
 	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/tiktoken-go/tokenizer v0.10.0
 	golang.org/x/sys v0.49.0

@@ -27,14 +27,21 @@
  * __syncthreads() (no early return before a barrier); warp-collective calls
  * must be made by every lane named in the mask.
  *
- * Limits: LSP_LAUNCH under the simulator runs the grid synchronously and
- * ignores the stream.
+ * Under the simulator (-DLSP_SIM) LSP_LAUNCH runs the grid synchronously
+ * and ignores the stream. With -DLSP_CUDASIM as well (the simulated CUDA
+ * runtime, kernels/sim/cudart.cpp) it checks the configuration, captures
+ * the arguments by value and queues the grid on the stream, returning at
+ * once as <<<>>> does; errors of the run surface at the next synchronising
+ * call, as CUDA's sticky errors.
  */
 #ifndef LSP_COMMON_CUH
 #define LSP_COMMON_CUH
 
 #if defined(LSP_SIM) && defined(__CUDACC__)
 #error "LSP_SIM selects the CPU simulator; it is for g++ builds, not nvcc"
+#endif
+#if defined(LSP_CUDASIM) && !defined(LSP_SIM)
+#error "LSP_CUDASIM (the simulated CUDA runtime) needs LSP_SIM too"
 #endif
 
 #if !defined(__cplusplus)

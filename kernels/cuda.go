@@ -9,7 +9,7 @@ package kernels
 // (the Makefile does).
 
 /*
-#cgo LDFLAGS: ${SRCDIR}/../build/libkernels.a -lcudart_static -ldl -lrt -lpthread -lstdc++
+#cgo LDFLAGS: ${SRCDIR}/../build/libkernels.a -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
 
 // The Makefile passes a hash of build/libkernels.a (-DLSP_KERNELS_LIB=...):
 // Go's build cache does not see the library's contents, only CGO_CFLAGS,

@@ -1177,7 +1177,12 @@ void wmma_mma(float* d, const __nv_bfloat16* a, int akind, const __nv_bfloat16* 
  * Launches
  * ------------------------------------------------------------------------- */
 
-cudaError_t set_max_dyn_smem(const void* kernel, int bytes) {
+cudaError_t set_func_attribute(const void* kernel, int attr, int bytes) {
+	if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+		return config_error(cudaErrorNotSupported,
+		                    format("cudaFuncSetAttribute: attribute %d is not simulated (only "
+		                           "cudaFuncAttributeMaxDynamicSharedMemorySize)",
+		                           attr));
 	if (bytes < 0 || size_t(bytes) > kMaxDynSmem)
 		return config_error(cudaErrorInvalidValue,
 		                    format("cudaFuncSetAttribute: MaxDynamicSharedMemorySize %d is outside [0, %zu]", bytes,
@@ -1187,22 +1192,26 @@ cudaError_t set_max_dyn_smem(const void* kernel, int bytes) {
 	return cudaSuccess;
 }
 
-void launch_impl(const char* name, const char* file, int line, const void* kernel, Thunk thunk, const void* params,
-                 dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+/* Checks a launch's configuration as CUDA does before the grid is queued
+ * (block and grid shape, dynamic shared memory against the kernel's
+ * limit); on failure sets the calling thread's last error and message and
+ * returns the code. */
+cudaError_t check_launch(const char* name, const char* file, int line, const void* kernel, dim3 grid, dim3 block,
+                         size_t smem) {
 	init_env();
 	const char* at = base_name(file);
 	if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
 	    uint64_t(block.x) * block.y * block.z > 1024) {
-		config_error(cudaErrorInvalidConfiguration,
-		             format("launch of %s at %s:%d: block (%u,%u,%u) is not 1..1024 threads (x, y <= 1024, z <= 64)",
-		                    name, at, line, block.x, block.y, block.z));
-		return;
+		return config_error(
+		    cudaErrorInvalidConfiguration,
+		    format("launch of %s at %s:%d: block (%u,%u,%u) is not 1..1024 threads (x, y <= 1024, z <= 64)", name, at,
+		           line, block.x, block.y, block.z));
 	}
 	if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7FFFFFFFu || grid.y > 65535 || grid.z > 65535) {
-		config_error(cudaErrorInvalidConfiguration,
-		             format("launch of %s at %s:%d: grid (%u,%u,%u) out of range (x < 2^31, y, z <= 65535, none 0)",
-		                    name, at, line, grid.x, grid.y, grid.z));
-		return;
+		return config_error(
+		    cudaErrorInvalidConfiguration,
+		    format("launch of %s at %s:%d: grid (%u,%u,%u) out of range (x < 2^31, y, z <= 65535, none 0)", name, at,
+		           line, grid.x, grid.y, grid.z));
 	}
 	size_t limit = kDefaultDynSmem;
 	{
@@ -1211,13 +1220,28 @@ void launch_impl(const char* name, const char* file, int line, const void* kerne
 		if (it != g_max_dyn_smem.end() && size_t(it->second) > limit) limit = size_t(it->second);
 	}
 	if (smem > limit) {
-		config_error(cudaErrorInvalidValue,
-		             format("launch of %s at %s:%d: %zu bytes of dynamic shared memory exceed the limit of %zu "
-		                    "(above 48 KiB needs cudaFuncSetAttribute(kernel, "
-		                    "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), at most 227 KiB)",
-		                    name, at, line, smem, limit));
-		return;
+		return config_error(cudaErrorInvalidValue,
+		                    format("launch of %s at %s:%d: %zu bytes of dynamic shared memory exceed the limit of %zu "
+		                           "(above 48 KiB needs cudaFuncSetAttribute(kernel, "
+		                           "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), at most 227 KiB)",
+		                           name, at, line, smem, limit));
 	}
+	return cudaSuccess;
+}
+
+/* The seed of the next launch's thread orders: the process seed mixed with
+ * the launch number since lsp_sim_set_seed. The simulated CUDA runtime
+ * takes it when a launch is queued, so schedules follow the order of
+ * launches, not of the streams' threads. */
+uint64_t next_launch_seed() { return mix(g_seed.load(), g_launch_no.fetch_add(1) + 1); }
+
+/* Runs a checked launch to completion on the worker pool, one grid at a
+ * time (it holds g_launch_mu), with the given seed or, when seed is null,
+ * the next one. Returns 0 or the first error a block reported, whose
+ * message goes to *msg. */
+int run_launch(const char* name, const char* file, int line, const void* kernel, Thunk thunk, const void* params,
+               dim3 grid, dim3 block, size_t smem, const uint64_t* seed, std::string* msg) {
+	init_env();
 	std::lock_guard<std::mutex> serial(g_launch_mu);
 	Launch j;
 	j.name = name;
@@ -1230,7 +1254,7 @@ void launch_impl(const char* name, const char* file, int line, const void* kerne
 	j.block = block;
 	j.smem = smem;
 	j.nblocks = uint64_t(grid.x) * grid.y * grid.z;
-	j.seed = mix(g_seed.load(), g_launch_no.fetch_add(1) + 1);
+	j.seed = seed ? *seed : next_launch_seed();
 	j.serial = g_launch_serial.fetch_add(1) + 1;
 	{
 		std::unique_lock<std::mutex> l(g_pool_mu);
@@ -1242,11 +1266,22 @@ void launch_impl(const char* name, const char* file, int line, const void* kerne
 		g_cv_done.wait(l, [] { return g_active == 0; });
 		g_job = nullptr;
 	}
-	if (j.nerrors > 0) {
-		std::string m = j.err_msg;
-		if (j.nerrors > 1) m += format(" (and %d more error(s))", j.nerrors - 1);
-		set_message(m);
-		t_last_error = cudaError_t(j.err_code);
+	if (j.nerrors == 0) return 0;
+	*msg = j.err_msg;
+	if (j.nerrors > 1) *msg += format(" (and %d more error(s))", j.nerrors - 1);
+	return j.err_code;
+}
+
+/* The synchronous launch of plain LSP_SIM builds: the grid runs before
+ * LSP_LAUNCH returns, and its error is the calling thread's last error. */
+void launch_impl(const char* name, const char* file, int line, const void* kernel, Thunk thunk, const void* params,
+                 dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+	if (check_launch(name, file, line, kernel, grid, block, smem) != cudaSuccess) return;
+	std::string msg;
+	int code = run_launch(name, file, line, kernel, thunk, params, grid, block, smem, nullptr, &msg);
+	if (code != 0) {
+		set_message(msg);
+		t_last_error = cudaError_t(code);
 	}
 }
 
@@ -1258,6 +1293,9 @@ void launch_impl(const char* name, const char* file, int line, const void* kerne
 
 extern "C" {
 
+/* Under LSP_CUDASIM the simulated runtime (cudart.cpp) defines the calls
+ * that see streams and sticky errors instead. */
+#ifndef LSP_CUDASIM
 cudaError_t cudaGetLastError(void) {
 	cudaError_t e = lsp_sim::t_last_error;
 	lsp_sim::t_last_error = cudaSuccess;
@@ -1266,18 +1304,18 @@ cudaError_t cudaGetLastError(void) {
 
 cudaError_t cudaPeekAtLastError(void) { return lsp_sim::t_last_error; }
 
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+#endif
+
 const char* cudaGetErrorName(cudaError_t e) { return lsp_sim_error_name(int(e)); }
 
 const char* cudaGetErrorString(cudaError_t e) { return lsp_sim_error_string(int(e)); }
 
 cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
-	if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
-	return lsp_sim::set_max_dyn_smem(func, value);
+	return lsp_sim::set_func_attribute(func, attr, value);
 }
-
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
 /* ---- sim_api.h ---- */
 
@@ -1374,6 +1412,13 @@ const char* lsp_sim_error_name(int code) {
 	case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
 	case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
 	case cudaErrorNotSupported: return "cudaErrorNotSupported";
+	case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+	case cudaErrorNotReady: return "cudaErrorNotReady";
+	case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+	case cudaErrorNoDevice: return "cudaErrorNoDevice";
+	case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+	case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+	case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
 	default: return "cudaErrorUnknown";
 	}
 }
@@ -1390,6 +1435,13 @@ const char* lsp_sim_error_string(int code) {
 	case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
 	case cudaErrorInvalidDeviceFunction: return "invalid device function";
 	case cudaErrorNotSupported: return "operation not supported";
+	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorNotReady: return "device not ready";
+	case cudaErrorInvalidDevice: return "invalid device ordinal";
+	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+	case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+	case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+	case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
 	default: return "unknown error";
 	}
 }

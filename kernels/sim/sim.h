@@ -8,7 +8,8 @@
  *   - __global__/__device__/__host__/__forceinline__/__launch_bounds__,
  *     threadIdx, blockIdx, blockDim, gridDim, warpSize, dim3, cudaStream_t,
  *     cudaError_t, cudaGetLastError, cudaPeekAtLastError,
- *     cudaGetErrorString/Name, cudaFuncSetAttribute (max dynamic smem).
+ *     cudaGetErrorString/Name, cudaFuncSetAttribute (max dynamic smem; any
+ *     other attribute is cudaErrorNotSupported).
  *   - Every thread of a block is a fiber (its own 64 KiB stack with a guard
  *     page); all fibers of a block run on one worker thread and blocks are
  *     spread over a pool of workers. Between synchronisation points the
@@ -51,7 +52,9 @@
  * memory-model subtleties (fences, visibility between blocks, volatile);
  * __launch_bounds__ limits; register and static shared memory limits; out of
  * bounds accesses to static __shared__ arrays (they sit next to each other);
- * streams (launches are synchronous); uninitialised registers. Inline PTX,
+ * streams (launches are synchronous, except under -DLSP_CUDASIM, where the
+ * simulated CUDA runtime of cudart.cpp queues them on real streams);
+ * uninitialised registers. Inline PTX,
  * cooperative groups, __noinline__ and texture/surface objects do not
  * compile; other wmma shapes and types neither.
  */
@@ -217,7 +220,17 @@ inline unsigned vote(const char* what, CollectiveOp op, unsigned mask, unsigned 
 typedef void (*Thunk)(const void* kernel, const void* params);
 void launch_impl(const char* name, const char* file, int line, const void* kernel, Thunk thunk,
                  const void* params, dim3 grid, dim3 block, size_t smem, cudaStream_t stream);
-cudaError_t set_max_dyn_smem(const void* kernel, int bytes);
+/* cudaFuncSetAttribute: MaxDynamicSharedMemorySize; any other attribute is
+ * cudaErrorNotSupported (the simulator does not model it). */
+cudaError_t set_func_attribute(const void* kernel, int attr, int value);
+
+/* The simulated CUDA runtime (-DLSP_CUDASIM, cudart.cpp): checks the launch
+ * configuration now, then queues the grid on `stream` and returns; the
+ * stream's thread runs it. Takes ownership of params (a heap copy of the
+ * arguments), which free_params deletes after the run or on refusal. */
+typedef void (*ParamsFree)(void* params);
+void launch_async(const char* name, const char* file, int line, const void* kernel, Thunk thunk, void* params,
+                  ParamsFree free_params, dim3 grid, dim3 block, size_t smem, cudaStream_t stream);
 
 template <class... P>
 struct KernelCall {
@@ -227,15 +240,24 @@ struct KernelCall {
 		std::apply(reinterpret_cast<void (*)(P...)>(const_cast<void*>(kernel)),
 		           *static_cast<const Params*>(params));
 	}
+	static void destroy(void* params) { delete static_cast<Params*>(params); }
 };
 
 template <class... P, class... A>
 void launch(const char* name, const char* file, int line, void (*kernel)(P...), dim3 grid, dim3 block,
             size_t smem, cudaStream_t stream, A&&... args) {
 	static_assert(sizeof...(P) == sizeof...(A), "LSP_LAUNCH: wrong number of kernel arguments");
+#ifdef LSP_CUDASIM
+	/* The arguments are captured by value, as <<<>>> captures them, since
+	 * the grid runs after LSP_LAUNCH returns. */
+	auto* params = new typename KernelCall<P...>::Params(std::forward<A>(args)...);
+	launch_async(name, file, line, reinterpret_cast<const void*>(kernel), &KernelCall<P...>::run, params,
+	             &KernelCall<P...>::destroy, grid, block, smem, stream);
+#else
 	typename KernelCall<P...>::Params params(std::forward<A>(args)...);
 	launch_impl(name, file, line, reinterpret_cast<const void*>(kernel), &KernelCall<P...>::run, &params,
 	            grid, block, smem, stream);
+#endif
 }
 
 } /* namespace lsp_sim */
@@ -254,8 +276,7 @@ void launch(const char* name, const char* file, int line, void (*kernel)(P...), 
 
 template <class T>
 inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
-	if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
-	return ::lsp_sim::set_max_dyn_smem(reinterpret_cast<const void*>(kernel), value);
+	return ::lsp_sim::set_func_attribute(reinterpret_cast<const void*>(kernel), int(attr), value);
 }
 
 /* ---- warp intrinsics ---- */

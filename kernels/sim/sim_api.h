@@ -71,6 +71,68 @@ long long lsp_sim_skipped_barrier_hits(void);
  * default min(NumCPU, 8), env LSP_SIM_WORKERS). Returns the number in use. */
 int lsp_sim_workers(int n);
 
+/* ---- The simulated CUDA runtime (cudasim builds: kernels/sim/cudart.cpp;
+ * these are undefined in plain lsp_sim builds) ---- */
+
+/* Sets the simulated device's memory (cudaMemGetInfo's total, what
+ * cudaMalloc may hand out) to `bytes`; default 8 GiB or env LSP_CUDASIM_MEM
+ * (bytes, or with a K/M/G suffix). Returns 0, or -1 when bytes is 0 or
+ * device buffers are live. */
+int lsp_sim_set_device_memory(size_t bytes);
+
+/* Hazard mode: before each queued operation its stream's thread sleeps a
+ * delay in [0, max_us] microseconds, a hash of (seed, the stream's number,
+ * the operation's position in the stream), so a missing event between
+ * streams changes results the same way on every run with that seed.
+ * max_us 0 switches it off (the default; env LSP_CUDASIM_DELAYS=seed:max_us
+ * switches it on at start). Applies to operations queued after the call;
+ * streams created after it are numbered 1, 2, ... again. */
+void lsp_sim_set_delays(uint64_t seed, unsigned max_us);
+
+/* What lsp_sim_trace_read returns about one queued operation. */
+typedef struct {
+	uint64_t stream;   /* the cudaStream_t (0: the legacy default stream) */
+	uint64_t seq;      /* 1, 2, ... within the stream */
+	int kind;          /* LSP_SIM_OP_* */
+	int status;        /* 0 ran; a cudaError_t it raised; -1 skipped (sticky error) */
+	unsigned delay_us; /* the hazard delay slept before it */
+	int64_t start_ns;  /* steady clock, after the delay */
+	int64_t end_ns;
+	char name[48]; /* kernel name, or the operation's ("memcpy H2D", ...) */
+} lsp_sim_op_time;
+
+enum {
+	LSP_SIM_OP_KERNEL = 1,
+	LSP_SIM_OP_MEMCPY_H2D = 2,
+	LSP_SIM_OP_MEMCPY_D2H = 3,
+	LSP_SIM_OP_MEMCPY_D2D = 4,
+	LSP_SIM_OP_MEMSET = 5,
+	LSP_SIM_OP_EVENT_RECORD = 6,
+	LSP_SIM_OP_WAIT = 7, /* cudaStreamWaitEvent, or the legacy stream's implicit waits */
+	LSP_SIM_OP_HOST_FUNC = 8
+};
+
+/* Starts (on != 0: forgets what was recorded) or stops recording the
+ * timestamps of executed operations (at most 1 << 20 are kept). */
+void lsp_sim_trace(int on);
+
+/* Copies up to max recorded operations, in the order they finished, to
+ * out; returns how many were recorded (may exceed max). */
+long long lsp_sim_trace_read(lsp_sim_op_time* out, long long max);
+
+/* How many cudaMemcpyAsync calls had a host side outside pinned memory
+ * (cudaMallocHost/cudaHostAlloc/cudaHostRegister): CUDA stages those
+ * (H2D) or waits for them (D2H), as this runtime does. */
+long long lsp_sim_pageable_copies(void);
+
+/* Waits for every stream, then forgets the sticky error of a failed
+ * asynchronous operation (which otherwise every later call returns, as a
+ * corrupted CUDA context does) and returns it (0 if none); the calling
+ * thread's last error too when it is that error (other threads keep
+ * theirs). For tests that provoke a fault on purpose; CUDA itself has no
+ * such call. */
+int lsp_sim_clear_sticky_error(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,20 +8,23 @@
 // cuda defaults to --dtype bf16 and refuses fp32, while the CPU backend
 // takes either and defaults to fp32.
 //
-// Limits: this build has the CPU backend only; --device cuda is a known
-// name that Open refuses, with a message saying so, until the CUDA backend
-// lands.
+// --device cuda (device 0) or cuda:N opens the CUDA backend (package
+// cuda) in a build with the tag cuda (a GPU) or cudasim (the simulated
+// CUDA runtime): cuda.go adds it. Without either tag cuda is a known name
+// that Open refuses, saying how to build it; on a machine without a
+// usable device Open says that no device was found.
 package device
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
 
-// Kind names a backend (--device).
+// Kind names a backend (--device): cpu, cuda (device 0), or cuda:N.
 type Kind string
 
 // Backends a configuration may name.
@@ -29,6 +32,27 @@ const (
 	CPU  Kind = "cpu"
 	CUDA Kind = "cuda"
 )
+
+// Base is the backend without a device number: CUDA for cuda:N.
+func (k Kind) Base() Kind {
+	if strings.HasPrefix(string(k), string(CUDA)+":") {
+		return CUDA
+	}
+	return k
+}
+
+// Ordinal is the device number of cuda:N (0 for cuda, and for cpu).
+func (k Kind) Ordinal() int {
+	_, n, ok := strings.Cut(string(k), ":")
+	if !ok {
+		return 0
+	}
+	i, err := strconv.Atoi(n)
+	if err != nil {
+		return 0
+	}
+	return i
+}
 
 // Config is what a backend is opened with.
 type Config struct {
@@ -53,13 +77,20 @@ var built = map[Kind]opener{
 	},
 }
 
-// ParseKind reads a --device value: a backend name, built or not.
+// ParseKind reads a --device value: a backend name, built or not, and for
+// cuda an optional device number (cuda:N).
 func ParseKind(s string) (Kind, error) {
 	switch k := Kind(s); k {
 	case CPU, CUDA:
 		return k, nil
 	}
-	return "", fmt.Errorf("unknown device %q (want cpu or cuda)", s)
+	if n, ok := strings.CutPrefix(s, string(CUDA)+":"); ok {
+		if i, err := strconv.Atoi(n); err != nil || i < 0 || strconv.Itoa(i) != n {
+			return "", fmt.Errorf("device %q: want cuda:N with N a device number (0, 1, ...)", s)
+		}
+		return Kind(s), nil
+	}
+	return "", fmt.Errorf("unknown device %q (want cpu or cuda, or cuda:N for device N)", s)
 }
 
 // String is the flag spelling.
@@ -78,7 +109,7 @@ func (k *Kind) Set(s string) error {
 // DefaultDType is the storage type of weights and activations on k when
 // --dtype is not given: bf16 on cuda, fp32 on the CPU.
 func (k Kind) DefaultDType() backend.DType {
-	if k == CUDA {
+	if k.Base() == CUDA {
 		return backend.BF16
 	}
 	return backend.F32
@@ -92,7 +123,7 @@ var modelOps = []struct{ op, arg string }{{"Gemm", "A"}, {"AttentionForward", "q
 // CheckDType says whether models stored in dt train on k: nil, or why not,
 // naming the ops whose kernels refuse dt.
 func CheckDType(k Kind, dt backend.DType) error {
-	if k != CUDA {
+	if k.Base() != CUDA {
 		return nil // the CPU backend computes every op in fp32 and bf16
 	}
 	var refused []string
@@ -112,10 +143,22 @@ func Check(k Kind) error {
 	if _, err := ParseKind(string(k)); err != nil {
 		return err
 	}
-	if built[k] == nil {
-		return fmt.Errorf("%q is not available in this build (cpu only; cuda comes with the CUDA backend)", string(k))
+	if built[k.Base()] == nil {
+		return fmt.Errorf("%q is not available in this build (cpu only: `make` builds with CUDA where nvcc is installed, "+
+			"`go build -tags cuda` after `make kernels`, or -tags cudasim for the simulated runtime)", string(k))
 	}
 	return nil
+}
+
+// Built lists the backends of this build, for help texts.
+func Built() []Kind {
+	var ks []Kind
+	for _, k := range []Kind{CPU, CUDA} {
+		if built[k] != nil {
+			ks = append(ks, k)
+		}
+	}
+	return ks
 }
 
 // Open returns the backend c names; the caller closes it.
@@ -123,5 +166,5 @@ func Open(c Config) (backend.Backend, error) {
 	if err := Check(c.Kind); err != nil {
 		return nil, err
 	}
-	return built[c.Kind](c)
+	return built[c.Kind.Base()](c)
 }

@@ -1,6 +1,6 @@
-// Tests of the backend constructor: cpu opens with its settings, cuda is
-// refused with a message that says why, and an unknown name is refused at
-// the flag.
+// Tests of the backend constructor: cpu opens with its settings, an
+// unknown name is refused at the flag, cuda:N parses. Whether cuda opens
+// depends on the build: refused_test.go (no CUDA) and cuda_test.go.
 
 package device
 
@@ -27,8 +27,8 @@ func TestOpenRefused(t *testing.T) {
 		kind Kind
 		want string
 	}{
-		{CUDA, "not available in this build"},
 		{"tpu", `unknown device "tpu"`},
+		{"cuda:x", `device "cuda:x": want cuda:N`},
 		{"", "unknown device"},
 	} {
 		be, err := Open(Config{Kind: tc.kind})
@@ -43,17 +43,31 @@ func TestOpenRefused(t *testing.T) {
 
 func TestKindFlag(t *testing.T) {
 	var k Kind
-	if err := k.Set("cuda"); err != nil || k != CUDA || k.String() != "cuda" {
+	if err := k.Set("cuda"); err != nil || k != CUDA || k.String() != "cuda" || k.Ordinal() != 0 || k.Base() != CUDA {
 		t.Errorf("Set(cuda): %v, %q", err, k)
 	}
 	if err := k.Set("gpu"); err == nil || k != CUDA {
 		t.Errorf("Set(gpu) = %v and left %q; want an error and cuda kept", err, k)
+	}
+	if err := k.Set("cuda:3"); err != nil || k.Base() != CUDA || k.Ordinal() != 3 || k.String() != "cuda:3" {
+		t.Errorf("Set(cuda:3): %v, %q (base %q, ordinal %d)", err, k, k.Base(), k.Ordinal())
+	}
+	for _, bad := range []string{"cuda:", "cuda:-1", "cuda:01", "cuda:x", "cuda:1:2", "cpu:0", "cuda0"} {
+		if err := k.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+	if CPU.Base() != CPU || CPU.Ordinal() != 0 {
+		t.Errorf("cpu: base %q, ordinal %d", CPU.Base(), CPU.Ordinal())
 	}
 }
 
 func TestDefaultDType(t *testing.T) {
 	if CUDA.DefaultDType() != backend.BF16 || CPU.DefaultDType() != backend.F32 {
 		t.Errorf("default dtypes: cuda %v, cpu %v; want bf16 and fp32", CUDA.DefaultDType(), CPU.DefaultDType())
+	}
+	if Kind("cuda:1").DefaultDType() != backend.BF16 || CheckDType("cuda:1", backend.F32) == nil {
+		t.Errorf("cuda:1 defaults to %v and takes fp32: want bf16 and a refusal, as cuda", Kind("cuda:1").DefaultDType())
 	}
 	for _, k := range []Kind{CPU, CUDA} {
 		if err := CheckDType(k, k.DefaultDType()); err != nil {

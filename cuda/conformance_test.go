@@ -1,0 +1,479 @@
+//go:build cuda || cudasim
+
+// The conformance table: every backend.Ops method run on this backend and
+// on the CPU backend (the reference, in its KernelDTypes mode) from the
+// same inputs, on a couple of shapes (ragged: not multiples of any tile)
+// and the dtype mixes the kernels take, comparing every output. It is the
+// start of the suite of issue 11 item 3 (ggml's test-backend-ops): one
+// case list that TestConformanceCoversEveryOp holds to the Ops interface,
+// so an op without a case fails.
+//
+// Tolerances, |got - want| <= atol + rtol |want| (0, 0: bit for bit), as
+// the kernel tests of kernels/simtest establish them against the same CPU
+// ops (see each family's test file there for why):
+//   - elementwise ops, bias ops, embedding, SparseCompress*, SparseS,
+//     SparseApply: bit for bit in the simulated build. On a GPU nvcc may
+//     contract the sparse sums into FMAs: there they get rtol 1e-6.
+//   - Gemm: atol 2^-21 K, rtol 1e-5 (fp32 C) or 2^-8 (bf16 C).
+//   - AttentionForward/Backward (bf16): rtol 2^-7, atol 2^-8 max|want| +
+//     2^-14; lse atol 2^-16, rtol 2^-17.
+//   - LayerNorm: atol 2e-5 (dweight, dbias: 1e-5 + 4e-7 N), rtol 1e-5;
+//     bf16 outputs add 2^-7 to rtol.
+//   - Gelu: forward atol 1e-7, rtol 1e-6; backward atol 1e-6, rtol 1e-5;
+//     bf16 adds 2^-7.
+//   - CrossEntropy: losses atol rtol 1e-5; dlogits atol 1e-6 scale, rtol
+//     2e-5 (+ 2^-7 for bf16).
+//   - SumSquares: rtol 2.4e-7 (two fp32 ulps). AdamW: atol 1e-30, rtol
+//     5e-7 (fp32), 2^-7 (a bf16 param).
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+// tspec is one tensor of a case: its values come from ints (I32), vals,
+// gen, or else uniform in [-1, 1). off > 0 makes it a view starting off
+// elements into its buffer (so its address is not the buffer's alignment).
+type tspec struct {
+	name string
+	n    int
+	dt   backend.DType
+	gen  func(r *rand.Rand) float32
+	vals []float32
+	ints []int32
+	off  int
+}
+
+// offsetViews returns in with each tensor a view at an odd offset.
+func offsetViews(in []tspec) []tspec {
+	out := slices.Clone(in)
+	for i := range out {
+		out[i].off = 2*i + 1
+	}
+	return out
+}
+
+// check is one output compared after the op.
+type check struct {
+	name       string
+	atol, rtol float64
+}
+
+type opCase struct {
+	op    string // the Ops method
+	shape string // what this case exercises
+	in    []tspec
+	run   func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error
+	out   []check
+}
+
+func (c opCase) String() string { return c.op + " " + c.shape }
+
+const (
+	f32  = backend.F32
+	bf   = backend.BF16
+	i32t = backend.I32
+	f64t = backend.F64
+)
+
+var bf16Ulp = math.Ldexp(1, -7)
+
+// tolFor adds a bf16 rounding to rtol when the output is bf16.
+func tolFor(dt backend.DType, rtol float64) float64 {
+	if dt == bf {
+		return rtol + bf16Ulp
+	}
+	return rtol
+}
+
+// exactOnSim is bit for bit in the simulated build and rtol 1e-6 on a GPU,
+// where nvcc may contract sums into FMAs.
+func exactOnSim(name string) check {
+	if simulated {
+		return check{name, 0, 0}
+	}
+	return check{name, 0, 1e-6}
+}
+
+func uniform(lo, hi float32) func(r *rand.Rand) float32 {
+	return func(r *rand.Rand) float32 { return lo + (hi-lo)*r.Float32() }
+}
+
+func dtName(dts ...backend.DType) string {
+	s := ""
+	for i, d := range dts {
+		if i > 0 {
+			s += "/"
+		}
+		s += d.String()
+	}
+	return s
+}
+
+// conformanceCases is the table: one or more cases per Ops method.
+func conformanceCases() []opCase {
+	var cs []opCase
+	add := func(c opCase) { cs = append(cs, c) }
+
+	for _, n := range []int{1, 1037} {
+		for _, dt := range []backend.DType{f32, bf} {
+			sh := fmt.Sprintf("n=%d %v", n, dt)
+			add(opCase{"Fill", sh, []tspec{{name: "t", n: n, dt: dt}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.Fill(s, x["t"], -0.3)
+				}, []check{{"t", 0, 0}}})
+			add(opCase{"Scale", sh, []tspec{{name: "t", n: n, dt: dt}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.Scale(s, x["t"], 1.0/3)
+				}, []check{{"t", 0, 0}}})
+			add(opCase{"GeluForward", sh, []tspec{{name: "out", n: n, dt: dt}, {name: "inp", n: n, dt: dt, gen: uniform(-6, 6)}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.GeluForward(s, x["out"], x["inp"])
+				}, []check{{"out", 1e-7, tolFor(dt, 1e-6)}}})
+			add(opCase{"GeluBackward", sh, []tspec{{name: "dinp", n: n, dt: dt}, {name: "inp", n: n, dt: dt, gen: uniform(-6, 6)},
+				{name: "dout", n: n, dt: dt}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.GeluBackward(s, x["dinp"], x["inp"], x["dout"])
+				}, []check{{"dinp", 1e-6, tolFor(dt, 1e-5)}}})
+			add(opCase{"SumSquares", sh, []tspec{{name: "out", n: 1, dt: f32}, {name: "x", n: n * 5, dt: dt, gen: uniform(-3, 3)},
+				{name: "work", n: backend.SumSquaresWork, dt: f64t}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.SumSquares(s, x["out"], x["x"], x["work"])
+				}, []check{{"out", 0, 2.4e-7}}})
+		}
+	}
+	for _, d := range [][3]backend.DType{{f32, f32, f32}, {bf, f32, bf}, {bf, bf, bf}} {
+		sh := fmt.Sprintf("n=1037 out/a/b %s", dtName(d[:]...))
+		in := []tspec{{name: "out", n: 1037, dt: d[0]}, {name: "a", n: 1037, dt: d[1]}, {name: "b", n: 1037, dt: d[2]}}
+		run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			return be.Add(s, x["out"], x["a"], x["b"])
+		}
+		add(opCase{"Add", sh, in, run, []check{{"out", 0, 0}}})
+		add(opCase{"Add", sh + " views at odd offsets", offsetViews(in), run, []check{{"out", 0, 0}}})
+		sh = fmt.Sprintf("n=1037 dst/src %s", dtName(d[0], d[2]))
+		add(opCase{"Accumulate", sh, []tspec{{name: "dst", n: 1037, dt: d[0]}, {name: "src", n: 1037, dt: d[2]}},
+			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.Accumulate(s, x["dst"], x["src"])
+			}, []check{{"dst", 0, 0}}})
+	}
+	for _, sz := range [][2]int{{13, 70}, {1, 5}} {
+		N, OC := sz[0], sz[1]
+		for _, d := range [][2]backend.DType{{f32, f32}, {bf, f32}, {f32, bf}} {
+			sh := fmt.Sprintf("N=%d OC=%d %s", N, OC, dtName(d[:]...))
+			add(opCase{"AddBias", sh, []tspec{{name: "out", n: N * OC, dt: d[0]}, {name: "bias", n: OC, dt: d[1]}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.AddBias(s, x["out"], x["bias"], N, OC)
+				}, []check{{"out", 0, 0}}})
+			add(opCase{"BiasBackward", sh, []tspec{{name: "dbias", n: OC, dt: d[0]}, {name: "dout", n: N * OC, dt: d[1]}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.BiasBackward(s, x["dbias"], x["dout"], N, OC)
+				}, []check{{"dbias", 0, 0}}})
+		}
+	}
+	for _, sz := range [][4]int{{2, 5, 12, 17}, {1, 3, 8, 1}} {
+		B, T, C, V := sz[0], sz[1], sz[2], sz[3]
+		token := func(r *rand.Rand) float32 { return float32(r.IntN(V)) }
+		for _, dt := range []backend.DType{f32, bf} {
+			sh := fmt.Sprintf("B=%d T=%d C=%d V=%d %v", B, T, C, V, dt)
+			add(opCase{"EncoderForward", sh, []tspec{{name: "out", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token},
+				{name: "wte", n: V * C, dt: dt}, {name: "wpe", n: T * C, dt: dt}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.EncoderForward(s, x["out"], x["inp"], x["wte"], x["wpe"], B, T, C)
+				}, []check{{"out", 0, 0}}})
+			add(opCase{"EncoderBackward", sh, []tspec{{name: "dwte", n: V * C, dt: dt}, {name: "dwpe", n: T * C, dt: dt},
+				{name: "dout", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+				}, []check{{"dwte", 0, 0}, {"dwpe", 0, 0}}})
+		}
+	}
+	for _, sz := range [][2]int{{37, 95}, {1, 1}} {
+		N, C := sz[0], sz[1]
+		for _, d := range [][2]backend.DType{{f32, f32}, {bf, f32}, {bf, bf}} {
+			x, g := d[0], d[1]
+			sh := fmt.Sprintf("N=%d C=%d x %v", N, C, x)
+			ln := []tspec{{name: "out", n: N * C, dt: x}, {name: "mean", n: N, dt: f32}, {name: "rstd", n: N, dt: f32},
+				{name: "inp", n: N * C, dt: x, gen: uniform(-2, 3)}, {name: "w", n: C, dt: x, gen: uniform(-1.5, 1.5)}, {name: "b", n: C, dt: x}}
+			forward := func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+				return be.LayerNormForward(s, t["out"], t["mean"], t["rstd"], t["inp"], t["w"], t["b"], N, C, 1e-5)
+			}
+			if g == f32 {
+				add(opCase{"LayerNormForward", sh, ln, forward,
+					[]check{{"out", 2e-5, tolFor(x, 1e-5)}, {"mean", 1e-5, 0}, {"rstd", 0, 1e-5}}})
+			}
+			sh = fmt.Sprintf("N=%d C=%d x %v g %v", N, C, x, g)
+			pt := 1e-5 + 4e-7*float64(N)
+			add(opCase{"LayerNormBackward", sh, append(slices.Clone(ln), tspec{name: "dinp", n: N * C, dt: g}, tspec{name: "dw", n: C, dt: g},
+				tspec{name: "db", n: C, dt: g}, tspec{name: "dout", n: N * C, dt: g},
+				tspec{name: "scratch", n: backend.LayerNormBackwardScratch(N, C), dt: f32}),
+				func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+					if err := forward(be, s, t); err != nil {
+						return err
+					}
+					return be.LayerNormBackward(s, t["dinp"], t["dw"], t["db"], t["dout"], t["inp"], t["w"], t["mean"], t["rstd"], t["scratch"], N, C)
+				}, []check{{"dinp", 2e-5, tolFor(g, 1e-5)}, {"dw", pt, tolFor(g, 1e-5)}, {"db", pt, tolFor(g, 1e-5)}}})
+		}
+	}
+	for _, sz := range [][3]int{{17, 23, 40}, {1, 9, 3}} {
+		M, N, K := sz[0], sz[1], sz[2]
+		for _, tr := range [][2]bool{{false, false}, {true, false}, {false, true}} {
+			for _, cdt := range []backend.DType{f32, bf} {
+				beta := float32(0)
+				if tr[0] {
+					beta = 0.5
+				}
+				sh := fmt.Sprintf("M=%d N=%d K=%d transA=%v transB=%v beta=%v C %v", M, N, K, tr[0], tr[1], beta, cdt)
+				rtol := 1e-5
+				if cdt == bf {
+					rtol = 1.0 / 256
+				}
+				in := []tspec{{name: "A", n: M * K, dt: bf}, {name: "B", n: K * N, dt: bf}, {name: "C", n: M * N, dt: cdt}}
+				run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.Gemm(s, tr[0], tr[1], M, N, K, 0.75, x["A"], x["B"], beta, x["C"])
+				}
+				out := []check{{"C", math.Ldexp(float64(K), -21), rtol}}
+				add(opCase{"Gemm", sh, in, run, out})
+				if !tr[1] {
+					add(opCase{"Gemm", sh + " views at odd offsets", offsetViews(in), run, out})
+				}
+			}
+		}
+	}
+	for _, sz := range [][4]int{{2, 9, 32, 2}, {1, 5, 128, 2}} {
+		B, T, C, NH := sz[0], sz[1], sz[2], sz[3]
+		sh := fmt.Sprintf("B=%d T=%d C=%d NH=%d (HS %d)", B, T, C, NH, C/NH)
+		att := []tspec{{name: "out", n: B * T * C, dt: bf}, {name: "lse", n: B * NH * T, dt: f32}, {name: "qkv", n: B * T * 3 * C, dt: bf, gen: uniform(-2, 2)}}
+		forward := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, C, NH)
+		}
+		attOut := []check{{"out", -1, 0}, {"lse", math.Ldexp(1, -16), math.Ldexp(1, -17)}}
+		add(opCase{"AttentionForward", sh, att, forward, attOut})
+		add(opCase{"AttentionForward", sh + " views at odd offsets", offsetViews(att), forward, attOut})
+		add(opCase{"AttentionBackward", sh, append(slices.Clone(att), tspec{name: "dqkv", n: B * T * 3 * C, dt: bf},
+			tspec{name: "dout", n: B * T * C, dt: bf}, tspec{name: "scratch", n: backend.AttentionBackwardScratch(B, T, NH), dt: f32}),
+			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				if err := forward(be, s, x); err != nil {
+					return err
+				}
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], x["scratch"], B, T, C, NH)
+			}, []check{{"dqkv", -1, 0}}})
+	}
+	for _, sz := range [][2]int{{9, 257}, {3, 1}} {
+		N, V := sz[0], sz[1]
+		target := func(r *rand.Rand) float32 { return float32(r.IntN(V+1) - 1) } // some ignored (-1)
+		for _, dt := range []backend.DType{f32, bf} {
+			for _, scale := range []float32{0, 0.125} {
+				sh := fmt.Sprintf("N=%d V=%d %v scale=%v", N, V, dt, scale)
+				atol := 1e-6 * float64(scale)
+				add(opCase{"CrossEntropyForwardBackward", sh, []tspec{{name: "losses", n: N, dt: f32},
+					{name: "logits", n: N * V, dt: dt, gen: uniform(-4, 4)}, {name: "targets", n: N, dt: i32t, gen: target}},
+					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.CrossEntropyForwardBackward(s, x["losses"], x["logits"], x["targets"], N, V, scale)
+					}, []check{{"losses", 1e-5, 1e-5}, {"logits", atol, tolFor(dt, 2e-5)}}})
+			}
+		}
+	}
+	for _, n := range []int{1, 1037} {
+		for _, d := range []struct {
+			param, grad backend.DType
+			master      bool
+			maxNorm     float32
+		}{{f32, f32, false, 0}, {bf, bf, true, 0}, {bf, f32, true, 0.5}, {f32, bf, false, 1e6}} {
+			sh := fmt.Sprintf("n=%d param %v grad %v master=%v maxNorm=%v", n, d.param, d.grad, d.master, d.maxNorm)
+			in := []tspec{{name: "param", n: n, dt: d.param}, {name: "grad", n: n, dt: d.grad}, {name: "m", n: n, dt: f32, gen: uniform(-0.1, 0.1)},
+				{name: "v", n: n, dt: f32, gen: uniform(0, 0.01)}, {name: "sumSq", n: 1, dt: f32, gen: uniform(1, 4)}}
+			if d.master {
+				in = append(in, tspec{name: "master", n: n, dt: f32})
+			}
+			p := backend.AdamParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, MaxNorm: d.maxNorm}
+			out := []check{{"param", 1e-30, tolFor(d.param, 5e-7)}, {"m", 1e-30, 5e-7}, {"v", 1e-30, 5e-7}}
+			if d.master {
+				out = append(out, check{"master", 1e-30, 5e-7})
+			}
+			add(opCase{"AdamW", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"], p)
+			}, out})
+		}
+	}
+	for _, sz := range [][5]int{{37, 70, 45, 12, 3}, {1, 1, 1, 1, 1}} {
+		BT, m, n, d, r := sz[0], sz[1], sz[2], sz[3], sz[4]
+		rng := newRand(uint64(BT*1000 + m))
+		pidx, pval := sparseRows(rng, m, d, r)
+		qidx, qval := sparseRows(rng, n, d, r)
+		pcp, pri, pcv, err := cpu.SparseColumns(pidx, pval, m, d, r)
+		if err != nil {
+			panic(err)
+		}
+		qcp, qri, qcv, err := cpu.SparseColumns(qidx, qval, n, d, r)
+		if err != nil {
+			panic(err)
+		}
+		for _, dt := range []backend.DType{f32, bf} {
+			sh := fmt.Sprintf("BT=%d m=%d n=%d d=%d r=%d %v", BT, m, n, d, r, dt)
+			add(opCase{"SparseCompressA", sh, []tspec{{name: "A", n: d * BT, dt: f32}, {name: "X", n: BT * m, dt: dt},
+				{name: "colptr", n: d + 1, dt: i32t, ints: pcp}, {name: "rowidx", n: len(pri), dt: i32t, ints: pri}, {name: "colval", n: len(pcv), dt: f32, vals: pcv}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.SparseCompressA(s, x["A"], x["X"], x["colptr"], x["rowidx"], x["colval"], BT, m, d)
+				}, []check{exactOnSim("A")}})
+			add(opCase{"SparseCompressB", sh, []tspec{{name: "B", n: BT * d, dt: f32}, {name: "dY", n: BT * n, dt: dt},
+				{name: "colptr", n: d + 1, dt: i32t, ints: qcp}, {name: "rowidx", n: len(qri), dt: i32t, ints: qri}, {name: "colval", n: len(qcv), dt: f32, vals: qcv}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.SparseCompressB(s, x["B"], x["dY"], x["colptr"], x["rowidx"], x["colval"], BT, n, d)
+				}, []check{exactOnSim("B")}})
+			sh = fmt.Sprintf("m=%d n=%d d=%d r=%d W %v", m, n, d, r, dt)
+			add(opCase{"SparseApply", sh, []tspec{{name: "W", n: m * n, dt: dt}, {name: "T", n: d * n, dt: f32}, {name: "Delta", n: d * d, dt: f32},
+				{name: "pidx", n: m * r, dt: i32t, ints: pidx}, {name: "pval", n: m * r, dt: f32, vals: pval},
+				{name: "qidx", n: n * r, dt: i32t, ints: qidx}, {name: "qval", n: n * r, dt: f32, vals: qval}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.SparseApply(s, x["W"], x["T"], x["Delta"], x["pidx"], x["pval"], x["qidx"], x["qval"], m, n, d, r, 1e-2, 0.1, 7, 3, 2)
+				}, []check{exactOnSim("W"), exactOnSim("T")}})
+		}
+		for _, acc := range []bool{false, true} {
+			sh := fmt.Sprintf("BT=%d d=%d accumulate=%v", BT, d, acc)
+			add(opCase{"SparseS", sh, []tspec{{name: "S", n: d * d, dt: f32}, {name: "A", n: d * BT, dt: f32}, {name: "B", n: BT * d, dt: f32}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.SparseS(s, x["S"], x["A"], x["B"], BT, d, acc)
+				}, []check{exactOnSim("S")}})
+		}
+	}
+	return cs
+}
+
+// sparseRows is a random (d,r)-sparse projector of rows rows in row
+// storage: r distinct columns per row.
+func sparseRows(r *rand.Rand, rows, d, nz int) ([]int32, []float32) {
+	idx := make([]int32, 0, rows*nz)
+	val := make([]float32, 0, rows*nz)
+	for range rows {
+		perm := r.Perm(d)
+		for s := range nz {
+			idx = append(idx, int32(perm[s]))
+			val = append(val, 2*r.Float32()-1)
+		}
+	}
+	return idx, val
+}
+
+// inputs draws the values of a case's tensors, the same for both backends.
+func (c opCase) inputs(seed uint64) map[string][]float32 {
+	r := newRand(seed)
+	vals := map[string][]float32{}
+	for _, sp := range c.in {
+		v := make([]float32, sp.n)
+		switch {
+		case sp.ints != nil:
+			for i, x := range sp.ints {
+				v[i] = float32(x)
+			}
+		case sp.vals != nil:
+			copy(v, sp.vals)
+		default:
+			gen := sp.gen
+			if gen == nil {
+				gen = uniform(-1, 1)
+			}
+			for i := range v {
+				v[i] = gen(r)
+			}
+		}
+		vals[sp.name] = v
+	}
+	return vals
+}
+
+// runOn runs c on be from vals and returns every output as fp32.
+func (c opCase) runOn(t *testing.T, be backend.Backend, vals map[string][]float32) map[string][]float32 {
+	t.Helper()
+	s := be.DefaultStream()
+	x := map[string]backend.Tensor{}
+	for _, sp := range c.in {
+		buf := alloc(t, be, sp.name, sp.n+sp.off, sp.dt)
+		defer be.Free(buf)
+		tn := buf.Slice(sp.off, sp.n)
+		x[sp.name] = tn
+		v := vals[sp.name]
+		switch sp.dt {
+		case i32t:
+			ints := make([]int32, len(v))
+			for i, f := range v {
+				ints[i] = int32(f)
+			}
+			ok(t, backend.UploadInt32(be, s, tn, ints))
+		case f64t: // scratch: overwritten by the op, left as allocated
+		default:
+			ok(t, backend.Upload(be, s, tn, v))
+		}
+	}
+	if err := c.run(be, s, x); err != nil {
+		t.Fatalf("%s: %s: %v", c, be.Name(), err)
+	}
+	if err := be.Synchronize(s); err != nil {
+		t.Fatalf("%s: %s: synchronize: %v", c, be.Name(), err)
+	}
+	out := map[string][]float32{}
+	for _, ch := range c.out {
+		out[ch.name] = get(t, be, x[ch.name])
+	}
+	return out
+}
+
+// attentionTol is the tolerance of a bf16 attention output (see the file
+// comment), relative to the output's scale.
+func attentionTol(want []float32) (atol, rtol float64) {
+	m := 0.0
+	for _, w := range want {
+		m = max(m, math.Abs(float64(w)))
+	}
+	return math.Ldexp(m, -8) + math.Ldexp(1, -14), bf16Ulp
+}
+
+func TestConformance(t *testing.T) {
+	be := newBE(t, Config{})
+	ref := cpuBE(t)
+	for i, c := range conformanceCases() {
+		t.Run(c.String(), func(t *testing.T) {
+			vals := c.inputs(uint64(i) + 1)
+			want := c.runOn(t, ref, vals)
+			got := c.runOn(t, be, vals)
+			for _, ch := range c.out {
+				atol, rtol := ch.atol, ch.rtol
+				if atol < 0 {
+					atol, rtol = attentionTol(want[ch.name])
+				}
+				compare(t, ch.name, got[ch.name], want[ch.name], atol, rtol)
+			}
+		})
+	}
+	if v := be.MemStats().InUse; v != 0 {
+		t.Errorf("%d bytes still in use after every case freed its tensors", v)
+	}
+}
+
+// TestConformanceCoversEveryOp fails when a method of backend.Ops has no
+// case in the table, or a case names no method.
+func TestConformanceCoversEveryOp(t *testing.T) {
+	covered := map[string]int{}
+	for _, c := range conformanceCases() {
+		covered[c.op]++
+	}
+	ops := reflect.TypeFor[backend.Ops]()
+	for i := range ops.NumMethod() {
+		name := ops.Method(i).Name
+		if covered[name] == 0 {
+			t.Errorf("backend.Ops.%s has no conformance case", name)
+		}
+		delete(covered, name)
+	}
+	for name := range covered {
+		t.Errorf("conformance cases for %s, which is not a method of backend.Ops", name)
+	}
+}

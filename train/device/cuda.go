@@ -1,0 +1,30 @@
+//go:build cuda || cudasim
+
+// The CUDA backend in builds that have it: on a GPU (-tags cuda) or on the
+// simulated CUDA runtime (-tags cudasim).
+
+package device
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lsp-offload/lsp-offload/cuda"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+)
+
+func init() { built[CUDA] = openCUDA }
+
+// openCUDA opens device c.Kind.Ordinal() with an arena of --device-mem
+// (the free memory, less CUDA's headroom, when 0). --threads and
+// --link-bandwidth are the CPU backend's and change nothing here.
+func openCUDA(c Config) (backend.Backend, error) {
+	be, err := cuda.New(cuda.Config{Device: c.Kind.Ordinal(), MemBudget: c.MemBudget})
+	if errors.Is(err, cuda.ErrNoDevice) {
+		return nil, fmt.Errorf("%w; train on the CPU with --device cpu", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return be, nil
+}
