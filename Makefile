@@ -20,7 +20,8 @@ vet:
 	$(GO) vet ./...
 	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...'; \
 		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...; \
-		echo '$(SIM_ENV) $(GO) vet -tags cuda ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cuda ./kernels/...; fi
+		echo '$(SIM_ENV) $(GO) vet -tags cuda ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cuda ./kernels/...; \
+		echo '$(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...; fi
 
 # Go packages under the race detector with -short; heavier training tests
 # skip themselves under -short or under the race detector and run in the

@@ -118,6 +118,7 @@ const (
 	errInvalidResourceHandle = int(C.cudaErrorInvalidResourceHandle)
 	errNotReady              = int(C.cudaErrorNotReady)
 	errLaunchFailure         = int(C.cudaErrorLaunchFailure)
+	errIllegalAddress        = int(C.cudaErrorIllegalAddress)
 	errNotSupported          = int(C.cudaErrorNotSupported)
 	errMemcpyDirection       = int(C.cudaErrorInvalidMemcpyDirection)
 	errAlreadyRegistered     = int(C.cudaErrorHostMemoryAlreadyRegistered)

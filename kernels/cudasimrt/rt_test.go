@@ -95,6 +95,9 @@ func newGate(t *testing.T) *gate {
 func (g *gate) block(s stream) {
 	g.t.Helper()
 	must(g.t, spin(g.flag, g.seen, 10000, s))
+	// Registered after the test's buffers, so it runs before their frees
+	// (which wait for every stream) when the test fails early.
+	g.t.Cleanup(func() { _ = g.open() })
 }
 
 func (g *gate) open() error { return memcpyAsync(g.flag, g.one, 4, h2d, g.rs) }
@@ -876,5 +879,88 @@ func TestNoNvidiaLibraries(t *testing.T) {
 		if strings.Contains(string(out), lib) {
 			t.Fatalf("the test binary links %s:\n%s", lib, out)
 		}
+	}
+}
+
+// A kernel writing just past the end of a cudaMalloc buffer, into the
+// bytes between its end and the guard page, is caught by cudaFree's canary
+// check: a sticky cudaErrorIllegalAddress naming the buffer.
+func TestCanaryPastTheEnd(t *testing.T) {
+	lockThread(t)
+	t.Cleanup(func() { clearSticky() })
+	s := newStream(t, streamNonBlocking)
+	p, err := malloc(1000) // 250 floats; 24 canary bytes up to the guard page
+	must(t, err)
+	must(t, fill(p, 252, 0, s)) // two floats too many
+	must(t, streamSync(s))
+	err = free(p)
+	wantCode(t, "cudaFree of the overrun buffer", err, errIllegalAddress)
+	if !strings.Contains(err.Error(), "past the end of the 1000-byte device buffer") {
+		t.Fatalf("message %q", err)
+	}
+	if c := clearSticky(); c != errIllegalAddress {
+		t.Fatalf("sticky error %d", c)
+	}
+}
+
+// An access through the guard page after a cudaMalloc buffer ends the
+// process with the simulator's report (a child process here), as in
+// lsp_sim builds.
+func TestGuardPage(t *testing.T) {
+	if os.Getenv("CUDASIMRT_GUARD_CHILD") == "1" {
+		s, err := streamCreate(streamNonBlocking)
+		must(t, err)
+		p, err := malloc(1000)
+		must(t, err)
+		must(t, fill(p, 266, 0, s)) // 64 bytes past the end: 40 into the guard page
+		_ = streamSync(s)
+		t.Fatal("the write into the guard page did not fault")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGuardPage$")
+	cmd.Env = append(os.Environ(), "CUDASIMRT_GUARD_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the child did not die:\n%s", out)
+	}
+	for _, want := range []string{"SIGSEGV in kernel rt_fill_kernel", "past its end", "1000-byte device buffer"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("the child's report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// LSP_CUDASIM_MEM and LSP_CUDASIM_DELAYS set the device memory and the
+// hazard delays at start (in a child process: they are read once).
+func TestEnvironment(t *testing.T) {
+	if os.Getenv("CUDASIMRT_ENV_CHILD") == "1" {
+		_, total, err := memGetInfo()
+		must(t, err)
+		if total != 64<<20 {
+			t.Fatalf("LSP_CUDASIM_MEM=64M gave %d bytes", total)
+		}
+		s := newStream(t, streamNonBlocking)
+		d := devBuf(t, 64)
+		traceOn(true)
+		for range 20 {
+			must(t, memsetAsync(d, 0, 64, s))
+		}
+		must(t, streamSync(s))
+		var sum uint
+		for _, o := range traceRead() {
+			if o.DelayUS > 100 {
+				t.Fatalf("delay %d us above LSP_CUDASIM_DELAYS's 100", o.DelayUS)
+			}
+			sum += o.DelayUS
+		}
+		if sum == 0 {
+			t.Fatal("LSP_CUDASIM_DELAYS=5:100 gave no delays")
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestEnvironment$", "-test.v")
+	cmd.Env = append(os.Environ(), "CUDASIMRT_ENV_CHILD=1", "LSP_CUDASIM_MEM=64M", "LSP_CUDASIM_DELAYS=5:100")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestEnvironment") {
+		t.Fatalf("child: %v\n%s", err, out)
 	}
 }

@@ -1220,9 +1220,6 @@ cudaError_t cudaMemcpy2DAsync(void*, size_t, const void*, size_t, size_t, size_t
 cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
 	return lsp_sim::unsupported("cudaMemcpyPeerAsync");
 }
-cudaError_t cudaMemPrefetchAsync(const void*, size_t, int, cudaStream_t) {
-	return lsp_sim::unsupported("cudaMemPrefetchAsync");
-}
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t*, unsigned int, int) {
 	return lsp_sim::unsupported("cudaStreamCreateWithPriority");
 }

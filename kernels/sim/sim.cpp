@@ -13,6 +13,11 @@
  * worker: the scheduler picks a random runnable fiber (per-seed RNG), runs
  * it until it waits (barrier, warp collective) or returns, and repeats.
  *
+ * Under -DLSP_CUDASIM the simulated CUDA runtime (cudart.cpp) includes this
+ * file, queues launches on its streams (launch_async) and runs each grid
+ * through run_launch; it then defines the runtime calls that see streams
+ * and sticky errors (cudaGetLastError, the synchronisations) itself.
+ *
  * Limits: one launch at a time (launches are serialised); a failing block is
  * abandoned with its fibers suspended (no destructors run, as on a GPU); the
  * SIGSEGV reporter chains to the previous handler (Go's) for faults outside
