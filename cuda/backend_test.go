@@ -416,8 +416,9 @@ func TestDTypeRefusedByName(t *testing.T) {
 	wantErr(t, "fp32 attention", be.AttentionForward(s, f(2*3*8), f(2*2*3), f(2*3*24), 2, 3, 8, 2),
 		"AttentionForward(out fp32, lse fp32, qkv fp32)", "must be bf16")
 	const N, C = 3, 4
-	err := be.LayerNormBackward(s, f(N*C), h(C), h(C), f(N*C), h(N*C), h(C), f(N), f(N), f(backend.LayerNormBackwardScratch(N, C)), N, C)
-	wantErr(t, "mixed gradient dtypes", err, "LayerNormBackward(dinp fp32, dweight bf16", "share one dtype", "g_bf16")
+	// dinp and dout share g_bf16 (dweight and dbias have dw_bf16 of their own).
+	err := be.LayerNormBackward(s, f(N*C), h(C), h(C), h(N*C), h(N*C), h(C), f(N), f(N), f(backend.LayerNormBackwardScratch(N, C)), N, C)
+	wantErr(t, "mixed gradient dtypes", err, "LayerNormBackward(dinp fp32, dweight bf16, dbias bf16, dout bf16", "share one dtype", "g_bf16")
 	wantErr(t, "bf16 losses", be.CrossEntropyForwardBackward(s, h(2), f(6), alloc(t, be, "t", 2, backend.I32), 2, 3, 0),
 		"CrossEntropyForwardBackward(losses bf16", "losses must be fp32")
 	ok(t, be.Gemm(s, false, false, 3, 4, 5, 1, h(15), h(20), 0, f(12)))

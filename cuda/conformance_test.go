@@ -108,6 +108,23 @@ func uniform(lo, hi float32) func(r *rand.Rand) float32 {
 	return func(r *rand.Rand) float32 { return lo + (hi-lo)*r.Float32() }
 }
 
+// constant fills a tensor with v (a flag).
+func constant(v float32) func(r *rand.Rand) float32 {
+	return func(*rand.Rand) float32 { return v }
+}
+
+// nonFinite is uniform in [-1, 1) with a NaN or an infinity at one
+// element in about 1 of every 300.
+func nonFinite(r *rand.Rand) float32 {
+	switch r.IntN(600) {
+	case 0:
+		return float32(math.NaN())
+	case 1:
+		return float32(math.Inf(-1))
+	}
+	return 2*r.Float32() - 1
+}
+
 func dtName(dts ...backend.DType) string {
 	s := ""
 	for i, d := range dts {
@@ -151,6 +168,19 @@ func conformanceCases() []opCase {
 				}, []check{{"out", 0, 2.4e-7}}})
 		}
 	}
+	for _, n := range []int{1, 1023, 1025, 5000} {
+		for _, bad := range []bool{false, true} {
+			gen := uniform(-1e30, 1e30)
+			if bad {
+				gen = nonFinite
+			}
+			add(opCase{"NonFiniteFlag", fmt.Sprintf("n=%d non-finite=%v", n, bad),
+				[]tspec{{name: "flag", n: 1, dt: f32, gen: constant(7)}, {name: "x", n: n, dt: f32, gen: gen}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.NonFiniteFlag(s, x["flag"], x["x"])
+				}, []check{{"flag", 0, 0}}})
+		}
+	}
 	for _, d := range [][3]backend.DType{{f32, f32, f32}, {bf, f32, bf}, {bf, bf, bf}} {
 		sh := fmt.Sprintf("n=1037 out/a/b %s", dtName(d[:]...))
 		in := []tspec{{name: "out", n: 1037, dt: d[0]}, {name: "a", n: 1037, dt: d[1]}, {name: "b", n: 1037, dt: d[2]}}
@@ -189,38 +219,41 @@ func conformanceCases() []opCase {
 				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
 					return be.EncoderForward(s, x["out"], x["inp"], x["wte"], x["wpe"], B, T, C)
 				}, []check{{"out", 0, 0}}})
-			add(opCase{"EncoderBackward", sh, []tspec{{name: "dwte", n: V * C, dt: dt}, {name: "dwpe", n: T * C, dt: dt},
-				{name: "dout", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token}},
-				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
-				}, []check{{"dwte", 0, 0}, {"dwpe", 0, 0}}})
+			for _, dw := range []backend.DType{f32, bf} { // parameter gradients; dout is dt
+				add(opCase{"EncoderBackward", fmt.Sprintf("%s dwte/dwpe %v", sh, dw), []tspec{{name: "dwte", n: V * C, dt: dw}, {name: "dwpe", n: T * C, dt: dw},
+					{name: "dout", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token}},
+					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+					}, []check{{"dwte", 0, 0}, {"dwpe", 0, 0}}})
+			}
 		}
 	}
 	for _, sz := range [][2]int{{37, 95}, {1, 1}} {
 		N, C := sz[0], sz[1]
-		for _, d := range [][2]backend.DType{{f32, f32}, {bf, f32}, {bf, bf}} {
-			x, g := d[0], d[1]
+		// values, activation gradients, parameter gradients
+		for _, d := range [][3]backend.DType{{f32, f32, f32}, {bf, f32, f32}, {bf, bf, bf}, {bf, bf, f32}} {
+			x, g, dw := d[0], d[1], d[2]
 			sh := fmt.Sprintf("N=%d C=%d x %v", N, C, x)
 			ln := []tspec{{name: "out", n: N * C, dt: x}, {name: "mean", n: N, dt: f32}, {name: "rstd", n: N, dt: f32},
 				{name: "inp", n: N * C, dt: x, gen: uniform(-2, 3)}, {name: "w", n: C, dt: x, gen: uniform(-1.5, 1.5)}, {name: "b", n: C, dt: x}}
 			forward := func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
 				return be.LayerNormForward(s, t["out"], t["mean"], t["rstd"], t["inp"], t["w"], t["b"], N, C, 1e-5)
 			}
-			if g == f32 {
+			if g == f32 && dw == f32 {
 				add(opCase{"LayerNormForward", sh, ln, forward,
 					[]check{{"out", 2e-5, tolFor(x, 1e-5)}, {"mean", 1e-5, 0}, {"rstd", 0, 1e-5}}})
 			}
-			sh = fmt.Sprintf("N=%d C=%d x %v g %v", N, C, x, g)
+			sh = fmt.Sprintf("N=%d C=%d x %v g %v dw %v", N, C, x, g, dw)
 			pt := 1e-5 + 4e-7*float64(N)
-			add(opCase{"LayerNormBackward", sh, append(slices.Clone(ln), tspec{name: "dinp", n: N * C, dt: g}, tspec{name: "dw", n: C, dt: g},
-				tspec{name: "db", n: C, dt: g}, tspec{name: "dout", n: N * C, dt: g},
+			add(opCase{"LayerNormBackward", sh, append(slices.Clone(ln), tspec{name: "dinp", n: N * C, dt: g}, tspec{name: "dw", n: C, dt: dw},
+				tspec{name: "db", n: C, dt: dw}, tspec{name: "dout", n: N * C, dt: g},
 				tspec{name: "scratch", n: backend.LayerNormBackwardScratch(N, C), dt: f32}),
 				func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
 					if err := forward(be, s, t); err != nil {
 						return err
 					}
 					return be.LayerNormBackward(s, t["dinp"], t["dw"], t["db"], t["dout"], t["inp"], t["w"], t["mean"], t["rstd"], t["scratch"], N, C)
-				}, []check{{"dinp", 2e-5, tolFor(g, 1e-5)}, {"dw", pt, tolFor(g, 1e-5)}, {"db", pt, tolFor(g, 1e-5)}}})
+				}, []check{{"dinp", 2e-5, tolFor(g, 1e-5)}, {"dw", pt, tolFor(dw, 1e-5)}, {"db", pt, tolFor(dw, 1e-5)}}})
 		}
 	}
 	for _, sz := range [][3]int{{17, 23, 40}, {1, 9, 3}} {
@@ -287,12 +320,16 @@ func conformanceCases() []opCase {
 			param, grad backend.DType
 			master      bool
 			maxNorm     float32
-		}{{f32, f32, false, 0}, {bf, bf, true, 0}, {bf, f32, true, 0.5}, {f32, bf, false, 1e6}} {
-			sh := fmt.Sprintf("n=%d param %v grad %v master=%v maxNorm=%v", n, d.param, d.grad, d.master, d.maxNorm)
+			skip        float32 // the skip flag's value; -1: no flag
+		}{{f32, f32, false, 0, -1}, {bf, bf, true, 0, 0}, {bf, f32, true, 0.5, -1}, {f32, bf, false, 1e6, 0}, {bf, bf, true, 0.5, 1}, {f32, f32, false, 0, 1}} {
+			sh := fmt.Sprintf("n=%d param %v grad %v master=%v maxNorm=%v skip=%v", n, d.param, d.grad, d.master, d.maxNorm, d.skip)
 			in := []tspec{{name: "param", n: n, dt: d.param}, {name: "grad", n: n, dt: d.grad}, {name: "m", n: n, dt: f32, gen: uniform(-0.1, 0.1)},
 				{name: "v", n: n, dt: f32, gen: uniform(0, 0.01)}, {name: "sumSq", n: 1, dt: f32, gen: uniform(1, 4)}}
 			if d.master {
 				in = append(in, tspec{name: "master", n: n, dt: f32})
+			}
+			if d.skip >= 0 {
+				in = append(in, tspec{name: "skip", n: 1, dt: f32, gen: constant(d.skip)})
 			}
 			p := backend.AdamParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, MaxNorm: d.maxNorm}
 			out := []check{{"param", 1e-30, tolFor(d.param, 5e-7)}, {"m", 1e-30, 5e-7}, {"v", 1e-30, 5e-7}}
@@ -300,7 +337,7 @@ func conformanceCases() []opCase {
 				out = append(out, check{"master", 1e-30, 5e-7})
 			}
 			add(opCase{"AdamW", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"], p)
+				return be.AdamW(s, x["param"], x["master"], x["grad"], x["m"], x["v"], x["sumSq"], x["skip"], p)
 			}, out})
 		}
 	}
@@ -329,13 +366,19 @@ func conformanceCases() []opCase {
 				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
 					return be.SparseCompressB(s, x["B"], x["dY"], x["colptr"], x["rowidx"], x["colval"], BT, n, d)
 				}, []check{exactOnSim("B")}})
-			sh = fmt.Sprintf("m=%d n=%d d=%d r=%d W %v", m, n, d, r, dt)
-			add(opCase{"SparseApply", sh, []tspec{{name: "W", n: m * n, dt: dt}, {name: "T", n: d * n, dt: f32}, {name: "Delta", n: d * d, dt: f32},
-				{name: "pidx", n: m * r, dt: i32t, ints: pidx}, {name: "pval", n: m * r, dt: f32, vals: pval},
-				{name: "qidx", n: n * r, dt: i32t, ints: qidx}, {name: "qval", n: n * r, dt: f32, vals: qval}},
-				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.SparseApply(s, x["W"], x["T"], x["Delta"], x["pidx"], x["pval"], x["qidx"], x["qval"], m, n, d, r, 1e-2, 0.1, 7, 3, 2)
-				}, []check{exactOnSim("W"), exactOnSim("T")}})
+			for _, skip := range []float32{-1, 0, 1} { // -1: no flag
+				sh = fmt.Sprintf("m=%d n=%d d=%d r=%d W %v skip=%v", m, n, d, r, dt, skip)
+				in := []tspec{{name: "W", n: m * n, dt: dt}, {name: "T", n: d * n, dt: f32}, {name: "Delta", n: d * d, dt: f32},
+					{name: "pidx", n: m * r, dt: i32t, ints: pidx}, {name: "pval", n: m * r, dt: f32, vals: pval},
+					{name: "qidx", n: n * r, dt: i32t, ints: qidx}, {name: "qval", n: n * r, dt: f32, vals: qval}}
+				if skip >= 0 {
+					in = append(in, tspec{name: "skip", n: 1, dt: f32, gen: constant(skip)})
+				}
+				add(opCase{"SparseApply", sh, in,
+					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.SparseApply(s, x["W"], x["T"], x["Delta"], x["pidx"], x["pval"], x["qidx"], x["qval"], x["skip"], m, n, d, r, 1e-2, 0.1, 7, 3, 2)
+					}, []check{exactOnSim("W"), exactOnSim("T")}})
+			}
 		}
 		for _, acc := range []bool{false, true} {
 			sh := fmt.Sprintf("BT=%d d=%d accumulate=%v", BT, d, acc)

@@ -267,7 +267,7 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		return fmt.Errorf("cuda: %s: dwpe has %d elements, want at least %d", op, dwpe.Len(), T*C)
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.EncoderBackward(b.ptr(dwte), b.ptr(dwpe), b.ptr(dout), b.ptr(inp), B, T, C, V, flag(dout), st)
+		return kernels.EncoderBackward(b.ptr(dwte), b.ptr(dwpe), b.ptr(dout), b.ptr(inp), B, T, C, V, flag(dout), flag(dwte), st)
 	})
 }
 
@@ -313,7 +313,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
 		return kernels.LayerNormBackward(b.ptr(dinp), b.ptr(dweight), b.ptr(dbias), b.ptr(dout), b.ptr(inp), b.ptr(weight),
-			b.ptr(mean), b.ptr(rstd), b.ptr(scratch), N, C, flag(inp), flag(dout), st)
+			b.ptr(mean), b.ptr(rstd), b.ptr(scratch), N, C, flag(inp), flag(dout), flag(dweight), st)
 	})
 }
 
@@ -510,8 +510,26 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 	})
 }
 
+// NonFiniteFlag implements backend.Ops (lsp_non_finite_flag): flag[0] =
+// 1 when any element of x is NaN or infinite, else 0.
+func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error {
+	const op = "NonFiniteFlag"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := b.needAll(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
+		return err
+	}
+	if err := dtypes(op, flag, x); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.NonFiniteFlag(b.ptr(flag), b.ptr(x), int64(x.Len()), st)
+	})
+}
+
 // AdamW implements backend.Ops (lsp_adamw).
-func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backend.Tensor, p backend.AdamParams) error {
+func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip backend.Tensor, p backend.AdamParams) error {
 	const op = "AdamW"
 	if err := b.onDevice(op); err != nil {
 		return err
@@ -520,6 +538,9 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backe
 	args := []arg{f("param", param, n), f("grad", grad, n), f("m", m, n), f("v", v, n)}
 	if master.Buf != nil {
 		args = append(args, f("master", master, n))
+	}
+	if skip.Buf != nil {
+		args = append(args, f("skip", skip, 1))
 	}
 	if p.MaxNorm > 0 {
 		args = append(args, f("sumSq", sumSq, 1))
@@ -533,12 +554,12 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq backe
 	if p.MaxNorm <= 0 {
 		sumSq = backend.Tensor{} // not read: absent for the kernel and the table
 	}
-	if err := dtypes(op, param, master, grad, m, v, sumSq); err != nil {
+	if err := dtypes(op, param, master, grad, m, v, sumSq, skip); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
 		return kernels.AdamW(b.ptr(param), flag(param), b.ptr(master), b.ptr(grad), flag(grad), b.ptr(m), b.ptr(v), b.ptr(sumSq),
-			int64(n), p.LR, p.Beta1, p.Beta2, p.Eps, p.WeightDecay, p.Step, max(p.MaxNorm, 0), st)
+			b.ptr(skip), int64(n), p.LR, p.Beta1, p.Beta2, p.Eps, p.WeightDecay, p.Step, max(p.MaxNorm, 0), st)
 	})
 }
 
@@ -608,7 +629,7 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 
 // SparseApply implements backend.Ops (lsp_sparse_apply). Index contents
 // are trusted (check them with cpu.CheckSparseRows).
-func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval backend.Tensor, m, n, d, r int,
+func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor, m, n, d, r int,
 	lr, wd float32, seed, step uint64, matrix uint32) error {
 	const op = "SparseApply"
 	if err := b.onDevice(op); err != nil {
@@ -624,12 +645,17 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 		i32("pidx", pidx, m*r), f("pval", pval, m*r), i32("qidx", qidx, n*r), f("qval", qval, n*r)); err != nil {
 		return err
 	}
-	if err := dtypes(op, W, T, Delta, pidx, pval, qidx, qval); err != nil {
+	if skip.Buf != nil {
+		if err := b.needAll(op, f("skip", skip, 1)); err != nil {
+			return err
+		}
+	}
+	if err := dtypes(op, W, T, Delta, pidx, pval, qidx, qval, skip); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
 		return kernels.SparseApply(b.ptr(W), b.ptr(T), b.ptr(Delta), b.ptr(pidx), b.ptr(pval), b.ptr(qidx), b.ptr(qval),
-			m, n, d, r, lr, wd, seed, step, matrix, flag(W), st)
+			b.ptr(skip), m, n, d, r, lr, wd, seed, step, matrix, flag(W), st)
 	})
 }
 
