@@ -21,7 +21,9 @@ vet:
 	@if [ -n "$(SIM_OK)" ]; then echo '$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...'; \
 		$(SIM_ENV) $(GO) vet -tags lsp_sim ./kernels/...; \
 		echo '$(SIM_ENV) $(GO) vet -tags cuda ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cuda ./kernels/...; \
-		echo '$(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...; fi
+		echo '$(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...'; $(SIM_ENV) $(GO) vet -tags cudasim ./kernels/...; \
+		for tag in cuda cudasim; do echo "$(GO) vet -tags $$tag $(CUDASIM_VET)"; \
+			$(SIM_ENV) $(GO) vet -tags $$tag $(CUDASIM_VET) || exit 1; done; fi
 
 # Go packages under the race detector with -short; heavier training tests
 # skip themselves under -short or under the race detector and run in the
@@ -53,6 +55,11 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
+# cudasim-test is not in test yet: its TestEveryEdgeIsNeeded on the CUDA
+# backend once missed the edge "host adam embeddings and head -> h2d
+# weights" (zero mode): the hazard check models all host goroutines as one
+# actor, so a host node's access declared after the device goroutine's
+# enqueue looks ordered. Per-goroutine host actors fix it (to do).
 test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
@@ -202,12 +209,19 @@ endif
 # on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
 # compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
 # the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
-# check it). RUN=regexp selects tests.
+# check it). Then the engine's device tests on the CUDA backend (zero
+# matches native, pipelined matches sequential bit for bit, every edge of
+# the schedule needed, caught by the hazard check wrapped around the
+# backend: train/hazard.Wrap), with -short as in gotest. RUN=regexp
+# selects tests.
 .PHONY: cudasim-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
+CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
+CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/
 cudasim-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -short -timeout 30m -run '$(or $(RUN),$(CUDASIM_ENGINE_RUN))' ./train/engine/
 else
 	@echo "cudasim-test: WARNING: CUDA backend tests on the simulated runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
 endif

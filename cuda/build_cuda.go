@@ -5,7 +5,10 @@
 
 package cuda
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // simulated says which runtime this build has.
 const simulated = false
@@ -19,3 +22,7 @@ func lastMessage() string { return "" }
 
 // simSetDelays does nothing on a GPU, whose streams keep their own timing.
 func simSetDelays(seed uint64, maxMicros uint) {}
+
+// SetHazardDelays does nothing on a GPU and reports false: see the
+// simulated build's.
+func SetHazardDelays(seed uint64, max time.Duration) bool { return false }

@@ -17,6 +17,8 @@ package cuda
 */
 import "C"
 
+import "time"
+
 // simulated says which runtime this build has.
 const simulated = true
 
@@ -45,3 +47,14 @@ func simSetDelays(seed uint64, maxMicros uint) {
 // simPageableCopies counts the cudaMemcpyAsync calls so far whose host side
 // was not pinned memory (which CUDA stages or waits for).
 func simPageableCopies() int64 { return int64(C.lsp_sim_pageable_copies()) }
+
+// SetHazardDelays switches the simulated runtime's hazard mode on (max >
+// 0) or off (max 0) for the whole process: a delay drawn from seed, the
+// stream's number and the op's place on it before every queued op, so that
+// work no event orders runs in another order than it was enqueued. Stream
+// numbers restart, so a backend opened after the call sees the same delays
+// in every run. It reports whether the build has the mode (a GPU has not).
+func SetHazardDelays(seed uint64, max time.Duration) bool {
+	simSetDelays(seed, uint(max/time.Microsecond))
+	return true
+}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // Config sets up a CPU backend. The zero value is a plain, unlimited backend.
@@ -239,10 +240,6 @@ func (b *Backend) HostAllocs() int64 {
 	return b.hostAllocs
 }
 
-func hostRange(h backend.HostBuffer, off, n int) backend.Range {
-	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
-}
-
 // fail records the first asynchronous error.
 func (b *Backend) fail(err error) {
 	b.mu.Lock()
@@ -272,7 +269,7 @@ func (b *Backend) Hazards() []Hazard {
 	if b.haz == nil {
 		return nil
 	}
-	return b.haz.list()
+	return b.haz.Hazards()
 }
 
 // HostAccess declares that host code is about to read and write the given
@@ -280,7 +277,7 @@ func (b *Backend) Hazards() []Hazard {
 // work touching them is ordered before (by Synchronize or EventSynchronize).
 func (b *Backend) HostAccess(name string, reads, writes []backend.Range) {
 	if b.haz != nil {
-		b.haz.access(hostActor, nil, name, reads, writes)
+		b.haz.Access(hazard.Host, name, reads, writes)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // newBE starts a backend that is closed when the test ends. Tests that
@@ -177,3 +178,6 @@ func sumWork(t testing.TB, be *Backend) backend.Tensor {
 	t.Helper()
 	return alloc(t, be, "sum squares work", backend.SumSquaresWork, backend.F64)
 }
+
+// hostRange is n bytes at off of a host buffer, as ops declare them.
+func hostRange(h backend.HostBuffer, off, n int) backend.Range { return hazard.HostRange(h, off, n) }

@@ -14,19 +14,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
-
-type rw = []backend.Range
-
-func ranges(ts ...backend.Tensor) rw {
-	out := make(rw, 0, len(ts))
-	for _, t := range ts {
-		if t.Buf != nil {
-			out = append(out, t.Range())
-		}
-	}
-	return out
-}
 
 func bytesOf(t backend.Tensor) []byte {
 	u := t.Buf.(*buffer)
@@ -209,7 +198,7 @@ func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 	if err := b.kernelDTypes("Fill", t); err != nil {
 		return err
 	}
-	return b.enqueue(s, "fill", nil, ranges(t), func() error {
+	return b.enqueue(s, hazard.Fill(t), func() error {
 		x := load(t)
 		for i := range x {
 			x[i] = v
@@ -227,7 +216,7 @@ func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
 	if err := b.kernelDTypes("Scale", t); err != nil {
 		return err
 	}
-	return b.enqueue(s, "scale", ranges(t), ranges(t), func() error {
+	return b.enqueue(s, hazard.Scale(t), func() error {
 		x := load(t)
 		for i := range x {
 			x[i] *= a
@@ -246,7 +235,7 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 	if err := b.kernelDTypes("Add", out, x, y); err != nil {
 		return err
 	}
-	return b.enqueue(s, "add", ranges(x, y), ranges(out), func() error {
+	return b.enqueue(s, hazard.Add(out, x, y), func() error {
 		o, p, q := load(out), load(x), load(y)
 		b.parallel(n, 1<<14, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -267,7 +256,7 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	if err := b.kernelDTypes("Accumulate", dst, src); err != nil {
 		return err
 	}
-	return b.enqueue(s, "accumulate", ranges(dst, src), ranges(dst), func() error {
+	return b.enqueue(s, hazard.Accumulate(dst, src), func() error {
 		d, x := load(dst), load(src)
 		b.parallel(n, 1<<14, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -298,7 +287,7 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 	if err := b.kernelDTypes("EncoderForward", out, inp, wte, wpe); err != nil {
 		return err
 	}
-	return b.enqueue(s, "encoder forward", ranges(inp, wte, wpe), ranges(out), func() error {
+	return b.enqueue(s, hazard.EncoderForward(out, inp, wte, wpe), func() error {
 		o := load(out)
 		if err := encoderForward(o, i32View(inp), load(wte), load(wpe), B, T, C, V); err != nil {
 			return err
@@ -327,7 +316,7 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 	if dwpe.Len() < T*C {
 		return fmt.Errorf("cpu: encoder backward: dwpe has %d elements, want at least %d", dwpe.Len(), T*C)
 	}
-	return b.enqueue(s, "encoder backward", ranges(dwte, dwpe, dout, inp), ranges(dwte, dwpe), func() error {
+	return b.enqueue(s, hazard.EncoderBackward(dwte, dwpe, dout, inp), func() error {
 		gw, gp := load(dwte), load(dwpe)
 		if err := b.encoderBackward(gw, gp, load(dout), i32View(inp), B, T, C, V); err != nil {
 			return err
@@ -350,7 +339,7 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 	if err := b.kernelDTypes("LayerNormForward", out, mean, rstd, inp, weight, bias); err != nil {
 		return err
 	}
-	return b.enqueue(s, "layernorm forward", ranges(inp, weight, bias), ranges(out, mean, rstd), func() error {
+	return b.enqueue(s, hazard.LayerNormForward(out, mean, rstd, inp, weight, bias), func() error {
 		o, m, r := load(out), load(mean), load(rstd)
 		x, w, bb := load(inp), load(weight), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
@@ -379,7 +368,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 	if err := b.kernelDTypes("LayerNormBackward", dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch); err != nil {
 		return err
 	}
-	return b.enqueue(s, "layernorm backward", ranges(dinp, dweight, dbias, dout, inp, weight, mean, rstd), ranges(dinp, dweight, dbias, used), func() error {
+	return b.enqueue(s, hazard.LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C), func() error {
 		spoil(used)
 		dx, dw, db := load(dinp), load(dweight), load(dbias)
 		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
@@ -403,11 +392,7 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	if err := b.kernelDTypes("Gemm", A, B, C); err != nil {
 		return err
 	}
-	reads := ranges(A, B)
-	if beta != 0 {
-		reads = append(reads, C.Range())
-	}
-	return b.enqueue(s, "gemm", reads, ranges(C), func() error {
+	return b.enqueue(s, hazard.Gemm(A, B, beta, C), func() error {
 		a, bb, c := load(A), load(B), load(C)
 		lda, ldb := K, N
 		if transA {
@@ -435,7 +420,7 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 	if err := b.kernelDTypes("AddBias", out, bias); err != nil {
 		return err
 	}
-	return b.enqueue(s, "add bias", ranges(out, bias), ranges(out), func() error {
+	return b.enqueue(s, hazard.AddBias(out, bias), func() error {
 		o, bb := load(out), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -461,7 +446,7 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	if err := b.kernelDTypes("BiasBackward", dbias, dout); err != nil {
 		return err
 	}
-	return b.enqueue(s, "bias backward", ranges(dbias, dout), ranges(dbias), func() error {
+	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
 		db, dy := load(dbias), load(dout)
 		b.parallel(OC, 64, func(lo, hi int) {
 			for j := lo; j < hi; j++ {
@@ -498,7 +483,7 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	if err := b.kernelDTypes("AttentionForward", out, lse, qkv); err != nil {
 		return err
 	}
-	return b.enqueue(s, "attention forward", ranges(qkv), ranges(out, lse), func() error {
+	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv), func() error {
 		o, l, q := load(out), load(lse), load(qkv)
 		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, B, T, C, NH, lo, hi) })
 		store(out, o)
@@ -523,7 +508,7 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	if err := b.kernelDTypes("AttentionBackward", dqkv, dout, qkv, out, lse, scratch); err != nil {
 		return err
 	}
-	return b.enqueue(s, "attention backward", ranges(dout, qkv, out, lse), ranges(dqkv, used), func() error {
+	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH), func() error {
 		spoil(used)
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
 		b.parallel(B*NH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, B, T, C, NH, lo, hi) })
@@ -541,7 +526,7 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	if err := b.kernelDTypes("GeluForward", out, inp); err != nil {
 		return err
 	}
-	return b.enqueue(s, "gelu forward", ranges(inp), ranges(out), func() error {
+	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
 		b.parallel(n, 1<<12, func(lo, hi int) { geluForward(o[lo:hi], x[lo:hi]) })
 		store(out, o)
@@ -558,7 +543,7 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	if err := b.kernelDTypes("GeluBackward", dinp, inp, dout); err != nil {
 		return err
 	}
-	return b.enqueue(s, "gelu backward", ranges(inp, dout), ranges(dinp), func() error {
+	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
 		b.parallel(n, 1<<12, func(lo, hi int) { geluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi]) })
 		store(dinp, dx)
@@ -577,11 +562,7 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	if err := b.kernelDTypes("CrossEntropyForwardBackward", losses, logits, targets); err != nil {
 		return err
 	}
-	writes := ranges(losses)
-	if scale != 0 {
-		writes = append(writes, logits.Range())
-	}
-	return b.enqueue(s, "cross entropy", ranges(logits, targets), writes, func() error {
+	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
 		for i, t := range tg {
 			if int(t) >= V {
@@ -609,7 +590,7 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 	if err := b.kernelDTypes("SumSquares", out, x, work); err != nil {
 		return err
 	}
-	return b.enqueue(s, "sum squares", ranges(x), ranges(out, used), func() error {
+	return b.enqueue(s, hazard.SumSquares(out, x, work), func() error {
 		spoil(used)
 		o := load(out)
 		o[0] = float32(b.sumSquares(load(x)))
@@ -627,7 +608,7 @@ func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error 
 	if err := needF32(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
 		return err
 	}
-	return b.enqueue(s, op, ranges(x), ranges(flag), func() error {
+	return b.enqueue(s, hazard.NonFiniteFlag(flag, x), func() error {
 		bad := float32(0)
 		for _, v := range f32View(x) {
 			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
@@ -678,11 +659,7 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 	if p.Step < 1 {
 		return fmt.Errorf("cpu: adamw: step %d, want >= 1", p.Step)
 	}
-	reads := ranges(grad, param, m, v, master, skip)
-	if p.MaxNorm > 0 {
-		reads = append(reads, sumSq.Range())
-	}
-	return b.enqueue(s, "adamw", reads, ranges(param, m, v, master), func() error {
+	return b.enqueue(s, hazard.AdamW(param, master, grad, m, v, sumSq, skip, p.MaxNorm), func() error {
 		if skipped(skip) {
 			return nil
 		}
@@ -717,7 +694,7 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 	if err := b.needAll("copy d2d", arg{"dst", dst, src.Len(), ints}, arg{"src", src, src.Len(), ints}); err != nil {
 		return err
 	}
-	return b.enqueue(s, "copy d2d", ranges(src), ranges(dst), func() error {
+	return b.enqueue(s, hazard.CopyD2D(dst, src), func() error {
 		if ints || src.DType == dst.DType {
 			copy(bytesOf(dst), bytesOf(src))
 			return nil

@@ -24,6 +24,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // needF32 checks that the named tensors are fp32 (after needAll has
@@ -69,7 +70,7 @@ func (b *Backend) SparseCompressA(s backend.Stream, A, X, colptr, rowidx, colval
 	if err := b.kernelDTypes("SparseCompressA", A, X, colptr, rowidx, colval); err != nil {
 		return err
 	}
-	return b.sparseCompress(s, "sparse compress A", "A", "X", "BT m d", A, X, colptr, rowidx, colval, BT, m, d, BT, 1)
+	return b.sparseCompress(s, hazard.SparseCompressA, "sparse compress A", "A", "X", "BT m d", A, X, colptr, rowidx, colval, BT, m, d, BT, 1)
 }
 
 // SparseCompressB implements backend.Ops: B [BT,d] = dY Q.
@@ -77,12 +78,12 @@ func (b *Backend) SparseCompressB(s backend.Stream, B, dY, colptr, rowidx, colva
 	if err := b.kernelDTypes("SparseCompressB", B, dY, colptr, rowidx, colval); err != nil {
 		return err
 	}
-	return b.sparseCompress(s, "sparse compress B", "B", "dY", "BT n d", B, dY, colptr, rowidx, colval, BT, n, d, 1, d)
+	return b.sparseCompress(s, hazard.SparseCompressB, "sparse compress B", "B", "dY", "BT n d", B, dY, colptr, rowidx, colval, BT, n, d, 1, d)
 }
 
 // sparseCompress is the body of both compress ops: out[a*sa + t*st] is
 // column a of the projector gathered from row t of x [BT, rows].
-func (b *Backend) sparseCompress(s backend.Stream, op, outName, xName, dims string, out, x, colptr, rowidx, colval backend.Tensor,
+func (b *Backend) sparseCompress(s backend.Stream, decl func(out, x, colptr, rowidx, colval backend.Tensor) hazard.Access, op, outName, xName, dims string, out, x, colptr, rowidx, colval backend.Tensor,
 	BT, rows, d, sa, st int) error {
 	if err := checkPositive(op, dims, BT, rows, d); err != nil {
 		return err
@@ -95,7 +96,7 @@ func (b *Backend) sparseCompress(s backend.Stream, op, outName, xName, dims stri
 	if err := needF32(op, f(outName, out, 0), f("colval", colval, 0)); err != nil {
 		return err
 	}
-	return b.enqueue(s, op, ranges(x, colptr, rowidx, colval), ranges(out), func() error {
+	return b.enqueue(s, decl(out, x, colptr, rowidx, colval), func() error {
 		cp, ri, cv := i32View(colptr), i32View(rowidx), f32View(colval)
 		if err := CheckSparseColumns(cp, ri, cv, rows, d); err != nil {
 			return fmt.Errorf("cpu: %s: %w", op, err)
@@ -123,11 +124,7 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 	if err := b.kernelDTypes("SparseS", S, A, B); err != nil {
 		return err
 	}
-	reads := ranges(A, B)
-	if accumulate {
-		reads = append(reads, S.Range())
-	}
-	return b.enqueue(s, op, reads, ranges(S), func() error {
+	return b.enqueue(s, hazard.SparseS(S, A, B, accumulate), func() error {
 		so, a, bb := f32View(S), f32View(A), f32View(B)
 		return b.parallelErr(op, d, 1, func(lo, hi int) error { return host.SparseS(so, a, bb, BT, d, accumulate, lo, hi) })
 	})
@@ -155,7 +152,7 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	if err := b.needSkip(op, skip); err != nil {
 		return err
 	}
-	return b.enqueue(s, op, ranges(W, Delta, pidx, pval, qidx, qval, skip), ranges(W, T), func() error {
+	return b.enqueue(s, hazard.SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip), func() error {
 		if skipped(skip) {
 			return nil
 		}

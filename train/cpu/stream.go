@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 type op struct {
@@ -177,7 +178,7 @@ func (b *Backend) stream(s backend.Stream) (*stream, error) {
 }
 
 // enqueue checks an op's declared accesses (in hazard mode) and queues it.
-func (b *Backend) enqueue(s backend.Stream, name string, reads, writes []backend.Range, run func() error) error {
+func (b *Backend) enqueue(s backend.Stream, acc hazard.Access, run func() error) error {
 	if err := b.onDevice(); err != nil {
 		return err
 	}
@@ -186,9 +187,9 @@ func (b *Backend) enqueue(s backend.Stream, name string, reads, writes []backend
 		return err
 	}
 	if b.haz != nil {
-		b.haz.access(st.id, st, name, reads, writes)
+		b.haz.Access(st.id, acc.Name, acc.Reads, acc.Writes)
 	}
-	st.push(op{name: name, run: run})
+	st.push(op{name: acc.Name, run: run})
 	return nil
 }
 
@@ -203,7 +204,7 @@ func (b *Backend) Synchronize(s backend.Stream) error {
 	}
 	st.sync()
 	if b.haz != nil {
-		b.haz.hostJoinsStream(st.id)
+		b.haz.HostJoinsStream(st.id)
 		if err := b.haz.err(); err != nil {
 			return err
 		}
@@ -216,8 +217,7 @@ type event struct {
 	name string
 
 	mu        sync.Mutex
-	recorded  uint64 // records enqueued so far (the hazard clocks key on it)
-	latest    *mark  // the latest record enqueued; nil before the first
+	latest    *mark // the latest record enqueued; nil before the first
 	destroyed bool
 }
 
@@ -277,7 +277,7 @@ func (b *Backend) DestroyEvent(e backend.Event) error {
 	ev.destroyed = true
 	ev.mu.Unlock()
 	if b.haz != nil {
-		b.haz.forget(ev)
+		b.haz.Forget(ev)
 	}
 	return nil
 }
@@ -297,12 +297,10 @@ func (b *Backend) Record(e backend.Event, s backend.Stream) error {
 	}
 	m := &mark{done: make(chan struct{})}
 	ev.mu.Lock()
-	ev.recorded++
-	gen := ev.recorded
 	ev.latest = m
 	ev.mu.Unlock()
 	if b.haz != nil {
-		b.haz.record(ev, gen, st.id)
+		b.haz.Record(ev, st.id)
 	}
 	st.push(op{name: "record " + ev.name, control: true, run: func() error {
 		m.at = time.Now()
@@ -327,13 +325,13 @@ func (b *Backend) Wait(s backend.Stream, e backend.Event) error {
 		return err
 	}
 	ev.mu.Lock()
-	gen, m := ev.recorded, ev.latest
+	m := ev.latest
 	ev.mu.Unlock()
 	if m == nil {
 		return fmt.Errorf("cpu: stream %s waits on event %s, which was never recorded", st.name, ev.name)
 	}
 	if b.haz != nil {
-		b.haz.wait(st.id, ev, gen)
+		b.haz.Wait(st.id, ev)
 	}
 	st.push(op{name: "wait " + ev.name, control: true, run: func() error {
 		<-m.done
@@ -349,14 +347,14 @@ func (b *Backend) EventSynchronize(e backend.Event) error {
 		return err
 	}
 	ev.mu.Lock()
-	gen, m := ev.recorded, ev.latest
+	m := ev.latest
 	ev.mu.Unlock()
 	if m == nil {
 		return fmt.Errorf("cpu: host waits on event %s, which was never recorded", ev.name)
 	}
 	<-m.done
 	if b.haz != nil {
-		b.haz.hostJoinsEvent(ev, gen)
+		b.haz.HostJoinsEvent(ev)
 		if err := b.haz.err(); err != nil {
 			return err
 		}
@@ -412,7 +410,7 @@ func (b *Backend) CopyH2D(s backend.Stream, dst backend.Tensor, src backend.Host
 	if srcOff < 0 || srcOff+n > len(src.Bytes()) {
 		return fmt.Errorf("cpu: copy h2d: host range [%d,%d) outside buffer of %d bytes", srcOff, srcOff+n, len(src.Bytes()))
 	}
-	return b.enqueue(s, "copy h2d", []backend.Range{hostRange(src, srcOff, n)}, []backend.Range{dst.Range()}, func() error {
+	return b.enqueue(s, hazard.CopyH2D(dst, src, srcOff), func() error {
 		b.chargeLink(int64(n))
 		copy(bytesOf(dst), src.Bytes()[srcOff:srcOff+n])
 		b.mu.Lock()
@@ -434,7 +432,7 @@ func (b *Backend) CopyD2H(s backend.Stream, dst backend.HostBuffer, dstOff int, 
 	if dstOff < 0 || dstOff+n > len(dst.Bytes()) {
 		return fmt.Errorf("cpu: copy d2h: host range [%d,%d) outside buffer of %d bytes", dstOff, dstOff+n, len(dst.Bytes()))
 	}
-	return b.enqueue(s, "copy d2h", []backend.Range{src.Range()}, []backend.Range{hostRange(dst, dstOff, n)}, func() error {
+	return b.enqueue(s, hazard.CopyD2H(dst, dstOff, src), func() error {
 		b.chargeLink(int64(n))
 		copy(dst.Bytes()[dstOff:dstOff+n], bytesOf(src))
 		b.mu.Lock()

@@ -41,11 +41,11 @@ func TestNoHostAllocsPerStep(t *testing.T) {
 				}
 			}
 			step(0) // warm-up: the staging buffer is allocated by the first transfer, if not before
-			warm := tr.be.HostAllocs()
+			warm := tr.cpu.HostAllocs()
 			for i := 1; i <= 3; i++ {
 				step(i)
 			}
-			if n := tr.be.HostAllocs() - warm; n != 0 {
+			if n := tr.cpu.HostAllocs() - warm; n != 0 {
 				t.Errorf("%d host allocations in 3 steps after warm-up, want 0", n)
 			}
 		})

@@ -195,7 +195,7 @@ func checkSkip(t *testing.T, cfg Config, dt backend.DType, bc cpu.Config, kind s
 	if d := snapshot(t, tr).diff(snapshot(t, ref), nil); d != "" {
 		t.Errorf("after step %d, unlike a run without the bad batch: %s", at+1, d)
 	}
-	if h := tr.be.Hazards(); len(h) > 0 {
+	if h := tr.hazards(); len(h) > 0 {
 		t.Fatalf("%d hazards, first %v", len(h), h[0])
 	}
 }

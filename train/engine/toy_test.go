@@ -293,7 +293,7 @@ func newToy(t *testing.T, cfg Config) *trainer {
 	if err := e.Init(); err != nil {
 		t.Fatal(err)
 	}
-	return &trainer{be: be, e: e}
+	return &trainer{be: be, cpu: be, e: e, hazards: cpuHazards(be)}
 }
 
 // TestToyModelTrains: a model the engine has never heard of trains in every

@@ -1,0 +1,159 @@
+// What each op of the Backend contract reads and writes: one declaration
+// per op, the CPU backend's hazard mode and Wrap both use them. Call them
+// only with arguments the op accepted (scratch must hold what the op
+// uses): they slice, they do not check. Optional tensors (nil Buf) touch
+// nothing; what an op touches only for some arguments (C of a Gemm with
+// beta != 0) is declared only then, so that a legal schedule is not
+// flagged.
+
+package hazard
+
+import "github.com/lsp-offload/lsp-offload/train/backend"
+
+// Access is what one op reads and writes, named for hazard reports.
+type Access struct {
+	Name          string
+	Reads, Writes []backend.Range
+}
+
+// ranges lists the ranges of the tensors that are present.
+func ranges(ts ...backend.Tensor) []backend.Range {
+	out := make([]backend.Range, 0, len(ts))
+	for _, t := range ts {
+		if t.Buf != nil {
+			out = append(out, t.Range())
+		}
+	}
+	return out
+}
+
+// used is the part of a scratch tensor an op overwrites: its first n
+// elements (none when n is 0).
+func used(scratch backend.Tensor, n int) backend.Tensor {
+	if n == 0 || scratch.Buf == nil {
+		return backend.Tensor{}
+	}
+	return scratch.Slice(0, n)
+}
+
+// HostRange is the range of n bytes at off of a host buffer.
+func HostRange(h backend.HostBuffer, off, n int) backend.Range {
+	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
+}
+
+func Fill(t backend.Tensor) Access { return Access{"fill", nil, ranges(t)} }
+
+func Scale(t backend.Tensor) Access { return Access{"scale", ranges(t), ranges(t)} }
+
+func Add(out, x, y backend.Tensor) Access { return Access{"add", ranges(x, y), ranges(out)} }
+
+func Accumulate(dst, src backend.Tensor) Access {
+	return Access{"accumulate", ranges(dst, src), ranges(dst)}
+}
+
+func EncoderForward(out, inp, wte, wpe backend.Tensor) Access {
+	return Access{"encoder forward", ranges(inp, wte, wpe), ranges(out)}
+}
+
+func EncoderBackward(dwte, dwpe, dout, inp backend.Tensor) Access {
+	return Access{"encoder backward", ranges(dwte, dwpe, dout, inp), ranges(dwte, dwpe)}
+}
+
+func LayerNormForward(out, mean, rstd, inp, weight, bias backend.Tensor) Access {
+	return Access{"layernorm forward", ranges(inp, weight, bias), ranges(out, mean, rstd)}
+}
+
+func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch backend.Tensor, N, C int) Access {
+	return Access{"layernorm backward", ranges(dinp, dweight, dbias, dout, inp, weight, mean, rstd),
+		ranges(dinp, dweight, dbias, used(scratch, backend.LayerNormBackwardScratch(N, C)))}
+}
+
+func Gemm(A, B backend.Tensor, beta float32, C backend.Tensor) Access {
+	reads := ranges(A, B)
+	if beta != 0 {
+		reads = append(reads, ranges(C)...)
+	}
+	return Access{"gemm", reads, ranges(C)}
+}
+
+func AddBias(out, bias backend.Tensor) Access {
+	return Access{"add bias", ranges(out, bias), ranges(out)}
+}
+
+func BiasBackward(dbias, dout backend.Tensor) Access {
+	return Access{"bias backward", ranges(dbias, dout), ranges(dbias)}
+}
+
+func AttentionForward(out, lse, qkv backend.Tensor) Access {
+	return Access{"attention forward", ranges(qkv), ranges(out, lse)}
+}
+
+func AttentionBackward(dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH int) Access {
+	return Access{"attention backward", ranges(dout, qkv, out, lse),
+		ranges(dqkv, used(scratch, backend.AttentionBackwardScratch(B, T, NH)))}
+}
+
+func GeluForward(out, inp backend.Tensor) Access {
+	return Access{"gelu forward", ranges(inp), ranges(out)}
+}
+
+func GeluBackward(dinp, inp, dout backend.Tensor) Access {
+	return Access{"gelu backward", ranges(inp, dout), ranges(dinp)}
+}
+
+// CrossEntropyForwardBackward overwrites logits only when scale != 0.
+func CrossEntropyForwardBackward(losses, logits, targets backend.Tensor, scale float32) Access {
+	writes := ranges(losses)
+	if scale != 0 {
+		writes = append(writes, ranges(logits)...)
+	}
+	return Access{"cross entropy", ranges(logits, targets), writes}
+}
+
+func SumSquares(out, x, work backend.Tensor) Access {
+	return Access{"sum squares", ranges(x), ranges(out, used(work, backend.SumSquaresWork))}
+}
+
+func NonFiniteFlag(flag, x backend.Tensor) Access {
+	return Access{"non-finite flag", ranges(x), ranges(flag)}
+}
+
+// AdamW reads sumSq only when it clips (maxNorm > 0).
+func AdamW(param, master, grad, m, v, sumSq, skip backend.Tensor, maxNorm float32) Access {
+	reads := ranges(grad, param, m, v, master, skip)
+	if maxNorm > 0 {
+		reads = append(reads, ranges(sumSq)...)
+	}
+	return Access{"adamw", reads, ranges(param, m, v, master)}
+}
+
+func CopyD2D(dst, src backend.Tensor) Access { return Access{"copy d2d", ranges(src), ranges(dst)} }
+
+func CopyH2D(dst backend.Tensor, src backend.HostBuffer, srcOff int) Access {
+	return Access{"copy h2d", []backend.Range{HostRange(src, srcOff, int(dst.Bytes()))}, ranges(dst)}
+}
+
+func CopyD2H(dst backend.HostBuffer, dstOff int, src backend.Tensor) Access {
+	return Access{"copy d2h", ranges(src), []backend.Range{HostRange(dst, dstOff, int(src.Bytes()))}}
+}
+
+func SparseCompressA(A, X, colptr, rowidx, colval backend.Tensor) Access {
+	return Access{"sparse compress A", ranges(X, colptr, rowidx, colval), ranges(A)}
+}
+
+func SparseCompressB(B, dY, colptr, rowidx, colval backend.Tensor) Access {
+	return Access{"sparse compress B", ranges(dY, colptr, rowidx, colval), ranges(B)}
+}
+
+// SparseS reads S only when it accumulates.
+func SparseS(S, A, B backend.Tensor, accumulate bool) Access {
+	reads := ranges(A, B)
+	if accumulate {
+		reads = append(reads, ranges(S)...)
+	}
+	return Access{"sparse S", reads, ranges(S)}
+}
+
+func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor) Access {
+	return Access{"sparse apply", ranges(W, Delta, pidx, pval, qidx, qval, skip), ranges(W, T)}
+}
