@@ -55,12 +55,12 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-# cudasim-test is not in test yet: its TestEveryEdgeIsNeeded on the CUDA
-# backend once missed the edge "host adam embeddings and head -> h2d
+# cudasim-engine-test is not in test yet: its TestEveryEdgeIsNeeded on the
+# CUDA backend once missed the edge "host adam embeddings and head -> h2d
 # weights" (zero mode): the hazard check models all host goroutines as one
 # actor, so a host node's access declared after the device goroutine's
 # enqueue looks ordered. Per-goroutine host actors fix it (to do).
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 8 minutes on 2 cores).
@@ -209,21 +209,31 @@ endif
 # on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
 # compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
 # the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
-# check it). Then the engine's device tests on the CUDA backend (zero
-# matches native, pipelined matches sequential bit for bit, every edge of
-# the schedule needed, caught by the hazard check wrapped around the
-# backend: train/hazard.Wrap), with -short as in gotest. RUN=regexp
+# check it). About a minute on 2 cores, mostly compiling. RUN=regexp
 # selects tests.
-.PHONY: cudasim-test
+#
+# `make cudasim-engine-test`: the engine's device tests on the CUDA backend
+# (zero matches native, pipelined matches sequential bit for bit, every
+# edge of the schedule needed, caught by the hazard check wrapped around
+# the backend: train/hazard.Wrap), with -short as in gotest; about 2
+# minutes. Not in `make test` yet (see there).
+.PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
 CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/
+SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
+else
+	@echo "cudasim-test: $(SIM_SKIP_MSG)"
+endif
+
+cudasim-engine-test:
+ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -short -timeout 30m -run '$(or $(RUN),$(CUDASIM_ENGINE_RUN))' ./train/engine/
 else
-	@echo "cudasim-test: WARNING: CUDA backend tests on the simulated runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
 endif
 
 # `make gpu-test-bin`: the kernel tests of kernels/simtest for a real GPU
