@@ -209,7 +209,9 @@ endif
 # on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
 # compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
 # the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
-# check it). About a minute on 2 cores, mostly compiling. RUN=regexp
+# check it). Then a short bf16 run of tiny in native, zero and lsp mode on
+# the CUDA backend against the same run on the CPU backend
+# (TestCUDATrainsLikeCPU in train). About 3 minutes on 2 cores. RUN=regexp
 # selects tests.
 #
 # `make cudasim-engine-test`: the engine's device tests on the CUDA backend
@@ -225,6 +227,7 @@ SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /us
 cudasim-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDATrainsLikeCPU)' ./train/
 else
 	@echo "cudasim-test: $(SIM_SKIP_MSG)"
 endif
