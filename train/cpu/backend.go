@@ -88,7 +88,7 @@ func New(cfg Config) *Backend {
 	}
 	if cfg.HazardCheck {
 		b.haz = newHazards()
-		b.owner = goid()
+		b.owner = hazard.GoroutineID()
 	}
 	b.dflt = b.newStream("default")
 	b.staging = backend.NewStaging(b, backend.StagingBytes)
@@ -278,6 +278,23 @@ func (b *Backend) Hazards() []Hazard {
 func (b *Backend) HostAccess(name string, reads, writes []backend.Range) {
 	if b.haz != nil {
 		b.haz.Access(hazard.Host, name, reads, writes)
+	}
+}
+
+// HostSnapshot and HostJoin tell hazard mode where goroutines hand work
+// to each other (the pipelined schedule's host nodes), which it cannot
+// see: see hazard.Checker.Snapshot. Without hazard mode they do nothing.
+func (b *Backend) HostSnapshot() hazard.Clock {
+	if b.haz == nil {
+		return hazard.Clock{}
+	}
+	return b.haz.Snapshot()
+}
+
+// HostJoin: see HostSnapshot.
+func (b *Backend) HostJoin(c hazard.Clock) {
+	if b.haz != nil {
+		b.haz.Join(c)
 	}
 }
 

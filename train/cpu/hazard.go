@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -59,19 +58,6 @@ func (h *hazards) err() error {
 // expose goroutine ids; the first line of the goroutine's stack trace
 // holds it, which is slow but only paid in hazard mode.
 
-// goid is the id of the calling goroutine.
-func goid() uint64 {
-	var buf [64]byte
-	n := runtime.Stack(buf[:], false)
-	s := strings.TrimPrefix(string(buf[:n]), "goroutine ")
-	if i := strings.IndexByte(s, ' '); i > 0 {
-		if id, err := strconv.ParseUint(s[:i], 10, 64); err == nil {
-			return id
-		}
-	}
-	return 0
-}
-
 // backendMethod names the exported method of *Backend that the caller runs
 // in (the first one up the stack), for the violation's message.
 func backendMethod() string {
@@ -100,7 +86,7 @@ func (b *Backend) onDevice() error {
 	if b.haz == nil {
 		return nil
 	}
-	id := goid()
+	id := hazard.GoroutineID()
 	if id == b.owner {
 		return nil
 	}

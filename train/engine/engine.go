@@ -46,6 +46,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -353,6 +354,14 @@ func (e *Engine) SetStepCount(n int) {
 // hostAccesser is the CPU backend's hazard declaration for host code.
 type hostAccesser interface {
 	HostAccess(name string, reads, writes []backend.Range)
+}
+
+// hostOrderer is a hazard-checking backend's view of the order between
+// goroutines, which it cannot see: the pipelined schedule tells it where
+// one goroutine hands work to another (hazard.Checker.Snapshot).
+type hostOrderer interface {
+	HostSnapshot() hazard.Clock
+	HostJoin(hazard.Clock)
 }
 
 // hostAccess declares host reads and writes of pinned memory to a backend

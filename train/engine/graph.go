@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // Queue is where a node runs.
@@ -323,10 +324,18 @@ func (p *Pipelined) Run(g *Graph) error {
 	}
 	done := make([]chan struct{}, n)
 	errs := make([]error, n)
+	// A hazard-checking backend is told where goroutines hand work to each
+	// other: a host node starts after what the device goroutine did before
+	// starting it, and whoever waits for a host node is after its end.
+	order, _ := p.Backend.(hostOrderer)
+	ends := make([]hazard.Clock, n)
 	var wg sync.WaitGroup
 	defer wg.Wait() // never return with host work still running
 	waitHost := func(d NodeID) error {
 		<-done[d]
+		if order != nil {
+			order.HostJoin(ends[d])
+		}
 		if errs[d] != nil {
 			return fmt.Errorf("%s: %w", g.Nodes[d].Name, errs[d])
 		}
@@ -336,10 +345,18 @@ func (p *Pipelined) Run(g *Graph) error {
 		nd := &g.Nodes[i]
 		if nd.Queue == Host {
 			done[i] = make(chan struct{})
+			var start hazard.Clock
+			if order != nil {
+				start = order.HostSnapshot()
+			}
 			wg.Add(1)
 			go func(i int, nd *Node) {
 				defer wg.Done()
 				defer close(done[i])
+				if order != nil {
+					order.HostJoin(start)
+					defer func() { ends[i] = order.HostSnapshot() }()
+				}
 				for _, d := range nd.Deps {
 					if g.Nodes[d].Queue == Host {
 						if err := waitHost(d); err != nil {
@@ -379,6 +396,13 @@ func (p *Pipelined) Run(g *Graph) error {
 		}
 	}
 	wg.Wait()
+	if order != nil {
+		for i, nd := range g.Nodes {
+			if nd.Queue == Host {
+				order.HostJoin(ends[i])
+			}
+		}
+	}
 	for i, err := range errs {
 		if err != nil {
 			return fmt.Errorf("%s: %w", g.Nodes[i].Name, err)

@@ -21,7 +21,14 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// Host is the actor of host code; streams are actors 1, 2, ...
+// Host, passed as an actor, is the calling goroutine's host actor: each
+// goroutine that declares host accesses, enqueues work or waits for it is
+// an actor of its own (keyed by its goroutine id), so that a host node
+// running on a worker goroutine is not taken to be ordered with what the
+// device goroutine enqueued meanwhile. Goroutines are ordered with each
+// other only where code says so: Snapshot where one hands work to another
+// (a `go` statement, a channel send) and Join where the other takes it.
+// Streams are actors 1, 2, ...
 const Host = 0
 
 // Hazard is an unordered pair of conflicting accesses.
@@ -35,23 +42,26 @@ func (h Hazard) String() string {
 		h.Op, h.Prev, h.Range.Buf, h.Range.Lo, h.Range.Hi)
 }
 
-type vclock []uint64
+// vclock is a vector clock: for each actor, how many of its steps are
+// ordered before this point. Host goroutines have negative actor keys.
+type vclock map[int]uint64
 
-func (v vclock) at(i int) uint64 {
-	if i < len(v) {
-		return v[i]
+func (v vclock) join(o vclock) {
+	for a, x := range o {
+		if x > v[a] {
+			v[a] = x
+		}
 	}
-	return 0
 }
 
-func (v *vclock) join(o vclock) {
-	for len(*v) < len(o) {
-		*v = append(*v, 0)
-	}
-	for i, x := range o {
-		(*v)[i] = max((*v)[i], x)
-	}
+func (v vclock) copy() vclock {
+	c := make(vclock, len(v))
+	c.join(v)
+	return c
 }
+
+// Clock is a point in one goroutine's order (Snapshot), for Join.
+type Clock struct{ v vclock }
 
 type access struct {
 	r     backend.Range
@@ -66,7 +76,7 @@ type access struct {
 // concurrent use; the order of calls is the order of enqueueing.
 type Checker struct {
 	mu     sync.Mutex
-	clocks []vclock
+	clocks map[int]vclock
 	events map[any]vclock   // clock at the latest record of each event
 	hist   map[int][]access // live accesses by buffer id
 	found  []Hazard
@@ -74,32 +84,39 @@ type Checker struct {
 
 // NewChecker returns a checker with no history.
 func NewChecker() *Checker {
-	return &Checker{events: map[any]vclock{}, hist: map[int][]access{}}
+	return &Checker{clocks: map[int]vclock{}, events: map[any]vclock{}, hist: map[int][]access{}}
 }
 
-func (h *Checker) clock(actor int) *vclock {
-	for len(h.clocks) <= actor {
-		h.clocks = append(h.clocks, nil)
+// hostActor is the calling goroutine's actor key.
+func hostActor() int { return -int(GoroutineID()) - 1 }
+
+func (h *Checker) clock(actor int) vclock {
+	if actor == Host {
+		actor = hostActor()
 	}
-	return &h.clocks[actor]
+	c, ok := h.clocks[actor]
+	if !ok {
+		c = vclock{}
+		h.clocks[actor] = c
+	}
+	return c
 }
 
 // Access checks and records one op's accesses by actor (Host, or a
-// stream's actor).
+// stream's actor, for an op the calling goroutine enqueues on it).
 func (h *Checker) Access(actor int, name string, reads, writes []backend.Range) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	host := h.clock(Host)
+	if actor == Host {
+		actor = hostActor()
+	}
 	c := h.clock(actor)
-	if actor != Host {
-		c.join(*h.clock(Host)) // the host enqueues after its earlier work
-	}
-	for len(*c) <= actor {
-		*c = append(*c, 0)
-	}
-	(*c)[actor]++
-	seq := (*c)[actor]
-	now := *c
-	ordered := func(a access) bool { return now.at(a.actor) >= a.seq }
+	c.join(host) // the enqueuer's earlier work comes first
+	c[actor]++
+	seq := c[actor]
+	now := c
+	ordered := func(a access) bool { return now[a.actor] >= a.seq }
 	check := func(r backend.Range, write bool) {
 		for _, a := range h.hist[r.Buf] {
 			if (write || a.write) && a.r.Overlaps(r) && !ordered(a) {
@@ -134,14 +151,15 @@ func (h *Checker) Access(actor int, name string, reads, writes []backend.Range) 
 	}
 }
 
-// Record is a record of ev enqueued by actor: later waits on ev are
-// ordered after what actor (and the host) did before it.
+// Record is a record of ev on actor's stream, enqueued by the calling
+// goroutine: later waits on ev are ordered after what actor and the
+// enqueuer did before it.
 func (h *Checker) Record(ev any, actor int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	c := h.clock(actor)
-	c.join(*h.clock(Host))
-	h.events[ev] = append(vclock(nil), *c...)
+	c.join(h.clock(Host))
+	h.events[ev] = c.copy()
 }
 
 // Wait is a wait of actor on ev: it binds to ev's latest record.
@@ -158,18 +176,35 @@ func (h *Checker) Forget(ev any) {
 	delete(h.events, ev)
 }
 
-// HostJoinsStream: the host waited for everything enqueued on actor.
+// HostJoinsStream: the calling goroutine waited for everything enqueued
+// on actor.
 func (h *Checker) HostJoinsStream(actor int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.clock(Host).join(*h.clock(actor))
+	h.clock(Host).join(h.clock(actor))
 }
 
-// HostJoinsEvent: the host waited for ev's latest record.
+// HostJoinsEvent: the calling goroutine waited for ev's latest record.
 func (h *Checker) HostJoinsEvent(ev any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.clock(Host).join(h.events[ev])
+}
+
+// Snapshot is the calling goroutine's point in the order, for another
+// goroutine to Join when it is handed work (started by a go statement
+// after this call, or woken by a channel this goroutine closes after it).
+func (h *Checker) Snapshot() Clock {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return Clock{h.clock(Host).copy()}
+}
+
+// Join orders the calling goroutine after the point c of another.
+func (h *Checker) Join(c Clock) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.clock(Host).join(c.v)
 }
 
 // Hazards lists the hazards found so far.

@@ -80,6 +80,13 @@ func (w *Backend) HostAccess(name string, reads, writes []backend.Range) {
 	w.chk.Access(Host, name, reads, writes)
 }
 
+// HostSnapshot and HostJoin tell the check where goroutines hand work to
+// each other (see Checker.Snapshot).
+func (w *Backend) HostSnapshot() Clock { return w.chk.Snapshot() }
+
+// HostJoin: see HostSnapshot.
+func (w *Backend) HostJoin(c Clock) { w.chk.Join(c) }
+
 // Staging is the wrapper's own, so that Upload and Download go through the
 // wrapper and are checked.
 func (w *Backend) Staging() *backend.Staging { return w.staging }
