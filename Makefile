@@ -28,7 +28,7 @@ CUDA_PROBE = \
 	else t=$$(mktemp -d); printf 'int main(void) { return 0; }\n' >$$t/p.c; \
 		if ! $(CC) $$t/p.c -o $$t/p $(if $(CUDA_LIBDIR),-L$(dir $(CUDA_LIBDIR))) -Wl,--no-as-needed \
 			-lcudart_static -lcuda -lcudart -ldl -lrt -lpthread >$$t/err 2>&1; then \
-			echo "CUDA's libraries do not link ($$(grep -m1 -o 'cannot find -l[a-z_]*' $$t/err || head -n1 $$t/err))"; \
+			echo "CUDA's libraries do not link ($$(grep -m1 -o 'cannot find -l[^ :]*' $$t/err || head -n1 $$t/err))"; \
 		elif ! $$t/p >/dev/null 2>&1; then echo "the NVIDIA driver's libcuda.so.1 does not load"; fi; \
 		rm -rf $$t; fi
 
