@@ -1,16 +1,58 @@
-# lsp-offload build. `make` builds bin/lsp-train (CPU only when nvcc is
-# absent: it never fails for lack of CUDA); `make test` is what CI runs.
+# lsp-offload build. `make` builds bin/lsp-train, with CUDA where it can
+# and CPU only otherwise (it never fails for lack of CUDA); `make sim`
+# builds the same command on the simulated CUDA runtime; `make test` is
+# what CI runs.
 
 GO      ?= go
 NVCC    ?= $(shell command -v nvcc 2>/dev/null)
 
-.PHONY: all build test fmt-check vet gotest gotest-norace bench bench-train clean fuzz
+.PHONY: all build sim test fmt-check vet gotest gotest-norace bench bench-train clean fuzz
 
 all: build
 
+# `make` (`make build`): bin/lsp-train. With CUDA (-tags cuda: the kernels
+# of build/libkernels.a from `make kernels`, CUDA's runtime linked
+# statically, the driver's libcuda.so.1 loaded when it starts) when
+# CUDA_PROBE finds nothing missing: nvcc that knows sm_90 (CUDA 11.8 or
+# newer), and a program linked against CUDA's libraries that starts; CPU
+# only otherwise. Its last line says which it built and, for CPU only, why.
+# CUDA=0 builds CPU only; CUDA=1 fails instead of falling back.
+# The probe runs in the recipe, not when the Makefile is read, so the other
+# targets do not pay for it. The CUDA build also needs the driver to start
+# (libcuda.so.1, which package cu links), hence a probe that runs, not
+# only links: a binary that cannot start could not even train on the CPU.
+CUDA ?= auto
+CUDA_PROBE = \
+	if [ -z "$(NVCC)" ]; then echo "nvcc not found"; \
+	elif ! $(NVCC) --list-gpu-code 2>/dev/null | grep -qx sm_90; then echo "$(NVCC) does not know sm_90 (CUDA 11.8 or newer needed)"; \
+	else t=$$(mktemp -d); printf 'int main(void) { return 0; }\n' >$$t/p.c; \
+		if ! $(CC) $$t/p.c -o $$t/p $(if $(CUDA_LIBDIR),-L$(dir $(CUDA_LIBDIR))) -Wl,--no-as-needed \
+			-lcudart_static -lcuda -lcudart -ldl -lrt -lpthread >$$t/err 2>&1; then \
+			echo "CUDA's libraries do not link ($$(grep -m1 -o 'cannot find -l[^ :]*' $$t/err || head -n1 $$t/err))"; \
+		elif ! $$t/p >/dev/null 2>&1; then echo "the NVIDIA driver's libcuda.so.1 does not load"; fi; \
+		rm -rf $$t; fi
+
+# The CUDA build's cgo settings: gpu-test-bin's (the library's hash, so a
+# new library relinks; CUDA's include and library folders where it is not
+# installed system-wide), less the warnings of package cu's calls that CUDA
+# has deprecated (cuDeviceComputeCapability), which are not ours to fix.
+CMD_CUDA_ENV = CGO_CFLAGS="-g -O2 -Wno-deprecated-declarations -DLSP_KERNELS_LIB=$$(sha256sum build/libkernels.a | cut -c1-16) \
+	$(if $(CUDA_INC),-I$(CUDA_INC))" $(if $(CUDA_LIBDIR),CGO_LDFLAGS="-L$(dir $(CUDA_LIBDIR))")
+
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/lsp-train ./cmd/lsp-train
+	@case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; \
+	if [ -n "$$why" ] && [ "$(CUDA)" = 1 ]; then echo "build: CUDA=1, but $$why"; exit 1; fi; \
+	if [ -z "$$why" ]; then \
+		$(MAKE) --no-print-directory build/libkernels.a && \
+		echo '$(GO) build -tags cuda -o bin/lsp-train ./cmd/lsp-train' && \
+		$(CMD_CUDA_ENV) $(GO) build -tags cuda -o bin/lsp-train ./cmd/lsp-train && \
+		echo "build: bin/lsp-train WITH CUDA (-tags cuda; backends: cpu, cuda)"; \
+	else \
+		echo '$(GO) build -o bin/lsp-train ./cmd/lsp-train' && \
+		$(GO) build -o bin/lsp-train ./cmd/lsp-train && \
+		echo "build: bin/lsp-train CPU ONLY ($$why; backends: cpu)"; \
+	fi
 
 fmt-check:
 	@out=$$(find . -name '*.go' -not -path './third_party/*' -not -path './.git/*' -print0 | xargs -0 gofmt -l); \
@@ -237,6 +279,20 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -short -timeout 30m -run '$(or $(RUN),$(CUDASIM_ENGINE_RUN))' ./train/engine/
 else
 	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
+endif
+
+# `make sim`: the same command on the simulated CUDA runtime
+# (kernels/sim/cudart.cpp, -tags cudasim), as bin/lsp-train-sim so that it
+# does not replace a real build: `--device cuda` on it trains on the
+# simulated GPU (the kernels under g++, on the CPU: slow, for tests; see
+# scripts/sim-smoke.sh). Needs only CUDA's headers, as simtest.
+sim:
+ifneq ($(SIM_OK),)
+	@mkdir -p bin
+	$(SIM_ENV) $(GO) build -tags cudasim -o bin/lsp-train-sim ./cmd/lsp-train
+	@echo "sim: bin/lsp-train-sim on the simulated CUDA runtime (backends: cpu, cuda = simulated)"
+else
+	@echo "sim: neither /usr/include/cuda_bf16.h nor nvcc found: the simulated runtime needs CUDA's headers (install the CUDA toolkit, as .ci/run does)"; exit 1
 endif
 
 # `make gpu-test-bin`: the kernel tests of kernels/simtest for a real GPU

@@ -396,6 +396,19 @@ func TestREADMEExamples(t *testing.T) {
 			t.Errorf("README.md:%d: %s: %v", ex.line, ex.text, err)
 			continue
 		}
+		// A GPU example: validated where this build has cuda (the CPU-only
+		// build refuses the device, as it should), never run, since the
+		// tests have no GPU; scripts/sim-smoke.sh runs --device cuda on
+		// the simulated one.
+		if d := fs.Lookup("device"); d != nil && strings.HasPrefix(d.Value.String(), "cuda") {
+			if hasCUDA() {
+				if err := validate(); err != nil {
+					t.Errorf("README.md:%d: %s: %v", ex.line, ex.text, err)
+				}
+			}
+			t.Logf("README.md:%d: not run: %s: needs a GPU", ex.line, ex.text)
+			continue
+		}
 		if err := validate(); err != nil {
 			t.Errorf("README.md:%d: %s: %v", ex.line, ex.text, err)
 			continue

@@ -45,7 +45,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot and hf/")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
-	fs.Var(&c.Device, "device", "`BACKEND` to train on: cpu (cuda: not in this build yet)")
+	fs.Var(&c.Device, "device", deviceUsage())
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
 	fs.Var(&c.DType, "dtype", "storage `TYPE` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; fp32 master weights and moments either way)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
@@ -131,13 +131,14 @@ var trainFlagGroups = []struct{ flag, group string }{
 // trainUsage is the train command's -h: the synopsis, the subcommands
 // with their flags, the flags by group, and the exit statuses.
 func trainUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprint(w, `Usage: lsp-train [flags]                train a model (no flags: the tiny preset on a built-in task)
+	fmt.Fprintf(w, `Usage: lsp-train [flags]                train a model (no flags: the tiny preset on a built-in task)
        lsp-train SUBCOMMAND [flags]
 
 Any flag may also come from a JSON file: --config FILE; flags on the command line win.
+%s
 
 Subcommands (lsp-train SUBCOMMAND -h describes their flags):
-`)
+`, backendsLine())
 	for _, name := range subcommandNames {
 		sc := subcommands[name]
 		fmt.Fprintf(w, "  %-9s %s\n", name, sc.summary)

@@ -1,0 +1,6 @@
+//go:build !cuda && !cudasim
+
+package main
+
+// cudaRuntime is unused where the build has no cuda backend.
+const cudaRuntime = ""

@@ -1,0 +1,6 @@
+//go:build cuda && !cudasim
+
+package main
+
+// cudaRuntime says where --device cuda runs in this build: on a GPU.
+const cudaRuntime = "on an NVIDIA GPU, sm_80 or newer"
