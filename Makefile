@@ -97,12 +97,7 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-# cudasim-engine-test is not in test yet: its TestEveryEdgeIsNeeded on the
-# CUDA backend once missed the edge "host adam embeddings and head -> h2d
-# weights" (zero mode): the hazard check models all host goroutines as one
-# actor, so a host node's access declared after the device goroutine's
-# enqueue looks ordered. Per-goroutine host actors fix it (to do).
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 8 minutes on 2 cores).
@@ -259,8 +254,9 @@ endif
 # `make cudasim-engine-test`: the engine's device tests on the CUDA backend
 # (zero matches native, pipelined matches sequential bit for bit, every
 # edge of the schedule needed, caught by the hazard check wrapped around
-# the backend: train/hazard.Wrap), with -short as in gotest; about 2
-# minutes. Not in `make test` yet (see there).
+# the backend: train/hazard.Wrap, which tells the device goroutine and
+# each host node's goroutine apart, so a missing edge is found whatever
+# the timing), with -short as in gotest; about 2 minutes.
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
