@@ -188,7 +188,7 @@ CUDA_INC  := $(if $(wildcard /usr/include/cuda_bf16.h),,$(if $(NVCC),$(abspath $
 # Go's build cache does not track the kernel sources simtest includes from
 # ../ (nor the headers the generated face in package kernels includes from
 # sim/), so their hash goes into CGO_CXXFLAGS and CGO_CFLAGS (part of the
-# cache key); the tests check it (kernels/simtest/mem_sim.go, checkFresh).
+# cache key); the tests check it (internal/simfresh, whose Globs are this list).
 # Same list and order.
 SIM_SRCS   = $(sort $(wildcard kernels/*.cu kernels/*.cuh kernels/*.h kernels/sim/*.h kernels/sim/*.cpp \
 	kernels/simtest/*.cu kernels/simtest/*.h))

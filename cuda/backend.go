@@ -9,14 +9,13 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // Config opens a CUDA backend. The zero value is device 0 with an arena of
@@ -103,7 +102,7 @@ func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, info: info, w: w, live: map[int]*buffer{}, hosts: map[int]*hostBuffer{},
 		streams: map[*stream]struct{}{}, events: map[*event]struct{}{}}
 	if cfg.CheckGoroutine {
-		b.owner = goid()
+		b.owner = hazard.GoroutineID()
 	}
 	if err := b.start(); err != nil {
 		b.release()
@@ -499,19 +498,8 @@ func (b *Backend) release() error {
 // to the device thread makes other goroutines' calls safe for CUDA, but not
 // ordered with the device goroutine's, so CheckGoroutine reports them as
 // the CPU backend's hazard mode does. Go does not expose goroutine ids;
-// the first line of a stack trace holds it (slow, paid only when checked).
-
-func goid() uint64 {
-	var buf [64]byte
-	n := runtime.Stack(buf[:], false)
-	s := strings.TrimPrefix(string(buf[:n]), "goroutine ")
-	if i := strings.IndexByte(s, ' '); i > 0 {
-		if id, err := strconv.ParseUint(s[:i], 10, 64); err == nil {
-			return id
-		}
-	}
-	return 0
-}
+// the first line of a stack trace holds it (slow, paid only when checked:
+// hazard.GoroutineID).
 
 // onDevice checks, with CheckGoroutine, that method runs on the device
 // goroutine; a violation is returned and kept for the next Synchronize.
@@ -519,7 +507,7 @@ func (b *Backend) onDevice(method string) error {
 	if !b.cfg.CheckGoroutine {
 		return nil
 	}
-	id := goid()
+	id := hazard.GoroutineID()
 	if id == b.owner {
 		return nil
 	}

@@ -17,16 +17,12 @@ package simtest
 import "C"
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"sort"
-	"strings"
-	"time"
 	"unsafe"
+
+	"github.com/lsp-offload/lsp-offload/internal/simfresh"
 )
 
 // SetSeed picks the thread orders of every later launch and the opaque
@@ -75,71 +71,8 @@ func setSkipBarriers(sites string) error {
 // reached in this process.
 func skippedBarrierHits() int64 { return int64(C.lsp_sim_skipped_barrier_hits()) }
 
-// sourceGlobs are the C++ sources compiled into this package from outside
-// its directory (plus its own .cu and .h), relative to the repository root;
-// the Makefile hashes the same list in the same (sorted) order.
-var sourceGlobs = []string{"kernels/*.cu", "kernels/*.cuh", "kernels/*.h", "kernels/sim/*.h", "kernels/sim/*.cpp",
-	"kernels/simtest/*.cu", "kernels/simtest/*.h"}
-
-// sourceFiles lists sourceGlobs from the package directory (sorted by their
-// repository-relative paths).
-func sourceFiles() ([]string, error) {
-	var files []string
-	for _, g := range sourceGlobs {
-		m, err := filepath.Glob(filepath.Join("..", "..", g))
-		if err != nil {
-			return nil, err
-		}
-		files = append(files, m...)
-	}
-	sort.Slice(files, func(i, j int) bool {
-		return filepath.ToSlash(files[i]) < filepath.ToSlash(files[j])
-	})
-	return files, nil
-}
-
-// checkFresh reports a stale build. Go's build cache keys this package on
-// the files in its directory and on CGO_CXXFLAGS, not on the kernels it
-// includes from ../, so after editing kernels/gemm.cu a plain `go test`
-// may link C++ objects compiled from the old source. `make simtest` passes
-// -DLSP_SIM_SOURCES=<hash of the sources> in CGO_CXXFLAGS, which both
-// forces a rebuild and lets this check compare the exact hash; without it
-// the check compares modification times with the compile time.
+// checkFresh reports a stale build (see internal/simfresh).
 func checkFresh() error {
-	info := C.GoString(C.lsp_sim_build_info())
-	stamp, want, _ := strings.Cut(info, "|")
-	files, err := sourceFiles()
-	if err != nil {
-		return err
-	}
-	const fix = "Go's build cache does not see kernel sources outside kernels/simtest; run `make simtest` (RUN=TestName to select tests), which rebuilds with a hash of the sources"
-	if want != "" {
-		h := sha256.New()
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				return err
-			}
-			h.Write(data)
-		}
-		if got := hex.EncodeToString(h.Sum(nil))[:16]; got != want {
-			return fmt.Errorf("stale build: the kernel sources hash to %s but this binary was built from %s; %s", got, want, fix)
-		}
-		return nil
-	}
-	built, err := time.ParseInLocation("Jan _2 2006 15:04:05", stamp, time.Local)
-	if err != nil {
-		return fmt.Errorf("simtest: bad build stamp %q: %w", stamp, err)
-	}
-	for _, f := range files {
-		st, err := os.Stat(f)
-		if err != nil {
-			return err
-		}
-		if st.ModTime().After(built.Add(2 * time.Second)) {
-			return fmt.Errorf("stale build: %s changed at %s, after this binary's C++ code was compiled (%s); %s",
-				strings.TrimPrefix(filepath.ToSlash(f), "../../"), st.ModTime().Format(time.TimeOnly), built.Format(time.TimeOnly), fix)
-		}
-	}
-	return nil
+	return simfresh.Check(C.GoString(C.lsp_sim_build_info()), filepath.Join("..", ".."),
+		"Go's build cache does not see kernel sources outside kernels/simtest; run `make simtest` (RUN=TestName to select tests), which rebuilds with a hash of the sources")
 }
