@@ -100,7 +100,7 @@ test-kill:
 test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
-# to find flaky tests (not in CI: about 10 x 8 minutes on 2 cores).
+# to find flaky tests (not in CI: about 10 x 10 minutes on 2 cores).
 REPEAT ?= 10
 .PHONY: test-repeat
 test-repeat:

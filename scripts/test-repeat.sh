@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test-repeat.sh N: runs the Go test suite of `make test` (the race pass,
-# the race-free pass and the kernel simulator tests) N times in a row and
+# test-repeat.sh N: runs the Go tests of `make test` (the race pass, the
+# race-free pass, the kernel simulator tests and the cudasim ones: the
+# simulated runtime, the CUDA backend and the engine on it) N times in a row and
 # reports how many runs were green and, for every failing run, the tests
 # that failed. A flaky test shows up here long before it turns CI red.
 # Each run's log stays in build/test-repeat/run-I.log; `--- FAIL` lines and
@@ -15,7 +16,7 @@ green=0
 for i in $(seq 1 "$n"); do
 	log="$dir/run-$i.log"
 	start=$(date +%s)
-	if make --no-print-directory gotest gotest-norace simtest >"$log" 2>&1; then
+	if make --no-print-directory gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test >"$log" 2>&1; then
 		green=$((green + 1))
 		echo "run $i of $n: green ($(($(date +%s) - start)) s)"
 	else
