@@ -383,7 +383,7 @@ func (m *Model) Layout() []model.Param { return m.layout }
 
 // Buffers implements model.Model.
 func (m *Model) Buffers() model.Buffers {
-	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses}
+	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses, Logits: m.Logits}
 }
 
 // ParamView returns parameter i of t (Params, or a tensor of the same

@@ -31,6 +31,11 @@ type Param struct {
 	Offset int    // in elements
 	Decay  bool   // weight decay applies (matrices and embeddings, not biases or norms)
 	Layer  int    // the block it belongs to; -1: outside the blocks (embeddings, final norm, head)
+	// Transposed: Hugging Face files store the tensor as Shape reversed
+	// (a torch Linear's out x in, LLaMA's projections), so loading and
+	// exporting transpose it (DESIGN.md section 2). GPT-2's Conv1D
+	// weights are stored in x out as here: not transposed.
+	Transposed bool
 }
 
 // Len is the number of elements.
@@ -129,6 +134,9 @@ type Buffers struct {
 	Inputs, Targets backend.Tensor
 	// Losses (F32, B*T) holds the per-position losses after CrossEntropy.
 	Losses backend.Tensor
+	// Logits (B*T*V, the model dtype) holds the logits after Forward, and
+	// scale * dloss/dlogits after CrossEntropy with a non-zero scale.
+	Logits backend.Tensor
 }
 
 // Model is a model allocated on a backend for one batch shape. Every pass
