@@ -168,6 +168,48 @@ type AdamParams struct {
 	MaxNorm float32
 }
 
+// QKVLayout is how an attention op finds q, k and v in its qkv tensor.
+type QKVLayout uint8
+
+// The layouts of qkv.
+const (
+	// QKVFused: each position's q, k and v side by side, [B,T,(NH+2*KVH)*HS].
+	QKVFused QKVLayout = iota
+	// QKVPlanar: all of q [B,T,NH*HS], then all of k, then all of v
+	// ([B,T,KVH*HS] each).
+	QKVPlanar
+)
+
+func (l QKVLayout) String() string {
+	switch l {
+	case QKVFused:
+		return "fused"
+	case QKVPlanar:
+		return "planar"
+	}
+	return fmt.Sprintf("QKVLayout(%d)", uint8(l))
+}
+
+// QKVIndex locates q, k and v in a qkv tensor of some layout: query head
+// h of position p (= b*T + t) starts at element QBase + p*QRow + h*HS, key
+// head g at KBase + p*KVRow + g*HS, value head g at VBase + p*KVRow +
+// g*HS.
+type QKVIndex struct {
+	QBase, KBase, VBase int
+	QRow, KVRow         int
+}
+
+// Index is l's QKVIndex for B*T positions of NH query and KVH key/value
+// heads of HS.
+func (l QKVLayout) Index(BT, NH, KVH, HS int) QKVIndex {
+	if l == QKVPlanar {
+		k := BT * NH * HS
+		return QKVIndex{QBase: 0, KBase: k, VBase: k + BT*KVH*HS, QRow: NH * HS, KVRow: KVH * HS}
+	}
+	row := (NH + 2*KVH) * HS
+	return QKVIndex{QBase: 0, KBase: NH * HS, VBase: (NH + KVH) * HS, QRow: row, KVRow: row}
+}
+
 // Backend is the device the model runs on. All ops are asynchronous: they
 // are enqueued on a stream and return at once; argument errors (shapes,
 // dtypes) are returned immediately, failures while running at Synchronize.
@@ -259,19 +301,52 @@ type Ops interface {
 	// BiasBackward: dbias[OC] += sum over N rows of dout[N,OC].
 	BiasBackward(s Stream, dbias, dout Tensor, N, OC int) error
 
-	// AttentionForward: causal multi-head attention. qkv [B,T,3C] holds
-	// q, k, v side by side; out [B,T,C]; lse F32 [B,NH,T] the log-sum-exp
-	// of each softmax row, saved for the backward (flash style).
-	AttentionForward(s Stream, out, lse, qkv Tensor, B, T, C, NH int) error
+	// AttentionForward: causal attention with NH query heads and KVH
+	// key/value heads of HS each (grouped-query when KVH < NH: query head
+	// h reads key/value head h/(NH/KVH); NH must be a multiple of KVH).
+	// qkv holds, for each of the B*T positions, q (NH*HS), k and v (KVH*HS
+	// each), as layout says: QKVFused, one row [q|k|v] per position
+	// ([B,T,(NH+2*KVH)*HS], GPT-2's c_attn), or QKVPlanar, q [B,T,NH*HS]
+	// then k [B,T,KVH*HS] then v [B,T,KVH*HS] (LLaMA's three
+	// projections, each contiguous). out [B,T,NH*HS]; lse F32 [B,NH,T] the
+	// log-sum-exp of each softmax row (scale 1/sqrt(HS)), saved for the
+	// backward (flash style).
+	AttentionForward(s Stream, out, lse, qkv Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
 	// AttentionBackward recomputes the scores from qkv and lse and writes
-	// dqkv [B,T,3C] (not accumulated); scratch F32 of at least
-	// AttentionBackwardScratch(B, T, NH) elements, overwritten.
-	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse, scratch Tensor, B, T, C, NH int) error
+	// dqkv (qkv's shape and layout; not accumulated: a key/value head's
+	// gradient sums its query heads in ascending order); scratch F32 of
+	// at least AttentionBackwardScratch(B, T, NH) elements, overwritten.
+	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse, scratch Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
 
 	// GeluForward: out = gelu(inp), the tanh approximation (HF "gelu_new").
 	GeluForward(s Stream, out, inp Tensor) error
 	// GeluBackward: dinp = gelu'(inp) * dout (dinp may alias dout).
 	GeluBackward(s Stream, dinp, inp, dout Tensor) error
+
+	// SwiGLUForward: out = silu(gate) * up elementwise, silu(g) = g *
+	// sigmoid(g) (LLaMA's MLP).
+	SwiGLUForward(s Stream, out, gate, up Tensor) error
+	// SwiGLUBackward writes (not accumulates) dgate and dup from dout;
+	// either may alias dout.
+	SwiGLUBackward(s Stream, dgate, dup, dout, gate, up Tensor) error
+
+	// RMSNormForward over the last dim C of N = B*T rows: out = inp *
+	// rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps), saved (F32 [N])
+	// for the backward.
+	RMSNormForward(s Stream, out, rstd, inp, weight Tensor, N, C int, eps float32) error
+	// RMSNormBackward: dinp += ..., dweight += ...; scratch F32 of at
+	// least RMSNormBackwardScratch(N, C) elements, overwritten.
+	RMSNormBackward(s Stream, dinp, dweight, dout, inp, weight, rstd, scratch Tensor, N, C int) error
+
+	// RoPEForward: rotary position embeddings (HF LLaMA's rotate_half) of
+	// x [B,T,NH,HS] at positions 0..T-1: in every head the pairs (i,
+	// i+HS/2) are rotated by t * invFreq[i]; invFreq F32 [HS/2] holds the
+	// (possibly scaled, see rope_scaling) inverse frequencies. out may be
+	// inp (in place). HS even.
+	RoPEForward(s Stream, out, inp, invFreq Tensor, B, T, NH, HS int) error
+	// RoPEBackward writes dinp, the rotation of dout by -angle; dinp may
+	// be dout.
+	RoPEBackward(s Stream, dinp, dout, invFreq Tensor, B, T, NH, HS int) error
 
 	// CrossEntropyForwardBackward: fused softmax + cross-entropy over V
 	// classes of N rows. losses F32 [N] gets -log p[target] (0 where the

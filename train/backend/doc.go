@@ -72,6 +72,12 @@
 //	AttentionBackward            dqkv, dout, qkv, out: bf16; lse, scratch: fp32
 //	GeluForward                  out, inp: fp32|bf16 [x_bf16]
 //	GeluBackward                 dinp, dout: fp32|bf16 [g_bf16]; inp: fp32|bf16 [x_bf16]
+//	SwiGLUForward                out, gate, up: fp32|bf16 [x_bf16]
+//	SwiGLUBackward               dgate, dup, dout: fp32|bf16 [g_bf16]; gate, up: fp32|bf16 [x_bf16]
+//	RMSNormForward               out, inp, weight: fp32|bf16 [x_bf16]; rstd: fp32
+//	RMSNormBackward              dinp, dout: fp32|bf16 [g_bf16]; dweight: fp32|bf16 [dw_bf16]; inp, weight: fp32|bf16 [x_bf16]; rstd, scratch: fp32
+//	RoPEForward                  out, inp: fp32|bf16 [x_bf16]; invFreq: fp32
+//	RoPEBackward                 dinp, dout: fp32|bf16 [x_bf16]; invFreq: fp32
 //	CrossEntropyForwardBackward  losses: fp32; logits: fp32|bf16 [x_bf16]; targets: i32
 //	SumSquares                   out: fp32; x: fp32|bf16 [x_bf16]; work: fp64
 //	NonFiniteFlag                flag, x: fp32
@@ -81,8 +87,9 @@
 //	SparseS                      S, A, B: fp32
 //	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval, skip: fp32; pidx, qidx: i32
 //
-// Scratch memory (LayerNormBackward, AttentionBackward, SumSquares) is
-// passed in by the caller, sized by LayerNormBackwardScratch,
+// Scratch memory (LayerNormBackward, RMSNormBackward, AttentionBackward,
+// SumSquares) is passed in by the caller, sized by
+// LayerNormBackwardScratch, RMSNormBackwardScratch,
 // AttentionBackwardScratch and SumSquaresWork, so that memory plans count
 // it and no backend allocates during a step.
 package backend

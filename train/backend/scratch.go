@@ -34,6 +34,17 @@ func LayerNormBackwardScratch(N, C int) int {
 	return 2 * normChunks(N) * C
 }
 
+// RMSNormBackwardScratch is the number of F32 elements of scratch
+// RMSNormBackward needs for N rows of C: the partial sums of dweight, C
+// per chunk (lsp_rmsnorm_backward_scratch_bytes / 4). It is 0 when N or C
+// is not positive.
+func RMSNormBackwardScratch(N, C int) int {
+	if N <= 0 || C <= 0 {
+		return 0
+	}
+	return normChunks(N) * C
+}
+
 // AttentionBackwardScratch is the number of F32 elements of scratch
 // AttentionBackward needs: D = rowsum(dout * out), one per (b, head, t),
 // B*NH*T (kernels/attention.cu).

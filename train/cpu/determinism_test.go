@@ -96,8 +96,8 @@ func TestThreadCountInvariance(t *testing.T) {
 			qkv := rnd(t, be, "qkv", B*T*3*C, 1)
 			out, lse := alloc(t, be, "out", B*T*C, backend.F32), alloc(t, be, "lse", B*NH*T, backend.F32)
 			dqkv := alloc(t, be, "dqkv", B*T*3*C, backend.F32)
-			ok(t, be.AttentionForward(s(be), out, lse, qkv, B, T, C, NH))
-			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, C, NH))
+			ok(t, be.AttentionForward(s(be), out, lse, qkv, B, T, NH, NH, C/NH, backend.QKVFused))
+			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused))
 			return []backend.Tensor{out, lse, dqkv}
 		}},
 		// 50000 elements: 4 chunks of 2^14, spread over the threads.

@@ -104,12 +104,12 @@ func dtypeCases() []dtypeCase {
 			}},
 		{"attention forward", []tspec{{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, nil}, {"qkv", N * 3 * C, flt, nil}},
 			[]string{"out", "lse"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, C, NH)
+				return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, NH, NH, C/NH, backend.QKVFused)
 			}},
 		{"attention backward", []tspec{{"dqkv", N * 3 * C, flt, nil}, {"dout", N * C, flt, nil}, {"qkv", N * 3 * C, flt, nil},
 			{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, positive}},
 			[]string{"dqkv"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], attnScratch(t, be, B, T, NH), B, T, C, NH)
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused)
 			}},
 		{"gelu forward", []tspec{{"out", 40, flt, nil}, {"inp", 40, flt, nil}}, []string{"out"},
 			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {

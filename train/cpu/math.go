@@ -131,19 +131,35 @@ func layerNormBackwardParams(dw, db, dout, inp, mean, rstd []float32, N, C, lo, 
 	}
 }
 
-// attentionForward handles heads bh in [lo,hi) of B*NH: for each query t,
-// softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log sum exp.
-func attentionForward(out, lse, qkv []float32, B, T, C, NH, lo, hi int) {
-	HS := C / NH
-	scale := float32(1 / math.Sqrt(float64(HS)))
-	p := make([]float32, T)
+// attention is the shape of one attention op: NH query heads in groups of
+// NH/KVH sharing a key/value head, HS each, q, k and v found by x.
+type attention struct {
+	B, T, NH, KVH, HS int
+	x                 backend.QKVIndex
+}
+
+func (a attention) q(b, t, h int) int  { return a.x.QBase + (b*a.T+t)*a.x.QRow + h*a.HS }
+func (a attention) k(b, t, g int) int  { return a.x.KBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
+func (a attention) v(b, t, g int) int  { return a.x.VBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
+func (a attention) o(b, t, h int) int  { return (b*a.T+t)*a.NH*a.HS + h*a.HS }
+func (a attention) group(h int) int    { return h / (a.NH / a.KVH) }
+func (a attention) scale() float32     { return float32(1 / math.Sqrt(float64(a.HS))) }
+func (a attention) lse(b, h, t int) int { return (b*a.NH+h)*a.T + t }
+
+// attentionForward handles query heads bh in [lo,hi) of B*NH: for each
+// query t, softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log
+// sum exp.
+func attentionForward(out, lse, qkv []float32, a attention, lo, hi int) {
+	HS, scale := a.HS, a.scale()
+	p := make([]float32, a.T)
 	for bh := lo; bh < hi; bh++ {
-		b, h := bh/NH, bh%NH
-		for t := 0; t < T; t++ {
-			q := qkv[(b*T+t)*3*C+h*HS:][:HS]
+		b, h := bh/a.NH, bh%a.NH
+		g := a.group(h)
+		for t := 0; t < a.T; t++ {
+			q := qkv[a.q(b, t, h):][:HS]
 			mx := float32(math.Inf(-1))
 			for t2 := 0; t2 <= t; t2++ {
-				k := qkv[(b*T+t2)*3*C+C+h*HS:][:HS]
+				k := qkv[a.k(b, t2, g):][:HS]
 				var dot float32
 				for i := range q {
 					dot += q[i] * k[i]
@@ -156,60 +172,65 @@ func attentionForward(out, lse, qkv []float32, B, T, C, NH, lo, hi int) {
 				p[t2] = float32(math.Exp(float64(p[t2] - mx)))
 				sum += p[t2]
 			}
-			o := out[(b*T+t)*C+h*HS:][:HS]
+			o := out[a.o(b, t, h):][:HS]
 			clear(o)
 			for t2 := 0; t2 <= t; t2++ {
-				v := qkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
+				v := qkv[a.v(b, t2, g):][:HS]
 				w := p[t2] / sum
 				for i := range o {
 					o[i] += w * v[i]
 				}
 			}
-			lse[bh*T+t] = mx + float32(math.Log(float64(sum)))
+			lse[a.lse(b, h, t)] = mx + float32(math.Log(float64(sum)))
 		}
 	}
 }
 
-// attentionBackward recomputes P = exp(S - lse) per row and writes dq, dk,
-// dv of heads [lo,hi): dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with
-// D = rowsum(dO o O), dQ = dS K scale, dK = dS^T Q scale.
-func attentionBackward(dqkv, dout, qkv, out, lse []float32, B, T, C, NH, lo, hi int) {
-	HS := C / NH
-	scale := float32(1 / math.Sqrt(float64(HS)))
-	for bh := lo; bh < hi; bh++ {
-		b, h := bh/NH, bh%NH
-		for t := 0; t < T; t++ {
-			base := (b*T+t)*3*C + h*HS
-			clear(dqkv[base : base+HS])
-			clear(dqkv[base+C : base+C+HS])
-			clear(dqkv[base+2*C : base+2*C+HS])
-		}
-		for t := 0; t < T; t++ {
-			q := qkv[(b*T+t)*3*C+h*HS:][:HS]
-			dq := dqkv[(b*T+t)*3*C+h*HS:][:HS]
-			do := dout[(b*T+t)*C+h*HS:][:HS]
-			o := out[(b*T+t)*C+h*HS:][:HS]
-			var D float32
-			for i := range do {
-				D += do[i] * o[i]
+// attentionBackward recomputes P = exp(S - lse) per row and writes the
+// gradients of key/value heads bg in [lo,hi) of B*KVH and of their query
+// heads: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o
+// O), dQ = dS K scale, dK = dS^T Q scale. A key/value head sums its query
+// heads in ascending order.
+func attentionBackward(dqkv, dout, qkv, out, lse []float32, a attention, lo, hi int) {
+	HS, scale := a.HS, a.scale()
+	per := a.NH / a.KVH
+	for bg := lo; bg < hi; bg++ {
+		b, g := bg/a.KVH, bg%a.KVH
+		for t := 0; t < a.T; t++ {
+			clear(dqkv[a.k(b, t, g):][:HS])
+			clear(dqkv[a.v(b, t, g):][:HS])
+			for h := g * per; h < (g+1)*per; h++ {
+				clear(dqkv[a.q(b, t, h):][:HS])
 			}
-			l := lse[bh*T+t]
-			for t2 := 0; t2 <= t; t2++ {
-				k := qkv[(b*T+t2)*3*C+C+h*HS:][:HS]
-				v := qkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
-				dk := dqkv[(b*T+t2)*3*C+C+h*HS:][:HS]
-				dv := dqkv[(b*T+t2)*3*C+2*C+h*HS:][:HS]
-				var s, dp float32
-				for i := range q {
-					s += q[i] * k[i]
-					dp += do[i] * v[i]
+		}
+		for h := g * per; h < (g+1)*per; h++ {
+			for t := 0; t < a.T; t++ {
+				q := qkv[a.q(b, t, h):][:HS]
+				dq := dqkv[a.q(b, t, h):][:HS]
+				do := dout[a.o(b, t, h):][:HS]
+				o := out[a.o(b, t, h):][:HS]
+				var D float32
+				for i := range do {
+					D += do[i] * o[i]
 				}
-				p := float32(math.Exp(float64(s*scale - l)))
-				ds := p * (dp - D) * scale
-				for i := range q {
-					dv[i] += p * do[i]
-					dq[i] += ds * k[i]
-					dk[i] += ds * q[i]
+				l := lse[a.lse(b, h, t)]
+				for t2 := 0; t2 <= t; t2++ {
+					k := qkv[a.k(b, t2, g):][:HS]
+					v := qkv[a.v(b, t2, g):][:HS]
+					dk := dqkv[a.k(b, t2, g):][:HS]
+					dv := dqkv[a.v(b, t2, g):][:HS]
+					var s, dp float32
+					for i := range q {
+						s += q[i] * k[i]
+						dp += do[i] * v[i]
+					}
+					p := float32(math.Exp(float64(s*scale - l)))
+					ds := p * (dp - D) * scale
+					for i := range q {
+						dv[i] += p * do[i]
+						dq[i] += ds * k[i]
+						dk[i] += ds * q[i]
+					}
 				}
 			}
 		}

@@ -462,22 +462,29 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	})
 }
 
-func checkHeads(op string, B, T, C, NH int) error {
-	if err := checkDims(op, "B T C", B, T, C); err != nil {
-		return err
+// checkHeads checks an attention op's shape and returns it with q, k and
+// v located in a qkv tensor of layout, and qkv's length.
+func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (attention, int, error) {
+	if err := checkDims(op, "B T NH KVH HS", B, T, NH, KVH, HS); err != nil {
+		return attention{}, 0, err
 	}
-	if NH <= 0 || C%NH != 0 {
-		return fmt.Errorf("cpu: %s: C=%d not divisible by NH=%d", op, C, NH)
+	if NH <= 0 || KVH <= 0 || NH%KVH != 0 {
+		return attention{}, 0, fmt.Errorf("cpu: %s: NH=%d query heads not a positive multiple of KVH=%d key/value heads", op, NH, KVH)
 	}
-	return nil
+	if layout != backend.QKVFused && layout != backend.QKVPlanar {
+		return attention{}, 0, fmt.Errorf("cpu: %s: unknown qkv layout %v", op, layout)
+	}
+	a := attention{B: B, T: T, NH: NH, KVH: KVH, HS: HS, x: layout.Index(B*T, NH, KVH, HS)}
+	return a, B * T * (NH + 2*KVH) * HS, nil
 }
 
 // AttentionForward implements backend.Ops.
-func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, C, NH int) error {
-	if err := checkHeads("attention forward", B, T, C, NH); err != nil {
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	a, n, err := checkHeads("attention forward", B, T, NH, KVH, HS, layout)
+	if err != nil {
 		return err
 	}
-	if err := b.needAll("attention forward", f("out", out, B*T*C), f("lse", lse, B*NH*T), f("qkv", qkv, B*T*3*C)); err != nil {
+	if err := b.needAll("attention forward", f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T), f("qkv", qkv, n)); err != nil {
 		return err
 	}
 	if err := b.kernelDTypes("AttentionForward", out, lse, qkv); err != nil {
@@ -485,7 +492,7 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	}
 	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv), func() error {
 		o, l, q := load(out), load(lse), load(qkv)
-		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, B, T, C, NH, lo, hi) })
+		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, a, lo, hi) })
 		store(out, o)
 		store(lse, l)
 		return nil
@@ -493,12 +500,13 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 }
 
 // AttentionBackward implements backend.Ops.
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, C, NH int) error {
-	if err := checkHeads("attention backward", B, T, C, NH); err != nil {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	a, n, err := checkHeads("attention backward", B, T, NH, KVH, HS, layout)
+	if err != nil {
 		return err
 	}
-	if err := b.needAll("attention backward", f("dqkv", dqkv, B*T*3*C), f("dout", dout, B*T*C), f("qkv", qkv, B*T*3*C),
-		f("out", out, B*T*C), f("lse", lse, B*NH*T)); err != nil {
+	if err := b.needAll("attention backward", f("dqkv", dqkv, n), f("dout", dout, B*T*NH*HS), f("qkv", qkv, n),
+		f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T)); err != nil {
 		return err
 	}
 	used, err := b.scratch("attention backward", "scratch", "AttentionBackwardScratch", scratch, backend.F32, backend.AttentionBackwardScratch(B, T, NH))
@@ -511,7 +519,7 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH), func() error {
 		spoil(used)
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
-		b.parallel(B*NH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, B, T, C, NH, lo, hi) })
+		b.parallel(B*KVH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, a, lo, hi) })
 		store(dqkv, dq)
 		return nil
 	})
@@ -549,6 +557,140 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 		store(dinp, dx)
 		return nil
 	})
+}
+
+// SwiGLUForward implements backend.Ops.
+func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) error {
+	n := gate.Len()
+	if err := b.needAll("swiglu forward", f("out", out, n), f("gate", gate, n), f("up", up, n)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("SwiGLUForward", out, gate, up); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.SwiGLUForward(out, gate, up), func() error {
+		o, g, u := load(out), load(gate), load(up)
+		b.parallel(n, 4096, func(lo, hi int) { SwiGLUForward(o[lo:hi], g[lo:hi], u[lo:hi]) })
+		store(out, o)
+		return nil
+	})
+}
+
+// SwiGLUBackward implements backend.Ops.
+func (b *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up backend.Tensor) error {
+	n := gate.Len()
+	if err := b.needAll("swiglu backward", f("dgate", dgate, n), f("dup", dup, n), f("dout", dout, n), f("gate", gate, n), f("up", up, n)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("SwiGLUBackward", dgate, dup, dout, gate, up); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.SwiGLUBackward(dgate, dup, dout, gate, up), func() error {
+		// dgate or dup may alias dout: dout is loaded before either is
+		// stored, and a bf16 alias is a separate widened copy.
+		dg, du, dy, g, u := load(dgate), load(dup), load(dout), load(gate), load(up)
+		b.parallel(n, 4096, func(lo, hi int) { SwiGLUBackward(dg[lo:hi], du[lo:hi], dy[lo:hi], g[lo:hi], u[lo:hi]) })
+		store(dgate, dg)
+		store(dup, du)
+		return nil
+	})
+}
+
+// RMSNormForward implements backend.Ops.
+func (b *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backend.Tensor, N, C int, eps float32) error {
+	if err := checkDims("rmsnorm forward", "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll("rmsnorm forward", f("out", out, N*C), f("rstd", rstd, N), f("inp", inp, N*C), f("weight", weight, C)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("RMSNormForward", out, rstd, inp, weight); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.RMSNormForward(out, rstd, inp, weight), func() error {
+		o, r, x, w := load(out), load(rstd), load(inp), load(weight)
+		b.parallel(N, 16, func(lo, hi int) {
+			RMSNormForward(o[lo*C:hi*C], r[lo:hi], x[lo*C:hi*C], w, hi-lo, C, eps)
+		})
+		store(out, o)
+		store(rstd, r)
+		return nil
+	})
+}
+
+// RMSNormBackward implements backend.Ops.
+func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, weight, rstd, scratch backend.Tensor, N, C int) error {
+	if err := checkDims("rmsnorm backward", "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll("rmsnorm backward", f("dinp", dinp, N*C), f("dweight", dweight, C), f("dout", dout, N*C),
+		f("inp", inp, N*C), f("weight", weight, C), f("rstd", rstd, N)); err != nil {
+		return err
+	}
+	used, err := b.scratch("rmsnorm backward", "scratch", "RMSNormBackwardScratch", scratch, backend.F32, backend.RMSNormBackwardScratch(N, C))
+	if err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("RMSNormBackward", dinp, dweight, dout, inp, weight, rstd, scratch); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C), func() error {
+		spoil(used)
+		dx, dw := load(dinp), load(dweight)
+		dy, x, w, r := load(dout), load(inp), load(weight), load(rstd)
+		b.parallel(N, 16, func(lo, hi int) {
+			rmsNormBackwardInput(dx[lo*C:hi*C], dy[lo*C:hi*C], x[lo*C:hi*C], w, r[lo:hi], hi-lo, C)
+		})
+		b.parallel(C, 64, func(lo, hi int) { rmsNormBackwardWeight(dw, dy, x, r, N, C, lo, hi) })
+		store(dinp, dx)
+		store(dweight, dw)
+		return nil
+	})
+}
+
+// rope checks a RoPE op's arguments and enqueues it: out (or dinp) gets
+// inp (or dout) rotated by sign * angle.
+func (b *Backend) rope(op string, s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int, sign float32) error {
+	if err := checkDims(op, "B T NH HS", B, T, NH, HS); err != nil {
+		return err
+	}
+	if HS%2 != 0 {
+		return fmt.Errorf("cpu: %s: head size HS=%d is odd", op, HS)
+	}
+	n := B * T * NH * HS
+	names := [2]string{"out", "inp"}
+	if sign < 0 {
+		names = [2]string{"dinp", "dout"}
+	}
+	if err := b.needAll(op, f(names[0], out, n), f(names[1], inp, n), f("invFreq", invFreq, HS/2)); err != nil {
+		return err
+	}
+	kop := "RoPEForward"
+	if sign < 0 {
+		kop = "RoPEBackward"
+	}
+	if err := b.kernelDTypes(kop, out, inp, invFreq); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.RoPE(op, out, inp, invFreq), func() error {
+		// In place (out == inp): at fp32 x and o are the same memory and
+		// each pair is read before it is written; at bf16 they are two
+		// widened copies, and o is rounded back once.
+		x, o, inv := load(inp), load(out), load(invFreq)
+		b.parallel(B*T, 16, func(lo, hi int) { ropeRows(o, x, inv, lo, hi, T, NH, HS, sign) })
+		store(out, o)
+		return nil
+	})
+}
+
+// RoPEForward implements backend.Ops.
+func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return b.rope("rope forward", s, out, inp, invFreq, B, T, NH, HS, 1)
+}
+
+// RoPEBackward implements backend.Ops.
+func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return b.rope("rope backward", s, dinp, dout, invFreq, B, T, NH, HS, -1)
 }
 
 // CrossEntropyForwardBackward implements backend.Ops.

@@ -169,30 +169,78 @@ func TestBias(t *testing.T) {
 	near(t, "bias backward", get(t, be, db), gb, 2e-6, 1e-6) // 10 fp32 adds of O(1) terms
 }
 
+// TestAttention checks both layouts and grouped-query attention against
+// the float64 multi-head reference: a grouped problem is the multi-head
+// one with each key/value head repeated for its query heads (HF's
+// repeat_kv), and a key/value head's gradient is the sum over its copies.
 func TestAttention(t *testing.T) {
-	for _, shape := range []struct{ B, T, C, NH int }{{tB, tT, tC, tNH}, {1, 7, 10, 2}, {3, 1, 6, 6}} {
-		B, T, C, NH := shape.B, shape.T, shape.C, shape.NH
-		t.Run(fmt.Sprintf("B%dT%dC%dNH%d", B, T, C, NH), func(t *testing.T) {
-			be := newBE(t, Config{})
-			s := be.DefaultStream()
-			r := newRand(6)
-			q := randVals(r, B*T*3*C, 1.5)
-			qkv := tensorOf(t, be, "qkv", backend.F32, q)
-			out := tensorOf(t, be, "out", backend.F32, randVals(r, B*T*C, 9))
-			lse := tensorOf(t, be, "lse", backend.F32, randVals(r, B*NH*T, 9))
-			ok(t, be.AttentionForward(s, out, lse, qkv, B, T, C, NH))
-			wantOut, wantLse := attention64(f64s(q), B, T, C, NH)
-			// Softmax over <= 7 keys of HS <= 5 dot products, all O(1).
-			near(t, "attention out", get(t, be, out), wantOut, 1e-6, 1e-5)
-			near(t, "attention lse", get(t, be, lse), wantLse, 1e-6, 1e-6)
+	for _, shape := range []struct{ B, T, NH, KVH, HS int }{
+		{tB, tT, tNH, tNH, tC / tNH}, {1, 7, 2, 2, 5}, {3, 1, 6, 6, 1}, // multi-head
+		{2, 5, 4, 2, 3}, {1, 6, 3, 1, 4}, {2, 3, 6, 3, 2}, // grouped, and multi-query (KVH 1)
+	} {
+		for _, layout := range []backend.QKVLayout{backend.QKVFused, backend.QKVPlanar} {
+			B, T, NH, KVH, HS := shape.B, shape.T, shape.NH, shape.KVH, shape.HS
+			t.Run(fmt.Sprintf("B%dT%dNH%dKVH%dHS%d/%v", B, T, NH, KVH, HS, layout), func(t *testing.T) {
+				be := newBE(t, Config{})
+				s := be.DefaultStream()
+				r := newRand(6)
+				C, n := NH*HS, B*T*(NH+2*KVH)*HS
+				q := randVals(r, n, 1.5)
+				qkv := tensorOf(t, be, "qkv", backend.F32, q)
+				out := tensorOf(t, be, "out", backend.F32, randVals(r, B*T*C, 9))
+				lse := tensorOf(t, be, "lse", backend.F32, randVals(r, B*NH*T, 9))
+				ok(t, be.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout))
+				x := layout.Index(B*T, NH, KVH, HS)
+				wantOut, wantLse := attention64(expandQKV(f64s(q), x, B*T, NH, KVH, HS), B, T, C, NH)
+				// Softmax over <= 7 keys of HS <= 5 dot products, all O(1).
+				near(t, "attention out", get(t, be, out), wantOut, 1e-6, 1e-5)
+				near(t, "attention lse", get(t, be, lse), wantLse, 1e-6, 1e-6)
 
-			dout := randVals(r, B*T*C, 1)
-			dqkv := tensorOf(t, be, "dqkv", backend.F32, randVals(r, B*T*3*C, 9)) // overwritten, not accumulated
-			ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, C, NH))
-			// Through the saved fp32 out and lse: a few ulps of O(1) terms.
-			near(t, "attention dqkv", get(t, be, dqkv), attentionBackward64(f64s(q), f64s(dout), B, T, C, NH), 1e-5, 1e-5)
-		})
+				dout := randVals(r, B*T*C, 1)
+				dqkv := tensorOf(t, be, "dqkv", backend.F32, randVals(r, n, 9)) // overwritten, not accumulated
+				ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse,
+					attnScratch(t, be, B, T, NH), B, T, NH, KVH, HS, layout))
+				want := foldQKV(attentionBackward64(expandQKV(f64s(q), x, B*T, NH, KVH, HS), f64s(dout), B, T, C, NH), x, B*T, NH, KVH, HS)
+				// Through the saved fp32 out and lse: a few ulps of O(1) terms.
+				near(t, "attention dqkv", get(t, be, dqkv), want, 1e-5, 1e-5)
+			})
+		}
 	}
+}
+
+// expandQKV rewrites q, k, v found by x as the fused multi-head qkv
+// [BT, 3*NH*HS] of attention64, each key/value head repeated for the
+// NH/KVH query heads that read it.
+func expandQKV(qkv []float64, x backend.QKVIndex, BT, NH, KVH, HS int) []float64 {
+	C, per := NH*HS, NH/KVH
+	out := make([]float64, BT*3*C)
+	for p := range BT {
+		for h := range NH {
+			g := h / per
+			copy(out[p*3*C+h*HS:][:HS], qkv[x.QBase+p*x.QRow+h*HS:][:HS])
+			copy(out[p*3*C+C+h*HS:][:HS], qkv[x.KBase+p*x.KVRow+g*HS:][:HS])
+			copy(out[p*3*C+2*C+h*HS:][:HS], qkv[x.VBase+p*x.KVRow+g*HS:][:HS])
+		}
+	}
+	return out
+}
+
+// foldQKV is expandQKV's adjoint: the gradient of the fused multi-head
+// qkv back in x's layout, each key/value head summing its copies.
+func foldQKV(d []float64, x backend.QKVIndex, BT, NH, KVH, HS int) []float64 {
+	C, per := NH*HS, NH/KVH
+	out := make([]float64, BT*(NH+2*KVH)*HS)
+	for p := range BT {
+		for h := range NH {
+			g := h / per
+			for i := range HS {
+				out[x.QBase+p*x.QRow+h*HS+i] = d[p*3*C+h*HS+i]
+				out[x.KBase+p*x.KVRow+g*HS+i] += d[p*3*C+C+h*HS+i]
+				out[x.VBase+p*x.KVRow+g*HS+i] += d[p*3*C+2*C+h*HS+i]
+			}
+		}
+	}
+	return out
 }
 
 func TestGelu(t *testing.T) {

@@ -5,7 +5,7 @@
 // Pure fp32 functions over plain slices (the sigmoid's exp in float64, as
 // the GELU of math.go). Callers holding bf16 tensors widen them before the
 // call and round the outputs after it, as the kernels do at load and store.
-// Limits: no Backend op yet; gate, up and the outputs must be the same
+// Limits: gate, up and the outputs must be the same
 // length (N*H for inputs [N, H]).
 
 package cpu

@@ -5,7 +5,7 @@
 // Pure fp32 functions over plain slices, with the row sums in float64 like
 // the LayerNorm of math.go. Callers holding bf16 tensors widen them before
 // the call and round the outputs after it, as the kernels do at load and
-// store. Limits: no Backend op yet (the model that uses RMSNorm comes later);
+// store (the Backend ops RMSNormForward/Backward of ops.go do). Limits:
 // sizes are trusted, the slices must hold N*C (or C, N) elements.
 
 package cpu
@@ -35,6 +35,12 @@ func RMSNormForward(out, rstd, inp, weight []float32, N, C int, eps float32) {
 // dnorm = dout*weight, and dweight += sum over rows of dout * norm (summed
 // over rows in order, then added).
 func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, N, C int) {
+	rmsNormBackwardInput(dinp, dout, inp, weight, rstd, N, C)
+	rmsNormBackwardWeight(dweight, dout, inp, rstd, N, C, 0, C)
+}
+
+// rmsNormBackwardInput accumulates dinp of N rows.
+func rmsNormBackwardInput(dinp, dout, inp, weight, rstd []float32, N, C int) {
 	for r := range N {
 		x, dy, dx := inp[r*C:(r+1)*C], dout[r*C:(r+1)*C], dinp[r*C:(r+1)*C]
 		s := rstd[r]
@@ -49,7 +55,12 @@ func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, N, C int)
 			dx[i] += float32((float64(dn) - float64(n)*a) * float64(s))
 		}
 	}
-	for i := range C {
+}
+
+// rmsNormBackwardWeight accumulates dweight's columns [lo,hi), each summed
+// over the N rows in order.
+func rmsNormBackwardWeight(dweight, dout, inp, rstd []float32, N, C, lo, hi int) {
+	for i := lo; i < hi; i++ {
 		var sw float32
 		for r := range N {
 			sw += dout[r*C+i] * (inp[r*C+i] * rstd[r])

@@ -30,35 +30,35 @@ func RoPEInvFreq(HS int, theta float32) []float32 {
 	return f
 }
 
-// rope rotates every pair by sign*angle; out may alias inp.
-func rope(out, inp []float32, B, T, NH, HS int, theta, sign float32) {
-	inv := RoPEInvFreq(HS, theta)
+// ropeRows rotates every pair of rows bt in [lo,hi) of B*T by sign *
+// t * inv[i]; out may alias inp.
+func ropeRows(out, inp, inv []float32, lo, hi, T, NH, HS int, sign float32) {
 	h := HS / 2
-	for b := range B {
-		for t := range T {
-			for i, f := range inv {
-				a := float32(t) * f
-				c := float32(math.Cos(float64(a)))
-				s := sign * float32(math.Sin(float64(a)))
-				for hd := range NH {
-					o := ((b*T+t)*NH + hd) * HS
-					x0, x1 := inp[o+i], inp[o+i+h]
-					out[o+i] = x0*c - x1*s
-					out[o+i+h] = x1*c + x0*s
-				}
+	for bt := lo; bt < hi; bt++ {
+		t := bt % T
+		for i, f := range inv[:h] {
+			a := float32(t) * f
+			c := float32(math.Cos(float64(a)))
+			s := sign * float32(math.Sin(float64(a)))
+			for hd := range NH {
+				o := (bt*NH + hd) * HS
+				x0, x1 := inp[o+i], inp[o+i+h]
+				out[o+i] = x0*c - x1*s
+				out[o+i+h] = x1*c + x0*s
 			}
 		}
 	}
 }
 
 // RoPEForward writes the rotated inp [B,T,NH,HS] to out (out may alias
-// inp: in place).
-func RoPEForward(out, inp []float32, B, T, NH, HS int, theta float32) {
-	rope(out, inp, B, T, NH, HS, theta, 1)
+// inp: in place), with the inverse frequencies invFreq [HS/2]
+// (RoPEInvFreq, or scaled ones).
+func RoPEForward(out, inp, invFreq []float32, B, T, NH, HS int) {
+	ropeRows(out, inp, invFreq, 0, B*T, T, NH, HS, 1)
 }
 
 // RoPEBackward writes dinp = the rotation of dout by -angle (not
 // accumulated; dinp may alias dout).
-func RoPEBackward(dinp, dout []float32, B, T, NH, HS int, theta float32) {
-	rope(dinp, dout, B, T, NH, HS, theta, -1)
+func RoPEBackward(dinp, dout, invFreq []float32, B, T, NH, HS int) {
+	ropeRows(dinp, dout, invFreq, 0, B*T, T, NH, HS, -1)
 }

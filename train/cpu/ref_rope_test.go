@@ -35,25 +35,26 @@ func TestRoPEReference(t *testing.T) {
 		n := B * T * NH * HS
 		x, dy := randVals(r, n, 2), randVals(r, n, 1)
 		const theta = 10000
+		inv := RoPEInvFreq(HS, theta)
 		out := make([]float32, n)
-		RoPEForward(out, x, B, T, NH, HS, theta)
+		RoPEForward(out, x, inv, B, T, NH, HS)
 		// fp32 angles t*inv_freq carry a relative error of a few ulps.
 		near(t, "rope", out, rope64(f64s(x), B, T, NH, HS, theta), 1e-5, 1e-5)
 
 		in := append([]float32(nil), x...)
-		RoPEForward(in, in, B, T, NH, HS, theta)
+		RoPEForward(in, in, inv, B, T, NH, HS)
 		same(t, "rope in place", in, out)
 
 		// The backward is the transpose: <RoPE(x), dy> = <x, RoPE^T(dy)>,
 		// and rotating forward then backward returns the input.
 		dx := make([]float32, n)
-		RoPEBackward(dx, dy, B, T, NH, HS, theta)
+		RoPEBackward(dx, dy, inv, B, T, NH, HS)
 		l, rr := dot64(f64s(out), f64s(dy)), dot64(f64s(x), f64s(dx))
 		if math.Abs(l-rr) > 1e-4*(1+math.Abs(l)) {
 			t.Fatalf("B%d T%d NH%d HS%d: <rope x, dy> = %v, <x, rope^T dy> = %v", B, T, NH, HS, l, rr)
 		}
 		back := make([]float32, n)
-		RoPEBackward(back, out, B, T, NH, HS, theta)
+		RoPEBackward(back, out, inv, B, T, NH, HS)
 		near(t, "rope round trip", back, f64s(x), 1e-5, 1e-5)
 	}
 }

@@ -476,7 +476,7 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 		},
 		func() error { return m.input(s, l, MatQKV, a.ln1) },
 		func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
-		func() error { return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, C, c.NH) },
+		func() error { return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused) },
 		func() error { return m.input(s, l, MatProj, a.atty) },
 		func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
@@ -627,7 +627,7 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 			return m.linearBackward(s, l, MatProj, m.dbuf, g.projw, g.projb, m.dres, a.atty, p.projw, BT, C, C)
 		},
 		func() error {
-			return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, C, c.NH)
+			return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
 		},
 		func() error {
 			return m.linearBackward(s, l, MatQKV, m.dbuf, g.qkvw, g.qkvb, m.dqkv, a.ln1, p.qkvw, BT, C, 3*C)

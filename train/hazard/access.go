@@ -101,6 +101,29 @@ func GeluBackward(dinp, inp, dout backend.Tensor) Access {
 	return Access{"gelu backward", ranges(inp, dout), ranges(dinp)}
 }
 
+func SwiGLUForward(out, gate, up backend.Tensor) Access {
+	return Access{"swiglu forward", ranges(gate, up), ranges(out)}
+}
+
+func SwiGLUBackward(dgate, dup, dout, gate, up backend.Tensor) Access {
+	return Access{"swiglu backward", ranges(dout, gate, up), ranges(dgate, dup)}
+}
+
+func RMSNormForward(out, rstd, inp, weight backend.Tensor) Access {
+	return Access{"rmsnorm forward", ranges(inp, weight), ranges(out, rstd)}
+}
+
+func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch backend.Tensor, N, C int) Access {
+	return Access{"rmsnorm backward", ranges(dinp, dweight, dout, inp, weight, rstd),
+		ranges(dinp, dweight, used(scratch, backend.RMSNormBackwardScratch(N, C)))}
+}
+
+// RoPE is the access of either direction: out (or dinp) written from inp
+// (or dout), which may be the same tensor.
+func RoPE(op string, out, inp, invFreq backend.Tensor) Access {
+	return Access{op, ranges(inp, invFreq), ranges(out)}
+}
+
 // CrossEntropyForwardBackward overwrites logits only when scale != 0.
 func CrossEntropyForwardBackward(losses, logits, targets backend.Tensor, scale float32) Access {
 	writes := ranges(losses)

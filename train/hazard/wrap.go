@@ -205,12 +205,12 @@ func (w *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	return w.declare(s, w.Backend.BiasBackward(s, dbias, dout, N, OC), BiasBackward(dbias, dout))
 }
 
-func (w *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, C, NH int) error {
-	return w.declare(s, w.Backend.AttentionForward(s, out, lse, qkv, B, T, C, NH), AttentionForward(out, lse, qkv))
+func (w *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	return w.declare(s, w.Backend.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout), AttentionForward(out, lse, qkv))
 }
 
-func (w *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, C, NH int) error {
-	return w.declare(s, w.Backend.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH),
+func (w *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	return w.declare(s, w.Backend.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, HS, layout),
 		AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH))
 }
 
@@ -220,6 +220,31 @@ func (w *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 
 func (w *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor) error {
 	return w.declare(s, w.Backend.GeluBackward(s, dinp, inp, dout), GeluBackward(dinp, inp, dout))
+}
+
+func (w *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) error {
+	return w.declare(s, w.Backend.SwiGLUForward(s, out, gate, up), SwiGLUForward(out, gate, up))
+}
+
+func (w *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up backend.Tensor) error {
+	return w.declare(s, w.Backend.SwiGLUBackward(s, dgate, dup, dout, gate, up), SwiGLUBackward(dgate, dup, dout, gate, up))
+}
+
+func (w *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backend.Tensor, N, C int, eps float32) error {
+	return w.declare(s, w.Backend.RMSNormForward(s, out, rstd, inp, weight, N, C, eps), RMSNormForward(out, rstd, inp, weight))
+}
+
+func (w *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, weight, rstd, scratch backend.Tensor, N, C int) error {
+	return w.declare(s, w.Backend.RMSNormBackward(s, dinp, dweight, dout, inp, weight, rstd, scratch, N, C),
+		RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C))
+}
+
+func (w *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return w.declare(s, w.Backend.RoPEForward(s, out, inp, invFreq, B, T, NH, HS), RoPE("rope forward", out, inp, invFreq))
+}
+
+func (w *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return w.declare(s, w.Backend.RoPEBackward(s, dinp, dout, invFreq, B, T, NH, HS), RoPE("rope backward", dinp, dout, invFreq))
 }
 
 func (w *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, targets backend.Tensor, N, V int, scale float32) error {
