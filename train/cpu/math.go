@@ -138,12 +138,12 @@ type attention struct {
 	x                 backend.QKVIndex
 }
 
-func (a attention) q(b, t, h int) int  { return a.x.QBase + (b*a.T+t)*a.x.QRow + h*a.HS }
-func (a attention) k(b, t, g int) int  { return a.x.KBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) v(b, t, g int) int  { return a.x.VBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) o(b, t, h int) int  { return (b*a.T+t)*a.NH*a.HS + h*a.HS }
-func (a attention) group(h int) int    { return h / (a.NH / a.KVH) }
-func (a attention) scale() float32     { return float32(1 / math.Sqrt(float64(a.HS))) }
+func (a attention) q(b, t, h int) int   { return a.x.QBase + (b*a.T+t)*a.x.QRow + h*a.HS }
+func (a attention) k(b, t, g int) int   { return a.x.KBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
+func (a attention) v(b, t, g int) int   { return a.x.VBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
+func (a attention) o(b, t, h int) int   { return (b*a.T+t)*a.NH*a.HS + h*a.HS }
+func (a attention) group(h int) int     { return h / (a.NH / a.KVH) }
+func (a attention) scale() float32      { return float32(1 / math.Sqrt(float64(a.HS))) }
 func (a attention) lse(b, h, t int) int { return (b*a.NH+h)*a.T + t }
 
 // attentionForward handles query heads bh in [lo,hi) of B*NH: for each

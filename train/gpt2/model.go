@@ -476,7 +476,9 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 		},
 		func() error { return m.input(s, l, MatQKV, a.ln1) },
 		func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
-		func() error { return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused) },
+		func() error {
+			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
+		},
 		func() error { return m.input(s, l, MatProj, a.atty) },
 		func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
