@@ -229,12 +229,18 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 	if C <= 0 {
 		return fmt.Errorf("cuda: %s: C=%d, want > 0", op, C)
 	}
-	if len(wte.Shape) == 0 || wte.Len()%C != 0 || wpe.Len() < T*C {
+	noPos := wpe.Buf == nil // LLaMA: no position table; ptr gives the kernel NULL
+	if len(wte.Shape) == 0 || wte.Len()%C != 0 || !noPos && wpe.Len() < T*C {
 		return fmt.Errorf("cuda: %s: wte %v / wpe %v do not fit C=%d T=%d", op, wte.Shape, wpe.Shape, C, T)
 	}
 	V := wte.Len() / C
-	if err := b.needAll(op, f("out", out, B*T*C), i32("inp", inp, B*T), f("wte", wte, V*C), f("wpe", wpe, wpe.Len())); err != nil {
+	if err := b.needAll(op, f("out", out, B*T*C), i32("inp", inp, B*T), f("wte", wte, V*C)); err != nil {
 		return err
+	}
+	if !noPos {
+		if err := b.needAll(op, f("wpe", wpe, wpe.Len())); err != nil {
+			return err
+		}
 	}
 	if err := dtypes(op, out, inp, wte, wpe); err != nil {
 		return err
@@ -257,13 +263,19 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		return fmt.Errorf("cuda: %s: C=%d, want > 0", op, C)
 	}
 	V := dwte.Len() / C
-	if err := b.needAll(op, f("dwte", dwte, V*C), f("dwpe", dwpe, dwpe.Len()), f("dout", dout, B*T*C), i32("inp", inp, B*T)); err != nil {
+	noPos := dwpe.Buf == nil // LLaMA: no position table
+	if err := b.needAll(op, f("dwte", dwte, V*C), f("dout", dout, B*T*C), i32("inp", inp, B*T)); err != nil {
 		return err
+	}
+	if !noPos {
+		if err := b.needAll(op, f("dwpe", dwpe, dwpe.Len())); err != nil {
+			return err
+		}
 	}
 	if err := dtypes(op, dwte, dwpe, dout, inp); err != nil {
 		return err
 	}
-	if dwpe.Len() < T*C {
+	if !noPos && dwpe.Len() < T*C {
 		return fmt.Errorf("cuda: %s: dwpe has %d elements, want at least %d", op, dwpe.Len(), T*C)
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {

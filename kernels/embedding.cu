@@ -6,7 +6,8 @@
  *   backward: dwte[inp[b,t],:] += dout[b,t,:],  dwpe[t,:] += sum_b dout[b,t,:]
  *
  * Shapes: inp int32 [B, T] token ids; wte, dwte [V, C]; wpe, dwpe at least
- * [T, C]; out, dout [B, T, C]. x_bf16 is the dtype of out, wte, wpe,
+ * [T, C], or NULL for a model without a position table (LLaMA: out is the
+ * token's row, copied exactly; dwpe is not computed); out, dout [B, T, C]. x_bf16 is the dtype of out, wte, wpe,
  * g_bf16 that of dout (an activation gradient: the model's storage dtype)
  * and dw_bf16 that of dwte, dwpe (parameter gradients: --grad-dtype), each
  * a backend.DType (0 fp32, 1 bf16), in any mix. The CPU
@@ -64,7 +65,9 @@ __global__ void __launch_bounds__(kThreads)
     const int tok = inp[bt];
     const long long t = bt % T;
     float v = nanf("");
-    if (tok >= 0 && tok < V) v = ld(wte + (long long)tok * C + c) + ld(wpe + t * C + c);
+    // Without a position table the row is copied, not added to 0, which
+    // would turn -0 into +0 and differ from the CPU backend's copy.
+    if (tok >= 0 && tok < V) v = wpe ? ld(wte + (long long)tok * C + c) + ld(wpe + t * C + c) : ld(wte + (long long)tok * C + c);
     st(out + idx, v);
   }
 }
@@ -157,11 +160,13 @@ cudaError_t launch_forward(void* out, const int* inp, const void* wte, const voi
 template <typename G, typename W>
 cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
                             cudaStream_t stream) {
-  auto wpe = encoder_backward_wpe_kernel<G, W>;
-  LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (W*)dwpe, (const G*)dout, B, T,
-             C);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (dwpe != nullptr) {
+    auto wpe = encoder_backward_wpe_kernel<G, W>;
+    LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (W*)dwpe, (const G*)dout, B,
+               T, C);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   const dim3 grid((unsigned)((V + kRows - 1) / kRows), (unsigned)((C + kCols - 1) / kCols));
   auto wte = encoder_backward_wte_kernel<G, W>;
   LSP_LAUNCH(wte, grid, dim3(kCols), 0, stream, (W*)dwte, (const G*)dout, inp, (long long)B * T, C, V);
@@ -174,7 +179,7 @@ extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const void
                                            int C, int V, int x_bf16, cudaStream_t stream) {
   if (B < 0 || T < 0 || C <= 0 || V <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
-  if (out == nullptr || inp == nullptr || wte == nullptr || wpe == nullptr) return cudaErrorInvalidValue;
+  if (out == nullptr || inp == nullptr || wte == nullptr) return cudaErrorInvalidValue;
   if (x_bf16) return launch_forward<__nv_bfloat16>(out, inp, wte, wpe, B, T, C, V, stream);
   return launch_forward<float>(out, inp, wte, wpe, B, T, C, V, stream);
 }
@@ -185,7 +190,7 @@ extern "C" cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* 
       (C + kCols - 1) / kCols > 65535)
     return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
-  if (dwte == nullptr || dwpe == nullptr || dout == nullptr || inp == nullptr) return cudaErrorInvalidValue;
+  if (dwte == nullptr || dout == nullptr || inp == nullptr) return cudaErrorInvalidValue;
   typedef __nv_bfloat16 bf;
   if (g_bf16 && dw_bf16) return launch_backward<bf, bf>(dwte, dwpe, dout, inp, B, T, C, V, stream);
   if (g_bf16) return launch_backward<bf, float>(dwte, dwpe, dout, inp, B, T, C, V, stream);

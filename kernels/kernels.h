@@ -136,7 +136,7 @@ cudaError_t lsp_rope_backward(void* dinp, const void* dout, int B, int T, int NH
 // (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
 // deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
 // ids outside [0, V) give NaN rows (forward) and are skipped for dwte
-// (backward).
+// (backward). wpe and dwpe may be NULL: no position table (LLaMA).
 cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C,
                                 int V, int x_bf16, cudaStream_t stream);
 cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,

@@ -573,7 +573,7 @@ func RoPEBackward(dinp, dout Ptr, B, T, NH, HS int, theta float32, xBF16 DType, 
 // (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
 // deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
 // ids outside [0, V) give NaN rows (forward) and are skipped for dwte
-// (backward).
+// (backward). wpe and dwpe may be NULL: no position table (LLaMA).
 func EncoderForward(out, inp, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_encoder_forward", "B", B, "does not fit in a C int")

@@ -280,6 +280,8 @@ type Ops interface {
 	Accumulate(s Stream, dst, src Tensor) error
 
 	// EncoderForward: out[B,T,C] = wte[inp[b,t]] + wpe[t]; inp is I32 [B,T].
+	// An absent wpe (nil Buf) is no position table (LLaMA): out is the
+	// token's row, and EncoderBackward then takes an absent dwpe.
 	EncoderForward(s Stream, out, inp, wte, wpe Tensor, B, T, C int) error
 	// EncoderBackward: dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t],
 	// in a fixed order (deterministic).

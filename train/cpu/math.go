@@ -44,7 +44,12 @@ func encoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V i
 		if tok < 0 || tok >= V {
 			return fmt.Errorf("token id %d at position %d outside vocabulary of %d", tok, bt, V)
 		}
-		o, w, p := out[bt*C:(bt+1)*C], wte[tok*C:(tok+1)*C], wpe[t*C:(t+1)*C]
+		o, w := out[bt*C:(bt+1)*C], wte[tok*C:(tok+1)*C]
+		if wpe == nil {
+			copy(o, w)
+			continue
+		}
+		p := wpe[t*C : (t+1)*C]
 		for i := range o {
 			o[i] = w[i] + p[i]
 		}
@@ -66,6 +71,11 @@ func (b *Backend) encoderBackward(dwte, dwpe, dout []float32, inp []int32, B, T,
 			d := dout[bt*C : (bt+1)*C]
 			for i := lo; i < hi; i++ {
 				dwte[tok*C+i] += d[i]
+			}
+			if dwpe == nil {
+				continue
+			}
+			for i := lo; i < hi; i++ {
 				dwpe[t*C+i] += d[i]
 			}
 		}

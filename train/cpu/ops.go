@@ -276,20 +276,28 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 	if C <= 0 {
 		return fmt.Errorf("cpu: encoder forward: C=%d, want > 0", C)
 	}
-	if len(wte.Shape) == 0 || wte.Len()%max(C, 1) != 0 || wpe.Len() < T*C {
+	noPos := wpe.Buf == nil // LLaMA: no position table
+	if len(wte.Shape) == 0 || wte.Len()%max(C, 1) != 0 || !noPos && wpe.Len() < T*C {
 		return fmt.Errorf("cpu: encoder forward: wte %v / wpe %v do not fit C=%d T=%d", wte.Shape, wpe.Shape, C, T)
 	}
 	V := wte.Len() / C
-	if err := b.needAll("encoder forward", f("out", out, B*T*C), arg{"inp", inp, B * T, true},
-		f("wte", wte, V*C), f("wpe", wpe, wpe.Len())); err != nil {
+	if err := b.needAll("encoder forward", f("out", out, B*T*C), arg{"inp", inp, B * T, true}, f("wte", wte, V*C)); err != nil {
 		return err
+	}
+	if !noPos {
+		if err := b.needAll("encoder forward", f("wpe", wpe, wpe.Len())); err != nil {
+			return err
+		}
 	}
 	if err := b.kernelDTypes("EncoderForward", out, inp, wte, wpe); err != nil {
 		return err
 	}
 	return b.enqueue(s, hazard.EncoderForward(out, inp, wte, wpe), func() error {
-		o := load(out)
-		if err := encoderForward(o, i32View(inp), load(wte), load(wpe), B, T, C, V); err != nil {
+		o, p := load(out), []float32(nil)
+		if !noPos {
+			p = load(wpe)
+		}
+		if err := encoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
 			return err
 		}
 		store(out, o)
@@ -306,23 +314,33 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		return fmt.Errorf("cpu: encoder backward: C=%d, want > 0", C)
 	}
 	V := dwte.Len() / max(C, 1)
-	if err := b.needAll("encoder backward", f("dwte", dwte, V*C), f("dwpe", dwpe, dwpe.Len()),
-		f("dout", dout, B*T*C), arg{"inp", inp, B * T, true}); err != nil {
+	noPos := dwpe.Buf == nil // LLaMA: no position table
+	if err := b.needAll("encoder backward", f("dwte", dwte, V*C), f("dout", dout, B*T*C), arg{"inp", inp, B * T, true}); err != nil {
 		return err
+	}
+	if !noPos {
+		if err := b.needAll("encoder backward", f("dwpe", dwpe, dwpe.Len())); err != nil {
+			return err
+		}
 	}
 	if err := b.kernelDTypes("EncoderBackward", dwte, dwpe, dout, inp); err != nil {
 		return err
 	}
-	if dwpe.Len() < T*C {
+	if !noPos && dwpe.Len() < T*C {
 		return fmt.Errorf("cpu: encoder backward: dwpe has %d elements, want at least %d", dwpe.Len(), T*C)
 	}
 	return b.enqueue(s, hazard.EncoderBackward(dwte, dwpe, dout, inp), func() error {
-		gw, gp := load(dwte), load(dwpe)
+		gw, gp := load(dwte), []float32(nil)
+		if !noPos {
+			gp = load(dwpe)
+		}
 		if err := b.encoderBackward(gw, gp, load(dout), i32View(inp), B, T, C, V); err != nil {
 			return err
 		}
 		store(dwte, gw)
-		store(dwpe, gp)
+		if !noPos {
+			store(dwpe, gp)
+		}
 		return nil
 	})
 }
