@@ -131,7 +131,8 @@ func TestSaveLoad(t *testing.T) {
 	if logged.Len() != 0 {
 		t.Errorf("loading a fresh checkpoint logged %q", logged)
 	}
-	st.Version = Version
+	// Save records the version and the model's family.
+	st.Version, st.Family = Version, "gpt2"
 	if !reflect.DeepEqual(ck.State, st) {
 		t.Errorf("state %+v, saved %+v", ck.State, st)
 	}
