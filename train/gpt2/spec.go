@@ -5,8 +5,8 @@
 package gpt2
 
 import (
-	"os"
-	"path/filepath"
+	"encoding/json"
+	"fmt"
 
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -34,17 +34,23 @@ func (c Config) Describe() []any {
 // Init is GPT-2's seeded initialisation, Init (model.Spec).
 func (c Config) Init(seed uint64) []float32 { return Init(c, seed) }
 
-// HFConfig is the config.json ExportHF writes for c (model.Spec).
+// HFConfig is the config.json ExportHF writes for c (model.Spec), built
+// in memory: an export must not write anywhere but its own directory.
+//
+// It repeats writeHFConfig's fields (hf.go, which another change is
+// rewriting); TestSpec holds the two to the same bytes. Once hf.go is
+// rewritten, writeHFConfig should write these bytes instead.
 func (c Config) HFConfig() ([]byte, error) {
-	// writeHFConfig is the one writer of GPT-2's config.json; it writes
-	// a file, so the bytes are read back from a scratch directory.
-	dir, err := os.MkdirTemp("", "gpt2-config-")
+	tie, eps := true, float32JSON(c.Eps)
+	h := hfConfig{
+		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
+		VocabSize: c.V, NPositions: c.MaxT, NCtx: c.MaxT, NEmbd: c.C, NLayer: c.L, NHead: c.NH,
+		Activation: "gelu_new", LayerNormEpsilon: &eps, TieWordEmbeddings: &tie,
+		InitializerRange: 0.02, BosTokenID: c.V - 1, EosTokenID: c.V - 1, TorchDtype: "float32",
+	}
+	raw, err := json.MarshalIndent(h, "", "  ")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config.json: %w", err)
 	}
-	defer os.RemoveAll(dir)
-	if err := writeHFConfig(dir, c); err != nil {
-		return nil, err
-	}
-	return os.ReadFile(filepath.Join(dir, "config.json"))
+	return append(raw, '\n'), nil
 }
