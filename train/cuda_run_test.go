@@ -104,7 +104,7 @@ func bf16UpdateGaps(t *testing.T, c Config, refOut, out string) []float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	diff, norm := make([]float64, mc.L+1), make([]float64, mc.L+1)
+	diff, norm := make([]float64, mc.Layers()+1), make([]float64, mc.Layers()+1)
 	for _, p := range mc.Layout() {
 		for i := p.Offset; i < p.Offset+p.Len(); i++ {
 			w0 := float64(bf16.ToFloat32(bf16.FromFloat32(init[i])))

@@ -134,7 +134,7 @@ func updateGaps(t *testing.T, c Config, refOut, out string) []float64 {
 		t.Fatal(err)
 	}
 	// Sums by block, index 0 for the parameters outside the blocks.
-	diff, norm := make([]float64, mc.L+1), make([]float64, mc.L+1)
+	diff, norm := make([]float64, mc.Layers()+1), make([]float64, mc.Layers()+1)
 	for _, p := range mc.Layout() {
 		for i := p.Offset; i < p.Offset+p.Len(); i++ {
 			dRef := float64(ref[i]) - float64(init[i])

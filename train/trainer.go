@@ -29,8 +29,9 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/faults"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -111,15 +112,16 @@ type run struct {
 	log  *slog.Logger
 
 	// Set by setup, in the order of its steps.
-	mc             gpt2.Config // the model's architecture
-	fromCheckpoint bool        // --model is a checkpoint directory, not a preset
+	mc             model.Spec // the model's architecture
+	fromCheckpoint bool       // --model is a checkpoint directory, not a preset
+	src            string     // that directory ("" for a preset)
 	tok            tokenizer.Tokenizer
 	ds             *data.Dataset
 	plan           Plan
 	be             backend.Backend
 	s              backend.Stream
 	eng            *engine.Engine
-	model          *gpt2.Model
+	model          eval.Model // the engine's model
 	loader         *data.Loader
 	sched          optim.Schedule
 	resumedAt      int // the checkpoint's step, -1 when the run starts fresh
@@ -264,17 +266,18 @@ func (r *run) prepareOut() error {
 // checks that they fit --seq-len and each other.
 func (r *run) resolveModel() error {
 	var err error
-	if r.mc, r.fromCheckpoint, err = ResolveModel(r.cfg.Model); err != nil {
+	if r.mc, r.src, err = ResolveModel(r.cfg.Model); err != nil {
 		return err
 	}
-	if r.cfg.SeqLen > r.mc.MaxT {
-		return flagErr("seq-len", "%d is longer than the model context n_positions=%d", r.cfg.SeqLen, r.mc.MaxT)
+	r.fromCheckpoint = r.src != ""
+	if r.cfg.SeqLen > r.mc.MaxSeqLen() {
+		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, models.ContextName(r.mc), r.mc.MaxSeqLen())
 	}
-	if r.tok, err = tokenizer.ByName(r.mc.Tokenizer()); err != nil {
+	if r.tok, err = models.Tokenizer(r.mc); err != nil {
 		return err
 	}
-	if r.tok.VocabSize() > r.mc.V {
-		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", r.mc.V, r.tok.Name(), r.tok.VocabSize())
+	if r.tok.VocabSize() > r.mc.VocabSize() {
+		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", r.mc.VocabSize(), r.tok.Name(), r.tok.VocabSize())
 	}
 	return nil
 }
@@ -311,24 +314,28 @@ func (r *run) lengthHint(opt data.Options) string {
 		shortest = min(shortest, len(ex.Tokens))
 	}
 	need := shortest - 1 // --seq-len T holds an example of T+1 tokens
-	if need <= r.mc.MaxT {
+	if need <= r.mc.MaxSeqLen() {
 		return fmt.Sprintf("; the shortest example has %d tokens: --seq-len %d or more (up to the model's context, %d) keeps it",
-			shortest, need, r.mc.MaxT)
+			shortest, need, r.mc.MaxSeqLen())
 	}
-	// Every preset's tokenizer takes at most a token per byte, and
-	// tiny's takes exactly one, so a context of need tokens is enough
-	// for any of them.
-	best, bestCfg := "", gpt2.Config{}
-	for _, name := range gpt2.Presets() {
-		c, err := gpt2.Preset(name)
-		if err == nil && c.MaxT >= need && (best == "" || c.NumParams() < bestCfg.NumParams()) {
-			best, bestCfg = name, c
+	// The suggestion is a preset of the model's own family. Every
+	// preset's tokenizer takes at most a token per byte, and tiny's
+	// takes exactly one, so a context of need tokens is enough for any
+	// of them.
+	var best string
+	var bestSpec model.Spec
+	if fam, err := models.Lookup(r.mc.Family()); err == nil {
+		for _, name := range fam.Presets() {
+			c, err := fam.Preset(name)
+			if err == nil && c.MaxSeqLen() >= need && (best == "" || c.NumParams() < bestSpec.NumParams()) {
+				best, bestSpec = name, c
+			}
 		}
 	}
-	hint := fmt.Sprintf("; the shortest example has %d tokens, more than the model's context of %d", shortest, r.mc.MaxT)
+	hint := fmt.Sprintf("; the shortest example has %d tokens, more than the model's context of %d", shortest, r.mc.MaxSeqLen())
 	if best != "" {
 		hint += fmt.Sprintf(": use a model with a longer context, such as --model %s (%d tokens) with --seq-len %d",
-			best, bestCfg.MaxT, min(bestCfg.MaxT, max(512, need)))
+			best, bestSpec.MaxSeqLen(), min(bestSpec.MaxSeqLen(), max(512, need)))
 	}
 	return hint
 }
@@ -381,10 +388,7 @@ func (r *run) openEngine() error {
 	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint); err != nil {
 		return err
 	}
-	var ok bool
-	if r.model, ok = r.eng.Model.(*gpt2.Model); !ok {
-		return fmt.Errorf("train: the engine built a %T from a GPT-2 config", r.eng.Model)
-	}
+	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
 	return nil
 }
 
@@ -437,7 +441,7 @@ func (r *run) resumeOrInit() error {
 	if err != nil {
 		return err
 	}
-	if err := backend.Upload(r.be, r.s, r.model.Params, vals); err != nil {
+	if err := backend.Upload(r.be, r.s, r.model.Buffers().Params, vals); err != nil {
 		return err
 	}
 	return r.eng.Init()
@@ -454,7 +458,7 @@ func (r *run) resume() error {
 	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}
-	if err := ck.Restore(r.be, r.s, r.model.Params, r.eng); err != nil {
+	if err := ck.Restore(r.be, r.s, r.model.Buffers().Params, r.eng); err != nil {
 		return err
 	}
 	if err := r.loader.Seek(ck.Position); err != nil {
@@ -471,7 +475,7 @@ func (r *run) openMetrics() error {
 	if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
 		return diskHint(err)
 	}
-	r.log.Info("model", append(append([]any{"model", r.cfg.Model}, describeModel(r.mc)...),
+	r.log.Info("model", append(append([]any{"model", r.cfg.Model, "family", r.mc.Family()}, r.mc.Describe()...),
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
 	return nil
 }
@@ -715,12 +719,12 @@ func (r *run) finish(res *Result) error {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
 		return r.plot(res)
 	}
-	vals, err := backend.Download(r.be, r.s, r.model.Params)
+	vals, err := backend.Download(r.be, r.s, r.model.Buffers().Params)
 	if err != nil {
 		return err
 	}
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	if err := exportModel(res.Export, r.mc, vals); err != nil {
+	if err := exportModel(res.Export, r.mc, vals, r.src); err != nil {
 		return diskHint(err)
 	}
 	return r.plot(res)
@@ -823,7 +827,7 @@ func (r *run) saveCheckpoint() error {
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
-	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Params, r.eng, st); err != nil {
+	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
 	return nil

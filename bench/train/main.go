@@ -20,7 +20,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -50,7 +50,7 @@ func main() {
 
 // measure returns seconds per training step and link bytes per step.
 func measure(j job, mode engine.Mode, threads int) (float64, int64, error) {
-	cfg, err := gpt2.Preset(j.preset)
+	cfg, err := models.Preset(j.preset)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -64,7 +64,7 @@ func measure(j job, mode engine.Mode, threads int) (float64, int64, error) {
 		return 0, 0, err
 	}
 	defer e.Free()
-	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, gpt2.Init(cfg, 1)); err != nil {
+	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, cfg.Init(1)); err != nil {
 		return 0, 0, err
 	}
 	if err := e.Init(); err != nil {
@@ -73,7 +73,7 @@ func measure(j job, mode engine.Mode, threads int) (float64, int64, error) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	b := data.Batch{B: j.B, T: j.T, Inputs: make([]int32, j.B*j.T), Targets: make([]int32, j.B*j.T), NumTargets: j.B * j.T}
 	for i := range b.Inputs {
-		b.Inputs[i] = int32(rng.IntN(cfg.V))
+		b.Inputs[i] = int32(rng.IntN(cfg.VocabSize()))
 		b.Targets[i] = b.Inputs[i]
 	}
 	batches := []data.Batch{b}

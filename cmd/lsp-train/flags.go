@@ -19,10 +19,12 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
-	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl; from random weights) or a Hugging Face GPT-2 checkpoint directory")
+	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+models.PresetList()+
+		") or a Hugging Face checkpoint directory (config.json model_type "+strings.Join(models.ModelTypes(), ", ")+")")
 	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
 	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")

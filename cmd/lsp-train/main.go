@@ -1,4 +1,5 @@
-// Command lsp-train fine-tunes GPT-2 style language models. With no flags it
+// Command lsp-train fine-tunes language models (the families that
+// train/models lists: GPT-2, and LLaMA once added). With no flags it
 // trains the tiny preset on a built-in task on the CPU and says where its
 // outputs are; `lsp-train sample` generates text from a trained model, and
 // `lsp-train compare` fine-tunes in every update mode and prints a table.

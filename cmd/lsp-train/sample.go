@@ -7,13 +7,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/eval"
+	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // bindSampleFlags binds the sample command's flags to o.
 func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions) {
-	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face GPT-2 `DIR` (such as <out>/hf) or a training output directory")
+	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+") or a training output directory")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")

@@ -11,8 +11,9 @@
 // under train holds one of each update mode), which carry no checksums,
 // load unverified with a warning, and version 1 files, which predate the
 // update modes, load as native. Every tensor is stored as fp32, which
-// holds bf16 values exactly; the model part of the state is a GPT-2
-// configuration.
+// holds bf16 values exactly. The model part of the state is the model's
+// spec under its family (train/models decodes it); a file without a
+// family, from before they were recorded, holds a GPT-2.
 package checkpoint
 
 import (
@@ -24,8 +25,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -49,7 +50,8 @@ type State struct {
 	Step     int           `json:"step"`
 	Position data.Position `json:"data_position"`
 	Seed     uint64        `json:"seed"`
-	Model    gpt2.Config   `json:"model"`
+	Family   string        `json:"family,omitempty"` // of Model; "" in files written before it was recorded: gpt2
+	Model    model.Spec    `json:"model"`
 	DType    backend.DType `json:"dtype"`
 	Data     string        `json:"data"`
 	Batch    int           `json:"batch"`
@@ -71,6 +73,29 @@ type State struct {
 	// so that a resume can refuse or log a change (package train decides
 	// which). Checkpoints written before they were recorded lack them.
 	Settings map[string]string `json:"settings,omitempty"`
+}
+
+// UnmarshalJSON decodes a State, its Model through the family it names
+// (train/models).
+func (st *State) UnmarshalJSON(raw []byte) error {
+	type plain State // State's fields without this method
+	var aux struct {
+		plain
+		Model json.RawMessage `json:"model"` // shadows plain's Model
+	}
+	if err := json.Unmarshal(raw, &aux); err != nil {
+		return err
+	}
+	*st = State(aux.plain)
+	if len(aux.Model) == 0 || string(aux.Model) == "null" {
+		return fmt.Errorf("no model recorded")
+	}
+	spec, err := models.Decode(st.Family, aux.Model)
+	if err != nil {
+		return err
+	}
+	st.Model = spec
+	return nil
 }
 
 // Optimizer is the training side of a checkpoint: the engine, which owns
@@ -107,6 +132,10 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 		ts = append(ts, safetensors.F32Tensor(name, []int{len(state[name])}, state[name]))
 	}
 	st.Version = Version
+	if st.Model == nil {
+		return fmt.Errorf("checkpoint: no model in the state")
+	}
+	st.Family = st.Model.Family()
 	raw, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -148,7 +177,7 @@ func ReadState(f *safetensors.File) (State, error) {
 // infinite, and the model is the same. A file that predates checksums
 // (version 2) loads unverified, with a warning on log (slog.Default() when
 // nil). Every error names the file and, where one is at fault, the tensor.
-func Load(path string, mc gpt2.Config, log *slog.Logger) (*Checkpoint, error) {
+func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -172,8 +201,9 @@ func Load(path string, mc gpt2.Config, log *slog.Logger) (*Checkpoint, error) {
 			"checkpoint", path, "version", st.Version)
 	}
 	ck := &Checkpoint{State: st, Path: path, tensors: map[string][]float32{}}
-	if ck.Model != mc {
-		return nil, fmt.Errorf("resume: %s: saved for model %+v, this run has %+v", path, ck.Model, mc)
+	if !models.Equal(ck.Model, mc) {
+		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
+			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
 	}
 	for _, name := range f.Names() {
 		v, _, err := f.Float32(name)

@@ -22,6 +22,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -131,7 +132,8 @@ func TestSaveLoad(t *testing.T) {
 	if logged.Len() != 0 {
 		t.Errorf("loading a fresh checkpoint logged %q", logged)
 	}
-	st.Version = Version
+	// Save records the version and the model's family.
+	st.Version, st.Family = Version, "gpt2"
 	if !reflect.DeepEqual(ck.State, st) {
 		t.Errorf("state %+v, saved %+v", ck.State, st)
 	}
@@ -149,5 +151,75 @@ func TestSaveLoad(t *testing.T) {
 	if !slices.Equal(got, vals) || back.step != 5 || !slices.Equal(back.state["b.m"], []float32{1, 2}) ||
 		!slices.Equal(back.state["a.v"], []float32{3}) {
 		t.Errorf("restored params equal %v, step %d, state %v", slices.Equal(got, vals), back.step, back.state)
+	}
+}
+
+// The state records the model's family beside its spec, and decodes the
+// spec under it: an unknown family is refused naming it, a record without
+// one (before families were recorded) is a GPT-2, and Load refuses a
+// checkpoint of another model naming both.
+func TestStateFamily(t *testing.T) {
+	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
+	raw, err := json.Marshal(State{Family: mc.Family(), Model: mc, Mode: engine.Native})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `"family":"gpt2","model":{"vocab_size":257,`) {
+		t.Errorf("state encodes as %s; want the family before the GPT-2 config", raw)
+	}
+	var st State
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Family != "gpt2" || st.Model != model.Spec(mc) {
+		t.Errorf("decoded family %q model %#v; want gpt2 %+v", st.Family, st.Model, mc)
+	}
+
+	legacy := strings.Replace(string(raw), `"family":"gpt2",`, "", 1)
+	st = State{}
+	if err := json.Unmarshal([]byte(legacy), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Family != "" || st.Model != model.Spec(mc) {
+		t.Errorf("a record without family decoded as family %q model %#v; want a GPT-2 %+v", st.Family, st.Model, mc)
+	}
+
+	for _, bad := range []struct{ json, want string }{
+		{strings.Replace(string(raw), `"family":"gpt2"`, `"family":"mamba"`, 1), `"mamba"`},
+		{strings.Replace(string(raw), `"n_embd":8`, `"n_embd":9`, 1), "n_embd=9"},
+		{`{"version":3,"step":1}`, "no model"},
+	} {
+		if err := json.Unmarshal([]byte(bad.json), new(State)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("decoding %s: error %v, want one naming %s", bad.json, err, bad.want)
+		}
+	}
+
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	s := be.DefaultStream()
+	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), FileName)
+	st = State{Model: mc, Mode: engine.Native, DType: backend.F32}
+	if err := Save(path, be, s, m.Params, &fakeOptimizer{}, st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(f.Metadata[MetadataKey], `"family":"gpt2"`) {
+		t.Errorf("saved state %s records no family", f.Metadata[MetadataKey])
+	}
+	wider := mc
+	wider.C = 16
+	_, err = Load(path, wider, nil)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "C:8") || !strings.Contains(err.Error(), "C:16") {
+		t.Errorf("Load for a wider model: %v; want an error naming the file and both models", err)
+	}
+	if err := Save(path, be, s, m.Params, &fakeOptimizer{}, State{}); err == nil {
+		t.Error("Save of a state without a model: no error")
 	}
 }

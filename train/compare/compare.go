@@ -46,9 +46,9 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
-	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // preset is the model every compare job trains.
@@ -93,11 +93,13 @@ func Defaults() Config {
 // r <= d/4, so that S (d x d) is a real compression of every matrix and the
 // projectors stay sparse.
 func bounds(d int) (dmax, rmax int) {
-	mc, _ := gpt2.Preset(preset) // a built-in preset: it always resolves
+	mc, err := models.Preset(preset)
+	if err != nil {
+		return 0, 0 // a built-in preset always resolves; if not, no --d is accepted
+	}
 	dmax = math.MaxInt
-	for k := gpt2.Matrix(0); k < gpt2.NumMatrices; k++ {
-		m, n := mc.MatrixShape(k)
-		dmax = min(dmax, min(m, n)/4)
+	for _, mt := range mc.Matrices() {
+		dmax = min(dmax, min(mt.M, mt.N)/4)
 	}
 	return dmax, d / 4
 }
@@ -412,11 +414,11 @@ func fineTune(ctx context.Context, c Config, spec rowSpec, model string, log *sl
 // match on the first n held-out records of its data. It runs after the
 // training run, so that only the final weights pay for generation.
 func exactMatch(cfg train.Config, export string, n int) (float64, error) {
-	mc, vals, err := gpt2.LoadHF(export)
+	mc, vals, err := models.Load(export)
 	if err != nil {
 		return 0, err
 	}
-	tok, err := tokenizer.ByName(mc.Tokenizer())
+	tok, err := models.Tokenizer(mc)
 	if err != nil {
 		return 0, err
 	}
@@ -434,11 +436,13 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 	}
 	defer be.Close()
 	s := be.DefaultStream()
-	m, err := gpt2.New(be, mc, cfg.Batch, cfg.SeqLen, backend.F32)
+	mm, err := mc.NewModel(be, cfg.Batch, cfg.SeqLen, backend.F32, model.Options{})
 	if err != nil {
 		return 0, err
 	}
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+	defer mm.Free()
+	m := eval.Model{Model: mm, Spec: mc, B: cfg.Batch, T: cfg.SeqLen}
+	if err := backend.Upload(be, s, m.Buffers().Params, vals); err != nil {
 		return 0, err
 	}
 	return eval.ExactMatch(be, s, m, tok, ds.EvalRecords[:min(n, len(ds.EvalRecords))])

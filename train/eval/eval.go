@@ -3,8 +3,8 @@
 // greedy, temperature and nucleus sampling, and the sample command's job
 // (load an exported model, continue a prompt).
 //
-// Limits: generation has no KV cache (see generate.go); the model is a
-// GPT-2 on one backend stream.
+// Limits: generation has no KV cache (see generate.go); the model runs
+// on one backend stream.
 package eval
 
 import (
@@ -12,17 +12,26 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
+// Model is a model allocated on a backend for batches of B x T, with the
+// spec it was built from (its vocabulary size, for generation).
+type Model struct {
+	model.Model
+	Spec model.Spec
+	B, T int
+}
+
 // batchLoss uploads a batch, runs the forward pass and the loss (no
 // backward), and returns the sum of the batch's per-token losses.
-func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch) (float64, error) {
-	if err := backend.UploadInt32(be, s, m.Inputs, b.Inputs); err != nil {
+func batchLoss(be backend.Backend, s backend.Stream, m Model, b data.Batch) (float64, error) {
+	buf := m.Buffers()
+	if err := backend.UploadInt32(be, s, buf.Inputs, b.Inputs); err != nil {
 		return 0, err
 	}
-	if err := backend.UploadInt32(be, s, m.Targets, b.Targets); err != nil {
+	if err := backend.UploadInt32(be, s, buf.Targets, b.Targets); err != nil {
 		return 0, err
 	}
 	if err := m.Forward(s); err != nil {
@@ -31,7 +40,7 @@ func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch
 	if err := m.CrossEntropy(s, 0); err != nil {
 		return 0, err
 	}
-	losses, err := backend.Download(be, s, m.Losses)
+	losses, err := backend.Download(be, s, buf.Losses)
 	if err != nil {
 		return 0, err
 	}
@@ -44,7 +53,7 @@ func batchLoss(be backend.Backend, s backend.Stream, m *gpt2.Model, b data.Batch
 
 // Loss is the mean loss per target token over examples (NaN when they
 // have no target).
-func Loss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.Example) (float64, error) {
+func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example) (float64, error) {
 	var sum float64
 	n := 0
 	for _, b := range data.EvalBatches(examples, m.B, m.T) {
@@ -63,7 +72,7 @@ func Loss(be backend.Backend, s backend.Stream, m *gpt2.Model, examples []data.E
 
 // ExactMatch is the share of records whose greedy continuation of the
 // prompt, up to EOS, equals the response exactly.
-func ExactMatch(be backend.Backend, s backend.Stream, m *gpt2.Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
+func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
 	prompts := make([][]int32, len(recs))
 	maxNew := 1
 	for i, rec := range recs {

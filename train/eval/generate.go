@@ -13,7 +13,6 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
 )
 
 // Sampler picks the next token from logits.
@@ -87,8 +86,9 @@ func (s Sampler) Pick(logits []float32) int32 {
 // Generate continues each prompt until EOS, maxNew tokens, or the model's
 // batch length T, and returns the new tokens (without the EOS). Prompts
 // longer than T-1 keep their last T-1 tokens.
-func Generate(be backend.Backend, s backend.Stream, m *gpt2.Model, prompts [][]int32, maxNew int, eos int32, smp Sampler) ([][]int32, error) {
-	B, T, V := m.B, m.T, m.Cfg.V
+func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, maxNew int, eos int32, smp Sampler) ([][]int32, error) {
+	B, T, V := m.B, m.T, m.Spec.VocabSize()
+	buf := m.Buffers()
 	out := make([][]int32, len(prompts))
 	host, err := be.AllocHost("generate logits", B*V*4)
 	if err != nil {
@@ -126,7 +126,7 @@ func Generate(be backend.Backend, s backend.Stream, m *gpt2.Model, prompts [][]i
 			for r, row := range rows {
 				copy(inputs[r*T:(r+1)*T], row[:min(len(row), T)])
 			}
-			if err := backend.UploadInt32(be, s, m.Inputs, inputs); err != nil {
+			if err := backend.UploadInt32(be, s, buf.Inputs, inputs); err != nil {
 				return nil, fmt.Errorf("generate: %w", err)
 			}
 			if err := m.Forward(s); err != nil {
@@ -137,7 +137,7 @@ func Generate(be backend.Backend, s backend.Stream, m *gpt2.Model, prompts [][]i
 					continue
 				}
 				pos := len(row) - 1
-				row := m.Logits.Slice((r*T+pos)*V, V)
+				row := buf.Logits.Slice((r*T+pos)*V, V)
 				if err := be.CopyD2H(s, host, r*int(row.Bytes()), row); err != nil {
 					return nil, fmt.Errorf("generate: %w", err)
 				}
@@ -146,7 +146,7 @@ func Generate(be backend.Backend, s backend.Stream, m *gpt2.Model, prompts [][]i
 				return nil, fmt.Errorf("generate: %w", err)
 			}
 			logits := host.Float32()
-			if m.Logits.DType == backend.BF16 {
+			if buf.Logits.DType == backend.BF16 {
 				logits = make([]float32, B*V)
 				bf16.ToFloat32Slice(logits, host.BF16())
 			}

@@ -122,7 +122,7 @@ func TestSamplerTemperature(t *testing.T) {
 func TestGenerate(t *testing.T) {
 	mc := microConfig(16, 1)
 	vals := gpt2.Init(mc, 9)
-	newModel := func(B, T int) (*cpu.Backend, *gpt2.Model) {
+	newModel := func(B, T int) (*cpu.Backend, Model) {
 		be := cpu.New(cpu.Config{Threads: 1})
 		t.Cleanup(func() { be.Close() })
 		m, err := gpt2.New(be, mc, B, T, backend.F32)
@@ -132,7 +132,7 @@ func TestGenerate(t *testing.T) {
 		if err := backend.Upload(be, be.DefaultStream(), m.Params, vals); err != nil {
 			t.Fatal(err)
 		}
-		return be, m
+		return be, Model{Model: m, Spec: mc, B: B, T: T}
 	}
 	const eos = 256
 	prompts := [][]int32{{'a', 'b', '='}, {'x'}, {}, {'l', 'o', 'n', 'g', 'e', 'r', ' ', 'p', 'r', 'o', 'm', 'p', 't', '='}, {'q', '='}}
@@ -251,7 +251,7 @@ func TestLossNoExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := Loss(be, s, m, nil); err != nil || !math.IsNaN(l) {
+	if l, err := Loss(be, s, Model{Model: m, Spec: m.Cfg, B: 2, T: 8}, nil); err != nil || !math.IsNaN(l) {
 		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
 	}
 }

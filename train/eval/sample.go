@@ -12,8 +12,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
-	"github.com/lsp-offload/lsp-offload/train/gpt2"
-	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // SampleOptions configure Sample.
@@ -46,11 +46,11 @@ func Sample(o SampleOptions) (string, error) {
 	if o.Temperature < 0 {
 		return "", flagErr("temperature", "must be >= 0, got %g", o.Temperature)
 	}
-	cfg, vals, err := gpt2.LoadHF(dir)
+	spec, vals, err := models.Load(dir)
 	if err != nil {
 		return "", flagErr("model", "%v", err)
 	}
-	tok, err := tokenizer.ByName(cfg.Tokenizer())
+	tok, err := models.Tokenizer(spec)
 	if err != nil {
 		return "", err
 	}
@@ -60,11 +60,14 @@ func Sample(o SampleOptions) (string, error) {
 	}
 	defer be.Close()
 	s := be.DefaultStream()
-	m, err := gpt2.New(be, cfg, 1, cfg.MaxT, backend.F32)
+	T := spec.MaxSeqLen()
+	mm, err := spec.NewModel(be, 1, T, backend.F32, model.Options{})
 	if err != nil {
 		return "", err
 	}
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+	defer mm.Free()
+	m := Model{Model: mm, Spec: spec, B: 1, T: T}
+	if err := backend.Upload(be, s, m.Buffers().Params, vals); err != nil {
 		return "", err
 	}
 	prompt := o.Prompt
@@ -72,8 +75,8 @@ func Sample(o SampleOptions) (string, error) {
 		prompt = data.AlpacaPrompt(o.Prompt, "")
 	}
 	ids := tok.Encode(prompt)
-	if len(ids) >= cfg.MaxT {
-		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), cfg.MaxT)
+	if len(ids) >= T {
+		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
 	}
 	out, err := Generate(be, s, m, [][]int32{ids}, max(o.MaxNew, 1), tok.EOS(), NewSampler(o.Temperature, o.TopP, o.Seed))
 	if err != nil {

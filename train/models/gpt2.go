@@ -1,0 +1,70 @@
+// The GPT-2 family's entry.
+
+package models
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+var gpt2Family = &Family{
+	Name:        gpt2.FamilyName,
+	ModelTypes:  []string{"gpt2"},
+	ContextName: "n_positions",
+	Presets:     gpt2.Presets,
+	Preset: func(name string) (model.Spec, error) {
+		c, err := gpt2.Preset(name)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	FromDir: func(dir string) (model.Spec, error) {
+		c, err := gpt2.ReadHFConfig(dir)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	Decode: func(raw []byte) (model.Spec, error) {
+		var c gpt2.Config
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return nil, err
+		}
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	LoadWeights: func(spec model.Spec, dir string) ([]float32, error) {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return nil, err
+		}
+		return gpt2.LoadWeights(filepath.Join(dir, "model.safetensors"), c)
+	},
+	Export: func(spec model.Spec, dir string, vals []float32) error {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return err
+		}
+		return gpt2.ExportHF(dir, c, vals)
+	},
+	Tokenizer: func(spec model.Spec) string {
+		c, _ := gpt2Config(spec) // of() found this family: spec is a gpt2.Config
+		return c.Tokenizer()
+	},
+}
+
+// gpt2Config is spec as the GPT-2 family's own type.
+func gpt2Config(spec model.Spec) (gpt2.Config, error) {
+	c, ok := spec.(gpt2.Config)
+	if !ok {
+		return gpt2.Config{}, fmt.Errorf("models: %T of family %s is not a gpt2.Config", spec, spec.Family())
+	}
+	return c, nil
+}

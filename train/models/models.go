@@ -1,0 +1,336 @@
+// Package models is the one place that maps what a user or a file names
+// to a model family: a preset name or a Hugging Face directory (--model),
+// a checkpoint's record of its model, and back out to an export. Every
+// family is one Family entry in the list below; the run (train, eval,
+// compare, the command) holds a model.Spec and never names a family.
+//
+// Limits: a directory's family is decided by config.json's model_type
+// alone; a config.json without one is read as GPT-2 (the original gpt2
+// hub files have none). Preset names are unique across families.
+package models
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// Family is one model family's entry: how its specs are found, recorded,
+// loaded and exported.
+type Family struct {
+	// Name is model.Spec.Family of its specs, and the checkpoint's
+	// record of them.
+	Name string
+	// ModelTypes are the config.json model_type values the family reads.
+	ModelTypes []string
+	// ContextName is the config field of the context length, which a
+	// too-long --seq-len is named after: n_positions,
+	// max_position_embeddings.
+	ContextName string
+	// Presets lists the preset names; Preset returns one.
+	Presets func() []string
+	Preset  func(name string) (model.Spec, error)
+	// FromDir reads dir/config.json (its model_type one of ModelTypes)
+	// and checks that the family can run it.
+	FromDir func(dir string) (model.Spec, error)
+	// Decode reads a spec as a checkpoint records it (its JSON).
+	Decode func(raw []byte) (model.Spec, error)
+	// LoadWeights reads the weights of spec (FromDir's) from dir: every
+	// parameter in Layout order, as fp32.
+	LoadWeights func(spec model.Spec, dir string) ([]float32, error)
+	// Export writes vals (Layout order) as the weights of a Hugging Face
+	// directory dir; the package's Export writes config.json and the
+	// tokenizer files.
+	Export func(spec model.Spec, dir string, vals []float32) error
+	// Tokenizer names the tokenizer of spec, as tokenizer.ByName takes it.
+	Tokenizer func(spec model.Spec) string
+	// Equal reports whether two specs are the same architecture; nil:
+	// reflect.DeepEqual.
+	Equal func(a, b model.Spec) bool
+}
+
+// families is every family the run knows, in the order presets are listed.
+var families = []*Family{gpt2Family}
+
+// Families lists the families.
+func Families() []*Family { return slices.Clone(families) }
+
+// Lookup returns the family named name.
+func Lookup(name string) (*Family, error) {
+	for _, f := range families {
+		if f.Name == name {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown model family %q (known: %s)", name, strings.Join(familyNames(), ", "))
+}
+
+func familyNames() []string {
+	var names []string
+	for _, f := range families {
+		names = append(names, f.Name)
+	}
+	return names
+}
+
+// of returns the family of spec.
+func of(spec model.Spec) (*Family, error) {
+	if spec == nil {
+		return nil, errors.New("no model")
+	}
+	return Lookup(spec.Family())
+}
+
+// Presets lists every family's presets, family by family.
+func Presets() []string {
+	var names []string
+	for _, f := range families {
+		names = append(names, f.Presets()...)
+	}
+	return names
+}
+
+// PresetList is the presets for a message or -h, by family:
+// "gpt2: gpt2, gpt2-large, ...; llama: ...".
+func PresetList() string {
+	parts := make([]string, len(families))
+	for i, f := range families {
+		parts[i] = f.Name + ": " + strings.Join(f.Presets(), ", ")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Preset returns the named preset of whichever family has it.
+func Preset(name string) (model.Spec, error) {
+	for _, f := range families {
+		if slices.Contains(f.Presets(), name) {
+			return f.Preset(name)
+		}
+	}
+	return nil, fmt.Errorf("unknown model preset %q (known: %s)", name, PresetList())
+}
+
+// ModelTypes lists the config.json model_type values some family reads.
+func ModelTypes() []string {
+	var ts []string
+	for _, f := range families {
+		ts = append(ts, f.ModelTypes...)
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// FromDir reads dir/config.json and hands it to the family of its
+// model_type.
+func FromDir(dir string) (model.Spec, error) {
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var h struct {
+		ModelType *string `json:"model_type"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	mt := gpt2Family.Name // the original gpt2 hub files name none
+	if h.ModelType != nil {
+		mt = *h.ModelType
+	}
+	for _, f := range families {
+		if slices.Contains(f.ModelTypes, mt) {
+			return f.FromDir(dir)
+		}
+	}
+	return nil, fmt.Errorf("checkpoint %s: model_type %q is not supported (supported: %s)", path, mt, strings.Join(ModelTypes(), ", "))
+}
+
+// Resolve finds the architecture of --model: a directory holding
+// config.json (src is then that directory, which the weights and the
+// tokenizer files come from), or else a preset of any family (src "").
+func Resolve(nameOrDir string) (spec model.Spec, src string, err error) {
+	st, statErr := os.Stat(nameOrDir)
+	isDir := statErr == nil && st.IsDir()
+	if isDir {
+		if _, err := os.Stat(filepath.Join(nameOrDir, "config.json")); err == nil {
+			spec, err := FromDir(nameOrDir)
+			if err != nil {
+				return nil, "", err
+			}
+			return spec, nameOrDir, nil
+		}
+	}
+	spec, err = Preset(nameOrDir)
+	switch {
+	case err == nil:
+		return spec, "", nil
+	case isDir:
+		return nil, "", fmt.Errorf("%s is a directory without config.json, not a Hugging Face checkpoint", nameOrDir)
+	case filepath.IsAbs(nameOrDir) || filepath.Base(nameOrDir) != nameOrDir:
+		return nil, "", fmt.Errorf("%s is neither a checkpoint directory nor a preset", nameOrDir)
+	}
+	return nil, "", err
+}
+
+// legacyFamily is the family of a checkpoint record without one: every
+// checkpoint written before families were recorded holds a GPT-2.
+const legacyFamily = "gpt2"
+
+// Decode reads a spec of family as a checkpoint records it; family ""
+// (a checkpoint from before families were recorded) is GPT-2.
+func Decode(family string, raw []byte) (model.Spec, error) {
+	if family == "" {
+		family = legacyFamily
+	}
+	f, err := Lookup(family)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := f.Decode(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s model: %w", family, err)
+	}
+	return spec, nil
+}
+
+// Equal reports whether a and b are the same architecture of the same
+// family.
+func Equal(a, b model.Spec) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	if a.Family() != b.Family() {
+		return false
+	}
+	f, err := of(a)
+	if err != nil || f.Equal == nil {
+		return reflect.DeepEqual(a, b)
+	}
+	return f.Equal(a, b)
+}
+
+// ContextName is the config field of spec's context length.
+func ContextName(spec model.Spec) string {
+	if f, err := of(spec); err == nil {
+		return f.ContextName
+	}
+	return "context"
+}
+
+// Tokenizer returns the tokenizer spec's vocabulary is made for.
+func Tokenizer(spec model.Spec) (tokenizer.Tokenizer, error) {
+	f, err := of(spec)
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.ByName(f.Tokenizer(spec))
+}
+
+// LoadWeights reads the weights of spec, as FromDir(dir) returned it,
+// from dir.
+func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
+	f, err := of(spec)
+	if err != nil {
+		return nil, err
+	}
+	return f.LoadWeights(spec, dir)
+}
+
+// Load reads a Hugging Face directory: its spec and its weights.
+func Load(dir string) (model.Spec, []float32, error) {
+	spec, err := FromDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	vals, err := LoadWeights(spec, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return spec, vals, nil
+}
+
+// tokenizerFiles are the files of a Hugging Face tokenizer that an export
+// carries along from its source, so that the export loads with
+// AutoTokenizer as the source did.
+var tokenizerFiles = []string{
+	"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+	"tokenizer.model", "vocab.json", "merges.txt",
+}
+
+// Export writes vals (spec's Layout order) as a Hugging Face directory:
+// the family's weights, config.json from spec.HFConfig, and the tokenizer
+// files that src holds (src "": none, a preset's export). It writes the
+// directory as a whole: into a temp directory that replaces dir only when
+// complete, so that a crash mid-export never leaves a half-written dir
+// that transformers would load, and an earlier export stays until then.
+func Export(spec model.Spec, dir string, vals []float32, src string) error {
+	f, err := of(spec)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if len(vals) != spec.NumParams() {
+		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), spec.NumParams())
+	}
+	cfg, err := spec.HFConfig()
+	if err != nil {
+		return fmt.Errorf("export: config.json: %w", err)
+	}
+	return atomicfile.WriteDir(dir, 0o755, func(tmp string) error {
+		if err := f.Export(spec, tmp, vals); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(tmp, "config.json"), func(w io.Writer) error {
+			_, err := w.Write(cfg)
+			return err
+		}); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		if src == "" {
+			return nil
+		}
+		for _, name := range tokenizerFiles {
+			if err := copyFile(filepath.Join(tmp, name), filepath.Join(src, name)); err != nil {
+				return fmt.Errorf("export: tokenizer: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// copyFile copies src to dst; a src that does not exist is no error. A
+// symbolic link is followed, as Hugging Face's cache needs.
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if st, err := in.Stat(); err != nil {
+		return err
+	} else if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", src)
+	}
+	return writeFile(dst, func(w io.Writer) error {
+		_, err := io.Copy(w, in)
+		return err
+	})
+}
+
+func writeFile(path string, fn func(io.Writer) error) error {
+	return atomicfile.WriteFile(path, 0o644, fn)
+}
