@@ -269,3 +269,14 @@ func (x *Index) MatrixElems() int {
 	}
 	return n
 }
+
+// Chain runs steps in order and stops at the first error: a pass's ops,
+// each enqueued only when the one before it was accepted.
+func Chain(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
