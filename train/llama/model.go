@@ -95,13 +95,13 @@ type Model struct {
 func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
 	BT, C, I := B*T, c.Hidden, c.Intermediate
 	kept := BT * (c.qkvWidth() + c.qWidth() + C + 2*I + C) // qkv, atty, res2, gate, up, res3
-	inputs := BT * (C + C + I)                              // ln1, ln2, swi
+	inputs := BT * (C + C + I)                             // ln1, ln2, swi
 	copies := c.NumLayers
 	if shared {
 		copies = 1
 	}
 	data = BT*C + c.NumLayers*kept + copies*inputs + BT*C + BT*C + BT*c.Vocab // encoded, layers, lnf, scratch, logits
-	stats = c.NumLayers*(2*BT+B*c.Heads*T) + BT + BT + c.HS()/2              // rstd1, rstd2, lse; rstdf; losses; inv_freq
+	stats = c.NumLayers*(2*BT+B*c.Heads*T) + BT + BT + c.HS()/2               // rstd1, rstd2, lse; rstdf; losses; inv_freq
 	return data, stats
 }
 
