@@ -340,6 +340,7 @@ func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 		"num_attention_heads":     c.Heads,
 		"num_hidden_layers":       c.NumLayers,
 		"num_key_value_heads":     c.KVHeads,
+		"pad_token_id":            nil,
 		"pretraining_tp":          1,
 		"rms_norm_eps":            pyFloat{float64(c.Eps), 32},
 		"rope_parameters":         rope,
