@@ -172,7 +172,9 @@ func (c Config) Equal(o Config) bool {
 }
 
 // Tokenizer names the tokenizer a config expects: byte-level for the
-// 257-token vocabulary, else the model's own (from its directory).
+// 257-token vocabulary, else "hf", the model directory's own
+// tokenizer.json (which package tokenizer does not read yet: ByName
+// refuses it by name).
 func (c Config) Tokenizer() string {
 	if c.Vocab == 257 {
 		return "byte"

@@ -375,3 +375,46 @@ func TestPlan7B(t *testing.T) {
 		t.Errorf("allocated %d bytes, plan %d", got, plan.Total())
 	}
 }
+
+// TestConfigJSON: a Config encodes to JSON and back as the same
+// architecture (a checkpoint records it so), token id lists and nulls
+// included, and Equal tells apart configs that differ in one field.
+func TestConfigJSON(t *testing.T) {
+	var cfgs []Config
+	for _, name := range Presets() {
+		c, _ := Preset(name)
+		cfgs = append(cfgs, c)
+	}
+	odd := hookCfg.clone()
+	odd.SlidingWindow, odd.EOS, odd.BOS, odd.InitRange = 16, ids(2, 9), nil, 0.01
+	cfgs = append(cfgs, hookCfg, odd)
+	for _, c := range cfgs {
+		raw, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Config
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatal(err)
+		}
+		if !back.Equal(c) || !reflect.DeepEqual(back, c) {
+			t.Errorf("%s reads back as %+v", raw, back)
+		}
+	}
+	for _, edit := range []func(*Config){
+		func(c *Config) { c.RopeScaling.OriginalMaxPos++ },
+		func(c *Config) { c.RopeScaling = nil },
+		func(c *Config) { c.EOS = ids(2) },
+		func(c *Config) { c.Eps = 1e-6 },
+		func(c *Config) { c.HeadDim = 0 },
+	} {
+		c := odd.clone()
+		edit(&c)
+		if c.Equal(odd) || odd.Equal(c) {
+			t.Errorf("%+v equals %+v", c, odd)
+		}
+	}
+	if !odd.clone().Equal(odd) {
+		t.Error("a clone is not Equal")
+	}
+}
