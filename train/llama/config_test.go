@@ -202,6 +202,7 @@ func TestBadConfigsRefused(t *testing.T) {
 		{"zero eps", set("rms_norm_eps", 0.0), "rms_norm_eps=0"},
 		{"negative theta", set("rope_parameters", map[string]any{"rope_type": "default", "rope_theta": -1.0}), "rope_theta=-1"},
 		{"mistral window 0", func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = 0 }, "sliding_window=0"},
+		{"mistral window not a number", func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = "big" }, `sliding_window: "big"`},
 		{"not json", nil, "invalid character"},
 	} {
 		var b []byte
@@ -228,6 +229,14 @@ func TestBadConfigsRefused(t *testing.T) {
 	c, err := ParseHFConfig(edit(func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = nil }))
 	if err != nil || c.SlidingWindow != 0 {
 		t.Errorf("mistral with a null sliding_window: %+v, %v", c, err)
+	}
+	c, err = ParseHFConfig(edit(func(m map[string]any) {
+		m["model_type"] = "mistral"
+		delete(m, "sliding_window")
+		delete(m, "max_position_embeddings")
+	}))
+	if err != nil || c.SlidingWindow != 4096 || c.MaxPos != 131072 {
+		t.Errorf("mistral without sliding_window and max_position_embeddings: %+v, %v, want MistralConfig's defaults 4096 and 131072", c, err)
 	}
 	c, err = ParseHFConfig(edit(func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = 16 }))
 	if err != nil || c.SlidingWindow != 16 {

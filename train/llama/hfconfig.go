@@ -40,7 +40,7 @@ type hfConfig struct {
 	BOS                 TokenIDs        `json:"bos_token_id"`
 	EOS                 TokenIDs        `json:"eos_token_id"`
 	InitializerRange    *float64        `json:"initializer_range"`
-	SlidingWindow       *int            `json:"sliding_window"`
+	SlidingWindow       json.RawMessage `json:"sliding_window"` // absent, null or a number
 	AttentionBias       *bool           `json:"attention_bias"`
 	MLPBias             *bool           `json:"mlp_bias"`
 	PartialRotaryFactor *float64        `json:"partial_rotary_factor"`
@@ -112,14 +112,28 @@ func ParseHFConfig(raw []byte) (Config, error) {
 			c.InitRange = 0
 		}
 	}
-	if h.SlidingWindow != nil {
+	if h.ModelType == "mistral" {
+		// MistralConfig's defaults where save_pretrained's output would
+		// have the key: a 4096-token window, a 131072-token context.
+		if h.MaxPos == nil {
+			c.MaxPos = 4096 * 32
+		}
+		if h.SlidingWindow == nil {
+			h.SlidingWindow = json.RawMessage("4096")
+		}
+	}
+	if len(h.SlidingWindow) > 0 && !isNull(h.SlidingWindow) {
+		var w int
+		if err := json.Unmarshal(h.SlidingWindow, &w); err != nil {
+			return Config{}, fmt.Errorf("sliding_window: %s is not an integer", h.SlidingWindow)
+		}
 		if h.ModelType != "mistral" {
-			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral has one)", *h.SlidingWindow, h.ModelType)
+			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral has one)", w, h.ModelType)
 		}
-		if *h.SlidingWindow <= 0 {
-			return Config{}, fmt.Errorf("sliding_window=%d must be positive or null", *h.SlidingWindow)
+		if w <= 0 {
+			return Config{}, fmt.Errorf("sliding_window=%d must be positive or null", w)
 		}
-		c.SlidingWindow = *h.SlidingWindow
+		c.SlidingWindow = w
 	}
 	if e := h.RMSNormEps; e != nil {
 		// The model computes in float32: an epsilon float32 cannot hold is
