@@ -224,8 +224,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("llama config: num_attention_heads=%d is not a multiple of num_key_value_heads=%d", c.Heads, c.KVHeads)
 	case !(c.Eps > 0) || math.IsInf(float64(c.Eps), 0):
 		return fmt.Errorf("llama config: rms_norm_eps=%g must be positive and finite", c.Eps)
-	case !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0):
-		return fmt.Errorf("llama config: rope_theta=%g must be positive and finite", c.RopeTheta)
+	case !f32Positive(c.RopeTheta):
+		return fmt.Errorf("llama config: rope_theta=%g must be positive and within float32's range (the frequencies are float32, as in transformers)", c.RopeTheta)
 	case c.SlidingWindow < 0:
 		return fmt.Errorf("llama config: sliding_window=%d must not be negative", c.SlidingWindow)
 	case c.InitRange < 0 || math.IsNaN(c.InitRange) || math.IsInf(c.InitRange, 0):
@@ -236,13 +236,57 @@ func (c Config) Validate() error {
 			return fmt.Errorf("llama config: %w", err)
 		}
 	}
+	if _, ok := c.paramCount(); !ok {
+		return fmt.Errorf("llama config: the parameter count of hidden_size=%d intermediate_size=%d num_hidden_layers=%d vocab_size=%d heads %d/%d of %d overflows",
+			c.Hidden, c.Intermediate, c.NumLayers, c.Vocab, c.Heads, c.KVHeads, c.HS())
+	}
 	return nil
+}
+
+// f32Positive reports whether v is positive and a positive float32 (the
+// rotary frequencies are computed in float32).
+func f32Positive(v float64) bool {
+	return v > 0 && v <= math.MaxFloat32 && float32(v) > 0
+}
+
+// paramCount is NumParams computed in int64 with overflow checks (on
+// sizes already known to be positive); ok is false when it overflows an
+// int, so that an absurd config.json is refused before anything is sized
+// from it.
+func (c Config) paramCount() (n int, ok bool) {
+	ok = true
+	mul := func(a, b int64) int64 {
+		if a != 0 && b > math.MaxInt64/a {
+			ok = false
+			return 0
+		}
+		return a * b
+	}
+	add := func(a, b int64) int64 {
+		if a > math.MaxInt64-b {
+			ok = false
+			return 0
+		}
+		return a + b
+	}
+	C, I, V, L := int64(c.Hidden), int64(c.Intermediate), int64(c.Vocab), int64(c.NumLayers)
+	qw, kw := mul(int64(c.Heads), int64(c.HS())), mul(int64(c.KVHeads), int64(c.HS()))
+	block := add(add(mul(2, C), mul(C, add(mul(2, qw), mul(2, kw)))), mul(mul(3, C), I))
+	heads := int64(2)
+	if c.Tied {
+		heads = 1
+	}
+	total := add(add(mul(heads, mul(V, C)), mul(L, block)), C)
+	if !ok || total > math.MaxInt {
+		return 0, false
+	}
+	return int(total), true
 }
 
 func (r RopeScaling) validate() error {
 	pos := func(name string, v float64) error {
-		if !(v > 0) || math.IsInf(v, 0) {
-			return fmt.Errorf("rope_scaling.%s=%g must be positive and finite", name, v)
+		if !f32Positive(v) {
+			return fmt.Errorf("rope_scaling.%s=%g must be positive and within float32's range", name, v)
 		}
 		return nil
 	}

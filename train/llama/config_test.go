@@ -203,6 +203,8 @@ func TestBadConfigsRefused(t *testing.T) {
 		{"negative theta", set("rope_parameters", map[string]any{"rope_type": "default", "rope_theta": -1.0}), "rope_theta=-1"},
 		{"mistral window 0", func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = 0 }, "sliding_window=0"},
 		{"mistral window not a number", func(m map[string]any) { m["model_type"] = "mistral"; m["sliding_window"] = "big" }, `sliding_window: "big"`},
+		{"sizes overflow", func(m map[string]any) { m["hidden_size"] = 1 << 40; m["head_dim"] = 1 << 36 }, "parameter count"},
+		{"theta beyond float32", set("rope_parameters", map[string]any{"rope_type": "default", "rope_theta": 1e39}), "rope_theta=1e+39 must be positive and within float32's range"},
 		{"not json", nil, "invalid character"},
 	} {
 		var b []byte
@@ -301,6 +303,9 @@ func TestPresets(t *testing.T) {
 		}
 		if _, err := model.NewIndex(c); err != nil {
 			t.Errorf("%s: %v", name, err)
+		}
+		if n, ok := c.paramCount(); !ok || n != c.NumParams() {
+			t.Errorf("%s: paramCount %d (%v), NumParams %d", name, n, ok, c.NumParams())
 		}
 		if c.MaxSeqLen() != c.MaxPos || c.VocabSize() != c.Vocab || c.Family() != "llama" || len(c.Describe())%2 != 0 {
 			t.Errorf("%s: spec %d %d %s %v", name, c.MaxSeqLen(), c.VocabSize(), c.Family(), c.Describe())
