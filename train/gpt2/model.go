@@ -200,15 +200,10 @@ func (c Config) backwardScratch(B, T int) int {
 // gradOffsets places the dense gradients: Layout order, matrices left out
 // when skip is set. n is the length of Grads.
 func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	for i, p := range c.Layout() {
-		if skip && c.isMatrix(i) {
-			offs = append(offs, -1)
-			continue
-		}
-		offs = append(offs, n)
-		n += p.Len()
+	if !skip {
+		return model.GradOffsets(c.Layout(), nil)
 	}
-	return offs, n
+	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
 
 // Plan predicts the device bytes New allocates for a batch of B x T.
