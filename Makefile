@@ -135,6 +135,7 @@ FUZZ_TARGETS = \
 	./train/safetensors:FuzzOpen:10000 \
 	./train/gpt2:FuzzHFConfig:10000 \
 	./train/gpt2:FuzzLoadHF:8000 \
+	./train/llama:FuzzHFConfig:10000 \
 	./train/data:FuzzAlpaca:8000 \
 	./train/data:FuzzText:5000 \
 	./train/tokenizer:FuzzEncode:40000 \

@@ -200,15 +200,10 @@ func (c Config) backwardScratch(B, T int) int {
 // gradOffsets places the dense gradients: Layout order, matrices left out
 // when skip is set. n is the length of Grads.
 func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	for i, p := range c.Layout() {
-		if skip && c.isMatrix(i) {
-			offs = append(offs, -1)
-			continue
-		}
-		offs = append(offs, n)
-		n += p.Len()
+	if !skip {
+		return model.GradOffsets(c.Layout(), nil)
 	}
-	return offs, n
+	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
 
 // Plan predicts the device bytes New allocates for a batch of B x T.
@@ -414,16 +409,6 @@ func (m *Model) Free() {
 	}
 }
 
-// chain runs steps in order and stops at the first error.
-func chain(steps ...func() error) error {
-	for _, f := range steps {
-		if err := f(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // layerInput is the residual stream entering layer l (l == L: the input of
 // the final LayerNorm).
 func (m *Model) layerInput(l int) backend.Tensor {
@@ -470,7 +455,7 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 	be, c := m.be, m.Cfg
 	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
 	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
-	err := chain(
+	err := model.Chain(
 		func() error {
 			return be.LayerNormForward(s, a.ln1, a.ln1Mean, a.ln1Rstd, x, p.ln1w, p.ln1b, BT, C, c.Eps)
 		},
@@ -502,7 +487,7 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 func (m *Model) ForwardHead(s backend.Stream) error {
 	be, c := m.be, m.Cfg
 	C, BT := c.C, m.B*m.T
-	err := chain(
+	err := model.Chain(
 		func() error {
 			return be.LayerNormForward(s, m.lnf, m.lnfMean, m.lnfRstd, m.layerInput(c.L), m.p.lnfw, m.p.lnfb, BT, C, c.Eps)
 		},
@@ -538,7 +523,7 @@ func (m *Model) linear(s backend.Stream, out, inp, w, bias backend.Tensor, N, IC
 // colsum(dout), and dW += inp^T dout, or with hooks OutputGrad(dout)
 // instead (inp is then not read: it was not kept).
 func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, dout, inp, w backend.Tensor, N, IC, OC int) error {
-	return chain(
+	return model.Chain(
 		func() error {
 			if m.hooks == nil {
 				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
@@ -587,7 +572,7 @@ func (m *Model) Backward(s backend.Stream) error {
 func (m *Model) BackwardHead(s backend.Stream) error {
 	be, c := m.be, m.Cfg
 	C, BT := c.C, m.B*m.T
-	err := chain(
+	err := model.Chain(
 		// Head: dlnf = dlogits wte; dwte += dlogits^T lnf.
 		func() error { return be.Gemm(s, false, false, BT, C, c.V, 1, m.Logits, m.p.wte, 0, m.dbuf) },
 		func() error { return be.Gemm(s, true, false, c.V, C, BT, 1, m.Logits, m.lnf, 1, m.g.wte) },
@@ -614,7 +599,7 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 	a, p, g, x := &m.layers[l], &m.p.layers[l], &m.g.layers[l], m.layerInput(l)
 	// The residual stream passes dres through and each LayerNorm backward
 	// adds its branch to it.
-	err := chain(
+	err := model.Chain(
 		func() error {
 			return m.linearBackward(s, l, MatFCProj, m.dfch, g.fcpw, g.fcpb, m.dres, a.fchg, p.fcpw, BT, 4*C, C)
 		},

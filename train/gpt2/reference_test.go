@@ -8,6 +8,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -205,7 +206,7 @@ func TestAdamWTrajectoryMatchesPyTorch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for step, want := range fx.adamLosses {
-		err := chain(
+		err := model.Chain(
 			func() error { return m.ZeroGrads(s) },
 			func() error { return m.Forward(s) },
 			func() error { return m.CrossEntropy(s, 1/float32(fx.validTargets)) },

@@ -269,3 +269,31 @@ func (x *Index) MatrixElems() int {
 	}
 	return n
 }
+
+// Chain runs steps in order and stops at the first error: a pass's ops,
+// each enqueued only when the one before it was accepted.
+func Chain(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GradOffsets places a model's dense gradients in one allocation: the
+// parameters of layout back to back in layout order, except those skip
+// reports (the block matrices under MatrixGrads), which get offset -1. n
+// is the allocation's length in elements.
+func GradOffsets(layout []Param, skip func(i int) bool) (offs []int, n int) {
+	offs = make([]int, len(layout))
+	for i, p := range layout {
+		if skip != nil && skip(i) {
+			offs[i] = -1
+			continue
+		}
+		offs[i] = n
+		n += p.Len()
+	}
+	return offs, n
+}

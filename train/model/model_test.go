@@ -92,3 +92,25 @@ func TestNewIndexErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestGradOffsets(t *testing.T) {
+	f := twoBlocks()
+	offs, n := GradOffsets(f.layout, nil)
+	for i, p := range f.layout {
+		if offs[i] != p.Offset {
+			t.Errorf("%s: offset %d without skips, want %d", p.Name, offs[i], p.Offset)
+		}
+	}
+	if n != f.NumParams() {
+		t.Errorf("%d elements, want %d", n, f.NumParams())
+	}
+	x, err := NewIndex(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, n = GradOffsets(f.layout, func(i int) bool { return x.IsMat[i] })
+	// emb 40 | bias 4 | bias 4 | norm 4: the matrices left out.
+	if want := []int{0, -1, -1, 40, -1, -1, -1, 44, -1, 48}; !slices.Equal(offs, want) || n != 52 {
+		t.Errorf("offsets %v (%d elements), want %v (52)", offs, n, want)
+	}
+}

@@ -1,0 +1,123 @@
+package llama
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// engineConfig is the engine's test settings (train/engine's own tests
+// use the same) in mode.
+func engineConfig(mode engine.Mode) engine.Config {
+	h := optim.DefaultHyper()
+	h.WeightDecay = 0.1
+	return engine.Config{Mode: mode, DenseParams: engine.DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
+		LSP: engine.LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+}
+
+// patternBatches draws n micro-batches of a learnable pattern (next = cur+1
+// mod V), the first two targets of each row ignored.
+func patternBatches(seed uint64, n, B, T, V int) []data.Batch {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	out := make([]data.Batch, n)
+	for i := range out {
+		b := data.Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T)}
+		for r := range B {
+			start := rng.IntN(V)
+			for t := range T {
+				j := r*T + t
+				b.Inputs[j] = int32((start + t) % V)
+				b.Targets[j] = int32((start + t + 1) % V)
+				if t < 2 {
+					b.Targets[j] = -1
+				} else {
+					b.NumTargets++
+				}
+			}
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// TestEngineModes trains a LLaMA (GQA, llama3 RoPE) through the engine in
+// each mode, sequential and pipelined, at fp32 and bf16, on the CPU
+// backend with its hazard check: no hazard, the loss falls, native and
+// zero agree, and the engine's memory plan brackets the arena's
+// high-water mark as train/engine requires of every model.
+func TestEngineModes(t *testing.T) {
+	const B, T, accum, steps = 2, 8, 2, 12
+	lspHost := engineConfig(engine.LSP)
+	lspHost.DenseParams = engine.DenseHost
+	pipelined := engineConfig(engine.LSP)
+	pipelined.Pipelined = true
+	zeroBF16 := engineConfig(engine.Zero)
+	zeroBF16.GradDType = backend.BF16
+	losses := map[string][]float64{}
+	for _, tc := range []struct {
+		name string
+		cfg  engine.Config
+		dt   backend.DType
+	}{
+		{"native", engineConfig(engine.Native), backend.F32},
+		{"zero", engineConfig(engine.Zero), backend.F32},
+		{"lsp-device", engineConfig(engine.LSP), backend.F32},
+		{"lsp-device-pipelined", pipelined, backend.F32},
+		{"lsp-host", lspHost, backend.BF16},
+		{"zero-bf16-grads", zeroBF16, backend.BF16},
+		{"native-bf16", engineConfig(engine.Native), backend.BF16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if testing.Short() && tc.dt == backend.BF16 && tc.name != "lsp-host" {
+				t.Skip("-short")
+			}
+			be := cpu.New(cpu.Config{Threads: 2, HazardCheck: true})
+			defer be.Close()
+			plan, err := engine.PlanMemory(hookCfg, B, T, accum, tc.dt, tc.cfg)
+			must(t, err)
+			e, err := engine.New(be, hookCfg, B, T, accum, tc.dt, tc.cfg)
+			must(t, err)
+			defer e.Free()
+			must(t, backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, hookCfg.Init(11)))
+			must(t, e.Init())
+			var ls []float64
+			for i := range steps {
+				if e.CheckDue() {
+					if _, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, hookCfg.Vocab)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				l, err := e.Step(patternBatches(uint64(i), accum, B, T, hookCfg.Vocab), 1e-2)
+				must(t, err)
+				ls = append(ls, l)
+			}
+			losses[tc.name] = ls
+			for _, h := range be.Hazards() {
+				t.Errorf("hazard: %v", h)
+			}
+			if last := ls[len(ls)-1]; !(last < 0.9*ls[0]) || math.IsNaN(last) {
+				t.Errorf("loss did not fall: %v", ls)
+			}
+			hw, pred := be.MemStats().HighWater, plan.DeviceTotal()
+			if pred < hw || float64(pred) > 1.1*float64(hw) {
+				t.Errorf("predicted device peak %d, arena high-water mark %d (%s)", pred, hw, plan)
+			}
+		})
+	}
+	// Same gradient dtype in native and zero is the same math in another
+	// place: the losses agree to rounding (the host Adam's FMAs).
+	if n, z := losses["native"], losses["zero"]; len(n) == steps && len(z) == steps {
+		for i := range n {
+			if math.Abs(n[i]-z[i]) > 1e-4*n[i] {
+				t.Errorf("step %d: native loss %v, zero %v", i+1, n[i], z[i])
+			}
+		}
+	}
+	t.Logf("losses %v", losses)
+}

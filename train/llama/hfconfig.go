@@ -1,0 +1,376 @@
+// Hugging Face config.json in and out. transformers 4 writes the rotary
+// settings at the top level (rope_theta, and rope_scaling with a "type" or
+// "rope_type"); transformers 5 nests them in rope_parameters (rope_theta,
+// rope_type and the type's own fields). Both are read; HFConfig writes the
+// transformers 5 layout, which transformers 5.23 loads as
+// LlamaForCausalLM. Whatever this model would not compute as transformers
+// does is refused, naming the file, the field and what was found.
+
+package llama
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+)
+
+// hfConfig is the part of transformers' LlamaConfig (and MistralConfig)
+// this package reads; pointers tell absent fields from zero ones.
+type hfConfig struct {
+	ModelType           string          `json:"model_type"`
+	VocabSize           int             `json:"vocab_size"`
+	HiddenSize          int             `json:"hidden_size"`
+	IntermediateSize    int             `json:"intermediate_size"`
+	NumHiddenLayers     int             `json:"num_hidden_layers"`
+	NumAttentionHeads   int             `json:"num_attention_heads"`
+	NumKeyValueHeads    *int            `json:"num_key_value_heads"`
+	HeadDim             *int            `json:"head_dim"`
+	HiddenAct           *string         `json:"hidden_act"`
+	RMSNormEps          *float64        `json:"rms_norm_eps"`
+	RopeTheta           *float64        `json:"rope_theta"`
+	RopeScaling         json.RawMessage `json:"rope_scaling"`
+	RopeParameters      json.RawMessage `json:"rope_parameters"`
+	MaxPos              *int            `json:"max_position_embeddings"`
+	TieWordEmbeddings   *bool           `json:"tie_word_embeddings"`
+	BOS                 TokenIDs        `json:"bos_token_id"`
+	EOS                 TokenIDs        `json:"eos_token_id"`
+	InitializerRange    *float64        `json:"initializer_range"`
+	SlidingWindow       json.RawMessage `json:"sliding_window"` // absent, null or a number
+	AttentionBias       *bool           `json:"attention_bias"`
+	MLPBias             *bool           `json:"mlp_bias"`
+	PartialRotaryFactor *float64        `json:"partial_rotary_factor"`
+}
+
+// ReadHFConfig reads dir/config.json and checks that this model computes
+// what transformers computes for it.
+func ReadHFConfig(dir string) (Config, error) {
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	c, err := ParseHFConfig(raw)
+	if err != nil {
+		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseHFConfig is ReadHFConfig of the bytes of a config.json.
+func ParseHFConfig(raw []byte) (Config, error) {
+	var h hfConfig
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return Config{}, err
+	}
+	switch h.ModelType {
+	case "llama", "mistral":
+	case "":
+		return Config{}, fmt.Errorf("model_type is missing (want llama or mistral)")
+	default:
+		return Config{}, fmt.Errorf("model_type %q is not supported (want llama, or mistral)", h.ModelType)
+	}
+	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
+		return Config{}, fmt.Errorf("hidden_act %q is not supported (want silu)", *h.HiddenAct)
+	}
+	if h.AttentionBias != nil && *h.AttentionBias {
+		return Config{}, fmt.Errorf("attention_bias=true is not supported (the projections have no biases here)")
+	}
+	if h.MLPBias != nil && *h.MLPBias {
+		return Config{}, fmt.Errorf("mlp_bias=true is not supported (the MLP has no biases here)")
+	}
+	if f := h.PartialRotaryFactor; f != nil && *f != 1 {
+		return Config{}, fmt.Errorf("partial_rotary_factor=%g is not supported (want 1)", *f)
+	}
+	c := Config{
+		Vocab: h.VocabSize, Hidden: h.HiddenSize, Intermediate: h.IntermediateSize,
+		NumLayers: h.NumHiddenLayers, Heads: h.NumAttentionHeads, KVHeads: h.NumAttentionHeads,
+		Eps: 1e-6, RopeTheta: 10000, MaxPos: 2048, BOS: h.BOS, EOS: h.EOS,
+	}
+	if h.NumKeyValueHeads != nil {
+		c.KVHeads = *h.NumKeyValueHeads
+	}
+	if h.HeadDim != nil && *h.HeadDim != 0 {
+		c.HeadDim = *h.HeadDim
+		if c.Heads > 0 && c.HeadDim == c.Hidden/c.Heads && c.Hidden%c.Heads == 0 {
+			c.HeadDim = 0 // the default: keep one spelling per architecture
+		}
+	}
+	if h.MaxPos != nil {
+		c.MaxPos = *h.MaxPos
+	}
+	if h.TieWordEmbeddings != nil {
+		c.Tied = *h.TieWordEmbeddings
+	}
+	if h.InitializerRange != nil {
+		c.InitRange = *h.InitializerRange
+		if c.InitRange == 0.02 {
+			c.InitRange = 0
+		}
+	}
+	if h.ModelType == "mistral" {
+		// MistralConfig's defaults where save_pretrained's output would
+		// have the key: a 4096-token window, a 131072-token context.
+		if h.MaxPos == nil {
+			c.MaxPos = 4096 * 32
+		}
+		if h.SlidingWindow == nil {
+			h.SlidingWindow = json.RawMessage("4096")
+		}
+	}
+	if len(h.SlidingWindow) > 0 && !isNull(h.SlidingWindow) {
+		var w int
+		if err := json.Unmarshal(h.SlidingWindow, &w); err != nil {
+			return Config{}, fmt.Errorf("sliding_window: %s is not an integer", h.SlidingWindow)
+		}
+		if h.ModelType != "mistral" {
+			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral has one)", w, h.ModelType)
+		}
+		if w <= 0 {
+			return Config{}, fmt.Errorf("sliding_window=%d must be positive or null", w)
+		}
+		c.SlidingWindow = w
+	}
+	if e := h.RMSNormEps; e != nil {
+		// The model computes in float32: an epsilon float32 cannot hold is
+		// refused, not changed.
+		c.Eps = float32(*e)
+		if *e > 0 && (c.Eps == 0 || math.IsInf(float64(c.Eps), 0)) {
+			return Config{}, fmt.Errorf("rms_norm_eps=%g is outside float32's range", *e)
+		}
+	}
+	if h.RopeTheta != nil {
+		c.RopeTheta = *h.RopeTheta
+	}
+	var err error
+	switch {
+	case len(h.RopeParameters) > 0 && !isNull(h.RopeParameters):
+		c.RopeScaling, err = parseRope("rope_parameters", h.RopeParameters, &c.RopeTheta)
+	case len(h.RopeScaling) > 0 && !isNull(h.RopeScaling):
+		c.RopeScaling, err = parseRope("rope_scaling", h.RopeScaling, nil)
+	}
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func isNull(b json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(b), []byte("null")) }
+
+// parseRope reads a rope_scaling (transformers 4) or rope_parameters
+// (transformers 5) object; theta, when set, receives the latter's
+// rope_theta. A nil result is the default (unscaled) RoPE.
+func parseRope(field string, raw json.RawMessage, theta *float64) (*RopeScaling, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	num := func(key string) (float64, bool, error) {
+		v, ok := m[key]
+		if !ok || isNull(v) {
+			return 0, false, nil
+		}
+		var f float64
+		if err := json.Unmarshal(v, &f); err != nil {
+			return 0, false, fmt.Errorf("%s.%s: %s is not a number", field, key, v)
+		}
+		return f, true, nil
+	}
+	str := func(key string) (string, error) {
+		v, ok := m[key]
+		if !ok || isNull(v) {
+			return "", nil
+		}
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return "", fmt.Errorf("%s.%s: %s is not a string", field, key, v)
+		}
+		return s, nil
+	}
+	typ, err := str("rope_type")
+	if err != nil {
+		return nil, err
+	}
+	typeKey := "rope_type"
+	if typ == "" {
+		if typ, err = str("type"); err != nil {
+			return nil, err
+		}
+		typeKey = "type"
+	}
+	if typ == "" {
+		typ = "default"
+	}
+	if t, ok, err := num("rope_theta"); err != nil {
+		return nil, err
+	} else if ok {
+		if theta == nil {
+			return nil, fmt.Errorf("%s.rope_theta: set rope_theta at the top level with rope_scaling", field)
+		}
+		*theta = t
+	}
+	if f, ok, err := num("attention_factor"); err != nil {
+		return nil, err
+	} else if ok && f != 1 {
+		return nil, fmt.Errorf("%s.attention_factor=%g is not supported (want 1)", field, f)
+	}
+	if f, ok, err := num("partial_rotary_factor"); err != nil {
+		return nil, err
+	} else if ok && f != 1 {
+		return nil, fmt.Errorf("%s.partial_rotary_factor=%g is not supported (want 1)", field, f)
+	}
+	known := map[string]bool{"rope_type": true, "type": true, "rope_theta": true, "attention_factor": true, "partial_rotary_factor": true}
+	var r *RopeScaling
+	switch typ {
+	case "default":
+	case "linear":
+		r = &RopeScaling{Type: typ}
+		known["factor"] = true
+	case "llama3":
+		r = &RopeScaling{Type: typ}
+		for _, k := range []string{"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} {
+			known[k] = true
+		}
+	default:
+		return nil, fmt.Errorf("%s.%s %q is not supported (want default, linear or llama3)", field, typeKey, typ)
+	}
+	var unknown []string
+	for k := range m {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("%s has fields %v that rope_type %q does not take here", field, unknown, typ)
+	}
+	if r == nil {
+		return nil, nil
+	}
+	for _, f := range []struct {
+		key string
+		dst *float64
+	}{{"factor", &r.Factor}, {"low_freq_factor", &r.LowFreqFactor}, {"high_freq_factor", &r.HighFreqFactor}} {
+		if !known[f.key] {
+			continue
+		}
+		v, ok, err := num(f.key)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s.%s is missing (rope_type %q needs it)", field, f.key, typ)
+		}
+		*f.dst = v
+	}
+	if typ == "llama3" {
+		v, ok, err := num("original_max_position_embeddings")
+		if err != nil {
+			return nil, err
+		}
+		if !ok || v != math.Trunc(v) || v <= 0 || v > math.MaxInt32 {
+			return nil, fmt.Errorf("%s.original_max_position_embeddings must be a positive integer (rope_type llama3), got %s", field, m["original_max_position_embeddings"])
+		}
+		r.OriginalMaxPos = int(v)
+	}
+	if err := r.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	return r, nil
+}
+
+// pyFloat is a float written as Python's json writes one: always with a
+// point or an exponent (10000.0, 1e-05), so that transformers reads a
+// float. bits is 32 for a value the model holds as a float32 (the
+// shortest decimal that reads back as it, not its binary expansion).
+type pyFloat struct {
+	v    float64
+	bits int
+}
+
+func (f pyFloat) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+		return nil, fmt.Errorf("%v is not a JSON number", f.v)
+	}
+	s := strconv.FormatFloat(f.v, 'g', -1, f.bits)
+	if !bytes.ContainsAny([]byte(s), ".e") {
+		s += ".0"
+	}
+	return []byte(s), nil
+}
+
+// HFConfig is the config.json of an fp32 export (model.Spec).
+func (c Config) HFConfig() ([]byte, error) { return c.HFConfigDType("float32") }
+
+// HFConfigDType is the config.json that transformers' save_pretrained
+// writes for this architecture (transformers 5 layout) with weights
+// stored in dtype: "float32", "bfloat16" or "float16". A model with a
+// sliding window is written as Mistral, the rest as LLaMA.
+func (c Config) HFConfigDType(dtype string) ([]byte, error) {
+	switch dtype {
+	case "float32", "bfloat16", "float16":
+	default:
+		return nil, fmt.Errorf("llama config: export dtype %q (want float32, bfloat16 or float16)", dtype)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	rope := map[string]any{"rope_theta": pyFloat{c.RopeTheta, 64}, "rope_type": "default"}
+	if r := c.RopeScaling; r != nil {
+		rope["rope_type"] = r.Type
+		rope["factor"] = pyFloat{r.Factor, 64}
+		if r.Type == "llama3" {
+			rope["low_freq_factor"] = pyFloat{r.LowFreqFactor, 64}
+			rope["high_freq_factor"] = pyFloat{r.HighFreqFactor, 64}
+			rope["original_max_position_embeddings"] = r.OriginalMaxPos
+		}
+	}
+	arch, typ := "LlamaForCausalLM", "llama"
+	if c.SlidingWindow > 0 {
+		arch, typ = "MistralForCausalLM", "mistral"
+	}
+	h := map[string]any{
+		"architectures":           []string{arch},
+		"model_type":              typ,
+		"attention_bias":          false,
+		"attention_dropout":       pyFloat{0, 64},
+		"bos_token_id":            c.BOS,
+		"eos_token_id":            c.EOS,
+		"dtype":                   dtype,
+		"head_dim":                c.HS(),
+		"hidden_act":              "silu",
+		"hidden_size":             c.Hidden,
+		"initializer_range":       pyFloat{c.initRange(), 64},
+		"intermediate_size":       c.Intermediate,
+		"max_position_embeddings": c.MaxPos,
+		"mlp_bias":                false,
+		"num_attention_heads":     c.Heads,
+		"num_hidden_layers":       c.NumLayers,
+		"num_key_value_heads":     c.KVHeads,
+		"pad_token_id":            nil,
+		"pretraining_tp":          1,
+		"rms_norm_eps":            pyFloat{float64(c.Eps), 32},
+		"rope_parameters":         rope,
+		"tie_word_embeddings":     c.Tied,
+		"use_cache":               true,
+		"vocab_size":              c.Vocab,
+	}
+	if c.SlidingWindow > 0 {
+		h["sliding_window"] = c.SlidingWindow
+		delete(h, "mlp_bias")
+		delete(h, "pretraining_tp")
+		delete(h, "attention_bias")
+	}
+	raw, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("llama config: %w", err)
+	}
+	return append(raw, '\n'), nil
+}

@@ -1,0 +1,539 @@
+// The LLaMA forward and backward passes on the Backend, after gpt2's
+// structure: all parameters in one allocation, all activations in
+// another, all gradients in a third, each carved into named views.
+//
+//	x0 = embed[inp]                                    (B,T,C)
+//	per layer: ln1 = RMSNorm(x); q|k|v = ln1 Wq|Wk|Wv   planar (B,T,NH*HS), (B,T,KVH*HS) x2
+//	           RoPE(q), RoPE(k) in place; atty = attn(q,k,v)   (GQA)
+//	           res2 = x + atty Wo; ln2 = RMSNorm(res2)
+//	           gate = ln2 Wgate; up = ln2 Wup; swi = silu(gate)*up
+//	           res3 = res2 + swi Wdown
+//	lnf = RMSNorm(x_L); logits = lnf head^T            (B,T,V); head = lm_head or embed (tied)
+//
+// With MatrixGrads hooks the seven matrices of every block get no dense
+// gradient: the hooks see each of the four block inputs once in the
+// forward (ln1 for q, k and v; atty for o; ln2 for gate and up; swi for
+// down) and each matrix's output gradient in the backward.
+//
+// Storage: as gpt2: parameters, activations and activation gradients in
+// the model dtype, parameter gradients in Options.GradDType, the norm and
+// attention statistics, the rotary frequencies and the backward's
+// scratch in fp32.
+//
+// Limits: T <= max_position_embeddings (and Mistral's sliding_window);
+// activations are kept for the backward (no recomputation), except the
+// matrix inputs ln1, ln2 and swi under hooks. The activation gradients of
+// the MLP (dgate, dup) and of the attention (dqkv) share one buffer: they
+// are never live together.
+
+package llama
+
+import (
+	"fmt"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// layerActs are one block's saved activations. Under hooks ln1, ln2 and
+// swi are the shared buffers (only the hooks read them after the forward).
+type layerActs struct {
+	ln1, rstd1     backend.Tensor
+	qkv, atty, lse backend.Tensor // qkv planar, after RoPE
+	res2           backend.Tensor
+	ln2, rstd2     backend.Tensor
+	gate, up, swi  backend.Tensor
+	res3           backend.Tensor
+}
+
+// layerParams are one block's parameter (or gradient) views, by slot. A
+// gradient view with a nil Buf does not exist (a matrix under hooks).
+type layerParams [perLayer]backend.Tensor
+
+type modelParams struct {
+	embed, norm, head backend.Tensor // head: lm_head, or embed when tied
+	layers            []layerParams
+}
+
+// Model is a LLaMA on a backend, with buffers for batches of B rows of T.
+type Model struct {
+	Cfg   Config
+	B, T  int
+	DType backend.DType // parameter and activation storage
+
+	be     backend.Backend
+	layout []model.Param
+	hooks  model.MatrixGrads
+	// gradOff is each parameter's element offset in Grads, -1 where it
+	// has no dense gradient.
+	gradOff []int
+
+	// Params holds every parameter; Grads every dense gradient (in
+	// Options.GradDType).
+	Params, Grads   backend.Tensor
+	Inputs, Targets backend.Tensor // I32, B*T
+	Losses          backend.Tensor // F32, B*T
+	Logits          backend.Tensor // B*T*V
+
+	p, g       modelParams
+	acts       backend.Tensor // the single activation allocation (DType)
+	statsBuf   backend.Tensor // the statistics and the rotary frequencies (F32)
+	invFreq    backend.Tensor // F32 [HS/2]
+	encoded    backend.Tensor
+	layers     []layerActs
+	lnf, rstdf backend.Tensor
+	scratch    backend.Tensor // (B,T,C) output of o and down before the residual add
+	grad       backend.Tensor // the single allocation of activation gradients (DType)
+	dres, dbuf backend.Tensor // (B,T,C); (B,T,max(C,NH*HS))
+	dwide      backend.Tensor // dqkv, or dgate|dup
+	bwdScratch backend.Tensor // the norm and attention backwards' scratch (F32)
+}
+
+// actSizes are the activation allocations' elements: data in the model
+// dtype, stats in fp32. shared: ln1, ln2 and swi are one buffer each
+// instead of one per layer.
+func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
+	BT, C, I := B*T, c.Hidden, c.Intermediate
+	kept := BT * (c.qkvWidth() + c.qWidth() + C + 2*I + C) // qkv, atty, res2, gate, up, res3
+	inputs := BT * (C + C + I)                             // ln1, ln2, swi
+	copies := c.NumLayers
+	if shared {
+		copies = 1
+	}
+	data = BT*C + c.NumLayers*kept + copies*inputs + BT*C + BT*C + BT*c.Vocab // encoded, layers, lnf, scratch, logits
+	stats = c.NumLayers*(2*BT+B*c.Heads*T) + BT + BT + c.HS()/2               // rstd1, rstd2, lse; rstdf; losses; inv_freq
+	return data, stats
+}
+
+// actGradSizes are the activation gradients' elements per position: dres
+// (C), dbuf (the wider of C and NH*HS), dwide (the wider of the planar
+// qkv and gate|up).
+func (c Config) actGradSizes() (dbuf, dwide int) {
+	return max(c.Hidden, c.qWidth()), max(c.qkvWidth(), 2*c.Intermediate)
+}
+
+// backwardScratch is the fp32 elements of scratch the backward's ops need
+// (one buffer: they run one after another on one stream).
+func (c Config) backwardScratch(B, T int) int {
+	return max(backend.RMSNormBackwardScratch(B*T, c.Hidden), backend.AttentionBackwardScratch(B, T, c.Heads))
+}
+
+// gradOffsets places the dense gradients: Layout order, matrices left out
+// when skip is set. n is the length of Grads.
+func (c Config) gradOffsets(skip bool) (offs []int, n int) {
+	if !skip {
+		return model.GradOffsets(c.Layout(), nil)
+	}
+	return model.GradOffsets(c.Layout(), c.isMatrix)
+}
+
+// PlanWith predicts the device bytes New allocates, exactly. With hooks,
+// Grads covers only the dense parameters and the activations keep one
+// shared ln1, ln2 and SwiGLU output instead of one per layer.
+func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
+	hooked := opts.MatrixGrads != nil
+	data, stats := c.actSizes(B, T, hooked)
+	_, ng := c.gradOffsets(hooked)
+	dbuf, dwide := c.actGradSizes()
+	BT := int64(B * T)
+	return model.MemoryPlan{
+		Params:      int64(c.NumParams()) * int64(dt.Size()),
+		Grads:       int64(ng) * int64(opts.GradDType.Size()),
+		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
+		ActGrads:    BT*int64(c.Hidden+dbuf+dwide)*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
+		Batch:       2 * BT * 4,
+	}
+}
+
+// New allocates a model for batches of B x T on be, and uploads the
+// rotary frequencies (a blocking transfer on the default stream).
+// Parameters start at zero; load or initialise them before use.
+func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.Options) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if B <= 0 || T <= 0 {
+		return nil, fmt.Errorf("llama: batch %d x %d must be positive", B, T)
+	}
+	if err := cfg.CheckSeqLen(T); err != nil {
+		return nil, err
+	}
+	if dt != backend.F32 && dt != backend.BF16 {
+		return nil, fmt.Errorf("llama: unsupported dtype %v", dt)
+	}
+	if gdt := opts.GradDType; gdt != backend.F32 && gdt != backend.BF16 {
+		return nil, fmt.Errorf("llama: unsupported gradient dtype %v", gdt)
+	}
+	hooked := opts.MatrixGrads != nil
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, layout: cfg.Layout(), hooks: opts.MatrixGrads}
+	offs, ng := cfg.gradOffsets(hooked)
+	m.gradOff = offs
+	fail := func(what string, err error) (*Model, error) {
+		m.Free()
+		return nil, fmt.Errorf("llama: %s: %w", what, err)
+	}
+	var err error
+	if m.Params, err = be.Alloc("params", cfg.NumParams(), dt); err != nil {
+		return fail("parameters", err)
+	}
+	if m.Grads, err = be.Alloc("grads", ng, opts.GradDType); err != nil {
+		return fail("gradients", err)
+	}
+	paramOffs := make([]int, len(m.layout))
+	for i, p := range m.layout {
+		paramOffs[i] = p.Offset
+	}
+	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
+
+	data, stats := cfg.actSizes(B, T, hooked)
+	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
+		return fail("activations", err)
+	}
+	if m.statsBuf, err = be.Alloc("activation stats", stats, backend.F32); err != nil {
+		return fail("activations", err)
+	}
+	BT, C, I := B*T, cfg.Hidden, cfg.Intermediate
+	a, st := &backend.Carver{T: m.acts}, &backend.Carver{T: m.statsBuf}
+	m.invFreq = st.Next(cfg.HS() / 2)
+	m.encoded = a.Next(BT, C)
+	var shared struct{ ln1, ln2, swi backend.Tensor }
+	if hooked {
+		shared.ln1, shared.ln2, shared.swi = a.Next(BT, C), a.Next(BT, C), a.Next(BT, I)
+	}
+	input := func(sh backend.Tensor, shape ...int) backend.Tensor {
+		if hooked {
+			return sh
+		}
+		return a.Next(shape...)
+	}
+	m.layers = make([]layerActs, cfg.NumLayers)
+	for l := range m.layers {
+		la := &m.layers[l]
+		la.ln1, la.rstd1 = input(shared.ln1, BT, C), st.Next(BT)
+		la.qkv, la.atty, la.lse = a.Next(BT*cfg.qkvWidth()), a.Next(BT, cfg.qWidth()), st.Next(B, cfg.Heads, T)
+		la.res2 = a.Next(BT, C)
+		la.ln2, la.rstd2 = input(shared.ln2, BT, C), st.Next(BT)
+		la.gate, la.up, la.swi = a.Next(BT, I), a.Next(BT, I), input(shared.swi, BT, I)
+		la.res3 = a.Next(BT, C)
+	}
+	m.lnf, m.rstdf = a.Next(BT, C), st.Next(BT)
+	m.scratch = a.Next(BT, C)
+	m.Logits = a.Next(BT, cfg.Vocab)
+	m.Losses = st.Next(BT)
+
+	dbuf, dwide := cfg.actGradSizes()
+	if m.grad, err = be.Alloc("activation grads", BT*(C+dbuf+dwide), dt); err != nil {
+		return fail("activation gradients", err)
+	}
+	gc := &backend.Carver{T: m.grad}
+	m.dres, m.dbuf, m.dwide = gc.Next(BT, C), gc.Next(BT*dbuf), gc.Next(BT*dwide)
+	if m.bwdScratch, err = be.Alloc("backward scratch", cfg.backwardScratch(B, T), backend.F32); err != nil {
+		return fail("backward scratch", err)
+	}
+	batch, err := be.Alloc("batch", 2*BT, backend.I32)
+	if err != nil {
+		return fail("batch", err)
+	}
+	m.Inputs, m.Targets = batch.Slice(0, BT), batch.Slice(BT, BT)
+	if err := backend.Upload(be, be.DefaultStream(), m.invFreq, cfg.InvFreq()); err != nil {
+		return fail("rotary frequencies", err)
+	}
+	return m, nil
+}
+
+// views carves t into parameter views at offs (by Layout index; negative:
+// no view).
+func (m *Model) views(t backend.Tensor, offs []int) modelParams {
+	v := func(i int) backend.Tensor {
+		if offs[i] < 0 {
+			return backend.Tensor{}
+		}
+		p := m.layout[i]
+		return t.Slice(offs[i], p.Len(), p.Shape...)
+	}
+	mp := modelParams{embed: v(0)}
+	for l := 0; l < m.Cfg.NumLayers; l++ {
+		var lp layerParams
+		for s := range lp {
+			lp[s] = v(1 + l*perLayer + s)
+		}
+		mp.layers = append(mp.layers, lp)
+	}
+	n := 1 + m.Cfg.NumLayers*perLayer
+	mp.norm, mp.head = v(n), mp.embed
+	if !m.Cfg.Tied {
+		mp.head = v(n + 1)
+	}
+	return mp
+}
+
+// Layout is the parameter layout of Params (and of Grads without hooks).
+func (m *Model) Layout() []model.Param { return m.layout }
+
+// Buffers implements model.Model.
+func (m *Model) Buffers() model.Buffers {
+	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses, Logits: m.Logits}
+}
+
+// ParamView returns parameter i of t (Params, or a tensor of the same
+// layout).
+func (m *Model) ParamView(t backend.Tensor, i int) backend.Tensor {
+	p := m.layout[i]
+	return t.Slice(p.Offset, p.Len(), p.Shape...)
+}
+
+// GradView returns the gradient view of parameter i and false when it has
+// no dense gradient (a matrix under MatrixGrads).
+func (m *Model) GradView(i int) (backend.Tensor, bool) {
+	if i < 0 || i >= len(m.layout) || m.gradOff[i] < 0 {
+		return backend.Tensor{}, false
+	}
+	p := m.layout[i]
+	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
+}
+
+// Free releases every buffer of the model.
+func (m *Model) Free() {
+	for _, t := range []backend.Tensor{m.Params, m.Grads, m.acts, m.statsBuf, m.grad, m.bwdScratch, m.Inputs} {
+		if t.Buf != nil {
+			m.be.Free(t)
+		}
+	}
+	*m = Model{Cfg: m.Cfg, B: m.B, T: m.T, DType: m.DType, be: m.be}
+}
+
+// Model is the model contract's Model.
+var _ model.Model = (*Model)(nil)
+
+// layerInput is the residual stream entering layer l (l == L: the input
+// of the final norm).
+func (m *Model) layerInput(l int) backend.Tensor {
+	if l == 0 {
+		return m.encoded
+	}
+	return m.layers[l-1].res3
+}
+
+func (m *Model) checkLayer(pass string, l int) error {
+	if l < 0 || l >= m.Cfg.NumLayers {
+		return fmt.Errorf("llama %s: layer %d out of range [0, %d)", pass, l, m.Cfg.NumLayers)
+	}
+	return nil
+}
+
+// planes are the q, k and v parts of a planar qkv tensor (or of its
+// gradient), each [B*T, width].
+func (m *Model) planes(qkv backend.Tensor) (q, k, v backend.Tensor) {
+	BT, qw, kw := m.B*m.T, m.Cfg.qWidth(), m.Cfg.kvWidth()
+	return qkv.Slice(0, BT*qw, BT, qw), qkv.Slice(BT*qw, BT*kw, BT, kw), qkv.Slice(BT*(qw+kw), BT*kw, BT, kw)
+}
+
+// Forward enqueues the forward pass on s, from Inputs to Logits.
+func (m *Model) Forward(s backend.Stream) error {
+	if err := m.ForwardEmbed(s); err != nil {
+		return err
+	}
+	for l := 0; l < m.Cfg.NumLayers; l++ {
+		if err := m.ForwardLayer(s, l); err != nil {
+			return err
+		}
+	}
+	return m.ForwardHead(s)
+}
+
+// ForwardEmbed enqueues the token embedding (no position table).
+func (m *Model) ForwardEmbed(s backend.Stream) error {
+	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, m.p.embed, backend.Tensor{}, m.B, m.T, m.Cfg.Hidden); err != nil {
+		return fmt.Errorf("llama forward: %w", err)
+	}
+	return nil
+}
+
+// ForwardLayer enqueues block l; block l-1 (or the embedding) must be
+// enqueued before it.
+func (m *Model) ForwardLayer(s backend.Stream, l int) error {
+	if err := m.checkLayer("forward", l); err != nil {
+		return err
+	}
+	be, c := m.be, m.Cfg
+	B, T, C, I, BT, HS := m.B, m.T, c.Hidden, c.Intermediate, m.B*m.T, c.HS()
+	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
+	q, k, v := m.planes(a.qkv)
+	qw, kw := c.qWidth(), c.kvWidth()
+	err := model.Chain(
+		func() error { return be.RMSNormForward(s, a.ln1, a.rstd1, x, p[slotInNorm], BT, C, c.Eps) },
+		func() error { return m.input(s, l, 0, a.ln1) },
+		func() error { return be.Gemm(s, false, false, BT, qw, C, 1, a.ln1, p[slotQ], 0, q) },
+		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotK], 0, k) },
+		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotV], 0, v) },
+		func() error { return be.RoPEForward(s, q, q, m.invFreq, B, T, c.Heads, HS) },
+		func() error { return be.RoPEForward(s, k, k, m.invFreq, B, T, c.KVHeads, HS) },
+		func() error {
+			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
+		},
+		func() error { return m.input(s, l, 1, a.atty) },
+		func() error { return be.Gemm(s, false, false, BT, C, qw, 1, a.atty, p[slotO], 0, m.scratch) },
+		func() error { return be.Add(s, a.res2, x, m.scratch) },
+		func() error { return be.RMSNormForward(s, a.ln2, a.rstd2, a.res2, p[slotPostNorm], BT, C, c.Eps) },
+		func() error { return m.input(s, l, 2, a.ln2) },
+		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotGate], 0, a.gate) },
+		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotUp], 0, a.up) },
+		func() error { return be.SwiGLUForward(s, a.swi, a.gate, a.up) },
+		func() error { return m.input(s, l, 3, a.swi) },
+		func() error { return be.Gemm(s, false, false, BT, C, I, 1, a.swi, p[slotDown], 0, m.scratch) },
+		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
+	)
+	if err != nil {
+		return fmt.Errorf("llama forward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// ForwardHead enqueues the final norm and the logits.
+func (m *Model) ForwardHead(s backend.Stream) error {
+	be, c := m.be, m.Cfg
+	C, BT := c.Hidden, m.B*m.T
+	err := model.Chain(
+		func() error {
+			return be.RMSNormForward(s, m.lnf, m.rstdf, m.layerInput(c.NumLayers), m.p.norm, BT, C, c.Eps)
+		},
+		// logits = lnf head^T, head V x C (lm_head, or the embedding).
+		func() error { return be.Gemm(s, false, true, BT, c.Vocab, C, 1, m.lnf, m.p.head, 0, m.Logits) },
+	)
+	if err != nil {
+		return fmt.Errorf("llama forward, head: %w", err)
+	}
+	return nil
+}
+
+// input hands block input in to the hooks, if any.
+func (m *Model) input(s backend.Stream, l, in int, x backend.Tensor) error {
+	if m.hooks == nil {
+		return nil
+	}
+	if err := m.hooks.Input(s, l, in, x); err != nil {
+		return fmt.Errorf("input %d hook: %w", in, err)
+	}
+	return nil
+}
+
+// CrossEntropy enqueues the fused softmax cross-entropy on the logits of
+// the last Forward: Losses gets the per-position losses, and with scale
+// != 0 Logits is replaced by scale * dloss/dlogits.
+func (m *Model) CrossEntropy(s backend.Stream, scale float32) error {
+	if err := m.be.CrossEntropyForwardBackward(s, m.Losses, m.Logits, m.Targets, m.B*m.T, m.Cfg.Vocab, scale); err != nil {
+		return fmt.Errorf("llama loss: %w", err)
+	}
+	return nil
+}
+
+// ZeroGrads enqueues clearing of every dense parameter gradient.
+func (m *Model) ZeroGrads(s backend.Stream) error { return m.be.Fill(s, m.Grads, 0) }
+
+// Backward enqueues the whole backward pass.
+func (m *Model) Backward(s backend.Stream) error { return model.Backward(m, s, m.Cfg.NumLayers) }
+
+// BackwardHead enqueues the head's backward, from dlogits to dres (dL/dx
+// of the last layer's output); accumulates the head's (or the tied
+// embedding's) and the final norm's gradients.
+func (m *Model) BackwardHead(s backend.Stream) error {
+	be, c := m.be, m.Cfg
+	C, BT := c.Hidden, m.B*m.T
+	dlnf := m.dbuf.Slice(0, BT*C, BT, C)
+	err := model.Chain(
+		// dlnf = dlogits head; dhead += dlogits^T lnf.
+		func() error { return be.Gemm(s, false, false, BT, C, c.Vocab, 1, m.Logits, m.p.head, 0, dlnf) },
+		func() error { return be.Gemm(s, true, false, c.Vocab, C, BT, 1, m.Logits, m.lnf, 1, m.g.head) },
+		func() error { return be.Fill(s, m.dres, 0) },
+		func() error {
+			return be.RMSNormBackward(s, m.dres, m.g.norm, dlnf, m.layerInput(c.NumLayers), m.p.norm, m.rstdf, m.bwdScratch, BT, C)
+		},
+	)
+	if err != nil {
+		return fmt.Errorf("llama backward, head: %w", err)
+	}
+	return nil
+}
+
+// linearBackward of matrix k of layer l: dinp = dout W^T (written, or
+// added to when accumulate: matrices reading one input sum their input
+// gradients), and dW += inp^T dout, or with hooks OutputGrad(dout)
+// instead (inp is then not read: it was not kept).
+func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, inp backend.Tensor, accumulate bool) error {
+	IC, OC := m.Cfg.MatrixShape(k)
+	N := m.B * m.T
+	slot := matrixSlot[k]
+	w, dw := m.p.layers[l][slot], m.g.layers[l][slot]
+	beta := float32(0)
+	if accumulate {
+		beta = 1
+	}
+	return model.Chain(
+		func() error {
+			if m.hooks == nil {
+				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
+			}
+			if err := m.hooks.OutputGrad(s, l, int(k), dout); err != nil {
+				return fmt.Errorf("%v output-grad hook: %w", k, err)
+			}
+			return nil
+		},
+		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, beta, dinp) },
+	)
+}
+
+// BackwardLayer enqueues block l's backward. dres holds dL/dres3 of block
+// l on entry and dL/dx of its input on exit, so blocks go from L-1 down to
+// 0, after BackwardHead. Matrices' output gradients reach the hooks in
+// reverse forward order.
+func (m *Model) BackwardLayer(s backend.Stream, l int) error {
+	if err := m.checkLayer("backward", l); err != nil {
+		return err
+	}
+	be, c := m.be, m.Cfg
+	B, T, C, I, BT, HS := m.B, m.T, c.Hidden, c.Intermediate, m.B*m.T, c.HS()
+	a, p, g, x := &m.layers[l], &m.p.layers[l], &m.g.layers[l], m.layerInput(l)
+	dC := m.dbuf.Slice(0, BT*C, BT, C)
+	datty := m.dbuf.Slice(0, BT*c.qWidth(), BT, c.qWidth())
+	dgate, dup := m.dwide.Slice(0, BT*I, BT, I), m.dwide.Slice(BT*I, BT*I, BT, I)
+	dqkv := m.dwide.Slice(0, BT*c.qkvWidth())
+	dq, dk, dv := m.planes(dqkv)
+	err := model.Chain(
+		// MLP: dswi (in dgate's place) = dres Wdown^T; SwiGLU's backward
+		// overwrites it with dgate.
+		func() error { return m.linearBackward(s, l, MatDown, dgate, m.dres, a.swi, false) },
+		func() error { return be.SwiGLUBackward(s, dgate, dup, dgate, a.gate, a.up) },
+		func() error { return m.linearBackward(s, l, MatUp, dC, dup, a.ln2, false) },
+		func() error { return m.linearBackward(s, l, MatGate, dC, dgate, a.ln2, true) },
+		func() error {
+			return be.RMSNormBackward(s, m.dres, g[slotPostNorm], dC, a.res2, p[slotPostNorm], a.rstd2, m.bwdScratch, BT, C)
+		},
+		// Attention: datty = dres Wo^T; dqkv (planar) from it; RoPE's
+		// backward turns dq and dk into the projections' output grads.
+		func() error { return m.linearBackward(s, l, MatO, datty, m.dres, a.atty, false) },
+		func() error {
+			return be.AttentionBackward(s, dqkv, datty, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
+		},
+		func() error { return be.RoPEBackward(s, dq, dq, m.invFreq, B, T, c.Heads, HS) },
+		func() error { return be.RoPEBackward(s, dk, dk, m.invFreq, B, T, c.KVHeads, HS) },
+		func() error { return m.linearBackward(s, l, MatV, dC, dv, a.ln1, false) },
+		func() error { return m.linearBackward(s, l, MatK, dC, dk, a.ln1, true) },
+		func() error { return m.linearBackward(s, l, MatQ, dC, dq, a.ln1, true) },
+		func() error {
+			return be.RMSNormBackward(s, m.dres, g[slotInNorm], dC, x, p[slotInNorm], a.rstd1, m.bwdScratch, BT, C)
+		},
+	)
+	if err != nil {
+		return fmt.Errorf("llama backward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// BackwardEmbed enqueues the embedding's backward, after
+// BackwardLayer(0).
+func (m *Model) BackwardEmbed(s backend.Stream) error {
+	if err := m.be.EncoderBackward(s, m.g.embed, backend.Tensor{}, m.dres, m.Inputs, m.B, m.T, m.Cfg.Hidden); err != nil {
+		return fmt.Errorf("llama backward, embeddings: %w", err)
+	}
+	return nil
+}
