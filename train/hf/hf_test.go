@@ -451,3 +451,5 @@ func binaryF32(v []float32) []byte {
 	}
 	return b
 }
+
+func bf16Value(b uint16) float32 { return bf16.ToFloat32(b) }
