@@ -84,7 +84,10 @@ func Open(dir string) (*Checkpoint, error) {
 	opened := map[string]*safetensors.File{}
 	// Shards in a fixed order (sorted file names) so errors are stable.
 	shards := make([]string, 0, len(wm))
-	for _, s := range wm {
+	for name, s := range wm {
+		// One file under two spellings (sub/./b, sub/b) is one shard.
+		s = filepath.Clean(s)
+		wm[name] = s
 		if _, ok := opened[s]; !ok {
 			opened[s] = nil
 			shards = append(shards, s)
