@@ -228,11 +228,11 @@ type paramWriter struct {
 
 // write writes p in the Hugging Face layout and the output dtype.
 func (w *paramWriter) write(out io.Writer, p model.Param) error {
-	if w.vals == nil {
-		w.vals = make([]float32, chunkElems)
-	}
 	n := p.Len()
 	if !p.Transposed {
+		if len(w.vals) < min(n, chunkElems) {
+			w.vals = make([]float32, min(n, chunkElems))
+		}
 		for off := 0; off < n; off += chunkElems {
 			v := w.vals[:min(chunkElems, n-off)]
 			if err := w.fetch(p.Offset+off, v); err != nil {
@@ -251,7 +251,7 @@ func (w *paramWriter) write(out io.Writer, p model.Param) error {
 	if len(w.block) < k*in {
 		w.block = make([]float32, k*in)
 	}
-	rows := max(1, chunkElems/max(1, cols))
+	rows := min(in, max(1, chunkElems/max(1, cols)))
 	if len(w.vals) < rows*cols {
 		w.vals = make([]float32, rows*cols)
 	}
@@ -287,7 +287,7 @@ func (w *paramWriter) emit(out io.Writer, v []float32) error {
 		es = 2
 	}
 	if cap(w.bytes) < es*len(v) {
-		w.bytes = make([]byte, es*max(len(v), chunkElems))
+		w.bytes = make([]byte, es*len(v))
 	}
 	b := w.bytes[:es*len(v)]
 	if w.dt == safetensors.BF16 {

@@ -453,3 +453,21 @@ func binaryF32(v []float32) []byte {
 }
 
 func bf16Value(b uint16) float32 { return bf16.ToFloat32(b) }
+
+// TestSmallChunks runs the loads and the export round trips with chunks
+// and transposition blocks of a few elements, so that every boundary (a
+// chunk ending mid-row, a block of one row, a last partial block) is
+// crossed.
+func TestSmallChunks(t *testing.T) {
+	defer func(c, b int) { chunkElems, blockElems = c, b }(chunkElems, blockElems)
+	for _, sz := range [][2]int{{1, 1}, {5, 37}, {64, 64 * 3}, {1000, 100}} {
+		chunkElems, blockElems = sz[0], sz[1]
+		t.Run(fmt.Sprintf("chunk%d-block%d", sz[0], sz[1]), func(t *testing.T) {
+			TestLoadFixtures(t)
+			TestExportRoundTrip(t)
+		})
+		if t.Failed() {
+			return
+		}
+	}
+}

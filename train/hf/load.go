@@ -24,9 +24,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
-// chunkElems is the size of one conversion chunk (4 MB of float32); the
-// backend's staging moves it in pieces of its own.
-const chunkElems = 1 << 20
+// chunkElems is the size of one conversion chunk (4 MB of float32; tests
+// make it tiny to cross every boundary); the backend's staging moves it in
+// pieces of its own.
+var chunkElems = 1 << 20
 
 // LoadOptions adapt loading to a model family's names.
 type LoadOptions struct {
@@ -251,8 +252,15 @@ func firstNonFinite(raw []byte, dt safetensors.DType) (int, float32) {
 // convert reads every source into float32 chunks, transposing where the
 // layout says, and hands each chunk to sink with its element offset.
 func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) error) error {
-	buf := make([]float32, chunkElems)
-	var col []float32
+	// Buffers as large as needed, up to a chunk: a tiny model (the fuzz
+	// tests' few-kilobyte files) allocates tiny ones.
+	var buf, col []float32
+	grow := func(b []float32, n int) []float32 {
+		if len(b) < n {
+			return make([]float32, n)
+		}
+		return b
+	}
 	for _, sc := range srcs {
 		raw, _, err := sc.f.Raw(sc.name)
 		if err != nil {
@@ -262,6 +270,7 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 		es := bits / 8
 		if !sc.p.Transposed {
 			n := sc.p.Len()
+			buf = grow(buf, min(n, chunkElems))
 			for off := 0; off < n; off += chunkElems {
 				k := min(chunkElems, n-off)
 				decode(buf[:k], raw[off*es:(off+k)*es], sc.ti.DType)
@@ -274,13 +283,9 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 			// are columns [i0, i1) of the file, read row by row of the file
 			// (contiguous runs of i1-i0 elements) and scattered.
 			in, out := sc.p.Shape[0], sc.p.Shape[1]
-			rows := max(1, chunkElems/max(1, out))
-			if need := rows * out; need > len(buf) {
-				buf = make([]float32, need)
-			}
-			if len(col) < rows {
-				col = make([]float32, rows)
-			}
+			rows := min(in, max(1, chunkElems/max(1, out)))
+			buf = grow(buf, rows*out)
+			col = grow(col, rows)
 			for i0 := 0; i0 < in; i0 += rows {
 				k := min(rows, in-i0)
 				for j := range out {
