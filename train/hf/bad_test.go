@@ -177,7 +177,7 @@ func TestBadInput(t *testing.T) {
 				d[10], d[11] = 0xc0, 0x7f // element 5: bf16 NaN 0x7fc0
 				return ts
 			})
-			return []string{p, `"model.layers.1.self_attn.o_proj.weight"`, "element 5 is NaN"}
+			return []string{p, "model.layers.1.self_attn.o_proj.weight holds NaN at element 5", "not finite"}
 		}},
 		{"Inf", fixture, func(t *testing.T, dir string) []string {
 			p := filepath.Join(dir, SingleFile)
@@ -188,7 +188,7 @@ func TestBadInput(t *testing.T) {
 				ts[i] = safetensors.F32Tensor(ts[i].Name, ts[i].Shape, v)
 				return ts
 			})
-			return []string{p, `"model.norm.weight"`, "element 63 is -Inf"}
+			return []string{p, "model.norm.weight holds -Inf at element 63", "not finite"}
 		}},
 		{"index not JSON", fixtureSharded, func(t *testing.T, dir string) []string {
 			p := filepath.Join(dir, IndexFile)

@@ -205,7 +205,9 @@ func (c *Checkpoint) check(layout []model.Param, opt LoadOptions) ([]source, err
 		i, bad := firstNonFinite(raw, sc.ti.DType)
 		sc.f.Release(sc.name)
 		if i >= 0 {
-			return nil, fmt.Errorf("hf: %s: tensor %q: element %d is %v; refusing a model with non-finite weights", sc.f.Path, sc.name, i, bad)
+			// The wording of checkpoint.NonFinite, which callers checked
+			// before this package did (element: of the file's tensor).
+			return nil, fmt.Errorf("hf: %s: tensor %s holds %v at element %d; refusing weights that are not finite", sc.f.Path, sc.name, bad, i)
 		}
 	}
 	return srcs, nil
