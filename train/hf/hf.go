@@ -9,7 +9,11 @@
 // (presence, shape, dtype, finite values) before the destination receives
 // a byte, then converts tensor by tensor in bounded chunks, handing each
 // tensor's pages back once read, so that peak resident memory stays near
-// the size of the loaded weights, not twice it.
+// the size of the loaded weights, not twice it. A tensor that no parameter
+// reads is refused, naming it (it means the checkpoint holds a different
+// model than the layout describes), unless it is a buffer transformers
+// recomputes (Harmless: rotary inv_freq, GPT-2's attention masks) or the
+// family accepts it (LoadOptions.Extra).
 //
 // Paths: names of shards come from a file (the index), so each must stay
 // inside the directory: no "..", no absolute path, and no symbolic link
