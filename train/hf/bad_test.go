@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -311,5 +312,50 @@ func TestGoodVariants(t *testing.T) {
 	load(snap)
 	if _, err := WeightBytes(snap); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestWeightBytesRefuses: WeightBytes checks shard paths as Open does, so
+// a memory plan never counts a file outside the directory.
+func TestWeightBytesRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		shard, want string
+	}{
+		{"../" + shardNames[0], "leaves the model directory"},
+		{"/etc/hostname", "leaves the model directory"},
+		{"nothere.safetensors", "no such file"},
+	} {
+		dir := copyDir(t, fixtureSharded)
+		editIndex(t, dir, func(wm map[string]string) { wm["model.norm.weight"] = tc.shard })
+		_, err := WeightBytes(dir)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), filepath.Join(dir, IndexFile)) {
+			t.Errorf("%s: %v", tc.shard, err)
+		}
+	}
+}
+
+// TestExportRefuses: a wrong value count, dtype or layout is refused
+// before a file is written.
+func TestExportRefuses(t *testing.T) {
+	layout := []model.Param{{Name: "a", Shape: []int{2, 2}, Transposed: true}, {Name: "b", Shape: []int{3}, Offset: 4}}
+	for _, tc := range []struct {
+		vals   []float32
+		layout []model.Param
+		opt    ExportOptions
+		want   string
+	}{
+		{make([]float32, 6), layout, ExportOptions{}, "6 values, the layout has 7"},
+		{make([]float32, 7), layout, ExportOptions{DType: backend.I32}, "want F32 or BF16"},
+		{make([]float32, 7), []model.Param{layout[0], {Name: "b", Shape: []int{3}, Offset: 5}}, ExportOptions{}, "b at offset 5, want 4"},
+		{make([]float32, 3), []model.Param{{Name: "c", Shape: []int{3}, Transposed: true}}, ExportOptions{}, "transposed but has shape [3]"},
+	} {
+		dir := filepath.Join(t.TempDir(), "out")
+		err := ExportFloat32(dir, tc.vals, tc.layout, tc.opt)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("err = %v, want %q", err, tc.want)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%q: the directory was created", tc.want)
+		}
 	}
 }

@@ -475,3 +475,51 @@ func TestSmallChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestExportTied: the tied fixture exported without its head (Skip) holds
+// exactly the fixture's tensors, and loads back with Tied.
+func TestExportTied(t *testing.T) {
+	dir := "../testdata/llama-tiny-tied"
+	layout := llamaLayout(readLlamaConfig(t, dir))
+	c, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	vals, err := c.LoadFloat32(layout, tiedHead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, s := newCPU(t)
+	src, err := be.Alloc("params", len(vals), backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := backend.Upload(be, s, src, vals); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	skip := func(p model.Param) bool { return p.Name == "lm_head.weight" }
+	if err := Export(out, be, s, src, layout, ExportOptions{Skip: skip}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if !slices.Equal(got.Names(), c.Names()) {
+		t.Fatalf("exported %v, the fixture has %v", got.Names(), c.Names())
+	}
+	for _, n := range c.Names() {
+		a, _ := rawOf(t, got, n)
+		b, _ := rawOf(t, c, n)
+		if string(a) != string(b) {
+			t.Errorf("%s differs from the fixture", n)
+		}
+	}
+	back, err := got.LoadFloat32(layout, tiedHead)
+	if err != nil || !same(back, vals) {
+		t.Fatalf("tied export loads back differently (%v)", err)
+	}
+}
