@@ -79,10 +79,13 @@ gotest:
 # disk at every write point (injected, and on a tmpfs where one mounts),
 # the train command killed (SIGKILL) once at every named write point and
 # resumed, stopped by SIGINT and SIGTERM (its exit status), and every
-# command line of README.md run (child processes, slow under -race).
+# command line of README.md run (child processes, slow under -race), and
+# a 1.1 GB sharded checkpoint loaded within 1.2x its size in resident
+# memory (the race detector's shadow memory would break the measure).
 gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull' ./train/
+	$(GO) test -count=1 -run 'TestLoadMemory' ./train/hf/
 	$(GO) test -count=1 -run 'TestKillNamedPoints|TestInterruptExitStatus|TestCompareInterruptExitStatus|TestREADMEExamples' ./cmd/lsp-train/
 
 # `make test-kill`: the train command killed with SIGKILL at every named
@@ -114,8 +117,9 @@ bench-train:
 	$(GO) run ./bench/train
 
 # `make fuzz`: Go's native fuzzing of every parser of a file a user may have
-# downloaded (safetensors, the Hugging Face GPT-2 directory, Alpaca JSON/JSONL
-# and plain text, the tokenizers on that text), one target after another for
+# downloaded (safetensors, the Hugging Face GPT-2 directory, the shard index
+# of a Hugging Face directory, Alpaca JSON/JSONL and plain text, the
+# tokenizers on that text), one target after another for
 # FUZZTIME each, on one worker (FUZZPAR) so it shares the machine politely.
 # The seed corpora (f.Add and testdata/fuzz/FuzzXxx) already run in every
 # `go test`; a crash found here is written to the package's testdata/fuzz/ as
@@ -136,6 +140,7 @@ FUZZ_TARGETS = \
 	./train/gpt2:FuzzHFConfig:10000 \
 	./train/gpt2:FuzzLoadHF:8000 \
 	./train/llama:FuzzHFConfig:10000 \
+	./train/hf:FuzzIndex:10000 \
 	./train/data:FuzzAlpaca:8000 \
 	./train/data:FuzzText:5000 \
 	./train/tokenizer:FuzzEncode:40000 \

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -142,5 +143,47 @@ func TestWriteExportCheck(t *testing.T) {
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLoadSharded: a GPT-2 directory whose weights are shards listed by
+// model.safetensors.index.json (as save_pretrained writes past
+// max_shard_size) loads as the single-file fixture, bit for bit.
+func TestLoadSharded(t *testing.T) {
+	cfg, vals, err := LoadHF(fixtureDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := writeHFConfig(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	err = hf.ExportFloat32(dir, vals, cfg.Layout(), hf.ExportOptions{DType: backend.F32, ShardBytes: int64(4*len(vals)) / 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, hf.IndexFile)); err != nil {
+		t.Fatalf("no index: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); !os.IsNotExist(err) {
+		t.Fatalf("a single file beside the shards: %v", err)
+	}
+	cfg2, vals2, err := LoadHF(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg2 != cfg || !slices.Equal(vals, vals2) {
+		t.Fatal("the sharded directory loads differently")
+	}
+	// A shard missing: the error names the index and the shard.
+	shards, _ := filepath.Glob(filepath.Join(dir, "model-00002-of-*.safetensors"))
+	if len(shards) != 1 {
+		t.Fatalf("shards: %v", shards)
+	}
+	if err := os.Remove(shards[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadHF(dir); err == nil || !strings.Contains(err.Error(), hf.IndexFile) || !strings.Contains(err.Error(), filepath.Base(shards[0])) {
+		t.Errorf("missing shard: %v", err)
 	}
 }

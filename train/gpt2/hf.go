@@ -1,8 +1,10 @@
-// Hugging Face checkpoints: a directory with config.json and
-// model.safetensors as GPT2LMHeadModel.save_pretrained writes them. Import
-// accepts both "transformer."-prefixed names (save_pretrained) and bare
-// ones (the original gpt2 hub files); export writes the prefixed names in
-// fp32, with the LM head tied to wte and so not stored.
+// Hugging Face checkpoints: a directory with config.json and the weights as
+// GPT2LMHeadModel.save_pretrained writes them (model.safetensors, or shards
+// listed by model.safetensors.index.json), read and written through
+// train/hf. Import accepts both "transformer."-prefixed names
+// (save_pretrained) and bare ones (the original gpt2 hub files); export
+// writes the prefixed names in fp32, with the LM head tied to wte and so
+// not stored.
 
 package gpt2
 
@@ -19,7 +21,8 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
-	"github.com/lsp-offload/lsp-offload/train/safetensors"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 )
 
 // hfConfig is the part of a transformers GPT2Config that this model uses.
@@ -104,7 +107,11 @@ func ReadHFConfig(dir string) (Config, error) {
 	if err := c.Validate(); err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
-	if err := checkFits(filepath.Join(dir, "model.safetensors"), c); err != nil {
+	size, err := hf.WeightBytes(dir)
+	if err != nil {
+		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if err := checkFits(size, weightsName(dir), c); err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	return c, nil
@@ -138,44 +145,55 @@ func paramCount(c Config) (n int, ok bool) {
 	return n, ok
 }
 
-// checkFits refuses a config whose parameters cannot be in the weights
-// file, judged by the file's size alone, so that an absurd config.json
-// (n_embd = 1e12, n_layer = 1e9) is refused before anything is allocated
-// for it: by the loader here, and by callers that build a model from
-// ReadHFConfig before loading the weights. os.Stat follows a symbolic
-// link, as Hugging Face's cache needs (see LoadHF).
-func checkFits(weightsPath string, c Config) error {
-	st, err := os.Stat(weightsPath)
-	if err != nil {
-		return err
-	}
+// checkFits refuses a config whose parameters cannot be in weights of
+// size bytes (described by what, for the error), judged by the size alone,
+// so that an absurd config.json (n_embd = 1e12, n_layer = 1e9) is refused
+// before anything is allocated for it: by the loader here, and by callers
+// that build a model from ReadHFConfig before loading the weights. The
+// size follows symbolic links, as Hugging Face's cache needs (see LoadHF).
+func checkFits(size int64, what string, c Config) error {
 	n, ok := paramCount(c)
 	if !ok {
 		return fmt.Errorf("the parameter count of n_embd=%d n_layer=%d vocab_size=%d n_positions=%d overflows",
 			c.C, c.L, c.V, c.MaxT)
 	}
-	if int64(n) > st.Size()/minParamBytes {
+	if int64(n) > size/minParamBytes {
 		return fmt.Errorf("the config declares %d parameters (n_embd=%d n_layer=%d vocab_size=%d n_positions=%d) of at least %d bytes each, but %s holds %d bytes",
-			n, c.C, c.L, c.V, c.MaxT, minParamBytes, weightsPath, st.Size())
+			n, c.C, c.L, c.V, c.MaxT, minParamBytes, what, size)
 	}
 	return nil
+}
+
+// weightsName names dir's weights for errors: model.safetensors, or the
+// index when there is no single file.
+func weightsName(dir string) string {
+	single := filepath.Join(dir, hf.SingleFile)
+	if _, err := os.Stat(single); err != nil {
+		return "the shards of " + filepath.Join(dir, hf.IndexFile)
+	}
+	return single
 }
 
 // LoadHF reads a Hugging Face GPT-2 directory: its config and every
 // parameter, in Layout order, as fp32.
 //
-// The directory's file names are fixed (config.json, model.safetensors; no
-// index of shards), so no name read from a file can lead out of it. The two
-// files may be symbolic links anywhere: Hugging Face's own cache makes
+// File names are fixed (config.json, model.safetensors) or, for shards,
+// read from the index and kept inside the directory by train/hf. The
+// files may be symbolic links: Hugging Face's own cache makes
 // snapshots/<rev>/model.safetensors a link to ../../blobs/<hash>, so
-// refusing links, or links out of the directory, would refuse every model
-// downloaded with transformers.
+// refusing links, or that link out of the directory, would refuse every
+// model downloaded with transformers.
 func LoadHF(dir string) (Config, []float32, error) {
 	cfg, err := ReadHFConfig(dir)
 	if err != nil {
 		return Config{}, nil, err
 	}
-	vals, err := LoadWeights(filepath.Join(dir, "model.safetensors"), cfg)
+	c, err := hf.Open(dir)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer c.Close()
+	vals, err := loadWeights(c, cfg)
 	return cfg, vals, err
 }
 
@@ -187,46 +205,56 @@ func LoadWeights(path string, cfg Config) ([]float32, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
-	if err := checkFits(path, cfg); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
-	}
-	f, err := safetensors.Open(path)
+	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
+	if err := checkFits(st.Size(), path, cfg); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	c, err := hf.OpenFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer c.Close()
+	return loadWeights(c, cfg)
+}
+
+// loadOptions: the hub's bare names, and a stored lm_head.weight, which
+// loadWeights checks against wte itself.
+var loadOptions = hf.LoadOptions{
+	Alt:   func(name string) []string { return []string{strings.TrimPrefix(name, "transformer.")} },
+	Extra: func(name string) bool { return name == "lm_head.weight" },
+}
+
+// loadWeights reads cfg's parameters from an opened checkpoint.
+func loadWeights(c *hf.Checkpoint, cfg Config) ([]float32, error) {
+	where := c.Dir
+	if files := c.Files(); c.Index == "" && len(files) == 1 {
+		where = files[0]
+	} else if c.Index != "" {
+		where = c.Index
+	}
 	// Every layer has perLayer tensors, plus wte, wpe and ln_f's two.
-	if have := len(f.Names()); cfg.L > (have-4)/perLayer {
-		return nil, fmt.Errorf("checkpoint %s: %d tensors, too few for n_layer=%d (%d per layer)", path, have, cfg.L, perLayer)
+	if have := len(c.Names()); cfg.L > (have-4)/perLayer {
+		return nil, fmt.Errorf("checkpoint %s: %d tensors, too few for n_layer=%d (%d per layer)", where, have, cfg.L, perLayer)
 	}
 	layout := cfg.Layout()
-	last := layout[len(layout)-1]
-	vals := make([]float32, last.Offset+last.Len())
-	for _, p := range layout {
-		name := p.Name
-		if _, ok := f.Info(name); !ok {
-			name = strings.TrimPrefix(p.Name, "transformer.")
-		}
-		info, ok := f.Info(name)
-		if !ok {
-			return nil, fmt.Errorf("checkpoint %s: tensor %s missing", path, p.Name)
-		}
-		if !slices.Equal(info.Shape, p.Shape) {
-			return nil, fmt.Errorf("checkpoint %s: tensor %s has shape %v, the config needs %v", path, p.Name, info.Shape, p.Shape)
-		}
-		v, _, err := f.Float32(name)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
-		}
-		copy(vals[p.Offset:p.Offset+p.Len()], v)
+	vals, err := c.LoadFloat32(layout, loadOptions)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	if lm, ok := f.Info("lm_head.weight"); ok {
-		head, _, err := f.Float32(lm.Name)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
-		}
+	if lm, file, ok := c.Info("lm_head.weight"); ok {
 		wte := layout[0]
+		if !slices.Equal(lm.Shape, wte.Shape) {
+			return nil, fmt.Errorf("checkpoint %s: lm_head.weight has shape %v, transformer.wte.weight %v", file, lm.Shape, wte.Shape)
+		}
+		head, _, err := c.Float32(lm.Name)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
 		if !slices.Equal(head, vals[wte.Offset:wte.Offset+wte.Len()]) {
-			return nil, fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", path)
+			return nil, fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", file)
 		}
 	}
 	return vals, nil
@@ -244,11 +272,7 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	if err := writeHFConfig(dir, cfg); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	var ts []safetensors.Tensor
-	for _, p := range cfg.Layout() {
-		ts = append(ts, safetensors.F32Tensor(p.Name, p.Shape, vals[p.Offset:p.Offset+p.Len()]))
-	}
-	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
+	if err := hf.ExportFloat32(dir, vals, cfg.Layout(), hf.ExportOptions{DType: backend.F32}); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	return nil

@@ -68,3 +68,6 @@ func f16ToFloat32(h uint16) float32 {
 		return math.Float32frombits(sign | math.Float32bits(v))
 	}
 }
+
+// F16ToFloat32 widens an IEEE-754 binary16 (raw bits) to float32 exactly.
+func F16ToFloat32(h uint16) float32 { return f16ToFloat32(h) }

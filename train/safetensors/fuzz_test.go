@@ -113,6 +113,29 @@ func checkOpen(t *testing.T, data []byte) {
 	if limit := allocPerByte*uint64(len(data)) + allocSlack; used > limit {
 		t.Fatalf("a %d-byte file allocated %d bytes (limit %d); err = %v", len(data), used, limit, openErr)
 	}
+	// OpenMapped parses the same bytes from a mapping: the same verdict,
+	// the same tensors, and its header parse allocates no more.
+	var mapped *File
+	var mapErr error
+	used = alloc.Bytes(func() { mapped, mapErr = OpenMapped(path) })
+	if limit := allocPerByte*uint64(len(data)) + allocSlack; used > limit {
+		t.Fatalf("OpenMapped of a %d-byte file allocated %d bytes (limit %d); err = %v", len(data), used, limit, mapErr)
+	}
+	if (mapErr == nil) != (openErr == nil) {
+		t.Fatalf("Open says %v, OpenMapped says %v", openErr, mapErr)
+	}
+	if mapped != nil {
+		for _, n := range file.Names() {
+			a, ti, _ := file.Raw(n)
+			b, tj, _ := mapped.Raw(n)
+			if !bytes.Equal(a, b) || !reflect.DeepEqual(ti, tj) {
+				t.Fatalf("tensor %q: OpenMapped reads differently from Open", n)
+			}
+		}
+		if err := mapped.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if openErr != nil {
 		if !strings.Contains(openErr.Error(), path) {
 			t.Fatalf("error %q does not name the file %s", openErr, path)

@@ -4,8 +4,9 @@
 // {string: string}}, then the data section; offsets are relative to the
 // start of the data section, and data is little-endian, row-major.
 //
-// Limits: Open reads the whole file into memory (no mmap), so a checkpoint
-// must fit in RAM. Validation is as strict as the reference implementation:
+// Limits: Open reads the whole file into memory; OpenMapped maps it
+// instead (Linux; elsewhere it reads too), so a multi-gigabyte shard costs
+// no heap and Release returns a consumed tensor's pages. Validation is as strict as the reference implementation:
 // tensors must tile the data section exactly (no overlap, gap or trailing
 // bytes). Conversions exist for F32/BF16/F16 to float32 and I64/I32 to int64.
 package safetensors
@@ -55,9 +56,11 @@ type File struct {
 	Path     string            // the path it was opened from
 	Metadata map[string]string // the "__metadata__" entry; empty map if absent
 
-	data  []byte // the data section
-	infos map[string]TensorInfo
-	names []string // sorted
+	data   []byte // the data section
+	mapped []byte // the whole mapping, for OpenMapped files; nil otherwise
+	closed bool
+	infos  map[string]TensorInfo
+	names  []string // sorted
 }
 
 // Open reads the file at path and validates its header and layout. Every
@@ -289,6 +292,31 @@ func decodeMetadata(b json.RawMessage) (map[string]string, error) {
 	return m, nil
 }
 
+// Close releases the file's memory: it unmaps a mapped file. The bytes Raw
+// returned must not be used afterwards. Closing twice is harmless.
+func (f *File) Close() error {
+	f.closed = true
+	return f.unmap()
+}
+
+// Mapped says whether the file's bytes are a memory mapping (OpenMapped).
+func (f *File) Mapped() bool { return f.mapped != nil }
+
+// Release tells a mapped file that the named tensor's bytes are consumed:
+// their pages leave this process's resident memory (the kernel's page
+// cache may keep them, and a later read pages them back in). Loading a
+// model tensor by tensor and releasing each keeps its resident memory near
+// one tensor's size instead of the file's. For a file read into memory it
+// does nothing.
+func (f *File) Release(name string) {
+	ti, ok := f.infos[name]
+	if !ok || f.mapped == nil {
+		return
+	}
+	base := len(f.mapped) - len(f.data)
+	f.release(base+int(ti.Begin), base+int(ti.End))
+}
+
 // Names returns the tensor names, sorted.
 func (f *File) Names() []string { return slices.Clone(f.names) }
 
@@ -307,6 +335,9 @@ func (f *File) Raw(name string) ([]byte, TensorInfo, error) {
 	ti, ok := f.Info(name)
 	if !ok {
 		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: no tensor %q", f.Path, name)
+	}
+	if f.closed {
+		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: tensor %q read after Close", f.Path, name)
 	}
 	return f.data[ti.Begin:ti.End:ti.End], ti, nil
 }

@@ -5,11 +5,14 @@
 package safetensors
 
 import (
+	"bytes"
 	"encoding/binary"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -324,6 +327,113 @@ func BenchmarkFloat32BF16(b *testing.B) {
 	for b.Loop() {
 		if _, _, err := f.Float32("w"); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// OpenMapped reads what Open reads, Release keeps the bytes readable, and
+// Raw after Close is an error, not a fault.
+func TestOpenMapped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	big := make([]float32, 3000) // spans pages, so Release drops some
+	for i := range big {
+		big[i] = float32(i) - 0.5
+	}
+	ts := []Tensor{F32Tensor("a", []int{2}, []float32{1, 2}), F32Tensor("big", []int{3000}, big), BF16Tensor("c", []int{1}, []uint16{0x3f80})}
+	if err := Write(path, ts, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := OpenMapped(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Mapped() {
+		t.Log("not mapped on this system")
+	}
+	for _, n := range want.Names() {
+		a, _, err1 := want.Float32(n)
+		f.Release(n)
+		b, _, err2 := f.Float32(n)
+		f.Release(n)
+		c, _, err3 := f.Float32(n)
+		if err1 != nil || err2 != nil || err3 != nil || !slices.Equal(a, b) || !slices.Equal(a, c) {
+			t.Fatalf("%s: mapped read differs: %v %v %v", n, err1, err2, err3)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Raw("a"); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("Raw after Close: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	// A header claiming more than the file holds is refused from the
+	// mapping as from the heap.
+	bad := mkFile(`{"w":{"dtype":"F32","shape":[250000000000000],"data_offsets":[0,1000000000000000]}}`, make([]byte, 4))
+	if err := os.WriteFile(path, bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenMapped(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("OpenMapped of a lying header: %v", err)
+	}
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenMapped(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("OpenMapped of an empty file: %v", err)
+	}
+}
+
+// WriteStream writes the same file as Write, and refuses a callback that
+// writes too few or too many bytes, leaving the old file in place.
+func TestWriteStream(t *testing.T) {
+	dir := t.TempDir()
+	ts := []Tensor{F32Tensor("a", []int{2, 2}, []float32{1, 2, 3, 4}), BF16Tensor("b", []int{3}, []uint16{1, 2, 3}), I64Tensor("c", []int{}, []int64{7})}
+	specs := make([]Spec, len(ts))
+	for i, x := range ts {
+		specs[i] = Spec{Name: x.Name, DType: x.DType, Shape: x.Shape}
+	}
+	meta := map[string]string{"format": "pt"}
+	p1, p2 := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "s.safetensors")
+	if err := Write(p1, ts, meta); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteStream(p2, specs, meta, func(i int, w io.Writer) error {
+		for _, b := range ts[i].Data { // byte by byte: chunking is the caller's
+			if _, err := w.Write([]byte{b}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(p1)
+	b, _ := os.ReadFile(p2)
+	if !bytes.Equal(a, b) {
+		t.Fatal("WriteStream and Write wrote different files")
+	}
+	for _, delta := range []int{-1, 1} {
+		err := WriteStream(p2, specs, meta, func(i int, w io.Writer) error {
+			d := ts[i].Data
+			if i == 1 {
+				d = append(slices.Clone(d), 0)[:len(d)+delta]
+			}
+			_, err := w.Write(d)
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), `"b"`) || !strings.Contains(err.Error(), p2) {
+			t.Errorf("delta %d: err = %v, want one naming %s and tensor b", delta, err, p2)
+		}
+		if c, _ := os.ReadFile(p2); !bytes.Equal(c, a) {
+			t.Errorf("delta %d: a failed WriteStream changed the file", delta)
 		}
 	}
 }

@@ -2,7 +2,9 @@
 // atomically.
 //
 // Limits: the whole header is built in memory; tensor data is streamed from
-// the given slices. Tensors are laid out in the order given, back to back.
+// the given slices (Write) or from a callback, tensor by tensor
+// (WriteStream), so that an export needs no copy of the whole file in
+// memory. Tensors are laid out in the order given, back to back.
 
 package safetensors
 
@@ -62,17 +64,18 @@ func I64Tensor(name string, shape []int, v []int64) Tensor {
 // padded with spaces to a multiple of 8 bytes as Hugging Face does so the
 // data section is 8-byte aligned.
 func Write(path string, tensors []Tensor, metadata map[string]string) error {
-	header, err := buildHeader(tensors, metadata)
+	specs := make([]Spec, len(tensors))
+	sizes := make([]int64, len(tensors))
+	for i, t := range tensors {
+		specs[i] = Spec{Name: t.Name, DType: t.DType, Shape: t.Shape}
+		sizes[i] = int64(len(t.Data))
+	}
+	header, err := buildHeader(specs, sizes, metadata)
 	if err != nil {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
 	err = atomicfile.WriteFile(path, 0o644, func(w io.Writer) error {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(len(header)))
-		if _, err := w.Write(n[:]); err != nil {
-			return err
-		}
-		if _, err := w.Write(header); err != nil {
+		if err := writeHeader(w, header); err != nil {
 			return err
 		}
 		for _, t := range tensors {
@@ -88,8 +91,100 @@ func Write(path string, tensors []Tensor, metadata map[string]string) error {
 	return nil
 }
 
-// buildHeader validates the tensors and returns the padded JSON header.
-func buildHeader(tensors []Tensor, metadata map[string]string) ([]byte, error) {
+// Spec describes a tensor that WriteStream writes: its bytes come from the
+// callback.
+type Spec struct {
+	Name  string
+	DType DType
+	Shape []int
+}
+
+// Bytes is the size of the tensor's data, or -1 for an unknown dtype or a
+// shape that is negative or not a whole number of bytes.
+func (s Spec) Bytes() int64 {
+	bits, ok := dtypeBits[s.DType]
+	if !ok {
+		return -1
+	}
+	numel := int64(1)
+	for _, d := range s.Shape {
+		if d < 0 || d != 0 && numel > math.MaxInt64/8/int64(d) {
+			return -1
+		}
+		numel *= int64(d)
+	}
+	if numel*bits%8 != 0 {
+		return -1
+	}
+	return numel * bits / 8
+}
+
+// WriteStream writes a safetensors file of the tensors specs describes to
+// path atomically, as Write does, taking each tensor's bytes from fill:
+// fill(i, w) must write exactly specs[i].Bytes() bytes to w, and is called
+// once per tensor, in order. The file holds only what fill writes, so a
+// caller converting from a device tensor chunk by chunk never holds more
+// than its chunk. Any error (from fill, or a wrong byte count) leaves path
+// untouched.
+func WriteStream(path string, specs []Spec, metadata map[string]string, fill func(i int, w io.Writer) error) error {
+	sizes := make([]int64, len(specs))
+	for i, sp := range specs {
+		sizes[i] = sp.Bytes()
+	}
+	header, err := buildHeader(specs, sizes, metadata)
+	if err != nil {
+		return fmt.Errorf("safetensors: %s: %w", path, err)
+	}
+	err = atomicfile.WriteFile(path, 0o644, func(w io.Writer) error {
+		if err := writeHeader(w, header); err != nil {
+			return err
+		}
+		for i, sp := range specs {
+			cw := &countWriter{w: w, left: sizes[i]}
+			if err := fill(i, cw); err != nil {
+				return fmt.Errorf("%s: tensor %q: %w", path, sp.Name, err)
+			}
+			if cw.left != 0 {
+				return fmt.Errorf("%s: tensor %q: %d bytes written, want %d", path, sp.Name, sizes[i]-cw.left, sizes[i])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	return nil
+}
+
+// countWriter passes at most left bytes on and refuses more, so that a
+// callback writing too much fails before it corrupts the next tensor.
+type countWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (c *countWriter) Write(b []byte) (int, error) {
+	if int64(len(b)) > c.left {
+		return 0, fmt.Errorf("%d bytes more than the tensor holds", int64(len(b))-c.left)
+	}
+	n, err := c.w.Write(b)
+	c.left -= int64(n)
+	return n, err
+}
+
+func writeHeader(w io.Writer, header []byte) error {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(header)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(header)
+	return err
+}
+
+// buildHeader validates the tensors (sizes[i]: the bytes of tensor i's
+// data) and returns the padded JSON header.
+func buildHeader(specs []Spec, sizes []int64, metadata map[string]string) ([]byte, error) {
 	var sb strings.Builder
 	sb.WriteByte('{')
 	first := true
@@ -110,7 +205,7 @@ func buildHeader(tensors []Tensor, metadata map[string]string) ([]byte, error) {
 	}
 	seen := map[string]bool{}
 	var off int64
-	for i, t := range tensors {
+	for i, t := range specs {
 		switch {
 		case t.Name == "":
 			return nil, fmt.Errorf("tensor %d has an empty name", i)
@@ -131,16 +226,16 @@ func buildHeader(tensors []Tensor, metadata map[string]string) ([]byte, error) {
 			}
 			numel *= int64(d)
 		}
-		if numel*bits%8 != 0 || numel*bits/8 != int64(len(t.Data)) {
+		if numel*bits%8 != 0 || numel*bits/8 != sizes[i] {
 			return nil, fmt.Errorf("tensor %q: %d bytes of data, but %s %v needs %d bits",
-				t.Name, len(t.Data), t.DType, t.Shape, numel*bits)
+				t.Name, sizes[i], t.DType, t.Shape, numel*bits)
 		}
 		name, _ := json.Marshal(t.Name)
 		sep()
 		sb.Write(name)
 		sb.WriteString(`:{"dtype":"` + string(t.DType) + `","shape":` + shapeString(t.Shape) +
-			`,"data_offsets":[` + strconv.FormatInt(off, 10) + "," + strconv.FormatInt(off+int64(len(t.Data)), 10) + "]}")
-		off += int64(len(t.Data))
+			`,"data_offsets":[` + strconv.FormatInt(off, 10) + "," + strconv.FormatInt(off+sizes[i], 10) + "]}")
+		off += sizes[i]
 	}
 	sb.WriteByte('}')
 	for sb.Len()%8 != 0 {

@@ -1,0 +1,325 @@
+// load.go: a checkpoint's tensors into a model's parameter layout, on a
+// backend tensor (Load) or in host memory (LoadFloat32).
+//
+// Two passes: the first checks every parameter's tensor (present, shape,
+// dtype, every value finite) and every tensor of the checkpoint (read by a
+// parameter, or known to be harmless), touching nothing; only then does the
+// second convert and upload, in chunks of chunkElems, so a refused
+// checkpoint leaves the destination as it was. Each tensor's mapped pages
+// are released after each pass over it, which keeps the resident memory of
+// a load near the destination's size plus one tensor.
+
+package hf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/bf16"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
+)
+
+// chunkElems is the size of one conversion chunk (4 MB of float32; tests
+// make it tiny to cross every boundary); the backend's staging moves it in
+// pieces of its own.
+var chunkElems = 1 << 20
+
+// LoadOptions adapt loading to a model family's names.
+type LoadOptions struct {
+	// Alt returns other names a parameter may be stored under, tried in
+	// order after its own (GPT-2's hub files lack the "transformer."
+	// prefix). Nil: none.
+	Alt func(name string) []string
+	// Tied maps a parameter that a checkpoint with tied embeddings does
+	// not store (lm_head.weight) to the tensor it is then read from
+	// (model.embed_tokens.weight, of the same Hugging Face shape). A
+	// stored one is read as itself.
+	Tied map[string]string
+	// Extra accepts a checkpoint tensor that no parameter reads, beyond
+	// the buffers Harmless names. Any other unread tensor is refused: it
+	// means the layout and the checkpoint disagree (a bias the family
+	// does not model, a different architecture), and ignoring it would
+	// load a different model than the file holds.
+	Extra func(name string) bool
+}
+
+// Harmless says whether an unread tensor is a buffer that transformers
+// recomputes and older versions saved: the rotary inverse frequencies
+// (LLaMA), the causal-mask buffers of GPT-2's attention.
+func Harmless(name string) bool {
+	for _, suf := range []string{".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"} {
+		if strings.HasSuffix(name, suf) {
+			return true
+		}
+	}
+	return false
+}
+
+// source is where one parameter comes from, checked.
+type source struct {
+	p    model.Param
+	name string // the tensor's name in the checkpoint
+	f    *safetensors.File
+	ti   safetensors.TensorInfo
+}
+
+// Load checks the checkpoint against layout, then writes every parameter
+// into dst (F32, or BF16 rounded to nearest even; dst.Len() is the
+// layout's element count) on stream s of be, in chunks, waiting for the
+// uploads. Nothing is written unless every parameter checks out.
+func (c *Checkpoint) Load(be backend.Backend, s backend.Stream, dst backend.Tensor, layout []model.Param, opt LoadOptions) error {
+	if dst.DType != backend.F32 && dst.DType != backend.BF16 {
+		return fmt.Errorf("hf: load of %s into %v: the destination must be F32 or BF16", c.Dir, dst)
+	}
+	n, err := layoutLen(layout)
+	if err != nil {
+		return err
+	}
+	if dst.Len() != n {
+		return fmt.Errorf("hf: load of %s into %v: %d elements, the layout has %d", c.Dir, dst, dst.Len(), n)
+	}
+	srcs, err := c.check(layout, opt)
+	if err != nil {
+		return err
+	}
+	return c.convert(srcs, func(off int, vals []float32) error {
+		return backend.Upload(be, s, dst.Slice(off, len(vals)), vals)
+	})
+}
+
+// LoadFloat32 is Load into host memory: every parameter as float32, in
+// layout order, for small models and tests.
+func (c *Checkpoint) LoadFloat32(layout []model.Param, opt LoadOptions) ([]float32, error) {
+	n, err := layoutLen(layout)
+	if err != nil {
+		return nil, err
+	}
+	srcs, err := c.check(layout, opt) // before allocating: shapes bound n by the files' sizes
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	err = c.convert(srcs, func(off int, vals []float32) error {
+		copy(out[off:], vals)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// layoutLen is the element count of a layout, checking that its
+// parameters are disjoint and back to back as train/model requires.
+func layoutLen(layout []model.Param) (int, error) {
+	off := 0
+	for _, p := range layout {
+		if p.Offset != off {
+			return 0, fmt.Errorf("hf: layout: %s at offset %d, want %d", p.Name, p.Offset, off)
+		}
+		if p.Transposed && len(p.Shape) != 2 {
+			return 0, fmt.Errorf("hf: layout: %s is transposed but has shape %v", p.Name, p.Shape)
+		}
+		off += p.Len()
+	}
+	return off, nil
+}
+
+// hfShape is the shape Hugging Face stores p in.
+func hfShape(p model.Param) []int {
+	if p.Transposed {
+		return []int{p.Shape[1], p.Shape[0]}
+	}
+	return p.Shape
+}
+
+// check finds and checks every parameter's tensor and every unread
+// tensor; it reads the values (for NaN and Inf) but writes nothing.
+func (c *Checkpoint) check(layout []model.Param, opt LoadOptions) ([]source, error) {
+	used := map[string]bool{}
+	srcs := make([]source, 0, len(layout))
+	for _, p := range layout {
+		cands := []string{p.Name}
+		if opt.Alt != nil {
+			cands = append(cands, opt.Alt(p.Name)...)
+		}
+		name := ""
+		for _, cand := range cands {
+			if _, ok := c.where[cand]; ok {
+				name = cand
+				break
+			}
+		}
+		if name == "" {
+			if t, ok := opt.Tied[p.Name]; ok {
+				if _, ok := c.where[t]; !ok {
+					return nil, fmt.Errorf("hf: %s: tensor %q is missing, and so is %q it is tied to", c.where0(), p.Name, t)
+				}
+				name = t
+			} else {
+				return nil, fmt.Errorf("hf: %s: tensor %q is missing", c.where0(), p.Name)
+			}
+		}
+		f := c.where[name]
+		ti, _ := f.Info(name)
+		if want := hfShape(p); !slices.Equal(ti.Shape, want) {
+			return nil, fmt.Errorf("hf: %s: tensor %q: shape %v, the model needs %v", f.Path, name, ti.Shape, want)
+		}
+		switch ti.DType {
+		case safetensors.F32, safetensors.BF16, safetensors.F16:
+		default:
+			return nil, fmt.Errorf("hf: %s: tensor %q: dtype %s, want F32, BF16 or F16", f.Path, name, ti.DType)
+		}
+		used[name] = true
+		srcs = append(srcs, source{p: p, name: name, f: f, ti: ti})
+	}
+	var extra []string
+	for _, n := range c.names {
+		if !used[n] && !Harmless(n) && (opt.Extra == nil || !opt.Extra(n)) {
+			extra = append(extra, n)
+		}
+	}
+	if len(extra) > 0 {
+		_, file, _ := c.Info(extra[0])
+		more := ""
+		if len(extra) > 1 {
+			more = fmt.Sprintf(" (and %d more: %s)", len(extra)-1, strings.Join(extra[1:min(len(extra), 6)], ", "))
+		}
+		return nil, fmt.Errorf("hf: %s: tensor %q is not a parameter of this model%s", file, extra[0], more)
+	}
+	checked := map[string]bool{}
+	for _, sc := range srcs {
+		if checked[sc.name] {
+			continue
+		}
+		checked[sc.name] = true
+		raw, _, err := sc.f.Raw(sc.name)
+		if err != nil {
+			return nil, fmt.Errorf("hf: %w", err)
+		}
+		i, bad := firstNonFinite(raw, sc.ti.DType)
+		sc.f.Release(sc.name)
+		if i >= 0 {
+			// The wording of checkpoint.NonFinite, which callers checked
+			// before this package did (element: of the file's tensor).
+			return nil, fmt.Errorf("hf: %s: tensor %s holds %v at element %d; refusing weights that are not finite", sc.f.Path, sc.name, bad, i)
+		}
+	}
+	return srcs, nil
+}
+
+// where0 names the checkpoint for errors about a tensor it lacks: the
+// index, or the single file.
+func (c *Checkpoint) where0() string {
+	if c.Index != "" {
+		return c.Index
+	}
+	if len(c.files) == 1 {
+		return c.files[0].Path
+	}
+	return c.Dir
+}
+
+// firstNonFinite returns the index and value of the first NaN or Inf in
+// raw (of dtype dt), or -1.
+func firstNonFinite(raw []byte, dt safetensors.DType) (int, float32) {
+	switch dt {
+	case safetensors.F32:
+		for i := 0; i+4 <= len(raw); i += 4 {
+			if b := binary.LittleEndian.Uint32(raw[i:]); b&0x7f800000 == 0x7f800000 {
+				return i / 4, math.Float32frombits(b)
+			}
+		}
+	case safetensors.BF16:
+		for i := 0; i+2 <= len(raw); i += 2 {
+			if b := binary.LittleEndian.Uint16(raw[i:]); b&0x7f80 == 0x7f80 {
+				return i / 2, bf16.ToFloat32(b)
+			}
+		}
+	case safetensors.F16:
+		for i := 0; i+2 <= len(raw); i += 2 {
+			if b := binary.LittleEndian.Uint16(raw[i:]); b&0x7c00 == 0x7c00 {
+				return i / 2, safetensors.F16ToFloat32(b)
+			}
+		}
+	}
+	return -1, 0
+}
+
+// convert reads every source into float32 chunks, transposing where the
+// layout says, and hands each chunk to sink with its element offset.
+func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) error) error {
+	// Buffers as large as needed, up to a chunk: a tiny model (the fuzz
+	// tests' few-kilobyte files) allocates tiny ones.
+	var buf, col []float32
+	grow := func(b []float32, n int) []float32 {
+		if len(b) < n {
+			return make([]float32, n)
+		}
+		return b
+	}
+	for _, sc := range srcs {
+		raw, _, err := sc.f.Raw(sc.name)
+		if err != nil {
+			return fmt.Errorf("hf: %w", err)
+		}
+		bits, _ := sc.ti.DType.Bits()
+		es := bits / 8
+		if !sc.p.Transposed {
+			n := sc.p.Len()
+			buf = grow(buf, min(n, chunkElems))
+			for off := 0; off < n; off += chunkElems {
+				k := min(chunkElems, n-off)
+				decode(buf[:k], raw[off*es:(off+k)*es], sc.ti.DType)
+				if err := sink(sc.p.Offset+off, buf[:k]); err != nil {
+					return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
+				}
+			}
+		} else {
+			// Ours is in x out, the file's out x in: rows [i0, i1) of ours
+			// are columns [i0, i1) of the file, read row by row of the file
+			// (contiguous runs of i1-i0 elements) and scattered.
+			in, out := sc.p.Shape[0], sc.p.Shape[1]
+			rows := min(in, max(1, chunkElems/max(1, out)))
+			buf = grow(buf, rows*out)
+			col = grow(col, rows)
+			for i0 := 0; i0 < in; i0 += rows {
+				k := min(rows, in-i0)
+				for j := range out {
+					decode(col[:k], raw[(j*in+i0)*es:(j*in+i0+k)*es], sc.ti.DType)
+					for r, v := range col[:k] {
+						buf[r*out+j] = v
+					}
+				}
+				if err := sink(sc.p.Offset+i0*out, buf[:k*out]); err != nil {
+					return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
+				}
+			}
+		}
+		sc.f.Release(sc.name)
+	}
+	return nil
+}
+
+// decode widens raw (len(dst) elements of dt: F32, BF16 or F16) exactly.
+func decode(dst []float32, raw []byte, dt safetensors.DType) {
+	switch dt {
+	case safetensors.F32:
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		}
+	case safetensors.BF16:
+		for i := range dst {
+			dst[i] = bf16.ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
+		}
+	case safetensors.F16:
+		for i := range dst {
+			dst[i] = safetensors.F16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
+		}
+	}
+}
