@@ -121,10 +121,7 @@ func updateGaps(t *testing.T, c Config, refOut, out string) []float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, err := initialWeights(mc, c, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	init := mc.Init(c.Seed)
 	ref, _, err := readCheckpoint(t, refOut).Float32("params")
 	if err != nil {
 		t.Fatal(err)

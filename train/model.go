@@ -9,10 +9,8 @@ package train
 
 import (
 	"os"
-	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -52,22 +50,21 @@ func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool)
 	return engine.New(be, mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
 }
 
-// initialWeights are the weights a fresh run starts from: the checkpoint's
-// of --model, or a seeded initialisation of a preset. Pretrained weights
-// holding a NaN or an infinity are refused, naming the tensor, rather than
-// trained into a run whose every loss is NaN.
-func initialWeights(mc model.Spec, c Config, fromCheckpoint bool) ([]float32, error) {
+// setInitialWeights writes the weights a fresh run starts from into dst
+// (the model's parameters, on stream st of be): the checkpoint's of
+// --model, loaded straight into dst without a host copy of the whole
+// model, or a seeded initialisation of a preset. Pretrained weights
+// holding a NaN or an infinity are refused by the loader, naming the
+// file, the tensor and the element, rather than trained into a run whose
+// every loss is NaN; nothing is written to dst then.
+func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor, mc model.Spec, c Config, fromCheckpoint bool) error {
 	if !fromCheckpoint {
-		return mc.Init(c.Seed), nil
+		return backend.Upload(be, st, dst, mc.Init(c.Seed))
 	}
-	vals, err := models.LoadWeights(mc, c.Model)
-	if err != nil {
-		return nil, flagErr("model", "%v", err)
+	if err := models.LoadInto(mc, c.Model, be, st, dst); err != nil {
+		return flagErr("model", "%v", err)
 	}
-	if d := checkpoint.NonFinite(vals, mc.Layout()); d != "" {
-		return nil, flagErr("model", "%s: %s; refusing weights that are not finite", weightsFile(c.Model), d)
-	}
-	return vals, nil
+	return nil
 }
 
 // lspCap is one matrix whose projector size or density lsp caps below the
@@ -94,20 +91,4 @@ func lspCaps(mc model.Spec, d, r int) []lspCap {
 // directory --model named ("" for a preset).
 func exportModel(dir string, mc model.Spec, vals []float32, src string) error {
 	return models.Export(mc, dir, vals, src)
-}
-
-// weightsFile names the file of Hugging Face directory dir that holds its
-// weights (a single file, or the index of shards), for messages.
-func weightsFile(dir string) string {
-	for _, name := range []string{"model.safetensors", "model.safetensors.index.json"} {
-		if p := filepath.Join(dir, name); fileExists(p) {
-			return p
-		}
-	}
-	return dir
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

@@ -273,7 +273,7 @@ func (r *run) resolveModel() error {
 	if r.cfg.SeqLen > r.mc.MaxSeqLen() {
 		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, models.ContextName(r.mc), r.mc.MaxSeqLen())
 	}
-	if r.tok, err = models.Tokenizer(r.mc); err != nil {
+	if r.tok, err = models.Tokenizer(r.mc, r.src); err != nil {
 		return err
 	}
 	if r.tok.VocabSize() > r.mc.VocabSize() {
@@ -437,11 +437,7 @@ func (r *run) resumeOrInit() error {
 	if r.cfg.Resume {
 		return r.resume()
 	}
-	vals, err := initialWeights(r.mc, r.cfg, r.fromCheckpoint)
-	if err != nil {
-		return err
-	}
-	if err := backend.Upload(r.be, r.s, r.model.Buffers().Params, vals); err != nil {
+	if err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint); err != nil {
 		return err
 	}
 	return r.eng.Init()

@@ -50,7 +50,7 @@ func Sample(o SampleOptions) (string, error) {
 	if err != nil {
 		return "", flagErr("model", "%v", err)
 	}
-	tok, err := models.Tokenizer(spec)
+	tok, err := models.Tokenizer(spec, dir)
 	if err != nil {
 		return "", err
 	}

@@ -307,7 +307,7 @@ func (w *paramWriter) emit(out io.Writer, v []float32) error {
 // make a directory usable by transformers' AutoTokenizer and generate().
 var TokenizerFiles = []string{
 	"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-	"vocab.json", "merges.txt", "generation_config.json",
+	"added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
 }
 
 // CopyTokenizerFiles copies those of TokenizerFiles that src has into dst

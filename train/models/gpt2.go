@@ -54,9 +54,12 @@ var gpt2Family = &Family{
 		}
 		return gpt2.ExportHF(dir, c, vals)
 	},
-	Tokenizer: func(spec model.Spec) string {
-		c, _ := gpt2Config(spec) // of() found this family: spec is a gpt2.Config
-		return c.Tokenizer()
+	Tokenizer: func(spec model.Spec, _ string) (string, error) {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return "", err
+		}
+		return c.Tokenizer(), nil
 	},
 }
 

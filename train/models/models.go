@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -53,15 +55,22 @@ type Family struct {
 	// directory dir; the package's Export writes config.json and the
 	// tokenizer files.
 	Export func(spec model.Spec, dir string, vals []float32) error
-	// Tokenizer names the tokenizer of spec, as tokenizer.ByName takes it.
-	Tokenizer func(spec model.Spec) string
+	// LoadInto, where the family has it, writes the weights of spec
+	// from dir straight into dst (Layout order, F32 or BF16) on stream s
+	// of be, without a host copy of the whole model, which a 7B model in
+	// fp32 could not afford. Nil: LoadWeights, then an upload.
+	LoadInto func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error
+	// Tokenizer names the tokenizer of spec, as tokenizer.ByName takes it;
+	// src is the directory the model came from ("" for a preset), whose
+	// tokenizer files may decide it.
+	Tokenizer func(spec model.Spec, src string) (string, error)
 	// Equal reports whether two specs are the same architecture; nil:
 	// reflect.DeepEqual.
 	Equal func(a, b model.Spec) bool
 }
 
 // families is every family the run knows, in the order presets are listed.
-var families = []*Family{gpt2Family}
+var families = []*Family{gpt2Family, llamaFamily}
 
 // Families lists the families.
 func Families() []*Family { return slices.Clone(families) }
@@ -229,13 +238,18 @@ func ContextName(spec model.Spec) string {
 	return "context"
 }
 
-// Tokenizer returns the tokenizer spec's vocabulary is made for.
-func Tokenizer(spec model.Spec) (tokenizer.Tokenizer, error) {
+// Tokenizer returns the tokenizer spec's vocabulary is made for; src is
+// the directory spec came from ("" for a preset).
+func Tokenizer(spec model.Spec, src string) (tokenizer.Tokenizer, error) {
 	f, err := of(spec)
 	if err != nil {
 		return nil, err
 	}
-	return tokenizer.ByName(f.Tokenizer(spec))
+	name, err := f.Tokenizer(spec, src)
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.ByName(name)
 }
 
 // LoadWeights reads the weights of spec, as FromDir(dir) returned it,
@@ -246,6 +260,24 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 		return nil, err
 	}
 	return f.LoadWeights(spec, dir)
+}
+
+// LoadInto writes the weights of spec, as FromDir(dir) returned it, from
+// dir into dst (spec's Layout, F32 or BF16) on stream s of be, and waits
+// for them.
+func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	f, err := of(spec)
+	if err != nil {
+		return err
+	}
+	if f.LoadInto != nil {
+		return f.LoadInto(spec, dir, be, s, dst)
+	}
+	vals, err := f.LoadWeights(spec, dir)
+	if err != nil {
+		return err
+	}
+	return backend.Upload(be, s, dst, vals)
 }
 
 // Load reads a Hugging Face directory: its spec and its weights.
@@ -259,14 +291,6 @@ func Load(dir string) (model.Spec, []float32, error) {
 		return nil, nil, err
 	}
 	return spec, vals, nil
-}
-
-// tokenizerFiles are the files of a Hugging Face tokenizer that an export
-// carries along from its source, so that the export loads with
-// AutoTokenizer as the source did.
-var tokenizerFiles = []string{
-	"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-	"tokenizer.model", "vocab.json", "merges.txt",
 }
 
 // Export writes vals (spec's Layout order) as a Hugging Face directory:
@@ -300,34 +324,10 @@ func Export(spec model.Spec, dir string, vals []float32, src string) error {
 		if src == "" {
 			return nil
 		}
-		for _, name := range tokenizerFiles {
-			if err := copyFile(filepath.Join(tmp, name), filepath.Join(src, name)); err != nil {
-				return fmt.Errorf("export: tokenizer: %w", err)
-			}
+		if _, err := hf.CopyTokenizerFiles(src, tmp); err != nil {
+			return fmt.Errorf("export: %w", err)
 		}
 		return nil
-	})
-}
-
-// copyFile copies src to dst; a src that does not exist is no error. A
-// symbolic link is followed, as Hugging Face's cache needs.
-func copyFile(dst, src string) error {
-	in, err := os.Open(src)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	if st, err := in.Stat(); err != nil {
-		return err
-	} else if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", src)
-	}
-	return writeFile(dst, func(w io.Writer) error {
-		_, err := io.Copy(w, in)
-		return err
 	})
 }
 

@@ -44,9 +44,12 @@ func TestResolvePreset(t *testing.T) {
 		if err != nil || src != "" {
 			t.Fatalf("Resolve(%q) = %v, %q, %v; want a preset with no source", name, spec, src, err)
 		}
-		want, _ := gpt2.Preset(name)
-		if !Equal(spec, want) || spec.Family() != "gpt2" {
-			t.Errorf("Resolve(%q) = %+v, want %+v", name, spec, want)
+		want, err := Lookup(spec.Family())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := want.Preset(name); !Equal(spec, p) || !slices.Contains(want.Presets(), name) {
+			t.Errorf("Resolve(%q) = %+v, want %+v", name, spec, p)
 		}
 	}
 }
@@ -193,12 +196,12 @@ func TestFamilyFacts(t *testing.T) {
 		t.Errorf("ContextName = %q, want n_positions", n)
 	}
 	for spec, want := range map[model.Spec]string{tiny: "byte", big: "gpt2"} {
-		tok, err := Tokenizer(spec)
+		tok, err := Tokenizer(spec, "")
 		if err != nil || tok.Name() != want {
 			t.Errorf("Tokenizer(%+v) = %v, %v; want %s", spec, tok, err, want)
 		}
 	}
-	if _, err := Tokenizer(otherSpec{micro}); err == nil {
+	if _, err := Tokenizer(otherSpec{micro}, ""); err == nil {
 		t.Error("Tokenizer of an unknown family: no error")
 	}
 }

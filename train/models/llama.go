@@ -1,0 +1,135 @@
+// The LLaMA family's entry: model_type llama, and mistral where its
+// sliding window is off (llama.ReadHFConfig decides), through train/hf.
+
+package models
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hf"
+	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+var llamaFamily = &Family{
+	Name:        "llama",
+	ModelTypes:  []string{"llama", "mistral"},
+	ContextName: "max_position_embeddings",
+	Presets:     llama.Presets,
+	Preset: func(name string) (model.Spec, error) {
+		c, err := llama.Preset(name)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	FromDir: func(dir string) (model.Spec, error) {
+		c, err := llama.ReadHFConfig(dir)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	Decode: func(raw []byte) (model.Spec, error) {
+		var c llama.Config
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return nil, err
+		}
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		return c, nil
+	},
+	LoadWeights: func(spec model.Spec, dir string) ([]float32, error) {
+		c, err := llamaConfig(spec)
+		if err != nil {
+			return nil, err
+		}
+		ck, err := hf.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		defer ck.Close()
+		vals, err := ck.LoadFloat32(c.Layout(), llamaLoadOptions(c))
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		return vals, nil
+	},
+	LoadInto: func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+		c, err := llamaConfig(spec)
+		if err != nil {
+			return err
+		}
+		ck, err := hf.Open(dir)
+		if err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		defer ck.Close()
+		if err := ck.Load(be, s, dst, c.Layout(), llamaLoadOptions(c)); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		return nil
+	},
+	Export: func(spec model.Spec, dir string, vals []float32) error {
+		c, err := llamaConfig(spec)
+		if err != nil {
+			return err
+		}
+		if err := hf.ExportFloat32(dir, vals, c.Layout(), hf.ExportOptions{DType: backend.F32}); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		return nil
+	},
+	Tokenizer: func(spec model.Spec, src string) (string, error) {
+		// Reading a checkpoint's own tokenizer (tokenizer.json,
+		// tokenizer.model) is not built yet; training such a checkpoint
+		// on byte ids would silently destroy what it learned, so it is
+		// refused rather than guessed.
+		for _, name := range []string{"tokenizer.json", "tokenizer.model"} {
+			if src == "" {
+				break
+			}
+			if p := filepath.Join(src, name); fileExists(p) {
+				return "", fmt.Errorf("%s: LLaMA tokenizers are not read yet (only the byte tokenizer, for checkpoints without tokenizer files)", p)
+			}
+		}
+		if spec.VocabSize() < 257 {
+			return "", fmt.Errorf("vocab_size %d is smaller than the byte tokenizer's 257", spec.VocabSize())
+		}
+		return "byte", nil
+	},
+	Equal: func(a, b model.Spec) bool {
+		ca, errA := llamaConfig(a)
+		cb, errB := llamaConfig(b)
+		return errA == nil && errB == nil && ca.Equal(cb)
+	},
+}
+
+// llamaLoadOptions: a tied model has no head of its own (its layout
+// holds none); a checkpoint that stores one anyway is read as
+// transformers reads it, tied to the embedding, so the copy is ignored.
+func llamaLoadOptions(c llama.Config) hf.LoadOptions {
+	if c.Tied {
+		return hf.LoadOptions{Extra: func(name string) bool { return name == "lm_head.weight" }}
+	}
+	return hf.LoadOptions{}
+}
+
+// llamaConfig is spec as the LLaMA family's own type.
+func llamaConfig(spec model.Spec) (llama.Config, error) {
+	c, ok := spec.(llama.Config)
+	if !ok {
+		return llama.Config{}, fmt.Errorf("models: %T of family %s is not a llama.Config", spec, spec.Family())
+	}
+	return c, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
