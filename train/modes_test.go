@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // modeConfigs are the offload modes as a user sets them, on the quick job.
@@ -117,5 +118,40 @@ func TestLSPCapLogged(t *testing.T) {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, buf.String())
 		}
+	}
+}
+
+// TestLLaMAModesResumeBitForBit: a LLaMA checkpoint directory (the GQA
+// fixture, made by transformers) trains in every mode and resumes
+// exactly, and its export reads back as the same architecture.
+func TestLLaMAModesResumeBitForBit(t *testing.T) {
+	model := filepath.Join("testdata", "llama-tiny-gqa")
+	cfgs := modeConfigs(t, model)
+	native := quickConfig(t, model)
+	native.Out = filepath.Join(t.TempDir(), "native")
+	cfgs["native"] = native
+	for name, c := range cfgs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			full := mustRun(t, context.Background(), c, Options{})
+			c2 := c
+			c2.Out = filepath.Join(t.TempDir(), "out")
+			first := mustRun(t, context.Background(), c2, Options{StopAfter: 3})
+			c2.Resume = true
+			second := mustRun(t, context.Background(), c2, Options{})
+			got := append(slices.Clone(first.Losses), second.Losses...)
+			if !slices.Equal(got, full.Losses) {
+				t.Errorf("losses %v after resume, %v uninterrupted", got, full.Losses)
+			}
+			sameTensors(t, readCheckpoint(t, c.Out), readCheckpoint(t, c2.Out))
+			want, _, err := models.Resolve(model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got2, _, err := models.Resolve(full.Export)
+			if err != nil || !models.Equal(got2, want) {
+				t.Errorf("export %s reads as %+v (%v), want %+v", full.Export, got2, err, want)
+			}
+		})
 	}
 }

@@ -173,7 +173,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "  eval exact match  %.1f%% (greedy generation on held-out prompts)\n", 100*res.ExactMatch)
 	}
 	fmt.Fprintf(w, "Outputs in %s:\n", res.Out)
-	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: GPT2LMHeadModel.from_pretrained)\n", res.Export)
+	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: AutoModelForCausalLM.from_pretrained)\n", res.Export)
 	fmt.Fprintf(w, "  %-40s checkpoint for --resume\n", res.Checkpoint)
 	fmt.Fprintf(w, "  %-40s metrics, one JSON object per line\n", res.Metrics)
 	if res.Plot != "" {
