@@ -18,11 +18,12 @@ import (
 // bindCompareFlags binds the flags of the compare command to c.
 func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.StringVar(&c.Out, "out", c.Out, "output `DIR` (pretrain/, one directory per run, compare.png, compare.md, compare.json)")
+	fs.StringVar(&c.Model, "model", c.Model, "the `PRESET` pretrained from scratch and fine-tuned in every row, of any family (e.g. tiny, llama-tiny)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "fine-tuning steps of every row")
-	fs.IntVar(&c.PretrainSteps, "pretrain-steps", c.PretrainSteps, "native pretraining steps of the tiny preset (reused when an identical earlier compare left them)")
+	fs.IntVar(&c.PretrainSteps, "pretrain-steps", c.PretrainSteps, "native pretraining steps of --model (reused when an identical earlier compare left them)")
 	fs.StringVar(&c.Task, "task", c.Task, "fine-tuning `DATA`: builtin:TASK[:N] (tasks: reverse, sort, add, copy), not the --pretrain-task")
 	fs.StringVar(&c.PretrainTask, "pretrain-task", c.PretrainTask, "pretraining `DATA`: builtin:TASK[:N]")
-	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d, at most min(m, n)/4 of tiny's matrices (32)")
+	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d, at most min(m, n)/4 of the preset's matrices (tiny: 32, llama-tiny: 16)")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row, at most d/4")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "bytes/s charged per device-host copy on the CPU backend, e.g. 100MB (0: free)")
 	fs.IntVar(&c.TimingSteps, "timing-steps", c.TimingSteps, "steps of each row's sequential and pipelined timing run")

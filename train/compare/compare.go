@@ -2,7 +2,7 @@
 // puts the three update modes side by side on the same fine-tuning
 // problem, from training runs it starts itself.
 //
-//  1. pretrain the tiny preset natively on one builtin task (--pretrain-task)
+//  1. pretrain a preset (--model, tiny by default) natively on one builtin task (--pretrain-task)
 //     into <out>/pretrain, or reuse it when a stamp says an identical earlier
 //     compare made it;
 //  2. fine-tune that checkpoint on another builtin task (--task) in four
@@ -15,8 +15,8 @@
 //     and compare.json (every number), and return the table, whose last
 //     line is "lsp-recovery: X.XX" = (L0 - L_lsp) / (L0 - L_native).
 //
-// Limits: the model is always the tiny preset and the tasks builtin ones;
-// d and r are bounded by tiny's matrices (d <= min(m, n)/4, r <= d/4) so
+// Limits: the model is a preset trained from scratch and the tasks builtin
+// ones; d and r are bounded by the preset's matrices (d <= min(m, n)/4, r <= d/4) so
 // the lsp rows really compress; step times come from 10-step runs (the
 // first step's allocations included) on the CPU backend, whose "device"
 // and link are far slower than a GPU's, so only their ratios mean much.
@@ -51,9 +51,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
-// preset is the model every compare job trains.
-const preset = "tiny"
-
 var flagErr = flagerr.New
 
 // Fixed settings of the compare job's fine-tuning rows.
@@ -68,6 +65,7 @@ const (
 // onto it one to one.
 type Config struct {
 	Out           string // --out: output directory
+	Model         string // --model: the preset pretrained and fine-tuned (any family's)
 	Steps         int    // --steps: fine-tuning steps of every row
 	PretrainSteps int    // --pretrain-steps: native pretraining steps
 	Task          string // --task: builtin task of the fine-tuning
@@ -83,7 +81,7 @@ type Config struct {
 
 // Defaults is the default compare job: a few minutes on two cores.
 func Defaults() Config {
-	return Config{Out: "out/compare", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
+	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
 		EvalEvery: 10, EvalGenerate: 100, Seed: 1}
 }
@@ -92,10 +90,10 @@ func Defaults() Config {
 // compare job accepts: d <= min(m, n)/4 over the preset's block matrices and
 // r <= d/4, so that S (d x d) is a real compression of every matrix and the
 // projectors stay sparse.
-func bounds(d int) (dmax, rmax int) {
+func bounds(preset string, d int) (dmax, rmax int) {
 	mc, err := models.Preset(preset)
 	if err != nil {
-		return 0, 0 // a built-in preset always resolves; if not, no --d is accepted
+		return 0, 0 // Validate names the unknown --model
 	}
 	dmax = math.MaxInt
 	for _, mt := range mc.Matrices() {
@@ -134,10 +132,14 @@ func (c Config) Validate() error {
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
-	dmax, rmax := bounds(c.D)
-	check(c.D >= 4 && c.D <= dmax, "d", "must be in [4, %d], got %d: %s's block matrices are at least %d on a side and compare keeps d <= min(m, n)/4 (and r <= d/4 >= 1)",
-		dmax, c.D, preset, 4*dmax)
-	check(c.R >= 1 && c.R <= max(rmax, 1), "r", "must be in [1, d/4 = %d], got %d: compare keeps the projectors sparse (r <= d/4)", max(rmax, 1), c.R)
+	_, err := models.Preset(c.Model)
+	check(err == nil, "model", "%v (compare pretrains a preset from scratch)", err)
+	if err == nil { // d and r are bounded by the preset's matrices
+		dmax, rmax := bounds(c.Model, c.D)
+		check(c.D >= 4 && c.D <= dmax, "d", "must be in [4, %d], got %d: %s's block matrices are at least %d on a side and compare keeps d <= min(m, n)/4 (and r <= d/4 >= 1)",
+			dmax, c.D, c.Model, 4*dmax)
+		check(c.R >= 1 && c.R <= max(rmax, 1), "r", "must be in [1, d/4 = %d], got %d: compare keeps the projectors sparse (r <= d/4)", max(rmax, 1), c.R)
+	}
 	ft, err1 := builtinTask("task", c.Task)
 	pt, err2 := builtinTask("pretrain-task", c.PretrainTask)
 	errs = append(errs, err1, err2)
@@ -300,7 +302,7 @@ func base(c Config) train.Config {
 // identical one is stamped in <out>/pretrain.
 func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, error) {
 	cfg := base(c)
-	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = preset, c.PretrainTask, c.PretrainSteps, engine.Native
+	cfg.Model, cfg.Data, cfg.Steps, cfg.Mode = c.Model, c.PretrainTask, c.PretrainSteps, engine.Native
 	cfg.EvalEvery = 0
 	cfg.Out = filepath.Join(c.Out, "pretrain")
 	stamp, err := json.MarshalIndent(pretrainStamp{Version: 1, Model: cfg.Model, Data: cfg.Data, Steps: cfg.Steps,
@@ -540,7 +542,7 @@ func table(res *Result) string {
 	}
 	notes := []string{
 		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, seed %d.",
-			preset, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
+			c.Model, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
 			train.Defaults().Batch, train.Defaults().SeqLen, c.Seed),
 		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f) and every %d steps (curves: %s); "+em,
 			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
@@ -573,7 +575,7 @@ func write(res *Result) error {
 		}
 		curves = append(curves, metrics.Curve{Label: r.Name, Records: recs})
 	}
-	title := fmt.Sprintf("%s: fine-tuning on %s after %s", preset, res.Config.Task, res.Config.PretrainTask)
+	title := fmt.Sprintf("%s: fine-tuning on %s after %s", res.Config.Model, res.Config.Task, res.Config.PretrainTask)
 	refs := []metrics.RefLine{{Label: fmt.Sprintf("L0 = %.2f (before fine-tuning)", res.L0), Y: res.L0}}
 	if err := metrics.PlotEvalLoss(curves, refs, res.PNG, title); err != nil {
 		return fmt.Errorf("compare: %w", err)

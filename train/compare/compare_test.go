@@ -55,6 +55,9 @@ func TestCompareConfigValidate(t *testing.T) {
 		{"negative bandwidth", func(c *Config) { c.LinkBandwidth = -1 }, "link-bandwidth"},
 		{"negative threads", func(c *Config) { c.Threads = -1 }, "threads"},
 		{"no out", func(c *Config) { c.Out = "" }, "out"},
+		{"llama-tiny d 16", func(c *Config) { c.Model, c.D, c.R = "llama-tiny", 16, 4 }, ""},
+		{"llama-tiny d above its k|v width/4", func(c *Config) { c.Model, c.D, c.R = "llama-tiny", 17, 4 }, "d"},
+		{"unknown model", func(c *Config) { c.Model = "gpt5" }, "model"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,7 +77,7 @@ func TestCompareConfigValidate(t *testing.T) {
 		})
 	}
 	// The bounds come from the tiny preset's smallest matrix side, 128.
-	if dmax, rmax := bounds(32); dmax != 32 || rmax != 8 {
+	if dmax, rmax := bounds("tiny", 32); dmax != 32 || rmax != 8 {
 		t.Errorf("bounds(32) = %d, %d; want 32, 8", dmax, rmax)
 	}
 }
