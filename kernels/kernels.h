@@ -10,7 +10,8 @@
  * load and, unless a launcher says otherwise, rounded to nearest even at
  * store; arithmetic and accumulation are fp32 (lsp_sum_squares sums in
  * double). Shapes use llm.c's short names: B batch, T time, C channels, NH
- * heads, HS head size, V vocabulary; m, n, d, r for the LSP projectors.
+ * (query) heads, KVH key/value heads, HS head size, V vocabulary; m, n, d,
+ * r for the LSP projectors.
  *
  * The same declarations serve nvcc builds (libkernels.a) and the CPU
  * simulator (kernels/sim), which compiles the same .cu files with g++.
