@@ -15,11 +15,14 @@
 //     SparseApply: bit for bit in the simulated build. On a GPU nvcc may
 //     contract the sparse sums into FMAs: there they get rtol 1e-6.
 //   - Gemm: atol 2^-21 K, rtol 1e-5 (fp32 C) or 2^-8 (bf16 C).
-//   - AttentionForward/Backward (bf16): rtol 2^-7, atol 2^-8 max|want| +
-//     2^-14; lse atol 2^-16, rtol 2^-17.
+//   - AttentionForward/Backward (bf16, every layout and grouping): rtol
+//     2^-7, atol 2^-8 max|want| + 2^-14; lse atol 2^-16, rtol 2^-17.
 //   - LayerNorm: atol 2e-5 (dweight, dbias: 1e-5 + 4e-7 N), rtol 1e-5;
 //     bf16 outputs add 2^-7 to rtol.
-//   - Gelu: forward atol 1e-7, rtol 1e-6; backward atol 1e-6, rtol 1e-5;
+//   - Gelu, SwiGLU: forward atol 1e-7, rtol 1e-6; backward atol 1e-6,
+//     rtol 1e-5; bf16 adds 2^-7.
+//   - RMSNorm: as LayerNorm (rstd rtol 1e-5).
+//   - RoPE: atol 1e-6, rtol 1e-6 (sincosf against float64 sin and cos);
 //     bf16 adds 2^-7.
 //   - CrossEntropy: losses atol rtol 1e-5; dlogits atol 1e-6 scale, rtol
 //     2e-5 (+ 2^-7 for bf16).
@@ -281,24 +284,112 @@ func conformanceCases() []opCase {
 			}
 		}
 	}
-	for _, sz := range [][4]int{{2, 9, 32, 2}, {1, 5, 128, 2}} {
-		B, T, C, NH := sz[0], sz[1], sz[2], sz[3]
-		sh := fmt.Sprintf("B=%d T=%d C=%d NH=%d (HS %d)", B, T, C, NH, C/NH)
-		att := []tspec{{name: "out", n: B * T * C, dt: bf}, {name: "lse", n: B * NH * T, dt: f32}, {name: "qkv", n: B * T * 3 * C, dt: bf, gen: uniform(-2, 2)}}
+	// Attention: GPT-2's heads (KVH == NH, fused rows; HS 16 generic, 64
+	// tensor cores) and grouped-query heads (KVH 1, 2, 4 of NH 4) in both
+	// layouts, on ragged T.
+	for _, sz := range []struct {
+		B, T, NH, KVH, HS int
+		layout            backend.QKVLayout
+	}{
+		{2, 9, 2, 2, 16, backend.QKVFused}, {1, 5, 2, 2, 64, backend.QKVFused},
+		{2, 7, 4, 1, 8, backend.QKVPlanar}, {2, 7, 4, 2, 16, backend.QKVFused}, {1, 7, 4, 4, 16, backend.QKVPlanar},
+		{1, 7, 4, 2, 64, backend.QKVPlanar}, {2, 7, 4, 1, 64, backend.QKVFused},
+	} {
+		B, T, NH, KVH, HS, layout := sz.B, sz.T, sz.NH, sz.KVH, sz.HS, sz.layout
+		sh := fmt.Sprintf("B=%d T=%d NH=%d KVH=%d HS=%d %v", B, T, NH, KVH, HS, layout)
+		nqkv, nout := B*T*(NH+2*KVH)*HS, B*T*NH*HS
+		att := []tspec{{name: "out", n: nout, dt: bf}, {name: "lse", n: B * NH * T, dt: f32}, {name: "qkv", n: nqkv, dt: bf, gen: uniform(-2, 2)}}
 		forward := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, C, NH)
+			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, NH, KVH, HS, layout)
 		}
 		attOut := []check{{"out", -1, 0}, {"lse", math.Ldexp(1, -16), math.Ldexp(1, -17)}}
 		add(opCase{"AttentionForward", sh, att, forward, attOut})
 		add(opCase{"AttentionForward", sh + " views at odd offsets", offsetViews(att), forward, attOut})
-		add(opCase{"AttentionBackward", sh, append(slices.Clone(att), tspec{name: "dqkv", n: B * T * 3 * C, dt: bf},
-			tspec{name: "dout", n: B * T * C, dt: bf}, tspec{name: "scratch", n: backend.AttentionBackwardScratch(B, T, NH), dt: f32}),
+		add(opCase{"AttentionBackward", sh, append(slices.Clone(att), tspec{name: "dqkv", n: nqkv, dt: bf},
+			tspec{name: "dout", n: nout, dt: bf}, tspec{name: "scratch", n: backend.AttentionBackwardScratch(B, T, NH), dt: f32}),
 			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
 				if err := forward(be, s, x); err != nil {
 					return err
 				}
-				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], x["scratch"], B, T, C, NH)
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], x["scratch"], B, T, NH, KVH, HS, layout)
 			}, []check{{"dqkv", -1, 0}}})
+	}
+	// SwiGLU: gate over both tails of the sigmoid; the backward also with
+	// dgate aliasing dout (what the model does).
+	for _, n := range []int{1, 1037} {
+		for _, d := range [][2]backend.DType{{f32, f32}, {bf, bf}, {bf, f32}} { // values, gradients
+			x, g := d[0], d[1]
+			sw := []tspec{{name: "out", n: n, dt: x}, {name: "gate", n: n, dt: x, gen: uniform(-6, 6)}, {name: "up", n: n, dt: x, gen: uniform(-3, 3)}}
+			if g == x {
+				add(opCase{"SwiGLUForward", fmt.Sprintf("n=%d %v", n, x), sw,
+					func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+						return be.SwiGLUForward(s, t["out"], t["gate"], t["up"])
+					}, []check{{"out", 1e-7, tolFor(x, 1e-6)}}})
+			}
+			sh := fmt.Sprintf("n=%d x %v g %v", n, x, g)
+			in := append(slices.Clone(sw[1:]), tspec{name: "dgate", n: n, dt: g}, tspec{name: "dup", n: n, dt: g}, tspec{name: "dout", n: n, dt: g})
+			add(opCase{"SwiGLUBackward", sh, in,
+				func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+					return be.SwiGLUBackward(s, t["dgate"], t["dup"], t["dout"], t["gate"], t["up"])
+				}, []check{{"dgate", 1e-6, tolFor(g, 1e-5)}, {"dup", 1e-6, tolFor(g, 1e-5)}}})
+			add(opCase{"SwiGLUBackward", sh + " dgate aliases dout", in,
+				func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+					return be.SwiGLUBackward(s, t["dout"], t["dup"], t["dout"], t["gate"], t["up"])
+				}, []check{{"dout", 1e-6, tolFor(g, 1e-5)}, {"dup", 1e-6, tolFor(g, 1e-5)}}})
+		}
+	}
+	// RMSNorm: the dtype mixes of LayerNorm; the backward accumulates into
+	// random dinp and dweight.
+	for _, sz := range [][2]int{{37, 95}, {1, 1}} {
+		N, C := sz[0], sz[1]
+		for _, d := range [][3]backend.DType{{f32, f32, f32}, {bf, f32, f32}, {bf, bf, bf}, {bf, bf, f32}} {
+			x, g, dw := d[0], d[1], d[2]
+			rn := []tspec{{name: "out", n: N * C, dt: x}, {name: "rstd", n: N, dt: f32},
+				{name: "inp", n: N * C, dt: x, gen: uniform(-2, 3)}, {name: "w", n: C, dt: x, gen: uniform(-1.5, 1.5)}}
+			forward := func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+				return be.RMSNormForward(s, t["out"], t["rstd"], t["inp"], t["w"], N, C, 1e-5)
+			}
+			if g == f32 && dw == f32 {
+				add(opCase{"RMSNormForward", fmt.Sprintf("N=%d C=%d x %v", N, C, x), rn, forward,
+					[]check{{"out", 2e-5, tolFor(x, 1e-5)}, {"rstd", 0, 1e-5}}})
+			}
+			pt := 1e-5 + 4e-7*float64(N)
+			add(opCase{"RMSNormBackward", fmt.Sprintf("N=%d C=%d x %v g %v dw %v", N, C, x, g, dw),
+				append(slices.Clone(rn), tspec{name: "dinp", n: N * C, dt: g}, tspec{name: "dw", n: C, dt: dw},
+					tspec{name: "dout", n: N * C, dt: g}, tspec{name: "scratch", n: backend.RMSNormBackwardScratch(N, C), dt: f32}),
+				func(be backend.Backend, s backend.Stream, t map[string]backend.Tensor) error {
+					if err := forward(be, s, t); err != nil {
+						return err
+					}
+					return be.RMSNormBackward(s, t["dinp"], t["dw"], t["dout"], t["inp"], t["w"], t["rstd"], t["scratch"], N, C)
+				}, []check{{"dinp", 2e-5, tolFor(g, 1e-5)}, {"dw", pt, tolFor(dw, 1e-5)}}})
+		}
+	}
+	// RoPE: q-shaped and k-shaped tensors (NH 4 and 1), plain inverse
+	// frequencies and ones rescaled per pair (as rope_scaling does), out
+	// of place and in place.
+	for _, sz := range [][4]int{{2, 7, 4, 16}, {1, 5, 1, 8}, {1, 1, 1, 2}} {
+		B, T, NH, HS := sz[0], sz[1], sz[2], sz[3]
+		n := B * T * NH * HS
+		for fi, inv := range [][]float32{cpu.RoPEInvFreq(HS, 10000), scaledInvFreq(cpu.RoPEInvFreq(HS, 500000))} {
+			for _, dt := range []backend.DType{f32, bf} {
+				sh := fmt.Sprintf("B=%d T=%d NH=%d HS=%d freqs %d %v", B, T, NH, HS, fi, dt)
+				in := []tspec{{name: "out", n: n, dt: dt}, {name: "inp", n: n, dt: dt, gen: uniform(-2, 2)}, {name: "invFreq", n: HS / 2, dt: f32, vals: inv}}
+				tol := check{"out", 1e-6, tolFor(dt, 1e-6)}
+				add(opCase{"RoPEForward", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEForward(s, x["out"], x["inp"], x["invFreq"], B, T, NH, HS)
+				}, []check{tol}})
+				add(opCase{"RoPEForward", sh + " in place", in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEForward(s, x["inp"], x["inp"], x["invFreq"], B, T, NH, HS)
+				}, []check{{"inp", tol.atol, tol.rtol}}})
+				add(opCase{"RoPEBackward", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEBackward(s, x["out"], x["inp"], x["invFreq"], B, T, NH, HS)
+				}, []check{tol}})
+				add(opCase{"RoPEBackward", sh + " in place", in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEBackward(s, x["inp"], x["inp"], x["invFreq"], B, T, NH, HS)
+				}, []check{{"inp", tol.atol, tol.rtol}}})
+			}
+		}
 	}
 	for _, sz := range [][2]int{{9, 257}, {3, 1}} {
 		N, V := sz[0], sz[1]
@@ -389,6 +480,16 @@ func conformanceCases() []opCase {
 		}
 	}
 	return cs
+}
+
+// scaledInvFreq rescales inverse frequencies pair by pair (by 1, 1/2,
+// 1/4, ...: what no theta gives), as a rope_scaling would.
+func scaledInvFreq(inv []float32) []float32 {
+	out := slices.Clone(inv)
+	for i := range out {
+		out[i] /= float32(int(1) << (i % 4))
+	}
+	return out
 }
 
 // sparseRows is a random (d,r)-sparse projector of rows rows in row

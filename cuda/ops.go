@@ -390,47 +390,54 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	})
 }
 
-func checkHeads(op string, B, T, C, NH int) error {
-	if err := checkDims(op, "B T C", B, T, C); err != nil {
-		return err
+// checkHeads checks an attention op's shape (the CPU backend's checks)
+// and returns the length of qkv (and dqkv).
+func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (int, error) {
+	if err := checkDims(op, "B T NH KVH HS", B, T, NH, KVH, HS); err != nil {
+		return 0, err
 	}
-	if NH <= 0 || C%NH != 0 {
-		return fmt.Errorf("cuda: %s: C=%d not divisible by NH=%d", op, C, NH)
+	if NH <= 0 || KVH <= 0 || NH%KVH != 0 {
+		return 0, fmt.Errorf("cuda: %s: NH=%d query heads not a positive multiple of KVH=%d key/value heads", op, NH, KVH)
 	}
-	return nil
+	if layout != backend.QKVFused && layout != backend.QKVPlanar {
+		return 0, fmt.Errorf("cuda: %s: unknown qkv layout %v", op, layout)
+	}
+	return B * T * (NH + 2*KVH) * HS, nil
 }
 
 // AttentionForward implements backend.Ops (lsp_attention_forward).
-func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, C, NH int) error {
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	const op = "AttentionForward"
 	if err := b.onDevice(op); err != nil {
 		return err
 	}
-	if err := checkHeads(op, B, T, C, NH); err != nil {
+	n, err := checkHeads(op, B, T, NH, KVH, HS, layout)
+	if err != nil {
 		return err
 	}
-	if err := b.needAll(op, f("out", out, B*T*C), f("lse", lse, B*NH*T), f("qkv", qkv, B*T*3*C)); err != nil {
+	if err := b.needAll(op, f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T), f("qkv", qkv, n)); err != nil {
 		return err
 	}
 	if err := dtypes(op, out, lse, qkv); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.AttentionForward(b.ptr(out), b.ptr(lse), b.ptr(qkv), B, T, C, NH, st)
+		return kernels.AttentionForward(b.ptr(out), b.ptr(lse), b.ptr(qkv), B, T, NH, KVH, HS, int(layout), st)
 	})
 }
 
 // AttentionBackward implements backend.Ops (lsp_attention_backward).
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, C, NH int) error {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	const op = "AttentionBackward"
 	if err := b.onDevice(op); err != nil {
 		return err
 	}
-	if err := checkHeads(op, B, T, C, NH); err != nil {
+	n, err := checkHeads(op, B, T, NH, KVH, HS, layout)
+	if err != nil {
 		return err
 	}
-	if err := b.needAll(op, f("dqkv", dqkv, B*T*3*C), f("dout", dout, B*T*C), f("qkv", qkv, B*T*3*C),
-		f("out", out, B*T*C), f("lse", lse, B*NH*T)); err != nil {
+	if err := b.needAll(op, f("dqkv", dqkv, n), f("dout", dout, B*T*NH*HS), f("qkv", qkv, n),
+		f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T)); err != nil {
 		return err
 	}
 	if err := b.scratch(op, "scratch", "AttentionBackwardScratch", scratch, backend.F32, backend.AttentionBackwardScratch(B, T, NH)); err != nil {
@@ -440,7 +447,8 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.AttentionBackward(b.ptr(dqkv), b.ptr(dout), b.ptr(qkv), b.ptr(out), b.ptr(lse), b.ptr(scratch), B, T, C, NH, st)
+		return kernels.AttentionBackward(b.ptr(dqkv), b.ptr(dout), b.ptr(qkv), b.ptr(out), b.ptr(lse), b.ptr(scratch),
+			B, T, NH, KVH, HS, int(layout), st)
 	})
 }
 
@@ -478,6 +486,131 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	return b.launch(s, op, func(st kernels.Stream) error {
 		return kernels.GeluBackward(b.ptr(dinp), b.ptr(inp), b.ptr(dout), int64(n), flag(inp), flag(dout), st)
 	})
+}
+
+// SwiGLUForward implements backend.Ops (lsp_swiglu_forward).
+func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) error {
+	const op = "SwiGLUForward"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	n := gate.Len()
+	if err := b.needAll(op, f("out", out, n), f("gate", gate, n), f("up", up, n)); err != nil {
+		return err
+	}
+	if err := dtypes(op, out, gate, up); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.SwiGLUForward(b.ptr(out), b.ptr(gate), b.ptr(up), int64(n), flag(gate), st)
+	})
+}
+
+// SwiGLUBackward implements backend.Ops (lsp_swiglu_backward).
+func (b *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up backend.Tensor) error {
+	const op = "SwiGLUBackward"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	n := gate.Len()
+	if err := b.needAll(op, f("dgate", dgate, n), f("dup", dup, n), f("dout", dout, n), f("gate", gate, n), f("up", up, n)); err != nil {
+		return err
+	}
+	if err := dtypes(op, dgate, dup, dout, gate, up); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.SwiGLUBackward(b.ptr(dgate), b.ptr(dup), b.ptr(dout), b.ptr(gate), b.ptr(up), int64(n), flag(gate), flag(dout), st)
+	})
+}
+
+// RMSNormForward implements backend.Ops (lsp_rmsnorm_forward).
+func (b *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backend.Tensor, N, C int, eps float32) error {
+	const op = "RMSNormForward"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := checkDims(op, "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll(op, f("out", out, N*C), f("rstd", rstd, N), f("inp", inp, N*C), f("weight", weight, C)); err != nil {
+		return err
+	}
+	if err := dtypes(op, out, rstd, inp, weight); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.RMSNormForward(b.ptr(out), b.ptr(rstd), b.ptr(inp), b.ptr(weight), N, C, eps, flag(inp), st)
+	})
+}
+
+// RMSNormBackward implements backend.Ops (lsp_rmsnorm_backward).
+func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, weight, rstd, scratch backend.Tensor, N, C int) error {
+	const op = "RMSNormBackward"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := checkDims(op, "N C", N, C); err != nil {
+		return err
+	}
+	if err := b.needAll(op, f("dinp", dinp, N*C), f("dweight", dweight, C), f("dout", dout, N*C),
+		f("inp", inp, N*C), f("weight", weight, C), f("rstd", rstd, N)); err != nil {
+		return err
+	}
+	if err := b.scratch(op, "scratch", "RMSNormBackwardScratch", scratch, backend.F32, backend.RMSNormBackwardScratch(N, C)); err != nil {
+		return err
+	}
+	if err := dtypes(op, dinp, dweight, dout, inp, weight, rstd, scratch); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.RMSNormBackward(b.ptr(dinp), b.ptr(dweight), b.ptr(dout), b.ptr(inp), b.ptr(weight), b.ptr(rstd),
+			b.ptr(scratch), N, C, flag(inp), flag(dout), flag(dweight), st)
+	})
+}
+
+// RoPEForward implements backend.Ops (lsp_rope_forward).
+func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
+	const op = "RoPEForward"
+	n, err := b.ropeArgs(op, "out", "inp", out, inp, invFreq, B, T, NH, HS)
+	if err != nil || n == 0 {
+		return err // nothing to rotate (HS may be 0, which the launcher refuses)
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.RoPEForward(b.ptr(out), b.ptr(inp), b.ptr(invFreq), B, T, NH, HS, flag(inp), st)
+	})
+}
+
+// RoPEBackward implements backend.Ops (lsp_rope_backward).
+func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
+	const op = "RoPEBackward"
+	n, err := b.ropeArgs(op, "dinp", "dout", dinp, dout, invFreq, B, T, NH, HS)
+	if err != nil || n == 0 {
+		return err // nothing to rotate (HS may be 0, which the launcher refuses)
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.RoPEBackward(b.ptr(dinp), b.ptr(dout), b.ptr(invFreq), B, T, NH, HS, flag(dout), st)
+	})
+}
+
+// ropeArgs checks the arguments of both RoPE ops, out and inp (dinp and
+// dout) [B,T,NH,HS], invFreq [HS/2], HS even, and returns the number of
+// elements rotated.
+func (b *Backend) ropeArgs(op, outName, inName string, out, inp, invFreq backend.Tensor, B, T, NH, HS int) (int, error) {
+	if err := b.onDevice(op); err != nil {
+		return 0, err
+	}
+	if err := checkDims(op, "B T NH HS", B, T, NH, HS); err != nil {
+		return 0, err
+	}
+	if HS%2 != 0 {
+		return 0, fmt.Errorf("cuda: %s: head size HS=%d is odd", op, HS)
+	}
+	n := B * T * NH * HS
+	if err := b.needAll(op, f(outName, out, n), f(inName, inp, n), f("invFreq", invFreq, HS/2)); err != nil {
+		return 0, err
+	}
+	return n, dtypes(op, out, inp, invFreq)
 }
 
 // CrossEntropyForwardBackward implements backend.Ops

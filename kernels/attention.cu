@@ -1,31 +1,47 @@
 /*
- * attention.cu: fused causal multi-head attention, flash style, forward and
- * backward.
+ * attention.cu: fused causal attention, flash style, forward and backward,
+ * with grouped-query heads (GQA: NH query heads share KVH key/value heads,
+ * query head h reads key/value head h / (NH/KVH); KVH == NH is multi-head
+ * attention, KVH == 1 multi-query) and two layouts of q, k and v.
  *
- * Shapes (llm.c names): B batch, T time, C channels, NH heads, HS = C/NH.
- *   qkv  [B,T,3C] bf16: q | k | v side by side; head h uses channels
- *        h*HS..(h+1)*HS of each third.
- *   out  [B,T,C]  bf16: softmax(q k^T * scale, causal) v per head, the heads
- *        side by side (the layout the output projection reads).
+ * Shapes (llm.c names): B batch, T time, NH query heads, KVH key/value
+ * heads (NH % KVH == 0), HS head size, C = NH*HS.
+ *   qkv  bf16, q (NH*HS), k (KVH*HS) and v (KVH*HS) of each of the B*T
+ *        positions p = b*T + t, laid out as backend.QKVLayout says:
+ *          layout 0 (fused, GPT-2's c_attn): one row [q | k | v] per
+ *            position, [B,T,(NH+2*KVH)*HS];
+ *          layout 1 (planar, LLaMA's three projections): all q
+ *            [B,T,NH*HS], then all k [B,T,KVH*HS], then all v.
+ *        Query head h of p starts at p*qrow + h*HS, key head g at kbase +
+ *        p*kvrow + g*HS, value head g at vbase + p*kvrow + g*HS (AttnIdx,
+ *        the arithmetic of backend.QKVLayout.Index).
+ *   out  [B,T,C]  bf16: softmax(q k^T * scale, causal) v per query head,
+ *        the heads side by side (the layout the output projection reads).
  *   lse  [B,NH,T] fp32: natural-log log-sum-exp of each scaled score row,
  *        saved by the forward so that the backward recomputes P exactly.
- *   dout [B,T,C]  bf16, dqkv [B,T,3C] bf16 (written, not accumulated).
+ *   dout [B,T,C]  bf16, dqkv bf16 in qkv's layout (written, not
+ *        accumulated).
  *   scale = 1/sqrt(HS) (rounded to fp32 as the CPU backend does).
  *
  * Forward: one block per (64-query tile, b*NH+h); each of its 4 warps owns
  * 16 query rows and keeps them in wmma fragments. Key/value tiles of 32 rows
- * stream through shared memory; S = Q K^T runs on tensor cores (bf16 in,
- * fp32 accumulate), the online softmax keeps a running max and sum per row
- * in fp32 and rescales the output accumulator, which lives in registers
- * (each lane owns fixed elements; P V is formed by wmma and handed over
- * through a 16x16 fp32 scratch, never by fragment indexing).
+ * (of the group's key/value head) stream through shared memory; S = Q K^T
+ * runs on tensor cores (bf16 in, fp32 accumulate), the online softmax keeps
+ * a running max and sum per row in fp32 and rescales the output
+ * accumulator, which lives in registers (each lane owns fixed elements;
+ * P V is formed by wmma and handed over through a 16x16 fp32 scratch, never
+ * by fragment indexing).
  *
  * Backward (no float atomics, deterministic, two passes):
  *   1. D = rowsum(dO o O) per (b, h, t) into the fp32 scratch [B,NH,T].
- *   2. dK, dV: one block per (64-key tile, b*NH+h), each warp 16 keys held in
- *      fragments; query tiles of 32 rows stream by: P^T = exp(K Q^T scale -
- *      lse), dP^T = V dO^T, dS^T = P^T o (dP^T - D) scale, dV += P^T dO,
- *      dK += dS^T Q with fragment accumulators.
+ *   2. dK, dV: one block per (64-key tile, b*KVH+g), each warp 16 keys held
+ *      in fragments; for each query head h of the group in ascending order,
+ *      query tiles of 32 rows stream by: P^T = exp(K Q^T scale - lse),
+ *      dP^T = V dO^T, dS^T = P^T o (dP^T - D) scale, dV += P^T dO, dK +=
+ *      dS^T Q with fragment accumulators. A key/value head's gradient is
+ *      thus the sum over its query heads in a fixed order, in one block
+ *      (no atomics, no cross-block reduction); with KVH == NH it is exactly
+ *      the per-head computation.
  *   3. dQ: one block per (64-query tile, b*NH+h), key tiles of 32 stream by:
  *      dQ += dS K.
  *   P and dS are rounded to bf16 before their tensor-core products (as in
@@ -33,12 +49,16 @@
  *
  * Limits: HS 64 and 128 take the tensor-core path when qkv, out and dout
  * are 16-byte aligned (always so for cudaMalloc'd buffers at offsets that
- * are multiples of 8 elements); every other head size up to 256 (and
+ * are multiples of 8 elements; every row stride and head offset is then a
+ * multiple of 64 elements); every other head size up to 256 (and
  * misaligned views) takes the generic path (one warp per row, plain fp32
  * FMA, same semantics, slower). B*NH <= 65535. T >= 1 of any size: ragged
  * tiles are zero-padded in shared memory and masked. Static shared memory
  * only (<= 46 KB per block), so no opt-in attribute is needed. Outputs must
- * not overlap inputs (pointers are __restrict__). sm_80+.
+ * not overlap inputs (pointers are __restrict__). sm_80+. The dK/dV pass
+ * has B*KVH*ceil(T/64) blocks of NH/KVH times the work each: with few
+ * key/value heads it fills a large GPU less well (a split over query heads
+ * would need a second, ordered reduction pass).
  */
 #include "kernels.h"
 
@@ -55,6 +75,27 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 128;  // 4 warps in every tensor-core kernel
 constexpr int kGenericMaxHS = 256;
+
+// AttnIdx locates q, k and v in qkv (backend.QKVLayout.Index): query head h
+// of position p = b*T + t starts at element p*qrow + h*HS, key head g at
+// kbase + p*kvrow + g*HS, value head g at vbase + p*kvrow + g*HS. dqkv has
+// the same layout. per = NH/KVH query heads share a key/value head.
+struct AttnIdx {
+    size_t kbase, vbase;
+    size_t qrow, kvrow;
+    int NH, per;
+};
+
+// q, k, v of sequence b's position 0 (head h, key/value head g).
+__device__ __forceinline__ size_t attn_q(const AttnIdx& x, int b, int T, int h, int HS) {
+    return (size_t)b * T * x.qrow + (size_t)h * HS;
+}
+__device__ __forceinline__ size_t attn_k(const AttnIdx& x, int b, int T, int g, int HS) {
+    return x.kbase + (size_t)b * T * x.kvrow + (size_t)g * HS;
+}
+__device__ __forceinline__ size_t attn_v(const AttnIdx& x, int b, int T, int g, int HS) {
+    return x.vbase + (size_t)b * T * x.kvrow + (size_t)g * HS;
+}
 
 // attn_load_tile copies rows row0..row0+ROWS-1 (HS bf16 each, consecutive
 // rows stride elements apart in global memory) into shared memory with
@@ -82,8 +123,8 @@ __device__ __forceinline__ void attn_load_tile(bf16* dst, const bf16* src, size_
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_tc_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int C,
-                       int NH, float scale) {
+    attn_fwd_tc_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, AttnIdx x,
+                       int T, float scale) {
     constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;  // bf16 pitch of Q/K/V rows in shared memory
     constexpr int LDS = BC + 4;  // fp32 pitch of the per-warp score tile
@@ -97,15 +138,15 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ float sRow[NW][16];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int NH = x.NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, g = h / x.per;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16* kbase = qbase + C;
-    const bf16* vbase = qbase + 2 * (size_t)C;
+    const size_t C = (size_t)NH * HS;
+    const bf16* qbase = qkv + attn_q(x, b, T, h, HS);
+    const bf16* kbase = qkv + attn_k(x, b, T, g, HS);
+    const bf16* vbase = qkv + attn_v(x, b, T, g, HS);
     const float sl2 = scale * kLog2e;  // scores in log2 units
 
-    attn_load_tile<BR, HS>(sKV, qbase, C3, q0, T);
+    attn_load_tile<BR, HS>(sKV, qbase, x.qrow, q0, T);
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[NCH];
 #pragma unroll
@@ -130,8 +171,8 @@ __global__ void __launch_bounds__(kThreads)
     bf16* P = sP[warp];
     const int kend = min(q0 + BR, T);
     for (int k0 = 0; k0 < kend; k0 += BC) {
-        attn_load_tile<BC, HS>(sKV, kbase, C3, k0, T);
-        attn_load_tile<BC, HS>(sKV + BC * LDK, vbase, C3, k0, T);
+        attn_load_tile<BC, HS>(sKV, kbase, x.kvrow, k0, T);
+        attn_load_tile<BC, HS>(sKV + BC * LDK, vbase, x.kvrow, k0, T);
         __syncthreads();
         if (k0 <= wq0 + 15) {  // warp-uniform: some key of the tile is visible
 #pragma unroll
@@ -225,16 +266,17 @@ __global__ void __launch_bounds__(kThreads)
 // grid ceil(B*NH*T/4), block 128.
 
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_generic_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int B,
-                            int T, int C, int NH, float scale) {
+    attn_fwd_generic_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, AttnIdx x,
+                            int B, int T, int HS, float scale) {
     const int lane = threadIdx.x % 32;
+    const int NH = x.NH;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
     if (row >= (long)B * NH * T) return;  // whole warp
-    const int HS = C / NH;
-    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16* q = seq + (size_t)t * C3;
+    const size_t C = (size_t)NH * HS;
+    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH, g = h / x.per;
+    const bf16* q = qkv + attn_q(x, b, T, h, HS) + (size_t)t * x.qrow;
+    const bf16* kseq = qkv + attn_k(x, b, T, g, HS);
+    const bf16* vseq = qkv + attn_v(x, b, T, g, HS);
     const float sl2 = scale * kLog2e;
 
     float m = -INFINITY, l = 0.f;
@@ -245,7 +287,7 @@ __global__ void __launch_bounds__(kThreads)
         const int key = k0 + lane;
         float s = -INFINITY;
         if (key <= t) {
-            const bf16* k = seq + (size_t)key * C3 + C;
+            const bf16* k = kseq + (size_t)key * x.kvrow;
             float dot = 0.f;
             for (int i = 0; i < HS; i++) dot += __bfloat162float(q[i]) * __bfloat162float(k[i]);
             s = dot * sl2;
@@ -267,7 +309,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 32; j++) {
             const float pj = __shfl_sync(kFull, p, j);
             if (j < nk) {
-                const bf16* v = seq + (size_t)(k0 + j) * C3 + 2 * (size_t)C;
+                const bf16* v = vseq + (size_t)(k0 + j) * x.kvrow;
 #pragma unroll
                 for (int d = 0; d < kGenericMaxHS / 32; d++) {
                     const int i = lane + 32 * d;
@@ -293,11 +335,11 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(256)
     attn_bwd_d_kernel(float* __restrict__ D, const bf16* __restrict__ dout, const bf16* __restrict__ out, int B,
-                      int T, int C, int NH) {
+                      int T, int NH, int HS) {
     const int lane = threadIdx.x % 32;
     const long row = (long)blockIdx.x * 8 + threadIdx.x / 32;
     if (row >= (long)B * NH * T) return;  // whole warp
-    const int HS = C / NH;
+    const size_t C = (size_t)NH * HS;
     const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
     const size_t off = ((size_t)b * T + t) * C + (size_t)h * HS;
     float sum = 0.f;
@@ -308,8 +350,9 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------
-// Backward step 2, tensor-core path: dK and dV of a 64-key tile.
-// grid (ceil(T/64), B*NH), block 128 (warp w: keys k0+16w..k0+16w+15).
+// Backward step 2, tensor-core path: dK and dV of a 64-key tile of one
+// key/value head, summed over its query heads.
+// grid (ceil(T/64), B*KVH), block 128 (warp w: keys k0+16w..k0+16w+15).
 
 // attn_scores_and_dp: the two products of one backward tile, for the warp's
 // 16 rows held in fragments: S = A X^T and dP = G Y^T against NT tiles of 16
@@ -343,7 +386,7 @@ __device__ __forceinline__ void attn_scores_and_dp(
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                           const float* __restrict__ lse, const float* __restrict__ Dg, int T, int C, int NH,
+                           const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int T,
                            float scale) {
     constexpr int BC = 64, BR = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;
@@ -364,11 +407,10 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sdO = sQ + BR * LDK;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int NH = x.NH, KVH = NH / x.per;
+    const int bg = blockIdx.y, b = bg / KVH, g = bg % KVH;
     const int k0 = blockIdx.x * BC;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
+    const size_t C = (size_t)NH * HS;
     const float sl2 = scale * kLog2e;
 
     unsigned char* wsp = area + QD_ELEMS * 2 + warp * (2 * 16 * LDS * 4 + 2 * 16 * LDP * 2);
@@ -377,8 +419,8 @@ __global__ void __launch_bounds__(kThreads)
     bf16* Pb = reinterpret_cast<bf16*>(dP + 16 * LDS);
     bf16* dSb = Pb + 16 * LDP;
 
-    attn_load_tile<BC, HS>(stage, qbase + C, C3, k0, T);
-    attn_load_tile<BC, HS>(stage + BC * LDK, qbase + 2 * (size_t)C, C3, k0, T);
+    attn_load_tile<BC, HS>(stage, qkv + attn_k(x, b, T, g, HS), x.kvrow, k0, T);
+    attn_load_tile<BC, HS>(stage + BC * LDK, qkv + attn_v(x, b, T, g, HS), x.kvrow, k0, T);
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> kf[NCH], vf[NCH];
 #pragma unroll
@@ -398,46 +440,53 @@ __global__ void __launch_bounds__(kThreads)
     const int wk0 = k0 + warp * 16;
     const int srow = lane >> 1, shalf = lane & 1;  // key row, half of the query tile
     const int key = wk0 + srow;
-    for (int q0 = k0; q0 < T; q0 += BR) {
-        attn_load_tile<BR, HS>(sQ, qbase, C3, q0, T);
-        attn_load_tile<BR, HS>(sdO, dobase, C, q0, T);
-        for (int i = threadIdx.x; i < BR; i += blockDim.x) {
-            const int q = q0 + i;
-            sL[i] = q < T ? lse[(size_t)bh * T + q] * kLog2e : 0.f;
-            sD[i] = q < T ? Dg[(size_t)bh * T + q] : 0.f;
-        }
-        __syncthreads();
-        if (q0 + BR - 1 >= wk0) {  // warp-uniform: some query sees some key
-            attn_scores_and_dp<BR / 16, NCH>(S, dP, kf, vf, sQ, sdO, LDK, LDS);
-            __syncwarp();
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int col = shalf * 16 + j, q = q0 + col;
-                float p = 0.f, ds = 0.f;
-                if (q < T && q >= key) {
-                    p = exp2f(S[srow * LDS + col] * sl2 - sL[col]);
-                    ds = p * (dP[srow * LDS + col] - sD[col]) * scale;
-                }
-                Pb[srow * LDP + col] = __float2bfloat16(p);
-                dSb[srow * LDP + col] = __float2bfloat16(ds);
+    // The group's query heads in ascending order, each over its query
+    // tiles: the fragments accumulate the sum over the group.
+    for (int h = g * x.per; h < (g + 1) * x.per; h++) {
+        const size_t bh = (size_t)b * NH + h;
+        const bf16* qbase = qkv + attn_q(x, b, T, h, HS);
+        const bf16* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
+        for (int q0 = k0; q0 < T; q0 += BR) {
+            attn_load_tile<BR, HS>(sQ, qbase, x.qrow, q0, T);
+            attn_load_tile<BR, HS>(sdO, dobase, C, q0, T);
+            for (int i = threadIdx.x; i < BR; i += blockDim.x) {
+                const int q = q0 + i;
+                sL[i] = q < T ? lse[(size_t)bh * T + q] * kLog2e : 0.f;
+                sD[i] = q < T ? Dg[(size_t)bh * T + q] : 0.f;
             }
-            __syncwarp();
+            __syncthreads();
+            if (q0 + BR - 1 >= wk0) {  // warp-uniform: some query sees some key
+                attn_scores_and_dp<BR / 16, NCH>(S, dP, kf, vf, sQ, sdO, LDK, LDS);
+                __syncwarp();
 #pragma unroll
-            for (int kk = 0; kk < BR / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pf, dsf;
-                wmma::load_matrix_sync(pf, Pb + kk * 16, LDP);
-                wmma::load_matrix_sync(dsf, dSb + kk * 16, LDP);
+                for (int j = 0; j < 16; j++) {
+                    const int col = shalf * 16 + j, q = q0 + col;
+                    float p = 0.f, ds = 0.f;
+                    if (q < T && q >= key) {
+                        p = exp2f(S[srow * LDS + col] * sl2 - sL[col]);
+                        ds = p * (dP[srow * LDS + col] - sD[col]) * scale;
+                    }
+                    Pb[srow * LDP + col] = __float2bfloat16(p);
+                    dSb[srow * LDP + col] = __float2bfloat16(ds);
+                }
+                __syncwarp();
 #pragma unroll
-                for (int c = 0; c < NCH; c++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> of, qf;
-                    wmma::load_matrix_sync(of, sdO + kk * 16 * LDK + c * 16, LDK);
-                    wmma::load_matrix_sync(qf, sQ + kk * 16 * LDK + c * 16, LDK);
-                    wmma::mma_sync(dv[c], pf, of, dv[c]);
-                    wmma::mma_sync(dk[c], dsf, qf, dk[c]);
+                for (int kk = 0; kk < BR / 16; kk++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pf, dsf;
+                    wmma::load_matrix_sync(pf, Pb + kk * 16, LDP);
+                    wmma::load_matrix_sync(dsf, dSb + kk * 16, LDP);
+#pragma unroll
+                    for (int c = 0; c < NCH; c++) {
+                        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> of, qf;
+                        wmma::load_matrix_sync(of, sdO + kk * 16 * LDK + c * 16, LDK);
+                        wmma::load_matrix_sync(qf, sQ + kk * 16 * LDK + c * 16, LDK);
+                        wmma::mma_sync(dv[c], pf, of, dv[c]);
+                        wmma::mma_sync(dk[c], dsf, qf, dk[c]);
+                    }
                 }
             }
+            __syncthreads();  // the next query tile overwrites sQ, sdO, sL, sD
         }
-        __syncthreads();  // the next query tile overwrites sQ, sdO, sL, sD
     }
 
     // Epilogue through the warp's score tile, 16 columns at a time.
@@ -452,8 +501,8 @@ __global__ void __launch_bounds__(kThreads)
             for (int e = 0; e < 8; e++) {
                 const int r = orow + 2 * e, k = wk0 + r;
                 if (k < T) {
-                    dqkv[((size_t)b * T + k) * C3 + (size_t)(part + 1) * C + (size_t)h * HS + c * 16 + ocol] =
-                        __float2bfloat16(S[r * LDS + ocol]);
+                    dqkv[(part == 0 ? attn_k(x, b, T, g, HS) : attn_v(x, b, T, g, HS)) + (size_t)k * x.kvrow +
+                         c * 16 + ocol] = __float2bfloat16(S[r * LDS + ocol]);
                 }
             }
             __syncwarp();
@@ -469,7 +518,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                          const float* __restrict__ lse, const float* __restrict__ Dg, int T, int C, int NH,
+                          const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int T,
                           float scale) {
     constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;
@@ -488,10 +537,12 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sV = sK + BC * LDK;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int NH = x.NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, g = h / x.per;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* qbase = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const size_t C = (size_t)NH * HS;
+    const bf16* qbase = qkv + attn_q(x, b, T, h, HS);
+    const bf16* kbase = qkv + attn_k(x, b, T, g, HS);
+    const bf16* vbase = qkv + attn_v(x, b, T, g, HS);
     const bf16* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
     const float sl2 = scale * kLog2e;
 
@@ -500,7 +551,7 @@ __global__ void __launch_bounds__(kThreads)
     float* dP = S + 16 * LDS;
     bf16* dSb = reinterpret_cast<bf16*>(dP + 16 * LDS);
 
-    attn_load_tile<BR, HS>(stage, qbase, C3, q0, T);
+    attn_load_tile<BR, HS>(stage, qbase, x.qrow, q0, T);
     attn_load_tile<BR, HS>(stage + BR * LDK, dobase, C, q0, T);
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[NCH], of[NCH];
@@ -523,8 +574,8 @@ __global__ void __launch_bounds__(kThreads)
     const float drow = rowok ? Dg[(size_t)bh * T + qs] : 0.f;
     const int kend = min(q0 + BR, T);
     for (int k0 = 0; k0 < kend; k0 += BC) {
-        attn_load_tile<BC, HS>(sK, qbase + C, C3, k0, T);
-        attn_load_tile<BC, HS>(sV, qbase + 2 * (size_t)C, C3, k0, T);
+        attn_load_tile<BC, HS>(sK, kbase, x.kvrow, k0, T);
+        attn_load_tile<BC, HS>(sV, vbase, x.kvrow, k0, T);
         __syncthreads();
         if (k0 <= wq0 + 15) {  // warp-uniform
             attn_scores_and_dp<BC / 16, NCH>(S, dP, qf, of, sK, sV, LDK, LDS);
@@ -563,7 +614,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const int r = orow + 2 * e, q = wq0 + r;
-            if (q < T) dqkv[((size_t)b * T + q) * C3 + (size_t)h * HS + c * 16 + ocol] = __float2bfloat16(S[r * LDS + ocol]);
+            if (q < T) dqkv[attn_q(x, b, T, h, HS) + (size_t)q * x.qrow + c * 16 + ocol] = __float2bfloat16(S[r * LDS + ocol]);
         }
         __syncwarp();
     }
@@ -576,16 +627,17 @@ __global__ void __launch_bounds__(kThreads)
 // scores and split the head dimension for the sum dQ = sum_k dS K.
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                               const float* __restrict__ lse, const float* __restrict__ Dg, int B, int T, int C,
-                               int NH, float scale) {
+                               const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int B, int T,
+                               int HS, float scale) {
     const int lane = threadIdx.x % 32;
+    const int NH = x.NH;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
     if (row >= (long)B * NH * T) return;  // whole warp
-    const int HS = C / NH;
-    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16* q = seq + (size_t)t * C3;
+    const size_t C = (size_t)NH * HS;
+    const int bh = (int)(row / T), t = (int)(row % T), b = bh / NH, h = bh % NH, g = h / x.per;
+    const bf16* q = qkv + attn_q(x, b, T, h, HS) + (size_t)t * x.qrow;
+    const bf16* kseq = qkv + attn_k(x, b, T, g, HS);
+    const bf16* vseq = qkv + attn_v(x, b, T, g, HS);
     const bf16* dO = dout + ((size_t)b * T + t) * C + (size_t)h * HS;
     const float sl2 = scale * kLog2e;
     const float l2 = lse[row] * kLog2e, Dr = Dg[row];
@@ -597,8 +649,8 @@ __global__ void __launch_bounds__(kThreads)
         const int key = k0 + lane;
         float ds = 0.f;
         if (key <= t) {
-            const bf16* k = seq + (size_t)key * C3 + C;
-            const bf16* v = k + C;
+            const bf16* k = kseq + (size_t)key * x.kvrow;
+            const bf16* v = vseq + (size_t)key * x.kvrow;
             float s = 0.f, dp = 0.f;
             for (int i = 0; i < HS; i++) {
                 s += __bfloat162float(q[i]) * __bfloat162float(k[i]);
@@ -611,7 +663,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 32; j++) {
             const float dsj = __shfl_sync(kFull, ds, j);
             if (j < nk) {
-                const bf16* k = seq + (size_t)(k0 + j) * C3 + C;
+                const bf16* k = kseq + (size_t)(k0 + j) * x.kvrow;
 #pragma unroll
                 for (int d = 0; d < kGenericMaxHS / 32; d++) {
                     const int i = lane + 32 * d;
@@ -620,7 +672,7 @@ __global__ void __launch_bounds__(kThreads)
             }
         }
     }
-    bf16* dst = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
+    bf16* dst = dqkv + attn_q(x, b, T, h, HS) + (size_t)t * x.qrow;
 #pragma unroll
     for (int d = 0; d < kGenericMaxHS / 32; d++) {
         const int i = lane + 32 * d;
@@ -628,86 +680,110 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dK, dV: one warp per key row; lanes take 32 queries (>= the key) at a
-// time and split the head dimension for dV = sum_q P dO, dK = sum_q dS Q.
+// dK, dV: one warp per key row of a key/value head, grid ceil(B*KVH*T/4);
+// for each query head of the group in ascending order, lanes take 32
+// queries (>= the key) at a time and split the head dimension for dV =
+// sum_q P dO, dK = sum_q dS Q.
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                                const float* __restrict__ Dg, int B, int T, int C, int NH, float scale) {
+                                const float* __restrict__ Dg, AttnIdx x, int B, int T, int HS, float scale) {
     const int lane = threadIdx.x % 32;
+    const int NH = x.NH, KVH = NH / x.per;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
-    if (row >= (long)B * NH * T) return;  // whole warp
-    const int HS = C / NH;
-    const int bh = (int)(row / T), kt = (int)(row % T), b = bh / NH, h = bh % NH;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16* seq = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const bf16* dseq = dout + (size_t)b * T * C + (size_t)h * HS;
-    const bf16* k = seq + (size_t)kt * C3 + C;
-    const bf16* v = k + C;
+    if (row >= (long)B * KVH * T) return;  // whole warp
+    const size_t C = (size_t)NH * HS;
+    const int bg = (int)(row / T), kt = (int)(row % T), b = bg / KVH, g = bg % KVH;
+    const bf16* k = qkv + attn_k(x, b, T, g, HS) + (size_t)kt * x.kvrow;
+    const bf16* v = qkv + attn_v(x, b, T, g, HS) + (size_t)kt * x.kvrow;
     const float sl2 = scale * kLog2e;
 
     float dk[kGenericMaxHS / 32], dv[kGenericMaxHS / 32];
 #pragma unroll
     for (int d = 0; d < kGenericMaxHS / 32; d++) dk[d] = dv[d] = 0.f;
-    for (int q0 = kt; q0 < T; q0 += 32) {
-        const int qt = q0 + lane;
-        float p = 0.f, ds = 0.f;
-        if (qt < T) {
-            const bf16* q = seq + (size_t)qt * C3;
-            const bf16* dO = dseq + (size_t)qt * C;
-            float s = 0.f, dp = 0.f;
-            for (int i = 0; i < HS; i++) {
-                s += __bfloat162float(q[i]) * __bfloat162float(k[i]);
-                dp += __bfloat162float(dO[i]) * __bfloat162float(v[i]);
+    for (int h = g * x.per; h < (g + 1) * x.per; h++) {
+        const size_t bh = (size_t)b * NH + h;
+        const bf16* qseq = qkv + attn_q(x, b, T, h, HS);
+        const bf16* dseq = dout + (size_t)b * T * C + (size_t)h * HS;
+        for (int q0 = kt; q0 < T; q0 += 32) {
+            const int qt = q0 + lane;
+            float p = 0.f, ds = 0.f;
+            if (qt < T) {
+                const bf16* q = qseq + (size_t)qt * x.qrow;
+                const bf16* dO = dseq + (size_t)qt * C;
+                float s = 0.f, dp = 0.f;
+                for (int i = 0; i < HS; i++) {
+                    s += __bfloat162float(q[i]) * __bfloat162float(k[i]);
+                    dp += __bfloat162float(dO[i]) * __bfloat162float(v[i]);
+                }
+                const size_t r = bh * T + qt;
+                p = exp2f(s * sl2 - lse[r] * kLog2e);
+                ds = p * (dp - Dg[r]) * scale;
             }
-            const size_t r = (size_t)bh * T + qt;
-            p = exp2f(s * sl2 - lse[r] * kLog2e);
-            ds = p * (dp - Dg[r]) * scale;
-        }
-        const int nq = min(32, T - q0);
-        for (int j = 0; j < 32; j++) {
-            const float pj = __shfl_sync(kFull, p, j);
-            const float dsj = __shfl_sync(kFull, ds, j);
-            if (j < nq) {
-                const bf16* q = seq + (size_t)(q0 + j) * C3;
-                const bf16* dO = dseq + (size_t)(q0 + j) * C;
+            const int nq = min(32, T - q0);
+            for (int j = 0; j < 32; j++) {
+                const float pj = __shfl_sync(kFull, p, j);
+                const float dsj = __shfl_sync(kFull, ds, j);
+                if (j < nq) {
+                    const bf16* q = qseq + (size_t)(q0 + j) * x.qrow;
+                    const bf16* dO = dseq + (size_t)(q0 + j) * C;
 #pragma unroll
-                for (int d = 0; d < kGenericMaxHS / 32; d++) {
-                    const int i = lane + 32 * d;
-                    if (i < HS) {
-                        dv[d] += pj * __bfloat162float(dO[i]);
-                        dk[d] += dsj * __bfloat162float(q[i]);
+                    for (int d = 0; d < kGenericMaxHS / 32; d++) {
+                        const int i = lane + 32 * d;
+                        if (i < HS) {
+                            dv[d] += pj * __bfloat162float(dO[i]);
+                            dk[d] += dsj * __bfloat162float(q[i]);
+                        }
                     }
                 }
             }
         }
     }
-    bf16* dst = dqkv + ((size_t)b * T + kt) * C3 + C + (size_t)h * HS;
+    bf16* dkd = dqkv + attn_k(x, b, T, g, HS) + (size_t)kt * x.kvrow;
+    bf16* dvd = dqkv + attn_v(x, b, T, g, HS) + (size_t)kt * x.kvrow;
 #pragma unroll
     for (int d = 0; d < kGenericMaxHS / 32; d++) {
         const int i = lane + 32 * d;
         if (i < HS) {
-            dst[i] = __float2bfloat16(dk[d]);
-            dst[C + i] = __float2bfloat16(dv[d]);
+            dkd[i] = __float2bfloat16(dk[d]);
+            dvd[i] = __float2bfloat16(dv[d]);
         }
     }
 }
 
-// attn_check validates the shapes shared by both launchers and returns HS
-// (0 when invalid).
-int attn_check(int B, int T, int C, int NH) {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0 || B * NH > 65535) return 0;
-    const int HS = C / NH;
-    if (HS > kGenericMaxHS) return 0;
-    if ((long long)B * T * 3 * C > (long long)1 << 40) return 0;
-    return HS;
+// attn_check validates the shapes shared by both launchers.
+bool attn_check(int B, int T, int NH, int KVH, int HS, int layout) {
+    if (B <= 0 || T <= 0 || NH <= 0 || KVH <= 0 || HS <= 0 || NH % KVH != 0 || HS > kGenericMaxHS) return false;
+    if (layout != 0 && layout != 1) return false;
+    if ((long long)B * NH > 65535) return false;
+    return (long long)B * T * (NH + 2LL * KVH) * HS <= (long long)1 << 40;
+}
+
+// attn_index is backend.QKVLayout.Index for B*T positions.
+AttnIdx attn_index(int B, int T, int NH, int KVH, int HS, int layout) {
+    const size_t BT = (size_t)B * T;
+    AttnIdx x;
+    x.NH = NH;
+    x.per = NH / KVH;
+    if (layout == 1) {  // planar: q, then k, then v, each [B,T,heads*HS]
+        x.qrow = (size_t)NH * HS;
+        x.kvrow = (size_t)KVH * HS;
+        x.kbase = BT * x.qrow;
+        x.vbase = x.kbase + BT * x.kvrow;
+    } else {  // fused: one [q | k | v] row per position
+        x.qrow = x.kvrow = (size_t)(NH + 2 * KVH) * HS;
+        x.kbase = (size_t)NH * HS;
+        x.vbase = (size_t)(NH + KVH) * HS;
+    }
+    return x;
 }
 
 bool attn_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// attn_grid_rows is the number of 128-thread blocks for one warp per row.
-unsigned attn_grid_rows(int B, int T, int NH, int rows_per_block) {
-    const long long rows = (long long)B * NH * T;
+// attn_grid_rows is the number of blocks for one warp per row of `heads`
+// heads.
+unsigned attn_grid_rows(int B, int T, int heads, int rows_per_block) {
+    const long long rows = (long long)B * heads * T;
     return (unsigned)((rows + rows_per_block - 1) / rows_per_block);
 }
 
@@ -715,56 +791,63 @@ float attn_scale(int HS) { return (float)(1.0 / sqrt((double)HS)); }
 
 }  // namespace
 
-// lsp_attention_forward: out [B,T,C] bf16 and lse [B,NH,T] fp32 from qkv
-// [B,T,3C] bf16 (causal, scale 1/sqrt(HS), HS = C/NH <= 256).
+// lsp_attention_forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 from
+// qkv bf16 in layout (0 fused, 1 planar) with NH query and KVH key/value
+// heads of HS <= 256 (causal, scale 1/sqrt(HS)).
 extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                                             int C, int NH, cudaStream_t stream) {
-    const int HS = attn_check(B, T, C, NH);
-    if (HS == 0 || out == nullptr || lse == nullptr || qkv == nullptr) return cudaErrorInvalidValue;
+                                             int NH, int KVH, int HS, int layout, cudaStream_t stream) {
+    if (!attn_check(B, T, NH, KVH, HS, layout) || out == nullptr || lse == nullptr || qkv == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    const AttnIdx x = attn_index(B, T, NH, KVH, HS, layout);
     const float scale = attn_scale(HS);
     const bool tc = attn_aligned16(qkv) && attn_aligned16(out);
     const dim3 tiles((unsigned)((T + 63) / 64), (unsigned)(B * NH));
     if (tc && (HS == 64 || HS == 128)) {
         auto fwd = HS == 64 ? attn_fwd_tc_kernel<64> : attn_fwd_tc_kernel<128>;
-        LSP_LAUNCH(fwd, tiles, dim3(kThreads), 0, stream, out, lse, qkv, T, C, NH, scale);
+        LSP_LAUNCH(fwd, tiles, dim3(kThreads), 0, stream, out, lse, qkv, x, T, scale);
     } else {
         LSP_LAUNCH(attn_fwd_generic_kernel, dim3(attn_grid_rows(B, T, NH, kThreads / 32)), dim3(kThreads), 0, stream,
-                   out, lse, qkv, B, T, C, NH, scale);
+                   out, lse, qkv, x, B, T, HS, scale);
     }
     return cudaGetLastError();
 }
 
-// lsp_attention_backward: dqkv [B,T,3C] bf16 (written, not accumulated)
-// from dout [B,T,C], qkv, out (the forward's output) and lse (the
-// forward's log-sum-exp); scratch holds B*NH*T floats for D = rowsum(dO o O).
+// lsp_attention_backward: dqkv bf16 in qkv's layout (written, not
+// accumulated; a key/value head's gradient sums its query heads in
+// ascending order) from dout [B,T,NH*HS], qkv, out (the forward's output)
+// and lse (the forward's log-sum-exp); scratch holds B*NH*T floats for
+// D = rowsum(dO o O).
 extern "C" cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                                              float* scratch, int B, int T, int C, int NH, cudaStream_t stream) {
-    const int HS = attn_check(B, T, C, NH);
-    if (HS == 0 || dqkv == nullptr || dout == nullptr || qkv == nullptr || out == nullptr || lse == nullptr ||
-        scratch == nullptr) {
+                                              float* scratch, int B, int T, int NH, int KVH, int HS, int layout,
+                                              cudaStream_t stream) {
+    if (!attn_check(B, T, NH, KVH, HS, layout) || dqkv == nullptr || dout == nullptr || qkv == nullptr ||
+        out == nullptr || lse == nullptr || scratch == nullptr) {
         return cudaErrorInvalidValue;
     }
+    const AttnIdx x = attn_index(B, T, NH, KVH, HS, layout);
     const float scale = attn_scale(HS);
     LSP_LAUNCH(attn_bwd_d_kernel, dim3(attn_grid_rows(B, T, NH, 8)), dim3(256), 0, stream, scratch, dout, out, B, T,
-               C, NH);
+               NH, HS);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     const bool tc = attn_aligned16(qkv) && attn_aligned16(dout);
-    const dim3 tiles((unsigned)((T + 63) / 64), (unsigned)(B * NH));
+    const unsigned qtiles = (unsigned)((T + 63) / 64);
     if (tc && (HS == 64 || HS == 128)) {
         auto dkv = HS == 64 ? attn_bwd_dkv_tc_kernel<64> : attn_bwd_dkv_tc_kernel<128>;
         auto dq = HS == 64 ? attn_bwd_dq_tc_kernel<64> : attn_bwd_dq_tc_kernel<128>;
-        LSP_LAUNCH(dkv, tiles, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
+        LSP_LAUNCH(dkv, dim3(qtiles, (unsigned)(B * KVH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, x,
+                   T, scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        LSP_LAUNCH(dq, tiles, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, T, C, NH, scale);
+        LSP_LAUNCH(dq, dim3(qtiles, (unsigned)(B * NH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, x, T,
+                   scale);
     } else {
-        const dim3 grid(attn_grid_rows(B, T, NH, kThreads / 32));
-        LSP_LAUNCH(attn_bwd_dkv_generic_kernel, grid, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, B, T,
-                   C, NH, scale);
+        LSP_LAUNCH(attn_bwd_dkv_generic_kernel, dim3(attn_grid_rows(B, T, KVH, kThreads / 32)), dim3(kThreads), 0,
+                   stream, dqkv, dout, qkv, lse, scratch, x, B, T, HS, scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        LSP_LAUNCH(attn_bwd_dq_generic_kernel, grid, dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, B, T, C,
-                   NH, scale);
+        LSP_LAUNCH(attn_bwd_dq_generic_kernel, dim3(attn_grid_rows(B, T, NH, kThreads / 32)), dim3(kThreads), 0,
+                   stream, dqkv, dout, qkv, lse, scratch, x, B, T, HS, scale);
     }
     return cudaGetLastError();
 }

@@ -10,7 +10,8 @@
  * load and, unless a launcher says otherwise, rounded to nearest even at
  * store; arithmetic and accumulation are fp32 (lsp_sum_squares sums in
  * double). Shapes use llm.c's short names: B batch, T time, C channels, NH
- * heads, HS head size, V vocabulary; m, n, d, r for the LSP projectors.
+ * (query) heads, KVH key/value heads, HS head size, V vocabulary; m, n, d,
+ * r for the LSP projectors.
  *
  * The same declarations serve nvcc builds (libkernels.a) and the CPU
  * simulator (kernels/sim), which compiles the same .cu files with g++.
@@ -39,19 +40,25 @@ cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alp
 // END gemm
 
 // BEGIN attention
-// Fused causal multi-head attention (attention.cu), HS = C/NH <= 256,
-// scale 1/sqrt(HS); HS 64 and 128 run on tensor cores when the bf16
-// pointers are 16-byte aligned, other head sizes on a generic path.
-// Forward: out [B,T,C] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp of
-// each scaled score row) from qkv [B,T,3C] bf16 (q | k | v).
-cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int C,
-                                  int NH, cudaStream_t stream);
-// Backward: dqkv [B,T,3C] bf16 (written, not accumulated) from dout
-// [B,T,C], qkv, the forward's out and lse; scratch: B*NH*T floats (D).
-// Deterministic, no atomics.
+// Fused causal attention (attention.cu) with NH query heads and KVH
+// key/value heads of HS <= 256 each (grouped-query: query head h reads
+// key/value head h / (NH/KVH); NH % KVH == 0), scale 1/sqrt(HS); HS 64 and
+// 128 run on tensor cores when the bf16 pointers are 16-byte aligned, other
+// head sizes on a generic path. qkv holds q (NH*HS), k and v (KVH*HS each)
+// of the B*T positions as layout says (backend.QKVLayout): 0 fused, one
+// [q | k | v] row per position, [B,T,(NH+2*KVH)*HS]; 1 planar, all q
+// [B,T,NH*HS] then all k [B,T,KVH*HS] then all v.
+// Forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp
+// of each scaled score row) from qkv bf16.
+cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int NH,
+                                  int KVH, int HS, int layout, cudaStream_t stream);
+// Backward: dqkv bf16 in qkv's layout (written, not accumulated; a
+// key/value head's gradient sums its query heads in ascending order) from
+// dout [B,T,NH*HS], qkv, the forward's out and lse; scratch: B*NH*T floats
+// (D). Deterministic, no atomics.
 cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                   const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int C,
-                                   int NH, cudaStream_t stream);
+                                   const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int NH,
+                                   int KVH, int HS, int layout, cudaStream_t stream);
 // END attention
 
 // BEGIN sparse
@@ -120,13 +127,15 @@ cudaError_t lsp_swiglu_backward(void* dgate, void* dup, const void* dout, const 
 
 // BEGIN rope
 // RoPE (HF LLaMA rotate_half) on q or k [B, T, NH, HS] at positions
-// 0..T-1, angle t * theta^(-2i/HS) for the pairs (i, i + HS/2); the
-// backward rotates by -angle and writes dinp. In place (out == inp) or not.
-// x_bf16: dtype (backend.DType: 0 fp32, 1 bf16). HS even, <= 512.
-cudaError_t lsp_rope_forward(void* out, const void* inp, int B, int T, int NH, int HS, float theta, int x_bf16,
-                             cudaStream_t stream);
-cudaError_t lsp_rope_backward(void* dinp, const void* dout, int B, int T, int NH, int HS, float theta, int x_bf16,
-                              cudaStream_t stream);
+// 0..T-1: the pairs (i, i + HS/2) are rotated by angle t * inv_freq[i],
+// inv_freq fp32 [HS/2] on the device (1/theta^(2i/HS), or scaled by the
+// model's rope_scaling); the backward rotates by -angle and writes dinp.
+// In place (out == inp) or not. x_bf16: dtype (backend.DType: 0 fp32, 1
+// bf16). HS even, <= 512.
+cudaError_t lsp_rope_forward(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS,
+                             int x_bf16, cudaStream_t stream);
+cudaError_t lsp_rope_backward(void* dinp, const void* dout, const float* inv_freq, int B, int T, int NH, int HS,
+                              int x_bf16, cudaStream_t stream);
 // END rope
 
 // BEGIN embedding

@@ -54,14 +54,14 @@ static lspgo_ret lspgo_lsp_gemm_bf16(int transA, int transB, int M, int N, int K
 	return lspgo_end(lsp_gemm_bf16(transA, transB, M, N, K, alpha, (const __nv_bfloat16*)A, strideA, (const __nv_bfloat16*)B, strideB, beta, (void*)C, c_is_bf16, strideC, batch, (const __nv_bfloat16*)bias, gelu, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, int B, int T, int C, int NH, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, B, T, C, NH, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t scratch, int B, int T, int C, int NH, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t scratch, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_attention_backward((__nv_bfloat16*)dqkv, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, (const __nv_bfloat16*)out, (const float*)lse, (float*)scratch, B, T, C, NH, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_attention_backward((__nv_bfloat16*)dqkv, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, (const __nv_bfloat16*)out, (const float*)lse, (float*)scratch, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_sparse_compress_a(uintptr_t A, uintptr_t X, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int m, int d, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -124,14 +124,14 @@ static lspgo_ret lspgo_lsp_swiglu_backward(uintptr_t dgate, uintptr_t dup, uintp
 	return lspgo_end(lsp_swiglu_backward((void*)dgate, (void*)dup, (const void*)dout, (const void*)gate, (const void*)up, n, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, int B, int T, int NH, int HS, float theta, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_rope_forward((void*)out, (const void*)inp, B, T, NH, HS, theta, x_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_rope_forward((void*)out, (const void*)inp, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, int B, int T, int NH, int HS, float theta, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_rope_backward((void*)dinp, (const void*)dout, B, T, NH, HS, theta, x_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_rope_backward((void*)dinp, (const void*)dout, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr_t wte, uintptr_t wpe, int B, int T, int C, int V, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -272,50 +272,68 @@ func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA in
 
 // AttentionForward runs lsp_attention_forward (kernels.h, section attention):
 //
-//	cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int C, int NH, cudaStream_t stream)
+//	cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
 //
-// Fused causal multi-head attention (attention.cu), HS = C/NH <= 256,
-// scale 1/sqrt(HS); HS 64 and 128 run on tensor cores when the bf16
-// pointers are 16-byte aligned, other head sizes on a generic path.
-// Forward: out [B,T,C] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp of
-// each scaled score row) from qkv [B,T,3C] bf16 (q | k | v).
-func AttentionForward(out, lse, qkv Ptr, B, T, C_, NH int, stream Stream) error {
+// Fused causal attention (attention.cu) with NH query heads and KVH
+// key/value heads of HS <= 256 each (grouped-query: query head h reads
+// key/value head h / (NH/KVH); NH % KVH == 0), scale 1/sqrt(HS); HS 64 and
+// 128 run on tensor cores when the bf16 pointers are 16-byte aligned, other
+// head sizes on a generic path. qkv holds q (NH*HS), k and v (KVH*HS each)
+// of the B*T positions as layout says (backend.QKVLayout): 0 fused, one
+// [q | k | v] row per position, [B,T,(NH+2*KVH)*HS]; 1 planar, all q
+// [B,T,NH*HS] then all k [B,T,KVH*HS] then all v.
+// Forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp
+// of each scaled score row) from qkv bf16.
+func AttentionForward(out, lse, qkv Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_attention_forward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
 		return lspgoRange("lsp_attention_forward", "T", T, "does not fit in a C int")
 	}
-	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_attention_forward", "C", C_, "does not fit in a C int")
-	}
 	if int(int32(NH)) != NH {
 		return lspgoRange("lsp_attention_forward", "NH", NH, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.int(B), C.int(T), C.int(C_), C.int(NH), C.uintptr_t(stream), lspgoSync()))
+	if int(int32(KVH)) != KVH {
+		return lspgoRange("lsp_attention_forward", "KVH", KVH, "does not fit in a C int")
+	}
+	if int(int32(HS)) != HS {
+		return lspgoRange("lsp_attention_forward", "HS", HS, "does not fit in a C int")
+	}
+	if int(int32(layout)) != layout {
+		return lspgoRange("lsp_attention_forward", "layout", layout, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
 }
 
 // AttentionBackward runs lsp_attention_backward (kernels.h, section attention):
 //
-//	cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int C, int NH, cudaStream_t stream)
+//	cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
 //
-// Backward: dqkv [B,T,3C] bf16 (written, not accumulated) from dout
-// [B,T,C], qkv, the forward's out and lse; scratch: B*NH*T floats (D).
-// Deterministic, no atomics.
-func AttentionBackward(dqkv, dout, qkv, out, lse, scratch Ptr, B, T, C_, NH int, stream Stream) error {
+// Backward: dqkv bf16 in qkv's layout (written, not accumulated; a
+// key/value head's gradient sums its query heads in ascending order) from
+// dout [B,T,NH*HS], qkv, the forward's out and lse; scratch: B*NH*T floats
+// (D). Deterministic, no atomics.
+func AttentionBackward(dqkv, dout, qkv, out, lse, scratch Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_attention_backward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
 		return lspgoRange("lsp_attention_backward", "T", T, "does not fit in a C int")
 	}
-	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_attention_backward", "C", C_, "does not fit in a C int")
-	}
 	if int(int32(NH)) != NH {
 		return lspgoRange("lsp_attention_backward", "NH", NH, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(C_), C.int(NH), C.uintptr_t(stream), lspgoSync()))
+	if int(int32(KVH)) != KVH {
+		return lspgoRange("lsp_attention_backward", "KVH", KVH, "does not fit in a C int")
+	}
+	if int(int32(HS)) != HS {
+		return lspgoRange("lsp_attention_backward", "HS", HS, "does not fit in a C int")
+	}
+	if int(int32(layout)) != layout {
+		return lspgoRange("lsp_attention_backward", "layout", layout, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
 }
 
 // SparseCompressA runs lsp_sparse_compress_a (kernels.h, section sparse):
@@ -522,13 +540,15 @@ func SwiGLUBackward(dgate, dup, dout, gate, up Ptr, n int64, xBF16, gBF16 DType,
 
 // RoPEForward runs lsp_rope_forward (kernels.h, section rope):
 //
-//	cudaError_t lsp_rope_forward(void* out, const void* inp, int B, int T, int NH, int HS, float theta, int x_bf16, cudaStream_t stream)
+//	cudaError_t lsp_rope_forward(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
 //
 // RoPE (HF LLaMA rotate_half) on q or k [B, T, NH, HS] at positions
-// 0..T-1, angle t * theta^(-2i/HS) for the pairs (i, i + HS/2); the
-// backward rotates by -angle and writes dinp. In place (out == inp) or not.
-// x_bf16: dtype (backend.DType: 0 fp32, 1 bf16). HS even, <= 512.
-func RoPEForward(out, inp Ptr, B, T, NH, HS int, theta float32, xBF16 DType, stream Stream) error {
+// 0..T-1: the pairs (i, i + HS/2) are rotated by angle t * inv_freq[i],
+// inv_freq fp32 [HS/2] on the device (1/theta^(2i/HS), or scaled by the
+// model's rope_scaling); the backward rotates by -angle and writes dinp.
+// In place (out == inp) or not. x_bf16: dtype (backend.DType: 0 fp32, 1
+// bf16). HS even, <= 512.
+func RoPEForward(out, inp, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_rope_forward", "B", B, "does not fit in a C int")
 	}
@@ -541,13 +561,13 @@ func RoPEForward(out, inp Ptr, B, T, NH, HS int, theta float32, xBF16 DType, str
 	if int(int32(HS)) != HS {
 		return lspgoRange("lsp_rope_forward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.int(B), C.int(T), C.int(NH), C.int(HS), C.float(theta), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // RoPEBackward runs lsp_rope_backward (kernels.h, section rope):
 //
-//	cudaError_t lsp_rope_backward(void* dinp, const void* dout, int B, int T, int NH, int HS, float theta, int x_bf16, cudaStream_t stream)
-func RoPEBackward(dinp, dout Ptr, B, T, NH, HS int, theta float32, xBF16 DType, stream Stream) error {
+//	cudaError_t lsp_rope_backward(void* dinp, const void* dout, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
+func RoPEBackward(dinp, dout, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_rope_backward", "B", B, "does not fit in a C int")
 	}
@@ -560,7 +580,7 @@ func RoPEBackward(dinp, dout Ptr, B, T, NH, HS int, theta float32, xBF16 DType, 
 	if int(int32(HS)) != HS {
 		return lspgoRange("lsp_rope_backward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.int(B), C.int(T), C.int(NH), C.int(HS), C.float(theta), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // EncoderForward runs lsp_encoder_forward (kernels.h, section embedding):

@@ -8,7 +8,12 @@
 // 37, 65: not multiples of the 64/32 tiles), the generic path (HS 16, 24,
 // 40, 96, 256 with T 19, 33, 40, 9) and HS 64 through a 2-byte-misaligned
 // view (which must fall back to the generic path), each for every seed of
-// Seeds. Inputs are uniform: qkv in [-2, 2) (scaled scores of standard
+// Seeds. Those are GPT-2's heads (KVH == NH, fused q|k|v rows); the
+// grouped-query cases add KVH 1 (multi-query) and 2 with NH 4 or 6, in
+// both layouts (fused rows and LLaMA's planar q, k, v), on both paths and
+// misaligned, and KVH == NH in the planar layout. A key/value head's
+// gradient is a sum over its query heads, so a head mapped to the wrong
+// group or a sum missing a query head is off by O(max|want|). Inputs are uniform: qkv in [-2, 2) (scaled scores of standard
 // deviation ~1.3, neither flat nor one-hot softmax rows), dout in [-1, 1).
 // Outputs start as NaN (fresh buffers), so anything not written shows.
 // Buffers rotate per seed between a 256-byte-aligned start, a guard page
@@ -46,31 +51,51 @@ import (
 )
 
 type attnCase struct {
-	B, T, C, NH int
-	off         int // bytes added to the bf16 pointers (2: misaligned)
+	B, T, NH, KVH, HS int
+	layout            backend.QKVLayout
+	off               int // bytes added to the bf16 pointers (2: misaligned)
 }
 
 func (c attnCase) String() string {
-	s := fmt.Sprintf("B%d_T%d_C%d_NH%d_HS%d", c.B, c.T, c.C, c.NH, c.C/c.NH)
+	s := fmt.Sprintf("B%d_T%d_NH%d_KVH%d_HS%d_%v", c.B, c.T, c.NH, c.KVH, c.HS, c.layout)
 	if c.off != 0 {
 		s += fmt.Sprintf("_off%d", c.off)
 	}
 	return s
 }
 
+// qkvLen and outLen are the element counts of qkv (and dqkv) and of out
+// (and dout).
+func (c attnCase) qkvLen() int { return c.B * c.T * (c.NH + 2*c.KVH) * c.HS }
+func (c attnCase) outLen() int { return c.B * c.T * c.NH * c.HS }
+
+// mha is GPT-2's attention: NH heads of HS, KVH == NH, fused rows.
+func mha(B, T, C, NH int) attnCase { return attnCase{B: B, T: T, NH: NH, KVH: NH, HS: C / NH} }
+
 var attnCases = []attnCase{
-	{B: 2, T: 128, C: 256, NH: 4}, // realistic, HS 64
-	{B: 2, T: 128, C: 256, NH: 2}, // realistic, HS 128
-	{B: 1, T: 1, C: 128, NH: 2},
-	{B: 2, T: 37, C: 128, NH: 2},
-	{B: 1, T: 65, C: 128, NH: 2},
-	{B: 1, T: 65, C: 256, NH: 2},
-	{B: 2, T: 19, C: 48, NH: 2},  // generic HS 24
-	{B: 1, T: 19, C: 120, NH: 3}, // generic HS 40
-	{B: 1, T: 40, C: 32, NH: 2},  // generic HS 16
-	{B: 1, T: 33, C: 192, NH: 2}, // generic HS 96
-	{B: 1, T: 9, C: 256, NH: 1},  // generic HS 256, the largest
-	{B: 1, T: 37, C: 128, NH: 2, off: 2},
+	mha(2, 128, 256, 4), // realistic, HS 64
+	mha(2, 128, 256, 2), // realistic, HS 128
+	mha(1, 1, 128, 2),
+	mha(2, 37, 128, 2),
+	mha(1, 65, 128, 2),
+	mha(1, 65, 256, 2),
+	mha(2, 19, 48, 2),  // generic HS 24
+	mha(1, 19, 120, 3), // generic HS 40
+	mha(1, 40, 32, 2),  // generic HS 16
+	mha(1, 33, 192, 2), // generic HS 96
+	mha(1, 9, 256, 1),  // generic HS 256, the largest
+	{B: 1, T: 37, NH: 2, KVH: 2, HS: 64, off: 2},
+	// Grouped-query heads, tensor-core path.
+	{B: 2, T: 37, NH: 4, KVH: 1, HS: 64},
+	{B: 2, T: 37, NH: 4, KVH: 2, HS: 64, layout: backend.QKVPlanar},
+	{B: 1, T: 65, NH: 4, KVH: 2, HS: 128},
+	{B: 1, T: 70, NH: 4, KVH: 1, HS: 128, layout: backend.QKVPlanar},
+	{B: 2, T: 33, NH: 2, KVH: 2, HS: 64, layout: backend.QKVPlanar},
+	// Generic path.
+	{B: 2, T: 19, NH: 6, KVH: 2, HS: 24, layout: backend.QKVPlanar},
+	{B: 1, T: 33, NH: 3, KVH: 1, HS: 40},
+	{B: 2, T: 7, NH: 4, KVH: 1, HS: 16, layout: backend.QKVPlanar},
+	{B: 1, T: 37, NH: 4, KVH: 2, HS: 64, layout: backend.QKVPlanar, off: 2},
 }
 
 // attnInputs are the values both sides see (already bf16).
@@ -80,8 +105,8 @@ type attnInputs struct {
 
 func newAttnInputs(c attnCase, seed uint64) attnInputs {
 	return attnInputs{
-		qkv:  RoundBF16(Rand(seed*11+1, c.B*c.T*3*c.C, 2)),
-		dout: RoundBF16(Rand(seed*11+2, c.B*c.T*c.C, 1)),
+		qkv:  RoundBF16(Rand(seed*11+1, c.qkvLen(), 2)),
+		dout: RoundBF16(Rand(seed*11+2, c.outLen(), 1)),
 	}
 }
 
@@ -109,17 +134,16 @@ func cpuAttention(t *testing.T, c attnCase, in attnInputs) attnRef {
 		}
 		return x
 	}
-	n := c.B * c.T * c.C
-	qkv := tensor("qkv", 3*n, backend.BF16, in.qkv)
-	dout := tensor("dout", n, backend.BF16, in.dout)
-	out := tensor("out", n, backend.BF16, nil)
+	qkv := tensor("qkv", c.qkvLen(), backend.BF16, in.qkv)
+	dout := tensor("dout", c.outLen(), backend.BF16, in.dout)
+	out := tensor("out", c.outLen(), backend.BF16, nil)
 	lse := tensor("lse", c.B*c.NH*c.T, backend.F32, nil)
-	dqkv := tensor("dqkv", 3*n, backend.BF16, nil)
+	dqkv := tensor("dqkv", c.qkvLen(), backend.BF16, nil)
 	scratch := tensor("scratch", backend.AttentionBackwardScratch(c.B, c.T, c.NH), backend.F32, nil)
-	if err := be.AttentionForward(s, out, lse, qkv, c.B, c.T, c.C, c.NH); err != nil {
+	if err := be.AttentionForward(s, out, lse, qkv, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
 		t.Fatalf("cpu attention forward: %v", err)
 	}
-	if err := be.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, c.B, c.T, c.C, c.NH); err != nil {
+	if err := be.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
 		t.Fatalf("cpu attention backward: %v", err)
 	}
 	var r attnRef
@@ -167,10 +191,9 @@ func bf16At(b *Buffer, off int) []float32 { return BF16Values(b.Uint16()[off/2:]
 // returns out and lse.
 func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint64) (out, lse []float32) {
 	t.Helper()
-	n := c.B * c.T * c.C
-	a := attnArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
-		Qkv: bf16Buffer(t, 3*n, c.off, mode, in.qkv),
-		Out: bf16Buffer(t, n, c.off, mode+1, nil),
+	a := attnArgs{B: c.B, T: c.T, NH: c.NH, KVH: c.KVH, HS: c.HS, Layout: int(c.layout), Off: c.off,
+		Qkv: bf16Buffer(t, c.qkvLen(), c.off, mode, in.qkv),
+		Out: bf16Buffer(t, c.outLen(), c.off, mode+1, nil),
 		Lse: attnAlloc(t, 4*c.B*c.NH*c.T, mode+2),
 	}
 	SetSeed(simSeed)
@@ -184,14 +207,13 @@ func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint6
 // with simulator seed simSeed and returns dqkv.
 func runAttnBackward(t *testing.T, c attnCase, in attnInputs, ref attnRef, mode, simSeed uint64) []float32 {
 	t.Helper()
-	n := c.B * c.T * c.C
-	a := attnArgs{B: c.B, T: c.T, C: c.C, NH: c.NH, Off: c.off,
-		Qkv:     bf16Buffer(t, 3*n, c.off, mode, in.qkv),
-		Dout:    bf16Buffer(t, n, c.off, mode+1, in.dout),
-		Out:     bf16Buffer(t, n, c.off, mode+2, ref.out),
+	a := attnArgs{B: c.B, T: c.T, NH: c.NH, KVH: c.KVH, HS: c.HS, Layout: int(c.layout), Off: c.off,
+		Qkv:     bf16Buffer(t, c.qkvLen(), c.off, mode, in.qkv),
+		Dout:    bf16Buffer(t, c.outLen(), c.off, mode+1, in.dout),
+		Out:     bf16Buffer(t, c.outLen(), c.off, mode+2, ref.out),
 		Lse:     attnAlloc(t, 4*c.B*c.NH*c.T, mode),
 		Scratch: attnAlloc(t, 4*backend.AttentionBackwardScratch(c.B, c.T, c.NH), mode+1), // the Go size: guards catch a launcher needing more
-		Dqkv:    bf16Buffer(t, 3*n, c.off, mode+2, nil),
+		Dqkv:    bf16Buffer(t, c.qkvLen(), c.off, mode+2, nil),
 	}
 	copy(a.Lse.Float32(), ref.lse)
 	SetSeed(simSeed)
@@ -210,12 +232,21 @@ func bf16Tol(want []float32) (atol, rtol float64) {
 	return math.Ldexp(mx, -8) + math.Ldexp(1, -14), math.Ldexp(1, -7)
 }
 
-// dqkvPart extracts part p (0 q, 1 k, 2 v) of a [B*T, 3C] dqkv.
-func dqkvPart(x []float32, C, p int) []float32 {
-	rows := len(x) / (3 * C)
-	out := make([]float32, 0, rows*C)
-	for r := 0; r < rows; r++ {
-		out = append(out, x[r*3*C+p*C:][:C]...)
+// dqkvPart extracts part p (0 q, 1 k, 2 v) of a dqkv of c's shape and
+// layout, position by position.
+func dqkvPart(x []float32, c attnCase, p int) []float32 {
+	BT := c.B * c.T
+	ix := c.layout.Index(BT, c.NH, c.KVH, c.HS)
+	base, row, n := ix.QBase, ix.QRow, c.NH*c.HS
+	switch p {
+	case 1:
+		base, row, n = ix.KBase, ix.KVRow, c.KVH*c.HS
+	case 2:
+		base, row, n = ix.VBase, ix.KVRow, c.KVH*c.HS
+	}
+	out := make([]float32, 0, BT*n)
+	for r := range BT {
+		out = append(out, x[base+r*row:][:n]...)
 	}
 	return out
 }
@@ -241,7 +272,7 @@ func sameBits(t *testing.T, name string, a, b []float32) bool {
 // must then be Off bytes longer.
 type attnArgs struct {
 	Out, Lse, Qkv, Dqkv, Dout, Scratch *Buffer
-	B, T, C, NH                        int
+	B, T, NH, KVH, HS, Layout          int
 	Off                                int
 }
 
@@ -253,16 +284,18 @@ func (a attnArgs) at(b *Buffer, off int) kernels.Ptr {
 	return b.Dev().Add(off)
 }
 
-// forward runs lsp_attention_forward(Out, Lse, Qkv, B, T, C, NH).
+// forward runs lsp_attention_forward(Out, Lse, Qkv, B, T, NH, KVH, HS,
+// Layout).
 func (a attnArgs) forward() error {
-	return kernels.AttentionForward(a.at(a.Out, a.Off), a.at(a.Lse, 0), a.at(a.Qkv, a.Off), a.B, a.T, a.C, a.NH, 0)
+	return kernels.AttentionForward(a.at(a.Out, a.Off), a.at(a.Lse, 0), a.at(a.Qkv, a.Off), a.B, a.T, a.NH, a.KVH, a.HS,
+		a.Layout, 0)
 }
 
 // backward runs lsp_attention_backward(Dqkv, Dout, Qkv, Out, Lse, Scratch,
-// B, T, C, NH).
+// B, T, NH, KVH, HS, Layout).
 func (a attnArgs) backward() error {
 	return kernels.AttentionBackward(a.at(a.Dqkv, a.Off), a.at(a.Dout, a.Off), a.at(a.Qkv, a.Off), a.at(a.Out, a.Off),
-		a.at(a.Lse, 0), a.at(a.Scratch, 0), a.B, a.T, a.C, a.NH, 0)
+		a.at(a.Lse, 0), a.at(a.Scratch, 0), a.B, a.T, a.NH, a.KVH, a.HS, a.Layout, 0)
 }
 
 func TestAttentionForward(t *testing.T) {
@@ -299,9 +332,9 @@ func TestAttentionBackward(t *testing.T) {
 				got := runAttnBackward(t, c, in, ref, seed, seed)
 				name := fmt.Sprintf("%v seed %d", c, seed)
 				for p, part := range []string{"dq", "dk", "dv"} {
-					want := dqkvPart(ref.dqkv, c.C, p)
+					want := dqkvPart(ref.dqkv, c, p)
 					atol, rtol := bf16Tol(want)
-					if !Compare(t, name+" "+part, dqkvPart(got, c.C, p), want, atol, rtol) {
+					if !Compare(t, name+" "+part, dqkvPart(got, c, p), want, atol, rtol) {
 						return
 					}
 				}
@@ -320,15 +353,20 @@ func TestAttentionBackward(t *testing.T) {
 func TestAttentionArgs(t *testing.T) {
 	buf := func() *Buffer { return AllocAligned(t, 1<<16, 256) }
 	ok := attnArgs{Out: buf(), Lse: buf(), Qkv: buf(), Dqkv: buf(), Dout: buf(), Scratch: buf(),
-		B: 1, T: 4, C: 64, NH: 2}
+		B: 1, T: 4, NH: 2, KVH: 2, HS: 32}
 	bad := map[string]func(a *attnArgs){
 		"B=0":        func(a *attnArgs) { a.B = 0 },
 		"T=0":        func(a *attnArgs) { a.T = 0 },
 		"T<0":        func(a *attnArgs) { a.T = -3 },
-		"C%NH":       func(a *attnArgs) { a.NH = 3 },
+		"NH%KVH":     func(a *attnArgs) { a.NH = 3 },
 		"NH=0":       func(a *attnArgs) { a.NH = 0 },
-		"HS=264":     func(a *attnArgs) { a.C, a.NH = 264, 1 },
-		"B*NH>65535": func(a *attnArgs) { a.B, a.NH, a.C = 65536, 1, 16 },
+		"KVH=0":      func(a *attnArgs) { a.KVH = 0 },
+		"KVH>NH":     func(a *attnArgs) { a.KVH = 4 },
+		"HS=0":       func(a *attnArgs) { a.HS = 0 },
+		"HS=264":     func(a *attnArgs) { a.HS = 264 },
+		"layout 2":   func(a *attnArgs) { a.Layout = 2 },
+		"layout -1":  func(a *attnArgs) { a.Layout = -1 },
+		"B*NH>65535": func(a *attnArgs) { a.B, a.NH, a.KVH, a.HS = 65536, 1, 1, 16 },
 		"qkv nil":    func(a *attnArgs) { a.Qkv = nil },
 		"out nil":    func(a *attnArgs) { a.Out = nil },
 		"lse nil":    func(a *attnArgs) { a.Lse = nil },

@@ -8,9 +8,13 @@
 // small sized q at T=64), 1 x 1 x 1 x 2 (the smallest head), 1 x 7 x 2 x
 // 512 (the largest), 3 x 257 x 5 x 128 (LLaMA's head size, positions past
 // 256). fp32 and bf16, out of place (into a fresh NaN buffer) and in place.
-// theta changes with the seed (10000, 500000, 1000), so a block that read
-// the inverse frequencies of an earlier launch (left in shared memory)
-// would be caught. The seeds of Seeds alternate the guard page after and
+// The inverse frequencies are a device tensor [HS/2] (as the Backend's
+// RoPE ops take them): 1/theta^(2i/HS) with theta changing with the seed
+// (10000, 500000), and for the third seed theta 10000's rescaled as
+// llama3's rope_scaling does (low frequencies divided by 8, a smooth band
+// between), so that a kernel computing its own frequencies from a theta
+// would be caught. The inv_freq buffer ends at a guard page: HS/2 + 1
+// reads crash. The seeds of Seeds alternate the guard page after and
 // before the buffers.
 //
 // Tolerances, |got - want| <= atol + rtol |want|: fp32 atol 1e-6, rtol
@@ -22,6 +26,7 @@ package simtest
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
@@ -36,7 +41,31 @@ var ropeCases = []struct{ B, T, NH, HS int }{
 	{3, 257, 5, 128},
 }
 
-var ropeThetas = []float32{10000, 500000, 1000}
+// ropeInvFreq is the inverse frequencies of the i-th seed (see the file
+// comment).
+func ropeInvFreq(HS, i int) []float32 {
+	switch i % 3 {
+	case 0:
+		return cpu.RoPEInvFreq(HS, 10000)
+	case 1:
+		return cpu.RoPEInvFreq(HS, 500000)
+	}
+	// llama3 scaling (factor 8, low 1, high 4, original context 8192),
+	// as HF's _compute_llama3_parameters.
+	inv := cpu.RoPEInvFreq(HS, 10000)
+	const factor, low, high, orig = 8, 1, 4, 8192
+	for j, f := range inv {
+		wavelen := 2 * math.Pi / float64(f)
+		switch {
+		case wavelen > orig/low:
+			inv[j] = f / factor
+		case wavelen >= orig/high:
+			smooth := (orig/wavelen - low) / (high - low)
+			inv[j] = float32((1-smooth)*float64(f)/factor + smooth*float64(f))
+		}
+	}
+	return inv
+}
 
 func TestRope(t *testing.T) {
 	for _, c := range ropeCases {
@@ -45,26 +74,27 @@ func TestRope(t *testing.T) {
 				n := c.B * c.T * c.NH * c.HS
 				x := roundIf(Rand(uint64(n), n, 2), xb)
 				for i, seed := range Seeds {
-					theta := ropeThetas[i%len(ropeThetas)]
+					inv := ropeInvFreq(c.HS, i)
 					before := i%2 == 0
 					wantF, wantB := make([]float32, n), make([]float32, n)
-					cpu.RoPEForward(wantF, x, c.B, c.T, c.NH, c.HS, theta)
-					cpu.RoPEBackward(wantB, x, c.B, c.T, c.NH, c.HS, theta)
+					cpu.RoPEForward(wantF, x, inv, c.B, c.T, c.NH, c.HS)
+					cpu.RoPEBackward(wantB, x, inv, c.B, c.T, c.NH, c.HS)
 					wantF, wantB = roundIf(wantF, xb), roundIf(wantB, xb)
 					atol, rtol := 1e-6, tolFor(xb, 1e-6)
 
 					SetSeed(seed)
+					freq := FromFloat32(t, inv).Dev()
 					in, out := NewFloatBuf(t, x, xb, before), outBuf(t, n, xb, !before)
-					mustLaunch(t, kernels.RoPEForward(out.Dev(), in.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
+					mustLaunch(t, kernels.RoPEForward(out.Dev(), in.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
 					Compare(t, "forward", out.Values(), wantF, atol, rtol)
 					Compare(t, "forward input", in.Values(), x, 0, 0)
-					mustLaunch(t, kernels.RoPEForward(in.Dev(), in.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
+					mustLaunch(t, kernels.RoPEForward(in.Dev(), in.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
 					Compare(t, "forward in place", in.Values(), wantF, atol, rtol)
 
 					din, dout := outBuf(t, n, xb, before), NewFloatBuf(t, x, xb, !before)
-					mustLaunch(t, kernels.RoPEBackward(din.Dev(), dout.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
+					mustLaunch(t, kernels.RoPEBackward(din.Dev(), dout.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
 					Compare(t, "backward", din.Values(), wantB, atol, rtol)
-					mustLaunch(t, kernels.RoPEBackward(dout.Dev(), dout.Dev(), c.B, c.T, c.NH, c.HS, theta, dtype(xb), 0))
+					mustLaunch(t, kernels.RoPEBackward(dout.Dev(), dout.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
 					Compare(t, "backward in place", dout.Values(), wantB, atol, rtol)
 				}
 			})
@@ -75,24 +105,25 @@ func TestRope(t *testing.T) {
 // TestRopeArgs checks the launchers' argument checks.
 func TestRopeArgs(t *testing.T) {
 	f := NewFloatBuf(t, make([]float32, 1024), false, false).Dev()
+	inv := FromFloat32(t, cpu.RoPEInvFreq(8, 10000)).Dev()
 	bad := []struct {
 		name string
 		err  error
 	}{
-		{"odd HS", kernels.RoPEForward(f, f, 1, 1, 1, 9, 10000, kernels.F32, 0)},
-		{"HS 0", kernels.RoPEForward(f, f, 1, 1, 1, 0, 10000, kernels.F32, 0)},
-		{"HS 514", kernels.RoPEBackward(f, f, 1, 1, 1, 514, 10000, kernels.F32, 0)},
-		{"theta 0", kernels.RoPEForward(f, f, 1, 1, 1, 8, 0, kernels.F32, 0)},
-		{"T<0", kernels.RoPEForward(f, f, 1, -1, 1, 8, 10000, kernels.F32, 0)},
-		{"nil out", kernels.RoPEForward(0, f, 1, 2, 1, 8, 10000, kernels.F32, 0)},
-		{"bad dtype", kernels.RoPEBackward(f, f, 1, 2, 1, 8, 10000, 2, 0)},
+		{"odd HS", kernels.RoPEForward(f, f, inv, 1, 1, 1, 9, kernels.F32, 0)},
+		{"HS 0", kernels.RoPEForward(f, f, inv, 1, 1, 1, 0, kernels.F32, 0)},
+		{"HS 514", kernels.RoPEBackward(f, f, inv, 1, 1, 1, 514, kernels.F32, 0)},
+		{"T<0", kernels.RoPEForward(f, f, inv, 1, -1, 1, 8, kernels.F32, 0)},
+		{"nil out", kernels.RoPEForward(0, f, inv, 1, 2, 1, 8, kernels.F32, 0)},
+		{"nil inv_freq", kernels.RoPEForward(f, f, 0, 1, 2, 1, 8, kernels.F32, 0)},
+		{"bad dtype", kernels.RoPEBackward(f, f, inv, 1, 2, 1, 8, 2, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := kernels.RoPEForward(0, 0, 0, 5, 2, 8, 10000, kernels.F32, 0); err != nil {
+	if err := kernels.RoPEForward(0, 0, 0, 0, 5, 2, 8, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }
