@@ -254,7 +254,9 @@ endif
 # the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
 # check it). Then a short bf16 run of tiny in native, zero and lsp mode on
 # the CUDA backend against the same run on the CPU backend
-# (TestCUDATrainsLikeCPU in train). About 3 minutes on 2 cores. RUN=regexp
+# (TestCUDATrainsLikeCPU in train), and the LLaMA fixtures' logits, loss
+# and gradients on both backends (TestCUDAMatchesCPU in train/llama).
+# About 3 minutes on 2 cores. RUN=regexp
 # selects tests.
 #
 # `make cudasim-engine-test`: the engine's device tests on the CUDA backend
@@ -266,12 +268,13 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
-CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/
+CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDATrainsLikeCPU)' ./train/
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDAMatchesCPU)' ./train/llama/
 else
 	@echo "cudasim-test: $(SIM_SKIP_MSG)"
 endif
