@@ -2,7 +2,6 @@ package gpt2
 
 import (
 	"encoding/json"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -88,63 +86,6 @@ func TestExportEpsilon(t *testing.T) {
 	}
 }
 
-// TestWriteExportCheck writes, when LSP_EXPORT_CHECK names a directory, an
-// export of the model in LSP_EXPORT_SRC (default: the fixture) with the
-// logits this implementation computes on random tokens, for
-// `scripts/fixtures/gpt2_tiny.py --check-export DIR` to compare with
-// transformers. It is a tool for that hand-run check, skipped otherwise.
-func TestWriteExportCheck(t *testing.T) {
-	dir := os.Getenv("LSP_EXPORT_CHECK")
-	if dir == "" {
-		t.Skip("set LSP_EXPORT_CHECK=DIR to write an export for the PyTorch check")
-	}
-	src := os.Getenv("LSP_EXPORT_SRC")
-	if src == "" {
-		src = fixtureDir
-	}
-	cfg, vals, err := LoadHF(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	B, T := 2, min(cfg.MaxT, 24)
-	be := cpu.New(cpu.Config{})
-	defer be.Close()
-	s := be.DefaultStream()
-	m, err := New(be, cfg, B, T, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(5, 6))
-	ids := make([]int32, B*T)
-	ids64 := make([]int64, B*T)
-	for i := range ids {
-		ids[i] = int32(rng.IntN(cfg.V))
-		ids64[i] = int64(ids[i])
-	}
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.UploadInt32(be, s, m.Inputs, ids); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Forward(s); err != nil {
-		t.Fatal(err)
-	}
-	logits, err := backend.Download(be, s, m.Logits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ExportHF(dir, cfg, vals); err != nil {
-		t.Fatal(err)
-	}
-	err = safetensors.Write(filepath.Join(dir, "lsp_check.safetensors"), []safetensors.Tensor{
-		safetensors.I64Tensor("input_ids", []int{B, T}, ids64),
-		safetensors.F32Tensor("logits", []int{B, T, cfg.V}, logits),
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestLoadSharded: a GPT-2 directory whose weights are shards listed by
 // model.safetensors.index.json (as save_pretrained writes past
