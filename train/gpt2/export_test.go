@@ -86,7 +86,6 @@ func TestExportEpsilon(t *testing.T) {
 	}
 }
 
-
 // TestLoadSharded: a GPT-2 directory whose weights are shards listed by
 // model.safetensors.index.json (as save_pretrained writes past
 // max_shard_size) loads as the single-file fixture, bit for bit.
