@@ -252,7 +252,8 @@ endif
 # on the simulated CUDA runtime (kernels/sim/cudart.cpp), with the kernels
 # compiled by g++ into package cuda. No GPU needed, only CUDA's headers;
 # the source hash in SIM_ENV rebuilds it when a kernel changes (the tests
-# check it). Then a short bf16 run of tiny in native, zero and lsp mode on
+# check it). Then a short bf16 run of tiny (and of llama-tiny, in native
+# and lsp) in native, zero and lsp mode on
 # the CUDA backend against the same run on the CPU backend
 # (TestCUDATrainsLikeCPU in train), and the LLaMA fixtures' logits, loss
 # and gradients on both backends (TestCUDAMatchesCPU in train/llama).

@@ -1,6 +1,6 @@
 //go:build cuda || cudasim
 
-// A short bf16 run of tiny on the CUDA backend (on a GPU, or under -tags
+// A short bf16 run of tiny and of llama-tiny on the CUDA backend (on a GPU, or under -tags
 // cudasim on the simulated runtime, where the same kernels run on the CPU)
 // against the same run on the CPU backend: the GPU path of every mode,
 // end to end, held to the oracle.
@@ -45,14 +45,20 @@ func TestCUDATrainsLikeCPU(t *testing.T) {
 	if err := probe.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"native", "zero", "lsp-device", "lsp-host"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct{ model, mode string }{
+		{"tiny", "native"}, {"tiny", "zero"}, {"tiny", "lsp-device"}, {"tiny", "lsp-host"},
+		{"llama-tiny", "native"}, {"llama-tiny", "lsp-device"},
+	} {
+		t.Run(tc.model+"/"+tc.mode, func(t *testing.T) {
+			mode := tc.mode
 			cpuCfg := tinyBF16Config(t, mode, Pipelined, backend.BF16, backend.F32)
+			cpuCfg.Model = tc.model
 			cb := cpu.New(cpu.Config{Threads: 2, KernelDTypes: true})
 			defer cb.Close()
 			want := mustRun(t, context.Background(), cpuCfg, Options{Backend: cb})
 
 			gpuCfg := tinyBF16Config(t, mode, Pipelined, backend.BF16, backend.F32)
+			gpuCfg.Model = tc.model
 			gb, err := device.Open(device.Config{Kind: device.CUDA})
 			if err != nil {
 				t.Fatal(err)
