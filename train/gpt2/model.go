@@ -136,25 +136,12 @@ type Model struct {
 	B, T  int
 	DType backend.DType // parameter and activation storage
 
-	be     backend.Backend
-	layout []model.Param
-	hooks  model.MatrixGrads
-	// gradOff is each parameter's element offset in Grads, -1 where it has
-	// no dense gradient.
-	gradOff []int
+	// Storage: the layout, the dense gradients' offsets and the buffers
+	// the engine reads (Params, Grads, Inputs, Targets, Losses, Logits).
+	model.Storage
 
-	// Params holds every parameter; Grads every dense gradient (in
-	// Options.GradDType): the layout of Params, or with hooks the same with
-	// the matrices left out.
-	Params, Grads backend.Tensor
-	// Inputs and Targets (I32, B*T) are filled by the caller before Forward
-	// and CrossEntropy; targets < 0 are ignored.
-	Inputs, Targets backend.Tensor
-	// Losses (F32, B*T) holds the per-position losses after CrossEntropy.
-	Losses backend.Tensor
-	// Logits (B*T*V) holds the logits after Forward, and dlogits after
-	// CrossEntropy with a non-zero scale.
-	Logits backend.Tensor
+	be    backend.Backend
+	hooks model.MatrixGrads
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation
@@ -266,10 +253,11 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		return nil, fmt.Errorf("gpt2: unsupported dtype %v", dt)
 	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, layout: cfg.Layout(), hooks: opts.MatrixGrads}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads}
+	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
 	offs, ng := cfg.gradOffsets(hooked)
-	m.gradOff = offs
+	m.GradOffsets = offs
 	var err error
 	free := func() { m.Free() }
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
@@ -282,8 +270,8 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		free()
 		return nil, fmt.Errorf("gpt2: gradients: %w", err)
 	}
-	paramOffs := make([]int, len(m.layout))
-	for i, p := range m.layout {
+	paramOffs := make([]int, len(m.ParamLayout))
+	for i, p := range m.ParamLayout {
 		paramOffs[i] = p.Offset
 	}
 	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
@@ -357,7 +345,7 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 		if offs[i] < 0 {
 			return backend.Tensor{}
 		}
-		p := m.layout[i]
+		p := m.ParamLayout[i]
 		return t.Slice(offs[i], p.Len(), p.Shape...)
 	}
 	mp := modelParams{wte: v(0), wpe: v(1)}
@@ -368,36 +356,9 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 			ln2w: v(i + 6), ln2b: v(i + 7), fcw: v(i + 8), fcb: v(i + 9), fcpw: v(i + 10), fcpb: v(i + 11),
 		})
 	}
-	n := len(m.layout)
+	n := len(m.ParamLayout)
 	mp.lnfw, mp.lnfb = v(n-2), v(n-1)
 	return mp
-}
-
-// Layout is the parameter layout of Params (and of Grads without hooks).
-func (m *Model) Layout() []model.Param { return m.layout }
-
-// Buffers implements model.Model.
-func (m *Model) Buffers() model.Buffers {
-	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses, Logits: m.Logits}
-}
-
-// ParamView returns parameter i of t (Params, or a tensor of the same
-// layout such as an optimizer moment; Grads only without hooks, else use
-// GradView).
-func (m *Model) ParamView(t backend.Tensor, i int) backend.Tensor {
-	p := m.layout[i]
-	return t.Slice(p.Offset, p.Len(), p.Shape...)
-}
-
-// GradView returns the gradient view of parameter i (same shape as the
-// parameter) and false when the parameter has no dense gradient (a matrix
-// when MatrixGrads is set).
-func (m *Model) GradView(i int) (backend.Tensor, bool) {
-	if i < 0 || i >= len(m.layout) || m.gradOff[i] < 0 {
-		return backend.Tensor{}, false
-	}
-	p := m.layout[i]
-	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
 }
 
 // Free releases every buffer of the model.

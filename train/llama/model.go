@@ -61,19 +61,12 @@ type Model struct {
 	B, T  int
 	DType backend.DType // parameter and activation storage
 
-	be     backend.Backend
-	layout []model.Param
-	hooks  model.MatrixGrads
-	// gradOff is each parameter's element offset in Grads, -1 where it
-	// has no dense gradient.
-	gradOff []int
+	// Storage: the layout, the dense gradients' offsets and the buffers
+	// the engine reads (Params, Grads, Inputs, Targets, Losses, Logits).
+	model.Storage
 
-	// Params holds every parameter; Grads every dense gradient (in
-	// Options.GradDType).
-	Params, Grads   backend.Tensor
-	Inputs, Targets backend.Tensor // I32, B*T
-	Losses          backend.Tensor // F32, B*T
-	Logits          backend.Tensor // B*T*V
+	be    backend.Backend
+	hooks model.MatrixGrads
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation (DType)
@@ -165,9 +158,10 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 		return nil, fmt.Errorf("llama: unsupported gradient dtype %v", gdt)
 	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, layout: cfg.Layout(), hooks: opts.MatrixGrads}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads}
+	m.ParamLayout = cfg.Layout()
 	offs, ng := cfg.gradOffsets(hooked)
-	m.gradOff = offs
+	m.GradOffsets = offs
 	fail := func(what string, err error) (*Model, error) {
 		m.Free()
 		return nil, fmt.Errorf("llama: %s: %w", what, err)
@@ -179,8 +173,8 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	if m.Grads, err = be.Alloc("grads", ng, opts.GradDType); err != nil {
 		return fail("gradients", err)
 	}
-	paramOffs := make([]int, len(m.layout))
-	for i, p := range m.layout {
+	paramOffs := make([]int, len(m.ParamLayout))
+	for i, p := range m.ParamLayout {
 		paramOffs[i] = p.Offset
 	}
 	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
@@ -248,7 +242,7 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 		if offs[i] < 0 {
 			return backend.Tensor{}
 		}
-		p := m.layout[i]
+		p := m.ParamLayout[i]
 		return t.Slice(offs[i], p.Len(), p.Shape...)
 	}
 	mp := modelParams{embed: v(0)}
@@ -265,31 +259,6 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 		mp.head = v(n + 1)
 	}
 	return mp
-}
-
-// Layout is the parameter layout of Params (and of Grads without hooks).
-func (m *Model) Layout() []model.Param { return m.layout }
-
-// Buffers implements model.Model.
-func (m *Model) Buffers() model.Buffers {
-	return model.Buffers{Params: m.Params, Grads: m.Grads, Inputs: m.Inputs, Targets: m.Targets, Losses: m.Losses, Logits: m.Logits}
-}
-
-// ParamView returns parameter i of t (Params, or a tensor of the same
-// layout).
-func (m *Model) ParamView(t backend.Tensor, i int) backend.Tensor {
-	p := m.layout[i]
-	return t.Slice(p.Offset, p.Len(), p.Shape...)
-}
-
-// GradView returns the gradient view of parameter i and false when it has
-// no dense gradient (a matrix under MatrixGrads).
-func (m *Model) GradView(i int) (backend.Tensor, bool) {
-	if i < 0 || i >= len(m.layout) || m.gradOff[i] < 0 {
-		return backend.Tensor{}, false
-	}
-	p := m.layout[i]
-	return m.Grads.Slice(m.gradOff[i], p.Len(), p.Shape...), true
 }
 
 // Free releases every buffer of the model.
