@@ -35,8 +35,26 @@ func modeConfigs(t *testing.T, model string) map[string]Config {
 // resumed ends exactly where an uninterrupted run does, projector checks
 // after the resume included (--check-every 2).
 func TestModesResumeBitForBit(t *testing.T) {
-	model := writeModel(t, microConfig(16, 2))
-	for name, c := range modeConfigs(t, model) {
+	checkModesResume(t, modeConfigs(t, writeModel(t, microConfig(16, 2))))
+}
+
+// TestLLaMAModesResumeBitForBit: a LLaMA checkpoint directory (the GQA
+// fixture, made by transformers) trains in every mode, native included,
+// and resumes exactly.
+func TestLLaMAModesResumeBitForBit(t *testing.T) {
+	model := filepath.Join("testdata", "llama-tiny-gqa")
+	cfgs := modeConfigs(t, model)
+	native := quickConfig(t, model)
+	native.Out = filepath.Join(t.TempDir(), "native")
+	cfgs["native"] = native
+	checkModesResume(t, cfgs)
+}
+
+// checkModesResume runs each configuration whole, and stopped after step
+// 3 and resumed: the losses and the checkpoints must be the same, and the
+// export must read back as --model's architecture.
+func checkModesResume(t *testing.T, cfgs map[string]Config) {
+	for name, c := range cfgs {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			full := mustRun(t, context.Background(), c, Options{})
@@ -50,6 +68,14 @@ func TestModesResumeBitForBit(t *testing.T) {
 				t.Errorf("losses %v after resume, %v uninterrupted", got, full.Losses)
 			}
 			sameTensors(t, readCheckpoint(t, c.Out), readCheckpoint(t, c2.Out))
+			want, _, err := models.Resolve(c.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exported, _, err := models.Resolve(full.Export)
+			if err != nil || !models.Equal(exported, want) {
+				t.Errorf("export %s reads as %+v (%v), want %+v", full.Export, exported, err, want)
+			}
 		})
 	}
 }
@@ -118,40 +144,5 @@ func TestLSPCapLogged(t *testing.T) {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, buf.String())
 		}
-	}
-}
-
-// TestLLaMAModesResumeBitForBit: a LLaMA checkpoint directory (the GQA
-// fixture, made by transformers) trains in every mode and resumes
-// exactly, and its export reads back as the same architecture.
-func TestLLaMAModesResumeBitForBit(t *testing.T) {
-	model := filepath.Join("testdata", "llama-tiny-gqa")
-	cfgs := modeConfigs(t, model)
-	native := quickConfig(t, model)
-	native.Out = filepath.Join(t.TempDir(), "native")
-	cfgs["native"] = native
-	for name, c := range cfgs {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			full := mustRun(t, context.Background(), c, Options{})
-			c2 := c
-			c2.Out = filepath.Join(t.TempDir(), "out")
-			first := mustRun(t, context.Background(), c2, Options{StopAfter: 3})
-			c2.Resume = true
-			second := mustRun(t, context.Background(), c2, Options{})
-			got := append(slices.Clone(first.Losses), second.Losses...)
-			if !slices.Equal(got, full.Losses) {
-				t.Errorf("losses %v after resume, %v uninterrupted", got, full.Losses)
-			}
-			sameTensors(t, readCheckpoint(t, c.Out), readCheckpoint(t, c2.Out))
-			want, _, err := models.Resolve(model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got2, _, err := models.Resolve(full.Export)
-			if err != nil || !models.Equal(got2, want) {
-				t.Errorf("export %s reads as %+v (%v), want %+v", full.Export, got2, err, want)
-			}
-		})
 	}
 }

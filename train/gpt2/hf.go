@@ -278,21 +278,15 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	return nil
 }
 
-// writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config.
+// writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config
+// (the bytes of Config.HFConfig).
 func writeHFConfig(dir string, cfg Config) error {
-	tie, eps := true, float32JSON(cfg.Eps)
-	h := hfConfig{
-		ModelType: "gpt2", Architectures: []string{"GPT2LMHeadModel"},
-		VocabSize: cfg.V, NPositions: cfg.MaxT, NCtx: cfg.MaxT, NEmbd: cfg.C, NLayer: cfg.L, NHead: cfg.NH,
-		Activation: "gelu_new", LayerNormEpsilon: &eps, TieWordEmbeddings: &tie,
-		InitializerRange: 0.02, BosTokenID: cfg.V - 1, EosTokenID: cfg.V - 1, TorchDtype: "float32",
-	}
-	raw, err := json.MarshalIndent(h, "", "  ")
+	raw, err := cfg.HFConfig()
 	if err != nil {
 		return err
 	}
 	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), 0o644, func(w io.Writer) error {
-		_, err := w.Write(append(raw, '\n'))
+		_, err := w.Write(raw)
 		return err
 	})
 }

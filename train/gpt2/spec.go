@@ -36,10 +36,6 @@ func (c Config) Init(seed uint64) []float32 { return Init(c, seed) }
 
 // HFConfig is the config.json ExportHF writes for c (model.Spec), built
 // in memory: an export must not write anywhere but its own directory.
-//
-// It repeats writeHFConfig's fields (hf.go, which another change is
-// rewriting); TestSpec holds the two to the same bytes. Once hf.go is
-// rewritten, writeHFConfig should write these bytes instead.
 func (c Config) HFConfig() ([]byte, error) {
 	tie, eps := true, float32JSON(c.Eps)
 	h := hfConfig{
