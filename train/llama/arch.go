@@ -195,7 +195,7 @@ func (c Config) Describe() []any {
 	if r := c.RopeScaling; r != nil {
 		rope = fmt.Sprintf("%s x%g", r.Type, r.Factor)
 	}
-	return []any{"family", "llama", "layers", c.NumLayers, "hidden", c.Hidden, "intermediate", c.Intermediate,
+	return []any{"layers", c.NumLayers, "hidden", c.Hidden, "intermediate", c.Intermediate,
 		"heads", c.Heads, "kv_heads", c.KVHeads, "head_dim", c.HS(), "vocab", c.Vocab, "context", c.MaxPos,
 		"rope_theta", c.RopeTheta, "rope_scaling", rope, "tied", c.Tied, "params", c.NumParams()}
 }
