@@ -322,17 +322,17 @@ func WeightBytes(dir string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("hf: %s: %w", index, err)
 	}
-	seen := map[string]bool{}
+	seen := map[string]bool{} // by path: "sub/../a" and "a" are one shard, as Open counts them
 	var total int64
 	for _, s := range sortedValues(wm) {
-		if seen[s] {
-			continue
-		}
-		seen[s] = true
 		path, err := shardPath(dir, s)
 		if err != nil {
 			return 0, fmt.Errorf("hf: %s: weight_map: shard %q: %w", index, s, err)
 		}
+		if seen[path] {
+			continue
+		}
+		seen[path] = true
 		st, err := os.Stat(path)
 		if err != nil {
 			return 0, fmt.Errorf("hf: %s: weight_map: shard %q: %w", index, s, err)
