@@ -171,17 +171,6 @@ func (c Config) Equal(o Config) bool {
 	return errA == nil && errB == nil && bytes.Equal(a, b)
 }
 
-// Tokenizer names the tokenizer a config expects: byte-level for the
-// 257-token vocabulary, else "hf", the model directory's own
-// tokenizer.json (which package tokenizer does not read yet: ByName
-// refuses it by name).
-func (c Config) Tokenizer() string {
-	if c.Vocab == 257 {
-		return "byte"
-	}
-	return "hf"
-}
-
 // HS is the head size: head_dim, or hidden_size / num_attention_heads.
 func (c Config) HS() int {
 	if c.HeadDim > 0 {

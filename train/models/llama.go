@@ -91,10 +91,7 @@ var llamaFamily = &Family{
 		// on byte ids would silently destroy what it learned, so it is
 		// refused rather than guessed.
 		for _, name := range []string{"tokenizer.json", "tokenizer.model"} {
-			if src == "" {
-				break
-			}
-			if p := filepath.Join(src, name); fileExists(p) {
+			if p := filepath.Join(src, name); src != "" && fileExists(p) {
 				return "", fmt.Errorf("%s: LLaMA tokenizers are not read yet (only the byte tokenizer, for checkpoints without tokenizer files)", p)
 			}
 		}
