@@ -47,6 +47,33 @@ func patternBatches(seed uint64, n, B, T, V int) []data.Batch {
 	return out
 }
 
+// newEngine is the engine of hookCfg on be, initialised from seed 11.
+func newEngine(t *testing.T, be backend.Backend, cfg engine.Config, dt backend.DType, B, T, accum int) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(be, hookCfg, B, T, accum, dt, cfg)
+	must(t, err)
+	must(t, backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, hookCfg.Init(11)))
+	must(t, e.Init())
+	return e
+}
+
+// trainSteps takes steps on the pattern task, with the projector checks
+// that fall due, and returns the losses.
+func trainSteps(t *testing.T, e *engine.Engine, steps, B, T, accum int) []float64 {
+	t.Helper()
+	var ls []float64
+	for i := range steps {
+		if e.CheckDue() {
+			_, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, hookCfg.Vocab))
+			must(t, err)
+		}
+		l, err := e.Step(patternBatches(uint64(i), accum, B, T, hookCfg.Vocab), 1e-2)
+		must(t, err)
+		ls = append(ls, l)
+	}
+	return ls
+}
+
 // TestEngineModes trains a LLaMA (GQA, llama3 RoPE) through the engine in
 // each mode, sequential and pipelined, at fp32 and bf16, on the CPU
 // backend with its hazard check: no hazard, the loss falls, native and
@@ -82,22 +109,9 @@ func TestEngineModes(t *testing.T) {
 			defer be.Close()
 			plan, err := engine.PlanMemory(hookCfg, B, T, accum, tc.dt, tc.cfg)
 			must(t, err)
-			e, err := engine.New(be, hookCfg, B, T, accum, tc.dt, tc.cfg)
-			must(t, err)
+			e := newEngine(t, be, tc.cfg, tc.dt, B, T, accum)
 			defer e.Free()
-			must(t, backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, hookCfg.Init(11)))
-			must(t, e.Init())
-			var ls []float64
-			for i := range steps {
-				if e.CheckDue() {
-					if _, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, hookCfg.Vocab)); err != nil {
-						t.Fatal(err)
-					}
-				}
-				l, err := e.Step(patternBatches(uint64(i), accum, B, T, hookCfg.Vocab), 1e-2)
-				must(t, err)
-				ls = append(ls, l)
-			}
+			ls := trainSteps(t, e, steps, B, T, accum)
 			losses[tc.name] = ls
 			for _, h := range be.Hazards() {
 				t.Errorf("hazard: %v", h)
@@ -151,21 +165,9 @@ func TestPipelinedMatchesSequential(t *testing.T) {
 				defer be.Close()
 				cfg := tc.cfg
 				cfg.Pipelined = pipelined
-				e, err := engine.New(be, hookCfg, B, T, accum, tc.dt, cfg)
-				must(t, err)
+				e := newEngine(t, be, cfg, tc.dt, B, T, accum)
 				defer e.Free()
-				must(t, backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, hookCfg.Init(11)))
-				must(t, e.Init())
-				var ls []float64
-				for i := range steps {
-					if e.CheckDue() {
-						_, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, hookCfg.Vocab))
-						must(t, err)
-					}
-					l, err := e.Step(patternBatches(uint64(i), accum, B, T, hookCfg.Vocab), 1e-2)
-					must(t, err)
-					ls = append(ls, l)
-				}
+				ls := trainSteps(t, e, steps, B, T, accum)
 				for _, h := range be.Hazards() {
 					t.Errorf("hazard: %v", h)
 				}

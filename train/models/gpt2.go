@@ -3,7 +3,6 @@
 package models
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 
@@ -16,30 +15,9 @@ var gpt2Family = &Family{
 	ModelTypes:  []string{"gpt2"},
 	ContextName: "n_positions",
 	Presets:     gpt2.Presets,
-	Preset: func(name string) (model.Spec, error) {
-		c, err := gpt2.Preset(name)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
-	FromDir: func(dir string) (model.Spec, error) {
-		c, err := gpt2.ReadHFConfig(dir)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
-	Decode: func(raw []byte) (model.Spec, error) {
-		var c gpt2.Config
-		if err := json.Unmarshal(raw, &c); err != nil {
-			return nil, err
-		}
-		if err := c.Validate(); err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
+	Preset:      asSpec(gpt2.Preset),
+	FromDir:     asSpec(gpt2.ReadHFConfig),
+	Decode:      decodeSpec[gpt2.Config],
 	LoadWeights: func(spec model.Spec, dir string) ([]float32, error) {
 		c, err := gpt2Config(spec)
 		if err != nil {

@@ -4,7 +4,6 @@
 package models
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,30 +19,9 @@ var llamaFamily = &Family{
 	ModelTypes:  []string{"llama", "mistral"},
 	ContextName: "max_position_embeddings",
 	Presets:     llama.Presets,
-	Preset: func(name string) (model.Spec, error) {
-		c, err := llama.Preset(name)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
-	FromDir: func(dir string) (model.Spec, error) {
-		c, err := llama.ReadHFConfig(dir)
-		if err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
-	Decode: func(raw []byte) (model.Spec, error) {
-		var c llama.Config
-		if err := json.Unmarshal(raw, &c); err != nil {
-			return nil, err
-		}
-		if err := c.Validate(); err != nil {
-			return nil, err
-		}
-		return c, nil
-	},
+	Preset:      asSpec(llama.Preset),
+	FromDir:     asSpec(llama.ReadHFConfig),
+	Decode:      decodeSpec[llama.Config],
 	LoadWeights: func(spec model.Spec, dir string) ([]float32, error) {
 		c, err := llamaConfig(spec)
 		if err != nil {

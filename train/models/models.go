@@ -69,6 +69,33 @@ type Family struct {
 	Equal func(a, b model.Spec) bool
 }
 
+// asSpec turns a family's constructor of its own config type into one
+// of a model.Spec, as a Family entry holds it.
+func asSpec[C model.Spec](f func(string) (C, error)) func(string) (model.Spec, error) {
+	return func(arg string) (model.Spec, error) {
+		c, err := f(arg)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+}
+
+// decodeSpec reads a checkpoint's record of a C (its JSON) and checks it.
+func decodeSpec[C interface {
+	model.Spec
+	Validate() error
+}](raw []byte) (model.Spec, error) {
+	var c C
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 // families is every family the run knows, in the order presets are listed.
 var families = []*Family{gpt2Family, llamaFamily}
 
