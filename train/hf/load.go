@@ -275,7 +275,7 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 			buf = grow(buf, min(n, chunkElems))
 			for off := 0; off < n; off += chunkElems {
 				k := min(chunkElems, n-off)
-				decode(buf[:k], raw[off*es:(off+k)*es], sc.ti.DType)
+				safetensors.Decode(buf[:k], raw[off*es:(off+k)*es], sc.ti.DType)
 				if err := sink(sc.p.Offset+off, buf[:k]); err != nil {
 					return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
 				}
@@ -291,7 +291,7 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 			for i0 := 0; i0 < in; i0 += rows {
 				k := min(rows, in-i0)
 				for j := range out {
-					decode(col[:k], raw[(j*in+i0)*es:(j*in+i0+k)*es], sc.ti.DType)
+					safetensors.Decode(col[:k], raw[(j*in+i0)*es:(j*in+i0+k)*es], sc.ti.DType)
 					for r, v := range col[:k] {
 						buf[r*out+j] = v
 					}
@@ -304,22 +304,4 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 		sc.f.Release(sc.name)
 	}
 	return nil
-}
-
-// decode widens raw (len(dst) elements of dt: F32, BF16 or F16) exactly.
-func decode(dst []float32, raw []byte, dt safetensors.DType) {
-	switch dt {
-	case safetensors.F32:
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-		}
-	case safetensors.BF16:
-		for i := range dst {
-			dst[i] = bf16.ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
-		}
-	case safetensors.F16:
-		for i := range dst {
-			dst[i] = safetensors.F16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
-		}
-	}
 }

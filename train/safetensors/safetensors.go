@@ -358,21 +358,27 @@ func (f *File) Float32(name string) ([]float32, []int, error) {
 		return nil, nil, fmt.Errorf("safetensors: %s: tensor %q has dtype %s, want F32, BF16 or F16", f.Path, name, ti.DType)
 	}
 	out := make([]float32, ti.NumElements())
-	switch ti.DType {
+	Decode(out, b, ti.DType)
+	return out, ti.Shape, nil
+}
+
+// Decode widens raw, len(dst) little-endian elements of dt (F32, BF16 or
+// F16; any other leaves dst as it is), into dst exactly.
+func Decode(dst []float32, raw []byte, dt DType) {
+	switch dt {
 	case F32:
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		}
 	case BF16:
-		for i := range out {
-			out[i] = bf16.ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+		for i := range dst {
+			dst[i] = bf16.ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
 		}
 	case F16:
-		for i := range out {
-			out[i] = f16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+		for i := range dst {
+			dst[i] = f16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
 		}
 	}
-	return out, ti.Shape, nil
 }
 
 // Int64 returns the named tensor converted to int64, and its shape. I64 and
