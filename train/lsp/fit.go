@@ -77,14 +77,34 @@ func Fit(P, Q *Projector, G []float32, alpha float64, opts FitOptions) (FitResul
 // replaced together, by which has the lower objective. One result per
 // matrix, in the order of Qs.
 func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
-	if err := checkFit(P, Qs, Gs, alpha, opts); err != nil {
-		return nil, err
+	return FitSamples(P, Qs, [][][]float32{Gs}, alpha, opts)
+}
+
+// FitSamples is FitShared on several gradients of each matrix:
+// samples[j][k] is the j-th gradient of matrix k (micro-batch or step
+// gradients, say). The objective is the mean over samples of the sum over
+// matrices of ratio^2, so the fit looks for a subspace that serves every
+// sample rather than their sum, whose few top directions need not be those
+// of the next gradient; a matrix's reported ratio is the root mean square
+// of its ratios over the samples. With one sample it is FitShared.
+func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("lsp fit: no gradient samples")
 	}
-	g2s := make([]float64, len(Gs))
-	for k, G := range Gs {
-		g2s[k] = sqNorm32(G)
-		if !(g2s[k] > 0) || math.IsInf(g2s[k], 0) {
-			return nil, fmt.Errorf("lsp fit: matrix %d: ||G||^2 = %v, want finite and positive", k, g2s[k])
+	g2s := make([][]float64, len(samples))
+	for j, Gs := range samples {
+		if err := checkFit(P, Qs, Gs, alpha, opts); err != nil {
+			if len(samples) > 1 {
+				return nil, fmt.Errorf("sample %d: %w", j, err)
+			}
+			return nil, err
+		}
+		g2s[j] = make([]float64, len(Gs))
+		for k, G := range Gs {
+			g2s[j][k] = sqNorm32(G)
+			if !(g2s[j][k] > 0) || math.IsInf(g2s[j][k], 0) {
+				return nil, fmt.Errorf("lsp fit: matrix %d: ||G||^2 = %v, want finite and positive", k, g2s[j][k])
+			}
 		}
 	}
 	qviews := func(qs []*Projector) []sparse {
@@ -94,7 +114,10 @@ func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opt
 		}
 		return out
 	}
-	before := evaluate(Gs, g2s, P.view(), qviews(Qs), false)
+	evaluate := func(p sparse, qs []sparse, grad bool) evaluation {
+		return evaluateSamples(samples, g2s, p, qs, grad)
+	}
+	before := evaluate(P.view(), qviews(Qs), false)
 	res := make([]FitResult, len(Qs))
 	for k := range res {
 		res[k].RatioBefore, res[k].RatioAfter = before.ratios[k], before.ratios[k]
@@ -144,7 +167,7 @@ func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opt
 	iters := 0
 	for {
 		pv, qv := store()
-		ev := evaluate(Gs, g2s, pv, qv, iters < opts.MaxIters)
+		ev := evaluate(pv, qv, iters < opts.MaxIters)
 		if ev.obj < best.obj {
 			best = ev
 			bestVals = bestVals[:0]
@@ -199,6 +222,50 @@ func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opt
 		res[k].Reached = best.ratios[k] <= alpha
 	}
 	return res, nil
+}
+
+// evaluateSamples is evaluate averaged over gradient samples: the mean
+// objective and gradient, and per matrix the root mean square ratio.
+func evaluateSamples(samples [][][]float32, g2s [][]float64, p sparse, qs []sparse, grad bool) evaluation {
+	if len(samples) == 1 {
+		return evaluate(samples[0], g2s[0], p, qs, grad)
+	}
+	w := 1 / float64(len(samples))
+	var out evaluation
+	for j, Gs := range samples {
+		ev := evaluate(Gs, g2s[j], p, qs, grad)
+		if j == 0 {
+			out = evaluation{ratios: make([]float64, len(qs))}
+			if grad {
+				out.gp = make([]float64, len(ev.gp))
+				out.gqs = make([][]float64, len(qs))
+				for k := range qs {
+					out.gqs[k] = make([]float64, len(ev.gqs[k]))
+				}
+			}
+		}
+		out.obj += w * ev.obj
+		for k, r := range ev.ratios {
+			out.ratios[k] += w * r * r
+		}
+		if grad {
+			axpy(out.gp, ev.gp, w)
+			for k := range qs {
+				axpy(out.gqs[k], ev.gqs[k], w)
+			}
+		}
+	}
+	for k, r2 := range out.ratios {
+		out.ratios[k] = math.Sqrt(r2)
+	}
+	return out
+}
+
+// axpy adds w x to y.
+func axpy(y, x []float64, w float64) {
+	for i, v := range x {
+		y[i] += w * v
+	}
 }
 
 // allWithin reports whether every ratio is at most alpha.
