@@ -58,6 +58,11 @@ type Config struct {
 	ProjLR        float64            // --proj-lr: Adam step size of the projector fit
 	FitIters      int                // --fit-iters: step budget of one projector fit
 	NoFit         bool               // --no-fit: keep the random projectors (a control)
+	Refit         engine.Refit       // --refit: how a check makes new projectors (sum, split or random)
+	Accept        engine.Accept      // --accept: what decides whether they replace the old ones (heldout or fit)
+	Rewarm        engine.Rewarm      // --rewarm: when a refitted matrix's learning rate is re-warmed (measured, change or off)
+	NoGain        bool               // --no-gain: apply Delta without the projectors' per-column gains (a control)
+	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
@@ -86,6 +91,7 @@ func Defaults() Config {
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, FitIters: 200,
+		Refit: engine.RefitSum, Accept: engine.AcceptHeldOut, Rewarm: engine.RewarmMeasured,
 		Schedule: Pipelined, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }
@@ -240,7 +246,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
-			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit},
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho},
 		HostThreads: c.Threads,
 	}
 }

@@ -66,6 +66,11 @@ type resumeIdentity struct {
 	ProjLR       float64        `flag:"proj-lr" resume:"lsp"`
 	FitIters     int            `flag:"fit-iters" resume:"lsp"`
 	NoFit        bool           `flag:"no-fit" resume:"lsp"`
+	Refit        engine.Refit   `flag:"refit" resume:"lsp"`
+	Accept       engine.Accept  `flag:"accept" resume:"lsp"`
+	Rewarm       engine.Rewarm  `flag:"rewarm" resume:"lsp"`
+	NoGain       bool           `flag:"no-gain" resume:"lsp"`
+	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
 }
 
 // resumeAllowed are the settings a resumed run may change; each change is

@@ -17,6 +17,8 @@ package engine
 
 import (
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -39,7 +41,12 @@ type CheckReport struct {
 	Reached     bool    // RatioAfter <= alpha
 	Change      float64 // subspace change of the moment carry-over (0: unchanged)
 	Rewarm      bool    // the learning rate of the matrix is re-warmed
-	Seconds     float64 // wall time of the fit (of the whole group when matrices share P)
+	Rejected    bool    // a refit was made and rejected by the held-out micro-batches
+	// CaptureBefore and CaptureAfter are the shares of the held-out
+	// gradient captured by the projectors in use and those kept (0 without
+	// held-out acceptance).
+	CaptureBefore, CaptureAfter float64
+	Seconds                     float64 // wall time of the fit (of the whole group when matrices share P)
 }
 
 // calibration holds one layer's inputs (by input) and full gradients (by
@@ -126,25 +133,42 @@ func (e *Engine) CheckDue() bool {
 	return e.step == 0 || e.step%e.cfg.LSP.CheckEvery == 0
 }
 
-// CalibBatches is the number of micro-batches Check wants.
+// CalibBatches is the number of micro-batches Check wants: the
+// calibration rows in whole micro-batches, and at least two when held-out
+// micro-batches decide whether a refit is kept (one fits, one decides).
 func (e *Engine) CalibBatches() int {
-	return (e.cfg.LSP.CalibSamples + e.b - 1) / e.b
+	n := (e.cfg.LSP.CalibSamples + e.b - 1) / e.b
+	if e.lsp != nil && e.lsp.cfg.Accept == AcceptHeldOut {
+		n = max(n, 2)
+	}
+	return n
 }
 
 // Check runs the projector check on the calibration micro-batches and
 // returns one report per matrix. The pipeline must be drained (it is
 // between steps). Gradients left in Grads are cleared by the next step.
+//
+// Each micro-batch's gradient is formed on its own (the mean over its
+// target tokens): with held-out acceptance the first half of the
+// micro-batches fit and the rest decide; otherwise all of them fit.
 func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 	st := e.lsp
 	if st == nil || st.calib == nil {
 		return nil, fmt.Errorf("engine: no projector check in mode %s", e.cfg.Mode)
 	}
-	targets := 0
-	for _, b := range batches {
-		targets += b.NumTargets
+	nFit := len(batches)
+	if st.cfg.Accept == AcceptHeldOut {
+		if len(batches) < 2 {
+			return nil, fmt.Errorf("engine: projector check: %d calibration micro-batches, held-out acceptance needs at least 2", len(batches))
+		}
+		nFit = len(batches) / 2
 	}
-	if targets == 0 {
-		return nil, fmt.Errorf("engine: projector check: no target tokens in the calibration batch")
+	weights := make([]float64, len(batches))
+	for j, b := range batches {
+		if b.NumTargets == 0 {
+			return nil, fmt.Errorf("engine: projector check: no target tokens in calibration micro-batch %d", j)
+		}
+		weights[j] = float64(b.NumTargets)
 	}
 	defer func() { st.calibLayer = -1 }()
 	e.checked = e.step
@@ -153,20 +177,29 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 	var reports []CheckReport
 	for l := range st.mats {
 		st.calibLayer = l
-		for _, g := range st.calib.g {
-			if err := be.Fill(s, g, 0); err != nil {
-				return nil, err
+		// Gs[j][k]: micro-batch j's gradient of the layer's matrix k.
+		Gs := make([][][]float32, len(batches))
+		for j, b := range batches {
+			for _, g := range st.calib.g {
+				if err := be.Fill(s, g, 0); err != nil {
+					return nil, err
+				}
 			}
-		}
-		for _, b := range batches {
 			if err := backend.UploadInt32(be, s, bufs.Inputs, b.Inputs); err != nil {
 				return nil, err
 			}
 			if err := backend.UploadInt32(be, s, bufs.Targets, b.Targets); err != nil {
 				return nil, err
 			}
-			if err := calibrationPass(m, s, len(st.mats), 1/float32(targets)); err != nil {
+			if err := calibrationPass(m, s, len(st.mats), 1/float32(b.NumTargets)); err != nil {
 				return nil, fmt.Errorf("engine: calibration pass of layer %d: %w", l, err)
+			}
+			Gs[j] = make([][]float32, len(st.mats[l]))
+			for k := range st.mats[l] {
+				var err error
+				if Gs[j][k], err = backend.Download(be, s, st.calib.g[k]); err != nil {
+					return nil, err
+				}
 			}
 		}
 		// In matrix order, each input's readers together with its first.
@@ -174,14 +207,20 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 			if x.in.mats[0] != x {
 				continue
 			}
-			Gs := make([][]float32, len(x.in.mats))
-			for i, y := range x.in.mats {
-				var err error
-				if Gs[i], err = backend.Download(be, s, st.calib.g[y.k]); err != nil {
-					return nil, err
+			cs := calibSet{fit: make([][][]float32, nFit), fitW: weights[:nFit]}
+			for j := range batches {
+				mine := make([][]float32, len(x.in.mats))
+				for i, y := range x.in.mats {
+					mine[i] = Gs[j][y.k]
+				}
+				if j < nFit {
+					cs.fit[j] = mine
+				} else {
+					cs.held = append(cs.held, mine)
+					cs.heldW = append(cs.heldW, weights[j])
 				}
 			}
-			rs, err := st.fit(x.in, Gs)
+			rs, err := st.fit(x.in, cs)
 			if err != nil {
 				return nil, fmt.Errorf("engine: layer %d, matrix %d: %w", l, k, err)
 			}
@@ -189,6 +228,39 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 		}
 	}
 	return reports, nil
+}
+
+// calibSet is one input's calibration gradients: per micro-batch, one
+// gradient per reader (in the order of lspInput.mats) with the
+// micro-batch's target count as its weight; held is empty unless held-out
+// micro-batches decide.
+type calibSet struct {
+	fit, held   [][][]float32
+	fitW, heldW []float64
+}
+
+// mean is the target-weighted mean of micro-batch gradients, per reader:
+// the gradient of all their tokens together.
+func mean(gs [][][]float32, w []float64) [][]float32 {
+	var total float64
+	for _, v := range w {
+		total += v
+	}
+	out := make([][]float32, len(gs[0]))
+	for i := range out {
+		acc := make([]float64, len(gs[0][i]))
+		for j, g := range gs {
+			c := w[j] / total
+			for e, v := range g[i] {
+				acc[e] += c * float64(v)
+			}
+		}
+		out[i] = make([]float32, len(acc))
+		for e, v := range acc {
+			out[i][e] = float32(v)
+		}
+	}
+	return out
 }
 
 // calibrationPass is one forward, loss and backward of the model.
@@ -202,10 +274,21 @@ func calibrationPass(m model.Model, s backend.Stream, L int, scale float32) erro
 	return model.Backward(m, s, L)
 }
 
+// acceptMargin is how much more of the held-out gradient candidate
+// projectors must capture than the ones in use to replace them: a switch
+// of subspace costs progress (the moments carried over are only an
+// estimate), so a marginal gain is not worth it.
+const acceptMargin = 0.1
+
+// rewarmUnder: a carried second moment below this share of what the new
+// subspace's gradients measure is underestimated enough that Adam's first
+// steps there would be too large (RewarmMeasured).
+const rewarmUnder = 0.25
+
 // fit checks the projectors of the matrices that read one input (they
-// share P) against their calibration gradients Gs, in the order of
-// in.mats, and returns one report per matrix.
-func (st *lspState) fit(in *lspInput, Gs [][]float32) ([]CheckReport, error) {
+// share P) against their calibration gradients and returns one report
+// per matrix, in the order of in.mats.
+func (st *lspState) fit(in *lspInput, cs calibSet) ([]CheckReport, error) {
 	e := st.e
 	t0 := time.Now()
 	pOld := in.P.Clone()
@@ -215,9 +298,20 @@ func (st *lspState) fit(in *lspInput, Gs [][]float32) ([]CheckReport, error) {
 		qOld[i], Qs[i] = x.Q.Clone(), x.Q
 	}
 	first := in.mats[0]
-	opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters,
-		Seed: e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8}
-	res, err := lsp.FitShared(in.P, Qs, Gs, st.cfg.Alpha, opts)
+	seed := e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8
+	fitMean := mean(cs.fit, cs.fitW)
+	var res []lsp.FitResult
+	var err error
+	switch st.cfg.Refit {
+	case RefitRandom:
+		res, err = st.redraw(in, fitMean, seed)
+	case RefitSplit:
+		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
+		res, err = lsp.FitSamples(in.P, Qs, cs.fit, st.cfg.Alpha, opts)
+	default:
+		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
+		res, err = lsp.FitShared(in.P, Qs, fitMean, st.cfg.Alpha, opts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: fitting the projectors of %s: %w", first.name, err)
 	}
@@ -227,20 +321,63 @@ func (st *lspState) fit(in *lspInput, Gs [][]float32) ([]CheckReport, error) {
 		r := res[i]
 		reps[i] = CheckReport{Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
 			Iters: r.Iters, Resampled: r.Resampled, Reached: r.Reached}
-		if !r.Resampled {
-			continue
+		resampled = resampled || r.Resampled
+	}
+	// The held-out micro-batches decide, on the share of their gradient
+	// each pair captures (the sum over the readers).
+	if len(cs.held) > 0 {
+		held := mean(cs.held, cs.heldW)
+		var before, after float64
+		for i, x := range in.mats {
+			if reps[i].CaptureBefore, err = lsp.Capture(pOld, qOld[i], held[i]); err != nil {
+				return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+			}
+			reps[i].CaptureAfter = reps[i].CaptureBefore
+			if resampled {
+				if reps[i].CaptureAfter, err = lsp.Capture(in.P, x.Q, held[i]); err != nil {
+					return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+				}
+			}
+			before, after = before+reps[i].CaptureBefore, after+reps[i].CaptureAfter
 		}
-		resampled = true
-		c, err := lsp.CarryMoments(pOld, in.P, qOld[i], x.Q, x.state.M, x.state.V, carryRidge)
-		if err != nil {
-			return nil, fmt.Errorf("engine: carrying the moments of %s: %w", x.name, err)
-		}
-		reps[i].Change = c.Change
-		if x.state.Step > 0 && st.rewarm.Large(c) {
-			x.rewarmFrom, reps[i].Rewarm = e.step+1, true
+		if resampled && !(after > before*(1+acceptMargin)) {
+			// Not enough better on data the fit did not see: keep the
+			// projectors in use, and their moments.
+			*in.P = *pOld
+			for i, x := range in.mats {
+				*x.Q = *qOld[i]
+				reps[i].Rejected, reps[i].Resampled = true, false
+				reps[i].RatioAfter, reps[i].CaptureAfter = reps[i].RatioBefore, reps[i].CaptureBefore
+				reps[i].Reached = reps[i].RatioBefore <= st.cfg.Alpha
+			}
+			resampled = false
 		}
 	}
 	if resampled {
+		for i, x := range in.mats {
+			if !reps[i].Resampled {
+				continue
+			}
+			c, err := lsp.CarryMoments(pOld, in.P, qOld[i], x.Q, x.state.M, x.state.V, carryRidge)
+			if err != nil {
+				return nil, fmt.Errorf("engine: carrying the moments of %s: %w", x.name, err)
+			}
+			reps[i].Change = c.Change
+			if x.state.Step == 0 {
+				continue
+			}
+			switch st.cfg.Rewarm {
+			case RewarmChange:
+				reps[i].Rewarm = st.rewarm.Large(c)
+			case RewarmMeasured:
+				if reps[i].Rewarm, err = st.underestimated(x, cs, i); err != nil {
+					return nil, err
+				}
+			}
+			if reps[i].Rewarm {
+				x.rewarmFrom = e.step + 1
+			}
+		}
 		if err := st.uploadP(in); err != nil {
 			return nil, err
 		}
@@ -255,4 +392,58 @@ func (st *lspState) fit(in *lspInput, Gs [][]float32) ([]CheckReport, error) {
 		reps[i].Seconds = secs
 	}
 	return reps, nil
+}
+
+// underestimated reports whether matrix x's carried second moment (bias
+// corrected, summed over the d x d entries) is below rewarmUnder times
+// the mean squared norm of the fitting micro-batches' compressed
+// gradients in the new subspace; i is x's place among its input's readers.
+func (st *lspState) underestimated(x *lspMatrix, cs calibSet, i int) (bool, error) {
+	var s2 float64
+	for _, g := range cs.fit {
+		S, err := lsp.Project(x.in.P, x.Q, g[i])
+		if err != nil {
+			return false, fmt.Errorf("engine: %s: %w", x.name, err)
+		}
+		for _, v := range S {
+			s2 += v * v
+		}
+	}
+	s2 /= float64(len(cs.fit))
+	var v float64
+	for _, e := range x.state.V {
+		v += float64(e)
+	}
+	v /= 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
+	return v < rewarmUnder*s2, nil
+}
+
+// redraw replaces P and every Q of an input by fresh random projectors
+// (RefitRandom) and reports the bias ratios on g (per reader).
+func (st *lspState) redraw(in *lspInput, g [][]float32, seed uint64) ([]lsp.FitResult, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x7265647261770000)) // "redraw"
+	res := make([]lsp.FitResult, len(in.mats))
+	for i, x := range in.mats {
+		var err error
+		if res[i].RatioBefore, err = lsp.BiasRatio(in.P, x.Q, g[i]); err != nil {
+			return nil, err
+		}
+	}
+	P, err := lsp.NewProjector(in.m, in.d, in.r, rng)
+	if err != nil {
+		return nil, err
+	}
+	*in.P = *P
+	for i, x := range in.mats {
+		Q, err := lsp.NewProjector(x.n, x.d, x.r, rng)
+		if err != nil {
+			return nil, err
+		}
+		*x.Q = *Q
+		if res[i].RatioAfter, err = lsp.BiasRatio(in.P, x.Q, g[i]); err != nil {
+			return nil, err
+		}
+		res[i].Resampled, res[i].Reached = true, res[i].RatioAfter <= st.cfg.Alpha
+	}
+	return res, nil
 }

@@ -99,6 +99,97 @@ type LSPConfig struct {
 	ProjLR       float64 // Adam step size of the projector fit
 	FitIters     int     // step budget of one fit
 	NoFit        bool    // keep the random projectors (the compare job's control)
+	Refit        Refit   // how new projectors are made at a check ("": RefitSum)
+	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
+	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmMeasured)
+	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
+	Ortho        float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
+}
+
+// Refit is how a projector check makes candidate projectors.
+type Refit string
+
+const (
+	// RefitSum fits fresh positions to the calibration gradient summed
+	// over the fitting micro-batches (DESIGN.md section 2).
+	RefitSum Refit = "sum"
+	// RefitSplit fits them to every fitting micro-batch's gradient at once
+	// (the mean of their bias objectives), a subspace that serves each
+	// rather than their sum.
+	RefitSplit Refit = "split"
+	// RefitRandom draws fresh random projectors and fits nothing (a
+	// control: the subspace moves, but not toward the gradients).
+	RefitRandom Refit = "random"
+)
+
+// Accept is the data that decides whether candidate projectors replace
+// the ones in use.
+type Accept string
+
+const (
+	// AcceptHeldOut: half of the calibration micro-batches fit, the other
+	// half decide: the candidates must capture more of the held-out
+	// gradient (lsp.Capture) than the projectors in use, by acceptMargin.
+	AcceptHeldOut Accept = "heldout"
+	// AcceptFit: the candidates replace the projectors in use whenever
+	// their bias objective on the fitting data is lower.
+	AcceptFit Accept = "fit"
+)
+
+// Rewarm is the rule that re-warms a matrix's learning rate after its
+// projectors change.
+type Rewarm string
+
+const (
+	// RewarmMeasured re-warms where the carried second moment is
+	// measurably below the new subspace's: its bias-corrected sum is less
+	// than rewarmUnder times the mean squared norm of the fitting
+	// micro-batches' compressed gradients.
+	RewarmMeasured Rewarm = "measured"
+	// RewarmChange re-warms after every change larger than
+	// lsp.DefaultRewarm's threshold.
+	RewarmChange Rewarm = "change"
+	// RewarmOff never re-warms.
+	RewarmOff Rewarm = "off"
+)
+
+// ParseRefit, ParseAccept and ParseRewarm read the flags' values.
+func ParseRefit(s string) (Refit, error) {
+	switch v := Refit(s); v {
+	case RefitSum, RefitSplit, RefitRandom:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown refit %q (want sum, split or random)", s)
+}
+
+func ParseAccept(s string) (Accept, error) {
+	switch v := Accept(s); v {
+	case AcceptHeldOut, AcceptFit:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown accept %q (want heldout or fit)", s)
+}
+
+func ParseRewarm(s string) (Rewarm, error) {
+	switch v := Rewarm(s); v {
+	case RewarmMeasured, RewarmChange, RewarmOff:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown rewarm %q (want measured, change or off)", s)
+}
+
+// withDefaults fills the zero values of the refit settings.
+func (c LSPConfig) withDefaults() LSPConfig {
+	if c.Refit == "" {
+		c.Refit = RefitSum
+	}
+	if c.Accept == "" {
+		c.Accept = AcceptHeldOut
+	}
+	if c.Rewarm == "" {
+		c.Rewarm = RewarmMeasured
+	}
+	return c
 }
 
 // Config configures an engine.

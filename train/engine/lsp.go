@@ -21,6 +21,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 
 	"github.com/lsp-offload/lsp-offload/host"
@@ -41,6 +42,8 @@ type lspInput struct {
 	pIdx, pColPtr, pRowIdx backend.Tensor // I32
 	pVal, pColVal          backend.Tensor // F32
 	A                      backend.Tensor // F32 [d,BT]
+
+	gain []float32 // P's per-column gains (lsp.Projector.Gains), for Delta's rows
 }
 
 // lspMatrix is one block matrix W (m x n) and its projector Q.
@@ -59,7 +62,8 @@ type lspMatrix struct {
 	qVal, qColVal          backend.Tensor // F32
 	S                      backend.Tensor // F32 [d,d]
 
-	hostOff    int // byte offset of S / Delta in the pinned buffer
+	gain       []float32 // Q's per-column gains, for Delta's columns
+	hostOff    int       // byte offset of S / Delta in the pinned buffer
 	state      *host.AdamState
 	rewarmFrom int // the step after the latest large subspace change (0: none)
 }
@@ -150,11 +154,24 @@ func checkLSP(c LSPConfig) error {
 	if c.FitIters < 0 {
 		errs = append(errs, fmt.Errorf("--fit-iters: %d, want >= 0", c.FitIters))
 	}
+	if !(c.Ortho >= 0) || math.IsInf(c.Ortho, 0) {
+		errs = append(errs, fmt.Errorf("--proj-ortho: %g, want finite and >= 0", c.Ortho))
+	}
+	c = c.withDefaults()
+	if _, err := ParseRefit(string(c.Refit)); err != nil {
+		errs = append(errs, fmt.Errorf("--refit: %w", err))
+	}
+	if _, err := ParseAccept(string(c.Accept)); err != nil {
+		errs = append(errs, fmt.Errorf("--accept: %w", err))
+	}
+	if _, err := ParseRewarm(string(c.Rewarm)); err != nil {
+		errs = append(errs, fmt.Errorf("--rewarm: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
 func (st *lspState) init(e *Engine) error {
-	st.e, st.cfg, st.calibLayer = e, e.cfg.LSP, -1
+	st.e, st.cfg, st.calibLayer = e, e.cfg.LSP.withDefaults(), -1
 	st.rewarm = lsp.DefaultRewarm()
 	x, be := e.idx, e.be
 	BT, L := e.b*e.t, len(x.Blocks)
@@ -268,11 +285,13 @@ func (st *lspState) draw() error {
 
 // uploadP copies an input's projector P (both storages) to the device.
 func (st *lspState) uploadP(in *lspInput) error {
+	in.gain = in.P.Gains()
 	return st.upload(in.mats[0].name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
 }
 
 // uploadQ copies a matrix's projector Q (both storages) to the device.
 func (st *lspState) uploadQ(x *lspMatrix) error {
+	x.gain = x.Q.Gains()
 	return st.upload(x.name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
 }
 
@@ -400,14 +419,30 @@ func (st *lspState) adam(l int, lr float64) error {
 	}
 	st.layerNorm[l] = 0
 	for i, r := range res.Tensors {
+		x := st.mats[l][i]
+		delta := all[x.hostOff/4 : x.hostOff/4+x.d*x.d]
 		if r.Skipped {
 			// Nothing was written: make Delta zero so the apply only decays.
-			x := st.mats[l][i]
-			clear(all[x.hostOff/4 : x.hostOff/4+x.d*x.d])
+			clear(delta)
+		} else if !st.cfg.NoGain {
+			applyGains(delta, x.in.gain, x.gain)
 		}
 		st.layerNorm[l] += r.Norm * r.Norm
 	}
 	return nil
+}
+
+// applyGains scales Delta[a,b] (d x d) by gp[a] gq[b]: the update of the
+// projectors with every column rescaled to a random one's squared norm
+// (lsp.Projector.Gains), so that fitting does not shrink it.
+func applyGains(delta, gp, gq []float32) {
+	d := len(gp)
+	for a, ga := range gp {
+		row := delta[a*d : (a+1)*d]
+		for b, gb := range gq {
+			row[b] *= ga * gb
+		}
+	}
 }
 
 // apply enqueues W <- (1 - lr wd) W + P Delta Q^T for one layer.

@@ -1,11 +1,15 @@
 package engine
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 func TestPlanMatchesArena(t *testing.T) {
@@ -123,9 +127,13 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestCheckFitsProjectors checks the fit, the carry-over and the re-warm
+// after a large change, with the fit's own data deciding (the held-out
+// rule has its own test).
 func TestCheckFitsProjectors(t *testing.T) {
 	cfg := testConfig(LSP)
 	cfg.LSP.FitIters = 100
+	cfg.LSP.Accept, cfg.LSP.Rewarm = AcceptFit, RewarmChange
 	tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
 	if !tr.e.CheckDue() {
 		t.Fatal("no check before step 1")
@@ -182,6 +190,94 @@ func TestCheckFitsProjectors(t *testing.T) {
 	}
 	if resampled == 0 || rewarmed == 0 {
 		t.Errorf("the second check resampled %d and re-warmed %d of %d matrices, want some of each: %+v", resampled, rewarmed, len(reps), reps)
+	}
+}
+
+// TestCheckHeldOut checks that held-out micro-batches decide: a refit is
+// kept when it captures more of them (here they are the fitting batch
+// itself), and otherwise the projectors and the moments stay as they were.
+func TestCheckHeldOut(t *testing.T) {
+	cfg := testConfig(LSP)
+	cfg.LSP.FitIters = 100
+	tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+	if n := tr.e.CalibBatches(); n != 2 {
+		t.Fatalf("CalibBatches %d with --calib-samples %d and batch %d, want 2 (one fits, one decides)", n, cfg.LSP.CalibSamples, testB)
+	}
+	b := batches(77, 1)[0]
+	reps, err := tr.e.Check([]data.Batch{b, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		if !r.Resampled || r.Rejected || !(r.CaptureAfter > r.CaptureBefore*(1+acceptMargin)) {
+			t.Errorf("%s: fitted and held out on the same batch, not kept: %+v", r.Matrix, r)
+		}
+	}
+	tr.run(t, 5)
+	type kept struct {
+		P, Q *lsp.Projector
+		M, V []float32
+	}
+	var before []kept
+	for _, row := range tr.e.lsp.mats {
+		for _, x := range row {
+			before = append(before, kept{x.in.P.Clone(), x.Q.Clone(), slices.Clone(x.state.M), slices.Clone(x.state.V)})
+		}
+	}
+	// Fresh random candidates (--refit random) capture less of the
+	// held-out gradient than the fitted projectors in use: they are
+	// rejected, and a rejected matrix keeps everything.
+	tr.e.lsp.cfg.Refit = RefitRandom
+	reps, err = tr.e.Check(batches(78, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rejected := 0
+	for i, r := range reps {
+		x := tr.e.lsp.mats[i/4][i%4]
+		if !r.Rejected {
+			continue
+		}
+		rejected++
+		if r.Resampled || r.Change != 0 || r.Rewarm || r.CaptureAfter != r.CaptureBefore || r.RatioAfter != r.RatioBefore {
+			t.Errorf("%s: rejected but reported as changed: %+v", r.Matrix, r)
+		}
+		if !x.in.P.Equal(before[i].P) || !x.Q.Equal(before[i].Q) || !slices.Equal(x.state.M, before[i].M) || !slices.Equal(x.state.V, before[i].V) {
+			t.Errorf("%s: rejected, but its projectors or moments changed", r.Matrix)
+		}
+	}
+	if rejected == 0 {
+		t.Errorf("no refit rejected on held-out data: %+v", reps)
+	}
+	if _, err := tr.e.Check(batches(79, 1)); err == nil {
+		t.Error("a check with one micro-batch was accepted with held-out acceptance")
+	}
+}
+
+// TestRewarmMeasured checks the measured re-warm rule on one matrix: a
+// carried second moment far below the new subspace's calls for it, one
+// far above does not.
+func TestRewarmMeasured(t *testing.T) {
+	tr := newTrainer(t, testConfig(LSP), backend.F32, 1, cpu.Config{Threads: 2})
+	tr.run(t, 3)
+	x := tr.e.lsp.mats[0][1]
+	rng := rand.New(rand.NewPCG(5, 5))
+	G := make([]float32, x.m*x.n)
+	for i := range G {
+		G[i] = float32(rng.NormFloat64())
+	}
+	cs := calibSet{fit: [][][]float32{{G}}, fitW: []float64{1}}
+	for _, tc := range []struct {
+		v    float32
+		want bool
+	}{{0, true}, {1e6, false}} {
+		for e := range x.state.V {
+			x.state.V[e] = tc.v
+		}
+		got, err := tr.e.lsp.underestimated(x, cs, 0)
+		if err != nil || got != tc.want {
+			t.Errorf("V = %g: underestimated %v (%v), want %v", tc.v, got, err, tc.want)
+		}
 	}
 }
 

@@ -75,6 +75,7 @@ func sqNorm32(G []float32) float64 {
 type evaluation struct {
 	obj    float64     // sum over matrices of f_k / ||G_k||^2
 	ratios []float64   // per matrix, sqrt(max(f_k,0) / ||G_k||^2)
+	s2, r2 []float64   // per matrix, ||S_k||^2 and ||R_k||^2 over ||G_k||^2
 	gp     []float64   // d obj / d P's values (row storage order)
 	gqs    [][]float64 // d obj / d Q_k's values
 }
@@ -85,7 +86,7 @@ type evaluation struct {
 func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) evaluation {
 	m, d := p.rows, p.d
 	A := gram(p)
-	ev := evaluation{ratios: make([]float64, len(qs))}
+	ev := evaluation{ratios: make([]float64, len(qs)), s2: make([]float64, len(qs)), r2: make([]float64, len(qs))}
 	if grad {
 		ev.gp = make([]float64, len(p.val))
 		ev.gqs = make([][]float64, len(qs))
@@ -96,7 +97,9 @@ func evaluate(Gs [][]float32, g2s []float64, p sparse, qs []sparse, grad bool) e
 		S := leftProject(gq, d, p)  // P^T G Q
 		B := gram(q)
 		AS, SB := matMul(A, S, d), matMul(S, B, d)
-		f := dot(AS, SB) - 2*dot(S, S) + g2
+		r2, s2 := dot(AS, SB), dot(S, S)
+		ev.s2[k], ev.r2[k] = s2/g2, r2/g2
+		f := r2 - 2*s2 + g2
 		ev.obj += f / g2
 		ev.ratios[k] = math.Sqrt(max(f, 0) / g2)
 		if !grad {
@@ -137,4 +140,53 @@ func addValueGrad(out []float64, x sparse, Y, M, K []float64, w float64) {
 			out[s] += w * g
 		}
 	}
+}
+
+// orthoPenalty is ||A/t - I||_F^2 / d for A = P^T P and t = tr(A)/d, how far
+// P's columns are from orthogonal with equal norms (0 for such columns,
+// whatever their scale), and its gradient in P's values:
+//
+//	E = A/t - I (symmetric), dA = dP^T P + P^T dP, dt = 2 <P, dP> / d
+//	d pen = (2/d) <E, dA/t - A dt/t^2> = (4/(d t)) <P E - (<E, A>/(t d)) P, dP>
+//
+// A fit that only lowers the bias ratio turns many columns toward the
+// gradient's few top directions; the update P Delta Q^T of subspace Adam,
+// whose entries are all about the learning rate, then adds up along those
+// directions instead of spreading over d^2 of them as with random
+// projectors. O(m r^2 + d^2).
+func orthoPenalty(p sparse) (float64, []float64) {
+	d, r := p.d, p.r
+	A := gram(p)
+	var t float64
+	for a := range d {
+		t += A[a*d+a]
+	}
+	t /= float64(d)
+	if !(t > 0) {
+		return 0, make([]float64, len(p.val))
+	}
+	E := make([]float64, d*d)
+	var pen, ea float64
+	for e, v := range A {
+		E[e] = v / t
+		if e%(d+1) == 0 {
+			E[e]--
+		}
+		pen += E[e] * E[e]
+		ea += E[e] * v
+	}
+	pen /= float64(d)
+	grad := make([]float64, len(p.val))
+	c, shrink := 4/(float64(d)*t), ea/(t*float64(d))
+	for i := range p.rows {
+		for s := i * r; s < (i+1)*r; s++ {
+			a := int(p.idx[s])
+			var pe float64 // (P E)[i,a]
+			for u := i * r; u < (i+1)*r; u++ {
+				pe += p.val[u] * E[int(p.idx[u])*d+a]
+			}
+			grad[s] = c * (pe - shrink*p.val[s])
+		}
+	}
+	return pen, grad
 }

@@ -8,11 +8,13 @@ import (
 	"testing"
 )
 
-// biasRatio is one matrix's bias ratio as Fit measures it (evaluate),
-// for the tests to compare with the dense reference; G must not be zero.
+// biasRatio is BiasRatio for arguments the test knows are valid.
 func biasRatio(P, Q *Projector, G []float32) float64 {
-	ev := evaluate([][]float32{G}, []float64{sqNorm32(G)}, P.view(), []sparse{Q.view()}, false)
-	return ev.ratios[0]
+	r, err := BiasRatio(P, Q, G)
+	if err != nil {
+		panic(err)
+	}
+	return r
 }
 
 // expectedRandomRatio is the root of E[ratio^2] for freshly drawn
@@ -138,6 +140,36 @@ func TestGradientFiniteDifferences(t *testing.T) {
 	}
 	if norm < 1e-3 {
 		t.Errorf("max |grad P| = %g: too small for the check to mean anything", norm)
+	}
+}
+
+// The orthogonality penalty's gradient against central finite
+// differences, and its zero on orthogonal columns of any scale.
+func TestOrthoPenalty(t *testing.T) {
+	p := mustProjector(t, 40, 8, 3, newRNG(5)).view()
+	pen, grad := orthoPenalty(p)
+	if !(pen > 0.01) {
+		t.Fatalf("penalty of a random projector %v, want clearly positive", pen)
+	}
+	const h = 1e-6
+	for s, v := range p.val {
+		p.val[s] = v + h
+		fp, _ := orthoPenalty(p)
+		p.val[s] = v - h
+		fm, _ := orthoPenalty(p)
+		p.val[s] = v
+		if fd := (fp - fm) / (2 * h); math.Abs(fd-grad[s]) > 1e-6*max(1, math.Abs(fd)) {
+			t.Errorf("value %d: analytic %.9g, finite difference %.9g", s, grad[s], fd)
+		}
+	}
+	// One non-zero per row, every column used, all values 3: orthogonal
+	// columns of equal norm.
+	o := sparse{rows: 16, d: 4, r: 1, idx: make([]int32, 16), val: make([]float64, 16)}
+	for i := range o.idx {
+		o.idx[i], o.val[i] = int32(i%4), 3
+	}
+	if pen, _ := orthoPenalty(o); math.Abs(pen) > 1e-15 {
+		t.Errorf("penalty of orthogonal equal-norm columns %v, want 0", pen)
 	}
 }
 

@@ -33,6 +33,9 @@ type FitOptions struct {
 	// MaxIters is the budget of Adam steps; 0 only measures and, when the
 	// ratio exceeds alpha, tries fresh random positions without fitting.
 	MaxIters int
+	// Ortho weighs orthoPenalty of P and of every Q (their mean over the
+	// Qs) in the objective: 0 fits the bias ratio alone.
+	Ortho float64
 	// Seed keys the draw of the fresh positions and values, so a fit is
 	// reproducible; give each matrix (or shared-P group) and each check its
 	// own seed, or they all draw the same positions.
@@ -115,7 +118,11 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		return out
 	}
 	evaluate := func(p sparse, qs []sparse, grad bool) evaluation {
-		return evaluateSamples(samples, g2s, p, qs, grad)
+		ev := evaluateSamples(samples, g2s, p, qs, grad)
+		if opts.Ortho > 0 {
+			addOrtho(&ev, p, qs, opts.Ortho, grad)
+		}
+		return ev
 	}
 	before := evaluate(P.view(), qviews(Qs), false)
 	res := make([]FitResult, len(Qs))
@@ -141,6 +148,16 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		if err := nQs[k].redraw(rng); err != nil {
 			return nil, fmt.Errorf("lsp fit: Q %d: %w", k, err)
 		}
+	}
+
+	// Start the fit at the best scale of the fresh pairs: R_k = c R_k
+	// with c = ||S_k||^2 / ||R_k||^2 minimises the objective along the
+	// scale (f(c) = c^2 ||R||^2 - 2 c ||S||^2 + ||G||^2). Fresh random
+	// projectors overshoot by about (m/d)(n/d), and from there Adam spends
+	// its budget shrinking the values toward the trivial R = 0 (ratio 1)
+	// instead of turning the subspace toward G.
+	if err := matchScale(nP, nQs, evaluate(nP.view(), qviews(nQs), false)); err != nil {
+		return nil, err
 	}
 
 	// Parameters: P's values then each Q's, float64 masters for Adam; the
@@ -224,6 +241,56 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 	return res, nil
 }
 
+// addOrtho adds w times the orthogonality penalty of P and the mean of
+// the Qs' to the objective and, with grad, to its gradient.
+func addOrtho(ev *evaluation, p sparse, qs []sparse, w float64, grad bool) {
+	pen, g := orthoPenalty(p)
+	ev.obj += w * pen
+	if grad {
+		axpy(ev.gp, g, w)
+	}
+	wq := w / float64(len(qs))
+	for k, q := range qs {
+		pen, g := orthoPenalty(q)
+		ev.obj += wq * pen
+		if grad {
+			axpy(ev.gqs[k], g, wq)
+		}
+	}
+}
+
+// matchScale scales P by c_P and each Q_k by sqrt(c_k) / c_P, so that
+// every reconstruction R_k (quadratic in P and in Q) is scaled by its best
+// c_k = ||S_k||^2 / ||R_k||^2, with c_P the fourth root of their geometric
+// mean so that P and the Qs move about equally.
+func matchScale(P *Projector, Qs []*Projector, ev evaluation) error {
+	cs := make([]float64, len(Qs))
+	var logSum float64
+	for k := range Qs {
+		if !(ev.r2[k] > 0) || !(ev.s2[k] > 0) {
+			return nil // nothing to match: leave the draw as it is
+		}
+		cs[k] = ev.s2[k] / ev.r2[k]
+		logSum += math.Log(cs[k])
+	}
+	cP := math.Exp(logSum / float64(len(Qs)) / 4)
+	scale := func(p *Projector, c float64) error {
+		for s := range p.Val {
+			p.Val[s] = float32(float64(p.Val[s]) * c)
+		}
+		return p.SyncValues()
+	}
+	if err := scale(P, cP); err != nil {
+		return fmt.Errorf("lsp fit: %w", err)
+	}
+	for k, q := range Qs {
+		if err := scale(q, math.Sqrt(cs[k])/cP); err != nil {
+			return fmt.Errorf("lsp fit: %w", err)
+		}
+	}
+	return nil
+}
+
 // evaluateSamples is evaluate averaged over gradient samples: the mean
 // objective and gradient, and per matrix the root mean square ratio.
 func evaluateSamples(samples [][][]float32, g2s [][]float64, p sparse, qs []sparse, grad bool) evaluation {
@@ -235,7 +302,7 @@ func evaluateSamples(samples [][][]float32, g2s [][]float64, p sparse, qs []spar
 	for j, Gs := range samples {
 		ev := evaluate(Gs, g2s[j], p, qs, grad)
 		if j == 0 {
-			out = evaluation{ratios: make([]float64, len(qs))}
+			out = evaluation{ratios: make([]float64, len(qs)), s2: make([]float64, len(qs)), r2: make([]float64, len(qs))}
 			if grad {
 				out.gp = make([]float64, len(ev.gp))
 				out.gqs = make([][]float64, len(qs))
@@ -247,6 +314,8 @@ func evaluateSamples(samples [][][]float32, g2s [][]float64, p sparse, qs []spar
 		out.obj += w * ev.obj
 		for k, r := range ev.ratios {
 			out.ratios[k] += w * r * r
+			out.s2[k] += w * ev.s2[k]
+			out.r2[k] += w * ev.r2[k]
 		}
 		if grad {
 			axpy(out.gp, ev.gp, w)
@@ -285,6 +354,9 @@ func checkFit(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opts
 	}
 	if !(opts.LR > 0) || math.IsInf(opts.LR, 0) {
 		return fmt.Errorf("lsp fit: projector learning rate %v, want finite and positive", opts.LR)
+	}
+	if !(opts.Ortho >= 0) || math.IsInf(opts.Ortho, 0) {
+		return fmt.Errorf("lsp fit: orthogonality weight %v, want finite and >= 0", opts.Ortho)
 	}
 	if opts.MaxIters < 0 {
 		return fmt.Errorf("lsp fit: MaxIters %d, want at least 0", opts.MaxIters)

@@ -95,3 +95,19 @@ func Capture(P, Q *Projector, G []float32) (float64, error) {
 	}
 	return min(max(dot(S, Z)/g2, 0), 1), nil
 }
+
+// BiasRatio is one matrix's bias ratio ||P P^T G Q Q^T - G|| / ||G||, as a
+// fit measures it.
+func BiasRatio(P, Q *Projector, G []float32) (float64, error) {
+	if err := checkPair(P, Q); err != nil {
+		return 0, fmt.Errorf("lsp bias ratio: %w", err)
+	}
+	if err := checkG(G, P.M, Q.M); err != nil {
+		return 0, fmt.Errorf("lsp bias ratio: %w", err)
+	}
+	g2 := sqNorm32(G)
+	if !(g2 > 0) || math.IsInf(g2, 0) {
+		return 0, fmt.Errorf("lsp bias ratio: ||G||^2 = %v, want finite and positive", g2)
+	}
+	return evaluate([][]float32{G}, []float64{g2}, P.view(), []sparse{Q.view()}, false).ratios[0], nil
+}

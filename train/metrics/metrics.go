@@ -76,6 +76,12 @@ type ProjectorCheck struct {
 	Change      float64 `json:"change"`
 	Rewarm      bool    `json:"rewarm"`
 	Seconds     float64 `json:"seconds"`
+	// Rejected: new projectors were made and the held-out micro-batches
+	// kept the old ones; the captures are the shares of the held-out
+	// gradient in the subspaces of the old and the kept projectors.
+	Rejected      bool    `json:"rejected,omitempty"`
+	CaptureBefore float64 `json:"capture_before,omitempty"`
+	CaptureAfter  float64 `json:"capture_after,omitempty"`
 }
 
 // F returns a pointer to x, for the optional fields of Record.
