@@ -71,6 +71,7 @@ type resumeIdentity struct {
 	Rewarm       engine.Rewarm  `flag:"rewarm" resume:"lsp"`
 	NoGain       bool           `flag:"no-gain" resume:"lsp"`
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
+	StartRandom  bool           `flag:"start-random" resume:"lsp"`
 }
 
 // resumeAllowed are the settings a resumed run may change; each change is

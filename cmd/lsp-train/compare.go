@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/compare"
 )
@@ -21,8 +22,8 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.StringVar(&c.Model, "model", c.Model, "the `PRESET` pretrained from scratch and fine-tuned in every row, of any family (e.g. tiny, llama-tiny)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "fine-tuning steps of every row")
 	fs.IntVar(&c.PretrainSteps, "pretrain-steps", c.PretrainSteps, "native pretraining steps of --model (reused when an identical earlier compare left them)")
-	fs.StringVar(&c.Task, "task", c.Task, "fine-tuning `DATA`: builtin:TASK[:N] (tasks: reverse, sort, add, copy), not the --pretrain-task")
-	fs.StringVar(&c.PretrainTask, "pretrain-task", c.PretrainTask, "pretraining `DATA`: builtin:TASK[:N]")
+	fs.StringVar(&c.Task, "task", c.Task, "fine-tuning `DATA`: builtin:TASK[:N] (tasks: reverse, sort, add, copy) or a data file (e.g. Alpaca-style JSON), not the --pretrain-task")
+	fs.StringVar(&c.PretrainTask, "pretrain-task", c.PretrainTask, "pretraining `DATA`: builtin:TASK[:N] or a data file (e.g. a text corpus)")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d, at most min(m, n)/4 of the preset's matrices (tiny: 32, llama-tiny: 16)")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row, at most d/4")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "bytes/s charged per device-host copy on the CPU backend, e.g. 100MB (0: free)")
@@ -30,7 +31,16 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evals of the fine-tuning (plus one before the first step)")
 	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match after the last step (0: none)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
-	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split, projectors)")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split, projectors) of the pretraining and of the first fine-tuning run of each row")
+	fs.IntVar(&c.Seeds, "seeds", c.Seeds, "fine-tuning runs per row, with seeds --seed, --seed+1, ...; the table gives the mean and standard deviation")
+	fs.StringVar(&c.Rows, "rows", c.Rows, "comma-separated `ROWS` of the table: "+strings.Join(compare.RowNames(), ", ")+" (lsp-resample: fresh random projectors at every check)")
+	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per batch of every run")
+	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row of every run")
+	fs.Var(&c.Refit, "refit", "lsp rows: `HOW` a check makes new projectors (sum, split or random; default: lsp-train's)")
+	fs.Var(&c.Accept, "accept", "lsp rows: `WHAT` decides whether new projectors replace the old (heldout or fit; default: lsp-train's)")
+	fs.Var(&c.Rewarm, "rewarm", "lsp rows: `WHEN` a refitted matrix's learning rate is re-warmed (measured, change or off; default: lsp-train's)")
+	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp rows: apply the update without the projectors' per-column gains")
+	fs.Float64Var(&c.Ortho, "proj-ortho", c.Ortho, "lsp rows: weight of the projector fit's penalty on non-orthogonal columns")
 }
 
 // newCompareFlags is the compare command's flag set with its defaults.
@@ -47,10 +57,11 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	bindCompareFlags(fs, &c)
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train compare [flags]",
-			"Pretrains the tiny preset natively on --pretrain-task, fine-tunes it on --task in\n"+
-				"native, zero, lsp and lsp-without-fitted-projectors rows, times each row with the\n"+
-				"sequential and the pipelined schedule, and prints one table; the last line is\n"+
-				"lsp-recovery: (L0 - L_lsp) / (L0 - L_native).")
+			"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
+				"--task in each of --rows (native, zero, lsp and lsp-without-fitted-projectors by\n"+
+				"default) with --seeds seeds, times each row with the sequential and the pipelined\n"+
+				"schedule, and prints one table; the last lines are lsp-quality (the best row with\n"+
+				"fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
 	}
 	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return err

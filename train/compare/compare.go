@@ -77,13 +77,24 @@ type Config struct {
 	EvalGenerate  int    // --eval-generate: held-out prompts scored by exact match at the end
 	Threads       int    // --threads: compute threads (0: all cores)
 	Seed          uint64 // --seed
+	Seeds         int    // --seeds: fine-tuning runs per row, seeds Seed, Seed+1, ...
+	Rows          string // --rows: comma-separated row names (RowNames)
+	Batch, SeqLen int    // --batch, --seq-len of every run
+	// The lsp rows' projector settings (the flags of lsp-train of the same
+	// names); the zero values are the training defaults.
+	Refit  engine.Refit
+	Accept engine.Accept
+	Rewarm engine.Rewarm
+	NoGain bool
+	Ortho  float64
 }
 
 // Defaults is the default compare job: a few minutes on two cores.
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1}
+		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-nofit",
+		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen}
 }
 
 // bounds is the largest --d and the largest --r for d that the
@@ -102,8 +113,16 @@ func bounds(preset string, d int) (dmax, rmax int) {
 	return dmax, d / 4
 }
 
-// builtinTask returns TASK of "builtin:TASK[:N]", or an error for --flag.
+// builtinTask returns TASK of "builtin:TASK[:N]", or an error for --flag;
+// data that is not builtin: must be an existing file (a text corpus, JSON
+// lines or an Alpaca-style JSON file), for which it returns "".
 func builtinTask(flag, spec string) (string, error) {
+	if !strings.HasPrefix(spec, "builtin:") && spec != "" {
+		if st, err := os.Stat(spec); err != nil || st.IsDir() {
+			return "", flagErr(flag, "%q is neither builtin:TASK[:N] with TASK one of %s nor a data file", spec, strings.Join(data.BuiltinTasks(), ", "))
+		}
+		return "", nil
+	}
 	parts := strings.Split(spec, ":")
 	if len(parts) < 2 || len(parts) > 3 || parts[0] != "builtin" || !slices.Contains(data.BuiltinTasks(), parts[1]) {
 		return "", flagErr(flag, "%q is not builtin:TASK or builtin:TASK:N with TASK one of %s", spec, strings.Join(data.BuiltinTasks(), ", "))
@@ -132,6 +151,12 @@ func (c Config) Validate() error {
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
+	check(c.Seeds >= 1, "seeds", "must be at least 1, got %d", c.Seeds)
+	check(c.Batch >= 1, "batch", "must be at least 1, got %d", c.Batch)
+	check(c.SeqLen >= 1, "seq-len", "must be at least 1, got %d", c.SeqLen)
+	if _, err := c.rowSpecs(); err != nil {
+		errs = append(errs, err)
+	}
 	_, err := models.Preset(c.Model)
 	check(err == nil, "model", "%v (compare pretrains a preset from scratch)", err)
 	if err == nil { // d and r are bounded by the preset's matrices
@@ -143,7 +168,8 @@ func (c Config) Validate() error {
 	ft, err1 := builtinTask("task", c.Task)
 	pt, err2 := builtinTask("pretrain-task", c.PretrainTask)
 	errs = append(errs, err1, err2)
-	check(err1 != nil || err2 != nil || ft != pt, "task", "%s is the --pretrain-task too; fine-tuning must move the model to another task", ft)
+	same := ft != "" && ft == pt || ft == "" && c.Task == c.PretrainTask
+	check(err1 != nil || err2 != nil || !same, "task", "%s is the --pretrain-task too; fine-tuning must move the model to another task", ft)
 	return errors.Join(errs...)
 }
 
@@ -153,22 +179,50 @@ type EvalPoint struct {
 	Loss float64 `json:"eval_loss"`
 }
 
-// Row is one row of the table: a mode's fine-tuning run and its
-// two timing runs.
+// CheckPoint summarises one projector check of an lsp run over its
+// matrices: the mean bias ratio before and after and the share of
+// matrices whose new projectors were kept.
+type CheckPoint struct {
+	Step        int     `json:"step"`
+	Matrices    int     `json:"matrices"`
+	RatioBefore float64 `json:"ratio_before"`
+	RatioAfter  float64 `json:"ratio_after"`
+	Accepted    float64 `json:"accepted"` // share of matrices refitted
+}
+
+// SeedRun is one fine-tuning run of a row.
+type SeedRun struct {
+	Seed          uint64       `json:"seed"`
+	Out           string       `json:"out"`
+	StartEvalLoss float64      `json:"start_eval_loss"`
+	FinalEvalLoss float64      `json:"final_eval_loss"`
+	ExactMatch    *float64     `json:"exact_match,omitempty"`
+	Curve         []EvalPoint  `json:"eval_curve"`
+	Checks        []CheckPoint `json:"checks,omitempty"`
+	// EverAccepted is the share of matrices whose refit was kept at one
+	// check at least (lsp rows that fit).
+	EverAccepted float64 `json:"ever_accepted"`
+	CheckSeconds float64 `json:"check_s"`
+	Seconds      float64 `json:"seconds"`
+}
+
+// Row is one row of the table: a mode's fine-tuning runs (one per seed)
+// and its two timing runs.
 type Row struct {
-	Name  string `json:"name"` // native, zero, lsp, lsp (no fit)
+	Name  string `json:"name"` // native, zero, lsp, lsp (no fit), lsp (resampled)
 	Mode  string `json:"mode"`
 	NoFit bool   `json:"no_fit,omitempty"`
-	D     int    `json:"d,omitempty"` // lsp rows only
+	Refit string `json:"refit,omitempty"` // lsp rows that check
+	D     int    `json:"d,omitempty"`     // lsp rows only
 	R     int    `json:"r,omitempty"`
-	Out   string `json:"out"` // the fine-tuning run's output directory
+	Out   string `json:"out"` // the first seed's fine-tuning run's output directory
 
 	// Mean wall seconds of an optimizer step (the engine's step only) in
-	// the timing runs, and over the whole (pipelined) fine-tuning run.
+	// the timing runs, and over the first seed's (pipelined) fine-tuning run.
 	StepSecondsSequential float64 `json:"step_s_sequential"`
 	StepSecondsPipelined  float64 `json:"step_s_pipelined"`
 	StepSecondsFineTune   float64 `json:"step_s_finetune"`
-	CheckSeconds          float64 `json:"check_s"` // projector checks of the fine-tuning run
+	CheckSeconds          float64 `json:"check_s"` // projector checks, mean per run
 
 	DevicePredicted int64   `json:"device_bytes_predicted"` // the memory plan
 	DevicePeak      int64   `json:"device_bytes_peak"`      // the backend's high-water mark
@@ -177,10 +231,15 @@ type Row struct {
 	LinkMeasured    float64 `json:"link_bytes_per_step"`
 
 	StartEvalLoss float64     `json:"start_eval_loss"` // step 0
-	FinalEvalLoss float64     `json:"final_eval_loss"`
-	ExactMatch    *float64    `json:"exact_match,omitempty"` // absent with --eval-generate 0
-	Curve         []EvalPoint `json:"eval_curve"`
-	Seconds       float64     `json:"seconds"` // wall time of the fine-tuning run
+	FinalEvalLoss float64     `json:"final_eval_loss"` // mean over seeds
+	FinalEvalSD   float64     `json:"final_eval_loss_sd"`
+	ExactMatch    *float64    `json:"exact_match,omitempty"` // mean; absent with --eval-generate 0
+	Curve         []EvalPoint `json:"eval_curve"`            // mean over seeds
+	Seeds         []SeedRun   `json:"seeds"`
+	// Fitted: the row fits its projectors and most matrices kept a fit at
+	// least once (mean over seeds); such a row counts for lsp-quality.
+	Fitted  bool    `json:"fitted"`
+	Seconds float64 `json:"seconds"` // wall time of the fine-tuning runs
 }
 
 // Result is a finished compare job.
@@ -190,13 +249,18 @@ type Result struct {
 	PretrainReused bool    `json:"pretrain_reused"`
 	L0             float64 `json:"l0"` // eval loss before fine-tuning (the native row's step 0)
 	// Recovery is (L0 - L_lsp) / (L0 - L_native) of the final eval losses
-	// (absent in JSON when native did not lower the loss).
+	// of the lsp row, the mean over seeds of each seed's (absent in JSON
+	// when native did not lower the loss, or without an lsp or native row).
 	Recovery *float64 `json:"lsp_recovery,omitempty"`
-	Rows     []Row    `json:"rows"`
-	Table    string   `json:"-"` // what is printed: the table, footnotes, the recovery line
-	PNG      string   `json:"-"`
-	MD       string   `json:"-"`
-	JSON     string   `json:"-"`
+	// Quality is the recovery of the best lsp row with fitted projectors
+	// (Row.Fitted), QualityRow its name; absent when there is none.
+	Quality    *float64 `json:"lsp_quality,omitempty"`
+	QualityRow string   `json:"lsp_quality_row,omitempty"`
+	Rows       []Row    `json:"rows"`
+	Table      string   `json:"-"` // what is printed: the table, footnotes, the recovery line
+	PNG        string   `json:"-"`
+	MD         string   `json:"-"`
+	JSON       string   `json:"-"`
 }
 
 // ErrInterrupted reports a compare job stopped by its context.
@@ -207,13 +271,42 @@ type rowSpec struct {
 	name, dir string
 	mode      engine.Mode
 	noFit     bool
+	refit     engine.Refit // "": the job's --refit
 }
 
-var rows = []rowSpec{
-	{"native", "native", engine.Native, false},
-	{"zero", "zero", engine.Zero, false},
-	{"lsp", "lsp", engine.LSP, false},
-	{"lsp (no fit)", "lsp-nofit", engine.LSP, true},
+// allRows are the rows --rows may name, by their directory names.
+var allRows = []rowSpec{
+	{"native", "native", engine.Native, false, ""},
+	{"zero", "zero", engine.Zero, false, ""},
+	{"lsp", "lsp", engine.LSP, false, ""},
+	{"lsp (no fit)", "lsp-nofit", engine.LSP, true, ""},
+	{"lsp (resampled)", "lsp-resample", engine.LSP, false, engine.RefitRandom},
+}
+
+// RowNames are the names --rows accepts.
+func RowNames() []string {
+	var out []string
+	for _, r := range allRows {
+		out = append(out, r.dir)
+	}
+	return out
+}
+
+// rowSpecs parses --rows.
+func (c Config) rowSpecs() ([]rowSpec, error) {
+	var out []rowSpec
+	for _, name := range strings.Split(c.Rows, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(allRows, func(r rowSpec) bool { return r.dir == name })
+		if i < 0 {
+			return nil, flagErr("rows", "%q is not a row (rows: %s)", name, strings.Join(RowNames(), ", "))
+		}
+		if slices.ContainsFunc(out, func(r rowSpec) bool { return r.dir == name }) {
+			return nil, flagErr("rows", "%q is named twice", name)
+		}
+		out = append(out, allRows[i])
+	}
+	return out, nil
 }
 
 // pretrainStamp identifies a pretraining; an identical stamp next to the
@@ -242,6 +335,10 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	specs, err := c.rowSpecs()
+	if err != nil {
+		return nil, err
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -250,18 +347,17 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	}
 	res := &Result{Config: c, PNG: filepath.Join(c.Out, "compare.png"),
 		MD: filepath.Join(c.Out, "compare.md"), JSON: filepath.Join(c.Out, "compare.json")}
-	var err error
 	if res.Pretrained, res.PretrainReused, err = pretrain(ctx, c, log); err != nil {
 		return nil, err
 	}
-	for _, spec := range rows {
-		row, err := fineTune(ctx, c, spec, res.Pretrained, log)
+	for _, spec := range specs {
+		row, err := fineTuneRow(ctx, c, spec, res.Pretrained, log)
 		if err != nil {
 			return nil, err
 		}
 		res.Rows = append(res.Rows, row)
 	}
-	for i, spec := range rows {
+	for i, spec := range specs {
 		for _, sched := range []train.Schedule{train.Sequential, train.Pipelined} {
 			sec, err := timing(ctx, c, spec, sched, res.Pretrained, log)
 			if err != nil {
@@ -274,11 +370,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 			}
 		}
 	}
-	native, lspRow := res.Rows[0], res.Rows[2]
-	res.L0 = native.StartEvalLoss
-	if drop := res.L0 - native.FinalEvalLoss; drop > 0 {
-		res.Recovery = metrics.F((res.L0 - lspRow.FinalEvalLoss) / drop)
-	}
+	res.L0 = res.Rows[0].StartEvalLoss
+	res.score()
 	res.Table = table(res)
 	if err := write(res); err != nil {
 		return nil, err
@@ -286,11 +379,50 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	return res, nil
 }
 
+// recovery is the mean over seeds of (L0 - L_row) / (L0 - L_native), nil
+// when native did not lower the loss for a seed.
+func recovery(l0 float64, native, row Row) *float64 {
+	var sum float64
+	for j, s := range row.Seeds {
+		drop := l0 - native.Seeds[j].FinalEvalLoss
+		if !(drop > 0) {
+			return nil
+		}
+		sum += (l0 - s.FinalEvalLoss) / drop
+	}
+	return metrics.F(sum / float64(len(row.Seeds)))
+}
+
+// score fills Recovery (the lsp row) and Quality (the best fitted lsp row).
+func (res *Result) score() {
+	i := slices.IndexFunc(res.Rows, func(r Row) bool { return r.Mode == string(engine.Native) })
+	if i < 0 {
+		return
+	}
+	native := res.Rows[i]
+	for _, r := range res.Rows {
+		if r.Mode != string(engine.LSP) {
+			continue
+		}
+		rec := recovery(res.L0, native, r)
+		if rec == nil {
+			continue
+		}
+		if r.Name == "lsp" {
+			res.Recovery = rec
+		}
+		if r.Fitted && (res.Quality == nil || *rec > *res.Quality) {
+			res.Quality, res.QualityRow = rec, r.Name
+		}
+	}
+}
+
 // base is the part of a training run's configuration that every run of
 // the job shares.
 func base(c Config) train.Config {
 	cfg := train.Defaults()
 	cfg.Threads, cfg.Seed = c.Threads, c.Seed
+	cfg.Batch, cfg.SeqLen = c.Batch, c.SeqLen
 	cfg.EvalGenerate, cfg.CheckpointEvery = 0, 0
 	// Every run has its own subdirectory of --out, which the job re-runs
 	// into on purpose (a new pretraining, every row on every call).
@@ -342,74 +474,202 @@ func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, er
 	return r.Export, false, nil
 }
 
-// rowConfig is a row's run: fine-tuning (or timing, with the
+// rowConfig is a row's run with seed: fine-tuning (or timing, with the
 // caller's changes) of the pretrained model.
-func rowConfig(c Config, spec rowSpec, model string) train.Config {
+func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 	cfg := base(c)
+	cfg.Seed = seed
 	cfg.Model, cfg.Data, cfg.Steps = model, c.Task, c.Steps
 	cfg.LR, cfg.Warmup, cfg.EvalEvery = fineTuneLR, fineTuneWarmup, c.EvalEvery
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
 		cfg.CheckEvery, cfg.CalibSamples = checkEvery, calibSamples
+		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
+		if spec.refit != "" {
+			cfg.Refit = spec.refit
+		}
+		if cfg.Refit == "" {
+			cfg.Refit = train.Defaults().Refit
+		}
+		if cfg.Accept == "" {
+			cfg.Accept = train.Defaults().Accept
+		}
+		if cfg.Rewarm == "" {
+			cfg.Rewarm = train.Defaults().Rewarm
+		}
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
+	if seed != c.Seed {
+		cfg.Out = filepath.Join(c.Out, fmt.Sprintf("%s-seed%d", spec.dir, seed))
+	}
 	return cfg
 }
 
-// fineTune runs one row's fine-tuning and scores it.
-func fineTune(ctx context.Context, c Config, spec rowSpec, model string, log *slog.Logger) (Row, error) {
-	cfg := rowConfig(c, spec, model)
-	row := Row{Name: spec.name, Mode: string(spec.mode), NoFit: spec.noFit, Out: cfg.Out}
+// fineTuneRow runs a row's fine-tuning once per seed and scores it.
+func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log *slog.Logger) (Row, error) {
+	row := Row{Name: spec.name, Mode: string(spec.mode), NoFit: spec.noFit}
 	if spec.mode == engine.LSP {
 		row.D, row.R = c.D, c.R
+		if !spec.noFit {
+			row.Refit = string(rowConfig(c, spec, model, c.Seed).Refit)
+		}
 	}
+	var losses, ems, accepted []float64
+	for j := range c.Seeds {
+		seed := c.Seed + uint64(j)
+		run, m, err := fineTune(ctx, c, spec, model, seed, log)
+		if err != nil {
+			return row, err
+		}
+		if j == 0 {
+			row.Out, row.StartEvalLoss, row.StepSecondsFineTune = run.Out, run.StartEvalLoss, m.StepSeconds
+			row.DevicePredicted, row.DevicePeak, row.Host = m.Plan.DeviceTotal(), m.DevicePeak, m.Plan.HostTotal()
+			row.LinkPredicted = m.Plan.LinkD2H + m.Plan.LinkH2D + m.Plan.BatchD2H + m.Plan.BatchH2D
+			row.LinkMeasured = m.LinkBytesPerStep
+		}
+		row.Seeds = append(row.Seeds, run)
+		row.Seconds += run.Seconds
+		row.CheckSeconds += run.CheckSeconds / float64(c.Seeds)
+		losses = append(losses, run.FinalEvalLoss)
+		accepted = append(accepted, run.EverAccepted)
+		if run.ExactMatch != nil {
+			ems = append(ems, *run.ExactMatch)
+		}
+	}
+	row.FinalEvalLoss, row.FinalEvalSD = meanSD(losses)
+	if len(ems) == c.Seeds {
+		em, _ := meanSD(ems)
+		row.ExactMatch = &em
+	}
+	row.Curve = meanCurve(row.Seeds)
+	if spec.mode == engine.LSP && !spec.noFit && spec.refit != engine.RefitRandom {
+		acc, _ := meanSD(accepted)
+		row.Fitted = acc > 0.5
+	}
+	return row, nil
+}
+
+// meanSD is the mean and the sample standard deviation (0 for one value).
+func meanSD(xs []float64) (mean, sd float64) {
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	if len(xs) < 2 {
+		return mean, 0
+	}
+	for _, x := range xs {
+		sd += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(sd / float64(len(xs)-1))
+}
+
+// meanCurve averages the seeds' eval curves point by point (they eval at
+// the same steps).
+func meanCurve(runs []SeedRun) []EvalPoint {
+	out := slices.Clone(runs[0].Curve)
+	for i := range out {
+		var sum float64
+		for _, r := range runs {
+			sum += r.Curve[i].Loss
+		}
+		out[i].Loss = sum / float64(len(runs))
+	}
+	return out
+}
+
+// fineTune runs one seed of a row's fine-tuning and scores it.
+func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed uint64, log *slog.Logger) (SeedRun, train.Measurements, error) {
+	cfg := rowConfig(c, spec, model, seed)
+	run := SeedRun{Seed: seed, Out: cfg.Out}
 	t0 := time.Now()
 	var m train.Measurements
 	r, err := train.Run(ctx, cfg, train.Options{EvalAtStart: true, Measurements: &m})
 	if err != nil {
-		return row, fmt.Errorf("compare: %s: %w", spec.name, err)
+		return run, m, fmt.Errorf("compare: %s (seed %d): %w", spec.name, seed, err)
 	}
 	if r.Interrupted {
-		return row, fmt.Errorf("compare: %s: %w at step %d", spec.name, ErrInterrupted, r.Steps)
+		return run, m, fmt.Errorf("compare: %s (seed %d): %w at step %d", spec.name, seed, ErrInterrupted, r.Steps)
 	}
-	row.StepSecondsFineTune, row.CheckSeconds = m.StepSeconds, m.CheckSeconds
-	row.DevicePredicted, row.DevicePeak, row.Host = m.Plan.DeviceTotal(), m.DevicePeak, m.Plan.HostTotal()
-	row.LinkPredicted = m.Plan.LinkD2H + m.Plan.LinkH2D + m.Plan.BatchD2H + m.Plan.BatchH2D
-	row.LinkMeasured, row.FinalEvalLoss = m.LinkBytesPerStep, r.EvalLoss
+	run.FinalEvalLoss, run.CheckSeconds = r.EvalLoss, m.CheckSeconds
 	recs, err := metrics.ReadFile(r.Metrics)
 	if err != nil {
-		return row, fmt.Errorf("compare: %s: %w", spec.name, err)
+		return run, m, fmt.Errorf("compare: %s: %w", spec.name, err)
 	}
-	row.StartEvalLoss = math.NaN()
+	run.StartEvalLoss = math.NaN()
 	for _, rec := range recs {
 		if rec.EvalLoss != nil {
-			row.Curve = append(row.Curve, EvalPoint{Step: rec.Step, Loss: *rec.EvalLoss})
+			run.Curve = append(run.Curve, EvalPoint{Step: rec.Step, Loss: *rec.EvalLoss})
 			if rec.Step == 0 {
-				row.StartEvalLoss = *rec.EvalLoss
+				run.StartEvalLoss = *rec.EvalLoss
 			}
 		}
 	}
-	if len(row.Curve) == 0 || math.IsNaN(row.StartEvalLoss) || math.IsNaN(row.FinalEvalLoss) {
-		return row, fmt.Errorf("compare: %s: %s holds no eval loss at step 0 and at the end (is the eval set of --task empty?)", spec.name, r.Metrics)
+	run.Checks, run.EverAccepted = checkPoints(recs)
+	if len(run.Curve) == 0 || math.IsNaN(run.StartEvalLoss) || math.IsNaN(run.FinalEvalLoss) {
+		return run, m, fmt.Errorf("compare: %s: %s holds no eval loss at step 0 and at the end (is the eval set of --task empty?)", spec.name, r.Metrics)
 	}
 	if c.EvalGenerate > 0 {
 		em, err := exactMatch(cfg, r.Export, c.EvalGenerate)
 		if err != nil {
-			return row, fmt.Errorf("compare: %s: %w", spec.name, err)
+			return run, m, fmt.Errorf("compare: %s: %w", spec.name, err)
 		}
 		if !math.IsNaN(em) {
-			row.ExactMatch = &em
+			run.ExactMatch = &em
 		}
 	}
-	row.Seconds = time.Since(t0).Seconds()
-	args := []any{"row", spec.name, "steps", r.Steps, "eval_loss_start", fmt.Sprintf("%.4f", row.StartEvalLoss),
-		"eval_loss", fmt.Sprintf("%.4f", row.FinalEvalLoss), "step_s", fmt.Sprintf("%.3f", m.StepSeconds)}
-	if row.ExactMatch != nil {
-		args = append(args, "exact_match", fmt.Sprintf("%.3f", *row.ExactMatch))
+	run.Seconds = time.Since(t0).Seconds()
+	args := []any{"row", spec.name, "seed", seed, "steps", r.Steps, "eval_loss_start", fmt.Sprintf("%.4f", run.StartEvalLoss),
+		"eval_loss", fmt.Sprintf("%.4f", run.FinalEvalLoss), "step_s", fmt.Sprintf("%.3f", m.StepSeconds)}
+	if run.ExactMatch != nil {
+		args = append(args, "exact_match", fmt.Sprintf("%.3f", *run.ExactMatch))
 	}
-	log.Info("fine-tune done", append(args, "seconds", fmt.Sprintf("%.1f", row.Seconds))...)
-	return row, nil
+	if len(run.Checks) > 0 {
+		args = append(args, "ever_accepted", fmt.Sprintf("%.2f", run.EverAccepted))
+	}
+	log.Info("fine-tune done", append(args, "seconds", fmt.Sprintf("%.1f", run.Seconds))...)
+	return run, m, nil
+}
+
+// checkPoints summarises a run's projector checks, one point per check
+// step, and returns the share of matrices that kept a refit at least once.
+func checkPoints(recs []metrics.Record) ([]CheckPoint, float64) {
+	var out []CheckPoint
+	ever := map[string]bool{}
+	for _, rec := range recs {
+		p := rec.Projector
+		if p == nil {
+			continue
+		}
+		if len(out) == 0 || out[len(out)-1].Step != rec.Step {
+			out = append(out, CheckPoint{Step: rec.Step})
+		}
+		cp := &out[len(out)-1]
+		cp.Matrices++
+		cp.RatioBefore += p.RatioBefore
+		cp.RatioAfter += p.RatioAfter
+		if p.Resampled {
+			cp.Accepted++
+		}
+		ever[p.Matrix] = ever[p.Matrix] || p.Resampled
+	}
+	for i := range out {
+		n := float64(out[i].Matrices)
+		out[i].RatioBefore /= n
+		out[i].RatioAfter /= n
+		out[i].Accepted /= n
+	}
+	var kept float64
+	for _, v := range ever {
+		if v {
+			kept++
+		}
+	}
+	if len(ever) == 0 {
+		return out, 0
+	}
+	return out, kept / float64(len(ever))
 }
 
 // exactMatch scores the exported weights of a run by greedy exact
@@ -453,7 +713,7 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 // timing runs a row for --timing-steps steps with schedule sched and
 // no eval, and returns its mean step time.
 func timing(ctx context.Context, c Config, spec rowSpec, sched train.Schedule, model string, log *slog.Logger) (float64, error) {
-	cfg := rowConfig(c, spec, model)
+	cfg := rowConfig(c, spec, model, c.Seed)
 	cfg.Steps, cfg.EvalEvery, cfg.EvalFraction, cfg.Schedule = c.TimingSteps, 0, 0, sched
 	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+string(sched))
 	var m train.Measurements
@@ -476,7 +736,7 @@ func table(res *Result) string {
 	c := res.Config
 	var b strings.Builder
 	head := []string{"row", "d", "r", "step s (sequential)", "step s (pipelined)", "device MiB predicted",
-		"device MiB peak", "host MiB", "link MiB/step", "final eval loss", "exact match"}
+		"device MiB peak", "host MiB", "link MiB/step", "final eval loss", "exact match", "refits kept"}
 	cells := [][]string{head}
 	for _, r := range res.Rows {
 		d, rr := "-", "-"
@@ -487,9 +747,13 @@ func table(res *Result) string {
 		if r.ExactMatch != nil && !math.IsNaN(*r.ExactMatch) {
 			em = fmt.Sprintf("%.1f%%", 100**r.ExactMatch)
 		}
+		loss := fmt.Sprintf("%.4f", r.FinalEvalLoss)
+		if len(r.Seeds) > 1 {
+			loss = fmt.Sprintf("%.4f ± %.4f", r.FinalEvalLoss, r.FinalEvalSD)
+		}
 		cells = append(cells, []string{r.Name, d, rr, fmt.Sprintf("%.3f", r.StepSecondsSequential),
 			fmt.Sprintf("%.3f", r.StepSecondsPipelined), mib(float64(r.DevicePredicted)), mib(float64(r.DevicePeak)),
-			mib(float64(r.Host)), fmt.Sprintf("%.3f", r.LinkMeasured/(1<<20)), fmt.Sprintf("%.4f", r.FinalEvalLoss), em})
+			mib(float64(r.Host)), fmt.Sprintf("%.3f", r.LinkMeasured/(1<<20)), loss, em, keptCell(r)})
 	}
 	width := make([]int, len(head))
 	for _, row := range cells {
@@ -522,12 +786,6 @@ func table(res *Result) string {
 		line(row)
 	}
 
-	var checks float64
-	for _, r := range res.Rows {
-		if r.Mode == string(engine.LSP) {
-			checks += r.CheckSeconds
-		}
-	}
 	bw := "free (0: no charge)"
 	if c.LinkBandwidth > 0 {
 		bw = fmt.Sprintf("%g MB/s", float64(c.LinkBandwidth)/1e6)
@@ -541,28 +799,97 @@ func table(res *Result) string {
 		em = "exact match: not measured (--eval-generate %d)."
 	}
 	notes := []string{
-		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, seed %d.",
+		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, %s.",
 			c.Model, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
-			train.Defaults().Batch, train.Defaults().SeqLen, c.Seed),
+			c.Batch, c.SeqLen, seedsNote(c)),
 		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f) and every %d steps (curves: %s); "+em,
 			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's optimizer-side host memory.",
-		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks at step 0 and every %d steps with %d calibration rows took %.1f s in all (not in step s); lsp (no fit) keeps its random projectors (--no-fit), a control.",
-			c.D, c.R, checkEvery, calibSamples, checks),
-		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it).",
+		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks at step 0 and every %d steps with %d calibration rows (not in step s; their time per run is in the lines below); lsp (no fit) keeps its random projectors (--no-fit) and lsp (resampled) draws fresh random ones at every check (--refit random), controls.",
+			c.D, c.R, checkEvery, calibSamples),
+		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}
 	b.WriteString("\n")
 	for _, n := range notes {
 		b.WriteString("- " + n + "\n")
 	}
+	if checks := checkLines(res); len(checks) > 0 {
+		b.WriteString("\nProjector checks (mean over seeds and matrices): step: bias ratio before -> after, share of matrices refitted.\n\n")
+		for _, l := range checks {
+			b.WriteString("- " + l + "\n")
+		}
+	}
+	quality := "n/a (no lsp row kept fitted projectors on most matrices)"
+	if res.Quality != nil {
+		quality = fmt.Sprintf("%.2f (%s)", *res.Quality, res.QualityRow)
+	}
+	fmt.Fprintf(&b, "\nlsp-quality: %s\n", quality)
 	rec := math.NaN()
 	if res.Recovery != nil {
 		rec = *res.Recovery
 	}
-	fmt.Fprintf(&b, "\nlsp-recovery: %.2f\n", rec)
+	fmt.Fprintf(&b, "lsp-recovery: %.2f\n", rec)
 	return b.String()
+}
+
+// keptCell is a row's "refits kept" cell: per check step, the share of
+// matrices whose refit was kept, mean over seeds ("-" for rows that do
+// not check).
+func keptCell(r Row) string {
+	if len(r.Seeds) == 0 || len(r.Seeds[0].Checks) == 0 {
+		return "-"
+	}
+	var parts []string
+	for i, cp := range r.Seeds[0].Checks {
+		var sum float64
+		for _, s := range r.Seeds {
+			if i < len(s.Checks) {
+				sum += s.Checks[i].Accepted
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%d: %.2f", cp.Step, sum/float64(len(r.Seeds))))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// checkLines describes each lsp row's checks over time.
+func checkLines(res *Result) []string {
+	var out []string
+	for _, r := range res.Rows {
+		if len(r.Seeds) == 0 || len(r.Seeds[0].Checks) == 0 {
+			continue
+		}
+		var parts []string
+		for i, cp := range r.Seeds[0].Checks {
+			var before, after, acc float64
+			for _, s := range r.Seeds {
+				if i < len(s.Checks) {
+					before, after, acc = before+s.Checks[i].RatioBefore, after+s.Checks[i].RatioAfter, acc+s.Checks[i].Accepted
+				}
+			}
+			n := float64(len(r.Seeds))
+			parts = append(parts, fmt.Sprintf("%d: %.3f -> %.3f, %.2f", cp.Step, before/n, after/n, acc/n))
+		}
+		fitted := "counts as fitted"
+		if !r.Fitted {
+			fitted = "counts as random: most matrices never kept a fit"
+		}
+		if r.Refit == string(engine.RefitRandom) {
+			fitted = "random by construction"
+		}
+		out = append(out, fmt.Sprintf("%s (--refit %s, %s; %.1f s of checks per run): %s", r.Name, r.Refit, fitted, r.CheckSeconds, strings.Join(parts, "; ")))
+	}
+	return out
+}
+
+// seedsNote names the seeds of the fine-tuning runs.
+func seedsNote(c Config) string {
+	if c.Seeds == 1 {
+		return fmt.Sprintf("seed %d", c.Seed)
+	}
+	return fmt.Sprintf("seeds %d to %d (final eval loss: mean ± sample standard deviation)", c.Seed, c.Seed+uint64(c.Seeds)-1)
 }
 
 // write writes the plot, the Markdown table and the JSON numbers.

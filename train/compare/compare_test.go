@@ -29,6 +29,13 @@ import (
 )
 
 func TestCompareConfigValidate(t *testing.T) {
+	dir := t.TempDir()
+	corpus, alpaca := filepath.Join(dir, "corpus.txt"), filepath.Join(dir, "alpaca.json")
+	for _, f := range []string{corpus, alpaca} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tests := []struct {
 		name string
 		edit func(*Config)
@@ -58,6 +65,15 @@ func TestCompareConfigValidate(t *testing.T) {
 		{"llama-tiny d 16", func(c *Config) { c.Model, c.D, c.R = "llama-tiny", 16, 4 }, ""},
 		{"llama-tiny d above its k|v width/4", func(c *Config) { c.Model, c.D, c.R = "llama-tiny", 17, 4 }, "d"},
 		{"unknown model", func(c *Config) { c.Model = "gpt5" }, "model"},
+		{"seeds 0", func(c *Config) { c.Seeds = 0 }, "seeds"},
+		{"unknown row", func(c *Config) { c.Rows = "native,lora" }, "rows"},
+		{"row twice", func(c *Config) { c.Rows = "native,lsp,native" }, "rows"},
+		{"every row", func(c *Config) { c.Rows = strings.Join(RowNames(), ",") }, ""},
+		{"batch 0", func(c *Config) { c.Batch = 0 }, "batch"},
+		{"seq-len 0", func(c *Config) { c.SeqLen = 0 }, "seq-len"},
+		{"data files", func(c *Config) { c.PretrainTask, c.Task = corpus, alpaca }, ""},
+		{"same data file", func(c *Config) { c.PretrainTask, c.Task = corpus, corpus }, "task"},
+		{"a directory", func(c *Config) { c.Task = dir }, "task"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,6 +158,7 @@ func TestCompare(t *testing.T) {
 	c := Defaults()
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
+	c.Seeds, c.Rows = 2, "native,zero,lsp,lsp-nofit,lsp-resample"
 	t0 := time.Now()
 	res, err := Run(context.Background(), c, nil)
 	if err != nil {
@@ -149,22 +166,57 @@ func TestCompare(t *testing.T) {
 	}
 	t.Logf("compare took %.1f s\n%s", time.Since(t0).Seconds(), res.Table)
 
-	if len(res.Rows) != 4 {
-		t.Fatalf("%d rows, want 4", len(res.Rows))
+	if len(res.Rows) != 5 {
+		t.Fatalf("%d rows, want 5", len(res.Rows))
 	}
-	native, zero, lspRow := res.Rows[0], res.Rows[1], res.Rows[2]
-	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.NoFit || !res.Rows[3].NoFit {
+	native, zero, lspRow, resampled := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[4]
+	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.NoFit || !res.Rows[3].NoFit ||
+		resampled.Refit != "random" || lspRow.Refit != "sum" {
 		t.Fatalf("rows out of order: %+v", res.Rows)
 	}
 	if res.Recovery == nil {
 		t.Fatalf("no lsp-recovery: L0 %v, native final %v", res.L0, native.FinalEvalLoss)
 	}
-	want := (res.L0 - lspRow.FinalEvalLoss) / (res.L0 - native.FinalEvalLoss)
-	if rec := *res.Recovery; math.Abs(rec-want) > 1e-12 || rec < 0.8 {
-		t.Errorf("lsp-recovery %.4f (from the rows %.4f), want >= 0.8", rec, want)
+	// Per seed against native's same seed, then the mean; the row's loss
+	// is the seeds' mean and its spread their sample standard deviation.
+	var want float64
+	for j, s := range lspRow.Seeds {
+		want += (res.L0 - s.FinalEvalLoss) / (res.L0 - native.Seeds[j].FinalEvalLoss) / 2
 	}
-	if d := math.Abs(native.FinalEvalLoss - zero.FinalEvalLoss); d > 1e-3*native.FinalEvalLoss {
-		t.Errorf("final eval loss native %.6f, zero %.6f: differ by more than 1e-3 relative", native.FinalEvalLoss, zero.FinalEvalLoss)
+	if rec := *res.Recovery; math.Abs(rec-want) > 1e-12 || rec < 0.8 {
+		t.Errorf("lsp-recovery %.4f (from the seeds %.4f), want >= 0.8", rec, want)
+	}
+	for _, r := range res.Rows {
+		if len(r.Seeds) != 2 || r.Seeds[0].Seed != 1 || r.Seeds[1].Seed != 2 || r.Seeds[0].Out == r.Seeds[1].Out {
+			t.Fatalf("%s: seeds %+v", r.Name, r.Seeds)
+		}
+		a, b := r.Seeds[0].FinalEvalLoss, r.Seeds[1].FinalEvalLoss
+		if math.Abs(r.FinalEvalLoss-(a+b)/2) > 1e-12 || math.Abs(r.FinalEvalSD-math.Abs(a-b)/math.Sqrt2) > 1e-12 || a == b {
+			t.Errorf("%s: loss %v ± %v from seeds %v, %v", r.Name, r.FinalEvalLoss, r.FinalEvalSD, a, b)
+		}
+	}
+	for j := range native.Seeds {
+		n, z := native.Seeds[j].FinalEvalLoss, zero.Seeds[j].FinalEvalLoss
+		if d := math.Abs(n - z); d > 1e-3*n {
+			t.Errorf("seed %d: final eval loss native %.6f, zero %.6f: differ by more than 1e-3 relative", j, n, z)
+		}
+	}
+	// Checks: at steps 0 and checkEvery (no later one in 40 steps) in the
+	// rows that check; resampling keeps every draw under --accept fit
+	// only, so its share is whatever the held-out data decided, but it
+	// never counts as fitted.
+	for _, r := range []Row{lspRow, resampled} {
+		for _, s := range r.Seeds {
+			if len(s.Checks) != 1 || s.Checks[0].Step != 0 || s.Checks[0].Matrices != 16 || !(s.CheckSeconds > 0) {
+				t.Errorf("%s seed %d: checks %+v (%v s)", r.Name, s.Seed, s.Checks, s.CheckSeconds)
+			}
+		}
+	}
+	if resampled.Fitted || res.Rows[3].Fitted || len(res.Rows[3].Seeds[0].Checks) != 0 {
+		t.Errorf("the controls count as fitted: %+v, %+v", resampled, res.Rows[3])
+	}
+	if lspRow.Fitted != (res.Quality != nil) || lspRow.Fitted && (res.QualityRow != "lsp" || *res.Quality != *res.Recovery) {
+		t.Errorf("lsp fitted %v, quality %v (%q)", lspRow.Fitted, res.Quality, res.QualityRow)
 	}
 	steps := []int{0, 10, 20, 30, 40}
 	for _, r := range res.Rows {
@@ -188,7 +240,7 @@ func TestCompare(t *testing.T) {
 			t.Errorf("%s: step s %v / %v, exact match %v", r.Name, r.StepSecondsSequential, r.StepSecondsPipelined, r.ExactMatch)
 		}
 	}
-	if !(res.Rows[2].CheckSeconds > 0) || res.Rows[3].CheckSeconds != 0 {
+	if !(lspRow.CheckSeconds > 0) || res.Rows[3].CheckSeconds != 0 {
 		t.Errorf("check seconds lsp %v, lsp (no fit) %v", res.Rows[2].CheckSeconds, res.Rows[3].CheckSeconds)
 	}
 
@@ -196,6 +248,9 @@ func TestCompare(t *testing.T) {
 	last := lines[len(lines)-1]
 	if !regexp.MustCompile(`^lsp-recovery: -?[0-9]+\.[0-9]{2}$`).MatchString(last) || last != fmt.Sprintf("lsp-recovery: %.2f", *res.Recovery) {
 		t.Errorf("last line %q", last)
+	}
+	if q := lines[len(lines)-2]; !regexp.MustCompile(`^lsp-quality: ([0-9.-]+ \(lsp\)|n/a .*)$`).MatchString(q) {
+		t.Errorf("line before last %q", q)
 	}
 	if !strings.HasPrefix(lines[0], "| row ") || !strings.Contains(res.Table, "| lsp (no fit) ") ||
 		!strings.Contains(res.Table, "dense params (embeddings, norms and biases) are trained on the device") {
@@ -213,7 +268,7 @@ func TestCompare(t *testing.T) {
 	if err := json.Unmarshal(raw, &back); err != nil {
 		t.Fatalf("%s: %v", res.JSON, err)
 	}
-	if len(back.Rows) != 4 || back.Recovery == nil || *back.Recovery != *res.Recovery || back.L0 != res.L0 {
+	if len(back.Rows) != 5 || back.Recovery == nil || *back.Recovery != *res.Recovery || back.L0 != res.L0 {
 		t.Errorf("%s does not hold the numbers: %s", res.JSON, raw)
 	}
 	f, err := os.Open(res.PNG)

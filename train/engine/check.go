@@ -130,7 +130,10 @@ func (e *Engine) CheckDue() bool {
 	if e.lsp == nil || e.lsp.calib == nil || e.checked == e.step {
 		return false
 	}
-	return e.step == 0 || e.step%e.cfg.LSP.CheckEvery == 0
+	if e.step == 0 {
+		return !e.cfg.LSP.StartRandom
+	}
+	return e.step%e.cfg.LSP.CheckEvery == 0
 }
 
 // CalibBatches is the number of micro-batches Check wants: the

@@ -103,6 +103,7 @@ type LSPConfig struct {
 	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
 	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmMeasured)
 	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
+	StartRandom  bool    // no check before step 1: train on the random projectors until the first --check-every
 	Ortho        float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
 }
 
