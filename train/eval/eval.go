@@ -1,10 +1,11 @@
 // Package eval measures and uses a trained model: the mean loss on held-out
 // examples, greedy exact match on held-out prompts, text generation with
-// greedy, temperature and nucleus sampling, and the sample command's job
-// (load an exported model, continue a prompt).
+// greedy, temperature, top-k, nucleus sampling and the repetition
+// penalty, with a KV cache (kvgen.go) or without (generate.go), and the
+// sample command's job (load a model, continue a prompt).
 //
-// Limits: generation has no KV cache (see generate.go); the model runs
-// on one backend stream.
+// Limits: the model runs on one backend stream; cached generation runs
+// one prompt at a time.
 package eval
 
 import (
@@ -79,7 +80,7 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 		prompts[i] = tok.Encode(rec.Prompt)
 		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
 	}
-	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
+	outs, err := GenerateCached(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
 	if err != nil {
 		return 0, err
 	}

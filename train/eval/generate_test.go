@@ -30,7 +30,7 @@ func TestSamplerGreedy(t *testing.T) {
 	} {
 		// Temperature 0 is greedy, and so is a sampler without an RNG.
 		for _, s := range []Sampler{{}, {Temperature: 0, RNG: rand.New(rand.NewPCG(1, 2))}, {Temperature: 1}} {
-			if got := s.Pick(tc.logits); got != tc.want {
+			if got := s.Pick(tc.logits, nil); got != tc.want {
 				t.Errorf("%+v.Pick(%v) = %d, want %d", s, tc.logits, got, tc.want)
 			}
 		}
@@ -50,7 +50,7 @@ func TestSamplerTopP(t *testing.T) {
 	peaked := logitsOf(0.05, 0.7, 0.1, 0.15)
 	s := NewSampler(1, 0.5, 42)
 	for i := 0; i < 2000; i++ {
-		if got := s.Pick(peaked); got != 1 {
+		if got := s.Pick(peaked, nil); got != 1 {
 			t.Fatalf("draw %d: top-p 0.5 on a distribution whose top token has 0.7 picked %d", i, got)
 		}
 	}
@@ -60,7 +60,7 @@ func TestSamplerTopP(t *testing.T) {
 	counts := make([]int, 4)
 	const n = 20000
 	for i := 0; i < n; i++ {
-		counts[s.Pick(peaked)]++
+		counts[s.Pick(peaked, nil)]++
 	}
 	if counts[0] != 0 || counts[2] != 0 {
 		t.Fatalf("top-p 0.8 picked tokens outside the nucleus: %v", counts)
@@ -88,7 +88,7 @@ func TestSamplerTemperature(t *testing.T) {
 			counts := make([]int, len(probs))
 			const n = 30000
 			for i := 0; i < n; i++ {
-				counts[s.Pick(logits)]++
+				counts[s.Pick(logits, nil)]++
 			}
 			for i := range probs {
 				if f := float64(counts[i]) / n; math.Abs(f-want[i]/z) > 0.015 {
@@ -102,7 +102,7 @@ func TestSamplerTemperature(t *testing.T) {
 		s := NewSampler(0.8, 0.95, seed)
 		out := make([]int32, 300)
 		for i := range out {
-			out[i] = s.Pick(logits)
+			out[i] = s.Pick(logits, nil)
 		}
 		return out
 	}
@@ -192,11 +192,11 @@ func TestSample(t *testing.T) {
 	}
 	var texts []string
 	for _, dir := range []string{hf, out} {
-		text, err := Sample(SampleOptions{Model: dir, Prompt: "reverse abc=", MaxNew: 5, Threads: 1})
+		res, err := Sample(SampleOptions{Model: dir, Prompt: "reverse abc=", MaxNew: 5, Threads: 1})
 		if err != nil {
 			t.Fatalf("Sample(%s): %v", dir, err)
 		}
-		texts = append(texts, text)
+		texts = append(texts, res.Text)
 	}
 	if texts[0] != texts[1] {
 		t.Errorf("greedy samples differ: %q vs %q", texts[0], texts[1])
@@ -206,8 +206,17 @@ func TestSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1})
-	if err != nil || a != b {
-		t.Errorf("same seed: %q then %q (%v)", a, b, err)
+	if err != nil || !slices.Equal(a.IDs, b.IDs) || a.Text != b.Text {
+		t.Errorf("same seed: %v then %v (%v)", a.IDs, b.IDs, err)
+	}
+	// The cached and the uncached paths draw the same tokens from the same
+	// seed, sampling too (the logits agree to float rounding).
+	c, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1, NoCache: true})
+	if err != nil || !slices.Equal(a.IDs, c.IDs) {
+		t.Errorf("seed 3: cached %v, uncached %v (%v)", a.IDs, c.IDs, err)
+	}
+	if a.PromptTokens != 1 || len(a.IDs) == 0 || a.Elapsed <= 0 || a.TokensPerSecond() <= 0 {
+		t.Errorf("result %+v: want 1 prompt token, some new ones and a positive time", a)
 	}
 	for _, tc := range []struct {
 		o    SampleOptions
@@ -216,6 +225,9 @@ func TestSample(t *testing.T) {
 		{SampleOptions{Model: t.TempDir(), Prompt: "x"}, []string{"--model", "config.json"}},
 		{SampleOptions{Model: hf, Prompt: "x", TopP: 1.5}, []string{"--top-p"}},
 		{SampleOptions{Model: hf, Prompt: "x", Temperature: -1}, []string{"--temperature"}},
+		{SampleOptions{Model: hf, Prompt: "x", TopK: -1}, []string{"--top-k"}},
+		{SampleOptions{Model: hf, Prompt: "x", RepetitionPenalty: -1}, []string{"--repetition-penalty"}},
+		{SampleOptions{Model: hf, Prompt: "x", Device: "tpu"}, []string{"--device"}},
 		{SampleOptions{Model: hf, Prompt: string(make([]byte, 40))}, []string{"--prompt", "32"}},
 	} {
 		_, err := Sample(tc.o)
