@@ -267,3 +267,87 @@ func TestLossNoExamples(t *testing.T) {
 		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
 	}
 }
+
+// TestSamplerTopK: top-k 1 is greedy whatever the temperature and seed;
+// top-k 2 never draws outside the two most likely tokens and draws them
+// in proportion; top-p then applies to the top-k tokens renormalized.
+func TestSamplerTopK(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 200; trial++ {
+		logits := make([]float32, 50)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64())
+		}
+		greedy := Sampler{}.Pick(logits, nil)
+		s := NewSampler(2, 1, uint64(trial))
+		s.TopK = 1
+		if got := s.Pick(logits, nil); got != greedy {
+			t.Fatalf("trial %d: top-k 1 picked %d, greedy %d", trial, got, greedy)
+		}
+	}
+	p := logitsOf(0.1, 0.4, 0.2, 0.3)
+	s := NewSampler(1, 1, 9)
+	s.TopK = 2
+	counts := make([]int, 4)
+	const n = 20000
+	for i := 0; i < n; i++ {
+		counts[s.Pick(p, nil)]++
+	}
+	if counts[0] != 0 || counts[2] != 0 {
+		t.Fatalf("top-k 2 drew outside the top two: %v", counts)
+	}
+	if f := float64(counts[1]) / n; math.Abs(f-0.4/0.7) > 0.02 {
+		t.Errorf("top-k 2: token 1 drawn %.3f of the time, want %.3f", f, 0.4/0.7)
+	}
+	// Within the top 2 (0.4 and 0.3, renormalized 0.571 and 0.429), top-p
+	// 0.5 keeps only the first; over all four tokens it would keep two.
+	s.TopP = 0.5
+	for i := 0; i < 2000; i++ {
+		if got := s.Pick(p, nil); got != 1 {
+			t.Fatalf("top-k 2, top-p 0.5 picked %d, want only 1", got)
+		}
+	}
+	s.TopK, s.TopP = 0, 0.6 // 0.4 + 0.3 reach 0.6: tokens 1 and 3 only
+	clear(counts)
+	for i := 0; i < n; i++ {
+		counts[s.Pick(p, nil)]++
+	}
+	if counts[0] != 0 || counts[2] != 0 || counts[3] == 0 {
+		t.Errorf("top-p 0.6 over 0.1, 0.4, 0.2, 0.3 drew %v, want tokens 1 and 3 only", counts)
+	}
+}
+
+// TestSamplerRepetitionPenalty: HF's definition, a logit of a token in the
+// context divided by the penalty when positive and multiplied when
+// negative, once however often the token occurs; the caller's logits are
+// not written.
+func TestSamplerRepetitionPenalty(t *testing.T) {
+	logits := []float32{3, 2.5, -1, -0.5, 0}
+	s := Sampler{RepetitionPenalty: 2}
+	got := s.penalized(logits, []int32{0, 0, 2, 4, 4})
+	want := []float32{1.5, 2.5, -2, -0.5, 0}
+	if !slices.Equal(got, want) {
+		t.Errorf("penalized = %v, want %v", got, want)
+	}
+	if logits[0] != 3 {
+		t.Errorf("the caller's logits were written: %v", logits)
+	}
+	// Greedy: 3/2 falls below 2.5, so token 1 wins; without the context
+	// token 0 does.
+	if g := s.Pick(logits, []int32{0}); g != 1 {
+		t.Errorf("greedy with token 0 penalized picked %d, want 1", g)
+	}
+	if g := s.Pick(logits, nil); g != 0 {
+		t.Errorf("greedy with no context picked %d, want 0", g)
+	}
+	// A negative logit moves further down: token 3's -0.5 becomes -1, a
+	// tie with tokens 0 and 2 that the lowest id wins.
+	if g := (Sampler{RepetitionPenalty: 2}).Pick([]float32{-1, -3, -1, -0.5}, []int32{3}); g != 0 {
+		t.Errorf("picked %d, want 0", g)
+	}
+	for _, p := range []float64{0, 1} {
+		if g := (Sampler{RepetitionPenalty: p}).penalized(logits, []int32{0}); &g[0] != &logits[0] {
+			t.Errorf("penalty %g changed the logits", p)
+		}
+	}
+}
