@@ -29,7 +29,7 @@ func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.BoolVar(&o.NoCache, "no-cache", false, "generate without the KV cache, rerunning the whole sequence per token (slow; the reference the cache is tested against)")
 	fs.BoolVar(ids, "ids", false, "print the generated token ids instead of the text (for exact comparisons)")
 	o.Device = device.CPU
-	fs.Var(&o.Device, "device", deviceUsage())
+	fs.Var(&o.Device, "device", strings.Replace(deviceUsage(), "to train on", "to generate on", 1))
 	fs.IntVar(&o.Threads, "threads", 0, "compute threads (0: all cores)")
 }
 
