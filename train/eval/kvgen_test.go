@@ -15,8 +15,10 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // presetModel allocates preset name for B x T on a one-thread CPU backend
@@ -212,5 +214,60 @@ func TestGreedyFixtures(t *testing.T) {
 		}
 		mm.Free()
 		be.Close()
+	}
+}
+
+// eosAt is a tokenizer whose EOS is another id, so that a random model's
+// greedy continuation ends where a test wants it to.
+type eosAt struct {
+	tokenizer.Tokenizer
+	eos int32
+}
+
+func (e eosAt) EOS() int32 { return e.eos }
+
+// TestExactMatchCached: the eval job's score through the cached path is 1
+// on a record whose response is the model's greedy continuation up to
+// its EOS, and 0 once the response is changed, for both families (llama's
+// responses are several tokens long).
+func TestExactMatchCached(t *testing.T) {
+	for _, name := range []string{"tiny", "llama-tiny"} {
+		be, m := presetModel(t, name, 2, 32, 12)
+		s := be.DefaultStream()
+		byteTok := tokenizer.Byte()
+		scored := 0
+		for _, p := range []string{"ab=", "sort b a=", "x", "hello="} {
+			outs, err := Generate(be, s, m, [][]int32{byteTok.Encode(p)}, 12, byteTok.EOS(), Sampler{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := outs[0]
+			// The last token that occurs first where it stands becomes
+			// EOS: greedy generation stops right before it. (A tied
+			// random GPT-2 repeats one token: k is 0, the empty
+			// response.)
+			k := -1
+			for i := 0; i < len(g); i++ {
+				if !slices.Contains(g[:i], g[i]) {
+					k = i
+				}
+			}
+			if k < 0 {
+				continue
+			}
+			tok := eosAt{byteTok, g[k]}
+			rec := []data.Record{{Prompt: p, Response: tok.Decode(g[:k])}}
+			if em, err := ExactMatch(be, s, m, tok, rec); err != nil || em != 1 {
+				t.Errorf("%s %q: exact match %v (%v) on its greedy output %v before EOS %d, want 1", name, p, em, err, g[:k], g[k])
+			}
+			rec[0].Response += "!"
+			if em, err := ExactMatch(be, s, m, tok, rec); err != nil || em != 0 {
+				t.Errorf("%s %q: exact match %v (%v) on a changed response, want 0", name, p, em, err)
+			}
+			scored++
+		}
+		if scored == 0 {
+			t.Errorf("%s: no prompt could be scored", name)
+		}
 	}
 }
