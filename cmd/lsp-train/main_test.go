@@ -104,6 +104,18 @@ func TestTrainAndSample(t *testing.T) {
 	if ids[0] != ids[1] {
 		t.Errorf("sample -ids: %q with the KV cache, %q without", ids[0], ids[1])
 	}
+	// The run's checkpoint holds the same weights as its export: sampling
+	// from the checkpoint file, or from the directory once hf/ is gone,
+	// gives the same ids.
+	if err := os.RemoveAll(filepath.Join(dir, "hf")); err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{filepath.Join(dir, checkpoint.FileName), dir} {
+		code, stdout, stderr = runCmd(t, "sample", "-model", model, "-prompt", "abc", "-max-new", "12", "-threads", "1", "-ids")
+		if code != 0 || stdout != ids[0] {
+			t.Errorf("sample -model %s: exit %d, ids %q, want %q as from hf/; stderr %s", model, code, stdout, ids[0], stderr)
+		}
+	}
 }
 
 func TestConfigFile(t *testing.T) {

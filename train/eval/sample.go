@@ -11,16 +11,21 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
 // SampleOptions configure Sample.
 type SampleOptions struct {
-	Model             string // Hugging Face directory, or a training output directory holding hf/
+	// Model is a Hugging Face directory, a training output directory
+	// (its hf/ export, or without one its checkpoint), or a checkpoint
+	// file.
+	Model             string
 	Prompt            string
 	Alpaca            bool // wrap Prompt in the Alpaca template
 	MaxNew            int
@@ -55,14 +60,6 @@ var flagErr = flagerr.New
 // Sample loads a model and continues the prompt.
 func Sample(o SampleOptions) (SampleResult, error) {
 	var res SampleResult
-	dir := o.Model
-	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-		if _, err2 := os.Stat(filepath.Join(dir, "hf", "config.json")); err2 == nil {
-			dir = filepath.Join(dir, "hf")
-		} else {
-			return res, flagErr("model", "%s holds no config.json (nor hf/config.json)", o.Model)
-		}
-	}
 	switch {
 	case o.TopP < 0 || o.TopP > 1:
 		return res, flagErr("top-p", "must be in (0, 1], got %g", o.TopP)
@@ -80,9 +77,9 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if err := device.Check(kind); err != nil {
 		return res, flagErr("device", "%v", err)
 	}
-	spec, vals, err := models.Load(dir)
+	dir, spec, vals, err := loadSampleModel(o.Model)
 	if err != nil {
-		return res, flagErr("model", "%v", err)
+		return res, err
 	}
 	tok, err := models.Tokenizer(spec, dir)
 	if err != nil {
@@ -151,4 +148,46 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	res.Elapsed = time.Since(start)
 	res.Text = tok.Decode(res.IDs)
 	return res, nil
+}
+
+// loadSampleModel finds the weights path names, trying in order a
+// checkpoint file, a Hugging Face directory, a training output
+// directory's hf/ export, then its checkpoint, and returns the directory
+// the tokenizer is looked for in, the model and its parameters.
+func loadSampleModel(path string) (dir string, spec model.Spec, vals []float32, err error) {
+	fromHF := func(dir string) (string, model.Spec, []float32, error) {
+		spec, vals, err := models.Load(dir)
+		if err != nil {
+			return "", nil, nil, flagErr("model", "%v", err)
+		}
+		return dir, spec, vals, nil
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	ckpt := path
+	switch info, statErr := os.Stat(path); {
+	case statErr == nil && !info.IsDir():
+		// A checkpoint file.
+	case exists(filepath.Join(path, "config.json")):
+		return fromHF(path)
+	case exists(filepath.Join(path, "hf", "config.json")):
+		return fromHF(filepath.Join(path, "hf"))
+	case exists(filepath.Join(path, checkpoint.FileName)):
+		ckpt = filepath.Join(path, checkpoint.FileName)
+	default:
+		return "", nil, nil, flagErr("model", "%s holds no config.json, hf/config.json or %s", path, checkpoint.FileName)
+	}
+	f, err := safetensors.Open(ckpt)
+	if err != nil {
+		return "", nil, nil, flagErr("model", "%v", err)
+	}
+	st, err := checkpoint.ReadState(f)
+	if err != nil {
+		return "", nil, nil, flagErr("model", "%v", err)
+	}
+	// Load verifies the checksums and that every value is finite.
+	ck, err := checkpoint.Load(ckpt, st.Model, nil)
+	if err != nil {
+		return "", nil, nil, flagErr("model", "%v", err)
+	}
+	return filepath.Dir(ckpt), st.Model, ck.Params(), nil
 }
