@@ -131,7 +131,9 @@ func Sample(o SampleOptions) (SampleResult, error) {
 		if !ok {
 			return res, flagErr("no-cache", "the %s model has no KV-cache decoder; pass --no-cache", spec.Family())
 		}
-		dec, err := c.NewDecoder(T)
+		// The cache holds what this call can reach, not the whole context
+		// (8192 positions of a Llama 3 are gigabytes).
+		dec, err := c.NewDecoder(min(T, len(ids)+maxNew))
 		if err != nil {
 			return res, fmt.Errorf("sample: %w", err)
 		}
