@@ -133,7 +133,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 		}
 		// The cache holds what this call can reach, not the whole context
 		// (8192 positions of a Llama 3 are gigabytes).
-		dec, err := c.NewDecoder(min(T, len(ids)+maxNew))
+		dec, err := c.NewDecoder(min(T, max(len(ids), 1)+maxNew)) // an empty prompt becomes EOS
 		if err != nil {
 			return res, fmt.Errorf("sample: %w", err)
 		}
