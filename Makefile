@@ -256,7 +256,9 @@ endif
 # and lsp) in native, zero and lsp mode on
 # the CUDA backend against the same run on the CPU backend
 # (TestCUDATrainsLikeCPU in train), and the LLaMA fixtures' logits, loss
-# and gradients on both backends (TestCUDAMatchesCPU in train/llama).
+# and gradients on both backends (TestCUDAMatchesCPU in train/llama), and
+# the KV-cache decoder's logits on both (TestCUDADecoderMatchesCPU in
+# train/eval).
 # About 3 minutes on 2 cores. RUN=regexp
 # selects tests.
 #
@@ -269,13 +271,14 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
-CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/
+CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') $(CUDASIM_PKGS)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDATrainsLikeCPU)' ./train/
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDAMatchesCPU)' ./train/llama/
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDADecoderMatchesCPU)' ./train/eval/
 else
 	@echo "cudasim-test: $(SIM_SKIP_MSG)"
 endif

@@ -253,7 +253,7 @@ func commandFlags(args []string) (fs *flag.FlagSet, rest []string, validate func
 	case len(args) > 0 && args[0] == "sample":
 		var o eval.SampleOptions
 		fs = flag.NewFlagSet("sample", flag.ContinueOnError)
-		bindSampleFlags(fs, &o)
+		bindSampleFlags(fs, &o, new(bool))
 		return fs, args[1:], func() error { return nil }
 	case len(args) > 0 && args[0] == "compare":
 		c := compare.Defaults()

@@ -88,6 +88,34 @@ func TestTrainAndSample(t *testing.T) {
 	if code != 0 || !strings.HasSuffix(stdout, "\n") || strings.Count(stdout, "\n") < 1 {
 		t.Errorf("sample -model %s: exit %d, stdout %q, stderr %s", dir, code, stdout, stderr)
 	}
+	if !regexp.MustCompile(`^12 prompt tokens, \d+ new in [0-9.]+s: [0-9.]+ tokens/s \(KV cache, cpu\)\n$`).MatchString(stderr) {
+		t.Errorf("sample's stderr %q is not the speed line", stderr)
+	}
+	// -ids prints the new token ids, the same with and without the cache.
+	var ids []string
+	for _, extra := range [][]string{nil, {"-no-cache"}} {
+		args := append([]string{"sample", "-model", dir, "-prompt", "abc", "-max-new", "12", "-threads", "1", "-ids"}, extra...)
+		code, stdout, stderr = runCmd(t, args...)
+		if code != 0 || !regexp.MustCompile(`^(\d+( \d+)*)?\n$`).MatchString(stdout) {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %s", args, code, stdout, stderr)
+		}
+		ids = append(ids, stdout)
+	}
+	if ids[0] != ids[1] {
+		t.Errorf("sample -ids: %q with the KV cache, %q without", ids[0], ids[1])
+	}
+	// The run's checkpoint holds the same weights as its export: sampling
+	// from the checkpoint file, or from the directory once hf/ is gone,
+	// gives the same ids.
+	if err := os.RemoveAll(filepath.Join(dir, "hf")); err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{filepath.Join(dir, checkpoint.FileName), dir} {
+		code, stdout, stderr = runCmd(t, "sample", "-model", model, "-prompt", "abc", "-max-new", "12", "-threads", "1", "-ids")
+		if code != 0 || stdout != ids[0] {
+			t.Errorf("sample -model %s: exit %d, ids %q, want %q as from hf/; stderr %s", model, code, stdout, ids[0], stderr)
+		}
+	}
 }
 
 func TestConfigFile(t *testing.T) {
@@ -167,6 +195,8 @@ func TestCommandErrors(t *testing.T) {
 		{"sample top-p 0", []string{"sample", "-prompt", "x", "-top-p", "0"}, []string{"--top-p", "(0, 1]"}, nil},
 		{"sample top-p above 1", []string{"sample", "-prompt", "x", "-top-p", "1.5"}, []string{"--top-p", "(0, 1]"}, nil},
 		{"sample negative temperature", []string{"sample", "-prompt", "x", "-temperature", "-1"}, []string{"--temperature"}, nil},
+		{"sample negative top-k", []string{"sample", "-prompt", "x", "-top-k", "-1"}, []string{"--top-k"}, nil},
+		{"sample zero repetition penalty", []string{"sample", "-prompt", "x", "-repetition-penalty", "0"}, []string{"--repetition-penalty"}, nil},
 		{"unknown flag", []string{"--learning-rate", "1"}, []string{"learning-rate"}, nil},
 		{"positional argument", []string{"train"}, []string{`"train"`}, nil},
 		{"sample without a prompt", []string{"sample", "-model", t.TempDir()}, []string{"--prompt"}, nil},

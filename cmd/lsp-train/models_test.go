@@ -23,7 +23,7 @@ func TestModelFlagListsFamilies(t *testing.T) {
 		}
 	}
 	sfs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
-	bindSampleFlags(sfs, new(eval.SampleOptions))
+	bindSampleFlags(sfs, new(eval.SampleOptions), new(bool))
 	for _, want := range models.ModelTypes() {
 		if u := sfs.Lookup("model").Usage; !strings.Contains(u, want) {
 			t.Errorf("sample --model's usage %q does not name model_type %q", u, want)

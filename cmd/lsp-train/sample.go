@@ -7,38 +7,49 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
-// bindSampleFlags binds the sample command's flags to o.
-func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions) {
-	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+") or a training output directory")
+// bindSampleFlags binds the sample command's flags to o, and -ids to ids.
+func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
+	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+") or a training output directory (its hf/, else its checkpoint), or a checkpoint file")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")
 	fs.Float64Var(&o.Temperature, "temperature", 0, "sampling temperature, >= 0 (0: greedy)")
+	fs.IntVar(&o.TopK, "top-k", 0, "sample among the `K` most likely tokens only (0: all)")
 	fs.Float64Var(&o.TopP, "top-p", 1, "nucleus sampling, in (0, 1]: keep the smallest set of tokens with this much probability")
+	fs.Float64Var(&o.RepetitionPenalty, "repetition-penalty", 1, "Hugging Face's: divide a positive logit of a token already in the text by this, multiply a negative one (1: none)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "random seed for sampling")
+	fs.BoolVar(&o.NoCache, "no-cache", false, "generate without the KV cache, rerunning the whole sequence per token (slow; the reference the cache is tested against)")
+	fs.BoolVar(ids, "ids", false, "print the generated token ids instead of the text (for exact comparisons)")
+	o.Device = device.CPU
+	fs.Var(&o.Device, "device", strings.Replace(deviceUsage(), "to train on", "to generate on", 1))
 	fs.IntVar(&o.Threads, "threads", 0, "compute threads (0: all cores)")
 }
 
 // newSampleFlags is the sample command's flag set with its defaults.
 func newSampleFlags() *flag.FlagSet {
 	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
-	bindSampleFlags(fs, new(eval.SampleOptions))
+	bindSampleFlags(fs, new(eval.SampleOptions), new(bool))
 	return fs
 }
 
 func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
 	var o eval.SampleOptions
-	bindSampleFlags(fs, &o)
+	var ids bool
+	bindSampleFlags(fs, &o, &ids)
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train sample --model DIR --prompt TEXT [flags]",
-			"Continues the prompt with the model: greedy by default, sampled with --temperature above 0.")
+			"Continues the prompt with the model, a token a step with a KV cache: greedy by default, sampled with\n"+
+				"--temperature above 0 (then --top-k and --top-p filter). Stops at the tokenizer's EOS or after --max-new\n"+
+				"tokens. The text (or with --ids the token ids) goes to stdout, the speed in tokens/s to stderr.")
 	}
 	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return err
@@ -54,11 +65,29 @@ func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		return fmt.Errorf("--temperature: must be >= 0, got %g", o.Temperature)
 	case o.MaxNew < 1:
 		return fmt.Errorf("--max-new: must be at least 1, got %d", o.MaxNew)
+	case o.TopK < 0:
+		return fmt.Errorf("--top-k: must be >= 0, got %d", o.TopK)
+	case !(o.RepetitionPenalty > 0): // also NaN
+		return fmt.Errorf("--repetition-penalty: must be > 0, got %g", o.RepetitionPenalty)
 	}
-	text, err := eval.Sample(o)
+	res, err := eval.Sample(o)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, text)
+	if ids {
+		parts := make([]string, len(res.IDs))
+		for i, id := range res.IDs {
+			parts[i] = strconv.Itoa(int(id))
+		}
+		fmt.Fprintln(stdout, strings.Join(parts, " "))
+	} else {
+		fmt.Fprintln(stdout, res.Text)
+	}
+	cache := "KV cache"
+	if o.NoCache {
+		cache = "no cache"
+	}
+	fmt.Fprintf(stderr, "%d prompt tokens, %d new in %.3fs: %.1f tokens/s (%s, %s)\n",
+		res.PromptTokens, len(res.IDs), res.Elapsed.Seconds(), res.TokensPerSecond(), cache, o.Device)
 	return nil
 }

@@ -229,6 +229,11 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	return ck, nil
 }
 
+// Params is every model parameter the checkpoint holds (the model's
+// Layout order), for a job that needs the weights and not the optimizer
+// (sampling from a run that has no export yet).
+func (ck *Checkpoint) Params() []float32 { return ck.tensors[ParamsTensor] }
+
 // Restore uploads the checkpoint's parameters into params and its
 // optimizer state into opt, and sets opt's step counter.
 func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {

@@ -1,10 +1,11 @@
 // Package eval measures and uses a trained model: the mean loss on held-out
 // examples, greedy exact match on held-out prompts, text generation with
-// greedy, temperature and nucleus sampling, and the sample command's job
-// (load an exported model, continue a prompt).
+// greedy, temperature, top-k, nucleus sampling and the repetition
+// penalty, with a KV cache (kvgen.go) or without (generate.go), and the
+// sample command's job (load a model, continue a prompt).
 //
-// Limits: generation has no KV cache (see generate.go); the model runs
-// on one backend stream.
+// Limits: the model runs on one backend stream; cached generation runs
+// one prompt at a time.
 package eval
 
 import (
@@ -71,7 +72,8 @@ func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example
 }
 
 // ExactMatch is the share of records whose greedy continuation of the
-// prompt, up to EOS, equals the response exactly.
+// prompt, up to EOS, equals the response exactly. An fp32 model generates
+// with its KV cache, a bf16 one without (see below).
 func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
 	prompts := make([][]int32, len(recs))
 	maxNew := 1
@@ -79,7 +81,15 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 		prompts[i] = tok.Encode(rec.Prompt)
 		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
 	}
-	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
+	// The KV cache gives the uncached path's greedy tokens in fp32 (the
+	// logits agree to float rounding); in bf16 they agree to bf16 rounding
+	// only, where a near tie could flip a token, so the score keeps the
+	// path it has always had there.
+	gen := GenerateCached
+	if m.Buffers().Logits.DType != backend.F32 {
+		gen = Generate
+	}
+	outs, err := gen(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
 	if err != nil {
 		return 0, err
 	}

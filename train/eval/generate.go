@@ -1,7 +1,8 @@
-// Text generation from a model: greedy, temperature and nucleus (top-p)
-// sampling, a batch of prompts at a time. There is no KV cache: each new
-// token reruns the forward pass over the rows, which is fine for evaluation
-// and sampling from small models but not a serving path.
+// Text generation from a model: greedy, temperature, top-k, nucleus
+// (top-p) sampling and the repetition penalty. Generate runs a batch of
+// prompts at a time without a cache: each new token reruns the forward
+// pass over the rows. It is the reference GenerateCached (kvgen.go) is
+// tested against, and the path for a model without a decoder.
 
 package eval
 
@@ -15,11 +16,19 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
 
-// Sampler picks the next token from logits.
+// Sampler picks the next token from logits, as transformers' generate
+// does with these settings: the repetition penalty first, then greedy
+// (temperature 0) or sampling from softmax(logits / Temperature) after
+// top-k, then top-p.
 type Sampler struct {
 	Temperature float64 // 0: greedy
+	TopK        int     // keep the k most likely tokens; 0 keeps every token
 	TopP        float64 // in (0, 1]; 1 or 0 keeps every token
-	RNG         *rand.Rand
+	// RepetitionPenalty, HF's: the logit of a token already in the
+	// context is divided by it when positive and multiplied by it when
+	// negative. 0 or 1: none.
+	RepetitionPenalty float64
+	RNG               *rand.Rand
 }
 
 // NewSampler returns a sampler with its own seeded RNG; temperature 0 is
@@ -28,8 +37,33 @@ func NewSampler(temperature, topP float64, seed uint64) Sampler {
 	return Sampler{Temperature: temperature, TopP: topP, RNG: rand.New(rand.NewPCG(seed, 0x5a3d))}
 }
 
-// Pick returns the next token id.
-func (s Sampler) Pick(logits []float32) int32 {
+// penalized is logits after the repetition penalty on the tokens of
+// context (a copy; logits itself is not written).
+func (s Sampler) penalized(logits []float32, context []int32) []float32 {
+	if s.RepetitionPenalty == 0 || s.RepetitionPenalty == 1 || len(context) == 0 {
+		return logits
+	}
+	out := slices.Clone(logits)
+	p := float32(s.RepetitionPenalty)
+	for _, id := range context {
+		if id < 0 || int(id) >= len(out) {
+			continue
+		}
+		// From the original logit, so a token seen twice is penalized
+		// once (HF gathers, then scatters).
+		if v := logits[id]; v < 0 {
+			out[id] = v * p
+		} else {
+			out[id] = v / p
+		}
+	}
+	return out
+}
+
+// Pick returns the next token id after context (the prompt and the
+// tokens generated so far, which the repetition penalty reads).
+func (s Sampler) Pick(logits []float32, context []int32) int32 {
+	logits = s.penalized(logits, context)
 	best := 0
 	for i, v := range logits {
 		if v > logits[best] {
@@ -40,15 +74,15 @@ func (s Sampler) Pick(logits []float32) int32 {
 		return int32(best)
 	}
 	probs := make([]float64, len(logits))
-	var sum float64
 	for i, v := range logits {
 		probs[i] = math.Exp(float64(v-logits[best]) / s.Temperature)
-		sum += probs[i]
 	}
 	idx := make([]int, len(probs))
 	for i := range idx {
 		idx[i] = i
 	}
+	// Most likely first; ties keep the lower id first, so top-k keeps
+	// exactly k tokens (HF keeps every token tied with the k-th).
 	slices.SortStableFunc(idx, func(a, b int) int {
 		switch {
 		case probs[a] > probs[b]:
@@ -59,19 +93,28 @@ func (s Sampler) Pick(logits []float32) int32 {
 		return 0
 	})
 	keep := len(idx)
+	if s.TopK > 0 {
+		keep = min(keep, s.TopK)
+	}
+	var total float64
+	for _, i := range idx[:keep] {
+		total += probs[i]
+	}
 	if s.TopP > 0 && s.TopP < 1 {
+		// The smallest prefix whose probability, renormalized over the
+		// top-k tokens, reaches TopP.
 		var acc float64
-		for k, i := range idx {
-			acc += probs[i] / sum
+		for k, i := range idx[:keep] {
+			acc += probs[i] / total
 			if acc >= s.TopP {
 				keep = k + 1
 				break
 			}
 		}
-	}
-	var total float64
-	for _, i := range idx[:keep] {
-		total += probs[i]
+		total = 0
+		for _, i := range idx[:keep] {
+			total += probs[i]
+		}
 	}
 	r := s.RNG.Float64() * total
 	for _, i := range idx[:keep] {
@@ -154,7 +197,7 @@ func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, 
 				if done[r] {
 					continue
 				}
-				tok := smp.Pick(logits[r*V : (r+1)*V])
+				tok := smp.Pick(logits[r*V:(r+1)*V], rows[r])
 				if tok == eos {
 					done[r] = true
 					continue

@@ -30,7 +30,7 @@ func TestSamplerGreedy(t *testing.T) {
 	} {
 		// Temperature 0 is greedy, and so is a sampler without an RNG.
 		for _, s := range []Sampler{{}, {Temperature: 0, RNG: rand.New(rand.NewPCG(1, 2))}, {Temperature: 1}} {
-			if got := s.Pick(tc.logits); got != tc.want {
+			if got := s.Pick(tc.logits, nil); got != tc.want {
 				t.Errorf("%+v.Pick(%v) = %d, want %d", s, tc.logits, got, tc.want)
 			}
 		}
@@ -50,7 +50,7 @@ func TestSamplerTopP(t *testing.T) {
 	peaked := logitsOf(0.05, 0.7, 0.1, 0.15)
 	s := NewSampler(1, 0.5, 42)
 	for i := 0; i < 2000; i++ {
-		if got := s.Pick(peaked); got != 1 {
+		if got := s.Pick(peaked, nil); got != 1 {
 			t.Fatalf("draw %d: top-p 0.5 on a distribution whose top token has 0.7 picked %d", i, got)
 		}
 	}
@@ -60,7 +60,7 @@ func TestSamplerTopP(t *testing.T) {
 	counts := make([]int, 4)
 	const n = 20000
 	for i := 0; i < n; i++ {
-		counts[s.Pick(peaked)]++
+		counts[s.Pick(peaked, nil)]++
 	}
 	if counts[0] != 0 || counts[2] != 0 {
 		t.Fatalf("top-p 0.8 picked tokens outside the nucleus: %v", counts)
@@ -88,7 +88,7 @@ func TestSamplerTemperature(t *testing.T) {
 			counts := make([]int, len(probs))
 			const n = 30000
 			for i := 0; i < n; i++ {
-				counts[s.Pick(logits)]++
+				counts[s.Pick(logits, nil)]++
 			}
 			for i := range probs {
 				if f := float64(counts[i]) / n; math.Abs(f-want[i]/z) > 0.015 {
@@ -102,7 +102,7 @@ func TestSamplerTemperature(t *testing.T) {
 		s := NewSampler(0.8, 0.95, seed)
 		out := make([]int32, 300)
 		for i := range out {
-			out[i] = s.Pick(logits)
+			out[i] = s.Pick(logits, nil)
 		}
 		return out
 	}
@@ -192,11 +192,11 @@ func TestSample(t *testing.T) {
 	}
 	var texts []string
 	for _, dir := range []string{hf, out} {
-		text, err := Sample(SampleOptions{Model: dir, Prompt: "reverse abc=", MaxNew: 5, Threads: 1})
+		res, err := Sample(SampleOptions{Model: dir, Prompt: "reverse abc=", MaxNew: 5, Threads: 1})
 		if err != nil {
 			t.Fatalf("Sample(%s): %v", dir, err)
 		}
-		texts = append(texts, text)
+		texts = append(texts, res.Text)
 	}
 	if texts[0] != texts[1] {
 		t.Errorf("greedy samples differ: %q vs %q", texts[0], texts[1])
@@ -206,8 +206,17 @@ func TestSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1})
-	if err != nil || a != b {
-		t.Errorf("same seed: %q then %q (%v)", a, b, err)
+	if err != nil || !slices.Equal(a.IDs, b.IDs) || a.Text != b.Text {
+		t.Errorf("same seed: %v then %v (%v)", a.IDs, b.IDs, err)
+	}
+	// The cached and the uncached paths draw the same tokens from the same
+	// seed, sampling too (the logits agree to float rounding).
+	c, err := Sample(SampleOptions{Model: hf, Prompt: "x", MaxNew: 8, Temperature: 1, Seed: 3, Threads: 1, NoCache: true})
+	if err != nil || !slices.Equal(a.IDs, c.IDs) {
+		t.Errorf("seed 3: cached %v, uncached %v (%v)", a.IDs, c.IDs, err)
+	}
+	if a.PromptTokens != 1 || len(a.IDs) == 0 || a.Elapsed <= 0 || a.TokensPerSecond() <= 0 {
+		t.Errorf("result %+v: want 1 prompt token, some new ones and a positive time", a)
 	}
 	for _, tc := range []struct {
 		o    SampleOptions
@@ -216,6 +225,9 @@ func TestSample(t *testing.T) {
 		{SampleOptions{Model: t.TempDir(), Prompt: "x"}, []string{"--model", "config.json"}},
 		{SampleOptions{Model: hf, Prompt: "x", TopP: 1.5}, []string{"--top-p"}},
 		{SampleOptions{Model: hf, Prompt: "x", Temperature: -1}, []string{"--temperature"}},
+		{SampleOptions{Model: hf, Prompt: "x", TopK: -1}, []string{"--top-k"}},
+		{SampleOptions{Model: hf, Prompt: "x", RepetitionPenalty: -1}, []string{"--repetition-penalty"}},
+		{SampleOptions{Model: hf, Prompt: "x", Device: "tpu"}, []string{"--device"}},
 		{SampleOptions{Model: hf, Prompt: string(make([]byte, 40))}, []string{"--prompt", "32"}},
 	} {
 		_, err := Sample(tc.o)
@@ -253,5 +265,89 @@ func TestLossNoExamples(t *testing.T) {
 	}
 	if l, err := Loss(be, s, Model{Model: m, Spec: m.Cfg, B: 2, T: 8}, nil); err != nil || !math.IsNaN(l) {
 		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
+	}
+}
+
+// TestSamplerTopK: top-k 1 is greedy whatever the temperature and seed;
+// top-k 2 never draws outside the two most likely tokens and draws them
+// in proportion; top-p then applies to the top-k tokens renormalized.
+func TestSamplerTopK(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 200; trial++ {
+		logits := make([]float32, 50)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64())
+		}
+		greedy := Sampler{}.Pick(logits, nil)
+		s := NewSampler(2, 1, uint64(trial))
+		s.TopK = 1
+		if got := s.Pick(logits, nil); got != greedy {
+			t.Fatalf("trial %d: top-k 1 picked %d, greedy %d", trial, got, greedy)
+		}
+	}
+	p := logitsOf(0.1, 0.4, 0.2, 0.3)
+	s := NewSampler(1, 1, 9)
+	s.TopK = 2
+	counts := make([]int, 4)
+	const n = 20000
+	for i := 0; i < n; i++ {
+		counts[s.Pick(p, nil)]++
+	}
+	if counts[0] != 0 || counts[2] != 0 {
+		t.Fatalf("top-k 2 drew outside the top two: %v", counts)
+	}
+	if f := float64(counts[1]) / n; math.Abs(f-0.4/0.7) > 0.02 {
+		t.Errorf("top-k 2: token 1 drawn %.3f of the time, want %.3f", f, 0.4/0.7)
+	}
+	// Within the top 2 (0.4 and 0.3, renormalized 0.571 and 0.429), top-p
+	// 0.5 keeps only the first; over all four tokens it would keep two.
+	s.TopP = 0.5
+	for i := 0; i < 2000; i++ {
+		if got := s.Pick(p, nil); got != 1 {
+			t.Fatalf("top-k 2, top-p 0.5 picked %d, want only 1", got)
+		}
+	}
+	s.TopK, s.TopP = 0, 0.6 // 0.4 + 0.3 reach 0.6: tokens 1 and 3 only
+	clear(counts)
+	for i := 0; i < n; i++ {
+		counts[s.Pick(p, nil)]++
+	}
+	if counts[0] != 0 || counts[2] != 0 || counts[3] == 0 {
+		t.Errorf("top-p 0.6 over 0.1, 0.4, 0.2, 0.3 drew %v, want tokens 1 and 3 only", counts)
+	}
+}
+
+// TestSamplerRepetitionPenalty: HF's definition, a logit of a token in the
+// context divided by the penalty when positive and multiplied when
+// negative, once however often the token occurs; the caller's logits are
+// not written.
+func TestSamplerRepetitionPenalty(t *testing.T) {
+	logits := []float32{3, 2.5, -1, -0.5, 0}
+	s := Sampler{RepetitionPenalty: 2}
+	got := s.penalized(logits, []int32{0, 0, 2, 4, 4})
+	want := []float32{1.5, 2.5, -2, -0.5, 0}
+	if !slices.Equal(got, want) {
+		t.Errorf("penalized = %v, want %v", got, want)
+	}
+	if logits[0] != 3 {
+		t.Errorf("the caller's logits were written: %v", logits)
+	}
+	// Greedy: 3/2 falls below 2.5, so token 1 wins; without the context
+	// token 0 does.
+	if g := s.Pick(logits, []int32{0}); g != 1 {
+		t.Errorf("greedy with token 0 penalized picked %d, want 1", g)
+	}
+	if g := s.Pick(logits, nil); g != 0 {
+		t.Errorf("greedy with no context picked %d, want 0", g)
+	}
+	// A negative logit moves further down: token 3's -0.5 becomes -1, a
+	// tie with tokens 0 and 2 that the lowest id wins.
+	if g := (Sampler{RepetitionPenalty: 2}).Pick([]float32{-1, -3, -1, -0.5}, []int32{3}); g != 0 {
+		t.Errorf("picked %d, want 0", g)
+	}
+	for _, p := range []float64{0, 1} {
+		if g := (Sampler{RepetitionPenalty: p}).penalized(logits, []int32{0}); &g[0] != &logits[0] {
+			t.Errorf("penalty %g changed the logits", p)
+		}
 	}
 }

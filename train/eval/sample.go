@@ -1,5 +1,6 @@
-// Sampling from a trained model, for the sample command: find the export,
-// check the options (naming their flags), open the backend, generate.
+// Sampling from a model, for the sample command: find the Hugging Face
+// directory, check the options (naming their flags), open the backend,
+// generate with the KV cache (or without, for comparisons), time it.
 
 package eval
 
@@ -7,68 +8,104 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
 // SampleOptions configure Sample.
 type SampleOptions struct {
-	Model       string // Hugging Face directory, or a training output directory holding hf/
-	Prompt      string
-	Alpaca      bool // wrap Prompt in the Alpaca template
-	MaxNew      int
-	Temperature float64
-	TopP        float64
-	Seed        uint64
-	Threads     int
+	// Model is a Hugging Face directory, a training output directory
+	// (its hf/ export, or without one its checkpoint), or a checkpoint
+	// file.
+	Model             string
+	Prompt            string
+	Alpaca            bool // wrap Prompt in the Alpaca template
+	MaxNew            int
+	Temperature       float64
+	TopK              int
+	TopP              float64
+	RepetitionPenalty float64 // 0 or 1: none
+	Seed              uint64
+	NoCache           bool        // generate without the KV cache (the reference path)
+	Device            device.Kind // "": cpu
+	Threads           int
+}
+
+// SampleResult is what Sample generated.
+type SampleResult struct {
+	Text         string
+	IDs          []int32 // the new tokens, without the prompt and the EOS
+	PromptTokens int
+	Elapsed      time.Duration // the generation (prompt and new tokens), not the loading
+}
+
+// TokensPerSecond is the new tokens per second of generation.
+func (r SampleResult) TokensPerSecond() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(len(r.IDs)) / r.Elapsed.Seconds()
 }
 
 var flagErr = flagerr.New
 
 // Sample loads a model and continues the prompt.
-func Sample(o SampleOptions) (string, error) {
-	dir := o.Model
-	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-		if _, err2 := os.Stat(filepath.Join(dir, "hf", "config.json")); err2 == nil {
-			dir = filepath.Join(dir, "hf")
-		} else {
-			return "", flagErr("model", "%s holds no config.json (nor hf/config.json)", o.Model)
-		}
+func Sample(o SampleOptions) (SampleResult, error) {
+	var res SampleResult
+	switch {
+	case o.TopP < 0 || o.TopP > 1:
+		return res, flagErr("top-p", "must be in (0, 1], got %g", o.TopP)
+	case o.Temperature < 0:
+		return res, flagErr("temperature", "must be >= 0, got %g", o.Temperature)
+	case o.TopK < 0:
+		return res, flagErr("top-k", "must be >= 0, got %d", o.TopK)
+	case o.RepetitionPenalty < 0:
+		return res, flagErr("repetition-penalty", "must be > 0, got %g", o.RepetitionPenalty)
 	}
-	if o.TopP < 0 || o.TopP > 1 {
-		return "", flagErr("top-p", "must be in (0, 1], got %g", o.TopP)
+	kind := o.Device
+	if kind == "" {
+		kind = device.CPU
 	}
-	if o.Temperature < 0 {
-		return "", flagErr("temperature", "must be >= 0, got %g", o.Temperature)
+	if err := device.Check(kind); err != nil {
+		return res, flagErr("device", "%v", err)
 	}
-	spec, vals, err := models.Load(dir)
+	dir, spec, vals, err := loadSampleModel(o.Model)
 	if err != nil {
-		return "", flagErr("model", "%v", err)
+		return res, err
 	}
 	tok, err := models.Tokenizer(spec, dir)
 	if err != nil {
-		return "", err
+		return res, err
 	}
-	be, err := device.Open(device.Config{Kind: device.CPU, Threads: o.Threads})
+	be, err := device.Open(device.Config{Kind: kind, Threads: o.Threads})
 	if err != nil {
-		return "", fmt.Errorf("sample: %w", err)
+		return res, fmt.Errorf("sample: %w", err)
 	}
 	defer be.Close()
 	s := be.DefaultStream()
 	T := spec.MaxSeqLen()
-	mm, err := spec.NewModel(be, 1, T, backend.F32, model.Options{})
+	// With the cache the model's own batch buffers are never used: one
+	// position keeps them small.
+	B, MT := 1, 1
+	if o.NoCache {
+		MT = T
+	}
+	mm, err := spec.NewModel(be, B, MT, kind.DefaultDType(), model.Options{})
 	if err != nil {
-		return "", err
+		return res, err
 	}
 	defer mm.Free()
-	m := Model{Model: mm, Spec: spec, B: 1, T: T}
+	m := Model{Model: mm, Spec: spec, B: B, T: MT}
 	if err := backend.Upload(be, s, m.Buffers().Params, vals); err != nil {
-		return "", err
+		return res, err
 	}
 	prompt := o.Prompt
 	if o.Alpaca {
@@ -76,11 +113,83 @@ func Sample(o SampleOptions) (string, error) {
 	}
 	ids := tok.Encode(prompt)
 	if len(ids) >= T {
-		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
+		return res, flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
 	}
-	out, err := Generate(be, s, m, [][]int32{ids}, max(o.MaxNew, 1), tok.EOS(), NewSampler(o.Temperature, o.TopP, o.Seed))
+	res.PromptTokens = len(ids)
+	smp := NewSampler(o.Temperature, o.TopP, o.Seed)
+	smp.TopK, smp.RepetitionPenalty = o.TopK, o.RepetitionPenalty
+	maxNew := max(o.MaxNew, 1)
+	start := time.Now()
+	if o.NoCache {
+		out, err := Generate(be, s, m, [][]int32{ids}, maxNew, tok.EOS(), smp)
+		if err != nil {
+			return res, fmt.Errorf("sample: %w", err)
+		}
+		res.IDs = out[0]
+	} else {
+		c, ok := mm.(model.Cached)
+		if !ok {
+			return res, flagErr("no-cache", "the %s model has no KV-cache decoder; pass --no-cache", spec.Family())
+		}
+		// The cache holds what this call can reach, not the whole context
+		// (8192 positions of a Llama 3 are gigabytes).
+		dec, err := c.NewDecoder(min(T, max(len(ids), 1)+maxNew)) // an empty prompt becomes EOS
+		if err != nil {
+			return res, fmt.Errorf("sample: %w", err)
+		}
+		defer dec.Free()
+		g, err := NewGenerator(be, s, dec)
+		if err != nil {
+			return res, fmt.Errorf("sample: %w", err)
+		}
+		defer g.Close()
+		if res.IDs, err = g.Generate(ids, maxNew, tok.EOS(), smp); err != nil {
+			return res, fmt.Errorf("sample: %w", err)
+		}
+	}
+	res.Elapsed = time.Since(start)
+	res.Text = tok.Decode(res.IDs)
+	return res, nil
+}
+
+// loadSampleModel finds the weights path names, trying in order a
+// checkpoint file, a Hugging Face directory, a training output
+// directory's hf/ export, then its checkpoint, and returns the directory
+// the tokenizer is looked for in, the model and its parameters.
+func loadSampleModel(path string) (dir string, spec model.Spec, vals []float32, err error) {
+	fromHF := func(dir string) (string, model.Spec, []float32, error) {
+		spec, vals, err := models.Load(dir)
+		if err != nil {
+			return "", nil, nil, flagErr("model", "%v", err)
+		}
+		return dir, spec, vals, nil
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	ckpt := path
+	switch info, statErr := os.Stat(path); {
+	case statErr == nil && !info.IsDir():
+		// A checkpoint file.
+	case exists(filepath.Join(path, "config.json")):
+		return fromHF(path)
+	case exists(filepath.Join(path, "hf", "config.json")):
+		return fromHF(filepath.Join(path, "hf"))
+	case exists(filepath.Join(path, checkpoint.FileName)):
+		ckpt = filepath.Join(path, checkpoint.FileName)
+	default:
+		return "", nil, nil, flagErr("model", "%s holds no config.json, hf/config.json or %s", path, checkpoint.FileName)
+	}
+	f, err := safetensors.Open(ckpt)
 	if err != nil {
-		return "", fmt.Errorf("sample: %w", err)
+		return "", nil, nil, flagErr("model", "%v", err)
 	}
-	return tok.Decode(out[0]), nil
+	st, err := checkpoint.ReadState(f)
+	if err != nil {
+		return "", nil, nil, flagErr("model", "%v", err)
+	}
+	// Load verifies the checksums and that every value is finite.
+	ck, err := checkpoint.Load(ckpt, st.Model, nil)
+	if err != nil {
+		return "", nil, nil, flagErr("model", "%v", err)
+	}
+	return filepath.Dir(ckpt), st.Model, ck.Params(), nil
 }

@@ -297,3 +297,29 @@ func GradOffsets(layout []Param, skip func(i int) bool) (offs []int, n int) {
 	}
 	return offs, n
 }
+
+// Decoder runs a model one position at a time, keeping the keys and
+// values of the positions before it (a KV cache), for generation. It
+// reads the parameters of the Model it came from, which must outlive it.
+type Decoder interface {
+	// Token is the I32 [1] tensor Step reads its token from.
+	Token() backend.Tensor
+	// Step enqueues the forward pass of Token at position pos < MaxT:
+	// positions 0..pos-1 were stepped before it (stepping pos again
+	// replaces it and forgets the later ones). Logits then holds the
+	// logits of that position.
+	Step(s backend.Stream, pos int) error
+	// Logits is [V] in the model dtype.
+	Logits() backend.Tensor
+	// MaxT is the number of positions the cache holds.
+	MaxT() int
+	// Free releases the decoder's buffers (not the model's).
+	Free()
+}
+
+// Cached is a Model that decodes with a KV cache.
+type Cached interface {
+	// NewDecoder allocates a decoder for up to maxT positions (at most
+	// the model's context).
+	NewDecoder(maxT int) (Decoder, error)
+}
