@@ -10,6 +10,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -45,4 +46,32 @@ func ByName(name string) (Tokenizer, error) {
 		return GPT2()
 	}
 	return nil, fmt.Errorf("tokenizer: unknown tokenizer %q (valid: %s)", name, strings.Join(names, ", "))
+}
+
+// Prefix returns the ids a text's ids follow when the model sees them:
+// the BOS of a tokenizer whose configuration adds one (Llama's
+// add_bos_token), else none. Training and sampling both put it first.
+func Prefix(tok Tokenizer) []int32 {
+	if t, ok := tok.(*fileTokenizer); ok && t.addBOS {
+		return []int32{t.bos}
+	}
+	return nil
+}
+
+// StopIDs returns the ids that end generation: EOS, and the other ids of
+// generation_config.json's eos_token_id list (Llama-3's <|eot_id|>).
+func StopIDs(tok Tokenizer) []int32 {
+	if t, ok := tok.(*fileTokenizer); ok {
+		return slices.Clone(t.stop)
+	}
+	return []int32{tok.EOS()}
+}
+
+// Dir returns the directory the tokenizer's files were read from, "" for a
+// builtin one.
+func Dir(tok Tokenizer) string {
+	if t, ok := tok.(*fileTokenizer); ok {
+		return t.dir
+	}
+	return ""
 }
