@@ -135,7 +135,7 @@ func TestUnsupportedTokenizer(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bad := map[string]string{
-		"wordpiece": `{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`,
+		"wordpiece":  `{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`,
 		"normalizer": `{"normalizer": {"type": "BertNormalizer"}, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}`,
 		"pretok":     `{"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]}, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}`,
 		"merge":      `{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}`,

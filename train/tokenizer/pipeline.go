@@ -176,7 +176,7 @@ func parsePreTokenizer(raw json.RawMessage, field string, res *preResult) error 
 		return nil
 	case "ByteLevel":
 		p := struct {
-			AddPrefixSpace bool `json:"add_prefix_space"`
+			AddPrefixSpace bool  `json:"add_prefix_space"`
 			UseRegex       *bool `json:"use_regex"`
 		}{}
 		if err := json.Unmarshal(raw, &p); err != nil {
