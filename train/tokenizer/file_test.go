@@ -164,3 +164,41 @@ func TestUnsupportedTokenizer(t *testing.T) {
 		t.Errorf("no EOS: error %v", err)
 	}
 }
+
+// Save writes a tokenizer that Open reads back and that encodes as the
+// original: the builtin byte and GPT-2 tokenizers, and a file tokenizer.
+func TestSaveLoadsBack(t *testing.T) {
+	gpt2 := mustGPT2(t)
+	bl, err := Open("testdata/llama2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := []string{"Hello world! It's 2024: 12345 naïve café 日本語 🦀👩‍👩‍👧", "  runs   of\tspaces \n\n\r\nend ", "The quick brown fox. " + strings.Repeat("x", 70)}
+	for _, tok := range []Tokenizer{Byte(), gpt2, bl} {
+		dir := t.TempDir()
+		names, err := Save(tok, dir)
+		if err != nil {
+			t.Fatalf("%s: %v", tok.Name(), err)
+		}
+		if !slices.Contains(names, "tokenizer_config.json") {
+			t.Errorf("%s: Save wrote %v, no tokenizer_config.json", tok.Name(), names)
+		}
+		back, err := Open(dir)
+		if err != nil {
+			t.Fatalf("%s: reading back: %v", tok.Name(), err)
+		}
+		if back.EOS() != tok.EOS() || back.VocabSize() != tok.VocabSize() || !slices.Equal(Prefix(back), Prefix(tok)) {
+			t.Errorf("%s: read back with EOS %d vocabulary %d prefix %v; want %d %d %v", tok.Name(),
+				back.EOS(), back.VocabSize(), Prefix(back), tok.EOS(), tok.VocabSize(), Prefix(tok))
+		}
+		for _, s := range texts {
+			want, got := tok.Encode(s), back.Encode(s)
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: read back, Encode(%q) = %v, want %v", tok.Name(), s, got, want)
+			}
+			if back.Decode(got) != tok.Decode(want) {
+				t.Errorf("%s: read back, Decode gives %q, want %q", tok.Name(), back.Decode(got), tok.Decode(want))
+			}
+		}
+	}
+}
