@@ -245,7 +245,8 @@ func encodeAll(recs []Record, tok tokenizer.Tokenizer) []Example {
 }
 
 func encodeRecord(r Record, tok tokenizer.Tokenizer) Example {
-	p, q := tok.Encode(r.Prompt), tok.Encode(r.Response)
+	p := append(tokenizer.Prefix(tok), tok.Encode(r.Prompt)...)
+	q := tok.Encode(r.Response)
 	t := make([]int32, 0, len(p)+len(q)+1)
 	t = append(append(append(t, p...), q...), tok.EOS())
 	return Example{Tokens: t, PromptLen: len(p)}

@@ -76,7 +76,7 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 	prompts := make([][]int32, len(recs))
 	maxNew := 1
 	for i, rec := range recs {
-		prompts[i] = tok.Encode(rec.Prompt)
+		prompts[i] = append(tokenizer.Prefix(tok), tok.Encode(rec.Prompt)...)
 		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
 	}
 	outs, err := Generate(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})

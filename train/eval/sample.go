@@ -14,11 +14,13 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // SampleOptions configure Sample.
 type SampleOptions struct {
 	Model       string // Hugging Face directory, or a training output directory holding hf/
+	Tokenizer   string // --tokenizer: instead of the model directory's (see models.Tokenizer)
 	Prompt      string
 	Alpaca      bool // wrap Prompt in the Alpaca template
 	MaxNew      int
@@ -50,9 +52,12 @@ func Sample(o SampleOptions) (string, error) {
 	if err != nil {
 		return "", flagErr("model", "%v", err)
 	}
-	tok, err := models.Tokenizer(spec, dir)
+	tok, err := models.Tokenizer(spec, dir, o.Tokenizer)
 	if err != nil {
-		return "", err
+		if o.Tokenizer != "" {
+			return "", flagErr("tokenizer", "%v", err)
+		}
+		return "", flagErr("model", "%v", err)
 	}
 	be, err := device.Open(device.Config{Kind: device.CPU, Threads: o.Threads})
 	if err != nil {
@@ -74,7 +79,7 @@ func Sample(o SampleOptions) (string, error) {
 	if o.Alpaca {
 		prompt = data.AlpacaPrompt(o.Prompt, "")
 	}
-	ids := tok.Encode(prompt)
+	ids := append(tokenizer.Prefix(tok), tok.Encode(prompt)...)
 	if len(ids) >= T {
 		return "", flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
 	}
