@@ -86,6 +86,7 @@ var trainGroupOrder = []string{groupModelData, groupTraining, groupOffload, grou
 // here; TestHelp fails on a flag that has none.
 var trainFlagGroups = []struct{ flag, group string }{
 	{"model", groupModelData},
+	{"tokenizer", groupModelData},
 	{"data", groupModelData},
 	{"seq-len", groupModelData},
 	{"truncate", groupModelData},

@@ -66,7 +66,8 @@ func TestTrainAndSample(t *testing.T) {
 			t.Errorf("stdout does not mention %q:\n%s", want, stdout)
 		}
 	}
-	for _, f := range []string{"hf/config.json", "hf/model.safetensors", checkpoint.FileName, "metrics.jsonl", "loss.png"} {
+	for _, f := range []string{"hf/config.json", "hf/model.safetensors", "hf/tokenizer.json", "hf/tokenizer_config.json",
+		checkpoint.FileName, "metrics.jsonl", "loss.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("output missing: %v", err)
 		}
@@ -87,6 +88,17 @@ func TestTrainAndSample(t *testing.T) {
 	code, stdout, stderr = runCmd(t, "sample", "-model", dir, "-prompt", "reverse abc=", "-max-new", "6", "-threads", "1")
 	if code != 0 || !strings.HasSuffix(stdout, "\n") || strings.Count(stdout, "\n") < 1 {
 		t.Errorf("sample -model %s: exit %d, stdout %q, stderr %s", dir, code, stdout, stderr)
+	}
+	// The exported tokenizer is the one sampling reads; -tokenizer
+	// overrides it with the same ids here, and a missing file is named.
+	code, again, stderr := runCmd(t, "sample", "-model", dir, "-tokenizer", "byte", "-prompt", "reverse abc=", "-max-new", "6", "-threads", "1")
+	if code != 0 || again != stdout {
+		t.Errorf("sample -tokenizer byte: exit %d, stdout %q (want %q), stderr %s", code, again, stdout, stderr)
+	}
+	missing := filepath.Join(t.TempDir(), "tokenizer.json")
+	code, _, stderr = runCmd(t, "sample", "-model", dir, "-tokenizer", missing, "-prompt", "x", "-threads", "1")
+	if code == 0 || !strings.Contains(stderr, "tokenizer") || !strings.Contains(stderr, missing) {
+		t.Errorf("sample -tokenizer %s: exit %d, stderr %s", missing, code, stderr)
 	}
 }
 
