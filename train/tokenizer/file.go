@@ -37,8 +37,8 @@ type fileTokenizer struct {
 	norm   []normalizer
 	pre    []preTokenizer
 	dec    []decoder
-	raw    []addedToken // not normalized: matched on the input
-	normed []addedToken // matched on the normalized text
+	raw    addedSet // not normalized: matched on the input
+	normed addedSet // matched on the normalized text
 	byID   map[int32]string
 	tokens []string // the model's tokens by id ("" where none)
 	vocab  int
@@ -46,6 +46,20 @@ type fileTokenizer struct {
 	bos, eos int32 // -1: none
 	addBOS   bool
 	stop     []int32
+}
+
+// addedSet is added tokens, longest first, and the bytes they start with
+// (a position starting with no such byte needs no comparison).
+type addedSet struct {
+	tokens []addedToken
+	first  [256]bool
+}
+
+func (s *addedSet) add(a addedToken) {
+	s.tokens = append(s.tokens, a)
+	s.first[a.Content[0]] = true
+	// Longest first, so that the first match at a position is the longest.
+	slices.SortStableFunc(s.tokens, func(a, b addedToken) int { return len(b.Content) - len(a.Content) })
 }
 
 type addedToken struct {
@@ -255,6 +269,7 @@ func (t *fileTokenizer) setVocab(vocab map[string]int32, added []addedToken) err
 		maxID = max(maxID, id)
 	}
 	t.byID = map[int32]string{}
+	t.raw, t.normed = addedSet{}, addedSet{}
 	for i, a := range added {
 		if a.Content == "" || a.ID < 0 {
 			return fmt.Errorf("added_tokens[%d]: empty content or negative id", i)
@@ -262,23 +277,20 @@ func (t *fileTokenizer) setVocab(vocab map[string]int32, added []addedToken) err
 		maxID = max(maxID, a.ID)
 		t.byID[a.ID] = a.Content
 		if a.Normalized && len(t.norm) > 0 {
-			t.normed = append(t.normed, a)
+			t.normed.add(a)
 		} else {
-			t.raw = append(t.raw, a)
+			t.raw.add(a)
 		}
 	}
-	const maxVocab = 1 << 24 // far above any real vocabulary; bounds the table
-	if maxID >= maxVocab {
-		return fmt.Errorf("token id %d is too large (at most %d)", maxID, maxVocab-1)
+	// Ids are dense in every real vocabulary; a far larger id is a broken
+	// file, and would size the id table after it.
+	if n := len(vocab) + len(added); int(maxID) >= 2*n+1024 {
+		return fmt.Errorf("token id %d is far beyond the %d tokens: ids are not dense", maxID, n)
 	}
 	t.vocab = int(maxID) + 1
 	t.tokens = make([]string, t.vocab)
 	for tok, id := range vocab {
 		t.tokens[id] = tok
-	}
-	// Longest first, so that the first match at a position is the longest.
-	for _, l := range [][]addedToken{t.raw, t.normed} {
-		slices.SortStableFunc(l, func(a, b addedToken) int { return len(b.Content) - len(a.Content) })
 	}
 	return nil
 }
@@ -325,8 +337,8 @@ func templatePrefix(raw json.RawMessage, t *fileTokenizer) (bool, error) {
 
 // lookup returns the id of a token: an added token or one of the model.
 func (t *fileTokenizer) lookup(s string) (int32, bool) {
-	for _, l := range [][]addedToken{t.raw, t.normed} {
-		for _, a := range l {
+	for _, l := range []addedSet{t.raw, t.normed} {
+		for _, a := range l.tokens {
 			if a.Content == s {
 				return a.ID, true
 			}
@@ -601,8 +613,8 @@ func (t *fileTokenizer) Encode(s string) []int32 {
 // position the longest token that matches (leftmost-longest, as the
 // library's Aho-Corasick search), with lstrip/rstrip taking the spaces
 // beside it and single_word requiring a word boundary on each side.
-func splitAdded(segs []segment, added []addedToken) []segment {
-	if len(added) == 0 {
+func splitAdded(segs []segment, added addedSet) []segment {
+	if len(added.tokens) == 0 {
 		return segs
 	}
 	var out []segment
@@ -614,7 +626,11 @@ func splitAdded(segs []segment, added []addedToken) []segment {
 		s := seg.text
 		last := 0
 		for i := 0; i < len(s); {
-			a, ok := matchAdded(s, i, added)
+			if !added.first[s[i]] {
+				i++
+				continue
+			}
+			a, ok := matchAdded(s, i, added.tokens)
 			if !ok {
 				i++
 				continue
