@@ -27,8 +27,9 @@ import (
 // Record is one instruction example, already rendered with its template.
 type Record struct{ Prompt, Response string }
 
-// Example is a tokenized record: Tokens = Encode(Prompt) ++ Encode(Response)
-// ++ [EOS] (cut short if truncated), and the first PromptLen tokens are the
+// Example is a tokenized record: Tokens = tokenizer.Prefix (the BOS of a
+// tokenizer that adds one) ++ Encode(Prompt) ++ Encode(Response) ++ [EOS]
+// (cut short if truncated), and the first PromptLen tokens are the
 // prompt, which takes no loss. A plain-text window has PromptLen 0 and no
 // EOS. Tokens may share memory with other examples: treat it as read-only.
 type Example struct {

@@ -6,7 +6,6 @@
 package tokenizer
 
 import (
-	"container/heap"
 	"fmt"
 	"sync"
 	"unicode/utf8"
@@ -20,7 +19,7 @@ type mergeRule struct {
 
 type bpeModel struct {
 	vocab        map[string]int32
-	merges       map[[2]int32]mergeRule
+	merges       map[uint64]mergeRule
 	unk          int32 // -1: none (unknown characters are dropped)
 	fuseUnk      bool
 	byteFallback bool
@@ -33,11 +32,16 @@ type bpeModel struct {
 
 // cacheLimit bounds the word cache; past it, words are no longer added
 // (natural text repeats its words, so the first ones are the useful ones).
-const cacheLimit = 1 << 16
+// Longer words than cacheWord are not kept: without a pre-tokenizer
+// (SentencePiece style) a "word" is a whole text.
+const (
+	cacheLimit = 1 << 16
+	cacheWord  = 64
+)
 
 func newBPE(vocab map[string]int32, merges [][2]string, unk string, fuseUnk, byteFallback, ignoreMerges bool) (*bpeModel, error) {
 	m := &bpeModel{vocab: vocab, unk: -1, fuseUnk: fuseUnk, byteFallback: byteFallback, ignoreMerges: ignoreMerges,
-		merges: make(map[[2]int32]mergeRule, len(merges)), cache: map[string][]int32{}}
+		merges: make(map[uint64]mergeRule, len(merges)), cache: map[string][]int32{}}
 	if unk != "" {
 		id, ok := vocab[unk]
 		if !ok {
@@ -58,12 +62,15 @@ func newBPE(vocab map[string]int32, merges [][2]string, unk string, fuseUnk, byt
 		if !okA || !okB || !okC {
 			return nil, fmt.Errorf("model.merges[%d] (%q %q): a token is not in model.vocab", i, p[0], p[1])
 		}
-		if _, dup := m.merges[[2]int32{a, b}]; !dup { // the first (lowest) rank wins, as in the library
-			m.merges[[2]int32{a, b}] = mergeRule{rank: int32(i), id: c}
+		if _, dup := m.merges[pairKey(a, b)]; !dup { // the first (lowest) rank wins, as in the library
+			m.merges[pairKey(a, b)] = mergeRule{rank: int32(i), id: c}
 		}
 	}
 	return m, nil
 }
+
+// pairKey is the merges map's key of the pair (a, b).
+func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
 
 // symbol is one part of a word while merging: a token id, linked to its
 // neighbours (-1: none). A merged-away symbol has dead set.
@@ -79,22 +86,52 @@ type candidate struct {
 	pos      int
 }
 
+func (a candidate) before(b candidate) bool {
+	if a.rank != b.rank {
+		return a.rank < b.rank
+	}
+	return a.pos < b.pos
+}
+
+// candidates is a binary min-heap of candidates, typed rather than through
+// container/heap, whose boxing of every element dominated long words.
 type candidates []candidate
 
-func (h candidates) Len() int { return len(h) }
-func (h candidates) Less(i, j int) bool {
-	if h[i].rank != h[j].rank {
-		return h[i].rank < h[j].rank
+func (h *candidates) push(c candidate) {
+	*h = append(*h, c)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !q[i].before(q[p]) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
 	}
-	return h[i].pos < h[j].pos
 }
-func (h candidates) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *candidates) Push(x any)   { *h = append(*h, x.(candidate)) }
-func (h *candidates) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h *candidates) pop() candidate {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q = q[:n]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && q[l].before(q[m]) {
+			m = l
+		}
+		if r < n && q[r].before(q[m]) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
 }
 
 // encode appends the ids of word to out.
@@ -115,7 +152,7 @@ func (m *bpeModel) encode(word string, out []int32) []int32 {
 	}
 	ids = m.merge(m.symbols(word))
 	m.cacheMu.Lock()
-	if len(m.cache) < cacheLimit {
+	if len(m.cache) < cacheLimit && len(word) <= cacheWord {
 		m.cache[word] = ids
 	}
 	m.cacheMu.Unlock()
@@ -177,22 +214,22 @@ func (m *bpeModel) merge(syms []symbol) []int32 {
 		if next < 0 {
 			return
 		}
-		if r, ok := m.merges[[2]int32{syms[pos].id, syms[next].id}]; ok {
-			heap.Push(&q, candidate{rank: r.rank, id: r.id, pos: pos})
+		if r, ok := m.merges[pairKey(syms[pos].id, syms[next].id)]; ok {
+			q.push(candidate{rank: r.rank, id: r.id, pos: pos})
 		}
 	}
 	for i := range syms {
 		push(i)
 	}
-	for q.Len() > 0 {
-		c := heap.Pop(&q).(candidate)
+	for len(q) > 0 {
+		c := q.pop()
 		s := &syms[c.pos]
 		if s.dead || s.next < 0 {
 			continue
 		}
 		right := s.next
 		// The pair at pos may have changed since c was queued.
-		if r, ok := m.merges[[2]int32{s.id, syms[right].id}]; !ok || r.id != c.id {
+		if r, ok := m.merges[pairKey(s.id, syms[right].id)]; !ok || r.id != c.id {
 			continue
 		}
 		s.id = c.id
