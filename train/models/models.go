@@ -299,7 +299,11 @@ func Tokenizer(spec model.Spec, src, override string) (tokenizer.Tokenizer, erro
 		}
 	}
 	if tok.VocabSize() > spec.VocabSize() {
-		return nil, fmt.Errorf("the model's vocab_size %d is smaller than the vocabulary of tokenizer %s (%d ids)", spec.VocabSize(), tok.Name(), tok.VocabSize())
+		hint := ""
+		if !found {
+			hint = "; no tokenizer files say which tokenizer it has: give --tokenizer"
+		}
+		return nil, fmt.Errorf("the model's vocab_size %d is smaller than the vocabulary of tokenizer %s (%d ids)%s", spec.VocabSize(), tok.Name(), tok.VocabSize(), hint)
 	}
 	return tok, nil
 }

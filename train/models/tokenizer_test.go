@@ -92,6 +92,15 @@ func TestTokenizerRule(t *testing.T) {
 	// here, for training and sampling alike, not deep in generation.
 	_, err = Tokenizer(llamaVocab(t, 320), llama2, "")
 	wantErr(t, err, "vocab_size 320", "560")
+	// A GPT-2 of another vocabulary and no tokenizer files: the builtin
+	// guess does not fit, and the error says what would.
+	odd := micro
+	odd.V = 420
+	_, err = Tokenizer(odd, t.TempDir(), "")
+	wantErr(t, err, "vocab_size 420", "gpt2", "--tokenizer")
+	if tok, err := Tokenizer(odd, t.TempDir(), gpt2files); err != nil || tok.VocabSize() != 420 {
+		t.Errorf("a GPT-2 of vocabulary 420 with --tokenizer of 420 ids: %v, %v", tok, err)
+	}
 	// SentencePiece's tokenizer.model alone is named, not guessed around.
 	spOnly := t.TempDir()
 	p := filepath.Join(spOnly, "tokenizer.model")
@@ -127,7 +136,7 @@ func TestExportWritesTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := back.Encode(sampleText), tokenizer.Byte().Encode(sampleText); !slices.Equal(got, want) || back.EOS() != 256 {
+	if got, want := back.Encode(sampleText), tokenizer.Byte().Encode(sampleText); !slices.Equal(got, want) || back.EOS() != 256 || back.Name() != "byte" {
 		t.Errorf("the exported byte tokenizer encodes %v (EOS %d), want %v (EOS 256)", got, back.EOS(), want)
 	}
 

@@ -17,6 +17,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,11 +144,16 @@ type bpeJSON struct {
 }
 
 // Load reads a tokenizer.json, and the BOS/EOS rules of the config files
-// in its directory.
+// in its directory. The tokenizer.json that Save writes for the byte
+// tokenizer, unchanged, gives the byte tokenizer itself, so that a model
+// exported and trained again keeps it exactly (invalid UTF-8 and all).
 func Load(path string) (Tokenizer, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if files, err := byteFiles(); err == nil && bytes.Equal(raw, files["tokenizer.json"]) {
+		return Byte(), nil
 	}
 	t, err := parseTokenizerJSON(raw)
 	if err != nil {

@@ -187,6 +187,23 @@ func TestSaveLoadsBack(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: reading back: %v", tok.Name(), err)
 		}
+		if tok.Name() == "byte" {
+			if back.Name() != "byte" {
+				t.Errorf("the byte tokenizer's file reads back as %s", back.Name())
+			}
+			// Edited, it goes through the general reader: the same ids.
+			p := filepath.Join(dir, "tokenizer.json")
+			raw, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, append(raw, ' '), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if back, err = Open(dir); err != nil || back.Name() != p {
+				t.Fatalf("edited byte tokenizer.json: %v, %v", back, err)
+			}
+		}
 		if back.EOS() != tok.EOS() || back.VocabSize() != tok.VocabSize() || !slices.Equal(Prefix(back), Prefix(tok)) {
 			t.Errorf("%s: read back with EOS %d vocabulary %d prefix %v; want %d %d %v", tok.Name(),
 				back.EOS(), back.VocabSize(), Prefix(back), tok.EOS(), tok.VocabSize(), Prefix(tok))
