@@ -233,3 +233,15 @@ func BenchmarkLlama2Encode(b *testing.B) {
 		tok.Encode(text)
 	}
 }
+
+func BenchmarkByteLevelFileEncode(b *testing.B) {
+	tok, err := Open("testdata/llama3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog; naïve café 123. ", 2000)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		tok.Encode(text)
+	}
+}
