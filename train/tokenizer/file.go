@@ -404,7 +404,9 @@ func (l *idList) UnmarshalJSON(b []byte) error {
 // tokenizer_config's eos_token, else special_tokens_map's, else the first of
 // generation_config's eos_token_id, else config.json's eos_token_id; the
 // BOS likewise; BOS is put before a text when add_bos_token says so, or
-// without it when the post-processor's template does.
+// without it when the post-processor's template does. add_eos_token is not
+// read: the trainer ends every example with EOS whatever it says, and a
+// prompt to continue must not end with one.
 func (t *fileTokenizer) readConfigs() error {
 	var tc struct {
 		AddBOS *bool      `json:"add_bos_token"`

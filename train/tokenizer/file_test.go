@@ -123,6 +123,39 @@ func TestSpecialRules(t *testing.T) {
 	}
 }
 
+// tokenizer_config.json as older Llama-2 files write it: special tokens
+// as AddedToken objects; and a BOS rule naming no BOS is an error.
+func TestTokenizerConfigForms(t *testing.T) {
+	raw, err := os.ReadFile("testdata/llama2/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(cfg string) string {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	tok, err := Open(write(`{"add_bos_token": true, "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
+		"eos_token": {"__type": "AddedToken", "content": "</s>"}, "unk_token": null}`))
+	if err != nil || tok.EOS() != 2 || !slices.Equal(Prefix(tok), []int32{1}) {
+		t.Fatalf("object-form tokens: %v, EOS %v, prefix %v", err, tok, Prefix(tok))
+	}
+	// add_bos_token false overrides the template's BOS.
+	if tok, err := Open(write(`{"add_bos_token": false, "eos_token": "</s>"}`)); err != nil || Prefix(tok) != nil {
+		t.Errorf("add_bos_token false: %v, prefix %v", err, Prefix(tok))
+	}
+	dir := write(`{"eos_token": "<nonesuch>"}`)
+	_, err = Open(dir)
+	if err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") || !strings.Contains(err.Error(), "<nonesuch>") {
+		t.Errorf("an eos_token that is no token: %v", err)
+	}
+}
+
 func TestUnsupportedTokenizer(t *testing.T) {
 	_, err := Open("testdata/unigram.json")
 	if err == nil {
