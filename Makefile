@@ -144,7 +144,9 @@ FUZZ_TARGETS = \
 	./train/data:FuzzAlpaca:8000 \
 	./train/data:FuzzText:5000 \
 	./train/tokenizer:FuzzEncode:40000 \
-	./train/tokenizer:FuzzDecode:200000
+	./train/tokenizer:FuzzDecode:200000 \
+	./train/tokenizer:FuzzTokenizerJSON:20000 \
+	./train/tokenizer:FuzzFileEncode:20000
 
 .PHONY: fuzz-ci
 fuzz fuzz-ci:

@@ -26,6 +26,7 @@ import (
 type Config struct {
 	Model     string  // --model: a preset name or a Hugging Face checkpoint directory
 	Data      string  // --data: "builtin", "builtin:TASK[:N]", an Alpaca .json/.jsonl file, or a text file
+	Tokenizer string  // --tokenizer: a tokenizer.json, vocab.json, directory or builtin name instead of --model's ("": --model's)
 	Steps     int     // --steps: optimizer steps (0: from --epochs, or DefaultSteps when neither is set)
 	Epochs    float64 // --epochs: passes over the training set instead of --steps (0: unset)
 	Batch     int     // --batch: rows per micro-batch (B)

@@ -12,11 +12,21 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 func TestRunFamily(t *testing.T) {
 	model := writeModel(t, microConfig(16, 1))
-	tok := `{"version": "1.0", "model": {"type": "BPE"}}`
+	// The model's own tokenizer: the byte tokenizer's file form, with a
+	// mark that only a copy of this file would carry.
+	if _, err := tokenizer.Save(tokenizer.Byte(), model); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(model, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := strings.Replace(string(raw), "{", `{"lsp_test_mark": 1,`, 1)
 	if err := os.WriteFile(filepath.Join(model, "tokenizer.json"), []byte(tok), 0o644); err != nil {
 		t.Fatal(err)
 	}

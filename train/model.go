@@ -15,6 +15,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // Plan is the predicted memory and link traffic of a run.
@@ -87,8 +88,9 @@ func lspCaps(mc model.Spec, d, r int) []lspCap {
 }
 
 // exportModel writes the weights vals of mc as a Hugging Face directory
-// dir, as a whole (models.Export), with the tokenizer files of src, the
-// directory --model named ("" for a preset).
-func exportModel(dir string, mc model.Spec, vals []float32, src string) error {
-	return models.Export(mc, dir, vals, src)
+// dir, as a whole (models.Export), with the files of tok, the tokenizer
+// the run trained with (those of src, the directory --model named, when
+// it came from there).
+func exportModel(dir string, mc model.Spec, vals []float32, src string, tok tokenizer.Tokenizer) error {
+	return models.Export(mc, dir, vals, src, tok)
 }

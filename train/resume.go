@@ -51,6 +51,7 @@ type resumeIdentity struct {
 	R            int                `flag:"r" resume:"lsp" state:"field"`
 
 	// Recorded in checkpoint.State.Settings only.
+	Tokenizer    string         `flag:"tokenizer"`
 	LR           float64        `flag:"lr"`
 	MinLR        float64        `flag:"min-lr"`
 	Warmup       int            `flag:"warmup"`

@@ -273,11 +273,11 @@ func (r *run) resolveModel() error {
 	if r.cfg.SeqLen > r.mc.MaxSeqLen() {
 		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, models.ContextName(r.mc), r.mc.MaxSeqLen())
 	}
-	if r.tok, err = models.Tokenizer(r.mc, r.src); err != nil {
-		return err
-	}
-	if r.tok.VocabSize() > r.mc.VocabSize() {
-		return flagErr("model", "vocab_size %d is smaller than the %s tokenizer's %d", r.mc.VocabSize(), r.tok.Name(), r.tok.VocabSize())
+	if r.tok, err = models.Tokenizer(r.mc, r.src, r.cfg.Tokenizer); err != nil {
+		if r.cfg.Tokenizer != "" {
+			return flagErr("tokenizer", "%v", err)
+		}
+		return flagErr("model", "%v", err)
 	}
 	return nil
 }
@@ -720,7 +720,7 @@ func (r *run) finish(res *Result) error {
 		return err
 	}
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	if err := exportModel(res.Export, r.mc, vals, r.src); err != nil {
+	if err := exportModel(res.Export, r.mc, vals, r.src, r.tok); err != nil {
 		return diskHint(err)
 	}
 	return r.plot(res)

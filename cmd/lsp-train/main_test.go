@@ -66,7 +66,8 @@ func TestTrainAndSample(t *testing.T) {
 			t.Errorf("stdout does not mention %q:\n%s", want, stdout)
 		}
 	}
-	for _, f := range []string{"hf/config.json", "hf/model.safetensors", checkpoint.FileName, "metrics.jsonl", "loss.png"} {
+	for _, f := range []string{"hf/config.json", "hf/model.safetensors", "hf/tokenizer.json", "hf/tokenizer_config.json",
+		checkpoint.FileName, "metrics.jsonl", "loss.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("output missing: %v", err)
 		}
@@ -90,6 +91,17 @@ func TestTrainAndSample(t *testing.T) {
 	}
 	if !regexp.MustCompile(`^12 prompt tokens, \d+ new in [0-9.]+s: [0-9.]+ tokens/s \(KV cache, cpu\)\n$`).MatchString(stderr) {
 		t.Errorf("sample's stderr %q is not the speed line", stderr)
+	}
+	// The exported tokenizer is the one sampling reads; -tokenizer
+	// overrides it with the same ids here, and a missing file is named.
+	code, again, stderr := runCmd(t, "sample", "-model", dir, "-tokenizer", "byte", "-prompt", "reverse abc=", "-max-new", "6", "-threads", "1")
+	if code != 0 || again != stdout {
+		t.Errorf("sample -tokenizer byte: exit %d, stdout %q (want %q), stderr %s", code, again, stdout, stderr)
+	}
+	missing := filepath.Join(t.TempDir(), "tokenizer.json")
+	code, _, stderr = runCmd(t, "sample", "-model", dir, "-tokenizer", missing, "-prompt", "x", "-threads", "1")
+	if code == 0 || !strings.Contains(stderr, "tokenizer") || !strings.Contains(stderr, missing) {
+		t.Errorf("sample -tokenizer %s: exit %d, stderr %s", missing, code, stderr)
 	}
 	// -ids prints the new token ids, the same with and without the cache.
 	var ids []string

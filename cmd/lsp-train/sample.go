@@ -18,6 +18,7 @@ import (
 // bindSampleFlags binds the sample command's flags to o, and -ids to ids.
 func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+") or a training output directory (its hf/, else its checkpoint), or a checkpoint file")
+	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, or byte or gpt2")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")

@@ -680,7 +680,7 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	tok, err := models.Tokenizer(mc, export)
+	tok, err := models.Tokenizer(mc, export, "")
 	if err != nil {
 		return 0, err
 	}

@@ -27,8 +27,9 @@ import (
 // Record is one instruction example, already rendered with its template.
 type Record struct{ Prompt, Response string }
 
-// Example is a tokenized record: Tokens = Encode(Prompt) ++ Encode(Response)
-// ++ [EOS] (cut short if truncated), and the first PromptLen tokens are the
+// Example is a tokenized record: Tokens = tokenizer.Prefix (the BOS of a
+// tokenizer that adds one) ++ Encode(Prompt) ++ Encode(Response) ++ [EOS]
+// (cut short if truncated), and the first PromptLen tokens are the
 // prompt, which takes no loss. A plain-text window has PromptLen 0 and no
 // EOS. Tokens may share memory with other examples: treat it as read-only.
 type Example struct {
@@ -245,7 +246,8 @@ func encodeAll(recs []Record, tok tokenizer.Tokenizer) []Example {
 }
 
 func encodeRecord(r Record, tok tokenizer.Tokenizer) Example {
-	p, q := tok.Encode(r.Prompt), tok.Encode(r.Response)
+	p := append(tokenizer.Prefix(tok), tok.Encode(r.Prompt)...)
+	q := tok.Encode(r.Response)
 	t := make([]int32, 0, len(p)+len(q)+1)
 	t = append(append(append(t, p...), q...), tok.EOS())
 	return Example{Tokens: t, PromptLen: len(p)}

@@ -13,7 +13,7 @@ import (
 )
 
 func fromText(name string, raw []byte, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
-	tokens := tok.Encode(string(raw))
+	tokens := append(tokenizer.Prefix(tok), tok.Encode(string(raw))...)
 	if len(tokens) < 2 {
 		return nil, fmt.Errorf("data: %s has %d token(s); plain text needs at least 2", name, len(tokens))
 	}

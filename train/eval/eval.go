@@ -78,7 +78,7 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 	prompts := make([][]int32, len(recs))
 	maxNew := 1
 	for i, rec := range recs {
-		prompts[i] = tok.Encode(rec.Prompt)
+		prompts[i] = append(tokenizer.Prefix(tok), tok.Encode(rec.Prompt)...)
 		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
 	}
 	// The KV cache gives the uncached path's greedy tokens in fp32 (the

@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // SampleOptions configure Sample.
@@ -26,6 +27,7 @@ type SampleOptions struct {
 	// (its hf/ export, or without one its checkpoint), or a checkpoint
 	// file.
 	Model             string
+	Tokenizer         string // --tokenizer: instead of the model directory's (see models.Tokenizer)
 	Prompt            string
 	Alpaca            bool // wrap Prompt in the Alpaca template
 	MaxNew            int
@@ -81,9 +83,12 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if err != nil {
 		return res, err
 	}
-	tok, err := models.Tokenizer(spec, dir)
+	tok, err := models.Tokenizer(spec, dir, o.Tokenizer)
 	if err != nil {
-		return res, err
+		if o.Tokenizer != "" {
+			return res, flagErr("tokenizer", "%v", err)
+		}
+		return res, flagErr("model", "%v", err)
 	}
 	be, err := device.Open(device.Config{Kind: kind, Threads: o.Threads})
 	if err != nil {
@@ -111,7 +116,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if o.Alpaca {
 		prompt = data.AlpacaPrompt(o.Prompt, "")
 	}
-	ids := tok.Encode(prompt)
+	ids := append(tokenizer.Prefix(tok), tok.Encode(prompt)...)
 	if len(ids) >= T {
 		return res, flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
 	}

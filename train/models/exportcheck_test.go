@@ -62,7 +62,7 @@ func TestWriteExportCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Export(spec, dir, vals, src); err != nil {
+	if err := Export(spec, dir, vals, src, nil); err != nil {
 		t.Fatal(err)
 	}
 	err = safetensors.Write(filepath.Join(dir, "lsp_check.safetensors"), []safetensors.Tensor{

@@ -32,7 +32,7 @@ var gpt2Family = &Family{
 		}
 		return gpt2.ExportHF(dir, c, vals)
 	},
-	Tokenizer: func(spec model.Spec, _ string) (string, error) {
+	Tokenizer: func(spec model.Spec) (string, error) {
 		c, err := gpt2Config(spec)
 		if err != nil {
 			return "", err

@@ -5,8 +5,6 @@ package models
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hf"
@@ -63,16 +61,9 @@ var llamaFamily = &Family{
 		}
 		return nil
 	},
-	Tokenizer: func(spec model.Spec, src string) (string, error) {
-		// Reading a checkpoint's own tokenizer (tokenizer.json,
-		// tokenizer.model) is not built yet; training such a checkpoint
-		// on byte ids would silently destroy what it learned, so it is
-		// refused rather than guessed.
-		for _, name := range []string{"tokenizer.json", "tokenizer.model"} {
-			if p := filepath.Join(src, name); src != "" && fileExists(p) {
-				return "", fmt.Errorf("%s: LLaMA tokenizers are not read yet (only the byte tokenizer, for checkpoints without tokenizer files)", p)
-			}
-		}
+	Tokenizer: func(spec model.Spec) (string, error) {
+		// A LLaMA preset is trained from scratch on bytes; a checkpoint
+		// with a tokenizer of its own never gets here.
 		if spec.VocabSize() < 257 {
 			return "", fmt.Errorf("vocab_size %d is smaller than the byte tokenizer's 257", spec.VocabSize())
 		}
@@ -102,9 +93,4 @@ func llamaConfig(spec model.Spec) (llama.Config, error) {
 		return llama.Config{}, fmt.Errorf("models: %T of family %s is not a llama.Config", spec, spec.Family())
 	}
 	return c, nil
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

@@ -136,7 +136,7 @@ func TestLLaMAExportRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := filepath.Join(t.TempDir(), "hf")
-			if err := Export(spec, out, vals, src); err != nil {
+			if err := Export(spec, out, vals, src, nil); err != nil {
 				t.Fatal(err)
 			}
 			spec2, vals2, err := Load(out)
@@ -160,25 +160,4 @@ func TestLLaMAExportRoundTrip(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestLLaMATokenizer: a LLaMA model without tokenizer files reads bytes;
-// one whose directory has a tokenizer of its own is refused, naming the
-// file, rather than trained on ids that mean something else to it.
-func TestLLaMATokenizer(t *testing.T) {
-	spec, err := Preset("llama-tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := Tokenizer(spec, "")
-	if err != nil || tok.Name() != "byte" {
-		t.Fatalf("Tokenizer(llama-tiny) = %v, %v; want byte", tok, err)
-	}
-	dir := t.TempDir()
-	p := filepath.Join(dir, "tokenizer.json")
-	if err := os.WriteFile(p, []byte("{}"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err = Tokenizer(spec, dir)
-	wantErr(t, err, p, "not read yet")
 }

@@ -60,10 +60,11 @@ type Family struct {
 	// of be, without a host copy of the whole model, which a 7B model in
 	// fp32 could not afford. Nil: LoadWeights, then an upload.
 	LoadInto func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error
-	// Tokenizer names the tokenizer of spec, as tokenizer.ByName takes it;
-	// src is the directory the model came from ("" for a preset), whose
-	// tokenizer files may decide it.
-	Tokenizer func(spec model.Spec, src string) (string, error)
+	// Tokenizer names the builtin tokenizer of spec, as tokenizer.ByName
+	// takes it: the one a model whose directory holds no tokenizer files
+	// (a preset, or a directory written before exports carried theirs)
+	// is taken to use.
+	Tokenizer func(spec model.Spec) (string, error)
 	// Equal reports whether two specs are the same architecture; nil:
 	// reflect.DeepEqual.
 	Equal func(a, b model.Spec) bool
@@ -265,18 +266,46 @@ func ContextName(spec model.Spec) string {
 	return "context"
 }
 
-// Tokenizer returns the tokenizer spec's vocabulary is made for; src is
-// the directory spec came from ("" for a preset).
-func Tokenizer(spec model.Spec, src string) (tokenizer.Tokenizer, error) {
+// Tokenizer returns the tokenizer of a model, by the one rule that
+// training and sampling share: override (--tokenizer: a tokenizer.json, a
+// vocab.json, a directory, or a builtin name) when given; else the
+// tokenizer files of src, the directory spec came from (tokenizer.json,
+// else vocab.json + merges.txt); else the family's builtin tokenizer for
+// spec. Its ids must fit spec's vocabulary.
+func Tokenizer(spec model.Spec, src, override string) (tokenizer.Tokenizer, error) {
 	f, err := of(spec)
 	if err != nil {
 		return nil, err
 	}
-	name, err := f.Tokenizer(spec, src)
+	var tok tokenizer.Tokenizer
+	found := false
+	switch {
+	case override != "":
+		tok, err = tokenizer.Open(override)
+		found = true
+	case src != "":
+		tok, found, err = tokenizer.FromDir(src)
+	}
 	if err != nil {
 		return nil, err
 	}
-	return tokenizer.ByName(name)
+	if !found {
+		name, err := f.Tokenizer(spec)
+		if err != nil {
+			return nil, err
+		}
+		if tok, err = tokenizer.ByName(name); err != nil {
+			return nil, err
+		}
+	}
+	if tok.VocabSize() > spec.VocabSize() {
+		hint := ""
+		if !found {
+			hint = "; no tokenizer files say which tokenizer it has: give --tokenizer"
+		}
+		return nil, fmt.Errorf("the model's vocab_size %d is smaller than the vocabulary of tokenizer %s (%d ids)%s", spec.VocabSize(), tok.Name(), tok.VocabSize(), hint)
+	}
+	return tok, nil
 }
 
 // LoadWeights reads the weights of spec, as FromDir(dir) returned it,
@@ -321,12 +350,16 @@ func Load(dir string) (model.Spec, []float32, error) {
 }
 
 // Export writes vals (spec's Layout order) as a Hugging Face directory:
-// the family's weights, config.json from spec.HFConfig, and the tokenizer
-// files that src holds (src "": none, a preset's export). It writes the
+// the family's weights, config.json from spec.HFConfig, and the files of
+// tok, the tokenizer the model was trained with. A tokenizer read from src,
+// the directory the model came from, is carried over as src's tokenizer
+// files, byte for byte (tokenizer.model, chat template and all); any other
+// is written by tokenizer.Save. A nil tok carries src's files, if any. It
+// writes the
 // directory as a whole: into a temp directory that replaces dir only when
 // complete, so that a crash mid-export never leaves a half-written dir
 // that transformers would load, and an earlier export stays until then.
-func Export(spec model.Spec, dir string, vals []float32, src string) error {
+func Export(spec model.Spec, dir string, vals []float32, src string, tok tokenizer.Tokenizer) error {
 	f, err := of(spec)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
@@ -347,6 +380,12 @@ func Export(spec model.Spec, dir string, vals []float32, src string) error {
 			return err
 		}); err != nil {
 			return fmt.Errorf("export: %w", err)
+		}
+		if tok != nil && (src == "" || filepath.Clean(tokenizer.Dir(tok)) != filepath.Clean(src)) {
+			if _, err := tokenizer.Save(tok, tmp); err != nil {
+				return fmt.Errorf("export: %w", err)
+			}
+			return nil
 		}
 		if src == "" {
 			return nil

@@ -20,7 +20,7 @@ func exportDir(t *testing.T, spec model.Spec, src string) (string, []float32) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "hf")
 	vals := spec.Init(3)
-	if err := Export(spec, dir, vals, src); err != nil {
+	if err := Export(spec, dir, vals, src, nil); err != nil {
 		t.Fatal(err)
 	}
 	return dir, vals
@@ -196,12 +196,12 @@ func TestFamilyFacts(t *testing.T) {
 		t.Errorf("ContextName = %q, want n_positions", n)
 	}
 	for spec, want := range map[model.Spec]string{tiny: "byte", big: "gpt2"} {
-		tok, err := Tokenizer(spec, "")
+		tok, err := Tokenizer(spec, "", "")
 		if err != nil || tok.Name() != want {
 			t.Errorf("Tokenizer(%+v) = %v, %v; want %s", spec, tok, err, want)
 		}
 	}
-	if _, err := Tokenizer(otherSpec{micro}, ""); err == nil {
+	if _, err := Tokenizer(otherSpec{micro}, "", ""); err == nil {
 		t.Error("Tokenizer of an unknown family: no error")
 	}
 }
@@ -264,7 +264,7 @@ func TestExportTokenizerFiles(t *testing.T) {
 		t.Errorf("a preset's export holds %v, want config.json and model.safetensors", names)
 	}
 
-	if err := Export(micro, filepath.Join(t.TempDir(), "short"), make([]float32, 3), ""); err == nil {
+	if err := Export(micro, filepath.Join(t.TempDir(), "short"), make([]float32, 3), "", nil); err == nil {
 		t.Error("Export of 3 values for a larger model: no error")
 	}
 }

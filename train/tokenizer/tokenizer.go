@@ -1,28 +1,37 @@
 // Package tokenizer turns text into token ids and back for the trainer.
 //
-// Two tokenizers exist: "byte" (each UTF-8 byte is its own id, plus one end
-// of sequence id) for tiny models and synthetic tasks, and "gpt2" (the r50k
-// byte-level BPE of GPT-2, with its vocabulary compiled into the binary, so it
-// works offline). Limits: no special-token parsing at all — text that spells
-// "<|endoftext|>" is encoded as ordinary characters, so training data cannot
-// inject an end of sequence; only EOS() yields that id.
+// Two tokenizers are built in: "byte" (each UTF-8 byte is its own id, plus
+// one end of sequence id) for tiny models and synthetic tasks, and "gpt2"
+// (the r50k byte-level BPE of GPT-2, with its vocabulary compiled into the
+// binary, so it works offline). Neither parses special tokens: text that
+// spells "<|endoftext|>" is encoded as ordinary characters.
+//
+// The others are read from a checkpoint's files (file.go): tokenizer.json
+// with a BPE model, or GPT-2's vocab.json + merges.txt, with the BOS/EOS
+// rules of tokenizer_config.json and generation_config.json. Those match
+// their added and special tokens in the text, as transformers does. Save
+// writes any of them back as files (save.go).
 package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
 // Tokenizer encodes text to token ids and decodes ids back to text.
 // Implementations are safe for concurrent use.
 type Tokenizer interface {
-	// Name is the name ByName accepts: "byte" or "gpt2".
+	// Name is the name ByName accepts ("byte" or "gpt2"), or the path of
+	// the file a tokenizer was read from.
 	Name() string
-	// Encode returns the ids of s. It never returns EOS().
+	// Encode returns the ids of s, without BOS (see Prefix). The builtin
+	// tokenizers never return EOS(); one read from files does where s
+	// spells its EOS token.
 	Encode(s string) []int32
-	// Decode returns the text of ids. EOS and ids outside the vocabulary
-	// decode to nothing; it never panics. The result can be invalid UTF-8
-	// when ids cut a multi-byte character.
+	// Decode returns the text of ids. EOS (and BOS) and ids outside the
+	// vocabulary decode to nothing; it never panics. The result can be
+	// invalid UTF-8 when ids cut a multi-byte character.
 	Decode(ids []int32) string
 	// EOS is the end-of-sequence id appended after every example.
 	EOS() int32
@@ -45,4 +54,32 @@ func ByName(name string) (Tokenizer, error) {
 		return GPT2()
 	}
 	return nil, fmt.Errorf("tokenizer: unknown tokenizer %q (valid: %s)", name, strings.Join(names, ", "))
+}
+
+// Prefix returns the ids a text's ids follow when the model sees them:
+// the BOS of a tokenizer whose configuration adds one (Llama's
+// add_bos_token), else none. Training and sampling both put it first.
+func Prefix(tok Tokenizer) []int32 {
+	if t, ok := tok.(*fileTokenizer); ok && t.addBOS {
+		return []int32{t.bos}
+	}
+	return nil
+}
+
+// StopIDs returns the ids that end generation: EOS, and the other ids of
+// generation_config.json's eos_token_id list (Llama-3's <|eot_id|>).
+func StopIDs(tok Tokenizer) []int32 {
+	if t, ok := tok.(*fileTokenizer); ok {
+		return slices.Clone(t.stop)
+	}
+	return []int32{tok.EOS()}
+}
+
+// Dir returns the directory the tokenizer's files were read from, "" for a
+// builtin one.
+func Dir(tok Tokenizer) string {
+	if t, ok := tok.(*fileTokenizer); ok {
+		return t.dir
+	}
+	return ""
 }
