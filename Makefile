@@ -174,6 +174,13 @@ bench-gemm:
 # Fused CPU Adam (host.Workers.AdamStep) at 1M/16M/128M (1B when memory
 # allows) against a STREAM triad measured in the same run on the same pinned
 # workers; the last line is "adam-vs-triad: X.XX" at 128M parameters.
+# Fine-tuning quality of lsp against native and the random-projector
+# controls, on the shared data (skips when it is absent): about 60 minutes
+# on two cores, not in CI. See scripts/bench-quality.sh.
+.PHONY: bench-quality
+bench-quality: build
+	scripts/bench-quality.sh
+
 # BENCH_ADAM_FLAGS passes flags, e.g. -threads 1 -reps 3. The peers
 # (DeepSpeed, torch) are compared by hand: bench/peers/adam_peers.sh.
 .PHONY: bench-adam

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -110,8 +111,18 @@ func TestLegacyCheckpoint(t *testing.T) {
 			if res.Steps != 6 || len(res.Losses) != len(want) {
 				t.Fatalf("resumed to step %d with losses %v; want step 6 and %v", res.Steps, res.Losses, want)
 			}
+			// lsp's projector checks and update changed after the fixture
+			// (issue 12: fits start at the best scale, held-out
+			// micro-batches decide, Delta has per-column gains), so from the
+			// first update after the resume its run follows the new rule:
+			// only step 4's loss (the checkpoint's weights) is the old
+			// program's bit for bit; later ones stay within 1e-3.
+			exact := len(want)
+			if mode == "lsp" {
+				exact = 1
+			}
 			for i := range want {
-				if res.Losses[i] != want[i] {
+				if i < exact && res.Losses[i] != want[i] || math.Abs(res.Losses[i]-want[i]) > 1e-3*want[i] {
 					t.Errorf("step %d: loss %v, the fixture's run had %v", 4+i, res.Losses[i], want[i])
 				}
 			}

@@ -39,6 +39,8 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.Var(&c.Refit, "refit", "lsp rows: `HOW` a check makes new projectors (sum, split or random; default: lsp-train's)")
 	fs.Var(&c.Accept, "accept", "lsp rows: `WHAT` decides whether new projectors replace the old (heldout or fit; default: lsp-train's)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp rows: `WHEN` a refitted matrix's learning rate is re-warmed (measured, change or off; default: lsp-train's)")
+	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp rows: no projector check before step 1")
+	fs.IntVar(&c.CalibSamples, "calib-samples", c.CalibSamples, "lsp rows: rows of the calibration batches of a projector check")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp rows: apply the update without the projectors' per-column gains")
 	fs.Float64Var(&c.Ortho, "proj-ortho", c.Ortho, "lsp rows: weight of the projector fit's penalty on non-orthogonal columns")
 }

@@ -65,7 +65,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
 	fs.Var(&c.Refit, "refit", "lsp: `HOW` a check makes new projectors: sum (fit to the calibration gradient), split (fit to each calibration micro-batch's at once) or random (draw, no fit; a control)")
 	fs.Var(&c.Accept, "accept", "lsp: `WHAT` decides whether new projectors replace the old: heldout (half the calibration micro-batches, unseen by the fit) or fit (the fit's own data)")
-	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change) or off")
+	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change), floor (no ramp: raise the carried second moment to the new subspace's) or off")
 	fs.Float64Var(&c.ProjOrtho, "proj-ortho", c.ProjOrtho, "lsp: weight of the projector fit's penalty on non-orthogonal columns (0: none)")
 	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp: no projector check before step 1 (train on the random projectors until the first --check-every)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")

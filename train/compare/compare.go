@@ -1,25 +1,31 @@
 // Package compare is the compare job (lsp-train compare): one table that
-// puts the three update modes side by side on the same fine-tuning
-// problem, from training runs it starts itself.
+// puts the update modes side by side on the same fine-tuning problem, from
+// training runs it starts itself.
 //
-//  1. pretrain a preset (--model, tiny by default) natively on one builtin task (--pretrain-task)
-//     into <out>/pretrain, or reuse it when a stamp says an identical earlier
+//  1. pretrain a preset (--model, tiny by default) natively on one task
+//     (--pretrain-task: builtin, or a data file such as a text corpus) into
+//     <out>/pretrain, or reuse it when a stamp says an identical earlier
 //     compare made it;
-//  2. fine-tune that checkpoint on another builtin task (--task) in four
-//     rows: native, zero, lsp and lsp with never-fitted projectors (a
-//     control), same steps and schedule, the link charged at
-//     --link-bandwidth, with an eval before the first step (L0) and every
-//     --eval-every steps, and greedy exact match at the end;
+//  2. fine-tune that checkpoint on another task (--task) in each row of
+//     --rows (native, zero, lsp and lsp with never-fitted projectors by
+//     default; lsp with fresh random projectors at every check on
+//     request), once per seed of --seeds, same steps and schedule, the
+//     link charged at --link-bandwidth, with an eval before the first step
+//     (L0) and every --eval-every steps, and greedy exact match at the end;
 //  3. time each row in two short extra runs, sequential and pipelined;
-//  4. write <out>/compare.png (eval-loss curves), compare.md (the table)
-//     and compare.json (every number), and return the table, whose last
-//     line is "lsp-recovery: X.XX" = (L0 - L_lsp) / (L0 - L_native).
+//  4. write <out>/compare.png (eval-loss curves, mean over seeds),
+//     compare.md (the table) and compare.json (every number), and return
+//     the table, whose last lines are "lsp-quality: X.XX (row)" for the
+//     best row with fitted projectors and "lsp-recovery: X.XX" = (L0 -
+//     L_lsp) / (L0 - L_native), each the mean over seeds.
 //
-// Limits: the model is a preset trained from scratch and the tasks builtin
-// ones; d and r are bounded by the preset's matrices (d <= min(m, n)/4, r <= d/4) so
-// the lsp rows really compress; step times come from 10-step runs (the
-// first step's allocations included) on the CPU backend, whose "device"
-// and link are far slower than a GPU's, so only their ratios mean much.
+// Limits: the model is a preset trained from scratch; d and r are bounded
+// by the preset's matrices (d <= min(m, n)/4, r <= d/4) so the lsp rows
+// really compress; step times come from short runs (the first step's
+// allocations included) on the CPU backend, whose "device" and link are
+// far slower than a GPU's, so only their ratios mean much. Each seed also
+// draws its own eval split, so L0 differs between seeds; recoveries are
+// taken per seed.
 package compare
 
 import (
@@ -58,7 +64,6 @@ const (
 	fineTuneLR     = 3e-3
 	fineTuneWarmup = 10
 	checkEvery     = 50
-	calibSamples   = 32
 )
 
 // Config is one compare job; the flags of `lsp-train compare` map
@@ -82,11 +87,13 @@ type Config struct {
 	Batch, SeqLen int    // --batch, --seq-len of every run
 	// The lsp rows' projector settings (the flags of lsp-train of the same
 	// names); the zero values are the training defaults.
-	Refit  engine.Refit
-	Accept engine.Accept
-	Rewarm engine.Rewarm
-	NoGain bool
-	Ortho  float64
+	Refit        engine.Refit
+	Accept       engine.Accept
+	Rewarm       engine.Rewarm
+	NoGain       bool
+	Ortho        float64
+	StartRandom  bool
+	CalibSamples int
 }
 
 // Defaults is the default compare job: a few minutes on two cores.
@@ -94,7 +101,8 @@ func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
 		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-nofit",
-		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen}
+		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
+		StartRandom: train.Defaults().StartRandom, CalibSamples: 512}
 }
 
 // bounds is the largest --d and the largest --r for d that the
@@ -152,6 +160,7 @@ func (c Config) Validate() error {
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
 	check(c.Seeds >= 1, "seeds", "must be at least 1, got %d", c.Seeds)
+	check(c.CalibSamples >= 1, "calib-samples", "must be at least 1, got %d", c.CalibSamples)
 	check(c.Batch >= 1, "batch", "must be at least 1, got %d", c.Batch)
 	check(c.SeqLen >= 1, "seq-len", "must be at least 1, got %d", c.SeqLen)
 	if _, err := c.rowSpecs(); err != nil {
@@ -247,7 +256,7 @@ type Result struct {
 	Config         Config  `json:"config"`
 	Pretrained     string  `json:"pretrained"` // the Hugging Face export fine-tuned by every row
 	PretrainReused bool    `json:"pretrain_reused"`
-	L0             float64 `json:"l0"` // eval loss before fine-tuning (the native row's step 0)
+	L0             float64 `json:"l0"` // eval loss before fine-tuning (the native row's step 0, first seed)
 	// Recovery is (L0 - L_lsp) / (L0 - L_native) of the final eval losses
 	// of the lsp row, the mean over seeds of each seed's (absent in JSON
 	// when native did not lower the loss, or without an lsp or native row).
@@ -379,11 +388,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	return res, nil
 }
 
-// recovery is the mean over seeds of (L0 - L_row) / (L0 - L_native), nil
-// when native did not lower the loss for a seed.
-func recovery(l0 float64, native, row Row) *float64 {
+// recovery is the mean over seeds of (L0 - L_row) / (L0 - L_native), L0
+// the seed's eval loss before fine-tuning (the seed also draws the eval
+// split), nil when native did not lower the loss for a seed.
+func recovery(native, row Row) *float64 {
 	var sum float64
 	for j, s := range row.Seeds {
+		l0 := native.Seeds[j].StartEvalLoss
 		drop := l0 - native.Seeds[j].FinalEvalLoss
 		if !(drop > 0) {
 			return nil
@@ -404,7 +415,7 @@ func (res *Result) score() {
 		if r.Mode != string(engine.LSP) {
 			continue
 		}
-		rec := recovery(res.L0, native, r)
+		rec := recovery(native, r)
 		if rec == nil {
 			continue
 		}
@@ -484,7 +495,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
-		cfg.CheckEvery, cfg.CalibSamples = checkEvery, calibSamples
+		cfg.CheckEvery, cfg.CalibSamples, cfg.StartRandom = checkEvery, c.CalibSamples, c.StartRandom
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
 		if spec.refit != "" {
 			cfg.Refit = spec.refit
@@ -802,13 +813,13 @@ func table(res *Result) string {
 		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, %s.",
 			c.Model, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
 			c.Batch, c.SeqLen, seedsNote(c)),
-		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f) and every %d steps (curves: %s); "+em,
+		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f with the first seed) and every %d steps (curves: %s); "+em,
 			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's optimizer-side host memory.",
-		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks at step 0 and every %d steps with %d calibration rows (not in step s; their time per run is in the lines below); lsp (no fit) keeps its random projectors (--no-fit) and lsp (resampled) draws fresh random ones at every check (--refit random), controls.",
-			c.D, c.R, checkEvery, calibSamples),
+		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 without --start-random) with %d calibration rows (not in step s; their time per run is in the lines below); lsp (no fit) keeps its random projectors (--no-fit) and lsp (resampled) draws fresh random ones at every check (--refit random), controls.",
+			c.D, c.R, checkEvery, c.CalibSamples),
 		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}
 	b.WriteString("\n")

@@ -181,7 +181,11 @@ func TestCompare(t *testing.T) {
 	// is the seeds' mean and its spread their sample standard deviation.
 	var want float64
 	for j, s := range lspRow.Seeds {
-		want += (res.L0 - s.FinalEvalLoss) / (res.L0 - native.Seeds[j].FinalEvalLoss) / 2
+		l0 := native.Seeds[j].StartEvalLoss
+		if s.StartEvalLoss != l0 {
+			t.Errorf("seed %d: lsp starts at %v, native at %v (same weights, same data)", s.Seed, s.StartEvalLoss, l0)
+		}
+		want += (l0 - s.FinalEvalLoss) / (l0 - native.Seeds[j].FinalEvalLoss) / 2
 	}
 	if rec := *res.Recovery; math.Abs(rec-want) > 1e-12 || rec < 0.8 {
 		t.Errorf("lsp-recovery %.4f (from the seeds %.4f), want >= 0.8", rec, want)

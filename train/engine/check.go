@@ -376,6 +376,10 @@ func (st *lspState) fit(in *lspInput, cs calibSet) ([]CheckReport, error) {
 				if reps[i].Rewarm, err = st.underestimated(x, cs, i); err != nil {
 					return nil, err
 				}
+			case RewarmFloor:
+				if err := st.floorV(x, cs, i); err != nil {
+					return nil, err
+				}
 			}
 			if reps[i].Rewarm {
 				x.rewarmFrom = e.step + 1
@@ -419,6 +423,28 @@ func (st *lspState) underestimated(x *lspMatrix, cs calibSet, i int) (bool, erro
 	}
 	v /= 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
 	return v < rewarmUnder*s2, nil
+}
+
+// floorV raises matrix x's carried second moment to the mean S^2 of the
+// fitting micro-batches in the new subspace, entry by entry (stored times
+// Adam's bias correction 1 - beta2^step, which the step divides by); i is
+// x's place among its input's readers.
+func (st *lspState) floorV(x *lspMatrix, cs calibSet, i int) error {
+	s2 := make([]float64, x.d*x.d)
+	for _, g := range cs.fit {
+		S, err := lsp.Project(x.in.P, x.Q, g[i])
+		if err != nil {
+			return fmt.Errorf("engine: %s: %w", x.name, err)
+		}
+		for e, v := range S {
+			s2[e] += v * v / float64(len(cs.fit))
+		}
+	}
+	corr := 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
+	for e, v := range s2 {
+		x.state.V[e] = max(x.state.V[e], float32(v*corr))
+	}
+	return nil
 }
 
 // redraw replaces P and every Q of an input by fresh random projectors

@@ -99,9 +99,9 @@ type LSPConfig struct {
 	ProjLR       float64 // Adam step size of the projector fit
 	FitIters     int     // step budget of one fit
 	NoFit        bool    // keep the random projectors (the compare job's control)
-	Refit        Refit   // how new projectors are made at a check ("": RefitSum)
+	Refit        Refit   // how new projectors are made at a check ("": RefitSplit)
 	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
-	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmMeasured)
+	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmOff)
 	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
 	StartRandom  bool    // no check before step 1: train on the random projectors until the first --check-every
 	Ortho        float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
@@ -152,6 +152,11 @@ const (
 	RewarmChange Rewarm = "change"
 	// RewarmOff never re-warms.
 	RewarmOff Rewarm = "off"
+	// RewarmFloor raises the carried second moment, entry by entry, to the
+	// one the fitting micro-batches measure in the new subspace (their
+	// mean S^2), so Adam's first steps there are sized right without
+	// lowering the learning rate.
+	RewarmFloor Rewarm = "floor"
 )
 
 // ParseRefit, ParseAccept and ParseRewarm read the flags' values.
@@ -173,22 +178,22 @@ func ParseAccept(s string) (Accept, error) {
 
 func ParseRewarm(s string) (Rewarm, error) {
 	switch v := Rewarm(s); v {
-	case RewarmMeasured, RewarmChange, RewarmOff:
+	case RewarmMeasured, RewarmChange, RewarmOff, RewarmFloor:
 		return v, nil
 	}
-	return "", fmt.Errorf("unknown rewarm %q (want measured, change or off)", s)
+	return "", fmt.Errorf("unknown rewarm %q (want measured, change, floor or off)", s)
 }
 
 // withDefaults fills the zero values of the refit settings.
 func (c LSPConfig) withDefaults() LSPConfig {
 	if c.Refit == "" {
-		c.Refit = RefitSum
+		c.Refit = RefitSplit
 	}
 	if c.Accept == "" {
 		c.Accept = AcceptHeldOut
 	}
 	if c.Rewarm == "" {
-		c.Rewarm = RewarmMeasured
+		c.Rewarm = RewarmOff
 	}
 	return c
 }
