@@ -94,15 +94,15 @@ func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 }
 
 // Open returns the tokenizer that --tokenizer names: a builtin ("byte",
-// "gpt2"), a directory (as FromDir), a tokenizer.json file, or a vocab.json
-// with merges.txt beside it.
+// "gpt2"), a directory (as FromDir), a tokenizer.json file, a vocab.json
+// with merges.txt beside it, or a llama2.c tokenizer (a .bin file).
 func Open(arg string) (Tokenizer, error) {
 	if slices.Contains(names, arg) {
 		return ByName(arg)
 	}
 	st, err := os.Stat(arg)
 	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w (give a tokenizer.json, a vocab.json, a directory holding one, or %s)", err, strings.Join(names, ", "))
+		return nil, fmt.Errorf("tokenizer: %w (give a tokenizer.json, a vocab.json, a directory holding one, a llama2.c tokenizer .bin, or %s)", err, strings.Join(names, ", "))
 	}
 	if st.IsDir() {
 		tok, found, err := FromDir(arg)
@@ -116,6 +116,9 @@ func Open(arg string) (Tokenizer, error) {
 	}
 	if filepath.Base(arg) == "vocab.json" {
 		return loadVocabMerges(filepath.Dir(arg))
+	}
+	if IsLlama2CTokenizer(arg) {
+		return LoadLlama2C(arg)
 	}
 	return Load(arg)
 }
