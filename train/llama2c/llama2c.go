@@ -272,3 +272,14 @@ func readWeights(in io.Reader, c llama.Config) ([]float32, error) {
 	}
 	return vals, nil
 }
+
+// ReadConfig reads path's header and returns its architecture.
+func ReadConfig(path string) (llama.Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return llama.Config{}, fmt.Errorf("llama2c: %w", err)
+	}
+	defer f.Close()
+	_, c, err := readHeader(f, path)
+	return c, err
+}

@@ -1,0 +1,83 @@
+package eval
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// scripted is a decoder whose logits after position pos pick next[pos]:
+// a model that says what a test wants it to.
+type scripted struct {
+	be     backend.Backend
+	tok    backend.Tensor
+	logits backend.Tensor
+	next   []int32
+	V      int
+}
+
+func (d *scripted) Token() backend.Tensor  { return d.tok }
+func (d *scripted) Logits() backend.Tensor { return d.logits }
+func (d *scripted) MaxT() int              { return len(d.next) }
+func (d *scripted) Free()                  {}
+func (d *scripted) Step(s backend.Stream, pos int) error {
+	l := make([]float32, d.V)
+	l[d.next[pos]] = 1
+	return backend.Upload(d.be, s, d.logits, l)
+}
+
+// TestGenerateStopsAtEveryStopID: with the Llama-3 style fixture
+// tokenizer, whose generation_config.json lists two end-of-sequence ids,
+// generation ends at either, not only at EOS().
+func TestGenerateStopsAtEveryStopID(t *testing.T) {
+	tok, err := tokenizer.Open("../tokenizer/testdata/llama3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := tokenizer.StopIDs(tok)
+	if len(stop) != 2 || stop[0] != tok.EOS() {
+		t.Fatalf("StopIDs = %v (EOS %d): the fixture should have two, EOS first", stop, tok.EOS())
+	}
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	V := tok.VocabSize()
+	tokT, err := be.Alloc("token", 1, backend.I32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := be.Alloc("logits", V, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := tok.Encode("hi")
+	for _, id := range stop {
+		// After the prompt: 7, 8, then the stop id, then 9.
+		next := make([]int32, 16)
+		at := len(prompt) - 1
+		copy(next[at:], []int32{7, 8, id, 9})
+		d := &scripted{be: be, tok: tokT, logits: logits, next: next, V: V}
+		g, err := NewGenerator(be, be.DefaultStream(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := g.Generate(prompt, 10, stop, Sampler{})
+		g.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(out, []int32{7, 8}) {
+			t.Errorf("stop id %d: generated %v, want [7 8]", id, out)
+		}
+	}
+	g, err := NewGenerator(be, be.DefaultStream(), &scripted{be: be, tok: tokT, logits: logits, next: make([]int32, 4), V: V})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Generate(prompt, 2, nil, Sampler{}); err == nil {
+		t.Error("no stop ids: no error")
+	}
+}
