@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -67,4 +68,45 @@ func TestRunLlama2C(t *testing.T) {
 	if s := "the cat said hello"; !slices.Equal(tok.Encode(s), bin.Encode(s)) {
 		t.Errorf("exported tokenizer encodes %q as %v, tokenizer.bin as %v", s, tok.Encode(s), bin.Encode(s))
 	}
+}
+
+// TestSampleCheckpointTokenizer: sampling from a checkpoint file uses the
+// tokenizer its run trained with: the --tokenizer the run recorded (here
+// the only way to find it: the model file has no tokenizer.bin beside
+// it), else that of the --model it recorded.
+func TestSampleCheckpointTokenizer(t *testing.T) {
+	tmp := t.TempDir()
+	copyFile := func(src, dst string) string {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dst
+	}
+	model := copyFile("testdata/llama2c/tied.bin", filepath.Join(tmp, "model", "stories.bin"))
+	tokPath := copyFile("testdata/llama2c/tokenizer.bin", filepath.Join(tmp, "tok", "tok330.bin"))
+	c := quickConfig(t, model)
+	c.Tokenizer = tokPath
+	c.Steps, c.SeqLen, c.EvalEvery, c.EvalGenerate = 1, 16, 0, 0
+	mustRun(t, context.Background(), c, Options{})
+	ckpt := filepath.Join(c.Out, checkpoint.FileName)
+	res, err := eval.Sample(eval.SampleOptions{Model: ckpt, Prompt: "the cat said", MaxNew: 2, Threads: 1})
+	if err != nil {
+		t.Fatalf("sample from the checkpoint: %v", err)
+	}
+	if res.PromptTokens != 6 { // BOS " the" " " "c" "at" " said", by tokenizer.bin
+		t.Errorf("%d prompt tokens, want 6 (the llama2.c tokenizer's)", res.PromptTokens)
+	}
+	// The recorded --tokenizer gone, the error names it.
+	if err := os.Remove(tokPath); err != nil {
+		t.Fatal(err)
+	}
+	_, err = eval.Sample(eval.SampleOptions{Model: ckpt, Prompt: "hi", MaxNew: 1})
+	wantErr(t, err, tokPath, "trained with")
 }
