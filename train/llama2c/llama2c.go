@@ -21,7 +21,10 @@
 // epsilon 1e-5, as run.c has them fixed; BOS is 1 and EOS 2.
 //
 // Limits: the v1 and v2 (int8) layouts of export.py, with their "ak42"
-// magic, are refused with a message saying so.
+// magic, are refused with a message saying so. The weights are read into
+// one fp32 host copy of the model before they go to the device (unlike a
+// Hugging Face directory's, which stream), which the llama2.c models, up
+// to stories110M's 440 MB, easily afford.
 package llama2c
 
 import (

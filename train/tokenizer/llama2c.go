@@ -16,7 +16,8 @@
 // scores above -1e10 count, as run.c starts its search there). A heap
 // finds that pair, so a long text costs n log n rather than run.c's n².
 // Unlike run.c, a NUL byte in the text is a byte like any other (C stops
-// at it).
+// at it), and a piece the file holds twice is always its lowest id
+// (run.c's binary search may find either).
 //
 // Limits of the tokenizer.json it saves (see llama2cFiles): SentencePiece's
 // BPE model in tokenizers' form, merges ordered by score. It encodes as
