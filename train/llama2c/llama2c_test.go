@@ -182,3 +182,32 @@ func TestBadFiles(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLoad: any file is refused with an error naming it or loads as a
+// model of its header's size; nothing panics, and nothing is allocated
+// beyond what the file's own size allows (the header must match it).
+func FuzzLoad(f *testing.F) {
+	good, err := os.ReadFile(filepath.Join(dir, "tied.bin"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(good[:headerBytes])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		p := filepath.Join(t.TempDir(), "m.bin")
+		if err := os.WriteFile(p, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, vals, err := Load(p)
+		if err != nil {
+			if !strings.Contains(err.Error(), p) {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		if len(vals) != c.NumParams() || int64(len(raw)) != headerBytes+4*fileFloats(c) {
+			t.Fatalf("loaded %d values for %d params from %d bytes", len(vals), c.NumParams(), len(raw))
+		}
+	})
+}

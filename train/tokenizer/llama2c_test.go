@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 const l2cDir = "../testdata/llama2c"
@@ -197,4 +198,32 @@ func TestLlama2CBadFiles(t *testing.T) {
 			t.Errorf("%s: err = %v, want one naming %s and %q", c.name, err, p, c.want)
 		}
 	}
+}
+
+// FuzzLlama2CEncode: on any text the heap merges as run.c's loop does,
+// and valid UTF-8 decodes back to itself; on any file bytes the parser
+// returns an error or a tokenizer, never panics.
+func FuzzLlama2CEncode(f *testing.F) {
+	raw, err := os.ReadFile(filepath.Join(l2cDir, "tokenizer.bin"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	tok, err := parseLlama2C(raw)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"", "hello there", "Thé! 🙂 \xff\xfe", "  a  b\n\x00"} {
+		f.Add(s, raw[:min(len(raw), 40)])
+	}
+	f.Fuzz(func(t *testing.T, s string, file []byte) {
+		if got, want := tok.Encode(s), naiveL2C(tok, s); !slices.Equal(got, want) {
+			t.Fatalf("encode(%q) = %v, run.c's loop gives %v", s, got, want)
+		}
+		if utf8.ValidString(s) {
+			if got := tok.Decode(tok.Encode(s)); got != s {
+				t.Fatalf("decode(encode(%q)) = %q", s, got)
+			}
+		}
+		_, _ = parseLlama2C(file)
+	})
 }
