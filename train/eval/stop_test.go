@@ -6,6 +6,8 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -79,5 +81,53 @@ func TestGenerateStopsAtEveryStopID(t *testing.T) {
 	defer g.Close()
 	if _, err := g.Generate(prompt, 2, nil, Sampler{}); err == nil {
 		t.Error("no stop ids: no error")
+	}
+}
+
+// TestGenerateStopSet: both generation paths, on a real fixture model,
+// end at a later stop id of the set, not only at the first: the greedy
+// continuation, given its 4th token as a second stop id, is cut before
+// that token's first occurrence.
+func TestGenerateStopSet(t *testing.T) {
+	spec, vals, err := models.Load("../testdata/llama-tiny-gqa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	T := spec.MaxSeqLen()
+	mm, err := spec.NewModel(be, 1, T, backend.F32, model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Free()
+	s := be.DefaultStream()
+	if err := backend.Upload(be, s, mm.Buffers().Params, vals); err != nil {
+		t.Fatal(err)
+	}
+	m := Model{Model: mm, Spec: spec, B: 1, T: T}
+	prompt := [][]int32{{5, 17, 42, 9}}
+	eos := int32(spec.VocabSize() - 1)
+	full, err := Generate(be, s, m, prompt, 12, []int32{eos}, Sampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full[0]) < 4 {
+		t.Fatalf("greedy gave only %v", full[0])
+	}
+	stopAt := full[0][3]
+	want := full[0][:slices.Index(full[0], stopAt)]
+	for name, gen := range map[string]func(backend.Backend, backend.Stream, Model, [][]int32, int, []int32, Sampler) ([][]int32, error){
+		"uncached": Generate, "cached": GenerateCached} {
+		out, err := gen(be, s, m, prompt, 12, []int32{eos, stopAt}, Sampler{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(out[0], want) {
+			t.Errorf("%s: stop set {%d, %d}: %v, want %v (the full continuation %v)", name, eos, stopAt, out[0], want, full[0])
+		}
+	}
+	if _, err := Generate(be, s, m, prompt, 2, nil, Sampler{}); err == nil {
+		t.Error("Generate without stop ids: no error")
 	}
 }
