@@ -323,7 +323,8 @@ func Tokenizer(spec model.Spec, src, override string) (tokenizer.Tokenizer, erro
 }
 
 // LoadWeights reads the weights of spec, as FromDir(dir) returned it,
-// from dir.
+// from dir; or, where dir is a llama2.c model file (Resolve's src), from
+// that file.
 func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 	if isFile(dir) {
 		return llama2cWeights(spec, dir)
@@ -336,7 +337,7 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 }
 
 // LoadInto writes the weights of spec, as FromDir(dir) returned it, from
-// dir into dst (spec's Layout, F32 or BF16) on stream s of be, and waits
+// dir (or a llama2.c model file, through a host copy) into dst (spec's Layout, F32 or BF16) on stream s of be, and waits
 // for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
 	f, err := of(spec)
