@@ -337,8 +337,8 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 }
 
 // LoadInto writes the weights of spec, as FromDir(dir) returned it, from
-// dir (or a llama2.c model file, through a host copy) into dst (spec's Layout, F32 or BF16) on stream s of be, and waits
-// for them.
+// dir (or a llama2.c model file, through a host copy) into dst (spec's
+// Layout, F32 or BF16) on stream s of be, and waits for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
 	f, err := of(spec)
 	if err != nil {
