@@ -75,7 +75,7 @@ type addedToken struct {
 
 // FromDir reads the tokenizer of a checkpoint directory: tokenizer.json,
 // else vocab.json + merges.txt, with the BOS/EOS rules of the config files
-// beside them. found is false, with no error, when dir has neither; a
+// beside them, else llama2.c's tokenizer.bin. found is false, with no error, when dir has neither; a
 // directory with only SentencePiece's tokenizer.model is an error.
 func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 	p := filepath.Join(dir, "tokenizer.json")
@@ -85,6 +85,10 @@ func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 	}
 	if exists(filepath.Join(dir, "vocab.json")) && exists(filepath.Join(dir, "merges.txt")) {
 		t, err := loadVocabMerges(dir)
+		return t, true, err
+	}
+	if p := filepath.Join(dir, "tokenizer.bin"); exists(p) {
+		t, err := LoadLlama2C(p)
 		return t, true, err
 	}
 	if p := filepath.Join(dir, "tokenizer.model"); exists(p) {
@@ -110,7 +114,7 @@ func Open(arg string) (Tokenizer, error) {
 			return nil, err
 		}
 		if !found {
-			return nil, fmt.Errorf("tokenizer: %s holds neither tokenizer.json nor vocab.json + merges.txt", arg)
+			return nil, fmt.Errorf("tokenizer: %s holds no tokenizer.json, vocab.json + merges.txt or tokenizer.bin", arg)
 		}
 		return tok, nil
 	}

@@ -227,3 +227,23 @@ func FuzzLlama2CEncode(f *testing.F) {
 		_, _ = parseLlama2C(file)
 	})
 }
+
+// TestLlama2CFromDir: a directory holding only a tokenizer.bin is read as
+// llama2.c's tokenizer, by FromDir and by --tokenizer DIR.
+func TestLlama2CFromDir(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(l2cDir, "tokenizer.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.bin"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := encodeWithPrefix(tok, "hello there", true); !slices.Equal(got, []int32{1, 297, 281, 290}) {
+		t.Errorf("encode = %v", got)
+	}
+}
