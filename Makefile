@@ -146,7 +146,9 @@ FUZZ_TARGETS = \
 	./train/tokenizer:FuzzEncode:40000 \
 	./train/tokenizer:FuzzDecode:200000 \
 	./train/tokenizer:FuzzTokenizerJSON:20000 \
-	./train/tokenizer:FuzzFileEncode:20000
+	./train/tokenizer:FuzzFileEncode:20000 \
+	./train/tokenizer:FuzzLlama2CEncode:20000 \
+	./train/llama2c:FuzzLoad:5000
 
 .PHONY: fuzz-ci
 fuzz fuzz-ci:

@@ -8,8 +8,6 @@
 package train
 
 import (
-	"os"
-
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
@@ -22,8 +20,8 @@ import (
 type Plan = engine.Plan
 
 // ResolveModel returns the architecture of --model, a preset name of any
-// family or a Hugging Face checkpoint directory, and that directory ("" for
-// a preset).
+// family, a Hugging Face checkpoint directory or a llama2.c model file,
+// and that directory or file ("" for a preset).
 func ResolveModel(name string) (model.Spec, string, error) {
 	spec, src, err := models.Resolve(name)
 	if err != nil {
@@ -35,8 +33,8 @@ func ResolveModel(name string) (model.Spec, string, error) {
 // PlanMemory predicts the device and host memory of training cfg with the
 // model mc, in cfg's mode.
 func PlanMemory(mc model.Spec, c Config) (Plan, error) {
-	st, err := os.Stat(c.Model)
-	return planMemory(mc, c, err == nil && st.IsDir())
+	_, src, err := models.Resolve(c.Model)
+	return planMemory(mc, c, err == nil && src != "")
 }
 
 // planMemory is PlanMemory with the kind of --model known; fromCheckpoint

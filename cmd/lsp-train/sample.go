@@ -17,8 +17,8 @@ import (
 
 // bindSampleFlags binds the sample command's flags to o, and -ids to ids.
 func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
-	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+") or a training output directory (its hf/, else its checkpoint), or a checkpoint file")
-	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, or byte or gpt2")
+	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+"), a training output directory (its hf/, else its checkpoint), a checkpoint file (with the tokenizer its run recorded), or a llama2.c model .bin")
+	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")
@@ -49,8 +49,8 @@ func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train sample --model DIR --prompt TEXT [flags]",
 			"Continues the prompt with the model, a token a step with a KV cache: greedy by default, sampled with\n"+
-				"--temperature above 0 (then --top-k and --top-p filter). Stops at the tokenizer's EOS or after --max-new\n"+
-				"tokens. The text (or with --ids the token ids) goes to stdout, the speed in tokens/s to stderr.")
+				"--temperature above 0 (then --top-k and --top-p filter). Stops at the tokenizer's stop ids (EOS, and\n"+
+				"generation_config.json's other eos ids) or after --max-new tokens. The text (or with --ids the token ids) goes to stdout, the speed in tokens/s to stderr.")
 	}
 	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return err

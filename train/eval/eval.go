@@ -72,7 +72,7 @@ func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example
 }
 
 // ExactMatch is the share of records whose greedy continuation of the
-// prompt, up to EOS, equals the response exactly. An fp32 model generates
+// prompt, up to a stop id (tokenizer.StopIDs), equals the response exactly. An fp32 model generates
 // with its KV cache, a bf16 one without (see below).
 func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
 	prompts := make([][]int32, len(recs))
@@ -89,7 +89,7 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 	if m.Buffers().Logits.DType != backend.F32 {
 		gen = Generate
 	}
-	outs, err := gen(be, s, m, prompts, maxNew, tok.EOS(), Sampler{})
+	outs, err := gen(be, s, m, prompts, maxNew, tokenizer.StopIDs(tok), Sampler{})
 	if err != nil {
 		return 0, err
 	}

@@ -7,6 +7,7 @@
 package eval
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -126,10 +127,20 @@ func (s Sampler) Pick(logits []float32, context []int32) int32 {
 	return int32(idx[keep-1])
 }
 
-// Generate continues each prompt until EOS, maxNew tokens, or the model's
-// batch length T, and returns the new tokens (without the EOS). Prompts
-// longer than T-1 keep their last T-1 tokens.
-func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, maxNew int, eos int32, smp Sampler) ([][]int32, error) {
+// errNoStop refuses a generation without a stop id.
+var errNoStop = errors.New("generate: no stop id (the EOS at least)")
+
+// Generate continues each prompt until one of the stop ids (a
+// tokenizer's tokenizer.StopIDs: its EOS first, then Llama 3's
+// <|eot_id|> and the like), maxNew tokens, or the model's batch length T,
+// and returns the new tokens (without the stop id). stop[0] also pads the
+// batch and stands for an empty prompt. Prompts longer than T-1 keep
+// their last T-1 tokens.
+func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, maxNew int, stop []int32, smp Sampler) ([][]int32, error) {
+	if len(stop) == 0 {
+		return nil, errNoStop
+	}
+	eos := stop[0]
 	B, T, V := m.B, m.T, m.Spec.VocabSize()
 	buf := m.Buffers()
 	out := make([][]int32, len(prompts))
@@ -198,7 +209,7 @@ func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, 
 					continue
 				}
 				tok := smp.Pick(logits[r*V:(r+1)*V], rows[r])
-				if tok == eos {
+				if slices.Contains(stop, tok) {
 					done[r] = true
 					continue
 				}

@@ -137,12 +137,12 @@ func TestGenerate(t *testing.T) {
 	const eos = 256
 	prompts := [][]int32{{'a', 'b', '='}, {'x'}, {}, {'l', 'o', 'n', 'g', 'e', 'r', ' ', 'p', 'r', 'o', 'm', 'p', 't', '='}, {'q', '='}}
 	be1, m1 := newModel(1, 16)
-	one, err := Generate(be1, be1.DefaultStream(), m1, prompts, 6, eos, Sampler{})
+	one, err := Generate(be1, be1.DefaultStream(), m1, prompts, 6, []int32{eos}, Sampler{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	be3, m3 := newModel(3, 16)
-	three, err := Generate(be3, be3.DefaultStream(), m3, prompts, 6, eos, Sampler{})
+	three, err := Generate(be3, be3.DefaultStream(), m3, prompts, 6, []int32{eos}, Sampler{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestGenerate(t *testing.T) {
 	for i := range long {
 		long[i] = int32('a' + i%26)
 	}
-	out, err := Generate(be1, be1.DefaultStream(), m1, [][]int32{long}, 10, eos, Sampler{})
+	out, err := Generate(be1, be1.DefaultStream(), m1, [][]int32{long}, 10, []int32{eos}, Sampler{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,10 +70,15 @@ func (g *Generator) logits() ([]float32, error) {
 	return g.host.Float32()[:lg.Len()], nil
 }
 
-// Generate continues prompt until EOS, maxNew tokens, or the decoder's
-// MaxT positions, and returns the new tokens (without the EOS). A prompt
-// longer than MaxT-1 keeps its last MaxT-1 tokens; an empty one is EOS.
-func (g *Generator) Generate(prompt []int32, maxNew int, eos int32, smp Sampler) ([]int32, error) {
+// Generate continues prompt until a stop id (see Generate), maxNew
+// tokens, or the decoder's MaxT positions, and returns the new tokens
+// (without the stop id). A prompt longer than MaxT-1 keeps its last MaxT-1
+// tokens; an empty one is stop[0], the EOS.
+func (g *Generator) Generate(prompt []int32, maxNew int, stop []int32, smp Sampler) ([]int32, error) {
+	if len(stop) == 0 {
+		return nil, errNoStop
+	}
+	eos := stop[0]
 	T := g.dec.MaxT()
 	if len(prompt) > T-1 {
 		prompt = prompt[len(prompt)-(T-1):]
@@ -94,7 +99,7 @@ func (g *Generator) Generate(prompt []int32, maxNew int, eos int32, smp Sampler)
 			return nil, fmt.Errorf("generate: %w", err)
 		}
 		tok := smp.Pick(logits, seq)
-		if tok == eos {
+		if slices.Contains(stop, tok) {
 			break
 		}
 		seq = append(seq, tok)
@@ -114,14 +119,14 @@ func (g *Generator) Generate(prompt []int32, maxNew int, eos int32, smp Sampler)
 // to Generate when m has no decoder or the decoder cannot be allocated
 // (a device budget planned for training alone): both give the same greedy
 // tokens, the cache only sooner.
-func GenerateCached(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, maxNew int, eos int32, smp Sampler) ([][]int32, error) {
+func GenerateCached(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, maxNew int, stop []int32, smp Sampler) ([][]int32, error) {
 	c, ok := m.Model.(model.Cached)
 	if !ok {
-		return Generate(be, s, m, prompts, maxNew, eos, smp)
+		return Generate(be, s, m, prompts, maxNew, stop, smp)
 	}
 	dec, err := c.NewDecoder(m.T)
 	if err != nil {
-		return Generate(be, s, m, prompts, maxNew, eos, smp)
+		return Generate(be, s, m, prompts, maxNew, stop, smp)
 	}
 	defer dec.Free()
 	g, err := NewGenerator(be, s, dec)
@@ -131,7 +136,7 @@ func GenerateCached(be backend.Backend, s backend.Stream, m Model, prompts [][]i
 	defer g.Close()
 	outs := make([][]int32, len(prompts))
 	for i, p := range prompts {
-		if outs[i], err = g.Generate(p, maxNew, eos, smp); err != nil {
+		if outs[i], err = g.Generate(p, maxNew, stop, smp); err != nil {
 			return nil, fmt.Errorf("prompt %d: %w", i, err)
 		}
 	}

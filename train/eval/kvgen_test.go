@@ -66,11 +66,11 @@ func TestCachedGreedyEqualsUncached(t *testing.T) {
 				smps = smps[1:]
 			}
 			for _, smp := range smps {
-				want, err := Generate(be, s, m, prompts, 40, eos, smp)
+				want, err := Generate(be, s, m, prompts, 40, []int32{eos}, smp)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := GenerateCached(be, s, m, prompts, 40, eos, smp)
+				got, err := GenerateCached(be, s, m, prompts, 40, []int32{eos}, smp)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -208,7 +208,7 @@ func TestGreedyFixtures(t *testing.T) {
 			if cached {
 				gen = GenerateCached
 			}
-			out, err := gen(be, s, m, [][]int32{c.Prompt}, c.MaxNew, c.EOS, smp)
+			out, err := gen(be, s, m, [][]int32{c.Prompt}, c.MaxNew, []int32{c.EOS}, smp)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -241,7 +241,7 @@ func TestExactMatchCached(t *testing.T) {
 		byteTok := tokenizer.Byte()
 		scored := 0
 		for _, p := range []string{"ab=", "sort b a=", "x", "hello="} {
-			outs, err := Generate(be, s, m, [][]int32{byteTok.Encode(p)}, 12, byteTok.EOS(), Sampler{})
+			outs, err := Generate(be, s, m, [][]int32{byteTok.Encode(p)}, 12, []int32{byteTok.EOS()}, Sampler{})
 			if err != nil {
 				t.Fatal(err)
 			}

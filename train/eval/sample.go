@@ -15,6 +15,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/llama2c"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
@@ -44,7 +45,7 @@ type SampleOptions struct {
 // SampleResult is what Sample generated.
 type SampleResult struct {
 	Text         string
-	IDs          []int32 // the new tokens, without the prompt and the EOS
+	IDs          []int32 // the new tokens, without the prompt and the stop id
 	PromptTokens int
 	Elapsed      time.Duration // the generation (prompt and new tokens), not the loading
 }
@@ -79,15 +80,22 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if err := device.Check(kind); err != nil {
 		return res, flagErr("device", "%v", err)
 	}
-	dir, spec, vals, err := loadSampleModel(o.Model)
+	src, err := loadSampleModel(o.Model)
 	if err != nil {
 		return res, err
 	}
-	tok, err := models.Tokenizer(spec, dir, o.Tokenizer)
-	if err != nil {
-		if o.Tokenizer != "" {
-			return res, flagErr("tokenizer", "%v", err)
-		}
+	spec := src.spec
+	override := o.Tokenizer
+	if override == "" {
+		override = src.tokenizer
+	}
+	tok, err := models.Tokenizer(spec, src.dir, override)
+	switch {
+	case err != nil && o.Tokenizer != "":
+		return res, flagErr("tokenizer", "%v", err)
+	case err != nil && override != "":
+		return res, flagErr("model", "the tokenizer the checkpoint was trained with (--tokenizer %s): %v; give --tokenizer", override, err)
+	case err != nil:
 		return res, flagErr("model", "%v", err)
 	}
 	be, err := device.Open(device.Config{Kind: kind, Threads: o.Threads})
@@ -109,7 +117,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	}
 	defer mm.Free()
 	m := Model{Model: mm, Spec: spec, B: B, T: MT}
-	if err := backend.Upload(be, s, m.Buffers().Params, vals); err != nil {
+	if err := backend.Upload(be, s, m.Buffers().Params, src.vals); err != nil {
 		return res, err
 	}
 	prompt := o.Prompt
@@ -126,7 +134,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	maxNew := max(o.MaxNew, 1)
 	start := time.Now()
 	if o.NoCache {
-		out, err := Generate(be, s, m, [][]int32{ids}, maxNew, tok.EOS(), smp)
+		out, err := Generate(be, s, m, [][]int32{ids}, maxNew, tokenizer.StopIDs(tok), smp)
 		if err != nil {
 			return res, fmt.Errorf("sample: %w", err)
 		}
@@ -148,7 +156,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 			return res, fmt.Errorf("sample: %w", err)
 		}
 		defer g.Close()
-		if res.IDs, err = g.Generate(ids, maxNew, tok.EOS(), smp); err != nil {
+		if res.IDs, err = g.Generate(ids, maxNew, tokenizer.StopIDs(tok), smp); err != nil {
 			return res, fmt.Errorf("sample: %w", err)
 		}
 	}
@@ -157,21 +165,45 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	return res, nil
 }
 
+// sampleSource is the model Sample continues from: its spec and
+// parameters, where its tokenizer is looked for (models.Tokenizer's src),
+// and the --tokenizer a training checkpoint records it was trained with
+// ("" when none was given).
+type sampleSource struct {
+	dir       string
+	spec      model.Spec
+	vals      []float32
+	tokenizer string
+}
+
 // loadSampleModel finds the weights path names, trying in order a
-// checkpoint file, a Hugging Face directory, a training output
-// directory's hf/ export, then its checkpoint, and returns the directory
-// the tokenizer is looked for in, the model and its parameters.
-func loadSampleModel(path string) (dir string, spec model.Spec, vals []float32, err error) {
-	fromHF := func(dir string) (string, model.Spec, []float32, error) {
+// llama2.c model file, a checkpoint file, a Hugging Face directory, a
+// training output directory's hf/ export, then its checkpoint. The
+// tokenizer of a checkpoint is the one its run trained with: the
+// --tokenizer it records, else the tokenizer of the --model it records
+// (when that still resolves to the same architecture), else the files
+// of the checkpoint's directory.
+func loadSampleModel(path string) (sampleSource, error) {
+	fromHF := func(dir string) (sampleSource, error) {
 		spec, vals, err := models.Load(dir)
 		if err != nil {
-			return "", nil, nil, flagErr("model", "%v", err)
+			return sampleSource{}, flagErr("model", "%v", err)
 		}
-		return dir, spec, vals, nil
+		return sampleSource{dir: dir, spec: spec, vals: vals}, nil
 	}
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	ckpt := path
 	switch info, statErr := os.Stat(path); {
+	case statErr == nil && !info.IsDir() && llama2c.IsModel(path):
+		spec, src, err := models.Resolve(path)
+		if err != nil {
+			return sampleSource{}, flagErr("model", "%v", err)
+		}
+		vals, err := models.LoadWeights(spec, src)
+		if err != nil {
+			return sampleSource{}, flagErr("model", "%v", err)
+		}
+		return sampleSource{dir: src, spec: spec, vals: vals}, nil
 	case statErr == nil && !info.IsDir():
 		// A checkpoint file.
 	case exists(filepath.Join(path, "config.json")):
@@ -181,20 +213,26 @@ func loadSampleModel(path string) (dir string, spec model.Spec, vals []float32, 
 	case exists(filepath.Join(path, checkpoint.FileName)):
 		ckpt = filepath.Join(path, checkpoint.FileName)
 	default:
-		return "", nil, nil, flagErr("model", "%s holds no config.json, hf/config.json or %s", path, checkpoint.FileName)
+		return sampleSource{}, flagErr("model", "%s holds no config.json, hf/config.json or %s", path, checkpoint.FileName)
 	}
 	f, err := safetensors.Open(ckpt)
 	if err != nil {
-		return "", nil, nil, flagErr("model", "%v", err)
+		return sampleSource{}, flagErr("model", "%v", err)
 	}
 	st, err := checkpoint.ReadState(f)
 	if err != nil {
-		return "", nil, nil, flagErr("model", "%v", err)
+		return sampleSource{}, flagErr("model", "%v", err)
 	}
 	// Load verifies the checksums and that every value is finite.
 	ck, err := checkpoint.Load(ckpt, st.Model, nil)
 	if err != nil {
-		return "", nil, nil, flagErr("model", "%v", err)
+		return sampleSource{}, flagErr("model", "%v", err)
 	}
-	return filepath.Dir(ckpt), st.Model, ck.Params(), nil
+	src := sampleSource{dir: filepath.Dir(ckpt), spec: st.Model, vals: ck.Params(), tokenizer: st.Settings["tokenizer"]}
+	if m := st.Settings["model"]; src.tokenizer == "" && m != "" {
+		if spec, dir, err := models.Resolve(m); err == nil && dir != "" && models.Equal(spec, st.Model) {
+			src.dir = dir
+		}
+	}
+	return src, nil
 }

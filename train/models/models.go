@@ -24,6 +24,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hf"
+	"github.com/lsp-offload/lsp-offload/train/llama2c"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -196,7 +197,8 @@ func FromDir(dir string) (model.Spec, error) {
 
 // Resolve finds the architecture of --model: a directory holding
 // config.json (src is then that directory, which the weights and the
-// tokenizer files come from), or else a preset of any family (src "").
+// tokenizer files come from), a llama2.c model file (src is the file), or
+// else a preset of any family (src "").
 func Resolve(nameOrDir string) (spec model.Spec, src string, err error) {
 	st, statErr := os.Stat(nameOrDir)
 	isDir := statErr == nil && st.IsDir()
@@ -208,6 +210,15 @@ func Resolve(nameOrDir string) (spec model.Spec, src string, err error) {
 			}
 			return spec, nameOrDir, nil
 		}
+	}
+	if statErr == nil && st.Mode().IsRegular() {
+		// A file: a llama2.c model (src is then the file, which the
+		// weights come from and the tokenizer.bin is looked for beside).
+		c, err := llama2c.ReadConfig(nameOrDir)
+		if err != nil {
+			return nil, "", err
+		}
+		return c, nameOrDir, nil
 	}
 	spec, err = Preset(nameOrDir)
 	switch {
@@ -283,6 +294,9 @@ func Tokenizer(spec model.Spec, src, override string) (tokenizer.Tokenizer, erro
 	case override != "":
 		tok, err = tokenizer.Open(override)
 		found = true
+	case isFile(src):
+		tok, err = llama2cTokenizer(src)
+		found = true
 	case src != "":
 		tok, found, err = tokenizer.FromDir(src)
 	}
@@ -309,8 +323,12 @@ func Tokenizer(spec model.Spec, src, override string) (tokenizer.Tokenizer, erro
 }
 
 // LoadWeights reads the weights of spec, as FromDir(dir) returned it,
-// from dir.
+// from dir; or, where dir is a llama2.c model file (Resolve's src), from
+// that file.
 func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
+	if isFile(dir) {
+		return llama2cWeights(spec, dir)
+	}
 	f, err := of(spec)
 	if err != nil {
 		return nil, err
@@ -319,12 +337,19 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 }
 
 // LoadInto writes the weights of spec, as FromDir(dir) returned it, from
-// dir into dst (spec's Layout, F32 or BF16) on stream s of be, and waits
-// for them.
+// dir (or a llama2.c model file, through a host copy) into dst (spec's
+// Layout, F32 or BF16) on stream s of be, and waits for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
 	f, err := of(spec)
 	if err != nil {
 		return err
+	}
+	if isFile(dir) {
+		vals, err := llama2cWeights(spec, dir)
+		if err != nil {
+			return err
+		}
+		return backend.Upload(be, s, dst, vals)
 	}
 	if f.LoadInto != nil {
 		return f.LoadInto(spec, dir, be, s, dst)
@@ -387,7 +412,7 @@ func Export(spec model.Spec, dir string, vals []float32, src string, tok tokeniz
 			}
 			return nil
 		}
-		if src == "" {
+		if src == "" || isFile(src) {
 			return nil
 		}
 		if _, err := hf.CopyTokenizerFiles(src, tmp); err != nil {

@@ -75,7 +75,7 @@ type addedToken struct {
 
 // FromDir reads the tokenizer of a checkpoint directory: tokenizer.json,
 // else vocab.json + merges.txt, with the BOS/EOS rules of the config files
-// beside them. found is false, with no error, when dir has neither; a
+// beside them, else llama2.c's tokenizer.bin. found is false, with no error, when dir has neither; a
 // directory with only SentencePiece's tokenizer.model is an error.
 func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 	p := filepath.Join(dir, "tokenizer.json")
@@ -87,6 +87,10 @@ func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 		t, err := loadVocabMerges(dir)
 		return t, true, err
 	}
+	if p := filepath.Join(dir, "tokenizer.bin"); exists(p) {
+		t, err := LoadLlama2C(p)
+		return t, true, err
+	}
 	if p := filepath.Join(dir, "tokenizer.model"); exists(p) {
 		return nil, true, fmt.Errorf("tokenizer: %s: SentencePiece model files are not read; save the tokenizer as tokenizer.json (transformers: AutoTokenizer.from_pretrained(dir).save_pretrained(dir)) or give --tokenizer", p)
 	}
@@ -94,15 +98,15 @@ func FromDir(dir string) (tok Tokenizer, found bool, err error) {
 }
 
 // Open returns the tokenizer that --tokenizer names: a builtin ("byte",
-// "gpt2"), a directory (as FromDir), a tokenizer.json file, or a vocab.json
-// with merges.txt beside it.
+// "gpt2"), a directory (as FromDir), a tokenizer.json file, a vocab.json
+// with merges.txt beside it, or a llama2.c tokenizer (a .bin file).
 func Open(arg string) (Tokenizer, error) {
 	if slices.Contains(names, arg) {
 		return ByName(arg)
 	}
 	st, err := os.Stat(arg)
 	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w (give a tokenizer.json, a vocab.json, a directory holding one, or %s)", err, strings.Join(names, ", "))
+		return nil, fmt.Errorf("tokenizer: %w (give a tokenizer.json, a vocab.json, a directory holding one, a llama2.c tokenizer .bin, or %s)", err, strings.Join(names, ", "))
 	}
 	if st.IsDir() {
 		tok, found, err := FromDir(arg)
@@ -110,12 +114,15 @@ func Open(arg string) (Tokenizer, error) {
 			return nil, err
 		}
 		if !found {
-			return nil, fmt.Errorf("tokenizer: %s holds neither tokenizer.json nor vocab.json + merges.txt", arg)
+			return nil, fmt.Errorf("tokenizer: %s holds no tokenizer.json, vocab.json + merges.txt or tokenizer.bin", arg)
 		}
 		return tok, nil
 	}
 	if filepath.Base(arg) == "vocab.json" {
 		return loadVocabMerges(filepath.Dir(arg))
+	}
+	if IsLlama2CTokenizer(arg) {
+		return LoadLlama2C(arg)
 	}
 	return Load(arg)
 }

@@ -57,6 +57,8 @@ func filesOf(tok Tokenizer) (map[string][]byte, error) {
 		return byteFiles()
 	case *gpt2Tokenizer:
 		return t.files()
+	case *scoreTokenizer:
+		return t.files()
 	}
 	return nil, fmt.Errorf("no file form for a %T", tok)
 }

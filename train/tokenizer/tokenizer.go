@@ -60,17 +60,27 @@ func ByName(name string) (Tokenizer, error) {
 // the BOS of a tokenizer whose configuration adds one (Llama's
 // add_bos_token), else none. Training and sampling both put it first.
 func Prefix(tok Tokenizer) []int32 {
-	if t, ok := tok.(*fileTokenizer); ok && t.addBOS {
-		return []int32{t.bos}
+	switch t := tok.(type) {
+	case *fileTokenizer:
+		if t.addBOS {
+			return []int32{t.bos}
+		}
+	case *scoreTokenizer:
+		return []int32{l2cBOS} // run.c's encode with bos=1, as its generate calls it
 	}
 	return nil
 }
 
 // StopIDs returns the ids that end generation: EOS, and the other ids of
-// generation_config.json's eos_token_id list (Llama-3's <|eot_id|>).
+// generation_config.json's eos_token_id list (Llama-3's <|eot_id|>); for
+// a llama2.c tokenizer EOS and BOS, where run.c's generate stops (its
+// stories models end a text with BOS).
 func StopIDs(tok Tokenizer) []int32 {
-	if t, ok := tok.(*fileTokenizer); ok {
+	switch t := tok.(type) {
+	case *fileTokenizer:
 		return slices.Clone(t.stop)
+	case *scoreTokenizer:
+		return []int32{l2cEOS, l2cBOS}
 	}
 	return []int32{tok.EOS()}
 }
@@ -78,8 +88,11 @@ func StopIDs(tok Tokenizer) []int32 {
 // Dir returns the directory the tokenizer's files were read from, "" for a
 // builtin one.
 func Dir(tok Tokenizer) string {
-	if t, ok := tok.(*fileTokenizer); ok {
+	switch t := tok.(type) {
+	case *fileTokenizer:
 		return t.dir
+	case *scoreTokenizer:
+		return t.dir()
 	}
 	return ""
 }

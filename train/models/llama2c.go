@@ -1,0 +1,48 @@
+// llama2.c model files as a source of the LLaMA family: --model names a
+// .bin file (train/llama2c reads it), whose tokenizer is the tokenizer.bin
+// beside it unless --tokenizer names one. A run from such a file records
+// a llama.Config like any LLaMA and exports a Hugging Face directory.
+
+package models
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/lsp-offload/lsp-offload/train/llama2c"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// isFile reports whether src, a model's source, is a file (a llama2.c
+// model) rather than a directory.
+func isFile(src string) bool {
+	if src == "" {
+		return false
+	}
+	st, err := os.Stat(src)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// llama2cWeights reads the weights of the llama2.c model at path, which
+// must have the architecture spec.
+func llama2cWeights(spec model.Spec, path string) ([]float32, error) {
+	c, vals, err := llama2c.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if !Equal(spec, c) {
+		return nil, fmt.Errorf("checkpoint: %s holds another architecture than the one it was resolved to", path)
+	}
+	return vals, nil
+}
+
+// llama2cTokenizer is the tokenizer.bin beside the llama2.c model at path.
+func llama2cTokenizer(path string) (tokenizer.Tokenizer, error) {
+	p := filepath.Join(filepath.Dir(path), "tokenizer.bin")
+	if _, err := os.Stat(p); err != nil {
+		return nil, fmt.Errorf("no tokenizer.bin beside the llama2.c model %s: give --tokenizer (llama2.c's tokenizer .bin, e.g. tok512.bin for stories260K)", path)
+	}
+	return tokenizer.LoadLlama2C(p)
+}
