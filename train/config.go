@@ -61,7 +61,7 @@ type Config struct {
 	NoFit         bool               // --no-fit: keep the random projectors (a control)
 	Refit         engine.Refit       // --refit: how a check makes new projectors (sum, split or random)
 	Accept        engine.Accept      // --accept: what decides whether they replace the old ones (heldout or fit)
-	Rewarm        engine.Rewarm      // --rewarm: when a refitted matrix's learning rate is re-warmed (measured, change or off)
+	Rewarm        engine.Rewarm      // --rewarm: how a refitted matrix is re-warmed (floor, measured, change or off)
 	NoGain        bool               // --no-gain: apply Delta without the projectors' per-column gains (a control)
 	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
 	StartRandom   bool               // --start-random: no projector check before step 1
@@ -93,7 +93,7 @@ func Defaults() Config {
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
-		Refit: engine.RefitSplit, Accept: engine.AcceptHeldOut, Rewarm: engine.RewarmOff, StartRandom: true,
+		Refit: engine.RefitSplit, Accept: engine.AcceptHeldOut, Rewarm: engine.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }

@@ -173,6 +173,11 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 		}
 		weights[j] = float64(b.NumTargets)
 	}
+	// Fitting micro-batch j goes to group j*groups/nFit: at most
+	// fitGroups gradients per matrix on the host, whatever the
+	// calibration size.
+	groups := min(nFit, fitGroups)
+	group := func(j int) int { return j * groups / nFit }
 	defer func() { st.calibLayer = -1 }()
 	e.checked = e.step
 	m, be, s := e.Model, e.be, e.st.Compute
@@ -180,8 +185,9 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 	var reports []CheckReport
 	for l := range st.mats {
 		st.calibLayer = l
-		// Gs[j][k]: micro-batch j's gradient of the layer's matrix k.
-		Gs := make([][][]float32, len(batches))
+		// Target-weighted sums of the layer's gradients, per group (then
+		// the held-out micro-batches, as one) and matrix.
+		sums := make([]gradSum, groups+1)
 		for j, b := range batches {
 			for _, g := range st.calib.g {
 				if err := be.Fill(s, g, 0); err != nil {
@@ -197,12 +203,16 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 			if err := calibrationPass(m, s, len(st.mats), 1/float32(b.NumTargets)); err != nil {
 				return nil, fmt.Errorf("engine: calibration pass of layer %d: %w", l, err)
 			}
-			Gs[j] = make([][]float32, len(st.mats[l]))
+			sum := &sums[groups]
+			if j < nFit {
+				sum = &sums[group(j)]
+			}
 			for k := range st.mats[l] {
-				var err error
-				if Gs[j][k], err = backend.Download(be, s, st.calib.g[k]); err != nil {
+				G, err := backend.Download(be, s, st.calib.g[k])
+				if err != nil {
 					return nil, err
 				}
+				sum.add(k, len(st.mats[l]), G, float64(b.NumTargets))
 			}
 		}
 		// In matrix order, each input's readers together with its first.
@@ -210,17 +220,19 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 			if x.in.mats[0] != x {
 				continue
 			}
-			cs := calibSet{fit: make([][][]float32, nFit), fitW: weights[:nFit]}
-			for j := range batches {
+			var cs calibSet
+			for gi := range sums {
+				if sums[gi].w == 0 {
+					continue // no held-out micro-batches
+				}
 				mine := make([][]float32, len(x.in.mats))
 				for i, y := range x.in.mats {
-					mine[i] = Gs[j][y.k]
+					mine[i] = sums[gi].mean(y.k)
 				}
-				if j < nFit {
-					cs.fit[j] = mine
+				if gi < groups {
+					cs.fit, cs.fitW = append(cs.fit, mine), append(cs.fitW, sums[gi].w)
 				} else {
-					cs.held = append(cs.held, mine)
-					cs.heldW = append(cs.heldW, weights[j])
+					cs.held = mine
 				}
 			}
 			rs, err := st.fit(x.in, cs)
@@ -233,17 +245,55 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 	return reports, nil
 }
 
-// calibSet is one input's calibration gradients: per micro-batch, one
-// gradient per reader (in the order of lspInput.mats) with the
-// micro-batch's target count as its weight; held is empty unless held-out
-// micro-batches decide.
-type calibSet struct {
-	fit, held   [][][]float32
-	fitW, heldW []float64
+// fitGroups bounds the gradients per matrix a check keeps on the host
+// (and the samples of --refit split): the fitting micro-batches beyond it
+// are averaged in groups of consecutive ones.
+const fitGroups = 8
+
+// gradSum is a target-weighted sum of micro-batch gradients, per matrix.
+type gradSum struct {
+	g [][]float32
+	w float64
 }
 
-// mean is the target-weighted mean of micro-batch gradients, per reader:
-// the gradient of all their tokens together.
+// add adds w times G to matrix k's sum (of n matrices); the weight is
+// counted once per micro-batch, with matrix 0, which every micro-batch adds.
+func (s *gradSum) add(k, n int, G []float32, w float64) {
+	if s.g == nil {
+		s.g = make([][]float32, n)
+	}
+	if s.g[k] == nil {
+		s.g[k] = make([]float32, len(G))
+	}
+	for e, v := range G {
+		s.g[k][e] += float32(w) * v
+	}
+	if k == 0 {
+		s.w += w
+	}
+}
+
+// mean is matrix k's weighted mean: the gradient of all the summed
+// micro-batches' tokens together.
+func (s *gradSum) mean(k int) []float32 {
+	out := make([]float32, len(s.g[k]))
+	for e, v := range s.g[k] {
+		out[e] = v / float32(s.w)
+	}
+	return out
+}
+
+// calibSet is one input's calibration gradients, one per reader (in the
+// order of lspInput.mats): per fitting group, with the group's target
+// count as its weight, and the held-out micro-batches' mean (nil unless
+// held-out micro-batches decide).
+type calibSet struct {
+	fit  [][][]float32
+	fitW []float64
+	held [][]float32
+}
+
+// mean is the weighted mean of the groups' gradients, per reader.
 func mean(gs [][][]float32, w []float64) [][]float32 {
 	var total float64
 	for _, v := range w {
@@ -328,8 +378,7 @@ func (st *lspState) fit(in *lspInput, cs calibSet) ([]CheckReport, error) {
 	}
 	// The held-out micro-batches decide, on the share of their gradient
 	// each pair captures (the sum over the readers).
-	if len(cs.held) > 0 {
-		held := mean(cs.held, cs.heldW)
+	if held := cs.held; held != nil {
 		var before, after float64
 		for i, x := range in.mats {
 			if reps[i].CaptureBefore, err = lsp.Capture(pOld, qOld[i], held[i]); err != nil {

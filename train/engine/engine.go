@@ -101,7 +101,7 @@ type LSPConfig struct {
 	NoFit        bool    // keep the random projectors (the compare job's control)
 	Refit        Refit   // how new projectors are made at a check ("": RefitSplit)
 	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
-	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmOff)
+	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmFloor)
 	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
 	StartRandom  bool    // no check before step 1: train on the random projectors until the first --check-every
 	Ortho        float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
@@ -193,7 +193,7 @@ func (c LSPConfig) withDefaults() LSPConfig {
 		c.Accept = AcceptHeldOut
 	}
 	if c.Rewarm == "" {
-		c.Rewarm = RewarmOff
+		c.Rewarm = RewarmFloor
 	}
 	return c
 }

@@ -323,3 +323,20 @@ func TestNewOutOfMemory(t *testing.T) {
 		be.Close()
 	}
 }
+
+// TestGradSum: a group's gradient is the target-weighted mean of its
+// micro-batches' (each the mean over its own targets), i.e. the mean over
+// all their targets.
+func TestGradSum(t *testing.T) {
+	var s gradSum
+	s.add(0, 2, []float32{1, 2}, 3)
+	s.add(1, 2, []float32{5}, 3)
+	s.add(0, 2, []float32{5, 6}, 1)
+	s.add(1, 2, []float32{1}, 1)
+	if got := s.mean(0); !slices.Equal(got, []float32{2, 3}) || s.w != 4 {
+		t.Errorf("matrix 0: mean %v over weight %v, want [2 3] over 4", got, s.w)
+	}
+	if got := s.mean(1); !slices.Equal(got, []float32{4}) {
+		t.Errorf("matrix 1: mean %v, want [4]", got)
+	}
+}
