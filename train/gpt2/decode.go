@@ -23,14 +23,12 @@ import (
 // Decoder is a GPT-2's KV-cache decoder (model.Decoder), reading the
 // parameters of the Model it came from.
 type Decoder struct {
-	m     *Model
-	cache *kvcache.Cache
-	maxT  int
+	kvcache.Buffers
+	m *Model
 
-	acts, stats, tok         backend.Tensor // allocations
-	x, ln, qkv, atty, res2   backend.Tensor // [1, C], [1, 3C] for qkv
-	fch, fchg, scratch, lgts backend.Tensor // [1, 4C] x2, [1, C], [1, V]
-	mean, rstd               backend.Tensor // F32 [1]
+	x, ln, qkv, atty, res2 backend.Tensor // [1, C], [1, 3C] for qkv
+	fch, fchg, scratch     backend.Tensor // [1, 4C] x2, [1, C]
+	mean, rstd             backend.Tensor // F32 [1]
 }
 
 var (
@@ -45,59 +43,36 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	if maxT < 1 || maxT > c.MaxT {
 		return nil, fmt.Errorf("gpt2 decoder: %d positions, want 1..n_positions=%d", maxT, c.MaxT)
 	}
-	d := &Decoder{m: m, maxT: maxT}
+	d := &Decoder{m: m, Buffers: kvcache.Buffers{Be: m.be, Positions: maxT}}
 	fail := func(what string, err error) (model.Decoder, error) {
 		d.Free()
 		return nil, fmt.Errorf("gpt2 decoder: %s: %w", what, err)
 	}
 	var err error
 	C := c.C
-	if d.cache, err = kvcache.New(m.be, kvcache.Shape{L: c.L, NH: c.NH, KVH: c.NH, HS: C / c.NH, MaxT: maxT}, m.DType); err != nil {
+	if d.Cache, err = kvcache.New(m.be, kvcache.Shape{L: c.L, NH: c.NH, KVH: c.NH, HS: C / c.NH, MaxT: maxT}, m.DType); err != nil {
 		return fail("cache", err)
 	}
-	if d.acts, err = m.be.Alloc("decoder activations", 5*C+3*C+2*4*C+c.V, m.DType); err != nil {
+	if d.Acts, err = m.be.Alloc("decoder activations", 5*C+3*C+2*4*C+c.V, m.DType); err != nil {
 		return fail("activations", err)
 	}
-	if d.stats, err = m.be.Alloc("decoder stats", 2, backend.F32); err != nil {
+	if d.Stats, err = m.be.Alloc("decoder stats", 2, backend.F32); err != nil {
 		return fail("activations", err)
 	}
-	if d.tok, err = m.be.Alloc("decoder token", 1, backend.I32); err != nil {
+	if d.Tok, err = m.be.Alloc("decoder token", 1, backend.I32); err != nil {
 		return fail("token", err)
 	}
-	a := &backend.Carver{T: d.acts}
+	a := &backend.Carver{T: d.Acts}
 	d.x, d.ln, d.atty, d.res2, d.scratch = a.Next(1, C), a.Next(1, C), a.Next(1, C), a.Next(1, C), a.Next(1, C)
-	d.qkv, d.fch, d.fchg, d.lgts = a.Next(1, 3*C), a.Next(1, 4*C), a.Next(1, 4*C), a.Next(1, c.V)
-	d.mean, d.rstd = d.stats.Slice(0, 1), d.stats.Slice(1, 1)
+	d.qkv, d.fch, d.fchg, d.Lgts = a.Next(1, 3*C), a.Next(1, 4*C), a.Next(1, 4*C), a.Next(1, c.V)
+	d.mean, d.rstd = d.Stats.Slice(0, 1), d.Stats.Slice(1, 1)
 	return d, nil
-}
-
-// Token implements model.Decoder.
-func (d *Decoder) Token() backend.Tensor { return d.tok }
-
-// Logits implements model.Decoder.
-func (d *Decoder) Logits() backend.Tensor { return d.lgts }
-
-// MaxT implements model.Decoder.
-func (d *Decoder) MaxT() int { return d.maxT }
-
-// Free implements model.Decoder.
-func (d *Decoder) Free() {
-	if d.cache != nil {
-		d.cache.Free()
-		d.cache = nil
-	}
-	for _, t := range []backend.Tensor{d.acts, d.stats, d.tok} {
-		if t.Buf != nil {
-			d.m.be.Free(t)
-		}
-	}
-	d.acts, d.stats, d.tok = backend.Tensor{}, backend.Tensor{}, backend.Tensor{}
 }
 
 // Step implements model.Decoder.
 func (d *Decoder) Step(s backend.Stream, pos int) error {
-	if pos < 0 || pos >= d.maxT {
-		return fmt.Errorf("gpt2 decoder: position %d outside 0..%d", pos, d.maxT-1)
+	if pos < 0 || pos >= d.Positions {
+		return fmt.Errorf("gpt2 decoder: position %d outside 0..%d", pos, d.Positions-1)
 	}
 	m, be, c := d.m, d.m.be, d.m.Cfg
 	C := c.C
@@ -110,7 +85,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	// The position's row of wpe, as a one-row table: the encoder adds row
 	// 0 of the table it is given.
 	wpe := m.p.wpe.Slice(pos*C, C, 1, C)
-	if err := be.EncoderForward(s, d.x, d.tok, m.p.wte, wpe, 1, 1, C); err != nil {
+	if err := be.EncoderForward(s, d.x, d.Tok, m.p.wte, wpe, 1, 1, C); err != nil {
 		return fmt.Errorf("gpt2 decoder: %w", err)
 	}
 	for l := range c.L {
@@ -118,8 +93,8 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 		err := model.Chain(
 			ln(d.ln, d.x, p.ln1w, p.ln1b),
 			linear(d.qkv, d.ln, p.qkvw, p.qkvb, C, 3*C),
-			func() error { return d.cache.Store(s, l, pos, d.qkv.Slice(C, C), d.qkv.Slice(2*C, C)) },
-			func() error { return d.cache.Attend(s, l, pos, d.qkv.Slice(0, C), d.atty) },
+			func() error { return d.Cache.Store(s, l, pos, d.qkv.Slice(C, C), d.qkv.Slice(2*C, C)) },
+			func() error { return d.Cache.Attend(s, l, pos, d.qkv.Slice(0, C), d.atty) },
 			linear(d.scratch, d.atty, p.projw, p.projb, C, C),
 			func() error { return be.Add(s, d.res2, d.x, d.scratch) },
 			ln(d.ln, d.res2, p.ln2w, p.ln2b),
@@ -134,7 +109,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	}
 	err := model.Chain(
 		ln(d.ln, d.x, m.p.lnfw, m.p.lnfb),
-		func() error { return be.Gemm(s, false, true, 1, c.V, C, 1, d.ln, m.p.wte, 0, d.lgts) },
+		func() error { return be.Gemm(s, false, true, 1, c.V, C, 1, d.ln, m.p.wte, 0, d.Lgts) },
 	)
 	if err != nil {
 		return fmt.Errorf("gpt2 decoder, head: %w", err)

@@ -30,16 +30,13 @@ import (
 // Decoder is a LLaMA's KV-cache decoder (model.Decoder), reading the
 // parameters of the Model it came from.
 type Decoder struct {
-	m     *Model
-	cache *kvcache.Cache
-	maxT  int
+	kvcache.Buffers
+	m *Model
 
-	acts, stats, tok backend.Tensor // allocations
 	x, ln, res2, scr backend.Tensor // [1, C]
 	q, k             backend.Tensor // [2, NH*HS], [2, KVH*HS]: row 1 is the position's
 	v, atty          backend.Tensor // [1, KVH*HS], [1, NH*HS]
 	gate, up, swi    backend.Tensor // [1, I]
-	lgts             backend.Tensor // [1, V]
 	rstd, freqs      backend.Tensor // F32 [1]; F32 [MaxT, HS/2]
 }
 
@@ -59,30 +56,30 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	if err := c.CheckSeqLen(maxT); err != nil {
 		return nil, fmt.Errorf("llama decoder: %w", err)
 	}
-	d := &Decoder{m: m, maxT: maxT}
+	d := &Decoder{m: m, Buffers: kvcache.Buffers{Be: m.be, Positions: maxT}}
 	fail := func(what string, err error) (model.Decoder, error) {
 		d.Free()
 		return nil, fmt.Errorf("llama decoder: %s: %w", what, err)
 	}
 	var err error
 	C, I, HS, qw, kw := c.Hidden, c.Intermediate, c.HS(), c.qWidth(), c.kvWidth()
-	if d.cache, err = kvcache.New(m.be, kvcache.Shape{L: c.NumLayers, NH: c.Heads, KVH: c.KVHeads, HS: HS, MaxT: maxT}, m.DType); err != nil {
+	if d.Cache, err = kvcache.New(m.be, kvcache.Shape{L: c.NumLayers, NH: c.Heads, KVH: c.KVHeads, HS: HS, MaxT: maxT}, m.DType); err != nil {
 		return fail("cache", err)
 	}
-	if d.acts, err = m.be.Alloc("decoder activations", 4*C+2*qw+2*kw+kw+qw+3*I+c.Vocab, m.DType); err != nil {
+	if d.Acts, err = m.be.Alloc("decoder activations", 4*C+2*qw+2*kw+kw+qw+3*I+c.Vocab, m.DType); err != nil {
 		return fail("activations", err)
 	}
-	if d.stats, err = m.be.Alloc("decoder stats", 1+maxT*HS/2, backend.F32); err != nil {
+	if d.Stats, err = m.be.Alloc("decoder stats", 1+maxT*HS/2, backend.F32); err != nil {
 		return fail("activations", err)
 	}
-	if d.tok, err = m.be.Alloc("decoder token", 1, backend.I32); err != nil {
+	if d.Tok, err = m.be.Alloc("decoder token", 1, backend.I32); err != nil {
 		return fail("token", err)
 	}
-	a := &backend.Carver{T: d.acts}
+	a := &backend.Carver{T: d.Acts}
 	d.x, d.ln, d.res2, d.scr = a.Next(1, C), a.Next(1, C), a.Next(1, C), a.Next(1, C)
 	d.q, d.k, d.v, d.atty = a.Next(2, qw), a.Next(2, kw), a.Next(1, kw), a.Next(1, qw)
-	d.gate, d.up, d.swi, d.lgts = a.Next(1, I), a.Next(1, I), a.Next(1, I), a.Next(1, c.Vocab)
-	d.rstd, d.freqs = d.stats.Slice(0, 1), d.stats.Slice(1, maxT*HS/2, maxT, HS/2)
+	d.gate, d.up, d.swi, d.Lgts = a.Next(1, I), a.Next(1, I), a.Next(1, I), a.Next(1, c.Vocab)
+	d.rstd, d.freqs = d.Stats.Slice(0, 1), d.Stats.Slice(1, maxT*HS/2, maxT, HS/2)
 	inv := c.InvFreq()
 	table := make([]float32, maxT*len(inv))
 	for t := range maxT {
@@ -96,33 +93,10 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	return d, nil
 }
 
-// Token implements model.Decoder.
-func (d *Decoder) Token() backend.Tensor { return d.tok }
-
-// Logits implements model.Decoder.
-func (d *Decoder) Logits() backend.Tensor { return d.lgts }
-
-// MaxT implements model.Decoder.
-func (d *Decoder) MaxT() int { return d.maxT }
-
-// Free implements model.Decoder.
-func (d *Decoder) Free() {
-	if d.cache != nil {
-		d.cache.Free()
-		d.cache = nil
-	}
-	for _, t := range []backend.Tensor{d.acts, d.stats, d.tok} {
-		if t.Buf != nil {
-			d.m.be.Free(t)
-		}
-	}
-	d.acts, d.stats, d.tok = backend.Tensor{}, backend.Tensor{}, backend.Tensor{}
-}
-
 // Step implements model.Decoder.
 func (d *Decoder) Step(s backend.Stream, pos int) error {
-	if pos < 0 || pos >= d.maxT {
-		return fmt.Errorf("llama decoder: position %d outside 0..%d", pos, d.maxT-1)
+	if pos < 0 || pos >= d.Positions {
+		return fmt.Errorf("llama decoder: position %d outside 0..%d", pos, d.Positions-1)
 	}
 	m, be, c := d.m, d.m.be, d.m.Cfg
 	C, I, HS, qw, kw := c.Hidden, c.Intermediate, c.HS(), c.qWidth(), c.kvWidth()
@@ -131,7 +105,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	gemm := func(out, inp, w backend.Tensor, IC, OC int) func() error {
 		return func() error { return be.Gemm(s, false, false, 1, OC, IC, 1, inp, w, 0, out) }
 	}
-	if err := be.EncoderForward(s, d.x, d.tok, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
+	if err := be.EncoderForward(s, d.x, d.Tok, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
 		return fmt.Errorf("llama decoder: %w", err)
 	}
 	for l := range c.NumLayers {
@@ -143,8 +117,8 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 			gemm(d.v, d.ln, p[slotV], C, kw),
 			func() error { return be.RoPEForward(s, d.q, d.q, freqs, 1, 2, c.Heads, HS) },
 			func() error { return be.RoPEForward(s, d.k, d.k, freqs, 1, 2, c.KVHeads, HS) },
-			func() error { return d.cache.Store(s, l, pos, k, d.v) },
-			func() error { return d.cache.Attend(s, l, pos, q, d.atty) },
+			func() error { return d.Cache.Store(s, l, pos, k, d.v) },
+			func() error { return d.Cache.Attend(s, l, pos, q, d.atty) },
 			gemm(d.scr, d.atty, p[slotO], qw, C),
 			func() error { return be.Add(s, d.res2, d.x, d.scr) },
 			func() error { return be.RMSNormForward(s, d.ln, d.rstd, d.res2, p[slotPostNorm], 1, C, c.Eps) },
@@ -160,7 +134,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	}
 	err := model.Chain(
 		func() error { return be.RMSNormForward(s, d.ln, d.rstd, d.x, m.p.norm, 1, C, c.Eps) },
-		func() error { return be.Gemm(s, false, true, 1, c.Vocab, C, 1, d.ln, m.p.head, 0, d.lgts) },
+		func() error { return be.Gemm(s, false, true, 1, c.Vocab, C, 1, d.ln, m.p.head, 0, d.Lgts) },
 	)
 	if err != nil {
 		return fmt.Errorf("llama decoder, head: %w", err)

@@ -79,21 +79,7 @@ func parseNormalizer(raw json.RawMessage, field string) ([]normalizer, error) {
 	}
 	switch t.Type {
 	case "Sequence":
-		var s struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
-		var out []normalizer
-		for i, r := range s.Normalizers {
-			n, err := parseNormalizer(r, fmt.Sprintf("%s.normalizers[%d]", field, i))
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, n...)
-		}
-		return out, nil
+		return parseSequence(raw, field, "normalizers", parseNormalizer)
 	case "Prepend":
 		var p struct {
 			Prepend string `json:"prepend"`
@@ -172,18 +158,10 @@ func parsePreTokenizer(raw json.RawMessage, field string, res *preResult) error 
 	}
 	switch t.Type {
 	case "Sequence":
-		var s struct {
-			PreTokenizers []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return fmt.Errorf("%s: %w", field, err)
-		}
-		for i, r := range s.PreTokenizers {
-			if err := parsePreTokenizer(r, fmt.Sprintf("%s.pretokenizers[%d]", field, i), res); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := parseSequence(raw, field, "pretokenizers", func(r json.RawMessage, f string) ([]struct{}, error) {
+			return nil, parsePreTokenizer(r, f, res)
+		})
+		return err
 	case "ByteLevel":
 		p := struct {
 			AddPrefixSpace bool  `json:"add_prefix_space"`
@@ -440,21 +418,7 @@ func parseDecoder(raw json.RawMessage, field string) ([]decoder, error) {
 	}
 	switch t.Type {
 	case "Sequence":
-		var s struct {
-			Decoders []json.RawMessage `json:"decoders"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
-		var out []decoder
-		for i, r := range s.Decoders {
-			d, err := parseDecoder(r, fmt.Sprintf("%s.decoders[%d]", field, i))
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, d...)
-		}
-		return out, nil
+		return parseSequence(raw, field, "decoders", parseDecoder)
 	case "ByteLevel":
 		return []decoder{decodeByteLevel}, nil
 	case "Replace":
@@ -602,6 +566,28 @@ func byteToken(t string) (byte, bool) {
 		b = b<<4 | v
 	}
 	return b, true
+}
+
+// parseSequence parses the list under key of a "Sequence" step, each
+// element by parse (named field.key[i] in errors), in order.
+func parseSequence[T any](raw json.RawMessage, field, key string, parse func(json.RawMessage, string) ([]T, error)) ([]T, error) {
+	var s map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(s[key], &items); err != nil && !isNull(s[key]) {
+		return nil, fmt.Errorf("%s.%s: %w", field, key, err)
+	}
+	var out []T
+	for i, r := range items {
+		v, err := parse(r, fmt.Sprintf("%s.%s[%d]", field, key, i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v...)
+	}
+	return out, nil
 }
 
 func isNull(raw json.RawMessage) bool {
