@@ -27,7 +27,7 @@ for f in "$corpus" "$alpaca"; do
 done
 
 exec ./bin/lsp-train compare --model mini \
-	--pretrain-task "$corpus" --pretrain-steps "${PRETRAIN_STEPS:-600}" \
+	--pretrain-task "$corpus" --pretrain-steps "${PRETRAIN_STEPS:-1600}" \
 	--task "$alpaca" --steps "${STEPS:-200}" --seeds "${SEEDS:-3}" \
 	--rows native,zero,lsp,lsp-nofit,lsp-resample \
 	--batch 8 --seq-len 256 --eval-every 25 --eval-generate 0 --timing-steps 3 --calib-samples 64 \

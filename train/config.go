@@ -65,6 +65,7 @@ type Config struct {
 	NoGain        bool               // --no-gain: apply Delta without the projectors' per-column gains (a control)
 	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
 	StartRandom   bool               // --start-random: no projector check before step 1
+	ShareLayers   bool               // --share-layers: one projector pair per matrix kind, fitted on every layer
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
@@ -248,7 +249,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
-			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom},
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom, ShareLayers: c.ShareLayers},
 		HostThreads: c.Threads,
 	}
 }

@@ -73,6 +73,7 @@ type resumeIdentity struct {
 	NoGain       bool           `flag:"no-gain" resume:"lsp"`
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
 	StartRandom  bool           `flag:"start-random" resume:"lsp"`
+	ShareLayers  bool           `flag:"share-layers" resume:"lsp"`
 }
 
 // resumeAllowed are the settings a resumed run may change; each change is

@@ -68,6 +68,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change), floor (no ramp: raise the carried second moment to the new subspace's) or off")
 	fs.Float64Var(&c.ProjOrtho, "proj-ortho", c.ProjOrtho, "lsp: weight of the projector fit's penalty on non-orthogonal columns (0: none)")
 	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp: no projector check before step 1 (train on the random projectors until the first --check-every)")
+	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
@@ -132,6 +133,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"proj-ortho", groupOffload},
 	{"no-gain", groupOffload},
 	{"start-random", groupOffload},
+	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
 	{"link-bandwidth", groupOffload},
 	{"out", groupOutput},

@@ -93,6 +93,7 @@ type Config struct {
 	NoGain       bool
 	Ortho        float64
 	StartRandom  bool
+	ShareLayers  bool
 	CalibSamples int
 }
 
@@ -497,6 +498,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
 		cfg.CheckEvery, cfg.CalibSamples, cfg.StartRandom = checkEvery, c.CalibSamples, c.StartRandom
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
+		cfg.ShareLayers = c.ShareLayers
 		if spec.refit != "" {
 			cfg.Refit = spec.refit
 		}

@@ -183,6 +183,7 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 	m, be, s := e.Model, e.be, e.st.Compute
 	bufs := m.Buffers()
 	var reports []CheckReport
+	shared := map[int][]member{} // --share-layers: by the input's first reader's index k
 	for l := range st.mats {
 		st.calibLayer = l
 		// Target-weighted sums of the layer's gradients, per group (then
@@ -235,14 +236,50 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 					cs.held = mine
 				}
 			}
-			rs, err := st.fit(x.in, cs)
+			if st.cfg.ShareLayers {
+				shared[k] = append(shared[k], member{x.in, cs})
+				continue
+			}
+			rs, err := st.fit([]member{{x.in, cs}})
 			if err != nil {
 				return nil, fmt.Errorf("engine: layer %d, matrix %d: %w", l, k, err)
 			}
 			reports = append(reports, rs...)
 		}
 	}
+	if st.cfg.ShareLayers {
+		// One fit per input kind over every layer's gradients; the
+		// reports come in the usual order, layer by layer.
+		byMember := map[*lspInput][]CheckReport{}
+		for k := range len(st.mats[0]) {
+			if len(shared[k]) == 0 {
+				continue
+			}
+			rs, err := st.fit(shared[k])
+			if err != nil {
+				return nil, fmt.Errorf("engine: matrix %d of every layer: %w", k, err)
+			}
+			for _, mb := range shared[k] {
+				byMember[mb.in], rs = rs[:len(mb.in.mats)], rs[len(mb.in.mats):]
+			}
+		}
+		for l := range st.mats {
+			for _, x := range st.mats[l] {
+				if x.in.mats[0] == x {
+					reports = append(reports, byMember[x.in]...)
+				}
+			}
+		}
+	}
 	return reports, nil
+}
+
+// member is one input (its P and readers) and its calibration gradients,
+// a member of a fit: alone, or with the same input of every layer
+// (--share-layers).
+type member struct {
+	in *lspInput
+	cs calibSet
 }
 
 // fitGroups bounds the gradients per matrix a check keeps on the host
@@ -340,114 +377,155 @@ const rewarmUnder = 0.25
 
 // fit checks the projectors of the matrices that read one input (they
 // share P) against their calibration gradients and returns one report
-// per matrix, in the order of in.mats.
-func (st *lspState) fit(in *lspInput, cs calibSet) ([]CheckReport, error) {
+// per matrix, in the order of in.mats. With several members (the same
+// input of every layer, --share-layers) one candidate pair is fitted on
+// all their gradients and replaces every member's projectors, or none.
+func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	e := st.e
 	t0 := time.Now()
-	pOld := in.P.Clone()
-	qOld := make([]*lsp.Projector, len(in.mats))
+	in := members[0].in
+	first := in.mats[0]
+	// The candidates start as copies of the first member's projectors
+	// (their shapes and, for a fit that keeps them, their values).
+	P := in.P.Clone()
 	Qs := make([]*lsp.Projector, len(in.mats))
 	for i, x := range in.mats {
-		qOld[i], Qs[i] = x.Q.Clone(), x.Q
+		Qs[i] = x.Q.Clone()
 	}
-	first := in.mats[0]
+	var samples [][][]float32
+	var weights []float64
+	for _, mb := range members {
+		samples, weights = append(samples, mb.cs.fit...), append(weights, mb.cs.fitW...)
+	}
 	seed := e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8
-	fitMean := mean(cs.fit, cs.fitW)
 	var res []lsp.FitResult
 	var err error
 	switch st.cfg.Refit {
 	case RefitRandom:
-		res, err = st.redraw(in, fitMean, seed)
+		res, err = redraw(P, Qs, mean(samples, weights), st.cfg.Alpha, seed)
 	case RefitSplit:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = lsp.FitSamples(in.P, Qs, cs.fit, st.cfg.Alpha, opts)
+		res, err = lsp.FitSamples(P, Qs, samples, st.cfg.Alpha, opts)
 	default:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = lsp.FitShared(in.P, Qs, fitMean, st.cfg.Alpha, opts)
+		res, err = lsp.FitShared(P, Qs, mean(samples, weights), st.cfg.Alpha, opts)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: fitting the projectors of %s: %w", first.name, err)
 	}
-	reps := make([]CheckReport, len(in.mats))
 	resampled := false
-	for i, x := range in.mats {
-		r := res[i]
-		reps[i] = CheckReport{Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
-			Iters: r.Iters, Resampled: r.Resampled, Reached: r.Reached}
+	for _, r := range res {
 		resampled = resampled || r.Resampled
 	}
+	reps := make([][]CheckReport, len(members))
+	for j, mb := range members {
+		reps[j] = make([]CheckReport, len(mb.in.mats))
+		for i, x := range mb.in.mats {
+			r := res[i]
+			reps[j][i] = CheckReport{Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
+				Iters: r.Iters, Resampled: r.Resampled, Reached: r.Reached}
+		}
+	}
 	// The held-out micro-batches decide, on the share of their gradient
-	// each pair captures (the sum over the readers).
-	if held := cs.held; held != nil {
+	// each pair captures (the sum over the readers and members).
+	if members[0].cs.held != nil {
 		var before, after float64
-		for i, x := range in.mats {
-			if reps[i].CaptureBefore, err = lsp.Capture(pOld, qOld[i], held[i]); err != nil {
-				return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+		for j, mb := range members {
+			if mb.cs.held == nil {
+				continue
 			}
-			reps[i].CaptureAfter = reps[i].CaptureBefore
-			if resampled {
-				if reps[i].CaptureAfter, err = lsp.Capture(in.P, x.Q, held[i]); err != nil {
+			for i, x := range mb.in.mats {
+				rp := &reps[j][i]
+				if rp.CaptureBefore, err = lsp.Capture(mb.in.P, x.Q, mb.cs.held[i]); err != nil {
 					return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
 				}
+				rp.CaptureAfter = rp.CaptureBefore
+				if resampled {
+					if rp.CaptureAfter, err = lsp.Capture(P, Qs[i], mb.cs.held[i]); err != nil {
+						return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+					}
+				}
+				before, after = before+rp.CaptureBefore, after+rp.CaptureAfter
 			}
-			before, after = before+reps[i].CaptureBefore, after+reps[i].CaptureAfter
 		}
-		if resampled && !(after > before*(1+acceptMargin)) {
+		if resampled && members[0].cs.held != nil && !(after > before*(1+acceptMargin)) {
 			// Not enough better on data the fit did not see: keep the
 			// projectors in use, and their moments.
-			*in.P = *pOld
-			for i, x := range in.mats {
-				*x.Q = *qOld[i]
-				reps[i].Rejected, reps[i].Resampled = true, false
-				reps[i].RatioAfter, reps[i].CaptureAfter = reps[i].RatioBefore, reps[i].CaptureBefore
-				reps[i].Reached = reps[i].RatioBefore <= st.cfg.Alpha
+			for j := range members {
+				for i := range reps[j] {
+					rp := &reps[j][i]
+					rp.Rejected, rp.Resampled = true, false
+					rp.RatioAfter, rp.CaptureAfter = rp.RatioBefore, rp.CaptureBefore
+					rp.Reached = rp.RatioBefore <= st.cfg.Alpha
+				}
 			}
 			resampled = false
 		}
 	}
 	if resampled {
-		for i, x := range in.mats {
-			if !reps[i].Resampled {
-				continue
-			}
-			c, err := lsp.CarryMoments(pOld, in.P, qOld[i], x.Q, x.state.M, x.state.V, carryRidge)
-			if err != nil {
-				return nil, fmt.Errorf("engine: carrying the moments of %s: %w", x.name, err)
-			}
-			reps[i].Change = c.Change
-			if x.state.Step == 0 {
-				continue
-			}
-			switch st.cfg.Rewarm {
-			case RewarmChange:
-				reps[i].Rewarm = st.rewarm.Large(c)
-			case RewarmMeasured:
-				if reps[i].Rewarm, err = st.underestimated(x, cs, i); err != nil {
-					return nil, err
-				}
-			case RewarmFloor:
-				if err := st.floorV(x, cs, i); err != nil {
-					return nil, err
-				}
-			}
-			if reps[i].Rewarm {
-				x.rewarmFrom = e.step + 1
-			}
-		}
-		if err := st.uploadP(in); err != nil {
-			return nil, err
-		}
-		for _, x := range in.mats {
-			if err := st.uploadQ(x); err != nil {
+		for j, mb := range members {
+			if err := st.replace(mb, P, Qs, reps[j]); err != nil {
 				return nil, err
 			}
 		}
 	}
 	secs := time.Since(t0).Seconds()
-	for i := range reps {
-		reps[i].Seconds = secs
+	var out []CheckReport
+	for j := range reps {
+		for i := range reps[j] {
+			reps[j][i].Seconds = secs
+		}
+		out = append(out, reps[j]...)
 	}
-	return reps, nil
+	return out, nil
+}
+
+// replace gives one member copies of the kept candidates P and Qs, carries
+// each matrix's moments from its old projectors into them, re-warms by
+// --rewarm, and uploads the projectors.
+func (st *lspState) replace(mb member, P *lsp.Projector, Qs []*lsp.Projector, reps []CheckReport) error {
+	e, in := st.e, mb.in
+	pOld := in.P
+	in.P = P.Clone()
+	for i, x := range in.mats {
+		if !reps[i].Resampled {
+			continue
+		}
+		qOld := x.Q
+		x.Q = Qs[i].Clone()
+		c, err := lsp.CarryMoments(pOld, in.P, qOld, x.Q, x.state.M, x.state.V, carryRidge)
+		if err != nil {
+			return fmt.Errorf("engine: carrying the moments of %s: %w", x.name, err)
+		}
+		reps[i].Change = c.Change
+		if x.state.Step == 0 {
+			continue
+		}
+		switch st.cfg.Rewarm {
+		case RewarmChange:
+			reps[i].Rewarm = st.rewarm.Large(c)
+		case RewarmMeasured:
+			if reps[i].Rewarm, err = st.underestimated(x, mb.cs, i); err != nil {
+				return err
+			}
+		case RewarmFloor:
+			if err := st.floorV(x, mb.cs, i); err != nil {
+				return err
+			}
+		}
+		if reps[i].Rewarm {
+			x.rewarmFrom = e.step + 1
+		}
+	}
+	if err := st.uploadP(in); err != nil {
+		return err
+	}
+	for _, x := range in.mats {
+		if err := st.uploadQ(x); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // underestimated reports whether matrix x's carried second moment (bias
@@ -496,32 +574,32 @@ func (st *lspState) floorV(x *lspMatrix, cs calibSet, i int) error {
 	return nil
 }
 
-// redraw replaces P and every Q of an input by fresh random projectors
-// (RefitRandom) and reports the bias ratios on g (per reader).
-func (st *lspState) redraw(in *lspInput, g [][]float32, seed uint64) ([]lsp.FitResult, error) {
+// redraw replaces the candidates P and Qs by fresh random projectors of
+// their shapes (RefitRandom) and reports the bias ratios on g (per reader).
+func redraw(P *lsp.Projector, Qs []*lsp.Projector, g [][]float32, alpha float64, seed uint64) ([]lsp.FitResult, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x7265647261770000)) // "redraw"
-	res := make([]lsp.FitResult, len(in.mats))
-	for i, x := range in.mats {
+	res := make([]lsp.FitResult, len(Qs))
+	for i, Q := range Qs {
 		var err error
-		if res[i].RatioBefore, err = lsp.BiasRatio(in.P, x.Q, g[i]); err != nil {
+		if res[i].RatioBefore, err = lsp.BiasRatio(P, Q, g[i]); err != nil {
 			return nil, err
 		}
 	}
-	P, err := lsp.NewProjector(in.m, in.d, in.r, rng)
+	nP, err := lsp.NewProjector(P.M, P.D, P.R, rng)
 	if err != nil {
 		return nil, err
 	}
-	*in.P = *P
-	for i, x := range in.mats {
-		Q, err := lsp.NewProjector(x.n, x.d, x.r, rng)
+	*P = *nP
+	for i, Q := range Qs {
+		nQ, err := lsp.NewProjector(Q.M, Q.D, Q.R, rng)
 		if err != nil {
 			return nil, err
 		}
-		*x.Q = *Q
-		if res[i].RatioAfter, err = lsp.BiasRatio(in.P, x.Q, g[i]); err != nil {
+		*Q = *nQ
+		if res[i].RatioAfter, err = lsp.BiasRatio(P, Q, g[i]); err != nil {
 			return nil, err
 		}
-		res[i].Resampled, res[i].Reached = true, res[i].RatioAfter <= st.cfg.Alpha
+		res[i].Resampled, res[i].Reached = true, res[i].RatioAfter <= alpha
 	}
 	return res, nil
 }

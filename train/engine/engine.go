@@ -104,7 +104,12 @@ type LSPConfig struct {
 	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmFloor)
 	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
 	StartRandom  bool    // no check before step 1: train on the random projectors until the first --check-every
-	Ortho        float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
+	// ShareLayers fits one projector pair per input kind on every layer's
+	// gradients and gives each layer a copy (the paper's code: one pair
+	// per weight shape); the ratios reported are the first layer's
+	// projectors' on all layers' gradients.
+	ShareLayers bool
+	Ortho       float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
 }
 
 // Refit is how a projector check makes candidate projectors.

@@ -340,3 +340,35 @@ func TestGradSum(t *testing.T) {
 		t.Errorf("matrix 1: mean %v, want [4]", got)
 	}
 }
+
+// TestCheckShareLayers: with --share-layers one fit serves every layer,
+// which then holds equal copies of the kept projectors (separate ones,
+// so a later refit of one layer's copy cannot alias another's).
+func TestCheckShareLayers(t *testing.T) {
+	cfg := testConfig(LSP)
+	cfg.LSP.FitIters, cfg.LSP.ShareLayers = 100, true
+	tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+	b := batches(77, 1)[0]
+	reps, err := tr.e.Check([]data.Batch{b, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != small.L*4 {
+		t.Fatalf("%d reports for %d matrices", len(reps), small.L*4)
+	}
+	for i, r := range reps {
+		if x := tr.e.lsp.mats[i/4][i%4]; r.Matrix != x.name || !r.Resampled {
+			t.Errorf("report %d: %+v, want %s refitted", i, r, x.name)
+		}
+	}
+	m0, m1 := tr.e.lsp.mats[0], tr.e.lsp.mats[1]
+	for k := range m0 {
+		if !m0[k].in.P.Equal(m1[k].in.P) || !m0[k].Q.Equal(m1[k].Q) {
+			t.Errorf("matrix %d: layers 0 and 1 hold different projectors", k)
+		}
+		if m0[k].Q == m1[k].Q || m0[k].in.P == m1[k].in.P {
+			t.Errorf("matrix %d: layers 0 and 1 share one projector object", k)
+		}
+	}
+	tr.run(t, 3) // trains on the shared projectors
+}
