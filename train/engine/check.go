@@ -1,17 +1,23 @@
 // The projector check of lsp mode (DESIGN.md section 2, "Learning the
-// projectors"): before step 1 and every --check-every steps, a calibration
-// pass forms the full gradient G of one layer's matrices at a time (that
-// layer's forward keeps its inputs X; G = X^T dY), the host measures each
+// projectors", with the changes of issue 12): every --check-every steps
+// (and before step 1 unless --start-random), a calibration pass forms the
+// full gradient G of one layer's matrices at a time, per micro-batch (that
+// layer's forward keeps its inputs X; G = X^T dY). The host measures each
 // matrix's bias ratio and refits the projectors that exceed alpha (the
-// matrices that share an input, and so P, together), carries the subspace
-// Adam moments into the new subspace and re-warms the learning rate after a
-// large change.
+// matrices that share an input, and so P, together; with --share-layers
+// that input of every layer) on the first half of the micro-batches
+// (--refit: their summed gradient, or each at once); the second half
+// decides whether the new projectors are kept (--accept heldout: they must
+// capture acceptMargin more of its gradient). Kept projectors get the
+// subspace Adam moments carried over and, by --rewarm, the second moment
+// raised to the new subspace's or the learning rate re-warmed.
 //
 // Limits: the calibration runs L forward and backward passes per
 // micro-batch (one per layer) so that only one layer's G (the sum of m n
 // over its matrices, fp32; 12 C^2 for GPT-2) and inputs (the sum of m over
-// its inputs per token; 7 C for GPT-2) are on the device at a time; the fit
-// itself runs in float64 on the host (train/lsp).
+// its inputs per token; 7 C for GPT-2) are on the device at a time; the
+// host keeps at most fitGroups + 1 such G per layer (all layers' with
+// --share-layers); the fit itself runs in float64 on the host (train/lsp).
 
 package engine
 

@@ -1,11 +1,14 @@
 // Fitting the projectors (DESIGN.md section 2, "Learning the projectors"):
-// when a matrix's bias ratio exceeds alpha, draw fresh positions and fit the
-// non-zero values by Adam on ratio^2 = ||P P^T G Q Q^T - G||^2 / ||G||^2 with
-// the analytic gradient of bias.go. Matrices that read the same input share
-// P and are fitted together on the sum of their ratio^2.
+// when a matrix's bias ratio exceeds alpha, draw fresh positions, scale
+// the draw to its best size along the objective, and fit the non-zero
+// values by Adam on ratio^2 = ||P P^T G Q Q^T - G||^2 / ||G||^2 with the
+// analytic gradient of bias.go, averaged over gradient samples
+// (FitSamples), optionally with a penalty on non-orthogonal columns.
+// Matrices that read the same input share P and are fitted together on
+// the sum of their ratio^2.
 //
-// Limits: float64 on the host, single-threaded, O(m n r + d^3) per
-// iteration per matrix (the engine runs it between steps); the fitted
+// Limits: float64 on the host, single-threaded, O(samples (m n r + d^3))
+// per iteration per matrix (the engine runs it between steps); the fitted
 // values are rounded to float32 after every Adam step, so the reported
 // ratios are those of the stored projectors exactly.
 
