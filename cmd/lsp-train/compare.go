@@ -36,6 +36,7 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.StringVar(&c.Rows, "rows", c.Rows, "comma-separated `ROWS` of the table: "+strings.Join(compare.RowNames(), ", ")+" (lsp-resample: fresh random projectors at every check)")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per batch of every run")
 	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row of every run")
+	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Var(&c.Refit, "refit", "lsp rows: `HOW` a check makes new projectors (sum, split or random; default: lsp-train's)")
 	fs.Var(&c.Accept, "accept", "lsp rows: `WHAT` decides whether new projectors replace the old (heldout or fit; default: lsp-train's)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp rows: `WHEN` a refitted matrix's learning rate is re-warmed (measured, change or off; default: lsp-train's)")

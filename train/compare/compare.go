@@ -85,6 +85,7 @@ type Config struct {
 	Seeds         int    // --seeds: fine-tuning runs per row, seeds Seed, Seed+1, ...
 	Rows          string // --rows: comma-separated row names (RowNames)
 	Batch, SeqLen int    // --batch, --seq-len of every run
+	Truncate      bool   // --truncate: cut records longer than --seq-len instead of dropping them
 	// The lsp rows' projector settings (the flags of lsp-train of the same
 	// names); the zero values are the training defaults.
 	Refit        engine.Refit
@@ -434,7 +435,7 @@ func (res *Result) score() {
 func base(c Config) train.Config {
 	cfg := train.Defaults()
 	cfg.Threads, cfg.Seed = c.Threads, c.Seed
-	cfg.Batch, cfg.SeqLen = c.Batch, c.SeqLen
+	cfg.Batch, cfg.SeqLen, cfg.Truncate = c.Batch, c.SeqLen, c.Truncate
 	cfg.EvalGenerate, cfg.CheckpointEvery = 0, 0
 	// Every run has its own subdirectory of --out, which the job re-runs
 	// into on purpose (a new pretraining, every row on every call).
