@@ -177,7 +177,7 @@ bench-gemm:
 # allows) against a STREAM triad measured in the same run on the same pinned
 # workers; the last line is "adam-vs-triad: X.XX" at 128M parameters.
 # Fine-tuning quality of lsp against native and the random-projector
-# controls, on the shared data (skips when it is absent): about 60 minutes
+# controls, on the shared data (skips when it is absent): about 70 minutes
 # on two cores, not in CI. See scripts/bench-quality.sh.
 .PHONY: bench-quality
 bench-quality: build

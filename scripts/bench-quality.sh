@@ -11,8 +11,8 @@
 # lines give the eval loss mean ± sd per row, the projector checks over
 # time (bias ratios, the share of matrices refitted, check seconds),
 # lsp-quality and lsp-recovery; out/bench-quality/compare.png has the
-# curves. Not in CI: about 60 minutes on two cores (pretraining about 15,
-# each of the 15 fine-tuning runs about 3). Extra arguments go to compare
+# curves. Not in CI: about 70 minutes on two cores (pretraining 15 to 20,
+# each of the 15 fine-tuning runs 2 to 4). Extra arguments go to compare
 # (e.g. --refit split); PRETRAIN_STEPS, STEPS and SEEDS shrink it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
