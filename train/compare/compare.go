@@ -848,22 +848,37 @@ func table(res *Result) string {
 	return b.String()
 }
 
+// meanChecks averages a row's checks over its seeds, check by check (the
+// seeds check at the same steps); nil for rows that do not check.
+func meanChecks(r Row) []CheckPoint {
+	if len(r.Seeds) == 0 || len(r.Seeds[0].Checks) == 0 {
+		return nil
+	}
+	out := slices.Clone(r.Seeds[0].Checks)
+	for i := range out {
+		var before, after, acc float64
+		for _, s := range r.Seeds {
+			if i < len(s.Checks) {
+				before, after, acc = before+s.Checks[i].RatioBefore, after+s.Checks[i].RatioAfter, acc+s.Checks[i].Accepted
+			}
+		}
+		n := float64(len(r.Seeds))
+		out[i].RatioBefore, out[i].RatioAfter, out[i].Accepted = before/n, after/n, acc/n
+	}
+	return out
+}
+
 // keptCell is a row's "refits kept" cell: per check step, the share of
 // matrices whose refit was kept, mean over seeds ("-" for rows that do
 // not check).
 func keptCell(r Row) string {
-	if len(r.Seeds) == 0 || len(r.Seeds[0].Checks) == 0 {
+	checks := meanChecks(r)
+	if checks == nil {
 		return "-"
 	}
 	var parts []string
-	for i, cp := range r.Seeds[0].Checks {
-		var sum float64
-		for _, s := range r.Seeds {
-			if i < len(s.Checks) {
-				sum += s.Checks[i].Accepted
-			}
-		}
-		parts = append(parts, fmt.Sprintf("%d: %.2f", cp.Step, sum/float64(len(r.Seeds))))
+	for _, cp := range checks {
+		parts = append(parts, fmt.Sprintf("%d: %.2f", cp.Step, cp.Accepted))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -872,19 +887,13 @@ func keptCell(r Row) string {
 func checkLines(res *Result) []string {
 	var out []string
 	for _, r := range res.Rows {
-		if len(r.Seeds) == 0 || len(r.Seeds[0].Checks) == 0 {
+		checks := meanChecks(r)
+		if checks == nil {
 			continue
 		}
 		var parts []string
-		for i, cp := range r.Seeds[0].Checks {
-			var before, after, acc float64
-			for _, s := range r.Seeds {
-				if i < len(s.Checks) {
-					before, after, acc = before+s.Checks[i].RatioBefore, after+s.Checks[i].RatioAfter, acc+s.Checks[i].Accepted
-				}
-			}
-			n := float64(len(r.Seeds))
-			parts = append(parts, fmt.Sprintf("%d: %.3f -> %.3f, %.2f", cp.Step, before/n, after/n, acc/n))
+		for _, cp := range checks {
+			parts = append(parts, fmt.Sprintf("%d: %.3f -> %.3f, %.2f", cp.Step, cp.RatioBefore, cp.RatioAfter, cp.Accepted))
 		}
 		fitted := "counts as fitted"
 		if !r.Fitted {

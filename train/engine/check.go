@@ -534,46 +534,52 @@ func (st *lspState) replace(mb member, P *lsp.Projector, Qs []*lsp.Projector, re
 	return nil
 }
 
-// underestimated reports whether matrix x's carried second moment (bias
-// corrected, summed over the d x d entries) is below rewarmUnder times
-// the mean squared norm of the fitting micro-batches' compressed
-// gradients in the new subspace; i is x's place among its input's readers.
-func (st *lspState) underestimated(x *lspMatrix, cs calibSet, i int) (bool, error) {
-	var s2 float64
-	for _, g := range cs.fit {
-		S, err := lsp.Project(x.in.P, x.Q, g[i])
-		if err != nil {
-			return false, fmt.Errorf("engine: %s: %w", x.name, err)
-		}
-		for _, v := range S {
-			s2 += v * v
-		}
-	}
-	s2 /= float64(len(cs.fit))
-	var v float64
-	for _, e := range x.state.V {
-		v += float64(e)
-	}
-	v /= 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
-	return v < rewarmUnder*s2, nil
-}
-
-// floorV raises matrix x's carried second moment to the mean S^2 of the
-// fitting micro-batches in the new subspace, entry by entry (stored times
-// Adam's bias correction 1 - beta2^step, which the step divides by); i is
-// x's place among its input's readers.
-func (st *lspState) floorV(x *lspMatrix, cs calibSet, i int) error {
+// newS2 is the mean over the fitting groups of S^2, entry by entry, of
+// matrix x's compressed gradients in its (new) subspace; i is x's place
+// among its input's readers.
+func newS2(x *lspMatrix, cs calibSet, i int) ([]float64, error) {
 	s2 := make([]float64, x.d*x.d)
 	for _, g := range cs.fit {
 		S, err := lsp.Project(x.in.P, x.Q, g[i])
 		if err != nil {
-			return fmt.Errorf("engine: %s: %w", x.name, err)
+			return nil, fmt.Errorf("engine: %s: %w", x.name, err)
 		}
 		for e, v := range S {
 			s2[e] += v * v / float64(len(cs.fit))
 		}
 	}
-	corr := 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
+	return s2, nil
+}
+
+// biasCorrection is Adam's 1 - beta2^step of matrix x, which the step
+// divides the second moment by.
+func (st *lspState) biasCorrection(x *lspMatrix) float64 {
+	return 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
+}
+
+// underestimated reports whether matrix x's carried second moment (bias
+// corrected, summed over the d x d entries) is below rewarmUnder times
+// the new subspace's (newS2, summed).
+func (st *lspState) underestimated(x *lspMatrix, cs calibSet, i int) (bool, error) {
+	s2, err := newS2(x, cs, i)
+	if err != nil {
+		return false, err
+	}
+	var want, v float64
+	for e := range s2 {
+		want, v = want+s2[e], v+float64(x.state.V[e])
+	}
+	return v/st.biasCorrection(x) < rewarmUnder*want, nil
+}
+
+// floorV raises matrix x's carried second moment to the new subspace's
+// (newS2), entry by entry, stored times Adam's bias correction.
+func (st *lspState) floorV(x *lspMatrix, cs calibSet, i int) error {
+	s2, err := newS2(x, cs, i)
+	if err != nil {
+		return err
+	}
+	corr := st.biasCorrection(x)
 	for e, v := range s2 {
 		x.state.V[e] = max(x.state.V[e], float32(v*corr))
 	}
