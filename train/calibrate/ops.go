@@ -1,0 +1,367 @@
+// The non-GEMM compute ops of the Backend contract, timed at a model
+// geometry's sizes, with their bytes (from the hazard declarations) and
+// FLOPs (see the package doc).
+
+package calibrate
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// OpSize is a model geometry at which the ops are timed: batch B x T,
+// width C, NH heads, vocabulary V, MLP width I (0: 4*C), and LSP's d and r
+// (0: 512 and 16), capped per matrix as the engine caps them.
+type OpSize struct {
+	B, T, C, NH, V, I int
+	D, R              int
+}
+
+func (g OpSize) validate() error {
+	if g.B < 1 || g.T < 1 || g.C < 1 || g.NH < 1 || g.V < 1 || g.I < 0 || g.D < 0 || g.R < 0 {
+		return fmt.Errorf("sizes must be positive")
+	}
+	if g.C%g.NH != 0 || (g.C/g.NH)%2 != 0 {
+		return fmt.Errorf("C=%d must be NH=%d times an even head size", g.C, g.NH)
+	}
+	return nil
+}
+
+func (g OpSize) withDefaults() OpSize {
+	if g.I == 0 {
+		g.I = 4 * g.C
+	}
+	if g.D == 0 {
+		g.D = 512
+	}
+	if g.R == 0 {
+		g.R = 16
+	}
+	return g
+}
+
+// opCase is one op to time: its method, sizes, cost and a closure that
+// enqueues it on tensors allocated beforehand.
+type opCase struct {
+	method, dims string
+	flops        float64
+	acc          hazard.Access
+	run          func() error
+}
+
+// bytesOf sums the declared reads and writes.
+func bytesOf(a hazard.Access) float64 {
+	var n int64
+	for _, r := range append(slices.Clone(a.Reads), a.Writes...) {
+		n += r.Hi - r.Lo
+	}
+	return float64(n)
+}
+
+// ops times every op family at geometry g.
+func (m *meter) ops(g OpSize) ([]OpSample, error) {
+	g = g.withDefaults()
+	defer m.release()
+	cases, err := m.opCases(g)
+	if err != nil {
+		return nil, err
+	}
+	var out []OpSample
+	for _, c := range cases {
+		sec, err := m.perOp(c.run)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
+		}
+		if err := positive(sec); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
+		}
+		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: bytesOf(c.acc), Seconds: sec})
+	}
+	return out, nil
+}
+
+// opCases allocates g's tensors and lists the ops on them.
+func (m *meter) opCases(g OpSize) ([]opCase, error) {
+	B, T, C, NH, V, I := g.B, g.T, g.C, g.NH, g.V, g.I
+	N, HS := B*T, C/NH
+	var err error
+	f32 := func(name string, n int, v float32) backend.Tensor {
+		if err != nil {
+			return backend.Tensor{}
+		}
+		var t backend.Tensor
+		t, err = m.alloc(name, n, backend.F32, v)
+		return t
+	}
+	i32 := func(name string, vals []int32) backend.Tensor {
+		if err != nil {
+			return backend.Tensor{}
+		}
+		var t backend.Tensor
+		if t, err = m.alloc(name, len(vals), backend.I32, 0); err == nil {
+			err = backend.UploadInt32(m.be, m.s, t, vals)
+		}
+		return t
+	}
+	be, s := m.be, m.s
+	nc := fmt.Sprintf("N=%d C=%d", N, C)
+	ni := fmt.Sprintf("n=%d", N*I)
+
+	x, y, dx, dy := f32("x", N*C, 0.5), f32("y", N*C, 0), f32("dx", N*C, 0), f32("dy", N*C, 0.25)
+	w, bias, dw, dbias := f32("w", C, 1), f32("bias", C, 0), f32("dw", C, 0), f32("dbias", C, 0)
+	mean, rstd := f32("mean", N, 0), f32("rstd", N, 1)
+	lnScratch := f32("ln scratch", max(backend.LayerNormBackwardScratch(N, C), backend.RMSNormBackwardScratch(N, C)), 0)
+	h, h2, dh := f32("h", N*I, 0.5), f32("h2", N*I, 0.5), f32("dh", N*I, 0.25)
+	hout, dup := f32("hout", N*I, 0), f32("dup", N*I, 0)
+	qkv, dqkv := f32("qkv", N*3*C, 0.5), f32("dqkv", N*3*C, 0)
+	lse := f32("lse", B*NH*T, 0)
+	attScratch := f32("attention scratch", backend.AttentionBackwardScratch(B, T, NH), 0)
+	logits, losses := f32("logits", N*V, 0), f32("losses", N, 0)
+	wte, wpe := f32("wte", V*C, 0.5), f32("wpe", T*C, 0.5)
+	toks := make([]int32, N)
+	for i := range toks {
+		toks[i] = int32(i*7919) % int32(V)
+	}
+	inp := i32("tokens", toks)
+	invFreq := f32("inv freq", HS/2, 0.01)
+	nAdam := 12 * C * C // about one transformer block's parameters
+	pw, pg, pm, pv := f32("adam w", nAdam, 0.5), f32("adam g", nAdam, 0.001), f32("adam m", nAdam, 0), f32("adam v", nAdam, 0)
+	sumSq, flag := f32("sum sq", 1, 1), f32("flag", 1, 0)
+	work, werr := be.Alloc("sum sq work", backend.SumSquaresWork, backend.F64)
+	if werr != nil {
+		return nil, werr
+	}
+	m.bufs = append(m.bufs, work)
+	bt := fmt.Sprintf("B=%d T=%d NH=%d HS=%d", B, T, NH, HS)
+	if err != nil {
+		return nil, err
+	}
+
+	cases := []opCase{
+		{"Fill", ni, 0, hazard.Fill(hout), func() error { return be.Fill(s, hout, 1) }},
+		{"Scale", ni, 0, hazard.Scale(hout), func() error { return be.Scale(s, hout, 1) }},
+		{"Add", ni, 0, hazard.Add(hout, h, h2), func() error { return be.Add(s, hout, h, h2) }},
+		{"Accumulate", ni, 0, hazard.Accumulate(hout, h), func() error { return be.Accumulate(s, hout, h) }},
+		{"CopyD2D", ni, 0, hazard.CopyD2D(hout, h), func() error { return be.CopyD2D(s, hout, h) }},
+		{"AddBias", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.AddBias(y, bias), func() error { return be.AddBias(s, y, bias, N, C) }},
+		{"BiasBackward", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.BiasBackward(dbias, dy), func() error { return be.BiasBackward(s, dbias, dy, N, C) }},
+		{"EncoderForward", nc, 0, hazard.EncoderForward(y, inp, wte, wpe), func() error { return be.EncoderForward(s, y, inp, wte, wpe, B, T, C) }},
+		{"EncoderBackward", nc, 0, hazard.EncoderBackward(wte, wpe, dy, inp), func() error { return be.EncoderBackward(s, wte, wpe, dy, inp, B, T, C) }},
+		{"LayerNormForward", nc, 0, hazard.LayerNormForward(y, mean, rstd, x, w, bias), func() error { return be.LayerNormForward(s, y, mean, rstd, x, w, bias, N, C, 1e-5) }},
+		{"LayerNormBackward", nc, 0, hazard.LayerNormBackward(dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C), func() error {
+			return be.LayerNormBackward(s, dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C)
+		}},
+		{"RMSNormForward", nc, 0, hazard.RMSNormForward(y, rstd, x, w), func() error { return be.RMSNormForward(s, y, rstd, x, w, N, C, 1e-5) }},
+		{"RMSNormBackward", nc, 0, hazard.RMSNormBackward(dx, dw, dy, x, w, rstd, lnScratch, N, C), func() error {
+			return be.RMSNormBackward(s, dx, dw, dy, x, w, rstd, lnScratch, N, C)
+		}},
+		{"GeluForward", ni, 0, hazard.GeluForward(hout, h), func() error { return be.GeluForward(s, hout, h) }},
+		{"GeluBackward", ni, 0, hazard.GeluBackward(hout, h, dh), func() error { return be.GeluBackward(s, hout, h, dh) }},
+		{"SwiGLUForward", ni, 0, hazard.SwiGLUForward(hout, h, h2), func() error { return be.SwiGLUForward(s, hout, h, h2) }},
+		{"SwiGLUBackward", ni, 0, hazard.SwiGLUBackward(hout, dup, dh, h, h2), func() error { return be.SwiGLUBackward(s, hout, dup, dh, h, h2) }},
+		{"RoPEForward", bt, 0, hazard.RoPE("rope", y, x, invFreq), func() error { return be.RoPEForward(s, y, x, invFreq, B, T, NH, HS) }},
+		{"RoPEBackward", bt, 0, hazard.RoPE("rope", dx, dy, invFreq), func() error { return be.RoPEBackward(s, dx, dy, invFreq, B, T, NH, HS) }},
+		{"CrossEntropyForwardBackward", fmt.Sprintf("N=%d V=%d", N, V), 0, hazard.CrossEntropyForwardBackward(losses, logits, inp, 1), func() error {
+			return be.CrossEntropyForwardBackward(s, losses, logits, inp, N, V, 1)
+		}},
+		{"SumSquares", fmt.Sprintf("n=%d", nAdam), 0, hazard.SumSquares(sumSq, pg, work), func() error { return be.SumSquares(s, sumSq, pg, work) }},
+		{"NonFiniteFlag", fmt.Sprintf("n=%d", N), 0, hazard.NonFiniteFlag(flag, losses), func() error { return be.NonFiniteFlag(s, flag, losses) }},
+		{"AdamW", fmt.Sprintf("n=%d", nAdam), 0, hazard.AdamW(pw, backend.Tensor{}, pg, pm, pv, sumSq, backend.Tensor{}, 1), func() error {
+			return be.AdamW(s, pw, backend.Tensor{}, pg, pm, pv, sumSq, backend.Tensor{}, backend.AdamParams{LR: 1e-4, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: 1, MaxNorm: 1})
+		}},
+	}
+	// Attention at T, T/2 and T/4 (for the rate as a function of T), the
+	// same B*T tokens each time.
+	for _, div := range []int{4, 2, 1} {
+		if T%div != 0 || (div > 1 && T/div < 16) {
+			continue
+		}
+		tb, bb := T/div, B*div
+		dims := fmt.Sprintf("B=%d T=%d NH=%d HS=%d", bb, tb, NH, HS)
+		fl := 2 * float64(bb*NH*HS) * float64(tb) * float64(tb+1)
+		cases = append(cases,
+			opCase{"AttentionForward", dims, fl, hazard.AttentionForward(y, lse, qkv), func() error {
+				return be.AttentionForward(s, y, lse, qkv, bb, tb, NH, NH, HS, backend.QKVFused)
+			}},
+			opCase{"AttentionBackward", dims, 2.5 * fl, hazard.AttentionBackward(dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH), func() error {
+				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH, NH, HS, backend.QKVFused)
+			}})
+	}
+	sp, err := m.sparseCases(g)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.be.Synchronize(m.s); err != nil {
+		return nil, err
+	}
+	return append(cases, sp...), nil
+}
+
+// sparseCases are LSP's ops for the MLP's first matrix (C x I): compress
+// its input X [BT,C] with P (C x d) and its output gradient dY [BT,I] with
+// Q (I x d), S = A B, and the apply into W [C,I].
+func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
+	BT, mm, n := g.B*g.T, g.C, g.I
+	d := lsp.CapD(g.D, mm, n)
+	r := lsp.CapR(g.R, d)
+	be, s := m.be, m.s
+	var err error
+	f32 := func(name string, k int, v float32) backend.Tensor {
+		if err != nil {
+			return backend.Tensor{}
+		}
+		var t backend.Tensor
+		t, err = m.alloc(name, k, backend.F32, v)
+		return t
+	}
+	up := func(name string, ints []int32, vals []float32) backend.Tensor {
+		if err != nil {
+			return backend.Tensor{}
+		}
+		var t backend.Tensor
+		if ints != nil {
+			if t, err = m.alloc(name, len(ints), backend.I32, 0); err == nil {
+				err = backend.UploadInt32(m.be, m.s, t, ints)
+			}
+			return t
+		}
+		if t, err = m.alloc(name, len(vals), backend.F32, 0); err == nil {
+			err = backend.Upload(m.be, m.s, t, vals)
+		}
+		return t
+	}
+	type proj struct{ colptr, rowidx, colval, idx, val backend.Tensor }
+	mk := func(rows int) proj {
+		idx, val := projector(rows, d, r)
+		cp, ri, cv, e := cpu.SparseColumns(idx, val, rows, d, r)
+		if e != nil && err == nil {
+			err = e
+		}
+		return proj{up("colptr", cp, nil), up("rowidx", ri, nil), up("colval", nil, cv), up("idx", idx, nil), up("val", nil, val)}
+	}
+	P, Q := mk(mm), mk(n)
+	X, dY := f32("X", BT*mm, 0.5), f32("dY", BT*n, 0.25)
+	A, Bm, S := f32("A", d*BT, 0), f32("B", BT*d, 0), f32("S", d*d, 0)
+	W, Tw := f32("W", mm*n, 0.5), f32("T", d*n, 0)
+	if err != nil {
+		return nil, err
+	}
+	dims := fmt.Sprintf("BT=%d m=%d n=%d d=%d r=%d", BT, mm, n, d, r)
+	return []opCase{
+		{"SparseCompressA", dims, 2 * float64(BT*mm*r), hazard.SparseCompressA(A, X, P.colptr, P.rowidx, P.colval), func() error {
+			return be.SparseCompressA(s, A, X, P.colptr, P.rowidx, P.colval, BT, mm, d)
+		}},
+		{"SparseCompressB", dims, 2 * float64(BT*n*r), hazard.SparseCompressB(Bm, dY, Q.colptr, Q.rowidx, Q.colval), func() error {
+			return be.SparseCompressB(s, Bm, dY, Q.colptr, Q.rowidx, Q.colval, BT, n, d)
+		}},
+		{"SparseS", dims, 2 * float64(d*d) * float64(BT), hazard.SparseS(S, A, Bm, false), func() error {
+			return be.SparseS(s, S, A, Bm, BT, d, false)
+		}},
+		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
+			return be.SparseApply(s, W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0)
+		}},
+	}, nil
+}
+
+// projector is a (d,r)-sparse projector of rows rows in row storage: row i
+// has r distinct columns spread over [0,d), values alternating +-1/sqrt(r).
+func projector(rows, d, r int) ([]int32, []float32) {
+	idx, val := make([]int32, rows*r), make([]float32, rows*r)
+	stride := d / r
+	v := float32(1 / math.Sqrt(float64(r)))
+	for i := range rows {
+		for k := range r {
+			idx[i*r+k] = int32((i + k*stride) % d)
+			val[i*r+k] = v
+			if (i+k)%2 == 1 {
+				val[i*r+k] = -v
+			}
+		}
+	}
+	return idx, val
+}
+
+// finishOps sets every sample's basis, efficiency and rate (GemmPeak,
+// Memory.Triad and Overhead.Op known), and sorts them by method and size.
+func (c *CPU) finishOps() {
+	for i := range c.Ops {
+		o := &c.Ops[i]
+		o.Basis, o.Rate = "bytes", o.Bytes/o.Seconds
+		if o.FLOPs > 0 {
+			o.Basis, o.Rate = "flops", o.FLOPs/o.Seconds
+		}
+		o.Eff = c.ideal(o.FLOPs, o.Bytes) / max(o.Seconds-c.Overhead.Op, o.Seconds/100)
+	}
+	slices.SortStableFunc(c.Ops, func(a, b OpSample) int {
+		if x := strings.Compare(a.Method, b.Method); x != 0 {
+			return x
+		}
+		return cmpFloat(c.ideal(a.FLOPs, a.Bytes), c.ideal(b.FLOPs, b.Bytes))
+	})
+}
+
+// ideal is max(flops/GemmPeak, bytes/Triad): an op's time at the machine's
+// best rates.
+func (c CPU) ideal(flops, bytes float64) float64 {
+	t := 0.0
+	if flops > 0 && c.GemmPeak > 0 {
+		t = flops / c.GemmPeak
+	}
+	if bytes > 0 && c.Memory.Triad > 0 {
+		t = max(t, bytes/c.Memory.Triad)
+	}
+	return t
+}
+
+// OpEff is method's efficiency at an op of the given cost: interpolated
+// linearly in log(ideal time) between the samples of method, clamped to
+// the smallest and largest; for a method not measured, the median of every
+// sample's efficiency (false).
+func (c CPU) OpEff(method string, flops, bytes float64) (float64, bool) {
+	var xs, ys, all []float64
+	for _, o := range c.Ops {
+		all = append(all, o.Eff)
+		if o.Method == method {
+			xs = append(xs, math.Log(max(c.ideal(o.FLOPs, o.Bytes), 1e-12)))
+			ys = append(ys, o.Eff)
+		}
+	}
+	if len(xs) == 0 {
+		if len(all) == 0 {
+			return 1, false
+		}
+		return median(all), false
+	}
+	return interp(xs, ys, math.Log(max(c.ideal(flops, bytes), 1e-12))), true
+}
+
+// OpTime is the seconds of one op of method costing flops and bytes:
+// max(flops/GemmPeak, bytes/Triad)/Eff + Overhead.Op. For Gemm use
+// GemmTime.
+func (c CPU) OpTime(method string, flops, bytes float64) float64 {
+	eff, _ := c.OpEff(method, flops, bytes)
+	return c.ideal(flops, bytes)/eff + c.Overhead.Op
+}
+
+// SizeOf is the op geometry of spec at batch B x T (LSP's d and r left at
+// their defaults): a GPT-2 or LLaMA configuration. The op sizes assume
+// head size C/NH, as GPT-2 and most LLaMA configurations have.
+func SizeOf(spec model.Spec, B, T int) (OpSize, error) {
+	switch c := spec.(type) {
+	case gpt2.Config:
+		return OpSize{B: B, T: T, C: c.C, NH: c.NH, V: c.V, I: 4 * c.C}, nil
+	case llama.Config:
+		return OpSize{B: B, T: T, C: c.Hidden, NH: c.Heads, V: c.Vocab, I: c.Intermediate}, nil
+	}
+	return OpSize{}, fmt.Errorf("calibrate: no op geometry for a %s model", spec.Family())
+}
