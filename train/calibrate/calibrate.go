@@ -39,13 +39,11 @@ type CPU struct {
 }
 
 // GemmShape is one Gemm call's layout and sizes: C[M,N] = op(A) op(B),
-// op(A) M x K, op(B) K x N.
+// op(A) M x K, op(B) K x N. In JSON it is its String, "NT 1024x50257x768"
+// (layout of A then B, N plain or T transposed; then M x N x K).
 type GemmShape struct {
-	TransA bool `json:"trans_a"`
-	TransB bool `json:"trans_b"`
-	M      int  `json:"m"`
-	N      int  `json:"n"`
-	K      int  `json:"k"`
+	TransA, TransB bool
+	M, N, K        int
 }
 
 // FLOPs is 2*M*N*K.
@@ -59,8 +57,38 @@ func (s GemmShape) Intensity() float64 {
 }
 
 func (s GemmShape) String() string {
-	l := map[[2]bool]string{{false, false}: "NN", {false, true}: "NT", {true, false}: "TN", {true, true}: "TT"}
-	return fmt.Sprintf("%s %dx%dx%d", l[[2]bool{s.TransA, s.TransB}], s.M, s.N, s.K)
+	l := [2]string{"N", "T"}
+	return fmt.Sprintf("%s%s %dx%dx%d", l[b2i(s.TransA)], l[b2i(s.TransB)], s.M, s.N, s.K)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// MarshalText writes String.
+func (s GemmShape) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads what MarshalText writes.
+func (s *GemmShape) UnmarshalText(b []byte) error {
+	var l string
+	var x GemmShape
+	if _, err := fmt.Sscanf(string(b), "%2s %dx%dx%d", &l, &x.M, &x.N, &x.K); err != nil || len(l) != 2 {
+		return fmt.Errorf("calibrate: gemm shape %q: want like \"NT 1024x50257x768\"", b)
+	}
+	for i, p := range []*bool{&x.TransA, &x.TransB} {
+		switch l[i] {
+		case 'N':
+		case 'T':
+			*p = true
+		default:
+			return fmt.Errorf("calibrate: gemm shape %q: layout %q, want N or T twice", b, l)
+		}
+	}
+	*s = x
+	return nil
 }
 
 // GemmSample is one measured shape.

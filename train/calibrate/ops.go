@@ -20,16 +20,21 @@ import (
 )
 
 // OpSize is a model geometry at which the ops are timed: batch B x T,
-// width C, NH heads, vocabulary V, MLP width I (0: 4*C), and LSP's d and r
+// width C, NH query heads of C/NH and KVH key/value heads (0: NH) laid out
+// as Layout says, vocabulary V, MLP width I (0: 4*C), and LSP's d and r
 // (0: 512 and 16), capped per matrix as the engine caps them.
 type OpSize struct {
-	B, T, C, NH, V, I int
-	D, R              int
+	B, T, C, NH, KVH, V, I int
+	Layout                 backend.QKVLayout
+	D, R                   int
 }
 
 func (g OpSize) validate() error {
-	if g.B < 1 || g.T < 1 || g.C < 1 || g.NH < 1 || g.V < 1 || g.I < 0 || g.D < 0 || g.R < 0 {
+	if g.B < 1 || g.T < 1 || g.C < 1 || g.NH < 1 || g.V < 1 || g.KVH < 0 || g.I < 0 || g.D < 0 || g.R < 0 {
 		return fmt.Errorf("sizes must be positive")
+	}
+	if g.KVH > 0 && g.NH%g.KVH != 0 {
+		return fmt.Errorf("NH=%d must be a multiple of KVH=%d", g.NH, g.KVH)
 	}
 	if g.C%g.NH != 0 || (g.C/g.NH)%2 != 0 {
 		return fmt.Errorf("C=%d must be NH=%d times an even head size", g.C, g.NH)
@@ -40,6 +45,9 @@ func (g OpSize) validate() error {
 func (g OpSize) withDefaults() OpSize {
 	if g.I == 0 {
 		g.I = 4 * g.C
+	}
+	if g.KVH == 0 {
+		g.KVH = g.NH
 	}
 	if g.D == 0 {
 		g.D = 512
@@ -92,7 +100,7 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 
 // opCases allocates g's tensors and lists the ops on them.
 func (m *meter) opCases(g OpSize) ([]opCase, error) {
-	B, T, C, NH, V, I := g.B, g.T, g.C, g.NH, g.V, g.I
+	B, T, C, NH, KVH, V, I := g.B, g.T, g.C, g.NH, g.KVH, g.V, g.I
 	N, HS := B*T, C/NH
 	var err error
 	f32 := func(name string, n int, v float32) backend.Tensor {
@@ -123,7 +131,7 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	lnScratch := f32("ln scratch", max(backend.LayerNormBackwardScratch(N, C), backend.RMSNormBackwardScratch(N, C)), 0)
 	h, h2, dh := f32("h", N*I, 0.5), f32("h2", N*I, 0.5), f32("dh", N*I, 0.25)
 	hout, dup := f32("hout", N*I, 0), f32("dup", N*I, 0)
-	qkv, dqkv := f32("qkv", N*3*C, 0.5), f32("dqkv", N*3*C, 0)
+	qkv, dqkv := f32("qkv", N*(NH+2*KVH)*HS, 0.5), f32("dqkv", N*(NH+2*KVH)*HS, 0)
 	lse := f32("lse", B*NH*T, 0)
 	attScratch := f32("attention scratch", backend.AttentionBackwardScratch(B, T, NH), 0)
 	logits, losses := f32("logits", N*V, 0), f32("losses", N, 0)
@@ -187,14 +195,14 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 			continue
 		}
 		tb, bb := T/div, B*div
-		dims := fmt.Sprintf("B=%d T=%d NH=%d HS=%d", bb, tb, NH, HS)
+		dims := fmt.Sprintf("B=%d T=%d NH=%d KVH=%d HS=%d %v", bb, tb, NH, KVH, HS, g.Layout)
 		fl := 2 * float64(bb*NH*HS) * float64(tb) * float64(tb+1)
 		cases = append(cases,
 			opCase{"AttentionForward", dims, fl, hazard.AttentionForward(y, lse, qkv), func() error {
-				return be.AttentionForward(s, y, lse, qkv, bb, tb, NH, NH, HS, backend.QKVFused)
+				return be.AttentionForward(s, y, lse, qkv, bb, tb, NH, KVH, HS, g.Layout)
 			}},
 			opCase{"AttentionBackward", dims, 2.5 * fl, hazard.AttentionBackward(dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH), func() error {
-				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH, NH, HS, backend.QKVFused)
+				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH, KVH, HS, g.Layout)
 			}})
 	}
 	sp, err := m.sparseCases(g)
@@ -325,16 +333,32 @@ func (c CPU) ideal(flops, bytes float64) float64 {
 
 // OpEff is method's efficiency at an op of the given cost: interpolated
 // linearly in log(ideal time) between the samples of method, clamped to
-// the smallest and largest; for a method not measured, the median of every
-// sample's efficiency (false).
+// the smallest and largest, samples of the same cost averaged
+// geometrically; for a method not measured, the median of every sample's
+// efficiency (false).
 func (c CPU) OpEff(method string, flops, bytes float64) (float64, bool) {
-	var xs, ys, all []float64
+	type pt struct{ x, y float64 }
+	var pts []pt
+	var all []float64
 	for _, o := range c.Ops {
 		all = append(all, o.Eff)
 		if o.Method == method {
-			xs = append(xs, math.Log(max(c.ideal(o.FLOPs, o.Bytes), 1e-12)))
-			ys = append(ys, o.Eff)
+			pts = append(pts, pt{math.Log(max(c.ideal(o.FLOPs, o.Bytes), 1e-12)), math.Log(o.Eff)})
 		}
+	}
+	slices.SortFunc(pts, func(a, b pt) int { return cmpFloat(a.x, b.x) })
+	var xs, ys []float64
+	var ns []int
+	for _, p := range pts {
+		if k := len(xs) - 1; k >= 0 && xs[k] == p.x { // samples of one cost: the geometric mean
+			ys[k] += p.y
+			ns[k]++
+			continue
+		}
+		xs, ys, ns = append(xs, p.x), append(ys, p.y), append(ns, 1)
+	}
+	for k := range ys {
+		ys[k] = math.Exp(ys[k] / float64(ns[k]))
 	}
 	if len(xs) == 0 {
 		if len(all) == 0 {
@@ -354,14 +378,17 @@ func (c CPU) OpTime(method string, flops, bytes float64) float64 {
 }
 
 // SizeOf is the op geometry of spec at batch B x T (LSP's d and r left at
-// their defaults): a GPT-2 or LLaMA configuration. The op sizes assume
-// head size C/NH, as GPT-2 and most LLaMA configurations have.
+// their defaults): a GPT-2 or LLaMA configuration (whose head size must be
+// its width over its heads, as in most).
 func SizeOf(spec model.Spec, B, T int) (OpSize, error) {
 	switch c := spec.(type) {
 	case gpt2.Config:
 		return OpSize{B: B, T: T, C: c.C, NH: c.NH, V: c.V, I: 4 * c.C}, nil
 	case llama.Config:
-		return OpSize{B: B, T: T, C: c.Hidden, NH: c.Heads, V: c.Vocab, I: c.Intermediate}, nil
+		if c.HS()*c.Heads != c.Hidden {
+			return OpSize{}, fmt.Errorf("calibrate: head size %d x %d heads is not the width %d", c.HS(), c.Heads, c.Hidden)
+		}
+		return OpSize{B: B, T: T, C: c.Hidden, NH: c.Heads, KVH: c.KVHeads, V: c.Vocab, I: c.Intermediate, Layout: backend.QKVPlanar}, nil
 	}
 	return OpSize{}, fmt.Errorf("calibrate: no op geometry for a %s model", spec.Family())
 }
