@@ -4,6 +4,7 @@
 package calibrate
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -80,7 +81,7 @@ func (c CPU) GemmRate(s GemmShape) float64 {
 		return 0
 	}
 	slices.SortFunc(pts, func(a, b GemmSample) int {
-		return cmpFloat(a.Shape.Intensity(), b.Shape.Intensity())
+		return cmp.Compare(a.Shape.Intensity(), b.Shape.Intensity())
 	})
 	x := math.Log(s.Intensity())
 	xs := make([]float64, len(pts))
@@ -121,16 +122,6 @@ func interp(xs, ys []float64, x float64) float64 {
 	}
 	f := (x - xs[i-1]) / (xs[i] - xs[i-1])
 	return ys[i-1] + f*(ys[i]-ys[i-1])
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // StepGemms lists the distinct Gemm shapes of one training step of spec at

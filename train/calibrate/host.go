@@ -84,6 +84,10 @@ func (m *meter) loop(f func() error) (float64, error) {
 	return median(ts), nil
 }
 
+// triadReps are the triad's timed runs (best kept), enough for one to run
+// undisturbed on a shared machine.
+const triadReps = 10
+
 // memory measures the triad on a worker pool of the thread count, and the
 // backend's Accumulate and CopyD2D on arrays of n elements.
 func (m *meter) memory(threads, n int) (Memory, error) {
@@ -91,7 +95,7 @@ func (m *meter) memory(threads, n int) (Memory, error) {
 	if err != nil {
 		return Memory{}, err
 	}
-	tr, err := pool.TriadBandwidth(n, 5)
+	tr, err := pool.TriadBandwidth(n, triadReps)
 	pool.Close()
 	if err != nil {
 		return Memory{}, err

@@ -5,6 +5,8 @@
 package calibrate
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -67,8 +69,11 @@ type opCase struct {
 	run          func() error
 }
 
-// bytesOf sums the declared reads and writes.
-func bytesOf(a hazard.Access) float64 {
+// AccessBytes is an op's bytes as this package counts them: every range
+// its hazard declaration reads plus every range it writes. A tracer that
+// calls the same train/hazard declaration on the op's arguments gets the
+// bytes the efficiencies here were measured against.
+func AccessBytes(a hazard.Access) float64 {
 	var n int64
 	for _, r := range append(slices.Clone(a.Reads), a.Writes...) {
 		n += r.Hi - r.Lo
@@ -93,7 +98,7 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 		if err := positive(sec); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
 		}
-		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: bytesOf(c.acc), Seconds: sec})
+		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: sec})
 	}
 	return out, nil
 }
@@ -102,25 +107,8 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	B, T, C, NH, KVH, V, I := g.B, g.T, g.C, g.NH, g.KVH, g.V, g.I
 	N, HS := B*T, C/NH
-	var err error
-	f32 := func(name string, n int, v float32) backend.Tensor {
-		if err != nil {
-			return backend.Tensor{}
-		}
-		var t backend.Tensor
-		t, err = m.alloc(name, n, backend.F32, v)
-		return t
-	}
-	i32 := func(name string, vals []int32) backend.Tensor {
-		if err != nil {
-			return backend.Tensor{}
-		}
-		var t backend.Tensor
-		if t, err = m.alloc(name, len(vals), backend.I32, 0); err == nil {
-			err = backend.UploadInt32(m.be, m.s, t, vals)
-		}
-		return t
-	}
+	a := &tensors{m: m}
+	f32, i32 := a.f32, a.i32
 	be, s := m.be, m.s
 	nc := fmt.Sprintf("N=%d C=%d", N, C)
 	ni := fmt.Sprintf("n=%d", N*I)
@@ -145,14 +133,10 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	nAdam := 12 * C * C // about one transformer block's parameters
 	pw, pg, pm, pv := f32("adam w", nAdam, 0.5), f32("adam g", nAdam, 0.001), f32("adam m", nAdam, 0), f32("adam v", nAdam, 0)
 	sumSq, flag := f32("sum sq", 1, 1), f32("flag", 1, 0)
-	work, werr := be.Alloc("sum sq work", backend.SumSquaresWork, backend.F64)
-	if werr != nil {
-		return nil, werr
-	}
-	m.bufs = append(m.bufs, work)
+	work := a.alloc("sum sq work", backend.SumSquaresWork, backend.F64)
 	bt := fmt.Sprintf("B=%d T=%d NH=%d HS=%d", B, T, NH, HS)
-	if err != nil {
-		return nil, err
+	if a.err != nil {
+		return nil, a.err
 	}
 
 	cases := []opCase{
@@ -223,31 +207,8 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 	d := lsp.CapD(g.D, mm, n)
 	r := lsp.CapR(g.R, d)
 	be, s := m.be, m.s
+	a := &tensors{m: m}
 	var err error
-	f32 := func(name string, k int, v float32) backend.Tensor {
-		if err != nil {
-			return backend.Tensor{}
-		}
-		var t backend.Tensor
-		t, err = m.alloc(name, k, backend.F32, v)
-		return t
-	}
-	up := func(name string, ints []int32, vals []float32) backend.Tensor {
-		if err != nil {
-			return backend.Tensor{}
-		}
-		var t backend.Tensor
-		if ints != nil {
-			if t, err = m.alloc(name, len(ints), backend.I32, 0); err == nil {
-				err = backend.UploadInt32(m.be, m.s, t, ints)
-			}
-			return t
-		}
-		if t, err = m.alloc(name, len(vals), backend.F32, 0); err == nil {
-			err = backend.Upload(m.be, m.s, t, vals)
-		}
-		return t
-	}
 	type proj struct{ colptr, rowidx, colval, idx, val backend.Tensor }
 	mk := func(rows int) proj {
 		idx, val := projector(rows, d, r)
@@ -255,13 +216,13 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 		if e != nil && err == nil {
 			err = e
 		}
-		return proj{up("colptr", cp, nil), up("rowidx", ri, nil), up("colval", nil, cv), up("idx", idx, nil), up("val", nil, val)}
+		return proj{a.i32("colptr", cp), a.i32("rowidx", ri), a.vals("colval", cv), a.i32("idx", idx), a.vals("val", val)}
 	}
 	P, Q := mk(mm), mk(n)
-	X, dY := f32("X", BT*mm, 0.5), f32("dY", BT*n, 0.25)
-	A, Bm, S := f32("A", d*BT, 0), f32("B", BT*d, 0), f32("S", d*d, 0)
-	W, Tw := f32("W", mm*n, 0.5), f32("T", d*n, 0)
-	if err != nil {
+	X, dY := a.f32("X", BT*mm, 0.5), a.f32("dY", BT*n, 0.25)
+	A, Bm, S := a.f32("A", d*BT, 0), a.f32("B", BT*d, 0), a.f32("S", d*d, 0)
+	W, Tw := a.f32("W", mm*n, 0.5), a.f32("T", d*n, 0)
+	if err := errors.Join(err, a.err); err != nil {
 		return nil, err
 	}
 	dims := fmt.Sprintf("BT=%d m=%d n=%d d=%d r=%d", BT, mm, n, d, r)
@@ -279,6 +240,49 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 			return be.SparseApply(s, W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0)
 		}},
 	}, nil
+}
+
+// tensors allocates on a meter and keeps the first error, so that a list
+// of allocations is checked once; after an error it returns empty tensors.
+type tensors struct {
+	m   *meter
+	err error
+}
+
+func (a *tensors) alloc(name string, n int, dt backend.DType) backend.Tensor {
+	if a.err != nil {
+		return backend.Tensor{}
+	}
+	t, err := a.m.alloc(name, n, dt, 0)
+	a.err = err
+	return t
+}
+
+// f32 is n elements set to v.
+func (a *tensors) f32(name string, n int, v float32) backend.Tensor {
+	if a.err != nil {
+		return backend.Tensor{}
+	}
+	t, err := a.m.alloc(name, n, backend.F32, v)
+	a.err = err
+	return t
+}
+
+// i32 and vals hold the given values.
+func (a *tensors) i32(name string, vals []int32) backend.Tensor {
+	t := a.alloc(name, len(vals), backend.I32)
+	if a.err == nil {
+		a.err = backend.UploadInt32(a.m.be, a.m.s, t, vals)
+	}
+	return t
+}
+
+func (a *tensors) vals(name string, vals []float32) backend.Tensor {
+	t := a.alloc(name, len(vals), backend.F32)
+	if a.err == nil {
+		a.err = backend.Upload(a.m.be, a.m.s, t, vals)
+	}
+	return t
 }
 
 // projector is a (d,r)-sparse projector of rows rows in row storage: row i
@@ -314,7 +318,7 @@ func (c *CPU) finishOps() {
 		if x := strings.Compare(a.Method, b.Method); x != 0 {
 			return x
 		}
-		return cmpFloat(c.ideal(a.FLOPs, a.Bytes), c.ideal(b.FLOPs, b.Bytes))
+		return cmp.Compare(c.ideal(a.FLOPs, a.Bytes), c.ideal(b.FLOPs, b.Bytes))
 	})
 }
 
@@ -346,7 +350,7 @@ func (c CPU) OpEff(method string, flops, bytes float64) (float64, bool) {
 			pts = append(pts, pt{math.Log(max(c.ideal(o.FLOPs, o.Bytes), 1e-12)), math.Log(o.Eff)})
 		}
 	}
-	slices.SortFunc(pts, func(a, b pt) int { return cmpFloat(a.x, b.x) })
+	slices.SortFunc(pts, func(a, b pt) int { return cmp.Compare(a.x, b.x) })
 	var xs, ys []float64
 	var ns []int
 	for _, p := range pts {
