@@ -34,6 +34,9 @@ type CPU struct {
 	Overhead Overhead   `json:"overhead"`
 	Link     Link       `json:"link"`
 	HostAdam HostAdam   `json:"host_adam"`
+	// Sharing pairs the compute stream's GEMM, the host Adam and a link
+	// copy on another stream.
+	Sharing []Sharing `json:"sharing"`
 	// Seconds is how long Measure took.
 	Seconds float64 `json:"measure_seconds"`
 }
@@ -156,19 +159,21 @@ type HostAdam struct {
 	BytesPerParam int     `json:"bytes_per_param"` // host.AdamBytesPerElement
 	Rate          float64 `json:"params_per_s"`    // alone
 	Eff           float64 `json:"eff"`             // Rate*BytesPerParam / Memory.Triad
-	// Contention: Adam steps and backend GEMMs of Shape looped at the same
-	// time for a while, each loop's rate, against each looped alone.
-	Contention Contention `json:"contention"`
 }
 
-// Contention is two loops' rates alone and sharing the cores.
-type Contention struct {
-	Shape      GemmShape `json:"gemm_shape"`
-	GemmAlone  float64   `json:"gemm_alone_flops"`
-	GemmShared float64   `json:"gemm_shared_flops"`
-	AdamAlone  float64   `json:"adam_alone_params_per_s"`
-	AdamShared float64   `json:"adam_shared_params_per_s"`
-	Seconds    float64   `json:"window_seconds"` // each loop's length
+// Sharing is two loops of work run at the same time on the cores they
+// share (the backend's ops and the host Adam workers use the same cores;
+// the backend's streams are goroutines), each loop's rate alone and
+// shared. Rates are in the loop's own unit: a GEMM in FLOP/s, the host
+// Adam in parameters/s, a copy in bytes/s.
+type Sharing struct {
+	A       string  `json:"a"`
+	B       string  `json:"b"`
+	AAlone  float64 `json:"a_alone"`
+	AShared float64 `json:"a_shared"`
+	BAlone  float64 `json:"b_alone"`
+	BShared float64 `json:"b_shared"`
+	Seconds float64 `json:"window_seconds"` // each loop's length
 }
 
 // Options are what to measure.
@@ -191,7 +196,7 @@ type Options struct {
 	// last-level cache); AdamParams per Adam step (0: 8M).
 	TriadElements int
 	AdamParams    int
-	// Window is each contention loop's length (0: 1 s).
+	// Window is each sharing loop's length (0: half a second).
 	Window time.Duration
 }
 
@@ -218,7 +223,7 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 		o.AdamParams = 8 << 20
 	}
 	if o.Window <= 0 {
-		o.Window = time.Second
+		o.Window = time.Second / 2
 	}
 	for _, s := range o.Gemms {
 		if s.M < 1 || s.N < 1 || s.K < 1 {
@@ -272,6 +277,9 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 	c.finishOps()
 	if c.HostAdam, err = m.hostAdam(o, c); err != nil {
 		return CPU{}, fmt.Errorf("calibrate: host adam: %w", err)
+	}
+	if c.Sharing, err = m.sharing(o, c); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: sharing: %w", err)
 	}
 	c.Seconds = time.Since(start).Seconds()
 	return c, nil

@@ -23,9 +23,11 @@
 //   - The link: the backend's CopyH2D and CopyD2H (a memcpy on this
 //     backend) as a fixed latency plus bytes over a bandwidth.
 //   - Host Adam: the fused AdamW of host/adam.go on a worker pool of the
-//     thread count, alone, and while the backend runs a GEMM at the same
-//     time, with the GEMM's rate alone and shared, since the two use the
-//     same cores.
+//     thread count.
+//   - Sharing: a backend GEMM on the compute stream, the host Adam, and a
+//     CopyH2D on a second stream, each looped alone and then two at a
+//     time, since they all run on the same cores: the planner scales an
+//     op's rate by the shared/alone ratio while the other runs.
 //
 // Conventions, which the planner's cost model must share:
 //

@@ -5,7 +5,6 @@ package calibrate
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/host"
@@ -179,8 +178,7 @@ func (a adamSet) step(pool *host.Workers) error {
 	return err
 }
 
-// hostAdam times the host Adam alone, then contention: Adam steps and
-// backend GEMMs looped alone and together.
+// hostAdam times the host Adam alone.
 func (m *meter) hostAdam(o Options, c CPU) (HostAdam, error) {
 	pool, err := host.NewWorkers(host.WorkersOptions{N: o.Threads})
 	if err != nil {
@@ -195,78 +193,5 @@ func (m *meter) hostAdam(o Options, c CPU) (HostAdam, error) {
 	}
 	h.Rate = float64(o.AdamParams) / sec
 	h.Eff = h.Rate * float64(h.BytesPerParam) / c.Memory.Triad
-
-	// The contention GEMM: the largest measured shape under a tenth of a
-	// second, or a 512 cube.
-	shape := GemmShape{M: 512, N: 512, K: 512}
-	best := 0.0
-	for _, g := range append(append([]GemmSample(nil), c.Gemm...), c.GemmSquares...) {
-		if g.Seconds < 0.1 && g.Shape.FLOPs() > best {
-			shape, best = g.Shape, g.Shape.FLOPs()
-		}
-	}
-	defer m.release()
-	A, err := m.alloc("A", shape.M*shape.K, backend.F32, 0.5)
-	if err != nil {
-		return h, err
-	}
-	B, err := m.alloc("B", shape.K*shape.N, backend.F32, 0.5)
-	if err != nil {
-		return h, err
-	}
-	C, err := m.alloc("C", shape.M*shape.N, backend.F32, 0)
-	if err != nil {
-		return h, err
-	}
-	gemm := func() error {
-		if err := m.be.Gemm(m.s, shape.TransA, shape.TransB, shape.M, shape.N, shape.K, 1, A, B, 0, C); err != nil {
-			return err
-		}
-		return m.be.Synchronize(m.s)
-	}
-	if err := gemm(); err != nil {
-		return h, err
-	}
-	adam := func() error { return a.step(pool) }
-	cn := Contention{Shape: shape, Seconds: o.Window.Seconds()}
-	var gAlone, aAlone, gShared, aShared float64
-	if gAlone, err = rate(o.Window, gemm); err != nil {
-		return h, err
-	}
-	if aAlone, err = rate(o.Window, adam); err != nil {
-		return h, err
-	}
-	var wg sync.WaitGroup
-	var errA error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		aShared, errA = rate(o.Window, adam)
-	}()
-	gShared, err = rate(o.Window, gemm)
-	wg.Wait()
-	if err != nil {
-		return h, err
-	}
-	if errA != nil {
-		return h, errA
-	}
-	cn.GemmAlone, cn.GemmShared = gAlone*shape.FLOPs(), gShared*shape.FLOPs()
-	n := float64(o.AdamParams)
-	cn.AdamAlone, cn.AdamShared = aAlone*n, aShared*n
-	h.Contention = cn
-	return h, m.ctx.Err()
-}
-
-// rate runs f back to back for about window and returns calls per second.
-func rate(window time.Duration, f func() error) (float64, error) {
-	start := time.Now()
-	calls := 0
-	for time.Since(start) < window {
-		if err := f(); err != nil {
-			return 0, err
-		}
-		calls++
-	}
-	return float64(calls) / time.Since(start).Seconds(), nil
+	return h, nil
 }
