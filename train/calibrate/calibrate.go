@@ -98,6 +98,7 @@ func (s *GemmShape) UnmarshalText(b []byte) error {
 type GemmSample struct {
 	Shape   GemmShape `json:"shape"`
 	Seconds float64   `json:"seconds"` // median per call, enqueue included
+	Best    float64   `json:"best"`    // the fastest repetition's
 	Rate    float64   `json:"flops"`   // FLOPs()/Seconds
 }
 
@@ -122,6 +123,7 @@ type OpSample struct {
 	FLOPs   float64 `json:"flops"`
 	Bytes   float64 `json:"bytes"`
 	Seconds float64 `json:"seconds"` // median per op, enqueue included
+	Best    float64 `json:"best"`    // the fastest repetition's
 	Basis   string  `json:"basis"`   // "bytes" (vs Memory.Triad) or "flops" (vs GemmPeak)
 	Eff     float64 `json:"eff"`     // ideal / (Seconds - Overhead.Op)
 	// Rate is FLOPs/Seconds for the flops basis, Bytes/Seconds otherwise.
@@ -344,6 +346,12 @@ const (
 // repetitions, others at least three, more while the item's share of the
 // budget lasts.
 func (m *meter) perOp(op func() error) (float64, error) {
+	med, _, err := m.timeOp(op)
+	return med, err
+}
+
+// timeOp is perOp that also returns the fastest repetition's time.
+func (m *meter) timeOp(op func() error) (med, best float64, err error) {
 	batch := func(k int) (float64, error) {
 		t0 := time.Now()
 		for range k {
@@ -357,14 +365,14 @@ func (m *meter) perOp(op func() error) (float64, error) {
 		return time.Since(t0).Seconds() / float64(k), nil
 	}
 	if err := m.ctx.Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := m.be.Synchronize(m.s); err != nil { // set-up ops out of the timing
-		return 0, err
+		return 0, 0, err
 	}
 	first, err := batch(1)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	k := min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9)))))
 	reps := 3
@@ -375,13 +383,13 @@ func (m *meter) perOp(op func() error) (float64, error) {
 	ts := make([]float64, reps)
 	for i := range ts {
 		if ts[i], err = batch(k); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := m.ctx.Err(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return median(ts), nil
+	return median(ts), slices.Min(ts), nil
 }
 
 func median(x []float64) float64 {

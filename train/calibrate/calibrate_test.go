@@ -56,6 +56,9 @@ func TestMeasureSmall(t *testing.T) {
 	}
 	for _, g := range append(slices.Clone(c.Gemm), c.GemmSquares...) {
 		finitePositive(t, "rate of "+g.Shape.String(), g.Rate)
+		if !(g.Best > 0 && g.Best <= g.Seconds) {
+			t.Errorf("%v: best %v s, median %v s", g.Shape, g.Best, g.Seconds)
+		}
 		if math.Abs(g.Rate*g.Seconds/g.Shape.FLOPs()-1) > 1e-9 {
 			t.Errorf("%v: rate %v x %v s is not its FLOPs", g.Shape, g.Rate, g.Seconds)
 		}
@@ -112,6 +115,9 @@ func TestMeasureSmall(t *testing.T) {
 		finitePositive(t, o.Method+" bytes", o.Bytes)
 		finitePositive(t, o.Method+" eff", o.Eff)
 		finitePositive(t, o.Method+" rate", o.Rate)
+		if !(o.Best > 0 && o.Best <= o.Seconds) {
+			t.Errorf("%s %s: best %v s, median %v s", o.Method, o.Dims, o.Best, o.Seconds)
+		}
 		if (o.Basis == "flops") != (o.FLOPs > 0) || (o.Basis != "flops" && o.Basis != "bytes") {
 			t.Errorf("%s %s: basis %q with %v FLOPs", o.Method, o.Dims, o.Basis, o.FLOPs)
 		}

@@ -17,45 +17,45 @@ import (
 func (m *meter) gemms(shapes []GemmShape) ([]GemmSample, error) {
 	var out []GemmSample
 	for _, s := range shapes {
-		sec, err := m.gemm(s)
+		sec, best, err := m.gemm(s)
 		if err != nil {
 			return nil, fmt.Errorf("%v: %w", s, err)
 		}
-		out = append(out, GemmSample{Shape: s, Seconds: sec, Rate: s.FLOPs() / sec})
+		out = append(out, GemmSample{Shape: s, Seconds: sec, Best: best, Rate: s.FLOPs() / sec})
 	}
 	return out, nil
 }
 
-func (m *meter) gemm(s GemmShape) (float64, error) {
+func (m *meter) gemm(s GemmShape) (sec, best float64, err error) {
 	defer m.release()
 	A, err := m.alloc("A", s.M*s.K, backend.F32, 0.5)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	B, err := m.alloc("B", s.K*s.N, backend.F32, 0.25)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	C, err := m.alloc("C", s.M*s.N, backend.F32, 0)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	sec, err := m.perOp(func() error {
+	sec, best, err = m.timeOp(func() error {
 		return m.be.Gemm(m.s, s.TransA, s.TransB, s.M, s.N, s.K, 1, A, B, 0, C)
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Every element is 0.5*0.25 summed over K: a broken kernel cannot
 	// report a rate.
 	got, err := backend.Download(m.be, m.s, C.Slice(s.M*s.N-1, 1))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if want := float32(s.K) / 8; got[0] != want {
-		return 0, fmt.Errorf("C[last] = %v, want %v", got[0], want)
+		return 0, 0, fmt.Errorf("C[last] = %v, want %v", got[0], want)
 	}
-	return sec, positive(sec)
+	return sec, best, positive(sec)
 }
 
 // GemmRate is the FLOP/s of a Gemm of shape s: the measured rate when s

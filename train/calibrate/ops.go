@@ -91,14 +91,14 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 	}
 	var out []OpSample
 	for _, c := range cases {
-		sec, err := m.perOp(c.run)
+		sec, best, err := m.timeOp(c.run)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
 		}
 		if err := positive(sec); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
 		}
-		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: sec})
+		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: sec, Best: best})
 	}
 	return out, nil
 }
