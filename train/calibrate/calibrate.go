@@ -4,9 +4,11 @@ package calibrate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"slices"
 	"time"
@@ -284,6 +286,22 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 		return CPU{}, fmt.Errorf("calibrate: sharing: %w", err)
 	}
 	c.Seconds = time.Since(start).Seconds()
+	return c, nil
+}
+
+// ReadFile reads a description that bench/calibrate wrote (-o).
+func ReadFile(path string) (CPU, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return CPU{}, fmt.Errorf("calibrate: %w", err)
+	}
+	var c CPU
+	if err := json.Unmarshal(b, &c); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: %s: %w", path, err)
+	}
+	if c.Threads < 1 || c.GemmPeak <= 0 || c.Memory.Triad <= 0 {
+		return CPU{}, fmt.Errorf("calibrate: %s: no threads, GEMM peak or triad bandwidth: not a machine description", path)
+	}
 	return c, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -149,9 +151,22 @@ func TestMeasureSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back CPU
-	if err := json.Unmarshal(js, &back); err != nil {
+	path := filepath.Join(t.TempDir(), "cpu.json")
+	if err := os.WriteFile(path, js, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	back, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadFile(filepath.Join(t.TempDir(), "missing.json")); err == nil {
+		t.Error("ReadFile of a missing file succeeded")
+	}
+	if err := os.WriteFile(path, []byte(`{"threads": 2}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadFile(path); err == nil {
+		t.Error("ReadFile of a description with no rates succeeded")
 	}
 	if back.GemmRate(big) != c.GemmRate(big) || back.Memory != c.Memory || len(back.Ops) != len(c.Ops) {
 		t.Errorf("JSON round trip changed the description")

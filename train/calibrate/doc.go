@@ -37,7 +37,10 @@
 //     and dispatching it (the Overhead.Op figure), as it does in a step.
 //   - An op's bytes are what the train/hazard declarations of that op say
 //     it reads plus what they say it writes (a range read and written
-//     counts twice; write-allocate is not counted, as in STREAM).
+//     counts twice; write-allocate is not counted, as in STREAM);
+//     AccessBytes sums them. The declarations name whole tensors, so the
+//     encoder counts the whole token table although it touches B*T rows
+//     of it: its efficiency can exceed 1.
 //   - FLOPs count a multiply-add as two: a GEMM 2*M*N*K; causal attention
 //     2*B*NH*HS*T*(T+1) forward (Q K^T and P V over the causal half) and
 //     2.5 times that backward (the scores recomputed, then dP, dV, dQ and
