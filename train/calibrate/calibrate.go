@@ -1,0 +1,433 @@
+// The machine description, Measure, and the timing loop every item uses.
+
+package calibrate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+)
+
+// CPU is the CPU backend as a machine, at one thread count. Rates are per
+// second; FLOP/s count a multiply-add as two.
+type CPU struct {
+	Threads int    `json:"threads"`
+	SIMD    string `json:"simd"` // the GEMM and Adam kernels' path
+	// Gemm holds the exact shapes measured; GemmSquares the square NN
+	// shapes GemmRate falls back to for others.
+	Gemm        []GemmSample `json:"gemm"`
+	GemmSquares []GemmSample `json:"gemm_squares"`
+	// GemmPeak is the highest GEMM rate measured: the reference rate of
+	// the FLOP-bound op families.
+	GemmPeak float64 `json:"gemm_peak_flops"`
+	Memory   Memory  `json:"memory"`
+	// Ops are the other compute ops, by Backend method name and size.
+	Ops      []OpSample `json:"ops"`
+	Overhead Overhead   `json:"overhead"`
+	Link     Link       `json:"link"`
+	HostAdam HostAdam   `json:"host_adam"`
+	// Sharing pairs the compute stream's GEMM, the host Adam and a link
+	// copy on another stream.
+	Sharing []Sharing `json:"sharing"`
+	// Seconds is how long Measure took.
+	Seconds float64 `json:"measure_seconds"`
+}
+
+// GemmShape is one Gemm call's layout and sizes: C[M,N] = op(A) op(B),
+// op(A) M x K, op(B) K x N. In JSON it is its String, "NT 1024x50257x768"
+// (layout of A then B, N plain or T transposed; then M x N x K).
+type GemmShape struct {
+	TransA, TransB bool
+	M, N, K        int
+}
+
+// FLOPs is 2*M*N*K.
+func (s GemmShape) FLOPs() float64 { return 2 * float64(s.M) * float64(s.N) * float64(s.K) }
+
+// Intensity is 1/(1/M + 1/N + 1/K): proportional to the FLOPs per element
+// of the three matrices, the size class GemmRate falls back on (n/3 for a
+// square n x n x n).
+func (s GemmShape) Intensity() float64 {
+	return 1 / (1/float64(s.M) + 1/float64(s.N) + 1/float64(s.K))
+}
+
+func (s GemmShape) String() string {
+	l := [2]string{"N", "T"}
+	return fmt.Sprintf("%s%s %dx%dx%d", l[b2i(s.TransA)], l[b2i(s.TransB)], s.M, s.N, s.K)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// MarshalText writes String.
+func (s GemmShape) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads what MarshalText writes.
+func (s *GemmShape) UnmarshalText(b []byte) error {
+	var l string
+	var x GemmShape
+	if _, err := fmt.Sscanf(string(b), "%2s %dx%dx%d", &l, &x.M, &x.N, &x.K); err != nil || len(l) != 2 {
+		return fmt.Errorf("calibrate: gemm shape %q: want like \"NT 1024x50257x768\"", b)
+	}
+	for i, p := range []*bool{&x.TransA, &x.TransB} {
+		switch l[i] {
+		case 'N':
+		case 'T':
+			*p = true
+		default:
+			return fmt.Errorf("calibrate: gemm shape %q: layout %q, want N or T twice", b, l)
+		}
+	}
+	*s = x
+	return nil
+}
+
+// GemmSample is one measured shape.
+type GemmSample struct {
+	Shape   GemmShape `json:"shape"`
+	Seconds float64   `json:"seconds"` // median per call, enqueue included
+	Best    float64   `json:"best"`    // the fastest repetition's
+	Rate    float64   `json:"flops"`   // FLOPs()/Seconds
+}
+
+// Memory is bandwidth in bytes/s.
+type Memory struct {
+	// Triad is STREAM's a = b + s*c on a host worker pool of the thread
+	// count, 12 bytes per element, the higher of plain and non-temporal
+	// stores: the yardstick of every memory-bound efficiency.
+	Triad         float64 `json:"triad"`
+	TriadPlain    float64 `json:"triad_plain"`
+	TriadElements int     `json:"triad_elements"`
+	// RMW is the backend's Accumulate (dst += src, 12 bytes per element),
+	// Copy its CopyD2D (8 bytes per element), on arrays of TriadElements.
+	RMW  float64 `json:"rmw"`
+	Copy float64 `json:"copy"`
+}
+
+// OpSample is one op family at one size.
+type OpSample struct {
+	Method  string  `json:"method"` // the Backend method
+	Dims    string  `json:"dims"`   // its sizes, for people
+	FLOPs   float64 `json:"flops"`
+	Bytes   float64 `json:"bytes"`
+	Seconds float64 `json:"seconds"` // median per op, enqueue included
+	Best    float64 `json:"best"`    // the fastest repetition's
+	Basis   string  `json:"basis"`   // "bytes" (vs Memory.Triad) or "flops" (vs GemmPeak)
+	Eff     float64 `json:"eff"`     // ideal / (Seconds - Overhead.Op)
+	// Rate is FLOPs/Seconds for the flops basis, Bytes/Seconds otherwise.
+	Rate float64 `json:"rate"`
+}
+
+// Overhead is fixed costs in seconds.
+type Overhead struct {
+	// Op is the cost one op adds to its stream: a Fill of one element,
+	// enqueued in a batch, per op.
+	Op float64 `json:"op"`
+	// RoundTrip is one such op enqueued alone and synchronized.
+	RoundTrip float64 `json:"round_trip"`
+	// RecordWait is an event recorded on one stream and waited on by
+	// another, per pair, in a batch.
+	RecordWait float64 `json:"record_wait"`
+	// Synchronize is Synchronize of an idle stream.
+	Synchronize float64 `json:"synchronize"`
+}
+
+// Link is the backend's CopyH2D and CopyD2H: time = Latency + bytes/bandwidth.
+type Link struct {
+	H2D        float64 `json:"h2d_bytes_per_s"`
+	D2H        float64 `json:"d2h_bytes_per_s"`
+	H2DLatency float64 `json:"h2d_latency"` // seconds, a 4-byte copy
+	D2HLatency float64 `json:"d2h_latency"`
+	Bytes      int     `json:"bytes"` // size of the bandwidth copies
+}
+
+// HostAdam is the fused host AdamW (host.Workers.AdamStep, fp32 gradient
+// pre-scanned, no bf16 copy: zero mode with an fp32 model) on a worker
+// pool of the thread count.
+type HostAdam struct {
+	Params        int     `json:"params"`          // parameters per step measured
+	BytesPerParam int     `json:"bytes_per_param"` // host.AdamBytesPerElement
+	Rate          float64 `json:"params_per_s"`    // alone
+	Eff           float64 `json:"eff"`             // Rate*BytesPerParam / Memory.Triad
+}
+
+// Sharing is two loops of work run at the same time on the cores they
+// share (the backend's ops and the host Adam workers use the same cores;
+// the backend's streams are goroutines), each loop's rate alone and
+// shared. Rates are in the loop's own unit: a GEMM in FLOP/s, the host
+// Adam in parameters/s, a copy in bytes/s.
+type Sharing struct {
+	A       string  `json:"a"`
+	B       string  `json:"b"`
+	AAlone  float64 `json:"a_alone"`
+	AShared float64 `json:"a_shared"`
+	BAlone  float64 `json:"b_alone"`
+	BShared float64 `json:"b_shared"`
+	Seconds float64 `json:"window_seconds"` // each loop's length
+}
+
+// Options are what to measure.
+type Options struct {
+	// Threads is the backend's compute threads and the host pool's
+	// workers (0: runtime.NumCPU()).
+	Threads int
+	// Gemms are the exact shapes to time (duplicates are timed once).
+	Gemms []GemmShape
+	// Ops are the geometries at which to time the other ops (none: only
+	// GEMM, memory, overhead, link and host Adam).
+	Ops []OpSize
+	// Budget is the time to aim for in all (0: 30 s): each item gets a
+	// share, and at least a warm-up and two or three timed repetitions,
+	// so large shapes may take longer.
+	Budget time.Duration
+	// Squares are the sizes of the fallback GEMMs (nil: 32 to 1024).
+	Squares []int
+	// TriadElements per array (0: host.TriadMinElements(), four times the
+	// last-level cache); AdamParams per Adam step (0: 8M).
+	TriadElements int
+	AdamParams    int
+	// Window is each sharing loop's length (0: half a second).
+	Window time.Duration
+}
+
+// DefaultSquares are the fallback GEMM sizes.
+var DefaultSquares = []int{32, 64, 128, 256, 512, 1024}
+
+// Measure times everything Options ask for and returns the description.
+// It stops early with ctx's error when ctx is done.
+func Measure(ctx context.Context, o Options) (CPU, error) {
+	start := time.Now()
+	if o.Threads <= 0 {
+		o.Threads = runtime.NumCPU()
+	}
+	if o.Budget <= 0 {
+		o.Budget = 30 * time.Second
+	}
+	if o.Squares == nil {
+		o.Squares = DefaultSquares
+	}
+	if o.TriadElements <= 0 {
+		o.TriadElements = host.TriadMinElements()
+	}
+	if o.AdamParams <= 0 {
+		o.AdamParams = 8 << 20
+	}
+	if o.Window <= 0 {
+		o.Window = time.Second / 2
+	}
+	for _, s := range o.Gemms {
+		if s.M < 1 || s.N < 1 || s.K < 1 {
+			return CPU{}, fmt.Errorf("calibrate: gemm shape %v: sizes must be positive", s)
+		}
+	}
+	for _, g := range o.Ops {
+		if err := g.validate(); err != nil {
+			return CPU{}, fmt.Errorf("calibrate: op size %+v: %w", g, err)
+		}
+	}
+	be := cpu.New(cpu.Config{Threads: o.Threads})
+	defer be.Close()
+	m := &meter{ctx: ctx, be: be, s: be.DefaultStream()}
+	// Shares of the budget: one per GEMM shape and square, one per op
+	// sample (about 30 per geometry), and a few for the rest.
+	items := len(o.Gemms) + len(o.Squares) + 30*len(o.Ops) + 10
+	m.share = o.Budget / time.Duration(items)
+
+	c := CPU{Threads: o.Threads, SIMD: host.ActiveSIMD().String()}
+	var err error
+	if c.Overhead, err = m.overhead(); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: overhead: %w", err)
+	}
+	if c.Gemm, err = m.gemms(dedupe(o.Gemms)); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: gemm: %w", err)
+	}
+	var sq []GemmShape
+	for _, n := range o.Squares {
+		sq = append(sq, GemmShape{M: n, N: n, K: n})
+	}
+	if c.GemmSquares, err = m.gemms(sq); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: gemm squares: %w", err)
+	}
+	for _, g := range append(slices.Clone(c.Gemm), c.GemmSquares...) {
+		c.GemmPeak = max(c.GemmPeak, g.Rate)
+	}
+	if c.Memory, err = m.memory(o.Threads, o.TriadElements); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: memory: %w", err)
+	}
+	if c.Link, err = m.link(); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: link: %w", err)
+	}
+	for _, g := range o.Ops {
+		ops, err := m.ops(g)
+		if err != nil {
+			return CPU{}, fmt.Errorf("calibrate: ops at %+v: %w", g, err)
+		}
+		c.Ops = append(c.Ops, ops...)
+	}
+	c.finishOps()
+	if c.HostAdam, err = m.hostAdam(o, c); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: host adam: %w", err)
+	}
+	if c.Sharing, err = m.sharing(o, c); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: sharing: %w", err)
+	}
+	c.Seconds = time.Since(start).Seconds()
+	return c, nil
+}
+
+// ReadFile reads a description that bench/calibrate wrote (-o).
+func ReadFile(path string) (CPU, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return CPU{}, fmt.Errorf("calibrate: %w", err)
+	}
+	var c CPU
+	if err := json.Unmarshal(b, &c); err != nil {
+		return CPU{}, fmt.Errorf("calibrate: %s: %w", path, err)
+	}
+	if c.Threads < 1 || c.GemmPeak <= 0 || c.Memory.Triad <= 0 {
+		return CPU{}, fmt.Errorf("calibrate: %s: no threads, GEMM peak or triad bandwidth: not a machine description", path)
+	}
+	return c, nil
+}
+
+func dedupe(s []GemmShape) []GemmShape {
+	var out []GemmShape
+	for _, x := range s {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// meter times work on one backend.
+type meter struct {
+	ctx   context.Context
+	be    *cpu.Backend
+	s     backend.Stream
+	share time.Duration // the budget of one item
+	bufs  []backend.Tensor
+}
+
+// alloc allocates n elements of dt and fills them with v, so that every
+// page is touched before anything is timed.
+func (m *meter) alloc(name string, n int, dt backend.DType, v float32) (backend.Tensor, error) {
+	t, err := m.be.Alloc(name, max(n, 1), dt)
+	if err != nil {
+		return t, err
+	}
+	m.bufs = append(m.bufs, t)
+	if dt == backend.F32 || dt == backend.BF16 {
+		if err := m.be.Fill(m.s, t, v); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
+}
+
+// release frees what alloc allocated.
+func (m *meter) release() {
+	if err := m.be.Synchronize(m.s); err != nil {
+		return // the next measurement reports the sticky error
+	}
+	for _, t := range m.bufs {
+		m.be.Free(t)
+	}
+	m.bufs = nil
+}
+
+// timing is the cap on batch and repetition counts.
+const (
+	minBatch = 2 * time.Millisecond // a batch of ops at least this long
+	maxBatch = 1000
+	maxReps  = 15
+)
+
+// perOp returns the median seconds of one enqueue of op, which is timed in
+// batches (enqueued back to back, then one Synchronize) after a warm-up
+// batch of one. Items slower than a quarter second get two timed
+// repetitions, others at least three, more while the item's share of the
+// budget lasts.
+func (m *meter) perOp(op func() error) (float64, error) {
+	med, _, err := m.timeOp(op)
+	return med, err
+}
+
+// timeOp is perOp that also returns the fastest repetition's time.
+func (m *meter) timeOp(op func() error) (med, best float64, err error) {
+	batch := func(k int) (float64, error) {
+		t0 := time.Now()
+		for range k {
+			if err := op(); err != nil {
+				return 0, err
+			}
+		}
+		if err := m.be.Synchronize(m.s); err != nil {
+			return 0, err
+		}
+		return time.Since(t0).Seconds() / float64(k), nil
+	}
+	if err := m.ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	if err := m.be.Synchronize(m.s); err != nil { // set-up ops out of the timing
+		return 0, 0, err
+	}
+	first, err := batch(1)
+	if err != nil {
+		return 0, 0, err
+	}
+	k := min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9)))))
+	reps := 3
+	if first > 0.25 {
+		reps = 2
+	}
+	reps = min(maxReps, max(reps, int(m.share.Seconds()/(float64(k)*max(first, 1e-9)))))
+	ts := make([]float64, reps)
+	for i := range ts {
+		if ts[i], err = batch(k); err != nil {
+			return 0, 0, err
+		}
+		if err := m.ctx.Err(); err != nil {
+			return 0, 0, err
+		}
+	}
+	return median(ts), slices.Min(ts), nil
+}
+
+func median(x []float64) float64 {
+	s := slices.Clone(x)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return math.NaN()
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+var errNoTime = errors.New("calibrate: measured time is not positive")
+
+func positive(sec float64) error {
+	if !(sec > 0) || math.IsInf(sec, 0) {
+		return errNoTime
+	}
+	return nil
+}
