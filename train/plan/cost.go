@@ -130,3 +130,67 @@ func Predict(g *engine.Graph, ops []trace.Op, m Machine) (Prediction, error) {
 	}
 	return Prediction{Result: res, Tasks: tasks}, nil
 }
+
+// Sequential returns tasks as the sequential interpreter runs them: each
+// after the one before it in list order, whatever its queue.
+func Sequential(tasks []Task) []Task {
+	out := make([]Task, len(tasks))
+	for i, t := range tasks {
+		t.Deps = nil
+		if i > 0 {
+			t.Deps = []int{i - 1}
+		}
+		out[i] = t
+	}
+	return out
+}
+
+// Config is one planning question: a model, its batch and an engine
+// configuration (its Mode, LSP flags and Pipelined schedule).
+type Config struct {
+	Arch        model.Arch
+	B, T, Accum int
+	DType       backend.DType
+	Engine      engine.Config
+}
+
+// Report is the plan of one configuration on one machine.
+type Report struct {
+	Memory     engine.Plan
+	DeviceFits bool // Memory.DeviceTotal() <= the GPU's memory
+	HostFits   bool // Memory.HostTotal() <= the host's memory
+	Prediction
+	TokensPerSec float64 // B*T*Accum / step
+}
+
+// Plan predicts the memory and the step time of c on m.
+func Plan(c Config, m Machine) (Report, error) {
+	mem, err := engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
+	if err != nil {
+		return Report{}, err
+	}
+	if err := m.Validate(); err != nil {
+		return Report{}, err
+	}
+	g, ops, err := Trace(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
+	if err != nil {
+		return Report{}, err
+	}
+	tasks, err := Tasks(g, ops, m)
+	if err != nil {
+		return Report{}, err
+	}
+	if !c.Engine.Pipelined {
+		tasks = Sequential(tasks)
+	}
+	res, err := Simulate(tasks, m.Resources())
+	if err != nil {
+		return Report{}, err
+	}
+	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostTotal() <= m.Host.Memory,
+		Prediction: Prediction{Result: res, Tasks: tasks}}
+	if res.Step > 0 {
+		r.TokensPerSec = float64(c.B*c.T*c.Accum) / res.Step
+	}
+	return r, nil
+}
