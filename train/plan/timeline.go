@@ -113,7 +113,6 @@ func Timeline(p Prediction, workers int, title string) ([]byte, error) {
 		fill(img, xx, axisY, xx+1, axisY+5, black)
 		text(img, xx-10, axisY+18, fmtSeconds(t, step), black)
 	}
-	text(img, width-right-160, axisY+32, fmt.Sprintf("step %s", fmtSeconds(p.Step, p.Step/1000)), black)
 	for i, f := range fams {
 		lx, ly := left+(i%6)*210, legendY+(i/6)*20
 		fill(img, lx, ly-10, lx+14, ly+2, familyColor[f])
