@@ -159,6 +159,13 @@ func (o planOptions) parse() (planJob, error) {
 		m.Host.Workers = o.hostWorkers
 		j.machine = m
 	}
+	if len(errs) == 0 {
+		for _, mode := range j.modes {
+			if err := o.engineConfig(j, mode).Validate(); err != nil {
+				errs = append(errs, err) // names its flag
+			}
+		}
+	}
 	return j, errors.Join(errs...)
 }
 
