@@ -13,16 +13,22 @@ import (
 )
 
 // OpTime is the time of one recorded op on m, alone: a copy across the
-// link latency + bytes/bandwidth of its direction; any other op
-// max(FLOPs/(peak*eff), bytes/(memory bandwidth*eff)) + the launch
-// overhead, peak the bf16 tensor rate for bf16 GEMMs and attention and the
-// fp32 rate for everything else.
+// link latency + bytes/bandwidth of its direction; any other op its
+// measured time when GPU.Measured has one, else max(FLOPs/(peak*eff),
+// bytes/(memory bandwidth*eff)) + the launch overhead, peak the bf16
+// tensor rate for bf16 GEMMs and attention and the fp32 rate for
+// everything else.
 func (m Machine) OpTime(o trace.Op) float64 {
 	switch o.Link {
 	case trace.H2D:
 		return m.Link.Latency + float64(o.Bytes)/m.Link.H2D
 	case trace.D2H:
 		return m.Link.Latency + float64(o.Bytes)/m.Link.D2H
+	}
+	if m.GPU.Measured != nil {
+		if t, ok := m.GPU.Measured(o); ok {
+			return t
+		}
 	}
 	eff := 1.0
 	if e, ok := m.GPU.Eff[o.Family]; ok {

@@ -49,6 +49,11 @@ type GPU struct {
 	// threads compute uses (0: every core).
 	SharesHost     bool
 	ComputeThreads int
+	// Measured, when set, gives an op's time alone from measurements
+	// (a calibration's table, by method and shapes); ok false falls back
+	// to the peak-and-efficiency model. Copies across the link are always
+	// the Link's.
+	Measured func(o trace.Op) (seconds float64, ok bool)
 }
 
 // Link is the host-device interconnect.

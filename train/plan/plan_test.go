@@ -83,6 +83,15 @@ func TestOpTime(t *testing.T) {
 	if got, want := m.OpTime(e), 4e6/(2039e9*0.8)+5e-6; math.Abs(got-want) > 1e-15 {
 		t.Errorf("elementwise %g s, want %g", got, want)
 	}
+	// A measured time replaces the model's, where there is one.
+	m.GPU.Measured = func(o trace.Op) (float64, bool) { return 0.25, o.Family == trace.Gemm }
+	if got := m.OpTime(g); got != 0.25 {
+		t.Errorf("measured gemm %g s, want 0.25", got)
+	}
+	if got, want := m.OpTime(e), 4e6/(2039e9*0.8)+5e-6; math.Abs(got-want) > 1e-15 {
+		t.Errorf("unmeasured elementwise %g s, want %g", got, want)
+	}
+	m.GPU.Measured = nil
 	// A copy: latency and the link's bandwidth, no launch.
 	c := trace.Op{Family: trace.Copy, Bytes: 1 << 30, Link: trace.D2H}
 	if got, want := m.OpTime(c), 10e-6+float64(1<<30)/(0.8*31.5e9); math.Abs(got-want) > 1e-12 {
