@@ -15,6 +15,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
@@ -230,4 +231,23 @@ func peakRSS() (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// TestPaperModels: the paper's models (the official scripts' MODEL,
+// deepseek-coder 1.3b and 6.7b base) have the published sizes: a public
+// print of the 1.3b's parameters counts 1,347,258,368 with 786,432 LoRA
+// parameters added; the 6.7b is LLaMA-7B's shape with a 32256 vocabulary.
+func TestPaperModels(t *testing.T) {
+	for _, c := range []struct {
+		dir  string
+		want int
+	}{{"testdata/deepseek-coder-1.3b-base", 1347258368 - 786432}, {"testdata/deepseek-coder-6.7b-base", 6740512768}} {
+		spec, _, err := models.Resolve(c.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := spec.NumParams(); got != c.want {
+			t.Errorf("%s: %d parameters, want %d", c.dir, got, c.want)
+		}
+	}
 }
