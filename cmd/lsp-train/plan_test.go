@@ -4,10 +4,12 @@
 package main
 
 import (
+	"bytes"
 	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -87,5 +89,36 @@ func TestPlanCommandErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlanLlama7BResources: `plan --model llama-7b` as a process of its
+// own stays under 30 s and 1 GB of peak resident memory (its maximum
+// RSS, from the kernel's rusage).
+func TestPlanLlama7BResources(t *testing.T) {
+	if testing.Short() {
+		t.Skip("child process; runs in make test's race-free pass (gotest-norace)")
+	}
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	cmd := startChild(t, t.TempDir(), []string{"plan", "--model", "llama-7b", "--timeline", "tl.png"}, &stdout, &stderr)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	elapsed := time.Since(start)
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		t.Skip("no rusage on this system")
+	}
+	rss := ru.Maxrss << 10 // KiB on Linux
+	t.Logf("plan --model llama-7b: %v, peak RSS %d MiB", elapsed, rss>>20)
+	if elapsed > 30*time.Second {
+		t.Errorf("took %v, want under 30 s", elapsed)
+	}
+	if rss > 1<<30 {
+		t.Errorf("peak RSS %d MiB, want under 1 GiB", rss>>20)
+	}
+	if !strings.Contains(stdout.String(), "== lsp ==") {
+		t.Errorf("output:\n%s", stdout.String())
 	}
 }
