@@ -277,8 +277,10 @@ func gibs(b int64) string {
 		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
 	case b >= 1<<20:
 		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.2f KiB", float64(b)/(1<<10))
 	}
-	return fmt.Sprintf("%.2f KiB", float64(b)/(1<<10))
+	return fmt.Sprintf("%d B", b)
 }
 
 func secs(s float64) string {

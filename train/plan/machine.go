@@ -12,6 +12,13 @@
 // vendor figures (cited beside each); the efficiencies are assumptions, the
 // same for every GPU, that a calibration (measured per-op times) should
 // replace.
+//
+// The CPU backend is a Machine too: GPU.SharesHost set (compute and host
+// Adam contend for the cores; see sim.go), ComputeThreads its --threads,
+// PeakF32 and PeakBF16 the GEMM rate and MemBW the triad bandwidth
+// measured here, Launch the per-op overhead, Measured a table of per-op
+// times where one was measured at the ops' shapes, and Link its
+// --link-bandwidth charge (cpu.Config's LinkBandwidth and LinkLatency).
 package plan
 
 import (
