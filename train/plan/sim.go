@@ -4,7 +4,11 @@
 // A device node starts when its queue is free (the node before it in the
 // queue has finished) and its dependencies have finished: the pipelined
 // interpreter's rule, where a stream waits on the events of its node's
-// dependencies. Host nodes go to the pool when their dependencies have
+// dependencies. One more rule comes from its launcher, the one goroutine
+// that walks the list in order, enqueues device nodes and starts host
+// nodes: at a device node with a host dependency it blocks until that
+// host node is done, so no node later in the list starts (or, on the
+// host, is even handed to the pool) before then. Host nodes go to the pool when their dependencies have
 // finished and run one at a time, first come first served (ties in list
 // order), each over every worker: the engine's host Adam splits one node's
 // tensors across the whole pool (host.Workers.AdamStep). Running two at
@@ -131,6 +135,10 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	left := make([]float64, n)
 	prev := make([]int, n) // the task whose end let each start (-1: none)
 	lastHost := -1
+	// The launcher: nodes before lp have been passed. gate is the host node
+	// whose end last let it go on, gateOf[i] that node when i was passed.
+	lp, gate := 0, -1
+	gateOf := make([]int, n)
 	finished := 0
 	now := 0.0
 
@@ -147,6 +155,9 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	// when it ends.
 	binder := func(i, queuePrev int) int {
 		b := queuePrev
+		if g := gateOf[i]; g >= 0 && (b < 0 || res.End[g] > res.End[b]) {
+			b = g
+		}
 		for _, d := range tasks[i].Deps {
 			if b < 0 || res.End[d] > res.End[b] {
 				b = d
@@ -178,12 +189,30 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		// and may free others, so repeat until nothing changes.
 		for changed := true; changed; {
 			changed = false
+		launch:
+			for lp < n {
+				if tasks[lp].Queue != engine.Host {
+					for _, d := range tasks[lp].Deps {
+						if tasks[d].Queue != engine.Host {
+							continue
+						}
+						if !done[d] {
+							break launch
+						}
+						if gate < 0 || res.End[d] > res.End[gate] {
+							gate = d
+						}
+					}
+				}
+				gateOf[lp] = gate
+				lp++
+			}
 			for q := 0; q < 3; q++ {
 				if busy[q] >= 0 || next[q] >= len(order[q]) {
 					continue
 				}
 				i := order[q][next[q]]
-				if !depsDone(i) {
+				if i >= lp || !depsDone(i) {
 					continue
 				}
 				qp := -1
@@ -199,7 +228,7 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 				}
 			}
 			for i := range tasks {
-				if tasks[i].Queue == engine.Host && !queued[i] && depsDone(i) {
+				if i < lp && tasks[i].Queue == engine.Host && !queued[i] && depsDone(i) {
 					queued[i] = true
 					hostQ = append(hostQ, i)
 				}

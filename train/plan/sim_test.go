@@ -140,3 +140,45 @@ func TestSimulateRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestSimulateLauncher(t *testing.T) {
+	// b comes after the copy up, which waits for the host: the launcher
+	// blocks there, so b starts only when h ends, though the compute
+	// stream is free from 1 s on.
+	late := []Task{
+		{Name: "a", Queue: engine.Compute, Work: 1},
+		{Name: "h", Queue: engine.Host, Work: 2, Deps: []int{0}},
+		{Name: "up", Queue: engine.H2D, Work: 0.5, Deps: []int{1}},
+		{Name: "b", Queue: engine.Compute, Work: 1},
+	}
+	r, err := Simulate(late, Resources{Cores: 4, Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.Start[3], 3) || !near(r.Step, 4) || !slices.Equal(r.Critical, []int{0, 1, 3}) {
+		t.Errorf("b listed late: starts %v, step %g, critical %v; want b at 3, step 4, [0 1 3]", r.Start, r.Step, r.Critical)
+	}
+	// Listed before the copy, b overlaps the host Adam.
+	early := []Task{late[0], late[1], late[3], {Name: "up", Queue: engine.H2D, Work: 0.5, Deps: []int{1}}}
+	r, err = Simulate(early, Resources{Cores: 4, Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.Start[2], 1) || !near(r.Step, 3.5) {
+		t.Errorf("b listed early: starts %v, step %g; want b at 1, step 3.5", r.Start, r.Step)
+	}
+	// A host node is handed to the pool only when the launcher reaches it.
+	gated := []Task{
+		{Name: "a", Queue: engine.Compute, Work: 1},
+		{Name: "h1", Queue: engine.Host, Work: 2, Deps: []int{0}},
+		{Name: "up", Queue: engine.H2D, Work: 0.5, Deps: []int{1}},
+		{Name: "h2", Queue: engine.Host, Work: 1},
+	}
+	r, err = Simulate(gated, Resources{Cores: 4, Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.Start[3], 3) || !near(r.Step, 4) {
+		t.Errorf("h2 behind the launcher: starts %v, step %g; want h2 at 3, step 4", r.Start, r.Step)
+	}
+}
