@@ -332,10 +332,10 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
 	e.losses = make([]float32, accum*BT+1)
 	if cfg.Mode != Native {
-		if sizeOnly {
-			// No pool: the host nodes of a traced graph never run.
-		} else if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
+		if !sizeOnly { // a traced graph's host nodes never run: no pool
+			if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
 		}
 		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
