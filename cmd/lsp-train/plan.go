@@ -264,6 +264,8 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 	for _, p := range r.Memory.Host {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
 	}
+	fmt.Fprintf(w, "link per step: %s down, %s up (gradients, S, Delta, weights; the batch adds %s up)\n",
+		gibs(r.Memory.LinkD2H), gibs(r.Memory.LinkH2D), gibs(r.Memory.BatchH2D))
 	fmt.Fprintf(w, "step %s predicted: %.0f tokens/s\n", secs(r.Step), r.TokensPerSec)
 	fmt.Fprintf(w, "  busy: compute %s, d2h %s, h2d %s, host %s; overlap %.2f (sum of busy times / step)\n",
 		secs(r.Busy[engine.Compute]), secs(r.Busy[engine.D2H]), secs(r.Busy[engine.H2D]), secs(r.Busy[engine.Host]), r.Overlap)
