@@ -251,3 +251,29 @@ func TestPaperModels(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanSharedCores: a CPU-backend machine, where compute and host Adam
+// share the cores, predicts a longer zero-mode step than the same machine
+// with cores of their own: the host Adam of deep layers overlaps the
+// backward of shallow ones, and both slow down.
+func TestPlanSharedCores(t *testing.T) {
+	m := Machine{
+		GPU: GPU{Name: "cpu", Memory: 1 << 30, PeakF32: 50e9, PeakBF16: 50e9, MemBW: 10e9, Launch: 2e-6,
+			SharesHost: true, ComputeThreads: 2},
+		Link: Link{Name: "charged", H2D: 1e9, D2H: 1e9, Latency: 1e-6},
+		Host: Host{Name: "two cores", Cores: 2, MemBW: 10e9, Memory: 1 << 30, Workers: 2, CoreBW: 5e9, AdamBWFraction: 0.7},
+	}
+	c := Config{Arch: tiny, B: 2, T: 8, Accum: 1, DType: backend.F32, Engine: engineConfig(engine.Zero)}
+	shared, err := Plan(c, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.GPU.SharesHost = false
+	apart, err := Plan(c, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(shared.Step > apart.Step) {
+		t.Errorf("shared cores %g s, own cores %g s: want the shared step longer (host Adam overlaps the backward)", shared.Step, apart.Step)
+	}
+}
