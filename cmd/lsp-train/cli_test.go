@@ -255,6 +255,11 @@ func commandFlags(args []string) (fs *flag.FlagSet, rest []string, validate func
 		fs = flag.NewFlagSet("sample", flag.ContinueOnError)
 		bindSampleFlags(fs, &o, new(bool))
 		return fs, args[1:], func() error { return nil }
+	case len(args) > 0 && args[0] == "plan":
+		o := defaultPlanOptions()
+		fs = flag.NewFlagSet("plan", flag.ContinueOnError)
+		bindPlanFlags(fs, &o)
+		return fs, args[1:], func() error { _, err := o.parse(); return err }
 	case len(args) > 0 && args[0] == "compare":
 		c := compare.Defaults()
 		fs = flag.NewFlagSet("compare", flag.ContinueOnError)

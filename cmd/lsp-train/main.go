@@ -7,6 +7,7 @@
 //	lsp-train [flags]                 train (see -h)
 //	lsp-train sample -model DIR -prompt TEXT [flags]
 //	lsp-train compare [flags]         native, zero and lsp side by side
+//	lsp-train plan [flags]            will it fit, and how fast, on a given GPU
 //
 // Exit status: 0 when the work is done (and for -h), 1 on an error (a bad
 // flag included), and 128 + the signal's number when Ctrl-C (SIGINT: 130)
@@ -48,11 +49,12 @@ type subcommand struct {
 }
 
 // subcommandNames lists the subcommands in the order -h shows them.
-var subcommandNames = []string{"sample", "compare"}
+var subcommandNames = []string{"sample", "compare", "plan"}
 
 var subcommands = map[string]subcommand{
 	"sample":  {"generate text from a trained model", newSampleFlags, sampleCmd},
 	"compare": {"fine-tune tiny in every update mode and print one table", newCompareFlags, compareCmd},
+	"plan":    {"predict memory and step time of a model on a GPU we may not have", newPlanFlags, planCmd},
 }
 
 // exitCoder is an error that sets the exit status.

@@ -274,12 +274,20 @@ type Engine struct {
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
+
+	// sizeOnly: built for TraceStep on a backend without memory; no Go
+	// copy of host optimizer state and no worker pool is made.
+	sizeOnly bool
 }
 
 // New builds the model of arch for micro-batches of B x T (accum per step)
 // and the state of cfg's mode. Parameters start at zero: upload them into
 // Model.Buffers().Params, then call Init.
 func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (*Engine, error) {
+	return newEngine(be, arch, B, T, accum, dt, cfg, false)
+}
+
+func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType, cfg Config, sizeOnly bool) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -290,7 +298,7 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly}
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
@@ -324,8 +332,10 @@ func New(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.DType,
 	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
 	e.losses = make([]float32, accum*BT+1)
 	if cfg.Mode != Native {
-		if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
+		if !sizeOnly { // a traced graph's host nodes never run: no pool
+			if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
 		}
 		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)

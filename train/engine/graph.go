@@ -52,6 +52,18 @@ type Node struct {
 	Queue Queue
 	Run   func(s backend.Stream) error
 	Deps  []NodeID
+	// Work is what a host node does, for a planner that cannot run it
+	// (its buffers have no memory behind them when traced); zero on
+	// device nodes, whose work a tracing backend records op by op.
+	Work HostWork
+}
+
+// HostWork describes a host node's CPU Adam: the elements it updates, the
+// tensors they are in and the bytes it reads and writes
+// (host.AdamBytesPerElement at the node's dtypes, plus any pass of its
+// own). Host Adam streams through memory, so the bytes set its time.
+type HostWork struct {
+	Elems, Tensors, Bytes int64
 }
 
 // Edge is a dependency: To runs after From.

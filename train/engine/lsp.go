@@ -226,7 +226,9 @@ func (st *lspState) init(e *Engine) error {
 			xm.S = fc.Next(d[k], d[k])
 			xm.hostOff = hostBytes
 			hostBytes += d[k] * d[k] * 4
-			xm.state = host.NewAdamState(d[k] * d[k])
+			if !e.sizeOnly { // traced: the host nodes never run
+				xm.state = host.NewAdamState(d[k] * d[k])
+			}
 			st.mats[l] = append(st.mats[l], xm)
 		}
 	}
@@ -367,8 +369,25 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 		adam[l] = g.Add(fmt.Sprintf("host adam S %d", l), Host, func(backend.Stream) error {
 			return st.adam(l, lr)
 		}, d2h)
+		g.Nodes[adam[l]].Work = st.work(l)
 	}
 	return adam
+}
+
+// work is one layer's subspace Adam: S pre-scanned, moments read and
+// written, Delta written in place, and the gains' pass over Delta (read
+// and written) unless --no-gain.
+func (st *lspState) work(l int) HostWork {
+	w := HostWork{Tensors: int64(len(st.mats[l]))}
+	per := int64(host.AdamBytesPerElement(4, true, false, true))
+	if !st.cfg.NoGain {
+		per += 8
+	}
+	for _, x := range st.mats[l] {
+		w.Elems += int64(x.d * x.d)
+	}
+	w.Bytes = w.Elems * per
+	return w
 }
 
 // addUp adds, per layer from the last, the copy of its Deltas and the apply.

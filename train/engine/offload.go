@@ -123,6 +123,9 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 	if o.out, err = e.be.AllocHost("offload weights", o.n*e.dt.Size()); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if e.sizeOnly {
+		return o, nil // traced: the host nodes never run, so no Go copies
+	}
 	if e.dt != backend.F32 {
 		o.master = make([]float32, o.n)
 	}
@@ -201,8 +204,21 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 		adam[gi] = g.Add("host adam "+grp.name, Host, func(backend.Stream) error {
 			return o.adam(grp, lr)
 		}, d2h)
+		g.Nodes[adam[gi]].Work = o.work(grp)
 	}
 	return adam
+}
+
+// work is the host Adam of one group: every element pre-scanned for its
+// norm (the engine supplies none), master and moments read and written,
+// and the model-dtype copy written when it is not the master.
+func (o *offload) work(grp *hostGroup) HostWork {
+	w := HostWork{Tensors: int64(len(grp.tensors))}
+	for _, t := range grp.tensors {
+		w.Elems += int64(t.n)
+	}
+	w.Bytes = w.Elems * int64(host.AdamBytesPerElement(o.gsize, true, o.e.dt != backend.F32, false))
+	return w
 }
 
 // addUp adds each group's weight copy. The copies write the weights

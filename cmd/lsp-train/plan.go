@@ -1,0 +1,296 @@
+// The plan command: will a model fit, in which mode, and how long will a
+// step take, on a machine described by presets (train/plan). Nothing is
+// trained and no weights are read: the sizes come from a preset or a
+// checkpoint directory's config.json.
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/plan"
+)
+
+// planOptions are the plan command's flags.
+type planOptions struct {
+	model                 string
+	batch, seqLen, accum  int
+	dtype, gradDType      string
+	mode, dense, schedule string
+	d, r                  int
+	gpu, link, host       string
+	hostBW                byteSize
+	hostMem, deviceMem    byteSize
+	hostWorkers           int
+	timeline              string
+}
+
+func defaultPlanOptions() planOptions {
+	d := train.Defaults()
+	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
+		schedule: "pipelined", d: d.D, r: d.R, gpu: "rtx4090"}
+}
+
+func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
+	fs.StringVar(&o.model, "model", o.model, "the `MODEL`: a preset or a Hugging Face checkpoint directory (only its config.json is read)")
+	fs.IntVar(&o.batch, "batch", o.batch, "rows per micro-batch")
+	fs.IntVar(&o.seqLen, "seq-len", o.seqLen, "tokens per row (at most the model context)")
+	fs.IntVar(&o.accum, "grad-accum", o.accum, "micro-batches per step")
+	fs.StringVar(&o.dtype, "dtype", o.dtype, "`TYPE` of weights and activations: fp32 or bf16")
+	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype)")
+	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, or all (the three side by side)")
+	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host")
+	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
+	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
+	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
+	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", "))
+	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
+	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
+	fs.Var(&o.hostBW, "host-bw", "host memory bandwidth per second, e.g. 80GB, instead of the host preset's")
+	fs.Var(&o.hostMem, "host-mem", "host memory, e.g. 64GiB, instead of the host preset's")
+	fs.Var(&o.deviceMem, "device-mem", "device memory, e.g. 8GiB, instead of the GPU preset's")
+	fs.IntVar(&o.hostWorkers, "host-workers", o.hostWorkers, "host Adam workers (0: one per host core)")
+	fs.StringVar(&o.timeline, "timeline", o.timeline, "write the predicted step's timeline to `FILE`.png (with --mode all: FILE-native.png, ...)")
+}
+
+func keys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+func newPlanFlags() *flag.FlagSet {
+	fs := flag.NewFlagSet("lsp-train plan", flag.ContinueOnError)
+	o := defaultPlanOptions()
+	bindPlanFlags(fs, &o)
+	return fs
+}
+
+// planJob is the parsed command line.
+type planJob struct {
+	spec    model.Spec
+	dt, gdt backend.DType
+	modes   []engine.Mode
+	machine plan.Machine
+}
+
+// parse checks every flag, naming each one at fault.
+func (o planOptions) parse() (planJob, error) {
+	var j planJob
+	var errs []error
+	bad := func(flag, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, a...)))
+	}
+	spec, _, err := models.Resolve(o.model)
+	if err != nil {
+		bad("model", "%v", err)
+	} else {
+		j.spec = spec
+		if o.seqLen > spec.MaxSeqLen() {
+			bad("seq-len", "%d is longer than %s's context of %d", o.seqLen, o.model, spec.MaxSeqLen())
+		}
+	}
+	if o.batch < 1 {
+		bad("batch", "%d, want at least 1", o.batch)
+	}
+	if o.seqLen < 1 {
+		bad("seq-len", "%d, want at least 1", o.seqLen)
+	}
+	if o.accum < 1 {
+		bad("grad-accum", "%d, want at least 1", o.accum)
+	}
+	if j.dt, err = backend.ParseDType(o.dtype); err != nil {
+		bad("dtype", "%v", err)
+	}
+	j.gdt = j.dt
+	if o.gradDType != "" {
+		if j.gdt, err = backend.ParseDType(o.gradDType); err != nil {
+			bad("grad-dtype", "%v", err)
+		}
+	}
+	if o.mode == "all" {
+		j.modes = []engine.Mode{engine.Native, engine.Zero, engine.LSP}
+	} else if m, err := engine.ParseMode(o.mode); err != nil {
+		bad("mode", "%v (or all)", err)
+	} else {
+		j.modes = []engine.Mode{m}
+	}
+	if _, err := engine.ParseDenseParams(o.dense); err != nil {
+		bad("dense-params", "%v", err)
+	}
+	if o.schedule != "pipelined" && o.schedule != "sequential" {
+		bad("schedule", "unknown schedule %q (want pipelined or sequential)", o.schedule)
+	}
+	if o.hostWorkers < 0 {
+		bad("host-workers", "%d, want >= 0", o.hostWorkers)
+	}
+	if o.hostBW < 0 || o.hostMem < 0 || o.deviceMem < 0 {
+		bad("host-bw, --host-mem, --device-mem", "sizes must not be negative")
+	}
+	if m, err := plan.Preset(o.gpu, o.link, o.host); err != nil {
+		errs = append(errs, err) // names its flag
+	} else {
+		if o.hostBW > 0 {
+			m.Host.MemBW = float64(o.hostBW)
+		}
+		if o.hostMem > 0 {
+			m.Host.Memory = int64(o.hostMem)
+		}
+		if o.deviceMem > 0 {
+			m.GPU.Memory = int64(o.deviceMem)
+		}
+		m.Host.Workers = o.hostWorkers
+		j.machine = m
+	}
+	if len(errs) == 0 {
+		for _, mode := range j.modes {
+			if err := o.engineConfig(j, mode).Validate(); err != nil {
+				errs = append(errs, err) // names its flag
+			}
+		}
+	}
+	return j, errors.Join(errs...)
+}
+
+// engineConfig is the engine configuration of mode: the train command's
+// defaults with the plan's flags.
+func (o planOptions) engineConfig(j planJob, mode engine.Mode) engine.Config {
+	d := train.Defaults()
+	return engine.Config{
+		Mode: mode, DenseParams: engine.DenseParams(o.dense), Pipelined: o.schedule == "pipelined", Seed: d.Seed, GradDType: j.gdt,
+		Hyper: optim.Hyper{Beta1: float32(d.Beta1), Beta2: float32(d.Beta2), Eps: 1e-8,
+			WeightDecay: float32(d.WeightDecay), Clip: d.ClipMode, MaxNorm: float32(d.GradClip)},
+		LSP: engine.LSPConfig{D: o.d, R: o.r, Alpha: d.Alpha, CheckEvery: d.CheckEvery, CalibSamples: d.CalibSamples,
+			ProjLR: d.ProjLR, FitIters: d.FitIters, Refit: d.Refit, Accept: d.Accept, Rewarm: d.Rewarm, StartRandom: d.StartRandom},
+	}
+}
+
+func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
+	o := defaultPlanOptions()
+	fs := flag.NewFlagSet("lsp-train plan", flag.ContinueOnError)
+	bindPlanFlags(fs, &o)
+	usage := func(w io.Writer) {
+		subcommandUsage(w, fs, "lsp-train plan [flags]",
+			"Predicts, without training or reading weights, whether --model fits the device and host memory of a\n"+
+				"machine in each update mode and how long a step takes: the engine's own step graph, traced op by op,\n"+
+				"costed against the machine's peak rates and simulated stream by stream (train/plan says how).")
+	}
+	if err := parseFlags(fs, args, usage, stderr); err != nil {
+		return err
+	}
+	j, err := o.parse()
+	if err != nil {
+		return err
+	}
+	m := j.machine
+	fmt.Fprintf(stdout, "%s: %.3gB parameters; micro-batch %d x %d, %d per step, %v (grads %v), %s schedule\n",
+		o.model, float64(j.spec.NumParams())/1e9, o.batch, o.seqLen, o.accum, j.dt, j.gdt, o.schedule)
+	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n\n", m.GPU.Name, gibs(m.GPU.Memory),
+		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
+	reports := make([]plan.Report, len(j.modes))
+	for i, mode := range j.modes {
+		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: o.engineConfig(j, mode)}
+		r, err := plan.Plan(c, m)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		reports[i] = r
+		printReport(stdout, mode, r, m)
+		if o.timeline != "" {
+			path := o.timeline
+			if len(j.modes) > 1 {
+				ext := filepath.Ext(path)
+				path = strings.TrimSuffix(path, ext) + "-" + string(mode) + ext
+			}
+			title := fmt.Sprintf("%s %s on %s: step %.3g s", o.model, mode, m.GPU.Name, r.Step)
+			if err := plan.WriteTimeline(path, r.Prediction, m.Resources().Workers, title); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "  timeline: %s\n", path)
+		}
+		fmt.Fprintln(stdout)
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t")
+	for i, r := range reports {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostTotal()),
+			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
+	}
+	return tw.Flush()
+}
+
+func fits(r plan.Report) string {
+	switch {
+	case r.DeviceFits && r.HostFits:
+		return "yes"
+	case !r.DeviceFits && !r.HostFits:
+		return "no (device, host)"
+	case !r.DeviceFits:
+		return "no (device)"
+	}
+	return "no (host)"
+}
+
+func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
+	verdict := func(ok bool) string {
+		if ok {
+			return "fits"
+		}
+		return "does NOT fit"
+	}
+	fmt.Fprintf(w, "== %s ==\n", mode)
+	fmt.Fprintf(w, "device memory %s of %s: %s\n", gibs(r.Memory.DeviceTotal()), gibs(m.GPU.Memory), verdict(r.DeviceFits))
+	for _, p := range r.Memory.Device {
+		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
+	}
+	fmt.Fprintf(w, "host memory %s of %s: %s\n", gibs(r.Memory.HostTotal()), gibs(m.Host.Memory), verdict(r.HostFits))
+	for _, p := range r.Memory.Host {
+		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
+	}
+	fmt.Fprintf(w, "link per step: %s down, %s up (gradients, S, Delta, weights; the batch adds %s up)\n",
+		gibs(r.Memory.LinkD2H), gibs(r.Memory.LinkH2D), gibs(r.Memory.BatchH2D))
+	fmt.Fprintf(w, "step %s predicted: %.0f tokens/s\n", secs(r.Step), r.TokensPerSec)
+	fmt.Fprintf(w, "  busy: compute %s, d2h %s, h2d %s, host %s; overlap %.2f (sum of busy times / step)\n",
+		secs(r.Busy[engine.Compute]), secs(r.Busy[engine.D2H]), secs(r.Busy[engine.H2D]), secs(r.Busy[engine.Host]), r.Overlap)
+	fmt.Fprintf(w, "  critical path: %s bound (compute %s, link %s, host %s over %d nodes)\n", r.Bound,
+		secs(r.OnPath[plan.ComputeBound]), secs(r.OnPath[plan.LinkBound]), secs(r.OnPath[plan.HostBound]), len(r.Critical))
+}
+
+func gibs(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.2f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func secs(s float64) string {
+	switch {
+	case s >= 1:
+		return fmt.Sprintf("%.3f s", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.2f ms", s*1e3)
+	}
+	return fmt.Sprintf("%.1f us", s*1e6)
+}

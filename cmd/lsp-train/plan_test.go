@@ -1,0 +1,124 @@
+// Tests of the plan subcommand: the issue's two machines, the timeline
+// files, and bad flags refused by name before anything is traced.
+
+package main
+
+import (
+	"bytes"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestPlanCommand(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"gpt2-xl on the laptop", []string{"--model", "gpt2-xl", "--gpu", "a1000-laptop", "--batch", "1", "--seq-len", "512"},
+			[]string{"NVIDIA RTX A1000 Laptop 4 GB", "== native ==", "== zero ==", "== lsp ==", "does NOT fit", "tokens/s", "critical path", "overlap"}},
+		{"llama-7b on the 4090", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--timeline", filepath.Join(dir, "tl.png")},
+			[]string{"RTX 4090", "6.74B parameters", "host memory", "S/Delta and subspace moments", "timeline: " + filepath.Join(dir, "tl-lsp.png")}},
+		{"one mode, sequential, overrides", []string{"--model", "tiny", "--seq-len", "16", "--mode", "zero", "--schedule", "sequential",
+			"--device-mem", "1MiB", "--host-mem", "1GiB", "--host-bw", "10GB", "--link", "pcie3", "--timeline", filepath.Join(dir, "one.png")},
+			[]string{"== zero ==", "1.00 MiB", "PCIe 3.0", "10 GB/s", "sequential schedule", "timeline: " + filepath.Join(dir, "one.png")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			code, stdout, stderr := runCmd(t, append([]string{"plan"}, tc.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+			}
+			if d := time.Since(start); d > 30*time.Second {
+				t.Errorf("took %v, want under 30 s", d)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stdout, w) {
+					t.Errorf("output lacks %q:\n%s", w, stdout)
+				}
+			}
+		})
+	}
+	for _, name := range []string{"tl-native.png", "tl-zero.png", "tl-lsp.png", "one.png"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(f); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		f.Close()
+	}
+}
+
+func TestPlanCommandErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"unknown gpu", []string{"--gpu", "rtx9999"}, []string{"--gpu:", "rtx9999", "rtx4090"}},
+		{"unknown link", []string{"--link", "usb"}, []string{"--link:", "usb"}},
+		{"unknown host", []string{"--host", "mainframe"}, []string{"--host:", "mainframe"}},
+		{"unknown model", []string{"--model", "gpt5"}, []string{"--model:", "gpt5"}},
+		{"seq-len over the context", []string{"--model", "gpt2", "--seq-len", "2048"}, []string{"--seq-len:", "1024"}},
+		{"batch 0", []string{"--batch", "0"}, []string{"--batch:"}},
+		{"grad-accum 0", []string{"--grad-accum", "0"}, []string{"--grad-accum:"}},
+		{"bad dtype", []string{"--dtype", "fp8"}, []string{"--dtype:", "fp8"}},
+		{"bad mode", []string{"--mode", "fast"}, []string{"--mode:", "fast"}},
+		{"bad schedule", []string{"--schedule", "eager"}, []string{"--schedule:", "eager"}},
+		{"bad dense params", []string{"--dense-params", "gpu"}, []string{"--dense-params:", "gpu"}},
+		{"bad lsp r", []string{"--mode", "lsp", "--d", "64", "--r", "0"}, []string{"--r"}},
+		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},
+		{"two errors at once", []string{"--batch", "0", "--gpu", "x"}, []string{"--batch:", "--gpu:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, append([]string{"plan"}, tc.args...)...)
+			if code != 1 || stdout != "" {
+				t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestPlanLlama7BResources: `plan --model llama-7b` as a process of its
+// own stays under 30 s and 1 GB of peak resident memory (its maximum
+// RSS, from the kernel's rusage).
+func TestPlanLlama7BResources(t *testing.T) {
+	if testing.Short() {
+		t.Skip("child process; runs in make test's race-free pass (gotest-norace)")
+	}
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	cmd := startChild(t, t.TempDir(), []string{"plan", "--model", "llama-7b", "--timeline", "tl.png"}, &stdout, &stderr)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	elapsed := time.Since(start)
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		t.Skip("no rusage on this system")
+	}
+	rss := ru.Maxrss << 10 // KiB on Linux
+	t.Logf("plan --model llama-7b: %v, peak RSS %d MiB", elapsed, rss>>20)
+	if elapsed > 30*time.Second {
+		t.Errorf("took %v, want under 30 s", elapsed)
+	}
+	if rss > 1<<30 {
+		t.Errorf("peak RSS %d MiB, want under 1 GiB", rss>>20)
+	}
+	if !strings.Contains(stdout.String(), "== lsp ==") {
+		t.Errorf("output:\n%s", stdout.String())
+	}
+}

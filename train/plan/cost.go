@@ -1,0 +1,202 @@
+// The cost model and the prediction of a step from the engine's graph.
+
+package plan
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/trace"
+)
+
+// OpTime is the time of one recorded op on m, alone: a copy across the
+// link latency + bytes/bandwidth of its direction; any other op its
+// measured time when GPU.Measured has one, else max(FLOPs/(peak*eff),
+// bytes/(memory bandwidth*eff)) + the launch overhead, peak the bf16
+// tensor rate for bf16 GEMMs and attention and the fp32 rate for
+// everything else.
+func (m Machine) OpTime(o trace.Op) float64 {
+	switch o.Link {
+	case trace.H2D:
+		return m.Link.Latency + float64(o.Bytes)/m.Link.H2D
+	case trace.D2H:
+		return m.Link.Latency + float64(o.Bytes)/m.Link.D2H
+	}
+	if m.GPU.Measured != nil {
+		if t, ok := m.GPU.Measured(o); ok {
+			return t
+		}
+	}
+	eff := 1.0
+	if e, ok := m.GPU.Eff[o.Family]; ok {
+		eff = e
+	}
+	peak := m.GPU.PeakF32
+	if o.DType == backend.BF16 && (o.Family == trace.Gemm || o.Family == trace.Attention) {
+		peak = m.GPU.PeakBF16
+	}
+	return math.Max(o.FLOPs/(peak*eff), float64(o.Bytes)/(m.GPU.MemBW*eff)) + m.GPU.Launch
+}
+
+// HostTime is the time of a host Adam node alone on the pool.
+func (m Machine) HostTime(w engine.HostWork) float64 {
+	return m.Host.AdamOverhead + float64(w.Bytes)/m.Host.AdamRate()
+}
+
+// Resources is the machine's side of the simulation.
+func (m Machine) Resources() Resources {
+	return Resources{SharesHost: m.GPU.SharesHost, Cores: m.Host.Cores, ComputeThreads: m.GPU.ComputeThreads, Workers: m.Host.workers()}
+}
+
+// Tasks costs every node of g on m: a device node is the sum of its ops'
+// times (ops attributes them by trace.Op.Node), a host node its HostWork's.
+func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
+	tasks := make([]Task, len(g.Nodes))
+	for i, n := range g.Nodes {
+		tasks[i] = Task{Name: n.Name, Queue: n.Queue}
+		for _, d := range n.Deps {
+			tasks[i].Deps = append(tasks[i].Deps, int(d))
+		}
+		if n.Queue == engine.Host {
+			t := m.HostTime(n.Work)
+			tasks[i].Work = t
+			tasks[i].Parts = []Part{{Family: HostAdam, Seconds: t}}
+		}
+	}
+	for _, o := range ops {
+		if o.Node < 0 || o.Node >= len(tasks) {
+			return nil, fmt.Errorf("plan: op %s attributed to node %d of %d", o.Method, o.Node, len(tasks))
+		}
+		t := &tasks[o.Node]
+		if t.Queue == engine.Host {
+			return nil, fmt.Errorf("plan: op %s recorded in host node %q", o.Method, t.Name)
+		}
+		s := m.OpTime(o)
+		t.Work += s
+		t.Parts = append(t.Parts, Part{Family: o.Family, Seconds: s})
+	}
+	return tasks, nil
+}
+
+// HostAdam is the timeline family of host Adam nodes.
+const HostAdam trace.Family = "host adam"
+
+// Trace builds the engine's step graph for arch on a tracing backend and
+// records the ops of every device node (host nodes are not run). It costs
+// no memory beyond the graph and the op list.
+func Trace(arch model.Arch, B, T, accum int, dt backend.DType, cfg engine.Config) (*engine.Graph, []trace.Op, error) {
+	tb := trace.New()
+	g, err := engine.TraceStep(tb, arch, B, T, accum, dt, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	tb.Reset() // the set-up's uploads are not the step's
+	d2h, err := tb.NewStream("d2h")
+	if err != nil {
+		return nil, nil, err
+	}
+	h2d, err := tb.NewStream("h2d")
+	if err != nil {
+		return nil, nil, err
+	}
+	streams := map[engine.Queue]backend.Stream{engine.Compute: tb.DefaultStream(), engine.D2H: d2h, engine.H2D: h2d}
+	for i, n := range g.Nodes {
+		if n.Queue == engine.Host {
+			continue
+		}
+		tb.SetNode(i)
+		if err := n.Run(streams[n.Queue]); err != nil {
+			return nil, nil, fmt.Errorf("plan: tracing %s: %w", n.Name, err)
+		}
+	}
+	return g, tb.Recorded(), nil
+}
+
+// Prediction is a predicted step.
+type Prediction struct {
+	Result
+	Tasks []Task
+}
+
+// Predict simulates graph g, whose device ops are ops, on m.
+func Predict(g *engine.Graph, ops []trace.Op, m Machine) (Prediction, error) {
+	if err := m.Validate(); err != nil {
+		return Prediction{}, err
+	}
+	tasks, err := Tasks(g, ops, m)
+	if err != nil {
+		return Prediction{}, err
+	}
+	res, err := Simulate(tasks, m.Resources())
+	if err != nil {
+		return Prediction{}, err
+	}
+	return Prediction{Result: res, Tasks: tasks}, nil
+}
+
+// Sequential returns tasks as the sequential interpreter runs them: each
+// after the one before it in list order, whatever its queue.
+func Sequential(tasks []Task) []Task {
+	out := make([]Task, len(tasks))
+	for i, t := range tasks {
+		t.Deps = nil
+		if i > 0 {
+			t.Deps = []int{i - 1}
+		}
+		out[i] = t
+	}
+	return out
+}
+
+// Config is one planning question: a model, its batch and an engine
+// configuration (its Mode, LSP flags and Pipelined schedule).
+type Config struct {
+	Arch        model.Arch
+	B, T, Accum int
+	DType       backend.DType
+	Engine      engine.Config
+}
+
+// Report is the plan of one configuration on one machine.
+type Report struct {
+	Memory     engine.Plan
+	DeviceFits bool // Memory.DeviceTotal() <= the GPU's memory
+	HostFits   bool // Memory.HostTotal() <= the host's memory
+	Prediction
+	TokensPerSec float64 // B*T*Accum / step
+}
+
+// Plan predicts the memory and the step time of c on m.
+func Plan(c Config, m Machine) (Report, error) {
+	mem, err := engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
+	if err != nil {
+		return Report{}, err
+	}
+	if err := m.Validate(); err != nil {
+		return Report{}, err
+	}
+	g, ops, err := Trace(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
+	if err != nil {
+		return Report{}, err
+	}
+	tasks, err := Tasks(g, ops, m)
+	if err != nil {
+		return Report{}, err
+	}
+	if !c.Engine.Pipelined {
+		tasks = Sequential(tasks)
+	}
+	res, err := Simulate(tasks, m.Resources())
+	if err != nil {
+		return Report{}, err
+	}
+	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostTotal() <= m.Host.Memory,
+		Prediction: Prediction{Result: res, Tasks: tasks}}
+	if res.Step > 0 {
+		r.TokensPerSec = float64(c.B*c.T*c.Accum) / res.Step
+	}
+	return r, nil
+}

@@ -1,0 +1,265 @@
+// Package plan predicts a training step's time on a machine: the engine's
+// own step graph (engine.TraceStep on a train/trace backend) is costed op
+// by op against a Machine and simulated event by event (Simulate), giving
+// the step time, each queue's busy time, the critical path and the overlap
+// achieved, and a timeline PNG.
+//
+// The cost model (cost.go): a device op takes max(FLOPs/(peak*eff),
+// bytes/(bandwidth*eff)) plus a launch overhead, eff its family's
+// efficiency; a copy across the link takes latency + bytes/bandwidth of
+// its direction; a host Adam node takes its bytes (engine.HostWork) over
+// the host pool's Adam bandwidth. The presets' peaks and bandwidths are
+// vendor figures (cited beside each); the efficiencies are assumptions, the
+// same for every GPU, that a calibration (measured per-op times) should
+// replace.
+//
+// The CPU backend is a Machine too: GPU.SharesHost set (compute and host
+// Adam contend for the cores; see sim.go), ComputeThreads its --threads,
+// PeakF32 and PeakBF16 the GEMM rate and MemBW the triad bandwidth
+// measured here, Launch the per-op overhead, Measured a table of per-op
+// times where one was measured at the ops' shapes, and Link its
+// --link-bandwidth charge (cpu.Config's LinkBandwidth and LinkLatency).
+package plan
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/trace"
+)
+
+// Machine is what a step runs on: a device, its link to the host, the host.
+type Machine struct {
+	GPU  GPU
+	Link Link
+	Host Host
+}
+
+// GPU describes the device.
+type GPU struct {
+	Name   string
+	Memory int64 // bytes
+	// PeakF32 is the fp32 FLOP/s of the ordinary cores (no tensor cores:
+	// the engine's fp32 GEMMs do not ask for TF32); PeakBF16 the dense
+	// bf16 tensor-core FLOP/s with fp32 accumulation, which bf16 GEMMs and
+	// attention run at. Every other op computes in fp32.
+	PeakF32, PeakBF16 float64
+	MemBW             float64 // device memory bytes/s
+	// Eff is the fraction of peak (FLOPs or bandwidth, whichever binds) an
+	// op family achieves; a family absent from the map is 1.
+	Eff map[trace.Family]float64
+	// Launch is the fixed time of each op (kernel launch and tail), s.
+	Launch float64
+	// SharesHost: compute runs on the host's cores (the CPU backend), so
+	// it contends with host Adam for them; ComputeThreads is the number of
+	// threads compute uses (0: every core).
+	SharesHost     bool
+	ComputeThreads int
+	// Measured, when set, gives an op's time alone from measurements
+	// (a calibration's table, by method and shapes); ok false falls back
+	// to the peak-and-efficiency model. Copies across the link are always
+	// the Link's.
+	Measured func(o trace.Op) (seconds float64, ok bool)
+}
+
+// Link is the host-device interconnect.
+type Link struct {
+	Name     string
+	H2D, D2H float64 // bytes/s each way (full duplex: the two directions do not share)
+	Latency  float64 // s per copy
+}
+
+// Host is the CPU side.
+type Host struct {
+	Name   string
+	Cores  int
+	MemBW  float64 // bytes/s, every channel together
+	Memory int64   // bytes
+	// Workers is the host Adam pool's size (0: Cores). Each worker streams
+	// at most CoreBW bytes/s, and the pool together at most
+	// MemBW*AdamBWFraction: host Adam is bandwidth bound.
+	Workers        int
+	CoreBW         float64
+	AdamBWFraction float64
+	// AdamOverhead is the fixed time of one host Adam node (waking the
+	// pool, splitting the tensors), s.
+	AdamOverhead float64
+}
+
+// workers is the pool size.
+func (h Host) workers() int {
+	if h.Workers > 0 {
+		return h.Workers
+	}
+	return max(h.Cores, 1)
+}
+
+// AdamRate is the bytes/s the host Adam pool streams.
+func (h Host) AdamRate() float64 {
+	r := h.MemBW * h.AdamBWFraction
+	if h.CoreBW > 0 {
+		r = min(r, float64(h.workers())*h.CoreBW)
+	}
+	return r
+}
+
+// Validate checks that every rate is positive, naming the field.
+func (m Machine) Validate() error {
+	var bad []string
+	pos := func(name string, v float64) {
+		if !(v > 0) {
+			bad = append(bad, fmt.Sprintf("%s = %g", name, v))
+		}
+	}
+	pos("gpu peak fp32", m.GPU.PeakF32)
+	pos("gpu peak bf16", m.GPU.PeakBF16)
+	pos("gpu memory bandwidth", m.GPU.MemBW)
+	pos("link h2d bandwidth", m.Link.H2D)
+	pos("link d2h bandwidth", m.Link.D2H)
+	pos("host memory bandwidth", m.Host.MemBW)
+	pos("host adam bandwidth fraction", m.Host.AdamBWFraction)
+	if m.Host.Cores < 1 {
+		bad = append(bad, fmt.Sprintf("host cores = %d", m.Host.Cores))
+	}
+	for f, e := range m.GPU.Eff {
+		if !(e > 0 && e <= 1) {
+			bad = append(bad, fmt.Sprintf("efficiency of %s = %g (want (0, 1])", f, e))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("plan: machine %s: %s", m.GPU.Name, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+const (
+	gb  = 1e9
+	gib = 1 << 30
+	tf  = 1e12
+)
+
+// gpuEff is the assumed efficiency of each family on a GPU: GEMMs at large
+// shapes reach most of the tensor-core peak, the bandwidth-bound families
+// most of the memory bandwidth, and LSP's sparse ops (gathers by index)
+// much less. Assumptions, not measurements.
+func gpuEff() map[trace.Family]float64 {
+	return map[trace.Family]float64{
+		trace.Gemm: 0.7, trace.Attention: 0.5, trace.Norm: 0.7, trace.Activation: 0.8,
+		trace.Elementwise: 0.8, trace.Sparse: 0.25, trace.Embedding: 0.5, trace.Loss: 0.6,
+		trace.Adam: 0.8, trace.Reduce: 0.6, trace.Copy: 0.8,
+	}
+}
+
+// gpuLaunch is a CUDA kernel's launch overhead, about 5 us.
+const gpuLaunch = 5e-6
+
+// GPUs are the device presets, by --gpu name.
+var GPUs = map[string]GPU{
+	// NVIDIA Ada GPU Architecture whitepaper v2.1, appendix table "GeForce
+	// RTX 4090": 24 GB GDDR6X, 1008 GB/s, 82.6 TFLOPS fp32, 165.2 TFLOPS
+	// dense fp16/bf16 tensor with fp32 accumulate.
+	// https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
+	"rtx4090": {Name: "NVIDIA GeForce RTX 4090 24 GB", Memory: 24 * gib, PeakF32: 82.6 * tf, PeakBF16: 165.2 * tf, MemBW: 1008 * gb},
+	// NVIDIA RTX A1000 Laptop GPU (GA107, the paper's 4 GB laptop GPU):
+	// 2048 CUDA cores and 64 tensor cores at up to 1680 MHz boost (NVIDIA
+	// RTX professional laptop GPU line card,
+	// https://www.nvidia.com/en-us/design-visualization/laptop-gpus/):
+	// fp32 = 2048 x 2 x 1.68 GHz = 6.9 TFLOPS; bf16 tensor with fp32
+	// accumulate, dense, 4x that on GA10x professional parts (the RTX
+	// A6000 datasheet: 38.7 TFLOPS fp32, 154.8 dense tensor) = 27.5
+	// TFLOPS. Memory: 4 GB
+	// GDDR6, 128-bit at 11 Gbps = 176 GB/s (third-party spec tables; the
+	// line card gives only the size). Derived figures, not datasheet ones.
+	"a1000-laptop": {Name: "NVIDIA RTX A1000 Laptop 4 GB", Memory: 4 * gib, PeakF32: 6.9 * tf, PeakBF16: 27.5 * tf, MemBW: 176 * gb},
+	// NVIDIA A100 Tensor Core GPU datasheet (SXM): 19.5 TFLOPS fp32, 312
+	// TFLOPS bf16 tensor (dense); 40 GB HBM2 at 1555 GB/s, 80 GB HBM2e at
+	// 2039 GB/s. https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+	"a100-40gb": {Name: "NVIDIA A100 40 GB SXM", Memory: 40 * gib, PeakF32: 19.5 * tf, PeakBF16: 312 * tf, MemBW: 1555 * gb},
+	"a100-80gb": {Name: "NVIDIA A100 80 GB SXM", Memory: 80 * gib, PeakF32: 19.5 * tf, PeakBF16: 312 * tf, MemBW: 2039 * gb},
+	// NVIDIA H100 Tensor Core GPU datasheet (SXM5): 67 TFLOPS fp32, 989
+	// TFLOPS bf16 tensor dense (1979 with sparsity), 80 GB HBM3 at 3.35
+	// TB/s. https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+	"h100": {Name: "NVIDIA H100 80 GB SXM", Memory: 80 * gib, PeakF32: 67 * tf, PeakBF16: 989 * tf, MemBW: 3350 * gb},
+}
+
+// Links are the interconnect presets, by --link name. PCIe x16 moves, per
+// direction, 16 lanes x the transfer rate x 128/130 (gen3 on: 128b/130b
+// encoding): gen3 8 GT/s = 15.75 GB/s, gen4 16 GT/s = 31.5 GB/s, gen5 32
+// GT/s = 63 GB/s (PCI-SIG, PCI Express Base Specification 3.0/4.0/5.0).
+// The "-peak" presets are those theoretical figures; the plain names are
+// what pinned cudaMemcpyAsync typically reaches after packet and protocol
+// overhead, taken as 80% of them (an assumption: NVIDIA's bandwidthTest
+// commonly reports 12-13, 25-26 and 50-53 GB/s). Latency: 10 us per copy
+// (an assumption: DMA set-up and the copy's launch).
+var Links = map[string]Link{
+	"pcie3":      {Name: "PCIe 3.0 x16 (80% of 15.75 GB/s)", H2D: 0.8 * 15.75 * gb, D2H: 0.8 * 15.75 * gb, Latency: 10e-6},
+	"pcie4":      {Name: "PCIe 4.0 x16 (80% of 31.5 GB/s)", H2D: 0.8 * 31.5 * gb, D2H: 0.8 * 31.5 * gb, Latency: 10e-6},
+	"pcie5":      {Name: "PCIe 5.0 x16 (80% of 63 GB/s)", H2D: 0.8 * 63 * gb, D2H: 0.8 * 63 * gb, Latency: 10e-6},
+	"pcie3-peak": {Name: "PCIe 3.0 x16 (theoretical 15.75 GB/s)", H2D: 15.75 * gb, D2H: 15.75 * gb, Latency: 10e-6},
+	"pcie4-peak": {Name: "PCIe 4.0 x16 (theoretical 31.5 GB/s)", H2D: 31.5 * gb, D2H: 31.5 * gb, Latency: 10e-6},
+	"pcie5-peak": {Name: "PCIe 5.0 x16 (theoretical 63 GB/s)", H2D: 63 * gb, D2H: 63 * gb, Latency: 10e-6},
+}
+
+// Hosts are the host presets, by name. Bandwidths are channels x 8 bytes
+// x the transfer rate (JEDEC DDR4/DDR5); CoreBW, the bytes/s one core
+// streams, is an assumption (about 12 GB/s on current x86 cores); host
+// Adam is taken to reach 70% of the memory bandwidth.
+var Hosts = map[string]Host{
+	// A laptop of the A1000's class: Intel Core i7-12800H (6 P + 8 E
+	// cores, ark.intel.com), 2 channels of DDR5-4800 = 76.8 GB/s, 32 GB.
+	"laptop": {Name: "laptop: 14 cores, 2 x DDR5-4800, 32 GB", Cores: 14, MemBW: 76.8 * gb, Memory: 32 * gib,
+		CoreBW: 12 * gb, AdamBWFraction: 0.7, AdamOverhead: 20e-6},
+	// A desktop of the RTX 4090's class: AMD Ryzen 9 7950X (16 cores,
+	// amd.com), 2 channels of DDR5-5200 = 83.2 GB/s, 64 GB.
+	"desktop": {Name: "desktop: 16 cores, 2 x DDR5-5200, 64 GB", Cores: 16, MemBW: 83.2 * gb, Memory: 64 * gib,
+		CoreBW: 12 * gb, AdamBWFraction: 0.7, AdamOverhead: 20e-6},
+	// A server of the A100/H100's class: AMD EPYC 9354 (32 cores, 12
+	// channels of DDR5-4800 = 460.8 GB/s, amd.com), 512 GB.
+	"server": {Name: "server: 32 cores, 12 x DDR5-4800, 512 GB", Cores: 32, MemBW: 460.8 * gb, Memory: 512 * gib,
+		CoreBW: 12 * gb, AdamBWFraction: 0.7, AdamOverhead: 20e-6},
+}
+
+// defaults pairs each GPU with the link and host it usually comes with.
+var defaults = map[string][2]string{
+	"rtx4090":      {"pcie4", "desktop"},
+	"a1000-laptop": {"pcie4", "laptop"},
+	"a100-40gb":    {"pcie4", "server"},
+	"a100-80gb":    {"pcie4", "server"},
+	"h100":         {"pcie5", "server"},
+}
+
+// Preset is the machine of a GPU preset with its usual link and host
+// (link or host "" for those).
+func Preset(gpu, link, host string) (Machine, error) {
+	g, ok := GPUs[gpu]
+	if !ok {
+		return Machine{}, fmt.Errorf("--gpu: unknown GPU %q (want one of %s)", gpu, names(GPUs))
+	}
+	g.Eff, g.Launch = gpuEff(), gpuLaunch
+	d := defaults[gpu]
+	if link == "" {
+		link = d[0]
+	}
+	if host == "" {
+		host = d[1]
+	}
+	l, ok := Links[link]
+	if !ok {
+		return Machine{}, fmt.Errorf("--link: unknown link %q (want one of %s)", link, names(Links))
+	}
+	h, ok := Hosts[host]
+	if !ok {
+		return Machine{}, fmt.Errorf("--host: unknown host %q (want one of %s)", host, names(Hosts))
+	}
+	return Machine{GPU: g, Link: l, Host: h}, nil
+}
+
+func names[V any](m map[string]V) string {
+	var ns []string
+	for n := range m {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return strings.Join(ns, ", ")
+}

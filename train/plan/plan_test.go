@@ -1,0 +1,279 @@
+package plan
+
+import (
+	"bytes"
+	"image/png"
+	"math"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/trace"
+)
+
+var tiny = gpt2.Config{V: 64, MaxT: 16, C: 32, L: 2, NH: 4, Eps: 1e-5}
+
+func engineConfig(mode engine.Mode) engine.Config {
+	return engine.Config{Mode: mode, DenseParams: engine.DenseHost, Hyper: optim.DefaultHyper(), Seed: 1, Pipelined: true,
+		LSP: engine.LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+}
+
+// TestTraceLinkBytes: the bytes the traced graph copies across the link
+// are engine.PlanMemory's link and batch traffic, and every copy is on a
+// queue of its direction but the batch's, which the forward uploads on the
+// compute stream.
+func TestTraceLinkBytes(t *testing.T) {
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		cfg := engineConfig(mode)
+		g, ops, err := Trace(tiny, 2, 8, 3, backend.BF16, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, err := engine.PlanMemory(tiny, 2, 8, 3, backend.BF16, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var down, up, batch int64
+		for _, o := range ops {
+			q := g.Nodes[o.Node].Queue
+			switch {
+			case o.Link == trace.D2H && q == engine.D2H:
+				down += o.Bytes
+			case o.Link == trace.H2D && q == engine.H2D:
+				up += o.Bytes
+			case o.Link == trace.H2D && q == engine.Compute:
+				batch += o.Bytes
+			case o.Link != trace.NoLink:
+				t.Errorf("%s: %s on queue %v", mode, o.Method, q)
+			}
+		}
+		if down != mem.LinkD2H || up != mem.LinkH2D || batch != mem.BatchH2D {
+			t.Errorf("%s: traced d2h %d, h2d %d, batch %d; plan %d, %d, %d", mode, down, up, batch, mem.LinkD2H, mem.LinkH2D, mem.BatchH2D)
+		}
+	}
+}
+
+func TestOpTime(t *testing.T) {
+	m, err := Preset("a100-80gb", "pcie4", "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A bf16 GEMM of 4096^3: 2*4096^3 FLOPs at 312 TFLOPS * 0.7, far
+	// above its bytes' time.
+	g := trace.Op{Family: trace.Gemm, DType: backend.BF16, FLOPs: 2 * math.Pow(4096, 3), Bytes: 3 * 4096 * 4096 * 2}
+	want := 2*math.Pow(4096, 3)/(312e12*0.7) + 5e-6
+	if got := m.OpTime(g); math.Abs(got-want) > 1e-12 {
+		t.Errorf("gemm %g s, want %g", got, want)
+	}
+	// The same GEMM in fp32 runs on the 19.5 TFLOPS cores.
+	g.DType = backend.F32
+	if got, want := m.OpTime(g), 2*math.Pow(4096, 3)/(19.5e12*0.7)+5e-6; math.Abs(got-want) > 1e-12 {
+		t.Errorf("fp32 gemm %g s, want %g", got, want)
+	}
+	// An elementwise op is bound by its bytes.
+	e := trace.Op{Family: trace.Elementwise, DType: backend.BF16, FLOPs: 1e6, Bytes: 4e6}
+	if got, want := m.OpTime(e), 4e6/(2039e9*0.8)+5e-6; math.Abs(got-want) > 1e-15 {
+		t.Errorf("elementwise %g s, want %g", got, want)
+	}
+	// A measured time replaces the model's, where there is one.
+	m.GPU.Measured = func(o trace.Op) (float64, bool) { return 0.25, o.Family == trace.Gemm }
+	if got := m.OpTime(g); got != 0.25 {
+		t.Errorf("measured gemm %g s, want 0.25", got)
+	}
+	if got, want := m.OpTime(e), 4e6/(2039e9*0.8)+5e-6; math.Abs(got-want) > 1e-15 {
+		t.Errorf("unmeasured elementwise %g s, want %g", got, want)
+	}
+	m.GPU.Measured = nil
+	// A copy: latency and the link's bandwidth, no launch.
+	c := trace.Op{Family: trace.Copy, Bytes: 1 << 30, Link: trace.D2H}
+	if got, want := m.OpTime(c), 10e-6+float64(1<<30)/(0.8*31.5e9); math.Abs(got-want) > 1e-12 {
+		t.Errorf("copy %g s, want %g", got, want)
+	}
+	// Host Adam: bytes over min(workers x core bandwidth, 70% of memory
+	// bandwidth) = min(32 x 12, 322.56) GB/s.
+	if got, want := m.HostTime(engine.HostWork{Bytes: 1e9}), 20e-6+1e9/(0.7*460.8e9); math.Abs(got-want) > 1e-12 {
+		t.Errorf("host adam %g s, want %g", got, want)
+	}
+	m.Host.Workers = 4
+	if got, want := m.HostTime(engine.HostWork{Bytes: 1e9}), 20e-6+1e9/(4*12e9); math.Abs(got-want) > 1e-12 {
+		t.Errorf("host adam on 4 workers %g s, want %g", got, want)
+	}
+}
+
+func TestPresetsValid(t *testing.T) {
+	for name := range GPUs {
+		m, err := Preset(name, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, bad := range []struct{ gpu, link, host, flag, value string }{
+		{"rtx9999", "", "", "--gpu", "rtx9999"},
+		{"rtx4090", "pcie9", "", "--link", "pcie9"},
+		{"rtx4090", "", "mainframe", "--host", "mainframe"},
+	} {
+		_, err := Preset(bad.gpu, bad.link, bad.host)
+		if err == nil || !strings.Contains(err.Error(), bad.flag) || !strings.Contains(err.Error(), bad.value) {
+			t.Errorf("%+v: error %v, want one naming %s and %q", bad, err, bad.flag, bad.value)
+		}
+	}
+}
+
+// TestPlanSchedules: on tiny, the sequential schedule is the sum of the
+// tasks, the pipelined one no longer and, in zero mode, shorter.
+func TestPlanSchedules(t *testing.T) {
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		c := Config{Arch: tiny, B: 2, T: 8, Accum: 2, DType: backend.BF16, Engine: engineConfig(mode)}
+		pip, err := Plan(c, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Engine.Pipelined = false
+		seq, err := Plan(c, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		for _, task := range seq.Tasks {
+			sum += task.Work
+		}
+		if math.Abs(seq.Step-sum) > 1e-12 || !near(seq.Overlap, 1) {
+			t.Errorf("%s: sequential step %g, overlap %g; the tasks sum to %g", mode, seq.Step, seq.Overlap, sum)
+		}
+		if pip.Step > seq.Step*(1+1e-12) || (mode == engine.Zero && !(pip.Step < seq.Step)) {
+			t.Errorf("%s: pipelined %g s, sequential %g s", mode, pip.Step, seq.Step)
+		}
+		if !pip.DeviceFits || !pip.HostFits || !(pip.TokensPerSec > 0) {
+			t.Errorf("%s: tiny does not fit a 4090 or has no speed: %+v", mode, pip.Memory)
+		}
+		img, err := Timeline(pip.Prediction, 3, "tiny "+string(mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := png.Decode(bytes.NewReader(img))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Bounds().Dx() != 1400 {
+			t.Errorf("timeline %v wide", p.Bounds())
+		}
+	}
+}
+
+// TestPlanLlama7B: planning llama-7b in every mode takes well under 30 s
+// and 1 GB: nothing of the model's size is allocated.
+func TestPlanLlama7B(t *testing.T) {
+	c7, err := llama.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	t0 := time.Now()
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		cfg := engineConfig(mode)
+		cfg.LSP.D, cfg.LSP.R = 512, 16
+		r, err := Plan(Config{Arch: c7, B: 4, T: 512, Accum: 2, DType: backend.BF16, Engine: cfg}, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !(r.Step > 0.1 && r.Step < 100) {
+			t.Errorf("%s: step %g s", mode, r.Step)
+		}
+	}
+	elapsed := time.Since(t0)
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("llama-7b, three modes: %v, %d MiB allocated, heap %d MiB", elapsed, alloc>>20, after.HeapSys>>20)
+	if elapsed > 30*time.Second {
+		t.Errorf("planning took %v, want under 30 s", elapsed)
+	}
+	if alloc > 1<<30 || after.HeapSys > 1<<30 {
+		t.Errorf("planning allocated %d MiB (heap %d MiB), want under 1 GiB", alloc>>20, after.HeapSys>>20)
+	}
+	if hwm, ok := peakRSS(); ok && hwm > 1<<30 {
+		t.Errorf("peak resident memory %d MiB, want under 1 GiB", hwm>>20)
+	}
+}
+
+// peakRSS is the process's peak resident memory (Linux's VmHWM).
+func peakRSS() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
+}
+
+// TestPaperModels: the paper's models (the official scripts' MODEL,
+// deepseek-coder 1.3b and 6.7b base) have the published sizes: a public
+// print of the 1.3b's parameters counts 1,347,258,368 with 786,432 LoRA
+// parameters added; the 6.7b is LLaMA-7B's shape with a 32256 vocabulary.
+func TestPaperModels(t *testing.T) {
+	for _, c := range []struct {
+		dir  string
+		want int
+	}{{"testdata/deepseek-coder-1.3b-base", 1347258368 - 786432}, {"testdata/deepseek-coder-6.7b-base", 6740512768}} {
+		spec, _, err := models.Resolve(c.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := spec.NumParams(); got != c.want {
+			t.Errorf("%s: %d parameters, want %d", c.dir, got, c.want)
+		}
+	}
+}
+
+// TestPlanSharedCores: a CPU-backend machine, where compute and host Adam
+// share the cores, predicts a longer zero-mode step than the same machine
+// with cores of their own: the host Adam of deep layers overlaps the
+// backward of shallow ones, and both slow down.
+func TestPlanSharedCores(t *testing.T) {
+	m := Machine{
+		GPU: GPU{Name: "cpu", Memory: 1 << 30, PeakF32: 50e9, PeakBF16: 50e9, MemBW: 10e9, Launch: 2e-6,
+			SharesHost: true, ComputeThreads: 2},
+		Link: Link{Name: "charged", H2D: 1e9, D2H: 1e9, Latency: 1e-6},
+		Host: Host{Name: "two cores", Cores: 2, MemBW: 10e9, Memory: 1 << 30, Workers: 2, CoreBW: 5e9, AdamBWFraction: 0.7},
+	}
+	c := Config{Arch: tiny, B: 2, T: 8, Accum: 1, DType: backend.F32, Engine: engineConfig(engine.Zero)}
+	shared, err := Plan(c, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.GPU.SharesHost = false
+	apart, err := Plan(c, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(shared.Step > apart.Step) {
+		t.Errorf("shared cores %g s, own cores %g s: want the shared step longer (host Adam overlaps the backward)", shared.Step, apart.Step)
+	}
+}

@@ -1,0 +1,229 @@
+package trace_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/trace"
+)
+
+const testB, testT, testAccum = 2, 8, 2
+
+var (
+	tinyGPT   = gpt2.Config{V: 64, MaxT: 16, C: 32, L: 2, NH: 4, Eps: 1e-5}
+	tinyLlama = llama.Config{Vocab: 64, Hidden: 32, Intermediate: 64, NumLayers: 2, Heads: 4, KVHeads: 2,
+		MaxPos: 16, Eps: 1e-5, RopeTheta: 10000}
+)
+
+func config(mode engine.Mode, dense engine.DenseParams) engine.Config {
+	h := optim.DefaultHyper()
+	h.WeightDecay = 0.1
+	return engine.Config{Mode: mode, DenseParams: dense, Hyper: h, Seed: 7, HostThreads: 2,
+		LSP: engine.LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+}
+
+type setup struct {
+	name  string
+	arch  model.Arch
+	dt    backend.DType
+	cfg   engine.Config
+	vocab int
+}
+
+func setups() []setup {
+	var ss []setup
+	for _, a := range []struct {
+		name  string
+		arch  model.Arch
+		vocab int
+	}{{"gpt2", tinyGPT, tinyGPT.V}, {"llama", tinyLlama, tinyLlama.Vocab}} {
+		for _, c := range []struct {
+			mode  engine.Mode
+			dense engine.DenseParams
+		}{{engine.Native, ""}, {engine.Zero, ""}, {engine.LSP, engine.DenseDevice}, {engine.LSP, engine.DenseHost}} {
+			for _, dt := range []backend.DType{backend.F32, backend.BF16} {
+				ss = append(ss, setup{fmt.Sprintf("%s/%s%s/%v", a.name, c.mode, c.dense, dt), a.arch, dt, config(c.mode, c.dense), a.vocab})
+			}
+		}
+	}
+	return ss
+}
+
+func batches(n, vocab int) []data.Batch {
+	out := make([]data.Batch, n)
+	for i := range out {
+		b := data.Batch{B: testB, T: testT, Inputs: make([]int32, testB*testT), Targets: make([]int32, testB*testT)}
+		for j := range b.Inputs {
+			b.Inputs[j] = int32((i + j) % vocab)
+			b.Targets[j] = int32((i + j + 1) % vocab)
+			b.NumTargets++
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// key is what must match between a traced op and an executed one.
+func key(o trace.Op) string {
+	return fmt.Sprintf("%s %s %v %v flops=%g bytes=%d link=%d", o.Method, o.Family, o.DType, o.Shapes, o.FLOPs, o.Bytes, o.Link)
+}
+
+// traceGraph builds the traced graph and records every device node's ops.
+func traceGraph(t *testing.T, s setup) (*engine.Graph, *trace.Backend) {
+	t.Helper()
+	tb := trace.New()
+	g, err := engine.TraceStep(tb, s.arch, testB, testT, testAccum, s.dt, s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.Reset()
+	d2h, _ := tb.NewStream("d2h")
+	h2d, _ := tb.NewStream("h2d")
+	streams := map[engine.Queue]backend.Stream{engine.Compute: tb.DefaultStream(), engine.D2H: d2h, engine.H2D: h2d}
+	for i, n := range g.Nodes {
+		if n.Queue == engine.Host {
+			continue
+		}
+		tb.SetNode(i)
+		if err := n.Run(streams[n.Queue]); err != nil {
+			t.Fatalf("node %s: %v", n.Name, err)
+		}
+	}
+	return g, tb
+}
+
+// TestTraceMatchesCPU: the ops the tracer records for a step's graph are,
+// in order and with the same shapes, the ops the CPU backend runs in a
+// real sequential step of the same engine, and the traced graph has the
+// real engine's nodes, queues, edges and host work.
+func TestTraceMatchesCPU(t *testing.T) {
+	for _, s := range setups() {
+		t.Run(s.name, func(t *testing.T) {
+			g, tb := traceGraph(t, s)
+			var traced []string
+			for _, o := range tb.Recorded() {
+				traced = append(traced, key(o))
+			}
+
+			w := trace.Wrap(cpu.New(cpu.Config{Threads: 1}))
+			defer w.Close()
+			e, err := engine.New(w, s.arch, testB, testT, testAccum, s.dt, s.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Free()
+			if err := e.Init(); err != nil {
+				t.Fatal(err)
+			}
+			real, err := e.Graph()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(real.Nodes) != len(g.Nodes) {
+				t.Fatalf("real graph has %d nodes, traced %d", len(real.Nodes), len(g.Nodes))
+			}
+			hostNodes := 0
+			for i, rn := range real.Nodes {
+				tn := g.Nodes[i]
+				if rn.Name != tn.Name || rn.Queue != tn.Queue || !slices.Equal(rn.Deps, tn.Deps) || rn.Work != tn.Work {
+					t.Errorf("node %d: real %q %v deps %v work %+v, traced %q %v deps %v work %+v", i,
+						rn.Name, rn.Queue, rn.Deps, rn.Work, tn.Name, tn.Queue, tn.Deps, tn.Work)
+				}
+				if rn.Queue == engine.Host {
+					hostNodes++
+					if rn.Work.Elems <= 0 || rn.Work.Bytes <= 0 {
+						t.Errorf("host node %q has no work: %+v", rn.Name, rn.Work)
+					}
+				}
+			}
+			if (s.cfg.Mode == engine.Native) != (hostNodes == 0) {
+				t.Errorf("%d host nodes in mode %s", hostNodes, s.cfg.Mode)
+			}
+
+			w.Reset()
+			if _, err := e.Step(batches(testAccum, s.vocab), 1e-3); err != nil {
+				t.Fatal(err)
+			}
+			var ran []string
+			for _, o := range w.Recorded() {
+				ran = append(ran, key(o))
+			}
+			// The losses' download after the graph goes through the CPU
+			// backend's own staging, which the wrapper does not see.
+			if len(ran) != len(traced) {
+				t.Fatalf("ran %d ops, traced %d", len(ran), len(traced))
+			}
+			for i := range traced {
+				if ran[i] != traced[i] {
+					t.Fatalf("op %d: ran %s, traced %s", i, ran[i], traced[i])
+				}
+			}
+		})
+	}
+}
+
+// TestTraceNoMemory: a 7B-parameter model allocates nothing real, and the
+// device memory the engine allocates on the tracer is engine.PlanMemory's.
+func TestTraceNoMemory(t *testing.T) {
+	c, err := llama.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		cfg := config(mode, engine.DenseDevice)
+		cfg.LSP.D, cfg.LSP.R = 512, 8
+		tb := trace.New()
+		g, err := engine.TraceStep(tb, c, 1, 512, 1, backend.BF16, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := engine.PlanMemory(c, 1, 512, 1, backend.BF16, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tb.MemStats().HighWater
+		if got != plan.DeviceTotal() {
+			t.Errorf("%s: traced allocations %d bytes, plan %d", mode, got, plan.DeviceTotal())
+		}
+		if len(g.Nodes) == 0 {
+			t.Errorf("%s: empty graph", mode)
+		}
+	}
+}
+
+// TestTraceRefuses: bad arguments are errors, as on the CPU backend.
+func TestTraceRefuses(t *testing.T) {
+	tb := trace.New()
+	s := tb.DefaultStream()
+	a, _ := tb.Alloc("a", 6, backend.F32)
+	c, _ := tb.Alloc("c", 4, backend.F32)
+	if err := tb.Gemm(s, false, false, 2, 2, 3, 1, a, a, 0, c); err != nil {
+		t.Errorf("a valid Gemm refused: %v", err)
+	}
+	if ops := tb.Recorded(); len(ops) != 1 || ops[0].FLOPs != 2*2*2*3 || ops[0].Bytes != 4*(6+6+4) {
+		t.Errorf("recorded %+v, want one Gemm of 24 FLOPs and 64 bytes", ops)
+	}
+	if err := tb.Gemm(s, false, false, 2, 3, 3, 1, a, a, 0, c); err == nil {
+		t.Error("Gemm with C of 4 elements for 2 x 3 accepted")
+	}
+	if err := tb.Fill(s, a.Slice(4, 4), 0); err == nil {
+		t.Error("Fill past the buffer accepted")
+	}
+	other := trace.New()
+	if err := tb.Fill(other.DefaultStream(), a, 0); err == nil {
+		t.Error("another backend's stream accepted")
+	}
+	h, _ := tb.AllocHost("h", 8)
+	if err := tb.CopyH2D(s, a, h, 0); err == nil {
+		t.Error("CopyH2D of 24 bytes from 8 accepted")
+	}
+}
