@@ -5,9 +5,9 @@
 # positions, byte tokens) pretrained natively on the text corpus in
 # $LSP_DATA (../shared/data by default), then fine-tuned on its Alpaca-style
 # instruction file (prompt-masked loss; records cut at 256 byte tokens,
-# those whose prompt alone is longer dropped) in five rows (native, zero, lsp,
-# lsp with never-fitted random projectors, lsp with fresh random projectors
-# at every check), three seeds each. It prints the compare table, whose
+# those whose prompt alone is longer dropped) in five rows (native, zero, lsp
+# with its default random projectors, lsp with fitted projectors (--fit),
+# lsp with fresh random projectors at every check), three seeds each. It prints the compare table, whose
 # lines give the eval loss mean ± sd per row, the projector checks over
 # time (bias ratios, the share of matrices refitted, check seconds),
 # lsp-quality and lsp-recovery; out/bench-quality/compare.png has the
@@ -30,6 +30,6 @@ done
 exec ./bin/lsp-train compare --model mini \
 	--pretrain-task "$corpus" --pretrain-steps "${PRETRAIN_STEPS:-1600}" \
 	--task "$alpaca" --steps "${STEPS:-200}" --seeds "${SEEDS:-3}" \
-	--rows native,zero,lsp,lsp-nofit,lsp-resample \
+	--rows native,zero,lsp,lsp-fit,lsp-resample \
 	--batch 8 --seq-len 256 --truncate --eval-every 25 --eval-generate 0 --timing-steps 3 --calib-samples 64 \
 	--out "${OUT:-out/bench-quality}" "$@"

@@ -72,7 +72,7 @@ for mode in native zero lsp; do
 	# keeps the fit its own data prefers (--accept fit), so that no
 	# held-out threshold can tip one way on the simulator and the other on
 	# the CPU.
-	[ "$mode" = lsp ] && extra+=(--calib-samples 4 --start-random=false --accept fit)
+	[ "$mode" = lsp ] && extra+=(--fit --calib-samples 4 --start-random=false --accept fit)
 	t0=$SECONDS
 	run "$mode-cuda" --device cuda "${extra[@]}" || { fail=1; continue; }
 	t1=$SECONDS

@@ -58,7 +58,7 @@ type Config struct {
 	CalibSamples  int                // --calib-samples: rows of the calibration pass
 	ProjLR        float64            // --proj-lr: Adam step size of the projector fit
 	FitIters      int                // --fit-iters: step budget of one projector fit
-	NoFit         bool               // --no-fit: keep the random projectors (a control)
+	Fit           bool               // --fit: fit the projectors at each check (the paper's learned projectors); otherwise the random ones are kept
 	Refit         engine.Refit       // --refit: how a check makes new projectors (sum, split or random)
 	Accept        engine.Accept      // --accept: what decides whether they replace the old ones (heldout or fit)
 	Rewarm        engine.Rewarm      // --rewarm: how a refitted matrix is re-warmed (floor, measured, change or off)
@@ -249,7 +249,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
-			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: c.NoFit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom, ShareLayers: c.ShareLayers},
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom, ShareLayers: c.ShareLayers},
 		HostThreads: c.Threads,
 	}
 }

@@ -64,6 +64,7 @@ func tinyBF16Config(t *testing.T, mode string, sched Schedule, dt, gdt backend.D
 	if c.Mode == engine.LSP {
 		c.DenseParams = engine.DenseParams(dense)
 		c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 16, 4, 2, 4, 10
+		c.Fit = true
 		// The default (--rewarm floor): without it (off) the first step
 		// after a refit runs on an underestimated second moment, large
 		// enough that bf16 and fp32 part by 0.075 in loss.

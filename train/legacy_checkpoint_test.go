@@ -44,6 +44,7 @@ func legacyConfig(mode, out string) Config {
 	c.Mode = engine.Mode(mode)
 	if mode == "lsp" {
 		c.D, c.R, c.DenseParams, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, "device", 2, 4, 20
+		c.Fit = true
 	}
 	c.Out = out
 	return c

@@ -25,6 +25,7 @@ func modeConfigs(t *testing.T, model string) map[string]Config {
 		if c.Mode == engine.LSP {
 			c.DenseParams = engine.DenseParams(strings.SplitN(name, "-", 2)[1])
 			c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10
+			c.Fit = true
 		}
 		out[name] = c
 	}

@@ -199,6 +199,7 @@ func TestSkipChangesNothingWhenFinite(t *testing.T) {
 			c.Mode, c.Steps = mode, 4
 			if mode == engine.LSP {
 				c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10
+				c.Fit = true
 			}
 			stop := mustRun(t, context.Background(), c, Options{})
 			c.Out, c.OnNonFinite = filepath.Join(t.TempDir(), "skip"), SkipNonFinite

@@ -66,7 +66,7 @@ type resumeIdentity struct {
 	CalibSamples int            `flag:"calib-samples" resume:"lsp"`
 	ProjLR       float64        `flag:"proj-lr" resume:"lsp"`
 	FitIters     int            `flag:"fit-iters" resume:"lsp"`
-	NoFit        bool           `flag:"no-fit" resume:"lsp"`
+	Fit          bool           `flag:"fit" resume:"lsp"`
 	Refit        engine.Refit   `flag:"refit" resume:"lsp"`
 	Accept       engine.Accept  `flag:"accept" resume:"lsp"`
 	Rewarm       engine.Rewarm  `flag:"rewarm" resume:"lsp"`
@@ -222,6 +222,13 @@ func savedSettings(st checkpoint.State) map[string]string {
 	}
 	for k, v := range st.Settings {
 		m[k] = v
+	}
+	// Before --fit became opt-in, runs recorded its negation, --no-fit.
+	if v, ok := m["no-fit"]; ok {
+		if _, has := m["fit"]; !has {
+			m["fit"] = strconv.FormatBool(v != "true")
+		}
+		delete(m, "no-fit")
 	}
 	return m
 }

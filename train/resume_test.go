@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -142,7 +143,7 @@ func TestResumeSettingsRoundTrip(t *testing.T) {
 	// Outside lsp mode the lsp-only settings are zero, as a checkpoint
 	// of another mode holds them.
 	c.Mode = engine.Zero
-	if id := c.resumeIdentity(false); id.DenseParams != "" || id.D != 0 || id.R != 0 || id.Alpha != 0 || id.NoFit {
+	if id := c.resumeIdentity(false); id.DenseParams != "" || id.D != 0 || id.R != 0 || id.Alpha != 0 || id.Fit {
 		t.Errorf("zero mode identity holds lsp settings: %+v", id)
 	}
 	// The default of --dense-params is resolved.
@@ -206,8 +207,22 @@ func TestResumeDiff(t *testing.T) {
 	if len(refused) != 1 || refused[0].flag != "seq-len" || len(changed) != 0 {
 		t.Errorf("old checkpoint: refused %v, changed %v; want --seq-len only", refused, changed)
 	}
-	if u := strings.Join(unrecorded, " "); !strings.Contains(u, "--lr") || !strings.Contains(u, "--no-fit") || strings.Contains(u, "--batch") {
+	if u := strings.Join(unrecorded, " "); !strings.Contains(u, "--lr") || !strings.Contains(u, "--fit") || strings.Contains(u, "--batch") {
 		t.Errorf("old checkpoint: unrecorded %s", u)
+	}
+
+	// A checkpoint that recorded --no-fit (before --fit was opt-in) is
+	// read as its negation: a fitted run resumes only with --fit.
+	st.Settings = map[string]string{"no-fit": "false"}
+	if got := savedSettings(st); got["fit"] != "true" || got["no-fit"] != "" {
+		t.Errorf("--no-fit false read as fit %q (no-fit %q), want fit true", got["fit"], got["no-fit"])
+	}
+	now = saved
+	now.Mode, now.Fit = engine.LSP, false
+	st.Mode = engine.LSP
+	refused, _, _ = resumeDiff(savedSettings(st), now.resumeIdentity(false), now.resumeAllowed())
+	if !slices.ContainsFunc(refused, func(c change) bool { return c.String() == "--fit: checkpoint has true, command line has false" }) {
+		t.Errorf("a fitted run resumed without --fit: refused %v", refused)
 	}
 }
 

@@ -62,7 +62,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.IntVar(&c.CalibSamples, "calib-samples", c.CalibSamples, "lsp: rows of the calibration batch of a projector check")
 	fs.Float64Var(&c.ProjLR, "proj-lr", c.ProjLR, "lsp: Adam step size of the projector fit")
 	fs.IntVar(&c.FitIters, "fit-iters", c.FitIters, "lsp: Adam steps a projector fit may take")
-	fs.BoolVar(&c.NoFit, "no-fit", c.NoFit, "lsp: never fit the projectors (keep the random ones; a control)")
+	fs.BoolVar(&c.Fit, "fit", c.Fit, "lsp: fit the projectors to the gradients every --check-every steps (the paper's learned projectors; without it the random ones drawn at the start are kept, which fine-tuned better on instruction data: README \"Learning the projectors\")")
 	fs.Var(&c.Refit, "refit", "lsp: `HOW` a check makes new projectors: sum (fit to the calibration gradient), split (fit to each calibration micro-batch's at once) or random (draw, no fit; a control)")
 	fs.Var(&c.Accept, "accept", "lsp: `WHAT` decides whether new projectors replace the old: heldout (half the calibration micro-batches, unseen by the fit) or fit (the fit's own data)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change), floor (no ramp: raise the carried second moment to the new subspace's) or off")
@@ -126,7 +126,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"calib-samples", groupOffload},
 	{"proj-lr", groupOffload},
 	{"fit-iters", groupOffload},
-	{"no-fit", groupOffload},
+	{"fit", groupOffload},
 	{"refit", groupOffload},
 	{"accept", groupOffload},
 	{"rewarm", groupOffload},

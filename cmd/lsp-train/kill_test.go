@@ -67,7 +67,7 @@ func killArgs(out, mode string) []string {
 		"--threads", "1", "--mode", mode, "--out", out}
 	if mode == "lsp" {
 		args = append(args, "--d", "8", "--r", "2", "--dense-params", "device", "--check-every", "2",
-			"--calib-samples", "4", "--fit-iters", "20")
+			"--calib-samples", "4", "--fit-iters", "20", "--fit")
 	}
 	return args
 }

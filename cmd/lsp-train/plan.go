@@ -32,6 +32,7 @@ type planOptions struct {
 	dtype, gradDType      string
 	mode, dense, schedule string
 	d, r                  int
+	fit                   bool
 	gpu, link, host       string
 	hostBW                byteSize
 	hostMem, deviceMem    byteSize
@@ -57,6 +58,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
+	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", "))
 	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
 	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
@@ -178,7 +180,7 @@ func (o planOptions) engineConfig(j planJob, mode engine.Mode) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(d.Beta1), Beta2: float32(d.Beta2), Eps: 1e-8,
 			WeightDecay: float32(d.WeightDecay), Clip: d.ClipMode, MaxNorm: float32(d.GradClip)},
 		LSP: engine.LSPConfig{D: o.d, R: o.r, Alpha: d.Alpha, CheckEvery: d.CheckEvery, CalibSamples: d.CalibSamples,
-			ProjLR: d.ProjLR, FitIters: d.FitIters, Refit: d.Refit, Accept: d.Accept, Rewarm: d.Rewarm, StartRandom: d.StartRandom},
+			ProjLR: d.ProjLR, FitIters: d.FitIters, NoFit: !o.fit, Refit: d.Refit, Accept: d.Accept, Rewarm: d.Rewarm, StartRandom: d.StartRandom},
 	}
 }
 

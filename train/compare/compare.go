@@ -7,9 +7,9 @@
 //     <out>/pretrain, or reuse it when a stamp says an identical earlier
 //     compare made it;
 //  2. fine-tune that checkpoint on another task (--task) in each row of
-//     --rows (native, zero, lsp and lsp with never-fitted projectors by
-//     default; lsp with fresh random projectors at every check on
-//     request), once per seed of --seeds, same steps and schedule, the
+//     --rows (native, zero, lsp with the default random projectors and
+//     lsp with fitted ones by default; lsp with fresh random projectors at
+//     every check on request), once per seed of --seeds, same steps and schedule, the
 //     link charged at --link-bandwidth, with an eval before the first step
 //     (L0) and every --eval-every steps, and greedy exact match at the end;
 //  3. time each row in two short extra runs, sequential and pipelined;
@@ -102,7 +102,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-nofit",
+		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit",
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
 		StartRandom: train.Defaults().StartRandom, CalibSamples: 512}
 }
@@ -220,9 +220,9 @@ type SeedRun struct {
 // Row is one row of the table: a mode's fine-tuning runs (one per seed)
 // and its two timing runs.
 type Row struct {
-	Name  string `json:"name"` // native, zero, lsp, lsp (no fit), lsp (resampled)
+	Name  string `json:"name"` // native, zero, lsp, lsp (fitted), lsp (resampled)
 	Mode  string `json:"mode"`
-	NoFit bool   `json:"no_fit,omitempty"`
+	Fit   bool   `json:"fit,omitempty"`   // the projectors are checked (--fit)
 	Refit string `json:"refit,omitempty"` // lsp rows that check
 	D     int    `json:"d,omitempty"`     // lsp rows only
 	R     int    `json:"r,omitempty"`
@@ -281,7 +281,7 @@ var ErrInterrupted = errors.New("interrupted")
 type rowSpec struct {
 	name, dir string
 	mode      engine.Mode
-	noFit     bool
+	fit       bool         // --fit: checks, and a fit at each unless refit is random
 	refit     engine.Refit // "": the job's --refit
 }
 
@@ -290,8 +290,8 @@ var allRows = []rowSpec{
 	{"native", "native", engine.Native, false, ""},
 	{"zero", "zero", engine.Zero, false, ""},
 	{"lsp", "lsp", engine.LSP, false, ""},
-	{"lsp (no fit)", "lsp-nofit", engine.LSP, true, ""},
-	{"lsp (resampled)", "lsp-resample", engine.LSP, false, engine.RefitRandom},
+	{"lsp (fitted)", "lsp-fit", engine.LSP, true, ""},
+	{"lsp (resampled)", "lsp-resample", engine.LSP, true, engine.RefitRandom},
 }
 
 // RowNames are the names --rows accepts.
@@ -496,7 +496,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 	cfg.LR, cfg.Warmup, cfg.EvalEvery = fineTuneLR, fineTuneWarmup, c.EvalEvery
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
-		cfg.DenseParams, cfg.D, cfg.R, cfg.NoFit = engine.DenseDevice, c.D, c.R, spec.noFit
+		cfg.DenseParams, cfg.D, cfg.R, cfg.Fit = engine.DenseDevice, c.D, c.R, spec.fit
 		cfg.CheckEvery, cfg.CalibSamples, cfg.StartRandom = checkEvery, c.CalibSamples, c.StartRandom
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
 		cfg.ShareLayers = c.ShareLayers
@@ -522,10 +522,10 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 
 // fineTuneRow runs a row's fine-tuning once per seed and scores it.
 func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log *slog.Logger) (Row, error) {
-	row := Row{Name: spec.name, Mode: string(spec.mode), NoFit: spec.noFit}
+	row := Row{Name: spec.name, Mode: string(spec.mode), Fit: spec.fit}
 	if spec.mode == engine.LSP {
 		row.D, row.R = c.D, c.R
-		if !spec.noFit {
+		if spec.fit {
 			row.Refit = string(rowConfig(c, spec, model, c.Seed).Refit)
 		}
 	}
@@ -557,7 +557,7 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 		row.ExactMatch = &em
 	}
 	row.Curve = meanCurve(row.Seeds)
-	if spec.mode == engine.LSP && !spec.noFit && spec.refit != engine.RefitRandom {
+	if spec.mode == engine.LSP && spec.fit && spec.refit != engine.RefitRandom {
 		acc, _ := meanSD(accepted)
 		row.Fitted = acc > 0.5
 	}
@@ -821,7 +821,7 @@ func table(res *Result) string {
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's optimizer-side host memory.",
-		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 without --start-random) with %d calibration rows (not in step s; their time per run is in the lines below); lsp (no fit) keeps its random projectors (--no-fit) and lsp (resampled) draws fresh random ones at every check (--refit random), controls.",
+		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 without --start-random) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
 			c.D, c.R, checkEvery, c.CalibSamples),
 		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}

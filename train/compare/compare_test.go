@@ -159,7 +159,7 @@ func TestCompare(t *testing.T) {
 	c := Defaults()
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
-	c.Seeds, c.Rows = 2, "native,zero,lsp,lsp-nofit,lsp-resample"
+	c.Seeds, c.Rows = 2, "native,zero,lsp,lsp-fit,lsp-resample"
 	// 40 steps end before the first check of --start-random (step 50):
 	// check before step 1 instead, so the rows that check do.
 	c.StartRandom = false
@@ -173,9 +173,9 @@ func TestCompare(t *testing.T) {
 	if len(res.Rows) != 5 {
 		t.Fatalf("%d rows, want 5", len(res.Rows))
 	}
-	native, zero, lspRow, resampled := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[4]
-	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.NoFit || !res.Rows[3].NoFit ||
-		resampled.Refit != "random" || lspRow.Refit != string(train.Defaults().Refit) {
+	native, zero, lspRow, fitted, resampled := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4]
+	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.Fit || !fitted.Fit || !resampled.Fit ||
+		resampled.Refit != "random" || fitted.Refit != string(train.Defaults().Refit) || lspRow.Refit != "" {
 		t.Fatalf("rows out of order: %+v", res.Rows)
 	}
 	if res.Recovery == nil {
@@ -213,18 +213,18 @@ func TestCompare(t *testing.T) {
 	// rows that check; resampling keeps every draw under --accept fit
 	// only, so its share is whatever the held-out data decided, but it
 	// never counts as fitted.
-	for _, r := range []Row{lspRow, resampled} {
+	for _, r := range []Row{fitted, resampled} {
 		for _, s := range r.Seeds {
 			if len(s.Checks) != 1 || s.Checks[0].Step != 0 || s.Checks[0].Matrices != 16 || !(s.CheckSeconds > 0) {
 				t.Errorf("%s seed %d: checks %+v (%v s)", r.Name, s.Seed, s.Checks, s.CheckSeconds)
 			}
 		}
 	}
-	if resampled.Fitted || res.Rows[3].Fitted || len(res.Rows[3].Seeds[0].Checks) != 0 {
-		t.Errorf("the controls count as fitted: %+v, %+v", resampled, res.Rows[3])
+	if resampled.Fitted || lspRow.Fitted || len(lspRow.Seeds[0].Checks) != 0 {
+		t.Errorf("the random rows count as fitted: %+v, %+v", resampled, lspRow)
 	}
-	if lspRow.Fitted != (res.Quality != nil) || lspRow.Fitted && (res.QualityRow != "lsp" || *res.Quality != *res.Recovery) {
-		t.Errorf("lsp fitted %v, quality %v (%q)", lspRow.Fitted, res.Quality, res.QualityRow)
+	if fitted.Fitted != (res.Quality != nil) || fitted.Fitted && (res.QualityRow != "lsp (fitted)" || *res.Quality != *recovery(native, fitted)) {
+		t.Errorf("lsp (fitted) fitted %v, quality %v (%q)", fitted.Fitted, res.Quality, res.QualityRow)
 	}
 	steps := []int{0, 10, 20, 30, 40}
 	for _, r := range res.Rows {
@@ -248,8 +248,8 @@ func TestCompare(t *testing.T) {
 			t.Errorf("%s: step s %v / %v, exact match %v", r.Name, r.StepSecondsSequential, r.StepSecondsPipelined, r.ExactMatch)
 		}
 	}
-	if !(lspRow.CheckSeconds > 0) || res.Rows[3].CheckSeconds != 0 {
-		t.Errorf("check seconds lsp %v, lsp (no fit) %v", res.Rows[2].CheckSeconds, res.Rows[3].CheckSeconds)
+	if !(fitted.CheckSeconds > 0) || lspRow.CheckSeconds != 0 {
+		t.Errorf("check seconds lsp (fitted) %v, lsp %v", fitted.CheckSeconds, lspRow.CheckSeconds)
 	}
 
 	lines := strings.Split(strings.TrimRight(res.Table, "\n"), "\n")
@@ -257,10 +257,10 @@ func TestCompare(t *testing.T) {
 	if !regexp.MustCompile(`^lsp-recovery: -?[0-9]+\.[0-9]{2}$`).MatchString(last) || last != fmt.Sprintf("lsp-recovery: %.2f", *res.Recovery) {
 		t.Errorf("last line %q", last)
 	}
-	if q := lines[len(lines)-2]; !regexp.MustCompile(`^lsp-quality: ([0-9.-]+ \(lsp\)|n/a .*)$`).MatchString(q) {
+	if q := lines[len(lines)-2]; !regexp.MustCompile(`^lsp-quality: ([0-9.-]+ \(lsp \(fitted\)\)|n/a .*)$`).MatchString(q) {
 		t.Errorf("line before last %q", q)
 	}
-	if !strings.HasPrefix(lines[0], "| row ") || !strings.Contains(res.Table, "| lsp (no fit) ") ||
+	if !strings.HasPrefix(lines[0], "| row ") || !strings.Contains(res.Table, "| lsp (fitted) ") ||
 		!strings.Contains(res.Table, "dense params (embeddings, norms and biases) are trained on the device") {
 		t.Errorf("table:\n%s", res.Table)
 	}
