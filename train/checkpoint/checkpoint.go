@@ -17,9 +17,13 @@
 package checkpoint
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"log/slog"
+	"math"
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -109,7 +113,11 @@ type Optimizer interface {
 }
 
 // Save downloads the parameters and the optimizer state and writes them
-// with st to path, atomically, with their checksums.
+// with st to path, atomically, with their checksums. Each tensor is
+// encoded to little-endian fp32 a chunk at a time, for its checksum and
+// again as it is written, so that the host holds the downloaded values
+// once and never a second, encoded copy of them (HostPeak's "checkpoint
+// write" is those values).
 func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) error {
 	if err := opt.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -118,7 +126,6 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: params: %w", err)
 	}
-	ts := []safetensors.Tensor{safetensors.F32Tensor(ParamsTensor, []int{len(vals)}, vals)}
 	state, err := opt.SaveState()
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -128,8 +135,11 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{len(vals)}}}
+	data := [][]float32{vals}
 	for _, name := range names {
-		ts = append(ts, safetensors.F32Tensor(name, []int{len(state[name])}, state[name]))
+		specs = append(specs, safetensors.Spec{Name: name, DType: safetensors.F32, Shape: []int{len(state[name])}})
+		data = append(data, state[name])
 	}
 	st.Version = Version
 	if st.Model == nil {
@@ -140,9 +150,41 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	// The checksums are taken from ts, the buffers Write stores.
-	if err := safetensors.Write(path, ts, Metadata(ts, string(raw))); err != nil {
+	var chunk [encodeChunk * 4]byte
+	sums := make(map[string]string, len(specs))
+	for i, sp := range specs {
+		h := crc32.New(castagnoli)
+		if err := encodeF32(h, data[i], chunk[:]); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		sums[sp.Name] = fmt.Sprintf("%08x", h.Sum32())
+	}
+	// The checksums are of the bytes encodeF32 writes: the same function
+	// of the same values, which nothing changes in between (the pipeline
+	// is drained and the slices are this function's own).
+	err = safetensors.WriteStream(path, specs, metadata(sums, string(raw)), func(i int, w io.Writer) error {
+		return encodeF32(w, data[i], chunk[:])
+	})
+	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// encodeChunk is the floats Save encodes per write.
+const encodeChunk = 16 << 10
+
+// encodeF32 writes v to w as little-endian fp32, through buf.
+func encodeF32(w io.Writer, v []float32, buf []byte) error {
+	for len(v) > 0 {
+		n := min(len(v), len(buf)/4)
+		for i, x := range v[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+		}
+		if _, err := w.Write(buf[:4*n]); err != nil {
+			return err
+		}
+		v = v[n:]
 	}
 	return nil
 }

@@ -53,6 +53,11 @@ func Metadata(tensors []safetensors.Tensor, state string) map[string]string {
 	for _, t := range tensors {
 		sums[t.Name] = checksum(t.Data)
 	}
+	return metadata(sums, state)
+}
+
+// metadata is Metadata from the tensors' checksums, name to hex.
+func metadata(sums map[string]string, state string) map[string]string {
 	// Keys sorted: the same bytes every time. A map of strings always
 	// encodes (invalid UTF-8 is replaced), so the error is always nil.
 	raw, _ := json.Marshal(sums)
