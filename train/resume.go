@@ -99,6 +99,7 @@ type resumeAllowed struct {
 	// plan; the link bandwidth charges time on the CPU backend only).
 	Device        device.Kind `flag:"device"`
 	DeviceMem     int64       `flag:"device-mem"`
+	HostMem       int64       `flag:"host-mem"`
 	Threads       int         `flag:"threads"`
 	Schedule      Schedule    `flag:"schedule"`
 	LinkBandwidth int64       `flag:"link-bandwidth"`
