@@ -1,0 +1,114 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/engine"
+)
+
+const hostMemChildEnv = "LSP_TRAIN_HOSTMEM_CHILD"
+
+// hostMemResult is what the child of TestHostPlanMeasured reports.
+type hostMemResult struct {
+	IdleRSS, PeakRSS int64 // bytes: VmRSS before the run, VmHWM after it
+	Plan             int64 // the plan's HostPeak
+	Detail           string
+}
+
+// TestHostPlanMeasured runs a few steps of gpt2 (124M, random weights,
+// CPU backend) in a child process per mode, from a fresh high-water
+// mark, and checks the host plan (HostPeak: the CPU backend's device
+// memory, the run's own buffers, the largest of the initial weights, the
+// final checkpoint and the export) against what the child really held:
+// its peak resident memory (VmHWM) minus its resident memory before the
+// run, within 10%.
+func TestHostPlanMeasured(t *testing.T) {
+	if mode := os.Getenv(hostMemChildEnv); mode != "" {
+		hostMemChild(t, engine.Mode(mode))
+		return
+	}
+	if testing.Short() || raceEnabled {
+		t.Skip("trains gpt2 (2 GB and more resident); runs in the race-free pass (make gotest-norace)")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc/self/status here")
+	}
+	for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
+		t.Run(string(mode), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHostPlanMeasured$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), hostMemChildEnv+"="+string(mode), "LSP_TEST_OUT="+t.TempDir())
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("child: %v\n%s", err, out)
+			}
+			var res hostMemResult
+			found := false
+			for _, line := range strings.Split(string(out), "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "hostmem-result: "); ok {
+					if err := json.Unmarshal([]byte(v), &res); err != nil {
+						t.Fatalf("child's result %q: %v", v, err)
+					}
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("child reported no result:\n%s", out)
+			}
+			used := res.PeakRSS - res.IdleRSS
+			ratio := float64(res.Plan) / float64(used)
+			t.Logf("%s: plan %d bytes, peak RSS %d - idle %d = %d bytes (plan/measured %.3f)\nplan: %s",
+				mode, res.Plan, res.PeakRSS, res.IdleRSS, used, ratio, res.Detail)
+			if ratio < 0.9 || ratio > 1.1 {
+				t.Errorf("%s: host plan %d bytes, measured %d bytes above the idle process: %.3fx, want within 10%%\nplan: %s",
+					mode, res.Plan, used, ratio, res.Detail)
+			}
+		})
+	}
+}
+
+// hostMemChild is the child's side: note the resident memory, run, and
+// report the peak beside the plan.
+func hostMemChild(t *testing.T, mode engine.Mode) {
+	idle := procStatus(t, "VmRSS")
+	c := Defaults()
+	c.Model, c.Data, c.Batch, c.SeqLen, c.Steps = "gpt2", "builtin:sort:200", 2, 32, 2
+	c.EvalFraction, c.EvalEvery, c.CheckpointEvery, c.Warmup = 0, 0, 0, 0
+	c.Mode, c.Out = mode, filepath.Join(os.Getenv("LSP_TEST_OUT"), "out")
+	var m Measurements
+	if _, err := Run(context.Background(), c, Options{Measurements: &m}); err != nil {
+		t.Fatal(err)
+	}
+	res := hostMemResult{IdleRSS: idle, PeakRSS: procStatus(t, "VmHWM"), Plan: m.Plan.HostPeak(), Detail: m.Plan.HostString()}
+	raw, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("hostmem-result: %s\n", raw)
+}
+
+// procStatus is the field of /proc/self/status named key, in bytes.
+func procStatus(t *testing.T, key string) int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/self/status", key)
+	return 0
+}
