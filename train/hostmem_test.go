@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 )
 
@@ -111,4 +113,80 @@ func procStatus(t *testing.T, key string) int64 {
 	}
 	t.Fatalf("no %s in /proc/self/status", key)
 	return 0
+}
+
+// TestHostMemTooSmall: a host budget below the plan's peak, given by
+// --host-mem or, without it, by the machine's MemAvailable, is an error
+// before training that names the flag, the bytes needed by part and the
+// budget, and nothing is written.
+func TestHostMemTooSmall(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hostMem int64
+		meminfo string // "" keeps the real /proc/meminfo
+		want    []string
+	}{
+		{"flag", 1 << 20, "", []string{"the budget (--host-mem) is 1048576 bytes"}},
+		{"available", 0, "MemTotal:       16000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\n",
+			[]string{"MemAvailable", "--host-mem sets another budget", "is 2097152 bytes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.meminfo != "" {
+				old := meminfoPath
+				meminfoPath = writeFile(t, filepath.Join(t.TempDir(), "meminfo"), tc.meminfo)
+				defer func() { meminfoPath = old }()
+			}
+			c := quickConfig(t, "tiny")
+			c.HostMem = tc.hostMem
+			mc, _, err := ResolveModel(c.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan, err := PlanMemory(mc, c) // without the data: a little less than the run's
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Run(context.Background(), c, Options{})
+			wantErr(t, err, append(tc.want, "--host-mem", "bytes of host memory", "device memory (cpu backend)",
+				"checkpoint write", "(the peak's)")...)
+			var fe *FlagError
+			if !errors.As(err, &fe) || fe.Flag != "host-mem" {
+				t.Errorf("error %v is not a FlagError for host-mem", err)
+			}
+			var need int64
+			if _, serr := fmt.Sscanf(err.Error()[strings.Index(err.Error(), "needs "):], "needs %d bytes", &need); serr != nil || need < plan.HostPeak() {
+				t.Errorf("error %q: needs %d bytes (%v), want at least the plan's %d", err, need, serr, plan.HostPeak())
+			}
+			if _, err := os.Stat(filepath.Join(c.Out, checkpoint.FileName)); err == nil {
+				t.Errorf("checkpoint written despite the memory error")
+			}
+		})
+	}
+}
+
+// TestMemAvailable reads MemAvailable in bytes, and says when a file
+// lacks it or spells it otherwise.
+func TestMemAvailable(t *testing.T) {
+	old := meminfoPath
+	defer func() { meminfoPath = old }()
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		text string
+		want int64
+		ok   bool
+	}{
+		{"MemTotal: 100 kB\nMemAvailable:     1234 kB\nBuffers: 1 kB\n", 1234 << 10, true},
+		{"MemTotal: 100 kB\n", 0, false},
+		{"MemAvailable: 12 MB\n", 0, false},
+		{"MemAvailable: -3 kB\n", 0, false},
+	} {
+		meminfoPath = writeFile(t, filepath.Join(dir, "meminfo"), tc.text)
+		if got, ok := memAvailable(); got != tc.want || ok != tc.ok {
+			t.Errorf("%q: memAvailable() = %d, %v, want %d, %v", tc.text, got, ok, tc.want, tc.ok)
+		}
+	}
+	meminfoPath = filepath.Join(dir, "absent")
+	if _, ok := memAvailable(); ok {
+		t.Errorf("memAvailable() of a missing file says it knows")
+	}
 }
