@@ -223,10 +223,15 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	f, err := safetensors.Open(path)
+	// Mapped, not read: the checksums and the decoding read each tensor's
+	// pages once and hand them back (Release), so that the file's bytes
+	// are never all resident beside the decoded values, which is all a
+	// resume holds on the host (the plan's "checkpoint restore").
+	f, err := safetensors.OpenMapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
+	defer f.Close() // the tensors are decoded copies
 	unverified, err := verify(f)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
@@ -252,6 +257,7 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 		if err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
+		f.Release(name)
 		ck.tensors[name] = v
 	}
 	if v, ok := ck.tensors[ParamsTensor]; !ok {

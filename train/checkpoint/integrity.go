@@ -116,6 +116,8 @@ func verify(f *safetensors.File) (unverified bool, err error) {
 		if got := checksum(b); got != sum {
 			return false, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file is corrupted", f.Path, name, got, sum)
 		}
+		f.Release(name) // its pages, read once; a mapped file gives them back
+
 	}
 	names := make([]string, 0, len(want))
 	for name := range want {
