@@ -112,6 +112,14 @@ type Optimizer interface {
 	SetStepCount(step int)
 }
 
+// stateViewer is an Optimizer that can give its state without copying
+// the arrays it holds on the host (engine.Engine.SaveStateView), valid
+// until its next step: a checkpoint write then holds no second copy of
+// a host optimizer's master and moments.
+type stateViewer interface {
+	SaveStateView() (map[string][]float32, error)
+}
+
 // Save downloads the parameters and the optimizer state and writes them
 // with st to path, atomically, with their checksums. Each tensor is
 // encoded to little-endian fp32 a chunk at a time, for its checksum and
@@ -126,7 +134,11 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: params: %w", err)
 	}
-	state, err := opt.SaveState()
+	saveState := opt.SaveState
+	if v, ok := opt.(stateViewer); ok {
+		saveState = v.SaveStateView // Save only reads the arrays, before any step
+	}
+	state, err := saveState()
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}

@@ -168,9 +168,9 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	}
 	N := int64(arch.NumParams())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
-	// A checkpoint write holds the parameters and the optimizer state
-	// (SaveState's arrays) as fp32 on the host at once; ckpt adds the
-	// state mode by mode below.
+	// A checkpoint write (checkpoint.Save) holds the parameters as fp32
+	// and what SaveStateView downloads or converts on the host at once;
+	// ckpt adds the state mode by mode below.
 	ckpt := 4 * N
 	switch cfg.Mode {
 	case Native:
@@ -180,7 +180,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, dsize*N
-		ckpt += savedHostState(N, len(x.Layout))
+		ckpt += savedHostState(len(x.Layout))
 	case LSP:
 		n := lspCount(x, cfg.LSP, BT)
 		p.Device = append(p.Device,
@@ -202,7 +202,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 			ckpt += savedDeviceState(st)
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
-			ckpt += savedHostState(dense, denseTensors)
+			ckpt += savedHostState(denseTensors)
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
 		}
@@ -211,25 +211,26 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	return p, nil
 }
 
-// savedDeviceState is the fp32 bytes SaveState downloads of a device
+// savedDeviceState is the fp32 bytes SaveStateView downloads of a device
 // optimizer whose state is st bytes (optim.StateBytes): all of it but
 // the norms' work, which is not saved; every array of it is fp32 already
 // (a bf16 model's master included).
 func savedDeviceState(st int64) int64 { return st - backend.SumSquaresWork*8 }
 
-// savedHostState is the bytes SaveState copies of a host optimizer over
-// n elements of tensors tensors: fp32 master and two moments, and a step
-// count per tensor.
-func savedHostState(n int64, tensors int) int64 { return 12*n + 4*int64(tensors) }
+// savedHostState is the bytes SaveStateView makes of a host optimizer
+// over tensors tensors: a step count per tensor (its fp32 master and
+// moments are views, no copies).
+func savedHostState(tensors int) int64 { return 4 * int64(tensors) }
 
-// savedLSPState is the bytes SaveState copies of lsp's per-matrix state:
-// each matrix's P and Q (index and value per entry, the shared P once per
-// matrix reading it), its two d x d moments and two counters.
+// savedLSPState is the bytes SaveStateView makes of lsp's per-matrix
+// state: each matrix's P and Q indices as fp32 (the shared P once per
+// matrix reading it) and two counters; the values and the moments are
+// views.
 func savedLSPState(x *model.Index, c LSPConfig) int64 {
-	d, r := lspDims(x, c)
+	_, r := lspDims(x, c)
 	var n int64
 	for k, mt := range x.Mats {
-		n += int64(2*mt.M*r[k] + 2*mt.N*r[k] + 2*d[k]*d[k] + 2)
+		n += int64(mt.M*r[k] + mt.N*r[k] + 2)
 	}
 	return 4 * int64(len(x.Blocks)) * n
 }

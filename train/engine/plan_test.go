@@ -40,14 +40,30 @@ func TestPlanMatchesArena(t *testing.T) {
 					t.Errorf("predicted device peak %d, arena high-water mark %d (%s)", pred, hw, plan)
 				}
 				// The checkpoint write's transient is the parameters and
-				// every array SaveState returns, as fp32, to the byte.
+				// the arrays SaveStateView allocates (downloads and
+				// conversions, new at every call; the views are the
+				// same arrays each time), to the byte; and the views
+				// hold what SaveState's copies do.
 				state, err := tr.e.SaveState()
 				if err != nil {
 					t.Fatal(err)
 				}
+				view1, err := tr.e.SaveStateView()
+				if err != nil {
+					t.Fatal(err)
+				}
+				view2, err := tr.e.SaveStateView()
+				if err != nil {
+					t.Fatal(err)
+				}
 				saved := 4 * int64(small.NumParams())
-				for _, v := range state {
-					saved += 4 * int64(len(v))
+				for name, v := range view1 {
+					if !slices.Equal(v, state[name]) || len(view1) != len(state) {
+						t.Errorf("SaveStateView's %s differs from SaveState's", name)
+					}
+					if len(v) > 0 && &v[0] != &view2[name][0] {
+						saved += 4 * int64(len(v))
+					}
 				}
 				var ckpt int64 = -1
 				for _, x := range plan.Transient {
@@ -56,7 +72,7 @@ func TestPlanMatchesArena(t *testing.T) {
 					}
 				}
 				if ckpt != saved {
-					t.Errorf("planned checkpoint write %d bytes, SaveState and the parameters hold %d", ckpt, saved)
+					t.Errorf("planned checkpoint write %d bytes, the parameters and SaveStateView's new arrays hold %d", ckpt, saved)
 				}
 			})
 		}
