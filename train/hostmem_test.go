@@ -32,7 +32,11 @@ type hostMemResult struct {
 // final checkpoint and the export) against what the child really held:
 // its peak resident memory (VmHWM) minus its resident memory before the
 // run, within 10%. The native run is then resumed for a step, whose
-// restore of the checkpoint is one more transient.
+// restore of the checkpoint is one more transient (it peaked 25% above
+// the plan while checkpoint.Load read the whole file onto the heap).
+// Zero mode is left out for time (about 20 s more); its plan was within
+// 0.3% of its peak when measured, and its checkpoint write's bytes are
+// checked exactly by engine's TestPlanMatchesArena.
 func TestHostPlanMeasured(t *testing.T) {
 	if run := os.Getenv(hostMemChildEnv); run != "" {
 		mode, resume := strings.CutSuffix(run, "+resume")
@@ -86,11 +90,11 @@ func TestHostPlanMeasured(t *testing.T) {
 func hostMemChild(t *testing.T, mode engine.Mode, resume bool) {
 	idle := procStatus(t, "VmRSS")
 	c := Defaults()
-	c.Model, c.Data, c.Batch, c.SeqLen, c.Steps = "gpt2", "builtin:sort:200", 2, 32, 2
+	c.Model, c.Data, c.Batch, c.SeqLen, c.Steps = "gpt2", "builtin:sort:200", 2, 32, 1
 	c.EvalFraction, c.EvalEvery, c.CheckpointEvery, c.Warmup = 0, 0, 0, 0
 	c.Mode, c.Out = mode, os.Getenv("LSP_TEST_OUT")
 	if resume {
-		c.Steps, c.Resume = 3, true
+		c.Steps, c.Resume = 2, true
 	}
 	var m Measurements
 	if _, err := Run(context.Background(), c, Options{Measurements: &m}); err != nil {
