@@ -95,7 +95,7 @@ type resumeAllowed struct {
 	Model string `flag:"model"`
 	// Where and how fast it runs: the same results bit for bit (the
 	// thread count: TestDeterministic; the schedule: engine
-	// TestPipelinedMatchesSequential; the budget is checked against the
+	// TestPipelinedMatchesSequential; the budgets are checked against the
 	// plan; the link bandwidth charges time on the CPU backend only).
 	Device        device.Kind `flag:"device"`
 	DeviceMem     int64       `flag:"device-mem"`
