@@ -42,6 +42,10 @@ type Plan struct {
 	// DeviceOnHost says the device parts are host memory (the CPU
 	// backend): HostPeak adds them.
 	DeviceOnHost bool
+	// CheckpointBytes is the bytes of a checkpoint's tensors (the
+	// parameters and SaveState's arrays, all fp32): what a resume decodes
+	// on the host before it restores them.
+	CheckpointBytes int64
 	// Link is the bytes one step moves each way, excluding the batch (and
 	// including the non-finite flag's copy for the host Adam).
 	LinkD2H, LinkH2D int64
@@ -170,17 +174,21 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
 	// A checkpoint write (checkpoint.Save) holds the parameters as fp32
 	// and what SaveStateView downloads or converts on the host at once;
-	// ckpt adds the state mode by mode below.
+	// ckpt adds the state mode by mode below, and p.CheckpointBytes the
+	// whole state, views included.
 	ckpt := 4 * N
+	p.CheckpointBytes = 4 * N
 	switch cfg.Mode {
 	case Native:
 		st := optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)
 		p.Device = append(p.Device, Part{"optimizer", st})
 		ckpt += savedDeviceState(st)
+		p.CheckpointBytes += savedDeviceState(st)
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, dsize*N
 		ckpt += savedHostState(len(x.Layout))
+		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
 		n := lspCount(x, cfg.LSP, BT)
 		p.Device = append(p.Device,
@@ -192,6 +200,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
 		ckpt += savedLSPState(x, cfg.LSP)
+		p.CheckpointBytes += savedLSPState(x, cfg.LSP) + lspViewBytes(x, cfg.LSP)
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, 4*s2
 		dense := N - int64(x.MatrixElems())
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
@@ -200,9 +209,11 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 			st := optim.StateBytes(int(dense), denseTensors, dt, false)
 			p.Device = append(p.Device, Part{"dense optimizer", st})
 			ckpt += savedDeviceState(st)
+			p.CheckpointBytes += savedDeviceState(st)
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
 			ckpt += savedHostState(denseTensors)
+			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
 		}
@@ -231,6 +242,18 @@ func savedLSPState(x *model.Index, c LSPConfig) int64 {
 	var n int64
 	for k, mt := range x.Mats {
 		n += int64(mt.M*r[k] + mt.N*r[k] + 2)
+	}
+	return 4 * int64(len(x.Blocks)) * n
+}
+
+// lspViewBytes is the bytes of lsp's per-matrix arrays SaveStateView
+// returns as views: each matrix's P and Q values and its two d x d
+// moments.
+func lspViewBytes(x *model.Index, c LSPConfig) int64 {
+	d, r := lspDims(x, c)
+	var n int64
+	for k, mt := range x.Mats {
+		n += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
 	}
 	return 4 * int64(len(x.Blocks)) * n
 }

@@ -56,7 +56,13 @@ func TestPlanMatchesArena(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				saved := 4 * int64(small.NumParams())
+				saved, file := 4*int64(small.NumParams()), 4*int64(small.NumParams())
+				for _, v := range state {
+					file += 4 * int64(len(v))
+				}
+				if plan.CheckpointBytes != file {
+					t.Errorf("planned checkpoint tensors %d bytes, the parameters and SaveState hold %d", plan.CheckpointBytes, file)
+				}
 				for name, v := range view1 {
 					if !slices.Equal(v, state[name]) || len(view1) != len(state) {
 						t.Errorf("SaveStateView's %s differs from SaveState's", name)
