@@ -1,8 +1,9 @@
 // Memory and traffic accounting (issue: "will this fit on my GPU"): the
 // device and host bytes each mode allocates, predicted from the
 // configuration alone with the same size formulas the allocations use, so
-// that --device-mem is checked before anything is allocated; and the bytes
-// one step moves across the link.
+// that --device-mem (and, with what a run adds, --host-mem) is checked
+// before anything is allocated; and the bytes one step moves across the
+// link.
 
 package engine
 
