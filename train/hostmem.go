@@ -64,8 +64,8 @@ func checkHostMemory(p Plan, hostMem int64) error {
 	return nil
 }
 
-// boundGarbage lowers the Go collector's target, once a run is set up,
-// so that the garbage between collections is at most goHeapHeadroom
+// boundGarbage lowers the Go collector's target, once a run's engine is
+// allocated, so that the garbage between collections is at most goHeapHeadroom
 // rather than as much as the live heap (GOGC=100), which on the CPU
 // backend holds the device memory: the steps' garbage would otherwise
 // grow for hundreds of steps to gigabytes. The returned func restores

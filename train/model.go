@@ -69,13 +69,11 @@ func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *da
 	N := int64(mc.NumParams())
 	switch {
 	case c.Resume:
-		// checkpoint.Load decodes every tensor of the file before
-		// Restore uploads them. This comes before the first step has
-		// touched the gradients and activations, so where it is the
-		// largest transient (zero mode, whose host master and moments
-		// the file holds) the peak is an upper bound: a gpt2 zero resume
-		// held 3.8 GB at most against 5.1 GB planned.
-		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: p.CheckpointBytes})
+		// checkpoint.Load and Restore decode one tensor at a time and
+		// drop it once checked or restored (the collector's target is
+		// bounded by then); the longest is the parameters, as no state
+		// array is longer.
+		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: 4 * N})
 	case !fromCheckpoint:
 		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: 4 * N}) // mc.Init's values
 	case models.LoadHoldsCopy(mc, src):

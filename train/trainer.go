@@ -125,7 +125,8 @@ type run struct {
 	model          eval.Model // the engine's model
 	loader         *data.Loader
 	sched          optim.Schedule
-	resumedAt      int // the checkpoint's step, -1 when the run starts fresh
+	resumedAt      int    // the checkpoint's step, -1 when the run starts fresh
+	restoreGC      func() // undoes limitGarbage
 	mw             *metrics.Writer
 
 	// The loop's state.
@@ -157,7 +158,6 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if err := r.setup(); err != nil {
 		return nil, err
 	}
-	defer boundGarbage()()
 	r.times.Setup = time.Since(start)
 	res, err := r.loop(ctx)
 	res.Elapsed, res.Times = time.Since(start), r.times
@@ -168,6 +168,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 }
 
 func (r *run) close() {
+	if r.restoreGC != nil {
+		r.restoreGC()
+	}
 	if r.mw != nil {
 		r.mw.Close()
 	}
@@ -189,6 +192,7 @@ func (r *run) setup() error {
 		r.loadData,
 		r.checkMemory,
 		r.openEngine,
+		r.limitGarbage,
 		r.logLSPCaps,
 		r.buildLoader,
 		r.resumeOrInit,
@@ -395,6 +399,15 @@ func (r *run) openEngine() error {
 	return nil
 }
 
+// limitGarbage bounds the Go heap's garbage (boundGarbage) once the
+// engine's memory is allocated, before the initial weights or a
+// checkpoint are loaded, whose values are garbage as soon as they are
+// uploaded.
+func (r *run) limitGarbage() error {
+	r.restoreGC = boundGarbage()
+	return nil
+}
+
 // logLSPCaps says which matrices get a smaller d or r than asked for (lsp).
 func (r *run) logLSPCaps() error {
 	if r.cfg.Mode != engine.LSP {
@@ -465,6 +478,7 @@ func (r *run) resume() error {
 	if err != nil {
 		return err
 	}
+	defer ck.Close()
 	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}

@@ -202,11 +202,13 @@ func encodeF32(w io.Writer, v []float32, buf []byte) error {
 }
 
 // Checkpoint is a loaded checkpoint, checked against the model it
-// restores.
+// restores. Its file stays mapped, and its tensors are decoded again when
+// they are used (Restore, Params), one at a time, rather than all kept
+// decoded from Load on: Close unmaps it.
 type Checkpoint struct {
 	State
-	Path    string
-	tensors map[string][]float32
+	Path string
+	f    *safetensors.File
 }
 
 // ReadState decodes the State of an open checkpoint file, without
@@ -235,15 +237,25 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	// Mapped, not read: the checksums and the decoding read each tensor's
-	// pages once and hand them back (Release), so that the file's bytes
-	// are never all resident beside the decoded values, which is all a
-	// resume holds on the host (the plan's "checkpoint restore").
+	// Mapped, not read: the checksums and the checks of the values read
+	// each tensor's pages and hand them back (Release), and each decoded
+	// tensor is dropped before the next is decoded, so that a resume
+	// holds on the host one decoded tensor at a time beside one tensor's
+	// pages, never the whole file.
 	f, err := safetensors.OpenMapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
-	defer f.Close() // the tensors are decoded copies
+	ck, err := load(f, path, mc, log)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return ck, nil
+}
+
+// load is Load of the opened file f.
+func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	unverified, err := verify(f)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
@@ -259,48 +271,95 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 		log.Warn("checkpoint carries no checksums, so damage to it cannot be detected; the next one saved will carry them",
 			"checkpoint", path, "version", st.Version)
 	}
-	ck := &Checkpoint{State: st, Path: path, tensors: map[string][]float32{}}
+	ck := &Checkpoint{State: st, Path: path, f: f}
 	if !models.Equal(ck.Model, mc) {
 		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
 			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
 	}
+	if ti, ok := f.Info(ParamsTensor); !ok {
+		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
+	} else if n := ti.NumElements(); n != int64(mc.NumParams()) {
+		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, n, mc.NumParams())
+	}
 	for _, name := range f.Names() {
-		v, _, err := f.Float32(name)
+		v, err := ck.tensor(name)
 		if err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
-		f.Release(name)
-		ck.tensors[name] = v
-	}
-	if v, ok := ck.tensors[ParamsTensor]; !ok {
-		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
-	} else if len(v) != mc.NumParams() {
-		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, len(v), mc.NumParams())
-	}
-	for _, name := range f.Names() {
 		var layout []model.Param
 		if name == ParamsTensor {
 			layout = mc.Layout()
 		}
-		if d := NonFinite(ck.tensors[name], layout); d != "" {
+		if d := NonFinite(v, layout); d != "" {
 			return nil, fmt.Errorf("resume: %s: tensor %s: %s; refusing a checkpoint that is not finite", path, name, d)
 		}
 	}
 	return ck, nil
 }
 
+// tensor decodes the named tensor of the file as fp32 and hands its
+// pages back.
+func (ck *Checkpoint) tensor(name string) ([]float32, error) {
+	v, _, err := ck.f.Float32(name)
+	ck.f.Release(name)
+	return v, err
+}
+
+// Close unmaps the checkpoint's file; Restore and Params fail after it.
+func (ck *Checkpoint) Close() error { return ck.f.Close() }
+
 // Params is every model parameter the checkpoint holds (the model's
 // Layout order), for a job that needs the weights and not the optimizer
 // (sampling from a run that has no export yet).
-func (ck *Checkpoint) Params() []float32 { return ck.tensors[ParamsTensor] }
+func (ck *Checkpoint) Params() ([]float32, error) {
+	v, err := ck.tensor(ParamsTensor)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return v, nil
+}
+
+// stateStreamer is an Optimizer that restores its state array by array
+// (engine.Engine.LoadStateFrom), so that Restore decodes each only when
+// it is restored.
+type stateStreamer interface {
+	LoadStateFrom(read func(name string) ([]float32, bool, error)) error
+}
 
 // Restore uploads the checkpoint's parameters into params and its
 // optimizer state into opt, and sets opt's step counter.
 func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {
-	if err := backend.Upload(be, s, params, ck.tensors[ParamsTensor]); err != nil {
+	vals, err := ck.tensor(ParamsTensor)
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := backend.Upload(be, s, params, vals); err != nil {
 		return fmt.Errorf("resume: %s: params: %w", ck.Path, err)
 	}
-	if err := opt.LoadState(ck.tensors); err != nil {
+	read := func(name string) ([]float32, bool, error) {
+		if _, ok := ck.f.Info(name); !ok {
+			return nil, false, nil
+		}
+		v, err := ck.tensor(name)
+		return v, true, err
+	}
+	if ss, ok := opt.(stateStreamer); ok {
+		err = ss.LoadStateFrom(read)
+	} else {
+		state := map[string][]float32{}
+		for _, name := range ck.f.Names() {
+			if name == ParamsTensor {
+				continue
+			}
+			v, _, err := read(name)
+			if err != nil {
+				return fmt.Errorf("resume: %w", err)
+			}
+			state[name] = v
+		}
+		err = opt.LoadState(state)
+	}
+	if err != nil {
 		return fmt.Errorf("resume: %s: %w", ck.Path, err)
 	}
 	opt.SetStepCount(ck.Step)

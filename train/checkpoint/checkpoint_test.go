@@ -69,8 +69,13 @@ func TestLegacyFormat(t *testing.T) {
 				!strings.Contains(w, path) || !strings.Contains(w, "version=2") {
 				t.Errorf("loading a version-2 file logged %q; want a warning that it carries no checksums, naming it", w)
 			}
-			if len(ck.tensors) != len(f.Names()) || len(ck.tensors[ParamsTensor]) != model.NumParams() {
-				t.Errorf("loaded %d tensors (params %d), the file has %d", len(ck.tensors), len(ck.tensors[ParamsTensor]), len(f.Names()))
+			params, err := ck.Params()
+			if err != nil || len(params) != model.NumParams() {
+				t.Errorf("loaded params of %d elements (%v), want %d", len(params), err, model.NumParams())
+			}
+			ck.Close()
+			if _, err := ck.Params(); err == nil {
+				t.Errorf("Params after Close succeeded")
 			}
 			other := model
 			other.C *= 2

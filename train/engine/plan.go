@@ -44,8 +44,8 @@ type Plan struct {
 	// backend): HostPeak adds them.
 	DeviceOnHost bool
 	// CheckpointBytes is the bytes of a checkpoint's tensors (the
-	// parameters and SaveState's arrays, all fp32): what a resume decodes
-	// on the host before it restores them.
+	// parameters and SaveState's arrays, all fp32): nearly the size of
+	// its file.
 	CheckpointBytes int64
 	// Link is the bytes one step moves each way, excluding the batch (and
 	// including the non-finite flag's copy for the host Adam).

@@ -103,9 +103,23 @@ func ints(v []int32) []float32 {
 // LoadState restores SaveState's arrays; every array the mode needs must be
 // present with its exact length.
 func (e *Engine) LoadState(ts map[string][]float32) error {
+	return e.LoadStateFrom(func(name string) ([]float32, bool, error) {
+		v, ok := ts[name]
+		return v, ok, nil
+	})
+}
+
+// LoadStateFrom is LoadState reading each array only when it restores
+// it, by read (ok false when there is none of that name); it keeps no
+// array after restoring it, so that a checkpoint decoded array by array
+// is never all on the host at once.
+func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err error)) error {
 	s := e.st.Compute
 	get := func(name string, n int) ([]float32, error) {
-		v, ok := ts[name]
+		v, ok, err := read(name)
+		if err != nil {
+			return nil, err
+		}
 		if !ok {
 			return nil, fmt.Errorf("optimizer state %s missing (was the checkpoint saved with another --mode, --dense-params or --dtype?)", name)
 		}
@@ -139,18 +153,6 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 		}
 	}
 	if o := e.off; o != nil {
-		w, err := get("host.master", o.n)
-		if err != nil {
-			return err
-		}
-		m, err := get("host.m", o.n)
-		if err != nil {
-			return err
-		}
-		v, err := get("host.v", o.n)
-		if err != nil {
-			return err
-		}
 		count := 0
 		for _, g := range o.groups {
 			count += len(g.tensors)
@@ -160,9 +162,17 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 			return err
 		}
 		e.hostAccess("restore host state", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
-		copy(o.weights(), w)
-		copy(o.mom[:o.n], m)
-		copy(o.mom[o.n:], v)
+		// One array at a time: each is copied before the next is read.
+		for _, a := range []struct {
+			name string
+			dst  []float32
+		}{{"host.master", o.weights()}, {"host.m", o.mom[:o.n]}, {"host.v", o.mom[o.n:]}} {
+			v, err := get(a.name, o.n)
+			if err != nil {
+				return err
+			}
+			copy(a.dst, v)
+		}
 		i := 0
 		for _, g := range o.groups {
 			for _, t := range g.tensors {
