@@ -209,6 +209,7 @@ type Checkpoint struct {
 	State
 	Path string
 	f    *safetensors.File
+	sums map[string]string // each tensor's checksum, verified by Load (nil for a file without them)
 }
 
 // ReadState decodes the State of an open checkpoint file, without
@@ -272,6 +273,13 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 			"checkpoint", path, "version", st.Version)
 	}
 	ck := &Checkpoint{State: st, Path: path, f: f}
+	if !unverified {
+		// Verified by verify already; kept so that each later decoding
+		// is checked again against the file as it is then.
+		if err := json.Unmarshal([]byte(f.Metadata[ChecksumsKey]), &ck.sums); err != nil {
+			return nil, fmt.Errorf("resume: %s: tensor checksums: %w", path, err)
+		}
+	}
 	if !models.Equal(ck.Model, mc) {
 		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
 			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
@@ -298,10 +306,23 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 }
 
 // tensor decodes the named tensor of the file as fp32 and hands its
-// pages back.
+// pages back. The bytes are checked against the tensor's checksum again
+// each time: the file is read again after Load verified it, and had it
+// changed in place since (checkpoints are replaced by a rename, which
+// leaves the mapped file as it was), its values would not be used.
 func (ck *Checkpoint) tensor(name string) ([]float32, error) {
+	defer ck.f.Release(name)
+	if ck.sums != nil {
+		raw, _, err := ck.f.Raw(name)
+		if err != nil {
+			return nil, err
+		}
+		if got := checksum(raw); got != ck.sums[name] {
+			return nil, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file changed after it was verified",
+				ck.Path, name, got, ck.sums[name])
+		}
+	}
 	v, _, err := ck.f.Float32(name)
-	ck.f.Release(name)
 	return v, err
 }
 

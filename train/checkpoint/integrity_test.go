@@ -367,3 +367,37 @@ func decodeAll(t *testing.T, ck *Checkpoint) map[string][]float32 {
 	}
 	return out
 }
+
+// TestChangedAfterLoad: a checkpoint's tensors are decoded again when
+// they are restored, from the file Load verified; a file changed in
+// place after Load is refused then, naming it, rather than restored
+// unverified.
+func TestChangedAfterLoad(t *testing.T) {
+	path, good := saveTiny(t, nil, nil)
+	ck, err := loadChecked(t, path, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if _, err := ck.Params(); err != nil {
+		t.Fatalf("Params of the file as loaded: %v", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last byte: the end of the last tensor's data.
+	if _, err := f.WriteAt([]byte{good[len(good)-1] ^ 0x40}, int64(len(good)-1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var failed error
+	for _, name := range ck.f.Names() {
+		if _, err := ck.tensor(name); err != nil {
+			failed = err
+		}
+	}
+	wantErr(t, failed, "a tensor changed after Load", path, "changed after it was verified")
+}
