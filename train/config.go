@@ -75,6 +75,7 @@ type Config struct {
 	Seed      uint64        // --seed
 	Device    device.Kind   // --device: cpu (cuda comes later)
 	DeviceMem int64         // --device-mem: device memory budget in bytes (0: unlimited)
+	HostMem   int64         // --host-mem: host memory budget in bytes (0: the machine's available memory, where known)
 	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations (the command's default: Device.DefaultDType)
 	Threads   int           // --threads: compute threads (0: all cores)
 	Out       string        // --out: output directory
@@ -206,6 +207,7 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("device", "%v", err))
 	}
 	check(c.DeviceMem >= 0, "device-mem", "must be >= 0, got %d", c.DeviceMem)
+	check(c.HostMem >= 0, "host-mem", "must be >= 0, got %d", c.HostMem)
 	check(storageDType(c.DType), "dtype", "%v is not a storage type (want fp32 or bf16)", c.DType)
 	if err := device.CheckDType(c.Device, c.DType); err != nil {
 		errs = append(errs, flagErr("dtype", "%v with --device %s: %v", c.DType, c.Device, err))

@@ -8,7 +8,11 @@
 package train
 
 import (
+	"unsafe"
+
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -31,16 +35,71 @@ func ResolveModel(name string) (model.Spec, string, error) {
 }
 
 // PlanMemory predicts the device and host memory of training cfg with the
-// model mc, in cfg's mode.
+// model mc, in cfg's mode, before any data is read: the plan of a run
+// adds the tokenized data's bytes (run.checkMemory).
 func PlanMemory(mc model.Spec, c Config) (Plan, error) {
 	_, src, err := models.Resolve(c.Model)
-	return planMemory(mc, c, err == nil && src != "")
+	return planMemory(mc, c, src, err == nil && src != "", nil)
 }
 
-// planMemory is PlanMemory with the kind of --model known; fromCheckpoint
-// picks the default of --dense-params.
-func planMemory(mc model.Spec, c Config, fromCheckpoint bool) (Plan, error) {
-	return engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
+// goHeapHeadroom is the Go heap garbage a run lets build up between
+// collections once set up (boundGarbage), with the compute kernels'
+// pooled scratch: a host part of every plan.
+const goHeapHeadroom = 64 << 20
+
+// planMemory is PlanMemory with the kind of --model known (src, the
+// checkpoint's path; fromCheckpoint picks the default of --dense-params)
+// and the data ds when loaded (nil: not counted). To the engine's plan it
+// adds the run's own host memory, by the size formulas of the
+// allocations: the device's when the backend keeps it in host memory,
+// the staging buffer, the data, the heap's headroom, and the transients
+// of the initial weights, a resume and the export (engine.Plan says how
+// the transients add up).
+func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data.Dataset) (Plan, error) {
+	p, err := engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
+	if err != nil {
+		return p, err
+	}
+	p.DeviceOnHost = c.Device.Base() == device.CPU
+	p.Host = append(p.Host, engine.Part{Name: "transfer staging", Bytes: backend.StagingBytes},
+		engine.Part{Name: "Go heap headroom and kernel scratch", Bytes: goHeapHeadroom})
+	if ds != nil {
+		p.Host = append(p.Host, engine.Part{Name: "data", Bytes: datasetBytes(ds)})
+	}
+	N := int64(mc.NumParams())
+	switch {
+	case c.Resume:
+		// checkpoint.Load and Restore decode one tensor at a time and
+		// drop it once checked or restored (the collector's target is
+		// bounded by then); the longest is the parameters, as no state
+		// array is longer.
+		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: 4 * N})
+	case !fromCheckpoint:
+		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: 4 * N}) // mc.Init's values
+	case models.LoadHoldsCopy(mc, src):
+		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: 4 * N})
+	}
+	// The export downloads every parameter as fp32 (run.finish); the
+	// writer's own buffers are chunks.
+	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: 4 * N})
+	return p, nil
+}
+
+// datasetBytes is the host memory of the loaded data: every example's
+// tokens and header, and the eval records' text.
+func datasetBytes(ds *data.Dataset) int64 {
+	const exampleHeader = int64(unsafe.Sizeof(data.Example{}))
+	var b int64
+	for _, set := range [][]data.Example{ds.Train, ds.Eval} {
+		for _, ex := range set {
+			b += exampleHeader + 4*int64(len(ex.Tokens))
+		}
+	}
+	for _, r := range ds.EvalRecords {
+		b += int64(unsafe.Sizeof(r)) + int64(len(r.Prompt)+len(r.Response))
+	}
+	// The loader's order over the training examples.
+	return b + 8*int64(len(ds.Train))
 }
 
 // newEngine builds the engine of the run on be: the model and the update

@@ -95,10 +95,11 @@ type resumeAllowed struct {
 	Model string `flag:"model"`
 	// Where and how fast it runs: the same results bit for bit (the
 	// thread count: TestDeterministic; the schedule: engine
-	// TestPipelinedMatchesSequential; the budget is checked against the
+	// TestPipelinedMatchesSequential; the budgets are checked against the
 	// plan; the link bandwidth charges time on the CPU backend only).
 	Device        device.Kind `flag:"device"`
 	DeviceMem     int64       `flag:"device-mem"`
+	HostMem       int64       `flag:"host-mem"`
 	Threads       int         `flag:"threads"`
 	Schedule      Schedule    `flag:"schedule"`
 	LinkBandwidth int64       `flag:"link-bandwidth"`

@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -124,7 +125,8 @@ type run struct {
 	model          eval.Model // the engine's model
 	loader         *data.Loader
 	sched          optim.Schedule
-	resumedAt      int // the checkpoint's step, -1 when the run starts fresh
+	resumedAt      int    // the checkpoint's step, -1 when the run starts fresh
+	restoreGC      func() // undoes limitGarbage
 	mw             *metrics.Writer
 
 	// The loop's state.
@@ -166,6 +168,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 }
 
 func (r *run) close() {
+	if r.restoreGC != nil {
+		r.restoreGC()
+	}
 	if r.mw != nil {
 		r.mw.Close()
 	}
@@ -187,6 +192,7 @@ func (r *run) setup() error {
 		r.loadData,
 		r.checkMemory,
 		r.openEngine,
+		r.limitGarbage,
 		r.logLSPCaps,
 		r.buildLoader,
 		r.resumeOrInit,
@@ -341,15 +347,16 @@ func (r *run) lengthHint(opt data.Options) string {
 }
 
 // checkMemory plans the run's memory and refuses a plan above
-// --device-mem, before anything is allocated.
+// --device-mem, or above --host-mem (by default the machine's available
+// memory), before anything is allocated.
 func (r *run) checkMemory() error {
 	cfg := r.cfg
-	plan, err := planMemory(r.mc, cfg, r.fromCheckpoint)
+	plan, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds)
 	if err != nil {
 		return err
 	}
 	r.plan = plan
-	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_bytes", plan.HostTotal(),
+	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_peak_bytes", plan.HostPeak(),
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.DeviceTotal() > cfg.DeviceMem {
 		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"
@@ -359,7 +366,7 @@ func (r *run) checkMemory() error {
 		return flagErr("device-mem", "the run needs %d bytes of device memory (%s) but the budget is %d bytes; %s",
 			plan.DeviceTotal(), deviceParts(plan), cfg.DeviceMem, hint)
 	}
-	return nil
+	return checkHostMemory(plan, cfg.HostMem)
 }
 
 // deviceParts writes the device side of a plan in MiB, part by part (the
@@ -389,6 +396,15 @@ func (r *run) openEngine() error {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
+	return nil
+}
+
+// limitGarbage bounds the Go heap's garbage (boundGarbage) once the
+// engine's memory is allocated, before the initial weights or a
+// checkpoint are loaded, whose values are garbage as soon as they are
+// uploaded.
+func (r *run) limitGarbage() error {
+	r.restoreGC = boundGarbage()
 	return nil
 }
 
@@ -434,6 +450,7 @@ func (r *run) resumeOrInit() error {
 	if err := r.prepareOut(); err != nil {
 		return err
 	}
+	defer releaseHost()
 	if r.cfg.Resume {
 		return r.resume()
 	}
@@ -443,6 +460,16 @@ func (r *run) resumeOrInit() error {
 	return r.eng.Init()
 }
 
+// releaseHost collects the garbage of a phase that allocated a large
+// transient on the Go heap (the initial weights, a loaded or saved
+// checkpoint, the export) and returns its pages to the OS. Without it
+// that garbage stays resident until the heap doubles its live size,
+// which on the CPU backend (device memory is Go heap) is gigabytes, and
+// the next phase's transient would come on top of it. The host plan
+// (HostPeak) counts one phase's transient at a time, which this makes
+// true.
+func releaseHost() { debug.FreeOSMemory() }
+
 // resume restores the checkpoint in --out after checking that it was
 // saved with this run's identity, and moves the data to where it stopped.
 func (r *run) resume() error {
@@ -451,6 +478,7 @@ func (r *run) resume() error {
 	if err != nil {
 		return err
 	}
+	defer ck.Close()
 	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}
@@ -715,6 +743,7 @@ func (r *run) finish(res *Result) error {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
 		return r.plot(res)
 	}
+	defer releaseHost() // the exported values
 	vals, err := backend.Download(r.be, r.s, r.model.Buffers().Params)
 	if err != nil {
 		return err
@@ -825,6 +854,8 @@ func (r *run) measurements() Measurements {
 func (r *run) saveCheckpoint() error {
 	t0 := time.Now()
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
+	releaseHost()       // the steps' garbage, before the checkpoint's values come on top
+	defer releaseHost() // the checkpoint's values
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
 	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {

@@ -17,9 +17,13 @@
 package checkpoint
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"log/slog"
+	"math"
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -108,8 +112,20 @@ type Optimizer interface {
 	SetStepCount(step int)
 }
 
+// stateViewer is an Optimizer that can give its state without copying
+// the arrays it holds on the host (engine.Engine.SaveStateView), valid
+// until its next step: a checkpoint write then holds no second copy of
+// a host optimizer's master and moments.
+type stateViewer interface {
+	SaveStateView() (map[string][]float32, error)
+}
+
 // Save downloads the parameters and the optimizer state and writes them
-// with st to path, atomically, with their checksums.
+// with st to path, atomically, with their checksums. Each tensor is
+// encoded to little-endian fp32 a chunk at a time, for its checksum and
+// again as it is written, so that the host holds the downloaded values
+// once and never a second, encoded copy of them (HostPeak's "checkpoint
+// write" is those values).
 func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) error {
 	if err := opt.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -118,8 +134,11 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: params: %w", err)
 	}
-	ts := []safetensors.Tensor{safetensors.F32Tensor(ParamsTensor, []int{len(vals)}, vals)}
-	state, err := opt.SaveState()
+	saveState := opt.SaveState
+	if v, ok := opt.(stateViewer); ok {
+		saveState = v.SaveStateView // Save only reads the arrays, before any step
+	}
+	state, err := saveState()
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -128,8 +147,11 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{len(vals)}}}
+	data := [][]float32{vals}
 	for _, name := range names {
-		ts = append(ts, safetensors.F32Tensor(name, []int{len(state[name])}, state[name]))
+		specs = append(specs, safetensors.Spec{Name: name, DType: safetensors.F32, Shape: []int{len(state[name])}})
+		data = append(data, state[name])
 	}
 	st.Version = Version
 	if st.Model == nil {
@@ -140,19 +162,54 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	// The checksums are taken from ts, the buffers Write stores.
-	if err := safetensors.Write(path, ts, Metadata(ts, string(raw))); err != nil {
+	var chunk [encodeChunk * 4]byte
+	sums := make(map[string]string, len(specs))
+	for i, sp := range specs {
+		h := crc32.New(castagnoli)
+		if err := encodeF32(h, data[i], chunk[:]); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		sums[sp.Name] = fmt.Sprintf("%08x", h.Sum32())
+	}
+	// The checksums are of the bytes encodeF32 writes: the same function
+	// of the same values, which nothing changes in between (the pipeline
+	// is drained and the slices are this function's own).
+	err = safetensors.WriteStream(path, specs, metadata(sums, string(raw)), func(i int, w io.Writer) error {
+		return encodeF32(w, data[i], chunk[:])
+	})
+	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil
 }
 
+// encodeChunk is the floats Save encodes per write.
+const encodeChunk = 16 << 10
+
+// encodeF32 writes v to w as little-endian fp32, through buf.
+func encodeF32(w io.Writer, v []float32, buf []byte) error {
+	for len(v) > 0 {
+		n := min(len(v), len(buf)/4)
+		for i, x := range v[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+		}
+		if _, err := w.Write(buf[:4*n]); err != nil {
+			return err
+		}
+		v = v[n:]
+	}
+	return nil
+}
+
 // Checkpoint is a loaded checkpoint, checked against the model it
-// restores.
+// restores. Its file stays mapped, and its tensors are decoded again when
+// they are used (Restore, Params), one at a time, rather than all kept
+// decoded from Load on: Close unmaps it.
 type Checkpoint struct {
 	State
-	Path    string
-	tensors map[string][]float32
+	Path string
+	f    *safetensors.File
+	sums map[string]string // each tensor's checksum, verified by Load (nil for a file without them)
 }
 
 // ReadState decodes the State of an open checkpoint file, without
@@ -181,10 +238,25 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	f, err := safetensors.Open(path)
+	// Mapped, not read: the checksums and the checks of the values read
+	// each tensor's pages and hand them back (Release), and each decoded
+	// tensor is dropped before the next is decoded, so that a resume
+	// holds on the host one decoded tensor at a time beside one tensor's
+	// pages, never the whole file.
+	f, err := safetensors.OpenMapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
+	ck, err := load(f, path, mc, log)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return ck, nil
+}
+
+// load is Load of the opened file f.
+func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	unverified, err := verify(f)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
@@ -200,47 +272,115 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 		log.Warn("checkpoint carries no checksums, so damage to it cannot be detected; the next one saved will carry them",
 			"checkpoint", path, "version", st.Version)
 	}
-	ck := &Checkpoint{State: st, Path: path, tensors: map[string][]float32{}}
+	ck := &Checkpoint{State: st, Path: path, f: f}
+	if !unverified {
+		// Verified by verify already; kept so that each later decoding
+		// is checked again against the file as it is then.
+		if err := json.Unmarshal([]byte(f.Metadata[ChecksumsKey]), &ck.sums); err != nil {
+			return nil, fmt.Errorf("resume: %s: tensor checksums: %w", path, err)
+		}
+	}
 	if !models.Equal(ck.Model, mc) {
 		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
 			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
 	}
+	if ti, ok := f.Info(ParamsTensor); !ok {
+		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
+	} else if n := ti.NumElements(); n != int64(mc.NumParams()) {
+		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, n, mc.NumParams())
+	}
 	for _, name := range f.Names() {
-		v, _, err := f.Float32(name)
+		v, err := ck.tensor(name)
 		if err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}
-		ck.tensors[name] = v
-	}
-	if v, ok := ck.tensors[ParamsTensor]; !ok {
-		return nil, fmt.Errorf("resume: %s: tensor %s missing", path, ParamsTensor)
-	} else if len(v) != mc.NumParams() {
-		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, len(v), mc.NumParams())
-	}
-	for _, name := range f.Names() {
 		var layout []model.Param
 		if name == ParamsTensor {
 			layout = mc.Layout()
 		}
-		if d := NonFinite(ck.tensors[name], layout); d != "" {
+		if d := NonFinite(v, layout); d != "" {
 			return nil, fmt.Errorf("resume: %s: tensor %s: %s; refusing a checkpoint that is not finite", path, name, d)
 		}
 	}
 	return ck, nil
 }
 
+// tensor decodes the named tensor of the file as fp32 and hands its
+// pages back. The bytes are checked against the tensor's checksum again
+// each time: the file is read again after Load verified it, and had it
+// changed in place since (checkpoints are replaced by a rename, which
+// leaves the mapped file as it was), its values would not be used.
+func (ck *Checkpoint) tensor(name string) ([]float32, error) {
+	defer ck.f.Release(name)
+	if ck.sums != nil {
+		raw, _, err := ck.f.Raw(name)
+		if err != nil {
+			return nil, err
+		}
+		if got := checksum(raw); got != ck.sums[name] {
+			return nil, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file changed after it was verified",
+				ck.Path, name, got, ck.sums[name])
+		}
+	}
+	v, _, err := ck.f.Float32(name)
+	return v, err
+}
+
+// Close unmaps the checkpoint's file; Restore and Params fail after it.
+func (ck *Checkpoint) Close() error { return ck.f.Close() }
+
 // Params is every model parameter the checkpoint holds (the model's
 // Layout order), for a job that needs the weights and not the optimizer
 // (sampling from a run that has no export yet).
-func (ck *Checkpoint) Params() []float32 { return ck.tensors[ParamsTensor] }
+func (ck *Checkpoint) Params() ([]float32, error) {
+	v, err := ck.tensor(ParamsTensor)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return v, nil
+}
+
+// stateStreamer is an Optimizer that restores its state array by array
+// (engine.Engine.LoadStateFrom), so that Restore decodes each only when
+// it is restored.
+type stateStreamer interface {
+	LoadStateFrom(read func(name string) ([]float32, bool, error)) error
+}
 
 // Restore uploads the checkpoint's parameters into params and its
 // optimizer state into opt, and sets opt's step counter.
 func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {
-	if err := backend.Upload(be, s, params, ck.tensors[ParamsTensor]); err != nil {
+	vals, err := ck.tensor(ParamsTensor)
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := backend.Upload(be, s, params, vals); err != nil {
 		return fmt.Errorf("resume: %s: params: %w", ck.Path, err)
 	}
-	if err := opt.LoadState(ck.tensors); err != nil {
+	read := func(name string) ([]float32, bool, error) {
+		if _, ok := ck.f.Info(name); !ok {
+			return nil, false, nil
+		}
+		v, err := ck.tensor(name)
+		return v, true, err
+	}
+	if ss, ok := opt.(stateStreamer); ok {
+		err = ss.LoadStateFrom(read)
+	} else {
+		state := map[string][]float32{}
+		for _, name := range ck.f.Names() {
+			if name == ParamsTensor {
+				continue
+			}
+			v, _, err := read(name)
+			if err != nil {
+				return fmt.Errorf("resume: %w", err)
+			}
+			state[name] = v
+		}
+		err = opt.LoadState(state)
+	}
+	if err != nil {
 		return fmt.Errorf("resume: %s: %w", ck.Path, err)
 	}
 	opt.SetStepCount(ck.Step)

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -68,8 +69,13 @@ func TestLegacyFormat(t *testing.T) {
 				!strings.Contains(w, path) || !strings.Contains(w, "version=2") {
 				t.Errorf("loading a version-2 file logged %q; want a warning that it carries no checksums, naming it", w)
 			}
-			if len(ck.tensors) != len(f.Names()) || len(ck.tensors[ParamsTensor]) != model.NumParams() {
-				t.Errorf("loaded %d tensors (params %d), the file has %d", len(ck.tensors), len(ck.tensors[ParamsTensor]), len(f.Names()))
+			params, err := ck.Params()
+			if err != nil || len(params) != model.NumParams() {
+				t.Errorf("loaded params of %d elements (%v), want %d", len(params), err, model.NumParams())
+			}
+			ck.Close()
+			if _, err := ck.Params(); err == nil {
+				t.Errorf("Params after Close succeeded")
 			}
 			other := model
 			other.C *= 2
@@ -221,5 +227,61 @@ func TestStateFamily(t *testing.T) {
 	}
 	if err := Save(path, be, s, m.Params, &fakeOptimizer{}, State{}); err == nil {
 		t.Error("Save of a state without a model: no error")
+	}
+}
+
+// TestSaveStreamsTheSameBytes: Save, which encodes each tensor a chunk at
+// a time instead of holding an encoded copy of the whole state, writes
+// the very file that encoding everything first (safetensors.Write with
+// Metadata) writes, for tensors longer than one chunk and shorter.
+func TestSaveStreamsTheSameBytes(t *testing.T) {
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	s := be.DefaultStream()
+	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
+	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := gpt2.Init(mc, 3)
+	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+		t.Fatal(err)
+	}
+	long := make([]float32, 2*encodeChunk+5)
+	for i := range long {
+		long[i] = float32(i)*0.25 - 7
+	}
+	opt := &fakeOptimizer{state: map[string][]float32{"z.long": long, "a.v": {3, -1}, "empty": {}}}
+	st := State{Step: 2, Model: mc, DType: backend.F32, Mode: engine.Native}
+	dir := t.TempDir()
+	got := filepath.Join(dir, "streamed.safetensors")
+	if err := Save(got, be, s, m.Params, opt, st); err != nil {
+		t.Fatal(err)
+	}
+	st.Version, st.Family = Version, mc.Family()
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := []safetensors.Tensor{safetensors.F32Tensor(ParamsTensor, []int{len(vals)}, vals),
+		safetensors.F32Tensor("a.v", []int{2}, []float32{3, -1}), safetensors.F32Tensor("empty", []int{0}, nil),
+		safetensors.F32Tensor("z.long", []int{len(long)}, long)}
+	want := filepath.Join(dir, "whole.safetensors")
+	if err := safetensors.Write(want, ts, Metadata(ts, string(raw))); err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.ReadFile(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatalf("Save wrote %d bytes that differ from the %d bytes of encoding everything first", len(a), len(b))
+	}
+	if _, err := Load(got, mc, nil); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -53,6 +53,11 @@ func Metadata(tensors []safetensors.Tensor, state string) map[string]string {
 	for _, t := range tensors {
 		sums[t.Name] = checksum(t.Data)
 	}
+	return metadata(sums, state)
+}
+
+// metadata is Metadata from the tensors' checksums, name to hex.
+func metadata(sums map[string]string, state string) map[string]string {
 	// Keys sorted: the same bytes every time. A map of strings always
 	// encodes (invalid UTF-8 is replaced), so the error is always nil.
 	raw, _ := json.Marshal(sums)
@@ -111,6 +116,8 @@ func verify(f *safetensors.File) (unverified bool, err error) {
 		if got := checksum(b); got != sum {
 			return false, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file is corrupted", f.Path, name, got, sum)
 		}
+		f.Release(name) // its pages, read once; a mapped file gives them back
+
 	}
 	names := make([]string, 0, len(want))
 	for name := range want {

@@ -176,6 +176,9 @@ func TestCorruptAnyByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Decoded now: the file at path is rewritten below, and a
+	// checkpoint reads its mapped file when its tensors are used.
+	wantTensors := decodeAll(t, want)
 	step, same := 1, 0
 	if testing.Short() {
 		step = 7
@@ -189,7 +192,7 @@ func TestCorruptAnyByte(t *testing.T) {
 			continue
 		}
 		same++
-		if !reflect.DeepEqual(ck.State, want.State) || !maps.EqualFunc(ck.tensors, want.tensors, slices.Equal) {
+		if !reflect.DeepEqual(ck.State, want.State) || !maps.EqualFunc(decodeAll(t, ck), wantTensors, slices.Equal) {
 			t.Fatalf("byte %d (%q) flipped: loaded without an error, and not the same checkpoint", i, good[i])
 		}
 	}
@@ -348,4 +351,53 @@ func TestNonFiniteRefused(t *testing.T) {
 			wantErr(t, err, tc.name, append(tc.parts, path, "not finite")...)
 		})
 	}
+}
+
+// decodeAll decodes every tensor of ck and closes it.
+func decodeAll(t *testing.T, ck *Checkpoint) map[string][]float32 {
+	t.Helper()
+	defer ck.Close()
+	out := map[string][]float32{}
+	for _, name := range ck.f.Names() {
+		v, err := ck.tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = v
+	}
+	return out
+}
+
+// TestChangedAfterLoad: a checkpoint's tensors are decoded again when
+// they are restored, from the file Load verified; a file changed in
+// place after Load is refused then, naming it, rather than restored
+// unverified.
+func TestChangedAfterLoad(t *testing.T) {
+	path, good := saveTiny(t, nil, nil)
+	ck, err := loadChecked(t, path, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if _, err := ck.Params(); err != nil {
+		t.Fatalf("Params of the file as loaded: %v", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last byte: the end of the last tensor's data.
+	if _, err := f.WriteAt([]byte{good[len(good)-1] ^ 0x40}, int64(len(good)-1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var failed error
+	for _, name := range ck.f.Names() {
+		if _, err := ck.tensor(name); err != nil {
+			failed = err
+		}
+	}
+	wantErr(t, failed, "a tensor changed after Load", path, "changed after it was verified")
 }

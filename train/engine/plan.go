@@ -1,8 +1,9 @@
 // Memory and traffic accounting (issue: "will this fit on my GPU"): the
 // device and host bytes each mode allocates, predicted from the
 // configuration alone with the same size formulas the allocations use, so
-// that --device-mem is checked before anything is allocated; and the bytes
-// one step moves across the link.
+// that --device-mem (and, with what a run adds, --host-mem) is checked
+// before anything is allocated; and the bytes one step moves across the
+// link.
 
 package engine
 
@@ -21,11 +22,31 @@ type Part struct {
 	Bytes int64
 }
 
-// Plan is the predicted memory of an engine.
+// Plan is the predicted memory of an engine, and with what a run adds
+// (train.PlanMemory) of the whole run.
+//
+// Host memory comes in two kinds. Host parts are held from set-up to the
+// end. Transient parts are each held during one phase only (loading the
+// initial weights, restoring or writing a checkpoint, the export), and
+// the phases never overlap: each frees its values before the next begins
+// (the run collects the Go heap's garbage after each), so the host peak
+// is the held parts plus the largest transient, not their sum. When the
+// backend's device memory is host memory (the CPU backend: DeviceOnHost)
+// the device parts count on the host too.
 type Plan struct {
 	Mode   Mode
 	Device []Part
 	Host   []Part
+	// Transient are host allocations of one phase each; HostPeak counts
+	// the largest.
+	Transient []Part
+	// DeviceOnHost says the device parts are host memory (the CPU
+	// backend): HostPeak adds them.
+	DeviceOnHost bool
+	// CheckpointBytes is the bytes of a checkpoint's tensors (the
+	// parameters and SaveState's arrays, all fp32): nearly the size of
+	// its file.
+	CheckpointBytes int64
 	// Link is the bytes one step moves each way, excluding the batch (and
 	// including the non-finite flag's copy for the host Adam).
 	LinkD2H, LinkH2D int64
@@ -46,8 +67,66 @@ func sum(ps []Part) int64 {
 // --device-mem is checked against.
 func (p Plan) DeviceTotal() int64 { return sum(p.Device) }
 
-// HostTotal is the host memory of the optimizer side.
+// HostTotal is the host memory held for the whole run (the Host parts:
+// the optimizer side's, and a run's own), without the device parts or
+// the transients.
 func (p Plan) HostTotal() int64 { return sum(p.Host) }
+
+// LargestTransient is the Transient part with the most bytes (a zero Part
+// when there is none).
+func (p Plan) LargestTransient() Part {
+	var big Part
+	for _, x := range p.Transient {
+		if x.Bytes > big.Bytes {
+			big = x
+		}
+	}
+	return big
+}
+
+// HostPeak is the most host memory the run holds at once, over the
+// process's own at start-up: the Host parts, the device parts when they
+// live on the host, and the largest Transient (see Plan).
+func (p Plan) HostPeak() int64 {
+	t := p.HostTotal() + p.LargestTransient().Bytes
+	if p.DeviceOnHost {
+		t += p.DeviceTotal()
+	}
+	return t
+}
+
+// HostString writes the host side of a plan in MiB: its peak, then the
+// held parts, the device's when it is host memory, and the transients
+// with the largest, which the peak counts, marked.
+func (p Plan) HostString() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.2f MiB peak: ", mib(p.HostPeak()))
+	for i, x := range p.Host {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.2f", x.Name, mib(x.Bytes))
+	}
+	if p.DeviceOnHost {
+		fmt.Fprintf(&b, ", device memory (cpu backend) %.2f", mib(p.DeviceTotal()))
+	}
+	if len(p.Transient) > 0 {
+		big := p.LargestTransient()
+		b.WriteString("; one at a time: ")
+		for i, x := range p.Transient {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s %.2f", x.Name, mib(x.Bytes))
+			if x == big {
+				b.WriteString(" (the peak's)")
+			}
+		}
+	}
+	return b.String()
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // String is a one-line summary per side, in MiB.
 func (p Plan) String() string {
@@ -61,8 +140,7 @@ func (p Plan) String() string {
 		}
 		return b.String()
 	}
-	return fmt.Sprintf("device %.2f MiB (%s); host %.2f MiB (%s)", float64(p.DeviceTotal())/(1<<20), f(p.Device),
-		float64(p.HostTotal())/(1<<20), f(p.Host))
+	return fmt.Sprintf("device %.2f MiB (%s); host %s", float64(p.DeviceTotal())/(1<<20), f(p.Device), p.HostString())
 }
 
 // PlanMemory predicts the memory and link traffic of an engine for arch
@@ -95,12 +173,23 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	}
 	N := int64(arch.NumParams())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
+	// A checkpoint write (checkpoint.Save) holds the parameters as fp32
+	// and what SaveStateView downloads or converts on the host at once;
+	// ckpt adds the state mode by mode below, and p.CheckpointBytes the
+	// whole state, views included.
+	ckpt := 4 * N
+	p.CheckpointBytes = 4 * N
 	switch cfg.Mode {
 	case Native:
-		p.Device = append(p.Device, Part{"optimizer", optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)})
+		st := optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)
+		p.Device = append(p.Device, Part{"optimizer", st})
+		ckpt += savedDeviceState(st)
+		p.CheckpointBytes += savedDeviceState(st)
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, dsize*N
+		ckpt += savedHostState(len(x.Layout))
+		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
 		n := lspCount(x, cfg.LSP, BT)
 		p.Device = append(p.Device,
@@ -111,17 +200,61 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		}
 		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
+		ckpt += savedLSPState(x, cfg.LSP)
+		p.CheckpointBytes += savedLSPState(x, cfg.LSP) + lspViewBytes(x, cfg.LSP)
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, 4*s2
 		dense := N - int64(x.MatrixElems())
+		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
 		switch cfg.DenseParams {
 		case DenseDevice:
-			denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
-			p.Device = append(p.Device, Part{"dense optimizer", optim.StateBytes(int(dense), denseTensors, dt, false)})
+			st := optim.StateBytes(int(dense), denseTensors, dt, false)
+			p.Device = append(p.Device, Part{"dense optimizer", st})
+			ckpt += savedDeviceState(st)
+			p.CheckpointBytes += savedDeviceState(st)
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
+			ckpt += savedHostState(denseTensors)
+			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
 		}
 	}
+	p.Transient = append(p.Transient, Part{"checkpoint write", ckpt})
 	return p, nil
+}
+
+// savedDeviceState is the fp32 bytes SaveStateView downloads of a device
+// optimizer whose state is st bytes (optim.StateBytes): all of it but
+// the norms' work, which is not saved; every array of it is fp32 already
+// (a bf16 model's master included).
+func savedDeviceState(st int64) int64 { return st - backend.SumSquaresWork*8 }
+
+// savedHostState is the bytes SaveStateView makes of a host optimizer
+// over tensors tensors: a step count per tensor (its fp32 master and
+// moments are views, no copies).
+func savedHostState(tensors int) int64 { return 4 * int64(tensors) }
+
+// savedLSPState is the bytes SaveStateView makes of lsp's per-matrix
+// state: each matrix's P and Q indices as fp32 (the shared P once per
+// matrix reading it) and two counters; the values and the moments are
+// views.
+func savedLSPState(x *model.Index, c LSPConfig) int64 {
+	_, r := lspDims(x, c)
+	var n int64
+	for k, mt := range x.Mats {
+		n += int64(mt.M*r[k] + mt.N*r[k] + 2)
+	}
+	return 4 * int64(len(x.Blocks)) * n
+}
+
+// lspViewBytes is the bytes of lsp's per-matrix arrays SaveStateView
+// returns as views: each matrix's P and Q values and its two d x d
+// moments.
+func lspViewBytes(x *model.Index, c LSPConfig) int64 {
+	d, r := lspDims(x, c)
+	var n int64
+	for k, mt := range x.Mats {
+		n += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
+	}
+	return 4 * int64(len(x.Blocks)) * n
 }

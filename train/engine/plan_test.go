@@ -39,6 +39,47 @@ func TestPlanMatchesArena(t *testing.T) {
 				if pred < hw || float64(pred) > 1.1*float64(hw) {
 					t.Errorf("predicted device peak %d, arena high-water mark %d (%s)", pred, hw, plan)
 				}
+				// The checkpoint write's transient is the parameters and
+				// the arrays SaveStateView allocates (downloads and
+				// conversions, new at every call; the views are the
+				// same arrays each time), to the byte; and the views
+				// hold what SaveState's copies do.
+				state, err := tr.e.SaveState()
+				if err != nil {
+					t.Fatal(err)
+				}
+				view1, err := tr.e.SaveStateView()
+				if err != nil {
+					t.Fatal(err)
+				}
+				view2, err := tr.e.SaveStateView()
+				if err != nil {
+					t.Fatal(err)
+				}
+				saved, file := 4*int64(small.NumParams()), 4*int64(small.NumParams())
+				for _, v := range state {
+					file += 4 * int64(len(v))
+				}
+				if plan.CheckpointBytes != file {
+					t.Errorf("planned checkpoint tensors %d bytes, the parameters and SaveState hold %d", plan.CheckpointBytes, file)
+				}
+				for name, v := range view1 {
+					if !slices.Equal(v, state[name]) || len(view1) != len(state) {
+						t.Errorf("SaveStateView's %s differs from SaveState's", name)
+					}
+					if len(v) > 0 && &v[0] != &view2[name][0] {
+						saved += 4 * int64(len(v))
+					}
+				}
+				var ckpt int64 = -1
+				for _, x := range plan.Transient {
+					if x.Name == "checkpoint write" {
+						ckpt = x.Bytes
+					}
+				}
+				if ckpt != saved {
+					t.Errorf("planned checkpoint write %d bytes, the parameters and SaveStateView's new arrays hold %d", ckpt, saved)
+				}
 			})
 		}
 	}
@@ -371,4 +412,33 @@ func TestCheckShareLayers(t *testing.T) {
 		}
 	}
 	tr.run(t, 3) // trains on the shared projectors
+}
+
+// TestHostPeak: the host peak is the held parts, the device's when it is
+// host memory, and the largest transient only, which the summary marks.
+func TestHostPeak(t *testing.T) {
+	p := Plan{Device: []Part{{"weights", 1000}}, Host: []Part{{"moments", 10}, {"staging", 5}},
+		Transient: []Part{{"load", 300}, {"checkpoint write", 700}, {"export", 200}}}
+	if got := p.HostPeak(); got != 715 {
+		t.Errorf("HostPeak = %d, want 715 (held 15 + the largest transient 700)", got)
+	}
+	p.DeviceOnHost = true
+	if got := p.HostPeak(); got != 1715 {
+		t.Errorf("HostPeak with the device on the host = %d, want 1715", got)
+	}
+	if got := p.HostTotal(); got != 15 {
+		t.Errorf("HostTotal = %d, want the held parts' 15", got)
+	}
+	s := p.HostString()
+	for _, want := range []string{"moments 0.00", "device memory (cpu backend)", "checkpoint write 0.00 (the peak's)", "load 0.00, "} {
+		if !strings.Contains(s, want) {
+			t.Errorf("HostString %q lacks %q", s, want)
+		}
+	}
+	if strings.Count(s, "(the peak's)") != 1 {
+		t.Errorf("HostString %q marks other than one transient", s)
+	}
+	if got := (Plan{}).HostPeak(); got != 0 {
+		t.Errorf("empty plan's HostPeak = %d", got)
+	}
 }

@@ -17,9 +17,28 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
-// SaveState returns the optimizer state by name. The pipeline must be
-// drained (it is between steps).
-func (e *Engine) SaveState() (map[string][]float32, error) {
+// SaveState returns the optimizer state by name, every array the
+// caller's own. The pipeline must be drained (it is between steps).
+func (e *Engine) SaveState() (map[string][]float32, error) { return e.saveState(true) }
+
+// SaveStateView is SaveState without copying the arrays the host holds
+// as fp32 already (the host optimizer's master and moments, lsp's
+// projector values and subspace moments): those are the engine's own,
+// to be read, not written, and only until the next step or LoadState. A
+// checkpoint write reads them between steps, so that it holds on the
+// host only what it must download or convert (the plan's "checkpoint
+// write").
+func (e *Engine) SaveStateView() (map[string][]float32, error) { return e.saveState(false) }
+
+// saveState is SaveState, with fresh copies of the host's fp32 arrays
+// when own is set and the arrays themselves otherwise.
+func (e *Engine) saveState(own bool) (map[string][]float32, error) {
+	host := func(v []float32) []float32 {
+		if own {
+			return append([]float32(nil), v...)
+		}
+		return v
+	}
 	out := map[string][]float32{}
 	s := e.st.Compute
 	dev := func(name string, t backend.Tensor) error {
@@ -48,9 +67,9 @@ func (e *Engine) SaveState() (map[string][]float32, error) {
 		}
 	}
 	if o := e.off; o != nil {
-		out["host.master"] = append([]float32(nil), o.weights()...)
-		out["host.m"] = append([]float32(nil), o.mom[:o.n]...)
-		out["host.v"] = append([]float32(nil), o.mom[o.n:]...)
+		out["host.master"] = host(o.weights())
+		out["host.m"] = host(o.mom[:o.n])
+		out["host.v"] = host(o.mom[o.n:])
 		var steps []float32
 		for _, g := range o.groups {
 			for _, t := range g.tensors {
@@ -63,9 +82,9 @@ func (e *Engine) SaveState() (map[string][]float32, error) {
 		for _, row := range st.mats {
 			for _, x := range row {
 				p := "lsp." + x.name + "."
-				out[p+"p_idx"], out[p+"p_val"] = ints(x.in.P.Idx), append([]float32(nil), x.in.P.Val...)
-				out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), append([]float32(nil), x.Q.Val...)
-				out[p+"m"], out[p+"v"] = append([]float32(nil), x.state.M...), append([]float32(nil), x.state.V...)
+				out[p+"p_idx"], out[p+"p_val"] = ints(x.in.P.Idx), host(x.in.P.Val)
+				out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), host(x.Q.Val)
+				out[p+"m"], out[p+"v"] = host(x.state.M), host(x.state.V)
 				out[p+"counters"] = []float32{float32(x.state.Step), float32(x.rewarmFrom)}
 			}
 		}
@@ -84,9 +103,23 @@ func ints(v []int32) []float32 {
 // LoadState restores SaveState's arrays; every array the mode needs must be
 // present with its exact length.
 func (e *Engine) LoadState(ts map[string][]float32) error {
+	return e.LoadStateFrom(func(name string) ([]float32, bool, error) {
+		v, ok := ts[name]
+		return v, ok, nil
+	})
+}
+
+// LoadStateFrom is LoadState reading each array only when it restores
+// it, by read (ok false when there is none of that name); it keeps no
+// array after restoring it, so that a checkpoint decoded array by array
+// is never all on the host at once.
+func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err error)) error {
 	s := e.st.Compute
 	get := func(name string, n int) ([]float32, error) {
-		v, ok := ts[name]
+		v, ok, err := read(name)
+		if err != nil {
+			return nil, err
+		}
 		if !ok {
 			return nil, fmt.Errorf("optimizer state %s missing (was the checkpoint saved with another --mode, --dense-params or --dtype?)", name)
 		}
@@ -120,18 +153,6 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 		}
 	}
 	if o := e.off; o != nil {
-		w, err := get("host.master", o.n)
-		if err != nil {
-			return err
-		}
-		m, err := get("host.m", o.n)
-		if err != nil {
-			return err
-		}
-		v, err := get("host.v", o.n)
-		if err != nil {
-			return err
-		}
 		count := 0
 		for _, g := range o.groups {
 			count += len(g.tensors)
@@ -141,9 +162,17 @@ func (e *Engine) LoadState(ts map[string][]float32) error {
 			return err
 		}
 		e.hostAccess("restore host state", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
-		copy(o.weights(), w)
-		copy(o.mom[:o.n], m)
-		copy(o.mom[o.n:], v)
+		// One array at a time: each is copied before the next is read.
+		for _, a := range []struct {
+			name string
+			dst  []float32
+		}{{"host.master", o.weights()}, {"host.m", o.mom[:o.n]}, {"host.v", o.mom[o.n:]}} {
+			v, err := get(a.name, o.n)
+			if err != nil {
+				return err
+			}
+			copy(a.dst, v)
+		}
 		i := 0
 		for _, g := range o.groups {
 			for _, t := range g.tensors {

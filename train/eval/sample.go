@@ -228,7 +228,12 @@ func loadSampleModel(path string) (sampleSource, error) {
 	if err != nil {
 		return sampleSource{}, flagErr("model", "%v", err)
 	}
-	src := sampleSource{dir: filepath.Dir(ckpt), spec: st.Model, vals: ck.Params(), tokenizer: st.Settings["tokenizer"]}
+	vals, err := ck.Params()
+	ck.Close()
+	if err != nil {
+		return sampleSource{}, flagErr("model", "%v", err)
+	}
+	src := sampleSource{dir: filepath.Dir(ckpt), spec: st.Model, vals: vals, tokenizer: st.Settings["tokenizer"]}
 	if m := st.Settings["model"]; src.tokenizer == "" && m != "" {
 		if spec, dir, err := models.Resolve(m); err == nil && dir != "" && models.Equal(spec, st.Model) {
 			src.dir = dir

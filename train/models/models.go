@@ -361,6 +361,16 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 	return backend.Upload(be, s, dst, vals)
 }
 
+// LoadHoldsCopy says whether LoadInto of spec from src (a Hugging Face
+// directory or a llama2.c file) holds every weight as fp32 on the host at
+// once (LoadWeights, then an upload) rather than streaming them in chunks
+// (the family's own LoadInto): a memory plan counts 4 bytes a parameter
+// for the load then.
+func LoadHoldsCopy(spec model.Spec, src string) bool {
+	f, err := of(spec)
+	return err != nil || isFile(src) || f.LoadInto == nil
+}
+
 // Load reads a Hugging Face directory: its spec and its weights.
 func Load(dir string) (model.Spec, []float32, error) {
 	spec, err := FromDir(dir)
