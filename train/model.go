@@ -42,6 +42,13 @@ func PlanMemory(mc model.Spec, c Config) (Plan, error) {
 	return planMemory(mc, c, src, err == nil && src != "", nil)
 }
 
+// EngineConfig is the engine configuration a run of c trains with, for
+// the planner to trace the same step graph (lsp-train plan).
+func EngineConfig(c Config) engine.Config {
+	_, src, err := models.Resolve(c.Model)
+	return c.engineConfig(err == nil && src != "")
+}
+
 // goHeapHeadroom is the Go heap garbage a run lets build up between
 // collections once set up (boundGarbage), with the compute kernels'
 // pooled scratch: a host part of every plan.

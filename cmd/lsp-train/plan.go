@@ -18,10 +18,10 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
-	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 )
 
@@ -171,17 +171,21 @@ func (o planOptions) parse() (planJob, error) {
 	return j, errors.Join(errs...)
 }
 
-// engineConfig is the engine configuration of mode: the train command's
-// defaults with the plan's flags.
+// trainConfig is the run the plan of mode describes: the train
+// command's defaults with the plan's flags, on a GPU (device memory is
+// not host memory).
+func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
+	c := train.Defaults()
+	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
+	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
+	c.Schedule, c.Device = train.Schedule(o.schedule), device.CUDA
+	return c
+}
+
+// engineConfig is the engine configuration of mode, as lsp-train would
+// build it.
 func (o planOptions) engineConfig(j planJob, mode engine.Mode) engine.Config {
-	d := train.Defaults()
-	return engine.Config{
-		Mode: mode, DenseParams: engine.DenseParams(o.dense), Pipelined: o.schedule == "pipelined", Seed: d.Seed, GradDType: j.gdt,
-		Hyper: optim.Hyper{Beta1: float32(d.Beta1), Beta2: float32(d.Beta2), Eps: 1e-8,
-			WeightDecay: float32(d.WeightDecay), Clip: d.ClipMode, MaxNorm: float32(d.GradClip)},
-		LSP: engine.LSPConfig{D: o.d, R: o.r, Alpha: d.Alpha, CheckEvery: d.CheckEvery, CalibSamples: d.CalibSamples,
-			ProjLR: d.ProjLR, FitIters: d.FitIters, NoFit: !o.fit, Refit: d.Refit, Accept: d.Accept, Rewarm: d.Rewarm, StartRandom: d.StartRandom},
-	}
+	return train.EngineConfig(o.trainConfig(j, mode))
 }
 
 func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
@@ -208,7 +212,12 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
 	reports := make([]plan.Report, len(j.modes))
 	for i, mode := range j.modes {
-		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: o.engineConfig(j, mode)}
+		tc := o.trainConfig(j, mode)
+		mem, err := train.PlanMemory(j.spec, tc)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: train.EngineConfig(tc), Memory: &mem}
 		r, err := plan.Plan(c, m)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
@@ -232,7 +241,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t")
 	for i, r := range reports {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostTotal()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
 			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
 	}
 	return tw.Flush()
@@ -262,9 +271,20 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 	for _, p := range r.Memory.Device {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
 	}
-	fmt.Fprintf(w, "host memory %s of %s: %s\n", gibs(r.Memory.HostTotal()), gibs(m.Host.Memory), verdict(r.HostFits))
+	fmt.Fprintf(w, "host memory %s peak of %s: %s\n", gibs(r.Memory.HostPeak()), gibs(m.Host.Memory), verdict(r.HostFits))
 	for _, p := range r.Memory.Host {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
+	}
+	if r.Memory.DeviceOnHost {
+		fmt.Fprintf(w, "  %-48s %12s\n", "device memory (cpu backend)", gibs(r.Memory.DeviceTotal()))
+	}
+	big := r.Memory.LargestTransient()
+	for _, p := range r.Memory.Transient {
+		mark := ""
+		if p == big {
+			mark = " (the peak's)"
+		}
+		fmt.Fprintf(w, "  %-48s %12s\n", "one at a time: "+p.Name+mark, gibs(p.Bytes))
 	}
 	fmt.Fprintf(w, "link per step: %s down, %s up (gradients, S, Delta, weights; the batch adds %s up)\n",
 		gibs(r.Memory.LinkD2H), gibs(r.Memory.LinkH2D), gibs(r.Memory.BatchH2D))

@@ -158,22 +158,31 @@ type Config struct {
 	B, T, Accum int
 	DType       backend.DType
 	Engine      engine.Config
+	// Memory is the run's memory plan when the caller has it (lsp-train
+	// plan: train.PlanMemory, with the run's own host memory); nil: the
+	// engine's (engine.PlanMemory).
+	Memory *engine.Plan
 }
 
 // Report is the plan of one configuration on one machine.
 type Report struct {
 	Memory     engine.Plan
 	DeviceFits bool // Memory.DeviceTotal() <= the GPU's memory
-	HostFits   bool // Memory.HostTotal() <= the host's memory
+	HostFits   bool // Memory.HostPeak() <= the host's memory
 	Prediction
 	TokensPerSec float64 // B*T*Accum / step
 }
 
 // Plan predicts the memory and the step time of c on m.
 func Plan(c Config, m Machine) (Report, error) {
-	mem, err := engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
-	if err != nil {
-		return Report{}, err
+	var mem engine.Plan
+	if c.Memory != nil {
+		mem = *c.Memory
+	} else {
+		var err error
+		if mem, err = engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine); err != nil {
+			return Report{}, err
+		}
 	}
 	if err := m.Validate(); err != nil {
 		return Report{}, err
@@ -193,7 +202,7 @@ func Plan(c Config, m Machine) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostTotal() <= m.Host.Memory,
+	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostPeak() <= m.Host.Memory,
 		Prediction: Prediction{Result: res, Tasks: tasks}}
 	if res.Step > 0 {
 		r.TokensPerSec = float64(c.B*c.T*c.Accum) / res.Step
