@@ -106,9 +106,12 @@ func (o *fakeOptimizer) SaveState() (map[string][]float32, error) {
 func (o *fakeOptimizer) LoadState(s map[string][]float32) error { o.state = s; return nil }
 func (o *fakeOptimizer) SetStepCount(step int)                  { o.step = step }
 
-func TestSaveLoad(t *testing.T) {
+// smallModel is a one-layer GPT-2 on a CPU backend (closed with the
+// test), its parameters uploaded from gpt2.Init.
+func smallModel(t *testing.T) (backend.Backend, backend.Stream, gpt2.Config, *gpt2.Model, []float32) {
+	t.Helper()
 	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
+	t.Cleanup(func() { be.Close() })
 	s := be.DefaultStream()
 	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
 	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
@@ -119,6 +122,11 @@ func TestSaveLoad(t *testing.T) {
 	if err := backend.Upload(be, s, m.Params, vals); err != nil {
 		t.Fatal(err)
 	}
+	return be, s, mc, m, vals
+}
+
+func TestSaveLoad(t *testing.T) {
+	be, s, mc, m, vals := smallModel(t)
 	opt := &fakeOptimizer{state: map[string][]float32{"b.m": {1, 2}, "a.v": {3}}}
 	st := State{Step: 5, Position: data.Position{Epoch: 1, Index: 7}, Seed: 9, Model: mc, DType: backend.BF16,
 		Data: "builtin:copy", Batch: 2, SeqLen: 8, Tokens: 80, GradAccum: 2, EvalFraction: 0.1, Truncate: true,
@@ -235,18 +243,7 @@ func TestStateFamily(t *testing.T) {
 // the very file that encoding everything first (safetensors.Write with
 // Metadata) writes, for tensors longer than one chunk and shorter.
 func TestSaveStreamsTheSameBytes(t *testing.T) {
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
-	s := be.DefaultStream()
-	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
-	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals := gpt2.Init(mc, 3)
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
-		t.Fatal(err)
-	}
+	be, s, mc, m, vals := smallModel(t)
 	long := make([]float32, 2*encodeChunk+5)
 	for i := range long {
 		long[i] = float32(i)*0.25 - 7
