@@ -312,6 +312,9 @@ func capped(t *testing.T, args []string) []string {
 		if f == nil || given[name] {
 			continue
 		}
+		if len(sub) == 0 && slices.Contains(fitFlags, name) && !given["fit"] {
+			continue // a check setting needs --fit (checkFitFlags)
+		}
 		def, _ := strconv.Atoi(f.DefValue)
 		if name == "steps" && len(sub) == 0 && def == 0 {
 			def = train.DefaultSteps // neither --steps nor --epochs

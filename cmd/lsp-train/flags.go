@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
@@ -355,6 +356,32 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// fitFlags are the lsp settings of the projector checks, which run only
+// with --fit.
+var fitFlags = []string{"alpha", "check-every", "calib-samples", "proj-lr", "fit-iters", "refit", "accept", "rewarm",
+	"proj-ortho", "start-random", "share-layers"}
+
+// checkFitFlags refuses a check setting given (on the command line or in
+// the config file) to an lsp run without --fit: since lsp keeps its
+// random projectors by default, such a setting would be ignored, and a
+// run that asked for checks would silently have none.
+func checkFitFlags(fs *flag.FlagSet, c train.Config) error {
+	if c.Mode != engine.LSP || c.Fit {
+		return nil
+	}
+	var given []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(fitFlags, f.Name) {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	if len(given) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: only projector checks use this, and lsp runs them with --fit only "+
+		"(without it the random projectors drawn at the start are kept): add --fit or drop it", strings.Join(given, ", "))
 }
 
 // reuseDefaultOut sets --overwrite when --out was given neither on the

@@ -123,6 +123,9 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	reuseDefaultOut(fs, &cfg)
 	defaultDType(fs, &cfg)
+	if err := checkFitFlags(fs, cfg); err != nil {
+		return err
+	}
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {
