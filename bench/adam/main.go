@@ -1,8 +1,10 @@
 // Command adam benchmarks the fused CPU AdamW step (host.Workers.AdamStep)
 // at 1M, 16M and 128M parameters (and 1B when memory allows) on all cores,
-// next to a STREAM-triad bandwidth measured in the same run with the same
-// pinned workers, and prints params/s, effective GB/s and the ratio to the
-// triad. Its last line is "adam-vs-triad: X.XX" for 128M parameters with
+// next to two bandwidth yardsticks measured in the same run with the same
+// pinned workers: a STREAM triad, and a read-modify-write ceiling with the
+// Adam update's own access pattern (host.Workers.RMWBandwidth: w, m, v read
+// and written, g read, almost no arithmetic). It prints params/s, effective
+// GB/s and the ratio to each yardstick. Its last line is "adam-vs-triad: X.XX" for 128M parameters with
 // the -headline combination (default: fp32 gradient with the bf16 weight
 // copy, pre-scanned: the whole ZeRO-Offload host step).
 //
@@ -13,7 +15,11 @@
 // written (2). The triad counts 12 bytes per element, its arrays at least
 // 4 times the last-level cache; it runs with plain stores (STREAM's usual
 // build) and with non-temporal stores, and the ratio uses the higher. Both
-// report the best of -reps timed runs after a warm-up.
+// report the best of -reps timed runs after a warm-up. The ceiling moves
+// 28 bytes per element, as the "norm" fp32 rows do; it runs with and without
+// software prefetch and the ratio uses the higher. -yardsticks=false skips
+// both (bench/peers/adam_peers.sh runs this command once per round and
+// measures them once, separately).
 //
 // Limits: wall-clock timing on a possibly shared machine; the 1M case fits
 // in a large last-level cache and then beats memory bandwidth.
@@ -67,6 +73,7 @@ func run() error {
 	reps := flag.Int("reps", 10, "timed steps per row (best kept), after one warm-up")
 	triadN := flag.Int("triad-n", 0, "triad elements per array (0: 4x the last-level cache)")
 	csvPath := flag.String("csv", "", "also write the rows to this CSV file")
+	yardsticks := flag.Bool("yardsticks", true, "measure the triad and the read-modify-write ceiling (false: Adam rows only, ratio columns empty)")
 	flag.Parse()
 
 	var rows []combo
@@ -105,16 +112,27 @@ func run() error {
 	}
 	fmt.Printf("machine: %d workers pinned to CPUs %v, SIMD %v, LLC %d MiB\n",
 		pool.N(), pool.CPUs(), host.ActiveSIMD(), host.TriadLLCBytes()>>20)
-	tr, err := pool.TriadBandwidth(tn, *reps)
-	if err != nil {
-		return err
+	triadGBps, ceilGBps := math.NaN(), math.NaN()
+	if *yardsticks {
+		tr, err := pool.TriadBandwidth(tn, *reps)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("triad: %d elements per array (%.2f GB each), %d threads, 12 B/element: plain stores %.1f ms %.2f GB/s, non-temporal %.1f ms %.2f GB/s; ratios use %.2f GB/s\n",
+			tr.N, float64(4*tr.N)/1e9, tr.Threads, ms(tr.Best), tr.GBps, ms(tr.BestNT), tr.GBpsNT, tr.Max())
+		rw, err := pool.RMWBandwidth(tn, *reps)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ceiling: read-modify-write of 4 arrays (w, m, v read and written, g read), %d elements per array, %d threads, 28 B/element: no prefetch %.1f ms %.2f GB/s, prefetch %.1f ms %.2f GB/s; ratios use %.2f GB/s\n",
+			rw.N, rw.Threads, ms(rw.Best), rw.GBps, ms(rw.BestPF), rw.GBpsPF, rw.Max())
+		triadGBps, ceilGBps = tr.Max(), rw.Max()
 	}
-	fmt.Printf("triad: %d elements per array (%.2f GB each), %d threads, 12 B/element: plain stores %.1f ms %.2f GB/s, non-temporal %.1f ms %.2f GB/s; ratios use %.2f GB/s\n\n",
-		tr.N, float64(4*tr.N)/1e9, tr.Threads, ms(tr.Best), tr.GBps, ms(tr.BestNT), tr.GBpsNT, tr.Max())
+	fmt.Println()
 	var csvRows []string
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "params\tgrad\tbf16 copy\tpre-scan\tB/param\tbest ms\tMparams/s\tGB/s\tvs triad\t")
+	fmt.Fprintln(tw, "params\tgrad\tbf16 copy\tpre-scan\tB/param\tbest ms\tMparams/s\tGB/s\tvs triad\tvs ceiling\t")
 	headRatio := math.NaN()
 	var notes []string
 	for _, n := range ns {
@@ -134,14 +152,14 @@ func run() error {
 				return fmt.Errorf("%s parameters, %s: %w", countName(n), c.name, err)
 			}
 			gbps := float64(bytes) / best.Seconds() / 1e9
-			ratio := gbps / tr.Max()
+			ratio, ceil := gbps/triadGBps, gbps/ceilGBps
 			mps := float64(n) / best.Seconds() / 1e6
-			csvRows = append(csvRows, fmt.Sprintf("%s,%s,%d,%.3f,%.1f,%.3f,%.3f", countName(n), c.name, bytes/int64(n), ms(best), mps, gbps, ratio))
+			csvRows = append(csvRows, fmt.Sprintf("%s,%s,%d,%.3f,%.1f,%.3f,%.3f,%.3f", countName(n), c.name, bytes/int64(n), ms(best), mps, gbps, ratio, ceil))
 			if n == 128<<20 && c.name == *headline {
 				headRatio = ratio
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t\n", countName(n), c.grad, yes(c.copy), yes(!c.norm),
-				bytes/int64(n), ms(best), mps, gbps, ratio)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%s\t%s\t\n", countName(n), c.grad, yes(c.copy), yes(!c.norm),
+				bytes/int64(n), ms(best), mps, gbps, ratioText(ratio), ratioText(ceil))
 		}
 		set.free()
 	}
@@ -150,12 +168,15 @@ func run() error {
 		fmt.Println(note)
 	}
 	if *csvPath != "" {
-		data := "params,combo,bytes_per_param,best_ms,mparams_per_s,gbps,vs_triad\n" + strings.Join(csvRows, "\n") + "\n"
+		data := "params,combo,bytes_per_param,best_ms,mparams_per_s,gbps,vs_triad,vs_ceiling\n" + strings.Join(csvRows, "\n") + "\n"
 		if err := os.WriteFile(*csvPath, []byte(data), 0o644); err != nil {
 			return fmt.Errorf("-csv: %w", err)
 		}
 	}
 	if math.IsNaN(headRatio) {
+		if !*yardsticks {
+			return nil // no yardstick, no headline
+		}
 		for _, n := range ns {
 			if n == 128<<20 {
 				return fmt.Errorf("no 128M row for the headline combination %q (check -combos, and memory)", *headline)
@@ -348,3 +369,11 @@ func yes(b bool) string {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// ratioText prints a ratio, or "-" when its yardstick was not measured.
+func ratioText(r float64) string {
+	if math.IsNaN(r) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
+}

@@ -1,20 +1,39 @@
 #!/usr/bin/env python3
-"""adam_peers.py: times DeepSpeedCPUAdam and torch.optim.AdamW (foreach, and
-fused where this torch has it on CPU) on one flat fp32 parameter of each size,
-with the same thread count as this project's bench/adam, and prints one table
-beside this project's figures (read from the CSV that `bench/adam -csv` wrote).
+"""adam_peers.py: interleaved rounds of this project's CPU Adam (bench/adam,
+run as a subprocess), DeepSpeedCPUAdam and torch.optim.AdamW (fused, and
+foreach) on one flat fp32 parameter of each size, same thread count, and the
+median ratio of this project's params/s over each peer's with its spread.
 
-Run by bench/peers/adam_peers.sh (which makes the throwaway environment);
-not part of CI. Every optimizer does AdamW with fp32 weights, moments and
-gradient (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01); bytes
-per parameter are counted as for this project's "f32/norm" row: 28 (w, m, v
-read and written, gradient read), no write-allocate. Best of --reps timed
-steps after one warm-up, as bench/adam does.
+Run by bench/peers/adam_peers.sh (which makes the environment and builds
+bench/adam); not part of CI.
+
+Why interleaved: on a shared machine the load drifts over minutes, so one
+optimizer timed after another measures the load as much as the code. Each
+round times every optimizer once, back to back, in the order ours,
+DeepSpeedCPUAdam, torch fused, torch foreach; the ratio is formed within a
+round and the median over rounds is reported with its min-max and
+interquartile range, and the load average is printed at the start and end.
+
+What each measurement is (the same for all four): fresh arrays for the size
+(allocated and first touched in that measurement), one warm-up step (also
+DeepSpeed's and torch's lazy state allocation), then the best of --reps
+timed steps. Ours is a fresh bench/adam process per round (its "f32/norm"
+row: no pre-scan, the same work as the peers), pinned to --threads workers;
+the peers run in this process with torch.set_num_threads(--threads) and
+OMP_NUM_THREADS set by the caller, so DeepSpeed's OpenMP kernel uses the same
+count. Every optimizer does AdamW with fp32 weights, moments and gradient
+(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01); bytes per
+parameter are 28 (w, m, v read and written, gradient read), no
+write-allocate.
 """
 import argparse
 import csv
+import gc
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -33,8 +52,16 @@ def count_name(n):
     return str(n)
 
 
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def time_steps(opt, reps):
-    opt.step()  # warm-up (and DeepSpeed's lazy state allocation)
+    opt.step()  # warm-up (and the lazy state allocation)
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -50,60 +77,101 @@ def make_param(n):
     return p
 
 
+def time_peer(make, n, reps):
+    p = make_param(n)
+    opt = make(p)
+    best = time_steps(opt, reps)
+    del opt, p
+    gc.collect()
+    return best
+
+
+def time_ours(binary, threads, size, reps):
+    with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+        subprocess.run([binary, "-threads", str(threads), "-sizes", size, "-reps", str(reps),
+                        "-combos", "f32/norm", "-yardsticks=false", "-csv", f.name],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(f.name) as r:
+            rows = list(csv.DictReader(r))
+    if len(rows) != 1:
+        raise RuntimeError(f"bench/adam wrote {len(rows)} rows for {size}, want 1 (skipped for memory?)")
+    return float(rows[0]["best_ms"]) / 1e3
+
+
+def spread(xs):
+    """median, min, max, first and third quartile."""
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return statistics.median(xs), min(xs), max(xs), q[0], q[2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--sizes", default="1M,16M,128M")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--ours", help="CSV written by bench/adam -csv")
+    ap.add_argument("--reps", type=int, default=10, help="timed steps per measurement (best kept)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
+    ap.add_argument("--ours", required=True, help="the built bench/adam binary")
     args = ap.parse_args()
+    if args.rounds < 1 or args.reps < 1:
+        ap.error("--rounds and --reps must be >= 1")
     torch.set_num_threads(args.threads)
     hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
-    impls = []
+    peers = []
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
-        impls.append(("DeepSpeedCPUAdam", lambda p: DeepSpeedCPUAdam([p], adamw_mode=True, **hp)))
+        peers.append(("DeepSpeedCPUAdam", lambda p: DeepSpeedCPUAdam([p], adamw_mode=True, **hp)))
     except Exception as e:  # report, but still time torch
         print(f"deepspeed unavailable: {e}", file=sys.stderr)
-    impls.append(("torch AdamW foreach", lambda p: torch.optim.AdamW([p], foreach=True, **hp)))
-    impls.append(("torch AdamW fused", lambda p: torch.optim.AdamW([p], fused=True, **hp)))
+    peers.append(("torch AdamW fused", lambda p: torch.optim.AdamW([p], fused=True, **hp)))
+    peers.append(("torch AdamW foreach", lambda p: torch.optim.AdamW([p], foreach=True, **hp)))
+    ours_label = "lsp-offload host (norm given)"
 
-    ours = {}
-    if args.ours:
-        with open(args.ours) as f:
-            for row in csv.DictReader(f):
-                ours[(row["params"], row["combo"])] = float(row["mparams_per_s"])
-
+    start_load = loadavg()
     print(f"peers: torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, best of {args.reps}")
-    header = ["params", "optimizer", "best ms", "Mparams/s", "GB/s", "ours/this"]
-    rows = []
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, {args.rounds} interleaved rounds "
+          f"per size, each measurement best of {args.reps} steps after a warm-up")
+    print(f"load average at start: {start_load}")
     for s in args.sizes.split(","):
         n = parse_count(s)
         name = count_name(n)
-        ref = ours.get((name, "f32/norm"))
-        for label, key in (("lsp-offload host (pre-scan)", "f32"), ("lsp-offload host (norm given)", "f32/norm")):
-            if (name, key) in ours:
-                mp = ours[(name, key)]
-                rows.append([name, label, f"{n / mp / 1e3:.2f}", f"{mp:.0f}", f"{28e-3 * mp if key.endswith('norm') else 32e-3 * mp:.2f}", ""])
-        for label, make in impls:
-            p = make_param(n)
-            try:
-                opt = make(p)
-                best = time_steps(opt, args.reps)
-            except Exception as e:
-                rows.append([name, label, "n/a", "", "", str(e).splitlines()[0][:40]])
+        times = {ours_label: []}
+        times.update({label: [] for label, _ in peers})
+        failed = {}
+        for _ in range(args.rounds):
+            times[ours_label].append(time_ours(args.ours, args.threads, name, args.reps))
+            for label, make in peers:
+                if label in failed:
+                    continue
+                try:
+                    times[label].append(time_peer(make, n, args.reps))
+                except Exception as e:
+                    failed[label] = str(e).splitlines()[0][:60]
+        print(f"\n{name} parameters ({n}), load average now {loadavg()}")
+        header = ["optimizer", "median ms", "min-max ms", "GB/s", "ours/this", "min-max", "IQR"]
+        rows = []
+        ours = times[ours_label]
+        for label in times:
+            ts = times[label]
+            if label in failed:
+                rows.append([label, "n/a", failed[label], "", "", "", ""])
                 continue
-            mp = n / best / 1e6
-            ratio = f"{ref / mp:.2f}" if ref else ""
-            rows.append([name, label, f"{best * 1e3:.2f}", f"{mp:.0f}", f"{28 * n / best / 1e9:.2f}", ratio])
-            del opt, p
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    for r in [header] + rows:
-        print("  ".join(str(c).rjust(w) if i != 1 else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    print("GB/s: 28 bytes per parameter (32 for the pre-scan row, which reads the gradient twice).")
-    print("ours/this: this project's f32/norm row (the same work: no pre-scan) in params/s over the row's.")
+            med, lo, hi, _, _ = spread(ts)
+            row = [label, f"{med * 1e3:.2f}", f"{lo * 1e3:.2f}-{hi * 1e3:.2f}", f"{28 * n / med / 1e9:.2f}"]
+            if label == ours_label:
+                row += ["", "", ""]
+            else:
+                # Within a round: ours params/s over the peer's = peer time / ours.
+                ratios = [t / o for t, o in zip(ts, ours)]
+                rm, rlo, rhi, q1, q3 = spread(ratios)
+                row += [f"{rm:.2f}", f"{rlo:.2f}-{rhi:.2f}", f"{q1:.2f}-{q3:.2f}"]
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+        for r in [header] + rows:
+            print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print(f"\nload average at start: {start_load}, at end: {loadavg()}")
+    print("GB/s: 28 bytes per parameter over the median time. ours/this: this project's params/s over the row's,")
+    print("formed within each round; the median over rounds, its min-max and interquartile range (>1: ours faster).")
 
 
 if __name__ == "__main__":
