@@ -501,6 +501,13 @@ func (r *run) openMetrics() error {
 	}
 	r.log.Info("model", append(append([]any{"model", r.cfg.Model, "family", r.mc.Family()}, r.mc.Describe()...),
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
+	if r.cfg.Mode == engine.LSP {
+		projectors := "random, kept for the whole run (--fit learns them)"
+		if r.cfg.Fit {
+			projectors = fmt.Sprintf("fitted: checked every %d steps on %d calibration rows", r.cfg.CheckEvery, r.cfg.CalibSamples)
+		}
+		r.log.Info("lsp", "d", r.cfg.D, "r", r.cfg.R, "projectors", projectors, "dense_params", r.cfg.denseParams(r.fromCheckpoint))
+	}
 	return nil
 }
 
