@@ -69,17 +69,9 @@ type opCase struct {
 	run          func() error
 }
 
-// AccessBytes is an op's bytes as this package counts them: every range
-// its hazard declaration reads plus every range it writes. A tracer that
-// calls the same train/hazard declaration on the op's arguments gets the
-// bytes the efficiencies here were measured against.
-func AccessBytes(a hazard.Access) float64 {
-	var n int64
-	for _, r := range append(slices.Clone(a.Reads), a.Writes...) {
-		n += r.Hi - r.Lo
-	}
-	return float64(n)
-}
+// AccessBytes is an op's bytes as this package counts them:
+// hazard.Access.Bytes, the count train/trace records too.
+func AccessBytes(a hazard.Access) float64 { return float64(a.Bytes()) }
 
 // ops times every op family at geometry g.
 func (m *meter) ops(g OpSize) ([]OpSample, error) {

@@ -7,10 +7,12 @@
 // ops the real backend runs.
 //
 // FLOPs count a multiply-add as two; Bytes are the bytes an op reads plus
-// those it writes, each tensor counted once per pass a straightforward
-// kernel makes (an accumulated output is read and written). Attention's
-// FLOPs are those of its causal half (flash style: the masked blocks are
-// skipped).
+// those it writes as its train/hazard declaration names them
+// (hazard.Access.Bytes: a tensor read and written counts twice, whole
+// tensors as declared), the count train/calibrate measures its
+// efficiencies against; a copy across the link counts its payload once.
+// Attention's FLOPs are those of its causal half (flash style: the masked
+// blocks are skipped).
 //
 // Limits: host buffers get memory only when host code first reads or
 // writes them (Bytes, Float32, ...), so host code must not run on large
@@ -73,11 +75,23 @@ type Op struct {
 	FLOPs  float64
 	Bytes  int64 // read plus written
 	Link   Dir   // copies across the link: their direction (Bytes the payload)
+	// Gemm is a Gemm's layout and sizes (zero for other ops).
+	Gemm GemmArgs
+	// Seconds is the op's wall time when recorded by WrapTimed: enqueued
+	// and synchronized alone (0 otherwise).
+	Seconds float64
+}
+
+// GemmArgs is one Gemm call's layout and sizes: C[M,N] = op(A) op(B).
+type GemmArgs struct {
+	TransA, TransB bool
+	M, N, K        int
 }
 
 // Backend records ops; see the package doc.
 type Backend struct {
 	inner backend.Backend // nil: no memory behind anything
+	timed bool            // WrapTimed: synchronize and time every op
 
 	mu      sync.Mutex
 	ops     []Op
@@ -104,6 +118,14 @@ func New() *Backend {
 // inner, which does the work (and owns memory, streams and events).
 func Wrap(inner backend.Backend) *Backend {
 	return &Backend{inner: inner, node: -1}
+}
+
+// WrapTimed is Wrap that also times every op: it synchronizes the op's
+// stream after forwarding it and records the wall time from the enqueue to
+// the end of that Synchronize in Op.Seconds. That serializes the streams
+// and adds a round trip to every op: it measures ops, not a schedule.
+func WrapTimed(inner backend.Backend) *Backend {
+	return &Backend{inner: inner, node: -1, timed: true}
 }
 
 // SetNode attributes the ops enqueued from now on to node i.
@@ -485,14 +507,6 @@ func shapes(ts ...backend.Tensor) [][]int {
 		}
 	}
 	return out
-}
-
-// nb is the bytes of n elements of t's dtype (0 for an absent t).
-func nb(t backend.Tensor, n int) int64 {
-	if t.Buf == nil {
-		return 0
-	}
-	return int64(n) * int64(t.DType.Size())
 }
 
 // by is the bytes of whole tensors.
