@@ -163,6 +163,9 @@ type HostAdam struct {
 	BytesPerParam int     `json:"bytes_per_param"` // host.AdamBytesPerElement
 	Rate          float64 `json:"params_per_s"`    // alone
 	Eff           float64 `json:"eff"`             // Rate*BytesPerParam / Memory.Triad
+	// Overhead is one step of a 64-element tensor: the fixed cost of a
+	// host Adam call (waking the pool, splitting the work), s.
+	Overhead float64 `json:"overhead"`
 }
 
 // Sharing is two loops of work run at the same time on the cores they

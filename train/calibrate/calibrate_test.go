@@ -77,7 +77,7 @@ func TestMeasureSmall(t *testing.T) {
 		{"op overhead", c.Overhead.Op}, {"round trip", c.Overhead.RoundTrip}, {"record/wait", c.Overhead.RecordWait},
 		{"synchronize", c.Overhead.Synchronize},
 		{"h2d", c.Link.H2D}, {"d2h", c.Link.D2H}, {"h2d latency", c.Link.H2DLatency}, {"d2h latency", c.Link.D2HLatency},
-		{"adam", c.HostAdam.Rate}, {"adam eff", c.HostAdam.Eff},
+		{"adam", c.HostAdam.Rate}, {"adam eff", c.HostAdam.Eff}, {"adam overhead", c.HostAdam.Overhead},
 		{"seconds", c.Seconds},
 	} {
 		finitePositive(t, x.name, x.v)

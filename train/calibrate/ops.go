@@ -228,7 +228,7 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 		{"SparseS", dims, 2 * float64(d*d) * float64(BT), hazard.SparseS(S, A, Bm, false), func() error {
 			return be.SparseS(s, S, A, Bm, BT, d, false)
 		}},
-		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
+		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r) + 2*float64(mm*n), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
 			return be.SparseApply(s, W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0)
 		}},
 	}, nil

@@ -56,6 +56,13 @@ type GPU struct {
 	// threads compute uses (0: every core).
 	SharesHost     bool
 	ComputeThreads int
+	// Sync is what a Synchronize after a node adds (the sequential
+	// schedule waits for each device node), and Event what an event
+	// record and wait adds per dependency across queues (the pipelined
+	// schedule), s; 0 on the GPU presets.
+	Sync, Event float64
+	// Contention: see Resources.Contention (nil: the thread-count rule).
+	Contention map[[2]Bound]float64
 	// Measured, when set, gives an op's time alone from measurements
 	// (a calibration's table, by method and shapes); ok false falls back
 	// to the peak-and-efficiency model. Copies across the link are always
