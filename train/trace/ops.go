@@ -5,8 +5,8 @@
 package trace
 
 import (
+	"errors"
 	"fmt"
-	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
@@ -25,23 +25,81 @@ func (b *Backend) do(s backend.Stream, op Op, args []arg, fwd func() error) erro
 			}
 		}
 	}
+	var ev [2]backend.Event
 	if b.inner != nil {
-		var t0 time.Time
 		if b.timed {
-			t0 = time.Now()
+			var err error
+			if ev[0], err = b.mark(s); err != nil {
+				return err
+			}
 		}
 		if err := fwd(); err != nil {
 			return err
 		}
 		if b.timed {
-			if err := b.inner.Synchronize(s); err != nil {
+			var err error
+			if ev[1], err = b.mark(s); err != nil {
 				return err
 			}
-			op.Seconds = time.Since(t0).Seconds()
 		}
 	}
-	b.record(s, op)
+	i := b.record(s, op)
+	if ev[1] != nil {
+		b.mu.Lock()
+		b.pending = append(b.pending, timing{i, ev})
+		b.mu.Unlock()
+	}
 	return nil
+}
+
+// timing is an op's pair of events, resolved by Times.
+type timing struct {
+	op int // its index counting the ops Reset dropped
+	ev [2]backend.Event
+}
+
+// mark records a new event on s.
+func (b *Backend) mark(s backend.Stream) (backend.Event, error) {
+	e, err := b.inner.NewEvent("trace timing")
+	if err != nil {
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	if err := b.inner.Record(e, s); err != nil {
+		_ = b.inner.DestroyEvent(e) // the record's error is the one to report
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	return e, nil
+}
+
+// Times waits for the ops recorded so far by WrapTimed to run, sets each
+// one's Seconds from its events and returns them (Recorded with times).
+func (b *Backend) Times() ([]Op, error) {
+	b.mu.Lock()
+	pending := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	var errs []error
+	for _, p := range pending {
+		if err := b.inner.EventSynchronize(p.ev[1]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d, err := b.inner.ElapsedTime(p.ev[0], p.ev[1])
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			b.mu.Lock()
+			if i := p.op - b.dropped; i >= 0 && i < len(b.ops) { // not Reset since
+				b.ops[i].Seconds = d.Seconds()
+			}
+			b.mu.Unlock()
+		}
+		errs = append(errs, b.inner.DestroyEvent(p.ev[0]), b.inner.DestroyEvent(p.ev[1]))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	return b.Recorded(), nil
 }
 
 func dims(op string, vals ...int) error {

@@ -77,8 +77,8 @@ type Op struct {
 	Link   Dir   // copies across the link: their direction (Bytes the payload)
 	// Gemm is a Gemm's layout and sizes (zero for other ops).
 	Gemm GemmArgs
-	// Seconds is the op's wall time when recorded by WrapTimed: enqueued
-	// and synchronized alone (0 otherwise).
+	// Seconds is the op's time on its stream when recorded by WrapTimed,
+	// once Times has read it (0 otherwise).
 	Seconds float64
 }
 
@@ -91,7 +91,10 @@ type GemmArgs struct {
 // Backend records ops; see the package doc.
 type Backend struct {
 	inner backend.Backend // nil: no memory behind anything
-	timed bool            // WrapTimed: synchronize and time every op
+	timed bool            // WrapTimed: time every op with events
+
+	pending []timing // WrapTimed: events not yet read (Times)
+	dropped int      // ops Reset has forgotten
 
 	mu      sync.Mutex
 	ops     []Op
@@ -120,10 +123,12 @@ func Wrap(inner backend.Backend) *Backend {
 	return &Backend{inner: inner, node: -1}
 }
 
-// WrapTimed is Wrap that also times every op: it synchronizes the op's
-// stream after forwarding it and records the wall time from the enqueue to
-// the end of that Synchronize in Op.Seconds. That serializes the streams
-// and adds a round trip to every op: it measures ops, not a schedule.
+// WrapTimed is Wrap that also times every op with events: it records an
+// event on the op's stream before forwarding it and another after, and
+// Times reads the elapsed time between them into Op.Seconds: the op's run
+// on its stream, whatever the host did meanwhile (on the CPU backend the
+// two records cost well under a microsecond each). inner must time events
+// (ElapsedTime). Nothing is synchronized: the schedule runs as it would.
 func WrapTimed(inner backend.Backend) *Backend {
 	return &Backend{inner: inner, node: -1, timed: true}
 }
@@ -145,11 +150,13 @@ func (b *Backend) Recorded() []Op {
 // Reset forgets the ops recorded so far.
 func (b *Backend) Reset() {
 	b.mu.Lock()
+	b.dropped += len(b.ops)
 	b.ops = nil
 	b.mu.Unlock()
 }
 
-func (b *Backend) record(s backend.Stream, op Op) {
+// record appends op and returns its index counting the ops Reset dropped.
+func (b *Backend) record(s backend.Stream, op Op) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	op.Node = b.node
@@ -157,6 +164,7 @@ func (b *Backend) record(s backend.Stream, op Op) {
 		op.Stream = s.Name()
 	}
 	b.ops = append(b.ops, op)
+	return b.dropped + len(b.ops) - 1
 }
 
 // Name implements backend.Backend.

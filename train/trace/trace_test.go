@@ -242,7 +242,10 @@ func TestWrapTimed(t *testing.T) {
 	if err := w.Gemm(s, true, false, M, N, K, 1, A, B, 1, C); err != nil {
 		t.Fatal(err)
 	}
-	ops := w.Recorded()
+	ops, err := w.Times()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(ops) != 1 {
 		t.Fatalf("recorded %d ops", len(ops))
 	}

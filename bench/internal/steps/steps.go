@@ -23,6 +23,8 @@ type Job struct {
 	B, T   int
 	Warm   int // warm-up steps (0: 1)
 	Steps  int // timed steps
+	// Timed, when set, is called after the warm-up, before the timed steps.
+	Timed func()
 }
 
 // Config is the engine configuration the benchmarks time: dense
@@ -98,6 +100,9 @@ func Measure(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend)
 		if _, err := e.Step(batches, 1e-4); err != nil {
 			return Result{}, err
 		}
+	}
+	if j.Timed != nil {
+		j.Timed()
 	}
 	var r Result
 	t0 := be.Traffic()

@@ -1,0 +1,299 @@
+// Command plan checks the step planner (train/plan) against this machine:
+// it calibrates the CPU backend from microbenchmarks (train/calibrate: the
+// GEMMs at the exact shapes the traced steps run, the other ops at their
+// geometries, overheads, the link, host Adam and the contention between
+// them), builds the planner's CPU machine from that alone
+// (plan.FromCalibration: nothing is fitted to a step time), predicts each
+// configuration's step, then times the real engine on the CPU backend
+// (median of several steps after a warm-up) and prints both side by side.
+// Configurations: tiny and gpt2 in native, zero and lsp mode, sequential
+// and pipelined, and llama-tiny, chosen after the model was built (a
+// family, attention layout and MLP the model was not checked on while it
+// was written). The last line is "plan-vs-measured: X", X the worst
+// max(pred/meas, meas/pred).
+//
+// Then, for the worst row, a per-family breakdown: the same step run once
+// more sequentially with every op timed on its stream by a pair of events
+// (trace.WrapTimed), against the predicted time of each family.
+//
+// Calibration and measurement run back to back in one process; the load
+// average at the start and the end says how shared the machine was.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/bench/internal/steps"
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/calibrate"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/plan"
+	"github.com/lsp-offload/lsp-offload/train/trace"
+)
+
+// job is one model at one batch; chosen marks the configuration picked
+// after the model was built.
+type job struct {
+	steps.Job
+	chosen bool
+}
+
+var jobs = []job{
+	{Job: steps.Job{Preset: "tiny", B: 32, T: 24, Warm: 2, Steps: 9}},
+	{Job: steps.Job{Preset: "gpt2", B: 2, T: 128, Warm: 1, Steps: 3}},
+	{Job: steps.Job{Preset: "llama-tiny", B: 16, T: 64, Warm: 2, Steps: 7}, chosen: true},
+}
+
+var modes = []engine.Mode{engine.Native, engine.Zero, engine.LSP}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench plan:", err)
+		os.Exit(1)
+	}
+}
+
+// row is one configuration's prediction and measurement.
+type row struct {
+	j         job
+	mode      engine.Mode
+	pipelined bool
+	pred      plan.Report
+	meas      steps.Result
+}
+
+func (r row) ratio() float64 { return r.pred.Step / r.meas.Median() }
+
+func worst(x float64) float64 { return max(x, 1/x) }
+
+func schedName(p bool) string {
+	if p {
+		return "pipelined"
+	}
+	return "sequential"
+}
+
+func run() error {
+	threads := flag.Int("threads", runtime.NumCPU(), "backend compute threads and host Adam workers")
+	budget := flag.Duration("budget", 40*time.Second, "calibration time to aim for")
+	calib := flag.String("calibration", "", "read the calibration from this `FILE` (bench/calibrate -o) instead of measuring")
+	only := flag.String("models", "", "comma-separated presets to run (default: all)")
+	breakdown := flag.Bool("breakdown", true, "time the worst row's ops one by one and print a per-family breakdown")
+	flag.Parse()
+	host.SetThreads(*threads)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var run []job
+	for _, j := range jobs {
+		if *only == "" || slices.Contains(strings.Split(*only, ","), j.Preset) {
+			run = append(run, j)
+		}
+	}
+	if len(run) == 0 {
+		return fmt.Errorf("-models %q: none of tiny, gpt2, llama-tiny", *only)
+	}
+	fmt.Printf("plan vs measured: CPU backend, %d threads, SIMD %v, fp32, dense parameters on the device, link not charged\n",
+		*threads, host.ActiveSIMD())
+	fmt.Printf("load average at start: %s\n", loadavg())
+
+	// The traces first: their GEMM shapes are what the calibration times.
+	type traced struct {
+		g   *engine.Graph
+		ops []trace.Op
+	}
+	traces := map[string]traced{}
+	var gemms []calibrate.GemmShape
+	var sizes []calibrate.OpSize
+	for _, j := range run {
+		spec, err := models.Preset(j.Preset)
+		if err != nil {
+			return err
+		}
+		for _, mode := range modes {
+			g, ops, err := plan.Trace(spec, j.B, j.T, 1, backend.F32, steps.Config(mode, true, *threads))
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+			}
+			traces[j.Preset+"/"+string(mode)] = traced{g, ops}
+			for _, o := range ops {
+				if o.Family == trace.Gemm {
+					gemms = append(gemms, calibrate.GemmShape{TransA: o.Gemm.TransA, TransB: o.Gemm.TransB, M: o.Gemm.M, N: o.Gemm.N, K: o.Gemm.K})
+				}
+			}
+		}
+		sz, err := calibrate.SizeOf(spec, j.B, j.T)
+		if err != nil {
+			return err
+		}
+		sz.D, sz.R = 512, 16
+		sizes = append(sizes, sz)
+	}
+	var c calibrate.CPU
+	var err error
+	if *calib != "" {
+		if c, err = calibrate.ReadFile(*calib); err != nil {
+			return fmt.Errorf("-calibration: %w", err)
+		}
+		fmt.Printf("calibration: read from %s (%d threads)\n", *calib, c.Threads)
+	} else {
+		c, err = calibrate.Measure(ctx, calibrate.Options{Threads: *threads, Gemms: gemms, Ops: sizes, Budget: *budget})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("calibration: %.1f s, %d GEMM shapes, %d op samples\n", c.Seconds, len(c.Gemm), len(c.Ops))
+	}
+	m, err := plan.FromCalibration(c, cpu.Config{})
+	if err != nil {
+		return err
+	}
+	describe(c, m)
+
+	var rows []row
+	fmt.Printf("\n%-11s %3s %4s %-7s %-10s %9s %9s %6s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio")
+	for _, j := range run {
+		spec, _ := models.Preset(j.Preset)
+		for _, mode := range modes {
+			for _, pip := range []bool{false, true} {
+				ec := steps.Config(mode, pip, *threads)
+				pred, err := plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+				}
+				meas, err := steps.Measure(j.Job, ec, cpu.Config{Threads: *threads}, nil)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+				}
+				r := row{j: j, mode: mode, pipelined: pip, pred: pred, meas: meas}
+				rows = append(rows, r)
+				note := ""
+				if j.chosen {
+					note = "  (chosen after the model was built)"
+				}
+				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f%s\n", j.Preset, j.B, j.T, mode, schedName(pip),
+					pred.Step, meas.Median(), r.ratio(), note)
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	w := rows[0]
+	for _, r := range rows {
+		if worst(r.ratio()) > worst(w.ratio()) {
+			w = r
+		}
+	}
+	if *breakdown {
+		if err := familyBreakdown(w, c, m, traces[w.j.Preset+"/"+string(w.mode)].ops, *threads); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nload average at end: %s\n", loadavg())
+	fmt.Printf("worst: %s B=%d T=%d %s %s, predicted %.4f s, measured %.4f s\n", w.j.Preset, w.j.B, w.j.T, w.mode,
+		schedName(w.pipelined), w.pred.Step, w.meas.Median())
+	fmt.Printf("plan-vs-measured: %.2f\n", worst(w.ratio()))
+	return nil
+}
+
+// describe prints the machine the predictions use.
+func describe(c calibrate.CPU, m plan.Machine) {
+	fmt.Printf("machine: GEMM peak %.1f GFLOP/s, triad %.2f GB/s, op %.1f us, sync %.1f us, event %.1f us\n",
+		c.GemmPeak/1e9, c.Memory.Triad/1e9, c.Overhead.Op*1e6, m.GPU.Sync*1e6, m.GPU.Event*1e6)
+	fmt.Printf("  link h2d %.2f GB/s, d2h %.2f GB/s, %.1f us; host Adam %.0f M params/s + %.1f us per node\n",
+		m.Link.H2D/1e9, m.Link.D2H/1e9, m.Link.Latency*1e6, c.HostAdam.Rate/1e6, c.HostAdam.Overhead*1e6)
+	var keys [][2]plan.Bound
+	for k := range m.GPU.Contention {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b [2]plan.Bound) int { return strings.Compare(string(a[0])+string(a[1]), string(b[0])+string(b[1])) })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s with %s %.2f", k[0], k[1], m.GPU.Contention[k]))
+	}
+	fmt.Printf("  contention (rate shared/alone): %s\n", strings.Join(parts, ", "))
+}
+
+// familyBreakdown runs r's configuration sequentially once more with every
+// op timed by events and prints, per op family, the predicted time (the
+// sequential prediction's parts) against the measured one, and the rest of
+// the step.
+func familyBreakdown(r row, c calibrate.CPU, m plan.Machine, _ []trace.Op, threads int) error {
+	spec, _ := models.Preset(r.j.Preset)
+	ec := steps.Config(r.mode, false, threads)
+	pred, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
+	if err != nil {
+		return err
+	}
+	var w *trace.Backend
+	j := r.j.Job
+	j.Warm, j.Steps = 1, 1
+	j.Timed = func() { w.Reset() }
+	res, err := steps.Measure(j, ec, cpu.Config{Threads: threads}, func(be backend.Backend) backend.Backend {
+		w = trace.WrapTimed(be)
+		return w
+	})
+	if err != nil {
+		return err
+	}
+	recorded, err := w.Times() // the timed step's
+	if err != nil {
+		return err
+	}
+	predF := map[trace.Family]float64{}
+	for _, t := range pred.Tasks {
+		for _, p := range t.Parts {
+			predF[p.Family] += p.Seconds
+		}
+	}
+	measF := map[trace.Family]float64{}
+	count := map[trace.Family]int{}
+	sum := 0.0
+	for _, o := range recorded {
+		measF[o.Family] += o.Seconds
+		count[o.Family]++
+		sum += o.Seconds
+	}
+	step := res.Seconds[0]
+	fmt.Printf("\nper family, %s B=%d T=%d %s sequential (the worst row's mode), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode)
+	fmt.Printf("%-12s %5s %9s %9s %6s\n", "family", "ops", "pred s", "meas s", "ratio")
+	fams := append(trace.Families(), plan.HostAdam, plan.Sync)
+	for _, f := range fams {
+		if predF[f] == 0 && measF[f] == 0 {
+			continue
+		}
+		ratio := math.NaN()
+		if measF[f] > 0 {
+			ratio = predF[f] / measF[f]
+		}
+		fmt.Printf("%-12s %5d %9.4f %9.4f %6.2f\n", f, count[f], predF[f], measF[f], ratio)
+	}
+	fmt.Printf("the timed step took %.4f s: its ops %.4f s on their streams, the rest %.4f s (host Adam, syncs, the launcher, gaps);\n",
+		step, sum, step-sum)
+	fmt.Printf("predicted: host Adam %.4f s, sync %.4f s\n", predF[plan.HostAdam], predF[plan.Sync])
+	return nil
+}
+
+// loadavg is the first three fields of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
