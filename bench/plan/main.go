@@ -38,6 +38,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/calibrate"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -72,6 +73,8 @@ type row struct {
 	pipelined bool
 	pred      plan.Report
 	meas      steps.Result
+	probe     float64 // the machine's speed while measuring over its speed while calibrating
+	settled   bool    // probe within tolerance before and after
 }
 
 func (r row) ratio() float64 { return r.pred.Step / r.meas.Median() }
@@ -87,7 +90,7 @@ func schedName(p bool) string {
 
 func run() error {
 	threads := flag.Int("threads", runtime.NumCPU(), "backend compute threads and host Adam workers")
-	budget := flag.Duration("budget", 40*time.Second, "calibration time to aim for")
+	budget := flag.Duration("budget", 20*time.Second, "calibration time to aim for, per model")
 	calib := flag.String("calibration", "", "read the calibration from this `FILE` (bench/calibrate -o) instead of measuring")
 	only := flag.String("models", "", "comma-separated presets to run (default: all)")
 	breakdown := flag.Bool("breakdown", true, "time the worst row's ops one by one and print a per-family breakdown")
@@ -108,81 +111,114 @@ func run() error {
 		*threads, host.ActiveSIMD())
 	fmt.Printf("load average at start: %s\n", loadavg())
 
-	// The traces first: their GEMM shapes are what the calibration times.
-	type traced struct {
-		g   *engine.Graph
-		ops []trace.Op
+	var rows []row
+	machines := map[string]plan.Machine{} // by model/mode
+	var fileCal *calibrate.CPU
+	if *calib != "" {
+		c, err := calibrate.ReadFile(*calib)
+		if err != nil {
+			return fmt.Errorf("-calibration: %w", err)
+		}
+		fileCal = &c
+		fmt.Printf("calibration: read from %s (%d threads)\n", *calib, c.Threads)
 	}
-	traces := map[string]traced{}
-	var gemms []calibrate.GemmShape
-	var sizes []calibrate.OpSize
+	pr, err := newProbe(*threads)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
 	for _, j := range run {
 		spec, err := models.Preset(j.Preset)
 		if err != nil {
 			return err
 		}
-		for _, mode := range modes {
-			g, ops, err := plan.Trace(spec, j.B, j.T, 1, backend.F32, steps.Config(mode, true, *threads))
-			if err != nil {
-				return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
-			}
-			traces[j.Preset+"/"+string(mode)] = traced{g, ops}
-			for _, o := range ops {
-				if o.Family == trace.Gemm {
-					gemms = append(gemms, calibrate.GemmShape{TransA: o.Gemm.TransA, TransB: o.Gemm.TransB, M: o.Gemm.M, N: o.Gemm.N, K: o.Gemm.K})
+		// Calibrate at this model's shapes right before timing its steps,
+		// so that both see the machine as it is now; the probe says when
+		// it changed speed meanwhile (other machines' load on the host).
+		var c calibrate.CPU
+		var m plan.Machine
+		var at float64 // the probe's rate during the calibration
+		recalibrate := func() error {
+			for try := 1; ; try++ {
+				p0, err := pr.rate()
+				if err != nil {
+					return err
+				}
+				if fileCal != nil {
+					c = *fileCal
+				} else if c, err = calibrateFor(ctx, spec, j, *threads, *budget); err != nil {
+					return fmt.Errorf("%s: %w", j.Preset, err)
+				}
+				p1, err := pr.rate()
+				if err != nil {
+					return err
+				}
+				at = (p0 + p1) / 2
+				if same(p0, p1) || try == maxTries {
+					if !same(p0, p1) {
+						fmt.Printf("(the machine changed speed during the calibration: probe %.1f then %.1f GFLOP/s)\n", p0/1e9, p1/1e9)
+					}
+					break
 				}
 			}
+			var err error
+			if m, err = plan.FromCalibration(c, cpu.Config{}); err != nil {
+				return err
+			}
+			fmt.Printf("\n%s B=%d T=%d: calibrated in %.1f s (%d GEMM shapes, %d op samples), probe %.1f GFLOP/s\n",
+				j.Preset, j.B, j.T, c.Seconds, len(c.Gemm), len(c.Ops), at/1e9)
+			describe(c, m)
+			return nil
 		}
-		sz, err := calibrate.SizeOf(spec, j.B, j.T)
-		if err != nil {
+		if err := recalibrate(); err != nil {
 			return err
 		}
-		sz.D, sz.R = 512, 16
-		sizes = append(sizes, sz)
-	}
-	var c calibrate.CPU
-	var err error
-	if *calib != "" {
-		if c, err = calibrate.ReadFile(*calib); err != nil {
-			return fmt.Errorf("-calibration: %w", err)
-		}
-		fmt.Printf("calibration: read from %s (%d threads)\n", *calib, c.Threads)
-	} else {
-		c, err = calibrate.Measure(ctx, calibrate.Options{Threads: *threads, Gemms: gemms, Ops: sizes, Budget: *budget})
-		if err != nil {
-			return err
-		}
-		fmt.Printf("calibration: %.1f s, %d GEMM shapes, %d op samples\n", c.Seconds, len(c.Gemm), len(c.Ops))
-	}
-	m, err := plan.FromCalibration(c, cpu.Config{})
-	if err != nil {
-		return err
-	}
-	describe(c, m)
-
-	var rows []row
-	fmt.Printf("\n%-11s %3s %4s %-7s %-10s %9s %9s %6s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio")
-	for _, j := range run {
-		spec, _ := models.Preset(j.Preset)
+		fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %6s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
 		for _, mode := range modes {
 			for _, pip := range []bool{false, true} {
 				ec := steps.Config(mode, pip, *threads)
-				pred, err := plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
-				if err != nil {
-					return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+				var r row
+				for try := 1; ; try++ {
+					pred, err := plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
+					if err != nil {
+						return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+					}
+					pa, err := pr.rate()
+					if err != nil {
+						return err
+					}
+					meas, err := steps.Measure(j.Job, ec, cpu.Config{Threads: *threads}, nil)
+					if err != nil {
+						return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
+					}
+					pb, err := pr.rate()
+					if err != nil {
+						return err
+					}
+					r = row{j: j, mode: mode, pipelined: pip, pred: pred, meas: meas, probe: (pa + pb) / 2 / at,
+						settled: same(pa, at) && same(pb, at)}
+					if r.settled || try == maxTries {
+						break
+					}
+					fmt.Printf("(%s %s %s: the machine ran at %.2f then %.2f of its calibrated speed; again)\n", j.Preset, mode,
+						schedName(pip), pa/at, pb/at)
+					if try == 2 && fileCal == nil && same(pa, pb) { // it settled elsewhere: describe it anew
+						if err := recalibrate(); err != nil {
+							return err
+						}
+					}
 				}
-				meas, err := steps.Measure(j.Job, ec, cpu.Config{Threads: *threads}, nil)
-				if err != nil {
-					return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
-				}
-				r := row{j: j, mode: mode, pipelined: pip, pred: pred, meas: meas}
 				rows = append(rows, r)
+				machines[j.Preset+"/"+string(mode)] = m
 				note := ""
-				if j.chosen {
-					note = "  (chosen after the model was built)"
+				if !r.settled {
+					note = "  (unsettled)"
 				}
-				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f%s\n", j.Preset, j.B, j.T, mode, schedName(pip),
-					pred.Step, meas.Median(), r.ratio(), note)
+				if j.chosen {
+					note += "  (chosen after the model was built)"
+				}
+				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %6.2f%s\n", j.Preset, j.B, j.T, mode, schedName(pip),
+					r.pred.Step, r.meas.Median(), r.ratio(), r.probe, note)
 				if err := ctx.Err(); err != nil {
 					return err
 				}
@@ -196,7 +232,7 @@ func run() error {
 		}
 	}
 	if *breakdown {
-		if err := familyBreakdown(w, c, m, traces[w.j.Preset+"/"+string(w.mode)].ops, *threads); err != nil {
+		if err := familyBreakdown(w, machines[w.j.Preset+"/"+string(w.mode)], *threads); err != nil {
 			return err
 		}
 	}
@@ -205,6 +241,89 @@ func run() error {
 		schedName(w.pipelined), w.pred.Step, w.meas.Median())
 	fmt.Printf("plan-vs-measured: %.2f\n", worst(w.ratio()))
 	return nil
+}
+
+// calibrateFor measures the CPU backend at the GEMM shapes of j's traced
+// steps (every mode) and the other ops at j's geometry.
+func calibrateFor(ctx context.Context, spec model.Spec, j job, threads int, budget time.Duration) (calibrate.CPU, error) {
+	var gemms []calibrate.GemmShape
+	for _, mode := range modes {
+		_, ops, err := plan.Trace(spec, j.B, j.T, 1, backend.F32, steps.Config(mode, true, threads))
+		if err != nil {
+			return calibrate.CPU{}, fmt.Errorf("%s: %w", mode, err)
+		}
+		for _, o := range ops {
+			if o.Family == trace.Gemm {
+				gemms = append(gemms, calibrate.GemmShape{TransA: o.Gemm.TransA, TransB: o.Gemm.TransB, M: o.Gemm.M, N: o.Gemm.N, K: o.Gemm.K})
+			}
+		}
+	}
+	sz, err := calibrate.SizeOf(spec, j.B, j.T)
+	if err != nil {
+		return calibrate.CPU{}, err
+	}
+	sz.D, sz.R = 512, 16
+	return calibrate.Measure(ctx, calibrate.Options{Threads: threads, Gemms: gemms, Ops: []calibrate.OpSize{sz}, Budget: budget})
+}
+
+// maxTries bounds the calibrations and measurements repeated because the
+// machine changed speed; tolerance is the probe's change taken as noise.
+const (
+	maxTries  = 4
+	tolerance = 0.1
+)
+
+// same reports whether two probe rates agree within tolerance.
+func same(a, b float64) bool { return math.Abs(a/b-1) <= tolerance }
+
+// probe is a fixed GEMM, timed before and after each calibration and each
+// measurement: when the machine (shared with other virtual machines on the
+// same host) changes speed, a prediction from a calibration made at
+// another speed is not comparable, and the work is repeated.
+type probe struct {
+	be      *cpu.Backend
+	a, b, c backend.Tensor
+}
+
+const probeN = 384
+
+func newProbe(threads int) (*probe, error) {
+	be := cpu.New(cpu.Config{Threads: threads})
+	p := &probe{be: be}
+	var err error
+	for _, t := range []*backend.Tensor{&p.a, &p.b, &p.c} {
+		if *t, err = be.Alloc("probe", probeN*probeN, backend.F32); err != nil {
+			be.Close()
+			return nil, err
+		}
+		if err := be.Fill(be.DefaultStream(), *t, 0.5); err != nil {
+			be.Close()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *probe) close() { p.be.Close() }
+
+// rate is the median FLOP/s of 15 GEMMs of probeN^3, each synchronized.
+func (p *probe) rate() (float64, error) {
+	s := p.be.DefaultStream()
+	var ts []float64
+	for i := range 16 {
+		t0 := time.Now()
+		if err := p.be.Gemm(s, false, false, probeN, probeN, probeN, 1, p.a, p.b, 0, p.c); err != nil {
+			return 0, err
+		}
+		if err := p.be.Synchronize(s); err != nil {
+			return 0, err
+		}
+		if i > 0 { // the first warms up
+			ts = append(ts, time.Since(t0).Seconds())
+		}
+	}
+	slices.Sort(ts)
+	return 2 * probeN * probeN * probeN / ts[len(ts)/2], nil
 }
 
 // describe prints the machine the predictions use.
@@ -217,7 +336,9 @@ func describe(c calibrate.CPU, m plan.Machine) {
 	for k := range m.GPU.Contention {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b [2]plan.Bound) int { return strings.Compare(string(a[0])+string(a[1]), string(b[0])+string(b[1])) })
+	slices.SortFunc(keys, func(a, b [2]plan.Bound) int {
+		return strings.Compare(string(a[0])+string(a[1]), string(b[0])+string(b[1]))
+	})
 	var parts []string
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s with %s %.2f", k[0], k[1], m.GPU.Contention[k]))
@@ -229,7 +350,7 @@ func describe(c calibrate.CPU, m plan.Machine) {
 // op timed by events and prints, per op family, the predicted time (the
 // sequential prediction's parts) against the measured one, and the rest of
 // the step.
-func familyBreakdown(r row, c calibrate.CPU, m plan.Machine, _ []trace.Op, threads int) error {
+func familyBreakdown(r row, m plan.Machine, threads int) error {
 	spec, _ := models.Preset(r.j.Preset)
 	ec := steps.Config(r.mode, false, threads)
 	pred, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
