@@ -174,42 +174,50 @@ func run() error {
 			return err
 		}
 		fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %6s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
+		var all []row
 		for _, mode := range modes {
 			for _, pip := range []bool{false, true} {
-				ec := steps.Config(mode, pip, *threads)
-				var r row
-				for try := 1; ; try++ {
-					pred, err := plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
-					if err != nil {
-						return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
-					}
-					pa, err := pr.rate()
-					if err != nil {
-						return err
-					}
-					meas, err := steps.Measure(j.Job, ec, cpu.Config{Threads: *threads}, nil)
-					if err != nil {
-						return fmt.Errorf("%s %s: %w", j.Preset, mode, err)
-					}
-					pb, err := pr.rate()
-					if err != nil {
-						return err
-					}
-					r = row{j: j, mode: mode, pipelined: pip, pred: pred, meas: meas, probe: (pa + pb) / 2 / at,
-						settled: same(pa, at) && same(pb, at)}
-					if r.settled || try == maxTries {
-						break
-					}
-					fmt.Printf("(%s %s %s: the machine ran at %.2f then %.2f of its calibrated speed; again)\n", j.Preset, mode,
-						schedName(pip), pa/at, pb/at)
-					if try == 2 && fileCal == nil && same(pa, pb) { // it settled elsewhere: describe it anew
-						if err := recalibrate(); err != nil {
-							return err
-						}
+				all = append(all, row{j: j, mode: mode, pipelined: pip})
+			}
+		}
+		for _, grp := range groups(spec, j, all, *threads) {
+			for try := 1; ; try++ {
+				for i := range grp {
+					r := &grp[i]
+					ec := steps.Config(r.mode, r.pipelined, *threads)
+					if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
+						return fmt.Errorf("%s %s: %w", j.Preset, r.mode, err)
 					}
 				}
+				pa, err := pr.rate()
+				if err != nil {
+					return err
+				}
+				if err := measureGroup(grp, *threads); err != nil {
+					return err
+				}
+				pb, err := pr.rate()
+				if err != nil {
+					return err
+				}
+				settled := same(pa, at) && same(pb, at)
+				for i := range grp {
+					grp[i].probe, grp[i].settled = (pa+pb)/2/at, settled
+				}
+				if settled || try == maxTries {
+					break
+				}
+				fmt.Printf("(%s %s: the machine ran at %.2f then %.2f of its calibrated speed; again)\n", j.Preset, grp[0].mode,
+					pa/at, pb/at)
+				if try == 2 && fileCal == nil && same(pa, pb) { // it settled elsewhere: describe it anew
+					if err := recalibrate(); err != nil {
+						return err
+					}
+				}
+			}
+			for _, r := range grp {
 				rows = append(rows, r)
-				machines[j.Preset+"/"+string(mode)] = m
+				machines[j.Preset+"/"+string(r.mode)] = m
 				note := ""
 				if !r.settled {
 					note = "  (unsettled)"
@@ -217,11 +225,11 @@ func run() error {
 				if j.chosen {
 					note += "  (chosen after the model was built)"
 				}
-				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %6.2f%s\n", j.Preset, j.B, j.T, mode, schedName(pip),
+				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %6.2f%s\n", j.Preset, j.B, j.T, r.mode, schedName(r.pipelined),
 					r.pred.Step, r.meas.Median(), r.ratio(), r.probe, note)
-				if err := ctx.Err(); err != nil {
-					return err
-				}
+			}
+			if err := ctx.Err(); err != nil {
+				return err
 			}
 		}
 	}
@@ -240,6 +248,62 @@ func run() error {
 	fmt.Printf("worst: %s B=%d T=%d %s %s, predicted %.4f s, measured %.4f s\n", w.j.Preset, w.j.B, w.j.T, w.mode,
 		schedName(w.pipelined), w.pred.Step, w.meas.Median())
 	fmt.Printf("plan-vs-measured: %.2f\n", worst(w.ratio()))
+	return nil
+}
+
+// groupBytes is the memory the engines stepped in turn may hold together.
+const groupBytes = 3 << 30
+
+// groups splits a job's configurations into those stepped in turn: all of
+// them when their engines fit groupBytes together, else each mode's two
+// schedules.
+func groups(spec model.Spec, j job, rows []row, threads int) [][]row {
+	var total int64
+	for _, r := range rows {
+		mem, err := engine.PlanMemory(spec, j.B, j.T, 1, backend.F32, steps.Config(r.mode, r.pipelined, threads))
+		if err != nil {
+			return [][]row{rows} // Start reports it
+		}
+		total += mem.DeviceTotal() + mem.HostTotal()
+	}
+	if total <= groupBytes {
+		return [][]row{rows}
+	}
+	var out [][]row
+	for i := 0; i < len(rows); i += 2 {
+		out = append(out, rows[i:min(i+2, len(rows))])
+	}
+	return out
+}
+
+// measureGroup starts an engine per row (each warmed up), then steps them
+// in turn, j.Steps rounds, so that drifts of the machine's speed fall on
+// every row alike; each row's meas is its steps.
+func measureGroup(grp []row, threads int) error {
+	runners := make([]*steps.Runner, len(grp))
+	defer func() {
+		for _, r := range runners {
+			if r != nil {
+				r.Close()
+			}
+		}
+	}()
+	for i, r := range grp {
+		var err error
+		if runners[i], err = steps.Start(r.j.Job, steps.Config(r.mode, r.pipelined, threads), cpu.Config{Threads: threads}, nil); err != nil {
+			return fmt.Errorf("%s %s %s: %w", r.j.Preset, r.mode, schedName(r.pipelined), err)
+		}
+		grp[i].meas = steps.Result{}
+	}
+	for range grp[0].j.Steps {
+		for i, run := range runners {
+			sec, err := run.Step()
+			if err != nil {
+				return fmt.Errorf("%s %s %s: %w", grp[i].j.Preset, grp[i].mode, schedName(grp[i].pipelined), err)
+			}
+			grp[i].meas.Seconds = append(grp[i].meas.Seconds, sec)
+		}
+	}
 	return nil
 }
 

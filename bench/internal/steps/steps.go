@@ -69,25 +69,61 @@ func (r Result) Mean() float64 {
 // Measure times j with engine configuration ec on a CPU backend of cfg,
 // wrapped by wrap when it is not nil (a tracer, say).
 func Measure(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend) backend.Backend) (Result, error) {
-	spec, err := models.Preset(j.Preset)
+	r, err := Start(j, ec, cfg, wrap)
 	if err != nil {
 		return Result{}, err
+	}
+	defer r.Close()
+	if j.Timed != nil {
+		j.Timed()
+	}
+	var res Result
+	t0 := r.be.Traffic()
+	for range j.Steps {
+		sec, err := r.Step()
+		if err != nil {
+			return Result{}, err
+		}
+		res.Seconds = append(res.Seconds, sec)
+	}
+	t1 := r.be.Traffic()
+	res.LinkBytes = (t1.D2H + t1.H2D - t0.D2H - t0.H2D) / int64(max(j.Steps, 1))
+	return res, nil
+}
+
+// Runner is an engine ready to step, warmed up: several can be alive at
+// once and stepped in turn, so that a machine whose speed drifts slows
+// them alike.
+type Runner struct {
+	be      backend.Backend
+	e       *engine.Engine
+	batches []data.Batch
+}
+
+// Start builds j's engine with ec on a CPU backend of cfg (wrapped by wrap
+// when not nil) and runs its warm-up steps.
+func Start(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend) backend.Backend) (*Runner, error) {
+	spec, err := models.Preset(j.Preset)
+	if err != nil {
+		return nil, err
 	}
 	var be backend.Backend = cpu.New(cfg)
 	if wrap != nil {
 		be = wrap(be)
 	}
-	defer be.Close()
 	e, err := engine.New(be, spec, j.B, j.T, 1, backend.F32, ec)
 	if err != nil {
-		return Result{}, fmt.Errorf("%s: %w", j.Preset, err)
+		be.Close()
+		return nil, fmt.Errorf("%s: %w", j.Preset, err)
 	}
-	defer e.Free()
+	r := &Runner{be: be, e: e}
 	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, spec.Init(1)); err != nil {
-		return Result{}, err
+		r.Close()
+		return nil, err
 	}
 	if err := e.Init(); err != nil {
-		return Result{}, err
+		r.Close()
+		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	b := data.Batch{B: j.B, T: j.T, Inputs: make([]int32, j.B*j.T), Targets: make([]int32, j.B*j.T), NumTargets: j.B * j.T}
@@ -95,25 +131,27 @@ func Measure(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend)
 		b.Inputs[i] = int32(rng.IntN(spec.VocabSize()))
 		b.Targets[i] = b.Inputs[i]
 	}
-	batches := []data.Batch{b}
+	r.batches = []data.Batch{b}
 	for range max(j.Warm, 1) {
-		if _, err := e.Step(batches, 1e-4); err != nil {
-			return Result{}, err
+		if _, err := r.Step(); err != nil {
+			r.Close()
+			return nil, err
 		}
 	}
-	if j.Timed != nil {
-		j.Timed()
-	}
-	var r Result
-	t0 := be.Traffic()
-	for range j.Steps {
-		start := time.Now()
-		if _, err := e.Step(batches, 1e-4); err != nil {
-			return Result{}, err
-		}
-		r.Seconds = append(r.Seconds, time.Since(start).Seconds())
-	}
-	t1 := be.Traffic()
-	r.LinkBytes = (t1.D2H + t1.H2D - t0.D2H - t0.H2D) / int64(max(j.Steps, 1))
 	return r, nil
+}
+
+// Step runs one step and returns its wall time in seconds.
+func (r *Runner) Step() (float64, error) {
+	start := time.Now()
+	if _, err := r.e.Step(r.batches, 1e-4); err != nil {
+		return 0, err
+	}
+	return time.Since(start).Seconds(), nil
+}
+
+// Close frees the engine and closes the backend.
+func (r *Runner) Close() {
+	r.e.Free()
+	r.be.Close()
 }
