@@ -5,6 +5,7 @@ package plan
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -165,4 +166,42 @@ func hostMemory() int64 {
 		}
 	}
 	return 0
+}
+
+// MeasuredOps is a GPU.Measured hook from ops timed on a real run of the
+// same graph (trace.WrapTimed around any backend that times events, then
+// Times): an op takes the median time of the timed ops with its method,
+// dtype, shapes, GEMM layout, FLOPs and bytes; ops never timed (and copies
+// across the link, which the Link prices) are not answered. It prices a
+// step with the device's own per-op times, so that what remains between a
+// prediction and a measurement is the schedule's model, not the ops'.
+func MeasuredOps(timed []trace.Op) func(trace.Op) (float64, bool) {
+	by := map[string][]float64{}
+	for _, o := range timed {
+		if o.Seconds > 0 && o.Link == trace.NoLink {
+			k := opKey(o)
+			by[k] = append(by[k], o.Seconds)
+		}
+	}
+	med := make(map[string]float64, len(by))
+	for k, ts := range by {
+		slices.Sort(ts)
+		n := len(ts)
+		med[k] = ts[n/2]
+		if n%2 == 0 {
+			med[k] = (ts[n/2-1] + ts[n/2]) / 2
+		}
+	}
+	return func(o trace.Op) (float64, bool) {
+		if o.Link != trace.NoLink {
+			return 0, false
+		}
+		t, ok := med[opKey(o)]
+		return t, ok
+	}
+}
+
+// opKey is what two ops must share to cost the same.
+func opKey(o trace.Op) string {
+	return fmt.Sprintf("%s %v %v %+v %g %d", o.Method, o.DType, o.Shapes, o.Gemm, o.FLOPs, o.Bytes)
 }

@@ -209,3 +209,68 @@ func TestCPUMachinePredictsStep(t *testing.T) {
 		t.Errorf("predicted %.3g s, measured %.3g s: not within 3x", r.Step, meas)
 	}
 }
+
+// TestMeasuredOpsFromEvents: ops timed by events on a real step of the CPU
+// backend (trace.WrapTimed) answer the Measured hook for every device op
+// of the traced graph of the same configuration, and price the step at
+// what its ops took.
+func TestMeasuredOpsFromEvents(t *testing.T) {
+	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+		cfg := engineConfig(mode)
+		cfg.Pipelined, cfg.HostThreads = false, 2
+		w := trace.WrapTimed(cpu.New(cpu.Config{Threads: 2}))
+		e, err := engine.New(w, tiny, 2, 8, 1, backend.F32, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Init(); err != nil {
+			t.Fatal(err)
+		}
+		b := data.Batch{B: 2, T: 8, Inputs: make([]int32, 16), Targets: make([]int32, 16), NumTargets: 16}
+		for i := range b.Inputs {
+			b.Inputs[i], b.Targets[i] = int32(i%tiny.V), int32((i+1)%tiny.V)
+		}
+		if _, err := e.Step([]data.Batch{b}, 1e-3); err != nil {
+			t.Fatal(err)
+		}
+		w.Reset() // the timed step only
+		if _, err := e.Step([]data.Batch{b}, 1e-3); err != nil {
+			t.Fatal(err)
+		}
+		timed, err := w.Times()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Free()
+		w.Close()
+
+		hook := MeasuredOps(timed)
+		_, ops, err := Trace(tiny, 2, 8, 1, backend.F32, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pred, meas float64
+		for _, o := range ops {
+			if o.Link != trace.NoLink {
+				if _, ok := hook(o); ok {
+					t.Errorf("%s: a link copy answered by the measured hook", mode)
+				}
+				continue
+			}
+			s, ok := hook(o)
+			if !ok || !(s > 0) {
+				t.Errorf("%s: %s %v not measured", mode, o.Method, o.Shapes)
+			}
+			pred += s
+		}
+		for _, o := range timed {
+			if o.Link == trace.NoLink {
+				meas += o.Seconds
+			}
+		}
+		// Medians of repeated ops against their sum: the same within 2x.
+		if !(pred > meas/2 && pred < 2*meas) {
+			t.Errorf("%s: traced ops priced at %g s, the timed step's ops took %g s", mode, pred, meas)
+		}
+	}
+}
