@@ -16,8 +16,16 @@
 // more sequentially with every op timed on its stream by a pair of events
 // (trace.WrapTimed), against the predicted time of each family.
 //
-// Calibration and measurement run back to back in one process; the load
-// average at the start and the end says how shared the machine was.
+// Calibration and measurement run interleaved in one process: for each
+// model, a calibration before its first group of configurations (all six
+// stepped in turn, or each mode's two schedules for gpt2, whose six
+// engines would not fit in memory together), one after each group, merged
+// into per-figure medians (calibrate.Merge), because this machine's speed
+// drifts by up to 2x over tens of seconds (other virtual machines share
+// the host): a fixed GEMM (the probe column: before and after each group,
+// over its median during the calibrations) shows by how much. The load
+// average at the start and the end says how shared this virtual machine
+// was.
 package main
 
 import (
@@ -73,8 +81,9 @@ type row struct {
 	pipelined bool
 	pred      plan.Report
 	meas      steps.Result
-	probe     float64 // the machine's speed while measuring over its speed while calibrating
-	settled   bool    // probe within tolerance before and after
+	// probe is the machine's speed before and after the measurement over
+	// its median speed during the calibrations.
+	probe [2]float64
 }
 
 func (r row) ratio() float64 { return r.pred.Step / r.meas.Median() }
@@ -132,104 +141,94 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		// Calibrate at this model's shapes right before timing its steps,
-		// so that both see the machine as it is now; the probe says when
-		// it changed speed meanwhile (other machines' load on the host).
-		var c calibrate.CPU
-		var m plan.Machine
-		var at float64 // the probe's rate during the calibration
-		recalibrate := func() error {
-			for try := 1; ; try++ {
-				p0, err := pr.rate()
-				if err != nil {
-					return err
-				}
-				if fileCal != nil {
-					c = *fileCal
-				} else if c, err = calibrateFor(ctx, spec, j, *threads, *budget); err != nil {
-					return fmt.Errorf("%s: %w", j.Preset, err)
-				}
-				p1, err := pr.rate()
-				if err != nil {
-					return err
-				}
-				at = (p0 + p1) / 2
-				if same(p0, p1) || try == maxTries {
-					if !same(p0, p1) {
-						fmt.Printf("(the machine changed speed during the calibration: probe %.1f then %.1f GFLOP/s)\n", p0/1e9, p1/1e9)
-					}
-					break
-				}
-			}
-			var err error
-			if m, err = plan.FromCalibration(c, cpu.Config{}); err != nil {
-				return err
-			}
-			fmt.Printf("\n%s B=%d T=%d: calibrated in %.1f s (%d GEMM shapes, %d op samples), probe %.1f GFLOP/s\n",
-				j.Preset, j.B, j.T, c.Seconds, len(c.Gemm), len(c.Ops), at/1e9)
-			describe(c, m)
-			return nil
-		}
-		if err := recalibrate(); err != nil {
-			return err
-		}
-		fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %6s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
 		var all []row
 		for _, mode := range modes {
 			for _, pip := range []bool{false, true} {
 				all = append(all, row{j: j, mode: mode, pipelined: pip})
 			}
 		}
-		for _, grp := range groups(spec, j, all, *threads) {
-			for try := 1; ; try++ {
-				for i := range grp {
-					r := &grp[i]
-					ec := steps.Config(r.mode, r.pipelined, *threads)
-					if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
-						return fmt.Errorf("%s %s: %w", j.Preset, r.mode, err)
-					}
-				}
-				pa, err := pr.rate()
-				if err != nil {
-					return err
-				}
-				if err := measureGroup(grp, *threads); err != nil {
-					return err
-				}
-				pb, err := pr.rate()
-				if err != nil {
-					return err
-				}
-				settled := same(pa, at) && same(pb, at)
-				for i := range grp {
-					grp[i].probe, grp[i].settled = (pa+pb)/2/at, settled
-				}
-				if settled || try == maxTries {
-					break
-				}
-				fmt.Printf("(%s %s: the machine ran at %.2f then %.2f of its calibrated speed; again)\n", j.Preset, grp[0].mode,
-					pa/at, pb/at)
-				if try == 2 && fileCal == nil && same(pa, pb) { // it settled elsewhere: describe it anew
-					if err := recalibrate(); err != nil {
-						return err
-					}
-				}
+		grps := groups(spec, j, all, *threads)
+		// Calibrate at this model's shapes before, between and after the
+		// groups' measurements, and merge (per-figure medians): the
+		// machine's speed drifts (other virtual machines share the host),
+		// and the calibration must describe it over the time the steps
+		// were measured, not at one moment.
+		var cals []calibrate.CPU
+		var calProbes []float64
+		calibrateNow := func() error {
+			if fileCal != nil {
+				return nil
 			}
-			for _, r := range grp {
-				rows = append(rows, r)
-				machines[j.Preset+"/"+string(r.mode)] = m
-				note := ""
-				if !r.settled {
-					note = "  (unsettled)"
-				}
-				if j.chosen {
-					note += "  (chosen after the model was built)"
-				}
-				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %6.2f%s\n", j.Preset, j.B, j.T, r.mode, schedName(r.pipelined),
-					r.pred.Step, r.meas.Median(), r.ratio(), r.probe, note)
+			p0, err := pr.rate()
+			if err != nil {
+				return err
+			}
+			c, err := calibrateFor(ctx, spec, j, *threads, max(*budget/time.Duration(len(grps)+1), 4*time.Second))
+			if err != nil {
+				return fmt.Errorf("%s: %w", j.Preset, err)
+			}
+			p1, err := pr.rate()
+			if err != nil {
+				return err
+			}
+			cals, calProbes = append(cals, c), append(calProbes, p0, p1)
+			return nil
+		}
+		if err := calibrateNow(); err != nil {
+			return err
+		}
+		var groupProbes [][2]float64
+		for _, grp := range grps {
+			pa, err := pr.rate()
+			if err != nil {
+				return err
+			}
+			if err := measureGroup(grp, *threads); err != nil {
+				return err
+			}
+			pb, err := pr.rate()
+			if err != nil {
+				return err
+			}
+			groupProbes = append(groupProbes, [2]float64{pa, pb})
+			if err := calibrateNow(); err != nil {
+				return err
 			}
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+		}
+		c := calibrate.CPU{}
+		if fileCal != nil {
+			c = *fileCal
+		} else if c, err = calibrate.Merge(cals...); err != nil {
+			return err
+		}
+		m, err := plan.FromCalibration(c, cpu.Config{})
+		if err != nil {
+			return err
+		}
+		at := median(calProbes)
+		fmt.Printf("\n%s B=%d T=%d: %d calibrations (%.1f s in all, %d GEMM shapes, %d op samples) merged; probe %.1f GFLOP/s during them (%.1f to %.1f)\n",
+			j.Preset, j.B, j.T, len(cals), c.Seconds, len(c.Gemm), len(c.Ops), at/1e9, slices.Min(append(calProbes, at))/1e9,
+			slices.Max(append(calProbes, at))/1e9)
+		describe(c, m)
+		fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %11s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
+		for g, grp := range grps {
+			for _, r := range grp {
+				ec := steps.Config(r.mode, r.pipelined, *threads)
+				if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
+					return fmt.Errorf("%s %s: %w", j.Preset, r.mode, err)
+				}
+				r.probe = [2]float64{groupProbes[g][0] / at, groupProbes[g][1] / at}
+				rows = append(rows, r)
+				machines[j.Preset+"/"+string(r.mode)] = m
+				note := ""
+				if j.chosen {
+					note = "  (chosen after the model was built)"
+				}
+				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %5.2f %5.2f%s\n", j.Preset, j.B, j.T, r.mode, schedName(r.pipelined),
+					r.pred.Step, r.meas.Median(), r.ratio(), r.probe[0], r.probe[1], note)
 			}
 		}
 	}
@@ -330,20 +329,21 @@ func calibrateFor(ctx context.Context, spec model.Spec, j job, threads int, budg
 	return calibrate.Measure(ctx, calibrate.Options{Threads: threads, Gemms: gemms, Ops: []calibrate.OpSize{sz}, Budget: budget})
 }
 
-// maxTries bounds the calibrations and measurements repeated because the
-// machine changed speed; tolerance is the probe's change taken as noise.
-const (
-	maxTries  = 4
-	tolerance = 0.1
-)
-
-// same reports whether two probe rates agree within tolerance.
-func same(a, b float64) bool { return math.Abs(a/b-1) <= tolerance }
+func median(x []float64) float64 {
+	s := slices.Clone(x)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
 
 // probe is a fixed GEMM, timed before and after each calibration and each
-// measurement: when the machine (shared with other virtual machines on the
-// same host) changes speed, a prediction from a calibration made at
-// another speed is not comparable, and the work is repeated.
+// measurement: it shows how far the machine (shared with other virtual
+// machines on the same host) changed speed between them.
 type probe struct {
 	be      *cpu.Backend
 	a, b, c backend.Tensor
@@ -467,6 +467,16 @@ func familyBreakdown(r row, m plan.Machine, threads int) error {
 	fmt.Printf("the timed step took %.4f s: its ops %.4f s on their streams, the rest %.4f s (host Adam, syncs, the launcher, gaps);\n",
 		step, sum, step-sum)
 	fmt.Printf("predicted: host Adam %.4f s, sync %.4f s\n", predF[plan.HostAdam], predF[plan.Sync])
+	// The same graph priced with these measured op times: what is left is
+	// the schedule's model (and the host work).
+	mm := m
+	mm.GPU.Measured = plan.MeasuredOps(recorded)
+	pm, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, mm)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("the step predicted from these measured op times (plan.MeasuredOps): %.4f s, against the timed step's %.4f s (%.2f)\n",
+		pm.Step, step, pm.Step/step)
 	return nil
 }
 
