@@ -19,11 +19,12 @@
 // Calibration and measurement run interleaved in one process: for each
 // model, a calibration before its first group of configurations (all six
 // stepped in turn, or each mode's two schedules for gpt2, whose six
-// engines would not fit in memory together), one after each group, merged
-// into per-figure medians (calibrate.Merge), because this machine's speed
+// engines would not fit in memory together) and one after each group; a
+// group is predicted from the two calibrations around it, merged into
+// per-figure medians (calibrate.Merge), because this machine's speed
 // drifts by up to 2x over tens of seconds (other virtual machines share
 // the host): a fixed GEMM (the probe column: before and after each group,
-// over its median during the calibrations) shows by how much. The load
+// over its median during those calibrations) shows by how much. The load
 // average at the start and the end says how shared this virtual machine
 // was.
 package main
@@ -198,23 +199,26 @@ func run() error {
 				return err
 			}
 		}
-		c := calibrate.CPU{}
-		if fileCal != nil {
-			c = *fileCal
-		} else if c, err = calibrate.Merge(cals...); err != nil {
-			return err
-		}
-		m, err := plan.FromCalibration(c, cpu.Config{})
-		if err != nil {
-			return err
-		}
-		at := median(calProbes)
-		fmt.Printf("\n%s B=%d T=%d: %d calibrations (%.1f s in all, %d GEMM shapes, %d op samples) merged; probe %.1f GFLOP/s during them (%.1f to %.1f)\n",
-			j.Preset, j.B, j.T, len(cals), c.Seconds, len(c.Gemm), len(c.Ops), at/1e9, slices.Min(append(calProbes, at))/1e9,
-			slices.Max(append(calProbes, at))/1e9)
-		describe(c, m)
-		fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %11s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
+		fmt.Printf("\n%s B=%d T=%d: %d groups of configurations, each predicted from the calibrations made right before and after it\n",
+			j.Preset, j.B, j.T, len(grps))
 		for g, grp := range grps {
+			c := calibrate.CPU{}
+			var at float64 // the probe's speed during those calibrations
+			if fileCal != nil {
+				c, at = *fileCal, median(calProbes)
+			} else {
+				if c, err = calibrate.Merge(cals[g], cals[g+1]); err != nil {
+					return err
+				}
+				at = median(calProbes[2*g : 2*g+4])
+			}
+			m, err := plan.FromCalibration(c, cpu.Config{})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("calibrated in %.1f s (%d GEMM shapes, %d op samples), probe %.1f GFLOP/s\n", c.Seconds, len(c.Gemm), len(c.Ops), at/1e9)
+			describe(c, m)
+			fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %11s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
 			for _, r := range grp {
 				ec := steps.Config(r.mode, r.pipelined, *threads)
 				if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
@@ -239,7 +243,19 @@ func run() error {
 		}
 	}
 	if *breakdown {
-		if err := familyBreakdown(w, machines[w.j.Preset+"/"+string(w.mode)], *threads); err != nil {
+		// Calibrated again right before, for the same reason as above.
+		m := machines[w.j.Preset+"/"+string(w.mode)]
+		if fileCal == nil {
+			spec, _ := models.Preset(w.j.Preset)
+			c, err := calibrateFor(ctx, spec, w.j, *threads, *budget/2)
+			if err != nil {
+				return err
+			}
+			if m, err = plan.FromCalibration(c, cpu.Config{}); err != nil {
+				return err
+			}
+		}
+		if err := familyBreakdown(w, m, *threads); err != nil {
 			return err
 		}
 	}
