@@ -81,16 +81,20 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 	if err != nil {
 		return nil, err
 	}
+	runs := make([]func() error, len(cases))
+	for i, c := range cases {
+		runs[i] = c.run
+	}
+	secs, bests, err := m.timeOps(runs)
+	if err != nil {
+		return nil, err
+	}
 	var out []OpSample
-	for _, c := range cases {
-		sec, best, err := m.timeOp(c.run)
-		if err != nil {
+	for i, c := range cases {
+		if err := positive(secs[i]); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
 		}
-		if err := positive(sec); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
-		}
-		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: sec, Best: best})
+		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: secs[i], Best: bests[i]})
 	}
 	return out, nil
 }

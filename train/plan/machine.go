@@ -13,12 +13,16 @@
 // same for every GPU, that a calibration (measured per-op times) should
 // replace.
 //
-// The CPU backend is a Machine too: GPU.SharesHost set (compute and host
-// Adam contend for the cores; see sim.go), ComputeThreads its --threads,
-// PeakF32 and PeakBF16 the GEMM rate and MemBW the triad bandwidth
-// measured here, Launch the per-op overhead, Measured a table of per-op
-// times where one was measured at the ops' shapes, and Link its
+// The CPU backend is a Machine too, built from train/calibrate's
+// microbenchmarks alone (FromCalibration, cpu.go): GPU.SharesHost set
+// (compute, copies and host Adam contend for the cores, at the measured
+// shared/alone rates; see sim.go), PeakF32 and PeakBF16 the GEMM peak and
+// MemBW the triad bandwidth measured, Launch the per-op overhead, Sync and
+// Event the schedule's overheads, Measured the calibration's per-op times
+// at the ops' shapes, and Link the measured copies plus the backend's
 // --link-bandwidth charge (cpu.Config's LinkBandwidth and LinkLatency).
+// MeasuredOps prices ops from a real run timed by events instead, on any
+// backend.
 package plan
 
 import (
