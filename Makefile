@@ -123,7 +123,7 @@ bench-train:
 # after warm-up): tiny, gpt2 and llama-tiny in native, zero and lsp mode,
 # sequential and pipelined, side by side, then a per-family breakdown of the
 # worst; the last line is "plan-vs-measured: X" (worst max(pred/meas,
-# meas/pred)). About 5 minutes on 2 cores. BENCH_PLAN_FLAGS passes flags,
+# meas/pred)). About 10 minutes on 2 cores. BENCH_PLAN_FLAGS passes flags,
 # e.g. -models tiny -budget 10s.
 .PHONY: bench-plan
 bench-plan:
