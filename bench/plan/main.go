@@ -104,6 +104,7 @@ func run() error {
 	calib := flag.String("calibration", "", "read the calibration from this `FILE` (bench/calibrate -o) instead of measuring")
 	only := flag.String("models", "", "comma-separated presets to run (default: all)")
 	breakdown := flag.Bool("breakdown", true, "time the worst row's ops one by one and print a per-family breakdown")
+	verbose := flag.Bool("v", false, "print every timed step of each row")
 	flag.Parse()
 	host.SetThreads(*threads)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -233,6 +234,9 @@ func run() error {
 				}
 				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %5.2f %5.2f%s\n", j.Preset, j.B, j.T, r.mode, schedName(r.pipelined),
 					r.pred.Step, r.meas.Median(), r.ratio(), r.probe[0], r.probe[1], note)
+				if *verbose {
+					fmt.Printf("  steps: %.4f\n", r.meas.Seconds)
+				}
 			}
 		}
 	}
