@@ -5,7 +5,6 @@ package plan
 import (
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -170,11 +169,13 @@ func hostMemory() int64 {
 
 // MeasuredOps is a GPU.Measured hook from ops timed on a real run of the
 // same graph (trace.WrapTimed around any backend that times events, then
-// Times): an op takes the median time of the timed ops with its method,
+// Times): an op takes the mean time of the timed ops with its method,
 // dtype, shapes, GEMM layout, FLOPs and bytes; ops never timed (and copies
 // across the link, which the Link prices) are not answered. It prices a
 // step with the device's own per-op times, so that what remains between a
-// prediction and a measurement is the schedule's model, not the ops'.
+// prediction and a measurement is the schedule's model, not the ops' (the
+// mean, not the median: a step of one op of each kind priced at the means
+// sums to what its ops took).
 func MeasuredOps(timed []trace.Op) func(trace.Op) (float64, bool) {
 	by := map[string][]float64{}
 	for _, o := range timed {
@@ -185,12 +186,11 @@ func MeasuredOps(timed []trace.Op) func(trace.Op) (float64, bool) {
 	}
 	med := make(map[string]float64, len(by))
 	for k, ts := range by {
-		slices.Sort(ts)
-		n := len(ts)
-		med[k] = ts[n/2]
-		if n%2 == 0 {
-			med[k] = (ts[n/2-1] + ts[n/2]) / 2
+		sum := 0.0
+		for _, t := range ts {
+			sum += t
 		}
+		med[k] = sum / float64(len(ts))
 	}
 	return func(o trace.Op) (float64, bool) {
 		if o.Link != trace.NoLink {
