@@ -158,15 +158,14 @@ func run() error {
 		var cals []calibrate.CPU
 		var calProbes []float64
 		calibrateNow := func() error {
-			if fileCal != nil {
-				return nil
-			}
 			p0, err := pr.rate()
 			if err != nil {
 				return err
 			}
-			c, err := calibrateFor(ctx, spec, j, *threads, max(*budget/time.Duration(len(grps)+1), 4*time.Second))
-			if err != nil {
+			var c calibrate.CPU
+			if fileCal != nil {
+				c = *fileCal
+			} else if c, err = calibrateFor(ctx, spec, j, *threads, max(*budget/time.Duration(len(grps)+1), 4*time.Second)); err != nil {
 				return fmt.Errorf("%s: %w", j.Preset, err)
 			}
 			p1, err := pr.rate()
@@ -203,16 +202,11 @@ func run() error {
 		fmt.Printf("\n%s B=%d T=%d: %d groups of configurations, each predicted from the calibrations made right before and after it\n",
 			j.Preset, j.B, j.T, len(grps))
 		for g, grp := range grps {
-			c := calibrate.CPU{}
-			var at float64 // the probe's speed during those calibrations
-			if fileCal != nil {
-				c, at = *fileCal, median(calProbes)
-			} else {
-				if c, err = calibrate.Merge(cals[g], cals[g+1]); err != nil {
-					return err
-				}
-				at = median(calProbes[2*g : 2*g+4])
+			c, err := calibrate.Merge(cals[g], cals[g+1])
+			if err != nil {
+				return err
 			}
+			at := median(calProbes[2*g : 2*g+4]) // the probe's speed during those calibrations
 			m, err := plan.FromCalibration(c, cpu.Config{})
 			if err != nil {
 				return err
