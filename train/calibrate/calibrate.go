@@ -449,9 +449,18 @@ func (m *meter) timeOps(ops []func() error) (med, best []float64, err error) {
 	return med, best, nil
 }
 
-// batch enqueues op k times back to back, synchronizes and returns the
-// seconds per op.
+// batch runs op once untimed, then enqueues it k times back to back,
+// synchronizes and returns the seconds per op. The untimed run brings the
+// op's operands into the caches, as the op before it in a step does (it
+// wrote them): without it an op slower than minBatch (k = 1) would be
+// timed cold after whatever ran before it, and faster ones warm.
 func (m *meter) batch(op func() error, k int) (float64, error) {
+	if err := op(); err != nil {
+		return 0, err
+	}
+	if err := m.be.Synchronize(m.s); err != nil {
+		return 0, err
+	}
 	t0 := time.Now()
 	for range k {
 		if err := op(); err != nil {

@@ -34,7 +34,9 @@
 //   - Times are medians over a few repetitions after a warm-up; each
 //     repetition enqueues a batch of the same op on the default stream
 //     and synchronizes, so a per-op time includes the cost of enqueueing
-//     and dispatching it (the Overhead.Op figure), as it does in a step.
+//     and dispatching it (the Overhead.Op figure), as it does in a step;
+//     the op runs once untimed before each batch, so that its operands
+//     are in the caches, as a step's previous op leaves them.
 //     The ops of a geometry, and the GEMM shapes (when their operands fit
 //     1 GiB together), take their repetitions in turns, so that each
 //     one's median spans the whole time they take, not one stretch of it
