@@ -112,11 +112,24 @@ test-repeat:
 	scripts/test-repeat.sh $(REPEAT)
 
 # `make bench`: matrix multiply against OpenBLAS (bench-gemm), then training
-# throughput of the CPU backend.
-bench: bench-gemm bench-train
+# throughput of the CPU backend, then the planner's predicted step times
+# against measured ones (bench-plan).
+bench: bench-gemm bench-train bench-plan
 
 bench-train:
 	$(GO) run ./bench/train
+
+# The planner checked against this machine: the CPU backend calibrated from
+# microbenchmarks only (train/calibrate, plan.FromCalibration), each
+# configuration's step predicted, then timed on the real engine (median
+# after warm-up): tiny, gpt2 and llama-tiny in native, zero and lsp mode,
+# sequential and pipelined, side by side, then a per-family breakdown of the
+# worst; the last line is "plan-vs-measured: X" (worst max(pred/meas,
+# meas/pred)). About 10 minutes on 2 cores. BENCH_PLAN_FLAGS passes flags,
+# e.g. -models tiny -budget 10s.
+.PHONY: bench-plan
+bench-plan:
+	$(GO) run ./bench/plan $(BENCH_PLAN_FLAGS)
 
 # `make fuzz`: Go's native fuzzing of every parser of a file a user may have
 # downloaded (safetensors, the Hugging Face GPT-2 directory, the shard index

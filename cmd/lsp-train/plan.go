@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,14 +16,18 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/calibrate"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/plan"
+	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
 // planOptions are the plan command's flags.
@@ -38,12 +43,17 @@ type planOptions struct {
 	hostMem, deviceMem    byteSize
 	hostWorkers           int
 	timeline              string
+	// --gpu cpu: this machine's CPU backend, calibrated.
+	calibration   string
+	calibBudget   time.Duration
+	threads       int
+	linkBandwidth byteSize
 }
 
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
-		schedule: "pipelined", d: d.D, r: d.R, gpu: "rtx4090"}
+		schedule: "pipelined", d: d.D, r: d.R, gpu: "rtx4090", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -59,7 +69,12 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
-	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", "))
+	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
+		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
+	fs.StringVar(&o.calibration, "calibration", o.calibration, "--gpu cpu: read the CPU backend's description from `FILE` (go run ./bench/calibrate -o FILE) instead of measuring it now")
+	fs.DurationVar(&o.calibBudget, "calibrate-budget", o.calibBudget, "--gpu cpu: time to spend measuring the CPU backend when no --calibration is given")
+	fs.IntVar(&o.threads, "threads", o.threads, "--gpu cpu: compute threads and host Adam workers to measure (0: all cores)")
+	fs.Var(&o.linkBandwidth, "link-bandwidth", "--gpu cpu: the CPU backend's charge per device-host copy in bytes/s, as train's --link-bandwidth (0: free)")
 	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
 	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
 	fs.Var(&o.hostBW, "host-bw", "host memory bandwidth per second, e.g. 80GB, instead of the host preset's")
@@ -91,6 +106,7 @@ type planJob struct {
 	dt, gdt backend.DType
 	modes   []engine.Mode
 	machine plan.Machine
+	cpu     bool // --gpu cpu: machine is built by cpuMachine
 }
 
 // parse checks every flag, naming each one at fault.
@@ -146,7 +162,24 @@ func (o planOptions) parse() (planJob, error) {
 	if o.hostBW < 0 || o.hostMem < 0 || o.deviceMem < 0 {
 		bad("host-bw, --host-mem, --device-mem", "sizes must not be negative")
 	}
-	if m, err := plan.Preset(o.gpu, o.link, o.host); err != nil {
+	if o.threads < 0 {
+		bad("threads", "%d, want >= 0", o.threads)
+	}
+	if o.linkBandwidth < 0 {
+		bad("link-bandwidth", "must not be negative")
+	}
+	if o.gpu != "cpu" && (o.calibration != "" || o.threads != 0 || o.linkBandwidth != 0) {
+		bad("calibration, --threads, --link-bandwidth", "only with --gpu cpu")
+	}
+	if o.gpu == "cpu" {
+		j.cpu = true
+		if o.link != "" || o.host != "" {
+			bad("link, --host", "not with --gpu cpu: the link and host are this machine's, measured")
+		}
+		if o.calibBudget <= 0 {
+			bad("calibrate-budget", "%v, want > 0", o.calibBudget)
+		}
+	} else if m, err := plan.Preset(o.gpu, o.link, o.host); err != nil {
 		errs = append(errs, err) // names its flag
 	} else {
 		if o.hostBW > 0 {
@@ -173,12 +206,15 @@ func (o planOptions) parse() (planJob, error) {
 
 // trainConfig is the run the plan of mode describes: the train
 // command's defaults with the plan's flags, on a GPU (device memory is
-// not host memory).
+// not host memory) or, with --gpu cpu, on the CPU backend (it is).
 func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c := train.Defaults()
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
 	c.Schedule, c.Device = train.Schedule(o.schedule), device.CUDA
+	if j.cpu {
+		c.Device, c.Threads, c.LinkBandwidth = device.CPU, o.threads, int64(o.linkBandwidth)
+	}
 	return c
 }
 
@@ -204,6 +240,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	j, err := o.parse()
 	if err != nil {
 		return err
+	}
+	if j.cpu {
+		if j.machine, err = o.cpuMachine(j, stdout); err != nil {
+			return err
+		}
 	}
 	m := j.machine
 	fmt.Fprintf(stdout, "%s: %.3gB parameters; micro-batch %d x %d, %d per step, %v (grads %v), %s schedule\n",
@@ -245,6 +286,61 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
 	}
 	return tw.Flush()
+}
+
+// cpuMachine is --gpu cpu: the CPU backend of this machine from its
+// calibration, read from --calibration or measured now at the model's
+// shapes (every mode's GEMMs, the other ops at its geometry) within
+// --calibrate-budget, with the memory and host overrides applied.
+func (o planOptions) cpuMachine(j planJob, stdout io.Writer) (plan.Machine, error) {
+	var c calibrate.CPU
+	var err error
+	if o.calibration != "" {
+		if c, err = calibrate.ReadFile(o.calibration); err != nil {
+			return plan.Machine{}, fmt.Errorf("--calibration: %w", err)
+		}
+	} else {
+		var gemms []calibrate.GemmShape
+		for _, mode := range j.modes {
+			_, ops, err := plan.Trace(j.spec, o.batch, o.seqLen, o.accum, j.dt, o.engineConfig(j, mode))
+			if err != nil {
+				return plan.Machine{}, fmt.Errorf("%s: %w", mode, err)
+			}
+			for _, op := range ops {
+				g := op.Gemm
+				if s := (calibrate.GemmShape{TransA: g.TransA, TransB: g.TransB, M: g.M, N: g.N, K: g.K}); op.Family == trace.Gemm && !slices.Contains(gemms, s) {
+					gemms = append(gemms, s)
+				}
+			}
+		}
+		size, err := calibrate.SizeOf(j.spec, o.batch, o.seqLen)
+		if err != nil {
+			return plan.Machine{}, fmt.Errorf("--model: %w", err)
+		}
+		size.D, size.R = o.d, o.r
+		fmt.Fprintf(stdout, "calibrating the CPU backend (%d GEMM shapes, about %v)...\n", len(gemms), o.calibBudget)
+		if c, err = calibrate.Measure(context.Background(), calibrate.Options{Threads: o.threads, Gemms: gemms,
+			Ops: []calibrate.OpSize{size}, Budget: o.calibBudget}); err != nil {
+			return plan.Machine{}, err
+		}
+	}
+	m, err := plan.FromCalibration(c, cpu.Config{LinkBandwidth: float64(o.linkBandwidth), MemBudget: int64(o.deviceMem)})
+	if err != nil {
+		return plan.Machine{}, err
+	}
+	if o.hostBW > 0 {
+		m.Host.MemBW = float64(o.hostBW)
+	}
+	if o.hostMem > 0 {
+		m.Host.Memory = int64(o.hostMem)
+	}
+	if o.hostWorkers > 0 {
+		m.Host.Workers = o.hostWorkers
+	}
+	if j.dt != backend.F32 {
+		fmt.Fprintf(stdout, "note: the calibration times fp32 ops; %v steps are predicted at those speeds\n", j.dt)
+	}
+	return m, nil
 }
 
 func fits(r plan.Report) string {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/calibrate"
 )
 
 func TestPlanCommand(t *testing.T) {
@@ -57,6 +60,35 @@ func TestPlanCommand(t *testing.T) {
 	}
 }
 
+// TestPlanCPU: --gpu cpu from a calibration file (bench/calibrate's JSON)
+// plans the CPU backend with its measured figures and the link charge.
+func TestPlanCPU(t *testing.T) {
+	c := calibrate.CPU{Threads: 2, SIMD: "test", GemmPeak: 50e9,
+		GemmSquares: []calibrate.GemmSample{{Shape: calibrate.GemmShape{M: 64, N: 64, K: 64}, Seconds: 2 * 64 * 64 * 64 / 50e9, Rate: 50e9}},
+		Memory:      calibrate.Memory{Triad: 10e9},
+		Overhead:    calibrate.Overhead{Op: 1e-6, RoundTrip: 5e-6, RecordWait: 2e-6},
+		Link:        calibrate.Link{H2D: 4e9, D2H: 4e9, H2DLatency: 1e-6, D2HLatency: 1e-6, Bytes: 1 << 20},
+		HostAdam:    calibrate.HostAdam{BytesPerParam: 32, Rate: 2e8, Overhead: 20e-6}}
+	js, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "cpu.json")
+	if err := os.WriteFile(path, js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCmd(t, "plan", "--gpu", "cpu", "--calibration", path, "--model", "tiny", "--seq-len", "16",
+		"--batch", "2", "--dtype", "fp32", "--link-bandwidth", "1GB", "--device-mem", "1GiB")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, w := range []string{"CPU backend, 2 threads (test)", "charged 1 GB/s", "1.00 GiB memory", "== lsp ==", "tokens/s"} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, stdout)
+		}
+	}
+}
+
 func TestPlanCommandErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -77,6 +109,10 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad lsp r", []string{"--mode", "lsp", "--d", "64", "--r", "0"}, []string{"--r"}},
 		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},
 		{"two errors at once", []string{"--batch", "0", "--gpu", "x"}, []string{"--batch:", "--gpu:"}},
+		{"cpu with a link preset", []string{"--gpu", "cpu", "--link", "pcie3"}, []string{"--link, --host:", "--gpu cpu"}},
+		{"calibration without cpu", []string{"--calibration", "c.json"}, []string{"--calibration", "only with --gpu cpu"}},
+		{"cpu with a bad budget", []string{"--gpu", "cpu", "--calibrate-budget", "0s"}, []string{"--calibrate-budget:"}},
+		{"cpu with a missing calibration", []string{"--gpu", "cpu", "--calibration", "/nonexistent/c.json"}, []string{"--calibration:", "/nonexistent/c.json"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, append([]string{"plan"}, tc.args...)...)

@@ -163,6 +163,9 @@ type HostAdam struct {
 	BytesPerParam int     `json:"bytes_per_param"` // host.AdamBytesPerElement
 	Rate          float64 `json:"params_per_s"`    // alone
 	Eff           float64 `json:"eff"`             // Rate*BytesPerParam / Memory.Triad
+	// Overhead is one step of a 64-element tensor: the fixed cost of a
+	// host Adam call (waking the pool, splitting the work), s.
+	Overhead float64 `json:"overhead"`
 }
 
 // Sharing is two loops of work run at the same time on the cores they
@@ -370,18 +373,7 @@ func (m *meter) perOp(op func() error) (float64, error) {
 
 // timeOp is perOp that also returns the fastest repetition's time.
 func (m *meter) timeOp(op func() error) (med, best float64, err error) {
-	batch := func(k int) (float64, error) {
-		t0 := time.Now()
-		for range k {
-			if err := op(); err != nil {
-				return 0, err
-			}
-		}
-		if err := m.be.Synchronize(m.s); err != nil {
-			return 0, err
-		}
-		return time.Since(t0).Seconds() / float64(k), nil
-	}
+	batch := func(k int) (float64, error) { return m.batch(op, k) }
 	if err := m.ctx.Err(); err != nil {
 		return 0, 0, err
 	}
@@ -408,6 +400,77 @@ func (m *meter) timeOp(op func() error) (med, best float64, err error) {
 		}
 	}
 	return median(ts), slices.Min(ts), nil
+}
+
+// timeOps is timeOp for several ops at once, their repetitions taken in
+// turns (a batch of the first op, a batch of the second, ..., then again)
+// so that each op's median spans the whole time they take together: on a
+// machine whose speed drifts for seconds at a time (other virtual machines
+// on the host), one op timed in one stretch may fall entirely within a
+// slow spell that the others, and the step being predicted, miss.
+func (m *meter) timeOps(ops []func() error) (med, best []float64, err error) {
+	if err := m.be.Synchronize(m.s); err != nil { // set-up ops out of the timing
+		return nil, nil, err
+	}
+	n := len(ops)
+	ks, reps := make([]int, n), make([]int, n)
+	ts := make([][]float64, n)
+	for i, op := range ops {
+		first, err := m.batch(op, 1) // the warm-up
+		if err != nil {
+			return nil, nil, err
+		}
+		ks[i] = min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9)))))
+		reps[i] = 3
+		if first > 0.25 {
+			reps[i] = 2
+		}
+		reps[i] = min(maxReps, max(reps[i], int(m.share.Seconds()/(float64(ks[i])*max(first, 1e-9)))))
+	}
+	for r := range slices.Max(append(reps, 0)) {
+		for i, op := range ops {
+			if r >= reps[i] {
+				continue
+			}
+			t, err := m.batch(op, ks[i])
+			if err != nil {
+				return nil, nil, err
+			}
+			ts[i] = append(ts[i], t)
+		}
+		if err := m.ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+	}
+	med, best = make([]float64, n), make([]float64, n)
+	for i := range ops {
+		med[i], best[i] = median(ts[i]), slices.Min(ts[i])
+	}
+	return med, best, nil
+}
+
+// batch runs op once untimed, then enqueues it k times back to back,
+// synchronizes and returns the seconds per op. The untimed run brings the
+// op's operands into the caches, as the op before it in a step does (it
+// wrote them): without it an op slower than minBatch (k = 1) would be
+// timed cold after whatever ran before it, and faster ones warm.
+func (m *meter) batch(op func() error, k int) (float64, error) {
+	if err := op(); err != nil {
+		return 0, err
+	}
+	if err := m.be.Synchronize(m.s); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for range k {
+		if err := op(); err != nil {
+			return 0, err
+		}
+	}
+	if err := m.be.Synchronize(m.s); err != nil {
+		return 0, err
+	}
+	return time.Since(t0).Seconds() / float64(k), nil
 }
 
 func median(x []float64) float64 {

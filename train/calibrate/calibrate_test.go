@@ -77,7 +77,7 @@ func TestMeasureSmall(t *testing.T) {
 		{"op overhead", c.Overhead.Op}, {"round trip", c.Overhead.RoundTrip}, {"record/wait", c.Overhead.RecordWait},
 		{"synchronize", c.Overhead.Synchronize},
 		{"h2d", c.Link.H2D}, {"d2h", c.Link.D2H}, {"h2d latency", c.Link.H2DLatency}, {"d2h latency", c.Link.D2HLatency},
-		{"adam", c.HostAdam.Rate}, {"adam eff", c.HostAdam.Eff},
+		{"adam", c.HostAdam.Rate}, {"adam eff", c.HostAdam.Eff}, {"adam overhead", c.HostAdam.Overhead},
 		{"seconds", c.Seconds},
 	} {
 		finitePositive(t, x.name, x.v)
@@ -335,5 +335,54 @@ func TestOpEff(t *testing.T) {
 	}
 	if got := c.OpTime("X", 0, 100); math.Abs(got-(10/2.25+1)) > 1e-12 {
 		t.Errorf("OpTime = %v", got)
+	}
+}
+
+// TestMerge: every figure of merged calibrations is the median of theirs
+// (the best time the minimum), derived figures recomputed.
+func TestMerge(t *testing.T) {
+	shape := GemmShape{M: 8, N: 8, K: 8}
+	mk := func(k float64) CPU {
+		return CPU{Threads: 2, SIMD: "x", Seconds: 1,
+			Gemm:     []GemmSample{{Shape: shape, Seconds: k * 1e-6, Best: k * 0.9e-6, Rate: shape.FLOPs() / (k * 1e-6)}},
+			Memory:   Memory{Triad: 10e9 / k, TriadPlain: 9e9 / k, RMW: 8e9 / k, Copy: 7e9 / k, TriadElements: 100},
+			Ops:      []OpSample{{Method: "Fill", Dims: "n=1", Bytes: 1e6, Seconds: k * 1e-3, Best: k * 0.8e-3}},
+			Overhead: Overhead{Op: k * 1e-7, RoundTrip: k * 1e-6, RecordWait: k * 2e-7, Synchronize: k * 3e-7},
+			Link:     Link{H2D: 4e9 / k, D2H: 2e9 / k, H2DLatency: k * 1e-6, D2HLatency: k * 2e-6, Bytes: 64},
+			HostAdam: HostAdam{Params: 10, BytesPerParam: 32, Rate: 1e8 / k, Overhead: k * 1e-5},
+			Sharing:  []Sharing{{A: "gemm", B: "host adam", AAlone: 10 / k, AShared: 5 / k, BAlone: 4 / k, BShared: 2 / k}},
+		}
+	}
+	m, err := Merge(mk(1), mk(10), mk(2)) // medians at k = 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mk(2)
+	near := func(name string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-12*math.Abs(want) {
+			t.Errorf("%s: %g, want %g", name, got, want)
+		}
+	}
+	near("gemm seconds", m.Gemm[0].Seconds, 2e-6)
+	near("gemm best", m.Gemm[0].Best, 0.9e-6)
+	near("gemm peak", m.GemmPeak, shape.FLOPs()/2e-6)
+	near("triad", m.Memory.Triad, want.Memory.Triad)
+	near("copy", m.Memory.Copy, want.Memory.Copy)
+	near("op overhead", m.Overhead.Op, want.Overhead.Op)
+	near("h2d", m.Link.H2D, want.Link.H2D)
+	near("adam rate", m.HostAdam.Rate, want.HostAdam.Rate)
+	near("adam eff", m.HostAdam.Eff, want.HostAdam.Rate*32/want.Memory.Triad)
+	near("adam overhead", m.HostAdam.Overhead, want.HostAdam.Overhead)
+	near("fill seconds", m.Ops[0].Seconds, 2e-3)
+	near("fill best", m.Ops[0].Best, 0.8e-3)
+	near("fill time back", m.OpTime("Fill", 0, 1e6), 2e-3)
+	near("sharing", m.Sharing[0].AShared, 2.5)
+	near("seconds", m.Seconds, 3)
+	if _, err := Merge(mk(1), CPU{Threads: 4}); err == nil {
+		t.Error("merged calibrations of 2 and 4 threads")
+	}
+	if _, err := Merge(); err == nil {
+		t.Error("merged nothing")
 	}
 }

@@ -23,7 +23,7 @@
 //   - The link: the backend's CopyH2D and CopyD2H (a memcpy on this
 //     backend) as a fixed latency plus bytes over a bandwidth.
 //   - Host Adam: the fused AdamW of host/adam.go on a worker pool of the
-//     thread count.
+//     thread count, and its fixed cost (a step of a 64-element tensor).
 //   - Sharing: a backend GEMM on the compute stream, the host Adam, and a
 //     CopyH2D on a second stream, each looped alone and then two at a
 //     time, since they all run on the same cores: the planner scales an
@@ -34,7 +34,13 @@
 //   - Times are medians over a few repetitions after a warm-up; each
 //     repetition enqueues a batch of the same op on the default stream
 //     and synchronizes, so a per-op time includes the cost of enqueueing
-//     and dispatching it (the Overhead.Op figure), as it does in a step.
+//     and dispatching it (the Overhead.Op figure), as it does in a step;
+//     the op runs once untimed before each batch, so that its operands
+//     are in the caches, as a step's previous op leaves them.
+//     The ops of a geometry, and the GEMM shapes (when their operands fit
+//     1 GiB together), take their repetitions in turns, so that each
+//     one's median spans the whole time they take, not one stretch of it
+//     that a slow spell of a shared machine may cover.
 //   - An op's bytes are what the train/hazard declarations of that op say
 //     it reads plus what they say it writes (a range read and written
 //     counts twice; write-allocate is not counted, as in STREAM);
@@ -45,11 +51,16 @@
 //     2*B*NH*HS*T*(T+1) forward (Q K^T and P V over the causal half) and
 //     2.5 times that backward (the scores recomputed, then dP, dV, dQ and
 //     dK); SparseCompressA/B 2*BT*rows*r; SparseS 2*d*d*BT; SparseApply
-//     2*d*n*r + 2*m*n*r. Every other op counts 0 and is memory-bound.
+//     2*d*n*r + 2*m*n*r + 2*m*n (the decay), as train/trace counts them. Every other op counts 0 and is memory-bound.
 //   - Op efficiency: Eff = ideal / (seconds - Overhead.Op), where ideal =
 //     max(flops/GemmPeak, bytes/Triad); so OpTime(method, flops, bytes) =
 //     ideal/Eff + Overhead.Op gives back the measured time at a measured
 //     size and interpolates Eff between sizes.
+//
+// Merge combines calibrations made at different times (per-figure
+// medians), so that a machine whose speed drifts is described over a
+// span of time rather than at one moment (bench/plan brackets each
+// measurement with calibrations).
 //
 // Limits: wall-clock timing on a machine that may be shared; absolute
 // numbers carry that noise. Tensors hold zeros or fixed patterns (speed

@@ -13,8 +13,20 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
-// gemms times each shape on the backend (beta 0, so C is written, not read).
+// gemmTurnBytes caps the memory of the GEMMs timed in turns (timeOps).
+const gemmTurnBytes = 1 << 30
+
+// gemms times each shape on the backend (beta 0, so C is written, not
+// read): all of them in turns (timeOps) when their operands fit
+// gemmTurnBytes together, else one after the other.
 func (m *meter) gemms(shapes []GemmShape) ([]GemmSample, error) {
+	var total int64
+	for _, s := range shapes {
+		total += 4 * int64(s.M*s.K+s.K*s.N+s.M*s.N)
+	}
+	if total <= gemmTurnBytes && len(shapes) > 1 {
+		return m.gemmsInTurn(shapes)
+	}
 	var out []GemmSample
 	for _, s := range shapes {
 		sec, best, err := m.gemm(s)
@@ -24,6 +36,52 @@ func (m *meter) gemms(shapes []GemmShape) ([]GemmSample, error) {
 		out = append(out, GemmSample{Shape: s, Seconds: sec, Best: best, Rate: s.FLOPs() / sec})
 	}
 	return out, nil
+}
+
+// gemmsInTurn times every shape at once, in turns.
+func (m *meter) gemmsInTurn(shapes []GemmShape) ([]GemmSample, error) {
+	defer m.release()
+	type ops struct{ A, B, C backend.Tensor }
+	runs := make([]func() error, len(shapes))
+	args := make([]ops, len(shapes))
+	for i, s := range shapes {
+		a := &tensors{m: m}
+		args[i] = ops{a.f32("A", s.M*s.K, 0.5), a.f32("B", s.K*s.N, 0.25), a.f32("C", s.M*s.N, 0)}
+		if a.err != nil {
+			return nil, fmt.Errorf("%v: %w", s, a.err)
+		}
+		runs[i] = func() error {
+			return m.be.Gemm(m.s, s.TransA, s.TransB, s.M, s.N, s.K, 1, args[i].A, args[i].B, 0, args[i].C)
+		}
+	}
+	secs, bests, err := m.timeOps(runs)
+	if err != nil {
+		return nil, err
+	}
+	var out []GemmSample
+	for i, s := range shapes {
+		if err := m.checkGemm(s, args[i].C); err != nil {
+			return nil, fmt.Errorf("%v: %w", s, err)
+		}
+		if err := positive(secs[i]); err != nil {
+			return nil, fmt.Errorf("%v: %w", s, err)
+		}
+		out = append(out, GemmSample{Shape: s, Seconds: secs[i], Best: bests[i], Rate: s.FLOPs() / secs[i]})
+	}
+	return out, nil
+}
+
+// checkGemm checks C's last element: every element is 0.5*0.25 summed
+// over K, so a broken kernel cannot report a rate.
+func (m *meter) checkGemm(s GemmShape, C backend.Tensor) error {
+	got, err := backend.Download(m.be, m.s, C.Slice(s.M*s.N-1, 1))
+	if err != nil {
+		return err
+	}
+	if want := float32(s.K) / 8; got[0] != want {
+		return fmt.Errorf("C[last] = %v, want %v", got[0], want)
+	}
+	return nil
 }
 
 func (m *meter) gemm(s GemmShape) (sec, best float64, err error) {
@@ -46,14 +104,8 @@ func (m *meter) gemm(s GemmShape) (sec, best float64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	// Every element is 0.5*0.25 summed over K: a broken kernel cannot
-	// report a rate.
-	got, err := backend.Download(m.be, m.s, C.Slice(s.M*s.N-1, 1))
-	if err != nil {
+	if err := m.checkGemm(s, C); err != nil {
 		return 0, 0, err
-	}
-	if want := float32(s.K) / 8; got[0] != want {
-		return 0, 0, fmt.Errorf("C[last] = %v, want %v", got[0], want)
 	}
 	return sec, best, positive(sec)
 }

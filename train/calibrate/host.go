@@ -192,6 +192,10 @@ func (m *meter) hostAdam(o Options, c CPU) (HostAdam, error) {
 		return h, err
 	}
 	h.Rate = float64(o.AdamParams) / sec
+	small := newAdamSet(64)
+	if h.Overhead, err = m.loop(func() error { return small.step(pool) }); err != nil {
+		return h, err
+	}
 	h.Eff = h.Rate * float64(h.BytesPerParam) / c.Memory.Triad
 	return h, nil
 }

@@ -69,17 +69,9 @@ type opCase struct {
 	run          func() error
 }
 
-// AccessBytes is an op's bytes as this package counts them: every range
-// its hazard declaration reads plus every range it writes. A tracer that
-// calls the same train/hazard declaration on the op's arguments gets the
-// bytes the efficiencies here were measured against.
-func AccessBytes(a hazard.Access) float64 {
-	var n int64
-	for _, r := range append(slices.Clone(a.Reads), a.Writes...) {
-		n += r.Hi - r.Lo
-	}
-	return float64(n)
-}
+// AccessBytes is an op's bytes as this package counts them:
+// hazard.Access.Bytes, the count train/trace records too.
+func AccessBytes(a hazard.Access) float64 { return float64(a.Bytes()) }
 
 // ops times every op family at geometry g.
 func (m *meter) ops(g OpSize) ([]OpSample, error) {
@@ -89,16 +81,20 @@ func (m *meter) ops(g OpSize) ([]OpSample, error) {
 	if err != nil {
 		return nil, err
 	}
+	runs := make([]func() error, len(cases))
+	for i, c := range cases {
+		runs[i] = c.run
+	}
+	secs, bests, err := m.timeOps(runs)
+	if err != nil {
+		return nil, err
+	}
 	var out []OpSample
-	for _, c := range cases {
-		sec, best, err := m.timeOp(c.run)
-		if err != nil {
+	for i, c := range cases {
+		if err := positive(secs[i]); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
 		}
-		if err := positive(sec); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
-		}
-		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: sec, Best: best})
+		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: secs[i], Best: bests[i]})
 	}
 	return out, nil
 }
@@ -236,7 +232,7 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 		{"SparseS", dims, 2 * float64(d*d) * float64(BT), hazard.SparseS(S, A, Bm, false), func() error {
 			return be.SparseS(s, S, A, Bm, BT, d, false)
 		}},
-		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
+		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r) + 2*float64(mm*n), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
 			return be.SparseApply(s, W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0)
 		}},
 	}, nil

@@ -16,6 +16,24 @@ type Access struct {
 	Reads, Writes []backend.Range
 }
 
+// Bytes is the bytes the access reads plus the bytes it writes: a range
+// both read and written counts twice (write-allocate is not counted, as in
+// STREAM). It is the one byte count of an op that the planner's tracer
+// (train/trace) and the CPU calibration (train/calibrate) share, so that
+// an efficiency measured by the one applies to the ops recorded by the
+// other. Declarations name whole tensors: an op that touches part of one
+// (the encoder's rows of the token table) is counted in full.
+func (a Access) Bytes() int64 {
+	var n int64
+	for _, r := range a.Reads {
+		n += r.Hi - r.Lo
+	}
+	for _, r := range a.Writes {
+		n += r.Hi - r.Lo
+	}
+	return n
+}
+
 // ranges lists the ranges of the tensors that are present.
 func ranges(ts ...backend.Tensor) []backend.Range {
 	out := make([]backend.Range, 0, len(ts))

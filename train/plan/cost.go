@@ -5,6 +5,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/engine"
@@ -48,7 +49,8 @@ func (m Machine) HostTime(w engine.HostWork) float64 {
 
 // Resources is the machine's side of the simulation.
 func (m Machine) Resources() Resources {
-	return Resources{SharesHost: m.GPU.SharesHost, Cores: m.Host.Cores, ComputeThreads: m.GPU.ComputeThreads, Workers: m.Host.workers()}
+	return Resources{SharesHost: m.GPU.SharesHost, Cores: m.Host.Cores, ComputeThreads: m.GPU.ComputeThreads, Workers: m.Host.workers(),
+		Contention: m.GPU.Contention}
 }
 
 // Tasks costs every node of g on m: a device node is the sum of its ops'
@@ -151,6 +153,42 @@ func Sequential(tasks []Task) []Task {
 	return out
 }
 
+// Sync is the timeline family of the schedule's own costs (a node's
+// Synchronize, event records and waits).
+const Sync trace.Family = "sync"
+
+// Schedule returns tasks as the interpreter of the schedule runs them on
+// m: sequential (Sequential, each device node followed by m.GPU.Sync) or
+// pipelined (each dependency across queues adding m.GPU.Event to the
+// dependent node: a record and a wait, or a host node's EventSynchronize).
+func Schedule(tasks []Task, m Machine, pipelined bool) []Task {
+	if !pipelined {
+		out := Sequential(tasks)
+		for i := range out {
+			if out[i].Queue != engine.Host && m.GPU.Sync > 0 {
+				out[i].Work += m.GPU.Sync
+				out[i].Parts = append(slices.Clone(out[i].Parts), Part{Family: Sync, Seconds: m.GPU.Sync})
+			}
+		}
+		return out
+	}
+	out := slices.Clone(tasks)
+	for i, t := range out {
+		k := 0
+		for _, d := range t.Deps {
+			if q := tasks[d].Queue; q != t.Queue && q != engine.Host {
+				k++
+			}
+		}
+		if k > 0 && m.GPU.Event > 0 {
+			e := float64(k) * m.GPU.Event
+			out[i].Work += e
+			out[i].Parts = append(slices.Clone(t.Parts), Part{Family: Sync, Seconds: e})
+		}
+	}
+	return out
+}
+
 // Config is one planning question: a model, its batch and an engine
 // configuration (its Mode, LSP flags and Pipelined schedule).
 type Config struct {
@@ -195,9 +233,7 @@ func Plan(c Config, m Machine) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	if !c.Engine.Pipelined {
-		tasks = Sequential(tasks)
-	}
+	tasks = Schedule(tasks, m, c.Engine.Pipelined)
 	res, err := Simulate(tasks, m.Resources())
 	if err != nil {
 		return Report{}, err

@@ -13,12 +13,16 @@
 // same for every GPU, that a calibration (measured per-op times) should
 // replace.
 //
-// The CPU backend is a Machine too: GPU.SharesHost set (compute and host
-// Adam contend for the cores; see sim.go), ComputeThreads its --threads,
-// PeakF32 and PeakBF16 the GEMM rate and MemBW the triad bandwidth
-// measured here, Launch the per-op overhead, Measured a table of per-op
-// times where one was measured at the ops' shapes, and Link its
+// The CPU backend is a Machine too, built from train/calibrate's
+// microbenchmarks alone (FromCalibration, cpu.go): GPU.SharesHost set
+// (compute, copies and host Adam contend for the cores, at the measured
+// shared/alone rates; see sim.go), PeakF32 and PeakBF16 the GEMM peak and
+// MemBW the triad bandwidth measured, Launch the per-op overhead, Sync and
+// Event the schedule's overheads, Measured the calibration's per-op times
+// at the ops' shapes, and Link the measured copies plus the backend's
 // --link-bandwidth charge (cpu.Config's LinkBandwidth and LinkLatency).
+// MeasuredOps prices ops from a real run timed by events instead, on any
+// backend.
 package plan
 
 import (
@@ -56,6 +60,13 @@ type GPU struct {
 	// threads compute uses (0: every core).
 	SharesHost     bool
 	ComputeThreads int
+	// Sync is what a Synchronize after a node adds (the sequential
+	// schedule waits for each device node), and Event what an event
+	// record and wait adds per dependency across queues (the pipelined
+	// schedule), s; 0 on the GPU presets.
+	Sync, Event float64
+	// Contention: see Resources.Contention (nil: the thread-count rule).
+	Contention map[[2]Bound]float64
 	// Measured, when set, gives an op's time alone from measurements
 	// (a calibration's table, by method and shapes); ok false falls back
 	// to the peak-and-efficiency model. Copies across the link are always

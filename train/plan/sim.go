@@ -19,7 +19,9 @@
 // run on the same cores. While both run, every runnable thread gets an
 // equal share of the cores: with c cores, k compute threads and w workers
 // (n = k + w > c), compute runs at k*c/(n*min(k, c)) of its speed alone and
-// the host at w*c/(n*min(w, c)) of its own. Each node's work is the time it
+// the host at w*c/(n*min(w, c)) of its own; or, where the machine has
+// measured them (Resources.Contention), each queue at the measured
+// shared/alone ratio for every other queue running. Each node's work is the time it
 // takes alone; the simulation advances every running node at its current
 // rate and recomputes the rates whenever a node starts or ends.
 
@@ -57,6 +59,13 @@ type Resources struct {
 	Cores          int
 	ComputeThreads int // 0: Cores
 	Workers        int // host Adam pool (for the contention and the timeline's lanes)
+	// Contention, when set, replaces the thread-count rule above with
+	// measured factors: Contention[{a, b}] is the rate of a queue of kind
+	// a while a queue of kind b runs too, relative to its rate alone (1
+	// where absent); a queue's rate is the product over every other
+	// running queue. The CPU machine (FromCalibration) sets it from
+	// calibrate's Sharing pairs.
+	Contention map[[2]Bound]float64
 }
 
 // Bound names what the critical path spends most of its time on.
@@ -260,7 +269,12 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		if len(running) == 0 {
 			return Result{}, fmt.Errorf("plan: deadlock at %.6g s: %d of %d tasks finished", now, finished, n)
 		}
-		rate := rates(r, busy[engine.Compute] >= 0, hostBusy >= 0)
+		var on [4]bool
+		for q, i := range busy {
+			on[q] = i >= 0
+		}
+		on[engine.Host] = hostBusy >= 0
+		rate := rates(r, on)
 		dt := math.Inf(1)
 		for _, i := range running {
 			dt = math.Min(dt, left[i]/rate(tasks[i].Queue))
@@ -304,11 +318,25 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	return res, nil
 }
 
-// rates returns each queue's speed given whether compute and the host are
-// running (see the file comment).
-func rates(r Resources, compute, host bool) func(engine.Queue) float64 {
-	cr, hr := 1.0, 1.0
-	if r.SharesHost && compute && host {
+// rates returns each queue's speed given which queues are running (see
+// the file comment).
+func rates(r Resources, on [4]bool) func(engine.Queue) float64 {
+	var rate [4]float64
+	for q := range rate {
+		rate[q] = 1
+	}
+	if r.Contention != nil {
+		// Measured: each running queue slowed by every other one running.
+		for q := range rate {
+			for o := range rate {
+				if o != q && on[q] && on[o] {
+					if f, ok := r.Contention[[2]Bound{boundOf(engine.Queue(q)), boundOf(engine.Queue(o))}]; ok {
+						rate[q] *= f
+					}
+				}
+			}
+		}
+	} else if r.SharesHost && on[engine.Compute] && on[engine.Host] {
 		c := max(r.Cores, 1)
 		k := r.ComputeThreads
 		if k <= 0 {
@@ -316,17 +344,9 @@ func rates(r Resources, compute, host bool) func(engine.Queue) float64 {
 		}
 		w := max(r.Workers, 1)
 		if nt := k + w; nt > c {
-			cr = float64(k*c) / float64(nt*min(k, c))
-			hr = float64(w*c) / float64(nt*min(w, c))
+			rate[engine.Compute] = float64(k*c) / float64(nt*min(k, c))
+			rate[engine.Host] = float64(w*c) / float64(nt*min(w, c))
 		}
 	}
-	return func(q engine.Queue) float64 {
-		switch q {
-		case engine.Compute:
-			return cr
-		case engine.Host:
-			return hr
-		}
-		return 1
-	}
+	return func(q engine.Queue) float64 { return rate[q] }
 }

@@ -37,6 +37,7 @@ var familyColor = map[trace.Family]color.RGBA{
 	trace.Reduce:      {23, 190, 207, 255},
 	trace.Copy:        {90, 90, 160, 255},
 	HostAdam:          {230, 180, 40, 255},
+	Sync:              {60, 60, 60, 255},
 }
 
 // Timeline draws p (its tasks and their times) as a PNG: lanes compute,
@@ -55,7 +56,7 @@ func Timeline(p Prediction, workers int, title string) ([]byte, error) {
 	for w := 0; w < workers; w++ {
 		lanes = append(lanes, fmt.Sprintf("host %d", w))
 	}
-	fams := append(trace.Families(), HostAdam)
+	fams := append(trace.Families(), HostAdam, Sync)
 	axisY := top + len(lanes)*(laneH+gap) + 4
 	legendY := axisY + 36
 	height := legendY + 20*((len(fams)+5)/6) + 10

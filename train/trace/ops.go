@@ -5,9 +5,11 @@
 package trace
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // do checks args, forwards (when wrapping) and records op on success, so
@@ -23,13 +25,81 @@ func (b *Backend) do(s backend.Stream, op Op, args []arg, fwd func() error) erro
 			}
 		}
 	}
+	var ev [2]backend.Event
 	if b.inner != nil {
+		if b.timed {
+			var err error
+			if ev[0], err = b.mark(s); err != nil {
+				return err
+			}
+		}
 		if err := fwd(); err != nil {
 			return err
 		}
+		if b.timed {
+			var err error
+			if ev[1], err = b.mark(s); err != nil {
+				return err
+			}
+		}
 	}
-	b.record(s, op)
+	i := b.record(s, op)
+	if ev[1] != nil {
+		b.mu.Lock()
+		b.pending = append(b.pending, timing{i, ev})
+		b.mu.Unlock()
+	}
 	return nil
+}
+
+// timing is an op's pair of events, resolved by Times.
+type timing struct {
+	op int // its index counting the ops Reset dropped
+	ev [2]backend.Event
+}
+
+// mark records a new event on s.
+func (b *Backend) mark(s backend.Stream) (backend.Event, error) {
+	e, err := b.inner.NewEvent("trace timing")
+	if err != nil {
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	if err := b.inner.Record(e, s); err != nil {
+		_ = b.inner.DestroyEvent(e) // the record's error is the one to report
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	return e, nil
+}
+
+// Times waits for the ops recorded so far by WrapTimed to run, sets each
+// one's Seconds from its events and returns them (Recorded with times).
+func (b *Backend) Times() ([]Op, error) {
+	b.mu.Lock()
+	pending := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	var errs []error
+	for _, p := range pending {
+		if err := b.inner.EventSynchronize(p.ev[1]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d, err := b.inner.ElapsedTime(p.ev[0], p.ev[1])
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			b.mu.Lock()
+			if i := p.op - b.dropped; i >= 0 && i < len(b.ops) { // not Reset since
+				b.ops[i].Seconds = d.Seconds()
+			}
+			b.mu.Unlock()
+		}
+		errs = append(errs, b.inner.DestroyEvent(p.ev[0]), b.inner.DestroyEvent(p.ev[1]))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("trace: timing: %w", err)
+	}
+	return b.Recorded(), nil
 }
 
 func dims(op string, vals ...int) error {
@@ -51,26 +121,26 @@ func hostLen(h backend.HostBuffer) int {
 
 // Fill implements backend.Ops.
 func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
-	op := Op{Method: "Fill", Family: Elementwise, DType: t.DType, Shapes: shapes(t), Bytes: by(t)}
+	op := Op{Method: "Fill", Family: Elementwise, DType: t.DType, Shapes: shapes(t), Bytes: hazard.Fill(t).Bytes()}
 	return b.do(s, op, []arg{need("t", t, -1)}, func() error { return b.inner.Fill(s, t, v) })
 }
 
 // Scale implements backend.Ops.
 func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
-	op := Op{Method: "Scale", Family: Elementwise, DType: t.DType, Shapes: shapes(t), FLOPs: float64(t.Len()), Bytes: 2 * by(t)}
+	op := Op{Method: "Scale", Family: Elementwise, DType: t.DType, Shapes: shapes(t), FLOPs: float64(t.Len()), Bytes: hazard.Scale(t).Bytes()}
 	return b.do(s, op, []arg{need("t", t, -1)}, func() error { return b.inner.Scale(s, t, a) })
 }
 
 // Add implements backend.Ops.
 func (b *Backend) Add(s backend.Stream, out, a, c backend.Tensor) error {
-	op := Op{Method: "Add", Family: Elementwise, DType: out.DType, Shapes: shapes(out, a, c), FLOPs: float64(out.Len()), Bytes: by(out, a, c)}
+	op := Op{Method: "Add", Family: Elementwise, DType: out.DType, Shapes: shapes(out, a, c), FLOPs: float64(out.Len()), Bytes: hazard.Add(out, a, c).Bytes()}
 	n := out.Len()
 	return b.do(s, op, []arg{need("out", out, -1), need("a", a, n), need("b", c, n)}, func() error { return b.inner.Add(s, out, a, c) })
 }
 
 // Accumulate implements backend.Ops.
 func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
-	op := Op{Method: "Accumulate", Family: Elementwise, DType: dst.DType, Shapes: shapes(dst, src), FLOPs: float64(dst.Len()), Bytes: 2*by(dst) + by(src)}
+	op := Op{Method: "Accumulate", Family: Elementwise, DType: dst.DType, Shapes: shapes(dst, src), FLOPs: float64(dst.Len()), Bytes: hazard.Accumulate(dst, src).Bytes()}
 	return b.do(s, op, []arg{need("dst", dst, -1), need("src", src, dst.Len())}, func() error { return b.inner.Accumulate(s, dst, src) })
 }
 
@@ -81,7 +151,7 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 	}
 	BTC := B * T * C
 	op := Op{Method: "EncoderForward", Family: Embedding, DType: wte.DType, Shapes: shapes(out, inp, wte, wpe),
-		FLOPs: float64(BTC), Bytes: nb(out, BTC) + nb(inp, B*T) + nb(wte, BTC) + nb(wpe, T*C)}
+		FLOPs: float64(BTC), Bytes: hazard.EncoderForward(out, inp, wte, wpe).Bytes()}
 	args := []arg{need("out", out, BTC), need("inp", inp, B*T), need("wte", wte, C), maybe("wpe", wpe, T*C)}
 	return b.do(s, op, args, func() error { return b.inner.EncoderForward(s, out, inp, wte, wpe, B, T, C) })
 }
@@ -93,7 +163,7 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 	}
 	BTC := B * T * C
 	op := Op{Method: "EncoderBackward", Family: Embedding, DType: dout.DType, Shapes: shapes(dwte, dwpe, dout, inp),
-		FLOPs: 2 * float64(BTC), Bytes: nb(dout, BTC) + nb(inp, B*T) + 2*nb(dwte, BTC) + 2*nb(dwpe, T*C)}
+		FLOPs: 2 * float64(BTC), Bytes: hazard.EncoderBackward(dwte, dwpe, dout, inp).Bytes()}
 	args := []arg{need("dwte", dwte, C), maybe("dwpe", dwpe, T*C), need("dout", dout, BTC), need("inp", inp, B*T)}
 	return b.do(s, op, args, func() error { return b.inner.EncoderBackward(s, dwte, dwpe, dout, inp, B, T, C) })
 }
@@ -104,7 +174,7 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 		return err
 	}
 	op := Op{Method: "LayerNormForward", Family: Norm, DType: inp.DType, Shapes: shapes(out, mean, rstd, inp, weight, bias),
-		FLOPs: 8 * float64(N*C), Bytes: nb(inp, N*C) + nb(out, N*C) + nb(weight, C) + nb(bias, C) + nb(mean, N) + nb(rstd, N)}
+		FLOPs: 8 * float64(N*C), Bytes: hazard.LayerNormForward(out, mean, rstd, inp, weight, bias).Bytes()}
 	args := []arg{need("out", out, N*C), need("mean", mean, N), need("rstd", rstd, N), need("inp", inp, N*C),
 		need("weight", weight, C), need("bias", bias, C)}
 	return b.do(s, op, args, func() error { return b.inner.LayerNormForward(s, out, mean, rstd, inp, weight, bias, N, C, eps) })
@@ -116,8 +186,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 		return err
 	}
 	op := Op{Method: "LayerNormBackward", Family: Norm, DType: inp.DType, Shapes: shapes(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch),
-		FLOPs: 14 * float64(N*C),
-		Bytes: nb(dout, N*C) + nb(inp, N*C) + 2*nb(dinp, N*C) + nb(weight, C) + 2*nb(dweight, C) + 2*nb(dbias, C) + nb(mean, N) + nb(rstd, N)}
+		FLOPs: 14 * float64(N*C), Bytes: hazard.LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C).Bytes()}
 	args := []arg{need("dinp", dinp, N*C), need("dweight", dweight, C), need("dbias", dbias, C), need("dout", dout, N*C),
 		need("inp", inp, N*C), need("weight", weight, C), need("mean", mean, N), need("rstd", rstd, N),
 		need("scratch", scratch, backend.LayerNormBackwardScratch(N, C))}
@@ -131,12 +200,8 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	if err := dims("Gemm", M, N, K); err != nil {
 		return err
 	}
-	cb := nb(C, M*N)
-	if beta != 0 {
-		cb *= 2
-	}
-	op := Op{Method: "Gemm", Family: Gemm, DType: A.DType, Shapes: shapes(A, B, C),
-		FLOPs: 2 * float64(M) * float64(N) * float64(K), Bytes: nb(A, M*K) + nb(B, K*N) + cb}
+	op := Op{Method: "Gemm", Family: Gemm, DType: A.DType, Shapes: shapes(A, B, C), Gemm: GemmArgs{transA, transB, M, N, K},
+		FLOPs: 2 * float64(M) * float64(N) * float64(K), Bytes: hazard.Gemm(A, B, beta, C).Bytes()}
 	args := []arg{need("A", A, M*K), need("B", B, K*N), need("C", C, M*N)}
 	return b.do(s, op, args, func() error { return b.inner.Gemm(s, transA, transB, M, N, K, alpha, A, B, beta, C) })
 }
@@ -147,7 +212,7 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 		return err
 	}
 	op := Op{Method: "AddBias", Family: Elementwise, DType: out.DType, Shapes: shapes(out, bias),
-		FLOPs: float64(N * OC), Bytes: 2*nb(out, N*OC) + nb(bias, OC)}
+		FLOPs: float64(N * OC), Bytes: hazard.AddBias(out, bias).Bytes()}
 	return b.do(s, op, []arg{need("out", out, N*OC), need("bias", bias, OC)}, func() error { return b.inner.AddBias(s, out, bias, N, OC) })
 }
 
@@ -157,13 +222,14 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 		return err
 	}
 	op := Op{Method: "BiasBackward", Family: Reduce, DType: dout.DType, Shapes: shapes(dbias, dout),
-		FLOPs: float64(N * OC), Bytes: nb(dout, N*OC) + 2*nb(dbias, OC)}
+		FLOPs: float64(N * OC), Bytes: hazard.BiasBackward(dbias, dout).Bytes()}
 	return b.do(s, op, []arg{need("dbias", dbias, OC), need("dout", dout, N*OC)}, func() error { return b.inner.BiasBackward(s, dbias, dout, N, OC) })
 }
 
-// attnFLOPs is the causal half of n matmuls of T x T x HS per head.
+// attnFLOPs is n matmuls of T x T x HS per head over the causal half
+// (query t sees t+1 keys): n * 2 * HS * T(T+1)/2 per head.
 func attnFLOPs(n, B, T, NH, HS int) float64 {
-	return float64(n) * float64(B) * float64(NH) * float64(T) * float64(T) * float64(HS)
+	return float64(n) * float64(B) * float64(NH) * float64(T) * float64(T+1) * float64(HS)
 }
 
 // AttentionForward implements backend.Ops.
@@ -175,7 +241,7 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	nqkv := BT * (NH + 2*KVH) * HS
 	// Two matmuls (QK^T and PV), each 2 T^2 HS per head, halved by the mask.
 	op := Op{Method: "AttentionForward", Family: Attention, DType: qkv.DType, Shapes: shapes(out, lse, qkv),
-		FLOPs: attnFLOPs(2, B, T, NH, HS), Bytes: nb(qkv, nqkv) + nb(out, BT*NH*HS) + nb(lse, B*NH*T)}
+		FLOPs: attnFLOPs(2, B, T, NH, HS), Bytes: hazard.AttentionForward(out, lse, qkv).Bytes()}
 	args := []arg{need("out", out, BT*NH*HS), need("lse", lse, B*NH*T), need("qkv", qkv, nqkv)}
 	return b.do(s, op, args, func() error { return b.inner.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout) })
 }
@@ -189,8 +255,7 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	nqkv := BT * (NH + 2*KVH) * HS
 	// Five matmuls: the scores recomputed, dV, dP, dQ and dK.
 	op := Op{Method: "AttentionBackward", Family: Attention, DType: qkv.DType, Shapes: shapes(dqkv, dout, qkv, out, lse, scratch),
-		FLOPs: attnFLOPs(5, B, T, NH, HS),
-		Bytes: nb(dqkv, nqkv) + nb(qkv, nqkv) + nb(dout, BT*NH*HS) + nb(out, BT*NH*HS) + nb(lse, B*NH*T)}
+		FLOPs: attnFLOPs(5, B, T, NH, HS), Bytes: hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH).Bytes()}
 	args := []arg{need("dqkv", dqkv, nqkv), need("dout", dout, BT*NH*HS), need("qkv", qkv, nqkv), need("out", out, BT*NH*HS),
 		need("lse", lse, B*NH*T), need("scratch", scratch, backend.AttentionBackwardScratch(B, T, NH))}
 	return b.do(s, op, args, func() error {
@@ -201,7 +266,7 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 // GeluForward implements backend.Ops.
 func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	n := inp.Len()
-	op := Op{Method: "GeluForward", Family: Activation, DType: inp.DType, Shapes: shapes(out, inp), FLOPs: 10 * float64(n), Bytes: by(inp) + nb(out, n)}
+	op := Op{Method: "GeluForward", Family: Activation, DType: inp.DType, Shapes: shapes(out, inp), FLOPs: 10 * float64(n), Bytes: hazard.GeluForward(out, inp).Bytes()}
 	return b.do(s, op, []arg{need("out", out, n), need("inp", inp, -1)}, func() error { return b.inner.GeluForward(s, out, inp) })
 }
 
@@ -209,7 +274,7 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor) error {
 	n := inp.Len()
 	op := Op{Method: "GeluBackward", Family: Activation, DType: inp.DType, Shapes: shapes(dinp, inp, dout),
-		FLOPs: 15 * float64(n), Bytes: by(inp) + nb(dout, n) + nb(dinp, n)}
+		FLOPs: 15 * float64(n), Bytes: hazard.GeluBackward(dinp, inp, dout).Bytes()}
 	return b.do(s, op, []arg{need("dinp", dinp, n), need("inp", inp, -1), need("dout", dout, n)}, func() error { return b.inner.GeluBackward(s, dinp, inp, dout) })
 }
 
@@ -217,7 +282,7 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) error {
 	n := gate.Len()
 	op := Op{Method: "SwiGLUForward", Family: Activation, DType: gate.DType, Shapes: shapes(out, gate, up),
-		FLOPs: 6 * float64(n), Bytes: by(gate) + nb(up, n) + nb(out, n)}
+		FLOPs: 6 * float64(n), Bytes: hazard.SwiGLUForward(out, gate, up).Bytes()}
 	return b.do(s, op, []arg{need("out", out, n), need("gate", gate, -1), need("up", up, n)}, func() error { return b.inner.SwiGLUForward(s, out, gate, up) })
 }
 
@@ -225,7 +290,7 @@ func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) 
 func (b *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up backend.Tensor) error {
 	n := gate.Len()
 	op := Op{Method: "SwiGLUBackward", Family: Activation, DType: gate.DType, Shapes: shapes(dgate, dup, dout, gate, up),
-		FLOPs: 10 * float64(n), Bytes: by(gate) + nb(up, n) + nb(dout, n) + nb(dgate, n) + nb(dup, n)}
+		FLOPs: 10 * float64(n), Bytes: hazard.SwiGLUBackward(dgate, dup, dout, gate, up).Bytes()}
 	args := []arg{need("dgate", dgate, n), need("dup", dup, n), need("dout", dout, n), need("gate", gate, -1), need("up", up, n)}
 	return b.do(s, op, args, func() error { return b.inner.SwiGLUBackward(s, dgate, dup, dout, gate, up) })
 }
@@ -236,7 +301,7 @@ func (b *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backen
 		return err
 	}
 	op := Op{Method: "RMSNormForward", Family: Norm, DType: inp.DType, Shapes: shapes(out, rstd, inp, weight),
-		FLOPs: 4 * float64(N*C), Bytes: nb(inp, N*C) + nb(out, N*C) + nb(weight, C) + nb(rstd, N)}
+		FLOPs: 4 * float64(N*C), Bytes: hazard.RMSNormForward(out, rstd, inp, weight).Bytes()}
 	args := []arg{need("out", out, N*C), need("rstd", rstd, N), need("inp", inp, N*C), need("weight", weight, C)}
 	return b.do(s, op, args, func() error { return b.inner.RMSNormForward(s, out, rstd, inp, weight, N, C, eps) })
 }
@@ -247,8 +312,7 @@ func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 		return err
 	}
 	op := Op{Method: "RMSNormBackward", Family: Norm, DType: inp.DType, Shapes: shapes(dinp, dweight, dout, inp, weight, rstd, scratch),
-		FLOPs: 8 * float64(N*C),
-		Bytes: nb(dout, N*C) + nb(inp, N*C) + 2*nb(dinp, N*C) + nb(weight, C) + 2*nb(dweight, C) + nb(rstd, N)}
+		FLOPs: 8 * float64(N*C), Bytes: hazard.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C).Bytes()}
 	args := []arg{need("dinp", dinp, N*C), need("dweight", dweight, C), need("dout", dout, N*C), need("inp", inp, N*C),
 		need("weight", weight, C), need("rstd", rstd, N), need("scratch", scratch, backend.RMSNormBackwardScratch(N, C))}
 	return b.do(s, op, args, func() error { return b.inner.RMSNormBackward(s, dinp, dweight, dout, inp, weight, rstd, scratch, N, C) })
@@ -261,7 +325,7 @@ func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor
 	}
 	n := B * T * NH * HS
 	op := Op{Method: "RoPEForward", Family: Elementwise, DType: inp.DType, Shapes: shapes(out, inp, invFreq),
-		FLOPs: 6 * float64(n), Bytes: nb(inp, n) + nb(out, n) + nb(invFreq, HS/2)}
+		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", out, inp, invFreq).Bytes()}
 	args := []arg{need("out", out, n), need("inp", inp, n), need("invFreq", invFreq, HS/2)}
 	return b.do(s, op, args, func() error { return b.inner.RoPEForward(s, out, inp, invFreq, B, T, NH, HS) })
 }
@@ -273,7 +337,7 @@ func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Ten
 	}
 	n := B * T * NH * HS
 	op := Op{Method: "RoPEBackward", Family: Elementwise, DType: dout.DType, Shapes: shapes(dinp, dout, invFreq),
-		FLOPs: 6 * float64(n), Bytes: nb(dout, n) + nb(dinp, n) + nb(invFreq, HS/2)}
+		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", dinp, dout, invFreq).Bytes()}
 	args := []arg{need("dinp", dinp, n), need("dout", dout, n), need("invFreq", invFreq, HS/2)}
 	return b.do(s, op, args, func() error { return b.inner.RoPEBackward(s, dinp, dout, invFreq, B, T, NH, HS) })
 }
@@ -283,26 +347,22 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	if err := dims("CrossEntropyForwardBackward", N, V); err != nil {
 		return err
 	}
-	lb := nb(logits, N*V)
-	if scale != 0 {
-		lb *= 2 // dlogits written over the logits
-	}
 	op := Op{Method: "CrossEntropyForwardBackward", Family: Loss, DType: logits.DType, Shapes: shapes(losses, logits, targets),
-		FLOPs: 5 * float64(N) * float64(V), Bytes: lb + nb(targets, N) + nb(losses, N)}
+		FLOPs: 5 * float64(N) * float64(V), Bytes: hazard.CrossEntropyForwardBackward(losses, logits, targets, scale).Bytes()}
 	args := []arg{need("losses", losses, N), need("logits", logits, N*V), need("targets", targets, N)}
 	return b.do(s, op, args, func() error { return b.inner.CrossEntropyForwardBackward(s, losses, logits, targets, N, V, scale) })
 }
 
 // SumSquares implements backend.Ops.
 func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) error {
-	op := Op{Method: "SumSquares", Family: Reduce, DType: x.DType, Shapes: shapes(out, x, work), FLOPs: 2 * float64(x.Len()), Bytes: by(x) + by(out)}
+	op := Op{Method: "SumSquares", Family: Reduce, DType: x.DType, Shapes: shapes(out, x, work), FLOPs: 2 * float64(x.Len()), Bytes: hazard.SumSquares(out, x, work).Bytes()}
 	args := []arg{need("out", out, 1), need("x", x, -1), need("work", work, backend.SumSquaresWork)}
 	return b.do(s, op, args, func() error { return b.inner.SumSquares(s, out, x, work) })
 }
 
 // NonFiniteFlag implements backend.Ops.
 func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error {
-	op := Op{Method: "NonFiniteFlag", Family: Reduce, DType: x.DType, Shapes: shapes(flag, x), FLOPs: float64(x.Len()), Bytes: by(x) + by(flag)}
+	op := Op{Method: "NonFiniteFlag", Family: Reduce, DType: x.DType, Shapes: shapes(flag, x), FLOPs: float64(x.Len()), Bytes: hazard.NonFiniteFlag(flag, x).Bytes()}
 	return b.do(s, op, []arg{need("flag", flag, 1), need("x", x, -1)}, func() error { return b.inner.NonFiniteFlag(s, flag, x) })
 }
 
@@ -310,7 +370,7 @@ func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error 
 func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip backend.Tensor, p backend.AdamParams) error {
 	n := param.Len()
 	op := Op{Method: "AdamW", Family: Adam, DType: param.DType, Shapes: shapes(param, master, grad, m, v, sumSq, skip),
-		FLOPs: 15 * float64(n), Bytes: 2*by(param) + 2*nb(master, n) + nb(grad, n) + 2*nb(m, n) + 2*nb(v, n)}
+		FLOPs: 15 * float64(n), Bytes: hazard.AdamW(param, master, grad, m, v, sumSq, skip, p.MaxNorm).Bytes()}
 	args := []arg{need("param", param, -1), maybe("master", master, n), need("grad", grad, n), need("m", m, n), need("v", v, n),
 		maybe("sumSq", sumSq, 1), maybe("skip", skip, 1)}
 	return b.do(s, op, args, func() error { return b.inner.AdamW(s, param, master, grad, m, v, sumSq, skip, p) })
@@ -323,7 +383,7 @@ func (b *Backend) SparseCompressA(s backend.Stream, A, X, colptr, rowidx, colval
 	}
 	nnz := colval.Len()
 	op := Op{Method: "SparseCompressA", Family: Sparse, DType: X.DType, Shapes: shapes(A, X, colptr, rowidx, colval),
-		FLOPs: 2 * float64(BT) * float64(nnz), Bytes: nb(X, BT*m) + nb(A, d*BT) + by(colptr, rowidx, colval)}
+		FLOPs: 2 * float64(BT) * float64(nnz), Bytes: hazard.SparseCompressA(A, X, colptr, rowidx, colval).Bytes()}
 	args := []arg{need("A", A, d*BT), need("X", X, BT*m), need("colptr", colptr, d+1), need("rowidx", rowidx, nnz), need("colval", colval, -1)}
 	return b.do(s, op, args, func() error { return b.inner.SparseCompressA(s, A, X, colptr, rowidx, colval, BT, m, d) })
 }
@@ -335,7 +395,7 @@ func (b *Backend) SparseCompressB(s backend.Stream, B, dY, colptr, rowidx, colva
 	}
 	nnz := colval.Len()
 	op := Op{Method: "SparseCompressB", Family: Sparse, DType: dY.DType, Shapes: shapes(B, dY, colptr, rowidx, colval),
-		FLOPs: 2 * float64(BT) * float64(nnz), Bytes: nb(dY, BT*n) + nb(B, BT*d) + by(colptr, rowidx, colval)}
+		FLOPs: 2 * float64(BT) * float64(nnz), Bytes: hazard.SparseCompressB(B, dY, colptr, rowidx, colval).Bytes()}
 	args := []arg{need("B", B, BT*d), need("dY", dY, BT*n), need("colptr", colptr, d+1), need("rowidx", rowidx, nnz), need("colval", colval, -1)}
 	return b.do(s, op, args, func() error { return b.inner.SparseCompressB(s, B, dY, colptr, rowidx, colval, BT, n, d) })
 }
@@ -345,12 +405,8 @@ func (b *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 	if err := dims("SparseS", BT, d); err != nil {
 		return err
 	}
-	sb := nb(S, d*d)
-	if accumulate {
-		sb *= 2
-	}
 	op := Op{Method: "SparseS", Family: Sparse, DType: A.DType, Shapes: shapes(S, A, B),
-		FLOPs: 2 * float64(d) * float64(d) * float64(BT), Bytes: nb(A, d*BT) + nb(B, BT*d) + sb}
+		FLOPs: 2 * float64(d) * float64(d) * float64(BT), Bytes: hazard.SparseS(S, A, B, accumulate).Bytes()}
 	args := []arg{need("S", S, d*d), need("A", A, d*BT), need("B", B, BT*d)}
 	return b.do(s, op, args, func() error { return b.inner.SparseS(s, S, A, B, BT, d, accumulate) })
 }
@@ -365,7 +421,7 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	mn := float64(m) * float64(n)
 	op := Op{Method: "SparseApply", Family: Sparse, DType: W.DType, Shapes: shapes(W, T, Delta, pidx, pval, qidx, qval, skip),
 		FLOPs: 2*float64(d)*float64(n)*float64(r) + 2*mn*float64(r) + 2*mn,
-		Bytes: 2*nb(W, m*n) + 2*nb(T, d*n) + nb(Delta, d*d) + by(pidx, pval, qidx, qval)}
+		Bytes: hazard.SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip).Bytes()}
 	args := []arg{need("W", W, m*n), need("T", T, d*n), need("Delta", Delta, d*d), need("pidx", pidx, m*r), need("pval", pval, m*r),
 		need("qidx", qidx, n*r), need("qval", qval, n*r), maybe("skip", skip, 1)}
 	return b.do(s, op, args, func() error {
@@ -405,7 +461,7 @@ func (b *Backend) CopyD2H(s backend.Stream, dst backend.HostBuffer, dstOff int, 
 
 // CopyD2D implements backend.Backend.
 func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
-	op := Op{Method: "CopyD2D", Family: Copy, DType: src.DType, Shapes: shapes(dst, src), Bytes: by(dst, src)}
+	op := Op{Method: "CopyD2D", Family: Copy, DType: src.DType, Shapes: shapes(dst, src), Bytes: hazard.CopyD2D(dst, src).Bytes()}
 	return b.do(s, op, []arg{need("dst", dst, -1), need("src", src, dst.Len())}, func() error { return b.inner.CopyD2D(s, dst, src) })
 }
 

@@ -7,10 +7,12 @@
 // ops the real backend runs.
 //
 // FLOPs count a multiply-add as two; Bytes are the bytes an op reads plus
-// those it writes, each tensor counted once per pass a straightforward
-// kernel makes (an accumulated output is read and written). Attention's
-// FLOPs are those of its causal half (flash style: the masked blocks are
-// skipped).
+// those it writes as its train/hazard declaration names them
+// (hazard.Access.Bytes: a tensor read and written counts twice, whole
+// tensors as declared), the count train/calibrate measures its
+// efficiencies against; a copy across the link counts its payload once.
+// Attention's FLOPs are those of its causal half (flash style: the masked
+// blocks are skipped).
 //
 // Limits: host buffers get memory only when host code first reads or
 // writes them (Bytes, Float32, ...), so host code must not run on large
@@ -73,11 +75,26 @@ type Op struct {
 	FLOPs  float64
 	Bytes  int64 // read plus written
 	Link   Dir   // copies across the link: their direction (Bytes the payload)
+	// Gemm is a Gemm's layout and sizes (zero for other ops).
+	Gemm GemmArgs
+	// Seconds is the op's time on its stream when recorded by WrapTimed,
+	// once Times has read it (0 otherwise).
+	Seconds float64
+}
+
+// GemmArgs is one Gemm call's layout and sizes: C[M,N] = op(A) op(B).
+type GemmArgs struct {
+	TransA, TransB bool
+	M, N, K        int
 }
 
 // Backend records ops; see the package doc.
 type Backend struct {
 	inner backend.Backend // nil: no memory behind anything
+	timed bool            // WrapTimed: time every op with events
+
+	pending []timing // WrapTimed: events not yet read (Times)
+	dropped int      // ops Reset has forgotten
 
 	mu      sync.Mutex
 	ops     []Op
@@ -106,6 +123,16 @@ func Wrap(inner backend.Backend) *Backend {
 	return &Backend{inner: inner, node: -1}
 }
 
+// WrapTimed is Wrap that also times every op with events: it records an
+// event on the op's stream before forwarding it and another after, and
+// Times reads the elapsed time between them into Op.Seconds: the op's run
+// on its stream, whatever the host did meanwhile (on the CPU backend the
+// two records cost well under a microsecond each). inner must time events
+// (ElapsedTime). Nothing is synchronized: the schedule runs as it would.
+func WrapTimed(inner backend.Backend) *Backend {
+	return &Backend{inner: inner, node: -1, timed: true}
+}
+
 // SetNode attributes the ops enqueued from now on to node i.
 func (b *Backend) SetNode(i int) {
 	b.mu.Lock()
@@ -123,11 +150,13 @@ func (b *Backend) Recorded() []Op {
 // Reset forgets the ops recorded so far.
 func (b *Backend) Reset() {
 	b.mu.Lock()
+	b.dropped += len(b.ops)
 	b.ops = nil
 	b.mu.Unlock()
 }
 
-func (b *Backend) record(s backend.Stream, op Op) {
+// record appends op and returns its index counting the ops Reset dropped.
+func (b *Backend) record(s backend.Stream, op Op) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	op.Node = b.node
@@ -135,6 +164,7 @@ func (b *Backend) record(s backend.Stream, op Op) {
 		op.Stream = s.Name()
 	}
 	b.ops = append(b.ops, op)
+	return b.dropped + len(b.ops) - 1
 }
 
 // Name implements backend.Backend.
@@ -485,14 +515,6 @@ func shapes(ts ...backend.Tensor) [][]int {
 		}
 	}
 	return out
-}
-
-// nb is the bytes of n elements of t's dtype (0 for an absent t).
-func nb(t backend.Tensor, n int) int64 {
-	if t.Buf == nil {
-		return 0
-	}
-	return int64(n) * int64(t.DType.Size())
 }
 
 // by is the bytes of whole tensors.

@@ -227,3 +227,37 @@ func TestTraceRefuses(t *testing.T) {
 		t.Error("CopyH2D of 24 bytes from 8 accepted")
 	}
 }
+
+// TestWrapTimed: a timed wrapper records each op's wall time and a Gemm's
+// layout and sizes, with the bytes of its hazard declaration.
+func TestWrapTimed(t *testing.T) {
+	be := cpu.New(cpu.Config{Threads: 1})
+	w := trace.WrapTimed(be)
+	defer w.Close()
+	s := w.DefaultStream()
+	const M, N, K = 64, 48, 32
+	A, _ := w.Alloc("A", M*K, backend.F32)
+	B, _ := w.Alloc("B", K*N, backend.F32)
+	C, _ := w.Alloc("C", M*N, backend.F32)
+	if err := w.Gemm(s, true, false, M, N, K, 1, A, B, 1, C); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := w.Times()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 1 {
+		t.Fatalf("recorded %d ops", len(ops))
+	}
+	o := ops[0]
+	if o.Gemm != (trace.GemmArgs{TransA: true, M: M, N: N, K: K}) {
+		t.Errorf("gemm args %+v", o.Gemm)
+	}
+	// beta 1: C is read and written.
+	if want := int64(4 * (M*K + K*N + 2*M*N)); o.Bytes != want {
+		t.Errorf("bytes %d, want %d", o.Bytes, want)
+	}
+	if !(o.Seconds > 0) {
+		t.Errorf("seconds %g, want > 0", o.Seconds)
+	}
+}
