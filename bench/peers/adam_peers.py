@@ -30,13 +30,14 @@ import argparse
 import csv
 import gc
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+
+from peerstats import loadavg, spread
 
 
 def parse_count(s):
@@ -50,14 +51,6 @@ def count_name(n):
         if n % m == 0:
             return f"{n // m}{suffix}"
     return str(n)
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def time_steps(opt, reps):
@@ -96,12 +89,6 @@ def time_ours(binary, threads, size, reps):
     if len(rows) != 1:
         raise RuntimeError(f"bench/adam wrote {len(rows)} rows for {size}, want 1 (skipped for memory?)")
     return float(rows[0]["best_ms"]) / 1e3
-
-
-def spread(xs):
-    """median, min, max, first and third quartile."""
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return statistics.median(xs), min(xs), max(xs), q[0], q[2]
 
 
 def main():

@@ -30,7 +30,6 @@ import argparse
 import gc
 import os
 import re
-import statistics
 import subprocess
 import time
 import warnings
@@ -39,19 +38,13 @@ import torch
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from peerstats import loadavg, spread
+
 # The presets of train/gpt2/config.go and bench/train's batch shapes.
 PRESETS = {
     "tiny": dict(arch=dict(vocab_size=257, n_positions=64, n_embd=128, n_layer=4, n_head=4), B=32, T=24),
     "gpt2": dict(arch=dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12), B=4, T=256),
 }
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def torch_step_seconds(preset, steps):
@@ -97,12 +90,6 @@ def ours_step_seconds(binary, preset, threads, steps):
     if not m:
         raise RuntimeError(f"trainstep printed no result line: {out!r}")
     return float(m.group(1))
-
-
-def spread(xs):
-    """median, min, max, first and third quartile."""
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return statistics.median(xs), min(xs), max(xs), q[0], q[2]
 
 
 def main():
