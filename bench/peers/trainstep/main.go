@@ -6,28 +6,25 @@
 //	trainstep preset=gpt2 threads=2 B=4 T=256 steps=2 best_s=10.873 mean_s=11.020 setup_s=1.234
 //
 // best_s and mean_s are seconds per step over the timed steps, after one
-// warm-up step; setup_s (building the engine and model) is not in them.
-// The engine is set up as bench/train sets up its native rows: dense
-// parameters on the device, optim.DefaultHyper, random tokens with the
-// inputs as targets, lr 1e-4.
+// warm-up step; setup_s (building the engine and model, and the warm-up
+// step) is not in them. The engine is bench/train's native row
+// (bench/internal/steps: dense parameters on the device,
+// optim.DefaultHyper, random tokens).
 package main
 
 import (
 	"flag"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/bench/internal/steps"
 	"github.com/lsp-offload/lsp-offload/host"
-	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/models"
-	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
 func main() {
@@ -42,10 +39,10 @@ func run() error {
 	threads := flag.Int("threads", runtime.NumCPU(), "compute threads")
 	batch := flag.Int("batch", 0, "sequences per step (0: bench/train's, 32 for tiny, 4 otherwise)")
 	seq := flag.Int("seq", 0, "tokens per sequence (0: bench/train's, 24 for tiny, 256 otherwise)")
-	steps := flag.Int("steps", 3, "timed steps, after one warm-up")
+	nSteps := flag.Int("steps", 3, "timed steps, after one warm-up")
 	flag.Parse()
-	if *steps < 1 || *threads < 1 {
-		return fmt.Errorf("-steps = %d, -threads = %d: want both >= 1", *steps, *threads)
+	if *nSteps < 1 || *threads < 1 {
+		return fmt.Errorf("-steps = %d, -threads = %d: want both >= 1", *nSteps, *threads)
 	}
 	B, T := 4, 256
 	if *preset == "tiny" {
@@ -58,49 +55,15 @@ func run() error {
 		T = *seq
 	}
 	host.SetThreads(*threads)
-
 	setup := time.Now()
-	cfg, err := models.Preset(*preset)
+	var setupSec float64
+	j := steps.Job{Preset: *preset, B: B, T: T, Steps: *nSteps, Timed: func() { setupSec = time.Since(setup).Seconds() }}
+	res, err := steps.Measure(j, steps.Config(engine.Native, true, *threads), cpu.Config{Threads: *threads}, nil)
 	if err != nil {
-		return fmt.Errorf("-preset: %w", err)
+		return fmt.Errorf("-preset %s B=%d T=%d: %w", *preset, B, T, err)
 	}
-	be := cpu.New(cpu.Config{Threads: *threads})
-	defer be.Close()
-	ec := engine.Config{Mode: engine.Native, DenseParams: engine.DenseDevice, Hyper: optim.DefaultHyper(),
-		Pipelined: true, Seed: 1, HostThreads: *threads}
-	e, err := engine.New(be, cfg, B, T, 1, backend.F32, ec)
-	if err != nil {
-		return fmt.Errorf("engine for %s B=%d T=%d: %w", *preset, B, T, err)
-	}
-	defer e.Free()
-	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, cfg.Init(1)); err != nil {
-		return fmt.Errorf("uploading %s parameters: %w", *preset, err)
-	}
-	if err := e.Init(); err != nil {
-		return fmt.Errorf("engine init: %w", err)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	b := data.Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T), NumTargets: B * T}
-	for i := range b.Inputs {
-		b.Inputs[i] = int32(rng.IntN(cfg.VocabSize()))
-		b.Targets[i] = b.Inputs[i]
-	}
-	batches := []data.Batch{b}
-	setupSec := time.Since(setup).Seconds()
-
-	best, total := math.Inf(1), 0.0
-	for i := 0; i <= *steps; i++ { // step 0 is the warm-up
-		t0 := time.Now()
-		if _, err := e.Step(batches, 1e-4); err != nil {
-			return fmt.Errorf("step %d: %w", i, err)
-		}
-		if i == 0 {
-			continue
-		}
-		d := time.Since(t0).Seconds()
-		best, total = min(best, d), total+d
-	}
+	best := slices.Min(res.Seconds)
 	fmt.Printf("trainstep preset=%s threads=%d B=%d T=%d steps=%d best_s=%.4f mean_s=%.4f setup_s=%.3f\n",
-		*preset, *threads, B, T, *steps, best, total/float64(*steps), setupSec)
+		*preset, *threads, B, T, *nSteps, best, res.Mean(), setupSec)
 	return nil
 }
