@@ -13,6 +13,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/llama"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
@@ -77,30 +78,6 @@ func key(o trace.Op) string {
 	return fmt.Sprintf("%s %s %v %v flops=%g bytes=%d link=%d", o.Method, o.Family, o.DType, o.Shapes, o.FLOPs, o.Bytes, o.Link)
 }
 
-// traceGraph builds the traced graph and records every device node's ops.
-func traceGraph(t *testing.T, s setup) (*engine.Graph, *trace.Backend) {
-	t.Helper()
-	tb := trace.New()
-	g, err := engine.TraceStep(tb, s.arch, testB, testT, testAccum, s.dt, s.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb.Reset()
-	d2h, _ := tb.NewStream("d2h")
-	h2d, _ := tb.NewStream("h2d")
-	streams := map[engine.Queue]backend.Stream{engine.Compute: tb.DefaultStream(), engine.D2H: d2h, engine.H2D: h2d}
-	for i, n := range g.Nodes {
-		if n.Queue == engine.Host {
-			continue
-		}
-		tb.SetNode(i)
-		if err := n.Run(streams[n.Queue]); err != nil {
-			t.Fatalf("node %s: %v", n.Name, err)
-		}
-	}
-	return g, tb
-}
-
 // TestTraceMatchesCPU: the ops the tracer records for a step's graph are,
 // in order and with the same shapes, the ops the CPU backend runs in a
 // real sequential step of the same engine, and the traced graph has the
@@ -108,9 +85,12 @@ func traceGraph(t *testing.T, s setup) (*engine.Graph, *trace.Backend) {
 func TestTraceMatchesCPU(t *testing.T) {
 	for _, s := range setups() {
 		t.Run(s.name, func(t *testing.T) {
-			g, tb := traceGraph(t, s)
+			g, ops, err := plan.Trace(s.arch, testB, testT, testAccum, s.dt, s.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var traced []string
-			for _, o := range tb.Recorded() {
+			for _, o := range ops {
 				traced = append(traced, key(o))
 			}
 
