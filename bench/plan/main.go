@@ -17,16 +17,16 @@
 // (trace.WrapTimed), against the predicted time of each family.
 //
 // Calibration and measurement run interleaved in one process: for each
-// model, a calibration before its first group of configurations (all six
-// stepped in turn, or each mode's two schedules for gpt2, whose six
-// engines would not fit in memory together) and one after each group; a
-// group is predicted from the two calibrations around it, merged into
-// per-figure medians (calibrate.Merge), because this machine's speed
-// drifts by up to 2x over tens of seconds (other virtual machines share
-// the host): a fixed GEMM (the probe column: before and after each group,
-// over its median during those calibrations) shows by how much. The load
-// average at the start and the end says how shared this virtual machine
-// was.
+// group of configurations (all six of a model stepped in turn, or each
+// mode's two schedules for gpt2, whose six engines would not fit in memory
+// together), the engines are started, then the model's calibration runs
+// and every engine takes one step between two rounds of its op timings
+// (calibrate.Options.Between), so that the calibration and the steps it
+// predicts span the same seconds: this machine's speed drifts by up to 2x
+// over tens of seconds (other virtual machines share the host). A fixed
+// GEMM timed before and after each group (the probe column: 1, then the
+// end's speed over the start's) shows by how much. The load average at the
+// start and the end says how shared this virtual machine was.
 package main
 
 import (
@@ -150,63 +150,36 @@ func run() error {
 			}
 		}
 		grps := groups(spec, j, all, *threads)
-		// Calibrate at this model's shapes before, between and after the
-		// groups' measurements, and merge (per-figure medians): the
-		// machine's speed drifts (other virtual machines share the host),
-		// and the calibration must describe it over the time the steps
-		// were measured, not at one moment.
+		// Each group's steps are taken during its calibration, one round
+		// (a step of every configuration) between two rounds of the
+		// calibration's op timings: the machine's speed drifts (other
+		// virtual machines share the host), and the calibration must
+		// describe it over the time the steps were measured.
 		var cals []calibrate.CPU
-		var calProbes []float64
-		calibrateNow := func() error {
-			p0, err := pr.rate()
-			if err != nil {
-				return err
-			}
-			var c calibrate.CPU
-			if fileCal != nil {
-				c = *fileCal
-			} else if c, err = calibrateFor(ctx, spec, j, *threads, max(*budget/time.Duration(len(grps)+1), 4*time.Second)); err != nil {
-				return fmt.Errorf("%s: %w", j.Preset, err)
-			}
-			p1, err := pr.rate()
-			if err != nil {
-				return err
-			}
-			cals, calProbes = append(cals, c), append(calProbes, p0, p1)
-			return nil
-		}
-		if err := calibrateNow(); err != nil {
-			return err
-		}
 		var groupProbes [][2]float64
 		for _, grp := range grps {
 			pa, err := pr.rate()
 			if err != nil {
 				return err
 			}
-			if err := measureGroup(grp, *threads); err != nil {
+			c, err := measureGroup(ctx, spec, grp, *threads, fileCal, max(*budget/time.Duration(len(grps)), 4*time.Second))
+			if err != nil {
 				return err
 			}
 			pb, err := pr.rate()
 			if err != nil {
 				return err
 			}
-			groupProbes = append(groupProbes, [2]float64{pa, pb})
-			if err := calibrateNow(); err != nil {
-				return err
-			}
+			cals, groupProbes = append(cals, c), append(groupProbes, [2]float64{pa, pb})
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 		}
-		fmt.Printf("\n%s B=%d T=%d: %d groups of configurations, each predicted from the calibrations made right before and after it\n",
+		fmt.Printf("\n%s B=%d T=%d: %d groups of configurations, each predicted from the calibration its steps were taken during\n",
 			j.Preset, j.B, j.T, len(grps))
 		for g, grp := range grps {
-			c, err := calibrate.Merge(cals[g], cals[g+1])
-			if err != nil {
-				return err
-			}
-			at := median(calProbes[2*g : 2*g+4]) // the probe's speed during those calibrations
+			c := cals[g]
+			at := groupProbes[g][0] // the probe's speed before the group
 			m, err := plan.FromCalibration(c, cpu.Config{})
 			if err != nil {
 				return err
@@ -219,7 +192,7 @@ func run() error {
 				if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
 					return fmt.Errorf("%s %s: %w", j.Preset, r.mode, err)
 				}
-				r.probe = [2]float64{groupProbes[g][0] / at, groupProbes[g][1] / at}
+				r.probe = [2]float64{1, groupProbes[g][1] / at}
 				rows = append(rows, r)
 				machines[j.Preset+"/"+string(r.mode)] = m
 				note := ""
@@ -245,7 +218,7 @@ func run() error {
 		m := machines[w.j.Preset+"/"+string(w.mode)]
 		if fileCal == nil {
 			spec, _ := models.Preset(w.j.Preset)
-			c, err := calibrateFor(ctx, spec, w.j, *threads, *budget/2)
+			c, err := calibrateFor(ctx, spec, w.j, *threads, *budget/2, nil)
 			if err != nil {
 				return err
 			}
@@ -289,10 +262,12 @@ func groups(spec model.Spec, j job, rows []row, threads int) [][]row {
 	return out
 }
 
-// measureGroup starts an engine per row (each warmed up), then steps them
-// in turn, j.Steps rounds, so that drifts of the machine's speed fall on
-// every row alike; each row's meas is its steps.
-func measureGroup(grp []row, threads int) error {
+// measureGroup starts an engine per row (each warmed up), then calibrates
+// at the job's shapes (or takes fileCal) and steps every engine once
+// between two rounds of the calibration's op timings, j.Steps rounds, so
+// that drifts of the machine's speed fall on the calibration and every row
+// alike; each row's meas is its steps.
+func measureGroup(ctx context.Context, spec model.Spec, grp []row, threads int, fileCal *calibrate.CPU, budget time.Duration) (calibrate.CPU, error) {
 	runners := make([]*steps.Runner, len(grp))
 	defer func() {
 		for _, r := range runners {
@@ -304,11 +279,11 @@ func measureGroup(grp []row, threads int) error {
 	for i, r := range grp {
 		var err error
 		if runners[i], err = steps.Start(r.j.Job, steps.Config(r.mode, r.pipelined, threads), cpu.Config{Threads: threads}, nil); err != nil {
-			return fmt.Errorf("%s %s %s: %w", r.j.Preset, r.mode, schedName(r.pipelined), err)
+			return calibrate.CPU{}, fmt.Errorf("%s %s %s: %w", r.j.Preset, r.mode, schedName(r.pipelined), err)
 		}
 		grp[i].meas = steps.Result{}
 	}
-	for range grp[0].j.Steps {
+	round := func() error {
 		for i, run := range runners {
 			sec, err := run.Step()
 			if err != nil {
@@ -316,13 +291,27 @@ func measureGroup(grp []row, threads int) error {
 			}
 			grp[i].meas.Seconds = append(grp[i].meas.Seconds, sec)
 		}
+		return nil
 	}
-	return nil
+	if fileCal != nil {
+		for range grp[0].j.Steps {
+			if err := round(); err != nil {
+				return calibrate.CPU{}, err
+			}
+		}
+		return *fileCal, nil
+	}
+	c, err := calibrateFor(ctx, spec, grp[0].j, threads, budget, round)
+	if err != nil {
+		return calibrate.CPU{}, fmt.Errorf("%s: %w", grp[0].j.Preset, err)
+	}
+	return c, nil
 }
 
 // calibrateFor measures the CPU backend at the GEMM shapes of j's traced
-// steps (every mode) and the other ops at j's geometry.
-func calibrateFor(ctx context.Context, spec model.Spec, j job, threads int, budget time.Duration) (calibrate.CPU, error) {
+// steps (every mode) and the other ops at j's geometry, calling between
+// (when not nil) after each of its j.Steps rounds of op timings.
+func calibrateFor(ctx context.Context, spec model.Spec, j job, threads int, budget time.Duration, between func() error) (calibrate.CPU, error) {
 	var gemms []calibrate.GemmShape
 	for _, mode := range modes {
 		_, ops, err := plan.Trace(spec, j.B, j.T, 1, backend.F32, steps.Config(mode, true, threads))
@@ -340,7 +329,11 @@ func calibrateFor(ctx context.Context, spec model.Spec, j job, threads int, budg
 		return calibrate.CPU{}, err
 	}
 	sz.D, sz.R = 512, 16
-	return calibrate.Measure(ctx, calibrate.Options{Threads: threads, Gemms: gemms, Ops: []calibrate.OpSize{sz}, Budget: budget})
+	o := calibrate.Options{Threads: threads, Gemms: gemms, Ops: []calibrate.OpSize{sz}, Budget: budget, Between: between}
+	if between != nil {
+		o.Rounds = j.Steps
+	}
+	return calibrate.Measure(ctx, o)
 }
 
 func median(x []float64) float64 {

@@ -205,6 +205,15 @@ type Options struct {
 	AdamParams    int
 	// Window is each sharing loop's length (0: half a second).
 	Window time.Duration
+	// Rounds, when positive, is the number of repetitions of every cold
+	// timing (GEMM shapes, squares and ops, timed in turns: one round
+	// times each of them once) instead of what the budget allows.
+	// Between, when set, is called after each round: a caller interleaves
+	// its own measurements with the calibration there, so that both span
+	// the same stretch of a machine whose speed drifts (bench/plan steps
+	// the engines it predicts).
+	Rounds  int
+	Between func() error
 }
 
 // DefaultSquares are the fallback GEMM sizes.
@@ -244,7 +253,7 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 	}
 	be := cpu.New(cpu.Config{Threads: o.Threads})
 	defer be.Close()
-	m := &meter{ctx: ctx, be: be, s: be.DefaultStream()}
+	m := &meter{ctx: ctx, be: be, s: be.DefaultStream(), rounds: o.Rounds}
 	// Shares of the budget: one per GEMM shape and square, one per op
 	// sample (about 30 per geometry), and a few for the rest.
 	items := len(o.Gemms) + len(o.Squares) + 30*len(o.Ops) + 10
@@ -255,31 +264,16 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 	if c.Overhead, err = m.overhead(); err != nil {
 		return CPU{}, fmt.Errorf("calibrate: overhead: %w", err)
 	}
-	if c.Gemm, err = m.gemms(dedupe(o.Gemms)); err != nil {
-		return CPU{}, fmt.Errorf("calibrate: gemm: %w", err)
-	}
-	var sq []GemmShape
-	for _, n := range o.Squares {
-		sq = append(sq, GemmShape{M: n, N: n, K: n})
-	}
-	if c.GemmSquares, err = m.gemms(sq); err != nil {
-		return CPU{}, fmt.Errorf("calibrate: gemm squares: %w", err)
-	}
-	for _, g := range append(slices.Clone(c.Gemm), c.GemmSquares...) {
-		c.GemmPeak = max(c.GemmPeak, g.Rate)
-	}
+	// Memory and the link first: they time large copies warm (perOp);
+	// GEMMs and the other ops are timed cold (coldTiming).
 	if c.Memory, err = m.memory(o.Threads, o.TriadElements); err != nil {
 		return CPU{}, fmt.Errorf("calibrate: memory: %w", err)
 	}
 	if c.Link, err = m.link(); err != nil {
 		return CPU{}, fmt.Errorf("calibrate: link: %w", err)
 	}
-	for _, g := range o.Ops {
-		ops, err := m.ops(g)
-		if err != nil {
-			return CPU{}, fmt.Errorf("calibrate: ops at %+v: %w", g, err)
-		}
-		c.Ops = append(c.Ops, ops...)
+	if err := m.coldOps(&c, o); err != nil {
+		return CPU{}, err
 	}
 	c.finishOps()
 	if c.HostAdam, err = m.hostAdam(o, c); err != nil {
@@ -290,6 +284,88 @@ func Measure(ctx context.Context, o Options) (CPU, error) {
 	}
 	c.Seconds = time.Since(start).Seconds()
 	return c, nil
+}
+
+// coldOps times the GEMMs at their shapes, the squares and the other ops
+// at their geometries, cold (coldTiming), into c: all of them in turns
+// (timeOps), with o.Between called between rounds, except GEMMs whose
+// operands would take the set past gemmTurnBytes, which are timed one
+// after the other first.
+func (m *meter) coldOps(c *CPU, o Options) (err error) {
+	off, err := m.coldTiming(c.Overhead.Op)
+	if err != nil {
+		return fmt.Errorf("calibrate: cache flush: %w", err)
+	}
+	defer off()
+	defer m.release()
+	shapes := dedupe(o.Gemms)
+	var sq []GemmShape
+	for _, n := range o.Squares {
+		sq = append(sq, GemmShape{M: n, N: n, K: n})
+	}
+	all := append(slices.Clone(shapes), sq...)
+	var turns []GemmShape
+	var total int64
+	alone := map[GemmShape]GemmSample{}
+	for _, s := range all {
+		if b := s.operandBytes(); total+b <= gemmTurnBytes {
+			total += b
+			turns = append(turns, s)
+			continue
+		}
+		sec, best, err := m.gemm(s)
+		if err != nil {
+			return fmt.Errorf("calibrate: gemm %v: %w", s, err)
+		}
+		alone[s] = GemmSample{Shape: s, Seconds: sec, Best: best, Rate: s.FLOPs() / sec}
+	}
+	gemmRuns, gemmDone, err := m.gemmRuns(turns)
+	if err != nil {
+		return fmt.Errorf("calibrate: gemm: %w", err)
+	}
+	runs := slices.Clone(gemmRuns)
+	var cases []opCase
+	for _, g := range o.Ops {
+		cs, err := m.opCases(g.withDefaults())
+		if err != nil {
+			return fmt.Errorf("calibrate: ops at %+v: %w", g, err)
+		}
+		cases = append(cases, cs...)
+	}
+	for _, cs := range cases {
+		runs = append(runs, cs.run)
+	}
+	m.between = o.Between
+	secs, bests, err := m.timeOps(runs)
+	m.between = nil
+	if err != nil {
+		return fmt.Errorf("calibrate: gemms and ops: %w", err)
+	}
+	n := len(gemmRuns)
+	timed, err := gemmDone(secs[:n], bests[:n])
+	if err != nil {
+		return fmt.Errorf("calibrate: gemm: %w", err)
+	}
+	for _, g := range timed {
+		alone[g.Shape] = g
+	}
+	for _, s := range shapes {
+		c.Gemm = append(c.Gemm, alone[s])
+	}
+	for _, s := range sq {
+		c.GemmSquares = append(c.GemmSquares, alone[s])
+	}
+	for _, g := range append(slices.Clone(c.Gemm), c.GemmSquares...) {
+		c.GemmPeak = max(c.GemmPeak, g.Rate)
+	}
+	for i, cs := range cases {
+		sec, best := secs[n+i], bests[n+i]
+		if err := positive(sec); err != nil {
+			return fmt.Errorf("calibrate: %s %s: %w", cs.method, cs.dims, err)
+		}
+		c.Ops = append(c.Ops, OpSample{Method: cs.method, Dims: cs.dims, FLOPs: cs.flops, Bytes: AccessBytes(cs.acc), Seconds: sec, Best: best})
+	}
+	return nil
 }
 
 // ReadFile reads a description that bench/calibrate wrote (-o).
@@ -325,6 +401,25 @@ type meter struct {
 	s     backend.Stream
 	share time.Duration // the budget of one item
 	bufs  []backend.Tensor
+	// between and rounds are Options.Between and Options.Rounds, for the
+	// cold timings' turns (timeOps).
+	between func() error
+	rounds  int
+
+	// cold, when set (coldTiming), times each op alone by a pair of
+	// events after a sweep through the flush buffers, instead of in
+	// warm back-to-back batches.
+	cold       *flush
+	opOverhead float64 // Overhead.Op, added to cold times (see coldTiming)
+	e0, e1     backend.Event
+}
+
+// flush is a pair of buffers each the size of the last-level cache: a
+// copy from one to the other evicts an op's operands from every cache
+// level before the op is timed.
+type flush struct {
+	src, dst backend.Tensor
+	sec      float64 // one sweep's time, for the repetition count
 }
 
 // alloc allocates n elements of dt and fills them with v, so that every
@@ -384,12 +479,7 @@ func (m *meter) timeOp(op func() error) (med, best float64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	k := min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9)))))
-	reps := 3
-	if first > 0.25 {
-		reps = 2
-	}
-	reps = min(maxReps, max(reps, int(m.share.Seconds()/(float64(k)*max(first, 1e-9)))))
+	k, reps := m.repetitions(first)
 	ts := make([]float64, reps)
 	for i := range ts {
 		if ts[i], err = batch(k); err != nil {
@@ -420,12 +510,10 @@ func (m *meter) timeOps(ops []func() error) (med, best []float64, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		ks[i] = min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9)))))
-		reps[i] = 3
-		if first > 0.25 {
-			reps[i] = 2
+		ks[i], reps[i] = m.repetitions(first)
+		if m.rounds > 0 {
+			reps[i] = m.rounds
 		}
-		reps[i] = min(maxReps, max(reps[i], int(m.share.Seconds()/(float64(ks[i])*max(first, 1e-9)))))
 	}
 	for r := range slices.Max(append(reps, 0)) {
 		for i, op := range ops {
@@ -438,6 +526,11 @@ func (m *meter) timeOps(ops []func() error) (med, best []float64, err error) {
 			}
 			ts[i] = append(ts[i], t)
 		}
+		if m.between != nil {
+			if err := m.between(); err != nil {
+				return nil, nil, err
+			}
+		}
 		if err := m.ctx.Err(); err != nil {
 			return nil, nil, err
 		}
@@ -449,12 +542,32 @@ func (m *meter) timeOps(ops []func() error) (med, best []float64, err error) {
 	return med, best, nil
 }
 
+// repetitions is the batch size and the number of timed batches of an
+// op whose warm-up took first seconds: batches of at least minBatch
+// (cold timing: batches of one, each op timed by events), at least three
+// repetitions (two for ops slower than a quarter second), more while the
+// item's share of the budget lasts.
+func (m *meter) repetitions(first float64) (k, reps int) {
+	k, each := min(maxBatch, max(1, int(math.Ceil(minBatch.Seconds()/max(first, 1e-9))))), first
+	if m.cold != nil {
+		k, each = 1, first+m.cold.sec
+	}
+	reps = 3
+	if first > 0.25 {
+		reps = 2
+	}
+	return k, min(maxReps, max(reps, int(m.share.Seconds()/(float64(k)*max(each, 1e-9)))))
+}
+
 // batch runs op once untimed, then enqueues it k times back to back,
 // synchronizes and returns the seconds per op. The untimed run brings the
-// op's operands into the caches, as the op before it in a step does (it
-// wrote them): without it an op slower than minBatch (k = 1) would be
-// timed cold after whatever ran before it, and faster ones warm.
+// op's operands into the caches: without it an op slower than minBatch
+// (k = 1) would be timed cold after whatever ran before it, and faster
+// ones warm. With cold timing on, it is coldBatch instead.
 func (m *meter) batch(op func() error, k int) (float64, error) {
+	if m.cold != nil {
+		return m.coldBatch(op, k)
+	}
 	if err := op(); err != nil {
 		return 0, err
 	}
@@ -471,6 +584,95 @@ func (m *meter) batch(op func() error, k int) (float64, error) {
 		return 0, err
 	}
 	return time.Since(t0).Seconds() / float64(k), nil
+}
+
+// coldTiming turns cold timing on until the returned function turns it
+// off and frees the flush buffers: each op is then timed alone, by a pair
+// of events around it on its stream, right after a copy between two
+// buffers the size of the last-level cache, so that its operands and
+// outputs come from memory. That is the state a training step's ops find
+// theirs in: between two uses of a weight or an activation run the rest
+// of the layer's ops, or a whole step, and the caches (shared with other
+// tenants on a virtual machine) do not keep them; timed warm, back to
+// back on the same operands, the ops of the small models ran 10 to 30%
+// faster than the same ops in their steps (timed by trace.WrapTimed).
+// Cold times get Overhead.Op added, the cost of enqueueing the op that
+// the events do not see, so that Seconds keeps meaning what a stream of
+// such ops spends per op.
+func (m *meter) coldTiming(opOverhead float64) (func(), error) {
+	llc := int(host.TriadLLCBytes())
+	if llc <= 0 {
+		llc = 32 << 20
+	}
+	f := &flush{}
+	var err error
+	if f.src, err = m.be.Alloc("flush-src", llc/4, backend.F32); err != nil {
+		return nil, err
+	}
+	if f.dst, err = m.be.Alloc("flush-dst", llc/4, backend.F32); err != nil {
+		m.be.Free(f.src)
+		return nil, err
+	}
+	if m.e0, err = m.be.NewEvent("calibrate-start"); err == nil {
+		m.e1, err = m.be.NewEvent("calibrate-end")
+	}
+	off := func() {
+		m.cold = nil
+		if m.be.Synchronize(m.s) == nil {
+			m.be.Free(f.src)
+			m.be.Free(f.dst)
+		}
+		for _, e := range []backend.Event{m.e0, m.e1} {
+			if e != nil {
+				m.be.DestroyEvent(e)
+			}
+		}
+		m.e0, m.e1 = nil, nil
+	}
+	if err != nil {
+		off()
+		return nil, err
+	}
+	if err := m.be.Fill(m.s, f.src, 1); err != nil { // touch every page
+		off()
+		return nil, err
+	}
+	sweep := func() error { return m.be.CopyD2D(m.s, f.dst, f.src) }
+	if f.sec, err = m.perOp(sweep); err != nil {
+		off()
+		return nil, err
+	}
+	m.cold, m.opOverhead = f, opOverhead
+	return off, nil
+}
+
+// coldBatch times op k times, each alone after a sweep (coldTiming), and
+// returns the mean seconds per op, Overhead.Op included.
+func (m *meter) coldBatch(op func() error, k int) (float64, error) {
+	total := 0.0
+	for range k {
+		if err := m.be.CopyD2D(m.s, m.cold.dst, m.cold.src); err != nil {
+			return 0, err
+		}
+		if err := m.be.Record(m.e0, m.s); err != nil {
+			return 0, err
+		}
+		if err := op(); err != nil {
+			return 0, err
+		}
+		if err := m.be.Record(m.e1, m.s); err != nil {
+			return 0, err
+		}
+		if err := m.be.Synchronize(m.s); err != nil {
+			return 0, err
+		}
+		d, err := m.be.ElapsedTime(m.e0, m.e1)
+		if err != nil {
+			return 0, err
+		}
+		total += d.Seconds()
+	}
+	return total/float64(k) + m.opOverhead, nil
 }
 
 func median(x []float64) float64 {

@@ -3,6 +3,7 @@ package calibrate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 )
@@ -338,51 +341,82 @@ func TestOpEff(t *testing.T) {
 	}
 }
 
-// TestMerge: every figure of merged calibrations is the median of theirs
-// (the best time the minimum), derived figures recomputed.
-func TestMerge(t *testing.T) {
-	shape := GemmShape{M: 8, N: 8, K: 8}
-	mk := func(k float64) CPU {
-		return CPU{Threads: 2, SIMD: "x", Seconds: 1,
-			Gemm:     []GemmSample{{Shape: shape, Seconds: k * 1e-6, Best: k * 0.9e-6, Rate: shape.FLOPs() / (k * 1e-6)}},
-			Memory:   Memory{Triad: 10e9 / k, TriadPlain: 9e9 / k, RMW: 8e9 / k, Copy: 7e9 / k, TriadElements: 100},
-			Ops:      []OpSample{{Method: "Fill", Dims: "n=1", Bytes: 1e6, Seconds: k * 1e-3, Best: k * 0.8e-3}},
-			Overhead: Overhead{Op: k * 1e-7, RoundTrip: k * 1e-6, RecordWait: k * 2e-7, Synchronize: k * 3e-7},
-			Link:     Link{H2D: 4e9 / k, D2H: 2e9 / k, H2DLatency: k * 1e-6, D2HLatency: k * 2e-6, Bytes: 64},
-			HostAdam: HostAdam{Params: 10, BytesPerParam: 32, Rate: 1e8 / k, Overhead: k * 1e-5},
-			Sharing:  []Sharing{{A: "gemm", B: "host adam", AAlone: 10 / k, AShared: 5 / k, BAlone: 4 / k, BShared: 2 / k}},
-		}
-	}
-	m, err := Merge(mk(1), mk(10), mk(2)) // medians at k = 2
+// TestColdTiming: cold timing sweeps a buffer of the last-level cache's
+// size before each op, times the op alone by events, adds the enqueue
+// overhead it is given, and frees what it allocated when turned off; a
+// cold op is not faster than its warm time by more than noise can explain
+// (its sweep is outside the events).
+func TestColdTiming(t *testing.T) {
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	m := &meter{ctx: context.Background(), be: be, s: be.DefaultStream(), share: 20 * time.Millisecond}
+	x, err := m.alloc("x", 1<<20, backend.F32, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := mk(2)
-	near := func(name string, got, want float64) {
-		t.Helper()
-		if math.Abs(got-want) > 1e-12*math.Abs(want) {
-			t.Errorf("%s: %g, want %g", name, got, want)
-		}
+	y, err := m.alloc("y", 1<<20, backend.F32, 1)
+	if err != nil {
+		t.Fatal(err)
 	}
-	near("gemm seconds", m.Gemm[0].Seconds, 2e-6)
-	near("gemm best", m.Gemm[0].Best, 0.9e-6)
-	near("gemm peak", m.GemmPeak, shape.FLOPs()/2e-6)
-	near("triad", m.Memory.Triad, want.Memory.Triad)
-	near("copy", m.Memory.Copy, want.Memory.Copy)
-	near("op overhead", m.Overhead.Op, want.Overhead.Op)
-	near("h2d", m.Link.H2D, want.Link.H2D)
-	near("adam rate", m.HostAdam.Rate, want.HostAdam.Rate)
-	near("adam eff", m.HostAdam.Eff, want.HostAdam.Rate*32/want.Memory.Triad)
-	near("adam overhead", m.HostAdam.Overhead, want.HostAdam.Overhead)
-	near("fill seconds", m.Ops[0].Seconds, 2e-3)
-	near("fill best", m.Ops[0].Best, 0.8e-3)
-	near("fill time back", m.OpTime("Fill", 0, 1e6), 2e-3)
-	near("sharing", m.Sharing[0].AShared, 2.5)
-	near("seconds", m.Seconds, 3)
-	if _, err := Merge(mk(1), CPU{Threads: 4}); err == nil {
-		t.Error("merged calibrations of 2 and 4 threads")
+	op := func() error { return be.Accumulate(m.s, y, x) }
+	before := be.MemStats().InUse
+	off, err := m.coldTiming(1e-3)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := Merge(); err == nil {
-		t.Error("merged nothing")
+	llc := host.TriadLLCBytes()
+	if llc <= 0 {
+		llc = 32 << 20
+	}
+	if got := be.MemStats().InUse - before; got != 2*(llc/4)*4 {
+		t.Errorf("flush buffers: %d bytes, want two of the last-level cache's %d", got, llc)
+	}
+	if !(m.cold.sec > 0) {
+		t.Errorf("sweep time %v, want > 0", m.cold.sec)
+	}
+	cold, err := m.perOp(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cold < 1e-3 {
+		t.Errorf("cold time %v lacks the 1 ms overhead it was given", cold)
+	}
+	off()
+	if m.cold != nil || m.e0 != nil {
+		t.Error("cold timing still on after off()")
+	}
+	if got := be.MemStats().InUse; got != before {
+		t.Errorf("after off(): %d bytes in use, want %d", got, before)
+	}
+	warm, err := m.perOp(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(warm > 0) {
+		t.Errorf("warm time %v", warm)
+	}
+	m.release()
+}
+
+// TestMeasureBetween: Between runs after every round of the cold timings,
+// Rounds times, and its error stops Measure.
+func TestMeasureBetween(t *testing.T) {
+	calls := 0
+	opt := Options{
+		Threads: 1, Gemms: []GemmShape{{M: 8, N: 8, K: 8}}, Squares: []int{16},
+		Ops:    []OpSize{{B: 1, T: 16, C: 16, NH: 2, V: 50}},
+		Budget: 200 * time.Millisecond, TriadElements: 1 << 16, AdamParams: 1 << 12, Window: 10 * time.Millisecond,
+		Rounds: 7, Between: func() error { calls++; return nil },
+	}
+	if _, err := Measure(context.Background(), opt); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 7 {
+		t.Errorf("Between called %d times, want Rounds = 7", calls)
+	}
+	stop := errors.New("stop here")
+	opt.Between = func() error { return stop }
+	if _, err := Measure(context.Background(), opt); !errors.Is(err, stop) {
+		t.Errorf("Measure with a failing Between: %v, want its error", err)
 	}
 }

@@ -31,16 +31,23 @@
 //
 // Conventions, which the planner's cost model must share:
 //
-//   - Times are medians over a few repetitions after a warm-up; each
-//     repetition enqueues a batch of the same op on the default stream
-//     and synchronizes, so a per-op time includes the cost of enqueueing
-//     and dispatching it (the Overhead.Op figure), as it does in a step;
-//     the op runs once untimed before each batch, so that its operands
-//     are in the caches, as a step's previous op leaves them.
-//     The ops of a geometry, and the GEMM shapes (when their operands fit
-//     1 GiB together), take their repetitions in turns, so that each
-//     one's median spans the whole time they take, not one stretch of it
-//     that a slow spell of a shared machine may cover.
+//   - GEMMs and the other compute ops are timed cold: each repetition is
+//     one op, timed by a pair of events around it on its stream, right
+//     after a copy between two buffers of the last-level cache's size,
+//     so that its operands come from memory as a step's ops find theirs
+//     (between two uses of a tensor run the rest of the layer, or a whole
+//     step; timed warm, back to back on the same operands, the small
+//     models' ops ran 10 to 30% faster than in their steps). Overhead.Op,
+//     the enqueue cost the events do not see, is added to each time.
+//     Times are medians over the repetitions; the repetitions of every
+//     GEMM shape and op are taken in turns (one round times each once),
+//     so that each one's median spans the whole time they take, not one
+//     stretch of it that a slow spell of a shared machine may cover; a
+//     caller may run its own measurements between rounds
+//     (Options.Between), as bench/plan steps the engines it predicts.
+//     The fixed costs, memory bandwidth and the link are timed warm, in
+//     batches enqueued back to back (a per-op time then includes the
+//     cost of enqueueing it, Overhead.Op).
 //   - An op's bytes are what the train/hazard declarations of that op say
 //     it reads plus what they say it writes (a range read and written
 //     counts twice; write-allocate is not counted, as in STREAM);
@@ -56,11 +63,6 @@
 //     max(flops/GemmPeak, bytes/Triad); so OpTime(method, flops, bytes) =
 //     ideal/Eff + Overhead.Op gives back the measured time at a measured
 //     size and interpolates Eff between sizes.
-//
-// Merge combines calibrations made at different times (per-figure
-// medians), so that a machine whose speed drifts is described over a
-// span of time rather than at one moment (bench/plan brackets each
-// measurement with calibrations).
 //
 // Limits: wall-clock timing on a machine that may be shared; absolute
 // numbers carry that noise. Tensors hold zeros or fixed patterns (speed

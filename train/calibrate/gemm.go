@@ -16,59 +16,40 @@ import (
 // gemmTurnBytes caps the memory of the GEMMs timed in turns (timeOps).
 const gemmTurnBytes = 1 << 30
 
-// gemms times each shape on the backend (beta 0, so C is written, not
-// read): all of them in turns (timeOps) when their operands fit
-// gemmTurnBytes together, else one after the other.
-func (m *meter) gemms(shapes []GemmShape) ([]GemmSample, error) {
-	var total int64
-	for _, s := range shapes {
-		total += 4 * int64(s.M*s.K+s.K*s.N+s.M*s.N)
-	}
-	if total <= gemmTurnBytes && len(shapes) > 1 {
-		return m.gemmsInTurn(shapes)
-	}
-	var out []GemmSample
-	for _, s := range shapes {
-		sec, best, err := m.gemm(s)
-		if err != nil {
-			return nil, fmt.Errorf("%v: %w", s, err)
-		}
-		out = append(out, GemmSample{Shape: s, Seconds: sec, Best: best, Rate: s.FLOPs() / sec})
-	}
-	return out, nil
-}
+func (s GemmShape) operandBytes() int64 { return 4 * int64(s.M*s.K+s.K*s.N+s.M*s.N) }
 
-// gemmsInTurn times every shape at once, in turns.
-func (m *meter) gemmsInTurn(shapes []GemmShape) ([]GemmSample, error) {
-	defer m.release()
+// gemmRuns allocates the operands of each shape (beta 0, so C is written,
+// not read) and returns a closure per shape that enqueues its Gemm, for
+// timeOps, and done, which checks every result and makes the samples from
+// the times timeOps measured.
+func (m *meter) gemmRuns(shapes []GemmShape) (runs []func() error, done func(secs, bests []float64) ([]GemmSample, error), err error) {
 	type ops struct{ A, B, C backend.Tensor }
-	runs := make([]func() error, len(shapes))
+	runs = make([]func() error, len(shapes))
 	args := make([]ops, len(shapes))
 	for i, s := range shapes {
 		a := &tensors{m: m}
 		args[i] = ops{a.f32("A", s.M*s.K, 0.5), a.f32("B", s.K*s.N, 0.25), a.f32("C", s.M*s.N, 0)}
 		if a.err != nil {
-			return nil, fmt.Errorf("%v: %w", s, a.err)
+			return nil, nil, fmt.Errorf("%v: %w", s, a.err)
 		}
 		runs[i] = func() error {
 			return m.be.Gemm(m.s, s.TransA, s.TransB, s.M, s.N, s.K, 1, args[i].A, args[i].B, 0, args[i].C)
 		}
 	}
-	secs, bests, err := m.timeOps(runs)
-	if err != nil {
-		return nil, err
-	}
-	var out []GemmSample
-	for i, s := range shapes {
-		if err := m.checkGemm(s, args[i].C); err != nil {
-			return nil, fmt.Errorf("%v: %w", s, err)
+	done = func(secs, bests []float64) ([]GemmSample, error) {
+		var out []GemmSample
+		for i, s := range shapes {
+			if err := m.checkGemm(s, args[i].C); err != nil {
+				return nil, fmt.Errorf("%v: %w", s, err)
+			}
+			if err := positive(secs[i]); err != nil {
+				return nil, fmt.Errorf("%v: %w", s, err)
+			}
+			out = append(out, GemmSample{Shape: s, Seconds: secs[i], Best: bests[i], Rate: s.FLOPs() / secs[i]})
 		}
-		if err := positive(secs[i]); err != nil {
-			return nil, fmt.Errorf("%v: %w", s, err)
-		}
-		out = append(out, GemmSample{Shape: s, Seconds: secs[i], Best: bests[i], Rate: s.FLOPs() / secs[i]})
+		return out, nil
 	}
-	return out, nil
+	return runs, done, nil
 }
 
 // checkGemm checks C's last element: every element is 0.5*0.25 summed

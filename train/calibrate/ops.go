@@ -73,32 +73,6 @@ type opCase struct {
 // hazard.Access.Bytes, the count train/trace records too.
 func AccessBytes(a hazard.Access) float64 { return float64(a.Bytes()) }
 
-// ops times every op family at geometry g.
-func (m *meter) ops(g OpSize) ([]OpSample, error) {
-	g = g.withDefaults()
-	defer m.release()
-	cases, err := m.opCases(g)
-	if err != nil {
-		return nil, err
-	}
-	runs := make([]func() error, len(cases))
-	for i, c := range cases {
-		runs[i] = c.run
-	}
-	secs, bests, err := m.timeOps(runs)
-	if err != nil {
-		return nil, err
-	}
-	var out []OpSample
-	for i, c := range cases {
-		if err := positive(secs[i]); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", c.method, c.dims, err)
-		}
-		out = append(out, OpSample{Method: c.method, Dims: c.dims, FLOPs: c.flops, Bytes: AccessBytes(c.acc), Seconds: secs[i], Best: bests[i]})
-	}
-	return out, nil
-}
-
 // opCases allocates g's tensors and lists the ops on them.
 func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	B, T, C, NH, KVH, V, I := g.B, g.T, g.C, g.NH, g.KVH, g.V, g.I
@@ -128,6 +102,9 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	invFreq := f32("inv freq", HS/2, 0.01)
 	nAdam := 12 * C * C // about one transformer block's parameters
 	pw, pg, pm, pv := f32("adam w", nAdam, 0.5), f32("adam g", nAdam, 0.001), f32("adam m", nAdam, 0), f32("adam v", nAdam, 0)
+	// The same ops on a vector of width C, a bias or a norm's weight: a
+	// step runs many of these, and their fixed costs dominate them.
+	sw, sg, sm, sv, sa := f32("small w", C, 0.5), f32("small g", C, 0.001), f32("small m", C, 0), f32("small v", C, 0), f32("small acc", C, 0)
 	sumSq, flag := f32("sum sq", 1, 1), f32("flag", 1, 0)
 	work := a.alloc("sum sq work", backend.SumSquaresWork, backend.F64)
 	bt := fmt.Sprintf("B=%d T=%d NH=%d HS=%d", B, T, NH, HS)
@@ -162,12 +139,19 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		{"CrossEntropyForwardBackward", fmt.Sprintf("N=%d V=%d", N, V), 0, hazard.CrossEntropyForwardBackward(losses, logits, inp, 1), func() error {
 			return be.CrossEntropyForwardBackward(s, losses, logits, inp, N, V, 1)
 		}},
-		{"SumSquares", fmt.Sprintf("n=%d", nAdam), 0, hazard.SumSquares(sumSq, pg, work), func() error { return be.SumSquares(s, sumSq, pg, work) }},
 		{"NonFiniteFlag", fmt.Sprintf("n=%d", N), 0, hazard.NonFiniteFlag(flag, losses), func() error { return be.NonFiniteFlag(s, flag, losses) }},
-		{"AdamW", fmt.Sprintf("n=%d", nAdam), 0, hazard.AdamW(pw, backend.Tensor{}, pg, pm, pv, sumSq, backend.Tensor{}, 1), func() error {
-			return be.AdamW(s, pw, backend.Tensor{}, pg, pm, pv, sumSq, backend.Tensor{}, backend.AdamParams{LR: 1e-4, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: 1, MaxNorm: 1})
-		}},
 	}
+	adamP := backend.AdamParams{LR: 1e-4, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: 1, MaxNorm: 1}
+	for _, v := range [][4]backend.Tensor{{pw, pg, pm, pv}, {sw, sg, sm, sv}} {
+		w, g, m, u := v[0], v[1], v[2], v[3]
+		n := fmt.Sprintf("n=%d", w.Len())
+		cases = append(cases,
+			opCase{"SumSquares", n, 0, hazard.SumSquares(sumSq, g, work), func() error { return be.SumSquares(s, sumSq, g, work) }},
+			opCase{"AdamW", n, 0, hazard.AdamW(w, backend.Tensor{}, g, m, u, sumSq, backend.Tensor{}, 1), func() error {
+				return be.AdamW(s, w, backend.Tensor{}, g, m, u, sumSq, backend.Tensor{}, adamP)
+			}})
+	}
+	cases = append(cases, opCase{"Accumulate", fmt.Sprintf("n=%d", C), 0, hazard.Accumulate(sa, sw), func() error { return be.Accumulate(s, sa, sw) }})
 	// Attention at T, T/2 and T/4 (for the rate as a function of T), the
 	// same B*T tokens each time.
 	for _, div := range []int{4, 2, 1} {
