@@ -414,13 +414,18 @@ type meter struct {
 	e0, e1     backend.Event
 }
 
-// flush is a pair of buffers each the size of the last-level cache: a
-// copy from one to the other evicts an op's operands from every cache
-// level before the op is timed.
+// flush is a buffer twice the size of the last-level cache and what
+// SumSquares needs to read it: reading it evicts an op's operands from
+// every cache level before the op is timed. Reading, not copying: a copy
+// would leave the caches full of dirty lines, whose write-back the timed
+// op would then pay for.
 type flush struct {
-	src, dst backend.Tensor
-	sec      float64 // one sweep's time, for the repetition count
+	buf, sum, work backend.Tensor
+	sec            float64 // one sweep's time, for the repetition count
 }
+
+// sweep enqueues the read of the flush buffer.
+func (f *flush) sweep(m *meter) error { return m.be.SumSquares(m.s, f.sum, f.buf, f.work) }
 
 // alloc allocates n elements of dt and fills them with v, so that every
 // page is touched before anything is timed.
@@ -588,8 +593,8 @@ func (m *meter) batch(op func() error, k int) (float64, error) {
 
 // coldTiming turns cold timing on until the returned function turns it
 // off and frees the flush buffers: each op is then timed alone, by a pair
-// of events around it on its stream, right after a copy between two
-// buffers the size of the last-level cache, so that its operands and
+// of events around it on its stream, right after a read of a buffer
+// twice the size of the last-level cache, so that its operands and
 // outputs come from memory. That is the state a training step's ops find
 // theirs in: between two uses of a weight or an activation run the rest
 // of the layer's ops, or a whole step, and the caches (shared with other
@@ -606,21 +611,24 @@ func (m *meter) coldTiming(opOverhead float64) (func(), error) {
 	}
 	f := &flush{}
 	var err error
-	if f.src, err = m.be.Alloc("flush-src", llc/4, backend.F32); err != nil {
-		return nil, err
+	if f.buf, err = m.be.Alloc("flush", 2*llc/4, backend.F32); err == nil {
+		if f.sum, err = m.be.Alloc("flush sum", 1, backend.F32); err == nil {
+			f.work, err = m.be.Alloc("flush work", backend.SumSquaresWork, backend.F64)
+		}
 	}
-	if f.dst, err = m.be.Alloc("flush-dst", llc/4, backend.F32); err != nil {
-		m.be.Free(f.src)
-		return nil, err
-	}
-	if m.e0, err = m.be.NewEvent("calibrate-start"); err == nil {
-		m.e1, err = m.be.NewEvent("calibrate-end")
+	if err == nil {
+		if m.e0, err = m.be.NewEvent("calibrate-start"); err == nil {
+			m.e1, err = m.be.NewEvent("calibrate-end")
+		}
 	}
 	off := func() {
 		m.cold = nil
 		if m.be.Synchronize(m.s) == nil {
-			m.be.Free(f.src)
-			m.be.Free(f.dst)
+			for _, t := range []backend.Tensor{f.buf, f.sum, f.work} {
+				if t.Shape != nil {
+					m.be.Free(t)
+				}
+			}
 		}
 		for _, e := range []backend.Event{m.e0, m.e1} {
 			if e != nil {
@@ -633,12 +641,11 @@ func (m *meter) coldTiming(opOverhead float64) (func(), error) {
 		off()
 		return nil, err
 	}
-	if err := m.be.Fill(m.s, f.src, 1); err != nil { // touch every page
+	if err := m.be.Fill(m.s, f.buf, 0.5); err != nil { // touch every page
 		off()
 		return nil, err
 	}
-	sweep := func() error { return m.be.CopyD2D(m.s, f.dst, f.src) }
-	if f.sec, err = m.perOp(sweep); err != nil {
+	if f.sec, err = m.perOp(func() error { return f.sweep(m) }); err != nil {
 		off()
 		return nil, err
 	}
@@ -651,7 +658,7 @@ func (m *meter) coldTiming(opOverhead float64) (func(), error) {
 func (m *meter) coldBatch(op func() error, k int) (float64, error) {
 	total := 0.0
 	for range k {
-		if err := m.be.CopyD2D(m.s, m.cold.dst, m.cold.src); err != nil {
+		if err := m.cold.sweep(m); err != nil {
 			return 0, err
 		}
 		if err := m.be.Record(m.e0, m.s); err != nil {

@@ -341,7 +341,7 @@ func TestOpEff(t *testing.T) {
 	}
 }
 
-// TestColdTiming: cold timing sweeps a buffer of the last-level cache's
+// TestColdTiming: cold timing reads a buffer twice the last-level cache's
 // size before each op, times the op alone by events, adds the enqueue
 // overhead it is given, and frees what it allocated when turned off; a
 // cold op is not faster than its warm time by more than noise can explain
@@ -368,8 +368,8 @@ func TestColdTiming(t *testing.T) {
 	if llc <= 0 {
 		llc = 32 << 20
 	}
-	if got := be.MemStats().InUse - before; got != 2*(llc/4)*4 {
-		t.Errorf("flush buffers: %d bytes, want two of the last-level cache's %d", got, llc)
+	if got := be.MemStats().InUse - before; got < 2*llc || got > 2*llc+1<<20 {
+		t.Errorf("flush buffers: %d bytes, want twice the last-level cache's %d and a little", got, llc)
 	}
 	if !(m.cold.sec > 0) {
 		t.Errorf("sweep time %v, want > 0", m.cold.sec)

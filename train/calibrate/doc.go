@@ -33,7 +33,7 @@
 //
 //   - GEMMs and the other compute ops are timed cold: each repetition is
 //     one op, timed by a pair of events around it on its stream, right
-//     after a copy between two buffers of the last-level cache's size,
+//     after a read of a buffer twice the last-level cache's size,
 //     so that its operands come from memory as a step's ops find theirs
 //     (between two uses of a tensor run the rest of the layer, or a whole
 //     step; timed warm, back to back on the same operands, the small
