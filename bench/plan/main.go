@@ -61,9 +61,9 @@ type job struct {
 }
 
 var jobs = []job{
-	{Job: steps.Job{Preset: "tiny", B: 32, T: 24, Warm: 2, Steps: 15}},
+	{Job: steps.Job{Preset: "tiny", B: 32, T: 24, Warm: 2, Steps: 25}},
 	{Job: steps.Job{Preset: "gpt2", B: 2, T: 128, Warm: 1, Steps: 5}},
-	{Job: steps.Job{Preset: "llama-tiny", B: 16, T: 64, Warm: 2, Steps: 13}, chosen: true},
+	{Job: steps.Job{Preset: "llama-tiny", B: 16, T: 64, Warm: 2, Steps: 21}, chosen: true},
 }
 
 var modes = []engine.Mode{engine.Native, engine.Zero, engine.LSP}
