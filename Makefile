@@ -284,7 +284,8 @@ endif
 # (TestCUDATrainsLikeCPU in train), and the LLaMA fixtures' logits, loss
 # and gradients on both backends (TestCUDAMatchesCPU in train/llama), and
 # the KV-cache decoder's logits on both (TestCUDADecoderMatchesCPU in
-# train/eval).
+# train/eval), and the planner's step graph priced with per-op times that
+# the CUDA backend's events measured (TestMeasuredOpsCUDA in train/plan).
 # About 3 minutes on 2 cores. RUN=regexp
 # selects tests.
 #
@@ -305,6 +306,7 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDATrainsLikeCPU)' ./train/
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDAMatchesCPU)' ./train/llama/
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestCUDADecoderMatchesCPU)' ./train/eval/
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 30m -run '$(or $(RUN),TestMeasuredOpsCUDA)' ./train/plan/
 else
 	@echo "cudasim-test: $(SIM_SKIP_MSG)"
 endif

@@ -213,13 +213,24 @@ func TestCPUMachinePredictsStep(t *testing.T) {
 // TestMeasuredOpsFromEvents: ops timed by events on a real step of the CPU
 // backend (trace.WrapTimed) answer the Measured hook for every device op
 // of the traced graph of the same configuration, and price the step at
-// what its ops took.
+// what its ops took. cuda_test.go runs the same on the CUDA backend.
 func TestMeasuredOpsFromEvents(t *testing.T) {
+	checkMeasuredOps(t, backend.F32, func() (backend.Backend, error) { return cpu.New(cpu.Config{Threads: 2}), nil })
+}
+
+// checkMeasuredOps is TestMeasuredOpsFromEvents on the backends open makes,
+// one per mode, with a model of dtype dt.
+func checkMeasuredOps(t *testing.T, dt backend.DType, open func() (backend.Backend, error)) {
+	t.Helper()
 	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
 		cfg := engineConfig(mode)
 		cfg.Pipelined, cfg.HostThreads = false, 2
-		w := trace.WrapTimed(cpu.New(cpu.Config{Threads: 2}))
-		e, err := engine.New(w, tiny, 2, 8, 1, backend.F32, cfg)
+		be, err := open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := trace.WrapTimed(be)
+		e, err := engine.New(w, tiny, 2, 8, 1, dt, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +256,7 @@ func TestMeasuredOpsFromEvents(t *testing.T) {
 		w.Close()
 
 		hook := MeasuredOps(timed)
-		_, ops, err := Trace(tiny, 2, 8, 1, backend.F32, cfg)
+		_, ops, err := Trace(tiny, 2, 8, 1, dt, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,5 +283,6 @@ func TestMeasuredOpsFromEvents(t *testing.T) {
 		if math.Abs(pred-meas) > 1e-9*meas {
 			t.Errorf("%s: traced ops priced at %g s, the timed step's ops took %g s", mode, pred, meas)
 		}
+		t.Logf("%s on %s: the traced step's %d ops, link copies apart, priced from events at %.4g s", mode, be.Name(), len(ops), pred)
 	}
 }
