@@ -121,12 +121,13 @@ bench-train:
 
 # The planner checked against this machine: the CPU backend calibrated from
 # microbenchmarks only (train/calibrate, plan.FromCalibration), each
-# configuration's step predicted, then timed on the real engine (median
-# after warm-up): tiny, gpt2 and llama-tiny in native, zero and lsp mode,
-# sequential and pipelined, side by side, then a per-family breakdown of the
-# worst; the last line is "plan-vs-measured: X" (worst max(pred/meas,
-# meas/pred)). About 10 minutes on 2 cores. BENCH_PLAN_FLAGS passes flags,
-# e.g. -models tiny -budget 10s.
+# configuration's step predicted, and timed on the real engine between the
+# calibration's rounds (median after warm-up): tiny, gpt2 and llama-tiny in
+# native, zero and lsp mode, sequential and pipelined, side by side, then a
+# per-family breakdown of the worst; the last line is "plan-vs-measured: X"
+# (worst max(pred/meas, meas/pred)). About 4 minutes on 2 cores; other work
+# on the machine shows in X. BENCH_PLAN_FLAGS passes flags, e.g. -models
+# tiny -budget 10s.
 .PHONY: bench-plan
 bench-plan:
 	$(GO) run ./bench/plan $(BENCH_PLAN_FLAGS)
