@@ -12,8 +12,8 @@
 // was written). The last line is "plan-vs-measured: X", X the worst
 // max(pred/meas, meas/pred).
 //
-// Then, for the worst row, a per-family breakdown: the same step run once
-// more sequentially with every op timed on its stream by a pair of events
+// Then, for the worst row, a per-family breakdown: the same configuration
+// stepped once more with every op timed on its stream by a pair of events
 // (trace.WrapTimed), against the predicted time of each family.
 //
 // Calibration and measurement run interleaved in one process: for each
@@ -417,13 +417,12 @@ func describe(c calibrate.CPU, m plan.Machine) {
 	fmt.Printf("  contention (rate shared/alone): %s\n", strings.Join(parts, ", "))
 }
 
-// familyBreakdown runs r's configuration sequentially once more with every
-// op timed by events and prints, per op family, the predicted time (the
-// sequential prediction's parts) against the measured one, and the rest of
-// the step.
+// familyBreakdown runs r's configuration once more with every op timed by
+// events and prints, per op family, the predicted time (the prediction's
+// parts) against the measured one, and the rest of the step.
 func familyBreakdown(r row, m plan.Machine, threads int) error {
 	spec, _ := models.Preset(r.j.Preset)
-	ec := steps.Config(r.mode, false, threads)
+	ec := steps.Config(r.mode, r.pipelined, threads)
 	pred, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
 	if err != nil {
 		return err
@@ -458,7 +457,7 @@ func familyBreakdown(r row, m plan.Machine, threads int) error {
 		sum += o.Seconds
 	}
 	step := res.Seconds[0]
-	fmt.Printf("\nper family, %s B=%d T=%d %s sequential (the worst row's mode), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode)
+	fmt.Printf("\nper family, %s B=%d T=%d %s %s (the worst row), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode, schedName(r.pipelined))
 	fmt.Printf("%-12s %5s %9s %9s %6s\n", "family", "ops", "pred s", "meas s", "ratio")
 	fams := append(trace.Families(), plan.HostAdam, plan.Sync)
 	for _, f := range fams {
