@@ -102,7 +102,7 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 10 minutes on 2 cores).
@@ -314,6 +314,18 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -short -timeout 30m -run '$(or $(RUN),$(CUDASIM_ENGINE_RUN))' ./train/engine/
 else
 	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
+endif
+
+# `make cudasim-bench-test`: lsp-train profile on the CUDA backend on
+# the simulated runtime (TestProfileCUDA: tiny, every mode, a projector
+# check; its phases and families sum to its device time, every phase
+# present, its metrics lines parse); about 30 s on 2 cores.
+.PHONY: cudasim-bench-test
+cudasim-bench-test:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 10m -run '$(or $(RUN),TestProfileCUDA)' ./cmd/lsp-train/
+else
+	@echo "cudasim-bench-test: $(SIM_SKIP_MSG)"
 endif
 
 # `make sim`: the same command on the simulated CUDA runtime

@@ -262,6 +262,11 @@ func commandFlags(args []string) (fs *flag.FlagSet, rest []string, validate func
 		fs = flag.NewFlagSet("plan", flag.ContinueOnError)
 		bindPlanFlags(fs, &o)
 		return fs, args[1:], func() error { _, err := o.parse(); return err }
+	case len(args) > 0 && args[0] == "profile":
+		c, mode := profileDefaults(), "all"
+		fs = flag.NewFlagSet("profile", flag.ContinueOnError)
+		bindProfileFlags(fs, &c, &mode)
+		return fs, args[1:], c.Validate
 	case len(args) > 0 && args[0] == "compare":
 		c := compare.Defaults()
 		fs = flag.NewFlagSet("compare", flag.ContinueOnError)

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/lsp-offload/lsp-offload/train"
@@ -170,7 +171,11 @@ func printProfile(w io.Writer, cfg train.Config, backendName string, cols []prof
 	}
 	fmt.Fprintf(w, "profile: %s on %s, micro-batch %d x %d, %d per step, %v, %s schedule; %s\n",
 		cfg.Model, backendName, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.DType, cfg.Schedule, which)
-	fmt.Fprintf(w, "device: sums of op times by events; host and wall: wall clock; ms\n\n")
+	fmt.Fprintf(w, "device: sums of op times by events; host and wall: wall clock; ms\n")
+	if cfg.Device.Base() == device.CUDA && strings.Contains(cudaRuntime, "SIMULATED") {
+		fmt.Fprintf(w, "SIMULATED: --device cuda in this build is the simulated CUDA runtime (make sim): its times are the CPU's, not a GPU's\n")
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "\t")
 	for _, c := range cols {
