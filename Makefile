@@ -319,14 +319,30 @@ endif
 # `make cudasim-bench-test`: lsp-train profile on the CUDA backend on
 # the simulated runtime (TestProfileCUDA: tiny, every mode, a projector
 # check; its phases and families sum to its device time, every phase
-# present, its metrics lines parse); about 30 s on 2 cores.
+# present, its metrics lines parse), then bench/pcie on it (4 KiB to
+# 1 MiB, once, marked SIMULATED); about 40 s on 2 cores.
 .PHONY: cudasim-bench-test
 cudasim-bench-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 10m -run '$(or $(RUN),TestProfileCUDA)' ./cmd/lsp-train/
+	$(SIM_ENV) $(GO) run -tags cudasim ./bench/pcie
 else
 	@echo "cudasim-bench-test: $(SIM_SKIP_MSG)"
 endif
+
+# `make bench-pcie`: the host-device link of CUDA device 0 (bench/pcie):
+# pinned and staged copies of 4 KiB to 1 GiB each way and both at once,
+# GB/s median and spread over 20 runs timed by events, and the ratio to the
+# link's rate (PCIe speed and width from sysfs). Built with -tags cuda
+# where `make build` would build CUDA (CUDA_PROBE); otherwise it prints
+# one line saying there is no device and succeeds. BENCH_PCIE_FLAGS passes
+# flags, e.g. -max 268435456 -runs 5.
+.PHONY: bench-pcie
+bench-pcie:
+	@why=$$($(CUDA_PROBE)); if [ -z "$$why" ]; then \
+		$(MAKE) --no-print-directory build/libkernels.a && \
+		$(CMD_CUDA_ENV) $(GO) run -tags cuda ./bench/pcie $(BENCH_PCIE_FLAGS); \
+	else echo "bench-pcie: built without CUDA ($$why)"; $(GO) run ./bench/pcie $(BENCH_PCIE_FLAGS); fi
 
 # `make sim`: the same command on the simulated CUDA runtime
 # (kernels/sim/cudart.cpp, -tags cudasim), as bin/lsp-train-sim so that it
