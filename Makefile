@@ -319,13 +319,15 @@ endif
 # `make cudasim-bench-test`: lsp-train profile on the CUDA backend on
 # the simulated runtime (TestProfileCUDA: tiny, every mode, a projector
 # check; its phases and families sum to its device time, every phase
-# present, its metrics lines parse), then bench/pcie on it (4 KiB to
-# 1 MiB, once, marked SIMULATED); about 40 s on 2 cores.
+# present, its metrics lines parse), then bench/pcie (4 KiB to 1 MiB,
+# once) and bench/kernels (tiny and llama-tiny at 2 x 16 tokens, once) on
+# it, both marked SIMULATED; about 1.5 minutes on 2 cores.
 .PHONY: cudasim-bench-test
 cudasim-bench-test:
 ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 10m -run '$(or $(RUN),TestProfileCUDA)' ./cmd/lsp-train/
 	$(SIM_ENV) $(GO) run -tags cudasim ./bench/pcie
+	$(SIM_ENV) $(GO) run -tags cudasim ./bench/kernels
 else
 	@echo "cudasim-bench-test: $(SIM_SKIP_MSG)"
 endif
@@ -337,12 +339,23 @@ endif
 # where `make build` would build CUDA (CUDA_PROBE); otherwise it prints
 # one line saying there is no device and succeeds. BENCH_PCIE_FLAGS passes
 # flags, e.g. -max 268435456 -runs 5.
-.PHONY: bench-pcie
-bench-pcie:
-	@why=$$($(CUDA_PROBE)); if [ -z "$$why" ]; then \
+#
+# `make bench-kernels`: every op of a real step of GPT-2 124M (4 x 1024)
+# and of one LLaMA 7B layer (1 x 2048), native and lsp, bf16, each
+# compute node of the step run again 10 times with L2 flushed before
+# each run (bench/kernels): median time by events, TFLOP/s or GB/s, the
+# ratio to the GPU's peak (train/plan's preset of it, when there is one),
+# and the launchers no step ran. Built as bench-pcie. BENCH_KERNELS_FLAGS
+# passes flags, e.g. -runs 20.
+.PHONY: bench-pcie bench-kernels
+GPU_BENCH_RUN = case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; if [ -z "$$why" ]; then \
 		$(MAKE) --no-print-directory build/libkernels.a && \
-		$(CMD_CUDA_ENV) $(GO) run -tags cuda ./bench/pcie $(BENCH_PCIE_FLAGS); \
-	else echo "bench-pcie: built without CUDA ($$why)"; $(GO) run ./bench/pcie $(BENCH_PCIE_FLAGS); fi
+		$(CMD_CUDA_ENV) $(GO) run -tags cuda $(1); \
+	else echo "$@: built without CUDA ($$why)"; $(GO) run $(1); fi
+bench-pcie:
+	@$(call GPU_BENCH_RUN,./bench/pcie $(BENCH_PCIE_FLAGS))
+bench-kernels:
+	@$(call GPU_BENCH_RUN,./bench/kernels $(BENCH_KERNELS_FLAGS))
 
 # `make sim`: the same command on the simulated CUDA runtime
 # (kernels/sim/cudart.cpp, -tags cudasim), as bin/lsp-train-sim so that it

@@ -34,6 +34,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/bench/internal/gpubench"
 	"github.com/lsp-offload/lsp-offload/bench/internal/steps"
 	"github.com/lsp-offload/lsp-offload/cuda"
+	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
@@ -120,13 +121,33 @@ func run(runs int) error {
 	if err != nil {
 		return err
 	}
+	seen := map[string]bool{} // backend methods timed
 	for _, j := range js {
 		for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
-			if err := bench(j, mode, runs, peak); err != nil {
+			if err := bench(j, mode, runs, peak, seen); err != nil {
 				return fmt.Errorf("%s %s: %w", j.name, mode, err)
 			}
 		}
 	}
+	// The launchers no step above ran (backend.KernelDTypes names each
+	// op's launcher).
+	covered := map[string]bool{}
+	for _, o := range backend.KernelDTypes() {
+		if seen[o.Op] {
+			covered[o.Launcher] = true
+		}
+	}
+	var missed []string
+	for _, l := range kernels.Launchers {
+		if l.Returns == "cudaError_t" && !covered[l.C] {
+			missed = append(missed, l.Name)
+		}
+	}
+	fmt.Printf("\nlaunchers of kernels/launchers_gen.go timed above: %d of %d", len(covered), len(covered)+len(missed))
+	if len(missed) > 0 {
+		fmt.Printf("; not run by these steps: %s", strings.Join(missed, ", "))
+	}
+	fmt.Println()
 	return nil
 }
 
@@ -150,7 +171,7 @@ func presetOf(name string) *plan.GPU {
 
 // bench runs j's step once in mode, then each compute node runs times,
 // and prints a row per op and shape.
-func bench(j job, mode engine.Mode, runs int, peak *plan.GPU) error {
+func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bool) error {
 	be, err := device.Open(device.Config{Kind: device.CUDA})
 	if err != nil {
 		return err
@@ -207,6 +228,7 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU) error {
 	var rows []*row
 	byKey := map[string]*row{}
 	for _, o := range ops {
+		seen[o.Method] = true
 		k := fmt.Sprintf("%s %v %v %+v", o.Method, o.DType, o.Shapes, o.Gemm)
 		if byKey[k] == nil {
 			byKey[k] = &row{op: o}
