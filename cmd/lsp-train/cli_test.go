@@ -319,7 +319,7 @@ func capped(t *testing.T, args []string) []string {
 		if f == nil || given[name] {
 			continue
 		}
-		if len(sub) == 0 && slices.Contains(fitFlags, name) && !given["fit"] {
+		if (len(sub) == 0 || sub[0] == "profile") && slices.Contains(fitFlags, name) && !given["fit"] {
 			continue // a check setting needs --fit (checkFitFlags)
 		}
 		def, _ := strconv.Atoi(f.DefValue)
