@@ -12,7 +12,9 @@
 // (engine.Graph) is run again -runs times on its own, with the L2 cache
 // flushed before each run by filling a 256 MiB buffer; every op in it is
 // timed by a pair of events (trace.WrapTimed). Each backend op is one
-// launcher of kernels/launchers_gen.go. The table has, per op and shape,
+// launcher of kernels/launchers_gen.go; Scale, Accumulate and the casts,
+// which such a step does not run, are run on their own at the size of
+// the first block matrix. The table has, per op and shape,
 // the median time, the achieved TFLOP/s (GEMM, attention) or GB/s (the
 // rest: the bytes the op reads and writes), and the ratio to the device's
 // peak when train/plan has a preset of that GPU.
@@ -130,8 +132,9 @@ func run(runs int) error {
 		}
 	}
 	// The launchers no step above ran (backend.KernelDTypes names each
-	// op's launcher).
-	covered := map[string]bool{}
+	// op's launcher; extraOps ran CopyD2D between fp32 and bf16 both
+	// ways, which the casts launch).
+	covered := map[string]bool{"lsp_cast_f32_to_bf16": true, "lsp_cast_bf16_to_f32": true}
 	for _, o := range backend.KernelDTypes() {
 		if seen[o.Op] {
 			covered[o.Launcher] = true
@@ -145,7 +148,7 @@ func run(runs int) error {
 	}
 	fmt.Printf("\nlaunchers of kernels/launchers_gen.go timed above: %d of %d", len(covered), len(covered)+len(missed))
 	if len(missed) > 0 {
-		fmt.Printf("; not run by these steps: %s", strings.Join(missed, ", "))
+		fmt.Printf("; not run here: %s", strings.Join(missed, ", "))
 	}
 	fmt.Println()
 	return nil
@@ -217,6 +220,15 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bo
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 	}
+	if mode == engine.Native {
+		// The launchers a step of this shape does not run (gradient
+		// accumulation's Scale and Accumulate, the casts of CopyD2D
+		// between dtypes), on a tensor the size of the first block
+		// matrix, as they would run on its gradient or weights.
+		if err := extraOps(w, be, j.spec.Matrices()[0], runs, flush); err != nil {
+			return err
+		}
+	}
 	ops, err := w.Times()
 	if err != nil {
 		return err
@@ -262,6 +274,9 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bo
 			ratio = fmt.Sprintf("%.2f", rate/top)
 		}
 		name := o.Method
+		if o.Method == "CopyD2D" {
+			name = fmt.Sprintf("CopyD2D %v", o.DType)
+		}
 		if o.Family == trace.Gemm {
 			name = fmt.Sprintf("Gemm %s M%d N%d K%d", trans(o.Gemm), o.Gemm.M, o.Gemm.N, o.Gemm.K)
 		}
@@ -269,6 +284,44 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bo
 			st.Median*1e6, rate, unit, ratio)
 	}
 	return nil
+}
+
+// extraOps times Scale, Accumulate and the two casts on tensors of m's
+// size through w, each run runs times after an L2 flush when flush has a
+// buffer.
+func extraOps(w, be backend.Backend, m model.Matrix, runs int, flush backend.Tensor) error {
+	n := m.M * m.N
+	s := be.DefaultStream()
+	var ts [4]backend.Tensor
+	for i, dt := range []backend.DType{backend.F32, backend.F32, backend.BF16, backend.F32} {
+		t, err := be.Alloc(fmt.Sprintf("extra %d", i), n, dt)
+		if err != nil {
+			return err
+		}
+		defer be.Free(t)
+		if err := be.Fill(s, t, 1); err != nil {
+			return err
+		}
+		ts[i] = t
+	}
+	for _, op := range []func() error{
+		func() error { return w.Scale(s, ts[0], 0.5) },
+		func() error { return w.Accumulate(s, ts[0], ts[1]) },
+		func() error { return w.CopyD2D(s, ts[2], ts[0]) }, // fp32 to bf16
+		func() error { return w.CopyD2D(s, ts[3], ts[2]) }, // bf16 to fp32
+	} {
+		for range runs {
+			if flush.Buf != nil {
+				if err := be.Fill(s, flush, 0); err != nil {
+					return err
+				}
+			}
+			if err := op(); err != nil {
+				return err
+			}
+		}
+	}
+	return be.Synchronize(s)
 }
 
 func trans(g trace.GemmArgs) string {
