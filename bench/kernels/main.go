@@ -19,8 +19,9 @@
 // rest: the bytes the op reads and writes), and the ratio to the device's
 // peak when train/plan has a preset of that GPU.
 //
-// Not here: a cuBLAS column (the benchmark links no cuBLAS yet). The
-// flush is per node (a layer's forward, say), not between the ops inside
+// Under -tags cuda each bf16 GEMM row is also timed as cuBLAS's
+// cublasGemmEx (cublas_cuda.go; cuBLAS is linked into this binary only).
+// The flush is per node (a layer's forward, say), not between the ops inside
 // it. Under -tags cudasim it runs tiny and llama-tiny at 2 x 16 tokens,
 // once, without the flush, and says the figures are simulated.
 package main
@@ -118,7 +119,11 @@ func run(runs int) error {
 	} else {
 		fmt.Println("peaks: unknown for this device (no train/plan preset): no ratio column")
 	}
-	fmt.Println("no cuBLAS column: cuBLAS is not linked into this benchmark")
+	if !haveCublas {
+		fmt.Println("no cuBLAS column: the simulated runtime has no cuBLAS")
+	} else {
+		fmt.Println("cuBLAS: each GEMM row also timed as cublasGemmEx (bf16 in and out, fp32 accumulate), same runs and flush; speed vs cublas = its time over ours (1: as fast, below 1: slower)")
+	}
 	js, err := jobs()
 	if err != nil {
 		return err
@@ -251,7 +256,11 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bo
 	slices.SortStableFunc(rows, func(a, b *row) int { return strings.Compare(string(a.op.Family), string(b.op.Family)) })
 	fmt.Printf("\n== %s, %s mode, micro-batch %d x %d, bf16: %d ops of %d kinds, each run %d times ==\n",
 		j.name, mode, j.B, j.T, len(ops), len(rows), runs)
-	fmt.Printf("%-11s %-26s %-44s %6s %10s %12s %6s\n", "family", "op", "shapes", "calls", "median us", "achieved", "/peak")
+	head := ""
+	if haveCublas {
+		head = fmt.Sprintf(" %10s %6s", "cublas us", "speed vs cublas")
+	}
+	fmt.Printf("%-11s %-26s %-44s %6s %10s %12s %6s%s\n", "family", "op", "shapes", "calls", "median us", "achieved", "/peak", head)
 	for _, x := range rows {
 		st := gpubench.Summarize(x.times)
 		o := x.op
@@ -280,8 +289,16 @@ func bench(j job, mode engine.Mode, runs int, peak *plan.GPU, seen map[string]bo
 		if o.Family == trace.Gemm {
 			name = fmt.Sprintf("Gemm %s M%d N%d K%d", trans(o.Gemm), o.Gemm.M, o.Gemm.N, o.Gemm.K)
 		}
-		fmt.Printf("%-11s %-26s %-44s %6d %10.1f %8.2f %-7s %6s\n", o.Family, name, shapes(o.Shapes), len(x.times)/max(runs, 1),
-			st.Median*1e6, rate, unit, ratio)
+		cub := ""
+		if haveCublas && o.Family == trace.Gemm && o.DType == backend.BF16 {
+			c, err := cublasGemm(o.Gemm, runs)
+			if err != nil {
+				return err
+			}
+			cub = fmt.Sprintf(" %10.1f %6.2f", c*1e6, c/st.Median)
+		}
+		fmt.Printf("%-11s %-26s %-44s %6d %10.1f %8.2f %-7s %6s%s\n", o.Family, name, shapes(o.Shapes), len(x.times)/max(runs, 1),
+			st.Median*1e6, rate, unit, ratio, cub)
 	}
 	return nil
 }
