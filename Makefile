@@ -320,8 +320,8 @@ endif
 # the simulated runtime (TestProfileCUDA: tiny, every mode, a projector
 # check; its phases and families sum to its device time, every phase
 # present, its metrics lines parse), then bench/pcie (4 KiB to 1 MiB,
-# once) and bench/kernels (tiny and llama-tiny at 2 x 16 tokens, once) on
-# it, both marked SIMULATED; about 1.5 minutes on 2 cores.
+# once) and bench/kernels (tiny and llama-tiny at 2 x 16 tokens, once, no
+# cuBLAS) on it, both marked SIMULATED; about 1.5 minutes on 2 cores.
 .PHONY: cudasim-bench-test
 cudasim-bench-test:
 ifneq ($(SIM_OK),)
@@ -345,7 +345,8 @@ endif
 # compute node of the step run again 10 times with L2 flushed before
 # each run (bench/kernels): median time by events, TFLOP/s or GB/s, the
 # ratio to the GPU's peak (train/plan's preset of it, when there is one),
-# and the launchers no step ran. Built as bench-pcie. BENCH_KERNELS_FLAGS
+# cuBLAS's time for each bf16 GEMM (-lcublas, this binary only), and the
+# launchers it did not run. Built as bench-pcie. BENCH_KERNELS_FLAGS
 # passes flags, e.g. -runs 20.
 .PHONY: bench-pcie bench-kernels
 GPU_BENCH_RUN = case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; if [ -z "$$why" ]; then \
