@@ -297,7 +297,7 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
-CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/
+CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
