@@ -176,16 +176,16 @@ func printProfile(w io.Writer, cfg train.Config, backendName string, cols []prof
 		fmt.Fprintf(w, "SIMULATED: --device cuda in this build is the simulated CUDA runtime (make sim): its times are the CPU's, not a GPU's\n")
 	}
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprint(tw, "\t")
 	for _, c := range cols {
-		fmt.Fprintf(tw, "%s\t", c.mode)
+		fmt.Fprintf(tw, "%10s\t", c.mode)
 	}
 	fmt.Fprintln(tw)
 	row := func(label string, get func(profile.Step) float64) {
 		fmt.Fprintf(tw, "%s\t", label)
 		for _, m := range med {
-			fmt.Fprintf(tw, "%.3f\t", get(m)*1e3)
+			fmt.Fprintf(tw, "%10.3f\t", get(m)*1e3)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -209,7 +209,7 @@ func printProfile(w io.Writer, cfg train.Config, backendName string, cols []prof
 		}
 		row("  "+string(f), func(s profile.Step) float64 { return s.Families[f] })
 	}
-	heading("streams: busy / idle during the engine step")
+	heading("streams: busy / idle")
 	var streams []string
 	for _, m := range med {
 		for s := range m.Busy {
@@ -223,9 +223,9 @@ func printProfile(w io.Writer, cfg train.Config, backendName string, cols []prof
 		fmt.Fprintf(tw, "  %s\t", s)
 		for _, m := range med {
 			if b, ok := m.Busy[s]; ok {
-				fmt.Fprintf(tw, "%.3f / %.3f\t", b*1e3, m.Idle[s]*1e3)
+				fmt.Fprintf(tw, "%s\t", fmt.Sprintf("%.3f / %.3f", b*1e3, m.Idle[s]*1e3))
 			} else {
-				fmt.Fprint(tw, "-\t")
+				fmt.Fprintf(tw, "%10s\t", "-")
 			}
 		}
 		fmt.Fprintln(tw)
