@@ -102,7 +102,7 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 10 minutes on 2 cores).
@@ -299,7 +299,7 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestEveryEdgeIsNeeded
-CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/
+CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
@@ -318,6 +318,48 @@ ifneq ($(SIM_OK),)
 else
 	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
 endif
+
+# `make cudasim-bench-test`: lsp-train profile on the CUDA backend on
+# the simulated runtime (TestProfileCUDA: tiny, every mode, a projector
+# check; its phases and families sum to its device time, every phase
+# present, its metrics lines parse), then bench/pcie (4 KiB to 1 MiB,
+# once) and bench/kernels (tiny and llama-tiny at 2 x 16 tokens, once, no
+# cuBLAS) on it, both marked SIMULATED; about 1.5 minutes on 2 cores.
+.PHONY: cudasim-bench-test
+cudasim-bench-test:
+ifneq ($(SIM_OK),)
+	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 10m -run '$(or $(RUN),TestProfileCUDA)' ./cmd/lsp-train/
+	$(SIM_ENV) $(GO) run -tags cudasim ./bench/pcie
+	$(SIM_ENV) $(GO) run -tags cudasim ./bench/kernels
+else
+	@echo "cudasim-bench-test: $(SIM_SKIP_MSG)"
+endif
+
+# `make bench-pcie`: the host-device link of CUDA device 0 (bench/pcie):
+# pinned and staged copies of 4 KiB to 1 GiB each way and both at once,
+# GB/s median and spread over 20 runs timed by events, and the ratio to the
+# link's rate (PCIe speed and width from sysfs). Built with -tags cuda
+# where `make build` would build CUDA (CUDA_PROBE); otherwise it prints
+# one line saying there is no device and succeeds. BENCH_PCIE_FLAGS passes
+# flags, e.g. -max 268435456 -runs 5.
+#
+# `make bench-kernels`: every op of a real step of GPT-2 124M (4 x 1024)
+# and of one LLaMA 7B layer (1 x 2048), native and lsp, bf16, each
+# compute node of the step run again 10 times with L2 flushed before
+# each run (bench/kernels): median time by events, TFLOP/s or GB/s, the
+# ratio to the GPU's peak (train/plan's preset of it, when there is one),
+# cuBLAS's time for each bf16 GEMM (-lcublas, this binary only), and the
+# launchers it did not run. Built as bench-pcie. BENCH_KERNELS_FLAGS
+# passes flags, e.g. -runs 20.
+.PHONY: bench-pcie bench-kernels
+GPU_BENCH_RUN = case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; if [ -z "$$why" ]; then \
+		$(MAKE) --no-print-directory build/libkernels.a && \
+		$(CMD_CUDA_ENV) $(GO) run -tags cuda $(1); \
+	else echo "$@: built without CUDA ($$why)"; $(GO) run $(1); fi
+bench-pcie:
+	@$(call GPU_BENCH_RUN,./bench/pcie $(BENCH_PCIE_FLAGS))
+bench-kernels:
+	@$(call GPU_BENCH_RUN,./bench/kernels $(BENCH_KERNELS_FLAGS))
 
 # `make sim`: the same command on the simulated CUDA runtime
 # (kernels/sim/cudart.cpp, -tags cudasim), as bin/lsp-train-sim so that it

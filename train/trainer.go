@@ -104,6 +104,21 @@ type Options struct {
 	// Measurements, when set, receives the run's measurements when it
 	// returns a Result.
 	Measurements *Measurements
+	// Ready, when set, is called with the engine once setup is done,
+	// before the first step (lsp-train profile wraps its graphs).
+	Ready func(*engine.Engine) error
+	// AfterStep, when set, is called after each step is recorded, with
+	// its wall times (lsp-train profile reads the step's timed ops).
+	AfterStep func(StepTimes) error
+}
+
+// StepTimes are one optimizer step's wall times (Options.AfterStep).
+type StepTimes struct {
+	Step   int     // the step just taken
+	Total  float64 // the whole step: data, projector check, engine step, skipped attempts
+	Engine float64 // the engine's Step (the last attempt's)
+	Check  float64 // the projector check before it (0: none was due)
+	Tokens int64   // tokens of the step
 }
 
 // run holds the state of one training run.
@@ -141,6 +156,8 @@ type run struct {
 	stepSecs, checkSecs float64
 	stepLink            int64
 	stepsTimed          int
+	// The latest step's engine and check times (StepTimes).
+	lastEngine, lastCheck float64
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -201,6 +218,9 @@ func (r *run) setup() error {
 		if err := step(); err != nil {
 			return err
 		}
+	}
+	if r.opts.Ready != nil {
+		return r.opts.Ready(r.eng)
 	}
 	return nil
 }
@@ -608,7 +628,14 @@ func (r *run) oneStep(res *Result) error {
 		r.step++
 		res.TrainLoss = loss
 		res.Losses = append(res.Losses, loss)
-		return r.recordStep(loss, lr, float64(r.tokens-tok0)/dt.Seconds(), float64(r.runTokens)/r.times.Train.Seconds())
+		if err := r.recordStep(loss, lr, float64(r.tokens-tok0)/dt.Seconds(), float64(r.runTokens)/r.times.Train.Seconds()); err != nil {
+			return err
+		}
+		if r.opts.AfterStep != nil {
+			return r.opts.AfterStep(StepTimes{Step: r.step, Total: dt.Seconds(), Engine: r.lastEngine, Check: r.lastCheck,
+				Tokens: r.tokens - tok0})
+		}
+		return nil
 	}
 }
 
@@ -653,6 +680,7 @@ func ordinal(n int) string {
 // projector check when one is due) and returns the mean loss per target
 // token; the engine says whether it skipped the step (a non-finite loss).
 func (r *run) trainStep(lr float64) (float64, error) {
+	r.lastCheck = 0
 	if r.eng.CheckDue() {
 		if err := r.checkProjectors(); err != nil {
 			return 0, err
@@ -674,7 +702,8 @@ func (r *run) trainStep(lr float64) (float64, error) {
 		return 0, err
 	}
 	tr1 := r.be.Traffic()
-	r.stepSecs += time.Since(t0).Seconds()
+	r.lastEngine = time.Since(t0).Seconds()
+	r.stepSecs += r.lastEngine
 	r.stepLink += tr1.D2H - tr0.D2H + tr1.H2D - tr0.H2D
 	r.stepsTimed++
 	return sum / float64(targets), nil
@@ -817,7 +846,8 @@ func (r *run) checkProjectors() error {
 	}
 	t0 := time.Now()
 	reps, err := r.eng.Check(batches)
-	r.checkSecs += time.Since(t0).Seconds()
+	r.lastCheck = time.Since(t0).Seconds()
+	r.checkSecs += r.lastCheck
 	if err != nil {
 		return err
 	}

@@ -262,6 +262,11 @@ func commandFlags(args []string) (fs *flag.FlagSet, rest []string, validate func
 		fs = flag.NewFlagSet("plan", flag.ContinueOnError)
 		bindPlanFlags(fs, &o)
 		return fs, args[1:], func() error { _, err := o.parse(); return err }
+	case len(args) > 0 && args[0] == "profile":
+		c, mode := profileDefaults(), "all"
+		fs = flag.NewFlagSet("profile", flag.ContinueOnError)
+		bindProfileFlags(fs, &c, &mode)
+		return fs, args[1:], c.Validate
 	case len(args) > 0 && args[0] == "compare":
 		c := compare.Defaults()
 		fs = flag.NewFlagSet("compare", flag.ContinueOnError)
@@ -314,7 +319,7 @@ func capped(t *testing.T, args []string) []string {
 		if f == nil || given[name] {
 			continue
 		}
-		if len(sub) == 0 && slices.Contains(fitFlags, name) && !given["fit"] {
+		if (len(sub) == 0 || sub[0] == "profile") && slices.Contains(fitFlags, name) && !given["fit"] {
 			continue // a check setting needs --fit (checkFitFlags)
 		}
 		def, _ := strconv.Atoi(f.DefValue)

@@ -8,6 +8,7 @@
 //	lsp-train sample -model DIR -prompt TEXT [flags]
 //	lsp-train compare [flags]         native, zero and lsp side by side
 //	lsp-train plan [flags]            will it fit, and how fast, on a given GPU
+//	lsp-train profile [flags]         where a step's time goes, on the backend at hand
 //
 // Exit status: 0 when the work is done (and for -h), 1 on an error (a bad
 // flag included), and 128 + the signal's number when Ctrl-C (SIGINT: 130)
@@ -49,12 +50,13 @@ type subcommand struct {
 }
 
 // subcommandNames lists the subcommands in the order -h shows them.
-var subcommandNames = []string{"sample", "compare", "plan"}
+var subcommandNames = []string{"sample", "compare", "plan", "profile"}
 
 var subcommands = map[string]subcommand{
 	"sample":  {"generate text from a trained model", newSampleFlags, sampleCmd},
 	"compare": {"fine-tune tiny in every update mode and print one table", newCompareFlags, compareCmd},
 	"plan":    {"predict memory and step time of a model on a GPU we may not have", newPlanFlags, planCmd},
+	"profile": {"time a few steps op by op: by phase, op family and stream", newProfileFlags, profileCmd},
 }
 
 // exitCoder is an error that sets the exit status.

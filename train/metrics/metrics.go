@@ -43,6 +43,8 @@ type Record struct {
 	// Skipped is an attempt at step Step whose loss was not finite and
 	// which --on-nonfinite skip skipped.
 	Skipped *SkippedStep `json:"skipped,omitempty"`
+	// Profile is one profiled step's breakdown (lsp-train profile).
+	Profile *Profile `json:"profile,omitempty"`
 }
 
 // SkippedStepEvent is the Event of a skipped step's record.

@@ -13,6 +13,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -20,9 +21,12 @@ import (
 // Job is one model at one batch.
 type Job struct {
 	Preset string
-	B, T   int
-	Warm   int // warm-up steps (0: 1)
-	Steps  int // timed steps
+	// Spec, when set, is the architecture instead of Preset's (Preset
+	// then only names it), e.g. one layer of llama-7b.
+	Spec  model.Spec
+	B, T  int
+	Warm  int // warm-up steps (0: 1)
+	Steps int // timed steps
 	// Timed, when set, is called after the warm-up, before the timed steps.
 	Timed func()
 }
@@ -103,15 +107,26 @@ type Runner struct {
 // Start builds j's engine with ec on a CPU backend of cfg (wrapped by wrap
 // when not nil) and runs its warm-up steps.
 func Start(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend) backend.Backend) (*Runner, error) {
-	spec, err := models.Preset(j.Preset)
-	if err != nil {
-		return nil, err
-	}
 	var be backend.Backend = cpu.New(cfg)
 	if wrap != nil {
 		be = wrap(be)
 	}
-	e, err := engine.New(be, spec, j.B, j.T, 1, backend.F32, ec)
+	return StartOn(be, j, ec, backend.F32)
+}
+
+// StartOn is Start on any backend be, with weights and activations of
+// dtype dt: the GPU benchmarks (bench/kernels) run it on the CUDA
+// backend in bf16. The Runner owns be: Close closes it.
+func StartOn(be backend.Backend, j Job, ec engine.Config, dt backend.DType) (*Runner, error) {
+	spec := j.Spec
+	if spec == nil {
+		var err error
+		if spec, err = models.Preset(j.Preset); err != nil {
+			be.Close()
+			return nil, err
+		}
+	}
+	e, err := engine.New(be, spec, j.B, j.T, 1, dt, ec)
 	if err != nil {
 		be.Close()
 		return nil, fmt.Errorf("%s: %w", j.Preset, err)
@@ -140,6 +155,9 @@ func Start(j Job, ec engine.Config, cfg cpu.Config, wrap func(backend.Backend) b
 	}
 	return r, nil
 }
+
+// Engine is the runner's engine (bench/kernels replays its graph's nodes).
+func (r *Runner) Engine() *engine.Engine { return r.e }
 
 // Step runs one step and returns its wall time in seconds.
 func (r *Runner) Step() (float64, error) {

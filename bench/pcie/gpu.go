@@ -1,0 +1,5 @@
+//go:build cuda && !cudasim
+
+package main
+
+const simulated = false

@@ -1,0 +1,11 @@
+//go:build !cuda && !cudasim
+
+// Command pcie measures the host-device link; see main.go. This build
+// has no CUDA backend.
+package main
+
+import "fmt"
+
+func main() {
+	fmt.Println("bench-pcie: no CUDA backend in this build (build with -tags cuda on a GPU machine, or -tags cudasim for the simulated runtime): nothing measured")
+}

@@ -1,0 +1,7 @@
+//go:build cudasim
+
+package main
+
+// simulated: this build's CUDA runtime is the simulated one, whose
+// copies are memcpy on the CPU.
+const simulated = true
