@@ -1,0 +1,49 @@
+// The projector fit's device memory: the fit of a check runs through the
+// backend's ops (train/devfit), so its buffers count in the plan.
+
+package engine
+
+import (
+	"github.com/lsp-offload/lsp-offload/train/devfit"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// fitSamples is the number of gradient samples per reader that one fit
+// takes (Check: the fitting micro-batches in at most fitGroups groups for
+// --refit split, their mean otherwise; every layer's with --share-layers
+// and split), for micro-batches of B rows and L layers.
+func fitSamples(c LSPConfig, B, L int) int {
+	c = c.withDefaults()
+	if c.Refit != RefitSplit {
+		return 1
+	}
+	n := (c.CalibSamples + B - 1) / B
+	if c.Accept == AcceptHeldOut {
+		n = max(n, 2) / 2
+	}
+	s := min(n, fitGroups)
+	if c.ShareLayers {
+		s *= L
+	}
+	return s
+}
+
+// fitBytes is the device memory of the largest fit of a check (one input's
+// P with its readers' Qs; devfit.Bytes), 0 when checks do not fit.
+func fitBytes(x *model.Index, c LSPConfig, B int) int64 {
+	if c.NoFit || c.withDefaults().Refit == RefitRandom {
+		return 0
+	}
+	d, r := lspDims(x, c)
+	samples := fitSamples(c, B, len(x.Blocks))
+	var most int64
+	for _, readers := range x.Readers {
+		k := readers[0]
+		var ns []int
+		for _, j := range readers {
+			ns = append(ns, x.Mats[j].N)
+		}
+		most = max(most, devfit.Bytes(x.Mats[k].M, ns, d[k], r[k], samples))
+	}
+	return most
+}
