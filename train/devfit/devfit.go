@@ -74,7 +74,9 @@ func Bytes(m int, ns []int, d, r, samples int) int64 {
 	b += int64(len(ns)+1+8) * int64(d) * int64(d) * f    // grams and the d x d products
 	b += int64(backend.SumSquaresWork) * 8               // SumSquares' work
 	b += int64(2*samples*len(ns)+4*(len(ns)+1)) * f      // sums
-	return b
+	// Each buffer may be rounded up to a 256-byte block (the CUDA arena).
+	buffers := 6 + 7*(len(ns)+1) + 3 + 7 + 2 + 2*samples*len(ns)
+	return b + 256*int64(buffers)
 }
 
 // proj is one projector's device storage: row positions and values (a

@@ -410,6 +410,9 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	seed := e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8
 	var res []lsp.FitResult
 	var err error
+	// The fit allocates in the bytes held for it, and frees them before
+	// they are taken back.
+	st.releaseFit()
 	switch st.cfg.Refit {
 	case RefitRandom:
 		res, err = redraw(P, Qs, mean(samples, weights), st.cfg.Alpha, seed)
@@ -419,6 +422,9 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	default:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
 		res, err = devfit.FitSamples(e.be, e.st.Compute, P, Qs, [][][]float32{mean(samples, weights)}, st.cfg.Alpha, opts)
+	}
+	if rerr := st.reserveFit(); rerr != nil {
+		return nil, rerr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: fitting the projectors of %s: %w", first.name, err)

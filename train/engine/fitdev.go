@@ -1,9 +1,15 @@
 // The projector fit's device memory: the fit of a check runs through the
-// backend's ops (train/devfit), so its buffers count in the plan.
+// backend's ops (train/devfit), so its buffers count in the plan, and the
+// engine holds that many bytes reserved from New on (one buffer, freed
+// just before each fit and taken back after it), so that a budget that
+// fits New fits every check, and New fails as the plan says.
 
 package engine
 
 import (
+	"fmt"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/devfit"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -46,4 +52,27 @@ func fitBytes(x *model.Index, c LSPConfig, B int) int64 {
 		most = max(most, devfit.Bytes(x.Mats[k].M, ns, d[k], r[k], samples))
 	}
 	return most
+}
+
+// reserveFit takes the fit's bytes (fitBytes) back as one buffer; a no-op
+// when checks do not fit or the reservation is held.
+func (st *lspState) reserveFit() error {
+	n := fitBytes(st.e.idx, st.cfg, st.e.b)
+	if n == 0 || st.fitReserve.Buf != nil {
+		return nil
+	}
+	t, err := st.e.be.Alloc("projector fit (reserved)", int((n+3)/4), backend.F32)
+	if err != nil {
+		return fmt.Errorf("engine: reserving the projector fit's memory: %w", err)
+	}
+	st.fitReserve = t
+	return nil
+}
+
+// releaseFit frees the reservation for the fit to allocate in.
+func (st *lspState) releaseFit() {
+	if st.fitReserve.Buf != nil {
+		st.e.be.Free(st.fitReserve)
+		st.fitReserve = backend.Tensor{}
+	}
 }
