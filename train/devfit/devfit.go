@@ -123,8 +123,12 @@ type fit struct {
 	S, St, AS, SB, H, K, L         backend.Tensor
 	work                           backend.Tensor
 	sums                           backend.Tensor // [2 per (j,k)] ||S||^2, ||R||^2, then per projector ||X||^2, ||A||^2
-	host                           backend.HostBuffer
-	nsum                           int
+	// host stages the gradients (m x max n), small the projectors, the
+	// values and the sums read back, so that a fit without data (TraceFit)
+	// never touches the large one.
+	host, small backend.HostBuffer
+	nsum        int
+	noData      bool // TraceFit: the gradients are never written
 }
 
 // evaluation is what the host reads back: the objective, per matrix the
@@ -151,8 +155,10 @@ func (f *fit) free() {
 	for _, t := range f.bufs {
 		f.be.Free(t)
 	}
-	if f.host != nil {
-		f.be.FreeHost(f.host)
+	for _, h := range []backend.HostBuffer{f.host, f.small} {
+		if h != nil {
+			f.be.FreeHost(h)
+		}
 	}
 }
 
@@ -354,8 +360,10 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	for k, x := range f.ps {
 		x.n2, x.a2 = 2*len(f.samples)*len(Qs)+2*k, 2*len(f.samples)*len(Qs)+2*k+1
 	}
-	hostBytes := 4 * max(f.nsum, total, m*maxN)
-	if f.host, err = f.be.AllocHost("devfit staging", hostBytes); err != nil {
+	if f.host, err = f.be.AllocHost("devfit gradient staging", 4*m*maxN); err != nil {
+		return fmt.Errorf("devfit: %w", err)
+	}
+	if f.small, err = f.be.AllocHost("devfit staging", 4*max(f.nsum, total, d+1)); err != nil {
 		return fmt.Errorf("devfit: %w", err)
 	}
 	// The samples, and their transposes (P^T G is compress A of G^T).
@@ -370,16 +378,21 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 			if err != nil {
 				return err
 			}
-			if err := f.upload(g, G); err != nil {
+			if !f.noData {
+				copy(f.host.Float32(), G)
+			}
+			if err := f.copyIn(g, f.host); err != nil {
 				return err
 			}
-			h := f.host.Float32()
-			for i := range m {
-				for c := range n {
-					h[c*m+i] = G[i*n+c]
+			if !f.noData {
+				h := f.host.Float32()
+				for i := range m {
+					for c := range n {
+						h[c*m+i] = G[i*n+c]
+					}
 				}
 			}
-			if err := f.copyIn(gt); err != nil {
+			if err := f.copyIn(gt, f.host); err != nil {
 				return err
 			}
 			f.G, f.Gt = append(f.G, g), append(f.Gt, gt)
@@ -388,26 +401,27 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	return nil
 }
 
-// upload copies host values into t through the staging buffer and waits
-// (the staging buffer is reused at once).
+// upload copies host values into t through the small staging buffer and
+// waits (the staging buffer is reused at once).
 func (f *fit) upload(t backend.Tensor, v []float32) error {
-	copy(f.host.Float32(), v)
-	return f.copyIn(t)
+	copy(f.small.Float32(), v)
+	return f.copyIn(t, f.small)
 }
 
-func (f *fit) copyIn(t backend.Tensor) error {
-	if err := f.be.CopyH2D(f.s, t, f.host, 0); err != nil {
+// copyIn copies the start of h into t and waits.
+func (f *fit) copyIn(t backend.Tensor, h backend.HostBuffer) error {
+	if err := f.be.CopyH2D(f.s, t, h, 0); err != nil {
 		return fmt.Errorf("devfit: uploading %v: %w", t, err)
 	}
 	return f.sync()
 }
 
 func (f *fit) uploadInts(t backend.Tensor, v []int32) error {
-	b := f.host.Bytes()
+	b := f.small.Bytes()
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
 	}
-	return f.copyIn(t)
+	return f.copyIn(t, f.small)
 }
 
 // load uploads the positions (row and column storage, gather and scatter
@@ -455,13 +469,13 @@ func (f *fit) uploadValues(P *lsp.Projector, Qs []*lsp.Projector) error {
 
 // downloadBest copies the best values into P's and the Qs' row storage.
 func (f *fit) downloadBest(P *lsp.Projector, Qs []*lsp.Projector) error {
-	if err := f.be.CopyD2H(f.s, f.host, 0, f.best); err != nil {
+	if err := f.be.CopyD2H(f.s, f.small, 0, f.best); err != nil {
 		return fmt.Errorf("devfit: downloading the fitted values: %w", err)
 	}
 	if err := f.sync(); err != nil {
 		return err
 	}
-	h := f.host.Float32()
+	h := f.small.Float32()
 	for k, p := range append([]*lsp.Projector{P}, Qs...) {
 		copy(p.Val, h[f.ps[k].off:f.ps[k].off+len(p.Val)])
 		if err := p.SyncValues(); err != nil {
@@ -568,13 +582,13 @@ func (f *fit) evaluate(grad bool) (evaluation, error) {
 			}
 		}
 	}
-	if err := be.CopyD2H(s, f.host, 0, f.sums); err != nil {
+	if err := be.CopyD2H(s, f.small, 0, f.sums); err != nil {
 		return evaluation{}, fmt.Errorf("devfit: reading the objective back: %w", err)
 	}
 	if err := f.sync(); err != nil {
 		return evaluation{}, err
 	}
-	h := f.host.Float32()
+	h := f.small.Float32()
 	ev := evaluation{ratios: make([]float64, nq), s2: make([]float64, nq), r2: make([]float64, nq)}
 	for j := range f.samples {
 		for k := range nq {
@@ -630,4 +644,72 @@ func (f *fit) orthoGrad(ev evaluation) error {
 		}
 	}
 	return nil
+}
+
+// TraceFit enqueues on be the ops of a fit of P's and the Qs' shapes on
+// samples gradient samples that takes every one of iters Adam steps, with
+// no gradient data (the uploads of G and G^T are enqueued from a staging
+// buffer that is never written, so the results mean nothing): for a
+// tracing backend, whose recorded ops the planner costs (train/plan). P
+// and the Qs are left as they are.
+func TraceFit(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.Projector, samples, iters int, opts lsp.FitOptions) error {
+	if samples < 1 || iters < 0 {
+		return fmt.Errorf("devfit: trace of %d samples and %d steps", samples, iters)
+	}
+	f := &fit{be: be, s: s, opts: opts, d: P.D, r: P.R, noData: true}
+	for range samples {
+		f.samples = append(f.samples, make([][]float32, len(Qs)))
+		g2 := make([]float64, len(Qs))
+		for k := range g2 {
+			g2[k] = 1
+		}
+		f.g2s = append(f.g2s, g2)
+	}
+	defer f.free()
+	if err := f.setup(P, Qs); err != nil {
+		return err
+	}
+	// As FitSamples: the projectors in use, the fresh draw, its scale,
+	// then every step, and the best values down.
+	for range 2 {
+		if err := f.load(P, Qs); err != nil {
+			return err
+		}
+		if _, err := f.evaluate(false); err != nil {
+			return err
+		}
+	}
+	if err := f.uploadValues(P, Qs); err != nil {
+		return err
+	}
+	for _, t := range []backend.Tensor{f.m1, f.v1} {
+		if err := be.Fill(s, t, 0); err != nil {
+			return fmt.Errorf("devfit: %w", err)
+		}
+	}
+	for it := range iters + 1 {
+		ev, err := f.evaluate(it < iters)
+		if err != nil {
+			return err
+		}
+		if err := be.CopyD2D(s, f.best, f.vals); err != nil {
+			return fmt.Errorf("devfit: %w", err)
+		}
+		if it == iters {
+			break
+		}
+		if opts.Ortho > 0 {
+			if err := f.orthoGrad(ev); err != nil {
+				return err
+			}
+		}
+		p := backend.AdamParams{LR: float32(opts.LR), Beta1: lsp.FitBeta1, Beta2: lsp.FitBeta2, Eps: lsp.FitEps, Step: it + 1}
+		if err := be.AdamW(s, f.vals, backend.Tensor{}, f.grads, f.m1, f.v1, backend.Tensor{}, backend.Tensor{}, p); err != nil {
+			return fmt.Errorf("devfit: %w", err)
+		}
+	}
+	if err := be.CopyD2H(s, f.small, 0, f.best); err != nil {
+		return fmt.Errorf("devfit: %w", err)
+	}
+	return f.sync()
 }

@@ -2,6 +2,7 @@ package devfit
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
+	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
 // Tolerances against the float64 host fit (the package doc says why they
@@ -259,5 +261,41 @@ func checkClose(t *testing.T, name string, got, want *lsp.Projector) {
 	t.Logf("%s: worst value difference %.3g of the largest %.3g", name, worst/scale, scale)
 	if worst > valTol*scale {
 		t.Errorf("%s: values differ from the host's by %.3g of the largest, want <= %v", name, worst/scale, valTol)
+	}
+}
+
+// TestTraceFitRecordsTheFit: TraceFit enqueues the ops a real fit that
+// takes every step runs (counted by method; the copies of the best values
+// aside, which a real fit makes only when the objective improves), so the
+// planner costs the fit that runs.
+func TestTraceFitRecordsTheFit(t *testing.T) {
+	pr := problems[1]
+	P, Qs, samples := pr.build(t, 5)
+	opts := lsp.FitOptions{LR: 0.05, MaxIters: 4, Seed: 11, Ortho: 0.3}
+	count := func(ops []trace.Op) map[string]int {
+		n := map[string]int{}
+		for _, o := range ops {
+			if o.Method != "CopyD2D" {
+				n[o.Method]++
+			}
+		}
+		return n
+	}
+	real := trace.Wrap(cpu.New(cpu.Config{}))
+	defer real.Close()
+	res, err := FitSamples(real, real.DefaultStream(), P.Clone(), clones(Qs), samples, 1e-6, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Iters != opts.MaxIters {
+		t.Fatalf("the fit took %d steps, want all %d", res[0].Iters, opts.MaxIters)
+	}
+	traced := trace.New()
+	if err := TraceFit(traced, traced.DefaultStream(), P, Qs, pr.samples, opts.MaxIters, opts); err != nil {
+		t.Fatal(err)
+	}
+	want, got := count(real.Recorded()), count(traced.Recorded())
+	if !maps.Equal(got, want) {
+		t.Errorf("TraceFit recorded %v, the fit ran %v", got, want)
 	}
 }

@@ -76,3 +76,43 @@ func (st *lspState) releaseFit() {
 		st.fitReserve = backend.Tensor{}
 	}
 }
+
+// FitGroup is one kind of fit a check runs: an input's P (M rows) with its
+// readers' Qs (Ns rows), d, r and the gradient samples per reader; Count
+// such fits per check (one per layer, or one with --share-layers).
+type FitGroup struct {
+	M       int
+	Ns      []int
+	D, R    int
+	Samples int
+	Count   int
+}
+
+// FitGroups lists the fits of one projector check of arch with
+// micro-batches of B rows (none when checks do not fit): what the planner
+// costs a check's fits by (train/plan).
+func FitGroups(arch model.Arch, B int, c LSPConfig) ([]FitGroup, error) {
+	if c.NoFit || c.withDefaults().Refit == RefitRandom {
+		return nil, nil
+	}
+	x, err := model.NewIndex(arch)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	d, r := lspDims(x, c)
+	L := len(x.Blocks)
+	count := L
+	if c.ShareLayers {
+		count = 1
+	}
+	var out []FitGroup
+	for _, readers := range x.Readers {
+		k := readers[0]
+		g := FitGroup{M: x.Mats[k].M, D: d[k], R: r[k], Samples: fitSamples(c, B, L), Count: count}
+		for _, j := range readers {
+			g.Ns = append(g.Ns, x.Mats[j].N)
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
