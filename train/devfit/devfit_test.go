@@ -299,3 +299,29 @@ func TestTraceFitRecordsTheFit(t *testing.T) {
 		t.Errorf("TraceFit recorded %v, the fit ran %v", got, want)
 	}
 }
+
+// TestBytesCoversTheFit: the device memory a fit allocates stays within
+// Bytes (what the engine's plan counts and reserves), and Bytes is not
+// far above it.
+func TestBytesCoversTheFit(t *testing.T) {
+	for _, pr := range problems {
+		t.Run(pr.String(), func(t *testing.T) {
+			P, Qs, samples := pr.build(t, 5)
+			be := cpu.New(cpu.Config{})
+			defer be.Close()
+			base := be.MemStats().InUse
+			opts := lsp.FitOptions{LR: 0.05, MaxIters: 2, Seed: 11, Ortho: 0.3}
+			if _, err := FitSamples(be, be.DefaultStream(), P, Qs, samples, 1e-6, opts); err != nil {
+				t.Fatal(err)
+			}
+			used := be.MemStats().HighWater - base
+			want := Bytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
+			if used > want || float64(used) < 0.5*float64(want) {
+				t.Errorf("the fit allocated %d bytes, Bytes says %d", used, want)
+			}
+			if in := be.MemStats().InUse; in != base {
+				t.Errorf("%d bytes left allocated after the fit", in-base)
+			}
+		})
+	}
+}
