@@ -44,6 +44,12 @@
 // (5e-5 at r = 1e-2); the fit stops far above that (alpha is 0.5 by
 // default).
 //
+// Speed (BenchmarkFitGPT2, a GPT-2 block's four fits at d 512, r 16, 3
+// Adam steps, on 2 shared cores): 1.3 s on the CPU backend against 7.9 to
+// 8.8 s for the host float64 fit. In a check the held-out capture and the
+// moment carry-over, still float64 on the host (train/lsp), now cost more
+// than the fit.
+//
 // Memory: every gradient sample twice (G and G^T) plus a few d x d and
 // d x max(m, n) fp32 buffers, allocated per fit and freed at its end;
 // Bytes gives the total so that a plan can count it.
