@@ -26,6 +26,7 @@
 //     bf16 adds 2^-7.
 //   - CrossEntropy: losses atol rtol 1e-5; dlogits atol 1e-6 scale, rtol
 //     2e-5 (+ 2^-7 for bf16).
+//   - SparseValueGrad: bit for bit, on a GPU too (non-contracted).
 //   - SumSquares: rtol 2.4e-7 (two fp32 ulps). AdamW: atol 1e-30, rtol
 //     5e-7 (fp32), 2^-7 (a bf16 param).
 
@@ -469,6 +470,28 @@ func conformanceCases() []opCase {
 					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
 						return be.SparseApply(s, x["W"], x["T"], x["Delta"], x["pidx"], x["pval"], x["qidx"], x["qval"], x["skip"], m, n, d, r, 1e-2, 0.1, 7, 3, 2)
 					}, []check{exactOnSim("W"), exactOnSim("T")}})
+			}
+		}
+		// The fit's value gradient: P's (Y = G Q [m,d]) and Q's (trans, Y
+		// = P^T G [d,n]), with and without Y, written and accumulated;
+		// non-contracted on the device too, so bit for bit everywhere.
+		for _, trans := range []bool{false, true} {
+			rows, idx, val := m, pidx, pval
+			if trans {
+				rows, idx, val = n, qidx, qval
+			}
+			for _, withY := range []bool{true, false} {
+				for _, acc := range []bool{false, true} {
+					sh := fmt.Sprintf("rows=%d d=%d r=%d trans=%v Y=%v accumulate=%v", rows, d, r, trans, withY, acc)
+					in := []tspec{{name: "out", n: rows * r, dt: f32}, {name: "K", n: d * d, dt: f32},
+						{name: "idx", n: rows * r, dt: i32t, ints: idx}, {name: "val", n: rows * r, dt: f32, vals: val}}
+					if withY {
+						in = append(in, tspec{name: "Y", n: rows * d, dt: f32}, tspec{name: "M", n: d * d, dt: f32})
+					}
+					add(opCase{"SparseValueGrad", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.SparseValueGrad(s, x["out"], x["Y"], x["M"], x["K"], x["idx"], x["val"], rows, d, r, 0.75, trans, acc)
+					}, []check{{"out", 0, 0}}})
+				}
 			}
 		}
 		for _, acc := range []bool{false, true} {

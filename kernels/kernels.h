@@ -88,6 +88,19 @@ cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* p
                              int w_bf16, cudaStream_t stream);
 // END sparse
 
+// BEGIN fit
+// The projector fit's value gradient (fit.cu): X [rows, d] in row storage
+// (idx int32, val fp32, r per row); for entry e = i*r+s at column a =
+// idx[e], g = sum_b Y(i,b) M(a,b) (b ascending; skipped when Y is NULL)
+// plus val[t] * K[idx[t]*d + a] over row i's entries t ascending, and
+// out[e] = w*g (+= when accumulate). Y(i,b) = Y[i*d+b], M(a,b) = M[a*d+b]
+// (Y [rows, d]) or, with trans, Y[b*rows+i] and M[b*d+a] (Y [d, rows]).
+// M, K [d, d] fp32. Non-contracted fp32: the CPU backend's op bit for bit.
+cudaError_t lsp_sparse_value_grad(float* out, const float* Y, const float* M, const float* K, const int* idx,
+                                  const float* val, int rows, int d, int r, float w, int trans, int accumulate,
+                                  cudaStream_t stream);
+// END fit
+
 // BEGIN norms
 // LayerNorm and RMSNorm over the last dim C of N rows (see norms.cu).
 // x_bf16 / g_bf16 / dw_bf16 are the dtypes (backend.DType: 0 fp32, 1 bf16)

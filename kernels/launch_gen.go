@@ -84,6 +84,11 @@ static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delt
 	return lspgo_end(lsp_sparse_apply((void*)W, (float*)T, (const float*)Delta, (const int*)pidx, (const float*)pval, (const int*)qidx, (const float*)qval, (const float*)skip, m, n, d, r, lr, wd, seed, step, matrix, w_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
+static lspgo_ret lspgo_lsp_sparse_value_grad(uintptr_t out, uintptr_t Y, uintptr_t M, uintptr_t K, uintptr_t idx, uintptr_t val, int rows, int d, int r, float w, int trans, int accumulate, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_sparse_value_grad((float*)out, (const float*)Y, (const float*)M, (const float*)K, (const int*)idx, (const float*)val, rows, d, r, w, trans, accumulate, (cudaStream_t)stream), lspgo_sync);
+}
+
 static lspgo_ret lspgo_lsp_layernorm_forward(uintptr_t out, uintptr_t mean, uintptr_t rstd, uintptr_t inp, uintptr_t weight, uintptr_t bias, int N, int C, float eps, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_layernorm_forward((void*)out, (float*)mean, (float*)rstd, (const void*)inp, (const void*)weight, (const void*)bias, N, C, eps, x_bf16, (cudaStream_t)stream), lspgo_sync);
@@ -416,6 +421,30 @@ func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, 
 		return lspgoRange("lsp_sparse_apply", "r", r, "does not fit in a C int")
 	}
 	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.uintptr_t(skip), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// SparseValueGrad runs lsp_sparse_value_grad (kernels.h, section fit):
+//
+//	cudaError_t lsp_sparse_value_grad(float* out, const float* Y, const float* M, const float* K, const int* idx, const float* val, int rows, int d, int r, float w, int trans, int accumulate, cudaStream_t stream)
+//
+// The projector fit's value gradient (fit.cu): X [rows, d] in row storage
+// (idx int32, val fp32, r per row); for entry e = i*r+s at column a =
+// idx[e], g = sum_b Y(i,b) M(a,b) (b ascending; skipped when Y is NULL)
+// plus val[t] * K[idx[t]*d + a] over row i's entries t ascending, and
+// out[e] = w*g (+= when accumulate). Y(i,b) = Y[i*d+b], M(a,b) = M[a*d+b]
+// (Y [rows, d]) or, with trans, Y[b*rows+i] and M[b*d+a] (Y [d, rows]).
+// M, K [d, d] fp32. Non-contracted fp32: the CPU backend's op bit for bit.
+func SparseValueGrad(out, Y, M, K, idx, val Ptr, rows, d, r int, w float32, trans, accumulate bool, stream Stream) error {
+	if int(int32(rows)) != rows {
+		return lspgoRange("lsp_sparse_value_grad", "rows", rows, "does not fit in a C int")
+	}
+	if int(int32(d)) != d {
+		return lspgoRange("lsp_sparse_value_grad", "d", d, "does not fit in a C int")
+	}
+	if int(int32(r)) != r {
+		return lspgoRange("lsp_sparse_value_grad", "r", r, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_sparse_value_grad", C.lspgo_lsp_sparse_value_grad(C.uintptr_t(out), C.uintptr_t(Y), C.uintptr_t(M), C.uintptr_t(K), C.uintptr_t(idx), C.uintptr_t(val), C.int(rows), C.int(d), C.int(r), C.float(w), lspgoBool(trans), lspgoBool(accumulate), C.uintptr_t(stream), lspgoSync()))
 }
 
 // LayerNormBackwardScratchBytes calls lsp_layernorm_backward_scratch_bytes (kernels.h, section norms):

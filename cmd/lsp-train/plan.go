@@ -285,7 +285,16 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
 			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for i, r := range reports {
+		if r.FitSeconds > 0 {
+			fmt.Fprintf(stdout, "%s: projector fits of one check %s (every fit for its whole --fit-iters budget; calibration passes not counted)\n",
+				j.modes[i], secs(r.FitSeconds))
+		}
+	}
+	return nil
 }
 
 // cpuMachine is --gpu cpu: the CPU backend of this machine from its

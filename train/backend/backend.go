@@ -406,4 +406,15 @@ type Ops interface {
 	// the apply when skip[0] != 0: neither W nor T is written (AdamW's
 	// skip).
 	SparseApply(s Stream, W, T, Delta, pidx, pval, qidx, qval, skip Tensor, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32) error
+	// SparseValueGrad is the projector fit's gradient gathered at a
+	// projector X's positions (train/lsp/bias.go, train/devfit): X [rows,d]
+	// in row storage (idx I32 [rows*r], val F32 [rows*r]); for entry e =
+	// i*r+s at column a = idx[e],
+	//	g = sum_b Y(i,b) M(a,b) + sum over row i's entries t of val[t] K[idx[t]*d + a]
+	// with Y(i,b) = Y[i*d+b], M(a,b) = M[a*d+b] (Y [rows,d]) or, when
+	// trans, Y(i,b) = Y[b*rows+i], M(a,b) = M[b*d+a] (Y [d,rows]); an
+	// absent Y (nil Buf) drops the first sum (M then unused). out F32
+	// [rows*r] gets w*g, or += w*g when accumulate. M and K F32 [d,d].
+	// Sums in fixed order: b ascending, then t ascending, in fp32.
+	SparseValueGrad(s Stream, out, Y, M, K, idx, val Tensor, rows, d, r int, w float32, trans, accumulate bool) error
 }

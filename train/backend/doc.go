@@ -86,6 +86,7 @@
 //	SparseCompressB              B, colval: fp32; dY: fp32|bf16 [dy_bf16]; colptr, rowidx: i32
 //	SparseS                      S, A, B: fp32
 //	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval, skip: fp32; pidx, qidx: i32
+//	SparseValueGrad              out, Y, M, K, val: fp32; idx: i32
 //
 // Scratch memory (LayerNormBackward, RMSNormBackward, AttentionBackward,
 // SumSquares) is passed in by the caller, sized by

@@ -124,6 +124,8 @@ var kernelDTypes = []OpDTypes{
 		Groups: []DTypeGroup{grp(onlyF32, "", "S", "A", "B")}},
 	{Op: "SparseApply", Launcher: "lsp_sparse_apply", Args: []string{"W", "T", "Delta", "pidx", "pval", "qidx", "qval", "skip"},
 		Groups: []DTypeGroup{grp(storage, "w_bf16", "W"), grp(onlyF32, "", "T", "Delta", "pval", "qval", "skip"), grp(onlyI32, "", "pidx", "qidx")}},
+	{Op: "SparseValueGrad", Launcher: "lsp_sparse_value_grad", Args: []string{"out", "Y", "M", "K", "idx", "val"},
+		Groups: []DTypeGroup{grp(onlyF32, "", "out", "Y", "M", "K", "val"), grp(onlyI32, "", "idx")}},
 }
 
 // KernelDTypes returns the table, one entry per Ops method (a copy).

@@ -17,7 +17,10 @@
 // over its matrices, fp32; 12 C^2 for GPT-2) and inputs (the sum of m over
 // its inputs per token; 7 C for GPT-2) are on the device at a time; the
 // host keeps at most fitGroups + 1 such G per layer (all layers' with
-// --share-layers); the fit itself runs in float64 on the host (train/lsp).
+// --share-layers); the fit itself runs on the backend's ops
+// (train/devfit, the host float64 fit of train/lsp within fp32 rounding),
+// its buffers allocated for the fit and freed after it (the plan's
+// "projector fit").
 
 package engine
 
@@ -29,6 +32,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/devfit"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -406,15 +410,21 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	seed := e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8
 	var res []lsp.FitResult
 	var err error
+	// The fit allocates in the bytes held for it, and frees them before
+	// they are taken back.
+	st.releaseFit()
 	switch st.cfg.Refit {
 	case RefitRandom:
 		res, err = redraw(P, Qs, mean(samples, weights), st.cfg.Alpha, seed)
 	case RefitSplit:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = lsp.FitSamples(P, Qs, samples, st.cfg.Alpha, opts)
+		res, err = devfit.FitSamples(e.be, e.st.Compute, P, Qs, samples, st.cfg.Alpha, opts)
 	default:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = lsp.FitShared(P, Qs, mean(samples, weights), st.cfg.Alpha, opts)
+		res, err = devfit.FitSamples(e.be, e.st.Compute, P, Qs, [][][]float32{mean(samples, weights)}, st.cfg.Alpha, opts)
+	}
+	if rerr := st.reserveFit(); rerr != nil {
+		return nil, rerr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: fitting the projectors of %s: %w", first.name, err)

@@ -93,7 +93,8 @@ type lspState struct {
 	micro      int // the micro-batch being run (0: S is written, not accumulated)
 	calibLayer int // >= 0: calibration mode for that layer (check.go)
 	calib      *calibration
-	layerNorm  []float64 // squared norm of the layer's S in the latest step
+	fitReserve backend.Tensor // the fit's device memory between checks (fitdev.go)
+	layerNorm  []float64      // squared norm of the layer's S in the latest step
 	// skipped[l]: the step's loss was not finite, so layer l's host Adam
 	// left its moments alone and no Delta goes up (written by the host
 	// node, read by the launcher after it); the apply skips on the device.
@@ -240,7 +241,7 @@ func (st *lspState) init(e *Engine) error {
 			return err
 		}
 	}
-	return nil
+	return st.reserveFit()
 }
 
 func (st *lspState) free() {
@@ -256,6 +257,7 @@ func (st *lspState) free() {
 	if st.calib != nil {
 		st.calib.free()
 	}
+	st.releaseFit()
 }
 
 // draw gives every matrix fresh random projectors and uploads them. Each

@@ -197,6 +197,9 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 			Part{"lsp workspaces", 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax))})
 		if !cfg.LSP.NoFit {
 			p.Device = append(p.Device, Part{"calibration", calibrationBytes(x, BT, dt)})
+			if fb := fitBytes(x, cfg.LSP, B); fb > 0 {
+				p.Device = append(p.Device, Part{"projector fit", fb})
+			}
 		}
 		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})

@@ -198,3 +198,16 @@ func SparseS(S, A, B backend.Tensor, accumulate bool) Access {
 func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor) Access {
 	return Access{"sparse apply", ranges(W, Delta, pidx, pval, qidx, qval, skip), ranges(W, T)}
 }
+
+// SparseValueGrad reads out only when it accumulates; an absent Y drops Y
+// and M.
+func SparseValueGrad(out, Y, M, K, idx, val backend.Tensor, accumulate bool) Access {
+	reads := ranges(K, idx, val)
+	if Y.Buf != nil {
+		reads = append(reads, ranges(Y, M)...)
+	}
+	if accumulate {
+		reads = append(reads, ranges(out)...)
+	}
+	return Access{"sparse value grad", reads, ranges(out)}
+}

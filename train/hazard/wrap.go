@@ -277,6 +277,11 @@ func (w *Backend) SparseS(s backend.Stream, S, A, B backend.Tensor, BT, d int, a
 	return w.declare(s, w.Backend.SparseS(s, S, A, B, BT, d, accumulate), SparseS(S, A, B, accumulate))
 }
 
+func (w *Backend) SparseValueGrad(s backend.Stream, out, Y, M, K, idx, val backend.Tensor, rows, d, r int, wt float32, trans, accumulate bool) error {
+	return w.declare(s, w.Backend.SparseValueGrad(s, out, Y, M, K, idx, val, rows, d, r, wt, trans, accumulate),
+		SparseValueGrad(out, Y, M, K, idx, val, accumulate))
+}
+
 func (w *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor, m, n, d, r int,
 	lr, wd float32, seed, step uint64, matrix uint32) error {
 	return w.declare(s, w.Backend.SparseApply(s, W, T, Delta, pidx, pval, qidx, qval, skip, m, n, d, r, lr, wd, seed, step, matrix),

@@ -23,9 +23,9 @@ import (
 // Adam's fixed constants for the value fit: the usual moments and an eps
 // far below the values' scale (about 1/sqrt(r)).
 const (
-	fitBeta1 = 0.9
-	fitBeta2 = 0.999
-	fitEps   = 1e-8
+	FitBeta1 = 0.9
+	FitBeta2 = 0.999
+	FitEps   = 1e-8
 )
 
 // FitOptions configures a fit.
@@ -94,24 +94,9 @@ func FitShared(P *Projector, Qs []*Projector, Gs [][]float32, alpha float64, opt
 // of the next gradient; a matrix's reported ratio is the root mean square
 // of its ratios over the samples. With one sample it is FitShared.
 func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
-	if len(samples) == 0 {
-		return nil, fmt.Errorf("lsp fit: no gradient samples")
-	}
-	g2s := make([][]float64, len(samples))
-	for j, Gs := range samples {
-		if err := checkFit(P, Qs, Gs, alpha, opts); err != nil {
-			if len(samples) > 1 {
-				return nil, fmt.Errorf("sample %d: %w", j, err)
-			}
-			return nil, err
-		}
-		g2s[j] = make([]float64, len(Gs))
-		for k, G := range Gs {
-			g2s[j][k] = sqNorm32(G)
-			if !(g2s[j][k] > 0) || math.IsInf(g2s[j][k], 0) {
-				return nil, fmt.Errorf("lsp fit: matrix %d: ||G||^2 = %v, want finite and positive", k, g2s[j][k])
-			}
-		}
+	g2s, err := CheckFitSamples(P, Qs, samples, alpha, opts)
+	if err != nil {
+		return nil, err
 	}
 	qviews := func(qs []*Projector) []sparse {
 		out := make([]sparse, len(qs))
@@ -139,18 +124,9 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		return res, nil
 	}
 
-	// Fresh positions and values, keyed by the seed.
-	rng := rand.New(rand.NewPCG(opts.Seed, 0x6c73702d666974)) // "lsp-fit"
-	nP := P.Clone()
-	if err := nP.redraw(rng); err != nil {
-		return nil, fmt.Errorf("lsp fit: P: %w", err)
-	}
-	nQs := make([]*Projector, len(Qs))
-	for k, q := range Qs {
-		nQs[k] = q.Clone()
-		if err := nQs[k].redraw(rng); err != nil {
-			return nil, fmt.Errorf("lsp fit: Q %d: %w", k, err)
-		}
+	nP, nQs, err := FreshDraw(P, Qs, opts.Seed)
+	if err != nil {
+		return nil, err
 	}
 
 	// Start the fit at the best scale of the fresh pairs: R_k = c R_k
@@ -159,7 +135,8 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 	// projectors overshoot by about (m/d)(n/d), and from there Adam spends
 	// its budget shrinking the values toward the trivial R = 0 (ratio 1)
 	// instead of turning the subspace toward G.
-	if err := matchScale(nP, nQs, evaluate(nP.view(), qviews(nQs), false)); err != nil {
+	ev := evaluate(nP.view(), qviews(nQs), false)
+	if err := MatchScale(nP, nQs, ev.s2, ev.r2); err != nil {
 		return nil, err
 	}
 
@@ -206,12 +183,12 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		for _, g := range ev.gqs {
 			grad = append(grad, g...)
 		}
-		c1 := 1 - math.Pow(fitBeta1, float64(iters))
-		c2 := 1 - math.Pow(fitBeta2, float64(iters))
+		c1 := 1 - math.Pow(FitBeta1, float64(iters))
+		c2 := 1 - math.Pow(FitBeta2, float64(iters))
 		for e, g := range grad {
-			mom1[e] = fitBeta1*mom1[e] + (1-fitBeta1)*g
-			mom2[e] = fitBeta2*mom2[e] + (1-fitBeta2)*g*g
-			master[e] -= opts.LR * (mom1[e] / c1) / (math.Sqrt(mom2[e]/c2) + fitEps)
+			mom1[e] = FitBeta1*mom1[e] + (1-FitBeta1)*g
+			mom2[e] = FitBeta2*mom2[e] + (1-FitBeta2)*g*g
+			master[e] -= opts.LR * (mom1[e] / c1) / (math.Sqrt(mom2[e]/c2) + FitEps)
 		}
 	}
 
@@ -262,18 +239,63 @@ func addOrtho(ev *evaluation, p sparse, qs []sparse, w float64, grad bool) {
 	}
 }
 
-// matchScale scales P by c_P and each Q_k by sqrt(c_k) / c_P, so that
+// FreshDraw returns copies of P and the Qs with the fresh positions and
+// values a fit keyed by seed starts from (FitSamples's draw, which a fit
+// on a backend, train/devfit, repeats so that both fit the same draw).
+func FreshDraw(P *Projector, Qs []*Projector, seed uint64) (*Projector, []*Projector, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x6c73702d666974)) // "lsp-fit"
+	nP := P.Clone()
+	if err := nP.redraw(rng); err != nil {
+		return nil, nil, fmt.Errorf("lsp fit: P: %w", err)
+	}
+	nQs := make([]*Projector, len(Qs))
+	for k, q := range Qs {
+		nQs[k] = q.Clone()
+		if err := nQs[k].redraw(rng); err != nil {
+			return nil, nil, fmt.Errorf("lsp fit: Q %d: %w", k, err)
+		}
+	}
+	return nP, nQs, nil
+}
+
+// CheckFitSamples validates a FitSamples call (shapes, alpha, options)
+// without fitting, and returns ||G||^2 of every sample's matrices.
+func CheckFitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha float64, opts FitOptions) ([][]float64, error) {
+	if len(samples) == 0 {
+		return nil, fmt.Errorf("lsp fit: no gradient samples")
+	}
+	g2s := make([][]float64, len(samples))
+	for j, Gs := range samples {
+		if err := checkFit(P, Qs, Gs, alpha, opts); err != nil {
+			if len(samples) > 1 {
+				return nil, fmt.Errorf("sample %d: %w", j, err)
+			}
+			return nil, err
+		}
+		g2s[j] = make([]float64, len(Gs))
+		for k, G := range Gs {
+			g2s[j][k] = sqNorm32(G)
+			if !(g2s[j][k] > 0) || math.IsInf(g2s[j][k], 0) {
+				return nil, fmt.Errorf("lsp fit: matrix %d: ||G||^2 = %v, want finite and positive", k, g2s[j][k])
+			}
+		}
+	}
+	return g2s, nil
+}
+
+// MatchScale scales P by c_P and each Q_k by sqrt(c_k) / c_P, so that
 // every reconstruction R_k (quadratic in P and in Q) is scaled by its best
-// c_k = ||S_k||^2 / ||R_k||^2, with c_P the fourth root of their geometric
+// c_k = s2[k] / r2[k] (||S_k||^2 / ||R_k||^2, each over ||G_k||^2 and
+// averaged over the samples), with c_P the fourth root of their geometric
 // mean so that P and the Qs move about equally.
-func matchScale(P *Projector, Qs []*Projector, ev evaluation) error {
+func MatchScale(P *Projector, Qs []*Projector, s2, r2 []float64) error {
 	cs := make([]float64, len(Qs))
 	var logSum float64
 	for k := range Qs {
-		if !(ev.r2[k] > 0) || !(ev.s2[k] > 0) {
+		if !(r2[k] > 0) || !(s2[k] > 0) {
 			return nil // nothing to match: leave the draw as it is
 		}
-		cs[k] = ev.s2[k] / ev.r2[k]
+		cs[k] = s2[k] / r2[k]
 		logSum += math.Log(cs[k])
 	}
 	cP := math.Exp(logSum / float64(len(Qs)) / 4)

@@ -209,6 +209,9 @@ type Report struct {
 	HostFits   bool // Memory.HostPeak() <= the host's memory
 	Prediction
 	TokensPerSec float64 // B*T*Accum / step
+	// FitSeconds is the projector fits of one check, lsp mode with
+	// fitting (FitTime: every fit for its whole budget).
+	FitSeconds float64
 }
 
 // Plan predicts the memory and the step time of c on m.
@@ -242,6 +245,9 @@ func Plan(c Config, m Machine) (Report, error) {
 		Prediction: Prediction{Result: res, Tasks: tasks}}
 	if res.Step > 0 {
 		r.TokensPerSec = float64(c.B*c.T*c.Accum) / res.Step
+	}
+	if r.FitSeconds, err = FitTime(c, m); err != nil {
+		return Report{}, err
 	}
 	return r, nil
 }

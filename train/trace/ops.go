@@ -429,6 +429,24 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	})
 }
 
+// SparseValueGrad implements backend.Ops.
+func (b *Backend) SparseValueGrad(s backend.Stream, out, Y, M, K, idx, val backend.Tensor, rows, d, r int, w float32, trans, accumulate bool) error {
+	if err := dims("SparseValueGrad", rows, d, r); err != nil {
+		return err
+	}
+	// Per entry: d terms of Y M (when Y is present) and r of val K.
+	per := float64(r)
+	if Y.Buf != nil {
+		per += float64(d)
+	}
+	op := Op{Method: "SparseValueGrad", Family: Sparse, DType: out.DType, Shapes: shapes(out, Y, M, K, idx, val),
+		FLOPs: 2 * float64(rows) * float64(r) * per, Bytes: hazard.SparseValueGrad(out, Y, M, K, idx, val, accumulate).Bytes()}
+	args := []arg{need("out", out, rows*r), maybe("Y", Y, rows*d), maybe("M", M, d*d), need("K", K, d*d), need("idx", idx, rows*r), need("val", val, rows*r)}
+	return b.do(s, op, args, func() error {
+		return b.inner.SparseValueGrad(s, out, Y, M, K, idx, val, rows, d, r, w, trans, accumulate)
+	})
+}
+
 // CopyH2D implements backend.Backend.
 func (b *Backend) CopyH2D(s backend.Stream, dst backend.Tensor, src backend.HostBuffer, srcOff int) error {
 	if src == nil || srcOff < 0 || srcOff+int(dst.Bytes()) > hostLen(src) {
