@@ -322,20 +322,3 @@ func (b *Backend) sumSquares(x []float32) float64 {
 	}
 	return s
 }
-
-// adamW is PyTorch's AdamW step in fp32: decoupled decay, then the Adam
-// update with bias correction and eps outside the square root.
-func adamW(w, g, m, v []float32, gscale float32, p backend.AdamParams) {
-	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
-	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
-	stepSize := float32(float64(p.LR) / bc1)
-	sqrtBC2 := float32(math.Sqrt(bc2))
-	decay := 1 - p.LR*p.WeightDecay
-	for i := range w {
-		gi := g[i] * gscale
-		m[i] = p.Beta1*m[i] + (1-p.Beta1)*gi
-		v[i] = p.Beta2*v[i] + (1-p.Beta2)*gi*gi
-		denom := float32(math.Sqrt(float64(v[i])))/sqrtBC2 + p.Eps
-		w[i] = w[i]*decay - stepSize*m[i]/denom
-	}
-}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/host"
@@ -823,11 +824,22 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 		if skipped(skip) {
 			return nil
 		}
-		w := load(param)
+		w, out16 := load(param), []uint16(nil)
 		if master.Buf != nil {
 			w = f32View(master)
 		}
-		g, mm, vv := load(grad), f32View(m), f32View(v)
+		if param.DType == backend.BF16 {
+			// bf16(w), rounded to nearest even, in the update's pass: the
+			// master's copy, or the param's own widened values rounded back.
+			out16 = u16View(param)
+		}
+		var g host.AdamGrad
+		if grad.DType == backend.BF16 {
+			g.BF16 = u16View(grad)
+		} else {
+			g.F32 = f32View(grad)
+		}
+		mm, vv := f32View(m), f32View(v)
 		gscale := float32(1)
 		if p.MaxNorm > 0 {
 			// min(1, max/(norm+1e-6)), as torch's clip_grad_norm_ and the
@@ -837,14 +849,44 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 				gscale = float32(c)
 			}
 		}
-		b.parallel(n, 1<<14, func(lo, hi int) { adamW(w[lo:hi], g[lo:hi], mm[lo:hi], vv[lo:hi], gscale, p) })
-		if master.Buf != nil && param.DType == backend.F32 {
-			copy(f32View(param), w)
-		} else {
-			store(param, w) // a bf16 param is the master rounded to nearest even
-		}
-		return nil
+		c := adamCoef(p, gscale)
+		copyParam := master.Buf != nil && param.DType == backend.F32
+		var mu sync.Mutex
+		var err error
+		b.parallel(n, 1<<16, func(lo, hi int) {
+			gg := host.AdamGrad{F32: sub(g.F32, lo, hi), BF16: sub(g.BF16, lo, hi)}
+			if e := host.AdamWPlain(c, w[lo:hi], mm[lo:hi], vv[lo:hi], gg, sub(out16, lo, hi)); e != nil {
+				mu.Lock()
+				err = e
+				mu.Unlock()
+				return
+			}
+			if copyParam {
+				copy(f32View(param)[lo:hi], w[lo:hi])
+			}
+		})
+		return err
 	})
+}
+
+// sub is x[lo:hi], or nil for a nil x (an unused view).
+func sub[T any](x []T, lo, hi int) []T {
+	if x == nil {
+		return nil
+	}
+	return x[lo:hi]
+}
+
+// adamCoef is PyTorch's AdamW step in fp32 (decoupled decay, then the Adam
+// update with bias correction and eps outside the square root) as the
+// coefficients of host.AdamWPlain, which runs it unfused, in the order the
+// CUDA kernel matches bit for bit.
+func adamCoef(p backend.AdamParams, gscale float32) host.AdamWPlainCoef {
+	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
+	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
+	return host.AdamWPlainCoef{Beta1: p.Beta1, OneMinusBeta1: 1 - p.Beta1, Beta2: p.Beta2, OneMinusBeta2: 1 - p.Beta2,
+		Eps: p.Eps, SqrtBC2: float32(math.Sqrt(bc2)), Step: float32(float64(p.LR) / bc1),
+		Decay: 1 - p.LR*p.WeightDecay, GradScale: gscale}
 }
 
 // CopyD2D implements backend.Backend: same length, converting dtypes (I32
