@@ -10,6 +10,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
@@ -148,103 +149,10 @@ type attention struct {
 	x                 backend.QKVIndex
 }
 
-func (a attention) q(b, t, h int) int   { return a.x.QBase + (b*a.T+t)*a.x.QRow + h*a.HS }
-func (a attention) k(b, t, g int) int   { return a.x.KBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) v(b, t, g int) int   { return a.x.VBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) o(b, t, h int) int   { return (b*a.T+t)*a.NH*a.HS + h*a.HS }
-func (a attention) group(h int) int     { return h / (a.NH / a.KVH) }
-func (a attention) scale() float32      { return float32(1 / math.Sqrt(float64(a.HS))) }
-func (a attention) lse(b, h, t int) int { return (b*a.NH+h)*a.T + t }
-
-// attentionForward handles query heads bh in [lo,hi) of B*NH: for each
-// query t, softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log
-// sum exp.
-func attentionForward(out, lse, qkv []float32, a attention, lo, hi int) {
-	HS, scale := a.HS, a.scale()
-	p := make([]float32, a.T)
-	for bh := lo; bh < hi; bh++ {
-		b, h := bh/a.NH, bh%a.NH
-		g := a.group(h)
-		for t := 0; t < a.T; t++ {
-			q := qkv[a.q(b, t, h):][:HS]
-			mx := float32(math.Inf(-1))
-			for t2 := 0; t2 <= t; t2++ {
-				k := qkv[a.k(b, t2, g):][:HS]
-				var dot float32
-				for i := range q {
-					dot += q[i] * k[i]
-				}
-				p[t2] = dot * scale
-				mx = max(mx, p[t2])
-			}
-			var sum float32
-			for t2 := 0; t2 <= t; t2++ {
-				p[t2] = float32(math.Exp(float64(p[t2] - mx)))
-				sum += p[t2]
-			}
-			o := out[a.o(b, t, h):][:HS]
-			clear(o)
-			for t2 := 0; t2 <= t; t2++ {
-				v := qkv[a.v(b, t2, g):][:HS]
-				w := p[t2] / sum
-				for i := range o {
-					o[i] += w * v[i]
-				}
-			}
-			lse[a.lse(b, h, t)] = mx + float32(math.Log(float64(sum)))
-		}
-	}
-}
-
-// attentionBackward recomputes P = exp(S - lse) per row and writes the
-// gradients of key/value heads bg in [lo,hi) of B*KVH and of their query
-// heads: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o
-// O), dQ = dS K scale, dK = dS^T Q scale. A key/value head sums its query
-// heads in ascending order.
-func attentionBackward(dqkv, dout, qkv, out, lse []float32, a attention, lo, hi int) {
-	HS, scale := a.HS, a.scale()
-	per := a.NH / a.KVH
-	for bg := lo; bg < hi; bg++ {
-		b, g := bg/a.KVH, bg%a.KVH
-		for t := 0; t < a.T; t++ {
-			clear(dqkv[a.k(b, t, g):][:HS])
-			clear(dqkv[a.v(b, t, g):][:HS])
-			for h := g * per; h < (g+1)*per; h++ {
-				clear(dqkv[a.q(b, t, h):][:HS])
-			}
-		}
-		for h := g * per; h < (g+1)*per; h++ {
-			for t := 0; t < a.T; t++ {
-				q := qkv[a.q(b, t, h):][:HS]
-				dq := dqkv[a.q(b, t, h):][:HS]
-				do := dout[a.o(b, t, h):][:HS]
-				o := out[a.o(b, t, h):][:HS]
-				var D float32
-				for i := range do {
-					D += do[i] * o[i]
-				}
-				l := lse[a.lse(b, h, t)]
-				for t2 := 0; t2 <= t; t2++ {
-					k := qkv[a.k(b, t2, g):][:HS]
-					v := qkv[a.v(b, t2, g):][:HS]
-					dk := dqkv[a.k(b, t2, g):][:HS]
-					dv := dqkv[a.v(b, t2, g):][:HS]
-					var s, dp float32
-					for i := range q {
-						s += q[i] * k[i]
-						dp += do[i] * v[i]
-					}
-					p := float32(math.Exp(float64(s*scale - l)))
-					ds := p * (dp - D) * scale
-					for i := range q {
-						dv[i] += p * do[i]
-						dq[i] += ds * k[i]
-						dk[i] += ds * q[i]
-					}
-				}
-			}
-		}
-	}
+// host is a as package host's kernels take it.
+func (a attention) host() host.AttentionShape {
+	return host.AttentionShape{B: a.B, T: a.T, NH: a.NH, KVH: a.KVH, HS: a.HS,
+		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
 }
 
 const geluC = 0.7978845608028654 // sqrt(2/pi)

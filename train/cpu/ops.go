@@ -511,10 +511,10 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	}
 	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv), func() error {
 		o, l, q := load(out), load(lse), load(qkv)
-		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, a, lo, hi) })
+		err := b.parallelErr("attention forward", B*NH, 1, func(lo, hi int) error { return host.AttentionForward(o, l, q, a.host(), lo, hi) })
 		store(out, o)
 		store(lse, l)
-		return nil
+		return err
 	})
 }
 
@@ -538,9 +538,9 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH), func() error {
 		spoil(used)
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
-		b.parallel(B*KVH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, a, lo, hi) })
+		err := b.parallelErr("attention backward", B*KVH, 1, func(lo, hi int) error { return host.AttentionBackward(dq, dy, q, o, l, a.host(), lo, hi) })
 		store(dqkv, dq)
-		return nil
+		return err
 	})
 }
 
