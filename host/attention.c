@@ -14,6 +14,13 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
+/* FP exceptions are never read here, so GCC may compute both sides of a
+ * select (if-convert), which it needs to vectorise these loops; results do
+ * not change. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #define ATTN_INLINE static inline __attribute__((always_inline))
 
 /* transpose writes x[t*row + i] for t < T, i < HS to xt[i*T + t]. */
@@ -91,15 +98,17 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 {
 	const long T = a->T, HS = a->HS, NH = a->NH, per = a->NH / a->KVH;
 	const float scale = (float)(1 / sqrt((double)HS));
-	float *kt = malloc(sizeof(float) * (size_t)(2 * HS * T + 2 * T));
+	/* kt, vt: the head's keys and values transposed; dks, dvs: its key and
+	 * value gradients, accumulated contiguously (in L2) and copied out. */
+	float *kt = malloc(sizeof(float) * (size_t)(4 * HS * T + 2 * T));
 	if (!kt)
 		return -1;
-	float *vt = kt + HS * T, *s = vt + HS * T, *dp = s + T;
+	float *vt = kt + HS * T, *dks = vt + HS * T, *dvs = dks + HS * T;
+	float *s = dvs + HS * T, *dp = s + T;
 	for (long bg = lo; bg < hi; bg++) {
 		const long b = bg / a->KVH, g = bg % a->KVH;
+		memset(dks, 0, sizeof(float) * (size_t)(2 * HS * T));
 		for (long t = 0; t < T; t++) {
-			memset(dqkv + a->kbase + (b * T + t) * a->kvrow + g * HS, 0, sizeof(float) * (size_t)HS);
-			memset(dqkv + a->vbase + (b * T + t) * a->kvrow + g * HS, 0, sizeof(float) * (size_t)HS);
 			for (long h = g * per; h < (g + 1) * per; h++)
 				memset(dqkv + a->qbase + (b * T + t) * a->qrow + h * HS, 0, sizeof(float) * (size_t)HS);
 		}
@@ -125,8 +134,7 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 				}
 				for (long t2 = 0; t2 < n; t2++) {
 					const float *restrict k = qkv + a->kbase + (b * T + t2) * a->kvrow + g * HS;
-					float *restrict dk = dqkv + a->kbase + (b * T + t2) * a->kvrow + g * HS;
-					float *restrict dv = dqkv + a->vbase + (b * T + t2) * a->kvrow + g * HS;
+					float *restrict dk = dks + t2 * HS, *restrict dv = dvs + t2 * HS;
 					const float pp = s[t2], ds = dp[t2];
 					for (long i = 0; i < HS; i++) {
 						dv[i] += pp * d[i];
@@ -135,6 +143,10 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 					}
 				}
 			}
+		}
+		for (long t = 0; t < T; t++) {
+			memcpy(dqkv + a->kbase + (b * T + t) * a->kvrow + g * HS, dks + t * HS, sizeof(float) * (size_t)HS);
+			memcpy(dqkv + a->vbase + (b * T + t) * a->kvrow + g * HS, dvs + t * HS, sizeof(float) * (size_t)HS);
 		}
 	}
 	free(kt);

@@ -155,61 +155,6 @@ func (a attention) host() host.AttentionShape {
 		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
 }
 
-const geluC = 0.7978845608028654 // sqrt(2/pi)
-
-// gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
-// computed as x * sigmoid(2u) with one exp instead of a tanh.
-func geluForward(out, inp []float32) {
-	for i, x := range inp {
-		u := geluC * (x + 0.044715*x*x*x)
-		out[i] = x / (1 + float32(math.Exp(float64(-2*u))))
-	}
-}
-
-// geluBackward: d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) u'(x), th = tanh(u).
-func geluBackward(dinp, inp, dout []float32) {
-	for i, x := range inp {
-		u := geluC * (x + 0.044715*x*x*x)
-		sig := 1 / (1 + float32(math.Exp(float64(-2*u))))
-		th := 2*sig - 1
-		d := sig + 0.5*x*(1-th*th)*geluC*(1+3*0.044715*x*x)
-		dinp[i] = d * dout[i]
-	}
-}
-
-// crossEntropy handles rows [lo,hi): loss = logsumexp(z) - z[target], and
-// when scale != 0, z <- scale * (softmax(z) - onehot(target)).
-func crossEntropy(losses, logits []float32, targets []int32, V int, scale float32, lo, hi int) {
-	for r := lo; r < hi; r++ {
-		z := logits[r*V : (r+1)*V]
-		t := targets[r]
-		if t < 0 {
-			losses[r] = 0
-			if scale != 0 {
-				clear(z)
-			}
-			continue
-		}
-		mx := z[0]
-		for _, v := range z {
-			mx = max(mx, v)
-		}
-		var sum float64
-		for _, v := range z {
-			sum += math.Exp(float64(v - mx))
-		}
-		lse := float64(mx) + math.Log(sum)
-		losses[r] = float32(lse - float64(z[t]))
-		if scale == 0 {
-			continue
-		}
-		for i, v := range z {
-			z[i] = scale * float32(math.Exp(float64(v)-lse))
-		}
-		z[t] -= scale
-	}
-}
-
 // sumSquares sums in fixed chunks, each in float64, then the chunks in
 // order: the same bits for any thread count.
 func (b *Backend) sumSquares(x []float32) float64 {

@@ -555,7 +555,10 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
-		b.parallel(n, 1<<12, func(lo, hi int) { geluForward(o[lo:hi], x[lo:hi]) })
+		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return host.GeluForward(o[lo:hi], x[lo:hi]) })
+		if err != nil {
+			return err
+		}
 		store(out, o)
 		return nil
 	})
@@ -572,7 +575,12 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	}
 	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
-		b.parallel(n, 1<<12, func(lo, hi int) { geluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi]) })
+		err := b.parallelErr("gelu backward", n, 1<<12, func(lo, hi int) error {
+			return host.GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
+		})
+		if err != nil {
+			return err
+		}
 		store(dinp, dx)
 		return nil
 	})
@@ -725,12 +733,17 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	}
 	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
-		for i, t := range tg {
+		for i, t := range tg[:N] {
 			if int(t) >= V {
 				return fmt.Errorf("target %d at row %d outside vocabulary of %d", t, i, V)
 			}
 		}
-		b.parallel(N, 4, func(lo, hi int) { crossEntropy(l, z, tg, V, scale, lo, hi) })
+		err := b.parallelErr("cross entropy", N, 4, func(lo, hi int) error {
+			return host.CrossEntropy(l[:N], z[:N*V], tg[:N], V, scale, lo, hi)
+		})
+		if err != nil {
+			return err
+		}
 		store(losses, l)
 		if scale != 0 {
 			store(logits, z)
