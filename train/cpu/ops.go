@@ -468,12 +468,16 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
 		db, dy := load(dbias), load(dout)
 		b.parallel(OC, 64, func(lo, hi int) {
-			for j := lo; j < hi; j++ {
-				var sum float32
-				for i := 0; i < N; i++ {
-					sum += dy[i*OC+j]
+			// Rows outer: each column sums its rows in ascending order, as
+			// a column at a time would, reading memory along rows.
+			sum := make([]float32, hi-lo)
+			for i := 0; i < N; i++ {
+				for k, v := range dy[i*OC+lo : i*OC+hi] {
+					sum[k] += v
 				}
-				db[j] += sum
+			}
+			for k, v := range sum {
+				db[lo+k] += v
 			}
 		})
 		store(dbias, db)
