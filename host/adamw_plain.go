@@ -69,3 +69,23 @@ func AdamWPlain(c AdamWPlainCoef, w, m, v []float32, g AdamGrad, bf16Out []uint1
 		(*C.float)(unsafe.Pointer(&m[0])), (*C.float)(unsafe.Pointer(&v[0])), gp, gt, out, C.size_t(n))
 	return nil
 }
+
+// SumSquaresChunks writes to out[k] the sum of squares of x[k*chunk :
+// (k+1)*chunk] (the last piece may be short) in double, each in the
+// pre-scan's canonical order (adam.h: 16 lanes by index, a fixed tree), on
+// the calling goroutine. out must have one element per piece.
+func SumSquaresChunks(x []float32, chunk int, out []float64) error {
+	if chunk <= 0 || len(out) != (len(x)+chunk-1)/chunk {
+		return fmt.Errorf("host: sum squares: %d elements in chunks of %d, %d outputs", len(x), chunk, len(out))
+	}
+	if len(x) == 0 {
+		return nil
+	}
+	path := ActiveSIMD()
+	if path >= AVX2 && (C.lsp_adam_simd_compiled() == 0 || !cpuid.CPU.Supports(cpuid.F16C)) {
+		path = Scalar
+	}
+	C.lsp_adam_sumsq_chunks(C.int(path), unsafe.Pointer(&x[0]), C.LSP_ADAM_F32, C.size_t(len(x)), C.size_t(chunk),
+		(*C.double)(unsafe.Pointer(&out[0])), 0)
+	return nil
+}

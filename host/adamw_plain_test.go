@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/bf16"
@@ -86,4 +87,41 @@ func TestAdamWPlainMatchesGoLoop(t *testing.T) {
 // does on arm64, ppc64, s390x, riscv64; never on amd64 or 386).
 func goFusesFloat() bool {
 	return runtime.GOARCH != "amd64" && runtime.GOARCH != "386"
+}
+
+func TestSumSquaresChunks(t *testing.T) {
+	prev := ActiveSIMD()
+	defer SetSIMD(prev)
+	r := rand.New(rand.NewPCG(1, 9))
+	x := make([]float32, 3*1000+17)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	var first []float64
+	for _, path := range SupportedSIMD() {
+		if _, err := SetSIMD(path); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float64, 4)
+		if err := SumSquaresChunks(x, 1000, out); err != nil {
+			t.Fatal(err)
+		}
+		for k := range out {
+			var want float64
+			for _, v := range x[k*1000 : min((k+1)*1000, len(x))] {
+				want += float64(v) * float64(v)
+			}
+			if math.Abs(out[k]-want) > 1e-13*want {
+				t.Fatalf("%v: chunk %d = %v, want %v", path, k, out[k], want)
+			}
+		}
+		if first == nil {
+			first = out
+		} else if !slices.Equal(out, first) {
+			t.Fatalf("%v: %v, scalar %v: paths differ", path, out, first)
+		}
+	}
+	if err := SumSquaresChunks(x, 1000, make([]float64, 3)); err == nil {
+		t.Error("too few outputs: no error")
+	}
 }

@@ -161,19 +161,15 @@ func (a attention) host() host.AttentionShape {
 		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
 }
 
-// sumSquares sums in fixed chunks, each in float64, then the chunks in
-// order: the same bits for any thread count.
+// sumSquares sums in fixed chunks, each in float64 (host.SumSquaresChunks),
+// then the chunks in order: the same bits for any thread count.
 func (b *Backend) sumSquares(x []float32) float64 {
 	const chunk = 1 << 14
 	parts := make([]float64, (len(x)+chunk-1)/chunk)
 	b.parallel(len(parts), 1, func(lo, hi int) {
-		for c := lo; c < hi; c++ {
-			var s float64
-			for _, v := range x[c*chunk : min((c+1)*chunk, len(x))] {
-				s += float64(v) * float64(v)
-			}
-			parts[c] = s
-		}
+		// Each chunk in the host pre-scan's canonical order (SIMD, the
+		// same bits on every path); the lengths always match.
+		_ = host.SumSquaresChunks(x[lo*chunk:min(hi*chunk, len(x))], chunk, parts[lo:hi])
 	})
 	var s float64
 	for _, p := range parts {
