@@ -1,8 +1,10 @@
 /*
  * attention.h: the CPU backend's causal attention (train/cpu) in C, laid
  * out so the compiler vectorises it: keys and values are transposed per
- * head, so a query's scores are a loop over keys, and every accumulation
- * is a loop over the head's channels. Each element is summed in the same
+ * head, so scores are computed for 4 queries by 16 keys at a time in
+ * registers (each key vector loaded once for 4 queries), and every other
+ * accumulation is a loop over the head's channels; the backward pass keeps
+ * a head's dK and dV contiguous until it is done. Each element is summed in the same
  * order as the Go loops these replace (channels ascending for a dot
  * product, keys ascending, then query heads and queries ascending for the
  * key/value gradients), with no fused multiply-add, so the results differ
