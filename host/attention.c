@@ -223,7 +223,7 @@ ATTN_AVX512 static int attn_backward_avx512(const lsp_attn_shape *a, float *dqkv
 #endif
 
 /* The path numbers are host's SIMD constants: 0 scalar, 1 AVX2, 2 AVX-512. */
-int lsp_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
+int lsp_host_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
 	const float *qkv, long lo, long hi)
 {
 #ifdef ATTN_X86
@@ -236,7 +236,7 @@ int lsp_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
 	return attn_forward_body(a, out, lse, qkv, lo, hi);
 }
 
-int lsp_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
+int lsp_host_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
 	long lo, long hi)
 {

@@ -65,7 +65,7 @@ func AttentionForward(out, lse, qkv []float32, a AttentionShape, lo, hi int) err
 		return nil
 	}
 	sh := a.c()
-	if C.lsp_attn_forward(C.int(ActiveSIMD()), &sh, ptr(out), ptr(lse), ptr(qkv), C.long(lo), C.long(hi)) != 0 {
+	if C.lsp_host_attn_forward(C.int(ActiveSIMD()), &sh, ptr(out), ptr(lse), ptr(qkv), C.long(lo), C.long(hi)) != 0 {
 		return fmt.Errorf("host: attention forward: %w", errAttnMemory)
 	}
 	return nil
@@ -89,7 +89,7 @@ func AttentionBackward(dqkv, dout, qkv, out, lse []float32, a AttentionShape, lo
 		return nil
 	}
 	sh := a.c()
-	if C.lsp_attn_backward(C.int(ActiveSIMD()), &sh, ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), ptr(lse), C.long(lo), C.long(hi)) != 0 {
+	if C.lsp_host_attn_backward(C.int(ActiveSIMD()), &sh, ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), ptr(lse), C.long(lo), C.long(hi)) != 0 {
 		return fmt.Errorf("host: attention backward: %w", errAttnMemory)
 	}
 	return nil

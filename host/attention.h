@@ -27,17 +27,17 @@ typedef struct {
 	long qbase, kbase, vbase, qrow, kvrow;
 } lsp_attn_shape;
 
-/* lsp_attn_forward does query heads b*NH+h in [lo, hi): for each query t,
+/* lsp_host_attn_forward does query heads b*NH+h in [lo, hi): for each query t,
  * softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log sum exp.
  * Returns 0, or -1 when scratch memory cannot be had. */
-int lsp_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
+int lsp_host_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
 	const float *qkv, long lo, long hi);
 
-/* lsp_attn_backward does key/value heads b*KVH+g in [lo, hi) and their
+/* lsp_host_attn_backward does key/value heads b*KVH+g in [lo, hi) and their
  * query heads: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D =
  * rowsum(dO o O), dQ = dS K scale, dK = dS^T Q scale, P recomputed from
  * lse. It overwrites those heads' parts of dqkv. Returns 0 or -1. */
-int lsp_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
+int lsp_host_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
 	long lo, long hi);
 

@@ -155,7 +155,7 @@ EW_AVX512 static void gelu_backward_avx512(float *d, const float *x, const float
 #endif
 
 /* Paths as host's SIMD constants: 0 scalar, 1 AVX2, 2 AVX-512. */
-int lsp_xent(int path, float *losses, float *z, const int32_t *targets,
+int lsp_host_xent(int path, float *losses, float *z, const int32_t *targets,
 	long V, float scale, long lo, long hi)
 {
 #ifdef EW_X86
@@ -168,7 +168,7 @@ int lsp_xent(int path, float *losses, float *z, const int32_t *targets,
 	return xent_body(losses, z, targets, V, scale, lo, hi);
 }
 
-void lsp_gelu_forward(int path, float *out, const float *x, size_t n)
+void lsp_host_gelu_forward(int path, float *out, const float *x, size_t n)
 {
 #ifdef EW_X86
 	if (path == 2) {
@@ -184,7 +184,7 @@ void lsp_gelu_forward(int path, float *out, const float *x, size_t n)
 	gelu_forward_body(out, x, n);
 }
 
-void lsp_gelu_backward(int path, float *dinp, const float *x,
+void lsp_host_gelu_backward(int path, float *dinp, const float *x,
 	const float *dout, size_t n)
 {
 #ifdef EW_X86

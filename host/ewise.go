@@ -32,7 +32,7 @@ func CrossEntropy(losses, logits []float32, targets []int32, V int, scale float3
 	if lo >= hi {
 		return nil
 	}
-	if C.lsp_xent(C.int(ActiveSIMD()), ptr(losses), ptr(logits), (*C.int32_t)(unsafe.Pointer(&targets[0])),
+	if C.lsp_host_xent(C.int(ActiveSIMD()), ptr(losses), ptr(logits), (*C.int32_t)(unsafe.Pointer(&targets[0])),
 		C.long(V), C.float(scale), C.long(lo), C.long(hi)) != 0 {
 		return fmt.Errorf("host: cross entropy: no memory for a row's exponentials")
 	}
@@ -46,7 +46,7 @@ func GeluForward(out, x []float32) error {
 		return fmt.Errorf("host: gelu forward: len(out) %d, len(x) %d", len(out), len(x))
 	}
 	if len(x) > 0 {
-		C.lsp_gelu_forward(C.int(ActiveSIMD()), ptr(out), ptr(x), C.size_t(len(x)))
+		C.lsp_host_gelu_forward(C.int(ActiveSIMD()), ptr(out), ptr(x), C.size_t(len(x)))
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func GeluBackward(dinp, x, dout []float32) error {
 		return fmt.Errorf("host: gelu backward: len(dinp) %d, len(x) %d, len(dout) %d", len(dinp), len(x), len(dout))
 	}
 	if len(x) > 0 {
-		C.lsp_gelu_backward(C.int(ActiveSIMD()), ptr(dinp), ptr(x), ptr(dout), C.size_t(len(x)))
+		C.lsp_host_gelu_backward(C.int(ActiveSIMD()), ptr(dinp), ptr(x), ptr(dout), C.size_t(len(x)))
 	}
 	return nil
 }

@@ -16,19 +16,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* lsp_xent does rows [lo, hi) of logits z [N, V]: loss = logsumexp(z) -
+/* lsp_host_xent does rows [lo, hi) of logits z [N, V]: loss = logsumexp(z) -
  * z[target]; when scale != 0, z <- scale * (softmax(z) - onehot(target)).
  * A negative target gives loss 0 (and a zero row when scale != 0).
  * Targets must be < V. Returns 0, or -1 without scratch memory. */
-int lsp_xent(int path, float *losses, float *z, const int32_t *targets,
+int lsp_host_xent(int path, float *losses, float *z, const int32_t *targets,
 	long V, float scale, long lo, long hi);
 
-/* lsp_gelu_forward: out = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3). */
-void lsp_gelu_forward(int path, float *out, const float *x, size_t n);
+/* lsp_host_gelu_forward: out = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3). */
+void lsp_host_gelu_forward(int path, float *out, const float *x, size_t n);
 
-/* lsp_gelu_backward: dinp = dout * (sig + 0.5 x (1 - th^2) u'(x)), th = 2 sig - 1.
+/* lsp_host_gelu_backward: dinp = dout * (sig + 0.5 x (1 - th^2) u'(x)), th = 2 sig - 1.
  * dinp may alias dout. */
-void lsp_gelu_backward(int path, float *dinp, const float *x,
+void lsp_host_gelu_backward(int path, float *dinp, const float *x,
 	const float *dout, size_t n);
 
 #endif
