@@ -1,7 +1,8 @@
 // adamw_plain.go: the CPU backend's AdamW (train/cpu) on the SIMD paths of
 // adam.c. Its arithmetic is not the fused host Adam's (AdamStep): it is the
 // unfused torch order that the CUDA kernel and its simulator match bit for
-// bit, so the backend keeps its results and only gets faster.
+// bit, so the backend keeps its results and only gets faster. Also the
+// backend's sum of squares (SumSquaresChunks), on the pre-scan's kernel.
 
 package host
 

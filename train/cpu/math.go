@@ -1,7 +1,10 @@
 // Pure fp32 math behind the CPU ops: the reference each CUDA kernel is
 // compared with. Shapes use llm.c's names (B, T, C, NH, HS = C/NH, V).
 // Every reduction runs in a fixed order, so results do not depend on how
-// the parallel loops are split.
+// the parallel loops are split. AdamW, attention, gelu, cross-entropy and
+// the sum of squares run in package host's SIMD C (host.AdamWPlain,
+// AttentionForward/Backward, GeluForward/Backward, CrossEntropy,
+// SumSquaresChunks), which keeps these rules.
 
 package cpu
 
