@@ -471,3 +471,139 @@ void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
 		out[k] = sumsq_far(path, (const char *)g + lo * size, gtype, len, far);
 	}
 }
+
+/* ---- the unfused (torch order) AdamW of the CPU backend -------------------
+ *
+ * lsp_adamw_plain is the CPU backend's AdamW arithmetic, which the CUDA
+ * kernel and its simulator match bit for bit: no fused multiply-add, the
+ * bias corrections applied by division, per element in fp32:
+ *
+ *   g   = grad * gscale
+ *   m   = beta1 * m + omb1 * g
+ *   v   = beta2 * v + (omb2 * g) * g
+ *   den = sqrt(v) / sqrtbc2 + eps
+ *   w   = w * decay - (step * m) / den
+ *   out16 = bf16(w) (nearest even) when out16 != NULL
+ *
+ * Each operation is correctly rounded in every path (mul, add, div and sqrt
+ * are IEEE in SSE/AVX and in C), and contraction into FMA is off (-std=c11
+ * for GCC, the pragma for clang), so all paths give the same bits as the
+ * Go loop it replaces. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+static void adamw_plain_scalar(const lsp_adamw_plain_coef *c, float *w,
+	float *m, float *v, const void *g, int gt, uint16_t *out16, size_t i0,
+	size_t n)
+{
+	for (size_t i = i0; i < n; i++) {
+		float gi = lsp_load_g(g, i, gt) * c->gscale;
+		float mm = c->beta1 * m[i] + c->omb1 * gi;
+		float vv = c->beta2 * v[i] + (c->omb2 * gi) * gi;
+		m[i] = mm;
+		v[i] = vv;
+		float den = sqrtf(vv) / c->sqrtbc2 + c->eps;
+		float ww = w[i] * c->decay - (c->step * mm) / den;
+		w[i] = ww;
+		if (out16)
+			out16[i] = lsp_f32_to_bf16(ww);
+	}
+}
+
+#ifdef LSP_HAVE_X86
+LSP_AVX2 LSP_INLINE void adamw_plain_body_avx2(const lsp_adamw_plain_coef *c,
+	float *w, float *m, float *v, const void *g, const int gt,
+	uint16_t *out16, const int out, size_t n)
+{
+	const __m256 b1 = _mm256_set1_ps(c->beta1), omb1 = _mm256_set1_ps(c->omb1);
+	const __m256 b2 = _mm256_set1_ps(c->beta2), omb2 = _mm256_set1_ps(c->omb2);
+	const __m256 eps = _mm256_set1_ps(c->eps), sbc2 = _mm256_set1_ps(c->sqrtbc2);
+	const __m256 step = _mm256_set1_ps(c->step), decay = _mm256_set1_ps(c->decay);
+	const __m256 gs = _mm256_set1_ps(c->gscale);
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, 0);
+		__m256 gg = _mm256_mul_ps(ld8_256(g, i, gt), gs);
+		__m256 mm = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gg));
+		__m256 vv = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+			_mm256_mul_ps(_mm256_mul_ps(omb2, gg), gg));
+		_mm256_storeu_ps(m + i, mm);
+		_mm256_storeu_ps(v + i, vv);
+		__m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), sbc2), eps);
+		__m256 ww = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(w + i), decay),
+			_mm256_div_ps(_mm256_mul_ps(step, mm), den));
+		_mm256_storeu_ps(w + i, ww);
+		if (out)
+			_mm_storeu_si128((__m128i *)(out16 + i), bf16_256(ww));
+	}
+	adamw_plain_scalar(c, w, m, v, g, gt, out ? out16 : NULL, i, n);
+}
+
+LSP_AVX512 LSP_INLINE void adamw_plain_body_avx512(const lsp_adamw_plain_coef *c,
+	float *w, float *m, float *v, const void *g, const int gt,
+	uint16_t *out16, const int out, size_t n)
+{
+	const __m512 b1 = _mm512_set1_ps(c->beta1), omb1 = _mm512_set1_ps(c->omb1);
+	const __m512 b2 = _mm512_set1_ps(c->beta2), omb2 = _mm512_set1_ps(c->omb2);
+	const __m512 eps = _mm512_set1_ps(c->eps), sbc2 = _mm512_set1_ps(c->sqrtbc2);
+	const __m512 step = _mm512_set1_ps(c->step), decay = _mm512_set1_ps(c->decay);
+	const __m512 gs = _mm512_set1_ps(c->gscale);
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, 0);
+		__m512 gg = _mm512_mul_ps(ld16_512(g, i, gt), gs);
+		__m512 mm = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, gg));
+		__m512 vv = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),
+			_mm512_mul_ps(_mm512_mul_ps(omb2, gg), gg));
+		_mm512_storeu_ps(m + i, mm);
+		_mm512_storeu_ps(v + i, vv);
+		__m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), sbc2), eps);
+		__m512 ww = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + i), decay),
+			_mm512_div_ps(_mm512_mul_ps(step, mm), den));
+		_mm512_storeu_ps(w + i, ww);
+		if (out)
+			_mm256_storeu_si256((__m256i *)(out16 + i), bf16_512(ww));
+	}
+	adamw_plain_scalar(c, w, m, v, g, gt, out ? out16 : NULL, i, n);
+}
+
+/* One loop per (gradient type, bf16 copy), as for lsp_adam. */
+#define LSP_PLAIN(ATTR, NAME, BODY)                                            \
+	ATTR static void NAME(const lsp_adamw_plain_coef *c, float *w,         \
+		float *m, float *v, const void *g, int gt, uint16_t *out16,     \
+		size_t n)                                                       \
+	{                                                                      \
+		int out = out16 != NULL;                                       \
+		switch (gt * 2 + out) {                                        \
+		case 0: BODY(c, w, m, v, g, 0, out16, 0, n); break;            \
+		case 1: BODY(c, w, m, v, g, 0, out16, 1, n); break;            \
+		case 2: BODY(c, w, m, v, g, 1, out16, 0, n); break;            \
+		case 3: BODY(c, w, m, v, g, 1, out16, 1, n); break;            \
+		case 4: BODY(c, w, m, v, g, 2, out16, 0, n); break;            \
+		case 5: BODY(c, w, m, v, g, 2, out16, 1, n); break;            \
+		}                                                              \
+	}
+LSP_PLAIN(LSP_AVX2, adamw_plain_avx2, adamw_plain_body_avx2)
+LSP_PLAIN(LSP_AVX512, adamw_plain_avx512, adamw_plain_body_avx512)
+#endif
+
+void lsp_adamw_plain(int path, lsp_adamw_plain_coef c, float *w, float *m,
+	float *v, const void *g, int gtype, uint16_t *out16, size_t n)
+{
+	if (gtype < LSP_ADAM_F32 || gtype > LSP_ADAM_F16)
+		return;
+#ifdef LSP_HAVE_X86
+	if (path == LSP_PATH_AVX512) {
+		adamw_plain_avx512(&c, w, m, v, g, gtype, out16, n);
+		return;
+	}
+	if (path == LSP_PATH_AVX2) {
+		adamw_plain_avx2(&c, w, m, v, g, gtype, out16, n);
+		return;
+	}
+#else
+	(void)path;
+#endif
+	adamw_plain_scalar(&c, w, m, v, g, gtype, out16, 0, n);
+}

@@ -72,4 +72,21 @@ void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
  * (x86-64 with a compiler that supports target attributes). */
 int lsp_adam_simd_compiled(void);
 
+/* Coefficients of lsp_adamw_plain, computed in fp32 as the CPU backend does. */
+typedef struct {
+	float beta1, omb1;
+	float beta2, omb2;
+	float eps;
+	float sqrtbc2; /* sqrt(1 - beta2^t) */
+	float step;    /* lr / (1 - beta1^t) */
+	float decay;   /* 1 - lr * wd */
+	float gscale;  /* gradient scale (clipping); 1 when none */
+} lsp_adamw_plain_coef;
+
+/* lsp_adamw_plain is the CPU backend's unfused AdamW on n elements (adam.c
+ * states its arithmetic): w, m, v updated in place, out16 (may be NULL)
+ * gets bf16(w). */
+void lsp_adamw_plain(int path, lsp_adamw_plain_coef c, float *w, float *m,
+	float *v, const void *g, int gtype, uint16_t *out16, size_t n);
+
 #endif

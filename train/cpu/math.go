@@ -1,7 +1,10 @@
 // Pure fp32 math behind the CPU ops: the reference each CUDA kernel is
 // compared with. Shapes use llm.c's names (B, T, C, NH, HS = C/NH, V).
 // Every reduction runs in a fixed order, so results do not depend on how
-// the parallel loops are split.
+// the parallel loops are split. AdamW, attention, gelu, cross-entropy and
+// the sum of squares run in package host's SIMD C (host.AdamWPlain,
+// AttentionForward/Backward, GeluForward/Backward, CrossEntropy,
+// SumSquaresChunks), which keeps these rules.
 
 package cpu
 
@@ -10,6 +13,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
@@ -129,15 +133,21 @@ func layerNormBackwardInput(dinp, dout, inp, w, mean, rstd []float32, lo, hi, C 
 }
 
 func layerNormBackwardParams(dw, db, dout, inp, mean, rstd []float32, N, C, lo, hi int) {
-	for i := lo; i < hi; i++ {
-		var sw, sb float32
-		for r := 0; r < N; r++ {
-			dy := dout[r*C+i]
-			sb += dy
-			sw += dy * (inp[r*C+i] - mean[r]) * rstd[r]
+	// Rows outer, columns inner: each column still sums its rows in
+	// ascending order (the same bits as a column at a time), but memory is
+	// read along rows instead of one float per cache line.
+	sw, sb := make([]float32, hi-lo), make([]float32, hi-lo)
+	for r := 0; r < N; r++ {
+		dy, x := dout[r*C+lo:r*C+hi], inp[r*C+lo:r*C+hi]
+		m, s := mean[r], rstd[r]
+		for k := range dy {
+			sb[k] += dy[k]
+			sw[k] += dy[k] * (x[k] - m) * s
 		}
-		dw[i] += sw
-		db[i] += sb
+	}
+	for k := range sw {
+		dw[lo+k] += sw[k]
+		db[lo+k] += sb[k]
 	}
 }
 
@@ -148,194 +158,25 @@ type attention struct {
 	x                 backend.QKVIndex
 }
 
-func (a attention) q(b, t, h int) int   { return a.x.QBase + (b*a.T+t)*a.x.QRow + h*a.HS }
-func (a attention) k(b, t, g int) int   { return a.x.KBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) v(b, t, g int) int   { return a.x.VBase + (b*a.T+t)*a.x.KVRow + g*a.HS }
-func (a attention) o(b, t, h int) int   { return (b*a.T+t)*a.NH*a.HS + h*a.HS }
-func (a attention) group(h int) int     { return h / (a.NH / a.KVH) }
-func (a attention) scale() float32      { return float32(1 / math.Sqrt(float64(a.HS))) }
-func (a attention) lse(b, h, t int) int { return (b*a.NH+h)*a.T + t }
-
-// attentionForward handles query heads bh in [lo,hi) of B*NH: for each
-// query t, softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log
-// sum exp.
-func attentionForward(out, lse, qkv []float32, a attention, lo, hi int) {
-	HS, scale := a.HS, a.scale()
-	p := make([]float32, a.T)
-	for bh := lo; bh < hi; bh++ {
-		b, h := bh/a.NH, bh%a.NH
-		g := a.group(h)
-		for t := 0; t < a.T; t++ {
-			q := qkv[a.q(b, t, h):][:HS]
-			mx := float32(math.Inf(-1))
-			for t2 := 0; t2 <= t; t2++ {
-				k := qkv[a.k(b, t2, g):][:HS]
-				var dot float32
-				for i := range q {
-					dot += q[i] * k[i]
-				}
-				p[t2] = dot * scale
-				mx = max(mx, p[t2])
-			}
-			var sum float32
-			for t2 := 0; t2 <= t; t2++ {
-				p[t2] = float32(math.Exp(float64(p[t2] - mx)))
-				sum += p[t2]
-			}
-			o := out[a.o(b, t, h):][:HS]
-			clear(o)
-			for t2 := 0; t2 <= t; t2++ {
-				v := qkv[a.v(b, t2, g):][:HS]
-				w := p[t2] / sum
-				for i := range o {
-					o[i] += w * v[i]
-				}
-			}
-			lse[a.lse(b, h, t)] = mx + float32(math.Log(float64(sum)))
-		}
-	}
+// host is a as package host's kernels take it.
+func (a attention) host() host.AttentionShape {
+	return host.AttentionShape{B: a.B, T: a.T, NH: a.NH, KVH: a.KVH, HS: a.HS,
+		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
 }
 
-// attentionBackward recomputes P = exp(S - lse) per row and writes the
-// gradients of key/value heads bg in [lo,hi) of B*KVH and of their query
-// heads: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o
-// O), dQ = dS K scale, dK = dS^T Q scale. A key/value head sums its query
-// heads in ascending order.
-func attentionBackward(dqkv, dout, qkv, out, lse []float32, a attention, lo, hi int) {
-	HS, scale := a.HS, a.scale()
-	per := a.NH / a.KVH
-	for bg := lo; bg < hi; bg++ {
-		b, g := bg/a.KVH, bg%a.KVH
-		for t := 0; t < a.T; t++ {
-			clear(dqkv[a.k(b, t, g):][:HS])
-			clear(dqkv[a.v(b, t, g):][:HS])
-			for h := g * per; h < (g+1)*per; h++ {
-				clear(dqkv[a.q(b, t, h):][:HS])
-			}
-		}
-		for h := g * per; h < (g+1)*per; h++ {
-			for t := 0; t < a.T; t++ {
-				q := qkv[a.q(b, t, h):][:HS]
-				dq := dqkv[a.q(b, t, h):][:HS]
-				do := dout[a.o(b, t, h):][:HS]
-				o := out[a.o(b, t, h):][:HS]
-				var D float32
-				for i := range do {
-					D += do[i] * o[i]
-				}
-				l := lse[a.lse(b, h, t)]
-				for t2 := 0; t2 <= t; t2++ {
-					k := qkv[a.k(b, t2, g):][:HS]
-					v := qkv[a.v(b, t2, g):][:HS]
-					dk := dqkv[a.k(b, t2, g):][:HS]
-					dv := dqkv[a.v(b, t2, g):][:HS]
-					var s, dp float32
-					for i := range q {
-						s += q[i] * k[i]
-						dp += do[i] * v[i]
-					}
-					p := float32(math.Exp(float64(s*scale - l)))
-					ds := p * (dp - D) * scale
-					for i := range q {
-						dv[i] += p * do[i]
-						dq[i] += ds * k[i]
-						dk[i] += ds * q[i]
-					}
-				}
-			}
-		}
-	}
-}
-
-const geluC = 0.7978845608028654 // sqrt(2/pi)
-
-// gelu_new: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
-// computed as x * sigmoid(2u) with one exp instead of a tanh.
-func geluForward(out, inp []float32) {
-	for i, x := range inp {
-		u := geluC * (x + 0.044715*x*x*x)
-		out[i] = x / (1 + float32(math.Exp(float64(-2*u))))
-	}
-}
-
-// geluBackward: d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) u'(x), th = tanh(u).
-func geluBackward(dinp, inp, dout []float32) {
-	for i, x := range inp {
-		u := geluC * (x + 0.044715*x*x*x)
-		sig := 1 / (1 + float32(math.Exp(float64(-2*u))))
-		th := 2*sig - 1
-		d := sig + 0.5*x*(1-th*th)*geluC*(1+3*0.044715*x*x)
-		dinp[i] = d * dout[i]
-	}
-}
-
-// crossEntropy handles rows [lo,hi): loss = logsumexp(z) - z[target], and
-// when scale != 0, z <- scale * (softmax(z) - onehot(target)).
-func crossEntropy(losses, logits []float32, targets []int32, V int, scale float32, lo, hi int) {
-	for r := lo; r < hi; r++ {
-		z := logits[r*V : (r+1)*V]
-		t := targets[r]
-		if t < 0 {
-			losses[r] = 0
-			if scale != 0 {
-				clear(z)
-			}
-			continue
-		}
-		mx := z[0]
-		for _, v := range z {
-			mx = max(mx, v)
-		}
-		var sum float64
-		for _, v := range z {
-			sum += math.Exp(float64(v - mx))
-		}
-		lse := float64(mx) + math.Log(sum)
-		losses[r] = float32(lse - float64(z[t]))
-		if scale == 0 {
-			continue
-		}
-		for i, v := range z {
-			z[i] = scale * float32(math.Exp(float64(v)-lse))
-		}
-		z[t] -= scale
-	}
-}
-
-// sumSquares sums in fixed chunks, each in float64, then the chunks in
-// order: the same bits for any thread count.
+// sumSquares sums in fixed chunks, each in float64 (host.SumSquaresChunks),
+// then the chunks in order: the same bits for any thread count.
 func (b *Backend) sumSquares(x []float32) float64 {
 	const chunk = 1 << 14
 	parts := make([]float64, (len(x)+chunk-1)/chunk)
 	b.parallel(len(parts), 1, func(lo, hi int) {
-		for c := lo; c < hi; c++ {
-			var s float64
-			for _, v := range x[c*chunk : min((c+1)*chunk, len(x))] {
-				s += float64(v) * float64(v)
-			}
-			parts[c] = s
-		}
+		// Each chunk in the host pre-scan's canonical order (SIMD, the
+		// same bits on every path); the lengths always match.
+		_ = host.SumSquaresChunks(x[lo*chunk:min(hi*chunk, len(x))], chunk, parts[lo:hi])
 	})
 	var s float64
 	for _, p := range parts {
 		s += p
 	}
 	return s
-}
-
-// adamW is PyTorch's AdamW step in fp32: decoupled decay, then the Adam
-// update with bias correction and eps outside the square root.
-func adamW(w, g, m, v []float32, gscale float32, p backend.AdamParams) {
-	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
-	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
-	stepSize := float32(float64(p.LR) / bc1)
-	sqrtBC2 := float32(math.Sqrt(bc2))
-	decay := 1 - p.LR*p.WeightDecay
-	for i := range w {
-		gi := g[i] * gscale
-		m[i] = p.Beta1*m[i] + (1-p.Beta1)*gi
-		v[i] = p.Beta2*v[i] + (1-p.Beta2)*gi*gi
-		denom := float32(math.Sqrt(float64(v[i])))/sqrtBC2 + p.Eps
-		w[i] = w[i]*decay - stepSize*m[i]/denom
-	}
 }

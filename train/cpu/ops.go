@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/host"
@@ -467,12 +468,16 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
 		db, dy := load(dbias), load(dout)
 		b.parallel(OC, 64, func(lo, hi int) {
-			for j := lo; j < hi; j++ {
-				var sum float32
-				for i := 0; i < N; i++ {
-					sum += dy[i*OC+j]
+			// Rows outer: each column sums its rows in ascending order, as
+			// a column at a time would, reading memory along rows.
+			sum := make([]float32, hi-lo)
+			for i := 0; i < N; i++ {
+				for k, v := range dy[i*OC+lo : i*OC+hi] {
+					sum[k] += v
 				}
-				db[j] += sum
+			}
+			for k, v := range sum {
+				db[lo+k] += v
 			}
 		})
 		store(dbias, db)
@@ -510,10 +515,10 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	}
 	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv), func() error {
 		o, l, q := load(out), load(lse), load(qkv)
-		b.parallel(B*NH, 1, func(lo, hi int) { attentionForward(o, l, q, a, lo, hi) })
+		err := b.parallelErr("attention forward", B*NH, 1, func(lo, hi int) error { return host.AttentionForward(o, l, q, a.host(), lo, hi) })
 		store(out, o)
 		store(lse, l)
-		return nil
+		return err
 	})
 }
 
@@ -537,9 +542,9 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH), func() error {
 		spoil(used)
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
-		b.parallel(B*KVH, 1, func(lo, hi int) { attentionBackward(dq, dy, q, o, l, a, lo, hi) })
+		err := b.parallelErr("attention backward", B*KVH, 1, func(lo, hi int) error { return host.AttentionBackward(dq, dy, q, o, l, a.host(), lo, hi) })
 		store(dqkv, dq)
-		return nil
+		return err
 	})
 }
 
@@ -554,7 +559,10 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
-		b.parallel(n, 1<<12, func(lo, hi int) { geluForward(o[lo:hi], x[lo:hi]) })
+		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return host.GeluForward(o[lo:hi], x[lo:hi]) })
+		if err != nil {
+			return err
+		}
 		store(out, o)
 		return nil
 	})
@@ -571,7 +579,12 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	}
 	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
-		b.parallel(n, 1<<12, func(lo, hi int) { geluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi]) })
+		err := b.parallelErr("gelu backward", n, 1<<12, func(lo, hi int) error {
+			return host.GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
+		})
+		if err != nil {
+			return err
+		}
 		store(dinp, dx)
 		return nil
 	})
@@ -724,12 +737,17 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	}
 	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
-		for i, t := range tg {
+		for i, t := range tg[:N] {
 			if int(t) >= V {
 				return fmt.Errorf("target %d at row %d outside vocabulary of %d", t, i, V)
 			}
 		}
-		b.parallel(N, 4, func(lo, hi int) { crossEntropy(l, z, tg, V, scale, lo, hi) })
+		err := b.parallelErr("cross entropy", N, 4, func(lo, hi int) error {
+			return host.CrossEntropy(l[:N], z[:N*V], tg[:N], V, scale, lo, hi)
+		})
+		if err != nil {
+			return err
+		}
 		store(losses, l)
 		if scale != 0 {
 			store(logits, z)
@@ -823,11 +841,22 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 		if skipped(skip) {
 			return nil
 		}
-		w := load(param)
+		w, out16 := load(param), []uint16(nil)
 		if master.Buf != nil {
 			w = f32View(master)
 		}
-		g, mm, vv := load(grad), f32View(m), f32View(v)
+		if param.DType == backend.BF16 {
+			// bf16(w), rounded to nearest even, in the update's pass: the
+			// master's copy, or the param's own widened values rounded back.
+			out16 = u16View(param)
+		}
+		var g host.AdamGrad
+		if grad.DType == backend.BF16 {
+			g.BF16 = u16View(grad)
+		} else {
+			g.F32 = f32View(grad)
+		}
+		mm, vv := f32View(m), f32View(v)
 		gscale := float32(1)
 		if p.MaxNorm > 0 {
 			// min(1, max/(norm+1e-6)), as torch's clip_grad_norm_ and the
@@ -837,14 +866,44 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 				gscale = float32(c)
 			}
 		}
-		b.parallel(n, 1<<14, func(lo, hi int) { adamW(w[lo:hi], g[lo:hi], mm[lo:hi], vv[lo:hi], gscale, p) })
-		if master.Buf != nil && param.DType == backend.F32 {
-			copy(f32View(param), w)
-		} else {
-			store(param, w) // a bf16 param is the master rounded to nearest even
-		}
-		return nil
+		c := adamCoef(p, gscale)
+		copyParam := master.Buf != nil && param.DType == backend.F32
+		var mu sync.Mutex
+		var err error
+		b.parallel(n, 1<<16, func(lo, hi int) {
+			gg := host.AdamGrad{F32: sub(g.F32, lo, hi), BF16: sub(g.BF16, lo, hi)}
+			if e := host.AdamWPlain(c, w[lo:hi], mm[lo:hi], vv[lo:hi], gg, sub(out16, lo, hi)); e != nil {
+				mu.Lock()
+				err = e
+				mu.Unlock()
+				return
+			}
+			if copyParam {
+				copy(f32View(param)[lo:hi], w[lo:hi])
+			}
+		})
+		return err
 	})
+}
+
+// sub is x[lo:hi], or nil for a nil x (an unused view).
+func sub[T any](x []T, lo, hi int) []T {
+	if x == nil {
+		return nil
+	}
+	return x[lo:hi]
+}
+
+// adamCoef is PyTorch's AdamW step in fp32 (decoupled decay, then the Adam
+// update with bias correction and eps outside the square root) as the
+// coefficients of host.AdamWPlain, which runs it unfused, in the order the
+// CUDA kernel matches bit for bit.
+func adamCoef(p backend.AdamParams, gscale float32) host.AdamWPlainCoef {
+	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
+	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
+	return host.AdamWPlainCoef{Beta1: p.Beta1, OneMinusBeta1: 1 - p.Beta1, Beta2: p.Beta2, OneMinusBeta2: 1 - p.Beta2,
+		Eps: p.Eps, SqrtBC2: float32(math.Sqrt(bc2)), Step: float32(float64(p.LR) / bc1),
+		Decay: 1 - p.LR*p.WeightDecay, GradScale: gscale}
 }
 
 // CopyD2D implements backend.Backend: same length, converting dtypes (I32

@@ -60,11 +60,16 @@ func rmsNormBackwardInput(dinp, dout, inp, weight, rstd []float32, N, C int) {
 // rmsNormBackwardWeight accumulates dweight's columns [lo,hi), each summed
 // over the N rows in order.
 func rmsNormBackwardWeight(dweight, dout, inp, rstd []float32, N, C, lo, hi int) {
-	for i := lo; i < hi; i++ {
-		var sw float32
-		for r := range N {
-			sw += dout[r*C+i] * (inp[r*C+i] * rstd[r])
+	// Rows outer: each column sums its rows in ascending order, reading
+	// memory along rows.
+	sw := make([]float32, hi-lo)
+	for r := range N {
+		dy, x, rs := dout[r*C+lo:r*C+hi], inp[r*C+lo:r*C+hi], rstd[r]
+		for k := range dy {
+			sw[k] += dy[k] * (x[k] * rs)
 		}
-		dweight[i] += sw
+	}
+	for k, v := range sw {
+		dweight[lo+k] += v
 	}
 }
