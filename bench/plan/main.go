@@ -120,7 +120,7 @@ func run() error {
 	}
 	fmt.Printf("plan vs measured: CPU backend, %d threads, SIMD %v, fp32, dense parameters on the device, link not charged\n",
 		*threads, host.ActiveSIMD())
-	fmt.Printf("load average at start: %s\n", loadavg())
+	fmt.Printf("load average at start: %s\n", steps.LoadAvg())
 
 	var rows []row
 	machines := map[string]plan.Machine{} // by model/mode
@@ -230,7 +230,7 @@ func run() error {
 			return err
 		}
 	}
-	fmt.Printf("\nload average at end: %s\n", loadavg())
+	fmt.Printf("\nload average at end: %s\n", steps.LoadAvg())
 	fmt.Printf("worst: %s B=%d T=%d %s %s, predicted %.4f s, measured %.4f s\n", w.j.Preset, w.j.B, w.j.T, w.mode,
 		schedName(w.pipelined), w.pred.Step, w.meas.Median())
 	fmt.Printf("plan-vs-measured: %.2f\n", worst(w.ratio()))
@@ -494,17 +494,4 @@ func familyBreakdown(r row, m plan.Machine, threads int) error {
 	fmt.Printf("the step predicted from these measured op times (plan.MeasuredOps; %d ops not found there): %.4f s, against the timed step's %.4f s (%.2f)\n",
 		missed, pm.Step, step, pm.Step/step)
 	return nil
-}
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }

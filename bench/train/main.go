@@ -39,7 +39,7 @@ func main() {
 		"gpt2": {Preset: "gpt2", B: 4, T: *gpt2T, Steps: 3},
 	}
 	fmt.Printf("training throughput, CPU backend, %d threads, SIMD %v, pipelined schedule, link not charged, load %s\n",
-		*threads, host.ActiveSIMD(), loadavg())
+		*threads, host.ActiveSIMD(), steps.LoadAvg())
 	fmt.Printf("%-6s %-6s %4s %5s %6s %10s %10s %14s\n", "model", "mode", "B", "T", "steps", "s/step", "tokens/s", "link MiB/step")
 	var tables []string
 	for _, name := range strings.Split(*models, ",") {
@@ -71,7 +71,7 @@ func main() {
 	for _, t := range tables {
 		fmt.Print("\n", t)
 	}
-	fmt.Printf("load at the end %s\n", loadavg())
+	fmt.Printf("load at the end %s\n", steps.LoadAvg())
 }
 
 // familyTable times one step of j in mode (pipelined, after a warm-up)
@@ -113,19 +113,6 @@ func familyTable(j steps.Job, mode engine.Mode, threads int) (string, error) {
 	fmt.Fprintf(&sb, "%-12s %5d %9.4f %7.1f\n", "ops total", len(ops), sum, 100*sum/step)
 	fmt.Fprintf(&sb, "%-12s %5s %9.4f %7.1f  (host work, waits, gaps; negative when streams overlap)\n", "rest", "", step-sum, 100*(step-sum)/step)
 	return sb.String(), nil
-}
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func fail(err error) {

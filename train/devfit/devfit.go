@@ -190,14 +190,8 @@ func FitSamples(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*ls
 	if err != nil {
 		return nil, err
 	}
-	res := make([]lsp.FitResult, len(Qs))
-	for k := range res {
-		res[k].RatioBefore, res[k].RatioAfter = before.ratios[k], before.ratios[k]
-	}
-	if allWithin(before.ratios, alpha) {
-		for k := range res {
-			res[k].Reached = true
-		}
+	res, done := lsp.StartResults(before.ratios, alpha)
+	if done {
 		return res, nil
 	}
 
@@ -240,7 +234,7 @@ func FitSamples(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*ls
 				return nil, fmt.Errorf("devfit: keeping the best values: %w", err)
 			}
 		}
-		if allWithin(ev.ratios, alpha) || iters == opts.MaxIters {
+		if lsp.AllWithin(ev.ratios, alpha) || iters == opts.MaxIters {
 			break
 		}
 		if math.IsNaN(ev.obj) || math.IsInf(ev.obj, 0) {
@@ -278,15 +272,6 @@ func FitSamples(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*ls
 		res[k].Reached = best.ratios[k] <= alpha
 	}
 	return res, nil
-}
-
-func allWithin(ratios []float64, alpha float64) bool {
-	for _, r := range ratios {
-		if !(r <= alpha) {
-			return false
-		}
-	}
-	return true
 }
 
 func (f *fit) sync() error {

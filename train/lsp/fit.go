@@ -113,14 +113,8 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		return ev
 	}
 	before := evaluate(P.view(), qviews(Qs), false)
-	res := make([]FitResult, len(Qs))
-	for k := range res {
-		res[k].RatioBefore, res[k].RatioAfter = before.ratios[k], before.ratios[k]
-	}
-	if allWithin(before.ratios, alpha) {
-		for k := range res {
-			res[k].Reached = true
-		}
+	res, done := StartResults(before.ratios, alpha)
+	if done {
 		return res, nil
 	}
 
@@ -172,7 +166,7 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 				bestVals = append(bestVals, pr.Val...)
 			}
 		}
-		if allWithin(ev.ratios, alpha) || iters == opts.MaxIters {
+		if AllWithin(ev.ratios, alpha) || iters == opts.MaxIters {
 			break
 		}
 		if math.IsNaN(ev.obj) || math.IsInf(ev.obj, 0) {
@@ -362,14 +356,33 @@ func axpy(y, x []float64, w float64) {
 	}
 }
 
-// allWithin reports whether every ratio is at most alpha.
-func allWithin(ratios []float64, alpha float64) bool {
+// AllWithin reports whether every ratio is at most alpha.
+func AllWithin(ratios []float64, alpha float64) bool {
 	for _, r := range ratios {
 		if !(r <= alpha) {
 			return false
 		}
 	}
 	return true
+}
+
+// StartResults are a fit's results before its first step, from the
+// ratios of the projectors it starts from: each ratio before and after,
+// and done (every result Reached) when all are already within alpha, so
+// the fit has nothing to do. Every fit (this package's, train/devfit's)
+// starts with it.
+func StartResults(ratios []float64, alpha float64) (res []FitResult, done bool) {
+	res = make([]FitResult, len(ratios))
+	for k := range res {
+		res[k].RatioBefore, res[k].RatioAfter = ratios[k], ratios[k]
+	}
+	if !AllWithin(ratios, alpha) {
+		return res, false
+	}
+	for k := range res {
+		res[k].Reached = true
+	}
+	return res, true
 }
 
 // checkFit validates a FitShared call.

@@ -6,7 +6,9 @@ package steps
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -172,4 +174,19 @@ func (r *Runner) Step() (float64, error) {
 func (r *Runner) Close() {
 	r.e.Free()
 	r.be.Close()
+}
+
+// LoadAvg is the first three fields of /proc/loadavg ("unknown" where it
+// cannot be read): the benchmarks that time steps print it at their start
+// and end, since other work on a shared machine shows in their times.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
