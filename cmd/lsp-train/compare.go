@@ -62,10 +62,10 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train compare [flags]",
 			"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
-				"--task in each of --rows (native, zero, lsp and lsp-without-fitted-projectors by\n"+
-				"default) with --seeds seeds, times each row with the sequential and the pipelined\n"+
-				"schedule, and prints one table; the last lines are lsp-quality (the best row with\n"+
-				"fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
+				"--task in each of --rows (native, zero, lsp with random projectors and lsp-fit with\n"+
+				"learned ones by default) with --seeds seeds, times each row with the sequential and the\n"+
+				"pipelined schedule, and prints one table; the last lines are lsp-quality (the best row\n"+
+				"with fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
 	}
 	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return err
