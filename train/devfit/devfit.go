@@ -91,6 +91,49 @@ func Bytes(m int, ns []int, d, r, samples int) int64 {
 	return b + 256*int64(buffers)
 }
 
+// Staging is the pinned host memory a fit copies through: one gradient
+// (and then its transpose) at a time, and the values, indices and sums
+// that go up and come back. A caller that fits at every check (the
+// engine) allocates it once (NewStaging, sized by StagingBytes over its
+// fits) and passes it to each fit, so that a check allocates no host
+// memory; FitSamples without one allocates and frees its own.
+type Staging struct {
+	grad, small backend.HostBuffer
+}
+
+// StagingBytes is the size of the two host buffers a fit of a shared-P
+// group (as Bytes) copies through.
+func StagingBytes(m int, ns []int, d, r, samples int) (grad, small int) {
+	maxN, sumN := 0, 0
+	for _, n := range ns {
+		maxN, sumN = max(maxN, n), sumN+n
+	}
+	nsum := 2*samples*len(ns) + 2*(len(ns)+1)
+	return 4 * m * maxN, 4 * max(nsum, (m+sumN)*r, d+1)
+}
+
+// NewStaging allocates the buffers of StagingBytes' sizes on be.
+func NewStaging(be backend.Backend, grad, small int) (*Staging, error) {
+	g, err := be.AllocHost("projector fit gradient staging", grad)
+	if err != nil {
+		return nil, fmt.Errorf("devfit: %w", err)
+	}
+	sm, err := be.AllocHost("projector fit staging", small)
+	if err != nil {
+		be.FreeHost(g)
+		return nil, fmt.Errorf("devfit: %w", err)
+	}
+	return &Staging{grad: g, small: sm}, nil
+}
+
+// Free frees the buffers (nothing may be copying through them).
+func (st *Staging) Free(be backend.Backend) {
+	if st != nil {
+		be.FreeHost(st.grad)
+		be.FreeHost(st.small)
+	}
+}
+
 // proj is one projector's device storage: row positions and values (a
 // view into the fit's value buffer), column storage, the gather and
 // scatter indices, and its Gram matrix.
@@ -133,6 +176,8 @@ type fit struct {
 	// values and the sums read back, so that a fit without data (TraceFit)
 	// never touches the large one.
 	host, small backend.HostBuffer
+	stg         *Staging // where host and small come from
+	ownStaging  bool     // stg was allocated by this fit (free frees it)
 	nsum        int
 	noData      bool // TraceFit: the gradients are never written
 }
@@ -161,9 +206,11 @@ func (f *fit) free() {
 	for _, t := range f.bufs {
 		f.be.Free(t)
 	}
-	for _, h := range []backend.HostBuffer{f.host, f.small} {
-		if h != nil {
-			f.be.FreeHost(h)
+	if f.ownStaging {
+		for _, h := range []backend.HostBuffer{f.host, f.small} {
+			if h != nil {
+				f.be.FreeHost(h)
+			}
 		}
 	}
 }
@@ -174,11 +221,17 @@ func (f *fit) free() {
 // computed by be's ops in fp32 (see the package doc for the tolerance).
 // It synchronizes s once per evaluation; it leaves no work queued.
 func FitSamples(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.Projector, samples [][][]float32, alpha float64, opts lsp.FitOptions) ([]lsp.FitResult, error) {
+	return FitSamplesStaged(be, s, nil, P, Qs, samples, alpha, opts)
+}
+
+// FitSamplesStaged is FitSamples copying through stg (nil: buffers of its
+// own), which must be at least StagingBytes for this fit.
+func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp.Projector, Qs []*lsp.Projector, samples [][][]float32, alpha float64, opts lsp.FitOptions) ([]lsp.FitResult, error) {
 	g2s, err := lsp.CheckFitSamples(P, Qs, samples, alpha, opts)
 	if err != nil {
 		return nil, err
 	}
-	f := &fit{be: be, s: s, opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s}
+	f := &fit{be: be, s: s, opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s, stg: stg}
 	defer f.free()
 	if err := f.setup(P, Qs); err != nil {
 		return nil, err
@@ -351,11 +404,22 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	for k, x := range f.ps {
 		x.n2, x.a2 = 2*len(f.samples)*len(Qs)+2*k, 2*len(f.samples)*len(Qs)+2*k+1
 	}
-	if f.host, err = f.be.AllocHost("devfit gradient staging", 4*m*maxN); err != nil {
-		return fmt.Errorf("devfit: %w", err)
+	var ns []int
+	for _, q := range Qs {
+		ns = append(ns, q.M)
 	}
-	if f.small, err = f.be.AllocHost("devfit staging", 4*max(f.nsum, total, d+1)); err != nil {
-		return fmt.Errorf("devfit: %w", err)
+	gb, sb := StagingBytes(m, ns, d, f.r, len(f.samples))
+	if f.stg == nil {
+		if f.stg, err = NewStaging(f.be, gb, sb); err != nil {
+			return err
+		}
+		f.ownStaging = true
+	}
+	f.host, f.small = f.stg.grad, f.stg.small
+	// A caller's staging is checked (its own is right by construction, and
+	// reading its size would make a tracing backend's large one real).
+	if !f.ownStaging && (len(f.host.Bytes()) < gb || len(f.small.Bytes()) < sb) {
+		return fmt.Errorf("devfit: staging of %d and %d bytes, this fit needs %d and %d", len(f.host.Bytes()), len(f.small.Bytes()), gb, sb)
 	}
 	// The samples, and their transposes (P^T G is compress A of G^T).
 	for j, Gs := range f.samples {

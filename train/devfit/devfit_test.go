@@ -5,6 +5,8 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -323,5 +325,47 @@ func TestBytesCoversTheFit(t *testing.T) {
 				t.Errorf("%d bytes left allocated after the fit", in-base)
 			}
 		})
+	}
+}
+
+// TestStagingIsReused: a fit through a caller's Staging (StagingBytes'
+// sizes) allocates no host memory and gives the fit's own result bit for
+// bit; a staging too small for the fit is refused by name.
+func TestStagingIsReused(t *testing.T) {
+	pr := problems[1]
+	P, Qs, samples := pr.build(t, 5)
+	opts := lsp.FitOptions{LR: 0.05, MaxIters: 3, Seed: 11, Ortho: 0.3}
+	be := cpu.New(cpu.Config{})
+	defer be.Close()
+	wantP, wantQs := P.Clone(), clones(Qs)
+	want, err := FitSamples(be, be.DefaultStream(), wantP, wantQs, samples, 1e-6, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, s := StagingBytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
+	stg, err := NewStaging(be, g, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stg.Free(be)
+	allocs := be.HostAllocs()
+	gotP, gotQs := P.Clone(), clones(Qs)
+	got, err := FitSamplesStaged(be, be.DefaultStream(), stg, gotP, gotQs, samples, 1e-6, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := be.HostAllocs() - allocs; n != 0 {
+		t.Errorf("a fit through a given staging made %d host allocations", n)
+	}
+	if !slices.Equal(gotP.Val, wantP.Val) || got[0].RatioAfter != want[0].RatioAfter {
+		t.Errorf("staged fit: ratio %v, its own staging's %v (or P's values differ)", got[0].RatioAfter, want[0].RatioAfter)
+	}
+	small, err := NewStaging(be, g/2, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Free(be)
+	if _, err := FitSamplesStaged(be, be.DefaultStream(), small, P.Clone(), clones(Qs), samples, 1e-6, opts); err == nil || !strings.Contains(err.Error(), "staging") {
+		t.Errorf("a staging half the size: %v, want an error naming the staging", err)
 	}
 }

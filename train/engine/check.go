@@ -418,10 +418,10 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 		res, err = redraw(P, Qs, mean(samples, weights), st.cfg.Alpha, seed)
 	case RefitSplit:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = devfit.FitSamples(e.be, e.st.Compute, P, Qs, samples, st.cfg.Alpha, opts)
+		res, err = devfit.FitSamplesStaged(e.be, e.st.Compute, st.fitStaging, P, Qs, samples, st.cfg.Alpha, opts)
 	default:
 		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = devfit.FitSamples(e.be, e.st.Compute, P, Qs, [][][]float32{mean(samples, weights)}, st.cfg.Alpha, opts)
+		res, err = devfit.FitSamplesStaged(e.be, e.st.Compute, st.fitStaging, P, Qs, [][][]float32{mean(samples, weights)}, st.cfg.Alpha, opts)
 	}
 	if rerr := st.reserveFit(); rerr != nil {
 		return nil, rerr

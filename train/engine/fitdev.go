@@ -54,6 +54,41 @@ func fitBytes(x *model.Index, c LSPConfig, B int) int64 {
 	return most
 }
 
+// fitStagingBytes is the size of the host staging buffers the largest fit
+// of a check copies through (devfit.StagingBytes), 0 and 0 when checks do
+// not fit.
+func fitStagingBytes(x *model.Index, c LSPConfig, B int) (grad, small int) {
+	if c.NoFit || c.withDefaults().Refit == RefitRandom {
+		return 0, 0
+	}
+	d, r := lspDims(x, c)
+	samples := fitSamples(c, B, len(x.Blocks))
+	for _, readers := range x.Readers {
+		k := readers[0]
+		var ns []int
+		for _, j := range readers {
+			ns = append(ns, x.Mats[j].N)
+		}
+		g, s := devfit.StagingBytes(x.Mats[k].M, ns, d[k], r[k], samples)
+		grad, small = max(grad, g), max(small, s)
+	}
+	return grad, small
+}
+
+// newFitStaging allocates the fits' host staging once, so that a check
+// allocates no host memory; nil when checks do not fit.
+func (st *lspState) newFitStaging() error {
+	g, s := fitStagingBytes(st.e.idx, st.cfg, st.e.b)
+	if g == 0 {
+		return nil
+	}
+	var err error
+	if st.fitStaging, err = devfit.NewStaging(st.e.be, g, s); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	return nil
+}
+
 // reserveFit takes the fit's bytes (fitBytes) back as one buffer; a no-op
 // when checks do not fit or the reservation is held.
 func (st *lspState) reserveFit() error {

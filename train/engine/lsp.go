@@ -26,6 +26,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/devfit"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -93,8 +94,9 @@ type lspState struct {
 	micro      int // the micro-batch being run (0: S is written, not accumulated)
 	calibLayer int // >= 0: calibration mode for that layer (check.go)
 	calib      *calibration
-	fitReserve backend.Tensor // the fit's device memory between checks (fitdev.go)
-	layerNorm  []float64      // squared norm of the layer's S in the latest step
+	fitReserve backend.Tensor  // the fit's device memory between checks (fitdev.go)
+	fitStaging *devfit.Staging // the fits' pinned host staging (fitdev.go)
+	layerNorm  []float64       // squared norm of the layer's S in the latest step
 	// skipped[l]: the step's loss was not finite, so layer l's host Adam
 	// left its moments alone and no Delta goes up (written by the host
 	// node, read by the launcher after it); the apply skips on the device.
@@ -241,6 +243,9 @@ func (st *lspState) init(e *Engine) error {
 			return err
 		}
 	}
+	if err := st.newFitStaging(); err != nil {
+		return err
+	}
 	return st.reserveFit()
 }
 
@@ -257,6 +262,8 @@ func (st *lspState) free() {
 	if st.calib != nil {
 		st.calib.free()
 	}
+	st.fitStaging.Free(be)
+	st.fitStaging = nil
 	st.releaseFit()
 }
 

@@ -200,6 +200,9 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 			if fb := fitBytes(x, cfg.LSP, B); fb > 0 {
 				p.Device = append(p.Device, Part{"projector fit", fb})
 			}
+			if g, sm := fitStagingBytes(x, cfg.LSP, B); g > 0 {
+				p.Host = append(p.Host, Part{"projector fit staging", int64(g + sm)})
+			}
 		}
 		s2 := int64(n.s2)
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
