@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10, help="timed steps per measurement (best kept)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
     ap.add_argument("--ours", required=True, help="the built bench/adam binary")
+    ap.add_argument("--base", default="", help="optional second bench/adam binary (e.g. built from main), "
+                    "timed in every round right after ours: a before/after comparison under the same load")
     args = ap.parse_args()
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be >= 1")
@@ -113,6 +115,7 @@ def main():
     peers.append(("torch AdamW fused", lambda p: torch.optim.AdamW([p], fused=True, **hp)))
     peers.append(("torch AdamW foreach", lambda p: torch.optim.AdamW([p], foreach=True, **hp)))
     ours_label = "lsp-offload host (norm given)"
+    base_label = "lsp-offload base (--base)"
 
     start_load = loadavg()
     print(f"peers: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -123,10 +126,14 @@ def main():
         n = parse_count(s)
         name = count_name(n)
         times = {ours_label: []}
+        if args.base:
+            times[base_label] = []
         times.update({label: [] for label, _ in peers})
         failed = {}
         for _ in range(args.rounds):
             times[ours_label].append(time_ours(args.ours, args.threads, name, args.reps))
+            if args.base:
+                times[base_label].append(time_ours(args.base, args.threads, name, args.reps))
             for label, make in peers:
                 if label in failed:
                     continue
