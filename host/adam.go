@@ -277,18 +277,18 @@ const (
 	adamPrefetchFar                      // near, and further ahead into L2
 )
 
-// The levels adamPrefetchAuto picks. On the AMD EPYC (Zen 4) this project
-// is measured on, software prefetches slowed the update: at 128M parameters,
-// f32, norm given, it moved 80 GB/s with near and far prefetches (what a
-// step that does not fit in the last-level cache used to get), 92 with near
-// only and 95-100 with none on two cores, 39-40, 44-49 and 49-52 on one
-// (host/adam_test.go's interleaved rounds, best of 5 steps each). The
-// hardware prefetchers keep the four streams fed; the extra instructions and
-// the lines fetched past each grab's end only cost.
-var (
-	adamUpdatePrefetch = adamPrefetchNone
-	adamScanPrefetch   = adamPrefetchFar
-)
+// adamUpdatePrefetch is the update's level under adamPrefetchAuto. On the
+// AMD EPYC (Zen 4) this project is measured on, software prefetches slowed
+// the update: at 128M parameters, f32, norm given, in interleaved rounds
+// (best of 5 steps each, on a quiet machine), it moved about 80 GB/s with
+// near and far prefetches (what a step larger than the last-level cache
+// used to get), 92 with near only and 95-100 with none on two cores; 39-40,
+// 44-49 and 49-52 on one. When the machine's bandwidth is lower (shared
+// memory, 50-60 GB/s), none is still never slower. The hardware
+// prefetchers keep the four streams fed; the prefetch instructions only
+// cost. The pre-scan keeps its prefetches (near, and far when the step
+// outgrows the last-level cache: adamFar): no difference was measurable.
+const adamUpdatePrefetch = adamPrefetchNone
 
 // level returns the C prefetch level of pf for a phase whose default is def.
 func (pf adamPrefetch) level(def adamPrefetch) C.int {
@@ -324,7 +324,7 @@ func (w *Workers) adamStepPrefetch(ts []AdamTensor, path SIMD, pf adamPrefetch) 
 	res := AdamResult{Tensors: make([]AdamTensorResult, len(ts))}
 	scanDef := adamPrefetchNear
 	if adamFar(jobs) {
-		scanDef = adamScanPrefetch
+		scanDef = adamPrefetchFar
 	}
 	scanPF, updPF := pf.level(scanDef), pf.level(adamUpdatePrefetch)
 
@@ -416,8 +416,9 @@ func adamPlan(jobs []adamJob, sel []int, workers int) ([]adamGrab, int) {
 
 // adamFar reports whether the step's arrays together are
 // larger than the last-level cache (or its size is unknown): then the
-// kernels also prefetch far ahead into L2, which pays on data streamed from
-// memory and costs a little on data already in the cache.
+// pre-scan also prefetches far ahead into L2, which paid about 10% for its
+// single stream on data streamed from memory where it was measured, and
+// costs a little on data already in the cache.
 func adamFar(jobs []adamJob) bool {
 	var bytes int64
 	for _, jb := range jobs {
