@@ -163,6 +163,14 @@ def main():
         widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
         for r in [header] + rows:
             print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if args.base:
+            # The baseline against each peer, formed within each round as for ours.
+            for label in times:
+                if label in (ours_label, base_label) or label in failed:
+                    continue
+                ratios = [t / b for t, b in zip(times[label], times[base_label])]
+                rm, rlo, rhi, q1, q3 = spread(ratios)
+                print(f"  base/{label}: median {rm:.2f}, min-max {rlo:.2f}-{rhi:.2f}, IQR {q1:.2f}-{q3:.2f}")
     print(f"\nload average at start: {start_load}, at end: {loadavg()}")
     print("GB/s: 28 bytes per parameter over the median time. ours/this: this project's params/s over the row's,")
     print("formed within each round; the median over rounds, its min-max and interquartile range (>1: ours faster).")
