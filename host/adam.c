@@ -139,15 +139,16 @@ static double sumsq_finish(double acc[16])
  * the write-allocate read saves about a tenth of the step's memory time. */
 enum { MODE_W = 0, MODE_W_OUT = 1, MODE_DELTA = 2, MODE_W_OUT_NT = 3 };
 
-/* Software prefetch distances, in elements, for the update (every stream)
- * and the pre-scan: on a machine whose bandwidth per core is limited by
- * outstanding misses, prefetching 1-2 KiB ahead into L1 gains 10-25%. With
- * `far` set (the caller's data does not fit in the last-level cache) they
- * also prefetch further ahead into L2, keeping more lines in flight than the
- * L1 fill buffers allow: at 128M parameters on two cores, 1-3% more for the
- * update, about 10% for the pre-scan's single stream; on data already in
- * the cache the extra prefetches cost 5-10% instead. Prefetches past the
- * end of an array are harmless (they never fault). */
+/* Software prefetch levels (the `pf` argument): LSP_PF_NONE leaves the
+ * streams to the hardware prefetchers, LSP_PF_NEAR prefetches 1-2 KiB ahead
+ * into L1, LSP_PF_FAR also further ahead into L2. Which pays depends on the
+ * machine: where bandwidth per core is limited by outstanding misses the
+ * near ones gained 10-25%, but on the AMD EPYC (Zen 4) this project is
+ * measured on, the hardware prefetchers keep the update's four streams fed
+ * and the prefetch instructions only cost: at 128M parameters the update
+ * moved 15-25% more bytes per second without them, on one core and on two
+ * (adam.go says what the Go side picks). The distances are in elements.
+ * Prefetches past the end of an array are harmless (they never fault). */
 #define LSP_PF_UPDATE 256
 #define LSP_PF_UPDATE_L2 1024
 #define LSP_PF_SCAN 512
@@ -165,15 +166,17 @@ enum { MODE_W = 0, MODE_W_OUT = 1, MODE_DELTA = 2, MODE_W_OUT_NT = 3 };
 #define LSP_PREFETCH_G(g, i, gt) LSP_PREFETCH(LSP_GPTR(g, i, gt))
 
 /* LSP_PREFETCH_UPDATE prefetches the update's input streams for element i
- * (w only in the weight modes; into L2 as well when far). */
-#define LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far)                  \
+ * at level pf (w only in the weight modes). */
+#define LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, pf)                   \
 	do {                                                               \
+		if ((pf) == LSP_PF_NONE)                                    \
+			break;                                              \
 		LSP_PREFETCH_G(g, (i) + LSP_PF_UPDATE, gt);                 \
 		LSP_PREFETCH((m) + (i) + LSP_PF_UPDATE);                    \
 		LSP_PREFETCH((v) + (i) + LSP_PF_UPDATE);                    \
 		if ((mode) != MODE_DELTA)                                   \
 			LSP_PREFETCH((w) + (i) + LSP_PF_UPDATE);            \
-		if (far) {                                                  \
+		if ((pf) == LSP_PF_FAR) {                                   \
 			LSP_PREFETCH_L2(LSP_GPTR(g, (i) + LSP_PF_UPDATE_L2, gt)); \
 			LSP_PREFETCH_L2((m) + (i) + LSP_PF_UPDATE_L2);      \
 			LSP_PREFETCH_L2((v) + (i) + LSP_PF_UPDATE_L2);      \
@@ -206,7 +209,7 @@ LSP_AVX2 LSP_INLINE __m128i bf16_256(__m256 w)
 
 LSP_AVX2 LSP_INLINE void adam_body_avx2(const lsp_adam_coef *c, float *w,
 	float *m, float *v, const void *g, const int gt, float *delta,
-	uint16_t *out16, const int mode, const int far, size_t n)
+	uint16_t *out16, const int mode, const int pf, size_t n)
 {
 	const __m256 b1 = _mm256_set1_ps(c->beta1), omb1 = _mm256_set1_ps(c->omb1);
 	const __m256 b2 = _mm256_set1_ps(c->beta2), omb2 = _mm256_set1_ps(c->omb2);
@@ -215,7 +218,7 @@ LSP_AVX2 LSP_INLINE void adam_body_avx2(const lsp_adam_coef *c, float *w,
 	const __m256 gs = _mm256_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8) {
-		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, pf);
 		__m256 gg = _mm256_mul_ps(ld8_256(g, i, gt), gs);
 		__m256 mm = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + i), _mm256_mul_ps(omb1, gg));
 		__m256 vv = _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + i),
@@ -265,7 +268,7 @@ LSP_AVX512 LSP_INLINE __m256i bf16_512(__m512 w)
 
 LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 	float *m, float *v, const void *g, const int gt, float *delta,
-	uint16_t *out16, const int mode, const int far, size_t n)
+	uint16_t *out16, const int mode, const int pf, size_t n)
 {
 	const __m512 b1 = _mm512_set1_ps(c->beta1), omb1 = _mm512_set1_ps(c->omb1);
 	const __m512 b2 = _mm512_set1_ps(c->beta2), omb2 = _mm512_set1_ps(c->omb2);
@@ -274,7 +277,7 @@ LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 	const __m512 gs = _mm512_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
-		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, far);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, mode, pf);
 		__m512 gg = _mm512_mul_ps(ld16_512(g, i, gt), gs);
 		__m512 mm = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(omb1, gg));
 		__m512 vv = _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i),
@@ -300,23 +303,24 @@ LSP_AVX512 LSP_INLINE void adam_body_avx512(const lsp_adam_coef *c, float *w,
 		mode == MODE_W_OUT || mode == MODE_W_OUT_NT ? out16 : NULL, i, n);
 }
 
-/* One specialised function per (gradient type, mode, far) so the loop
- * carries no branches. */
-#define LSP_CASE(BODY, GT, MODE, FAR)                                          \
-	case (GT) * 8 + (FAR) * 4 + (MODE):                                    \
-		BODY(c, w, m, v, g, GT, delta, out16, MODE, FAR, n);           \
+/* One specialised function per (gradient type, mode, prefetch level) so
+ * the loop carries no branches. */
+#define LSP_CASE(BODY, GT, MODE, PF)                                           \
+	case (GT) * 12 + (PF) * 4 + (MODE):                                    \
+		BODY(c, w, m, v, g, GT, delta, out16, MODE, PF, n);            \
 		break;
+#define LSP_CASES_PF(BODY, GT, PF)                                             \
+	LSP_CASE(BODY, GT, 0, PF) LSP_CASE(BODY, GT, 1, PF)                    \
+	LSP_CASE(BODY, GT, 2, PF) LSP_CASE(BODY, GT, 3, PF)
 #define LSP_CASES(BODY, GT)                                                    \
-	LSP_CASE(BODY, GT, 0, 0) LSP_CASE(BODY, GT, 1, 0)                      \
-	LSP_CASE(BODY, GT, 2, 0) LSP_CASE(BODY, GT, 3, 0)                      \
-	LSP_CASE(BODY, GT, 0, 1) LSP_CASE(BODY, GT, 1, 1)                      \
-	LSP_CASE(BODY, GT, 2, 1) LSP_CASE(BODY, GT, 3, 1)
+	LSP_CASES_PF(BODY, GT, 0) LSP_CASES_PF(BODY, GT, 1)                    \
+	LSP_CASES_PF(BODY, GT, 2)
 #define LSP_SPECIALISE(ATTR, NAME, BODY)                                       \
 	ATTR static void NAME(const lsp_adam_coef *c, float *w, float *m,      \
 		float *v, const void *g, int gt, float *delta, uint16_t *out16, \
-		int mode, int far, size_t n)                                    \
+		int mode, int pf, size_t n)                                     \
 	{                                                                      \
-		switch (gt * 8 + (far ? 4 : 0) + mode) {                       \
+		switch (gt * 12 + pf * 4 + mode) {                             \
 			LSP_CASES(BODY, 0)                                     \
 			LSP_CASES(BODY, 1)                                     \
 			LSP_CASES(BODY, 2)                                     \
@@ -327,13 +331,14 @@ LSP_SPECIALISE(LSP_AVX2, adam_avx2, adam_body_avx2)
 LSP_SPECIALISE(LSP_AVX512, adam_avx512, adam_body_avx512)
 
 LSP_AVX2 LSP_INLINE double sumsq_body_avx2(const void *g, int gt, size_t n,
-	const int far)
+	const int pf)
 {
 	__m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
-		LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
-		if (far)
+		if (pf != LSP_PF_NONE)
+			LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
+		if (pf == LSP_PF_FAR)
 			LSP_PREFETCH_L2(LSP_GPTR(g, i + LSP_PF_SCAN_L2, gt));
 		__m256 x = ld8_256(g, i, gt), y = ld8_256(g, i + 8, gt);
 		__m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
@@ -355,13 +360,14 @@ LSP_AVX2 LSP_INLINE double sumsq_body_avx2(const void *g, int gt, size_t n,
 }
 
 LSP_AVX512 LSP_INLINE double sumsq_body_avx512(const void *g, int gt,
-	size_t n, const int far)
+	size_t n, const int pf)
 {
 	__m512d a0 = _mm512_setzero_pd(), a1 = a0;
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
-		LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
-		if (far)
+		if (pf != LSP_PF_NONE)
+			LSP_PREFETCH_G(g, i + LSP_PF_SCAN, gt);
+		if (pf == LSP_PF_FAR)
 			LSP_PREFETCH_L2(LSP_GPTR(g, i + LSP_PF_SCAN_L2, gt));
 		__m512d x = _mm512_cvtps_pd(ld8_256(g, i, gt));
 		__m512d y = _mm512_cvtps_pd(ld8_256(g, i + 8, gt));
@@ -375,15 +381,29 @@ LSP_AVX512 LSP_INLINE double sumsq_body_avx512(const void *g, int gt,
 	return sumsq_finish(acc);
 }
 
-/* The scans, with the prefetch choice hoisted out of the loop. */
-LSP_AVX2 static double sumsq_avx2(const void *g, int gt, size_t n, int far)
+/* The scans, with the prefetch level hoisted out of the loop. */
+LSP_AVX2 static double sumsq_avx2(const void *g, int gt, size_t n, int pf)
 {
-	return far ? sumsq_body_avx2(g, gt, n, 1) : sumsq_body_avx2(g, gt, n, 0);
+	switch (pf) {
+	case LSP_PF_NONE:
+		return sumsq_body_avx2(g, gt, n, LSP_PF_NONE);
+	case LSP_PF_NEAR:
+		return sumsq_body_avx2(g, gt, n, LSP_PF_NEAR);
+	default:
+		return sumsq_body_avx2(g, gt, n, LSP_PF_FAR);
+	}
 }
 
-LSP_AVX512 static double sumsq_avx512(const void *g, int gt, size_t n, int far)
+LSP_AVX512 static double sumsq_avx512(const void *g, int gt, size_t n, int pf)
 {
-	return far ? sumsq_body_avx512(g, gt, n, 1) : sumsq_body_avx512(g, gt, n, 0);
+	switch (pf) {
+	case LSP_PF_NONE:
+		return sumsq_body_avx512(g, gt, n, LSP_PF_NONE);
+	case LSP_PF_NEAR:
+		return sumsq_body_avx512(g, gt, n, LSP_PF_NEAR);
+	default:
+		return sumsq_body_avx512(g, gt, n, LSP_PF_FAR);
+	}
 }
 #endif /* x86 */
 
@@ -398,15 +418,17 @@ int lsp_adam_simd_compiled(void)
 #endif
 }
 
-/* lsp_adam_far is lsp_adam with the prefetch choice: far != 0 when the
- * step's data does not fit in the last-level cache. The results are the
- * same bits either way. */
-void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
+/* lsp_adam_pf is lsp_adam with the software prefetch level pf (LSP_PF_*;
+ * out of range means LSP_PF_NONE). The results are the same bits at every
+ * level. */
+void lsp_adam_pf(int path, lsp_adam_coef c, float *w, float *m, float *v,
 	const void *g, int gtype, float *delta, uint16_t *out16, size_t n,
-	int far)
+	int pf)
 {
 	if (gtype < LSP_ADAM_F32 || gtype > LSP_ADAM_F16)
 		return; /* the Go side validates; never read with a wrong width */
+	if (pf < LSP_PF_NONE || pf > LSP_PF_FAR)
+		pf = LSP_PF_NONE;
 #ifdef LSP_HAVE_X86
 	int mode = w == NULL ? MODE_DELTA : (out16 ? MODE_W_OUT : MODE_W);
 	/* Streaming stores need the vector's alignment (32 bytes for 16 bf16,
@@ -414,18 +436,18 @@ void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
 	if (path == LSP_PATH_AVX512) {
 		if (mode == MODE_W_OUT && ((uintptr_t)out16 & 31) == 0)
 			mode = MODE_W_OUT_NT;
-		adam_avx512(&c, w, m, v, g, gtype, delta, out16, mode, far, n);
+		adam_avx512(&c, w, m, v, g, gtype, delta, out16, mode, pf, n);
 		return;
 	}
 	if (path == LSP_PATH_AVX2) {
 		if (mode == MODE_W_OUT && ((uintptr_t)out16 & 15) == 0)
 			mode = MODE_W_OUT_NT;
-		adam_avx2(&c, w, m, v, g, gtype, delta, out16, mode, far, n);
+		adam_avx2(&c, w, m, v, g, gtype, delta, out16, mode, pf, n);
 		return;
 	}
 #else
 	(void)path;
-	(void)far;
+	(void)pf;
 #endif
 	adam_scalar_range(&c, w, m, v, g, gtype, delta, out16, 0, n);
 }
@@ -433,21 +455,23 @@ void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
 void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
 	const void *g, int gtype, float *delta, uint16_t *out16, size_t n)
 {
-	lsp_adam_far(path, c, w, m, v, g, gtype, delta, out16, n, 0);
+	lsp_adam_pf(path, c, w, m, v, g, gtype, delta, out16, n, LSP_PF_NONE);
 }
 
-static double sumsq_far(int path, const void *g, int gtype, size_t n, int far)
+static double sumsq_pf(int path, const void *g, int gtype, size_t n, int pf)
 {
 	if (gtype < LSP_ADAM_F32 || gtype > LSP_ADAM_F16)
 		return NAN;
+	if (pf < LSP_PF_NONE || pf > LSP_PF_FAR)
+		pf = LSP_PF_NONE;
 #ifdef LSP_HAVE_X86
 	if (path == LSP_PATH_AVX512)
-		return sumsq_avx512(g, gtype, n, far);
+		return sumsq_avx512(g, gtype, n, pf);
 	if (path == LSP_PATH_AVX2)
-		return sumsq_avx2(g, gtype, n, far);
+		return sumsq_avx2(g, gtype, n, pf);
 #else
 	(void)path;
-	(void)far;
+	(void)pf;
 #endif
 	double acc[16] = {0};
 	sumsq_scalar_range(acc, g, gtype, 0, n);
@@ -456,19 +480,19 @@ static double sumsq_far(int path, const void *g, int gtype, size_t n, int far)
 
 double lsp_adam_sumsq(int path, const void *g, int gtype, size_t n)
 {
-	return sumsq_far(path, g, gtype, n, 0);
+	return sumsq_pf(path, g, gtype, n, LSP_PF_NONE);
 }
 
 /* lsp_adam_sumsq_chunks writes the canonical sum of squares of each chunk of
  * `chunk` elements of g[0:n] (the last may be short) to out[0], out[1], ...
- * (far as for lsp_adam_far): one call for a worker's whole run of chunks. */
+ * (pf as for lsp_adam_pf): one call for a worker's whole run of chunks. */
 void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
-	size_t chunk, double *out, int far)
+	size_t chunk, double *out, int pf)
 {
 	size_t size = gtype == LSP_ADAM_F32 ? 4 : 2;
 	for (size_t lo = 0, k = 0; lo < n; lo += chunk, k++) {
 		size_t len = n - lo < chunk ? n - lo : chunk;
-		out[k] = sumsq_far(path, (const char *)g + lo * size, gtype, len, far);
+		out[k] = sumsq_pf(path, (const char *)g + lo * size, gtype, len, pf);
 	}
 }
 
@@ -523,7 +547,7 @@ LSP_AVX2 LSP_INLINE void adamw_plain_body_avx2(const lsp_adamw_plain_coef *c,
 	const __m256 gs = _mm256_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8) {
-		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, 0);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, LSP_PF_NEAR);
 		__m256 gg = _mm256_mul_ps(ld8_256(g, i, gt), gs);
 		__m256 mm = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gg));
 		__m256 vv = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
@@ -551,7 +575,7 @@ LSP_AVX512 LSP_INLINE void adamw_plain_body_avx512(const lsp_adamw_plain_coef *c
 	const __m512 gs = _mm512_set1_ps(c->gscale);
 	size_t i = 0;
 	for (; i + 16 <= n; i += 16) {
-		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, 0);
+		LSP_PREFETCH_UPDATE(w, m, v, g, i, gt, MODE_W, LSP_PF_NEAR);
 		__m512 gg = _mm512_mul_ps(ld16_512(g, i, gt), gs);
 		__m512 mm = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, gg));
 		__m512 vv = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)),

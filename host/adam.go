@@ -266,15 +266,43 @@ func (w *Workers) parallel(chunks int, fn func(int)) error {
 	return w.ParallelFor(chunks, fn)
 }
 
-// adamPrefetch chooses the kernels' far prefetches (see adamFar); tests
-// force each choice.
+// adamPrefetch chooses the kernels' software prefetches (adam.h, LSP_PF_*);
+// tests force each level, which all give the same bits.
 type adamPrefetch int
 
 const (
-	adamPrefetchAuto adamPrefetch = iota // from the step's size and the cache
-	adamPrefetchNear                     // never
-	adamPrefetchFar                      // always
+	adamPrefetchAuto adamPrefetch = iota // each phase's measured default (below)
+	adamPrefetchNone                     // hardware prefetchers only
+	adamPrefetchNear                     // into L1, 1-2 KiB ahead
+	adamPrefetchFar                      // near, and further ahead into L2
 )
+
+// adamUpdatePrefetch is the update's level under adamPrefetchAuto. On the
+// AMD EPYC (Zen 4) this project is measured on, software prefetches slowed
+// the update: at 128M parameters, f32, norm given, in interleaved rounds
+// (best of 5 steps each, on a quiet machine), it moved about 80 GB/s with
+// near and far prefetches (what a step larger than the last-level cache
+// used to get), 92 with near only and 95-100 with none on two cores; 39-40,
+// 44-49 and 49-52 on one. When the machine's bandwidth is lower (shared
+// memory, 50-60 GB/s), none is still never slower. The hardware
+// prefetchers keep the four streams fed; the prefetch instructions only
+// cost. The pre-scan keeps its prefetches (near, and far when the step
+// outgrows the last-level cache: adamFar): no difference was measurable.
+const adamUpdatePrefetch = adamPrefetchNone
+
+// level returns the C prefetch level of pf for a phase whose default is def.
+func (pf adamPrefetch) level(def adamPrefetch) C.int {
+	if pf == adamPrefetchAuto {
+		pf = def
+	}
+	switch pf {
+	case adamPrefetchNear:
+		return C.LSP_PF_NEAR
+	case adamPrefetchFar:
+		return C.LSP_PF_FAR
+	}
+	return C.LSP_PF_NONE
+}
 
 func (w *Workers) adamStep(ts []AdamTensor, path SIMD) (AdamResult, error) {
 	return w.adamStepPrefetch(ts, path, adamPrefetchAuto)
@@ -294,10 +322,11 @@ func (w *Workers) adamStepPrefetch(ts []AdamTensor, path SIMD, pf adamPrefetch) 
 		}
 	}
 	res := AdamResult{Tensors: make([]AdamTensorResult, len(ts))}
-	far := C.int(0)
-	if pf == adamPrefetchFar || pf == adamPrefetchAuto && adamFar(jobs) {
-		far = 1
+	scanDef := adamPrefetchNear
+	if adamFar(jobs) {
+		scanDef = adamPrefetchFar
 	}
+	scanPF, updPF := pf.level(scanDef), pf.level(adamUpdatePrefetch)
 
 	// Phase 1: pre-scan every gradient whose norm is not supplied.
 	var scanJobs []int
@@ -313,7 +342,7 @@ func (w *Workers) adamStepPrefetch(ts []AdamTensor, path SIMD, pf adamPrefetch) 
 		gr := scan[k]
 		jb := &jobs[gr.job]
 		C.lsp_adam_sumsq_chunks(C.int(path), unsafe.Add(jb.gp, gr.lo*jb.gsize), jb.gt,
-			C.size_t(gr.hi-gr.lo), AdamChunkLen, (*C.double)(unsafe.Pointer(&partial[gr.chunk0])), far)
+			C.size_t(gr.hi-gr.lo), AdamChunkLen, (*C.double)(unsafe.Pointer(&partial[gr.chunk0])), scanPF)
 	})
 	if err != nil {
 		return AdamResult{}, fmt.Errorf("host: adam: pre-scan: %w", err)
@@ -346,7 +375,7 @@ func (w *Workers) adamStepPrefetch(ts []AdamTensor, path SIMD, pf adamPrefetch) 
 	upd, _ := adamPlan(jobs, updJobs, w.workers())
 	err = w.parallel(len(upd), func(k int) {
 		gr := upd[k]
-		jobs[gr.job].run(path, gr.lo, gr.hi, far)
+		jobs[gr.job].run(path, gr.lo, gr.hi, updPF)
 	})
 	if err != nil {
 		return AdamResult{}, fmt.Errorf("host: adam: update: %w", err)
@@ -387,8 +416,9 @@ func adamPlan(jobs []adamJob, sel []int, workers int) ([]adamGrab, int) {
 
 // adamFar reports whether the step's arrays together are
 // larger than the last-level cache (or its size is unknown): then the
-// kernels also prefetch far ahead into L2, which pays on data streamed from
-// memory and costs a little on data already in the cache.
+// pre-scan also prefetches far ahead into L2, which paid about 10% for its
+// single stream on data streamed from memory where it was measured, and
+// costs a little on data already in the cache.
 func adamFar(jobs []adamJob) bool {
 	var bytes int64
 	for _, jb := range jobs {
@@ -469,8 +499,8 @@ func (jb *adamJob) setCoef(norm float64) {
 	}
 }
 
-// run updates elements [lo, hi) of the job (far: see adamFar).
-func (jb *adamJob) run(path SIMD, lo, hi int, far C.int) {
+// run updates elements [lo, hi) of the job with the C prefetch level pf.
+func (jb *adamJob) run(path SIMD, lo, hi int, pf C.int) {
 	t := jb.t
 	var w, delta *C.float
 	var out *C.uint16_t
@@ -482,8 +512,8 @@ func (jb *adamJob) run(path SIMD, lo, hi int, far C.int) {
 	} else {
 		delta = (*C.float)(unsafe.Pointer(&t.Delta[lo]))
 	}
-	C.lsp_adam_far(C.int(path), jb.coef, w,
+	C.lsp_adam_pf(C.int(path), jb.coef, w,
 		(*C.float)(unsafe.Pointer(&t.State.M[lo])),
 		(*C.float)(unsafe.Pointer(&t.State.V[lo])),
-		unsafe.Add(jb.gp, lo*jb.gsize), jb.gt, delta, out, C.size_t(hi-lo), far)
+		unsafe.Add(jb.gp, lo*jb.gsize), jb.gt, delta, out, C.size_t(hi-lo), pf)
 }

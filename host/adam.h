@@ -57,16 +57,22 @@ void lsp_adam(int path, lsp_adam_coef c, float *w, float *m, float *v,
  * elements. */
 double lsp_adam_sumsq(int path, const void *g, int gtype, size_t n);
 
-/* lsp_adam_far is lsp_adam with the choice of far (L2) prefetches, for
- * arrays that do not fit in the last-level cache. */
-void lsp_adam_far(int path, lsp_adam_coef c, float *w, float *m, float *v,
+/* Software prefetch levels of lsp_adam_pf and lsp_adam_sumsq_chunks: none
+ * (the hardware prefetchers only), near (into L1, 1-2 KiB ahead), far (near,
+ * and further ahead into L2). Every level gives the same bits. */
+enum { LSP_PF_NONE = 0, LSP_PF_NEAR = 1, LSP_PF_FAR = 2 };
+
+/* lsp_adam_pf is lsp_adam with the software prefetch level pf. lsp_adam
+ * prefetches nothing. */
+void lsp_adam_pf(int path, lsp_adam_coef c, float *w, float *m, float *v,
 	const void *g, int gtype, float *delta, uint16_t *out16, size_t n,
-	int far);
+	int pf);
 
 /* lsp_adam_sumsq_chunks writes the canonical sum of squares of each
- * chunk-element piece of n gradient elements to out, in one call. */
+ * chunk-element piece of n gradient elements to out, in one call, with
+ * the software prefetch level pf. */
 void lsp_adam_sumsq_chunks(int path, const void *g, int gtype, size_t n,
-	size_t chunk, double *out, int far);
+	size_t chunk, double *out, int pf);
 
 /* lsp_adam_simd_compiled reports whether the SIMD paths were compiled in
  * (x86-64 with a compiler that supports target attributes). */

@@ -349,7 +349,7 @@ type adamTestSIMDRun struct {
 // TestAdamSIMDMatchesScalar: tolerance 0. Every path performs the same IEEE
 // operations (explicit FMAs, correctly rounded sqrt and division, exact
 // conversions), so every output must equal the scalar path's bit for bit,
-// with and without the far prefetches.
+// at every software prefetch level.
 func TestAdamSIMDMatchesScalar(t *testing.T) {
 	paths := SupportedSIMD()
 	if len(paths) < 2 {
@@ -357,7 +357,9 @@ func TestAdamSIMDMatchesScalar(t *testing.T) {
 	}
 	var runs []adamTestSIMDRun
 	for _, path := range paths[1:] {
-		runs = append(runs, adamTestSIMDRun{path, adamPrefetchNear}, adamTestSIMDRun{path, adamPrefetchFar})
+		for _, pf := range []adamPrefetch{adamPrefetchNone, adamPrefetchNear, adamPrefetchFar} {
+			runs = append(runs, adamTestSIMDRun{path, pf})
+		}
 	}
 	pool := adamTestWorkers(t, 2)
 	r := rand.New(rand.NewPCG(1, 2))
@@ -373,7 +375,7 @@ func TestAdamSIMDMatchesScalar(t *testing.T) {
 						ra.reset()
 						ref := c.run(t, pool, ra, Scalar, mode)
 						for _, sp := range runs {
-							name := fmt.Sprintf("n=%d/%s/step=%d/%s/%s/%v/far=%v", n, dtype, step, kind, mode, sp.path, sp.prefetch == adamPrefetchFar)
+							name := fmt.Sprintf("n=%d/%s/step=%d/%s/%s/%v/pf=%d", n, dtype, step, kind, mode, sp.path, sp.prefetch)
 							ga.reset()
 							c.prefetch = sp.prefetch
 							got := c.run(t, pool, ga, sp.path, mode)
@@ -875,8 +877,8 @@ func TestAdamFar(t *testing.T) {
 // TestAdamNormCanonical: the pre-scanned norm of tensors spanning many
 // chunks equals, bit for bit, the documented order computed here in Go
 // (per chunk: 16 lanes by index mod 16, a pairwise tree; chunks added in
-// order), for every pool size, on the scalar and the active path, with and
-// without the far prefetches.
+// order), for every pool size, on the scalar and the active path, at every
+// software prefetch level.
 func TestAdamNormCanonical(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	lens := []int{3, AdamChunkLen + 1, 9*AdamChunkLen + 17}
@@ -908,7 +910,7 @@ func TestAdamNormCanonical(t *testing.T) {
 		pools[fmt.Sprintf("%d workers", k)] = adamTestWorkers(t, k)
 	}
 	for name, pool := range pools {
-		for _, sp := range []adamTestSIMDRun{{Scalar, adamPrefetchNear}, {ActiveSIMD(), adamPrefetchNear}, {ActiveSIMD(), adamPrefetchFar}} {
+		for _, sp := range []adamTestSIMDRun{{Scalar, adamPrefetchNear}, {ActiveSIMD(), adamPrefetchNone}, {ActiveSIMD(), adamPrefetchNear}, {ActiveSIMD(), adamPrefetchFar}} {
 			ts := make([]AdamTensor, len(lens))
 			for j, n := range lens {
 				ts[j] = AdamTensor{Name: fmt.Sprint(j), W: make([]float32, n), Grad: AdamGrad{F32: grads[j]},
@@ -920,7 +922,7 @@ func TestAdamNormCanonical(t *testing.T) {
 			}
 			for j := range lens {
 				if got := res.Tensors[j].Norm; math.Float64bits(got) != math.Float64bits(want[j]) {
-					t.Errorf("%s/%v/far=%v: tensor %d norm %v, want %v", name, sp.path, sp.prefetch == adamPrefetchFar, j, got, want[j])
+					t.Errorf("%s/%v/pf=%d: tensor %d norm %v, want %v", name, sp.path, sp.prefetch, j, got, want[j])
 				}
 			}
 		}

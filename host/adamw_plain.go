@@ -87,6 +87,6 @@ func SumSquaresChunks(x []float32, chunk int, out []float64) error {
 		path = Scalar
 	}
 	C.lsp_adam_sumsq_chunks(C.int(path), unsafe.Pointer(&x[0]), C.LSP_ADAM_F32, C.size_t(len(x)), C.size_t(chunk),
-		(*C.double)(unsafe.Pointer(&out[0])), 0)
+		(*C.double)(unsafe.Pointer(&out[0])), C.LSP_PF_NEAR)
 	return nil
 }

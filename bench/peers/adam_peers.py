@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10, help="timed steps per measurement (best kept)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
     ap.add_argument("--ours", required=True, help="the built bench/adam binary")
+    ap.add_argument("--base", default="", help="optional second bench/adam binary (e.g. built from main), "
+                    "timed in every round right after ours: a before/after comparison under the same load")
     args = ap.parse_args()
     if args.rounds < 1 or args.reps < 1:
         ap.error("--rounds and --reps must be >= 1")
@@ -113,6 +115,7 @@ def main():
     peers.append(("torch AdamW fused", lambda p: torch.optim.AdamW([p], fused=True, **hp)))
     peers.append(("torch AdamW foreach", lambda p: torch.optim.AdamW([p], foreach=True, **hp)))
     ours_label = "lsp-offload host (norm given)"
+    base_label = "lsp-offload base (--base)"
 
     start_load = loadavg()
     print(f"peers: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -123,10 +126,14 @@ def main():
         n = parse_count(s)
         name = count_name(n)
         times = {ours_label: []}
+        if args.base:
+            times[base_label] = []
         times.update({label: [] for label, _ in peers})
         failed = {}
         for _ in range(args.rounds):
             times[ours_label].append(time_ours(args.ours, args.threads, name, args.reps))
+            if args.base:
+                times[base_label].append(time_ours(args.base, args.threads, name, args.reps))
             for label, make in peers:
                 if label in failed:
                     continue
@@ -156,6 +163,14 @@ def main():
         widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
         for r in [header] + rows:
             print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if args.base:
+            # The baseline against each peer, formed within each round as for ours.
+            for label in times:
+                if label in (ours_label, base_label) or label in failed:
+                    continue
+                ratios = [t / b for t, b in zip(times[label], times[base_label])]
+                rm, rlo, rhi, q1, q3 = spread(ratios)
+                print(f"  base/{label}: median {rm:.2f}, min-max {rlo:.2f}-{rhi:.2f}, IQR {q1:.2f}-{q3:.2f}")
     print(f"\nload average at start: {start_load}, at end: {loadavg()}")
     print("GB/s: 28 bytes per parameter over the median time. ours/this: this project's params/s over the row's,")
     print("formed within each round; the median over rounds, its min-max and interquartile range (>1: ours faster).")

@@ -8,6 +8,8 @@
 #   bench/peers/adam_peers.sh                 # all cores, 1M,16M,128M
 #   THREADS=2 SIZES=1M,16M ROUNDS=5 REPS=10 bench/peers/adam_peers.sh
 #   PEERS_VENV=/work/venv-peers bench/peers/adam_peers.sh  # reuse/keep a venv
+#   BASE_BIN=/path/to/adam ...                # also time this bench/adam build
+#                                             # (e.g. from main) in every round
 #   PEERS_BASE_PYTHON=/path/to/python ...     # venv on top of a python that
 #                                             # already has torch (no re-download;
 #                                             # that python may itself be a venv)
@@ -56,5 +58,5 @@ echo "== yardsticks (bench/adam), $threads threads"
 echo
 echo "== interleaved rounds, $threads threads"
 "$venv/bin/python" "$root/bench/peers/adam_peers.py" --threads "$threads" --sizes "$sizes" \
-	--reps "$reps" --rounds "$rounds" --ours "$tmp/adam" \
+	--reps "$reps" --rounds "$rounds" --ours "$tmp/adam" --base "${BASE_BIN:-}" \
 	2> >(grep -v -e Warning -e warn -e '^ *r = ' -e '^ *raw_cnt' -e 'No CUDA runtime' >&2)
