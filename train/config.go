@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -67,6 +68,7 @@ type Config struct {
 	StartRandom   bool               // --start-random: no projector check before step 1
 	ShareLayers   bool               // --share-layers: one projector pair per matrix kind, fitted on every layer
 	Schedule      Schedule           // --schedule: pipelined or sequential
+	Recompute     model.Recompute    // --recompute: none, attn or layer (activations recomputed in the backward)
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
 	OnNonFinite NonFinite // --on-nonfinite: stop (the default) or skip a step whose loss is NaN or infinite
@@ -248,6 +250,7 @@ func (c Config) Validate() error {
 func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 	return engine.Config{
 		GradDType: c.GradDType, Mode: c.Mode, DenseParams: c.denseParams(fromCheckpoint), Pipelined: c.Schedule != Sequential, Seed: c.Seed,
+		Recompute: c.Recompute,
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,

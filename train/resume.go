@@ -26,6 +26,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -95,7 +96,8 @@ type resumeAllowed struct {
 	Model string `flag:"model"`
 	// Where and how fast it runs: the same results bit for bit (the
 	// thread count: TestDeterministic; the schedule: engine
-	// TestPipelinedMatchesSequential; the budgets are checked against the
+	// TestPipelinedMatchesSequential; recompute: engine
+	// TestRecomputeBitIdentical; the budgets are checked against the
 	// plan; the link bandwidth charges time on the CPU backend only).
 	Device        device.Kind `flag:"device"`
 	DeviceMem     int64       `flag:"device-mem"`
@@ -103,6 +105,9 @@ type resumeAllowed struct {
 	Threads       int         `flag:"threads"`
 	Schedule      Schedule    `flag:"schedule"`
 	LinkBandwidth int64       `flag:"link-bandwidth"`
+	// Recomputation runs the forward's ops again on the same inputs: the
+	// same bits (TestRecomputeBitIdentical), less memory.
+	Recompute model.Recompute `flag:"recompute"`
 	// What happens to a step whose loss is not finite: a finite step
 	// computes the same either way and a skipped one updates nothing, so
 	// a run stopped by a NaN may be resumed with --on-nonfinite skip.

@@ -73,6 +73,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
+	fs.Var(&c.Recompute, "recompute", "`WHAT` the backward recomputes instead of keeping from the forward: none, attn (each block's attention) or layer (all of each block but its output); less device memory for more compute, the same results (lsp-train plan says which a model needs)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.Var(&c.OnNonFinite, "on-nonfinite", "`ACTION` on a step whose loss is NaN or infinite: stop (without saving that step) or skip (update nothing, go on with the next batch)")
 	fs.IntVar(&c.MaxSkips, "max-skips", c.MaxSkips, "with --on-nonfinite skip, the most steps skipped in a row; one more stops the run")
@@ -137,6 +138,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"start-random", groupOffload},
 	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
+	{"recompute", groupOffload},
 	{"link-bandwidth", groupOffload},
 	{"out", groupOutput},
 	{"overwrite", groupOutput},

@@ -215,6 +215,9 @@ type Config struct {
 	// GradDType stores the parameter gradients on the device (and on the
 	// host in zero mode): fp32 (the zero value) or bf16. LSP's S is fp32.
 	GradDType backend.DType
+	// Recompute drops activations in the forward and recomputes them in
+	// the backward (--recompute): less device memory, the same results.
+	Recompute model.Recompute
 }
 
 // Validate checks the configuration, naming the flag at fault.
@@ -233,6 +236,9 @@ func (c Config) Validate() error {
 	}
 	if c.GradDType != backend.F32 && c.GradDType != backend.BF16 {
 		errs = append(errs, fmt.Errorf("--grad-dtype: %v is not fp32 or bf16", c.GradDType))
+	}
+	if c.Recompute > model.RecomputeLayer {
+		errs = append(errs, fmt.Errorf("--recompute: %v is not none, attn or layer", c.Recompute))
 	}
 	if c.Mode != Native && c.Hyper.Clip == optim.ClipGlobalPrev {
 		errs = append(errs, fmt.Errorf("--clip-mode: global-prev is supported with --mode native only; use matrix or none with --mode %s", c.Mode))
@@ -314,7 +320,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			_ = e.Free() // New's error is the one to report
 		}
 	}()
-	opts := model.Options{GradDType: cfg.GradDType}
+	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute}
 	if cfg.Mode == LSP {
 		e.lsp = &lspState{e: e}
 		opts.MatrixGrads = e.lsp

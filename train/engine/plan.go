@@ -158,7 +158,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	if cfg.Mode == LSP {
 		opts.MatrixGrads = (*lspState)(nil) // plans for hooks
 	}
-	opts.GradDType = cfg.GradDType
+	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
 	mp := arch.PlanWith(B, T, dt, opts)
 	p := Plan{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},

@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // hookCfg is small enough for bit-exact comparisons of every gradient.
@@ -255,59 +256,67 @@ func wantCalls(L int) []string {
 
 // TestMatrixHooksMatchDense: a hook that computes dW = X^T dY itself gets
 // every matrix gradient bit for bit as the model without hooks, and the
-// model's own (dense) gradients do not change either.
+// model's own (dense) gradients do not change either; under every
+// recompute setting, with and without hooks, the gradients are those of
+// the model that recomputes nothing, to the bit, and the hooks see each
+// input once (from the forward, not from the recomputation).
 func TestMatrixHooksMatchDense(t *testing.T) {
 	for _, dt := range dtypes {
-		t.Run(dt.String(), func(t *testing.T) {
-			be := cpu.New(cpu.Config{})
-			defer be.Close()
-			s := be.DefaultStream()
-			plain := hookModel(t, be, dt, model.Options{})
-			h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
-			hooked := hookModel(t, be, dt, model.Options{MatrixGrads: h})
-			for _, m := range []*Model{plain, hooked} {
-				if err := m.ZeroGrads(s); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for mb := range 2 {
-				want := microBatch(t, be, plain, mb, false)
-				got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
-				sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
-			}
-			if calls := wantCalls(hookCfg.L); !slices.Equal(h.calls, append(calls, calls...)) {
-				t.Errorf("hook calls %v, want %v twice", h.calls, calls)
-			}
-			plainGrads := download(t, be, plain.Grads)
-			matrices := 0
-			for i, p := range plain.Layout() {
-				want := plainGrads[p.Offset : p.Offset+p.Len()]
-				if g, ok := hooked.GradView(i); ok {
-					if !slices.Equal(g.Shape, p.Shape) {
-						t.Errorf("%s: grad view shape %v, want %v", p.Name, g.Shape, p.Shape)
-					}
-					sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
-					continue
-				}
-				l, k := (i-2)/perLayer, Matrix(-1)
-				for kk := range Matrix(NumMatrices) {
-					if hookCfg.MatrixParam(l, kk) == i {
-						k = kk
+		for _, rc := range model.Recomputes {
+			t.Run(fmt.Sprintf("%v/recompute=%v", dt, rc), func(t *testing.T) {
+				be := cpu.New(cpu.Config{})
+				defer be.Close()
+				s := be.DefaultStream()
+				plain := hookModel(t, be, dt, model.Options{})
+				plainRC := hookModel(t, be, dt, model.Options{Recompute: rc})
+				h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
+				hooked := hookModel(t, be, dt, model.Options{MatrixGrads: h, Recompute: rc})
+				for _, m := range []*Model{plain, plainRC, hooked} {
+					if err := m.ZeroGrads(s); err != nil {
+						t.Fatal(err)
 					}
 				}
-				if k < 0 {
-					t.Errorf("%s has no gradient view but is no matrix", p.Name)
-					continue
+				for mb := range 2 {
+					want := microBatch(t, be, plain, mb, false)
+					sameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), microBatch(t, be, plainRC, mb, mb == 0), want)
+					got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
+					sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
 				}
-				matrices++
-				got := download(t, be, h.dw[l][k])
-				sameBits(t, "hook grad "+p.Name, got, want)
-				closeToF64(t, "hook grad "+p.Name+" vs float64", got, h.ref[l][k], 1e-5)
-			}
-			if matrices != NumMatrices*hookCfg.L {
-				t.Errorf("%d matrices without a dense gradient, want %d", matrices, NumMatrices*hookCfg.L)
-			}
-		})
+				if calls := wantCalls(hookCfg.L); !slices.Equal(h.calls, append(calls, calls...)) {
+					t.Errorf("hook calls %v, want %v twice", h.calls, calls)
+				}
+				plainGrads := download(t, be, plain.Grads)
+				sameBits(t, "grads recomputing "+rc.String(), download(t, be, plainRC.Grads), plainGrads)
+				matrices := 0
+				for i, p := range plain.Layout() {
+					want := plainGrads[p.Offset : p.Offset+p.Len()]
+					if g, ok := hooked.GradView(i); ok {
+						if !slices.Equal(g.Shape, p.Shape) {
+							t.Errorf("%s: grad view shape %v, want %v", p.Name, g.Shape, p.Shape)
+						}
+						sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
+						continue
+					}
+					l, k := (i-2)/perLayer, Matrix(-1)
+					for kk := range Matrix(NumMatrices) {
+						if hookCfg.MatrixParam(l, kk) == i {
+							k = kk
+						}
+					}
+					if k < 0 {
+						t.Errorf("%s has no gradient view but is no matrix", p.Name)
+						continue
+					}
+					matrices++
+					got := download(t, be, h.dw[l][k])
+					sameBits(t, "hook grad "+p.Name, got, want)
+					closeToF64(t, "hook grad "+p.Name+" vs float64", got, h.ref[l][k], 1e-5)
+				}
+				if matrices != NumMatrices*hookCfg.L {
+					t.Errorf("%d matrices without a dense gradient, want %d", matrices, NumMatrices*hookCfg.L)
+				}
+			})
+		}
 	}
 }
 
@@ -347,8 +356,8 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 		B, T int
 	}{{hookCfg, hookB, hookT}, {tiny, 2, 16}, {Config{V: 5, MaxT: 3, C: 4, L: 1, NH: 2, Eps: 1e-5}, 1, 3}} {
 		for _, dt := range dtypes {
-			for _, opts := range []model.Options{{}, {MatrixGrads: nopHook{}}} {
-				name := fmt.Sprintf("L%d/%v/hooks=%v", tc.cfg.L, dt, opts.MatrixGrads != nil)
+			for _, opts := range modeltest.WithRecompute([]model.Options{{}, {MatrixGrads: nopHook{}}}) {
+				name := fmt.Sprintf("L%d/%v/hooks=%v/recompute=%v", tc.cfg.L, dt, opts.MatrixGrads != nil, opts.Recompute)
 				t.Run(name, func(t *testing.T) {
 					be := cpu.New(cpu.Config{})
 					defer be.Close()
@@ -379,7 +388,7 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 								wantGrads -= mm * n
 							}
 						}
-					} else if plan != tc.cfg.Plan(tc.B, tc.T, dt) {
+					} else if opts.Recompute == model.RecomputeNone && plan != tc.cfg.Plan(tc.B, tc.T, dt) {
 						t.Errorf("PlanWith without hooks %+v, Plan %+v", plan, tc.cfg.Plan(tc.B, tc.T, dt))
 					}
 					if m.Grads.Len() != wantGrads {
@@ -397,20 +406,19 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 
 // checkActViews: the activation views fill their allocations exactly
 // (a plan that merely agrees with an oversized allocation fails here), and
-// with hooks every layer's ln1, ln2 and fchg are the one shared buffer.
+// each block keeps its own view of an activation exactly when the hooks
+// and the recompute setting say so (the others are shared by every block).
 func checkActViews(t *testing.T, m *Model) {
 	t.Helper()
-	hooked := m.hooks != nil
-	data := []backend.Tensor{m.encoded, m.lnf, m.scratch, m.Logits}
-	stats := []backend.Tensor{m.lnfMean, m.lnfRstd, m.Losses}
-	for l, a := range m.layers {
-		data = append(data, a.qkv, a.atty, a.res2, a.fch, a.res3)
-		stats = append(stats, a.ln1Mean, a.ln1Rstd, a.lse, a.ln2Mean, a.ln2Rstd)
-		if !hooked || l == 0 {
-			data = append(data, a.ln1, a.ln2, a.fchg)
-		} else if a.ln1.Off != m.layers[0].ln1.Off || a.ln2.Off != m.layers[0].ln2.Off || a.fchg.Off != m.layers[0].fchg.Off {
-			t.Errorf("layer %d: matrix inputs are not the shared buffers", l)
-		}
+	nd, ns := modeltest.CheckActViews(t, m.Cfg.blockActs(m.B, m.T), m.actViews, m.rc, m.hooks != nil)
+	for _, v := range []backend.Tensor{m.encoded, m.lnf, m.scratch, m.Logits} {
+		nd += v.Len()
+	}
+	for _, v := range []backend.Tensor{m.lnfMean, m.lnfRstd, m.Losses} {
+		ns += v.Len()
+	}
+	if nd != m.acts.Len() || ns != m.statsBuf.Len() {
+		t.Errorf("activation views hold %d and %d fp32 elements, allocations %d and %d", nd, ns, m.acts.Len(), m.statsBuf.Len())
 	}
 	// The activation gradients are in the model dtype: half the bytes at
 	// bf16.
@@ -421,8 +429,7 @@ func checkActViews(t *testing.T, m *Model) {
 		name  string
 		alloc backend.Tensor
 		views []backend.Tensor
-	}{{"activations", m.acts, data}, {"activation stats", m.statsBuf, stats},
-		{"activation gradients", m.grad, []backend.Tensor{m.dres, m.dbuf, m.dqkv, m.dfch}}} {
+	}{{"activation gradients", m.grad, []backend.Tensor{m.dres, m.dbuf, m.dqkv, m.dfch}}} {
 		n := 0
 		for _, v := range part.views {
 			n += v.Len()

@@ -23,9 +23,13 @@
 // are bf16 only); the parameter gradients are in Options.GradDType; the
 // LayerNorm and attention statistics and the backward's scratch are fp32.
 //
-// Limits: T <= MaxT; activations are kept for the backward (no
-// recomputation), except the matrix inputs ln1, ln2 and fchg under hooks;
-// the attention op saves only its log-sum-exp. At bf16 the residual
+// Activations: every block keeps its own for the backward, except the
+// matrix inputs ln1, ln2 and fchg under hooks and what Options.Recompute
+// drops (attn: ln1 to the attention output; layer: all but the block's
+// output), which live in one buffer shared by the blocks and are computed
+// again at the start of each block's backward.
+//
+// Limits: T <= MaxT; the attention op saves only its log-sum-exp. At bf16 the residual
 // stream's gradient (dres) is rounded to bf16 at every LayerNorm backward
 // that adds to it, 2L+1 times per backward.
 
@@ -107,8 +111,9 @@ func (c Config) isMatrix(i int) bool {
 	return j == matrixSlot[0] || j == matrixSlot[1] || j == matrixSlot[2] || j == matrixSlot[3]
 }
 
-// layerActs are one block's saved activations. Under hooks ln1, ln2 and
-// fchg are the shared buffers (only the hooks read them after the forward).
+// layerActs are one block's activations (blockActs in the same order).
+// Under hooks ln1, ln2 and fchg are shared buffers (only the hooks read
+// them after the forward); so are the ones Recompute drops.
 type layerActs struct {
 	ln1, ln1Mean, ln1Rstd backend.Tensor
 	qkv, atty, lse        backend.Tensor
@@ -142,11 +147,13 @@ type Model struct {
 
 	be    backend.Backend
 	hooks model.MatrixGrads
+	rc    model.Recompute
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation
 	encoded    backend.Tensor
 	layers     []layerActs
+	actViews   [][]backend.Tensor // layers' views, by blockActs index
 	lnf        backend.Tensor
 	lnfMean    backend.Tensor
 	lnfRstd    backend.Tensor
@@ -158,19 +165,37 @@ type Model struct {
 	statsBuf   backend.Tensor
 }
 
-// actSizes lists the activation views in allocation order: the float ones
-// stored in the model dtype, then the fp32 statistics. shared: ln1, ln2 and
-// fchg are one buffer each instead of one per layer.
-func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
+// blockActs lists one block's activations in layerActs order, for
+// model.CarveActs: which the backward reads only as a matrix input (not
+// kept under hooks) and which part of the block each belongs to (not
+// kept when --recompute computes that part again).
+func (c Config) blockActs(B, T int) []model.Act {
 	BT, C := B*T, c.C
-	kept := BT*3*C + BT*C + BT*C + BT*4*C + BT*C // qkv, atty, res2, fch, res3
-	inputs := BT*C + BT*C + BT*4*C               // ln1, ln2, fchg
-	copies := c.L
-	if shared {
-		copies = 1
+	attn, mlp := model.Attention, model.MLP
+	return []model.Act{
+		{Shape: []int{BT, C}, Block: attn, MatrixInput: true},    // ln1
+		{Shape: []int{BT}, F32: true, Block: attn},               // ln1Mean
+		{Shape: []int{BT}, F32: true, Block: attn},               // ln1Rstd
+		{Shape: []int{BT, 3 * C}, Block: attn},                   // qkv
+		{Shape: []int{BT, C}, Block: attn},                       // atty
+		{Shape: []int{B, c.NH, T}, F32: true, Block: attn},       // lse
+		{Shape: []int{BT, C}, Block: mlp},                        // res2
+		{Shape: []int{BT, C}, Block: mlp, MatrixInput: true},     // ln2
+		{Shape: []int{BT}, F32: true, Block: mlp},                // ln2Mean
+		{Shape: []int{BT}, F32: true, Block: mlp},                // ln2Rstd
+		{Shape: []int{BT, 4 * C}, Block: mlp},                    // fch
+		{Shape: []int{BT, 4 * C}, Block: mlp, MatrixInput: true}, // fchg
+		{Shape: []int{BT, C}, Block: model.Output},               // res3
 	}
-	data = BT*C + c.L*kept + copies*inputs + BT*C + BT*C + BT*c.V // encoded, layers, lnf, scratch, logits
-	stats = c.L*(4*BT+B*c.NH*T) + 2*BT + BT                       // ln means/rstds, lse; lnf stats; losses
+}
+
+// actSizes is the elements of the activation allocations: data in the
+// model dtype, stats in fp32.
+func (c Config) actSizes(B, T int, hooked bool, rc model.Recompute) (data, stats int) {
+	BT := B * T
+	data, stats = model.ActSizes(c.blockActs(B, T), c.L, rc, hooked)
+	data += BT*c.C + BT*c.C + BT*c.C + BT*c.V // encoded, lnf, scratch, logits
+	stats += 2*BT + BT                        // lnf's mean and rstd; losses
 	return data, stats
 }
 
@@ -200,10 +225,11 @@ func (c Config) Plan(B, T int, dt backend.DType) model.MemoryPlan {
 
 // PlanWith predicts the device bytes NewWithOptions allocates. With hooks,
 // Grads covers only the dense parameters and the activations keep one
-// shared ln1, ln2 and gelu output instead of one per layer.
+// shared ln1, ln2 and gelu output instead of one per layer; Recompute
+// shares more.
 func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
 	hooked := opts.MatrixGrads != nil
-	data, stats := c.actSizes(B, T, hooked)
+	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	_, ng := c.gradOffsets(hooked)
 	BT := int64(B * T)
 	return model.MemoryPlan{
@@ -238,7 +264,7 @@ func (c Config) NewModel(be backend.Backend, B, T int, dt backend.DType, opts mo
 
 // NewWithOptions is New with matrix-gradient hooks or other options. With
 // hooks, the matrices' inputs (ln1, ln2 and gelu outputs) are not kept per
-// layer but in one shared buffer each.
+// layer but in one shared buffer each; so are what Recompute drops.
 func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.Options) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -253,7 +279,10 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		return nil, fmt.Errorf("gpt2: unsupported dtype %v", dt)
 	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads}
+	if opts.Recompute > model.RecomputeLayer {
+		return nil, fmt.Errorf("gpt2: unsupported recompute setting %v", opts.Recompute)
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
 	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
 	offs, ng := cfg.gradOffsets(hooked)
@@ -276,7 +305,7 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	}
 	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
 
-	data, stats := cfg.actSizes(B, T, hooked)
+	data, stats := cfg.actSizes(B, T, hooked, opts.Recompute)
 	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: activations: %w", err)
@@ -288,27 +317,13 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	BT, C := B*T, cfg.C
 	a, st := &backend.Carver{T: m.acts}, &backend.Carver{T: m.statsBuf}
 	m.encoded = a.Next(BT, C)
-	var shared struct{ ln1, ln2, fchg backend.Tensor }
-	if hooked {
-		shared.ln1, shared.ln2, shared.fchg = a.Next(BT, C), a.Next(BT, C), a.Next(BT, 4*C)
-	}
-	// input hands out a matrix input: the shared buffer under hooks, else
-	// the next per-layer view (today's order).
-	input := func(sh backend.Tensor, shape ...int) backend.Tensor {
-		if hooked {
-			return sh
-		}
-		return a.Next(shape...)
-	}
 	m.layers = make([]layerActs, cfg.L)
-	for l := range m.layers {
-		la := &m.layers[l]
-		la.ln1, la.ln1Mean, la.ln1Rstd = input(shared.ln1, BT, C), st.Next(BT), st.Next(BT)
-		la.qkv, la.atty, la.lse = a.Next(BT, 3*C), a.Next(BT, C), st.Next(B, cfg.NH, T)
-		la.res2 = a.Next(BT, C)
-		la.ln2, la.ln2Mean, la.ln2Rstd = input(shared.ln2, BT, C), st.Next(BT), st.Next(BT)
-		la.fch, la.fchg = a.Next(BT, 4*C), input(shared.fchg, BT, 4*C)
-		la.res3 = a.Next(BT, C)
+	m.actViews = model.CarveActs(cfg.blockActs(B, T), cfg.L, opts.Recompute, hooked, a, st)
+	for l, v := range m.actViews {
+		m.layers[l] = layerActs{
+			ln1: v[0], ln1Mean: v[1], ln1Rstd: v[2], qkv: v[3], atty: v[4], lse: v[5],
+			res2: v[6], ln2: v[7], ln2Mean: v[8], ln2Rstd: v[9], fch: v[10], fchg: v[11], res3: v[12],
+		}
 	}
 	m.lnf, m.lnfMean, m.lnfRstd = a.Next(BT, C), st.Next(BT), st.Next(BT)
 	m.scratch = a.Next(BT, C)
@@ -413,33 +428,70 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 	if err := m.checkLayer("forward", l); err != nil {
 		return err
 	}
+	if err := model.Chain(m.forwardSteps(s, l, model.Output, true)...); err != nil {
+		return fmt.Errorf("gpt2 forward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// forwardSteps are block l's forward ops up to the end of part last
+// (Attention: to the attention output; MLP: to the gelu; Output: the
+// whole block), with the input hooks when hooks is set.
+func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bool) []func() error {
 	be, c := m.be, m.Cfg
 	B, T, C, BT := m.B, m.T, c.C, m.B*m.T
 	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
-	err := model.Chain(
+	input := func(k Matrix, x backend.Tensor) func() error {
+		return func() error {
+			if !hooks {
+				return nil
+			}
+			return m.input(s, l, k, x)
+		}
+	}
+	steps := []func() error{
 		func() error {
 			return be.LayerNormForward(s, a.ln1, a.ln1Mean, a.ln1Rstd, x, p.ln1w, p.ln1b, BT, C, c.Eps)
 		},
-		func() error { return m.input(s, l, MatQKV, a.ln1) },
+		input(MatQKV, a.ln1),
 		func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
 		func() error {
 			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
 		},
-		func() error { return m.input(s, l, MatProj, a.atty) },
+	}
+	if last == model.Attention {
+		return steps
+	}
+	steps = append(steps,
+		input(MatProj, a.atty),
 		func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
 		func() error {
 			return be.LayerNormForward(s, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, p.ln2w, p.ln2b, BT, C, c.Eps)
 		},
-		func() error { return m.input(s, l, MatFC, a.ln2) },
+		input(MatFC, a.ln2),
 		func() error { return m.linear(s, a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4*C) },
 		func() error { return be.GeluForward(s, a.fchg, a.fch) },
-		func() error { return m.input(s, l, MatFCProj, a.fchg) },
+		input(MatFCProj, a.fchg),
+	)
+	if last == model.MLP {
+		return steps
+	}
+	return append(steps,
 		func() error { return m.linear(s, m.scratch, a.fchg, p.fcpw, p.fcpb, BT, 4*C, C) },
 		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
 	)
-	if err != nil {
-		return fmt.Errorf("gpt2 forward, layer %d: %w", l, err)
+}
+
+// recompute enqueues the part of block l's forward that --recompute did
+// not keep, from the kept block input and without the input hooks.
+func (m *Model) recompute(s backend.Stream, l int) error {
+	last, ok := m.rc.Recomputed()
+	if !ok {
+		return nil
+	}
+	if err := model.Chain(m.forwardSteps(s, l, last, false)...); err != nil {
+		return fmt.Errorf("recompute: %w", err)
 	}
 	return nil
 }
@@ -561,6 +613,7 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 	// The residual stream passes dres through and each LayerNorm backward
 	// adds its branch to it.
 	err := model.Chain(
+		func() error { return m.recompute(s, l) },
 		func() error {
 			return m.linearBackward(s, l, MatFCProj, m.dfch, g.fcpw, g.fcpb, m.dres, a.fchg, p.fcpw, BT, 4*C, C)
 		},

@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // hookCfg is small enough for bit-exact comparisons of every gradient:
@@ -251,60 +252,68 @@ func wantCalls(L int) []string {
 // TestMatrixHooksMatchDense: a hook that computes dW = X^T dY from the
 // shared inputs it was handed gets every matrix gradient bit for bit as
 // the model without hooks, and the dense gradients do not change either;
-// for a tied and an untied head.
+// for a tied and an untied head; under every recompute setting, with and
+// without hooks, the gradients are those of the model that recomputes
+// nothing, to the bit, and the hooks see each input once (from the
+// forward, not from the recomputation).
 func TestMatrixHooksMatchDense(t *testing.T) {
 	tied := hookCfg.clone()
 	tied.Tied, tied.KVHeads, tied.RopeScaling = true, 1, &RopeScaling{Type: "linear", Factor: 2}
 	for _, cfg := range []Config{hookCfg, tied} {
 		for _, dt := range dtypes {
-			t.Run(fmt.Sprintf("tied=%v/%v", cfg.Tied, dt), func(t *testing.T) {
-				be := cpu.New(cpu.Config{})
-				defer be.Close()
-				s := be.DefaultStream()
-				plain := hookModel(t, be, cfg, dt, model.Options{})
-				h := newDenseHook(t, be, cfg, hookB*hookT, dt)
-				hooked := hookModel(t, be, cfg, dt, model.Options{MatrixGrads: h})
-				for _, m := range []*Model{plain, hooked} {
-					must(t, m.ZeroGrads(s))
-				}
-				for mb := range 2 {
-					want := microBatch(t, be, plain, mb, false)
-					got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
-					sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
-				}
-				if calls := wantCalls(cfg.NumLayers); !slices.Equal(h.calls, append(calls, calls...)) {
-					t.Errorf("hook calls %v, want %v twice", h.calls, calls)
-				}
-				plainGrads := download(t, be, plain.Grads)
-				matrices := 0
-				for i, p := range plain.Layout() {
-					want := plainGrads[p.Offset : p.Offset+p.Len()]
-					if g, ok := hooked.GradView(i); ok {
-						if cfg.isMatrix(i) {
-							t.Errorf("%s is a matrix with a dense gradient under hooks", p.Name)
+			for _, rc := range model.Recomputes {
+				t.Run(fmt.Sprintf("tied=%v/%v/recompute=%v", cfg.Tied, dt, rc), func(t *testing.T) {
+					be := cpu.New(cpu.Config{})
+					defer be.Close()
+					s := be.DefaultStream()
+					plain := hookModel(t, be, cfg, dt, model.Options{})
+					plainRC := hookModel(t, be, cfg, dt, model.Options{Recompute: rc})
+					h := newDenseHook(t, be, cfg, hookB*hookT, dt)
+					hooked := hookModel(t, be, cfg, dt, model.Options{MatrixGrads: h, Recompute: rc})
+					for _, m := range []*Model{plain, plainRC, hooked} {
+						must(t, m.ZeroGrads(s))
+					}
+					for mb := range 2 {
+						want := microBatch(t, be, plain, mb, false)
+						sameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), microBatch(t, be, plainRC, mb, mb == 0), want)
+						got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
+						sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
+					}
+					if calls := wantCalls(cfg.NumLayers); !slices.Equal(h.calls, append(calls, calls...)) {
+						t.Errorf("hook calls %v, want %v twice", h.calls, calls)
+					}
+					plainGrads := download(t, be, plain.Grads)
+					sameBits(t, "grads recomputing "+rc.String(), download(t, be, plainRC.Grads), plainGrads)
+					matrices := 0
+					for i, p := range plain.Layout() {
+						want := plainGrads[p.Offset : p.Offset+p.Len()]
+						if g, ok := hooked.GradView(i); ok {
+							if cfg.isMatrix(i) {
+								t.Errorf("%s is a matrix with a dense gradient under hooks", p.Name)
+							}
+							sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
+							continue
 						}
-						sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
-						continue
-					}
-					l, k := (i-1)/perLayer, Matrix(-1)
-					for kk := range Matrix(NumMatrices) {
-						if cfg.MatrixParam(l, kk) == i {
-							k = kk
+						l, k := (i-1)/perLayer, Matrix(-1)
+						for kk := range Matrix(NumMatrices) {
+							if cfg.MatrixParam(l, kk) == i {
+								k = kk
+							}
 						}
+						if k < 0 {
+							t.Errorf("%s has no gradient view but is no matrix", p.Name)
+							continue
+						}
+						matrices++
+						got := download(t, be, h.dw[l][k])
+						sameBits(t, "hook grad "+p.Name, got, want)
+						closeToF64(t, "hook grad "+p.Name+" vs float64", got, h.ref[l][k], 1e-5)
 					}
-					if k < 0 {
-						t.Errorf("%s has no gradient view but is no matrix", p.Name)
-						continue
+					if matrices != NumMatrices*cfg.NumLayers {
+						t.Errorf("%d matrices without a dense gradient, want %d", matrices, NumMatrices*cfg.NumLayers)
 					}
-					matrices++
-					got := download(t, be, h.dw[l][k])
-					sameBits(t, "hook grad "+p.Name, got, want)
-					closeToF64(t, "hook grad "+p.Name+" vs float64", got, h.ref[l][k], 1e-5)
-				}
-				if matrices != NumMatrices*cfg.NumLayers {
-					t.Errorf("%d matrices without a dense gradient, want %d", matrices, NumMatrices*cfg.NumLayers)
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -348,8 +357,8 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 	}{{hookCfg, hookB, hookT}, {tied, 1, 5}, {tiny, 2, 16}, {wideHeads, 1, 3}} {
 		for _, dt := range dtypes {
 			for _, gdt := range dtypes {
-				for _, opts := range []model.Options{{GradDType: gdt}, {GradDType: gdt, MatrixGrads: nopHook{}}} {
-					name := fmt.Sprintf("C%d-L%d-tied=%v/%v/grads-%v/hooks=%v", tc.cfg.Hidden, tc.cfg.NumLayers, tc.cfg.Tied, dt, gdt, opts.MatrixGrads != nil)
+				for _, opts := range modeltest.WithRecompute([]model.Options{{GradDType: gdt}, {GradDType: gdt, MatrixGrads: nopHook{}}}) {
+					name := fmt.Sprintf("C%d-L%d-tied=%v/%v/grads-%v/hooks=%v/recompute=%v", tc.cfg.Hidden, tc.cfg.NumLayers, tc.cfg.Tied, dt, gdt, opts.MatrixGrads != nil, opts.Recompute)
 					t.Run(name, func(t *testing.T) {
 						be := cpu.New(cpu.Config{})
 						defer be.Close()
@@ -398,20 +407,19 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 
 // checkActViews: the activation views fill their allocations exactly (a
 // plan that merely agrees with an oversized allocation fails here), and
-// with hooks every layer's ln1, ln2 and swi are the one shared buffer.
+// each block keeps its own view of an activation exactly when the hooks
+// and the recompute setting say so (the others are shared by every block).
 func checkActViews(t *testing.T, m *Model) {
 	t.Helper()
-	hooked := m.hooks != nil
-	data := []backend.Tensor{m.encoded, m.lnf, m.scratch, m.Logits}
-	stats := []backend.Tensor{m.invFreq, m.rstdf, m.Losses}
-	for l, a := range m.layers {
-		data = append(data, a.qkv, a.atty, a.res2, a.gate, a.up, a.res3)
-		stats = append(stats, a.rstd1, a.lse, a.rstd2)
-		if !hooked || l == 0 {
-			data = append(data, a.ln1, a.ln2, a.swi)
-		} else if a.ln1.Off != m.layers[0].ln1.Off || a.ln2.Off != m.layers[0].ln2.Off || a.swi.Off != m.layers[0].swi.Off {
-			t.Errorf("layer %d: matrix inputs are not the shared buffers", l)
-		}
+	nd, ns := modeltest.CheckActViews(t, m.Cfg.blockActs(m.B, m.T), m.actViews, m.rc, m.hooks != nil)
+	for _, v := range []backend.Tensor{m.encoded, m.lnf, m.scratch, m.Logits} {
+		nd += v.Len()
+	}
+	for _, v := range []backend.Tensor{m.invFreq, m.rstdf, m.Losses} {
+		ns += v.Len()
+	}
+	if nd != m.acts.Len() || ns != m.statsBuf.Len() {
+		t.Errorf("activation views hold %d and %d fp32 elements, allocations %d and %d", nd, ns, m.acts.Len(), m.statsBuf.Len())
 	}
 	if m.grad.DType != m.DType {
 		t.Errorf("activation gradients in %v, model in %v", m.grad.DType, m.DType)
@@ -420,8 +428,7 @@ func checkActViews(t *testing.T, m *Model) {
 		name  string
 		alloc backend.Tensor
 		views []backend.Tensor
-	}{{"activations", m.acts, data}, {"activation stats", m.statsBuf, stats},
-		{"activation gradients", m.grad, []backend.Tensor{m.dres, m.dbuf, m.dwide}}} {
+	}{{"activation gradients", m.grad, []backend.Tensor{m.dres, m.dbuf, m.dwide}}} {
 		n := 0
 		for _, v := range part.views {
 			n += v.Len()

@@ -20,9 +20,14 @@
 // attention statistics, the rotary frequencies and the backward's
 // scratch in fp32.
 //
-// Limits: T <= max_position_embeddings (and Mistral's sliding_window);
-// activations are kept for the backward (no recomputation), except the
-// matrix inputs ln1, ln2 and swi under hooks. The activation gradients of
+// Activations: every block keeps its own for the backward, except the
+// matrix inputs ln1, ln2 and swi under hooks and what Options.Recompute
+// drops (attn: ln1 to the attention output; layer: all but the block's
+// output), which live in one buffer shared by the blocks and are computed
+// again at the start of each block's backward.
+//
+// Limits: T <= max_position_embeddings (and Mistral's sliding_window).
+// The activation gradients of
 // the MLP (dgate, dup) and of the attention (dqkv) share one buffer: they
 // are never live together.
 
@@ -35,8 +40,9 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
-// layerActs are one block's saved activations. Under hooks ln1, ln2 and
-// swi are the shared buffers (only the hooks read them after the forward).
+// layerActs are one block's activations (blockActs in the same order).
+// Under hooks ln1, ln2 and swi are shared buffers (only the hooks read
+// them after the forward); so are the ones Recompute drops.
 type layerActs struct {
 	ln1, rstd1     backend.Tensor
 	qkv, atty, lse backend.Tensor // qkv planar, after RoPE
@@ -67,6 +73,7 @@ type Model struct {
 
 	be    backend.Backend
 	hooks model.MatrixGrads
+	rc    model.Recompute
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation (DType)
@@ -74,6 +81,7 @@ type Model struct {
 	invFreq    backend.Tensor // F32 [HS/2]
 	encoded    backend.Tensor
 	layers     []layerActs
+	actViews   [][]backend.Tensor // layers' views, by blockActs index
 	lnf, rstdf backend.Tensor
 	scratch    backend.Tensor // (B,T,C) output of o and down before the residual add
 	grad       backend.Tensor // the single allocation of activation gradients (DType)
@@ -82,19 +90,36 @@ type Model struct {
 	bwdScratch backend.Tensor // the norm and attention backwards' scratch (F32)
 }
 
-// actSizes are the activation allocations' elements: data in the model
-// dtype, stats in fp32. shared: ln1, ln2 and swi are one buffer each
-// instead of one per layer.
-func (c Config) actSizes(B, T int, shared bool) (data, stats int) {
+// blockActs lists one block's activations in layerActs order, for
+// model.CarveActs: which the backward reads only as a matrix input (not
+// kept under hooks) and which part of the block each belongs to (not kept
+// when --recompute computes that part again).
+func (c Config) blockActs(B, T int) []model.Act {
 	BT, C, I := B*T, c.Hidden, c.Intermediate
-	kept := BT * (c.qkvWidth() + c.qWidth() + C + 2*I + C) // qkv, atty, res2, gate, up, res3
-	inputs := BT * (C + C + I)                             // ln1, ln2, swi
-	copies := c.NumLayers
-	if shared {
-		copies = 1
+	attn, mlp := model.Attention, model.MLP
+	return []model.Act{
+		{Shape: []int{BT, C}, Block: attn, MatrixInput: true}, // ln1
+		{Shape: []int{BT}, F32: true, Block: attn},            // rstd1
+		{Shape: []int{BT * c.qkvWidth()}, Block: attn},        // qkv
+		{Shape: []int{BT, c.qWidth()}, Block: attn},           // atty
+		{Shape: []int{B, c.Heads, T}, F32: true, Block: attn}, // lse
+		{Shape: []int{BT, C}, Block: mlp},                     // res2
+		{Shape: []int{BT, C}, Block: mlp, MatrixInput: true},  // ln2
+		{Shape: []int{BT}, F32: true, Block: mlp},             // rstd2
+		{Shape: []int{BT, I}, Block: mlp},                     // gate
+		{Shape: []int{BT, I}, Block: mlp},                     // up
+		{Shape: []int{BT, I}, Block: mlp, MatrixInput: true},  // swi
+		{Shape: []int{BT, C}, Block: model.Output},            // res3
 	}
-	data = BT*C + c.NumLayers*kept + copies*inputs + BT*C + BT*C + BT*c.Vocab // encoded, layers, lnf, scratch, logits
-	stats = c.NumLayers*(2*BT+B*c.Heads*T) + BT + BT + c.HS()/2               // rstd1, rstd2, lse; rstdf; losses; inv_freq
+}
+
+// actSizes are the activation allocations' elements: data in the model
+// dtype, stats in fp32.
+func (c Config) actSizes(B, T int, hooked bool, rc model.Recompute) (data, stats int) {
+	BT, C := B*T, c.Hidden
+	data, stats = model.ActSizes(c.blockActs(B, T), c.NumLayers, rc, hooked)
+	data += BT*C + BT*C + BT*C + BT*c.Vocab // encoded, lnf, scratch, logits
+	stats += BT + BT + c.HS()/2             // rstdf; losses; inv_freq
 	return data, stats
 }
 
@@ -122,10 +147,11 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 
 // PlanWith predicts the device bytes New allocates, exactly. With hooks,
 // Grads covers only the dense parameters and the activations keep one
-// shared ln1, ln2 and SwiGLU output instead of one per layer.
+// shared ln1, ln2 and SwiGLU output instead of one per layer; Recompute
+// shares more.
 func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
 	hooked := opts.MatrixGrads != nil
-	data, stats := c.actSizes(B, T, hooked)
+	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	_, ng := c.gradOffsets(hooked)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
@@ -157,8 +183,11 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	if gdt := opts.GradDType; gdt != backend.F32 && gdt != backend.BF16 {
 		return nil, fmt.Errorf("llama: unsupported gradient dtype %v", gdt)
 	}
+	if opts.Recompute > model.RecomputeLayer {
+		return nil, fmt.Errorf("llama: unsupported recompute setting %v", opts.Recompute)
+	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
 	m.ParamLayout = cfg.Layout()
 	offs, ng := cfg.gradOffsets(hooked)
 	m.GradOffsets = offs
@@ -179,36 +208,24 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	}
 	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
 
-	data, stats := cfg.actSizes(B, T, hooked)
+	data, stats := cfg.actSizes(B, T, hooked, opts.Recompute)
 	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
 		return fail("activations", err)
 	}
 	if m.statsBuf, err = be.Alloc("activation stats", stats, backend.F32); err != nil {
 		return fail("activations", err)
 	}
-	BT, C, I := B*T, cfg.Hidden, cfg.Intermediate
+	BT, C := B*T, cfg.Hidden
 	a, st := &backend.Carver{T: m.acts}, &backend.Carver{T: m.statsBuf}
 	m.invFreq = st.Next(cfg.HS() / 2)
 	m.encoded = a.Next(BT, C)
-	var shared struct{ ln1, ln2, swi backend.Tensor }
-	if hooked {
-		shared.ln1, shared.ln2, shared.swi = a.Next(BT, C), a.Next(BT, C), a.Next(BT, I)
-	}
-	input := func(sh backend.Tensor, shape ...int) backend.Tensor {
-		if hooked {
-			return sh
-		}
-		return a.Next(shape...)
-	}
 	m.layers = make([]layerActs, cfg.NumLayers)
-	for l := range m.layers {
-		la := &m.layers[l]
-		la.ln1, la.rstd1 = input(shared.ln1, BT, C), st.Next(BT)
-		la.qkv, la.atty, la.lse = a.Next(BT*cfg.qkvWidth()), a.Next(BT, cfg.qWidth()), st.Next(B, cfg.Heads, T)
-		la.res2 = a.Next(BT, C)
-		la.ln2, la.rstd2 = input(shared.ln2, BT, C), st.Next(BT)
-		la.gate, la.up, la.swi = a.Next(BT, I), a.Next(BT, I), input(shared.swi, BT, I)
-		la.res3 = a.Next(BT, C)
+	m.actViews = model.CarveActs(cfg.blockActs(B, T), cfg.NumLayers, opts.Recompute, hooked, a, st)
+	for l, v := range m.actViews {
+		m.layers[l] = layerActs{
+			ln1: v[0], rstd1: v[1], qkv: v[2], atty: v[3], lse: v[4],
+			res2: v[5], ln2: v[6], rstd2: v[7], gate: v[8], up: v[9], swi: v[10], res3: v[11],
+		}
 	}
 	m.lnf, m.rstdf = a.Next(BT, C), st.Next(BT)
 	m.scratch = a.Next(BT, C)
@@ -324,14 +341,32 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 	if err := m.checkLayer("forward", l); err != nil {
 		return err
 	}
+	if err := model.Chain(m.forwardSteps(s, l, model.Output, true)...); err != nil {
+		return fmt.Errorf("llama forward, layer %d: %w", l, err)
+	}
+	return nil
+}
+
+// forwardSteps are block l's forward ops up to the end of part last
+// (Attention: to the attention output; MLP: to the SwiGLU; Output: the
+// whole block), with the input hooks when hooks is set.
+func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bool) []func() error {
 	be, c := m.be, m.Cfg
 	B, T, C, I, BT, HS := m.B, m.T, c.Hidden, c.Intermediate, m.B*m.T, c.HS()
 	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
 	q, k, v := m.planes(a.qkv)
 	qw, kw := c.qWidth(), c.kvWidth()
-	err := model.Chain(
+	input := func(in int, x backend.Tensor) func() error {
+		return func() error {
+			if !hooks {
+				return nil
+			}
+			return m.input(s, l, in, x)
+		}
+	}
+	steps := []func() error{
 		func() error { return be.RMSNormForward(s, a.ln1, a.rstd1, x, p[slotInNorm], BT, C, c.Eps) },
-		func() error { return m.input(s, l, 0, a.ln1) },
+		input(0, a.ln1),
 		func() error { return be.Gemm(s, false, false, BT, qw, C, 1, a.ln1, p[slotQ], 0, q) },
 		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotK], 0, k) },
 		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotV], 0, v) },
@@ -340,20 +375,39 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 		func() error {
 			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
 		},
-		func() error { return m.input(s, l, 1, a.atty) },
+	}
+	if last == model.Attention {
+		return steps
+	}
+	steps = append(steps,
+		input(1, a.atty),
 		func() error { return be.Gemm(s, false, false, BT, C, qw, 1, a.atty, p[slotO], 0, m.scratch) },
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
 		func() error { return be.RMSNormForward(s, a.ln2, a.rstd2, a.res2, p[slotPostNorm], BT, C, c.Eps) },
-		func() error { return m.input(s, l, 2, a.ln2) },
+		input(2, a.ln2),
 		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotGate], 0, a.gate) },
 		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotUp], 0, a.up) },
 		func() error { return be.SwiGLUForward(s, a.swi, a.gate, a.up) },
-		func() error { return m.input(s, l, 3, a.swi) },
+		input(3, a.swi),
+	)
+	if last == model.MLP {
+		return steps
+	}
+	return append(steps,
 		func() error { return be.Gemm(s, false, false, BT, C, I, 1, a.swi, p[slotDown], 0, m.scratch) },
 		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
 	)
-	if err != nil {
-		return fmt.Errorf("llama forward, layer %d: %w", l, err)
+}
+
+// recompute enqueues the part of block l's forward that --recompute did
+// not keep, from the kept block input and without the input hooks.
+func (m *Model) recompute(s backend.Stream, l int) error {
+	last, ok := m.rc.Recomputed()
+	if !ok {
+		return nil
+	}
+	if err := model.Chain(m.forwardSteps(s, l, last, false)...); err != nil {
+		return fmt.Errorf("recompute: %w", err)
 	}
 	return nil
 }
@@ -468,6 +522,7 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 	dqkv := m.dwide.Slice(0, BT*c.qkvWidth())
 	dq, dk, dv := m.planes(dqkv)
 	err := model.Chain(
+		func() error { return m.recompute(s, l) },
 		// MLP: dswi (in dgate's place) = dres Wdown^T; SwiGLU's backward
 		// overwrites it with dgate.
 		func() error { return m.linearBackward(s, l, MatDown, dgate, m.dres, a.swi, false) },

@@ -100,6 +100,10 @@ type Options struct {
 	// bf16: every accumulation rounds to nearest even). Activation
 	// gradients are in the model dtype, whatever GradDType is.
 	GradDType backend.DType
+	// Recompute drops activations in the forward and computes them again
+	// in each block's backward (without calling MatrixGrads.Input again:
+	// the hooks keep what they took in the first forward).
+	Recompute Recompute
 }
 
 // Arch is a model architecture: the layout of its parameters, its memory

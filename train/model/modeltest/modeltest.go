@@ -1,0 +1,80 @@
+// Package modeltest holds checks that the tests of every model family
+// share.
+package modeltest
+
+import (
+	"sort"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// CheckActViews checks a model's per-block activation views (views[l][i]:
+// block l's acts[i], from model.CarveActs) against the recompute setting
+// r: each view has its act's shape; a kept act has a view of its own in
+// every block, one that is not kept is the same view in every block; no
+// two distinct views overlap. It returns the elements the distinct views
+// hold in the model dtype and in fp32, for the caller to compare with its
+// allocations.
+func CheckActViews(t *testing.T, acts []model.Act, views [][]backend.Tensor, r model.Recompute, hooked bool) (data, stats int) {
+	t.Helper()
+	type key struct {
+		buf backend.Buffer
+		off int
+	}
+	seen := map[key]backend.Tensor{}
+	for l, vs := range views {
+		if len(vs) != len(acts) {
+			t.Fatalf("block %d has %d activation views, want %d", l, len(vs), len(acts))
+		}
+		for i, v := range vs {
+			a := acts[i]
+			if v.Len() != a.Len() {
+				t.Errorf("block %d act %d: %d elements, want %d", l, i, v.Len(), a.Len())
+			}
+			same := l > 0 && v.Buf == views[0][i].Buf && v.Off == views[0][i].Off
+			switch kept := r.Kept(a, hooked); {
+			case kept && same:
+				t.Errorf("block %d act %d (%v): shares block 0's view, but %v keeps it per block", l, i, a.Shape, r)
+			case !kept && l > 0 && !same:
+				t.Errorf("block %d act %d (%v): a view of its own, but %v shares it", l, i, a.Shape, r)
+			}
+			k := key{v.Buf, v.Off}
+			if _, ok := seen[k]; ok {
+				continue
+			}
+			seen[k] = v
+			if a.F32 {
+				stats += v.Len()
+			} else {
+				data += v.Len()
+			}
+		}
+	}
+	distinct := make([]backend.Tensor, 0, len(seen))
+	for _, v := range seen {
+		distinct = append(distinct, v)
+	}
+	sort.Slice(distinct, func(i, j int) bool { return distinct[i].Off < distinct[j].Off })
+	end := map[backend.Buffer]int{}
+	for _, v := range distinct {
+		if v.Off < end[v.Buf] {
+			t.Errorf("activation view at %d overlaps the one before it (ends at %d)", v.Off, end[v.Buf])
+		}
+		end[v.Buf] = v.Off + v.Len()
+	}
+	return data, stats
+}
+
+// WithRecompute is every option set of opts under every recompute setting.
+func WithRecompute(opts []model.Options) []model.Options {
+	var out []model.Options
+	for _, o := range opts {
+		for _, r := range model.Recomputes {
+			o.Recompute = r
+			out = append(out, o)
+		}
+	}
+	return out
+}
