@@ -26,6 +26,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -411,8 +412,12 @@ func TestDeviceMemExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, dt := range []backend.DType{backend.F32, backend.BF16} {
-		c.DType = dt
+	for _, tc := range []struct {
+		dt backend.DType
+		rc model.Recompute
+	}{{backend.F32, model.RecomputeNone}, {backend.BF16, model.RecomputeNone}, {backend.F32, model.RecomputeLayer}, {backend.BF16, model.RecomputeAttn}} {
+		dt := tc.dt
+		c.DType, c.Recompute = dt, tc.rc
 		plan, err := PlanMemory(mc, c)
 		if err != nil {
 			t.Fatal(err)
@@ -420,12 +425,12 @@ func TestDeviceMemExact(t *testing.T) {
 		c.DeviceMem = plan.DeviceTotal()
 		c.Out = filepath.Join(t.TempDir(), "out")
 		if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err != nil {
-			t.Fatalf("%s: budget = plan (%d bytes): %v", dt, plan.DeviceTotal(), err)
+			t.Fatalf("%s, recompute %v: budget = plan (%d bytes): %v", dt, tc.rc, plan.DeviceTotal(), err)
 		}
 		c.DeviceMem--
 		c.Out = filepath.Join(t.TempDir(), "out")
 		if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err == nil {
-			t.Fatalf("%s: budget one byte below the plan was accepted", dt)
+			t.Fatalf("%s, recompute %v: budget one byte below the plan was accepted", dt, tc.rc)
 		}
 	}
 }

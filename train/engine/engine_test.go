@@ -279,6 +279,54 @@ func TestPipelinedMatchesSequential(t *testing.T) {
 	}
 }
 
+// TestRecomputeBitIdentical: recomputing activations in the backward
+// changes memory and time, never results. In every mode and both
+// schedules, over steps that include lsp's projector checks, the losses
+// and the weights under --recompute attn and layer are those of the run
+// that keeps every activation, bit for bit (on cudasim too: its kernels
+// are deterministic, as TestPipelinedMatchesSequential relies on); the
+// pipelined runs are under the hazard check, so a reuse of a shared
+// activation buffer that no stream order covers fails.
+func TestRecomputeBitIdentical(t *testing.T) {
+	steps := 7
+	if testing.Short() {
+		steps = 4
+	}
+	modes := append(modesUnderTest(), struct {
+		name string
+		cfg  Config
+		dt   backend.DType
+	}{"native", testConfig(Native), backend.F32})
+	for _, tc := range modes {
+		for _, pipelined := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/pipelined=%v", tc.name, pipelined), func(t *testing.T) {
+				cfg := tc.cfg
+				cfg.Pipelined = pipelined
+				ref := newDeviceTrainer(t, cfg, tc.dt, 2, false, 0)
+				lr, pr := ref.run(t, steps), ref.params(t)
+				for _, rc := range []model.Recompute{model.RecomputeAttn, model.RecomputeLayer} {
+					cfg.Recompute = rc
+					tr := newDeviceTrainer(t, cfg, tc.dt, 2, pipelined, 3)
+					l, p := tr.run(t, steps), tr.params(t)
+					for i := range lr {
+						if l[i] != lr[i] {
+							t.Fatalf("recompute %v, step %d: loss %v, without recompute %v", rc, i+1, l[i], lr[i])
+						}
+					}
+					for i := range pr {
+						if math.Float32bits(p[i]) != math.Float32bits(pr[i]) {
+							t.Fatalf("recompute %v: weight %d is %v, without recompute %v", rc, i, p[i], pr[i])
+						}
+					}
+					if h := tr.hazards(); len(h) > 0 {
+						t.Fatalf("recompute %v: %d hazards, first %v", rc, len(h), h[0])
+					}
+				}
+			})
+		}
+	}
+}
+
 // TestEveryEdgeIsNeeded removes each edge of the step graph in turn and
 // checks that the pipelined run then reports a hazard (the backend's
 // hazard check, also returned as the step's error) or ends with other

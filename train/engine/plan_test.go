@@ -10,6 +10,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 func TestPlanMatchesArena(t *testing.T) {
@@ -18,13 +19,16 @@ func TestPlanMatchesArena(t *testing.T) {
 	lspHost.GradDType, zeroBF16.GradDType = backend.BF16, backend.BF16
 	lspNoFit.LSP.NoFit = true
 	lspFrozen.DenseParams = DenseFrozen
+	nativeAttn, zeroLayer, lspLayer := testConfig(Native), testConfig(Zero), testConfig(LSP)
+	nativeAttn.Recompute, zeroLayer.Recompute, lspLayer.Recompute = model.RecomputeAttn, model.RecomputeLayer, model.RecomputeLayer
 	for _, tc := range []struct {
 		name string
 		cfg  Config
 	}{
 		{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)},
 		{"lsp-host-bf16-grads", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
-		{"zero-bf16-grads", zeroBF16},
+		{"zero-bf16-grads", zeroBF16}, {"native-recompute-attn", nativeAttn}, {"zero-recompute-layer", zeroLayer},
+		{"lsp-device-recompute-layer", lspLayer},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {
@@ -82,6 +86,38 @@ func TestPlanMatchesArena(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRecomputeSavesMemory: each recompute setting lowers both the
+// predicted device peak and the arena's high-water mark of a real run (the
+// run without recompute is the control), by the activations the plan says
+// it drops, in every mode.
+func TestRecomputeSavesMemory(t *testing.T) {
+	for _, mode := range []Mode{Native, Zero, LSP} {
+		t.Run(string(mode), func(t *testing.T) {
+			var pred, hw []int64
+			for _, rc := range model.Recomputes {
+				cfg := testConfig(mode)
+				cfg.Recompute = rc
+				plan, err := PlanMemory(small, testB, testT, 1, backend.F32, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+				tr.run(t, 1)
+				pred, hw = append(pred, plan.DeviceTotal()), append(hw, tr.be.MemStats().HighWater)
+			}
+			for i := 1; i < len(pred); i++ {
+				if !(pred[i] < pred[i-1] && hw[i] < hw[i-1]) {
+					t.Errorf("recompute %v: predicted %d, high-water %d bytes; %v: %d, %d (want both lower)",
+						model.Recomputes[i], pred[i], hw[i], model.Recomputes[i-1], pred[i-1], hw[i-1])
+				}
+				if saved, measured := pred[i-1]-pred[i], hw[i-1]-hw[i]; saved != measured {
+					t.Errorf("recompute %v saves %d bytes in the plan, %d in the arena", model.Recomputes[i], saved, measured)
+				}
+			}
+		})
 	}
 }
 
