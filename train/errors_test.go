@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -391,6 +392,25 @@ func TestDeviceMemTooSmall(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(c.Out, checkpoint.FileName)); err == nil {
 		t.Errorf("checkpoint written despite the memory error")
+	}
+	if !strings.Contains(err.Error(), "even --recompute layer needs") {
+		t.Errorf("error %v does not say what the most recomputation needs", err)
+	}
+
+	// A budget between the plans without and with recomputation: the
+	// error names the setting that fits, and that setting runs.
+	c.Recompute = model.RecomputeAttn
+	attn, err := PlanMemory(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Recompute = model.RecomputeNone
+	c.DeviceMem = attn.DeviceTotal()
+	_, err = Run(context.Background(), c, Options{})
+	wantErr(t, err, "--device-mem", "--recompute attn fits ("+strconv.FormatInt(attn.DeviceTotal(), 10)+" bytes")
+	c.Recompute = model.RecomputeAttn
+	if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err != nil {
+		t.Errorf("--recompute attn within the budget its error named: %v", err)
 	}
 }
 

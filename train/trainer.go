@@ -383,10 +383,38 @@ func (r *run) checkMemory() error {
 		if cfg.Mode == engine.LSP {
 			hint = "lower --batch, --seq-len or --d, or use a smaller model"
 		}
+		if h, err := r.recomputeHint(); err != nil {
+			return err
+		} else if h != "" {
+			hint = h + "; or " + hint
+		}
 		return flagErr("device-mem", "the run needs %d bytes of device memory (%s) but the budget is %d bytes; %s",
 			plan.DeviceTotal(), deviceParts(plan), cfg.DeviceMem, hint)
 	}
 	return checkHostMemory(plan, cfg.HostMem)
+}
+
+// recomputeHint names the least --recompute setting above the run's
+// whose plan fits --device-mem, or says what the most recomputation
+// would need when none does ("" when the run already recomputes all it
+// can).
+func (r *run) recomputeHint() (string, error) {
+	cfg := r.cfg
+	var need int64
+	for _, rc := range model.Recomputes[cfg.Recompute+1:] {
+		cfg.Recompute = rc
+		p, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds)
+		if err != nil {
+			return "", err
+		}
+		if need = p.DeviceTotal(); need <= cfg.DeviceMem {
+			return fmt.Sprintf("--recompute %v fits (%d bytes: activations recomputed in the backward, the same results)", rc, need), nil
+		}
+	}
+	if need == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("even --recompute layer needs %d bytes", need), nil
 }
 
 // deviceParts writes the device side of a plan in MiB, part by part (the

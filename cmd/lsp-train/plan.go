@@ -36,6 +36,7 @@ type planOptions struct {
 	batch, seqLen, accum  int
 	dtype, gradDType      string
 	mode, dense, schedule string
+	recompute             string
 	d, r                  int
 	fit                   bool
 	gpu, link, host       string
@@ -53,7 +54,7 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
-		schedule: "pipelined", d: d.D, r: d.R, gpu: "rtx4090", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -66,6 +67,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, or all (the three side by side)")
 	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
+	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
@@ -105,8 +107,12 @@ type planJob struct {
 	spec    model.Spec
 	dt, gdt backend.DType
 	modes   []engine.Mode
-	machine plan.Machine
-	cpu     bool // --gpu cpu: machine is built by cpuMachine
+	// recompute is --recompute; auto: the least setting that fits the
+	// device, chosen per mode.
+	recompute model.Recompute
+	auto      bool
+	machine   plan.Machine
+	cpu       bool // --gpu cpu: machine is built by cpuMachine
 }
 
 // parse checks every flag, naming each one at fault.
@@ -152,6 +158,11 @@ func (o planOptions) parse() (planJob, error) {
 	}
 	if _, err := engine.ParseDenseParams(o.dense); err != nil {
 		bad("dense-params", "%v", err)
+	}
+	if o.recompute == "auto" {
+		j.auto = true
+	} else if j.recompute, err = model.ParseRecompute(o.recompute); err != nil {
+		bad("recompute", "%v (or auto)", err)
 	}
 	if o.schedule != "pipelined" && o.schedule != "sequential" {
 		bad("schedule", "unknown schedule %q (want pipelined or sequential)", o.schedule)
@@ -211,7 +222,7 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c := train.Defaults()
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
-	c.Schedule, c.Device = train.Schedule(o.schedule), device.CUDA
+	c.Schedule, c.Device, c.Recompute = train.Schedule(o.schedule), device.CUDA, j.recompute
 	if j.cpu {
 		c.Device, c.Threads, c.LinkBandwidth = device.CPU, o.threads, int64(o.linkBandwidth)
 	}
@@ -252,12 +263,19 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n\n", m.GPU.Name, gibs(m.GPU.Memory),
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
 	reports := make([]plan.Report, len(j.modes))
+	settings := make([]model.Recompute, len(j.modes))
 	for i, mode := range j.modes {
 		tc := o.trainConfig(j, mode)
-		mem, err := train.PlanMemory(j.spec, tc)
+		mems, err := recomputePlans(j.spec, tc)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
+		need, fitsSome := leastRecompute(mems, m.GPU.Memory)
+		if j.auto {
+			tc.Recompute = need
+		}
+		settings[i] = tc.Recompute
+		mem := mems[tc.Recompute]
 		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: train.EngineConfig(tc), Memory: &mem}
 		r, err := plan.Plan(c, m)
 		if err != nil {
@@ -265,6 +283,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 		reports[i] = r
 		printReport(stdout, mode, r, m)
+		printRecompute(stdout, mems, tc.Recompute, need, fitsSome, j.auto)
 		if o.timeline != "" {
 			path := o.timeline
 			if len(j.modes) > 1 {
@@ -280,9 +299,9 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		fmt.Fprintln(stdout)
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t")
+	fmt.Fprintln(tw, "mode\trecompute\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t")
 	for i, r := range reports {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], settings[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
 			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
 	}
 	if err := tw.Flush(); err != nil {
@@ -350,6 +369,54 @@ func (o planOptions) cpuMachine(j planJob, stdout io.Writer) (plan.Machine, erro
 		fmt.Fprintf(stdout, "note: the calibration times fp32 ops; %v steps are predicted at those speeds\n", j.dt)
 	}
 	return m, nil
+}
+
+// recomputePlans is the memory plan of c under each recompute setting,
+// by setting.
+func recomputePlans(spec model.Spec, c train.Config) ([]engine.Plan, error) {
+	plans := make([]engine.Plan, len(model.Recomputes))
+	for _, rc := range model.Recomputes {
+		c.Recompute = rc
+		p, err := train.PlanMemory(spec, c)
+		if err != nil {
+			return nil, err
+		}
+		plans[rc] = p
+	}
+	return plans, nil
+}
+
+// leastRecompute is the first recompute setting whose plan fits a
+// device of mem bytes; the last (the most recomputation) and false when
+// none does.
+func leastRecompute(plans []engine.Plan, mem int64) (model.Recompute, bool) {
+	for _, rc := range model.Recomputes {
+		if plans[rc].DeviceTotal() <= mem {
+			return rc, true
+		}
+	}
+	return model.Recomputes[len(model.Recomputes)-1], false
+}
+
+// printRecompute says what each recompute setting needs of the device
+// and which one the model needs to fit it.
+func printRecompute(w io.Writer, plans []engine.Plan, used, need model.Recompute, fitsSome, auto bool) {
+	parts := make([]string, len(plans))
+	for rc, p := range plans {
+		parts[rc] = fmt.Sprintf("%v %s", model.Recompute(rc), gibs(p.DeviceTotal()))
+	}
+	verdict := "does not fit even with --recompute layer"
+	switch {
+	case fitsSome && need == model.RecomputeNone:
+		verdict = "fits without recompute"
+	case fitsSome:
+		verdict = fmt.Sprintf("needs --recompute %v to fit", need)
+	}
+	how := "--recompute " + used.String()
+	if auto {
+		how = "auto: " + used.String()
+	}
+	fmt.Fprintf(w, "recompute (%s): device memory %s; %s\n", how, strings.Join(parts, ", "), verdict)
 }
 
 func fits(r plan.Report) string {

@@ -31,6 +31,12 @@ func TestPlanCommand(t *testing.T) {
 		{"one mode, sequential, overrides", []string{"--model", "tiny", "--seq-len", "16", "--mode", "zero", "--schedule", "sequential",
 			"--device-mem", "1MiB", "--host-mem", "1GiB", "--host-bw", "10GB", "--link", "pcie3", "--timeline", filepath.Join(dir, "one.png")},
 			[]string{"== zero ==", "1.00 MiB", "PCIe 3.0", "10 GB/s", "sequential schedule", "timeline: " + filepath.Join(dir, "one.png")}},
+		// 7B in 24 GB: lsp needs the most recomputation at 2 x 2048; auto
+		// picks it, and --recompute none says it does not fit and why.
+		{"llama-7b recompute auto", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048"},
+			[]string{"recompute (auto: layer): device memory none ", "needs --recompute layer to fit", "lsp      layer"}},
+		{"llama-7b recompute none", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048", "--recompute", "none"},
+			[]string{"recompute (--recompute none)", "needs --recompute layer to fit", "does NOT fit", "no (device)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -105,6 +111,7 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad dtype", []string{"--dtype", "fp8"}, []string{"--dtype:", "fp8"}},
 		{"bad mode", []string{"--mode", "fast"}, []string{"--mode:", "fast"}},
 		{"bad schedule", []string{"--schedule", "eager"}, []string{"--schedule:", "eager"}},
+		{"bad recompute", []string{"--recompute", "mlp"}, []string{"--recompute:", "mlp", "none, attn or layer (or auto)"}},
 		{"bad dense params", []string{"--dense-params", "gpu"}, []string{"--dense-params:", "gpu"}},
 		{"bad lsp r", []string{"--mode", "lsp", "--d", "64", "--r", "0"}, []string{"--r"}},
 		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},

@@ -15,6 +15,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -215,6 +216,65 @@ func TestPlanLlama7B(t *testing.T) {
 	}
 	if hwm, ok := peakRSS(); ok && hwm > 1<<30 {
 		t.Errorf("peak resident memory %d MiB, want under 1 GiB", hwm>>20)
+	}
+}
+
+// TestPlanRecompute: LLaMA-7B in lsp mode at 2 x 2048 (d 512, r 16:
+// lsp-train's defaults; dense parameters frozen, as when fine-tuning a
+// checkpoint) needs --recompute layer to fit a 24 GB GPU; each setting costs the
+// step the forward GEMMs it recomputes, counted from the model's shapes
+// (none is the control), and the predicted step grows with it.
+func TestPlanRecompute(t *testing.T) {
+	c7, err := llama.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const B, T = 2, 2048
+	BT, C, I, L := float64(B*T), float64(c7.Hidden), float64(c7.Intermediate), float64(c7.NumLayers)
+	attnFLOPs := L * 2 * BT * C * C * 3 // q, k and v (LLaMA-7B has no grouped heads)
+	recomputed := map[model.Recompute]float64{
+		model.RecomputeNone:  0,
+		model.RecomputeAttn:  attnFLOPs,
+		model.RecomputeLayer: attnFLOPs + L*2*BT*(C*C+2*C*I), // o, gate and up
+	}
+	var steps []float64
+	var gemm0 float64
+	for _, rc := range model.Recomputes {
+		cfg := engineConfig(engine.LSP)
+		cfg.LSP.D, cfg.LSP.R, cfg.DenseParams, cfg.Recompute = 512, 16, engine.DenseFrozen, rc
+		r, err := Plan(Config{Arch: c7, B: B, T: T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := rc == model.RecomputeLayer; r.DeviceFits != want {
+			t.Errorf("recompute %v: %.2f GiB fits %v, want %v", rc, float64(r.Memory.DeviceTotal())/(1<<30), r.DeviceFits, want)
+		}
+		_, ops, err := Trace(c7, B, T, 1, backend.BF16, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gemm float64
+		for _, o := range ops {
+			if o.Family == trace.Gemm {
+				gemm += o.FLOPs
+			}
+		}
+		if rc == model.RecomputeNone {
+			gemm0 = gemm
+		}
+		if got, want := gemm-gemm0, recomputed[rc]; math.Abs(got-want) > 1e-9*want {
+			t.Errorf("recompute %v: %.4g more GEMM FLOPs per step than none, want %.4g", rc, got, want)
+		}
+		steps = append(steps, r.Step)
+		t.Logf("recompute %v: device %.2f GiB", rc, float64(r.Memory.DeviceTotal())/(1<<30))
+	}
+	t.Logf("predicted steps none/attn/layer: %.3f / %.3f / %.3f s", steps[0], steps[1], steps[2])
+	if !(steps[0] < steps[1] && steps[1] < steps[2]) {
+		t.Errorf("predicted steps %v: want each recompute setting slower than the one before", steps)
 	}
 }
 
