@@ -6,7 +6,7 @@
 GO      ?= go
 NVCC    ?= $(shell command -v nvcc 2>/dev/null)
 
-.PHONY: all build sim test fmt-check vet gotest gotest-norace bench bench-train clean fuzz
+.PHONY: all build sim test fmt-check vet gotest gotest-norace bench bench-train bench-recompute clean fuzz
 
 all: build
 
@@ -118,6 +118,13 @@ bench: bench-gemm bench-train bench-plan
 
 bench-train:
 	$(GO) run ./bench/train
+
+# What --recompute costs and saves: each preset and mode under none, attn
+# and layer, the three engines stepped in turn (none is the control), with
+# each one's device high-water mark beside its memory plan. About 3
+# minutes on 2 cores.
+bench-recompute:
+	$(GO) run ./bench/train -recompute none,attn,layer
 
 # The planner checked against this machine: the CPU backend calibrated from
 # microbenchmarks only (train/calibrate, plan.FromCalibration), each

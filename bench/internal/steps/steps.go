@@ -158,6 +158,10 @@ func StartOn(be backend.Backend, j Job, ec engine.Config, dt backend.DType) (*Ru
 	return r, nil
 }
 
+// MemStats is the runner's backend memory: its high-water mark is the
+// device memory the engine's steps needed.
+func (r *Runner) MemStats() backend.MemStats { return r.be.MemStats() }
+
 // Engine is the runner's engine (bench/kernels replays its graph's nodes).
 func (r *Runner) Engine() *engine.Engine { return r.e }
 
