@@ -32,6 +32,24 @@
 // After an error (a mismatch, a lost rank) the communicator is broken: every
 // later call returns the same error, and the process should exit non-zero
 // (mpirun then ends the other ranks).
+//
+// The check cannot tell two collectives of the same kind and size apart:
+// if rank 0 all-reduces matrix A then B and rank 1 B then A, with A and B
+// of one shape, the sums mix silently. A schedule must therefore fix the
+// order of its collectives, the same on every rank.
+//
+// # In the schedule graph (train/engine)
+//
+// On the CPU backend a collective is a blocking call on host memory, so it
+// is a host node: in lsp mode, after the copy of a matrix's S to its pinned
+// host buffer (a D2H node), a host node calls AllReduceSum on that
+// buffer's Float32 view, and the subspace Adam node follows it. The
+// collective nodes form one chain (an edge from each to the next, in the
+// order of the backward), which fixes their order on every rank and keeps
+// two host goroutines from calling the communicator at once in a timing-
+// dependent order. On the CUDA backend the NCCL communicator (package
+// cuda) enqueues the same collectives on a device stream instead, ordered
+// by events like any device op.
 package comm
 
 import (
