@@ -242,9 +242,15 @@ type Comm struct {
 	broken  error
 	closed  bool
 	scratch []float32
-	// kept holds what a failed exchange left with MPI (pinned buffers):
-	// MPI may still write into them, so they are never freed.
-	kept []any
+}
+
+// kept holds what failed exchanges left with MPI (pinned buffers, and the
+// Pinners, which must not be collected while they pin): MPI may still
+// write into those buffers, so they are never freed. Package-level, so
+// that dropping a broken Comm frees nothing.
+var kept struct {
+	sync.Mutex
+	v []any
 }
 
 var (
@@ -469,7 +475,9 @@ func (c *Comm) exchange(h header, recvs, sends []msg) error {
 	}
 	// MPI may still read or write the pending messages' buffers (and the
 	// header it sends from want): keep them pinned and alive for good.
-	c.kept = append(c.kept, &pin, all)
+	kept.Lock()
+	kept.v = append(kept.v, &pin, all)
+	kept.Unlock()
 	err := c.failure(h, e, all, len(recvs), done, int(bad), got, int(gotBytes))
 	C.free(unsafe.Pointer(&cm[0]))
 	C.free(unsafe.Pointer(&done[0]))
