@@ -106,7 +106,7 @@ test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cu
 
 # `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags
 # mpi), vetted, then its tests, which launch the test binary under
-# `mpirun -np 2` and `-np 3`: every collective bit for bit against the sum
+# `mpirun -np 1`, `-np 2` and `-np 3`: every collective bit for bit against the sum
 # in rank order, the bytes counted, a killed rank, a stalled rank, a size
 # mismatch (about 15 s). Needs mpirun and libopenmpi-dev (.ci/run installs
 # them); skipped with a message otherwise.
