@@ -102,7 +102,21 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test
+
+# `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags
+# mpi), vetted, then its tests, which launch the test binary under
+# `mpirun -np 1`, `-np 2` and `-np 3`: every collective bit for bit against the sum
+# in rank order, the bytes counted, a killed rank, a stalled rank, a size
+# mismatch (about 15 s). Needs mpirun and libopenmpi-dev (.ci/run installs
+# them); skipped with a message otherwise.
+.PHONY: mpi-test
+mpi-test:
+	@if command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi-c 2>/dev/null; then \
+		echo '$(GO) vet -tags mpi ./train/comm/...' && $(GO) vet -tags mpi ./train/comm/... && \
+		echo '$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...' && \
+		$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...; \
+	else echo "mpi-test: WARNING: MPI tests SKIPPED: mpirun or libopenmpi-dev (pkg-config ompi-c) not found (apt-get install openmpi-bin libopenmpi-dev, as .ci/run does)"; fi
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,
 # to find flaky tests (not in CI: about 10 x 10 minutes on 2 cores).
