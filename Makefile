@@ -144,9 +144,10 @@ bench-recompute:
 # microbenchmarks only (train/calibrate, plan.FromCalibration), each
 # configuration's step predicted, and timed on the real engine between the
 # calibration's rounds (median after warm-up): tiny, gpt2 and llama-tiny in
-# native, zero and lsp mode, sequential and pipelined, side by side, then a
+# native, zero and lsp mode, sequential, pipelined and pipelined with
+# --recompute layer, side by side, then a
 # per-family breakdown of the worst; the last line is "plan-vs-measured: X"
-# (worst max(pred/meas, meas/pred)). About 4 minutes on 2 cores; other work
+# (worst max(pred/meas, meas/pred)). About 6 minutes on 2 cores; other work
 # on the machine shows in X. BENCH_PLAN_FLAGS passes flags, e.g. -models
 # tiny -budget 10s.
 .PHONY: bench-plan

@@ -7,9 +7,10 @@
 // configuration's step, then times the real engine on the CPU backend
 // (median of several steps after a warm-up) and prints both side by side.
 // Configurations: tiny and gpt2 in native, zero and lsp mode, sequential
-// and pipelined, and llama-tiny, chosen after the model was built (a
-// family, attention layout and MLP the model was not checked on while it
-// was written). The last line is "plan-vs-measured: X", X the worst
+// and pipelined, and pipelined with --recompute layer (whose recomputed
+// forward the plan must price), and llama-tiny, chosen after the model was
+// built (a family, attention layout and MLP the model was not checked on
+// while it was written). The last line is "plan-vs-measured: X", X the worst
 // max(pred/meas, meas/pred).
 //
 // Then, for the worst row, a per-family breakdown: the same configuration
@@ -17,8 +18,8 @@
 // (trace.WrapTimed), against the predicted time of each family.
 //
 // Calibration and measurement run interleaved in one process: for each
-// group of configurations (all six of a model stepped in turn, or each
-// mode's two schedules for gpt2, whose six engines would not fit in memory
+// group of configurations (all nine of a model stepped in turn, or each
+// mode's three for gpt2, whose nine engines would not fit in memory
 // together), the engines are started, then the model's calibration runs
 // and every engine takes one step between two rounds of its op timings
 // (calibrate.Options.Between), so that the calibration and the steps it
@@ -80,6 +81,7 @@ type row struct {
 	j         job
 	mode      engine.Mode
 	pipelined bool
+	recompute model.Recompute
 	pred      plan.Report
 	meas      steps.Result
 	// probe is the machine's speed before and after the measurement over
@@ -96,6 +98,21 @@ func schedName(p bool) string {
 		return "pipelined"
 	}
 	return "sequential"
+}
+
+// config is the engine configuration the row times.
+func (r row) config(threads int) engine.Config {
+	ec := steps.Config(r.mode, r.pipelined, threads)
+	ec.Recompute = r.recompute
+	return ec
+}
+
+// name is the row's schedule, and its recompute setting when it has one.
+func (r row) name() string {
+	if r.recompute != model.RecomputeNone {
+		return schedName(r.pipelined) + "+" + r.recompute.String()
+	}
+	return schedName(r.pipelined)
 }
 
 func run() error {
@@ -148,6 +165,7 @@ func run() error {
 			for _, pip := range []bool{false, true} {
 				all = append(all, row{j: j, mode: mode, pipelined: pip})
 			}
+			all = append(all, row{j: j, mode: mode, pipelined: true, recompute: model.RecomputeLayer})
 		}
 		grps := groups(spec, j, all, *threads)
 		// Each group's steps are taken during its calibration, one round
@@ -186,9 +204,9 @@ func run() error {
 			}
 			fmt.Printf("calibrated in %.1f s (%d GEMM shapes, %d op samples), probe %.1f GFLOP/s\n", c.Seconds, len(c.Gemm), len(c.Ops), at/1e9)
 			describe(c, m)
-			fmt.Printf("%-11s %3s %4s %-7s %-10s %9s %9s %6s %11s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
+			fmt.Printf("%-11s %3s %4s %-7s %-16s %9s %9s %6s %11s\n", "model", "B", "T", "mode", "schedule", "pred s", "meas s", "ratio", "probe")
 			for _, r := range grp {
-				ec := steps.Config(r.mode, r.pipelined, *threads)
+				ec := r.config(*threads)
 				if r.pred, err = plan.Plan(plan.Config{Arch: spec, B: j.B, T: j.T, Accum: 1, DType: backend.F32, Engine: ec}, m); err != nil {
 					return fmt.Errorf("%s %s: %w", j.Preset, r.mode, err)
 				}
@@ -199,7 +217,7 @@ func run() error {
 				if j.chosen {
 					note = "  (chosen after the model was built)"
 				}
-				fmt.Printf("%-11s %3d %4d %-7s %-10s %9.4f %9.4f %6.2f %5.2f %5.2f%s\n", j.Preset, j.B, j.T, r.mode, schedName(r.pipelined),
+				fmt.Printf("%-11s %3d %4d %-7s %-16s %9.4f %9.4f %6.2f %5.2f %5.2f%s\n", j.Preset, j.B, j.T, r.mode, r.name(),
 					r.pred.Step, r.meas.Median(), r.ratio(), r.probe[0], r.probe[1], note)
 				if *verbose {
 					fmt.Printf("  steps: %.4f\n", r.meas.Seconds)
@@ -232,7 +250,7 @@ func run() error {
 	}
 	fmt.Printf("\nload average at end: %s\n", steps.LoadAvg())
 	fmt.Printf("worst: %s B=%d T=%d %s %s, predicted %.4f s, measured %.4f s\n", w.j.Preset, w.j.B, w.j.T, w.mode,
-		schedName(w.pipelined), w.pred.Step, w.meas.Median())
+		w.name(), w.pred.Step, w.meas.Median())
 	fmt.Printf("plan-vs-measured: %.2f\n", worst(w.ratio()))
 	return nil
 }
@@ -241,12 +259,11 @@ func run() error {
 const groupBytes = 3 << 30
 
 // groups splits a job's configurations into those stepped in turn: all of
-// them when their engines fit groupBytes together, else each mode's two
-// schedules.
+// them when their engines fit groupBytes together, else each mode's rows.
 func groups(spec model.Spec, j job, rows []row, threads int) [][]row {
 	var total int64
 	for _, r := range rows {
-		mem, err := engine.PlanMemory(spec, j.B, j.T, 1, backend.F32, steps.Config(r.mode, r.pipelined, threads))
+		mem, err := engine.PlanMemory(spec, j.B, j.T, 1, backend.F32, r.config(threads))
 		if err != nil {
 			return [][]row{rows} // Start reports it
 		}
@@ -256,8 +273,11 @@ func groups(spec model.Spec, j job, rows []row, threads int) [][]row {
 		return [][]row{rows}
 	}
 	var out [][]row
-	for i := 0; i < len(rows); i += 2 {
-		out = append(out, rows[i:min(i+2, len(rows))])
+	for i, r := range rows {
+		if i == 0 || r.mode != rows[i-1].mode {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], r)
 	}
 	return out
 }
@@ -278,8 +298,8 @@ func measureGroup(ctx context.Context, spec model.Spec, grp []row, threads int, 
 	}()
 	for i, r := range grp {
 		var err error
-		if runners[i], err = steps.Start(r.j.Job, steps.Config(r.mode, r.pipelined, threads), cpu.Config{Threads: threads}, nil); err != nil {
-			return calibrate.CPU{}, fmt.Errorf("%s %s %s: %w", r.j.Preset, r.mode, schedName(r.pipelined), err)
+		if runners[i], err = steps.Start(r.j.Job, r.config(threads), cpu.Config{Threads: threads}, nil); err != nil {
+			return calibrate.CPU{}, fmt.Errorf("%s %s %s: %w", r.j.Preset, r.mode, r.name(), err)
 		}
 		grp[i].meas = steps.Result{}
 	}
@@ -287,7 +307,7 @@ func measureGroup(ctx context.Context, spec model.Spec, grp []row, threads int, 
 		for i, run := range runners {
 			sec, err := run.Step()
 			if err != nil {
-				return fmt.Errorf("%s %s %s: %w", grp[i].j.Preset, grp[i].mode, schedName(grp[i].pipelined), err)
+				return fmt.Errorf("%s %s %s: %w", grp[i].j.Preset, grp[i].mode, grp[i].name(), err)
 			}
 			grp[i].meas.Seconds = append(grp[i].meas.Seconds, sec)
 		}
@@ -422,7 +442,7 @@ func describe(c calibrate.CPU, m plan.Machine) {
 // parts) against the measured one, and the rest of the step.
 func familyBreakdown(r row, m plan.Machine, threads int) error {
 	spec, _ := models.Preset(r.j.Preset)
-	ec := steps.Config(r.mode, r.pipelined, threads)
+	ec := r.config(threads)
 	pred, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
 	if err != nil {
 		return err
@@ -457,7 +477,7 @@ func familyBreakdown(r row, m plan.Machine, threads int) error {
 		sum += o.Seconds
 	}
 	step := res.Seconds[0]
-	fmt.Printf("\nper family, %s B=%d T=%d %s %s (the worst row), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode, schedName(r.pipelined))
+	fmt.Printf("\nper family, %s B=%d T=%d %s %s (the worst row), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode, r.name())
 	fmt.Printf("%-12s %5s %9s %9s %6s\n", "family", "ops", "pred s", "meas s", "ratio")
 	fams := append(trace.Families(), plan.HostAdam, plan.Sync)
 	for _, f := range fams {
