@@ -187,7 +187,7 @@ func SumInRankOrder(dst []float32, parts ...[]float32) error {
 		if len(p) != len(dst) {
 			return fmt.Errorf("comm: SumInRankOrder: part %d has %d elements, dst %d", r, len(p), len(dst))
 		}
-		if r > 0 && len(p) > 0 && overlap(dst, p) {
+		if r > 0 && len(p) > 0 && Overlap(dst, p) {
 			return fmt.Errorf("comm: SumInRankOrder: dst overlaps part %d", r)
 		}
 	}
@@ -201,8 +201,9 @@ func SumInRankOrder(dst []float32, parts ...[]float32) error {
 	return nil
 }
 
-// overlap reports whether two non-empty slices share memory.
-func overlap(a, b []float32) bool {
+// Overlap reports whether two non-empty float32 slices share memory (for
+// implementations that must refuse aliased arguments).
+func Overlap(a, b []float32) bool {
 	if len(a) == 0 || len(b) == 0 {
 		return false
 	}
@@ -210,10 +211,6 @@ func overlap(a, b []float32) bool {
 	b0 := uintptr(unsafe.Pointer(&b[0]))
 	return a0 < b0+uintptr(len(b))*4 && b0 < a0+uintptr(len(a))*4
 }
-
-// Overlap reports whether two float32 slices share memory (for
-// implementations that must refuse aliased arguments).
-func Overlap(a, b []float32) bool { return overlap(a, b) }
 
 // BroadcastFloat32 broadcasts x from root through c.Broadcast.
 func BroadcastFloat32(c Communicator, x []float32, root int) error {

@@ -47,7 +47,7 @@ func (s *Single) AllReduceSum(x []float32) error { return s.call(AllReduce, len(
 
 // ReduceScatterSum implements Communicator: shard = x.
 func (s *Single) ReduceScatterSum(shard, x []float32) error {
-	if overlap(shard, x) {
+	if Overlap(shard, x) {
 		return fmt.Errorf("comm: %v: shard overlaps x", ReduceScatter)
 	}
 	if err := s.call(ReduceScatter, len(x), len(shard), 0); err != nil {
