@@ -468,14 +468,7 @@ func familyBreakdown(r row, m plan.Machine, threads int) error {
 			predF[p.Family] += p.Seconds
 		}
 	}
-	measF := map[trace.Family]float64{}
-	count := map[trace.Family]int{}
-	sum := 0.0
-	for _, o := range recorded {
-		measF[o.Family] += o.Seconds
-		count[o.Family]++
-		sum += o.Seconds
-	}
+	measF, count, sum := trace.ByFamily(recorded)
 	step := res.Seconds[0]
 	fmt.Printf("\nper family, %s B=%d T=%d %s %s (the worst row), ops timed one by one:\n", r.j.Preset, r.j.B, r.j.T, r.mode, r.name())
 	fmt.Printf("%-12s %5s %9s %9s %6s\n", "family", "ops", "pred s", "meas s", "ratio")

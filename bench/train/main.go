@@ -173,14 +173,7 @@ func familyTable(j steps.Job, mode engine.Mode, threads int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sec := map[trace.Family]float64{}
-	count := map[trace.Family]int{}
-	sum := 0.0
-	for _, o := range ops {
-		sec[o.Family] += o.Seconds
-		count[o.Family]++
-		sum += o.Seconds
-	}
+	sec, count, sum := trace.ByFamily(ops)
 	step := res.Seconds[0]
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "per op family, %s B=%d T=%d %s pipelined, one step of %.3f s, ops timed on their streams:\n", j.Preset, j.B, j.T, mode, step)

@@ -179,15 +179,11 @@ func (r *Recorder) Step(t Times) (Step, error) {
 // summarize sums ops (their Node an index of names and queues, or one of
 // the markers) and the host spans into a Step.
 func summarize(ops []trace.Op, names []string, queues []engine.Queue, host []span, t Times) Step {
-	st := Step{Times: t, Phases: map[Phase]float64{}, Families: map[trace.Family]float64{},
-		FamilyOps: map[trace.Family]int{}, Busy: map[string]float64{}, Idle: map[string]float64{}}
+	st := Step{Times: t, Phases: map[Phase]float64{}, Busy: map[string]float64{}, Idle: map[string]float64{}, Ops: len(ops)}
+	st.Families, st.FamilyOps, st.Device = trace.ByFamily(ops)
 	for _, o := range ops {
 		p := phaseOf(o, names, queues, t.Check > 0)
 		st.Phases[p] += o.Seconds
-		st.Families[o.Family] += o.Seconds
-		st.FamilyOps[o.Family]++
-		st.Device += o.Seconds
-		st.Ops++
 		if p != Check {
 			st.Busy[o.Stream] += o.Seconds
 		}

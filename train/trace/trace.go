@@ -54,6 +54,18 @@ func Families() []Family {
 	return []Family{Gemm, Attention, Norm, Activation, Elementwise, Sparse, Embedding, Loss, Adam, Reduce, Copy}
 }
 
+// ByFamily sums ops' Seconds per family: the seconds and the op count of
+// each family, and the seconds of every op together.
+func ByFamily(ops []Op) (sec map[Family]float64, count map[Family]int, total float64) {
+	sec, count = map[Family]float64{}, map[Family]int{}
+	for _, o := range ops {
+		sec[o.Family] += o.Seconds
+		count[o.Family]++
+		total += o.Seconds
+	}
+	return sec, count, total
+}
+
 // Dir is the direction of a copy across the host-device link.
 type Dir uint8
 
