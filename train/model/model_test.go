@@ -114,3 +114,44 @@ func TestGradOffsets(t *testing.T) {
 		t.Errorf("offsets %v (%d elements), want %v (52)", offs, n, want)
 	}
 }
+
+// TestRecomputeKept: which activations each setting keeps per block, with
+// and without hooks, and the flag spellings.
+func TestRecomputeKept(t *testing.T) {
+	attn := Act{Shape: []int{2, 3}, Block: Attention}
+	attnIn := Act{Shape: []int{2, 3}, Block: Attention, MatrixInput: true}
+	mlp := Act{Shape: []int{4}, Block: MLP, F32: true}
+	out := Act{Shape: []int{5}, Block: Output}
+	for _, tc := range []struct {
+		r      Recompute
+		hooked bool
+		want   [4]bool // attn, attnIn, mlp, out
+	}{
+		{RecomputeNone, false, [4]bool{true, true, true, true}},
+		{RecomputeNone, true, [4]bool{true, false, true, true}},
+		{RecomputeAttn, false, [4]bool{false, false, true, true}},
+		{RecomputeAttn, true, [4]bool{false, false, true, true}},
+		{RecomputeLayer, false, [4]bool{false, false, false, true}},
+		{RecomputeLayer, true, [4]bool{false, false, false, true}},
+	} {
+		for i, a := range []Act{attn, attnIn, mlp, out} {
+			if got := tc.r.Kept(a, tc.hooked); got != tc.want[i] {
+				t.Errorf("%v, hooked %v, act %d: kept %v, want %v", tc.r, tc.hooked, i, got, tc.want[i])
+			}
+		}
+	}
+	// Three blocks under attn: attn and attnIn shared (6 + 6), mlp (fp32)
+	// and out per block (3 x 4, 3 x 5).
+	if d, s := ActSizes([]Act{attn, attnIn, mlp, out}, 3, RecomputeAttn, false); d != 6+6+15 || s != 12 {
+		t.Errorf("ActSizes = %d, %d; want 27, 12", d, s)
+	}
+	for _, r := range Recomputes {
+		var got Recompute
+		if err := got.Set(r.String()); err != nil || got != r {
+			t.Errorf("Set(%q) = %v, %v", r.String(), got, err)
+		}
+	}
+	if _, err := ParseRecompute("mlp"); err == nil {
+		t.Error(`ParseRecompute("mlp") accepted`)
+	}
+}
