@@ -24,6 +24,12 @@
 // shared/alone ratio for every other queue running. Each node's work is the time it
 // takes alone; the simulation advances every running node at its current
 // rate and recomputes the rates whenever a node starts or ends.
+//
+// Data parallelism adds host nodes that are collectives between ranks
+// (Task.Net): they run one at a time on a network lane of their own, in
+// the order they become ready, at the network's speed: a collective
+// blocks one goroutine on the inter-process link, not the Adam pool, and
+// its host-side sums are not counted as contention.
 
 package plan
 
@@ -41,6 +47,9 @@ type Task struct {
 	Queue engine.Queue
 	Deps  []int   // indices of earlier tasks
 	Work  float64 // seconds when it runs alone
+	// Net: a host node that is a collective between ranks, run on the
+	// network lane instead of the Adam pool.
+	Net bool
 	// Parts are the node's ops in order (family and seconds alone), for
 	// the timeline; a host node has one.
 	Parts []Part
@@ -76,29 +85,41 @@ const (
 	ComputeBound Bound = "compute"
 	LinkBound    Bound = "link"
 	HostBound    Bound = "host"
+	NetBound     Bound = "net" // the collectives between ranks
 )
 
 // Result is a simulated step.
 type Result struct {
 	Step       float64 // makespan, s
 	Start, End []float64
-	// Busy is each queue's busy time (the host's: the pool's).
-	Busy [4]float64
+	// Busy is each queue's busy time (the host's: the pool's); NetBusy
+	// the network lane's.
+	Busy    [4]float64
+	NetBusy float64
 	// Critical is the chain of tasks that set the step time, first to
 	// last: each started when the one before it ended.
 	Critical []int
 	// OnPath is the time the critical path spends on each kind of queue
-	// (compute; link: d2h and h2d; host), and Bound the largest.
+	// (compute; link: d2h and h2d; host; net), and Bound the largest.
 	OnPath map[Bound]float64
 	Bound  Bound
-	// Overlap is the sum of the queues' busy times over the step time: 1
-	// when nothing overlaps (every queue waits for the others), up to 4
-	// when all four are busy all the time. Busy / Step per queue is that
+	// Overlap is the sum of the queues' busy times (the network lane's
+	// too) over the step time: 1 when nothing overlaps (every queue waits
+	// for the others), up to 4 (5) when all are busy all the time. Busy / Step per queue is that
 	// queue's utilisation.
 	Overlap float64
 }
 
-func boundOf(q engine.Queue) Bound {
+// boundOf is the kind of a task's queue.
+func boundOf(t Task) Bound {
+	if t.Net {
+		return NetBound
+	}
+	return queueBound(t.Queue)
+}
+
+// queueBound is the kind of a queue.
+func queueBound(q engine.Queue) Bound {
 	switch q {
 	case engine.Compute:
 		return ComputeBound
@@ -113,7 +134,7 @@ func boundOf(q engine.Queue) Bound {
 func Simulate(tasks []Task, r Resources) (Result, error) {
 	n := len(tasks)
 	for i, t := range tasks {
-		if t.Queue > engine.Host {
+		if t.Queue > engine.Host || (t.Net && t.Queue != engine.Host) {
 			return Result{}, fmt.Errorf("plan: task %d %q: bad queue %d", i, t.Name, t.Queue)
 		}
 		if !(t.Work >= 0) || math.IsInf(t.Work, 0) {
@@ -136,14 +157,14 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	var next [3]int // the next task of each device queue
 	var busy [3]int // the task running on each device queue, -1: none
 	busy = [3]int{-1, -1, -1}
-	hostBusy := -1
-	var hostQ []int // ready host tasks, in arrival order
+	hostBusy, netBusy := -1, -1
+	var hostQ, netQ []int // ready host and network tasks, in arrival order
 	queued := make([]bool, n)
 	done := make([]bool, n)
 	started := make([]bool, n)
 	left := make([]float64, n)
 	prev := make([]int, n) // the task whose end let each start (-1: none)
-	lastHost := -1
+	lastHost, lastNet := -1, -1
 	// The launcher: nodes before lp have been passed. gate is the host node
 	// whose end last let it go on, gateOf[i] that node when i was passed.
 	lp, gate := 0, -1
@@ -185,9 +206,14 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		res.End[i] = now
 		finished++
 		q := tasks[i].Queue
-		if q == engine.Host {
+		switch {
+		case tasks[i].Net:
+			netBusy = -1
+			res.NetBusy += res.End[i] - res.Start[i]
+			return
+		case q == engine.Host:
 			hostBusy = -1
-		} else {
+		default:
 			busy[q] = -1
 		}
 		res.Busy[q] += res.End[i] - res.Start[i]
@@ -239,7 +265,22 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 			for i := range tasks {
 				if i < lp && tasks[i].Queue == engine.Host && !queued[i] && depsDone(i) {
 					queued[i] = true
-					hostQ = append(hostQ, i)
+					if tasks[i].Net {
+						netQ = append(netQ, i)
+					} else {
+						hostQ = append(hostQ, i)
+					}
+				}
+			}
+			if netBusy < 0 && len(netQ) > 0 {
+				i := netQ[0]
+				netQ = netQ[1:]
+				start(i, lastNet)
+				lastNet = i
+				netBusy = i
+				changed = true
+				if tasks[i].Work == 0 {
+					finish(i)
 				}
 			}
 			if hostBusy < 0 && len(hostQ) > 0 {
@@ -266,6 +307,9 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		if hostBusy >= 0 {
 			running = append(running, hostBusy)
 		}
+		if netBusy >= 0 {
+			running = append(running, netBusy)
+		}
 		if len(running) == 0 {
 			return Result{}, fmt.Errorf("plan: deadlock at %.6g s: %d of %d tasks finished", now, finished, n)
 		}
@@ -275,13 +319,20 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		}
 		on[engine.Host] = hostBusy >= 0
 		rate := rates(r, on)
+		// The network lane is not slowed by the others (nor slows them).
+		speed := func(i int) float64 {
+			if tasks[i].Net {
+				return 1
+			}
+			return rate(tasks[i].Queue)
+		}
 		dt := math.Inf(1)
 		for _, i := range running {
-			dt = math.Min(dt, left[i]/rate(tasks[i].Queue))
+			dt = math.Min(dt, left[i]/speed(i))
 		}
 		now += dt
 		for _, i := range running {
-			left[i] -= dt * rate(tasks[i].Queue)
+			left[i] -= dt * speed(i)
 			if left[i] <= 1e-12*math.Max(tasks[i].Work, 1e-9) {
 				left[i] = 0
 				finish(i)
@@ -295,6 +346,7 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	for _, b := range res.Busy {
 		res.Overlap += b
 	}
+	res.Overlap += res.NetBusy
 	if res.Step > 0 {
 		res.Overlap /= res.Step
 	}
@@ -307,10 +359,10 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	}
 	for i := last; i >= 0; i = prev[i] {
 		res.Critical = append([]int{i}, res.Critical...)
-		res.OnPath[boundOf(tasks[i].Queue)] += res.End[i] - res.Start[i]
+		res.OnPath[boundOf(tasks[i])] += res.End[i] - res.Start[i]
 	}
 	res.Bound = ComputeBound
-	for _, b := range []Bound{LinkBound, HostBound} {
+	for _, b := range []Bound{LinkBound, HostBound, NetBound} {
 		if res.OnPath[b] > res.OnPath[res.Bound] {
 			res.Bound = b
 		}
@@ -330,7 +382,7 @@ func rates(r Resources, on [4]bool) func(engine.Queue) float64 {
 		for q := range rate {
 			for o := range rate {
 				if o != q && on[q] && on[o] {
-					if f, ok := r.Contention[[2]Bound{boundOf(engine.Queue(q)), boundOf(engine.Queue(o))}]; ok {
+					if f, ok := r.Contention[[2]Bound{queueBound(engine.Queue(q)), queueBound(engine.Queue(o))}]; ok {
 						rate[q] *= f
 					}
 				}

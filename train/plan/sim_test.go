@@ -84,6 +84,35 @@ func TestSimulateHostPool(t *testing.T) {
 	}
 }
 
+// TestSimulateNetLane: collectives (Task.Net) run one at a time on a lane
+// of their own, beside the Adam pool and unslowed by contention; a host
+// Adam node that waits for its collective starts when it ends.
+func TestSimulateNetLane(t *testing.T) {
+	tasks := []Task{
+		{Name: "b1", Queue: engine.Compute, Work: 1},
+		{Name: "ar1", Queue: engine.Host, Net: true, Work: 2, Deps: []int{0}},
+		{Name: "adam0", Queue: engine.Host, Work: 3, Deps: []int{0}},
+		{Name: "ar2", Queue: engine.Host, Net: true, Work: 1, Deps: []int{0, 1}},
+		{Name: "adam1", Queue: engine.Host, Work: 1, Deps: []int{1}},
+	}
+	r, err := Simulate(tasks, Resources{SharesHost: true, Cores: 2, Workers: 2, ComputeThreads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ar1 and adam0 both start at 1 (different lanes); ar2 after ar1 (3),
+	// adam1 after adam0 on the pool (4).
+	if !near(r.Start[1], 1) || !near(r.Start[2], 1) || !near(r.Start[3], 3) || !near(r.End[3], 4) ||
+		!near(r.Start[4], 4) || !near(r.Step, 5) {
+		t.Errorf("starts %v ends %v", r.Start, r.End)
+	}
+	if !near(r.NetBusy, 3) || !near(r.Busy[engine.Host], 4) {
+		t.Errorf("net busy %g, host busy %g; want 3, 4", r.NetBusy, r.Busy[engine.Host])
+	}
+	if _, err := Simulate([]Task{{Name: "x", Queue: engine.Compute, Net: true}}, Resources{}); err == nil {
+		t.Error("a device task on the network lane was accepted")
+	}
+}
+
 func TestSimulateContention(t *testing.T) {
 	// After a, host Adam h and compute b run together. Sharing 2 cores
 	// between b's 2 threads and h's 2 workers, each runs at half speed: h
