@@ -86,6 +86,9 @@ func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 // HostAdam is the timeline family of host Adam nodes.
 const HostAdam trace.Family = "host adam"
 
+// AllReduce is the timeline family of the collectives between ranks.
+const AllReduce trace.Family = "all-reduce"
+
 // Trace builds the engine's step graph for arch on a tracing backend and
 // records the ops of every device node (host nodes are not run). It costs
 // no memory beyond the graph and the op list.

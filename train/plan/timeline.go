@@ -38,11 +38,13 @@ var familyColor = map[trace.Family]color.RGBA{
 	trace.Copy:        {90, 90, 160, 255},
 	HostAdam:          {230, 180, 40, 255},
 	Sync:              {60, 60, 60, 255},
+	AllReduce:         {0, 120, 110, 255},
 }
 
 // Timeline draws p (its tasks and their times) as a PNG: lanes compute,
 // d2h, h2d, then one per host worker of the machine (a host node runs on
-// every worker at once, so it is drawn on each).
+// every worker at once, so it is drawn on each), and a network lane when
+// the step has collectives between ranks.
 func Timeline(p Prediction, workers int, title string) ([]byte, error) {
 	if len(p.Tasks) == 0 || !(p.Step > 0) {
 		return nil, fmt.Errorf("plan: timeline: nothing to draw (%d tasks, step %g s)", len(p.Tasks), p.Step)
@@ -56,7 +58,14 @@ func Timeline(p Prediction, workers int, title string) ([]byte, error) {
 	for w := 0; w < workers; w++ {
 		lanes = append(lanes, fmt.Sprintf("host %d", w))
 	}
-	fams := append(trace.Families(), HostAdam, Sync)
+	netLane := -1
+	for _, t := range p.Tasks {
+		if t.Net && netLane < 0 {
+			netLane = len(lanes)
+			lanes = append(lanes, "net")
+		}
+	}
+	fams := append(trace.Families(), HostAdam, Sync, AllReduce)
 	axisY := top + len(lanes)*(laneH+gap) + 4
 	legendY := axisY + 36
 	height := legendY + 20*((len(fams)+5)/6) + 10
@@ -98,6 +107,10 @@ func Timeline(p Prediction, workers int, title string) ([]byte, error) {
 		fill(img, x(start), y+1, x(start)+1, y+laneH-1, color.RGBA{40, 40, 40, 255})
 	}
 	for i, t := range p.Tasks {
+		if t.Net {
+			box(netLane, t, p.Start[i], p.End[i])
+			continue
+		}
 		if t.Queue == engine.Host {
 			for w := 0; w < workers; w++ {
 				box(3+w, t, p.Start[i], p.End[i])
