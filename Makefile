@@ -108,14 +108,19 @@ test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cu
 # mpi), vetted, then its tests, which launch the test binary under
 # `mpirun -np 1`, `-np 2` and `-np 3`: every collective bit for bit against the sum
 # in rank order, the bytes counted, a killed rank, a stalled rank, a size
-# mismatch (about 15 s). Needs mpirun and libopenmpi-dev (.ci/run installs
-# them); skipped with a message otherwise.
+# mismatch (about 15 s). Then data-parallel training (train/engine,
+# TestDataParallel): lsp mode under `mpirun -np 2` and `-np 3` bit for bit
+# against one process with --grad-accum N (about 15 s after the build).
+# Needs mpirun and libopenmpi-dev (.ci/run installs them); skipped with a
+# message otherwise.
 .PHONY: mpi-test
 mpi-test:
 	@if command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi-c 2>/dev/null; then \
-		echo '$(GO) vet -tags mpi ./train/comm/...' && $(GO) vet -tags mpi ./train/comm/... && \
+		echo '$(GO) vet -tags mpi ./train/comm/... ./train/engine/' && $(GO) vet -tags mpi ./train/comm/... ./train/engine/ && \
 		echo '$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...' && \
-		$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...; \
+		$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/... && \
+		echo "$(GO) test -tags mpi -count=1 -timeout 5m -run 'TestDataParallel' ./train/engine/" && \
+		$(GO) test -tags mpi -count=1 -timeout 5m -run 'TestDataParallel' ./train/engine/; \
 	else echo "mpi-test: WARNING: MPI tests SKIPPED: mpirun or libopenmpi-dev (pkg-config ompi-c) not found (apt-get install openmpi-bin libopenmpi-dev, as .ci/run does)"; fi
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,

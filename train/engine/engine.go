@@ -44,6 +44,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
@@ -218,6 +219,9 @@ type Config struct {
 	// Recompute drops activations in the forward and recomputes them in
 	// the backward (--recompute): less device memory, the same results.
 	Recompute model.Recompute
+	// Comm is the group of ranks that train together (dp.go); nil or a
+	// one-rank communicator trains alone.
+	Comm comm.Communicator
 }
 
 // Validate checks the configuration, naming the flag at fault.
@@ -242,6 +246,9 @@ func (c Config) Validate() error {
 	}
 	if c.Mode != Native && c.Hyper.Clip == optim.ClipGlobalPrev {
 		errs = append(errs, fmt.Errorf("--clip-mode: global-prev is supported with --mode native only; use matrix or none with --mode %s", c.Mode))
+	}
+	if c.Comm != nil && c.Comm.Size() > 1 {
+		errs = append(errs, c.checkComm())
 	}
 	return errors.Join(errs...)
 }
@@ -277,6 +284,9 @@ type Engine struct {
 	off   *offload     // zero, and lsp with --dense-params host
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lspState    // lsp
+	dp    *dp          // several ranks (dp.go); nil alone
+
+	stepTargets int // the latest step's targets (over every rank)
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
@@ -304,7 +314,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly, dp: newDP(cfg.Comm)}
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
@@ -509,9 +519,16 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	for _, b := range batches {
 		targets += b.NumTargets
 	}
+	if e.dp != nil {
+		var err error
+		if targets, err = e.dp.globalTargets(targets); err != nil {
+			return 0, fmt.Errorf("step %d: %w", e.step+1, err)
+		}
+	}
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", e.step+1)
 	}
+	e.stepTargets = targets
 	if err := e.stageBatches(batches); err != nil {
 		return 0, err
 	}
@@ -539,6 +556,11 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	n := e.lossAcc.Len()
 	for _, l := range e.losses[:n] {
 		lossSum += float64(l)
+	}
+	if e.dp != nil {
+		if lossSum, err = e.dp.globalLoss(lossSum); err != nil {
+			return 0, fmt.Errorf("step %d: %w", e.step, err)
+		}
 	}
 	if e.losses[n] != 0 {
 		if err := e.undoStep(); err != nil {
@@ -636,6 +658,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	g := &Graph{}
 	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
+	var agreed NodeID        // several ranks: the flag summed over ranks
 	var bwdEmbed NodeID
 	for i := 0; i < e.accum; i++ {
 		i := i
@@ -677,9 +700,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 				return be.NonFiniteFlag(s, e.skipFlag, e.lossAcc)
 			})
 			if e.flagHost != nil {
-				g.Add("d2h non-finite flag", D2H, func(s backend.Stream) error {
+				d2h := g.Add("d2h non-finite flag", D2H, func(s backend.Stream) error {
 					return be.CopyD2H(s, e.flagHost, 0, e.skipFlag)
 				}, flag)
+				if e.dp != nil {
+					agreed = e.addFlag(g, d2h)
+				}
 			}
 		}
 		for l := L - 1; l >= 0; l-- {
@@ -707,11 +733,20 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the
 		// work that can overlap with it is enqueued.
-		var offAdam []NodeID
-		if e.off != nil {
+		// With several ranks the matrices come first: their collectives
+		// chain in list order, and layer L-1's S is ready long before the
+		// dense group of the embeddings.
+		var offAdam, lspAdam []NodeID
+		if e.off != nil && e.dp == nil {
 			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
 		}
-		lspAdam := e.lsp.addDown(g, bwd, lr)
+		lspAdam = e.lsp.addDown(g, bwd, lr)
+		if e.off != nil && e.dp != nil {
+			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
+		}
+		if e.dp != nil {
+			e.addFlagUp(g, agreed)
+		}
 		if e.off != nil {
 			e.off.addUp(g, offAdam)
 		}

@@ -167,8 +167,10 @@ func (g *Graph) Reduce() *Graph {
 }
 
 // Validate checks that every dependency comes earlier in the list and
-// crosses queues (an edge within a queue would be meaningless: the queue
-// orders it already).
+// crosses queues (an edge within a device queue would be meaningless: the
+// queue orders it already). Host nodes run on goroutines of their own, in
+// no order but their edges', so an edge between two of them is allowed
+// (data parallelism chains its collectives so).
 func (g *Graph) Validate() error {
 	for i, n := range g.Nodes {
 		if n.Queue >= numQueues {
@@ -178,7 +180,7 @@ func (g *Graph) Validate() error {
 			if d < 0 || int(d) >= i {
 				return fmt.Errorf("schedule: node %d %q depends on node %d, which does not come before it", i, n.Name, d)
 			}
-			if g.Nodes[d].Queue == n.Queue {
+			if g.Nodes[d].Queue == n.Queue && n.Queue != Host {
 				return fmt.Errorf("schedule: edge %q -> %q stays on queue %v", g.Nodes[d].Name, n.Name, n.Queue)
 			}
 		}

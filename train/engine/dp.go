@@ -1,0 +1,182 @@
+// Data parallelism (issue 22): several processes, one rank each, train
+// one model on their own micro-batches of every global batch and keep
+// bit-identical weights and optimizer state by summing what each step
+// updates from across ranks (train/comm).
+//
+// lsp mode: each layer's S goes down to its pinned host buffer as in one
+// process; then a host node all-reduces the layer's S (d^2 per matrix, not
+// the m n of a dense gradient), and the subspace Adam runs on the sum on
+// every rank. With --dense-params host, each dense group's gradients are
+// all-reduced on the host before its host Adam in the same way.
+//
+// Every rank calls the same collectives in the same order: the collective
+// nodes form one chain in list order (each depends on the one before), so
+// two host goroutines never race to the communicator and ranks cannot
+// pair up different buffers of one size (comm's package doc). The chain
+// starts with the step's non-finite flag, summed over ranks and copied
+// back to the device, so a NaN on any rank skips the step on every rank
+// (the host Adam nodes and the device applies read the agreed flag).
+//
+// The loss is scaled by the global number of targets (an all-reduce
+// before the graph runs), so a rank's S is its micro-batch's share of the
+// global mean. With one micro-batch per rank, rank r's S is the sum over
+// tokens of micro-batch r, written from +0 (SparseS without accumulate),
+// and the rank-order sum ((S0 + S1) + S2) has the bits a single process
+// with --grad-accum N computes over the same micro-batches: SparseS there
+// sums each micro-batch from +0 and adds it to S (S = acc + S), and fp32
+// addition is commutative. Several micro-batches per rank sum per rank
+// first, a different order: equal up to rounding, not bit for bit.
+
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+)
+
+// checkComm checks what data parallelism supports, naming the flag at
+// fault; c has more than one rank.
+func (c Config) checkComm() error {
+	var errs []error
+	n := c.Comm.Size()
+	switch c.Mode {
+	case LSP:
+	default:
+		errs = append(errs, fmt.Errorf("--mode %s: not supported with %d ranks (data parallelism runs --mode lsp only so far)", c.Mode, n))
+	}
+	if c.Mode == LSP {
+		if c.DenseParams == DenseDevice {
+			errs = append(errs, fmt.Errorf("--dense-params device: not supported with %d ranks (the dense gradients would need an all-reduce on the device); use --dense-params host or frozen", n))
+		}
+		if !c.LSP.NoFit {
+			errs = append(errs, fmt.Errorf("--fit: not supported with %d ranks (each rank would fit its own projectors to its own data); the random projectors, drawn from --seed, are the same on every rank", n))
+		}
+		if c.DenseParams == DenseHost && c.GradDType != backend.F32 {
+			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params host with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dp is the engine's data-parallel state: nil in a single process.
+type dp struct {
+	c comm.Communicator
+	// one is a 1-element buffer for the global target count; loss is
+	// 2 x size floats, every rank's float64 loss sum gathered as bits.
+	one, loss []float32
+	// last is the latest collective node of the graph being built.
+	last NodeID
+	// targets is the latest step's global number of targets.
+	targets int
+}
+
+func newDP(c comm.Communicator) *dp {
+	if c == nil || c.Size() <= 1 {
+		return nil
+	}
+	return &dp{c: c, one: make([]float32, 1), loss: make([]float32, 2*c.Size())}
+}
+
+// Comm is the engine's communicator (nil in a single process).
+func (e *Engine) Comm() comm.Communicator {
+	if e.dp == nil {
+		return nil
+	}
+	return e.dp.c
+}
+
+// Ranks is the number of ranks that train together (1 in a single
+// process).
+func (e *Engine) Ranks() int {
+	if e.dp == nil {
+		return 1
+	}
+	return e.dp.c.Size()
+}
+
+// StepTargets is the number of target tokens the latest Step's loss is a
+// sum over: its micro-batches', or, with several ranks, every rank's.
+func (e *Engine) StepTargets() int { return e.stepTargets }
+
+// globalTargets sums the step's targets over ranks. The count is exact
+// in float32 below 2^24 tokens per step.
+func (d *dp) globalTargets(local int) (int, error) {
+	if local >= 1<<24 {
+		return 0, fmt.Errorf("engine: %d targets in one step: more than float32 counts exactly", local)
+	}
+	d.one[0] = float32(local)
+	if err := d.c.AllReduceSum(d.one); err != nil {
+		return 0, fmt.Errorf("engine: summing the step's targets over ranks: %w", err)
+	}
+	n := int(d.one[0])
+	if float32(n) != d.one[0] || n >= 1<<24 {
+		return 0, fmt.Errorf("engine: the step's targets over ranks sum to %g: not an exact count", d.one[0])
+	}
+	return n, nil
+}
+
+// globalLoss sums every rank's loss sum, in rank order, in float64: each
+// rank's value is gathered bit for bit (two float32 slots per rank).
+func (d *dp) globalLoss(local float64) (float64, error) {
+	r := d.c.Rank()
+	bits := math.Float64bits(local)
+	d.loss[2*r] = math.Float32frombits(uint32(bits))
+	d.loss[2*r+1] = math.Float32frombits(uint32(bits >> 32))
+	if err := d.c.AllGather(d.loss, d.loss[2*r:2*r+2]); err != nil {
+		return 0, fmt.Errorf("engine: gathering the ranks' losses: %w", err)
+	}
+	var sum float64
+	for i := 0; i < d.c.Size(); i++ {
+		sum += math.Float64frombits(uint64(math.Float32bits(d.loss[2*i])) | uint64(math.Float32bits(d.loss[2*i+1]))<<32)
+	}
+	return sum, nil
+}
+
+// collective adds a host node that runs a collective after deps and after
+// the previous collective node of the graph (the chain).
+func (d *dp) collective(g *Graph, name string, run func() error, deps ...NodeID) NodeID {
+	if d.last >= 0 {
+		deps = append(deps, d.last)
+	}
+	d.last = g.Add(name, Host, func(backend.Stream) error { return run() }, deps...)
+	return d.last
+}
+
+// addFlag adds the agreement on the non-finite flag after its copy down
+// (d2hFlag): the ranks' flags summed on the host (non-zero: some rank saw
+// a non-finite loss). It starts the graph's chain of collectives and
+// returns its node; addFlagUp copies the agreed flag back.
+func (e *Engine) addFlag(g *Graph, d2hFlag NodeID) NodeID {
+	d := e.dp
+	d.last = -1
+	const name = "all-reduce non-finite flag"
+	return d.collective(g, name, func() error {
+		r := []backend.Range{hostRange(e.flagHost, 0, 4)}
+		e.hostAccess(name, r, r)
+		if err := d.c.AllReduceSum(e.flagHost.Float32()[:1]); err != nil {
+			return err
+		}
+		return nil
+	}, d2hFlag)
+}
+
+// addFlagUp copies the agreed flag over the device's, ahead (on the h2d
+// stream) of every copy whose update the device applies reading it, and
+// so of those updates; the losses come back with it after the step.
+func (e *Engine) addFlagUp(g *Graph, flag NodeID) {
+	g.Add("h2d non-finite flag", H2D, func(s backend.Stream) error {
+		return e.be.CopyH2D(s, e.skipFlag, e.flagHost, 0)
+	}, flag)
+}
+
+// allReduceHost all-reduces a range of a pinned host buffer of fp32
+// (bytes [off, off+4n)).
+func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) error {
+	r := []backend.Range{hostRange(h, off, 4*n)}
+	e.hostAccess(name, r, r)
+	return e.dp.c.AllReduceSum(h.Float32()[off/4 : off/4+n])
+}
