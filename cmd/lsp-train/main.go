@@ -32,6 +32,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 )
 
 func main() {
@@ -66,12 +68,20 @@ type exitCoder interface{ ExitCode() int }
 // -h, whose usage parseFlags has printed already.
 func run(args []string, stdout io.Writer, stderr *os.File) int {
 	name, cmd := "lsp-train", trainCmd
+	var err error
 	if len(args) > 0 {
 		if sc, ok := subcommands[args[0]]; ok {
 			name, cmd, args = "lsp-train "+args[0], sc.run, args[1:]
+			if n, ok := comm.LaunchedByMPI(); ok {
+				// Each rank would run it alone, on the same files.
+				cmd = func([]string, io.Writer, *os.File) error {
+					return fmt.Errorf("launched by mpirun (%s=%d): only training runs on several ranks; run %s without mpirun",
+						comm.WorldEnv, n, name)
+				}
+			}
 		}
 	}
-	err := cmd(args, stdout, stderr)
+	err = cmd(args, stdout, stderr)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -128,6 +138,13 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	if err := checkFitFlags(fs, cfg); err != nil {
 		return err
 	}
+	// Under mpirun: the job's communicator (an error in a build without
+	// -tags mpi); alone, one rank.
+	c, err := mpi.Init(mpi.Config{})
+	if err != nil {
+		return err
+	}
+	rank, ranks := c.Rank(), c.Size()
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {
@@ -137,13 +154,32 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
+	opts := train.Options{Logger: logger, Progress: progress}
+	if ranks > 1 {
+		opts.Comm = c
+		logger = logger.With("rank", rank)
+		if rank != 0 {
+			// Rank 0 shows the run; the others say only what goes wrong.
+			logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("rank", rank)
+			progress = nil
+		}
+		opts.Logger, opts.Progress = logger, progress
+		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch)
+	}
 	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
 	defer done()
-	res, err := train.Run(ctx, cfg, train.Options{Logger: logger, Progress: progress})
+	res, err := train.Run(ctx, cfg, opts)
 	if err != nil {
+		// Not closed: MPI_Finalize could wait for ranks still training;
+		// the non-zero exit makes mpirun end them.
 		return err
 	}
-	report(stdout, cfg, res)
+	if err := c.Close(); err != nil {
+		return err
+	}
+	if rank == 0 {
+		report(stdout, cfg, res)
+	}
 	if res.Interrupted {
 		s := sig()
 		if s == 0 {
@@ -170,6 +206,9 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	}
 	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
 	reportTimes(w, res)
+	if res.Ranks > 1 {
+		fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others\n", res.Ranks, res.CommBytesPerStep)
+	}
 	if res.StepsRun > 0 {
 		fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
 	}
