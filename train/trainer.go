@@ -466,9 +466,7 @@ func (r *run) openEngine() error {
 		}
 	}
 	r.s = r.be.DefaultStream()
-	ec := cfg.engineConfig(r.fromCheckpoint)
-	ec.Comm = r.comm
-	if r.eng, err = engine.New(r.be, r.mc, cfg.Batch, cfg.SeqLen, cfg.GradAccum, cfg.DType, ec); err != nil {
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.comm); err != nil {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
