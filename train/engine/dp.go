@@ -9,6 +9,16 @@
 // every rank. With --dense-params host, each dense group's gradients are
 // all-reduced on the host before its host Adam in the same way.
 //
+// native mode: per group of parameters (a block from the last, then the
+// embeddings and head), the gradients go down to a pinned buffer once the
+// group's backward is done, are all-reduced on the host (m n per matrix)
+// and go back up before the device AdamW (dpGrads). The backward kernels
+// of one process accumulate micro-batches into one running sum, an order
+// a sum over ranks cannot repeat without changing the single process, so
+// native (like --dense-params host) agrees with --grad-accum N to
+// rounding, not bit for bit (the test bounds the difference). zero mode
+// (ZeRO's sharded host optimizer) is not supported yet.
+//
 // Every rank calls the same collectives in the same order: the collective
 // nodes form one chain in list order (each depends on the one before), so
 // two host goroutines never race to the communicator and ranks cannot
@@ -44,9 +54,12 @@ func (c Config) checkComm() error {
 	var errs []error
 	n := c.Comm.Size()
 	switch c.Mode {
-	case LSP:
+	case LSP, Native:
 	default:
-		errs = append(errs, fmt.Errorf("--mode %s: not supported with %d ranks (data parallelism runs --mode lsp only so far)", c.Mode, n))
+		errs = append(errs, fmt.Errorf("--mode %s: not supported with %d ranks (data parallelism runs --mode lsp and native so far)", c.Mode, n))
+	}
+	if c.Mode == Native && c.GradDType != backend.F32 {
+		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode native with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
 	}
 	if c.Mode == LSP {
 		if c.DenseParams == DenseDevice {
@@ -179,4 +192,98 @@ func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) er
 	r := []backend.Range{hostRange(h, off, 4*n)}
 	e.hostAccess(name, r, r)
 	return e.dp.c.AllReduceSum(h.Float32()[off/4 : off/4+n])
+}
+
+// dpGrads is native mode's all-reduce of the dense gradients: per group
+// of parameters (a block from the last, then the embeddings and head, as
+// zero mode groups them), the gradients go down into a pinned fp32 buffer
+// once the group's backward is done, are summed over ranks on the host,
+// and go back up over the device's before the AdamW reads them.
+type dpGrads struct {
+	groups []dpGroup
+	buf    backend.HostBuffer // fp32, every gradient
+}
+
+type dpGroup struct {
+	name    string
+	layer   int // -1: outside the blocks
+	tensors []dpTensor
+	off, n  int // elements of buf
+}
+
+type dpTensor struct {
+	grad   backend.Tensor
+	off, n int
+}
+
+func newDPGrads(e *Engine) (*dpGrads, error) {
+	d := &dpGrads{}
+	n := 0
+	for _, sp := range groupsAll(e.idx) {
+		grp := dpGroup{name: sp.name, layer: sp.layer, off: n}
+		for _, i := range sp.params {
+			gv, ok := e.Model.GradView(i)
+			if !ok {
+				return nil, fmt.Errorf("engine: %s has no gradient to all-reduce", e.idx.Layout[i].Name)
+			}
+			grp.tensors = append(grp.tensors, dpTensor{grad: gv, off: n, n: gv.Len()})
+			n += gv.Len()
+		}
+		grp.n = n - grp.off
+		d.groups = append(d.groups, grp)
+	}
+	var err error
+	if d.buf, err = e.be.AllocHost("data-parallel gradients", 4*n); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	return d, nil
+}
+
+func (d *dpGrads) free(be backend.Backend) {
+	if d != nil && d.buf != nil {
+		be.FreeHost(d.buf)
+	}
+}
+
+// addNative adds native mode's gradient all-reduce (every copy down and
+// collective first, then the agreed flag and the copies up, so that the
+// launcher, which blocks on a host result before enqueueing what needs
+// it, does so only after all the work that overlaps with it) and returns
+// the copies up, which the AdamW must follow.
+func (e *Engine) addNative(g *Graph, bwd []NodeID, bwdEmbed, flag NodeID) []NodeID {
+	d := e.dpg
+	reduced := make([]NodeID, len(d.groups))
+	for gi := range d.groups {
+		grp := &d.groups[gi]
+		done := bwdEmbed
+		if grp.layer >= 0 {
+			done = bwd[grp.layer]
+		}
+		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyD2H(s, d.buf, 4*t.off, t.grad); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, done)
+		name := "all-reduce grads " + grp.name
+		reduced[gi] = e.dp.collective(g, name, func() error {
+			return e.allReduceHost(name, d.buf, 4*grp.off, grp.n)
+		}, d2h)
+	}
+	e.addFlagUp(g, flag)
+	ups := make([]NodeID, len(d.groups))
+	for gi := range d.groups {
+		grp := &d.groups[gi]
+		ups[gi] = g.Add("h2d grads "+grp.name, H2D, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyH2D(s, t.grad, d.buf, 4*t.off); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, reduced[gi])
+	}
+	return ups
 }

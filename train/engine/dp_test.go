@@ -22,11 +22,16 @@ func TestDataParallelRefuses(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("lsp, --dense-params host, random projectors, 2 ranks: %v", err)
 	}
+	native := ok
+	native.Mode = Native
+	if err := native.Validate(); err != nil {
+		t.Fatalf("native, fp32 gradients, 2 ranks: %v", err)
+	}
 	for _, tc := range []struct {
 		edit func(*Config)
 		want string
 	}{
-		{func(c *Config) { c.Mode = Native }, "--mode native"},
+		{func(c *Config) { c.Mode, c.GradDType = Native, backend.BF16 }, "--grad-dtype bf16"},
 		{func(c *Config) { c.Mode = Zero }, "--mode zero"},
 		{func(c *Config) { c.DenseParams = DenseDevice }, "--dense-params device"},
 		{func(c *Config) { c.LSP.NoFit = false }, "--fit"},

@@ -285,6 +285,7 @@ type Engine struct {
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lspState    // lsp
 	dp    *dp          // several ranks (dp.go); nil alone
+	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
 
 	stepTargets int // the latest step's targets (over every rank)
 
@@ -353,6 +354,8 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 				return nil, fmt.Errorf("engine: %w", err)
 			}
 		}
+	}
+	if cfg.Mode != Native || e.dp != nil {
 		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
@@ -363,6 +366,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		// out as Params: the whole gradient gives the global norm.
 		if e.opt, err = optim.New(be, cfg.Hyper, e.denseTensors(), e.Model.Buffers().Grads); err != nil {
 			return nil, err
+		}
+		if e.dp != nil {
+			if e.dpg, err = newDPGrads(e); err != nil {
+				return nil, err
+			}
 		}
 	case Zero:
 		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
@@ -448,6 +456,7 @@ func (e *Engine) Free() error {
 	if e.off != nil {
 		e.off.free()
 	}
+	e.dpg.free(e.be)
 	if e.lossFlag.Buf != nil {
 		e.be.Free(e.lossFlag)
 	}
@@ -723,7 +732,11 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	}
 	switch e.cfg.Mode {
 	case Native:
-		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) })
+		var ups []NodeID
+		if e.dp != nil {
+			ups = e.addNative(g, bwd, bwdEmbed, agreed)
+		}
+		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
 		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
 	case LSP:
