@@ -287,3 +287,54 @@ func (e *Engine) addNative(g *Graph, bwd []NodeID, bwdEmbed, flag NodeID) []Node
 	}
 	return ups
 }
+
+// CommStep is what one step of a data-parallel engine all-reduces.
+type CommStep struct {
+	// Elems is every element the step's collectives all-reduce: the
+	// targets' count and the non-finite flag, then S (lsp), the dense
+	// gradients (native, --dense-params host). Each all-reduce of n
+	// elements sends 2 (ranks-1) n of them over the link, summed over
+	// ranks (comm/mpi's reduce-scatter and all-gather).
+	Elems int
+	// Matrices are one block's matrices with what this mode all-reduces
+	// for each per step: d^2 in lsp, m n in native (the same every block).
+	Matrices []MatrixComm
+}
+
+// MatrixComm is one block matrix's share of a step's all-reduce.
+type MatrixComm struct {
+	Name  string
+	M, N  int
+	Elems int
+}
+
+// CommPerStep is what each step all-reduces; zero alone.
+func (e *Engine) CommPerStep() CommStep {
+	if e.dp == nil {
+		return CommStep{}
+	}
+	c := CommStep{Elems: 2} // the targets and the flag
+	var d []int
+	if e.lsp != nil {
+		d, _ = lspDims(e.idx, e.lsp.cfg)
+	}
+	for k, mt := range e.idx.Mats {
+		m := MatrixComm{Name: mt.Name, M: mt.M, N: mt.N, Elems: mt.M * mt.N}
+		if d != nil {
+			m.Elems = d[k] * d[k]
+		}
+		c.Matrices = append(c.Matrices, m)
+		c.Elems += len(e.idx.Blocks) * m.Elems
+	}
+	switch {
+	case e.off != nil:
+		c.Elems += e.off.n
+	case e.dpg != nil: // every gradient; the matrices are counted already
+		for i, p := range e.idx.Layout {
+			if !e.idx.IsMat[i] {
+				c.Elems += p.Len()
+			}
+		}
+	}
+	return c
+}

@@ -82,6 +82,7 @@ type dpResult struct {
 	p             []float32
 	skipped       int
 	loss          float64
+	elems         int // CommPerStep().Elems
 }
 
 // dpRun trains dpSteps attempts: the single process (c nil) takes every
@@ -129,6 +130,7 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 	if err := e.Init(); err != nil {
 		return res, err
 	}
+	res.elems = e.CommPerStep().Elems
 	for i := 0; i < dpSteps; i++ {
 		global := batches(uint64(i), ranks)
 		mine := global
@@ -208,9 +210,9 @@ func dpRankMain(scenario string) int {
 				return 1
 			}
 		}
-		fmt.Printf("rank %d %s: params %s state %s skipped %d loss %x allreduce %d sent %d\n",
+		fmt.Printf("rank %d %s: params %s state %s skipped %d loss %x allreduce %d elems %d sent %d\n",
 			r, tc.name, res.params, res.state, res.skipped, math.Float64bits(res.loss),
-			st.Ops[comm.AllReduce].Calls, st.Sent())
+			st.Ops[comm.AllReduce].Calls, res.elems, st.Ops[comm.AllReduce].Sent)
 	}
 	if err := c.Close(); err != nil {
 		fmt.Printf("rank %d: FAIL: Close: %v\n", r, err)
@@ -259,6 +261,25 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
 		}
 		for _, tc := range dpCases() {
+			// The bytes on the link: every attempt all-reduces
+			// CommPerStep().Elems elements, and an all-reduce of n sends
+			// 2 (np-1) n elements over all ranks.
+			re := regexp.MustCompile(fmt.Sprintf(`(?m)^rank \d+ %s: .* elems (\d+) sent (\d+)$`, regexp.QuoteMeta(tc.name)))
+			var sent int64
+			elems := -1
+			for _, m := range re.FindAllStringSubmatch(out, -1) {
+				e, _ := strconv.Atoi(m[1])
+				s, _ := strconv.ParseInt(m[2], 10, 64)
+				if elems >= 0 && e != elems {
+					t.Errorf("mpirun -np %d, %s: ranks count %d and %d elements per step", np, tc.name, elems, e)
+				}
+				elems, sent = e, sent+s
+			}
+			if want := int64(dpSteps) * int64(elems) * 2 * int64(np-1) * 4; elems <= 0 || sent != want {
+				t.Errorf("mpirun -np %d, %s: the ranks sent %d bytes in all-reduces; %d attempts of %d elements make %d",
+					np, tc.name, sent, dpSteps, elems, want)
+			}
+			t.Logf("mpirun -np %d, %s: %d elements all-reduced per step, %d bytes sent over all ranks per step", np, tc.name, elems, sent/dpSteps)
 			w := want[tc.name]
 			for r := 0; r < np; r++ {
 				re := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d %s: params (\w+) state (\w+) skipped (\d+) loss (\w+)`, r, regexp.QuoteMeta(tc.name)))

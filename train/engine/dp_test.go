@@ -6,6 +6,8 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // twoRanks claims a world of two; only Validate looks at it.
@@ -48,4 +50,56 @@ func TestDataParallelRefuses(t *testing.T) {
 			t.Errorf("one rank: %v", err)
 		}
 	}
+}
+
+// TestCommPerStep: a data-parallel step all-reduces d^2 elements per
+// matrix in lsp mode and m n in native, so lsp moves d^2/(m n) of
+// native's elements per matrix (TestDataParallelMatchesAccum checks the
+// bytes the ranks send against these counts).
+func TestCommPerStep(t *testing.T) {
+	open := func(cfg Config) *Engine {
+		cfg.Comm = twoRanks{comm.NewSingle()}
+		be := cpu.New(cpu.Config{Threads: 1})
+		e, err := New(be, small, testB, testT, 1, backend.F32, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Free(); be.Close() })
+		return e
+	}
+	lc := testConfig(LSP)
+	lc.DenseParams, lc.LSP.NoFit = DenseFrozen, true
+	lspStep, natStep := open(lc).CommPerStep(), open(testConfig(Native)).CommPerStep()
+	if len(lspStep.Matrices) == 0 || len(lspStep.Matrices) != len(natStep.Matrices) {
+		t.Fatalf("lsp lists %d matrices, native %d", len(lspStep.Matrices), len(natStep.Matrices))
+	}
+	d, _ := lspDims(mustIndex(t), lc.LSP.withDefaults())
+	lspSum := 2
+	for k, lm := range lspStep.Matrices {
+		nm := natStep.Matrices[k]
+		if nm.Elems != nm.M*nm.N || lm.Elems != d[k]*d[k] {
+			t.Errorf("%s (%dx%d, d %d): lsp all-reduces %d, native %d elements per block", lm.Name, lm.M, lm.N, d[k], lm.Elems, nm.Elems)
+		}
+		if float64(lm.Elems) > float64(d[k]*d[k])/float64(lm.M*lm.N)*float64(nm.Elems) {
+			t.Errorf("%s: lsp moves %d elements, more than d^2/(m n) of native's %d", lm.Name, lm.Elems, nm.Elems)
+		}
+		lspSum += small.L * lm.Elems
+		t.Logf("%-8s %4dx%-4d d %3d: lsp %6d, native %6d elements per block (%.3f)", lm.Name, lm.M, lm.N, d[k], lm.Elems, nm.Elems,
+			float64(lm.Elems)/float64(nm.Elems))
+	}
+	if lspStep.Elems != lspSum {
+		t.Errorf("lsp, --dense-params frozen: %d elements per step, want %d (S of every matrix, the flag and the targets)", lspStep.Elems, lspSum)
+	}
+	if want := 2 + small.NumParams(); natStep.Elems != want {
+		t.Errorf("native: %d elements per step, want %d (every gradient, the flag and the targets)", natStep.Elems, want)
+	}
+}
+
+func mustIndex(t *testing.T) *model.Index {
+	t.Helper()
+	x, err := model.NewIndex(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
 }
