@@ -66,6 +66,8 @@ type Result struct {
 	// CommBytesPerStep is the mean payload this rank sent to other ranks
 	// per optimizer step (comm.Stats; 0 alone).
 	CommBytesPerStep float64
+	// Comm is what each step all-reduced (with several ranks).
+	Comm engine.CommStep
 }
 
 // Times are the wall times of a run's phases in this process. Elapsed
@@ -198,6 +200,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	}
 	res.Elapsed, res.Times = time.Since(start), r.times
 	res.Ranks = r.ranks()
+	if r.eng != nil {
+		res.Comm = r.eng.CommPerStep()
+	}
 	if r.stepsTimed > 0 {
 		res.CommBytesPerStep = float64(r.commBytes) / float64(r.stepsTimed)
 	}

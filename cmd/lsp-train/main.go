@@ -207,7 +207,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
 	reportTimes(w, res)
 	if res.Ranks > 1 {
-		fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others\n", res.Ranks, res.CommBytesPerStep)
+		reportComm(w, cfg, res)
 	}
 	if res.StepsRun > 0 {
 		fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
@@ -308,5 +308,17 @@ func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig fu
 		close(finished)
 		signal.Stop(ch)
 		cancel()
+	}
+}
+
+// reportComm prints what a data-parallel run moved between ranks: the
+// bytes per step, and per block matrix the elements its step all-reduced
+// beside the m n of native mode's dense gradient.
+func reportComm(w io.Writer, cfg train.Config, res *train.Result) {
+	fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others (%d elements all-reduced per step)\n",
+		res.Ranks, res.CommBytesPerStep, res.Comm.Elems)
+	for _, m := range res.Comm.Matrices {
+		fmt.Fprintf(w, "    %-10s %5dx%-5d %9d elements per block (%s); native all-reduces %d (%.3f)\n",
+			m.Name, m.M, m.N, m.Elems, cfg.Mode, m.M*m.N, float64(m.Elems)/float64(m.M*m.N))
 	}
 }
