@@ -174,11 +174,13 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		// the non-zero exit makes mpirun end them.
 		return err
 	}
+	if rank == 0 {
+		// Before Close: once another rank exits (with 130 when
+		// interrupted), mpirun may end this one.
+		report(stdout, cfg, res)
+	}
 	if err := c.Close(); err != nil {
 		return err
-	}
-	if rank == 0 {
-		report(stdout, cfg, res)
 	}
 	if res.Interrupted {
 		s := sig()
