@@ -83,8 +83,6 @@ type dp struct {
 	one, loss []float32
 	// last is the latest collective node of the graph being built.
 	last NodeID
-	// targets is the latest step's global number of targets.
-	targets int
 }
 
 func newDP(c comm.Communicator) *dp {
@@ -93,27 +91,6 @@ func newDP(c comm.Communicator) *dp {
 	}
 	return &dp{c: c, one: make([]float32, 1), loss: make([]float32, 2*c.Size())}
 }
-
-// Comm is the engine's communicator (nil in a single process).
-func (e *Engine) Comm() comm.Communicator {
-	if e.dp == nil {
-		return nil
-	}
-	return e.dp.c
-}
-
-// Ranks is the number of ranks that train together (1 in a single
-// process).
-func (e *Engine) Ranks() int {
-	if e.dp == nil {
-		return 1
-	}
-	return e.dp.c.Size()
-}
-
-// StepTargets is the number of target tokens the latest Step's loss is a
-// sum over: its micro-batches', or, with several ranks, every rank's.
-func (e *Engine) StepTargets() int { return e.stepTargets }
 
 // globalTargets sums the step's targets over ranks. The count is exact
 // in float32 below 2^24 tokens per step.

@@ -287,8 +287,6 @@ type Engine struct {
 	dp    *dp          // several ranks (dp.go); nil alone
 	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
 
-	stepTargets int // the latest step's targets (over every rank)
-
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
 
@@ -519,7 +517,10 @@ func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 // learning rate lr and returns the sum of the per-token losses (divide by
 // the batches' NumTargets for the mean). Every update is applied when it
 // returns. When the loss is not finite the step is skipped (see Skipped):
-// the sum returned is NaN or infinite, and nothing was updated.
+// the sum returned is NaN or infinite, and nothing was updated. With
+// several ranks (Config.Comm) every rank calls Step with its own
+// micro-batches; the loss is scaled by the targets of all of them, and the
+// sum returned is over every rank's (dp.go).
 func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
 	if len(batches) != e.accum {
 		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)
@@ -537,7 +538,6 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", e.step+1)
 	}
-	e.stepTargets = targets
 	if err := e.stageBatches(batches); err != nil {
 		return 0, err
 	}
