@@ -7,7 +7,8 @@
 // process; then a host node all-reduces the layer's S (d^2 per matrix, not
 // the m n of a dense gradient), and the subspace Adam runs on the sum on
 // every rank. With --dense-params host, each dense group's gradients are
-// all-reduced on the host before its host Adam in the same way.
+// all-reduced on the host before its host Adam in the same way; with
+// device, as native mode's below, before the device AdamW.
 //
 // native mode: per group of parameters (a block from the last, then the
 // embeddings and head), the gradients go down to a pinned buffer once the
@@ -15,7 +16,7 @@
 // and go back up before the device AdamW (dpGrads). The backward kernels
 // of one process accumulate micro-batches into one running sum, an order
 // a sum over ranks cannot repeat without changing the single process, so
-// native (like --dense-params host) agrees with --grad-accum N to
+// native (like lsp's dense gradients) agrees with --grad-accum N to
 // rounding, not bit for bit (the test bounds the difference). zero mode
 // (ZeRO's sharded host optimizer) is not supported yet.
 //
@@ -62,14 +63,11 @@ func (c Config) checkComm() error {
 		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode native with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
 	}
 	if c.Mode == LSP {
-		if c.DenseParams == DenseDevice {
-			errs = append(errs, fmt.Errorf("--dense-params device: not supported with %d ranks (the dense gradients would need an all-reduce on the device); use --dense-params host or frozen", n))
-		}
 		if !c.LSP.NoFit {
 			errs = append(errs, fmt.Errorf("--fit: not supported with %d ranks (each rank would fit its own projectors to its own data); the random projectors, drawn from --seed, are the same on every rank", n))
 		}
-		if c.DenseParams == DenseHost && c.GradDType != backend.F32 {
-			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params host with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
+		if c.DenseParams != DenseFrozen && c.GradDType != backend.F32 {
+			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.DenseParams, n))
 		}
 	}
 	return errors.Join(errs...)
@@ -171,8 +169,9 @@ func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) er
 	return e.dp.c.AllReduceSum(h.Float32()[off/4 : off/4+n])
 }
 
-// dpGrads is native mode's all-reduce of the dense gradients: per group
-// of parameters (a block from the last, then the embeddings and head, as
+// dpGrads is the all-reduce of the gradients a device AdamW updates from
+// (native mode's, lsp's with --dense-params device): per group of
+// parameters (a block from the last, then the embeddings and head, as
 // zero mode groups them), the gradients go down into a pinned fp32 buffer
 // once the group's backward is done, are summed over ranks on the host,
 // and go back up over the device's before the AdamW reads them.
@@ -193,10 +192,13 @@ type dpTensor struct {
 	off, n int
 }
 
-func newDPGrads(e *Engine) (*dpGrads, error) {
+func newDPGrads(e *Engine, specs []groupSpec) (*dpGrads, error) {
 	d := &dpGrads{}
 	n := 0
-	for _, sp := range groupsAll(e.idx) {
+	for _, sp := range specs {
+		if len(sp.params) == 0 {
+			continue
+		}
 		grp := dpGroup{name: sp.name, layer: sp.layer, off: n}
 		for _, i := range sp.params {
 			gv, ok := e.Model.GradView(i)
@@ -222,12 +224,12 @@ func (d *dpGrads) free(be backend.Backend) {
 	}
 }
 
-// addNative adds native mode's gradient all-reduce (every copy down and
-// collective first, then the agreed flag and the copies up, so that the
-// launcher, which blocks on a host result before enqueueing what needs
-// it, does so only after all the work that overlaps with it) and returns
-// the copies up, which the AdamW must follow.
-func (e *Engine) addNative(g *Graph, bwd []NodeID, bwdEmbed, flag NodeID) []NodeID {
+// addGradsDown adds the copies down and the all-reduces of dpGrads and
+// returns the all-reduces. Add every copy down and collective before the
+// copies up (addGradsUp): the launcher blocks on a host result before it
+// enqueues what needs it, and should do so only after all the work that
+// overlaps with it.
+func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID {
 	d := e.dpg
 	reduced := make([]NodeID, len(d.groups))
 	for gi := range d.groups {
@@ -249,7 +251,13 @@ func (e *Engine) addNative(g *Graph, bwd []NodeID, bwdEmbed, flag NodeID) []Node
 			return e.allReduceHost(name, d.buf, 4*grp.off, grp.n)
 		}, d2h)
 	}
-	e.addFlagUp(g, flag)
+	return reduced
+}
+
+// addGradsUp adds the copies up of the summed gradients after their
+// all-reduces and returns them: the AdamW must follow them.
+func (e *Engine) addGradsUp(g *Graph, reduced []NodeID) []NodeID {
+	d := e.dpg
 	ups := make([]NodeID, len(d.groups))
 	for gi := range d.groups {
 		grp := &d.groups[gi]
@@ -269,7 +277,7 @@ func (e *Engine) addNative(g *Graph, bwd []NodeID, bwdEmbed, flag NodeID) []Node
 type CommStep struct {
 	// Elems is every element the step's collectives all-reduce: the
 	// targets' count and the non-finite flag, then S (lsp), the dense
-	// gradients (native, --dense-params host). Each all-reduce of n
+	// gradients (native, --dense-params host or device). Each all-reduce of n
 	// elements sends 2 (ranks-1) n of them over the link, summed over
 	// ranks (comm/mpi's reduce-scatter and all-gather).
 	Elems int

@@ -366,7 +366,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			return nil, err
 		}
 		if e.dp != nil {
-			if e.dpg, err = newDPGrads(e); err != nil {
+			if e.dpg, err = newDPGrads(e, groupsAll(idx)); err != nil {
 				return nil, err
 			}
 		}
@@ -382,6 +382,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		case DenseDevice:
 			if e.dense, err = optim.New(be, cfg.Hyper, e.denseTensors(), backend.Tensor{}); err != nil {
 				return nil, fmt.Errorf("engine: dense optimizer: %w", err)
+			}
+			if e.dp != nil {
+				if e.dpg, err = newDPGrads(e, groupsDense(idx)); err != nil {
+					return nil, err
+				}
 			}
 		case DenseHost:
 			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
@@ -734,14 +739,19 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	case Native:
 		var ups []NodeID
 		if e.dp != nil {
-			ups = e.addNative(g, bwd, bwdEmbed, agreed)
+			reduced := e.addGradsDown(g, bwd, bwdEmbed)
+			e.addFlagUp(g, agreed)
+			ups = e.addGradsUp(g, reduced)
 		}
 		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
 		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
 	case LSP:
-		if e.dense != nil {
-			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) })
+		denseAdam := func(deps ...NodeID) {
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) }, deps...)
+		}
+		if e.dense != nil && e.dp == nil {
+			denseAdam()
 		}
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the
@@ -754,11 +764,18 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
 		}
 		lspAdam = e.lsp.addDown(g, bwd, lr)
-		if e.off != nil && e.dp != nil {
-			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
-		}
 		if e.dp != nil {
+			if e.off != nil {
+				offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
+			}
+			var reduced []NodeID
+			if e.dpg != nil {
+				reduced = e.addGradsDown(g, bwd, bwdEmbed)
+			}
 			e.addFlagUp(g, agreed)
+			if e.dense != nil {
+				denseAdam(e.addGradsUp(g, reduced)...)
+			}
 		}
 		if e.off != nil {
 			e.off.addUp(g, offAdam)
