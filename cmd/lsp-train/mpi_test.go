@@ -20,11 +20,14 @@ import (
 	"time"
 )
 
-// dpArgs is a short lsp run of the tiny preset, writing into out.
+// dpArgs is a short lsp run of the tiny preset with fitted projectors
+// (checked at steps 0 and 2: every rank fits on the same calibration
+// rows), writing into out.
 func dpArgs(out string, steps int, extra ...string) []string {
 	return append([]string{"--model", "tiny", "--data", "builtin:sort:300", "--steps", strconv.Itoa(steps), "--batch", "4",
 		"--seq-len", "24", "--warmup", "2", "--eval-generate", "2", "--threads", "1", "--mode", "lsp", "--d", "32",
-		"--r", "4", "--dense-params", "frozen", "--out", out}, extra...)
+		"--r", "4", "--dense-params", "frozen", "--fit", "--check-every", "2", "--calib-samples", "8", "--fit-iters", "20",
+		"--out", out}, extra...)
 }
 
 // runRanks runs the command under mpirun -np np and returns its output

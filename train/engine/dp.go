@@ -6,9 +6,13 @@
 // lsp mode: each layer's S goes down to its pinned host buffer as in one
 // process; then a host node all-reduces the layer's S (d^2 per matrix, not
 // the m n of a dense gradient), and the subspace Adam runs on the sum on
-// every rank. With --dense-params host, each dense group's gradients are
-// all-reduced on the host before its host Adam in the same way; with
-// device, as native mode's below, before the device AdamW.
+// every rank. The random projectors come from the seed; a projector check
+// (--fit) on the same calibration batches on every rank, with the same
+// weights, fits the same projectors on every rank (the caller's part:
+// lsp-train draws them from the seed and the step). With --dense-params
+// host, each dense group's gradients are all-reduced on the host before
+// its host Adam in the same way; with device, as native mode's below,
+// before the device AdamW.
 //
 // native mode: per group of parameters (a block from the last, then the
 // embeddings and head), the gradients go down to a pinned buffer once the
@@ -63,9 +67,6 @@ func (c Config) checkComm() error {
 		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode native with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
 	}
 	if c.Mode == LSP {
-		if !c.LSP.NoFit {
-			errs = append(errs, fmt.Errorf("--fit: not supported with %d ranks (each rank would fit its own projectors to its own data); the random projectors, drawn from --seed, are the same on every rank", n))
-		}
 		if c.DenseParams != DenseFrozen && c.GradDType != backend.F32 {
 			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.DenseParams, n))
 		}

@@ -69,11 +69,11 @@ type dpCase struct {
 
 func dpCases() []dpCase {
 	frozen, hostD := testConfig(LSP), testConfig(LSP)
-	frozen.DenseParams, frozen.LSP.NoFit = DenseFrozen, true
+	frozen.DenseParams = DenseFrozen // and fitted projectors (testConfig)
 	hostD.DenseParams, hostD.LSP.NoFit = DenseHost, true
 	devD := testConfig(LSP)
 	devD.LSP.NoFit = true // testConfig's dense parameters: device
-	return []dpCase{{"lsp-frozen-bf16", frozen, backend.BF16, 0}, {"lsp-host-f32", hostD, backend.F32, 2e-5},
+	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0}, {"lsp-host-f32", hostD, backend.F32, 2e-5},
 		{"lsp-device-f32", devD, backend.F32, 2e-5}, {"native-f32", testConfig(Native), backend.F32, 2e-5}}
 }
 
@@ -138,6 +138,13 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 		mine := global
 		if c != nil {
 			mine = global[rank : rank+1]
+		}
+		// Every rank checks on the same calibration batches, as
+		// lsp-train's are drawn from the seed and the step.
+		if e.CheckDue() {
+			if _, err := e.Check(batches(1000+uint64(i), e.CalibBatches())); err != nil {
+				return res, err
+			}
 		}
 		if res.loss, err = e.Step(mine, 1e-2); err != nil {
 			return res, err

@@ -36,7 +36,6 @@ func TestDataParallelRefuses(t *testing.T) {
 		{func(c *Config) { c.Mode, c.GradDType = Native, backend.BF16 }, "--grad-dtype bf16"},
 		{func(c *Config) { c.Mode = Zero }, "--mode zero"},
 		{func(c *Config) { c.DenseParams, c.GradDType = DenseDevice, backend.BF16 }, "--grad-dtype bf16"},
-		{func(c *Config) { c.LSP.NoFit = false }, "--fit"},
 		{func(c *Config) { c.GradDType = backend.BF16 }, "--grad-dtype bf16"},
 	} {
 		c := ok
