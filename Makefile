@@ -118,7 +118,8 @@ test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cu
 # TestDataParallel): lsp mode under `mpirun -np 2` and `-np 3` bit for bit
 # against one process with --grad-accum N, and the train command under
 # `mpirun -np 2` (cmd/lsp-train: rank 0 writes, resume, the same export
-# as --grad-accum 2); about 20 s after the build.
+# as --grad-accum 2, a killed rank ends the job); about 35 s after the
+# build.
 # Needs mpirun and libopenmpi-dev (.ci/run installs them); skipped with a
 # message otherwise.
 .PHONY: mpi-test

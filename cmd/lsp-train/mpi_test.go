@@ -136,3 +136,76 @@ func TestDataParallelCommand(t *testing.T) {
 		t.Errorf("one process resuming a checkpoint of 2 ranks: %v, want an error naming the 2 ranks:\n%s", err, b)
 	}
 }
+
+// TestDataParallelKilledRank: rank 1 of a training run killed with
+// SIGKILL ends the job within 60 s, with mpirun naming the lost rank.
+func TestDataParallelKilledRank(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	out := filepath.Join(t.TempDir(), "dp")
+	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", "2", os.Args[0]}
+	if os.Geteuid() == 0 {
+		margs = append([]string{"--allow-run-as-root"}, margs...)
+	}
+	cmd := exec.Command(mpirun, append(margs, dpArgs(out, 100000)...)...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left, if the test fails
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	// Once rank 0 has written a step, find rank 1 among mpirun's children.
+	deadline := time.Now().Add(time.Minute)
+	rank1 := 0
+	for rank1 == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no step written and no rank 1 found in a minute; output:\n%s", buf.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+		if b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl")); err != nil || !bytes.Contains(b, []byte(`"train_loss"`)) {
+			continue
+		}
+		rank1 = childWithRank(cmd.Process.Pid, "1")
+	}
+	killed := time.Now()
+	if err := syscall.Kill(rank1, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if err == nil {
+			t.Errorf("mpirun exited 0 after rank 1 was killed")
+		}
+		t.Logf("mpirun ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("mpirun still running 60 s after rank 1 was killed; output:\n%s", buf.String())
+	}
+	if !strings.Contains(buf.String(), "rank 1") {
+		t.Errorf("the output does not name rank 1:\n%s", buf.String())
+	}
+}
+
+// childWithRank is the process id of the child of parent that mpirun
+// started as rank (its OMPI_COMM_WORLD_RANK), or 0.
+func childWithRank(parent int, rank string) int {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(parent) + "/task/*/children")
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			env, _ := os.ReadFile("/proc/" + p + "/environ")
+			for _, kv := range strings.Split(string(env), "\x00") {
+				if kv == "OMPI_COMM_WORLD_RANK="+rank {
+					pid, _ := strconv.Atoi(p)
+					return pid
+				}
+			}
+		}
+	}
+	return 0
+}
