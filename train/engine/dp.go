@@ -125,13 +125,14 @@ func (d *dp) globalLoss(local float64) (float64, error) {
 	return sum, nil
 }
 
-// collective adds a host node that runs a collective after deps and after
-// the previous collective node of the graph (the chain).
-func (d *dp) collective(g *Graph, name string, run func() error, deps ...NodeID) NodeID {
+// collective adds a host node that all-reduces elems float32 after deps
+// and after the previous collective node of the graph (the chain).
+func (d *dp) collective(g *Graph, name string, elems int, run func() error, deps ...NodeID) NodeID {
 	if d.last >= 0 {
 		deps = append(deps, d.last)
 	}
 	d.last = g.Add(name, Host, func(backend.Stream) error { return run() }, deps...)
+	g.Nodes[d.last].AllReduce = 4 * int64(elems)
 	return d.last
 }
 
@@ -143,7 +144,7 @@ func (e *Engine) addFlag(g *Graph, d2hFlag NodeID) NodeID {
 	d := e.dp
 	d.last = -1
 	const name = "all-reduce non-finite flag"
-	return d.collective(g, name, func() error {
+	return d.collective(g, name, 1, func() error {
 		r := []backend.Range{hostRange(e.flagHost, 0, 4)}
 		e.hostAccess(name, r, r)
 		if err := d.c.AllReduceSum(e.flagHost.Float32()[:1]); err != nil {
@@ -248,7 +249,7 @@ func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID 
 			return nil
 		}, done)
 		name := "all-reduce grads " + grp.name
-		reduced[gi] = e.dp.collective(g, name, func() error {
+		reduced[gi] = e.dp.collective(g, name, grp.n, func() error {
 			return e.allReduceHost(name, d.buf, 4*grp.off, grp.n)
 		}, d2h)
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,6 +92,37 @@ func TestCommPerStep(t *testing.T) {
 	}
 	if want := 2 + small.NumParams(); natStep.Elems != want {
 		t.Errorf("native: %d elements per step, want %d (every gradient, the flag and the targets)", natStep.Elems, want)
+	}
+
+	// The graph's collective nodes: one chain, each after the one before,
+	// whose bytes (Node.AllReduce, for a planner) are the step's less the
+	// targets' count, which Step all-reduces before the graph.
+	host, dev := lc, lc
+	host.DenseParams, dev.DenseParams = DenseHost, DenseDevice
+	for name, cfg := range map[string]Config{"lsp frozen": lc, "lsp host": host, "lsp device": dev, "native": testConfig(Native)} {
+		e := open(cfg)
+		g, err := e.Graph()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		prev := NodeID(-1)
+		for i, n := range g.Nodes {
+			if n.AllReduce == 0 {
+				continue
+			}
+			sum += n.AllReduce
+			if n.Queue != Host {
+				t.Errorf("%s: collective %q on queue %v", name, n.Name, n.Queue)
+			}
+			if prev >= 0 && !slices.Contains(n.Deps, prev) {
+				t.Errorf("%s: collective %q does not follow %q", name, n.Name, g.Nodes[prev].Name)
+			}
+			prev = NodeID(i)
+		}
+		if want := 4 * int64(e.CommPerStep().Elems-1); sum != want {
+			t.Errorf("%s: the graph's collectives all-reduce %d bytes, want %d", name, sum, want)
+		}
 	}
 }
 

@@ -56,6 +56,10 @@ type Node struct {
 	// (its buffers have no memory behind them when traced); zero on
 	// device nodes, whose work a tracing backend records op by op.
 	Work HostWork
+	// AllReduce is the bytes a host node of data parallelism all-reduces
+	// among the ranks (dp.go), for a planner to price on the
+	// inter-process link; 0 on every other node.
+	AllReduce int64
 }
 
 // HostWork describes a host node's CPU Adam: the elements it updates, the

@@ -381,7 +381,7 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 			first, last := st.mats[l][0], st.mats[l][len(st.mats[l])-1]
 			off, n := first.hostOff, (last.hostOff-first.hostOff)/4+last.d*last.d
 			name := fmt.Sprintf("all-reduce S %d", l)
-			ready = e.dp.collective(g, name, func() error {
+			ready = e.dp.collective(g, name, n, func() error {
 				return e.allReduceHost(name, st.hostS, off, n)
 			}, d2h)
 		}
