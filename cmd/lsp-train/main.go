@@ -24,6 +24,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -157,6 +159,11 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	opts := train.Options{Logger: logger, Progress: progress}
 	if ranks > 1 {
 		opts.Comm = c
+		if cfg.Threads == 0 {
+			// All cores for each rank would oversubscribe a machine
+			// that runs several: share them among this machine's ranks.
+			cfg.Threads = max(1, runtime.NumCPU()/localRanks())
+		}
 		logger = logger.With("rank", rank)
 		if rank != 0 {
 			// Rank 0 shows the run; the others say only what goes wrong.
@@ -164,7 +171,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			progress = nil
 		}
 		opts.Logger, opts.Progress = logger, progress
-		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch)
+		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads)
 	}
 	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
 	defer done()
@@ -323,4 +330,14 @@ func reportComm(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "    %-10s %5dx%-5d %9d elements per block (%s); native all-reduces %d (%.3f)\n",
 			m.Name, m.M, m.N, m.Elems, cfg.Mode, m.M*m.N, float64(m.Elems)/float64(m.M*m.N))
 	}
+}
+
+// localRanks is the number of ranks mpirun started on this machine
+// (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when it does not say.
+func localRanks() int {
+	n, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
 }
