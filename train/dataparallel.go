@@ -16,6 +16,7 @@ package train
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -73,6 +74,34 @@ func (r *run) barrier() error {
 		return fmt.Errorf("waiting for the other ranks at the end: %w", err)
 	}
 	return nil
+}
+
+// Rank0Wait is how long the other ranks wait for rank 0 to write a
+// checkpoint or the export (a large model's can take minutes) before they
+// give it up as lost.
+const Rank0Wait = 30 * time.Minute
+
+// rank0Only runs write on rank 0 while the other ranks wait for it at a
+// barrier, under Rank0Wait rather than the communicator's usual timeout;
+// alone it just runs write. Rank 0 joins the barrier even when write
+// fails, so the others learn of the failure from mpirun (rank 0 then
+// exits non-zero), not from a timeout.
+func (r *run) rank0Only(write func() error) error {
+	if r.comm == nil {
+		return write()
+	}
+	var err error
+	if r.rank0() {
+		err = write()
+	}
+	if s, ok := r.comm.(interface{ SetTimeout(time.Duration) }); ok {
+		s.SetTimeout(Rank0Wait)
+		defer s.SetTimeout(r.opts.CommTimeout)
+	}
+	if berr := r.comm.Barrier(); berr != nil && err == nil {
+		err = fmt.Errorf("waiting for rank 0 to write its outputs: %w", berr)
+	}
+	return err
 }
 
 // saveRanks records a data-parallel run's world size in the checkpoint

@@ -118,6 +118,10 @@ type Options struct {
 	// AfterStep, when set, is called after each step is recorded, with
 	// its wall times (lsp-train profile reads the step's timed ops).
 	AfterStep func(StepTimes) error
+	// CommTimeout is Comm's timeout of a collective, which a run raises
+	// to Rank0Wait while the other ranks wait for rank 0 to write and
+	// restores after (when Comm has SetTimeout: comm/mpi's).
+	CommTimeout time.Duration
 	// Comm, when it has more than one rank, trains data-parallel with the
 	// other ranks (dataparallel.go); nil or one rank trains alone.
 	Comm comm.Communicator
@@ -860,9 +864,12 @@ func (r *run) finish(res *Result) error {
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
-	if !r.rank0() {
-		return nil // rank 0 exports and plots
-	}
+	return r.rank0Only(func() error { return r.export(res) })
+}
+
+// export writes the final weights as a Hugging Face directory and plots
+// the losses (only the plot when the run was interrupted).
+func (r *run) export(res *Result) error {
 	t0 := time.Now()
 	defer func() { r.times.Export += time.Since(t0) }()
 	if res.Interrupted {
@@ -979,9 +986,11 @@ func (r *run) measurements() Measurements {
 
 // saveCheckpoint writes the run's state to --out, atomically.
 func (r *run) saveCheckpoint() error {
-	if !r.rank0() {
-		return nil // every rank holds the same state; rank 0 saves it
-	}
+	// Every rank holds the same state; rank 0 saves it.
+	return r.rank0Only(r.writeCheckpoint)
+}
+
+func (r *run) writeCheckpoint() error {
 	t0 := time.Now()
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
 	releaseHost()       // the steps' garbage, before the checkpoint's values come on top

@@ -142,7 +142,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	// Under mpirun: the job's communicator (an error in a build without
 	// -tags mpi); alone, one rank.
-	c, err := mpi.Init(mpi.Config{})
+	c, err := mpi.Init(mpi.Config{Timeout: mpi.DefaultTimeout})
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	opts := train.Options{Logger: logger, Progress: progress}
 	if ranks > 1 {
-		opts.Comm = c
+		opts.Comm, opts.CommTimeout = c, mpi.DefaultTimeout
 		if cfg.Threads == 0 {
 			// All cores for each rank would oversubscribe a machine
 			// that runs several: share them among this machine's ranks.
