@@ -21,8 +21,12 @@
 // of one process accumulate micro-batches into one running sum, an order
 // a sum over ranks cannot repeat without changing the single process, so
 // native (like lsp's dense gradients) agrees with --grad-accum N to
-// rounding, not bit for bit (the test bounds the difference). zero mode
-// (ZeRO's sharded host optimizer) is not supported yet.
+// rounding, not bit for bit (the test bounds the difference).
+//
+// zero mode: each group's gradients are all-reduced on the host between
+// their copy down and the host Adam, as lsp's --dense-params host, and
+// every rank runs the whole host Adam: replicated, not ZeRO's sharding of
+// the host optimizer among ranks (not built yet).
 //
 // Every rank calls the same collectives in the same order: the collective
 // nodes form one chain in list order (each depends on the one before), so
@@ -58,13 +62,8 @@ import (
 func (c Config) checkComm() error {
 	var errs []error
 	n := c.Comm.Size()
-	switch c.Mode {
-	case LSP, Native:
-	default:
-		errs = append(errs, fmt.Errorf("--mode %s: not supported with %d ranks (data parallelism runs --mode lsp and native so far)", c.Mode, n))
-	}
-	if c.Mode == Native && c.GradDType != backend.F32 {
-		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode native with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
+	if (c.Mode == Native || c.Mode == Zero) && c.GradDType != backend.F32 {
+		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.Mode, n))
 	}
 	if c.Mode == LSP {
 		if c.DenseParams != DenseFrozen && c.GradDType != backend.F32 {
@@ -278,10 +277,11 @@ func (e *Engine) addGradsUp(g *Graph, reduced []NodeID) []NodeID {
 // CommStep is what one step of a data-parallel engine all-reduces.
 type CommStep struct {
 	// Elems is every element the step's collectives all-reduce: the
-	// targets' count and the non-finite flag, then S (lsp), the dense
-	// gradients (native, --dense-params host or device). Each all-reduce of n
-	// elements sends 2 (ranks-1) n of them over the link, summed over
-	// ranks (comm/mpi's reduce-scatter and all-gather).
+	// targets' count and the non-finite flag, then S (lsp) or the
+	// matrices' gradients (native, zero), and the dense gradients (but
+	// with --dense-params frozen). Each all-reduce of n elements sends
+	// 2 (ranks-1) n of them over the link, summed over ranks (comm/mpi's
+	// reduce-scatter and all-gather).
 	Elems int
 	// Matrices are one block's matrices with what this mode all-reduces
 	// for each per step: d^2 in lsp, m n in native (the same every block).
@@ -313,10 +313,9 @@ func (e *Engine) CommPerStep() CommStep {
 		c.Matrices = append(c.Matrices, m)
 		c.Elems += len(e.idx.Blocks) * m.Elems
 	}
-	switch {
-	case e.off != nil:
-		c.Elems += e.off.n
-	case e.dpg != nil: // every gradient; the matrices are counted already
+	// The dense gradients: every mode all-reduces them but lsp with
+	// --dense-params frozen.
+	if e.lsp == nil || e.cfg.DenseParams != DenseFrozen {
 		for i, p := range e.idx.Layout {
 			if !e.idx.IsMat[i] {
 				c.Elems += p.Len()

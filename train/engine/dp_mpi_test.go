@@ -74,7 +74,8 @@ func dpCases() []dpCase {
 	devD := testConfig(LSP)
 	devD.LSP.NoFit = true // testConfig's dense parameters: device
 	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0}, {"lsp-host-f32", hostD, backend.F32, 2e-5},
-		{"lsp-device-f32", devD, backend.F32, 2e-5}, {"native-f32", testConfig(Native), backend.F32, 2e-5}}
+		{"lsp-device-f32", devD, backend.F32, 2e-5}, {"native-f32", testConfig(Native), backend.F32, 2e-5},
+		{"zero-f32", testConfig(Zero), backend.F32, 2e-5}}
 }
 
 // dpResult is what a run ends with: hashes of the weights and of the

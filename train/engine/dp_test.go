@@ -35,7 +35,7 @@ func TestDataParallelRefuses(t *testing.T) {
 		want string
 	}{
 		{func(c *Config) { c.Mode, c.GradDType = Native, backend.BF16 }, "--grad-dtype bf16"},
-		{func(c *Config) { c.Mode = Zero }, "--mode zero"},
+		{func(c *Config) { c.Mode, c.GradDType = Zero, backend.BF16 }, "--grad-dtype bf16"},
 		{func(c *Config) { c.DenseParams, c.GradDType = DenseDevice, backend.BF16 }, "--grad-dtype bf16"},
 		{func(c *Config) { c.GradDType = backend.BF16 }, "--grad-dtype bf16"},
 	} {
@@ -99,7 +99,8 @@ func TestCommPerStep(t *testing.T) {
 	// targets' count, which Step all-reduces before the graph.
 	host, dev := lc, lc
 	host.DenseParams, dev.DenseParams = DenseHost, DenseDevice
-	for name, cfg := range map[string]Config{"lsp frozen": lc, "lsp host": host, "lsp device": dev, "native": testConfig(Native)} {
+	for name, cfg := range map[string]Config{"lsp frozen": lc, "lsp host": host, "lsp device": dev, "native": testConfig(Native),
+		"zero": testConfig(Zero)} {
 		e := open(cfg)
 		g, err := e.Graph()
 		if err != nil {

@@ -745,7 +745,11 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		}
 		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
-		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
+		adam := e.off.addDown(g, bwd, bwdEmbed, lr)
+		if e.dp != nil {
+			e.addFlagUp(g, agreed) // the losses' flag, read back after the step
+		}
+		e.off.addUp(g, adam)
 	case LSP:
 		denseAdam := func(deps ...NodeID) {
 			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) }, deps...)
