@@ -39,19 +39,25 @@ CUDA_PROBE = \
 CMD_CUDA_ENV = CGO_CFLAGS="-g -O2 -Wno-deprecated-declarations -DLSP_KERNELS_LIB=$$(sha256sum build/libkernels.a | cut -c1-16) \
 	$(if $(CUDA_INC),-I$(CUDA_INC))" $(if $(CUDA_LIBDIR),CGO_LDFLAGS="-L$(dir $(CUDA_LIBDIR))")
 
+#
+# With Open MPI's development files (pkg-config ompi-c) the build also has
+# -tags mpi, so that `mpirun -np N bin/lsp-train ...` trains data-parallel;
+# MPI=0 leaves it out.
+MPI ?= auto
 build:
 	@mkdir -p bin
-	@case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; \
+	@mpi=; if [ "$(MPI)" != 0 ] && pkg-config --exists ompi-c 2>/dev/null; then mpi=mpi; fi; \
+	case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; \
 	if [ -n "$$why" ] && [ "$(CUDA)" = 1 ]; then echo "build: CUDA=1, but $$why"; exit 1; fi; \
 	if [ -z "$$why" ]; then \
 		$(MAKE) --no-print-directory build/libkernels.a && \
-		echo '$(GO) build -tags cuda -o bin/lsp-train ./cmd/lsp-train' && \
-		$(CMD_CUDA_ENV) $(GO) build -tags cuda -o bin/lsp-train ./cmd/lsp-train && \
-		echo "build: bin/lsp-train WITH CUDA (-tags cuda; backends: cpu, cuda)"; \
+		echo "$(GO) build -tags cuda$${mpi:+,mpi} -o bin/lsp-train ./cmd/lsp-train" && \
+		$(CMD_CUDA_ENV) $(GO) build -tags cuda$${mpi:+,mpi} -o bin/lsp-train ./cmd/lsp-train && \
+		echo "build: bin/lsp-train WITH CUDA (-tags cuda$${mpi:+,mpi}; backends: cpu, cuda)"; \
 	else \
-		echo '$(GO) build -o bin/lsp-train ./cmd/lsp-train' && \
-		$(GO) build -o bin/lsp-train ./cmd/lsp-train && \
-		echo "build: bin/lsp-train CPU ONLY ($$why; backends: cpu)"; \
+		echo "$(GO) build $${mpi:+-tags mpi }-o bin/lsp-train ./cmd/lsp-train" && \
+		$(GO) build $${mpi:+-tags mpi} -o bin/lsp-train ./cmd/lsp-train && \
+		echo "build: bin/lsp-train CPU ONLY ($$why; backends: cpu$${mpi:+; MPI: -tags mpi})"; \
 	fi
 
 fmt-check:
@@ -108,14 +114,23 @@ test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cu
 # mpi), vetted, then its tests, which launch the test binary under
 # `mpirun -np 1`, `-np 2` and `-np 3`: every collective bit for bit against the sum
 # in rank order, the bytes counted, a killed rank, a stalled rank, a size
-# mismatch (about 15 s). Needs mpirun and libopenmpi-dev (.ci/run installs
-# them); skipped with a message otherwise.
+# mismatch (about 15 s). Then data-parallel training (train/engine,
+# TestDataParallel): lsp mode under `mpirun -np 2` and `-np 3` bit for bit
+# against one process with --grad-accum N, and the train command under
+# `mpirun -np 2` (cmd/lsp-train: rank 0 writes, resume, the same export
+# as --grad-accum 2, a killed rank ends the job); about 35 s after the
+# build.
+# Needs mpirun and libopenmpi-dev (.ci/run installs them); skipped with a
+# message otherwise.
 .PHONY: mpi-test
 mpi-test:
 	@if command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi-c 2>/dev/null; then \
-		echo '$(GO) vet -tags mpi ./train/comm/...' && $(GO) vet -tags mpi ./train/comm/... && \
+		echo '$(GO) vet -tags mpi ./train/comm/... ./train/engine/ ./cmd/lsp-train/' && \
+		$(GO) vet -tags mpi ./train/comm/... ./train/engine/ ./cmd/lsp-train/ && \
 		echo '$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...' && \
-		$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/...; \
+		$(GO) test -tags mpi -count=1 -timeout 5m ./train/comm/... && \
+		echo "$(GO) test -tags mpi -count=1 -timeout 5m -run 'TestDataParallel' ./train/engine/ ./cmd/lsp-train/" && \
+		$(GO) test -tags mpi -count=1 -timeout 5m -run 'TestDataParallel' ./train/engine/ ./cmd/lsp-train/; \
 	else echo "mpi-test: WARNING: MPI tests SKIPPED: mpirun or libopenmpi-dev (pkg-config ompi-c) not found (apt-get install openmpi-bin libopenmpi-dev, as .ci/run does)"; fi
 
 # `make test-repeat`: the Go tests of `make test` REPEAT (10) times in a row,

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
@@ -110,9 +111,12 @@ func datasetBytes(ds *data.Dataset) int64 {
 }
 
 // newEngine builds the engine of the run on be: the model and the update
-// mode's state, all allocated, the weights not yet set.
-func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool) (*engine.Engine, error) {
-	return engine.New(be, mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
+// mode's state, all allocated, the weights not yet set; cm (nil alone)
+// makes it one rank of a data-parallel run.
+func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool, cm comm.Communicator) (*engine.Engine, error) {
+	ec := c.engineConfig(fromCheckpoint)
+	ec.Comm = cm
+	return engine.New(be, mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
 }
 
 // setInitialWeights writes the weights a fresh run starts from into dst

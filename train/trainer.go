@@ -25,6 +25,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
@@ -60,6 +61,13 @@ type Result struct {
 	Metrics      string
 	Plot         string    // the loss plot ("" when there was no loss to plot)
 	Losses       []float64 // train loss of every step of this process, in order
+	// Ranks is the number of processes that trained together (1 alone).
+	Ranks int
+	// CommBytesPerStep is the mean payload this rank sent to other ranks
+	// per optimizer step (comm.Stats; 0 alone).
+	CommBytesPerStep float64
+	// Comm is what each step all-reduced (with several ranks).
+	Comm engine.CommStep
 }
 
 // Times are the wall times of a run's phases in this process. Elapsed
@@ -110,6 +118,13 @@ type Options struct {
 	// AfterStep, when set, is called after each step is recorded, with
 	// its wall times (lsp-train profile reads the step's timed ops).
 	AfterStep func(StepTimes) error
+	// CommTimeout is Comm's timeout of a collective, which a run raises
+	// to Rank0Wait while the other ranks wait for rank 0 to write and
+	// restores after (when Comm has SetTimeout: comm/mpi's).
+	CommTimeout time.Duration
+	// Comm, when it has more than one rank, trains data-parallel with the
+	// other ranks (dataparallel.go); nil or one rank trains alone.
+	Comm comm.Communicator
 }
 
 // StepTimes are one optimizer step's wall times (Options.AfterStep).
@@ -158,6 +173,10 @@ type run struct {
 	stepsTimed          int
 	// The latest step's engine and check times (StepTimes).
 	lastEngine, lastCheck float64
+
+	comm      comm.Communicator // several ranks; nil alone
+	commBytes int64             // payload this rank sent during its steps
+	lastComm  int64             // and during the latest step
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -168,6 +187,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	}
 	start := time.Now()
 	r := &run{cfg: cfg, opts: opts, log: opts.Logger, resumedAt: -1, lastEval: -1}
+	if opts.Comm != nil && opts.Comm.Size() > 1 {
+		r.comm = opts.Comm
+	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -177,7 +199,17 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	}
 	r.times.Setup = time.Since(start)
 	res, err := r.loop(ctx)
+	if err == nil {
+		err = r.barrier()
+	}
 	res.Elapsed, res.Times = time.Since(start), r.times
+	res.Ranks = r.ranks()
+	if r.eng != nil {
+		res.Comm = r.eng.CommPerStep()
+	}
+	if r.stepsTimed > 0 {
+		res.CommBytesPerStep = float64(r.commBytes) / float64(r.stepsTimed)
+	}
 	if opts.Measurements != nil {
 		*opts.Measurements = r.measurements()
 	}
@@ -229,7 +261,7 @@ func (r *run) setup() error {
 // in it or --overwrite replaces its outputs, so that another run's
 // checkpoint and metrics are never overwritten by mistake.
 func (r *run) checkOut() error {
-	if r.cfg.Resume || r.cfg.Overwrite {
+	if r.cfg.Resume || r.cfg.Overwrite || !r.rank0() {
 		return nil
 	}
 	ents, err := os.ReadDir(r.cfg.Out)
@@ -262,6 +294,9 @@ var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png",
 // run before, so that a kill before this run's first checkpoint cannot
 // leave another run's checkpoint to resume.
 func (r *run) prepareOut() error {
+	if !r.rank0() {
+		return nil // rank 0 alone writes --out
+	}
 	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {
 		return flagErr("out", "%v", err)
 	}
@@ -440,7 +475,7 @@ func (r *run) openEngine() error {
 		}
 	}
 	r.s = r.be.DefaultStream()
-	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint); err != nil {
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.comm); err != nil {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
@@ -530,6 +565,9 @@ func (r *run) resume() error {
 	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}
+	if err := checkResumeRanks(ck.State, r.ranks(), path); err != nil {
+		return err
+	}
 	if err := ck.Restore(r.be, r.s, r.model.Buffers().Params, r.eng); err != nil {
 		return err
 	}
@@ -543,9 +581,11 @@ func (r *run) resume() error {
 
 // openMetrics opens metrics.jsonl, cut back to the resumed step.
 func (r *run) openMetrics() error {
-	var err error
-	if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
-		return diskHint(err)
+	if r.rank0() {
+		var err error
+		if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
+			return diskHint(err)
+		}
 	}
 	r.log.Info("model", append(append([]any{"model", r.cfg.Model, "family", r.mc.Family()}, r.mc.Describe()...),
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
@@ -567,7 +607,7 @@ func (r *run) metricsPath() string    { return filepath.Join(r.cfg.Out, "metrics
 func (r *run) loop(ctx context.Context) (*Result, error) {
 	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
-	if r.opts.Progress != nil {
+	if r.opts.Progress != nil && r.rank0() {
 		r.prog = metrics.NewProgress(r.opts.Progress, r.cfg.Steps, r.log)
 	}
 	err := r.trainSteps(ctx, res)
@@ -602,7 +642,11 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 		r.lastEval = r.step
 	}
 	for r.step < r.cfg.Steps {
-		if ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter) {
+		stop, err := r.agree(ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter))
+		if err != nil {
+			return err
+		}
+		if stop {
 			res.Interrupted = true
 			break
 		}
@@ -685,7 +729,7 @@ func (r *run) skipStep(loss, lr float64, inARow int) error {
 		"step", step, "loss", loss, "in_a_row", inARow, "max_skips", r.cfg.MaxSkips)
 	rec := metrics.Record{Step: step, LR: metrics.F(lr), Event: metrics.SkippedStepEvent,
 		Skipped: &metrics.SkippedStep{Loss: fmt.Sprint(loss), InARow: inARow}}
-	return diskHint(r.mw.Write(rec))
+	return diskHint(r.writeMetrics(rec))
 }
 
 // ordinal is the English suffix of n: 1st, 2nd, 3rd, 4th, 11th, 21st.
@@ -714,7 +758,10 @@ func (r *run) trainStep(lr float64) (float64, error) {
 			return 0, err
 		}
 	}
-	batches := make([]data.Batch, r.cfg.GradAccum)
+	// Every rank reads the whole global batch (ranks x --grad-accum
+	// micro-batches) and trains on its own share, so the data position
+	// is the same on every rank.
+	batches := make([]data.Batch, r.ranks()*r.cfg.GradAccum)
 	targets := 0
 	for i := range batches {
 		r.loader.Next(&batches[i])
@@ -724,10 +771,23 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", r.step+1)
 	}
+	mine := batches
+	if r.comm != nil {
+		k := r.comm.Rank() * r.cfg.GradAccum
+		mine = batches[k : k+r.cfg.GradAccum]
+	}
+	var cs0 comm.Stats
+	if r.comm != nil {
+		cs0 = r.comm.Stats()
+	}
 	tr0, t0 := r.be.Traffic(), time.Now()
-	sum, err := r.eng.Step(batches, lr)
+	sum, err := r.eng.Step(mine, lr) // with several ranks, summed over them
 	if err != nil {
 		return 0, err
+	}
+	if r.comm != nil {
+		r.lastComm = r.comm.Stats().Sub(cs0).Sent()
+		r.commBytes += r.lastComm
 	}
 	tr1 := r.be.Traffic()
 	r.lastEngine = time.Since(t0).Seconds()
@@ -759,7 +819,10 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	// Time is left 0 so the Writer fills it in, continuing across resumes.
 	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(stepRate),
 		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
-	if err := r.mw.Write(rec); err != nil {
+	if r.comm != nil {
+		rec.CommBytes = metrics.F(float64(r.lastComm))
+	}
+	if err := r.writeMetrics(rec); err != nil {
 		return diskHint(err)
 	}
 	if r.prog != nil {
@@ -801,6 +864,12 @@ func (r *run) finish(res *Result) error {
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
+	return r.rank0Only(func() error { return r.export(res) })
+}
+
+// export writes the final weights as a Hugging Face directory and plots
+// the losses (only the plot when the run was interrupted).
+func (r *run) export(res *Result) error {
 	t0 := time.Now()
 	defer func() { r.times.Export += time.Since(t0) }()
 	if res.Interrupted {
@@ -892,7 +961,7 @@ func (r *run) checkProjectors() error {
 			Matrix: p.Matrix, RatioBefore: p.RatioBefore, RatioAfter: p.RatioAfter, Iters: p.Iters,
 			Resampled: p.Resampled, Reached: p.Reached, Change: p.Change, Rewarm: p.Rewarm, Seconds: p.Seconds,
 			Rejected: p.Rejected, CaptureBefore: p.CaptureBefore, CaptureAfter: p.CaptureAfter}}
-		if err := r.mw.Write(rec); err != nil {
+		if err := r.writeMetrics(rec); err != nil {
 			return err
 		}
 	}
@@ -917,12 +986,18 @@ func (r *run) measurements() Measurements {
 
 // saveCheckpoint writes the run's state to --out, atomically.
 func (r *run) saveCheckpoint() error {
+	// Every rank holds the same state; rank 0 saves it.
+	return r.rank0Only(r.writeCheckpoint)
+}
+
+func (r *run) writeCheckpoint() error {
 	t0 := time.Now()
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
 	releaseHost()       // the steps' garbage, before the checkpoint's values come on top
 	defer releaseHost() // the checkpoint's values
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
+	saveRanks(&st, r.ranks())
 	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
@@ -970,7 +1045,7 @@ func (r *run) evaluate(res *Result) error {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *rec.ExactMatch))
 	}
 	r.logf("eval", args...)
-	return diskHint(r.mw.Write(rec))
+	return diskHint(r.writeMetrics(rec))
 }
 
 // logf logs through the progress display when there is one, so the bar

@@ -24,6 +24,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +34,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 )
 
 func main() {
@@ -66,12 +70,20 @@ type exitCoder interface{ ExitCode() int }
 // -h, whose usage parseFlags has printed already.
 func run(args []string, stdout io.Writer, stderr *os.File) int {
 	name, cmd := "lsp-train", trainCmd
+	var err error
 	if len(args) > 0 {
 		if sc, ok := subcommands[args[0]]; ok {
 			name, cmd, args = "lsp-train "+args[0], sc.run, args[1:]
+			if n, ok := comm.LaunchedByMPI(); ok {
+				// Each rank would run it alone, on the same files.
+				cmd = func([]string, io.Writer, *os.File) error {
+					return fmt.Errorf("launched by mpirun (%s=%d): only training runs on several ranks; run %s without mpirun",
+						comm.WorldEnv, n, name)
+				}
+			}
 		}
 	}
-	err := cmd(args, stdout, stderr)
+	err = cmd(args, stdout, stderr)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -128,6 +140,13 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	if err := checkFitFlags(fs, cfg); err != nil {
 		return err
 	}
+	// Under mpirun: the job's communicator (an error in a build without
+	// -tags mpi); alone, one rank.
+	c, err := mpi.Init(mpi.Config{Timeout: mpi.DefaultTimeout})
+	if err != nil {
+		return err
+	}
+	rank, ranks := c.Rank(), c.Size()
 	var logger *slog.Logger
 	var progress *os.File
 	if term.IsTerminal(int(stderr.Fd())) {
@@ -137,13 +156,39 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
+	opts := train.Options{Logger: logger, Progress: progress}
+	if ranks > 1 {
+		opts.Comm, opts.CommTimeout = c, mpi.DefaultTimeout
+		if cfg.Threads == 0 {
+			// All cores for each rank would oversubscribe a machine
+			// that runs several: share them among this machine's ranks.
+			cfg.Threads = max(1, runtime.NumCPU()/localRanks())
+		}
+		logger = logger.With("rank", rank)
+		if rank != 0 {
+			// Rank 0 shows the run; the others say only what goes wrong.
+			logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("rank", rank)
+			progress = nil
+		}
+		opts.Logger, opts.Progress = logger, progress
+		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads)
+	}
 	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
 	defer done()
-	res, err := train.Run(ctx, cfg, train.Options{Logger: logger, Progress: progress})
+	res, err := train.Run(ctx, cfg, opts)
 	if err != nil {
+		// Not closed: MPI_Finalize could wait for ranks still training;
+		// the non-zero exit makes mpirun end them.
 		return err
 	}
-	report(stdout, cfg, res)
+	if rank == 0 {
+		// Before Close: once another rank exits (with 130 when
+		// interrupted), mpirun may end this one.
+		report(stdout, cfg, res)
+	}
+	if err := c.Close(); err != nil {
+		return err
+	}
 	if res.Interrupted {
 		s := sig()
 		if s == 0 {
@@ -170,6 +215,9 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	}
 	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
 	reportTimes(w, res)
+	if res.Ranks > 1 {
+		reportComm(w, cfg, res)
+	}
 	if res.StepsRun > 0 {
 		fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
 	}
@@ -270,4 +318,26 @@ func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig fu
 		signal.Stop(ch)
 		cancel()
 	}
+}
+
+// reportComm prints what a data-parallel run moved between ranks: the
+// bytes per step, and per block matrix the elements its step all-reduced
+// beside the m n of native mode's dense gradient.
+func reportComm(w io.Writer, cfg train.Config, res *train.Result) {
+	fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others (%d elements all-reduced per step)\n",
+		res.Ranks, res.CommBytesPerStep, res.Comm.Elems)
+	for _, m := range res.Comm.Matrices {
+		fmt.Fprintf(w, "    %-10s %5dx%-5d %9d elements per block (%s); native all-reduces %d (%.3f)\n",
+			m.Name, m.M, m.N, m.Elems, cfg.Mode, m.M*m.N, float64(m.Elems)/float64(m.M*m.N))
+	}
+}
+
+// localRanks is the number of ranks mpirun started on this machine
+// (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when it does not say.
+func localRanks() int {
+	n, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
 }

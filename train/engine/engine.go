@@ -44,6 +44,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
@@ -218,6 +219,9 @@ type Config struct {
 	// Recompute drops activations in the forward and recomputes them in
 	// the backward (--recompute): less device memory, the same results.
 	Recompute model.Recompute
+	// Comm is the group of ranks that train together (dp.go); nil or a
+	// one-rank communicator trains alone.
+	Comm comm.Communicator
 }
 
 // Validate checks the configuration, naming the flag at fault.
@@ -242,6 +246,9 @@ func (c Config) Validate() error {
 	}
 	if c.Mode != Native && c.Hyper.Clip == optim.ClipGlobalPrev {
 		errs = append(errs, fmt.Errorf("--clip-mode: global-prev is supported with --mode native only; use matrix or none with --mode %s", c.Mode))
+	}
+	if c.Comm != nil && c.Comm.Size() > 1 {
+		errs = append(errs, c.checkComm())
 	}
 	return errors.Join(errs...)
 }
@@ -277,6 +284,8 @@ type Engine struct {
 	off   *offload     // zero, and lsp with --dense-params host
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lspState    // lsp
+	dp    *dp          // several ranks (dp.go); nil alone
+	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
@@ -304,7 +313,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly, dp: newDP(cfg.Comm)}
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
@@ -343,6 +352,8 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 				return nil, fmt.Errorf("engine: %w", err)
 			}
 		}
+	}
+	if cfg.Mode != Native || e.dp != nil {
 		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
@@ -353,6 +364,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		// out as Params: the whole gradient gives the global norm.
 		if e.opt, err = optim.New(be, cfg.Hyper, e.denseTensors(), e.Model.Buffers().Grads); err != nil {
 			return nil, err
+		}
+		if e.dp != nil {
+			if e.dpg, err = newDPGrads(e, groupsAll(idx)); err != nil {
+				return nil, err
+			}
 		}
 	case Zero:
 		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
@@ -366,6 +382,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		case DenseDevice:
 			if e.dense, err = optim.New(be, cfg.Hyper, e.denseTensors(), backend.Tensor{}); err != nil {
 				return nil, fmt.Errorf("engine: dense optimizer: %w", err)
+			}
+			if e.dp != nil {
+				if e.dpg, err = newDPGrads(e, groupsDense(idx)); err != nil {
+					return nil, err
+				}
 			}
 		case DenseHost:
 			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
@@ -438,6 +459,7 @@ func (e *Engine) Free() error {
 	if e.off != nil {
 		e.off.free()
 	}
+	e.dpg.free(e.be)
 	if e.lossFlag.Buf != nil {
 		e.be.Free(e.lossFlag)
 	}
@@ -500,7 +522,10 @@ func hostRange(h backend.HostBuffer, off, n int) backend.Range {
 // learning rate lr and returns the sum of the per-token losses (divide by
 // the batches' NumTargets for the mean). Every update is applied when it
 // returns. When the loss is not finite the step is skipped (see Skipped):
-// the sum returned is NaN or infinite, and nothing was updated.
+// the sum returned is NaN or infinite, and nothing was updated. With
+// several ranks (Config.Comm) every rank calls Step with its own
+// micro-batches; the loss is scaled by the targets of all of them, and the
+// sum returned is over every rank's (dp.go).
 func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err error) {
 	if len(batches) != e.accum {
 		return 0, fmt.Errorf("engine: %d micro-batches for --grad-accum %d", len(batches), e.accum)
@@ -508,6 +533,12 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	targets := 0
 	for _, b := range batches {
 		targets += b.NumTargets
+	}
+	if e.dp != nil {
+		var err error
+		if targets, err = e.dp.globalTargets(targets); err != nil {
+			return 0, fmt.Errorf("step %d: %w", e.step+1, err)
+		}
 	}
 	if targets == 0 {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", e.step+1)
@@ -539,6 +570,11 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	n := e.lossAcc.Len()
 	for _, l := range e.losses[:n] {
 		lossSum += float64(l)
+	}
+	if e.dp != nil {
+		if lossSum, err = e.dp.globalLoss(lossSum); err != nil {
+			return 0, fmt.Errorf("step %d: %w", e.step, err)
+		}
 	}
 	if e.losses[n] != 0 {
 		if err := e.undoStep(); err != nil {
@@ -636,6 +672,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	g := &Graph{}
 	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
+	var agreed NodeID        // several ranks: the flag summed over ranks
 	var bwdEmbed NodeID
 	for i := 0; i < e.accum; i++ {
 		i := i
@@ -677,9 +714,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 				return be.NonFiniteFlag(s, e.skipFlag, e.lossAcc)
 			})
 			if e.flagHost != nil {
-				g.Add("d2h non-finite flag", D2H, func(s backend.Stream) error {
+				d2h := g.Add("d2h non-finite flag", D2H, func(s backend.Stream) error {
 					return be.CopyD2H(s, e.flagHost, 0, e.skipFlag)
 				}, flag)
+				if e.dp != nil {
+					agreed = e.addFlag(g, d2h)
+				}
 			}
 		}
 		for l := L - 1; l >= 0; l-- {
@@ -697,21 +737,50 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	}
 	switch e.cfg.Mode {
 	case Native:
-		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) })
+		var ups []NodeID
+		if e.dp != nil {
+			reduced := e.addGradsDown(g, bwd, bwdEmbed)
+			e.addFlagUp(g, agreed)
+			ups = e.addGradsUp(g, reduced)
+		}
+		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
-		e.off.addUp(g, e.off.addDown(g, bwd, bwdEmbed, lr))
+		adam := e.off.addDown(g, bwd, bwdEmbed, lr)
+		if e.dp != nil {
+			e.addFlagUp(g, agreed) // the losses' flag, read back after the step
+		}
+		e.off.addUp(g, adam)
 	case LSP:
-		if e.dense != nil {
-			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) })
+		denseAdam := func(deps ...NodeID) {
+			g.Add("dense adamw", Compute, func(s backend.Stream) error { return e.dense.Step(s, float32(lr), e.skipFlag) }, deps...)
+		}
+		if e.dense != nil && e.dp == nil {
+			denseAdam()
 		}
 		// Every copy down and host Adam first, then the copies up and the
 		// applies: the launcher blocks on a host result only after all the
 		// work that can overlap with it is enqueued.
-		var offAdam []NodeID
-		if e.off != nil {
+		// With several ranks the matrices come first: their collectives
+		// chain in list order, and layer L-1's S is ready long before the
+		// dense group of the embeddings.
+		var offAdam, lspAdam []NodeID
+		if e.off != nil && e.dp == nil {
 			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
 		}
-		lspAdam := e.lsp.addDown(g, bwd, lr)
+		lspAdam = e.lsp.addDown(g, bwd, lr)
+		if e.dp != nil {
+			if e.off != nil {
+				offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
+			}
+			var reduced []NodeID
+			if e.dpg != nil {
+				reduced = e.addGradsDown(g, bwd, bwdEmbed)
+			}
+			e.addFlagUp(g, agreed)
+			if e.dense != nil {
+				denseAdam(e.addGradsUp(g, reduced)...)
+			}
+		}
 		if e.off != nil {
 			e.off.addUp(g, offAdam)
 		}

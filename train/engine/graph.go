@@ -56,6 +56,10 @@ type Node struct {
 	// (its buffers have no memory behind them when traced); zero on
 	// device nodes, whose work a tracing backend records op by op.
 	Work HostWork
+	// AllReduce is the bytes a host node of data parallelism all-reduces
+	// among the ranks (dp.go), for a planner to price on the
+	// inter-process link; 0 on every other node.
+	AllReduce int64
 }
 
 // HostWork describes a host node's CPU Adam: the elements it updates, the
@@ -167,8 +171,10 @@ func (g *Graph) Reduce() *Graph {
 }
 
 // Validate checks that every dependency comes earlier in the list and
-// crosses queues (an edge within a queue would be meaningless: the queue
-// orders it already).
+// crosses queues (an edge within a device queue would be meaningless: the
+// queue orders it already). Host nodes run on goroutines of their own, in
+// no order but their edges', so an edge between two of them is allowed
+// (data parallelism chains its collectives so).
 func (g *Graph) Validate() error {
 	for i, n := range g.Nodes {
 		if n.Queue >= numQueues {
@@ -178,7 +184,7 @@ func (g *Graph) Validate() error {
 			if d < 0 || int(d) >= i {
 				return fmt.Errorf("schedule: node %d %q depends on node %d, which does not come before it", i, n.Name, d)
 			}
-			if g.Nodes[d].Queue == n.Queue {
+			if g.Nodes[d].Queue == n.Queue && n.Queue != Host {
 				return fmt.Errorf("schedule: edge %q -> %q stays on queue %v", g.Nodes[d].Name, n.Name, n.Queue)
 			}
 		}

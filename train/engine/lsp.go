@@ -375,9 +375,19 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 			}
 			return nil
 		}, bwd[l])
+		ready := d2h
+		if e.dp != nil {
+			// The layer's matrices are contiguous in hostS.
+			first, last := st.mats[l][0], st.mats[l][len(st.mats[l])-1]
+			off, n := first.hostOff, (last.hostOff-first.hostOff)/4+last.d*last.d
+			name := fmt.Sprintf("all-reduce S %d", l)
+			ready = e.dp.collective(g, name, n, func() error {
+				return e.allReduceHost(name, st.hostS, off, n)
+			}, d2h)
+		}
 		adam[l] = g.Add(fmt.Sprintf("host adam S %d", l), Host, func(backend.Stream) error {
 			return st.adam(l, lr)
-		}, d2h)
+		}, ready)
 		g.Nodes[adam[l]].Work = st.work(l)
 	}
 	return adam

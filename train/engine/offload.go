@@ -201,9 +201,19 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 			}
 			return nil
 		}, done)
+		ready := d2h
+		if e.dp != nil && len(grp.tensors) > 0 {
+			// The group's gradients are contiguous in grads (fp32: checkComm).
+			first, last := grp.tensors[0], grp.tensors[len(grp.tensors)-1]
+			name := "all-reduce grads " + grp.name
+			n := last.off + last.n - first.off
+			ready = e.dp.collective(g, name, n, func() error {
+				return e.allReduceHost(name, o.grads, first.off*o.gsize, n)
+			}, d2h)
+		}
 		adam[gi] = g.Add("host adam "+grp.name, Host, func(backend.Stream) error {
 			return o.adam(grp, lr)
-		}, d2h)
+		}, ready)
 		g.Nodes[adam[gi]].Work = o.work(grp)
 	}
 	return adam

@@ -37,7 +37,10 @@ type Record struct {
 	TokensPerSec *float64 `json:"tokens_per_s,omitempty"`
 	LR           *float64 `json:"lr,omitempty"`
 	GradNorm     *float64 `json:"grad_norm,omitempty"`
-	Event        string   `json:"event,omitempty"` // e.g. "resume", "checkpoint", "projector-check", "skipped-step"
+	// CommBytes is the payload this rank sent to the other ranks of a
+	// data-parallel run during the step (rank 0's; absent alone).
+	CommBytes *float64 `json:"comm_bytes,omitempty"`
+	Event     string   `json:"event,omitempty"` // e.g. "resume", "checkpoint", "projector-check", "skipped-step"
 	// Projector is one matrix's projector check in lsp mode.
 	Projector *ProjectorCheck `json:"projector,omitempty"`
 	// Skipped is an attempt at step Step whose loss was not finite and

@@ -1,0 +1,211 @@
+//go:build mpi
+
+// The train command under mpirun (make mpi-test): the ranks are this test
+// binary re-executed by mpirun with childEnv set, built with -tags mpi, so
+// each rank joins the job through mpi.Init.
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// dpArgs is a short lsp run of the tiny preset with fitted projectors
+// (checked at steps 0 and 2: every rank fits on the same calibration
+// rows), writing into out.
+func dpArgs(out string, steps int, extra ...string) []string {
+	return append([]string{"--model", "tiny", "--data", "builtin:sort:300", "--steps", strconv.Itoa(steps), "--batch", "4",
+		"--seq-len", "24", "--warmup", "2", "--eval-generate", "2", "--threads", "1", "--mode", "lsp", "--d", "32",
+		"--r", "4", "--dense-params", "frozen", "--fit", "--check-every", "2", "--calib-samples", "8", "--fit-iters", "20",
+		"--out", out}, extra...)
+}
+
+// runRanks runs the command under mpirun -np np and returns its output
+// and error.
+func runRanks(t *testing.T, np int, args []string) (string, error) {
+	t.Helper()
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
+	if os.Geteuid() == 0 {
+		margs = append([]string{"--allow-run-as-root"}, margs...)
+	}
+	cmd := exec.CommandContext(ctx, mpirun, append(margs, args...)...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("mpirun -np %d still running after 2 minutes; output:\n%s", np, buf.String())
+	}
+	return buf.String(), err
+}
+
+// stepRecords counts the train records of each step in metrics.jsonl.
+func stepRecords(t *testing.T, out string) map[int]int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[int]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec struct {
+			Step      int      `json:"step"`
+			TrainLoss *float64 `json:"train_loss"`
+			CommBytes *float64 `json:"comm_bytes"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("metrics.jsonl: %v: %s", err, line)
+		}
+		if rec.TrainLoss != nil {
+			n[rec.Step]++
+			if rec.CommBytes == nil || *rec.CommBytes <= 0 {
+				t.Errorf("metrics.jsonl: step %d has no comm_bytes: %s", rec.Step, line)
+			}
+		}
+	}
+	return n
+}
+
+// TestDataParallelCommand: lsp-train under mpirun -np 2, 2 steps, then
+// resumed to 4 under mpirun -np 2, exports the same weights bit for bit
+// as one process with --grad-accum 2 for 4 steps; rank 0 alone reports
+// and writes one metrics record per step; a resume by one process is
+// refused naming the world size.
+func TestDataParallelCommand(t *testing.T) {
+	dir := t.TempDir()
+	one, dp := filepath.Join(dir, "one"), filepath.Join(dir, "dp")
+	runChild(t, dpArgs(one, 4, "--grad-accum", "2"), "", 0)
+
+	out, err := runRanks(t, 2, dpArgs(dp, 2))
+	if err != nil {
+		t.Fatalf("mpirun -np 2: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dp, "checkpoint.safetensors")); err != nil {
+		t.Fatalf("no checkpoint after the first run: %v\n%s", err, out)
+	}
+	out, err = runRanks(t, 2, dpArgs(dp, 4, "--resume"))
+	if err != nil {
+		t.Fatalf("mpirun -np 2 --resume: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "Trained tiny"); n != 1 {
+		t.Errorf("the report was printed %d times, want once (rank 0's):\n%s", n, out)
+	}
+	if !strings.Contains(out, "data parallel     2 ranks") {
+		t.Errorf("the report does not say the run was data parallel:\n%s", out)
+	}
+	for step := 1; step <= 4; step++ {
+		if n := stepRecords(t, dp)[step]; n != 1 {
+			t.Errorf("metrics.jsonl: %d records of step %d, want 1 (rank 0's)", n, step)
+		}
+	}
+	a, err := os.ReadFile(filepath.Join(one, "hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dp, "hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Errorf("the weights of mpirun -np 2 (2 steps, resumed to 4) differ from one process with --grad-accum 2")
+	}
+
+	// One process cannot continue the two ranks' run.
+	cmd := exec.Command(os.Args[0], dpArgs(dp, 6, "--resume")...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	b, err = cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "2 ranks (mpirun -np 2)") {
+		t.Errorf("one process resuming a checkpoint of 2 ranks: %v, want an error naming the 2 ranks:\n%s", err, b)
+	}
+}
+
+// TestDataParallelKilledRank: rank 1 of a training run killed with
+// SIGKILL ends the job within 60 s, with mpirun naming the lost rank.
+func TestDataParallelKilledRank(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	out := filepath.Join(t.TempDir(), "dp")
+	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", "2", os.Args[0]}
+	if os.Geteuid() == 0 {
+		margs = append([]string{"--allow-run-as-root"}, margs...)
+	}
+	cmd := exec.Command(mpirun, append(margs, dpArgs(out, 100000)...)...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left, if the test fails
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	// Once rank 0 has written a step, find rank 1 among mpirun's children.
+	deadline := time.Now().Add(time.Minute)
+	rank1 := 0
+	for rank1 == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no step written and no rank 1 found in a minute; output:\n%s", buf.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+		if b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl")); err != nil || !bytes.Contains(b, []byte(`"train_loss"`)) {
+			continue
+		}
+		rank1 = childWithRank(cmd.Process.Pid, "1")
+	}
+	killed := time.Now()
+	if err := syscall.Kill(rank1, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if err == nil {
+			t.Errorf("mpirun exited 0 after rank 1 was killed")
+		}
+		t.Logf("mpirun ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("mpirun still running 60 s after rank 1 was killed; output:\n%s", buf.String())
+	}
+	if !strings.Contains(buf.String(), "rank 1") {
+		t.Errorf("the output does not name rank 1:\n%s", buf.String())
+	}
+}
+
+// childWithRank is the process id of the child of parent that mpirun
+// started as rank (its OMPI_COMM_WORLD_RANK), or 0.
+func childWithRank(parent int, rank string) int {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(parent) + "/task/*/children")
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			env, _ := os.ReadFile("/proc/" + p + "/environ")
+			for _, kv := range strings.Split(string(env), "\x00") {
+				if kv == "OMPI_COMM_WORLD_RANK="+rank {
+					pid, _ := strconv.Atoi(p)
+					return pid
+				}
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,326 @@
+// Data parallelism (issue 22): several processes, one rank each, train
+// one model on their own micro-batches of every global batch and keep
+// bit-identical weights and optimizer state by summing what each step
+// updates from across ranks (train/comm).
+//
+// lsp mode: each layer's S goes down to its pinned host buffer as in one
+// process; then a host node all-reduces the layer's S (d^2 per matrix, not
+// the m n of a dense gradient), and the subspace Adam runs on the sum on
+// every rank. The random projectors come from the seed; a projector check
+// (--fit) on the same calibration batches on every rank, with the same
+// weights, fits the same projectors on every rank (the caller's part:
+// lsp-train draws them from the seed and the step). With --dense-params
+// host, each dense group's gradients are all-reduced on the host before
+// its host Adam in the same way; with device, as native mode's below,
+// before the device AdamW.
+//
+// native mode: per group of parameters (a block from the last, then the
+// embeddings and head), the gradients go down to a pinned buffer once the
+// group's backward is done, are all-reduced on the host (m n per matrix)
+// and go back up before the device AdamW (dpGrads). The backward kernels
+// of one process accumulate micro-batches into one running sum, an order
+// a sum over ranks cannot repeat without changing the single process, so
+// native (like lsp's dense gradients) agrees with --grad-accum N to
+// rounding, not bit for bit (the test bounds the difference).
+//
+// zero mode: each group's gradients are all-reduced on the host between
+// their copy down and the host Adam, as lsp's --dense-params host, and
+// every rank runs the whole host Adam: replicated, not ZeRO's sharding of
+// the host optimizer among ranks (not built yet).
+//
+// Every rank calls the same collectives in the same order: the collective
+// nodes form one chain in list order (each depends on the one before), so
+// two host goroutines never race to the communicator and ranks cannot
+// pair up different buffers of one size (comm's package doc). The chain
+// starts with the step's non-finite flag, summed over ranks and copied
+// back to the device, so a NaN on any rank skips the step on every rank
+// (the host Adam nodes and the device applies read the agreed flag).
+//
+// The loss is scaled by the global number of targets (an all-reduce
+// before the graph runs), so a rank's S is its micro-batch's share of the
+// global mean. With one micro-batch per rank, rank r's S is the sum over
+// tokens of micro-batch r, written from +0 (SparseS without accumulate),
+// and the rank-order sum ((S0 + S1) + S2) has the bits a single process
+// with --grad-accum N computes over the same micro-batches: SparseS there
+// sums each micro-batch from +0 and adds it to S (S = acc + S), and fp32
+// addition is commutative. Several micro-batches per rank sum per rank
+// first, a different order: equal up to rounding, not bit for bit.
+
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+)
+
+// checkComm checks what data parallelism supports, naming the flag at
+// fault; c has more than one rank.
+func (c Config) checkComm() error {
+	var errs []error
+	n := c.Comm.Size()
+	if (c.Mode == Native || c.Mode == Zero) && c.GradDType != backend.F32 {
+		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.Mode, n))
+	}
+	if c.Mode == LSP {
+		if c.DenseParams != DenseFrozen && c.GradDType != backend.F32 {
+			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.DenseParams, n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dp is the engine's data-parallel state: nil in a single process.
+type dp struct {
+	c comm.Communicator
+	// one is a 1-element buffer for the global target count; loss is
+	// 2 x size floats, every rank's float64 loss sum gathered as bits.
+	one, loss []float32
+	// last is the latest collective node of the graph being built.
+	last NodeID
+}
+
+func newDP(c comm.Communicator) *dp {
+	if c == nil || c.Size() <= 1 {
+		return nil
+	}
+	return &dp{c: c, one: make([]float32, 1), loss: make([]float32, 2*c.Size())}
+}
+
+// globalTargets sums the step's targets over ranks. The count is exact
+// in float32 below 2^24 tokens per step.
+func (d *dp) globalTargets(local int) (int, error) {
+	if local >= 1<<24 {
+		return 0, fmt.Errorf("engine: %d targets in one step: more than float32 counts exactly", local)
+	}
+	d.one[0] = float32(local)
+	if err := d.c.AllReduceSum(d.one); err != nil {
+		return 0, fmt.Errorf("engine: summing the step's targets over ranks: %w", err)
+	}
+	n := int(d.one[0])
+	if float32(n) != d.one[0] || n >= 1<<24 {
+		return 0, fmt.Errorf("engine: the step's targets over ranks sum to %g: not an exact count", d.one[0])
+	}
+	return n, nil
+}
+
+// globalLoss sums every rank's loss sum, in rank order, in float64: each
+// rank's value is gathered bit for bit (two float32 slots per rank).
+func (d *dp) globalLoss(local float64) (float64, error) {
+	r := d.c.Rank()
+	bits := math.Float64bits(local)
+	d.loss[2*r] = math.Float32frombits(uint32(bits))
+	d.loss[2*r+1] = math.Float32frombits(uint32(bits >> 32))
+	if err := d.c.AllGather(d.loss, d.loss[2*r:2*r+2]); err != nil {
+		return 0, fmt.Errorf("engine: gathering the ranks' losses: %w", err)
+	}
+	var sum float64
+	for i := 0; i < d.c.Size(); i++ {
+		sum += math.Float64frombits(uint64(math.Float32bits(d.loss[2*i])) | uint64(math.Float32bits(d.loss[2*i+1]))<<32)
+	}
+	return sum, nil
+}
+
+// collective adds a host node that all-reduces elems float32 after deps
+// and after the previous collective node of the graph (the chain).
+func (d *dp) collective(g *Graph, name string, elems int, run func() error, deps ...NodeID) NodeID {
+	if d.last >= 0 {
+		deps = append(deps, d.last)
+	}
+	d.last = g.Add(name, Host, func(backend.Stream) error { return run() }, deps...)
+	g.Nodes[d.last].AllReduce = 4 * int64(elems)
+	return d.last
+}
+
+// addFlag adds the agreement on the non-finite flag after its copy down
+// (d2hFlag): the ranks' flags summed on the host (non-zero: some rank saw
+// a non-finite loss). It starts the graph's chain of collectives and
+// returns its node; addFlagUp copies the agreed flag back.
+func (e *Engine) addFlag(g *Graph, d2hFlag NodeID) NodeID {
+	d := e.dp
+	d.last = -1
+	const name = "all-reduce non-finite flag"
+	return d.collective(g, name, 1, func() error {
+		r := []backend.Range{hostRange(e.flagHost, 0, 4)}
+		e.hostAccess(name, r, r)
+		if err := d.c.AllReduceSum(e.flagHost.Float32()[:1]); err != nil {
+			return err
+		}
+		return nil
+	}, d2hFlag)
+}
+
+// addFlagUp copies the agreed flag over the device's, ahead (on the h2d
+// stream) of every copy whose update the device applies reading it, and
+// so of those updates; the losses come back with it after the step.
+func (e *Engine) addFlagUp(g *Graph, flag NodeID) {
+	g.Add("h2d non-finite flag", H2D, func(s backend.Stream) error {
+		return e.be.CopyH2D(s, e.skipFlag, e.flagHost, 0)
+	}, flag)
+}
+
+// allReduceHost all-reduces a range of a pinned host buffer of fp32
+// (bytes [off, off+4n)).
+func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) error {
+	r := []backend.Range{hostRange(h, off, 4*n)}
+	e.hostAccess(name, r, r)
+	return e.dp.c.AllReduceSum(h.Float32()[off/4 : off/4+n])
+}
+
+// dpGrads is the all-reduce of the gradients a device AdamW updates from
+// (native mode's, lsp's with --dense-params device): per group of
+// parameters (a block from the last, then the embeddings and head, as
+// zero mode groups them), the gradients go down into a pinned fp32 buffer
+// once the group's backward is done, are summed over ranks on the host,
+// and go back up over the device's before the AdamW reads them.
+type dpGrads struct {
+	groups []dpGroup
+	buf    backend.HostBuffer // fp32, every gradient
+}
+
+type dpGroup struct {
+	name    string
+	layer   int // -1: outside the blocks
+	tensors []dpTensor
+	off, n  int // elements of buf
+}
+
+type dpTensor struct {
+	grad   backend.Tensor
+	off, n int
+}
+
+func newDPGrads(e *Engine, specs []groupSpec) (*dpGrads, error) {
+	d := &dpGrads{}
+	n := 0
+	for _, sp := range specs {
+		if len(sp.params) == 0 {
+			continue
+		}
+		grp := dpGroup{name: sp.name, layer: sp.layer, off: n}
+		for _, i := range sp.params {
+			gv, ok := e.Model.GradView(i)
+			if !ok {
+				return nil, fmt.Errorf("engine: %s has no gradient to all-reduce", e.idx.Layout[i].Name)
+			}
+			grp.tensors = append(grp.tensors, dpTensor{grad: gv, off: n, n: gv.Len()})
+			n += gv.Len()
+		}
+		grp.n = n - grp.off
+		d.groups = append(d.groups, grp)
+	}
+	var err error
+	if d.buf, err = e.be.AllocHost("data-parallel gradients", 4*n); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	return d, nil
+}
+
+func (d *dpGrads) free(be backend.Backend) {
+	if d != nil && d.buf != nil {
+		be.FreeHost(d.buf)
+	}
+}
+
+// addGradsDown adds the copies down and the all-reduces of dpGrads and
+// returns the all-reduces. Add every copy down and collective before the
+// copies up (addGradsUp): the launcher blocks on a host result before it
+// enqueues what needs it, and should do so only after all the work that
+// overlaps with it.
+func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID {
+	d := e.dpg
+	reduced := make([]NodeID, len(d.groups))
+	for gi := range d.groups {
+		grp := &d.groups[gi]
+		done := bwdEmbed
+		if grp.layer >= 0 {
+			done = bwd[grp.layer]
+		}
+		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyD2H(s, d.buf, 4*t.off, t.grad); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, done)
+		name := "all-reduce grads " + grp.name
+		reduced[gi] = e.dp.collective(g, name, grp.n, func() error {
+			return e.allReduceHost(name, d.buf, 4*grp.off, grp.n)
+		}, d2h)
+	}
+	return reduced
+}
+
+// addGradsUp adds the copies up of the summed gradients after their
+// all-reduces and returns them: the AdamW must follow them.
+func (e *Engine) addGradsUp(g *Graph, reduced []NodeID) []NodeID {
+	d := e.dpg
+	ups := make([]NodeID, len(d.groups))
+	for gi := range d.groups {
+		grp := &d.groups[gi]
+		ups[gi] = g.Add("h2d grads "+grp.name, H2D, func(s backend.Stream) error {
+			for _, t := range grp.tensors {
+				if err := e.be.CopyH2D(s, t.grad, d.buf, 4*t.off); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, reduced[gi])
+	}
+	return ups
+}
+
+// CommStep is what one step of a data-parallel engine all-reduces.
+type CommStep struct {
+	// Elems is every element the step's collectives all-reduce: the
+	// targets' count and the non-finite flag, then S (lsp) or the
+	// matrices' gradients (native, zero), and the dense gradients (but
+	// with --dense-params frozen). Each all-reduce of n elements sends
+	// 2 (ranks-1) n of them over the link, summed over ranks (comm/mpi's
+	// reduce-scatter and all-gather).
+	Elems int
+	// Matrices are one block's matrices with what this mode all-reduces
+	// for each per step: d^2 in lsp, m n in native (the same every block).
+	Matrices []MatrixComm
+}
+
+// MatrixComm is one block matrix's share of a step's all-reduce.
+type MatrixComm struct {
+	Name  string
+	M, N  int
+	Elems int
+}
+
+// CommPerStep is what each step all-reduces; zero alone.
+func (e *Engine) CommPerStep() CommStep {
+	if e.dp == nil {
+		return CommStep{}
+	}
+	c := CommStep{Elems: 2} // the targets and the flag
+	var d []int
+	if e.lsp != nil {
+		d, _ = lspDims(e.idx, e.lsp.cfg)
+	}
+	for k, mt := range e.idx.Mats {
+		m := MatrixComm{Name: mt.Name, M: mt.M, N: mt.N, Elems: mt.M * mt.N}
+		if d != nil {
+			m.Elems = d[k] * d[k]
+		}
+		c.Matrices = append(c.Matrices, m)
+		c.Elems += len(e.idx.Blocks) * m.Elems
+	}
+	// The dense gradients: every mode all-reduces them but lsp with
+	// --dense-params frozen.
+	if e.lsp == nil || e.cfg.DenseParams != DenseFrozen {
+		for i, p := range e.idx.Layout {
+			if !e.idx.IsMat[i] {
+				c.Elems += p.Len()
+			}
+		}
+	}
+	return c
+}

@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// twoRanks claims a world of two; only Validate looks at it.
+type twoRanks struct{ *comm.Single }
+
+func (twoRanks) Size() int { return 2 }
+
+// TestDataParallelRefuses: with several ranks, what dp.go does not support
+// is refused naming its flag; one rank (comm.Single) is no restriction.
+func TestDataParallelRefuses(t *testing.T) {
+	ok := testConfig(LSP)
+	ok.DenseParams, ok.LSP.NoFit = DenseHost, true
+	ok.Comm = twoRanks{comm.NewSingle()}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("lsp, --dense-params host, random projectors, 2 ranks: %v", err)
+	}
+	native := ok
+	native.Mode = Native
+	if err := native.Validate(); err != nil {
+		t.Fatalf("native, fp32 gradients, 2 ranks: %v", err)
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Mode, c.GradDType = Native, backend.BF16 }, "--grad-dtype bf16"},
+		{func(c *Config) { c.Mode, c.GradDType = Zero, backend.BF16 }, "--grad-dtype bf16"},
+		{func(c *Config) { c.DenseParams, c.GradDType = DenseDevice, backend.BF16 }, "--grad-dtype bf16"},
+		{func(c *Config) { c.GradDType = backend.BF16 }, "--grad-dtype bf16"},
+	} {
+		c := ok
+		tc.edit(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want an error naming %q, got %v", tc.want, err)
+		}
+		c.Comm = comm.NewSingle()
+		if err := c.Validate(); err != nil && strings.Contains(err.Error(), "ranks") {
+			t.Errorf("one rank: %v", err)
+		}
+	}
+}
+
+// TestCommPerStep: a data-parallel step all-reduces d^2 elements per
+// matrix in lsp mode and m n in native, so lsp moves d^2/(m n) of
+// native's elements per matrix (TestDataParallelMatchesAccum checks the
+// bytes the ranks send against these counts).
+func TestCommPerStep(t *testing.T) {
+	open := func(cfg Config) *Engine {
+		cfg.Comm = twoRanks{comm.NewSingle()}
+		be := cpu.New(cpu.Config{Threads: 1})
+		e, err := New(be, small, testB, testT, 1, backend.F32, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Free(); be.Close() })
+		return e
+	}
+	lc := testConfig(LSP)
+	lc.DenseParams, lc.LSP.NoFit = DenseFrozen, true
+	lspStep, natStep := open(lc).CommPerStep(), open(testConfig(Native)).CommPerStep()
+	if len(lspStep.Matrices) == 0 || len(lspStep.Matrices) != len(natStep.Matrices) {
+		t.Fatalf("lsp lists %d matrices, native %d", len(lspStep.Matrices), len(natStep.Matrices))
+	}
+	d, _ := lspDims(mustIndex(t), lc.LSP.withDefaults())
+	lspSum := 2
+	for k, lm := range lspStep.Matrices {
+		nm := natStep.Matrices[k]
+		if nm.Elems != nm.M*nm.N || lm.Elems != d[k]*d[k] {
+			t.Errorf("%s (%dx%d, d %d): lsp all-reduces %d, native %d elements per block", lm.Name, lm.M, lm.N, d[k], lm.Elems, nm.Elems)
+		}
+		if float64(lm.Elems) > float64(d[k]*d[k])/float64(lm.M*lm.N)*float64(nm.Elems) {
+			t.Errorf("%s: lsp moves %d elements, more than d^2/(m n) of native's %d", lm.Name, lm.Elems, nm.Elems)
+		}
+		lspSum += small.L * lm.Elems
+		t.Logf("%-8s %4dx%-4d d %3d: lsp %6d, native %6d elements per block (%.3f)", lm.Name, lm.M, lm.N, d[k], lm.Elems, nm.Elems,
+			float64(lm.Elems)/float64(nm.Elems))
+	}
+	if lspStep.Elems != lspSum {
+		t.Errorf("lsp, --dense-params frozen: %d elements per step, want %d (S of every matrix, the flag and the targets)", lspStep.Elems, lspSum)
+	}
+	if want := 2 + small.NumParams(); natStep.Elems != want {
+		t.Errorf("native: %d elements per step, want %d (every gradient, the flag and the targets)", natStep.Elems, want)
+	}
+
+	// The graph's collective nodes: one chain, each after the one before,
+	// whose bytes (Node.AllReduce, for a planner) are the step's less the
+	// targets' count, which Step all-reduces before the graph.
+	host, dev := lc, lc
+	host.DenseParams, dev.DenseParams = DenseHost, DenseDevice
+	for name, cfg := range map[string]Config{"lsp frozen": lc, "lsp host": host, "lsp device": dev, "native": testConfig(Native),
+		"zero": testConfig(Zero)} {
+		e := open(cfg)
+		g, err := e.Graph()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		prev := NodeID(-1)
+		for i, n := range g.Nodes {
+			if n.AllReduce == 0 {
+				continue
+			}
+			sum += n.AllReduce
+			if n.Queue != Host {
+				t.Errorf("%s: collective %q on queue %v", name, n.Name, n.Queue)
+			}
+			if prev >= 0 && !slices.Contains(n.Deps, prev) {
+				t.Errorf("%s: collective %q does not follow %q", name, n.Name, g.Nodes[prev].Name)
+			}
+			prev = NodeID(i)
+		}
+		if want := 4 * int64(e.CommPerStep().Elems-1); sum != want {
+			t.Errorf("%s: the graph's collectives all-reduce %d bytes, want %d", name, sum, want)
+		}
+	}
+}
+
+func mustIndex(t *testing.T) *model.Index {
+	t.Helper()
+	x, err := model.NewIndex(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
