@@ -39,8 +39,14 @@ func ResolveModel(name string) (model.Spec, string, error) {
 // model mc, in cfg's mode, before any data is read: the plan of a run
 // adds the tokenized data's bytes (run.checkMemory).
 func PlanMemory(mc model.Spec, c Config) (Plan, error) {
+	return PlanMemoryRanks(mc, c, 1)
+}
+
+// PlanMemoryRanks is PlanMemory for one rank of ranks that train
+// together (mpirun -np ranks): what each rank's process holds.
+func PlanMemoryRanks(mc model.Spec, c Config, ranks int) (Plan, error) {
 	_, src, err := models.Resolve(c.Model)
-	return planMemory(mc, c, src, err == nil && src != "", nil)
+	return planMemory(mc, c, src, err == nil && src != "", nil, ranks)
 }
 
 // EngineConfig is the engine configuration a run of c trains with, for
@@ -62,9 +68,14 @@ const goHeapHeadroom = 64 << 20
 // allocations: the device's when the backend keeps it in host memory,
 // the staging buffer, the data, the heap's headroom, and the transients
 // of the initial weights, a resume and the export (engine.Plan says how
-// the transients add up).
-func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data.Dataset) (Plan, error) {
-	p, err := engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.engineConfig(fromCheckpoint))
+// the transients add up). ranks > 1 plans one rank of a data-parallel
+// run.
+func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data.Dataset, ranks int) (Plan, error) {
+	ec := c.engineConfig(fromCheckpoint)
+	if ranks > 1 {
+		ec.Comm = comm.Planned{Ranks: ranks}
+	}
+	p, err := engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
 	if err != nil {
 		return p, err
 	}

@@ -406,7 +406,7 @@ func (r *run) lengthHint(opt data.Options) string {
 // memory), before anything is allocated.
 func (r *run) checkMemory() error {
 	cfg := r.cfg
-	plan, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds)
+	plan, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
 	if err != nil {
 		return err
 	}
@@ -438,7 +438,7 @@ func (r *run) recomputeHint() (string, error) {
 	var need int64
 	for _, rc := range model.Recomputes[cfg.Recompute+1:] {
 		cfg.Recompute = rc
-		p, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds)
+		p, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
 		if err != nil {
 			return "", err
 		}

@@ -40,6 +40,8 @@ type planOptions struct {
 	d, r                  int
 	fit                   bool
 	gpu, link, host       string
+	ranks                 int
+	net                   string
 	hostBW                byteSize
 	hostMem, deviceMem    byteSize
 	hostWorkers           int
@@ -54,7 +56,7 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
-		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -63,7 +65,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.seqLen, "seq-len", o.seqLen, "tokens per row (at most the model context)")
 	fs.IntVar(&o.accum, "grad-accum", o.accum, "micro-batches per step")
 	fs.StringVar(&o.dtype, "dtype", o.dtype, "`TYPE` of weights and activations: fp32 or bf16")
-	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype)")
+	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype; fp32 with --ranks)")
 	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, or all (the three side by side)")
 	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
@@ -79,6 +81,8 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.Var(&o.linkBandwidth, "link-bandwidth", "--gpu cpu: the CPU backend's charge per device-host copy in bytes/s, as train's --link-bandwidth (0: free)")
 	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
 	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
+	fs.IntVar(&o.ranks, "ranks", o.ranks, "data parallelism: `N` such GPUs, one process each (mpirun -np N), each with the micro-batch and --grad-accum given")
+	fs.StringVar(&o.net, "net", o.net, "with --ranks: the `NETWORK` between ranks: "+strings.Join(keys(plan.Nets), ", ")+" (shm: processes on one host)")
 	fs.Var(&o.hostBW, "host-bw", "host memory bandwidth per second, e.g. 80GB, instead of the host preset's")
 	fs.Var(&o.hostMem, "host-mem", "host memory, e.g. 64GiB, instead of the host preset's")
 	fs.Var(&o.deviceMem, "device-mem", "device memory, e.g. 8GiB, instead of the GPU preset's")
@@ -144,6 +148,9 @@ func (o planOptions) parse() (planJob, error) {
 		bad("dtype", "%v", err)
 	}
 	j.gdt = j.dt
+	if o.ranks > 1 {
+		j.gdt = backend.F32 // data parallelism all-reduces fp32 gradients
+	}
 	if o.gradDType != "" {
 		if j.gdt, err = backend.ParseDType(o.gradDType); err != nil {
 			bad("grad-dtype", "%v", err)
@@ -166,6 +173,13 @@ func (o planOptions) parse() (planJob, error) {
 	}
 	if o.schedule != "pipelined" && o.schedule != "sequential" {
 		bad("schedule", "unknown schedule %q (want pipelined or sequential)", o.schedule)
+	}
+	if o.ranks < 1 {
+		bad("ranks", "%d, want at least 1", o.ranks)
+	}
+	net, err := plan.NetPreset(o.net)
+	if err != nil {
+		errs = append(errs, err) // names its flag
 	}
 	if o.hostWorkers < 0 {
 		bad("host-workers", "%d, want >= 0", o.hostWorkers)
@@ -205,6 +219,7 @@ func (o planOptions) parse() (planJob, error) {
 		m.Host.Workers = o.hostWorkers
 		j.machine = m
 	}
+	j.machine.Ranks, j.machine.Net = o.ranks, net
 	if len(errs) == 0 {
 		for _, mode := range j.modes {
 			if err := o.engineConfig(j, mode).Validate(); err != nil {
@@ -260,13 +275,18 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	m := j.machine
 	fmt.Fprintf(stdout, "%s: %.3gB parameters; micro-batch %d x %d, %d per step, %v (grads %v), %s schedule\n",
 		o.model, float64(j.spec.NumParams())/1e9, o.batch, o.seqLen, o.accum, j.dt, j.gdt, o.schedule)
-	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n\n", m.GPU.Name, gibs(m.GPU.Memory),
+	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n", m.GPU.Name, gibs(m.GPU.Memory),
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
+	if m.Ranks > 1 {
+		fmt.Fprintf(stdout, "data parallelism: %d ranks (one process and GPU each), %s (%.3g GB/s per rank, %s per message); every figure is one rank's\n",
+			m.Ranks, m.Net.Name, m.Net.Bandwidth/1e9, secs(m.Net.Latency))
+	}
+	fmt.Fprintln(stdout)
 	reports := make([]plan.Report, len(j.modes))
 	settings := make([]model.Recompute, len(j.modes))
 	for i, mode := range j.modes {
 		tc := o.trainConfig(j, mode)
-		mems, err := recomputePlans(j.spec, tc)
+		mems, err := recomputePlans(j.spec, tc, m.Ranks)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
@@ -299,10 +319,16 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		fmt.Fprintln(stdout)
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\trecompute\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t")
+	net := func(r plan.Report) string { return "" }
+	head := "mode\trecompute\tdevice\thost\tfits\tstep\ttokens/s\tbound\toverlap\t"
+	if m.Ranks > 1 {
+		head += "net/step\tnet time\t"
+		net = func(r plan.Report) string { return gibs(r.NetBytes) + "\t" + secs(r.NetSeconds) + "\t" }
+	}
+	fmt.Fprintln(tw, head)
 	for i, r := range reports {
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t\n", j.modes[i], settings[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
-			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap)
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t%s\n", j.modes[i], settings[i], gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()),
+			fits(r), secs(r.Step), r.TokensPerSec, r.Bound, r.Overlap, net(r))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -368,16 +394,17 @@ func (o planOptions) cpuMachine(j planJob, stdout io.Writer) (plan.Machine, erro
 	if j.dt != backend.F32 {
 		fmt.Fprintf(stdout, "note: the calibration times fp32 ops; %v steps are predicted at those speeds\n", j.dt)
 	}
+	m.Ranks, m.Net = j.machine.Ranks, j.machine.Net
 	return m, nil
 }
 
-// recomputePlans is the memory plan of c under each recompute setting,
-// by setting.
-func recomputePlans(spec model.Spec, c train.Config) ([]engine.Plan, error) {
+// recomputePlans is the memory plan of c (one rank of ranks) under each
+// recompute setting, by setting.
+func recomputePlans(spec model.Spec, c train.Config, ranks int) ([]engine.Plan, error) {
 	plans := make([]engine.Plan, len(model.Recomputes))
 	for _, rc := range model.Recomputes {
 		c.Recompute = rc
-		p, err := train.PlanMemory(spec, c)
+		p, err := train.PlanMemoryRanks(spec, c, ranks)
 		if err != nil {
 			return nil, err
 		}
@@ -461,6 +488,10 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 	fmt.Fprintf(w, "link per step: %s down, %s up (gradients, S, Delta, weights; the batch adds %s up)\n",
 		gibs(r.Memory.LinkD2H), gibs(r.Memory.LinkH2D), gibs(r.Memory.BatchH2D))
 	fmt.Fprintf(w, "step %s predicted: %.0f tokens/s\n", secs(r.Step), r.TokensPerSec)
+	if m.Ranks > 1 {
+		fmt.Fprintf(w, "  network: %s sent and as much received per rank and step; collectives %s (on a lane of their own)\n",
+			gibs(r.NetBytes), secs(r.NetSeconds))
+	}
 	fmt.Fprintf(w, "  busy: compute %s, d2h %s, h2d %s, host %s; overlap %.2f (sum of busy times / step)\n",
 		secs(r.Busy[engine.Compute]), secs(r.Busy[engine.D2H]), secs(r.Busy[engine.H2D]), secs(r.Busy[engine.Host]), r.Overlap)
 	fmt.Fprintf(w, "  critical path: %s bound (compute %s, link %s, host %s over %d nodes)\n", r.Bound,

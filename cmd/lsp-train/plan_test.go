@@ -35,6 +35,10 @@ func TestPlanCommand(t *testing.T) {
 		// picks it, and --recompute none says it does not fit and why.
 		{"llama-7b recompute auto", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048"},
 			[]string{"recompute (auto: layer): device memory none ", "needs --recompute layer to fit", "lsp      layer"}},
+		// Two ranks over 10 Gb Ethernet: each mode's bytes on the network
+		// per step and their time, in the summary.
+		{"data parallel", []string{"--model", "gpt2", "--ranks", "2", "--net", "10gbe", "--dense-params", "frozen"},
+			[]string{"data parallelism: 2 ranks", "10 Gb Ethernet", "network: 474.70 MiB sent", "network: 48.00 MiB sent", "net/step"}},
 		{"llama-7b recompute none", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048", "--recompute", "none"},
 			[]string{"recompute (--recompute none)", "needs --recompute layer to fit", "does NOT fit", "no (device)"}},
 	} {
@@ -112,6 +116,8 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad mode", []string{"--mode", "fast"}, []string{"--mode:", "fast"}},
 		{"bad schedule", []string{"--schedule", "eager"}, []string{"--schedule:", "eager"}},
 		{"bad recompute", []string{"--recompute", "mlp"}, []string{"--recompute:", "mlp", "none, attn or layer (or auto)"}},
+		{"bad ranks", []string{"--ranks", "0"}, []string{"--ranks:", "0, want at least 1"}},
+		{"bad net", []string{"--ranks", "2", "--net", "token-ring"}, []string{"--net:", "token-ring", "10gbe"}},
 		{"bad dense params", []string{"--dense-params", "gpu"}, []string{"--dense-params:", "gpu"}},
 		{"bad lsp r", []string{"--mode", "lsp", "--d", "64", "--r", "0"}, []string{"--r"}},
 		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},

@@ -166,12 +166,21 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
 		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum*BT*4) + 4,
 	}
-	if cfg.Mode != Native {
-		// The non-finite flag's pinned copy, read by the host Adam.
+	ranks := 1
+	if cfg.Comm != nil {
+		ranks = cfg.Comm.Size()
+	}
+	if cfg.Mode != Native || ranks > 1 {
+		// The non-finite flag's pinned copy, read by the host Adam (and,
+		// with several ranks, summed over them and copied back up).
 		p.Host = append(p.Host, Part{"non-finite flag", 4})
 		p.LinkD2H += 4
+		if ranks > 1 {
+			p.LinkH2D += 4
+		}
 	}
 	N := int64(arch.NumParams())
+	dense := N - int64(x.MatrixElems())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
 	// A checkpoint write (checkpoint.Save) holds the parameters as fp32
 	// and what SaveStateView downloads or converts on the host at once;
@@ -187,7 +196,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		p.CheckpointBytes += savedDeviceState(st)
 	case Zero:
 		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
-		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, dsize*N
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, p.LinkH2D+dsize*N
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
@@ -208,8 +217,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
 		ckpt += savedLSPState(x, cfg.LSP)
 		p.CheckpointBytes += savedLSPState(x, cfg.LSP) + lspViewBytes(x, cfg.LSP)
-		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, 4*s2
-		dense := N - int64(x.MatrixElems())
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, p.LinkH2D+4*s2
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
 		switch cfg.DenseParams {
 		case DenseDevice:
@@ -223,6 +231,23 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
+		}
+	}
+	// With several ranks, the gradients a device AdamW reads (native's,
+	// lsp's dense ones with --dense-params device) go down to a pinned
+	// buffer, are all-reduced on the host and come back up (dpGrads).
+	if ranks > 1 {
+		var n int64
+		switch {
+		case cfg.Mode == Native:
+			n = N
+		case cfg.Mode == LSP && cfg.DenseParams == DenseDevice:
+			n = dense
+		}
+		if n > 0 {
+			p.Host = append(p.Host, Part{"data-parallel gradients", 4 * n})
+			p.LinkD2H += 4 * n
+			p.LinkH2D += 4 * n
 		}
 	}
 	p.Transient = append(p.Transient, Part{"checkpoint write", ckpt})

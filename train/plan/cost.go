@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -54,7 +55,8 @@ func (m Machine) Resources() Resources {
 }
 
 // Tasks costs every node of g on m: a device node is the sum of its ops'
-// times (ops attributes them by trace.Op.Node), a host node its HostWork's.
+// times (ops attributes them by trace.Op.Node), a host node its HostWork's,
+// a collective between ranks (Node.AllReduce) its time on m.Net.
 func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 	tasks := make([]Task, len(g.Nodes))
 	for i, n := range g.Nodes {
@@ -62,7 +64,12 @@ func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 		for _, d := range n.Deps {
 			tasks[i].Deps = append(tasks[i].Deps, int(d))
 		}
-		if n.Queue == engine.Host {
+		switch {
+		case n.Queue == engine.Host && n.AllReduce > 0:
+			t := m.Net.AllReduceTime(n.AllReduce, m.Ranks)
+			tasks[i].Work, tasks[i].Net = t, true
+			tasks[i].Parts = []Part{{Family: AllReduce, Seconds: t}}
+		case n.Queue == engine.Host:
 			t := m.HostTime(n.Work)
 			tasks[i].Work = t
 			tasks[i].Parts = []Part{{Family: HostAdam, Seconds: t}}
@@ -205,13 +212,28 @@ type Config struct {
 	Memory *engine.Plan
 }
 
+// engineFor is c's engine configuration on m: with several ranks, the
+// graph of one rank of a data-parallel run.
+func (c Config) engineFor(m Machine) engine.Config {
+	ec := c.Engine
+	if m.Ranks > 1 && ec.Comm == nil {
+		ec.Comm = comm.Planned{Ranks: m.Ranks}
+	}
+	return ec
+}
+
 // Report is the plan of one configuration on one machine.
 type Report struct {
 	Memory     engine.Plan
 	DeviceFits bool // Memory.DeviceTotal() <= the GPU's memory
 	HostFits   bool // Memory.HostPeak() <= the host's memory
 	Prediction
-	TokensPerSec float64 // B*T*Accum / step
+	TokensPerSec float64 // B*T*Accum*Ranks / step: every rank's tokens
+	// NetBytes is what one rank sends over the network per step (the
+	// collectives' payload, AllReduceBytes), and as much it receives;
+	// NetSeconds the collectives' time on it.
+	NetBytes   int64
+	NetSeconds float64
 	// FitSeconds is the projector fits of one check, lsp mode with
 	// fitting (FitTime: every fit for its whole budget).
 	FitSeconds float64
@@ -224,14 +246,14 @@ func Plan(c Config, m Machine) (Report, error) {
 		mem = *c.Memory
 	} else {
 		var err error
-		if mem, err = engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine); err != nil {
+		if mem, err = engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.engineFor(m)); err != nil {
 			return Report{}, err
 		}
 	}
 	if err := m.Validate(); err != nil {
 		return Report{}, err
 	}
-	g, ops, err := Trace(c.Arch, c.B, c.T, c.Accum, c.DType, c.Engine)
+	g, ops, err := Trace(c.Arch, c.B, c.T, c.Accum, c.DType, c.engineFor(m))
 	if err != nil {
 		return Report{}, err
 	}
@@ -247,7 +269,13 @@ func Plan(c Config, m Machine) (Report, error) {
 	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostPeak() <= m.Host.Memory,
 		Prediction: Prediction{Result: res, Tasks: tasks}}
 	if res.Step > 0 {
-		r.TokensPerSec = float64(c.B*c.T*c.Accum) / res.Step
+		r.TokensPerSec = float64(c.B*c.T*c.Accum*max(m.Ranks, 1)) / res.Step
+	}
+	for i, n := range g.Nodes {
+		if n.AllReduce > 0 {
+			r.NetBytes += AllReduceBytes(n.AllReduce, m.Ranks)
+			r.NetSeconds += tasks[i].Work
+		}
 	}
 	if r.FitSeconds, err = FitTime(c, m); err != nil {
 		return Report{}, err

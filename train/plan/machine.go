@@ -38,6 +38,10 @@ type Machine struct {
 	GPU  GPU
 	Link Link
 	Host Host
+	// Ranks is how many such machines (one GPU and one process each)
+	// train together by data parallelism, over Net; 0 or 1: one.
+	Ranks int
+	Net   Net
 }
 
 // GPU describes the device.
@@ -132,6 +136,12 @@ func (m Machine) Validate() error {
 	pos("host adam bandwidth fraction", m.Host.AdamBWFraction)
 	if m.Host.Cores < 1 {
 		bad = append(bad, fmt.Sprintf("host cores = %d", m.Host.Cores))
+	}
+	if m.Ranks > 1 {
+		pos("network bandwidth", m.Net.Bandwidth)
+		if m.Net.Latency < 0 {
+			bad = append(bad, fmt.Sprintf("network latency = %g", m.Net.Latency))
+		}
 	}
 	for f, e := range m.GPU.Eff {
 		if !(e > 0 && e <= 1) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
@@ -33,8 +34,24 @@ func engineConfig(mode engine.Mode) engine.Config {
 // queue of its direction but the batch's, which the forward uploads on the
 // compute stream.
 func TestTraceLinkBytes(t *testing.T) {
+	type tc struct {
+		name string
+		cfg  engine.Config
+	}
+	var cases []tc
 	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
-		cfg := engineConfig(mode)
+		cases = append(cases, tc{string(mode), engineConfig(mode)})
+		// One rank of two (data parallelism): the gradients native's
+		// AdamW reads, and the non-finite flag, go down and up again.
+		dp := engineConfig(mode)
+		dp.Comm = comm.Planned{Ranks: 2}
+		cases = append(cases, tc{string(mode) + "/2 ranks", dp})
+	}
+	dense := engineConfig(engine.LSP)
+	dense.Comm, dense.DenseParams = comm.Planned{Ranks: 3}, engine.DenseDevice
+	cases = append(cases, tc{"lsp dense device/3 ranks", dense})
+	for _, c := range cases {
+		mode, cfg := c.name, c.cfg
 		g, ops, err := Trace(tiny, 2, 8, 3, backend.BF16, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -275,6 +292,63 @@ func TestPlanRecompute(t *testing.T) {
 	t.Logf("predicted steps none/attn/layer: %.3f / %.3f / %.3f s", steps[0], steps[1], steps[2])
 	if !(steps[0] < steps[1] && steps[1] < steps[2]) {
 		t.Errorf("predicted steps %v: want each recompute setting slower than the one before", steps)
+	}
+}
+
+// TestPlanDataParallel: two ranks of gpt2 over 10 Gb Ethernet. Each
+// rank sends what its step all-reduces: native every parameter, lsp
+// (dense parameters frozen) d^2 per block matrix, plus the non-finite
+// flag; the network time follows, and lsp's step beats native's by it.
+// One rank (the control) has no collective.
+func TestPlanDataParallel(t *testing.T) {
+	spec, err := models.Preset("gpt2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Net, err = NetPreset("10gbe"); err != nil {
+		t.Fatal(err)
+	}
+	c7 := spec.(gpt2.Config)
+	const D = 512
+	want := map[engine.Mode]int64{
+		engine.Native: 4 * (int64(spec.NumParams()) + 1),
+		engine.LSP:    4 * (int64(c7.L)*4*D*D + 1), // every gpt2 matrix has both sides >= 768 > D
+	}
+	var steps, nets [2]map[engine.Mode]float64
+	for i, ranks := range []int{1, 2} {
+		m.Ranks = ranks
+		steps[i], nets[i] = map[engine.Mode]float64{}, map[engine.Mode]float64{}
+		for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
+			cfg := engineConfig(mode)
+			cfg.LSP.D, cfg.DenseParams = D, engine.DenseFrozen
+			r, err := Plan(Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := want[mode]
+			if ranks == 1 {
+				w = 0
+			}
+			if r.NetBytes != w {
+				t.Errorf("%d ranks, %s: %d bytes sent per step, want %d", ranks, mode, r.NetBytes, w)
+			}
+			if wantT := float64(w) / m.Net.Bandwidth; ranks > 1 && !(r.NetSeconds >= wantT && r.NetSeconds < 1.01*wantT+1e-3) {
+				t.Errorf("%d ranks, %s: %g s on the network, want about %g", ranks, mode, r.NetSeconds, wantT)
+			}
+			if tok := float64(4 * 512 * ranks); math.Abs(r.TokensPerSec*r.Step-tok) > 1e-6*tok {
+				t.Errorf("%d ranks, %s: %g tokens/s over a %g s step, want %g tokens per step", ranks, mode, r.TokensPerSec, r.Step, tok)
+			}
+			steps[i][mode], nets[i][mode] = r.Step, r.NetSeconds
+		}
+	}
+	t.Logf("step 1 rank native %.3f s, lsp %.3f s; 2 ranks native %.3f s (network %.3f s), lsp %.3f s (network %.4f s)",
+		steps[0][engine.Native], steps[0][engine.LSP], steps[1][engine.Native], nets[1][engine.Native], steps[1][engine.LSP], nets[1][engine.LSP])
+	if !(steps[1][engine.Native] > steps[0][engine.Native] && steps[1][engine.LSP] < steps[1][engine.Native]) {
+		t.Errorf("steps %v (1 rank) and %v (2 ranks): want native slower on two ranks, and lsp faster than native there", steps[0], steps[1])
 	}
 }
 
