@@ -29,9 +29,9 @@
 // output), which live in one buffer shared by the blocks and are computed
 // again at the start of each block's backward.
 //
-// Limits: T <= MaxT; the attention op saves only its log-sum-exp. At bf16 the residual
-// stream's gradient (dres) is rounded to bf16 at every LayerNorm backward
-// that adds to it, 2L+1 times per backward.
+// Limits: T <= MaxT; the attention op saves only its log-sum-exp. At
+// bf16 the residual stream's gradient (dres) is rounded to bf16 at every
+// LayerNorm backward that adds to it, 2L+1 times per backward.
 
 package gpt2
 
