@@ -66,6 +66,8 @@ type shardGroup struct {
 	// (2 float32 slots each, rank after rank); norm the whole norms.
 	part []float32
 	norm []float64
+	// sq and chunks are the norm's scratch: per tensor, per chunk of a piece.
+	sq, chunks []float64
 }
 
 // shardPiece is the part of one tensor that lies in the shard.
@@ -103,12 +105,16 @@ func newZeroShard(o *offload, c comm.Communicator, alloc bool) *zeroShard {
 		lo, hi := comm.Shard(n, size, rank)
 		sg := shardGroup{off: off, n: n, lo: off + lo, hi: off + hi, base: sh.n,
 			part: make([]float32, 2*len(grp.tensors)*size), norm: make([]float64, len(grp.tensors))}
+		sg.sq = make([]float64, len(grp.tensors))
+		chunks := 0
 		for ti, t := range grp.tensors {
 			a, b := max(t.off, sg.lo), min(t.off+t.n, sg.hi)
 			if a < b {
 				sg.pieces = append(sg.pieces, shardPiece{t: ti, off: a, n: b - a})
+				chunks = max(chunks, (b-a+host.AdamChunkLen-1)/host.AdamChunkLen)
 			}
 		}
+		sg.chunks = make([]float64, chunks)
 		sh.n += hi - lo
 		off += n
 		sh.groups = append(sh.groups, sg)
@@ -189,11 +195,11 @@ func (o *offload) reduceScatter(name string, grp *hostGroup, sg *shardGroup) err
 		return err
 	}
 	T, r := len(grp.tensors), sh.c.Rank()
-	sq := make([]float64, T)
-	var chunks []float64
+	sq := sg.sq
+	clear(sq)
 	for _, p := range sg.pieces {
 		x := sh.grads[sg.local(p.off) : sg.local(p.off)+p.n]
-		chunks = slicesGrow(chunks, (p.n+host.AdamChunkLen-1)/host.AdamChunkLen)
+		chunks := sg.chunks[:(p.n+host.AdamChunkLen-1)/host.AdamChunkLen]
 		if err := host.SumSquaresChunks(x, host.AdamChunkLen, chunks); err != nil {
 			return err
 		}
@@ -218,14 +224,6 @@ func (o *offload) reduceScatter(name string, grp *hostGroup, sg *shardGroup) err
 		sg.norm[ti] = math.Sqrt(s)
 	}
 	return nil
-}
-
-// slicesGrow returns s resized to n elements, reusing its storage.
-func slicesGrow(s []float64, n int) []float64 {
-	if cap(s) < n {
-		return make([]float64, n)
-	}
-	return s[:n]
 }
 
 // adamShard runs the group's CPU Adam on this rank's shard, or nothing on
