@@ -264,18 +264,19 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 // (zero.go): the whole pinned gradients (fp32) and weights (model dtype),
 // and for its shard alone the summed gradients, the moments and (bf16
 // models) the master; and what GatherState adds for a checkpoint write:
-// rank 0 the whole moments and master (an fp32 model's master is its
-// pinned weights), another rank a scratch of the largest group.
+// rank 0 the whole second moment and master (the first goes into the
+// pinned gradients; an fp32 model's master is its pinned weights), the
+// other ranks nothing (they receive into the pinned gradients).
 func shardedBytes(x *model.Index, dt backend.DType, size, rank int) (held, gathered int64) {
 	var groups []int
-	var n, largest int64
+	var n int64
 	for _, sp := range groupsAll(x) {
 		g := 0
 		for _, i := range sp.params {
 			g += x.Layout[i].Len()
 		}
 		groups = append(groups, g)
-		n, largest = n+int64(g), max(largest, int64(g))
+		n += int64(g)
 	}
 	s := int64(shardElems(groups, size, rank))
 	arrays := int64(2) // the moments
@@ -284,9 +285,9 @@ func shardedBytes(x *model.Index, dt backend.DType, size, rank int) (held, gathe
 	}
 	held = 4*n + int64(dt.Size())*n + 4*s + 4*arrays*s
 	if rank == 0 {
-		return held, 4 * arrays * n
+		return held, 4 * (arrays - 1) * n
 	}
-	return held, 4 * largest
+	return held, 0
 }
 
 // savedDeviceState is the fp32 bytes SaveStateView downloads of a device

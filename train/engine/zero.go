@@ -335,29 +335,29 @@ func (sh *zeroShard) shardArrays() []struct {
 // GatherState brings a sharded host optimizer's state (zero mode with
 // several ranks) whole to rank 0, for SaveState there; release drops it
 // again. Every rank must call it, at the same point between steps (it is a
-// collective). Without sharding it does nothing.
+// collective). The pinned gradients, idle between steps, hold rank 0's
+// whole first moment and the other ranks' receive scratch, so that only
+// rank 0 allocates, the rest of its arrays. Without sharding it does
+// nothing.
 func (e *Engine) GatherState() (release func(), err error) {
 	if e.off == nil || e.off.shard == nil {
 		return func() {}, nil
 	}
 	o, sh := e.off, e.off.shard
 	root := sh.c.Rank() == 0
-	var scratch []float32
-	if !root {
-		m := 0
-		for _, sg := range sh.groups {
-			m = max(m, sg.n)
-		}
-		scratch = make([]float32, m)
-	}
+	pinned := o.grads.Float32()[:o.n] // fp32 with several ranks (checkComm)
+	e.hostAccess("gather host state", nil, []backend.Range{hostRange(o.grads, 0, 4*o.n)})
 	got := map[string][]float32{}
-	for _, a := range sh.shardArrays() {
+	for i, a := range sh.shardArrays() {
 		var whole []float32
-		if root {
+		switch {
+		case root && i == 0:
+			whole = pinned
+		case root:
 			whole = make([]float32, o.n)
 		}
 		for _, sg := range sh.groups {
-			x := scratch[:min(len(scratch), sg.n)]
+			x := pinned[:sg.n]
 			if root {
 				x = whole[sg.off : sg.off+sg.n]
 			}
