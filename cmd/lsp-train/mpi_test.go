@@ -236,8 +236,8 @@ func TestDataParallelZeroResume(t *testing.T) {
 	if err != nil {
 		t.Fatalf("mpirun -np 2 --resume: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "data parallel     2 ranks") {
-		t.Errorf("the report does not say the run was data parallel:\n%s", out)
+	if !strings.Contains(out, "data parallel     2 ranks") || !strings.Contains(out, "gradients reduce-scattered and weights all-gathered") {
+		t.Errorf("the report does not say the run was data parallel with a sharded optimizer:\n%s", out)
 	}
 	a, err := os.ReadFile(filepath.Join(whole, "hf", "model.safetensors"))
 	if err != nil {
