@@ -116,10 +116,11 @@ test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cu
 # in rank order, the bytes counted, a killed rank, a stalled rank, a size
 # mismatch (about 15 s). Then data-parallel training (train/engine,
 # TestDataParallel): lsp mode under `mpirun -np 2` and `-np 3` bit for bit
-# against one process with --grad-accum N, and the train command under
-# `mpirun -np 2` (cmd/lsp-train: rank 0 writes, resume, the same export
-# as --grad-accum 2, a killed rank ends the job); about 35 s after the
-# build.
+# against one process with --grad-accum N, zero mode's sharded host
+# optimizer bit for bit against the replicated one, and the train command
+# under `mpirun -np 2` (cmd/lsp-train: rank 0 writes, resume, the same
+# export as --grad-accum 2, zero mode resumed from its gathered shards, a
+# killed rank ends the job); about 45 s after the build.
 # Needs mpirun and libopenmpi-dev (.ci/run installs them); skipped with a
 # message otherwise.
 .PHONY: mpi-test

@@ -986,7 +986,14 @@ func (r *run) measurements() Measurements {
 
 // saveCheckpoint writes the run's state to --out, atomically.
 func (r *run) saveCheckpoint() error {
-	// Every rank holds the same state; rank 0 saves it.
+	// Every rank holds the same weights; zero mode's host optimizer is
+	// sharded among the ranks, so every rank first sends its shard to
+	// rank 0 (a collective; nothing otherwise). Rank 0 saves the whole.
+	release, err := r.eng.GatherState()
+	if err != nil {
+		return fmt.Errorf("step %d: %w", r.step, err)
+	}
+	defer release()
 	return r.rank0Only(r.writeCheckpoint)
 }
 

@@ -324,8 +324,13 @@ func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig fu
 // bytes per step, and per block matrix the elements its step all-reduced
 // beside the m n of native mode's dense gradient.
 func reportComm(w io.Writer, cfg train.Config, res *train.Result) {
-	fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others (%d elements all-reduced per step)\n",
-		res.Ranks, res.CommBytesPerStep, res.Comm.Elems)
+	sharded := ""
+	if res.Comm.Sharded > 0 {
+		// zero mode's sharded host optimizer
+		sharded = fmt.Sprintf("; %d gradients reduce-scattered and weights all-gathered", res.Comm.Sharded)
+	}
+	fmt.Fprintf(w, "  data parallel     %d ranks, %.0f bytes per step sent by rank 0 to the others (%d elements all-reduced per step%s)\n",
+		res.Ranks, res.CommBytesPerStep, res.Comm.Elems, sharded)
 	for _, m := range res.Comm.Matrices {
 		fmt.Fprintf(w, "    %-10s %5dx%-5d %9d elements per block (%s); native all-reduces %d (%.3f)\n",
 			m.Name, m.M, m.N, m.Elems, cfg.Mode, m.M*m.N, float64(m.Elems)/float64(m.M*m.N))

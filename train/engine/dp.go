@@ -23,10 +23,10 @@
 // native (like lsp's dense gradients) agrees with --grad-accum N to
 // rounding, not bit for bit (the test bounds the difference).
 //
-// zero mode: each group's gradients are all-reduced on the host between
-// their copy down and the host Adam, as lsp's --dense-params host, and
-// every rank runs the whole host Adam: replicated, not ZeRO's sharding of
-// the host optimizer among ranks (not built yet).
+// zero mode: ZeRO's sharding of the host optimizer (zero.go): each
+// group's gradients are reduce-scattered on the host between their copy
+// down and the host Adam, each rank updates its shard of the group, and
+// the updated weights are all-gathered before the copy up.
 //
 // Every rank calls the same collectives in the same order: the collective
 // nodes form one chain in list order (each depends on the one before), so
@@ -284,8 +284,15 @@ type CommStep struct {
 	// reduce-scatter and all-gather).
 	Elems int
 	// Matrices are one block's matrices with what this mode all-reduces
-	// for each per step: d^2 in lsp, m n in native (the same every block).
+	// (or, sharded, reduce-scatters) for each per step: d^2 in lsp, m n
+	// in native and zero (the same every block).
 	Matrices []MatrixComm
+	// Sharded is, in zero mode (ZeRO's sharded host optimizer, zero.go),
+	// every parameter: its gradient is reduce-scattered (fp32) and its
+	// updated weight all-gathered (model dtype) each step instead of
+	// all-reduced, so summed over ranks each sends (ranks-1) Sharded
+	// elements; Elems is then the targets and the flag alone.
+	Sharded int
 }
 
 // MatrixComm is one block matrix's share of a step's all-reduce.
@@ -295,7 +302,8 @@ type MatrixComm struct {
 	Elems int
 }
 
-// CommPerStep is what each step all-reduces; zero alone.
+// CommPerStep is what each step all-reduces (and, in zero mode,
+// reduce-scatters and all-gathers); zero alone.
 func (e *Engine) CommPerStep() CommStep {
 	if e.dp == nil {
 		return CommStep{}
@@ -312,6 +320,10 @@ func (e *Engine) CommPerStep() CommStep {
 		}
 		c.Matrices = append(c.Matrices, m)
 		c.Elems += len(e.idx.Blocks) * m.Elems
+	}
+	if e.off != nil && e.off.shard != nil {
+		c.Elems, c.Sharded = 2, e.off.n
+		return c
 	}
 	// The dense gradients: every mode all-reduces them but lsp with
 	// --dense-params frozen.

@@ -64,7 +64,12 @@ type dpCase struct {
 	// sum micro-batch after micro-batch into the same accumulator inside
 	// the backward kernels, in another order than a sum over ranks of
 	// per-rank sums, so --dense-params host agrees to rounding only.
+	// Negative: not compared with one process.
 	tol float64
+	// like names an earlier case whose rank 0 weights and optimizer state
+	// this one's must equal bit for bit (zero's sharded host optimizer
+	// against the replicated one).
+	like string
 }
 
 func dpCases() []dpCase {
@@ -73,9 +78,12 @@ func dpCases() []dpCase {
 	hostD.DenseParams, hostD.LSP.NoFit = DenseHost, true
 	devD := testConfig(LSP)
 	devD.LSP.NoFit = true // testConfig's dense parameters: device
-	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0}, {"lsp-host-f32", hostD, backend.F32, 2e-5},
-		{"lsp-device-f32", devD, backend.F32, 2e-5}, {"native-f32", testConfig(Native), backend.F32, 2e-5},
-		{"zero-f32", testConfig(Zero), backend.F32, 2e-5}}
+	zeroRep := testConfig(Zero)
+	zeroRep.replicateZero = true
+	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0, ""}, {"lsp-host-f32", hostD, backend.F32, 2e-5, ""},
+		{"lsp-device-f32", devD, backend.F32, 2e-5, ""}, {"native-f32", testConfig(Native), backend.F32, 2e-5, ""},
+		{"zero-replicated-f32", zeroRep, backend.F32, 2e-5, ""}, {"zero-f32", testConfig(Zero), backend.F32, 2e-5, "zero-replicated-f32"},
+		{"zero-replicated-bf16", zeroRep, backend.BF16, -1, ""}, {"zero-bf16", testConfig(Zero), backend.BF16, -1, "zero-replicated-bf16"}}
 }
 
 // dpResult is what a run ends with: hashes of the weights and of the
@@ -86,6 +94,7 @@ type dpResult struct {
 	skipped       int
 	loss          float64
 	elems         int // CommPerStep().Elems
+	sharded       int // CommPerStep().Sharded
 }
 
 // dpRun trains dpSteps attempts: the single process (c nil) takes every
@@ -133,7 +142,7 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 	if err := e.Init(); err != nil {
 		return res, err
 	}
-	res.elems = e.CommPerStep().Elems
+	res.elems, res.sharded = e.CommPerStep().Elems, e.CommPerStep().Sharded
 	for i := 0; i < dpSteps; i++ {
 		global := batches(uint64(i), ranks)
 		mine := global
@@ -161,11 +170,22 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 	if err != nil {
 		return res, err
 	}
+	// A sharded host optimizer is gathered whole to rank 0 (every rank
+	// takes part); the other ranks hold only their shards.
+	release, err := e.GatherState()
+	if err != nil {
+		return res, err
+	}
+	defer release()
+	res.params, res.p = hashFloats(p), p
+	if rank > 0 && cfg.sharded() {
+		res.state = "shard"
+		return res, nil
+	}
 	st, err := e.SaveState()
 	if err != nil {
 		return res, err
 	}
-	res.params, res.p = hashFloats(p), p
 	h := sha256.New()
 	keys := make([]string, 0, len(st))
 	for k := range st {
@@ -210,7 +230,7 @@ func dpRankMain(scenario string) int {
 			return 1
 		}
 		st := c.Stats().Sub(before)
-		if r == 0 && tc.tol > 0 {
+		if r == 0 && tc.tol != 0 {
 			b := make([]byte, 4*len(res.p))
 			for i, x := range res.p {
 				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
@@ -220,9 +240,9 @@ func dpRankMain(scenario string) int {
 				return 1
 			}
 		}
-		fmt.Printf("rank %d %s: params %s state %s skipped %d loss %x allreduce %d elems %d sent %d\n",
+		fmt.Printf("rank %d %s: params %s state %s skipped %d loss %x allreduce %d elems %d sent %d sharded %d rs %d\n",
 			r, tc.name, res.params, res.state, res.skipped, math.Float64bits(res.loss),
-			st.Ops[comm.AllReduce].Calls, res.elems, st.Ops[comm.AllReduce].Sent)
+			st.Ops[comm.AllReduce].Calls, res.elems, st.Ops[comm.AllReduce].Sent, res.sharded, st.Ops[comm.ReduceScatter].Sent)
 	}
 	if err := c.Close(); err != nil {
 		fmt.Printf("rank %d: FAIL: Close: %v\n", r, err)
@@ -244,6 +264,9 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 		nan := np - 1 // the last rank's micro-batch is NaN at dpNaNStep
 		want := map[string]dpResult{}
 		for _, tc := range dpCases() {
+			if tc.tol < 0 {
+				continue
+			}
 			res, err := dpRun(nil, tc, np, nan)
 			if err != nil {
 				t.Fatalf("%s, one process, --grad-accum %d: %v", tc.name, np, err)
@@ -274,16 +297,24 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 			// The bytes on the link: every attempt all-reduces
 			// CommPerStep().Elems elements, and an all-reduce of n sends
 			// 2 (np-1) n elements over all ranks.
-			re := regexp.MustCompile(fmt.Sprintf(`(?m)^rank \d+ %s: .* elems (\d+) sent (\d+)$`, regexp.QuoteMeta(tc.name)))
-			var sent int64
-			elems := -1
+			re := regexp.MustCompile(fmt.Sprintf(`(?m)^rank \d+ %s: .* elems (\d+) sent (\d+) sharded (\d+) rs (\d+)$`, regexp.QuoteMeta(tc.name)))
+			var sent, rs int64
+			elems, sharded := -1, 0
 			for _, m := range re.FindAllStringSubmatch(out, -1) {
 				e, _ := strconv.Atoi(m[1])
 				s, _ := strconv.ParseInt(m[2], 10, 64)
+				sharded, _ = strconv.Atoi(m[3])
+				r, _ := strconv.ParseInt(m[4], 10, 64)
 				if elems >= 0 && e != elems {
 					t.Errorf("mpirun -np %d, %s: ranks count %d and %d elements per step", np, tc.name, elems, e)
 				}
-				elems, sent = e, sent+s
+				elems, sent, rs = e, sent+s, rs+r
+			}
+			// A reduce-scatter of n elements sends (np-1) n of them
+			// over all ranks.
+			if want := int64(dpSteps) * int64(sharded) * int64(np-1) * 4; rs != want {
+				t.Errorf("mpirun -np %d, %s: the ranks sent %d bytes in reduce-scatters; %d attempts of %d elements make %d",
+					np, tc.name, rs, dpSteps, sharded, want)
 			}
 			if want := int64(dpSteps) * int64(elems) * 2 * int64(np-1) * 4; elems <= 0 || sent != want {
 				t.Errorf("mpirun -np %d, %s: the ranks sent %d bytes in all-reduces; %d attempts of %d elements make %d",
@@ -302,11 +333,17 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 				}
 				if r > 0 {
 					m0 := regexp.MustCompile(fmt.Sprintf(`(?m)^rank 0 %s: params (\w+) state (\w+)`, regexp.QuoteMeta(tc.name))).FindStringSubmatch(out)
-					if m0 == nil || m0[1] != m[1] || m0[2] != m[2] {
+					if m0 == nil || m0[1] != m[1] || (m0[2] != m[2] && m[2] != "shard") {
 						t.Errorf("mpirun -np %d, %s: rank %d's weights or state differ from rank 0's", np, tc.name, r)
 					}
 				}
-				if tc.tol > 0 {
+				if r == 0 && tc.like != "" {
+					ml := regexp.MustCompile(fmt.Sprintf(`(?m)^rank 0 %s: params (\w+) state (\w+)`, regexp.QuoteMeta(tc.like))).FindStringSubmatch(out)
+					if ml == nil || ml[1] != m[1] || ml[2] != m[2] {
+						t.Errorf("mpirun -np %d, %s: rank 0's weights and gathered state %v differ from %s's %v", np, tc.name, m[1:3], tc.like, ml)
+					}
+				}
+				if tc.tol != 0 {
 					continue
 				}
 				if m[1] != w.params || m[2] != w.state {
@@ -320,7 +357,7 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 			}
 		}
 		for _, tc := range dpCases() {
-			if tc.tol == 0 {
+			if tc.tol <= 0 {
 				continue
 			}
 			b, err := os.ReadFile(filepath.Join(dir, tc.name))

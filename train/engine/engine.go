@@ -222,6 +222,10 @@ type Config struct {
 	// Comm is the group of ranks that train together (dp.go); nil or a
 	// one-rank communicator trains alone.
 	Comm comm.Communicator
+	// replicateZero (tests): zero mode with several ranks all-reduces
+	// the gradients and runs the whole host Adam on every rank, the path
+	// before ZeRO's sharding (zero.go), to compare the two.
+	replicateZero bool
 }
 
 // Validate checks the configuration, naming the flag at fault.

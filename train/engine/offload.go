@@ -50,6 +50,9 @@ type offload struct {
 	out    backend.HostBuffer // model dtype [n]
 	master []float32          // bf16 models only
 	mom    []float32          // M then V
+	// shard: zero mode with several ranks, the host optimizer sharded
+	// among them (zero.go); master and mom are then nil.
+	shard *zeroShard
 }
 
 // groupSpec lists, per group, the layout indices of its parameters.
@@ -123,6 +126,15 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 	if o.out, err = e.be.AllocHost("offload weights", o.n*e.dt.Size()); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	if e.cfg.sharded() {
+		o.shard = newZeroShard(o, e.cfg.Comm, !e.sizeOnly)
+		for gi := range o.groups {
+			for ti := range o.groups[gi].tensors {
+				o.groups[gi].tensors[ti].state = &host.AdamState{} // the step count; the moments are the shard's
+			}
+		}
+		return o, nil
+	}
 	if e.sizeOnly {
 		return o, nil // traced: the host nodes never run, so no Go copies
 	}
@@ -168,8 +180,11 @@ func (o *offload) grad(t hostTensor) host.AdamGrad {
 
 // initMaster reads the device parameters into the host master weights.
 func (o *offload) initMaster() error {
-	w := o.weights()
 	o.e.hostAccess("offload init", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
+	if o.shard != nil && o.shard.master != nil {
+		return o.initShard()
+	}
+	w := o.weights()
 	for _, g := range o.groups {
 		for _, t := range g.tensors {
 			vals, err := backend.Download(o.e.be, o.e.st.Compute, t.param)
@@ -185,6 +200,9 @@ func (o *offload) initMaster() error {
 // addDown adds each group's gradient copy and host Adam; it returns the
 // Adam node of every group.
 func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) []NodeID {
+	if o.shard != nil {
+		return o.addDownSharded(g, bwd, bwdEmbed, lr)
+	}
 	e := o.e
 	adam := make([]NodeID, len(o.groups))
 	for gi := range o.groups {

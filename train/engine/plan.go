@@ -195,7 +195,13 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		ckpt += savedDeviceState(st)
 		p.CheckpointBytes += savedDeviceState(st)
 	case Zero:
-		p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
+		if cfg.sharded() {
+			held, gathered := shardedBytes(x, dt, cfg.Comm.Size(), cfg.Comm.Rank())
+			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", held})
+			ckpt += gathered
+		} else {
+			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
+		}
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, p.LinkH2D+dsize*N
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
@@ -252,6 +258,36 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	}
 	p.Transient = append(p.Transient, Part{"checkpoint write", ckpt})
 	return p, nil
+}
+
+// shardedBytes is one rank's host memory of zero mode's sharded optimizer
+// (zero.go): the whole pinned gradients (fp32) and weights (model dtype),
+// and for its shard alone the summed gradients, the moments and (bf16
+// models) the master; and what GatherState adds for a checkpoint write:
+// rank 0 the whole second moment and master (the first goes into the
+// pinned gradients; an fp32 model's master is its pinned weights), the
+// other ranks nothing (they receive into the pinned gradients).
+func shardedBytes(x *model.Index, dt backend.DType, size, rank int) (held, gathered int64) {
+	var groups []int
+	var n int64
+	for _, sp := range groupsAll(x) {
+		g := 0
+		for _, i := range sp.params {
+			g += x.Layout[i].Len()
+		}
+		groups = append(groups, g)
+		n += int64(g)
+	}
+	s := int64(shardElems(groups, size, rank))
+	arrays := int64(2) // the moments
+	if dt != backend.F32 {
+		arrays++ // the master
+	}
+	held = 4*n + int64(dt.Size())*n + 4*s + 4*arrays*s
+	if rank == 0 {
+		return held, 4 * (arrays - 1) * n
+	}
+	return held, 0
 }
 
 // savedDeviceState is the fp32 bytes SaveStateView downloads of a device

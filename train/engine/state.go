@@ -66,10 +66,16 @@ func (e *Engine) saveState(own bool) (map[string][]float32, error) {
 			}
 		}
 	}
-	if o := e.off; o != nil {
+	if o := e.off; o != nil && o.shard != nil {
+		if err := o.saveShard(out, host); err != nil {
+			return nil, err
+		}
+	} else if o != nil {
 		out["host.master"] = host(o.weights())
 		out["host.m"] = host(o.mom[:o.n])
 		out["host.v"] = host(o.mom[o.n:])
+	}
+	if o := e.off; o != nil {
 		var steps []float32
 		for _, g := range o.groups {
 			for _, t := range g.tensors {
@@ -162,16 +168,12 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 			return err
 		}
 		e.hostAccess("restore host state", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
-		// One array at a time: each is copied before the next is read.
-		for _, a := range []struct {
-			name string
-			dst  []float32
-		}{{"host.master", o.weights()}, {"host.m", o.mom[:o.n]}, {"host.v", o.mom[o.n:]}} {
-			v, err := get(a.name, o.n)
-			if err != nil {
+		if o.shard != nil {
+			if err := o.loadShard(get); err != nil {
 				return err
 			}
-			copy(a.dst, v)
+		} else if err := o.load(get); err != nil {
+			return err
 		}
 		i := 0
 		for _, g := range o.groups {
@@ -191,6 +193,22 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 		}
 	}
 	return e.be.Synchronize(s)
+}
+
+// load restores the master and moments of an unsharded host optimizer,
+// one array at a time: each is copied before the next is read.
+func (o *offload) load(get func(string, int) ([]float32, error)) error {
+	for _, a := range []struct {
+		name string
+		dst  []float32
+	}{{"host.master", o.weights()}, {"host.m", o.mom[:o.n]}, {"host.v", o.mom[o.n:]}} {
+		v, err := get(a.name, o.n)
+		if err != nil {
+			return err
+		}
+		copy(a.dst, v)
+	}
+	return nil
 }
 
 // restoreMatrix restores one matrix's state and, for the first reader of
