@@ -197,6 +197,25 @@ func (o *offload) initMaster() error {
 	return nil
 }
 
+// addGradsCopy adds the copy of group gi's gradients to the pinned
+// buffer, after the backward that completes them (block l's, or the
+// embeddings' for the group outside the blocks).
+func (o *offload) addGradsCopy(g *Graph, gi int, bwd []NodeID, bwdEmbed NodeID) NodeID {
+	grp := &o.groups[gi]
+	done := bwdEmbed
+	if grp.layer >= 0 {
+		done = bwd[grp.layer]
+	}
+	return g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
+		for _, t := range grp.tensors {
+			if err := o.e.be.CopyD2H(s, o.grads, t.off*o.gsize, t.grad); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, done)
+}
+
 // addDown adds each group's gradient copy and host Adam; it returns the
 // Adam node of every group.
 func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) []NodeID {
@@ -207,18 +226,7 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 	adam := make([]NodeID, len(o.groups))
 	for gi := range o.groups {
 		grp := &o.groups[gi]
-		done := bwdEmbed
-		if grp.layer >= 0 {
-			done = bwd[grp.layer]
-		}
-		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
-			for _, t := range grp.tensors {
-				if err := e.be.CopyD2H(s, o.grads, t.off*o.gsize, t.grad); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, done)
+		d2h := o.addGradsCopy(g, gi, bwd, bwdEmbed)
 		ready := d2h
 		if e.dp != nil && len(grp.tensors) > 0 {
 			// The group's gradients are contiguous in grads (fp32: checkComm).

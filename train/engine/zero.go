@@ -158,18 +158,7 @@ func (o *offload) addDownSharded(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr flo
 	}
 	for gi := range o.groups {
 		grp, sg := &o.groups[gi], &sh.groups[gi]
-		done := bwdEmbed
-		if grp.layer >= 0 {
-			done = bwd[grp.layer]
-		}
-		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
-			for _, t := range grp.tensors {
-				if err := e.be.CopyD2H(s, o.grads, t.off*o.gsize, t.grad); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, done)
+		d2h := o.addGradsCopy(g, gi, bwd, bwdEmbed)
 		name := "reduce-scatter grads " + grp.name
 		rs := e.dp.collective(g, name, 0, func() error { return o.reduceScatter(name, grp, sg) }, d2h)
 		g.Nodes[rs].AllReduce = int64(4*sg.n) / 2
