@@ -157,14 +157,14 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	var next [3]int // the next task of each device queue
 	var busy [3]int // the task running on each device queue, -1: none
 	busy = [3]int{-1, -1, -1}
-	hostBusy, netBusy := -1, -1
-	var hostQ, netQ []int // ready host and network tasks, in arrival order
+	// The host Adam pool and the network: each runs its ready tasks one
+	// at a time, in arrival order.
+	host, net := &lane{busy: -1, last: -1}, &lane{busy: -1, last: -1}
 	queued := make([]bool, n)
 	done := make([]bool, n)
 	started := make([]bool, n)
 	left := make([]float64, n)
 	prev := make([]int, n) // the task whose end let each start (-1: none)
-	lastHost, lastNet := -1, -1
 	// The launcher: nodes before lp have been passed. gate is the host node
 	// whose end last let it go on, gateOf[i] that node when i was passed.
 	lp, gate := 0, -1
@@ -208,11 +208,11 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		q := tasks[i].Queue
 		switch {
 		case tasks[i].Net:
-			netBusy = -1
+			net.busy = -1
 			res.NetBusy += res.End[i] - res.Start[i]
 			return
 		case q == engine.Host:
-			hostBusy = -1
+			host.busy = -1
 		default:
 			busy[q] = -1
 		}
@@ -266,29 +266,20 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 				if i < lp && tasks[i].Queue == engine.Host && !queued[i] && depsDone(i) {
 					queued[i] = true
 					if tasks[i].Net {
-						netQ = append(netQ, i)
+						net.ready = append(net.ready, i)
 					} else {
-						hostQ = append(hostQ, i)
+						host.ready = append(host.ready, i)
 					}
 				}
 			}
-			if netBusy < 0 && len(netQ) > 0 {
-				i := netQ[0]
-				netQ = netQ[1:]
-				start(i, lastNet)
-				lastNet = i
-				netBusy = i
-				changed = true
-				if tasks[i].Work == 0 {
-					finish(i)
+			for _, l := range []*lane{net, host} {
+				if l.busy >= 0 || len(l.ready) == 0 {
+					continue
 				}
-			}
-			if hostBusy < 0 && len(hostQ) > 0 {
-				i := hostQ[0]
-				hostQ = hostQ[1:]
-				start(i, lastHost)
-				lastHost = i
-				hostBusy = i
+				i := l.ready[0]
+				l.ready = l.ready[1:]
+				start(i, l.last)
+				l.last, l.busy = i, i
 				changed = true
 				if tasks[i].Work == 0 {
 					finish(i)
@@ -304,11 +295,10 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 				running = append(running, i)
 			}
 		}
-		if hostBusy >= 0 {
-			running = append(running, hostBusy)
-		}
-		if netBusy >= 0 {
-			running = append(running, netBusy)
+		for _, l := range []*lane{host, net} {
+			if l.busy >= 0 {
+				running = append(running, l.busy)
+			}
 		}
 		if len(running) == 0 {
 			return Result{}, fmt.Errorf("plan: deadlock at %.6g s: %d of %d tasks finished", now, finished, n)
@@ -317,7 +307,7 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		for q, i := range busy {
 			on[q] = i >= 0
 		}
-		on[engine.Host] = hostBusy >= 0
+		on[engine.Host] = host.busy >= 0
 		rate := rates(r, on)
 		// The network lane is not slowed by the others (nor slows them).
 		speed := func(i int) float64 {
@@ -368,6 +358,14 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// lane is a queue of host tasks that run one at a time, first come first
+// served: the task running (-1: none), the one that ran last and those
+// ready, in arrival order.
+type lane struct {
+	busy, last int
+	ready      []int
 }
 
 // rates returns each queue's speed given which queues are running (see
