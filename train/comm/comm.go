@@ -174,6 +174,15 @@ func Shard(n, size, rank int) (lo, hi int) {
 	return lo, hi
 }
 
+// ReduceScratch is the number of elements of workspace that a device
+// communicator (cuda.NCCL) needs to all-reduce or reduce-scatter n
+// elements among size ranks: one shard from every rank, each as long as
+// the longest (rank 0's).
+func ReduceScratch(n, size int) int {
+	lo, hi := Shard(n, size, 0)
+	return size * (hi - lo)
+}
+
 // SumInRankOrder sets dst[i] = ((parts[0][i] + parts[1][i]) + parts[2][i])
 // + ..., in float32: the reduction every Communicator computes, for a single
 // process that must get the same bits (gradient accumulation over

@@ -28,6 +28,15 @@
 // down and the host Adam, each rank updates its shard of the group, and
 // the updated weights are all-gathered before the copy up.
 //
+// With a device communicator (Config.DeviceComm, NCCL on the CUDA
+// backend), what the device reads back is summed there instead, by nodes
+// on the d2h stream: each layer's S before its copy down (which then
+// copies the sum), and dpGrads' groups in place of their round trip
+// through pinned memory. The device communicator sums in rank order too,
+// so both paths give the same bits. Those nodes are enqueued in list
+// order on one stream, so every rank issues the device collectives in the
+// same order, and share one scratch buffer (the stream orders them).
+//
 // Every rank calls the same collectives in the same order: the collective
 // nodes form one chain in list order (each depends on the one before), so
 // two host goroutines never race to the communicator and ranks cannot
@@ -76,6 +85,10 @@ func (c Config) checkComm() error {
 // dp is the engine's data-parallel state: nil in a single process.
 type dp struct {
 	c comm.Communicator
+	// dev sums on the device (nil: on the host through c); scratch is
+	// its workspace, sized for the longest sum (allocScratch).
+	dev     DeviceComm
+	scratch backend.Tensor
 	// one is a 1-element buffer for the global target count; loss is
 	// 2 x size floats, every rank's float64 loss sum gathered as bits.
 	one, loss []float32
@@ -83,11 +96,115 @@ type dp struct {
 	last NodeID
 }
 
-func newDP(c comm.Communicator) *dp {
+// DeviceComm is a communicator on device tensors: its collectives are
+// enqueued on a backend stream and ordered by events like any op
+// (cuda.NCCL).
+type DeviceComm interface {
+	Rank() int
+	Size() int
+	// AllReduceSum enqueues on s the sum over ranks of the F32 tensor t
+	// into t, in rank order (((t0 + t1) + t2) ...), the order of
+	// comm.SumInRankOrder; scratch holds comm.ReduceScratch(t.Len(),
+	// Size()) F32 elements and does not overlap t.
+	AllReduceSum(s backend.Stream, t, scratch backend.Tensor) error
+}
+
+func newDP(c comm.Communicator, dev DeviceComm) *dp {
 	if c == nil || c.Size() <= 1 {
 		return nil
 	}
-	return &dp{c: c, one: make([]float32, 1), loss: make([]float32, 2*c.Size())}
+	return &dp{c: c, dev: dev, one: make([]float32, 1), loss: make([]float32, 2*c.Size())}
+}
+
+// onDevice says whether the engine's sums of device tensors run on the
+// device (Config.DeviceComm).
+func (d *dp) onDevice() bool { return d != nil && d.dev != nil }
+
+// deviceSpans is every run of tensors the device communicator sums at
+// once: each layer's S (lsp) and each group of dpGrads.
+func (e *Engine) deviceSpans() [][]backend.Tensor {
+	var all [][]backend.Tensor
+	if e.lsp != nil {
+		for l := range e.lsp.mats {
+			all = append(all, e.lsp.layerS(l))
+		}
+	}
+	if e.dpg != nil {
+		for _, grp := range e.dpg.groups {
+			all = append(all, grp.spans)
+		}
+	}
+	return all
+}
+
+// scratchElems is the scratch the device communicator needs for spans
+// among size ranks.
+func scratchElems(spans [][]backend.Tensor, size int) int {
+	n := 0
+	for _, ts := range spans {
+		for _, t := range ts {
+			n = max(n, comm.ReduceScratch(t.Len(), size))
+		}
+	}
+	return n
+}
+
+// allocScratch allocates the device communicator's scratch.
+func (d *dp) allocScratch(e *Engine) error {
+	if !d.onDevice() {
+		return nil
+	}
+	n := scratchElems(e.deviceSpans(), d.dev.Size())
+	if n == 0 {
+		return nil
+	}
+	var err error
+	if d.scratch, err = e.be.Alloc("device collectives' scratch", n, backend.F32); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	return nil
+}
+
+func (d *dp) free(be backend.Backend) {
+	if d != nil && d.scratch.Buf != nil {
+		be.Free(d.scratch)
+		d.scratch = backend.Tensor{}
+	}
+}
+
+// deviceSum adds a node on the d2h stream that sums spans over ranks on
+// the device, after deps.
+func (e *Engine) deviceSum(g *Graph, name string, spans []backend.Tensor, deps ...NodeID) NodeID {
+	d := e.dp
+	n := 0
+	for _, t := range spans {
+		n += t.Len()
+	}
+	id := g.Add(name, D2H, func(s backend.Stream) error {
+		for _, t := range spans {
+			if err := d.dev.AllReduceSum(s, t, d.scratch); err != nil {
+				return fmt.Errorf("engine: %s: %w", name, err)
+			}
+		}
+		return nil
+	}, deps...)
+	g.Nodes[id].AllReduce = 4 * int64(n)
+	return id
+}
+
+// spans merges tensors that follow each other in one buffer into F32
+// spans, so that a group is summed in as few collectives as its layout
+// allows.
+func spans(ts []backend.Tensor) []backend.Tensor {
+	var out []backend.Tensor
+	for _, t := range ts {
+		if k := len(out) - 1; k >= 0 && out[k].Buf == t.Buf && out[k].Off+out[k].Len() == t.Off {
+			out[k].Shape[0] += t.Len()
+			continue
+		}
+		out = append(out, backend.Tensor{Buf: t.Buf, Off: t.Off, Shape: []int{t.Len()}, DType: t.DType})
+	}
+	return out
 }
 
 // globalTargets sums the step's targets over ranks. The count is exact
@@ -178,14 +295,15 @@ func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) er
 // and go back up over the device's before the AdamW reads them.
 type dpGrads struct {
 	groups []dpGroup
-	buf    backend.HostBuffer // fp32, every gradient
+	buf    backend.HostBuffer // fp32, every gradient; nil when summed on the device
 }
 
 type dpGroup struct {
 	name    string
 	layer   int // -1: outside the blocks
 	tensors []dpTensor
-	off, n  int // elements of buf
+	spans   []backend.Tensor // the gradients as the device sums them
+	off, n  int              // elements of buf
 }
 
 type dpTensor struct {
@@ -201,16 +319,22 @@ func newDPGrads(e *Engine, specs []groupSpec) (*dpGrads, error) {
 			continue
 		}
 		grp := dpGroup{name: sp.name, layer: sp.layer, off: n}
+		var grads []backend.Tensor
 		for _, i := range sp.params {
 			gv, ok := e.Model.GradView(i)
 			if !ok {
 				return nil, fmt.Errorf("engine: %s has no gradient to all-reduce", e.idx.Layout[i].Name)
 			}
 			grp.tensors = append(grp.tensors, dpTensor{grad: gv, off: n, n: gv.Len()})
+			grads = append(grads, gv)
 			n += gv.Len()
 		}
 		grp.n = n - grp.off
+		grp.spans = spans(grads)
 		d.groups = append(d.groups, grp)
+	}
+	if e.dp.onDevice() {
+		return d, nil
 	}
 	var err error
 	if d.buf, err = e.be.AllocHost("data-parallel gradients", 4*n); err != nil {
@@ -230,6 +354,10 @@ func (d *dpGrads) free(be backend.Backend) {
 // copies up (addGradsUp): the launcher blocks on a host result before it
 // enqueues what needs it, and should do so only after all the work that
 // overlaps with it.
+//
+// With a device communicator the groups are summed in place on the device
+// instead, and those sums are what the AdamW follows (addGradsUp adds
+// nothing).
 func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID {
 	d := e.dpg
 	reduced := make([]NodeID, len(d.groups))
@@ -238,6 +366,10 @@ func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID 
 		done := bwdEmbed
 		if grp.layer >= 0 {
 			done = bwd[grp.layer]
+		}
+		if e.dp.onDevice() {
+			reduced[gi] = e.deviceSum(g, "all-reduce grads "+grp.name, grp.spans, done)
+			continue
 		}
 		d2h := g.Add("d2h grads "+grp.name, D2H, func(s backend.Stream) error {
 			for _, t := range grp.tensors {
@@ -259,6 +391,9 @@ func (e *Engine) addGradsDown(g *Graph, bwd []NodeID, bwdEmbed NodeID) []NodeID 
 // all-reduces and returns them: the AdamW must follow them.
 func (e *Engine) addGradsUp(g *Graph, reduced []NodeID) []NodeID {
 	d := e.dpg
+	if e.dp.onDevice() {
+		return reduced // summed in place
+	}
 	ups := make([]NodeID, len(d.groups))
 	for gi := range d.groups {
 		grp := &d.groups[gi]
@@ -336,3 +471,17 @@ func (e *Engine) CommPerStep() CommStep {
 	}
 	return c
 }
+
+// PlannedDevice is a device communicator of Ranks ranks for planning
+// (PlanMemory, a traced step): it has a size and moves nothing (a traced
+// step prices its nodes by Node.AllReduce).
+type PlannedDevice struct{ Ranks int }
+
+// Rank is 0: a plan is rank 0's.
+func (p PlannedDevice) Rank() int { return 0 }
+
+// Size is Ranks.
+func (p PlannedDevice) Size() int { return p.Ranks }
+
+// AllReduceSum does nothing.
+func (p PlannedDevice) AllReduceSum(backend.Stream, backend.Tensor, backend.Tensor) error { return nil }

@@ -36,7 +36,8 @@ import (
 
 const (
 	dpScenarioEnv = "LSP_DP_TEST"
-	dpOutEnv      = "LSP_DP_OUT" // where rank 0 writes the weights of the inexact cases
+	dpDeviceEnv   = "LSP_DP_DEVICE_TEST" // the device communicator's scenario (dp_nccl_test.go)
+	dpOutEnv      = "LSP_DP_OUT"         // where rank 0 writes the weights of the inexact cases
 )
 
 // dpSteps is the number of step attempts of every run; dpNaNStep is the
@@ -51,8 +52,15 @@ func TestMain(m *testing.M) {
 	if _, ok := comm.LaunchedByMPI(); ok && os.Getenv(dpScenarioEnv) != "" {
 		os.Exit(dpRankMain(os.Getenv(dpScenarioEnv)))
 	}
+	if _, ok := comm.LaunchedByMPI(); ok && os.Getenv(dpDeviceEnv) != "" && deviceRankMain != nil {
+		os.Exit(deviceRankMain(os.Getenv(dpDeviceEnv)))
+	}
 	os.Exit(m.Run())
 }
+
+// deviceRankMain runs one rank of the device communicator's scenario, in
+// builds that have one (dp_nccl_test.go).
+var deviceRankMain func(scenario string) int
 
 // dpCase is one configuration the scenario runs.
 type dpCase struct {
@@ -104,13 +112,34 @@ type dpResult struct {
 // dpNaNStep. Ranks run pipelined on the CPU backend in its hazard mode
 // (random delays, every access checked); the single process sequentially.
 func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, err error) {
-	cfg, accum, rank := tc.cfg, ranks, 0
+	return dpRunOn(cpuRanks, c, tc, ranks, nanMicro)
+}
+
+// dpEnv is where a run of dpRunOn trains: open gives rank's backend
+// (multi: one of several ranks, else the single process) and the hazards
+// it found; dev, when set, joins the ranks' backends in a device
+// communicator (Config.DeviceComm), and its close releases it.
+type dpEnv struct {
+	open func(rank int, multi bool) (backend.Backend, func() []string, error)
+	dev  func(be backend.Backend, c comm.Communicator) (DeviceComm, func() error, error)
+}
+
+// cpuRanks is the CPU backend: a rank's in its hazard mode.
+var cpuRanks = dpEnv{open: func(rank int, multi bool) (backend.Backend, func() []string, error) {
 	bc := cpu.Config{Threads: 1}
+	if multi {
+		bc = hazardConfig(uint64(17 + rank))
+		bc.Threads = 1
+	}
+	be := cpu.New(bc)
+	return be, cpuHazards(be), nil
+}}
+
+func dpRunOn(env dpEnv, c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, err error) {
+	cfg, accum, rank := tc.cfg, ranks, 0
 	if c != nil {
 		cfg.Comm, accum, rank = c, 1, c.Rank()
 		cfg.Pipelined = true
-		bc = hazardConfig(uint64(17 + rank))
-		bc.Threads = 1
 	}
 	spec := ""
 	if c == nil {
@@ -125,8 +154,23 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 		}
 		defer disarm()
 	}
-	be := cpu.New(bc)
+	be, hazards, err := env.open(rank, c != nil)
+	if err != nil {
+		return res, err
+	}
 	defer be.Close()
+	if env.dev != nil && c != nil {
+		dev, closeDev, err := env.dev(be, c)
+		if err != nil {
+			return res, err
+		}
+		defer func() {
+			if cerr := closeDev(); err == nil {
+				err = cerr
+			}
+		}()
+		cfg.DeviceComm = dev
+	}
 	e, err := New(be, small, testB, testT, accum, tc.dt, cfg)
 	if err != nil {
 		return res, err
@@ -163,7 +207,7 @@ func dpRun(c comm.Communicator, tc dpCase, ranks, nanMicro int) (res dpResult, e
 			res.skipped++
 		}
 	}
-	if hs := cpuHazards(be)(); len(hs) > 0 {
+	if hs := hazards(); len(hs) > 0 {
 		return res, fmt.Errorf("hazards: %v", hs)
 	}
 	p, err := backend.Download(be, be.DefaultStream(), e.Model.Buffers().Params)

@@ -222,6 +222,14 @@ type Config struct {
 	// Comm is the group of ranks that train together (dp.go); nil or a
 	// one-rank communicator trains alone.
 	Comm comm.Communicator
+	// DeviceComm, with several ranks, sums on the device what the device
+	// reads back (dp.go): lsp's S before its copy down, and the gradients
+	// a device AdamW updates from (native; lsp with --dense-params
+	// device), so they skip the round trip through pinned memory. It is
+	// the same ranks as Comm (cuda.NCCL, joined through Comm); nil: those
+	// sums go through Comm on the host. The flag, the targets, the loss
+	// and zero mode's sharded host optimizer use Comm either way.
+	DeviceComm DeviceComm
 	// replicateZero (tests): zero mode with several ranks all-reduces
 	// the gradients and runs the whole host Adam on every rank, the path
 	// before ZeRO's sharding (zero.go), to compare the two.
@@ -253,6 +261,11 @@ func (c Config) Validate() error {
 	}
 	if c.Comm != nil && c.Comm.Size() > 1 {
 		errs = append(errs, c.checkComm())
+	}
+	if c.DeviceComm != nil {
+		if c.Comm == nil || c.Comm.Size() != c.DeviceComm.Size() || c.Comm.Rank() != c.DeviceComm.Rank() {
+			errs = append(errs, fmt.Errorf("engine: the device communicator (rank %d of %d) is not the ranks of the host communicator", c.DeviceComm.Rank(), c.DeviceComm.Size()))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -317,7 +330,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly, dp: newDP(cfg.Comm)}
+	e := &Engine{cfg: cfg, be: be, idx: idx, b: B, t: T, dt: dt, accum: accum, checked: -1, sizeOnly: sizeOnly, dp: newDP(cfg.Comm, cfg.DeviceComm)}
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
@@ -398,6 +411,9 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			}
 		}
 	}
+	if err := e.dp.allocScratch(e); err != nil {
+		return nil, err
+	}
 	ok = true
 	return e, nil
 }
@@ -464,6 +480,7 @@ func (e *Engine) Free() error {
 		e.off.free()
 	}
 	e.dpg.free(e.be)
+	e.dp.free(e.be)
 	if e.lossFlag.Buf != nil {
 		e.be.Free(e.lossFlag)
 	}

@@ -226,13 +226,17 @@ func (st *lspState) init(e *Engine) error {
 			if first {
 				in.A = fc.Next(d[k], BT)
 			}
-			xm.S = fc.Next(d[k], d[k])
 			xm.hostOff = hostBytes
 			hostBytes += d[k] * d[k] * 4
 			if !e.sizeOnly { // traced: the host nodes never run
 				xm.state = host.NewAdamState(d[k] * d[k])
 			}
 			st.mats[l] = append(st.mats[l], xm)
+		}
+		// A layer's S follow each other, so that with several ranks one
+		// collective sums them (layerS).
+		for _, xm := range st.mats[l] {
+			xm.S = fc.Next(xm.d, xm.d)
 		}
 	}
 	if st.hostS, err = be.AllocHost("lsp S and Delta", hostBytes); err != nil {
@@ -367,6 +371,11 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 	adam := make([]NodeID, len(st.mats))
 	for l := len(st.mats) - 1; l >= 0; l-- {
 		l := l
+		done := bwd[l]
+		if e.dp.onDevice() {
+			// Summed on the device first: the copy down copies the sum.
+			done = e.deviceSum(g, fmt.Sprintf("all-reduce S %d", l), st.layerS(l), done)
+		}
 		d2h := g.Add(fmt.Sprintf("d2h S %d", l), D2H, func(s backend.Stream) error {
 			for _, x := range st.mats[l] {
 				if err := e.be.CopyD2H(s, st.hostS, x.hostOff, x.S); err != nil {
@@ -374,9 +383,9 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 				}
 			}
 			return nil
-		}, bwd[l])
+		}, done)
 		ready := d2h
-		if e.dp != nil {
+		if e.dp != nil && !e.dp.onDevice() {
 			// The layer's matrices are contiguous in hostS.
 			first, last := st.mats[l][0], st.mats[l][len(st.mats[l])-1]
 			off, n := first.hostOff, (last.hostOff-first.hostOff)/4+last.d*last.d
@@ -391,6 +400,16 @@ func (st *lspState) addDown(g *Graph, bwd []NodeID, lr float64) []NodeID {
 		g.Nodes[adam[l]].Work = st.work(l)
 	}
 	return adam
+}
+
+// layerS is one layer's S as the device communicator sums them: one span
+// (init carves them one after the other).
+func (st *lspState) layerS(l int) []backend.Tensor {
+	ts := make([]backend.Tensor, len(st.mats[l]))
+	for i, x := range st.mats[l] {
+		ts[i] = x.S
+	}
+	return spans(ts)
 }
 
 // work is one layer's subspace Adam: S pre-scanned, moments read and

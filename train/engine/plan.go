@@ -241,16 +241,29 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 	}
 	// With several ranks, the gradients a device AdamW reads (native's,
 	// lsp's dense ones with --dense-params device) go down to a pinned
-	// buffer, are all-reduced on the host and come back up (dpGrads).
+	// buffer, are all-reduced on the host and come back up (dpGrads);
+	// with a device communicator they are summed on the device instead,
+	// in a scratch buffer as long as the longest sum (allocScratch).
 	if ranks > 1 {
-		var n int64
+		var groups []groupSpec
 		switch {
 		case cfg.Mode == Native:
-			n = N
+			groups = groupsAll(x)
 		case cfg.Mode == LSP && cfg.DenseParams == DenseDevice:
-			n = dense
+			groups = groupsDense(x)
 		}
-		if n > 0 {
+		var n int64
+		for _, g := range groups {
+			for _, i := range g.params {
+				n += int64(x.Layout[i].Len())
+			}
+		}
+		switch {
+		case cfg.DeviceComm != nil:
+			if sc := planScratch(x, cfg, groups, ranks); sc > 0 {
+				p.Device = append(p.Device, Part{"device collectives' scratch", 4 * int64(sc)})
+			}
+		case n > 0:
 			p.Host = append(p.Host, Part{"data-parallel gradients", 4 * n})
 			p.LinkD2H += 4 * n
 			p.LinkH2D += 4 * n
@@ -324,4 +337,28 @@ func lspViewBytes(x *model.Index, c LSPConfig) int64 {
 		n += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
 	}
 	return 4 * int64(len(x.Blocks)) * n
+}
+
+// planScratch is the device communicator's scratch (allocScratch): for
+// the longest of each layer's S (lsp) and of the groups' gradients, each
+// one span (a layer's S and a group's gradients follow each other).
+func planScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
+	var spans [][]backend.Tensor
+	one := func(n int) []backend.Tensor { return []backend.Tensor{{Shape: []int{n}}} }
+	if cfg.Mode == LSP {
+		d, _ := lspDims(x, cfg.LSP)
+		n := 0
+		for _, dk := range d {
+			n += dk * dk
+		}
+		spans = append(spans, one(n))
+	}
+	for _, g := range groups {
+		n := 0
+		for _, i := range g.params {
+			n += x.Layout[i].Len()
+		}
+		spans = append(spans, one(n))
+	}
+	return scratchElems(spans, ranks)
 }
