@@ -68,6 +68,7 @@ type Config struct {
 	StartRandom   bool               // --start-random: no projector check before step 1
 	ShareLayers   bool               // --share-layers: one projector pair per matrix kind, fitted on every layer
 	Schedule      Schedule           // --schedule: pipelined or sequential
+	Collectives   Collectives        // --collectives: where several ranks sum what the device reads back (auto, host or nccl)
 	Recompute     model.Recompute    // --recompute: none, attn or layer (activations recomputed in the backward)
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
@@ -98,7 +99,7 @@ func Defaults() Config {
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: engine.RefitSplit, Accept: engine.AcceptHeldOut, Rewarm: engine.RewarmFloor, StartRandom: true,
-		Schedule: Pipelined, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
+		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }
 
@@ -170,6 +171,45 @@ func (s *Schedule) Set(v string) error {
 	return nil
 }
 
+// Collectives says where the ranks of a data-parallel run sum what the
+// device reads back: lsp's S and the gradients of a device AdamW
+// (--collectives).
+type Collectives string
+
+// Collectives choices.
+const (
+	// CollectivesAuto sums on the device (NCCL) on a backend that has a
+	// device communicator and can start it, else on the host.
+	CollectivesAuto Collectives = "auto"
+	// CollectivesHost copies them to pinned memory and sums them on the
+	// host over MPI.
+	CollectivesHost Collectives = "host"
+	// CollectivesNCCL sums them on the device with NCCL, or fails.
+	CollectivesNCCL Collectives = "nccl"
+)
+
+// ParseCollectives reads a --collectives value.
+func ParseCollectives(s string) (Collectives, error) {
+	switch v := Collectives(s); v {
+	case CollectivesAuto, CollectivesHost, CollectivesNCCL:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown collectives %q (want auto, host or nccl)", s)
+}
+
+// String is the flag spelling.
+func (c Collectives) String() string { return string(c) }
+
+// Set parses a --collectives value (flag.Value).
+func (c *Collectives) Set(v string) error {
+	p, err := ParseCollectives(v)
+	if err != nil {
+		return err
+	}
+	*c = p
+	return nil
+}
+
 // FlagError is a bad flag value; Flag names it.
 type FlagError = flagerr.Error
 
@@ -226,6 +266,12 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseSchedule(string(c.Schedule)); err != nil {
 		errs = append(errs, flagErr("schedule", "%v", err))
+	}
+	if _, err := ParseCollectives(string(c.Collectives)); err != nil {
+		errs = append(errs, flagErr("collectives", "%v", err))
+	}
+	if c.Collectives == CollectivesNCCL && c.Device.Base() != device.CUDA {
+		errs = append(errs, flagErr("collectives", "nccl sums on CUDA devices; --device is %s (use host or auto)", c.Device))
 	}
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	if _, err := ParseNonFinite(string(c.OnNonFinite)); err != nil {

@@ -74,6 +74,9 @@ func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *da
 	ec := c.engineConfig(fromCheckpoint)
 	if ranks > 1 {
 		ec.Comm = comm.Planned{Ranks: ranks}
+		if c.Collectives != CollectivesHost && c.Device.Base() == device.CUDA {
+			ec.DeviceComm = engine.PlannedDevice{Ranks: ranks}
+		}
 	}
 	p, err := engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
 	if err != nil {
@@ -124,9 +127,12 @@ func datasetBytes(ds *data.Dataset) int64 {
 // newEngine builds the engine of the run on be: the model and the update
 // mode's state, all allocated, the weights not yet set; cm (nil alone)
 // makes it one rank of a data-parallel run.
-func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool, cm comm.Communicator) (*engine.Engine, error) {
+func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool, cm comm.Communicator, dc device.Comm) (*engine.Engine, error) {
 	ec := c.engineConfig(fromCheckpoint)
 	ec.Comm = cm
+	if dc != nil {
+		ec.DeviceComm = dc
+	}
 	return engine.New(be, mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
 }
 

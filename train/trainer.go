@@ -175,6 +175,7 @@ type run struct {
 	lastEngine, lastCheck float64
 
 	comm      comm.Communicator // several ranks; nil alone
+	devComm   device.Comm       // and their devices' (--collectives); nil: the host sums
 	commBytes int64             // payload this rank sent during its steps
 	lastComm  int64             // and during the latest step
 }
@@ -225,6 +226,11 @@ func (r *run) close() {
 	}
 	if r.eng != nil {
 		r.eng.Free() // also stops the host worker threads
+	}
+	if r.devComm != nil {
+		if err := r.devComm.Close(); err != nil {
+			r.log.Warn("closing the device communicator", "err", err)
+		}
 	}
 	if r.be != nil && r.opts.Backend == nil {
 		r.be.Close()
@@ -475,10 +481,33 @@ func (r *run) openEngine() error {
 		}
 	}
 	r.s = r.be.DefaultStream()
-	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.comm); err != nil {
+	if err := r.openDeviceComm(); err != nil {
+		return err
+	}
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.comm, r.devComm); err != nil {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
+	return nil
+}
+
+// openDeviceComm joins the ranks' devices as --collectives says: with
+// auto, NCCL where the backend has it and every rank can start it (the
+// ranks agree: cuda.NewNCCL fails on all of them or none), else the host.
+func (r *run) openDeviceComm() error {
+	if r.comm == nil || r.cfg.Collectives == CollectivesHost {
+		return nil
+	}
+	dc, err := device.NewComm(r.cfg.Device, r.be, r.comm)
+	switch {
+	case err == nil:
+		r.devComm = dc
+		r.log.Info("collectives", "sums", "on the device (NCCL)")
+	case r.cfg.Collectives == CollectivesNCCL:
+		return flagErr("collectives", "%v", err)
+	default:
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", err)
+	}
 	return nil
 }
 
@@ -776,9 +805,12 @@ func (r *run) trainStep(lr float64) (float64, error) {
 		k := r.comm.Rank() * r.cfg.GradAccum
 		mine = batches[k : k+r.cfg.GradAccum]
 	}
-	var cs0 comm.Stats
+	var cs0, ds0 comm.Stats
 	if r.comm != nil {
 		cs0 = r.comm.Stats()
+	}
+	if r.devComm != nil {
+		ds0 = r.devComm.Stats()
 	}
 	tr0, t0 := r.be.Traffic(), time.Now()
 	sum, err := r.eng.Step(mine, lr) // with several ranks, summed over them
@@ -787,6 +819,9 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	}
 	if r.comm != nil {
 		r.lastComm = r.comm.Stats().Sub(cs0).Sent()
+		if r.devComm != nil {
+			r.lastComm += r.devComm.Stats().Sub(ds0).Sent()
+		}
 		r.commBytes += r.lastComm
 	}
 	tr1 := r.be.Traffic()

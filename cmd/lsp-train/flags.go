@@ -72,6 +72,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp: no projector check before step 1 (train on the random projectors until the first --check-every)")
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
+	fs.Var(&c.Collectives, "collectives", "`WHERE` several ranks (mpirun) sum lsp's S and the device AdamW's gradients: nccl (on the GPUs), host (copied to pinned memory, over MPI) or auto (nccl on the CUDA backend when libnccl.so.2 loads, else host)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var(&c.Recompute, "recompute", "`WHAT` the backward recomputes instead of keeping from the forward: none, attn (each block's attention) or layer (all of each block but its output); less device memory for more compute, the same results (lsp-train plan says which a model needs)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
@@ -138,6 +139,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"start-random", groupOffload},
 	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
+	{"collectives", groupDevice},
 	{"recompute", groupOffload},
 	{"link-bandwidth", groupOffload},
 	{"out", groupOutput},

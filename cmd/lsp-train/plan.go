@@ -42,6 +42,7 @@ type planOptions struct {
 	gpu, link, host       string
 	ranks                 int
 	net                   string
+	collectives           string
 	hostBW                byteSize
 	hostMem, deviceMem    byteSize
 	hostWorkers           int
@@ -56,7 +57,7 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
-		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -82,6 +83,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
 	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
 	fs.IntVar(&o.ranks, "ranks", o.ranks, "data parallelism: `N` such GPUs, one process each (mpirun -np N), each with the micro-batch and --grad-accum given")
+	fs.StringVar(&o.collectives, "collectives", o.collectives, "with --ranks: `WHERE` the ranks sum lsp's S and the device AdamW's gradients, as lsp-train's flag: nccl (on the GPUs), host (through pinned memory, over MPI) or auto (nccl on a GPU, host with --gpu cpu)")
 	fs.StringVar(&o.net, "net", o.net, "with --ranks: the `NETWORK` between ranks: "+strings.Join(keys(plan.Nets), ", ")+" (shm: processes on one host)")
 	fs.Var(&o.hostBW, "host-bw", "host memory bandwidth per second, e.g. 80GB, instead of the host preset's")
 	fs.Var(&o.hostMem, "host-mem", "host memory, e.g. 64GiB, instead of the host preset's")
@@ -177,6 +179,9 @@ func (o planOptions) parse() (planJob, error) {
 	if o.ranks < 1 {
 		bad("ranks", "%d, want at least 1", o.ranks)
 	}
+	if _, err := train.ParseCollectives(o.collectives); err != nil {
+		bad("collectives", "%v", err)
+	}
 	net, err := plan.NetPreset(o.net)
 	if err != nil {
 		errs = append(errs, err) // names its flag
@@ -238,8 +243,12 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
 	c.Schedule, c.Device, c.Recompute = train.Schedule(o.schedule), device.CUDA, j.recompute
+	c.Collectives = train.Collectives(o.collectives)
 	if j.cpu {
 		c.Device, c.Threads, c.LinkBandwidth = device.CPU, o.threads, int64(o.linkBandwidth)
+		if c.Collectives == train.CollectivesAuto {
+			c.Collectives = train.CollectivesHost // the CPU backend has no device communicator
+		}
 	}
 	return c
 }
@@ -278,8 +287,12 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n", m.GPU.Name, gibs(m.GPU.Memory),
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
 	if m.Ranks > 1 {
-		fmt.Fprintf(stdout, "data parallelism: %d ranks (one process and GPU each), %s (%.3g GB/s per rank, %s per message); every figure is one rank's\n",
-			m.Ranks, m.Net.Name, m.Net.Bandwidth/1e9, secs(m.Net.Latency))
+		where := "on the GPUs (NCCL)"
+		if o.trainConfig(j, engine.LSP).Collectives == train.CollectivesHost {
+			where = "on the host (MPI, through pinned memory)"
+		}
+		fmt.Fprintf(stdout, "data parallelism: %d ranks (one process and GPU each), %s (%.3g GB/s per rank, %s per message), sums %s; every figure is one rank's\n",
+			m.Ranks, m.Net.Name, m.Net.Bandwidth/1e9, secs(m.Net.Latency), where)
 	}
 	fmt.Fprintln(stdout)
 	reports := make([]plan.Report, len(j.modes))
@@ -296,7 +309,8 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 		settings[i] = tc.Recompute
 		mem := mems[tc.Recompute]
-		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: train.EngineConfig(tc), Memory: &mem}
+		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: train.EngineConfig(tc), Memory: &mem,
+			DeviceCollectives: tc.Collectives != train.CollectivesHost}
 		r, err := plan.Plan(c, m)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)

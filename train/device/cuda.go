@@ -11,9 +11,27 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 )
 
-func init() { built[CUDA] = openCUDA }
+func init() {
+	built[CUDA] = openCUDA
+	newComm[CUDA] = newNCCL
+}
+
+// newNCCL joins the ranks' CUDA backends in an NCCL communicator (on the
+// simulated runtime, its simulated NCCL).
+func newNCCL(be backend.Backend, c comm.Communicator) (Comm, error) {
+	b, ok := be.(*cuda.Backend)
+	if !ok {
+		return nil, fmt.Errorf("NCCL needs the CUDA backend itself, not %T", be)
+	}
+	n, err := b.NewNCCL(c)
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
 
 // openCUDA opens device c.Kind.Ordinal() with an arena of --device-mem
 // (the free memory, less CUDA's headroom, when 0). --threads and

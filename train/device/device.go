@@ -16,11 +16,13 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
 
@@ -149,6 +151,36 @@ func Check(k Kind) error {
 	}
 	return nil
 }
+
+// Comm is a communicator between the devices of several ranks, on device
+// tensors, enqueued on the backend's streams (engine.DeviceComm): NCCL on
+// the CUDA backend.
+type Comm interface {
+	Rank() int
+	Size() int
+	AllReduceSum(s backend.Stream, t, scratch backend.Tensor) error
+	Stats() comm.Stats
+	Close() error
+}
+
+// newComm, per backend kind that has one, joins the ranks of a host
+// communicator in a device communicator.
+var newComm = map[Kind]func(be backend.Backend, c comm.Communicator) (Comm, error){}
+
+// NewComm joins the ranks of c, each with its backend be of kind k, in a
+// device communicator; every rank must call it. A backend without one
+// (the CPU backend, whose device memory is the host's) gives
+// ErrNoDeviceComm.
+func NewComm(k Kind, be backend.Backend, c comm.Communicator) (Comm, error) {
+	f := newComm[k.Base()]
+	if f == nil {
+		return nil, fmt.Errorf("%w: the %s backend", ErrNoDeviceComm, k.Base())
+	}
+	return f(be, c)
+}
+
+// ErrNoDeviceComm says that a backend has no device communicator.
+var ErrNoDeviceComm = errors.New("no device communicator")
 
 // Built lists the backends of this build, for help texts.
 func Built() []Kind {

@@ -69,6 +69,12 @@ func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 			t := m.Net.AllReduceTime(n.AllReduce, m.Ranks)
 			tasks[i].Work, tasks[i].Net = t, true
 			tasks[i].Parts = []Part{{Family: AllReduce, Seconds: t}}
+		case n.AllReduce > 0:
+			// A device collective (NCCL) holds its stream for its time
+			// on the network; the device's sums are not counted.
+			t := m.Net.AllReduceTime(n.AllReduce, m.Ranks)
+			tasks[i].Work = t
+			tasks[i].Parts = []Part{{Family: AllReduce, Seconds: t}}
 		case n.Queue == engine.Host:
 			t := m.HostTime(n.Work)
 			tasks[i].Work = t
@@ -210,6 +216,9 @@ type Config struct {
 	// plan: train.PlanMemory, with the run's own host memory); nil: the
 	// engine's (engine.PlanMemory).
 	Memory *engine.Plan
+	// DeviceCollectives: with several ranks the device sums what it
+	// reads back (NCCL, engine.Config.DeviceComm), else the host.
+	DeviceCollectives bool
 }
 
 // engineFor is c's engine configuration on m: with several ranks, the
@@ -218,6 +227,9 @@ func (c Config) engineFor(m Machine) engine.Config {
 	ec := c.Engine
 	if m.Ranks > 1 && ec.Comm == nil {
 		ec.Comm = comm.Planned{Ranks: m.Ranks}
+	}
+	if m.Ranks > 1 && ec.DeviceComm == nil && c.DeviceCollectives {
+		ec.DeviceComm = engine.PlannedDevice{Ranks: m.Ranks}
 	}
 	return ec
 }
