@@ -120,41 +120,36 @@ func newDP(c comm.Communicator, dev DeviceComm) *dp {
 // device (Config.DeviceComm).
 func (d *dp) onDevice() bool { return d != nil && d.dev != nil }
 
-// deviceSpans is every run of tensors the device communicator sums at
-// once: each layer's S (lsp) and each group of dpGrads.
-func (e *Engine) deviceSpans() [][]backend.Tensor {
-	var all [][]backend.Tensor
-	if e.lsp != nil {
-		for l := range e.lsp.mats {
-			all = append(all, e.lsp.layerS(l))
-		}
-	}
-	if e.dpg != nil {
-		for _, grp := range e.dpg.groups {
-			all = append(all, grp.spans)
-		}
-	}
-	return all
-}
-
-// scratchElems is the scratch the device communicator needs for spans
-// among size ranks.
-func scratchElems(spans [][]backend.Tensor, size int) int {
+// scratchElems is the scratch the device communicator needs among size
+// ranks for sums of at most sums elements each (a layer's S, a group's
+// gradients: one collective each when contiguous, more when not, none
+// longer).
+func scratchElems(sums []int, size int) int {
 	n := 0
-	for _, ts := range spans {
-		for _, t := range ts {
-			n = max(n, comm.ReduceScratch(t.Len(), size))
-		}
+	for _, s := range sums {
+		n = max(n, comm.ReduceScratch(s, size))
 	}
 	return n
 }
 
-// allocScratch allocates the device communicator's scratch.
+// allocScratch allocates the device communicator's scratch, as
+// planScratch plans it.
 func (d *dp) allocScratch(e *Engine) error {
 	if !d.onDevice() {
 		return nil
 	}
-	n := scratchElems(e.deviceSpans(), d.dev.Size())
+	var sums []int
+	if e.lsp != nil {
+		for l := range e.lsp.mats {
+			sums = append(sums, layerSElems(e.lsp.mats[l]))
+		}
+	}
+	if e.dpg != nil {
+		for _, grp := range e.dpg.groups {
+			sums = append(sums, grp.n)
+		}
+	}
+	n := scratchElems(sums, d.dev.Size())
 	if n == 0 {
 		return nil
 	}
@@ -190,6 +185,15 @@ func (e *Engine) deviceSum(g *Graph, name string, spans []backend.Tensor, deps .
 	}, deps...)
 	g.Nodes[id].AllReduce = 4 * int64(n)
 	return id
+}
+
+// layerSElems is one layer's S in elements.
+func layerSElems(mats []*lspMatrix) int {
+	n := 0
+	for _, x := range mats {
+		n += x.d * x.d
+	}
+	return n
 }
 
 // spans merges tensors that follow each other in one buffer into F32

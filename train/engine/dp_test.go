@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -144,4 +145,95 @@ func mustIndex(t *testing.T) *model.Index {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// TestPlanDeviceCollectives: with a device communicator the engine
+// allocates the scratch its plan has (one span per layer's S and per
+// group of gradients, the longest setting it), and no pinned buffer for
+// the gradients' round trip, which the plan then leaves out too; the
+// graph sums on the d2h stream what the host summed, the same bytes.
+func TestPlanDeviceCollectives(t *testing.T) {
+	frozen, hostD := testConfig(LSP), testConfig(LSP)
+	frozen.DenseParams, hostD.DenseParams = DenseFrozen, DenseHost
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{{"native", testConfig(Native)}, {"lsp-device", testConfig(LSP)}, {"lsp-frozen", frozen}, {"lsp-host", hostD}} {
+		for _, size := range []int{2, 3} {
+			hostCfg, devCfg := tc.cfg, tc.cfg
+			hostCfg.Comm = shardRank{comm.NewSingle(), size, 0}
+			devCfg.Comm, devCfg.DeviceComm = hostCfg.Comm, PlannedDevice{Ranks: size}
+			hostPlan, err := PlanMemory(small, testB, testT, 1, backend.F32, hostCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			devPlan, err := PlanMemory(small, testB, testT, 1, backend.F32, devCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be := cpu.New(cpu.Config{Threads: 1})
+			e, err := New(be, small, testB, testT, 1, backend.F32, devCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("%s, %d ranks", tc.name, size)
+			// A layer's S is one span (init carves them together), and
+			// so is a block's gradients in native mode (the embeddings
+			// and the final norm lie apart).
+			if e.lsp != nil {
+				for l := range e.lsp.mats {
+					if n := len(e.lsp.layerS(l)); n != 1 {
+						t.Errorf("%s: layer %d's S in %d spans, want 1", name, l, n)
+					}
+				}
+			}
+			if tc.name == "native" {
+				for _, grp := range e.dpg.groups {
+					if grp.layer >= 0 && len(grp.spans) != 1 {
+						t.Errorf("%s: %s's gradients in %d spans, want 1", name, grp.name, len(grp.spans))
+					}
+				}
+			}
+			if got, want := int64(4*e.dp.scratch.Len()), part(devPlan.Device, "device collectives' scratch"); got != want {
+				t.Errorf("%s: allocated %d bytes of scratch, planned %d", name, got, want)
+			}
+			if e.dpg != nil && e.dpg.buf != nil {
+				t.Errorf("%s: a pinned buffer for the gradients' round trip with a device communicator", name)
+			}
+			if part(devPlan.Host, "data-parallel gradients") >= 0 {
+				t.Errorf("%s: the plan keeps the gradients' pinned buffer", name)
+			}
+			if got, want := devPlan.DeviceTotal()-hostPlan.DeviceTotal(), part(devPlan.Device, "device collectives' scratch"); got != want {
+				t.Errorf("%s: device plan grows by %d bytes, want the scratch's %d", name, got, want)
+			}
+			if got, want := devPlan.LinkD2H+max(0, part(hostPlan.Host, "data-parallel gradients")), hostPlan.LinkD2H; got != want {
+				t.Errorf("%s: d2h bytes %d with the device communicator, %d without", name, devPlan.LinkD2H, hostPlan.LinkD2H)
+			}
+			// The graph: the same bytes summed, on the d2h stream where
+			// the device sums (all but the flag's).
+			g, err := e.stepGraph(1, 1e-3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var onDevice, onHost int64
+			for _, n := range g.Nodes {
+				if n.Queue == D2H {
+					onDevice += n.AllReduce
+				} else {
+					onHost += n.AllReduce
+				}
+			}
+			cs := e.CommPerStep()
+			if onHost+onDevice != 4*int64(cs.Elems-1) || onHost < 4 {
+				t.Errorf("%s: the graph sums %d bytes on the host and %d on the device; a step sums %d elements (the targets' count outside the graph)", name, onHost, onDevice, cs.Elems)
+			}
+			if (tc.name == "lsp-host") != (onHost > 4) {
+				t.Errorf("%s: %d bytes summed on the host", name, onHost)
+			}
+			if err := e.Free(); err != nil {
+				t.Fatal(err)
+			}
+			be.Close()
+		}
+	}
 }

@@ -340,25 +340,23 @@ func lspViewBytes(x *model.Index, c LSPConfig) int64 {
 }
 
 // planScratch is the device communicator's scratch (allocScratch): for
-// the longest of each layer's S (lsp) and of the groups' gradients, each
-// one span (a layer's S and a group's gradients follow each other).
+// the longest of each layer's S (lsp) and of the groups' gradients.
 func planScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
-	var spans [][]backend.Tensor
-	one := func(n int) []backend.Tensor { return []backend.Tensor{{Shape: []int{n}}} }
+	var sums []int
 	if cfg.Mode == LSP {
 		d, _ := lspDims(x, cfg.LSP)
 		n := 0
 		for _, dk := range d {
 			n += dk * dk
 		}
-		spans = append(spans, one(n))
+		sums = append(sums, n)
 	}
 	for _, g := range groups {
 		n := 0
 		for _, i := range g.params {
 			n += x.Layout[i].Len()
 		}
-		spans = append(spans, one(n))
+		sums = append(sums, n)
 	}
-	return scratchElems(spans, ranks)
+	return scratchElems(sums, ranks)
 }
