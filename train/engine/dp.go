@@ -30,12 +30,13 @@
 //
 // With a device communicator (Config.DeviceComm, NCCL on the CUDA
 // backend), what the device reads back is summed there instead, by nodes
-// on the d2h stream: each layer's S before its copy down (which then
-// copies the sum), and dpGrads' groups in place of their round trip
-// through pinned memory. The device communicator sums in rank order too,
-// so both paths give the same bits. Those nodes are enqueued in list
-// order on one stream, so every rank issues the device collectives in the
-// same order, and share one scratch buffer (the stream orders them).
+// on a stream of their own (Comm): each layer's S before its copy down
+// (which then copies the sum), and dpGrads' groups in place of their
+// round trip through pinned memory. The device communicator sums in rank
+// order too, so both paths give the same bits. Those nodes are enqueued
+// in list order on one stream, so every rank issues the device
+// collectives in the same order, and they share one scratch buffer (the
+// stream orders them); the copies of other layers overlap them.
 //
 // Every rank calls the same collectives in the same order: the collective
 // nodes form one chain in list order (each depends on the one before), so
@@ -167,15 +168,15 @@ func (d *dp) free(be backend.Backend) {
 	}
 }
 
-// deviceSum adds a node on the d2h stream that sums spans over ranks on
-// the device, after deps.
+// deviceSum adds a node on the collectives' stream that sums spans over
+// ranks on the device, after deps.
 func (e *Engine) deviceSum(g *Graph, name string, spans []backend.Tensor, deps ...NodeID) NodeID {
 	d := e.dp
 	n := 0
 	for _, t := range spans {
 		n += t.Len()
 	}
-	id := g.Add(name, D2H, func(s backend.Stream) error {
+	id := g.Add(name, Comm, func(s backend.Stream) error {
 		for _, t := range spans {
 			if err := d.dev.AllReduceSum(s, t, d.scratch); err != nil {
 				return fmt.Errorf("engine: %s: %w", name, err)

@@ -209,15 +209,19 @@ func TestPlanDeviceCollectives(t *testing.T) {
 			if got, want := devPlan.LinkD2H+max(0, part(hostPlan.Host, "data-parallel gradients")), hostPlan.LinkD2H; got != want {
 				t.Errorf("%s: d2h bytes %d with the device communicator, %d without", name, devPlan.LinkD2H, hostPlan.LinkD2H)
 			}
-			// The graph: the same bytes summed, on the d2h stream where
-			// the device sums (all but the flag's).
+			// The graph: the same bytes summed, on the collectives'
+			// stream where the device sums (all but the flag's), and
+			// the graph valid (edges cross queues, in list order).
 			g, err := e.stepGraph(1, 1e-3)
 			if err != nil {
 				t.Fatal(err)
 			}
+			if err := g.Validate(); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
 			var onDevice, onHost int64
 			for _, n := range g.Nodes {
-				if n.Queue == D2H {
+				if n.Queue == Comm {
 					onDevice += n.AllReduce
 				} else {
 					onHost += n.AllReduce

@@ -334,6 +334,12 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if e.st, err = NewStreams(be); err != nil {
 		return nil, err
 	}
+	if e.dp.onDevice() {
+		if e.st.Comm, err = be.NewStream("comm"); err != nil {
+			_ = e.st.Destroy(be) // the creation error is the one to report
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
 	if cfg.Pipelined {
 		e.pip = NewPipelined(be, e.st)
 		e.interp = e.pip

@@ -35,11 +35,15 @@ const (
 	D2H                  // the device-to-host copy stream
 	H2D                  // the host-to-device copy stream
 	Host                 // a host goroutine (CPU Adam on the worker pool)
+	// Comm is the device collectives' stream (several ranks with a
+	// device communicator, dp.go): the ranks' sums run there, in list
+	// order on every rank, beside the copies.
+	Comm
 	numQueues
 )
 
 func (q Queue) String() string {
-	return [...]string{"compute", "d2h", "h2d", "host"}[q]
+	return [...]string{"compute", "d2h", "h2d", "host", "comm"}[q]
 }
 
 // NodeID indexes Graph.Nodes.
@@ -118,7 +122,10 @@ func (g *Graph) Without(e Edge) *Graph {
 func (g *Graph) Reduce() *Graph {
 	n := len(g.Nodes)
 	succ := make([][]int, n)
-	last := [numQueues]int{-1, -1, -1, -1}
+	var last [numQueues]int
+	for q := range last {
+		last[q] = -1
+	}
 	for i, nd := range g.Nodes {
 		for _, d := range nd.Deps {
 			succ[d] = append(succ[d], i)
@@ -192,9 +199,11 @@ func (g *Graph) Validate() error {
 	return nil
 }
 
-// Streams are the three device streams of the schedule.
+// Streams are the device streams of the schedule: compute and the two
+// copy streams, and the collectives' when the engine has a device
+// communicator (nil otherwise).
 type Streams struct {
-	Compute, D2H, H2D backend.Stream
+	Compute, D2H, H2D, Comm backend.Stream
 }
 
 // NewStreams creates the copy streams; compute is the default stream.
@@ -216,7 +225,7 @@ func NewStreams(be backend.Backend) (Streams, error) {
 // compute stream is the backend's.
 func (st Streams) Destroy(be backend.Backend) error {
 	var errs []error
-	for _, s := range []backend.Stream{st.D2H, st.H2D} {
+	for _, s := range []backend.Stream{st.D2H, st.H2D, st.Comm} {
 		if s != nil {
 			errs = append(errs, be.DestroyStream(s))
 		}
@@ -232,6 +241,8 @@ func (st Streams) of(q Queue) backend.Stream {
 		return st.D2H
 	case H2D:
 		return st.H2D
+	case Comm:
+		return st.Comm
 	}
 	return nil
 }

@@ -59,6 +59,7 @@ func (m Machine) Resources() Resources {
 // a collective between ranks (Node.AllReduce) its time on m.Net.
 func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 	tasks := make([]Task, len(g.Nodes))
+	lastComm := -1
 	for i, n := range g.Nodes {
 		tasks[i] = Task{Name: n.Name, Queue: n.Queue}
 		for _, d := range n.Deps {
@@ -69,12 +70,16 @@ func Tasks(g *engine.Graph, ops []trace.Op, m Machine) ([]Task, error) {
 			t := m.Net.AllReduceTime(n.AllReduce, m.Ranks)
 			tasks[i].Work, tasks[i].Net = t, true
 			tasks[i].Parts = []Part{{Family: AllReduce, Seconds: t}}
-		case n.AllReduce > 0:
-			// A device collective (NCCL) holds its stream for its time
-			// on the network; the device's sums are not counted.
+		case n.Queue == engine.Comm:
+			// A device collective (NCCL): on the network lane, after
+			// the one before it on its stream.
 			t := m.Net.AllReduceTime(n.AllReduce, m.Ranks)
-			tasks[i].Work = t
+			tasks[i].Work, tasks[i].Net = t, true
 			tasks[i].Parts = []Part{{Family: AllReduce, Seconds: t}}
+			if lastComm >= 0 {
+				tasks[i].Deps = append(tasks[i].Deps, lastComm)
+			}
+			lastComm = i
 		case n.Queue == engine.Host:
 			t := m.HostTime(n.Work)
 			tasks[i].Work = t
@@ -120,7 +125,11 @@ func Trace(arch model.Arch, B, T, accum int, dt backend.DType, cfg engine.Config
 	if err != nil {
 		return nil, nil, err
 	}
-	streams := map[engine.Queue]backend.Stream{engine.Compute: tb.DefaultStream(), engine.D2H: d2h, engine.H2D: h2d}
+	cs, err := tb.NewStream("comm")
+	if err != nil {
+		return nil, nil, err
+	}
+	streams := map[engine.Queue]backend.Stream{engine.Compute: tb.DefaultStream(), engine.D2H: d2h, engine.H2D: h2d, engine.Comm: cs}
 	for i, n := range g.Nodes {
 		if n.Queue == engine.Host {
 			continue

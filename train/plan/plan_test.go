@@ -411,3 +411,48 @@ func TestPlanSharedCores(t *testing.T) {
 		t.Errorf("shared cores %g s, own cores %g s: want the shared step longer (host Adam overlaps the backward)", shared.Step, apart.Step)
 	}
 }
+
+// TestPlanDeviceCollectives: summing on the GPUs (NCCL) moves the same
+// bytes between ranks as summing on the host, without native mode's
+// gradients' round trip through pinned memory (fewer link bytes, a step
+// no slower), and lsp's S copy still carries d^2 per matrix.
+func TestPlanDeviceCollectives(t *testing.T) {
+	spec, err := models.Preset("gpt2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Net, err = NetPreset("10gbe"); err != nil {
+		t.Fatal(err)
+	}
+	m.Ranks = 2
+	for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
+		var rs [2]Report
+		for i, dev := range []bool{false, true} {
+			cfg := engineConfig(mode)
+			cfg.LSP.D, cfg.DenseParams = 512, engine.DenseFrozen
+			if rs[i], err = Plan(Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg, DeviceCollectives: dev}, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		host, dev := rs[0], rs[1]
+		if dev.NetBytes != host.NetBytes || dev.NetBytes == 0 {
+			t.Errorf("%s: %d bytes between ranks per step summing on the device, %d on the host", mode, dev.NetBytes, host.NetBytes)
+		}
+		grads := 4 * int64(spec.NumParams())
+		wantD2H := host.Memory.LinkD2H
+		if mode == engine.Native {
+			wantD2H -= grads
+		}
+		if dev.Memory.LinkD2H != wantD2H {
+			t.Errorf("%s: %d bytes copied down per step summing on the device, want %d (on the host %d)", mode, dev.Memory.LinkD2H, wantD2H, host.Memory.LinkD2H)
+		}
+		if dev.Step > host.Step*(1+1e-9) {
+			t.Errorf("%s: step %.4g s summing on the device, %.4g s on the host", mode, dev.Step, host.Step)
+		}
+		t.Logf("%s: step %.4g s summing on the host, %.4g s on the device; %d bytes copied down per step, %d", mode, host.Step, dev.Step, host.Memory.LinkD2H, dev.Memory.LinkD2H)
+	}
+}

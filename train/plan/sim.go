@@ -29,7 +29,12 @@
 // (Task.Net): they run one at a time on a network lane of their own, in
 // the order they become ready, at the network's speed: a collective
 // blocks one goroutine on the inter-process link, not the Adam pool, and
-// its host-side sums are not counted as contention.
+// its host-side sums are not counted as contention. With a device
+// communicator the collectives are device nodes on the collectives'
+// stream (engine.Comm), enqueued by the launcher like the other device
+// nodes and run on the same network lane (Tasks chains them in list
+// order, as their stream does); their device-side sums are not counted
+// either.
 
 package plan
 
@@ -47,8 +52,9 @@ type Task struct {
 	Queue engine.Queue
 	Deps  []int   // indices of earlier tasks
 	Work  float64 // seconds when it runs alone
-	// Net: a host node that is a collective between ranks, run on the
-	// network lane instead of the Adam pool.
+	// Net: a collective between ranks (a host node, or a device node on
+	// the collectives' stream), run on the network lane instead of the
+	// Adam pool or a device queue.
 	Net bool
 	// Parts are the node's ops in order (family and seconds alone), for
 	// the timeline; a host node has one.
@@ -134,7 +140,8 @@ func queueBound(q engine.Queue) Bound {
 func Simulate(tasks []Task, r Resources) (Result, error) {
 	n := len(tasks)
 	for i, t := range tasks {
-		if t.Queue > engine.Host || (t.Net && t.Queue != engine.Host) {
+		devNet := t.Queue == engine.Comm // a device collective: always on the network lane
+		if t.Queue > engine.Comm || devNet != (t.Net && t.Queue != engine.Host) {
 			return Result{}, fmt.Errorf("plan: task %d %q: bad queue %d", i, t.Name, t.Queue)
 		}
 		if !(t.Work >= 0) || math.IsInf(t.Work, 0) {
@@ -150,7 +157,7 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 	// Each device queue's tasks in list order.
 	var order [3][]int
 	for i, t := range tasks {
-		if t.Queue != engine.Host {
+		if t.Queue != engine.Host && !t.Net {
 			order[t.Queue] = append(order[t.Queue], i)
 		}
 	}
@@ -263,7 +270,7 @@ func Simulate(tasks []Task, r Resources) (Result, error) {
 				}
 			}
 			for i := range tasks {
-				if i < lp && tasks[i].Queue == engine.Host && !queued[i] && depsDone(i) {
+				if i < lp && (tasks[i].Queue == engine.Host || tasks[i].Net) && !queued[i] && depsDone(i) {
 					queued[i] = true
 					if tasks[i].Net {
 						net.ready = append(net.ready, i)
