@@ -194,6 +194,8 @@ func TestCommandErrors(t *testing.T) {
 		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}, nil},
 		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}, nil},
 		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}, nil},
+		{"bad collectives", []string{"--collectives", "gloo"}, []string{"-collectives", "gloo", "auto, host or nccl"}, nil},
+		{"nccl on the CPU", []string{"--collectives", "nccl", "--device", "cpu"}, []string{"--collectives", "nccl sums on CUDA devices"}, nil},
 		{"bad dense params", []string{"--dense-params", "cpu"}, []string{"-dense-params", "cpu"}, nil},
 		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}, nil},
 		{"unknown device", []string{"--device", "tpu"}, []string{"-device", "tpu", "cpu or cuda"}, nil},
