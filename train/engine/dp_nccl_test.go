@@ -203,8 +203,9 @@ func TestDataParallelNCCL(t *testing.T) {
 			if want := per * int64(elems-2); ncclSent != want {
 				t.Errorf("mpirun -np %d, %s: the device communicator sent %d bytes, want %d", np, tc.name, ncclSent, want)
 			}
-			if want := per * 2; devMPISent != want {
-				t.Errorf("mpirun -np %d, %s: with the device communicator MPI sent %d bytes in all-reduces, want %d (the targets and the flag)", np, tc.name, devMPISent, want)
+			// cuda.NewNCCL's agreement to start is one more element.
+			if want := per*2 + 2*int64(np-1)*4; devMPISent != want {
+				t.Errorf("mpirun -np %d, %s: with the device communicator MPI sent %d bytes in all-reduces, want %d (the targets, the flag and the agreement to start)", np, tc.name, devMPISent, want)
 			}
 			t.Logf("mpirun -np %d, %s: %d elements summed per step, %d of them on the device; bytes sent over all ranks per step: host path %d, device path %d (NCCL) + %d (MPI)",
 				np, tc.name, elems, elems-2, hostSent/dpSteps, ncclSent/dpSteps, devMPISent/dpSteps)
