@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudasim
 
 package nccltest
 
@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
 	"regexp"
 	"strconv"
 	"strings"
@@ -22,6 +23,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 )
 
+// rankEnv names the scenario a process that mpirun started runs
+// (rankMain): "collectives", or a lost rank ("abort", "kill", "stall").
 const rankEnv = "LSP_NCCL_TEST"
 
 func TestMain(m *testing.M) {
@@ -51,6 +54,9 @@ func usable(t *testing.T, need int) []cuda.DeviceInfo {
 		t.Skipf("SKIP: %v", err)
 	}
 	devs, err := cuda.Devices()
+	if simulated && err == nil && len(devs) > 0 {
+		return devs // every rank's process has its own simulated device 0
+	}
 	if err != nil || len(devs) < need {
 		t.Skipf("SKIP: NCCL's test needs %d CUDA device(s): found %d (%v)", need, len(devs), err)
 	}
@@ -91,17 +97,18 @@ func TestNCCLOneRank(t *testing.T) {
 	t.Logf("%d checks passed", checks)
 }
 
-// TestNCCLRanks runs rankMain under mpirun, one rank per GPU (up to 3).
-func TestNCCLRanks(t *testing.T) {
-	devs := usable(t, 2)
+// runMPI runs this test binary under mpirun with np ranks in scenario; it
+// returns the output (stdout and stderr), the exit error and the time, and
+// fails the test when mpirun is still running after 3 minutes.
+func runMPI(t *testing.T, np int, scenario string, env ...string) (string, error, time.Duration) {
+	t.Helper()
 	if !mpi.Built {
-		t.Skip("SKIP: NCCL between processes needs this test built with -tags \"cuda mpi\"")
+		t.Skip("SKIP: NCCL between processes needs this test built with -tags \"cuda mpi\" (or \"cudasim mpi\")")
 	}
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {
-		t.Skip("SKIP: mpirun not found")
+		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
 	}
-	np := min(len(devs), 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
@@ -109,19 +116,95 @@ func TestNCCLRanks(t *testing.T) {
 		args = append([]string{"--allow-run-as-root"}, args...)
 	}
 	cmd := exec.CommandContext(ctx, mpirun, args...)
-	cmd.Env = append(os.Environ(), rankEnv+"=1")
+	cmd.Env = append(os.Environ(), append([]string{rankEnv + "=" + scenario}, env...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	start := time.Now()
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
+	el := time.Since(start)
+	if ctx.Err() != nil {
+		t.Fatalf("mpirun -np %d (%s) still running after %v; output:\n%s", np, scenario, el, out)
 	}
-	for r := 0; r < np; r++ {
-		if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d of %d: \d+ checks passed$`, r, np)).Match(out) {
-			t.Fatalf("rank %d did not pass; output:\n%s", r, out)
+	return string(out), err, el
+}
+
+// TestNCCLRanks runs rankMain under mpirun, one rank per GPU (up to 3); on
+// the simulated runtime, where every rank's process has its own simulated
+// device, with 2 and then 3 ranks.
+func TestNCCLRanks(t *testing.T) {
+	devs := usable(t, 2)
+	nps := []int{min(len(devs), 3)}
+	if simulated {
+		nps = []int{2, 3}
+	}
+	for _, np := range nps {
+		out, err, el := runMPI(t, np, "collectives")
+		if err != nil {
+			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
 		}
+		for r := 0; r < np; r++ {
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d of %d: \d+ checks passed$`, r, np)).MatchString(out) {
+				t.Fatalf("mpirun -np %d: rank %d did not pass; output:\n%s", np, r, out)
+			}
+		}
+		t.Logf("mpirun -np %d: %v\n%s", np, el.Round(time.Millisecond), out)
 	}
-	t.Logf("%s", out)
+}
+
+// TestNCCLLostRank loses rank 1 of 3 in the middle of a loop of
+// all-reduces: it aborts its communicator (ncclCommAbort: its sockets
+// close, as a dead process's do), dies (SIGKILL), or stops issuing NCCL
+// work while it lives. Ranks 0 and 2 must each get an error from the
+// stream they wait on, naming the cause, not hang: at once for the first
+// two, after the simulated NCCL's timeout (LSP_CUDASIM_NCCL_TIMEOUT, 2 s
+// here) for the stalled rank. Real NCCL gives no such error by itself (a
+// watchdog must poll NCCL.Err and abort), so this runs on the simulated
+// runtime only.
+func TestNCCLLostRank(t *testing.T) {
+	if !simulated {
+		t.Skip("SKIP: a lost peer ends a wait with an error on the simulated NCCL only (real NCCL needs a watchdog)")
+	}
+	usable(t, 1)
+	for _, tc := range []struct {
+		scenario string
+		cause    string // in every survivor's error
+		limit    time.Duration
+	}{
+		{"abort", `closed its connection|failed earlier`, 20 * time.Second},
+		{"kill", `closed its connection|failed earlier`, 20 * time.Second},
+		{"stall", `no progress for 2s|closed its connection`, 20 * time.Second},
+	} {
+		t.Run(tc.scenario, func(t *testing.T) {
+			out, err, el := runMPI(t, 3, tc.scenario, "LSP_CUDASIM_NCCL_TIMEOUT=2")
+			t.Logf("mpirun -np 3, rank 1 %s: %v, %v\n%s", tc.scenario, el.Round(time.Millisecond), err, out)
+			if tc.scenario == "kill" {
+				if err == nil {
+					t.Error("mpirun exited 0 although rank 1 was killed")
+				}
+			} else if err != nil {
+				t.Errorf("mpirun: %v", err)
+			}
+			if strings.Contains(out, "FAIL") {
+				t.Error("a rank failed")
+			}
+			for _, r := range []int{0, 2} {
+				m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d: error after (\S+) at all-reduce #(\d+): (.*)$`, r)).FindStringSubmatch(out)
+				if m == nil {
+					t.Errorf("rank %d printed no error", r)
+					continue
+				}
+				if !regexp.MustCompile(tc.cause).MatchString(m[3]) {
+					t.Errorf("rank %d's error does not match %q: %s", r, tc.cause, m[3])
+				}
+				if d, err := time.ParseDuration(m[1]); err != nil || d > tc.limit {
+					t.Errorf("rank %d: error after %s, want under %v", r, m[1], tc.limit)
+				}
+				if m[2] != "3" {
+					t.Errorf("rank %d: the error came at all-reduce #%s, want #3 (the first that rank 1 missed)", r, m[2])
+				}
+			}
+		})
+	}
 }
 
 func rankMain() int {
@@ -146,6 +229,9 @@ func rankMain() int {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
 		return 1
 	}
+	if scenario := os.Getenv(rankEnv); scenario != "collectives" {
+		return lostRank(scenario, c, be, n)
+	}
 	checks, err := check(be, n)
 	if err != nil {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
@@ -164,6 +250,90 @@ func rankMain() int {
 		return 1
 	}
 	fmt.Printf("rank %d of %d: %d checks passed\n", r, c.Size(), checks)
+	return 0
+}
+
+// lostRank runs a scenario of TestNCCLLostRank: all-reduces in a loop, in
+// which rank 1 is lost before the fourth (#3); the others print the error
+// their stream gives and how long after the all-reduce was enqueued.
+func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NCCL) int {
+	r := c.Rank()
+	if scenario == "kill" && r != 1 {
+		// mpirun ends the job when rank 1 dies (SIGTERM, then SIGKILL):
+		// the survivors hold on to print what NCCL told them.
+		signal.Ignore(syscall.SIGTERM)
+	}
+	s := be.DefaultStream()
+	const L = 1000
+	x, err := be.Alloc("x", L, backend.F32)
+	if err != nil {
+		fmt.Printf("rank %d: FAIL: %v\n", r, err)
+		return 1
+	}
+	sc, err := be.Alloc("scratch", cuda.ReduceScratch(L, n.Size()), backend.F32)
+	if err != nil {
+		fmt.Printf("rank %d: FAIL: %v\n", r, err)
+		return 1
+	}
+	in := input(r, L)
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		if r == 1 && i == 3 {
+			switch scenario {
+			case "abort":
+				fmt.Printf("rank 1: aborts its communicator\n")
+				if err := n.Abort(); err != nil {
+					fmt.Printf("rank 1: FAIL: Abort: %v\n", err)
+					return 1
+				}
+			case "kill":
+				fmt.Printf("rank 1: killing itself (SIGKILL)\n")
+				os.Stdout.Sync()
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			case "stall":
+				fmt.Printf("rank 1: stops issuing NCCL work for 3.5 s\n")
+				time.Sleep(3500 * time.Millisecond)
+				if err := n.Close(); err != nil {
+					fmt.Printf("rank 1: FAIL: Close: %v\n", err)
+					return 1
+				}
+			}
+			// The survivors meet rank 1 again on MPI, then all end.
+			if err := c.Barrier(); err != nil {
+				fmt.Printf("rank 1: FAIL: Barrier: %v\n", err)
+				return 1
+			}
+			fmt.Printf("rank 1: done\n")
+			c.Close()
+			return 0
+		}
+		t0 := time.Now()
+		if err := backend.Upload(be, s, x, in); err != nil {
+			return lostError(r, i, t0, err, scenario, c)
+		}
+		if err := n.AllReduceSum(s, x, sc); err != nil {
+			return lostError(r, i, t0, err, scenario, c)
+		}
+		if _, err := backend.Download(be, s, x); err != nil {
+			return lostError(r, i, t0, err, scenario, c)
+		}
+	}
+	fmt.Printf("rank %d: FAIL: still running after 60 s\n", r)
+	return 1
+}
+
+func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Communicator) int {
+	fmt.Printf("rank %d: error after %v at all-reduce #%d: %v\n", r, time.Since(t0).Round(time.Millisecond), i, err)
+	os.Stdout.Sync()
+	if scenario == "kill" {
+		time.Sleep(30 * time.Second) // until mpirun ends the job
+		return 3
+	}
+	if err := c.Barrier(); err != nil {
+		fmt.Printf("rank %d: FAIL: Barrier: %v\n", r, err)
+		return 1
+	}
+	c.Close()
 	return 0
 }
 

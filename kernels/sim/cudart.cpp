@@ -97,6 +97,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -145,6 +146,10 @@ struct Op {
 	/* host function */
 	cudaHostFn_t fn = nullptr;
 	void* user = nullptr;
+	/* NCCL operation (nccl.cpp): runs even after a sticky error (dead), so
+	 * that it can fail its communicator; 0, or the sticky error's code with
+	 * its message */
+	std::function<int(bool dead, std::string* msg)> task;
 	/* completed and stamped when the op has run (event records, waited-for copies) */
 	std::shared_ptr<Record> done;
 
@@ -450,6 +455,13 @@ int run_op(Stream* s, Op* op) {
 		if (dead) return -1;
 		op->fn(op->user);
 		return 0;
+	case LSP_SIM_OP_NCCL: {
+		std::string msg;
+		int code = op->task(dead, &msg);
+		if (dead) return -1;
+		if (code != 0) make_sticky(code, msg + format(" (asynchronous: queued on stream 0x%zx)", size_t(s->handle)));
+		return code;
+	}
 	}
 	return -1;
 }
