@@ -219,6 +219,12 @@ func rankMain() int {
 		fmt.Printf("rank %d: FAIL: devices: %d, %v\n", r, len(devs), err)
 		return 1
 	}
+	scenario := os.Getenv(rankEnv)
+	if scenario == "collectives" {
+		// Seeded delays before every queued op of the simulated runtime
+		// (a no-op on a GPU): work that no event orders runs out of order.
+		cuda.SetHazardDelays(uint64(r)+1, 300*time.Microsecond)
+	}
 	be, err := cuda.New(cuda.Config{Device: r % len(devs), MemBudget: 256 << 20})
 	if err != nil {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
@@ -229,7 +235,7 @@ func rankMain() int {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
 		return 1
 	}
-	if scenario := os.Getenv(rankEnv); scenario != "collectives" {
+	if scenario != "collectives" {
 		return lostRank(scenario, c, be, n)
 	}
 	checks, err := check(be, n)
@@ -337,6 +343,97 @@ func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Commun
 	return 0
 }
 
+// checkOrdered all-reduces on a stream of its own, ordered by events
+// after the upload on another stream and before the download on a third,
+// as the engine enqueues it: a collective that ran before its input was
+// uploaded, or a download before the sum, would not give the rank-order
+// sum (on the simulated runtime, rankMain turns the hazard delays on, so
+// work not ordered by an event runs out of order).
+func checkOrdered(be *cuda.Backend, n *cuda.NCCL) (int, error) {
+	size, rank := n.Size(), n.Rank()
+	const L = 70001
+	parts := make([][]float32, size)
+	for r := range parts {
+		parts[r] = input(r+100, L)
+	}
+	want := make([]float32, L)
+	if err := comm.SumInRankOrder(want, parts...); err != nil {
+		return 0, err
+	}
+	var streams [3]backend.Stream
+	var events [2]backend.Event
+	for i := range streams {
+		s, err := be.NewStream(fmt.Sprintf("ordered%d", i))
+		if err != nil {
+			return 0, err
+		}
+		defer be.DestroyStream(s)
+		streams[i] = s
+	}
+	for i := range events {
+		e, err := be.NewEvent(fmt.Sprintf("ordered%d", i))
+		if err != nil {
+			return 0, err
+		}
+		defer be.DestroyEvent(e)
+		events[i] = e
+	}
+	up, cs, down := streams[0], streams[1], streams[2]
+	x, err := be.Alloc("ordered x", L, backend.F32)
+	if err != nil {
+		return 0, err
+	}
+	defer be.Free(x)
+	sc, err := be.Alloc("ordered scratch", cuda.ReduceScratch(L, size), backend.F32)
+	if err != nil {
+		return 0, err
+	}
+	defer be.Free(sc)
+	in, err := be.Alloc("ordered input", L, backend.F32)
+	if err != nil {
+		return 0, err
+	}
+	defer be.Free(in)
+	if err := backend.Upload(be, up, in, parts[rank]); err != nil {
+		return 0, err
+	}
+	checks := 0
+	for round := 0; round < 3; round++ {
+		// The input reaches x through copies queued on up (an upload may
+		// return only once it is done): under the hazard delays they end
+		// milliseconds after the all-reduce was enqueued.
+		for i := 0; i < 16; i++ {
+			if err := be.CopyD2D(up, x, in); err != nil {
+				return checks, err
+			}
+		}
+		if err := be.Record(events[0], up); err != nil {
+			return checks, err
+		}
+		if err := be.Wait(cs, events[0]); err != nil {
+			return checks, err
+		}
+		if err := n.AllReduceSum(cs, x, sc); err != nil {
+			return checks, err
+		}
+		if err := be.Record(events[1], cs); err != nil {
+			return checks, err
+		}
+		if err := be.Wait(down, events[1]); err != nil {
+			return checks, err
+		}
+		got, err := backend.Download(be, down, x)
+		if err != nil {
+			return checks, err
+		}
+		if err := sameBits(fmt.Sprintf("AllReduceSum(%d) ordered by events, round %d", L, round), got, want); err != nil {
+			return checks, err
+		}
+		checks++
+	}
+	return checks, nil
+}
+
 // input is rank r's values for n elements (as train/comm/mpi's tests).
 func input(r, n int) []float32 {
 	rng := rand.New(rand.NewPCG(uint64(r), uint64(n)))
@@ -381,7 +478,9 @@ func check(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 		}
 		return backend.Download(be, s, t)
 	}
-	for _, L := range []int{0, 1, 2, size - 1, size, size + 1, 7, 1000, 4099} {
+	// 1<<18+3 elements (1 MiB) are more than a socket buffer of the
+	// simulated NCCL holds: its sends and receives must progress together.
+	for _, L := range []int{0, 1, 2, size - 1, size, size + 1, 7, 1000, 4099, 1<<18 + 3} {
 		if L < 0 {
 			continue
 		}
@@ -464,6 +563,11 @@ func check(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 		}
 		checks += 3 + size
 	}
+	ordered, err := checkOrdered(be, n)
+	if err != nil {
+		return checks, err
+	}
+	checks += ordered
 	st := n.Stats()
 	if size > 1 && (st.Sent() == 0 || st.Ops[comm.AllReduce].Calls == 0) {
 		return checks, fmt.Errorf("stats %+v", st)
