@@ -75,6 +75,14 @@
  *     attributes, function attributes, error names) do not report the
  *     sticky error.
  *
+ *   - NCCL: package cuda's cudasim build also compiles nccl.cpp, a
+ *     simulated NCCL, into the same translation unit: its sends, receives
+ *     and broadcasts are queued operations of kind LSP_SIM_OP_NCCL (stream
+ *     order, events, the legacy stream's rules and the hazard delays apply
+ *     as to any other), whose failure is a sticky cudaErrorLaunchFailure;
+ *     see its header. The runtime's own entry points are the same with or
+ *     without it.
+ *
  * Limits: a SIGSEGV in a kernel (an access through a guard page) still
  * ends the process with the simulator's report, as it does in lsp_sim
  * builds; a real GPU would make it a sticky cudaErrorIllegalAddress.
