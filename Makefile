@@ -357,6 +357,13 @@ else
 	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
 endif
 
+# `make -s sim-env`: the cgo settings of the cudasim targets (SIM_ENV) as a
+# shell export line, to build a cudasim test binary by hand with the same
+# source hash: eval "$(make -s sim-env)"; go test -c -tags "cudasim mpi" ...
+.PHONY: sim-env
+sim-env:
+	@echo 'export $(SIM_ENV)'
+
 # `make cudasim-nccl-test`: package cuda's NCCL communicator (cuda/nccl.go)
 # on the simulated NCCL (kernels/sim/nccl.cpp: sends and receives queued on
 # the simulated streams, carried between the ranks' processes over local
