@@ -173,6 +173,9 @@ func TestNCCLLostRank(t *testing.T) {
 		{"abort", `closed its connection|failed earlier`, 20 * time.Second},
 		{"kill", `closed its connection|failed earlier`, 20 * time.Second},
 		{"stall", `no progress for 2s|closed its connection`, 20 * time.Second},
+		// Rank 1 all-reduces 1002 elements, the others 1000: every rank's
+		// shards differ from what its peers send.
+		{"mismatch", `has \d+ bytes, but the matching receive of this rank wants \d+|closed its connection|failed earlier`, 20 * time.Second},
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
 			out, err, el := runMPI(t, 3, tc.scenario, "LSP_CUDASIM_NCCL_TIMEOUT=2")
@@ -187,7 +190,22 @@ func TestNCCLLostRank(t *testing.T) {
 			if strings.Contains(out, "FAIL") {
 				t.Error("a rank failed")
 			}
-			for _, r := range []int{0, 2} {
+			survivors := []int{0, 2}
+			if tc.scenario == "mismatch" {
+				survivors = []int{0, 1, 2}
+				if !strings.Contains(out, "the ranks issue different operations") {
+					t.Error("no rank said that the ranks issue different operations")
+				}
+			}
+			for _, r := range survivors {
+				if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d: NCCL.Err: cuda: NCCL: `, r)).MatchString(out) {
+					t.Errorf("rank %d: NCCL.Err reports no asynchronous error after the failure", r)
+				}
+				if m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d: aborted in (\S+)$`, r)).FindStringSubmatch(out); m == nil {
+					t.Errorf("rank %d: did not abort its communicator", r)
+				} else if d, err := time.ParseDuration(m[1]); err != nil || d > 5*time.Second {
+					t.Errorf("rank %d: ncclCommAbort took %s", r, m[1])
+				}
 				m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d: error after (\S+) at all-reduce #(\d+): (.*)$`, r)).FindStringSubmatch(out)
 				if m == nil {
 					t.Errorf("rank %d printed no error", r)
@@ -199,8 +217,8 @@ func TestNCCLLostRank(t *testing.T) {
 				if d, err := time.ParseDuration(m[1]); err != nil || d > tc.limit {
 					t.Errorf("rank %d: error after %s, want under %v", r, m[1], tc.limit)
 				}
-				if m[2] != "3" {
-					t.Errorf("rank %d: the error came at all-reduce #%s, want #3 (the first that rank 1 missed)", r, m[2])
+				if want := map[bool]string{true: "0", false: "3"}[tc.scenario == "mismatch"]; m[2] != want {
+					t.Errorf("rank %d: the error came at all-reduce #%s, want #%s (the first that went wrong)", r, m[2], want)
 				}
 			}
 		})
@@ -270,7 +288,10 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 		signal.Ignore(syscall.SIGTERM)
 	}
 	s := be.DefaultStream()
-	const L = 1000
+	L := 1000
+	if scenario == "mismatch" && r == 1 {
+		L = 1002 // from all-reduce #0 on: shards of 334 elements, not 333
+	}
 	x, err := be.Alloc("x", L, backend.F32)
 	if err != nil {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
@@ -284,7 +305,7 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 	in := input(r, L)
 	deadline := time.Now().Add(60 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
-		if r == 1 && i == 3 {
+		if r == 1 && i == 3 && scenario != "mismatch" {
 			switch scenario {
 			case "abort":
 				fmt.Printf("rank 1: aborts its communicator\n")
@@ -315,21 +336,31 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 		}
 		t0 := time.Now()
 		if err := backend.Upload(be, s, x, in); err != nil {
-			return lostError(r, i, t0, err, scenario, c)
+			return lostError(r, i, t0, err, scenario, c, n)
 		}
 		if err := n.AllReduceSum(s, x, sc); err != nil {
-			return lostError(r, i, t0, err, scenario, c)
+			return lostError(r, i, t0, err, scenario, c, n)
 		}
 		if _, err := backend.Download(be, s, x); err != nil {
-			return lostError(r, i, t0, err, scenario, c)
+			return lostError(r, i, t0, err, scenario, c, n)
 		}
 	}
 	fmt.Printf("rank %d: FAIL: still running after 60 s\n", r)
 	return 1
 }
 
-func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Communicator) int {
+// lostError reports the error of a survivor, then NCCL's asynchronous
+// error, and aborts the communicator (which must not wait for the lost
+// rank).
+func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Communicator, n *cuda.NCCL) int {
 	fmt.Printf("rank %d: error after %v at all-reduce #%d: %v\n", r, time.Since(t0).Round(time.Millisecond), i, err)
+	fmt.Printf("rank %d: NCCL.Err: %v\n", r, n.Err())
+	t1 := time.Now()
+	if err := n.Abort(); err != nil {
+		fmt.Printf("rank %d: FAIL: Abort: %v\n", r, err)
+		return 1
+	}
+	fmt.Printf("rank %d: aborted in %v\n", r, time.Since(t1).Round(time.Millisecond))
 	os.Stdout.Sync()
 	if scenario == "kill" {
 		time.Sleep(30 * time.Second) // until mpirun ends the job

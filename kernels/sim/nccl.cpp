@@ -175,14 +175,17 @@ struct NcclComm {
 			if (fd >= 0) shutdown(fd, SHUT_RDWR);
 	}
 
-	/* Fails the communicator (the first error stays) and shuts it down. */
-	void fail(ncclResult_t code, const std::string& msg) {
+	/* Fails the communicator (the first error stays) and shuts it down;
+	 * whether this was the first error. */
+	bool fail(ncclResult_t code, const std::string& msg) {
 		std::lock_guard<std::mutex> l(mu);
-		if (async == ncclSuccess) {
+		bool first = async == ncclSuccess;
+		if (first) {
 			async = code;
 			async_msg = msg;
 		}
 		shutdown_locked();
+		return first;
 	}
 };
 
@@ -644,8 +647,9 @@ int run_nccl(const std::shared_ptr<NcclComm>& c, uint64_t ticket, const std::vec
 	}
 	if (res != ncclSuccess) {
 		std::string m = format("%s: %s", who.c_str(), why.c_str());
-		c->fail(res, m);
-		nccl_fail(res, m);
+		/* Only the communicator's first error is news: the operations
+		 * that fail after it, because of it, would bury it. */
+		if (c->fail(res, m)) nccl_fail(res, m);
 		*msg = "lsp_sim: simulated NCCL: " + m;
 	}
 	{
