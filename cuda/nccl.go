@@ -573,9 +573,11 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 }
 
 // Err is NCCL's asynchronous error of the communicator (a peer lost, a
-// network failure), nil while there is none. A wait on a stream with
-// NCCL work from a lost peer does not end by itself: a watchdog polls Err
-// and calls Abort.
+// network failure), nil while there is none. On a GPU a wait on a stream
+// with NCCL work from a lost peer does not end by itself: a watchdog polls
+// Err and calls Abort. The simulated NCCL (cudasim) ends it: the lost peer's
+// closed connection, or LSP_CUDASIM_NCCL_TIMEOUT without progress, fails
+// the operation, which becomes Err and the device's sticky error.
 func (n *NCCL) Err() error {
 	var a C.int
 	var r C.int
