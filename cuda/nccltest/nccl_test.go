@@ -165,6 +165,9 @@ func TestNCCLLostRank(t *testing.T) {
 		t.Skip("SKIP: a lost peer ends a wait with an error on the simulated NCCL only (real NCCL needs a watchdog)")
 	}
 	usable(t, 1)
+	if !mpi.Built {
+		t.Skip("SKIP: NCCL between processes needs this test built with -tags \"cudasim mpi\"")
+	}
 	for _, tc := range []struct {
 		scenario string
 		cause    string // in every survivor's error
