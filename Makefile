@@ -108,7 +108,7 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test
+test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test cudasim-nccl-test
 
 # `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags
 # mpi), vetted, then its tests, which launch the test binary under
@@ -337,7 +337,7 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/ ./train/devfit/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestRecomputeBitIdentical|TestEveryEdgeIsNeeded|TestCheckOnDevice
-CUDASIM_VET = ./cuda/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
+CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
@@ -355,6 +355,39 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags cudasim -count=1 -short -timeout 30m -run '$(or $(RUN),$(CUDASIM_ENGINE_RUN))' ./train/engine/
 else
 	@echo "cudasim-engine-test: $(SIM_SKIP_MSG)"
+endif
+
+# `make -s sim-env`: the cgo settings of the cudasim targets (SIM_ENV) as a
+# shell export line, to build a cudasim test binary by hand with the same
+# source hash: eval "$(make -s sim-env)"; go test -c -tags "cudasim mpi" ...
+.PHONY: sim-env
+sim-env:
+	@echo 'export $(SIM_ENV)'
+
+# `make cudasim-nccl-test`: package cuda's NCCL communicator (cuda/nccl.go)
+# on the simulated NCCL (kernels/sim/nccl.cpp: sends and receives queued on
+# the simulated streams, carried between the ranks' processes over local
+# sockets), built with -tags "cudasim mpi" (cuda/nccltest): one rank in
+# this process, then the test binary under `mpirun -np 2` and `-np 3`,
+# every collective bit for bit against the host's sum in rank order on
+# ragged sizes, then rank 1 of 3 lost (ncclCommAbort, SIGKILL, stalled past
+# LSP_CUDASIM_NCCL_TIMEOUT=2): the others must fail with an error naming
+# the cause, not hang. About 20 s after the build. Needs CUDA's headers
+# (as cudasim-test), mpirun and libopenmpi-dev; skipped with a message
+# otherwise. RUN=regexp selects tests.
+.PHONY: cudasim-nccl-test
+cudasim-nccl-test:
+ifneq ($(SIM_OK),)
+	@if command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi-c 2>/dev/null; then \
+		echo '$(GO) vet -tags "cudasim mpi" ./cuda/nccltest/' && \
+		$(SIM_ENV) $(GO) vet -tags "cudasim mpi" ./cuda/nccltest/ && \
+		echo '$(GO) test -tags "cudasim mpi" -count=1 -timeout 10m $(if $(RUN),-run $(RUN)) ./cuda/nccltest/' && \
+		$(SIM_ENV) $(GO) test -tags "cudasim mpi" -count=1 -timeout 10m $(if $(RUN),-run '$(RUN)') ./cuda/nccltest/; \
+	else echo "cudasim-nccl-test: WARNING: simulated NCCL tests between processes SKIPPED: mpirun or libopenmpi-dev (pkg-config ompi-c) not found (apt-get install openmpi-bin libopenmpi-dev, as .ci/run does)"; \
+		echo '$(GO) test -tags cudasim -count=1 -timeout 5m ./cuda/nccltest/' && \
+		$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 5m $(if $(RUN),-run '$(RUN)') ./cuda/nccltest/; fi
+else
+	@echo "cudasim-nccl-test: $(SIM_SKIP_MSG)"
 endif
 
 # `make cudasim-bench-test`: lsp-train profile on the CUDA backend on

@@ -10,7 +10,7 @@ package cuda
 /*
 #cgo CFLAGS: -DLSP_SIM -DLSP_CUDASIM -I${SRCDIR}/../kernels -I${SRCDIR}/../kernels/sim
 #cgo CXXFLAGS: -std=c++17 -DLSP_SIM -DLSP_CUDASIM -O1 -g -Wall -Wno-unknown-pragmas -fno-strict-aliasing
-#cgo CXXFLAGS: -I${SRCDIR}/../kernels -I${SRCDIR}/../kernels/sim
+#cgo CXXFLAGS: -I${SRCDIR}/../kernels -I${SRCDIR}/../kernels/sim -I${SRCDIR}/../third_party/nccl
 #cgo LDFLAGS: -lpthread -lm
 #include <stdlib.h>
 #include "sim_api.h"

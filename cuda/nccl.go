@@ -1,10 +1,18 @@
-//go:build cuda
+//go:build cuda || cudasim
 
 // NCCL: the communicator between the GPUs of the ranks of a job, one GPU a
 // rank (each rank's Backend). NCCL is not in Debian, so the build has only
 // its header (third_party/nccl/nccl.h, for the prototypes) and loads
 // libnccl.so.2 when a communicator is made (dlopen): a binary built with
 // -tags cuda starts, and trains on one GPU, where NCCL is not installed.
+//
+// A cudasim build binds the simulated NCCL instead (kernels/sim/nccl.cpp,
+// compiled into this package with the simulated runtime; no dlopen): the
+// same Go code below runs, its sends and receives queued on the simulated
+// streams and carried between the ranks' processes over local sockets, so
+// every CI run tests it (cuda/nccltest). What the simulation leaves out:
+// NCCL's own collectives, ranks on several hosts, and NCCL's speed (see the
+// header comment of nccl.cpp).
 //
 // The collectives are enqueued on a stream of the backend, ordered by its
 // events like any other op, and run on the device thread. The sums are in
@@ -45,6 +53,25 @@ static __typeof__(ncclGroupEnd)* lspnccl_group_end;
 
 static char lspnccl_err[512];
 
+#ifdef LSP_CUDASIM
+// The simulated NCCL is linked in (kernels/sim/nccl.cpp): name only names it.
+static const char* lspnccl_load(const char* name) {
+	(void)name;
+	lspnccl_get_version = ncclGetVersion;
+	lspnccl_get_unique_id = ncclGetUniqueId;
+	lspnccl_comm_init_rank = ncclCommInitRank;
+	lspnccl_comm_destroy = ncclCommDestroy;
+	lspnccl_comm_abort = ncclCommAbort;
+	lspnccl_comm_get_async_error = ncclCommGetAsyncError;
+	lspnccl_get_error_string = ncclGetErrorString;
+	lspnccl_send = ncclSend;
+	lspnccl_recv = ncclRecv;
+	lspnccl_broadcast = ncclBroadcast;
+	lspnccl_group_start = ncclGroupStart;
+	lspnccl_group_end = ncclGroupEnd;
+	return NULL;
+}
+#else
 // lspnccl_load opens name and finds every entry point; it returns NULL, or
 // what failed.
 static const char* lspnccl_load(const char* name) {
@@ -77,6 +104,7 @@ static const char* lspnccl_load(const char* name) {
 #undef LSPNCCL_SYM
 	return NULL;
 }
+#endif
 
 static int lspnccl_version(int* v) { return (int)lspnccl_get_version(v); }
 
@@ -146,9 +174,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/comm"
 )
 
-// NCCLLibrary is the shared library NewNCCL loads.
-const NCCLLibrary = "libnccl.so.2"
-
 var nccl struct {
 	once    sync.Once
 	err     error
@@ -158,6 +183,8 @@ var nccl struct {
 // LoadNCCL loads NCCLLibrary once per process and returns its version
 // code (NCCL_VERSION_CODE: 23007 is 2.30.7), or why it cannot be used:
 // absent, lacking an entry point, or older than 2.7 (no send and receive).
+// In a cudasim build it binds the simulated NCCL, which reports the
+// header's version, and does not fail.
 func LoadNCCL() (int, error) {
 	nccl.once.Do(func() {
 		name := C.CString(NCCLLibrary)
@@ -182,7 +209,11 @@ func LoadNCCL() (int, error) {
 }
 
 func ncclError(r C.int) string {
-	return fmt.Sprintf("%s (ncclResult_t %d)", C.GoString(C.lspnccl_error_string(r)), int(r))
+	msg := fmt.Sprintf("%s (ncclResult_t %d)", C.GoString(C.lspnccl_error_string(r)), int(r))
+	if d := ncclDetail(); d != "" {
+		msg += ": " + d
+	}
+	return msg
 }
 
 // NCCL is a communicator of NCCL among the GPUs of the ranks of a host
@@ -542,9 +573,11 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 }
 
 // Err is NCCL's asynchronous error of the communicator (a peer lost, a
-// network failure), nil while there is none. A wait on a stream with
-// NCCL work from a lost peer does not end by itself: a watchdog polls Err
-// and calls Abort.
+// network failure), nil while there is none. On a GPU a wait on a stream
+// with NCCL work from a lost peer does not end by itself: a watchdog polls
+// Err and calls Abort. The simulated NCCL (cudasim) ends it: the lost peer's
+// closed connection, or LSP_CUDASIM_NCCL_TIMEOUT without progress, fails
+// the operation, which becomes Err and the device's sticky error.
 func (n *NCCL) Err() error {
 	var a C.int
 	var r C.int

@@ -75,6 +75,14 @@
  *     attributes, function attributes, error names) do not report the
  *     sticky error.
  *
+ *   - NCCL: package cuda's cudasim build also compiles nccl.cpp, a
+ *     simulated NCCL, into the same translation unit: its sends, receives
+ *     and broadcasts are queued operations of kind LSP_SIM_OP_NCCL (stream
+ *     order, events, the legacy stream's rules and the hazard delays apply
+ *     as to any other), whose failure is a sticky cudaErrorLaunchFailure;
+ *     see its header. The runtime's own entry points are the same with or
+ *     without it.
+ *
  * Limits: a SIGSEGV in a kernel (an access through a guard page) still
  * ends the process with the simulator's report, as it does in lsp_sim
  * builds; a real GPU would make it a sticky cudaErrorIllegalAddress.
@@ -97,6 +105,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -145,6 +154,10 @@ struct Op {
 	/* host function */
 	cudaHostFn_t fn = nullptr;
 	void* user = nullptr;
+	/* NCCL operation (nccl.cpp): runs even after a sticky error (dead), so
+	 * that it can fail its communicator; 0, or the sticky error's code with
+	 * its message */
+	std::function<int(bool dead, std::string* msg)> task;
 	/* completed and stamped when the op has run (event records, waited-for copies) */
 	std::shared_ptr<Record> done;
 
@@ -450,6 +463,13 @@ int run_op(Stream* s, Op* op) {
 		if (dead) return -1;
 		op->fn(op->user);
 		return 0;
+	case LSP_SIM_OP_NCCL: {
+		std::string msg;
+		int code = op->task(dead, &msg);
+		if (dead) return -1;
+		if (code != 0) make_sticky(code, msg + format(" (asynchronous: queued on stream 0x%zx)", size_t(s->handle)));
+		return code;
+	}
 	}
 	return -1;
 }

@@ -109,7 +109,8 @@ enum {
 	LSP_SIM_OP_MEMSET = 5,
 	LSP_SIM_OP_EVENT_RECORD = 6,
 	LSP_SIM_OP_WAIT = 7, /* cudaStreamWaitEvent, or the legacy stream's implicit waits */
-	LSP_SIM_OP_HOST_FUNC = 8
+	LSP_SIM_OP_HOST_FUNC = 8,
+	LSP_SIM_OP_NCCL = 9 /* a simulated NCCL send, receive, broadcast or group (nccl.cpp) */
 };
 
 /* Starts (on != 0: forgets what was recorded) or stops recording the
@@ -132,6 +133,12 @@ long long lsp_sim_pageable_copies(void);
  * theirs). For tests that provoke a fault on purpose; CUDA itself has no
  * such call. */
 int lsp_sim_clear_sticky_error(void);
+
+/* The message of the simulated NCCL's last failure in this process (which
+ * call, rank, peer and why; "" if none): its ncclResult_t codes carry no
+ * more than NCCL's generic strings. Defined by kernels/sim/nccl.cpp, which
+ * only package cuda's cudasim build compiles in. */
+const char* lsp_sim_nccl_last_message(void);
 
 #ifdef __cplusplus
 }
