@@ -70,7 +70,17 @@ func rankMain() int {
 		}
 		fmt.Printf("rank %d of %d: %d checks passed\n", r, c.Size(), n)
 		return 0
-	case "kill":
+	case "kill", "killidle":
+		// A survivor that has printed stays until mpirun's SIGKILL: one
+		// that exited would be a second lost rank to the other, which
+		// may look only then.
+		survive := func() int {
+			time.Sleep(30 * time.Second)
+			return 3
+		}
+		if scenario == "killidle" {
+			return killIdle(c, survive)
+		}
 		if r != 1 {
 			// As a training command that stops gracefully on SIGTERM
 			// would: the collective must still fail, naming rank 1,
@@ -95,40 +105,11 @@ func rankMain() int {
 				if errors.As(err, &lost) {
 					fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
 				}
-				return 3
+				return survive()
 			}
 		}
 		fmt.Printf("rank %d: FAIL: still running after 90 s\n", r)
 		return 1
-	case "killidle":
-		// Rank 1 dies while the others are outside any collective:
-		// they learn of it from mpirun's SIGTERM, and Lost names it.
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGTERM)
-		x := make([]float32, 1000)
-		for i := 0; i < 3; i++ {
-			if err := c.AllReduceSum(x); err != nil {
-				fmt.Printf("rank %d: FAIL: %v\n", r, err)
-				return 1
-			}
-		}
-		if r == 1 {
-			fmt.Printf("rank 1: killing itself (SIGKILL)\n")
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
-		select {
-		case <-sig:
-		case <-time.After(90 * time.Second):
-			fmt.Printf("rank %d: FAIL: no SIGTERM in 90 s\n", r)
-			return 1
-		}
-		err := c.(*Comm).Lost()
-		fmt.Printf("rank %d: SIGTERM: Lost: %v\n", r, err)
-		var lost *LostError
-		if errors.As(err, &lost) {
-			fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
-		}
-		return 3
 	case "stall":
 		if r != 1 {
 			// What the stuck collective waits for, from another
@@ -204,6 +185,39 @@ func rankMain() int {
 	}
 	fmt.Printf("FAIL: unknown scenario %q\n", scenario)
 	return 1
+}
+
+// killIdle is the killidle scenario: rank 1 dies while the others are
+// outside any collective; they learn of it from mpirun's SIGTERM, and Lost
+// names it.
+func killIdle(c comm.Communicator, survive func() int) int {
+	r := c.Rank()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	x := make([]float32, 1000)
+	for i := 0; i < 3; i++ {
+		if err := c.AllReduceSum(x); err != nil {
+			fmt.Printf("rank %d: FAIL: %v\n", r, err)
+			return 1
+		}
+	}
+	if r == 1 {
+		fmt.Printf("rank 1: killing itself (SIGKILL)\n")
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+	select {
+	case <-sig:
+	case <-time.After(90 * time.Second):
+		fmt.Printf("rank %d: FAIL: no SIGTERM in 90 s\n", r)
+		return 1
+	}
+	err := c.(*Comm).Lost()
+	fmt.Printf("rank %d: SIGTERM: Lost: %v\n", r, err)
+	var lost *LostError
+	if errors.As(err, &lost) {
+		fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
+	}
+	return survive()
 }
 
 // input is rank r's buffer of n elements in case k: values whose exponents
