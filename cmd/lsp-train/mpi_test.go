@@ -209,7 +209,7 @@ func TestDataParallelKilledRank(t *testing.T) {
 	// "after step" and the collective are missing when the signal
 	// handler reports (rank 0 was computing when mpirun's SIGTERM came).
 	re := regexp.MustCompile(`(?m)^lsp-train: rank 0 of 2: rank 1 was lost( after step \d+)?( \(in [^)]*\))?; ` +
-		`stopping without a checkpoint .*: the last checkpoint, of step (\d+) \(` + regexp.QuoteMeta(ckpt) + `\), is kept; ` +
+		`stopping without a checkpoint .*: the last checkpoint, of step (?P<kept>\d+) \(` + regexp.QuoteMeta(ckpt) + `\), is kept; ` +
 		`continue from it with mpirun -np 2 and the same flags plus --resume: .*lost rank 1: its process ended \(pid ` +
 		strconv.Itoa(rank1) + ` on \S+\)$`)
 	m := re.FindStringSubmatch(buf.String())
@@ -220,7 +220,7 @@ func TestDataParallelKilledRank(t *testing.T) {
 	if !strings.Contains(buf.String(), "test child: rank 0 exits with status 1\n") {
 		t.Errorf("rank 0 did not exit by itself with status 1")
 	}
-	kept, _ := strconv.Atoi(m[2])
+	kept, _ := strconv.Atoi(m[re.SubexpIndex("kept")])
 	step, err := checkpointStep(ckpt)
 	if err != nil || step != kept || step < 2 || step >= steps {
 		t.Fatalf("checkpoint on disk: step %d, %v; rank 0 said it keeps step %d (want one of 2..%d)", step, err, kept, steps-2)
