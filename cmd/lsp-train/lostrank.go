@@ -62,12 +62,17 @@ const signalGrace = 250 * time.Millisecond
 // ranks can no longer do together. Otherwise, when the signal finds this
 // rank waiting in a collective, it says for which ranks: if mpirun is
 // ending the job for a rank on another host, that is the likely one.
-func lostOnSignal(c comm.Communicator, ckpt string, stderr io.Writer, logger *slog.Logger) func(os.Signal) {
+// Once trained is set (train.Run has returned: its collectives are over,
+// and a peer that exits after them is not lost), it does nothing.
+func lostOnSignal(c comm.Communicator, ckpt string, stderr io.Writer, logger *slog.Logger, trained *atomic.Bool) func(os.Signal) {
 	pw, ok := c.(peerWatcher)
 	if !ok || c.Size() == 1 {
 		return nil
 	}
 	return func(s os.Signal) {
+		if trained.Load() {
+			return
+		}
 		if err := pw.Lost(); err != nil {
 			var lost *mpi.LostError
 			if !errors.As(err, &lost) {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ const lostSignalEnv = "LSP_TRAIN_LOST_SIGNAL_CHILD"
 func TestLostRankOnSignal(t *testing.T) {
 	if ck := os.Getenv(lostSignalEnv); ck != "" {
 		logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		_, _, done := interruptible(logger, "interrupt", lostOnSignal(lostComm{}, ck, os.Stderr, logger))
+		_, _, done := interruptible(logger, "interrupt", lostOnSignal(lostComm{}, ck, os.Stderr, logger, new(atomic.Bool)))
 		defer done()
 		syscall.Kill(os.Getpid(), syscall.SIGTERM)
 		time.Sleep(10 * time.Second) // a long step

@@ -174,10 +174,12 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads)
 	}
 	ckpt := checkpointFile(cfg.Out)
+	var trained atomic.Bool
 	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)",
-		lostOnSignal(c, ckpt, stderr, logger))
+		lostOnSignal(c, ckpt, stderr, logger, &trained))
 	defer done()
 	res, err := train.Run(ctx, cfg, opts)
+	trained.Store(true)
 	if err != nil {
 		// Not closed: MPI_Finalize could wait for ranks still training;
 		// the non-zero exit makes mpirun end them.

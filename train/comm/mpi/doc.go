@@ -43,13 +43,14 @@
 // (pid ... on host)"), and Lost, called from a SIGTERM handler, says the
 // same outside a collective. Peers on other hosts are not seen; Waiting
 // tells such a handler which ranks the collective in progress waits for.
-// A rank that stops taking part without dying (stuck,
-// stopped, in another part of the program) is caught by the communicator
-// itself: a collective that sees no progress for Config.Timeout fails with
-// an error naming the ranks it still waits for, and the communicator is
-// broken from then on; the process should exit non-zero, and mpirun then
-// ends the rest (a rank that catches SIGTERM to stop gracefully is still
-// ended: mpirun follows with SIGKILL). Open MPI's own signal handlers
+//
+// A rank that stops taking part without dying (stuck, stopped, in another
+// part of the program) is caught by the communicator itself: a collective
+// that sees no progress for Config.Timeout fails with an error naming the
+// ranks it still waits for, and the communicator is broken from then on;
+// the process should exit non-zero, and mpirun then ends the rest (a rank
+// that catches SIGTERM to stop gracefully is still ended: mpirun follows
+// with SIGKILL). Open MPI's own signal handlers
 // (stack traces on SIGSEGV and others) are switched off before MPI_Init
 // (OMPI_MCA_opal_signal empty, unless the environment sets it): the Go
 // runtime turns a nil dereference into a panic through its SIGSEGV
