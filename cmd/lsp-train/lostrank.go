@@ -86,7 +86,7 @@ func lostOnSignal(c comm.Communicator, ckpt string, stderr io.Writer, logger *sl
 			if s, ok := s.(syscall.Signal); ok {
 				name = signalName(s)
 			}
-			fmt.Fprintln(stderr, "lsp-train:", lostRankError(fmt.Errorf("%s from mpirun: %w", name, err), lost, nil, ckpt))
+			fmt.Fprintln(stderr, "lsp-train:", lostRankError(fmt.Errorf("on %s: %w", name, err), lost, nil, ckpt))
 			exit(1)
 		}
 		if w, ok := pw.Waiting(); ok && w.For >= 100*time.Millisecond {

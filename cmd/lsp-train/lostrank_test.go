@@ -79,7 +79,7 @@ func TestLostRankOnSignal(t *testing.T) {
 		}
 		re := regexp.MustCompile(`(?m)^lsp-train: rank 0 of 2: rank 1 was lost \(in AllReduceSum #7 of 3 elements\); ` +
 			`stopping without a checkpoint \(the ranks cannot finish the step in progress together\): ` + c.kept +
-			`: SIGTERM from mpirun: lost: $`)
+			`: on SIGTERM: lost: $`)
 		if !re.MatchString(out.String()) {
 			t.Errorf("no line matching %s; output:\n%s", re, out.String())
 		}
