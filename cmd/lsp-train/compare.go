@@ -74,7 +74,7 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	ctx, sig, done := interruptible(logger, "interrupt: stopping after the current step (Ctrl-C again to quit at once)")
+	ctx, sig, done := interruptible(logger, "interrupt: stopping after the current step (Ctrl-C again to quit at once)", nil)
 	defer done()
 	res, err := compare.Run(ctx, c, logger)
 	if err != nil {

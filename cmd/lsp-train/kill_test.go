@@ -47,9 +47,21 @@ import (
 // arguments instead of the tests.
 const childEnv = "LSP_TRAIN_CHILD"
 
+// noteExitEnv makes such a child print its exit status (and its MPI rank)
+// as its last line, whichever goroutine ends it: under mpirun, the only
+// way to learn that a rank exited by itself rather than by mpirun's
+// SIGKILL.
+const noteExitEnv = "LSP_TRAIN_CHILD_NOTE_EXIT"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		if os.Getenv(noteExitEnv) == "1" {
+			exit = func(code int) {
+				fmt.Fprintf(os.Stderr, "test child: rank %s exits with status %d\n", os.Getenv("OMPI_COMM_WORLD_RANK"), code)
+				os.Exit(code)
+			}
+		}
+		exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }

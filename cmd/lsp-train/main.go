@@ -173,13 +173,17 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		opts.Logger, opts.Progress = logger, progress
 		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads)
 	}
-	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)")
+	ckpt := checkpointFile(cfg.Out)
+	var trained atomic.Bool
+	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)",
+		lostOnSignal(c, ckpt, stderr, logger, &trained))
 	defer done()
 	res, err := train.Run(ctx, cfg, opts)
+	trained.Store(true)
 	if err != nil {
 		// Not closed: MPI_Finalize could wait for ranks still training;
 		// the non-zero exit makes mpirun end them.
-		return err
+		return reportLost(err, res, ckpt)
 	}
 	if rank == 0 {
 		// Before Close: once another rank exits (with 130 when
@@ -292,10 +296,11 @@ func duration(d time.Duration) string {
 }
 
 // interruptible returns a context cancelled by the first Ctrl-C (or
-// SIGTERM), which logs msg; sig returns that signal (0 before one came).
-// A second signal has its default effect and ends the process at once.
-// Call done when the work has finished.
-func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig func() syscall.Signal, done func()) {
+// SIGTERM), which logs msg after calling onSignal (when not nil) with it;
+// sig returns that signal (0 before one came). A second signal has its
+// default effect and ends the process at once. Call done when the work
+// has finished.
+func interruptible(logger *slog.Logger, msg string, onSignal func(os.Signal)) (ctx context.Context, sig func() syscall.Signal, done func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
@@ -307,6 +312,9 @@ func interruptible(logger *slog.Logger, msg string) (ctx context.Context, sig fu
 			signal.Stop(ch) // the default action again: a second signal kills at once
 			if s, ok := s.(syscall.Signal); ok {
 				got.Store(int32(s)) // before cancel, so a cancelled run finds it
+			}
+			if onSignal != nil {
+				onSignal(s)
 			}
 			logger.Info(msg)
 			cancel()

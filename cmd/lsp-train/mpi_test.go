@@ -10,9 +10,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -137,20 +139,30 @@ func TestDataParallelCommand(t *testing.T) {
 	}
 }
 
-// TestDataParallelKilledRank: rank 1 of a training run killed with
-// SIGKILL ends the job within 60 s, with mpirun naming the lost rank.
+// TestDataParallelKilledRank: rank 1 of a training run that checkpoints
+// every 2 steps, killed with SIGKILL once a checkpoint is on disk, ends the
+// job non-zero within 60 s, and rank 0 (which catches mpirun's SIGTERM)
+// prints its own error naming rank 1 and the checkpoint it keeps. That
+// checkpoint is intact and holds the step it is labelled with: resumed
+// under mpirun -np 2 to the end, the run exports the same weights bit for
+// bit as a run of the same steps never interrupted.
 func TestDataParallelKilledRank(t *testing.T) {
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {
 		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
 	}
-	out := filepath.Join(t.TempDir(), "dp")
+	const steps = 40
+	dir := t.TempDir()
+	out, whole := filepath.Join(dir, "dp"), filepath.Join(dir, "whole")
+	args := func(out string, extra ...string) []string {
+		return dpArgs(out, steps, append([]string{"--checkpoint-every", "2"}, extra...)...)
+	}
 	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", "2", os.Args[0]}
 	if os.Geteuid() == 0 {
 		margs = append([]string{"--allow-run-as-root"}, margs...)
 	}
-	cmd := exec.Command(mpirun, append(margs, dpArgs(out, 100000)...)...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd := exec.Command(mpirun, append(margs, args(out)...)...)
+	cmd.Env = append(os.Environ(), childEnv+"=1", noteExitEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
@@ -160,15 +172,17 @@ func TestDataParallelKilledRank(t *testing.T) {
 	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left, if the test fails
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
-	// Once rank 0 has written a step, find rank 1 among mpirun's children.
+	// Once rank 0 has written a checkpoint, find rank 1 among mpirun's
+	// children.
+	ckpt := filepath.Join(out, "checkpoint.safetensors")
 	deadline := time.Now().Add(time.Minute)
 	rank1 := 0
 	for rank1 == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no step written and no rank 1 found in a minute; output:\n%s", buf.String())
+			t.Fatalf("no checkpoint written and no rank 1 found in a minute; output:\n%s", buf.String())
 		}
-		time.Sleep(100 * time.Millisecond)
-		if b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl")); err != nil || !bytes.Contains(b, []byte(`"train_loss"`)) {
+		time.Sleep(20 * time.Millisecond)
+		if _, err := os.Stat(ckpt); err != nil {
 			continue
 		}
 		rank1 = childWithRank(cmd.Process.Pid, "1")
@@ -182,12 +196,58 @@ func TestDataParallelKilledRank(t *testing.T) {
 		if err == nil {
 			t.Errorf("mpirun exited 0 after rank 1 was killed")
 		}
-		t.Logf("mpirun ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+		t.Logf("mpirun ended %v after the kill: %v", time.Since(killed).Round(time.Millisecond), err)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("mpirun still running 60 s after rank 1 was killed; output:\n%s", buf.String())
 	}
-	if !strings.Contains(buf.String(), "rank 1") {
-		t.Errorf("the output does not name rank 1:\n%s", buf.String())
+	t.Logf("output:\n%s", buf.String())
+	if strings.Contains(buf.String(), "Trained tiny") {
+		t.Fatalf("the run finished before rank 1 was killed")
+	}
+
+	// Rank 0's own line, with the checkpoint it keeps.
+	// "after step" and the collective are missing when the signal
+	// handler reports (rank 0 was computing when mpirun's SIGTERM came).
+	re := regexp.MustCompile(`(?m)^lsp-train: rank 0 of 2: rank 1 was lost( after step \d+)?( \(in [^)]*\))?; ` +
+		`stopping without a checkpoint .*: the last checkpoint, of step (?P<kept>\d+) \(` + regexp.QuoteMeta(ckpt) + `\), is kept; ` +
+		`continue from it with mpirun -np 2 and the same flags plus --resume: .*lost rank 1: its process ended \(pid ` +
+		strconv.Itoa(rank1) + ` on \S+\)$`)
+	m := re.FindStringSubmatch(buf.String())
+	if m == nil {
+		t.Fatalf("rank 0 printed no line matching %s", re)
+	}
+	// By itself, before mpirun's SIGKILL.
+	if !strings.Contains(buf.String(), "test child: rank 0 exits with status 1\n") {
+		t.Errorf("rank 0 did not exit by itself with status 1")
+	}
+	kept, _ := strconv.Atoi(m[re.SubexpIndex("kept")])
+	step, err := checkpointStep(ckpt)
+	if err != nil || step != kept || step < 2 || step >= steps {
+		t.Fatalf("checkpoint on disk: step %d, %v; rank 0 said it keeps step %d (want one of 2..%d)", step, err, kept, steps-2)
+	}
+
+	// Intact (checksums verified) and labelled with its step: resumed to
+	// the end it gives an uninterrupted run's weights.
+	o, err := runRanks(t, 2, args(out, "--resume"))
+	if err != nil {
+		t.Fatalf("mpirun -np 2 --resume from the checkpoint of step %d: %v\n%s", step, err, o)
+	}
+	if want := fmt.Sprintf("resumed at step %d", step); !strings.Contains(o, want) {
+		t.Errorf("the resumed run does not say %q:\n%s", want, o)
+	}
+	if o, err := runRanks(t, 2, args(whole)); err != nil {
+		t.Fatalf("mpirun -np 2, %d steps: %v\n%s", steps, err, o)
+	}
+	a, err := os.ReadFile(filepath.Join(whole, "hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Errorf("the run resumed from the checkpoint of step %d kept after the lost rank exports other weights than %d steps uninterrupted", step, steps)
 	}
 }
 

@@ -31,15 +31,26 @@
 //
 // When a process of the job dies (killed, crashed, or exited with an
 // error), mpirun aborts the job: it ends the other ranks (SIGTERM, then
-// SIGKILL) within seconds and prints which rank died and how ("mpirun
-// noticed that process rank 1 with PID ... exited on signal 9 (Killed)"),
-// and exits non-zero. A rank that stops taking part without dying (stuck,
-// stopped, in another part of the program) is caught by the communicator
-// itself: a collective that sees no progress for Config.Timeout fails with
-// an error naming the ranks it still waits for, and the communicator is
-// broken from then on; the process should exit non-zero, and mpirun then
-// ends the rest (a rank that catches SIGTERM to stop gracefully is still
-// ended: mpirun follows with SIGKILL). Open MPI's own signal handlers
+// SIGKILL a second later: odls_base_sigkill_timeout) and prints which rank
+// died and how ("mpirun noticed that process rank 1 with PID ... exited
+// on signal 9 (Killed)"), and exits non-zero. So that each surviving rank
+// can say so itself within that second, Init gathers every rank's host
+// name, pid namespace, pid and process start time; a peer on the same
+// host (and namespace) is watched through /proc: while a collective
+// waits, every 100 ms, a peer whose process has ended (gone, a zombie, or
+// its pid now another process's) makes a collective waiting for it fail
+// at once with a *LostError naming it ("lost rank 1: its process ended
+// (pid ... on host)"), and Lost, called from a SIGTERM handler, says the
+// same outside a collective. Peers on other hosts are not seen; Waiting
+// tells such a handler which ranks the collective in progress waits for.
+//
+// A rank that stops taking part without dying (stuck, stopped, in another
+// part of the program) is caught by the communicator itself: a collective
+// that sees no progress for Config.Timeout fails with an error naming the
+// ranks it still waits for, and the communicator is broken from then on;
+// the process should exit non-zero, and mpirun then ends the rest (a rank
+// that catches SIGTERM to stop gracefully is still ended: mpirun follows
+// with SIGKILL). Open MPI's own signal handlers
 // (stack traces on SIGSEGV and others) are switched off before MPI_Init
 // (OMPI_MCA_opal_signal empty, unless the environment sets it): the Go
 // runtime turns a nil dereference into a panic through its SIGSEGV

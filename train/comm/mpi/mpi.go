@@ -30,9 +30,29 @@ typedef struct {
 } lspmpi_msg;
 
 enum { LSPMPI_HDR_TAG = 1 };
-enum { LSPMPI_TIMEOUT = -1, LSPMPI_MISMATCH = -2, LSPMPI_SHORT = -3 };
+enum { LSPMPI_TIMEOUT = -1, LSPMPI_MISMATCH = -2, LSPMPI_SHORT = -3, LSPMPI_LOST = -4 };
 
 static MPI_Comm lspmpi_comm = MPI_COMM_NULL;
+
+// lspmpi_dead[r] is set (by Go, from another thread) once rank r's process
+// was seen to end; lspmpi_any_dead once any was. An exchange waiting for a
+// message to or from such a rank gives up (LSPMPI_LOST).
+static char* lspmpi_dead = NULL;
+static int lspmpi_any_dead = 0;
+
+static void lspmpi_mark_dead(int peer) {
+	__atomic_store_n(&lspmpi_dead[peer], 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&lspmpi_any_dead, 1, __ATOMIC_RELEASE);
+}
+
+// lspmpi_load reads a flag that the MPI thread writes (an exchange's done).
+static char lspmpi_load(const char* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+// lspmpi_allgather_ids gathers every rank's bytes-long record into all
+// (rank r's at r*bytes), at Init.
+static int lspmpi_allgather_ids(void* mine, int bytes, void* all) {
+	return MPI_Allgather(mine, bytes, MPI_BYTE, all, bytes, MPI_BYTE, lspmpi_comm);
+}
 
 static int lspmpi_init(int* rank, int* size, int* provided) {
 	int e = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, provided);
@@ -45,6 +65,8 @@ static int lspmpi_init(int* rank, int* size, int* provided) {
 	MPI_Comm_set_errhandler(lspmpi_comm, MPI_ERRORS_RETURN);
 	MPI_Comm_rank(lspmpi_comm, rank);
 	MPI_Comm_size(lspmpi_comm, size);
+	lspmpi_dead = calloc(*size, 1);
+	if (!lspmpi_dead) return MPI_ERR_NO_MEM;
 	return MPI_SUCCESS;
 }
 
@@ -73,7 +95,11 @@ static double lspmpi_now(void) {
 // received header is compared with *want when it completes; a received
 // message is checked for its full length.
 //
+// done[i] is set (atomically: Comm.Waiting reads it from another thread)
+// when message i completes.
+//
 // It returns MPI_SUCCESS; LSPMPI_TIMEOUT (done[i] says which completed);
+// LSPMPI_LOST (*bad is a pending message whose peer lspmpi_dead marks);
 // LSPMPI_MISMATCH (*bad is the message whose header differed, *got that
 // header); LSPMPI_SHORT (*bad is the message, *got_bytes its length); or
 // an MPI error code (*bad the message, or -1).
@@ -95,7 +121,7 @@ static int lspmpi_exchange(lspmpi_msg* msgs, int n, int nrecv, const lspmpi_hdr*
 	int e = MPI_SUCCESS;
 	for (int i = 0; i < n; i++) {
 		lspmpi_msg* m = &msgs[i];
-		done[i] = 0;
+		__atomic_store_n(&done[i], 0, __ATOMIC_RELAXED);
 		void* buf = m->buf;
 		int bytes = m->bytes;
 		if (m->tag == LSPMPI_HDR_TAG) {
@@ -129,7 +155,7 @@ static int lspmpi_exchange(lspmpi_msg* msgs, int n, int nrecv, const lspmpi_hdr*
 				int i = idx[j];
 				int hdr = msgs[i].tag == LSPMPI_HDR_TAG;
 				if (hdr != (pass == 0)) continue;
-				done[i] = 1;
+				__atomic_store_n(&done[i], 1, __ATOMIC_RELAXED);
 				left--;
 				int err = e == MPI_ERR_IN_STATUS ? st[j].MPI_ERROR : MPI_SUCCESS;
 				int count = 0;
@@ -166,7 +192,18 @@ static int lspmpi_exchange(lspmpi_msg* msgs, int n, int nrecv, const lspmpi_hdr*
 			last = lspmpi_now();
 			continue;
 		}
-		// Nothing completed. Spin a little (a peer a few microseconds
+		// Nothing completed. A peer whose process ended will never
+		// answer.
+		if (__atomic_load_n(&lspmpi_any_dead, __ATOMIC_ACQUIRE)) {
+			for (int i = 0; i < n; i++) {
+				if (!done[i] && __atomic_load_n(&lspmpi_dead[msgs[i].peer], __ATOMIC_RELAXED)) {
+					*bad = i;
+					e = LSPMPI_LOST;
+					goto out;
+				}
+			}
+		}
+		// Spin a little (a peer a few microseconds
 		// behind), then give the core away between polls (ranks may
 		// share cores), and after 100 ms of nothing, sleep between polls.
 		if (++spins < 256) continue;
@@ -201,12 +238,15 @@ out:
 import "C"
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -238,10 +278,36 @@ type Comm struct {
 
 	mu      sync.Mutex // one collective at a time
 	seq     uint64
+	since   time.Time // when the collective in progress began
 	stats   comm.Stats
 	broken  error
 	closed  bool
 	scratch []float32
+
+	// The peers' processes, for the peers on this host (watch is false
+	// for the others): a collective that waits for a peer whose process
+	// has ended gives up at once (see Lost).
+	procs     []peerProc
+	lmu       sync.Mutex // guards dead and flight; never held while MPI waits
+	dead      []bool     // ranks whose process was seen to end
+	flight    *flight    // the exchange in progress; nil between exchanges
+	inFlight  atomic.Bool
+	stopWatch chan struct{}
+}
+
+// peerProc is a rank's process as it said at Init.
+type peerProc struct {
+	proc
+	host  string
+	watch bool // on this host, in this pid namespace, and seen at Init
+}
+
+// flight is the exchange in progress, for Waiting and the watcher.
+type flight struct {
+	h     header
+	since time.Time
+	all   []msg
+	done  []C.char // set by the MPI thread as messages complete
 }
 
 // kept holds what failed exchanges left with MPI (pinned buffers, and the
@@ -286,8 +352,15 @@ func Init(cfg Config) (comm.Communicator, error) {
 		os.Setenv("OMPI_MCA_opal_signal", "")
 	}
 	c := &Comm{timeout: cfg.Timeout}
+	self, err := selfProc()
+	if err != nil {
+		self = proc{pid: os.Getpid()} // no /proc: no peer is watched
+	}
+	host, _ := os.Hostname()
+	mine := encodeID(self, host, pidNamespace())
+	var ids []byte
 	var w *worker
-	w, err := startWorker(func() error {
+	w, err = startWorker(func() error {
 		var rank, size, provided C.int
 		if e := C.lspmpi_init(&rank, &size, &provided); e != C.MPI_SUCCESS {
 			return fmt.Errorf("MPI_Init_thread: %s", errorString(e))
@@ -296,6 +369,11 @@ func Init(cfg Config) (comm.Communicator, error) {
 			return fmt.Errorf("MPI_Init_thread: thread level %d, want MPI_THREAD_FUNNELED", int(provided))
 		}
 		c.rank, c.size = int(rank), int(size)
+		// Every rank's process: host, pid namespace, pid, start time.
+		ids = make([]byte, c.size*idBytes)
+		if e := C.lspmpi_allgather_ids(unsafe.Pointer(&mine[0]), C.int(idBytes), unsafe.Pointer(&ids[0])); e != C.MPI_SUCCESS {
+			return fmt.Errorf("MPI_Allgather of the ranks' process ids: %s", errorString(e))
+		}
 		return nil
 	})
 	if err != nil {
@@ -305,7 +383,160 @@ func Init(cfg Config) (comm.Communicator, error) {
 	if want > 0 && c.size != want {
 		return nil, fmt.Errorf("comm/mpi: MPI says %d ranks, %s says %d", c.size, comm.WorldEnv, want)
 	}
+	c.procs = peerProcs(ids, c.rank, c.size)
+	c.dead = make([]bool, c.size)
+	for _, p := range c.procs {
+		if p.watch {
+			c.stopWatch = make(chan struct{})
+			go c.watch(c.stopWatch)
+			break
+		}
+	}
 	return c, nil
+}
+
+// idBytes is the size of a rank's process record exchanged at Init: pid
+// and start time (8 bytes each), pid namespace (64), host name (256).
+const idBytes = 8 + 8 + 64 + 256
+
+func encodeID(p proc, host, ns string) []byte {
+	b := make([]byte, idBytes)
+	binary.LittleEndian.PutUint64(b[0:], uint64(p.pid))
+	binary.LittleEndian.PutUint64(b[8:], p.start)
+	copy(b[16:16+63], ns)
+	copy(b[80:80+255], host)
+	return b
+}
+
+// peerProcs decodes the records of every rank and marks the peers this
+// process can watch: same host name and pid namespace, and a process with
+// that pid and start time in its /proc now.
+func peerProcs(ids []byte, rank, size int) []peerProc {
+	cstr := func(b []byte) string {
+		if i := bytes.IndexByte(b, 0); i >= 0 {
+			b = b[:i]
+		}
+		return string(b)
+	}
+	ps := make([]peerProc, size)
+	me := ids[rank*idBytes : (rank+1)*idBytes]
+	for r := range ps {
+		b := ids[r*idBytes : (r+1)*idBytes]
+		p := peerProc{proc: proc{pid: int(binary.LittleEndian.Uint64(b[0:])), start: binary.LittleEndian.Uint64(b[8:])},
+			host: cstr(b[80:])}
+		ns := cstr(b[16:80])
+		if r != rank && p.start != 0 && ns != "" && ns == cstr(me[16:80]) && p.host == cstr(me[80:]) {
+			_, start, err := readProc(p.pid)
+			p.watch = err == nil && start == p.start
+		}
+		ps[r] = p
+	}
+	return ps
+}
+
+// watchEvery is how often the watcher looks at the processes of the
+// peers an exchange waits for: well inside the second that Open MPI gives
+// a process between SIGTERM and SIGKILL when it ends a job
+// (odls_base_sigkill_timeout), so that a rank still prints its own error.
+const watchEvery = 100 * time.Millisecond
+
+// watch looks, while an exchange waits, whether the watched peers'
+// processes still run, until stop is closed.
+func (c *Comm) watch(stop chan struct{}) {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if c.inFlight.Load() {
+			c.checkPeers()
+		}
+	}
+}
+
+// checkPeers marks the watched peers whose processes have ended, for the
+// exchange in progress (lspmpi_dead) and for Lost.
+func (c *Comm) checkPeers() {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	for r, p := range c.procs {
+		if p.watch && !c.dead[r] && p.ended() {
+			c.dead[r] = true
+			C.lspmpi_mark_dead(C.int(r))
+		}
+	}
+}
+
+// Lost looks now, without MPI and from any goroutine, whether the
+// processes of the peers on this host still run, and returns a
+// *LostError naming those that ended (during the collective in progress,
+// if any, which then fails with the same ranks at once), or nil. A
+// process that catches SIGTERM calls it: Open MPI ends a job whose rank
+// died with SIGTERM to the others, then SIGKILL a second later; those on
+// other hosts it cannot see (a collective waiting for them fails after
+// Config.Timeout, if the job lasts that long).
+func (c *Comm) Lost() error {
+	c.checkPeers()
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	var lost []int
+	for r, d := range c.dead {
+		if d {
+			lost = append(lost, r)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	during := ""
+	if c.flight != nil {
+		during = c.flight.h.String()
+	}
+	return c.endedError(during, lost)
+}
+
+// endedError is the error naming the ranks lost, whose processes ended.
+func (c *Comm) endedError(during string, lost []int) *LostError {
+	pre := fmt.Sprintf("comm/mpi: rank %d of %d", c.rank, c.size)
+	if during != "" {
+		pre += ": " + during
+	}
+	whose := "its process ended"
+	if len(lost) > 1 {
+		whose = "their processes ended"
+	}
+	var which []string
+	for _, r := range lost {
+		w := fmt.Sprintf("pid %d on %s", c.procs[r].pid, c.procs[r].host)
+		if len(lost) > 1 {
+			w = fmt.Sprintf("rank %d: %s", r, w)
+		}
+		which = append(which, w)
+	}
+	return &LostError{Rank: c.rank, Size: c.size, Ranks: lost, During: during, Ended: true,
+		msg: fmt.Sprintf("%s: lost %s: %s (%s)", pre, ranks(lost), whose, strings.Join(which, "; "))}
+}
+
+// Waiting says what the collective in progress waits for: false between
+// collectives. Any goroutine may call it (a signal handler's, to say
+// which rank a stuck job waits for).
+func (c *Comm) Waiting() (Wait, bool) {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	f := c.flight
+	if f == nil {
+		return Wait{}, false
+	}
+	w := Wait{Op: f.h.String(), For: time.Since(f.since)}
+	for i, m := range f.all {
+		if C.lspmpi_load(&f.done[i]) == 0 {
+			w.Ranks = appendOnce(w.Ranks, m.peer)
+		}
+	}
+	return w, true
 }
 
 func errorString(e C.int) string {
@@ -360,6 +591,9 @@ func (c *Comm) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.stopWatch != nil {
+		close(c.stopWatch)
+	}
 	if c.broken != nil {
 		c.w.stop()
 		return c.broken
@@ -408,6 +642,7 @@ func (c *Comm) begin(op comm.Op, n, shard, root int) (header, error) {
 		return header{}, err
 	}
 	c.seq++
+	c.since = time.Now()
 	c.stats.Ops[op].Calls++
 	return header{seq: c.seq, op: op, root: root, n: n}, nil
 }
@@ -459,11 +694,20 @@ func (c *Comm) exchange(h header, recvs, sends []msg) error {
 	var got C.lspmpi_hdr
 	var e C.int
 	timeout := c.timeout
-	if err := c.w.do(func() error {
+	c.lmu.Lock()
+	c.flight = &flight{h: h, since: c.since, all: all, done: done}
+	c.lmu.Unlock()
+	c.inFlight.Store(true)
+	err := c.w.do(func() error {
 		e = C.lspmpi_exchange(&cm[0], C.int(n), C.int(len(recvs)), want, C.double(timeout.Seconds()),
 			&done[0], &bad, &got, &gotBytes)
 		return nil
-	}); err != nil {
+	})
+	c.inFlight.Store(false)
+	c.lmu.Lock()
+	c.flight = nil // before done is freed: Waiting reads it
+	c.lmu.Unlock()
+	if err != nil {
 		return err
 	}
 	if e == C.MPI_SUCCESS {
@@ -478,7 +722,7 @@ func (c *Comm) exchange(h header, recvs, sends []msg) error {
 	kept.Lock()
 	kept.v = append(kept.v, &pin, all)
 	kept.Unlock()
-	err := c.failure(h, e, all, len(recvs), done, int(bad), got, int(gotBytes))
+	err = c.failure(h, e, all, len(recvs), done, int(bad), got, int(gotBytes))
 	C.free(unsafe.Pointer(&cm[0]))
 	C.free(unsafe.Pointer(&done[0]))
 	c.broken = err
@@ -489,6 +733,16 @@ func (c *Comm) exchange(h header, recvs, sends []msg) error {
 func (c *Comm) failure(h header, e C.int, all []msg, nrecv int, done []C.char, bad int, got C.lspmpi_hdr, gotBytes int) error {
 	pre := fmt.Sprintf("comm/mpi: rank %d of %d: %v", c.rank, c.size, h)
 	switch e {
+	case C.LSPMPI_LOST:
+		var lost []int
+		c.lmu.Lock()
+		for i, m := range all {
+			if done[i] == 0 && c.dead[m.peer] {
+				lost = appendOnce(lost, m.peer)
+			}
+		}
+		c.lmu.Unlock()
+		return c.endedError(h.String(), lost)
 	case C.LSPMPI_TIMEOUT:
 		var silent, stuck []int
 		for i, m := range all {
@@ -512,7 +766,7 @@ func (c *Comm) failure(h header, e C.int, all []msg, nrecv int, done []C.char, b
 		if len(stuck) > 0 {
 			why = append(why, "nothing taken by "+ranks(stuck))
 		}
-		return &LostError{Ranks: lost, msg: fmt.Sprintf("%s: lost %s: %s for %v (dead, stalled, or in another part of the program)",
+		return &LostError{Rank: c.rank, Size: c.size, Ranks: lost, During: h.String(), msg: fmt.Sprintf("%s: lost %s: %s for %v (dead, stalled, or in another part of the program)",
 			pre, ranks(lost), strings.Join(why, "; "), c.timeout)}
 	case C.LSPMPI_MISMATCH:
 		peer := all[bad].peer
@@ -533,15 +787,6 @@ func (c *Comm) failure(h header, e C.int, all []msg, nrecv int, done []C.char, b
 	}
 	return fmt.Errorf("%s: %s", pre, errorString(e))
 }
-
-// LostError is the error of a collective that gave up waiting: Ranks are
-// the ranks it was still waiting for.
-type LostError struct {
-	Ranks []int
-	msg   string
-}
-
-func (e *LostError) Error() string { return e.msg }
 
 func appendOnce(s []int, v int) []int {
 	for _, x := range s {

@@ -70,15 +70,26 @@ func rankMain() int {
 		}
 		fmt.Printf("rank %d of %d: %d checks passed\n", r, c.Size(), n)
 		return 0
-	case "kill":
-		if r == 0 {
+	case "kill", "killidle":
+		// A survivor that has printed stays until mpirun's SIGKILL: one
+		// that exited would be a second lost rank to the other, which
+		// may look only then.
+		survive := func() int {
+			time.Sleep(30 * time.Second)
+			return 3
+		}
+		if scenario == "killidle" {
+			return killIdle(c, survive)
+		}
+		if r != 1 {
 			// As a training command that stops gracefully on SIGTERM
-			// would: mpirun must still end it.
+			// would: the collective must still fail, naming rank 1,
+			// within the second before mpirun's SIGKILL.
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGTERM)
 			go func() {
 				<-sig
-				fmt.Printf("rank 0: got SIGTERM, goes on\n")
+				fmt.Printf("rank %d: got SIGTERM, goes on\n", r)
 			}()
 		}
 		x := make([]float32, 1000)
@@ -90,12 +101,29 @@ func rankMain() int {
 			}
 			if err := c.AllReduceSum(x); err != nil {
 				fmt.Printf("rank %d: error: %v\n", r, err)
-				return 3
+				var lost *LostError
+				if errors.As(err, &lost) {
+					fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
+				}
+				return survive()
 			}
 		}
 		fmt.Printf("rank %d: FAIL: still running after 90 s\n", r)
 		return 1
 	case "stall":
+		if r != 1 {
+			// What the stuck collective waits for, from another
+			// goroutine, half a second into the wait.
+			go func() {
+				for {
+					time.Sleep(20 * time.Millisecond)
+					if w, ok := c.(*Comm).Waiting(); ok && w.For >= 500*time.Millisecond {
+						fmt.Printf("rank %d: waiting for %v in %s\n", r, w.Ranks, w.Op)
+						return
+					}
+				}
+			}()
+		}
 		x := make([]float32, 1000)
 		for i := 0; ; i++ {
 			if r == 1 && i == 2 {
@@ -157,6 +185,39 @@ func rankMain() int {
 	}
 	fmt.Printf("FAIL: unknown scenario %q\n", scenario)
 	return 1
+}
+
+// killIdle is the killidle scenario: rank 1 dies while the others are
+// outside any collective; they learn of it from mpirun's SIGTERM, and Lost
+// names it.
+func killIdle(c comm.Communicator, survive func() int) int {
+	r := c.Rank()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	x := make([]float32, 1000)
+	for i := 0; i < 3; i++ {
+		if err := c.AllReduceSum(x); err != nil {
+			fmt.Printf("rank %d: FAIL: %v\n", r, err)
+			return 1
+		}
+	}
+	if r == 1 {
+		fmt.Printf("rank 1: killing itself (SIGKILL)\n")
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+	select {
+	case <-sig:
+	case <-time.After(90 * time.Second):
+		fmt.Printf("rank %d: FAIL: no SIGTERM in 90 s\n", r)
+		return 1
+	}
+	err := c.(*Comm).Lost()
+	fmt.Printf("rank %d: SIGTERM: Lost: %v\n", r, err)
+	var lost *LostError
+	if errors.As(err, &lost) {
+		fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
+	}
+	return survive()
 }
 
 // input is rank r's buffer of n elements in case k: values whose exponents
@@ -485,8 +546,10 @@ func gone(t *testing.T, out string, np int, start time.Time, limit time.Duration
 }
 
 // TestKilledRank kills rank 1 of 3 in the middle of a loop of all-reduces:
-// mpirun must end the other two and exit non-zero, naming the lost rank,
-// within 60 s, even though rank 0 catches SIGTERM and goes on.
+// the other two, which catch SIGTERM and go on, must each fail their
+// all-reduce with their own error naming rank 1 as ended (before mpirun's
+// SIGKILL, a second after its SIGTERM), and the job must end non-zero
+// within 60 s.
 func TestKilledRank(t *testing.T) {
 	out, err, start := runMPI(t, 3, "kill")
 	el := time.Since(start)
@@ -497,9 +560,44 @@ func TestKilledRank(t *testing.T) {
 	if el > 60*time.Second {
 		t.Errorf("took %v, want under 60 s", el)
 	}
-	if !regexp.MustCompile(`process rank 1 with PID \d+ on node \S+ exited on signal 9`).MatchString(out) &&
-		!strings.Contains(out, "lost rank 1") {
-		t.Errorf("the output does not name rank 1 as lost")
+	for _, r := range []int{0, 2} {
+		re := fmt.Sprintf(`(?m)^rank %d: error: comm/mpi: rank %d of 3: AllReduceSum #\d+ of 1000 elements: lost rank 1: its process ended \(pid \d+ on \S+\)$`, r, r)
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no line matching %q", re)
+		}
+		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1], Ended true\n", r)) {
+			t.Errorf("rank %d: no LostError with Ranks [1], Ended", r)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Error("a rank failed")
+	}
+	gone(t, out, 3, start, 60*time.Second)
+}
+
+// TestKilledRankIdle kills rank 1 of 3 while the others are between
+// collectives: on mpirun's SIGTERM, Lost must name rank 1 at once.
+func TestKilledRankIdle(t *testing.T) {
+	out, err, start := runMPI(t, 3, "killidle")
+	el := time.Since(start)
+	t.Logf("mpirun -np 3 with rank 1 killed between collectives: %v, %v\n%s", el.Round(time.Millisecond), err, out)
+	if err == nil {
+		t.Fatal("mpirun exited 0")
+	}
+	if el > 60*time.Second {
+		t.Errorf("took %v, want under 60 s", el)
+	}
+	for _, r := range []int{0, 2} {
+		re := fmt.Sprintf(`(?m)^rank %d: SIGTERM: Lost: comm/mpi: rank %d of 3: lost rank 1: its process ended \(pid \d+ on \S+\)$`, r, r)
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no line matching %q", re)
+		}
+		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1], Ended true\n", r)) {
+			t.Errorf("rank %d: no LostError with Ranks [1], Ended", r)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Error("a rank failed")
 	}
 	gone(t, out, 3, start, 60*time.Second)
 }
@@ -524,6 +622,9 @@ func TestStalledRank(t *testing.T) {
 		}
 		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1]\n", r)) {
 			t.Errorf("rank %d: LostError.Ranks is not [1]", r)
+		}
+		if line := fmt.Sprintf("rank %d: waiting for [1] in AllReduceSum #3 of 1000 elements\n", r); !strings.Contains(out, line) {
+			t.Errorf("no line %q (Waiting)", line)
 		}
 	}
 	if strings.Contains(out, "FAIL") {
