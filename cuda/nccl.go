@@ -299,14 +299,6 @@ func (n *NCCL) Stats() comm.Stats {
 	return n.stats
 }
 
-// ReduceScratch is the number of F32 elements of scratch that
-// AllReduceSum and ReduceScatterSum need for tensors of length elements
-// among size ranks: one shard from every rank.
-func ReduceScratch(length, size int) int {
-	lo, hi := comm.Shard(length, size, 0) // rank 0's shard is the longest
-	return size * (hi - lo)
-}
-
 func (n *NCCL) begin(op comm.Op) error {
 	if err := n.b.onDevice("NCCL " + op.String()); err != nil {
 		return err
@@ -431,8 +423,8 @@ func (n *NCCL) checkScratch(op comm.Op, t, scratch backend.Tensor) error {
 	if err := n.f32(op, "scratch", scratch); err != nil {
 		return err
 	}
-	if need := ReduceScratch(t.Len(), n.size); scratch.Len() < need {
-		return fmt.Errorf("cuda: NCCL %v: scratch has %d elements, want ReduceScratch(%d, %d) = %d", op, scratch.Len(), t.Len(), n.size, need)
+	if need := comm.ReduceScratch(t.Len(), n.size); scratch.Len() < need {
+		return fmt.Errorf("cuda: NCCL %v: scratch has %d elements, want comm.ReduceScratch(%d, %d) = %d", op, scratch.Len(), t.Len(), n.size, need)
 	}
 	if scratch.Range().Overlaps(t.Range()) {
 		return fmt.Errorf("cuda: NCCL %v: scratch overlaps the tensor", op)
@@ -441,7 +433,7 @@ func (n *NCCL) checkScratch(op comm.Op, t, scratch backend.Tensor) error {
 }
 
 // AllReduceSum enqueues on s the sum over ranks of the F32 tensor t, in
-// rank order, into t on every rank; scratch holds ReduceScratch(t.Len(),
+// rank order, into t on every rank; scratch holds comm.ReduceScratch(t.Len(),
 // Size()) F32 elements (overwritten) and does not overlap t.
 func (n *NCCL) AllReduceSum(s backend.Stream, t, scratch backend.Tensor) error {
 	n.mu.Lock()

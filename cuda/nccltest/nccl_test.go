@@ -300,7 +300,7 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
 		return 1
 	}
-	sc, err := be.Alloc("scratch", cuda.ReduceScratch(L, n.Size()), backend.F32)
+	sc, err := be.Alloc("scratch", comm.ReduceScratch(L, n.Size()), backend.F32)
 	if err != nil {
 		fmt.Printf("rank %d: FAIL: %v\n", r, err)
 		return 1
@@ -418,7 +418,7 @@ func checkOrdered(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 		return 0, err
 	}
 	defer be.Free(x)
-	sc, err := be.Alloc("ordered scratch", cuda.ReduceScratch(L, size), backend.F32)
+	sc, err := be.Alloc("ordered scratch", comm.ReduceScratch(L, size), backend.F32)
 	if err != nil {
 		return 0, err
 	}
@@ -531,7 +531,7 @@ func check(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 		if err != nil {
 			return checks, err
 		}
-		sc, err := alloc("scratch", cuda.ReduceScratch(L, size))
+		sc, err := alloc("scratch", comm.ReduceScratch(L, size))
 		if err != nil {
 			return checks, err
 		}
