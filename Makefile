@@ -372,9 +372,16 @@ sim-env:
 # every collective bit for bit against the host's sum in rank order on
 # ragged sizes, then rank 1 of 3 lost (ncclCommAbort, SIGKILL, stalled past
 # LSP_CUDASIM_NCCL_TIMEOUT=2): the others must fail with an error naming
-# the cause, not hang. About 20 s after the build. Needs CUDA's headers
-# (as cudasim-test), mpirun and libopenmpi-dev; skipped with a message
-# otherwise. RUN=regexp selects tests.
+# the cause, not hang. Then data-parallel training summing on the
+# (simulated) devices, with the same build tags: the engine under
+# `mpirun -np 2` and `-np 3` (TestDataParallelNCCL: lsp, its dense
+# gradients and native mode, bit for bit the same summing on the devices
+# as on the host, and lsp as one process with --grad-accum N), and the
+# train command (TestDataParallelNCCLCommand: --collectives nccl, host and
+# auto export the same weights as one process). About 2 minutes after the
+# build. Needs CUDA's headers (as cudasim-test), mpirun and
+# libopenmpi-dev; skipped with a message otherwise. RUN=regexp selects
+# the communicator's tests.
 .PHONY: cudasim-nccl-test
 cudasim-nccl-test:
 ifneq ($(SIM_OK),)
@@ -382,7 +389,9 @@ ifneq ($(SIM_OK),)
 		echo '$(GO) vet -tags "cudasim mpi" ./cuda/nccltest/' && \
 		$(SIM_ENV) $(GO) vet -tags "cudasim mpi" ./cuda/nccltest/ && \
 		echo '$(GO) test -tags "cudasim mpi" -count=1 -timeout 10m $(if $(RUN),-run $(RUN)) ./cuda/nccltest/' && \
-		$(SIM_ENV) $(GO) test -tags "cudasim mpi" -count=1 -timeout 10m $(if $(RUN),-run '$(RUN)') ./cuda/nccltest/; \
+		$(SIM_ENV) $(GO) test -tags "cudasim mpi" -count=1 -timeout 10m $(if $(RUN),-run '$(RUN)') ./cuda/nccltest/ && \
+		echo '$(GO) test -tags "cudasim mpi" -count=1 -timeout 10m -run TestDataParallelNCCL ./train/engine/ ./cmd/lsp-train/' && \
+		$(SIM_ENV) $(GO) test -tags "cudasim mpi" -count=1 -timeout 10m -run 'TestDataParallelNCCL' ./train/engine/ ./cmd/lsp-train/; \
 	else echo "cudasim-nccl-test: WARNING: simulated NCCL tests between processes SKIPPED: mpirun or libopenmpi-dev (pkg-config ompi-c) not found (apt-get install openmpi-bin libopenmpi-dev, as .ci/run does)"; \
 		echo '$(GO) test -tags cudasim -count=1 -timeout 5m ./cuda/nccltest/' && \
 		$(SIM_ENV) $(GO) test -tags cudasim -count=1 -timeout 5m $(if $(RUN),-run '$(RUN)') ./cuda/nccltest/; fi

@@ -59,31 +59,56 @@ func runRanks(t *testing.T, np int, args []string) (string, error) {
 	return buf.String(), err
 }
 
-// stepRecords counts the train records of each step in metrics.jsonl.
-func stepRecords(t *testing.T, out string) map[int]int {
+// trainRecord is a step's train record in metrics.jsonl.
+type trainRecord struct {
+	Step      int      `json:"step"`
+	TrainLoss *float64 `json:"train_loss"`
+	CommBytes *float64 `json:"comm_bytes"`
+}
+
+// trainRecords reads the train records of metrics.jsonl; each must have
+// comm_bytes.
+func trainRecords(t *testing.T, out string) []trainRecord {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := map[int]int{}
+	var recs []trainRecord
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var rec struct {
-			Step      int      `json:"step"`
-			TrainLoss *float64 `json:"train_loss"`
-			CommBytes *float64 `json:"comm_bytes"`
-		}
+		var rec trainRecord
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("metrics.jsonl: %v: %s", err, line)
 		}
 		if rec.TrainLoss != nil {
-			n[rec.Step]++
 			if rec.CommBytes == nil || *rec.CommBytes <= 0 {
 				t.Errorf("metrics.jsonl: step %d has no comm_bytes: %s", rec.Step, line)
+				continue
 			}
+			recs = append(recs, rec)
 		}
 	}
+	return recs
+}
+
+// stepRecords counts the train records of each step in metrics.jsonl.
+func stepRecords(t *testing.T, out string) map[int]int {
+	t.Helper()
+	n := map[int]int{}
+	for _, r := range trainRecords(t, out) {
+		n[r.Step]++
+	}
 	return n
+}
+
+// stepCommBytes is each step's comm_bytes in metrics.jsonl.
+func stepCommBytes(t *testing.T, out string) map[int]float64 {
+	t.Helper()
+	b := map[int]float64{}
+	for _, r := range trainRecords(t, out) {
+		b[r.Step] = *r.CommBytes
+	}
+	return b
 }
 
 // TestDataParallelCommand: lsp-train under mpirun -np 2, 2 steps, then
