@@ -495,7 +495,11 @@ func (r *run) openEngine() error {
 // auto, NCCL where the backend has it and every rank can start it (the
 // ranks agree: cuda.NewNCCL fails on all of them or none), else the host.
 func (r *run) openDeviceComm() error {
-	if r.comm == nil || r.cfg.Collectives == CollectivesHost {
+	if r.comm == nil {
+		return nil
+	}
+	if r.cfg.Collectives == CollectivesHost {
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", "--collectives host")
 		return nil
 	}
 	dc, err := device.NewComm(r.cfg.Device, r.be, r.comm)

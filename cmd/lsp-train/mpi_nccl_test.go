@@ -30,8 +30,13 @@ func TestDataParallelNCCLCommand(t *testing.T) {
 		t.Skipf("SKIP: no CUDA device (%v)", err)
 	}
 	dir := t.TempDir()
+	// dpArgs's run with random projectors (a projector check takes most
+	// of a minute on the simulated device).
 	args := func(out string, extra ...string) []string {
-		return dpArgs(out, 3, append([]string{"--device", "cuda", "--dtype", "bf16", "--device-mem", "256MiB"}, extra...)...)
+		return append([]string{"--model", "tiny", "--data", "builtin:sort:300", "--steps", "3", "--batch", "4",
+			"--seq-len", "24", "--warmup", "2", "--eval-generate", "2", "--threads", "1", "--mode", "lsp", "--d", "32",
+			"--r", "4", "--dense-params", "frozen", "--device", "cuda", "--dtype", "bf16", "--device-mem", "256MiB",
+			"--out", out}, extra...)
 	}
 	one := filepath.Join(dir, "one")
 	runChild(t, args(one, "--grad-accum", "2"), "", 0)
