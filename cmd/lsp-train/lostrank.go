@@ -91,7 +91,7 @@ func lostOnSignal(c comm.Communicator, ckpt string, stderr io.Writer, logger *sl
 		}
 		if w, ok := pw.Waiting(); ok && w.For >= 100*time.Millisecond {
 			logger.Warn("the signal came during a collective, waiting for other ranks (if mpirun is ending the job, one of them was likely lost)",
-				"collective", w.Op, "waiting_for", ranksText(w.Ranks), "waited", w.For.Round(time.Millisecond))
+				"collective", w.Op, "waiting_for", mpi.RanksText(w.Ranks), "waited", w.For.Round(time.Millisecond))
 		}
 	}
 }
@@ -118,7 +118,7 @@ func lostRankError(err error, lost *mpi.LostError, res *train.Result, ckpt strin
 	if len(lost.Ranks) > 1 {
 		was = "were"
 	}
-	fmt.Fprintf(&b, "rank %d of %d: %s %s lost", lost.Rank, lost.Size, ranksText(lost.Ranks), was)
+	fmt.Fprintf(&b, "rank %d of %d: %s %s lost", lost.Rank, lost.Size, mpi.RanksText(lost.Ranks), was)
 	if res != nil {
 		fmt.Fprintf(&b, " after step %d", res.Steps)
 	}
@@ -158,15 +158,3 @@ func checkpointStep(path string) (int, error) {
 
 // checkpointFile is where the run in out keeps its checkpoint.
 func checkpointFile(out string) string { return filepath.Join(out, checkpoint.FileName) }
-
-// ranksText is "rank 1" or "ranks 1, 2".
-func ranksText(rs []int) string {
-	if len(rs) == 1 {
-		return fmt.Sprintf("rank %d", rs[0])
-	}
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = fmt.Sprint(r)
-	}
-	return "ranks " + strings.Join(s, ", ")
-}

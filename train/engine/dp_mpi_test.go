@@ -253,19 +253,29 @@ func hashFloats(v []float32) string {
 	return fmt.Sprintf("%x", h.Sum(nil)[:8])
 }
 
-// dpRankMain runs every case on this rank and prints one line each.
-func dpRankMain(scenario string) int {
+// dpRankStart joins the job of a rank's scenario, whose value (of the
+// variable env) is the rank whose micro-batch is NaN at dpNaNStep; it
+// prints why it cannot.
+func dpRankStart(env, scenario string) (c comm.Communicator, nan int, ok bool) {
 	c, err := mpi.Init(mpi.Config{})
 	if err != nil {
 		fmt.Printf("FAIL: %v\n", err)
+		return nil, 0, false
+	}
+	if nan, err = strconv.Atoi(scenario); err != nil {
+		fmt.Printf("rank %d: FAIL: %s=%q is not the NaN rank\n", c.Rank(), env, scenario)
+		return nil, 0, false
+	}
+	return c, nan, true
+}
+
+// dpRankMain runs every case on this rank and prints one line each.
+func dpRankMain(scenario string) int {
+	c, nan, ok := dpRankStart(dpScenarioEnv, scenario)
+	if !ok {
 		return 1
 	}
 	r := c.Rank()
-	nan, err := strconv.Atoi(scenario)
-	if err != nil {
-		fmt.Printf("rank %d: FAIL: %s=%q is not the NaN rank\n", r, dpScenarioEnv, scenario)
-		return 1
-	}
 	for _, tc := range dpCases() {
 		before := c.Stats()
 		res, err := dpRun(c, tc, c.Size(), nan)

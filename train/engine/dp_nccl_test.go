@@ -25,7 +25,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
-	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 )
 
 func init() { deviceRankMain = ncclRankMain }
@@ -74,17 +73,11 @@ func cudaRanks(nccl *comm.Stats) dpEnv {
 // ncclRankMain runs every case on this rank, summing on the host and then
 // on the device, and prints one line each.
 func ncclRankMain(scenario string) int {
-	c, err := mpi.Init(mpi.Config{})
-	if err != nil {
-		fmt.Printf("FAIL: %v\n", err)
+	c, nan, ok := dpRankStart(dpDeviceEnv, scenario)
+	if !ok {
 		return 1
 	}
 	r := c.Rank()
-	nan, err := strconv.Atoi(scenario)
-	if err != nil {
-		fmt.Printf("rank %d: FAIL: %s=%q is not the NaN rank\n", r, dpDeviceEnv, scenario)
-		return 1
-	}
 	for _, tc := range ncclCases() {
 		before := c.Stats()
 		host, err := dpRunOn(cudaRanks(nil), c, tc, c.Size(), nan)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -97,4 +98,16 @@ func pidNamespace() string {
 		return ""
 	}
 	return s
+}
+
+// RanksText is how errors name ranks: "rank 1", or "ranks 1, 2".
+func RanksText(rs []int) string {
+	if len(rs) == 1 {
+		return fmt.Sprintf("rank %d", rs[0])
+	}
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprint(r)
+	}
+	return "ranks " + strings.Join(s, ", ")
 }

@@ -517,7 +517,7 @@ func (c *Comm) endedError(during string, lost []int) *LostError {
 		which = append(which, w)
 	}
 	return &LostError{Rank: c.rank, Size: c.size, Ranks: lost, During: during, Ended: true,
-		msg: fmt.Sprintf("%s: lost %s: %s (%s)", pre, ranks(lost), whose, strings.Join(which, "; "))}
+		msg: fmt.Sprintf("%s: lost %s: %s (%s)", pre, RanksText(lost), whose, strings.Join(which, "; "))}
 }
 
 // Waiting says what the collective in progress waits for: false between
@@ -761,13 +761,13 @@ func (c *Comm) failure(h header, e C.int, all []msg, nrecv int, done []C.char, b
 		}
 		var why []string
 		if len(silent) > 0 {
-			why = append(why, "nothing received from "+ranks(silent))
+			why = append(why, "nothing received from "+RanksText(silent))
 		}
 		if len(stuck) > 0 {
-			why = append(why, "nothing taken by "+ranks(stuck))
+			why = append(why, "nothing taken by "+RanksText(stuck))
 		}
 		return &LostError{Rank: c.rank, Size: c.size, Ranks: lost, During: h.String(), msg: fmt.Sprintf("%s: lost %s: %s for %v (dead, stalled, or in another part of the program)",
-			pre, ranks(lost), strings.Join(why, "; "), c.timeout)}
+			pre, RanksText(lost), strings.Join(why, "; "), c.timeout)}
 	case C.LSPMPI_MISMATCH:
 		peer := all[bad].peer
 		if gotBytes != int(C.sizeof_lspmpi_hdr) {
@@ -795,17 +795,6 @@ func appendOnce(s []int, v int) []int {
 		}
 	}
 	return append(s, v)
-}
-
-func ranks(rs []int) string {
-	if len(rs) == 1 {
-		return fmt.Sprintf("rank %d", rs[0])
-	}
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = fmt.Sprint(r)
-	}
-	return "ranks " + strings.Join(s, ", ")
 }
 
 // headers are the header messages to and from every peer in peers.
