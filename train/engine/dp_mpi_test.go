@@ -305,6 +305,28 @@ func dpRankMain(scenario string) int {
 	return 0
 }
 
+// runSelf runs this test binary under mpirun -np np with env added, for
+// at most limit, and returns its output; it fails the test if mpirun
+// does.
+func runSelf(t *testing.T, mpirun string, np int, limit time.Duration, env ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
+	if os.Geteuid() == 0 {
+		args = append([]string{"--allow-run-as-root"}, args...)
+	}
+	cmd := exec.CommandContext(ctx, mpirun, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, b)
+	}
+	return string(b)
+}
+
 // TestDataParallelMatchesAccum: under mpirun -np 2 and -np 3, lsp mode on
 // the CPU backend, every rank's weights and optimizer state after
 // dpSteps attempts (one skipped for a NaN on one rank) are bit-identical to
@@ -330,23 +352,9 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 			}
 			want[tc.name] = res
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-		if os.Geteuid() == 0 {
-			args = append([]string{"--allow-run-as-root"}, args...)
-		}
-		cmd := exec.CommandContext(ctx, mpirun, args...)
 		dir := t.TempDir()
-		cmd.Env = append(os.Environ(), dpScenarioEnv+"="+strconv.Itoa(nan), dpOutEnv+"="+dir)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		start := time.Now()
-		b, err := cmd.CombinedOutput()
-		cancel()
-		out := string(b)
-		if err != nil {
-			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
-		}
+		out := runSelf(t, mpirun, np, 2*time.Minute, dpScenarioEnv+"="+strconv.Itoa(nan), dpOutEnv+"="+dir)
 		for _, tc := range dpCases() {
 			// The bytes on the link: every attempt all-reduces
 			// CommPerStep().Elems elements, and an all-reduce of n sends

@@ -11,14 +11,11 @@
 package engine
 
 import (
-	"context"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -134,22 +131,8 @@ func TestDataParallelNCCL(t *testing.T) {
 			}
 			want[tc.name] = res
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-		if os.Geteuid() == 0 {
-			args = append([]string{"--allow-run-as-root"}, args...)
-		}
-		cmd := exec.CommandContext(ctx, mpirun, args...)
-		cmd.Env = append(os.Environ(), dpDeviceEnv+"="+strconv.Itoa(nan))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		start := time.Now()
-		b, err := cmd.CombinedOutput()
-		cancel()
-		out := string(b)
-		if err != nil {
-			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
-		}
+		out := runSelf(t, mpirun, np, 5*time.Minute, dpDeviceEnv+"="+strconv.Itoa(nan))
 		for _, tc := range ncclCases() {
 			var first []string
 			var ncclSent, hostSent, devMPISent int64
