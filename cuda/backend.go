@@ -80,6 +80,10 @@ var _ backend.Backend = (*Backend)(nil)
 // ErrNoDevice when there are none.
 func Devices() ([]DeviceInfo, error) { return devices() }
 
+// Simulated says whether this build runs on the simulated CUDA runtime
+// (-tags cudasim), whose one device is every process's own.
+func Simulated() bool { return simulated }
+
 // New opens device cfg.Device: it refuses a device older than sm_80,
 // starts the device thread, reserves the arena (an *OutOfMemoryError when
 // the device lacks the memory) and creates the default stream.

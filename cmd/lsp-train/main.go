@@ -36,6 +36,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
+	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 func main() {
@@ -158,6 +160,10 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	opts := train.Options{Logger: logger, Progress: progress}
 	if ranks > 1 {
+		// --device cuda: each rank on its own GPU of its machine.
+		if cfg.Device, err = device.PerRank(cfg.Device, localRank()); err != nil {
+			return flagerr.New("device", "%v", err)
+		}
 		opts.Comm, opts.CommTimeout = c, mpi.DefaultTimeout
 		if cfg.Threads == 0 {
 			// All cores for each rank would oversubscribe a machine
@@ -171,7 +177,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			progress = nil
 		}
 		opts.Logger, opts.Progress = logger, progress
-		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads)
+		logger.Info("data parallel", "ranks", ranks, "global_batch_rows", ranks*cfg.GradAccum*cfg.Batch, "threads", cfg.Threads, "device", cfg.Device)
 	}
 	ckpt := checkpointFile(cfg.Out)
 	var trained atomic.Bool
@@ -343,6 +349,16 @@ func reportComm(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "    %-10s %5dx%-5d %9d elements per block (%s); native all-reduces %d (%.3f)\n",
 			m.Name, m.M, m.N, m.Elems, cfg.Mode, m.M*m.N, float64(m.Elems)/float64(m.M*m.N))
 	}
+}
+
+// localRank is this rank's number among those mpirun started on this
+// machine (OMPI_COMM_WORLD_LOCAL_RANK), -1 when it does not say.
+func localRank() int {
+	n, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
 }
 
 // localRanks is the number of ranks mpirun started on this machine

@@ -17,6 +17,23 @@ import (
 func init() {
 	built[CUDA] = openCUDA
 	newComm[CUDA] = newNCCL
+	perRank[CUDA] = gpuOfRank
+}
+
+// gpuOfRank gives local rank r GPU r of its machine: NCCL wants one GPU
+// per rank. On the simulated runtime every process has a device 0 of its
+// own, so every rank keeps cuda. Without devices, cuda stays as it is and
+// opening it says why.
+func gpuOfRank(r int) (Kind, error) {
+	devs, err := cuda.Devices()
+	switch {
+	case err != nil || cuda.Simulated():
+		return CUDA, nil
+	case r >= len(devs):
+		return "", fmt.Errorf("cuda: this is rank %d of those mpirun started on this machine, which has %d CUDA device(s): one GPU per rank; start at most %d rank(s) per machine (mpirun -npernode %d), or give each rank its own --device cuda:N",
+			r, len(devs), len(devs), len(devs))
+	}
+	return Kind(fmt.Sprintf("cuda:%d", r)), nil
 }
 
 // newNCCL joins the ranks' CUDA backends in an NCCL communicator (on the

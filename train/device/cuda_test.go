@@ -53,3 +53,42 @@ func TestOpenCUDA(t *testing.T) {
 		t.Errorf("Open(%s) with %d device(s): %v", past, len(devs), err)
 	}
 }
+
+// TestPerRank: under mpirun, --device cuda gives local rank r GPU r (on
+// the simulated runtime, every process's own device 0, so cuda for all),
+// and more ranks on a machine than GPUs is refused naming the way out; a
+// device named per rank (cuda:N) and cpu stay as given.
+func TestPerRank(t *testing.T) {
+	for _, k := range []Kind{"cuda:1", CPU} {
+		if got, err := PerRank(k, 3); err != nil || got != k {
+			t.Errorf("PerRank(%s, 3) = %s, %v; want it kept", k, got, err)
+		}
+	}
+	if got, err := PerRank(CUDA, -1); err != nil || got != CUDA {
+		t.Errorf("PerRank(cuda) outside mpirun = %s, %v; want cuda", got, err)
+	}
+	devs, err := cuda.Devices()
+	if err != nil {
+		if got, perr := PerRank(CUDA, 1); perr != nil || got != CUDA {
+			t.Errorf("PerRank(cuda, 1) without devices = %s, %v; want cuda (opening it says why)", got, perr)
+		}
+		t.Skipf("no CUDA device: %v", err)
+	}
+	for r := 0; r < len(devs)+1; r++ {
+		got, err := PerRank(CUDA, r)
+		switch {
+		case cuda.Simulated():
+			if err != nil || got != CUDA {
+				t.Errorf("simulated: PerRank(cuda, %d) = %s, %v; want cuda", r, got, err)
+			}
+		case r < len(devs):
+			if want := Kind("cuda:" + strconv.Itoa(r)); err != nil || got != want {
+				t.Errorf("PerRank(cuda, %d) = %s, %v; want %s", r, got, err, want)
+			}
+		default:
+			if err == nil || !strings.Contains(err.Error(), "-npernode") {
+				t.Errorf("PerRank(cuda, %d) with %d devices = %s, %v; want an error naming mpirun -npernode", r, len(devs), got, err)
+			}
+		}
+	}
+}

@@ -179,6 +179,22 @@ func NewComm(k Kind, be backend.Backend, c comm.Communicator) (Comm, error) {
 	return f(be, c)
 }
 
+// perRank, per backend kind with devices to share out, is PerRank's
+// choice for that kind.
+var perRank = map[Kind]func(localRank int) (Kind, error){}
+
+// PerRank is the device that the rank of a data-parallel job numbered
+// localRank among those on its machine (OMPI_COMM_WORLD_LOCAL_RANK) uses
+// for --device k: with cuda, its own GPU, cuda:localRank; k itself when
+// it names a device (cuda:N, given per rank) or has none (cpu).
+func PerRank(k Kind, localRank int) (Kind, error) {
+	f := perRank[k]
+	if f == nil || localRank < 0 {
+		return k, nil
+	}
+	return f(localRank)
+}
+
 // ErrNoDeviceComm says that a backend has no device communicator.
 var ErrNoDeviceComm = errors.New("no device communicator")
 

@@ -82,3 +82,10 @@ func TestDefaultDType(t *testing.T) {
 		t.Errorf("cuda with fp32: %v; want an error naming Gemm, AttentionForward and fp32", err)
 	}
 }
+
+// TestPerRankCPU: the CPU backend has no devices to share out.
+func TestPerRankCPU(t *testing.T) {
+	if got, err := PerRank(CPU, 2); err != nil || got != CPU {
+		t.Errorf("PerRank(cpu, 2) = %s, %v; want cpu", got, err)
+	}
+}
