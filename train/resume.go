@@ -108,6 +108,9 @@ type resumeAllowed struct {
 	// Recomputation runs the forward's ops again on the same inputs: the
 	// same bits (TestRecomputeBitIdentical), less memory.
 	Recompute model.Recompute `flag:"recompute"`
+	// Where the ranks sum: both paths sum in rank order, the same bits
+	// (engine TestDataParallelNCCL).
+	Collectives Collectives `flag:"collectives"`
 	// What happens to a step whose loss is not finite: a finite step
 	// computes the same either way and a skipped one updates nothing, so
 	// a run stopped by a NaN may be resumed with --on-nonfinite skip.
