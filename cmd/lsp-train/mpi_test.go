@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 )
 
 // dpArgs is a short lsp run of the tiny preset with fitted projectors
@@ -36,27 +38,8 @@ func dpArgs(out string, steps int, extra ...string) []string {
 // and error.
 func runRanks(t *testing.T, np int, args []string) (string, error) {
 	t.Helper()
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-	if os.Geteuid() == 0 {
-		margs = append([]string{"--allow-run-as-root"}, margs...)
-	}
-	cmd := exec.CommandContext(ctx, mpirun, append(margs, args...)...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	err = cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("mpirun -np %d still running after 2 minutes; output:\n%s", np, buf.String())
-	}
-	return buf.String(), err
+	out, err, _ := mpitest.Run(t, np, 2*time.Minute, []string{childEnv + "=1"}, args...)
+	return out, err
 }
 
 // trainRecord is a step's train record in metrics.jsonl.
@@ -172,23 +155,13 @@ func TestDataParallelCommand(t *testing.T) {
 // under mpirun -np 2 to the end, the run exports the same weights bit for
 // bit as a run of the same steps never interrupted.
 func TestDataParallelKilledRank(t *testing.T) {
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
-	}
 	const steps = 40
 	dir := t.TempDir()
 	out, whole := filepath.Join(dir, "dp"), filepath.Join(dir, "whole")
 	args := func(out string, extra ...string) []string {
 		return dpArgs(out, steps, append([]string{"--checkpoint-every", "2"}, extra...)...)
 	}
-	margs := []string{"--oversubscribe", "--bind-to", "none", "-np", "2", os.Args[0]}
-	if os.Geteuid() == 0 {
-		margs = append([]string{"--allow-run-as-root"}, margs...)
-	}
-	cmd := exec.Command(mpirun, append(margs, args(out)...)...)
-	cmd.Env = append(os.Environ(), childEnv+"=1", noteExitEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd := mpitest.Command(context.Background(), t, 2, []string{childEnv + "=1", noteExitEnv + "=1"}, args(out)...)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {

@@ -3,21 +3,19 @@
 package nccltest
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/cuda"
+	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
@@ -105,27 +103,7 @@ func runMPI(t *testing.T, np int, scenario string, env ...string) (string, error
 	if !mpi.Built {
 		t.Skip("SKIP: NCCL between processes needs this test built with -tags \"cuda mpi\" (or \"cudasim mpi\")")
 	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-	if os.Geteuid() == 0 {
-		args = append([]string{"--allow-run-as-root"}, args...)
-	}
-	cmd := exec.CommandContext(ctx, mpirun, args...)
-	cmd.Env = append(os.Environ(), append([]string{rankEnv + "=" + scenario}, env...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	el := time.Since(start)
-	if ctx.Err() != nil {
-		t.Fatalf("mpirun -np %d (%s) still running after %v; output:\n%s", np, scenario, el, out)
-	}
-	return string(out), err, el
+	return mpitest.Run(t, np, 3*time.Minute, append([]string{rankEnv + "=" + scenario}, env...))
 }
 
 // TestNCCLRanks runs rankMain under mpirun, one rank per GPU (up to 3); on

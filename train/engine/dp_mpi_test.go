@@ -11,7 +11,6 @@
 package engine
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -22,10 +21,10 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
@@ -307,24 +306,14 @@ func dpRankMain(scenario string) int {
 
 // runSelf runs this test binary under mpirun -np np with env added, for
 // at most limit, and returns its output; it fails the test if mpirun
-// does.
-func runSelf(t *testing.T, mpirun string, np int, limit time.Duration, env ...string) string {
+// does (or skips it without mpirun).
+func runSelf(t *testing.T, np int, limit time.Duration, env ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-	if os.Geteuid() == 0 {
-		args = append([]string{"--allow-run-as-root"}, args...)
-	}
-	cmd := exec.CommandContext(ctx, mpirun, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	b, err := cmd.CombinedOutput()
+	out, err, _ := mpitest.Run(t, np, limit, env)
 	if err != nil {
-		t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, b)
+		t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
 	}
-	return string(b)
+	return out
 }
 
 // TestDataParallelMatchesAccum: under mpirun -np 2 and -np 3, lsp mode on
@@ -332,8 +321,7 @@ func runSelf(t *testing.T, mpirun string, np int, limit time.Duration, env ...st
 // dpSteps attempts (one skipped for a NaN on one rank) are bit-identical to
 // one process with --grad-accum N over the same global batches.
 func TestDataParallelMatchesAccum(t *testing.T) {
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
+	if _, err := exec.LookPath("mpirun"); err != nil {
 		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
 	}
 	for _, np := range []int{2, 3} {
@@ -354,7 +342,7 @@ func TestDataParallelMatchesAccum(t *testing.T) {
 		}
 		dir := t.TempDir()
 		start := time.Now()
-		out := runSelf(t, mpirun, np, 2*time.Minute, dpScenarioEnv+"="+strconv.Itoa(nan), dpOutEnv+"="+dir)
+		out := runSelf(t, np, 2*time.Minute, dpScenarioEnv+"="+strconv.Itoa(nan), dpOutEnv+"="+dir)
 		for _, tc := range dpCases() {
 			// The bytes on the link: every attempt all-reduces
 			// CommPerStep().Elems elements, and an all-reduce of n sends

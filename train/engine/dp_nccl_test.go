@@ -114,8 +114,7 @@ func TestDataParallelNCCL(t *testing.T) {
 	if devs, err := cuda.Devices(); err != nil || len(devs) == 0 {
 		t.Skipf("SKIP: no CUDA device (%v)", err)
 	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
+	if _, err := exec.LookPath("mpirun"); err != nil {
 		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
 	}
 	for _, np := range []int{2, 3} {
@@ -132,7 +131,7 @@ func TestDataParallelNCCL(t *testing.T) {
 			want[tc.name] = res
 		}
 		start := time.Now()
-		out := runSelf(t, mpirun, np, 5*time.Minute, dpDeviceEnv+"="+strconv.Itoa(nan))
+		out := runSelf(t, np, 5*time.Minute, dpDeviceEnv+"="+strconv.Itoa(nan))
 		for _, tc := range ncclCases() {
 			var first []string
 			var ncclSent, hostSent, devMPISent int64

@@ -8,13 +8,11 @@
 package mpi
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"regexp"
 	"strconv"
@@ -23,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 )
 
@@ -468,26 +467,9 @@ func checkCollectives(c comm.Communicator) (int, error) {
 // returns the output (stdout and stderr), the exit error and the time.
 func runMPI(t *testing.T, np int, scenario string, env ...string) (out string, err error, start time.Time) {
 	t.Helper()
-	mpirun, lerr := exec.LookPath("mpirun")
-	if lerr != nil {
-		t.Skip("SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	args := []string{"--oversubscribe", "--bind-to", "none", "-np", strconv.Itoa(np), os.Args[0]}
-	if os.Geteuid() == 0 {
-		args = append([]string{"--allow-run-as-root"}, args...)
-	}
-	cmd := exec.CommandContext(ctx, mpirun, args...)
-	cmd.Env = append(os.Environ(), append([]string{scenarioEnv + "=" + scenario}, env...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	start = time.Now()
-	b, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		t.Fatalf("mpirun -np %d (%s) still running after %v; output:\n%s", np, scenario, time.Since(start), b)
-	}
-	return string(b), err, start
+	out, err, _ = mpitest.Run(t, np, 2*time.Minute, append([]string{scenarioEnv + "=" + scenario}, env...))
+	return out, err, start
 }
 
 func TestCollectives(t *testing.T) {
