@@ -300,7 +300,10 @@ func TestPlanRecompute(t *testing.T) {
 // (dense parameters frozen) d^2 per block matrix, plus the non-finite
 // flag; the network time follows, and lsp's step beats native's by it.
 // One rank (the control) has no collective.
-func TestPlanDataParallel(t *testing.T) {
+// gpt2Over10GbE is gpt2 and RTX 4090s joined by 10 Gb Ethernet, the
+// data-parallel plans' setting.
+func gpt2Over10GbE(t *testing.T) (model.Arch, Machine) {
+	t.Helper()
 	spec, err := models.Preset("gpt2")
 	if err != nil {
 		t.Fatal(err)
@@ -312,6 +315,11 @@ func TestPlanDataParallel(t *testing.T) {
 	if m.Net, err = NetPreset("10gbe"); err != nil {
 		t.Fatal(err)
 	}
+	return spec, m
+}
+
+func TestPlanDataParallel(t *testing.T) {
+	spec, m := gpt2Over10GbE(t)
 	c7 := spec.(gpt2.Config)
 	const D = 512
 	want := map[engine.Mode]int64{
@@ -417,18 +425,9 @@ func TestPlanSharedCores(t *testing.T) {
 // gradients' round trip through pinned memory (fewer link bytes, a step
 // no slower), and lsp's S copy still carries d^2 per matrix.
 func TestPlanDeviceCollectives(t *testing.T) {
-	spec, err := models.Preset("gpt2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Net, err = NetPreset("10gbe"); err != nil {
-		t.Fatal(err)
-	}
+	spec, m := gpt2Over10GbE(t)
 	m.Ranks = 2
+	var err error
 	for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
 		var rs [2]Report
 		for i, dev := range []bool{false, true} {
