@@ -380,7 +380,7 @@ func TestDeviceMemTooSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := PlanMemory(mc, c)
+	plan, err := MemoryOf(mc, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func TestDeviceMemTooSmall(t *testing.T) {
 	// A budget between the plans without and with recomputation: the
 	// error names the setting that fits, and that setting runs.
 	c.Recompute = model.RecomputeAttn
-	attn, err := PlanMemory(mc, c)
+	attn, err := MemoryOf(mc, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Tests of the run's use of train/models: the family is recorded in the
+// Tests of the run's use of train/catalog: the family is recorded in the
 // checkpoint, a resume with another model is refused naming both, and the
 // export carries --model's tokenizer files along.
 

@@ -47,7 +47,7 @@ func memAvailable() (int64, bool) {
 // checkHostMemory refuses a plan whose host peak is above --host-mem, or
 // without it above the memory the machine has available, before anything
 // large is allocated. Where neither is known nothing is checked.
-func checkHostMemory(p Plan, hostMem int64) error {
+func checkHostMemory(p Memory, hostMem int64) error {
 	budget, what := hostMem, "the budget (--host-mem)"
 	if budget == 0 {
 		avail, ok := memAvailable()

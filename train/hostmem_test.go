@@ -101,7 +101,7 @@ func hostMemChild(t *testing.T, mode engine.Mode, resume bool) {
 	if _, err := Run(context.Background(), c, Options{Measurements: &m}); err != nil {
 		t.Fatal(err)
 	}
-	res := hostMemResult{IdleRSS: idle, PeakRSS: procStatus(t, "VmHWM"), Plan: m.Plan.HostPeak(), Detail: m.Plan.HostString()}
+	res := hostMemResult{IdleRSS: idle, PeakRSS: procStatus(t, "VmHWM"), Plan: m.Memory.HostPeak(), Detail: m.Memory.HostString()}
 	raw, err := json.Marshal(res)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestHostMemTooSmall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			plan, err := PlanMemory(mc, c) // without the data: a little less than the run's
+			plan, err := MemoryOf(mc, c) // without the data: a little less than the run's
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,9 +9,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/eval"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -30,11 +30,11 @@ func TestRunLlama2C(t *testing.T) {
 	if st.Family != "llama" {
 		t.Errorf("checkpoint family %q, want llama", st.Family)
 	}
-	spec, vals, err := models.Load(res.Export)
+	spec, vals, err := catalog.Load(res.Export)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !models.Equal(spec, st.Model) {
+	if !catalog.Equal(spec, st.Model) {
 		t.Errorf("export config %+v, checkpoint %+v", spec, st.Model)
 	}
 	want, _, err := readCheckpoint(t, c.Out).Float32("params")

@@ -85,7 +85,7 @@ func TestRunMeasurements(t *testing.T) {
 				t.Errorf("step-0 eval loss %v (step %d), want %v: the untrained weights' loss", got, recs[0].Step, want)
 			}
 
-			p := m.Plan
+			p := m.Memory
 			if string(p.Mode) != mode || p.DeviceTotal() <= 0 {
 				t.Fatalf("Plan: mode %q, device %d", p.Mode, p.DeviceTotal())
 			}

@@ -1,4 +1,4 @@
-// The run's contact with the model (through model.Spec and train/models,
+// The run's contact with the model (through model.Spec and train/catalog,
 // never a family's own types) and with the engine's constructors:
 // resolving --model, the memory plan, building the engine, the initial
 // weights, lsp's per-matrix caps and the export. They are kept in this
@@ -11,48 +11,48 @@ import (
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
-// Plan is the predicted memory and link traffic of a run.
-type Plan = engine.Plan
+// Memory is the predicted memory and link traffic of a run.
+type Memory = engine.Memory
 
 // ResolveModel returns the architecture of --model, a preset name of any
 // family, a Hugging Face checkpoint directory or a llama2.c model file,
 // and that directory or file ("" for a preset).
 func ResolveModel(name string) (model.Spec, string, error) {
-	spec, src, err := models.Resolve(name)
+	spec, src, err := catalog.Resolve(name)
 	if err != nil {
 		return nil, "", flagErr("model", "%v", err)
 	}
 	return spec, src, nil
 }
 
-// PlanMemory predicts the device and host memory of training cfg with the
+// MemoryOf predicts the device and host memory of training cfg with the
 // model mc, in cfg's mode, before any data is read: the plan of a run
 // adds the tokenized data's bytes (run.checkMemory).
-func PlanMemory(mc model.Spec, c Config) (Plan, error) {
-	return PlanMemoryRanks(mc, c, 1)
+func MemoryOf(mc model.Spec, c Config) (Memory, error) {
+	return MemoryOfRanks(mc, c, 1)
 }
 
-// PlanMemoryRanks is PlanMemory for one rank of ranks that train
+// MemoryOfRanks is MemoryOf for one rank of ranks that train
 // together (mpirun -np ranks): what each rank's process holds.
-func PlanMemoryRanks(mc model.Spec, c Config, ranks int) (Plan, error) {
-	_, src, err := models.Resolve(c.Model)
-	return planMemory(mc, c, src, err == nil && src != "", nil, ranks)
+func MemoryOfRanks(mc model.Spec, c Config, ranks int) (Memory, error) {
+	_, src, err := catalog.Resolve(c.Model)
+	return memoryOf(mc, c, src, err == nil && src != "", nil, ranks)
 }
 
 // EngineConfig is the engine configuration a run of c trains with, for
 // the planner to trace the same step graph (lsp-train plan).
 func EngineConfig(c Config) engine.Config {
-	_, src, err := models.Resolve(c.Model)
+	_, src, err := catalog.Resolve(c.Model)
 	return c.engineConfig(err == nil && src != "")
 }
 
@@ -61,16 +61,16 @@ func EngineConfig(c Config) engine.Config {
 // pooled scratch: a host part of every plan.
 const goHeapHeadroom = 64 << 20
 
-// planMemory is PlanMemory with the kind of --model known (src, the
+// memoryOf is MemoryOf with the kind of --model known (src, the
 // checkpoint's path; fromCheckpoint picks the default of --dense-params)
 // and the data ds when loaded (nil: not counted). To the engine's plan it
 // adds the run's own host memory, by the size formulas of the
 // allocations: the device's when the backend keeps it in host memory,
 // the staging buffer, the data, the heap's headroom, and the transients
-// of the initial weights, a resume and the export (engine.Plan says how
+// of the initial weights, a resume and the export (engine.Memory says how
 // the transients add up). ranks > 1 plans one rank of a data-parallel
 // run.
-func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data.Dataset, ranks int) (Plan, error) {
+func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data.Dataset, ranks int) (Memory, error) {
 	ec := c.engineConfig(fromCheckpoint)
 	if ranks > 1 {
 		ec.Comm = comm.Planned{Ranks: ranks}
@@ -78,7 +78,7 @@ func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *da
 			ec.DeviceComm = engine.PlannedDevice{Ranks: ranks}
 		}
 	}
-	p, err := engine.PlanMemory(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
+	p, err := engine.MemoryOf(mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
 	if err != nil {
 		return p, err
 	}
@@ -98,7 +98,7 @@ func planMemory(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *da
 		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: 4 * N})
 	case !fromCheckpoint:
 		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: 4 * N}) // mc.Init's values
-	case models.LoadHoldsCopy(mc, src):
+	case catalog.LoadHoldsCopy(mc, src):
 		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: 4 * N})
 	}
 	// The export downloads every parameter as fp32 (run.finish); the
@@ -147,7 +147,7 @@ func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor
 	if !fromCheckpoint {
 		return backend.Upload(be, st, dst, mc.Init(c.Seed))
 	}
-	if err := models.LoadInto(mc, c.Model, be, st, dst); err != nil {
+	if err := catalog.LoadInto(mc, c.Model, be, st, dst); err != nil {
 		return flagErr("model", "%v", err)
 	}
 	return nil
@@ -173,9 +173,9 @@ func lspCaps(mc model.Spec, d, r int) []lspCap {
 }
 
 // exportModel writes the weights vals of mc as a Hugging Face directory
-// dir, as a whole (models.Export), with the files of tok, the tokenizer
+// dir, as a whole (catalog.Export), with the files of tok, the tokenizer
 // the run trained with (those of src, the directory --model named, when
 // it came from there).
 func exportModel(dir string, mc model.Spec, vals []float32, src string, tok tokenizer.Tokenizer) error {
-	return models.Export(mc, dir, vals, src, tok)
+	return catalog.Export(mc, dir, vals, src, tok)
 }

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // modeConfigs are the offload modes as a user sets them, on the quick job.
@@ -69,12 +69,12 @@ func checkModesResume(t *testing.T, cfgs map[string]Config) {
 				t.Errorf("losses %v after resume, %v uninterrupted", got, full.Losses)
 			}
 			sameTensors(t, readCheckpoint(t, c.Out), readCheckpoint(t, c2.Out))
-			want, _, err := models.Resolve(c.Model)
+			want, _, err := catalog.Resolve(c.Model)
 			if err != nil {
 				t.Fatal(err)
 			}
-			exported, _, err := models.Resolve(full.Export)
-			if err != nil || !models.Equal(exported, want) {
+			exported, _, err := catalog.Resolve(full.Export)
+			if err != nil || !catalog.Equal(exported, want) {
 				t.Errorf("export %s reads as %+v (%v), want %+v", full.Export, exported, err, want)
 			}
 		})

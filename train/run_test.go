@@ -418,7 +418,7 @@ func TestDeviceMemExact(t *testing.T) {
 	}{{backend.F32, model.RecomputeNone}, {backend.BF16, model.RecomputeNone}, {backend.F32, model.RecomputeLayer}, {backend.BF16, model.RecomputeAttn}} {
 		dt := tc.dt
 		c.DType, c.Recompute = dt, tc.rc
-		plan, err := PlanMemory(mc, c)
+		plan, err := MemoryOf(mc, c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
@@ -33,7 +34,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -85,7 +85,7 @@ type Times struct {
 // beside the plan it was checked against: the figures a comparison of
 // runs reads (Options.Measurements).
 type Measurements struct {
-	Plan             Plan    // the predicted memory and link traffic the run was checked against
+	Memory             Memory  // the predicted memory and link traffic the run was checked against
 	StepSeconds      float64 // mean wall time of an optimizer step (engine Step only: no checks, eval or checkpoints)
 	CheckSeconds     float64 // total wall time of the projector checks (lsp)
 	LinkBytesPerStep float64 // mean device-host bytes (both ways) copied during an optimizer step
@@ -148,7 +148,7 @@ type run struct {
 	src            string     // that directory ("" for a preset)
 	tok            tokenizer.Tokenizer
 	ds             *data.Dataset
-	plan           Plan
+	memory         Memory
 	be             backend.Backend
 	s              backend.Stream
 	eng            *engine.Engine
@@ -338,9 +338,9 @@ func (r *run) resolveModel() error {
 	}
 	r.fromCheckpoint = r.src != ""
 	if r.cfg.SeqLen > r.mc.MaxSeqLen() {
-		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, models.ContextName(r.mc), r.mc.MaxSeqLen())
+		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, catalog.ContextName(r.mc), r.mc.MaxSeqLen())
 	}
-	if r.tok, err = models.Tokenizer(r.mc, r.src, r.cfg.Tokenizer); err != nil {
+	if r.tok, err = catalog.Tokenizer(r.mc, r.src, r.cfg.Tokenizer); err != nil {
 		if r.cfg.Tokenizer != "" {
 			return flagErr("tokenizer", "%v", err)
 		}
@@ -391,7 +391,7 @@ func (r *run) lengthHint(opt data.Options) string {
 	// of them.
 	var best string
 	var bestSpec model.Spec
-	if fam, err := models.Lookup(r.mc.Family()); err == nil {
+	if fam, err := catalog.Lookup(r.mc.Family()); err == nil {
 		for _, name := range fam.Presets() {
 			c, err := fam.Preset(name)
 			if err == nil && c.MaxSeqLen() >= need && (best == "" || c.NumParams() < bestSpec.NumParams()) {
@@ -412,11 +412,11 @@ func (r *run) lengthHint(opt data.Options) string {
 // memory), before anything is allocated.
 func (r *run) checkMemory() error {
 	cfg := r.cfg
-	plan, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
+	plan, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
 	if err != nil {
 		return err
 	}
-	r.plan = plan
+	r.memory = plan
 	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_peak_bytes", plan.HostPeak(),
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.DeviceTotal() > cfg.DeviceMem {
@@ -444,7 +444,7 @@ func (r *run) recomputeHint() (string, error) {
 	var need int64
 	for _, rc := range model.Recomputes[cfg.Recompute+1:] {
 		cfg.Recompute = rc
-		p, err := planMemory(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
+		p, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
 		if err != nil {
 			return "", err
 		}
@@ -460,7 +460,7 @@ func (r *run) recomputeHint() (string, error) {
 
 // deviceParts writes the device side of a plan in MiB, part by part (the
 // host side is not device memory and not checked against --device-mem).
-func deviceParts(p Plan) string {
+func deviceParts(p Memory) string {
 	parts := make([]string, len(p.Device))
 	for i, x := range p.Device {
 		parts[i] = fmt.Sprintf("%s %.2f", x.Name, float64(x.Bytes)/(1<<20))
@@ -1012,7 +1012,7 @@ func (r *run) checkProjectors() error {
 
 // measurements are the run's Measurements so far.
 func (r *run) measurements() Measurements {
-	m := Measurements{Plan: r.plan, CheckSeconds: r.checkSecs}
+	m := Measurements{Memory: r.memory, CheckSeconds: r.checkSecs}
 	if r.be != nil {
 		m.DevicePeak = r.be.MemStats().HighWater
 	}

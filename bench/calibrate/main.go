@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/calibrate"
-	"github.com/lsp-offload/lsp-offload/train/models"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 )
 
 func main() {
@@ -41,7 +41,7 @@ func run() error {
 	out := flag.String("o", "", "also write the JSON to this file")
 	flag.Parse()
 
-	spec, err := models.Preset(*preset)
+	spec, err := catalog.Preset(*preset)
 	if err != nil {
 		return fmt.Errorf("-model: %w", err)
 	}

@@ -39,11 +39,11 @@ import (
 	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/kernels"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
@@ -70,17 +70,17 @@ type job struct {
 
 func jobs() ([]job, error) {
 	if simulated {
-		tiny, err := models.Preset("tiny")
+		tiny, err := catalog.Preset("tiny")
 		if err != nil {
 			return nil, err
 		}
-		lt, err := models.Preset("llama-tiny")
+		lt, err := catalog.Preset("llama-tiny")
 		if err != nil {
 			return nil, err
 		}
 		return []job{{"tiny", tiny, 2, 16}, {"llama-tiny", lt, 2, 16}}, nil
 	}
-	g, err := models.Preset("gpt2")
+	g, err := catalog.Preset("gpt2")
 	if err != nil {
 		return nil, err
 	}

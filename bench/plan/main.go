@@ -46,10 +46,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/calibrate"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
@@ -156,7 +156,7 @@ func run() error {
 	}
 	defer pr.close()
 	for _, j := range run {
-		spec, err := models.Preset(j.Preset)
+		spec, err := catalog.Preset(j.Preset)
 		if err != nil {
 			return err
 		}
@@ -235,7 +235,7 @@ func run() error {
 		// Calibrated again right before, for the same reason as above.
 		m := machines[w.j.Preset+"/"+string(w.mode)]
 		if fileCal == nil {
-			spec, _ := models.Preset(w.j.Preset)
+			spec, _ := catalog.Preset(w.j.Preset)
 			c, err := calibrateFor(ctx, spec, w.j, *threads, *budget/2, nil)
 			if err != nil {
 				return err
@@ -263,7 +263,7 @@ const groupBytes = 3 << 30
 func groups(spec model.Spec, j job, rows []row, threads int) [][]row {
 	var total int64
 	for _, r := range rows {
-		mem, err := engine.PlanMemory(spec, j.B, j.T, 1, backend.F32, r.config(threads))
+		mem, err := engine.MemoryOf(spec, j.B, j.T, 1, backend.F32, r.config(threads))
 		if err != nil {
 			return [][]row{rows} // Start reports it
 		}
@@ -441,7 +441,7 @@ func describe(c calibrate.CPU, m plan.Machine) {
 // events and prints, per op family, the predicted time (the prediction's
 // parts) against the measured one, and the rest of the step.
 func familyBreakdown(r row, m plan.Machine, threads int) error {
-	spec, _ := models.Preset(r.j.Preset)
+	spec, _ := catalog.Preset(r.j.Preset)
 	ec := r.config(threads)
 	pred, err := plan.Plan(plan.Config{Arch: spec, B: r.j.B, T: r.j.T, Accum: 1, DType: backend.F32, Engine: ec}, m)
 	if err != nil {

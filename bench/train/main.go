@@ -28,10 +28,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/bench/internal/steps"
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
@@ -119,14 +119,14 @@ func recomputeTable(j steps.Job, mode engine.Mode, settings []model.Recompute, t
 			}
 		}
 	}()
-	spec, err := models.Preset(j.Preset)
+	spec, err := catalog.Preset(j.Preset)
 	if err != nil {
 		return "", err
 	}
 	for i, rc := range settings {
 		ec := steps.Config(mode, true, threads)
 		ec.Recompute = rc
-		p, err := engine.PlanMemory(spec, j.B, j.T, 1, backend.F32, ec)
+		p, err := engine.MemoryOf(spec, j.B, j.T, 1, backend.F32, ec)
 		if err != nil {
 			return "", err
 		}

@@ -19,13 +19,13 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/engine"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
-	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+models.PresetList()+
-		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(models.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
+	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+catalog.PresetList()+
+		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
 	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))

@@ -1,5 +1,5 @@
 // Command lsp-train fine-tunes language models (the families that
-// train/models lists: GPT-2, and LLaMA once added). With no flags it
+// train/catalog lists: GPT-2, and LLaMA once added). With no flags it
 // trains the tiny preset on a built-in task on the CPU and says where its
 // outputs are; `lsp-train sample` generates text from a trained model, and
 // `lsp-train compare` fine-tunes in every update mode and prints a table.

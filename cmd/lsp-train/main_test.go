@@ -160,7 +160,7 @@ func TestCommandErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := train.PlanMemory(mc, tiny)
+	plan, err := train.MemoryOf(mc, tiny)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,11 +21,11 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/calibrate"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
@@ -128,7 +128,7 @@ func (o planOptions) parse() (planJob, error) {
 	bad := func(flag, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, a...)))
 	}
-	spec, _, err := models.Resolve(o.model)
+	spec, _, err := catalog.Resolve(o.model)
 	if err != nil {
 		bad("model", "%v", err)
 	} else {
@@ -303,7 +303,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
-		need, fitsSome := leastRecompute(mems, m.GPU.Memory)
+		need, someInBudget := leastRecompute(mems, m.GPU.Memory)
 		if j.auto {
 			tc.Recompute = need
 		}
@@ -317,7 +317,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 		reports[i] = r
 		printReport(stdout, mode, r, m)
-		printRecompute(stdout, mems, tc.Recompute, need, fitsSome, j.auto)
+		printRecompute(stdout, mems, tc.Recompute, need, someInBudget, j.auto)
 		if o.timeline != "" {
 			path := o.timeline
 			if len(j.modes) > 1 {
@@ -414,11 +414,11 @@ func (o planOptions) cpuMachine(j planJob, stdout io.Writer) (plan.Machine, erro
 
 // recomputePlans is the memory plan of c (one rank of ranks) under each
 // recompute setting, by setting.
-func recomputePlans(spec model.Spec, c train.Config, ranks int) ([]engine.Plan, error) {
-	plans := make([]engine.Plan, len(model.Recomputes))
+func recomputePlans(spec model.Spec, c train.Config, ranks int) ([]engine.Memory, error) {
+	plans := make([]engine.Memory, len(model.Recomputes))
 	for _, rc := range model.Recomputes {
 		c.Recompute = rc
-		p, err := train.PlanMemoryRanks(spec, c, ranks)
+		p, err := train.MemoryOfRanks(spec, c, ranks)
 		if err != nil {
 			return nil, err
 		}
@@ -430,7 +430,7 @@ func recomputePlans(spec model.Spec, c train.Config, ranks int) ([]engine.Plan, 
 // leastRecompute is the first recompute setting whose plan fits a
 // device of mem bytes; the last (the most recomputation) and false when
 // none does.
-func leastRecompute(plans []engine.Plan, mem int64) (model.Recompute, bool) {
+func leastRecompute(plans []engine.Memory, mem int64) (model.Recompute, bool) {
 	for _, rc := range model.Recomputes {
 		if plans[rc].DeviceTotal() <= mem {
 			return rc, true
@@ -441,16 +441,16 @@ func leastRecompute(plans []engine.Plan, mem int64) (model.Recompute, bool) {
 
 // printRecompute says what each recompute setting needs of the device
 // and which one the model needs to fit it.
-func printRecompute(w io.Writer, plans []engine.Plan, used, need model.Recompute, fitsSome, auto bool) {
+func printRecompute(w io.Writer, plans []engine.Memory, used, need model.Recompute, someInBudget, auto bool) {
 	parts := make([]string, len(plans))
 	for rc, p := range plans {
 		parts[rc] = fmt.Sprintf("%v %s", model.Recompute(rc), gibs(p.DeviceTotal()))
 	}
 	verdict := "does not fit even with --recompute layer"
 	switch {
-	case fitsSome && need == model.RecomputeNone:
+	case someInBudget && need == model.RecomputeNone:
 		verdict = "fits without recompute"
-	case fitsSome:
+	case someInBudget:
 		verdict = fmt.Sprintf("needs --recompute %v to fit", need)
 	}
 	how := "--recompute " + used.String()
@@ -462,11 +462,11 @@ func printRecompute(w io.Writer, plans []engine.Plan, used, need model.Recompute
 
 func fits(r plan.Report) string {
 	switch {
-	case r.DeviceFits && r.HostFits:
+	case r.DeviceInBudget && r.HostInBudget:
 		return "yes"
-	case !r.DeviceFits && !r.HostFits:
+	case !r.DeviceInBudget && !r.HostInBudget:
 		return "no (device, host)"
-	case !r.DeviceFits:
+	case !r.DeviceInBudget:
 		return "no (device)"
 	}
 	return "no (host)"
@@ -480,11 +480,11 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 		return "does NOT fit"
 	}
 	fmt.Fprintf(w, "== %s ==\n", mode)
-	fmt.Fprintf(w, "device memory %s of %s: %s\n", gibs(r.Memory.DeviceTotal()), gibs(m.GPU.Memory), verdict(r.DeviceFits))
+	fmt.Fprintf(w, "device memory %s of %s: %s\n", gibs(r.Memory.DeviceTotal()), gibs(m.GPU.Memory), verdict(r.DeviceInBudget))
 	for _, p := range r.Memory.Device {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
 	}
-	fmt.Fprintf(w, "host memory %s peak of %s: %s\n", gibs(r.Memory.HostPeak()), gibs(m.Host.Memory), verdict(r.HostFits))
+	fmt.Fprintf(w, "host memory %s peak of %s: %s\n", gibs(r.Memory.HostPeak()), gibs(m.Host.Memory), verdict(r.HostInBudget))
 	for _, p := range r.Memory.Host {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
 	}

@@ -10,14 +10,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/eval"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // bindSampleFlags binds the sample command's flags to o, and -ids to ids.
 func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
-	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(models.ModelTypes(), ", ")+"), a training output directory (its hf/, else its checkpoint), a checkpoint file (with the tokenizer its run recorded), or a llama2.c model .bin")
+	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), a training output directory (its hf/, else its checkpoint), a checkpoint file (with the tokenizer its run recorded), or a llama2.c model .bin")
 	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")

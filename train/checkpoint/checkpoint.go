@@ -12,7 +12,7 @@
 // load unverified with a warning, and version 1 files, which predate the
 // update modes, load as native. Every tensor is stored as fp32, which
 // holds bf16 values exactly. The model part of the state is the model's
-// spec under its family (train/models decodes it); a file without a
+// spec under its family (train/catalog decodes it); a file without a
 // family, from before they were recorded, holds a GPT-2.
 package checkpoint
 
@@ -27,10 +27,10 @@ import (
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -80,7 +80,7 @@ type State struct {
 }
 
 // UnmarshalJSON decodes a State, its Model through the family it names
-// (train/models).
+// (train/catalog).
 func (st *State) UnmarshalJSON(raw []byte) error {
 	type plain State // State's fields without this method
 	var aux struct {
@@ -94,7 +94,7 @@ func (st *State) UnmarshalJSON(raw []byte) error {
 	if len(aux.Model) == 0 || string(aux.Model) == "null" {
 		return fmt.Errorf("no model recorded")
 	}
-	spec, err := models.Decode(st.Family, aux.Model)
+	spec, err := catalog.Decode(st.Family, aux.Model)
 	if err != nil {
 		return err
 	}
@@ -280,7 +280,7 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 			return nil, fmt.Errorf("resume: %s: tensor checksums: %w", path, err)
 		}
 	}
-	if !models.Equal(ck.Model, mc) {
+	if !catalog.Equal(ck.Model, mc) {
 		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
 			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
 	}

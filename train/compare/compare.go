@@ -47,6 +47,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
@@ -54,7 +55,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 var flagErr = flagerr.New
@@ -112,7 +112,7 @@ func Defaults() Config {
 // r <= d/4, so that S (d x d) is a real compression of every matrix and the
 // projectors stay sparse.
 func bounds(preset string, d int) (dmax, rmax int) {
-	mc, err := models.Preset(preset)
+	mc, err := catalog.Preset(preset)
 	if err != nil {
 		return 0, 0 // Validate names the unknown --model
 	}
@@ -168,7 +168,7 @@ func (c Config) Validate() error {
 	if _, err := c.rowSpecs(); err != nil {
 		errs = append(errs, err)
 	}
-	_, err := models.Preset(c.Model)
+	_, err := catalog.Preset(c.Model)
 	check(err == nil, "model", "%v (compare pretrains a preset from scratch)", err)
 	if err == nil { // d and r are bounded by the preset's matrices
 		dmax, rmax := bounds(c.Model, c.D)
@@ -538,8 +538,8 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 		}
 		if j == 0 {
 			row.Out, row.StartEvalLoss, row.StepSecondsFineTune = run.Out, run.StartEvalLoss, m.StepSeconds
-			row.DevicePredicted, row.DevicePeak, row.Host = m.Plan.DeviceTotal(), m.DevicePeak, m.Plan.HostTotal()
-			row.LinkPredicted = m.Plan.LinkD2H + m.Plan.LinkH2D + m.Plan.BatchD2H + m.Plan.BatchH2D
+			row.DevicePredicted, row.DevicePeak, row.Host = m.Memory.DeviceTotal(), m.DevicePeak, m.Memory.HostTotal()
+			row.LinkPredicted = m.Memory.LinkD2H + m.Memory.LinkH2D + m.Memory.BatchD2H + m.Memory.BatchH2D
 			row.LinkMeasured = m.LinkBytesPerStep
 		}
 		row.Seeds = append(row.Seeds, run)
@@ -690,11 +690,11 @@ func checkPoints(recs []metrics.Record) ([]CheckPoint, float64) {
 // match on the first n held-out records of its data. It runs after the
 // training run, so that only the final weights pay for generation.
 func exactMatch(cfg train.Config, export string, n int) (float64, error) {
-	mc, vals, err := models.Load(export)
+	mc, vals, err := catalog.Load(export)
 	if err != nil {
 		return 0, err
 	}
-	tok, err := models.Tokenizer(mc, export, "")
+	tok, err := catalog.Tokenizer(mc, export, "")
 	if err != nil {
 		return 0, err
 	}

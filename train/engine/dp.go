@@ -134,7 +134,7 @@ func scratchElems(sums []int, size int) int {
 }
 
 // allocScratch allocates the device communicator's scratch, as
-// planScratch plans it.
+// collectiveScratch plans it.
 func (d *dp) allocScratch(e *Engine) error {
 	if !d.onDevice() {
 		return nil
@@ -478,7 +478,7 @@ func (e *Engine) CommPerStep() CommStep {
 }
 
 // PlannedDevice is a device communicator of Ranks ranks for planning
-// (PlanMemory, a traced step): it has a size and moves nothing (a traced
+// (MemoryOf, a traced step): it has a size and moves nothing (a traced
 // step prices its nodes by Node.AllReduce).
 type PlannedDevice struct{ Ranks int }
 

@@ -86,7 +86,7 @@ func dpCases() []dpCase {
 	devD := testConfig(LSP)
 	devD.LSP.NoFit = true // testConfig's dense parameters: device
 	zeroRep := testConfig(Zero)
-	zeroRep.replicateZero = true
+	zeroRep.replicateHost = true
 	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0, ""}, {"lsp-host-f32", hostD, backend.F32, 2e-5, ""},
 		{"lsp-device-f32", devD, backend.F32, 2e-5, ""}, {"native-f32", testConfig(Native), backend.F32, 2e-5, ""},
 		{"zero-replicated-f32", zeroRep, backend.F32, 2e-5, ""}, {"zero-f32", testConfig(Zero), backend.F32, 2e-5, "zero-replicated-f32"},

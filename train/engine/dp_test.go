@@ -163,11 +163,11 @@ func TestPlanDeviceCollectives(t *testing.T) {
 			hostCfg, devCfg := tc.cfg, tc.cfg
 			hostCfg.Comm = shardRank{comm.NewSingle(), size, 0}
 			devCfg.Comm, devCfg.DeviceComm = hostCfg.Comm, PlannedDevice{Ranks: size}
-			hostPlan, err := PlanMemory(small, testB, testT, 1, backend.F32, hostCfg)
+			hostPlan, err := MemoryOf(small, testB, testT, 1, backend.F32, hostCfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			devPlan, err := PlanMemory(small, testB, testT, 1, backend.F32, devCfg)
+			devPlan, err := MemoryOf(small, testB, testT, 1, backend.F32, devCfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -230,10 +230,10 @@ type Config struct {
 	// sums go through Comm on the host. The flag, the targets, the loss
 	// and zero mode's sharded host optimizer use Comm either way.
 	DeviceComm DeviceComm
-	// replicateZero (tests): zero mode with several ranks all-reduces
+	// replicateHost (tests): zero mode with several ranks all-reduces
 	// the gradients and runs the whole host Adam on every rank, the path
 	// before ZeRO's sharding (zero.go), to compare the two.
-	replicateZero bool
+	replicateHost bool
 }
 
 // Validate checks the configuration, naming the flag at fault.

@@ -52,7 +52,7 @@ type offload struct {
 	mom    []float32          // M then V
 	// shard: zero mode with several ranks, the host optimizer sharded
 	// among them (zero.go); master and mom are then nil.
-	shard *zeroShard
+	shard *hostShard
 }
 
 // groupSpec lists, per group, the layout indices of its parameters.
@@ -127,7 +127,7 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if e.cfg.sharded() {
-		o.shard = newZeroShard(o, e.cfg.Comm, !e.sizeOnly)
+		o.shard = newHostShard(o, e.cfg.Comm, !e.sizeOnly)
 		for gi := range o.groups {
 			for ti := range o.groups[gi].tensors {
 				o.groups[gi].tensors[ti].state = &host.AdamState{} // the step count; the moments are the shard's

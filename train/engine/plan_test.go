@@ -32,7 +32,7 @@ func TestPlanMatchesArena(t *testing.T) {
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {
-				plan, err := PlanMemory(small, testB, testT, 2, dt, tc.cfg)
+				plan, err := MemoryOf(small, testB, testT, 2, dt, tc.cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -100,7 +100,7 @@ func TestRecomputeSavesMemory(t *testing.T) {
 			for _, rc := range model.Recomputes {
 				cfg := testConfig(mode)
 				cfg.Recompute = rc
-				plan, err := PlanMemory(small, testB, testT, 1, backend.F32, cfg)
+				plan, err := MemoryOf(small, testB, testT, 1, backend.F32, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -136,7 +136,7 @@ func TestTrafficPerStep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const accum = 2
-			plan, err := PlanMemory(small, testB, testT, accum, tc.dt, tc.cfg)
+			plan, err := MemoryOf(small, testB, testT, accum, tc.dt, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -376,7 +376,7 @@ func TestNoFitNeverChecks(t *testing.T) {
 func TestNewOutOfMemory(t *testing.T) {
 	for _, mode := range []Mode{Native, Zero, LSP} {
 		cfg := testConfig(mode)
-		plan, err := PlanMemory(small, testB, testT, 1, backend.F32, cfg)
+		plan, err := MemoryOf(small, testB, testT, 1, backend.F32, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -453,7 +453,7 @@ func TestCheckShareLayers(t *testing.T) {
 // TestHostPeak: the host peak is the held parts, the device's when it is
 // host memory, and the largest transient only, which the summary marks.
 func TestHostPeak(t *testing.T) {
-	p := Plan{Device: []Part{{"weights", 1000}}, Host: []Part{{"moments", 10}, {"staging", 5}},
+	p := Memory{Device: []Part{{"weights", 1000}}, Host: []Part{{"moments", 10}, {"staging", 5}},
 		Transient: []Part{{"load", 300}, {"checkpoint write", 700}, {"export", 200}}}
 	if got := p.HostPeak(); got != 715 {
 		t.Errorf("HostPeak = %d, want 715 (held 15 + the largest transient 700)", got)
@@ -474,7 +474,7 @@ func TestHostPeak(t *testing.T) {
 	if strings.Count(s, "(the peak's)") != 1 {
 		t.Errorf("HostString %q marks other than one transient", s)
 	}
-	if got := (Plan{}).HostPeak(); got != 0 {
+	if got := (Memory{}).HostPeak(); got != 0 {
 		t.Errorf("empty plan's HostPeak = %d", got)
 	}
 }

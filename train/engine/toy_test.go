@@ -74,10 +74,10 @@ func (a toyArch) sizes(B, T int, hooked bool) (grads, acts, actGrads int) {
 	return grads, BT*a.C + a.L*2*BT*a.C + BT*a.V, 3 * BT * a.C
 }
 
-func (a toyArch) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
+func (a toyArch) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	grads, acts, actGrads := a.sizes(B, T, opts.MatrixGrads != nil)
 	BT := int64(B * T)
-	return model.MemoryPlan{
+	return model.Memory{
 		Params:      int64(a.NumParams()) * int64(dt.Size()),
 		Grads:       int64(grads) * int64(opts.GradDType.Size()),
 		Activations: int64(acts)*int64(dt.Size()) + 4*BT,
@@ -321,7 +321,7 @@ func TestToyModelTrains(t *testing.T) {
 			if !(last < 0.7*first) {
 				t.Errorf("loss did not fall: %v", losses)
 			}
-			plan, err := PlanMemory(toy, testB, testT, 1, backend.F32, tc.cfg)
+			plan, err := MemoryOf(toy, testB, testT, 1, backend.F32, tc.cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

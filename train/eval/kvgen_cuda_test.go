@@ -15,10 +15,10 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 // cudaDecodeTol bounds |a - b| by this share of the logits' largest
@@ -74,7 +74,7 @@ func TestCUDADecoderMatchesCPU(t *testing.T) {
 	}
 	for _, name := range []string{"gpt2-tiny", "llama-tiny-gqa"} {
 		t.Run(name, func(t *testing.T) {
-			spec, vals, err := models.Load(filepath.Join("../testdata", name))
+			spec, vals, err := catalog.Load(filepath.Join("../testdata", name))
 			if err != nil {
 				t.Fatal(err)
 			}

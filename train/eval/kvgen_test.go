@@ -14,10 +14,10 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -25,7 +25,7 @@ import (
 // with its random init from seed.
 func presetModel(t *testing.T, name string, B, T int, seed uint64) (*cpu.Backend, Model) {
 	t.Helper()
-	spec, err := models.Preset(name)
+	spec, err := catalog.Preset(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestGreedyFixtures(t *testing.T) {
 		t.Fatal("no cases in generate-greedy.json")
 	}
 	for _, c := range fx.Cases {
-		spec, vals, err := models.Load(filepath.Join("../testdata", c.Model))
+		spec, vals, err := catalog.Load(filepath.Join("../testdata", c.Model))
 		if err != nil {
 			t.Fatal(err)
 		}

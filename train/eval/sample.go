@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/llama2c"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -28,7 +28,7 @@ type SampleOptions struct {
 	// (its hf/ export, or without one its checkpoint), or a checkpoint
 	// file.
 	Model             string
-	Tokenizer         string // --tokenizer: instead of the model directory's (see models.Tokenizer)
+	Tokenizer         string // --tokenizer: instead of the model directory's (see catalog.Tokenizer)
 	Prompt            string
 	Alpaca            bool // wrap Prompt in the Alpaca template
 	MaxNew            int
@@ -89,7 +89,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if override == "" {
 		override = src.tokenizer
 	}
-	tok, err := models.Tokenizer(spec, src.dir, override)
+	tok, err := catalog.Tokenizer(spec, src.dir, override)
 	switch {
 	case err != nil && o.Tokenizer != "":
 		return res, flagErr("tokenizer", "%v", err)
@@ -166,7 +166,7 @@ func Sample(o SampleOptions) (SampleResult, error) {
 }
 
 // sampleSource is the model Sample continues from: its spec and
-// parameters, where its tokenizer is looked for (models.Tokenizer's src),
+// parameters, where its tokenizer is looked for (catalog.Tokenizer's src),
 // and the --tokenizer a training checkpoint records it was trained with
 // ("" when none was given).
 type sampleSource struct {
@@ -185,7 +185,7 @@ type sampleSource struct {
 // of the checkpoint's directory.
 func loadSampleModel(path string) (sampleSource, error) {
 	fromHF := func(dir string) (sampleSource, error) {
-		spec, vals, err := models.Load(dir)
+		spec, vals, err := catalog.Load(dir)
 		if err != nil {
 			return sampleSource{}, flagErr("model", "%v", err)
 		}
@@ -195,11 +195,11 @@ func loadSampleModel(path string) (sampleSource, error) {
 	ckpt := path
 	switch info, statErr := os.Stat(path); {
 	case statErr == nil && !info.IsDir() && llama2c.IsModel(path):
-		spec, src, err := models.Resolve(path)
+		spec, src, err := catalog.Resolve(path)
 		if err != nil {
 			return sampleSource{}, flagErr("model", "%v", err)
 		}
-		vals, err := models.LoadWeights(spec, src)
+		vals, err := catalog.LoadWeights(spec, src)
 		if err != nil {
 			return sampleSource{}, flagErr("model", "%v", err)
 		}
@@ -235,7 +235,7 @@ func loadSampleModel(path string) (sampleSource, error) {
 	}
 	src := sampleSource{dir: filepath.Dir(ckpt), spec: st.Model, vals: vals, tokenizer: st.Settings["tokenizer"]}
 	if m := st.Settings["model"]; src.tokenizer == "" && m != "" {
-		if spec, dir, err := models.Resolve(m); err == nil && dir != "" && models.Equal(spec, st.Model) {
+		if spec, dir, err := catalog.Resolve(m); err == nil && dir != "" && catalog.Equal(spec, st.Model) {
 			src.dir = dir
 		}
 	}

@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -89,7 +89,7 @@ func TestGenerateStopsAtEveryStopID(t *testing.T) {
 // continuation, given its 4th token as a second stop id, is cut before
 // that token's first occurrence.
 func TestGenerateStopSet(t *testing.T) {
-	spec, vals, err := models.Load("../testdata/llama-tiny-gqa")
+	spec, vals, err := catalog.Load("../testdata/llama-tiny-gqa")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func ReadHFConfig(dir string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
-	if err := checkFits(size, weightsName(dir), c); err != nil {
+	if err := checkWeightsSize(size, weightsName(dir), c); err != nil {
 		return Config{}, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	return c, nil
@@ -145,13 +145,13 @@ func paramCount(c Config) (n int, ok bool) {
 	return n, ok
 }
 
-// checkFits refuses a config whose parameters cannot be in weights of
+// checkWeightsSize refuses a config whose parameters cannot be in weights of
 // size bytes (described by what, for the error), judged by the size alone,
 // so that an absurd config.json (n_embd = 1e12, n_layer = 1e9) is refused
 // before anything is allocated for it: by the loader here, and by callers
 // that build a model from ReadHFConfig before loading the weights. The
 // size follows symbolic links, as Hugging Face's cache needs (see LoadHF).
-func checkFits(size int64, what string, c Config) error {
+func checkWeightsSize(size int64, what string, c Config) error {
 	n, ok := paramCount(c)
 	if !ok {
 		return fmt.Errorf("the parameter count of n_embd=%d n_layer=%d vocab_size=%d n_positions=%d overflows",
@@ -199,7 +199,7 @@ func LoadHF(dir string) (Config, []float32, error) {
 
 // LoadWeights reads every parameter of cfg from a safetensors file,
 // checking each shape against the config.
-// The file's size bounds what the config may claim (checkFits), and its
+// The file's size bounds what the config may claim (checkWeightsSize), and its
 // tensor count bounds the layout, before either is allocated.
 func LoadWeights(path string, cfg Config) ([]float32, error) {
 	if err := cfg.Validate(); err != nil {
@@ -209,7 +209,7 @@ func LoadWeights(path string, cfg Config) ([]float32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	if err := checkFits(st.Size(), path, cfg); err != nil {
+	if err := checkWeightsSize(st.Size(), path, cfg); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	c, err := hf.OpenFile(path)

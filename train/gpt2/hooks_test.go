@@ -344,9 +344,9 @@ type nopHook struct{ err error }
 func (h nopHook) Input(backend.Stream, int, int, backend.Tensor) error      { return h.err }
 func (h nopHook) OutputGrad(backend.Stream, int, int, backend.Tensor) error { return h.err }
 
-// TestPlanWithMatchesAllocation: PlanWith predicts NewWithOptions' device
+// TestMemoryWithMatchesAllocation: MemoryWith predicts NewWithOptions' device
 // memory to the byte, and Free returns all of it.
-func TestPlanWithMatchesAllocation(t *testing.T) {
+func TestMemoryWithMatchesAllocation(t *testing.T) {
 	tiny, err := Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +366,7 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					plan := tc.cfg.PlanWith(tc.B, tc.T, dt, opts)
+					plan := tc.cfg.MemoryWith(tc.B, tc.T, dt, opts)
 					if got := be.MemStats().InUse - before; got != plan.Total() {
 						t.Errorf("allocated %d bytes, plan %d (%+v)", got, plan.Total(), plan)
 					}
@@ -388,8 +388,8 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 								wantGrads -= mm * n
 							}
 						}
-					} else if opts.Recompute == model.RecomputeNone && plan != tc.cfg.Plan(tc.B, tc.T, dt) {
-						t.Errorf("PlanWith without hooks %+v, Plan %+v", plan, tc.cfg.Plan(tc.B, tc.T, dt))
+					} else if opts.Recompute == model.RecomputeNone && plan != tc.cfg.Memory(tc.B, tc.T, dt) {
+						t.Errorf("MemoryWith without hooks %+v, Memory %+v", plan, tc.cfg.Memory(tc.B, tc.T, dt))
 					}
 					if m.Grads.Len() != wantGrads {
 						t.Errorf("grads hold %d elements, want %d", m.Grads.Len(), wantGrads)

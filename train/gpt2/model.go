@@ -218,21 +218,21 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
 
-// Plan predicts the device bytes New allocates for a batch of B x T.
-func (c Config) Plan(B, T int, dt backend.DType) model.MemoryPlan {
-	return c.PlanWith(B, T, dt, model.Options{})
+// Memory predicts the device bytes New allocates for a batch of B x T.
+func (c Config) Memory(B, T int, dt backend.DType) model.Memory {
+	return c.MemoryWith(B, T, dt, model.Options{})
 }
 
-// PlanWith predicts the device bytes NewWithOptions allocates. With hooks,
+// MemoryWith predicts the device bytes NewWithOptions allocates. With hooks,
 // Grads covers only the dense parameters and the activations keep one
 // shared ln1, ln2 and gelu output instead of one per layer; Recompute
 // shares more.
-func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
+func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	_, ng := c.gradOffsets(hooked)
 	BT := int64(B * T)
-	return model.MemoryPlan{
+	return model.Memory{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,

@@ -1,5 +1,5 @@
 // Config as a model.Spec: what the run needs from a GPT-2 architecture
-// beyond its layout and model (package train/models resolves --model,
+// beyond its layout and model (package train/catalog resolves --model,
 // Hugging Face directories and checkpoint records to it).
 
 package gpt2

@@ -362,7 +362,7 @@ func TestPlan7B(t *testing.T) {
 	}
 	const budget = 24 << 30
 	opts := model.Options{MatrixGrads: nopHook{}}
-	plan := c.PlanWith(1, 512, backend.BF16, opts)
+	plan := c.MemoryWith(1, 512, backend.BF16, opts)
 	if plan.Params != 2*6_738_415_616 {
 		t.Errorf("bf16 weights %d bytes", plan.Params)
 	}
@@ -372,7 +372,7 @@ func TestPlan7B(t *testing.T) {
 	if plan.Total() > budget {
 		t.Errorf("bf16 plan %d bytes exceeds 24 GiB: %+v", plan.Total(), plan)
 	}
-	if fp32 := c.PlanWith(1, 512, backend.F32, opts); fp32.Params < budget {
+	if fp32 := c.MemoryWith(1, 512, backend.F32, opts); fp32.Params < budget {
 		t.Errorf("fp32 weights %d bytes fit in 24 GiB?", fp32.Params)
 	}
 	if testing.Short() {

@@ -107,7 +107,7 @@ func TestEngineModes(t *testing.T) {
 			}
 			be := cpu.New(cpu.Config{Threads: 2, HazardCheck: true})
 			defer be.Close()
-			plan, err := engine.PlanMemory(hookCfg, B, T, accum, tc.dt, tc.cfg)
+			plan, err := engine.MemoryOf(hookCfg, B, T, accum, tc.dt, tc.cfg)
 			must(t, err)
 			e := newEngine(t, be, tc.cfg, tc.dt, B, T, accum)
 			defer e.Free()

@@ -342,9 +342,9 @@ type nopHook struct{ err error }
 func (h nopHook) Input(backend.Stream, int, int, backend.Tensor) error      { return h.err }
 func (h nopHook) OutputGrad(backend.Stream, int, int, backend.Tensor) error { return h.err }
 
-// TestPlanWithMatchesAllocation: PlanWith predicts New's device memory to
+// TestMemoryWithMatchesAllocation: MemoryWith predicts New's device memory to
 // the byte, part by part, and Free returns all of it.
-func TestPlanWithMatchesAllocation(t *testing.T) {
+func TestMemoryWithMatchesAllocation(t *testing.T) {
 	tiny, err := Preset("llama-tiny")
 	must(t, err)
 	tied := hookCfg.clone()
@@ -365,7 +365,7 @@ func TestPlanWithMatchesAllocation(t *testing.T) {
 						before := be.MemStats().InUse
 						m, err := New(be, tc.cfg, tc.B, tc.T, dt, opts)
 						must(t, err)
-						plan := tc.cfg.PlanWith(tc.B, tc.T, dt, opts)
+						plan := tc.cfg.MemoryWith(tc.B, tc.T, dt, opts)
 						if got := be.MemStats().InUse - before; got != plan.Total() {
 							t.Errorf("allocated %d bytes, plan %d (%+v)", got, plan.Total(), plan)
 						}

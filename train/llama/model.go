@@ -145,17 +145,17 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
 
-// PlanWith predicts the device bytes New allocates, exactly. With hooks,
+// MemoryWith predicts the device bytes New allocates, exactly. With hooks,
 // Grads covers only the dense parameters and the activations keep one
 // shared ln1, ln2 and SwiGLU output instead of one per layer; Recompute
 // shares more.
-func (c Config) PlanWith(B, T int, dt backend.DType, opts model.Options) model.MemoryPlan {
+func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	_, ng := c.gradOffsets(hooked)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
-	return model.MemoryPlan{
+	return model.Memory{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,

@@ -62,13 +62,13 @@ type Matrix struct {
 	Input int
 }
 
-// MemoryPlan is the device memory a model allocates, by part, in bytes.
-type MemoryPlan struct {
+// Memory is the device memory a model allocates, by part, in bytes.
+type Memory struct {
 	Params, Grads, Activations, ActGrads, Batch int64
 }
 
 // Total is the sum of the parts.
-func (m MemoryPlan) Total() int64 {
+func (m Memory) Total() int64 {
 	return m.Params + m.Grads + m.Activations + m.ActGrads + m.Batch
 }
 
@@ -118,11 +118,11 @@ type Arch interface {
 	Matrices() []Matrix
 	// NumParams is the number of parameter elements.
 	NumParams() int
-	// PlanWith predicts the device bytes NewModel allocates for batches of
+	// MemoryWith predicts the device bytes NewModel allocates for batches of
 	// B x T in dtype dt, the scratch its ops take included (the sizes of
 	// package backend: a model allocates its ops' scratch, so that the
 	// engine's memory plan counts it).
-	PlanWith(B, T int, dt backend.DType, opts Options) MemoryPlan
+	MemoryWith(B, T int, dt backend.DType, opts Options) Memory
 	// NewModel allocates the model for batches of B x T on be. Parameters
 	// start at zero.
 	NewModel(be backend.Backend, B, T int, dt backend.DType, opts Options) (Model, error)

@@ -22,7 +22,7 @@ func (f fake) NumParams() int {
 	last := f.layout[len(f.layout)-1]
 	return last.Offset + last.Len()
 }
-func (f fake) PlanWith(int, int, backend.DType, Options) MemoryPlan { return MemoryPlan{} }
+func (f fake) MemoryWith(int, int, backend.DType, Options) Memory { return Memory{} }
 func (f fake) NewModel(backend.Backend, int, int, backend.DType, Options) (Model, error) {
 	return nil, nil
 }

@@ -1,7 +1,7 @@
 // Spec: what the run (train, checkpoint, eval, compare, the command) needs
 // from a model family beyond Arch, so that none of them names a family's
 // types. Each family's configuration (gpt2.Config, llama.Config)
-// implements it; package train/models resolves presets, Hugging Face
+// implements it; package train/catalog resolves presets, Hugging Face
 // directories and checkpoint records to a Spec.
 
 package model

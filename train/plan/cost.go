@@ -222,9 +222,9 @@ type Config struct {
 	DType       backend.DType
 	Engine      engine.Config
 	// Memory is the run's memory plan when the caller has it (lsp-train
-	// plan: train.PlanMemory, with the run's own host memory); nil: the
-	// engine's (engine.PlanMemory).
-	Memory *engine.Plan
+	// plan: train.MemoryOf, with the run's own host memory); nil: the
+	// engine's (engine.MemoryOf).
+	Memory *engine.Memory
 	// DeviceCollectives: with several ranks the device sums what it
 	// reads back (NCCL, engine.Config.DeviceComm), else the host.
 	DeviceCollectives bool
@@ -245,9 +245,9 @@ func (c Config) engineFor(m Machine) engine.Config {
 
 // Report is the plan of one configuration on one machine.
 type Report struct {
-	Memory     engine.Plan
-	DeviceFits bool // Memory.DeviceTotal() <= the GPU's memory
-	HostFits   bool // Memory.HostPeak() <= the host's memory
+	Memory         engine.Memory
+	DeviceInBudget bool // Memory.DeviceTotal() <= the GPU's memory
+	HostInBudget   bool // Memory.HostPeak() <= the host's memory
 	Prediction
 	TokensPerSec float64 // B*T*Accum*Ranks / step: every rank's tokens
 	// NetBytes is what one rank sends over the network per step (the
@@ -262,12 +262,12 @@ type Report struct {
 
 // Plan predicts the memory and the step time of c on m.
 func Plan(c Config, m Machine) (Report, error) {
-	var mem engine.Plan
+	var mem engine.Memory
 	if c.Memory != nil {
 		mem = *c.Memory
 	} else {
 		var err error
-		if mem, err = engine.PlanMemory(c.Arch, c.B, c.T, c.Accum, c.DType, c.engineFor(m)); err != nil {
+		if mem, err = engine.MemoryOf(c.Arch, c.B, c.T, c.Accum, c.DType, c.engineFor(m)); err != nil {
 			return Report{}, err
 		}
 	}
@@ -287,7 +287,7 @@ func Plan(c Config, m Machine) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	r := Report{Memory: mem, DeviceFits: mem.DeviceTotal() <= m.GPU.Memory, HostFits: mem.HostPeak() <= m.Host.Memory,
+	r := Report{Memory: mem, DeviceInBudget: mem.DeviceTotal() <= m.GPU.Memory, HostInBudget: mem.HostPeak() <= m.Host.Memory,
 		Prediction: Prediction{Result: res, Tasks: tasks}}
 	if res.Step > 0 {
 		r.TokensPerSec = float64(c.B*c.T*c.Accum*max(m.Ranks, 1)) / res.Step

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
@@ -30,7 +30,7 @@ func engineConfig(mode engine.Mode) engine.Config {
 }
 
 // TestTraceLinkBytes: the bytes the traced graph copies across the link
-// are engine.PlanMemory's link and batch traffic, and every copy is on a
+// are engine.MemoryOf's link and batch traffic, and every copy is on a
 // queue of its direction but the batch's, which the forward uploads on the
 // compute stream.
 func TestTraceLinkBytes(t *testing.T) {
@@ -56,7 +56,7 @@ func TestTraceLinkBytes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mem, err := engine.PlanMemory(tiny, 2, 8, 3, backend.BF16, cfg)
+		mem, err := engine.MemoryOf(tiny, 2, 8, 3, backend.BF16, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func TestPlanSchedules(t *testing.T) {
 		if pip.Step > seq.Step*(1+1e-12) || (mode == engine.Zero && !(pip.Step < seq.Step)) {
 			t.Errorf("%s: pipelined %g s, sequential %g s", mode, pip.Step, seq.Step)
 		}
-		if !pip.DeviceFits || !pip.HostFits || !(pip.TokensPerSec > 0) {
+		if !pip.DeviceInBudget || !pip.HostInBudget || !(pip.TokensPerSec > 0) {
 			t.Errorf("%s: tiny does not fit a 4090 or has no speed: %+v", mode, pip.Memory)
 		}
 		img, err := Timeline(pip.Prediction, 3, "tiny "+string(mode))
@@ -267,8 +267,8 @@ func TestPlanRecompute(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := rc == model.RecomputeLayer; r.DeviceFits != want {
-			t.Errorf("recompute %v: %.2f GiB fits %v, want %v", rc, float64(r.Memory.DeviceTotal())/(1<<30), r.DeviceFits, want)
+		if want := rc == model.RecomputeLayer; r.DeviceInBudget != want {
+			t.Errorf("recompute %v: %.2f GiB fits %v, want %v", rc, float64(r.Memory.DeviceTotal())/(1<<30), r.DeviceInBudget, want)
 		}
 		_, ops, err := Trace(c7, B, T, 1, backend.BF16, cfg)
 		if err != nil {
@@ -304,7 +304,7 @@ func TestPlanRecompute(t *testing.T) {
 // data-parallel plans' setting.
 func gpt2Over10GbE(t *testing.T) (model.Arch, Machine) {
 	t.Helper()
-	spec, err := models.Preset("gpt2")
+	spec, err := catalog.Preset("gpt2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +384,7 @@ func TestPaperModels(t *testing.T) {
 		dir  string
 		want int
 	}{{"testdata/deepseek-coder-1.3b-base", 1347258368 - 786432}, {"testdata/deepseek-coder-6.7b-base", 6740512768}} {
-		spec, _, err := models.Resolve(c.dir)
+		spec, _, err := catalog.Resolve(c.dir)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -152,7 +152,7 @@ func TestTraceMatchesCPU(t *testing.T) {
 }
 
 // TestTraceNoMemory: a 7B-parameter model allocates nothing real, and the
-// device memory the engine allocates on the tracer is engine.PlanMemory's.
+// device memory the engine allocates on the tracer is engine.MemoryOf's.
 func TestTraceNoMemory(t *testing.T) {
 	c, err := llama.Preset("llama-7b")
 	if err != nil {
@@ -166,7 +166,7 @@ func TestTraceNoMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		plan, err := engine.PlanMemory(c, 1, 512, 1, backend.BF16, cfg)
+		plan, err := engine.MemoryOf(c, 1, 512, 1, backend.BF16, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/models"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -123,7 +123,7 @@ func StartOn(be backend.Backend, j Job, ec engine.Config, dt backend.DType) (*Ru
 	spec := j.Spec
 	if spec == nil {
 		var err error
-		if spec, err = models.Preset(j.Preset); err != nil {
+		if spec, err = catalog.Preset(j.Preset); err != nil {
 			be.Close()
 			return nil, err
 		}

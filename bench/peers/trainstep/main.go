@@ -22,9 +22,9 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/bench/internal/steps"
 	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
-	"github.com/lsp-offload/lsp-offload/train/models"
 )
 
 func main() {
@@ -35,7 +35,7 @@ func main() {
 }
 
 func run() error {
-	preset := flag.String("preset", "tiny", "model preset ("+models.PresetList()+")")
+	preset := flag.String("preset", "tiny", "model preset ("+catalog.PresetList()+")")
 	threads := flag.Int("threads", runtime.NumCPU(), "compute threads")
 	batch := flag.Int("batch", 0, "sequences per step (0: bench/train's, 32 for tiny, 4 otherwise)")
 	seq := flag.Int("seq", 0, "tokens per sequence (0: bench/train's, 24 for tiny, 256 otherwise)")

@@ -1,4 +1,4 @@
-// Package models is the one place that maps what a user or a file names
+// Package catalog is the one place that maps what a user or a file names
 // to a model family: a preset name or a Hugging Face directory (--model),
 // a checkpoint's record of its model, and back out to an export. Every
 // family is one Family entry in the list below; the run (train, eval,
@@ -7,7 +7,7 @@
 // Limits: a directory's family is decided by config.json's model_type
 // alone; a config.json without one is read as GPT-2 (the original gpt2
 // hub files have none). Preset names are unique across families.
-package models
+package catalog
 
 import (
 	"encoding/json"

@@ -2,7 +2,7 @@
 // else the family's builtin), and exports that carry the tokenizer a model
 // was trained with.
 
-package models
+package catalog
 
 import (
 	"os"

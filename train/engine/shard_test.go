@@ -26,13 +26,13 @@ func (s shardRank) AllGather(x, shard []float32) error {
 
 // TestPlanMatchesShardedHost: zero mode with several ranks holds, per
 // rank, the whole pinned gradients and weights and its shard of the summed
-// gradients, moments and (bf16) master: PlanMemory's part says so to the
+// gradients, moments and (bf16) master: MemoryOf's part says so to the
 // byte, for every rank of 2 and 3, and less than one process's; the
 // checkpoint write adds rank 0's gathered state (less the moment it
 // gathers into the pinned gradients).
 func TestPlanMatchesShardedHost(t *testing.T) {
 	for _, dt := range []backend.DType{backend.F32, backend.BF16} {
-		one, err := PlanMemory(small, testB, testT, 1, dt, testConfig(Zero))
+		one, err := MemoryOf(small, testB, testT, 1, dt, testConfig(Zero))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestPlanMatchesShardedHost(t *testing.T) {
 			for rank := 0; rank < size; rank++ {
 				cfg := testConfig(Zero)
 				cfg.Comm = shardRank{comm.NewSingle(), size, rank}
-				plan, err := PlanMemory(small, testB, testT, 1, dt, cfg)
+				plan, err := MemoryOf(small, testB, testT, 1, dt, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}

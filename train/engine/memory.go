@@ -22,8 +22,8 @@ type Part struct {
 	Bytes int64
 }
 
-// Plan is the predicted memory of an engine, and with what a run adds
-// (train.PlanMemory) of the whole run.
+// Memory is the predicted memory of an engine, and with what a run adds
+// (train.MemoryOf) of the whole run.
 //
 // Host memory comes in two kinds. Host parts are held from set-up to the
 // end. Transient parts are each held during one phase only (loading the
@@ -33,7 +33,7 @@ type Part struct {
 // is the held parts plus the largest transient, not their sum. When the
 // backend's device memory is host memory (the CPU backend: DeviceOnHost)
 // the device parts count on the host too.
-type Plan struct {
+type Memory struct {
 	Mode   Mode
 	Device []Part
 	Host   []Part
@@ -65,16 +65,16 @@ func sum(ps []Part) int64 {
 
 // DeviceTotal is the device peak (everything is allocated up front): what
 // --device-mem is checked against.
-func (p Plan) DeviceTotal() int64 { return sum(p.Device) }
+func (p Memory) DeviceTotal() int64 { return sum(p.Device) }
 
 // HostTotal is the host memory held for the whole run (the Host parts:
 // the optimizer side's, and a run's own), without the device parts or
 // the transients.
-func (p Plan) HostTotal() int64 { return sum(p.Host) }
+func (p Memory) HostTotal() int64 { return sum(p.Host) }
 
 // LargestTransient is the Transient part with the most bytes (a zero Part
 // when there is none).
-func (p Plan) LargestTransient() Part {
+func (p Memory) LargestTransient() Part {
 	var big Part
 	for _, x := range p.Transient {
 		if x.Bytes > big.Bytes {
@@ -86,8 +86,8 @@ func (p Plan) LargestTransient() Part {
 
 // HostPeak is the most host memory the run holds at once, over the
 // process's own at start-up: the Host parts, the device parts when they
-// live on the host, and the largest Transient (see Plan).
-func (p Plan) HostPeak() int64 {
+// live on the host, and the largest Transient (see Memory).
+func (p Memory) HostPeak() int64 {
 	t := p.HostTotal() + p.LargestTransient().Bytes
 	if p.DeviceOnHost {
 		t += p.DeviceTotal()
@@ -98,7 +98,7 @@ func (p Plan) HostPeak() int64 {
 // HostString writes the host side of a plan in MiB: its peak, then the
 // held parts, the device's when it is host memory, and the transients
 // with the largest, which the peak counts, marked.
-func (p Plan) HostString() string {
+func (p Memory) HostString() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%.2f MiB peak: ", mib(p.HostPeak()))
 	for i, x := range p.Host {
@@ -129,7 +129,7 @@ func (p Plan) HostString() string {
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // String is a one-line summary per side, in MiB.
-func (p Plan) String() string {
+func (p Memory) String() string {
 	f := func(ps []Part) string {
 		var b strings.Builder
 		for i, x := range ps {
@@ -143,15 +143,15 @@ func (p Plan) String() string {
 	return fmt.Sprintf("device %.2f MiB (%s); host %s", float64(p.DeviceTotal())/(1<<20), f(p.Device), p.HostString())
 }
 
-// PlanMemory predicts the memory and link traffic of an engine for arch
+// MemoryOf predicts the memory and link traffic of an engine for arch
 // with micro-batches of B x T, accum per step.
-func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (Plan, error) {
+func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (Memory, error) {
 	if err := cfg.Validate(); err != nil {
-		return Plan{}, err
+		return Memory{}, err
 	}
 	x, err := model.NewIndex(arch)
 	if err != nil {
-		return Plan{}, fmt.Errorf("engine: %w", err)
+		return Memory{}, fmt.Errorf("engine: %w", err)
 	}
 	BT := B * T
 	var opts model.Options
@@ -159,8 +159,8 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		opts.MatrixGrads = (*lspState)(nil) // plans for hooks
 	}
 	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
-	mp := arch.PlanWith(B, T, dt, opts)
-	p := Plan{Mode: cfg.Mode,
+	mp := arch.MemoryWith(B, T, dt, opts)
+	p := Memory{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
 			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4) + 4}},
 		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
@@ -260,7 +260,7 @@ func PlanMemory(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) 
 		}
 		switch {
 		case cfg.DeviceComm != nil:
-			if sc := planScratch(x, cfg, groups, ranks); sc > 0 {
+			if sc := collectiveScratch(x, cfg, groups, ranks); sc > 0 {
 				p.Device = append(p.Device, Part{"device collectives' scratch", 4 * int64(sc)})
 			}
 		case n > 0:
@@ -339,9 +339,9 @@ func lspViewBytes(x *model.Index, c LSPConfig) int64 {
 	return 4 * int64(len(x.Blocks)) * n
 }
 
-// planScratch is the device communicator's scratch (allocScratch): for
+// collectiveScratch is the device communicator's scratch (allocScratch): for
 // the longest of each layer's S (lsp) and of the groups' gradients.
-func planScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
+func collectiveScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
 	var sums []int
 	if cfg.Mode == LSP {
 		d, _ := lspDims(x, cfg.LSP)

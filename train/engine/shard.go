@@ -43,8 +43,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/comm"
 )
 
-// zeroShard is one rank's part of a sharded host optimizer.
-type zeroShard struct {
+// hostShard is one rank's part of a sharded host optimizer.
+type hostShard struct {
 	c      comm.Communicator
 	n      int       // this rank's elements over every group
 	grads  []float32 // [n] this rank's shard of the summed gradients
@@ -79,7 +79,7 @@ type shardPiece struct {
 
 // sharded reports whether cfg's zero mode shards the host optimizer.
 func (c Config) sharded() bool {
-	return c.Mode == Zero && c.Comm != nil && c.Comm.Size() > 1 && !c.replicateZero
+	return c.Mode == Zero && c.Comm != nil && c.Comm.Size() > 1 && !c.replicateHost
 }
 
 // shardElems is the number of elements rank owns of a host optimizer
@@ -93,8 +93,8 @@ func shardElems(groupElems []int, size, rank int) int {
 	return n
 }
 
-func newZeroShard(o *offload, c comm.Communicator, alloc bool) *zeroShard {
-	sh := &zeroShard{c: c}
+func newHostShard(o *offload, c comm.Communicator, alloc bool) *hostShard {
+	sh := &hostShard{c: c}
 	size, rank := c.Size(), c.Rank()
 	off := 0
 	for _, grp := range o.groups {
@@ -304,7 +304,7 @@ func (o *offload) initShard() error {
 
 // shardArrays names this rank's fp32 state arrays as a checkpoint saves
 // them whole.
-func (sh *zeroShard) shardArrays() []struct {
+func (sh *hostShard) shardArrays() []struct {
 	name string
 	v    []float32
 } {

@@ -1,4 +1,4 @@
-package models
+package catalog
 
 import (
 	"encoding/json"

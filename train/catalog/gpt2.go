@@ -1,6 +1,6 @@
 // The GPT-2 family's entry.
 
-package models
+package catalog
 
 import (
 	"fmt"
@@ -45,7 +45,7 @@ var gpt2Family = &Family{
 func gpt2Config(spec model.Spec) (gpt2.Config, error) {
 	c, ok := spec.(gpt2.Config)
 	if !ok {
-		return gpt2.Config{}, fmt.Errorf("models: %T of family %s is not a gpt2.Config", spec, spec.Family())
+		return gpt2.Config{}, fmt.Errorf("catalog: %T of family %s is not a gpt2.Config", spec, spec.Family())
 	}
 	return c, nil
 }

@@ -1,7 +1,7 @@
 // The LLaMA family's entry: model_type llama, and mistral where its
 // sliding window is off (llama.ReadHFConfig decides), through train/hf.
 
-package models
+package catalog
 
 import (
 	"fmt"
@@ -90,7 +90,7 @@ func llamaLoadOptions(c llama.Config) hf.LoadOptions {
 func llamaConfig(spec model.Spec) (llama.Config, error) {
 	c, ok := spec.(llama.Config)
 	if !ok {
-		return llama.Config{}, fmt.Errorf("models: %T of family %s is not a llama.Config", spec, spec.Family())
+		return llama.Config{}, fmt.Errorf("catalog: %T of family %s is not a llama.Config", spec, spec.Family())
 	}
 	return c, nil
 }

@@ -3,7 +3,7 @@
 // beside it unless --tokenizer names one. A run from such a file records
 // a llama.Config like any LLaMA and exports a Hugging Face directory.
 
-package models
+package catalog
 
 import (
 	"fmt"
