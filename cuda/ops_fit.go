@@ -1,7 +1,7 @@
 //go:build cuda || cudasim
 
 // The projector fit's op (kernels/fit.cu); the fit's other products run
-// on the sparse, elementwise and Adam ops of ops.go (train/devfit).
+// on the sparse, elementwise and Adam ops of ops.go (train/lsp/devicefit.go).
 
 package cuda
 

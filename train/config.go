@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -60,9 +61,9 @@ type Config struct {
 	ProjLR        float64            // --proj-lr: Adam step size of the projector fit
 	FitIters      int                // --fit-iters: step budget of one projector fit
 	Fit           bool               // --fit: fit the projectors at each check (the paper's learned projectors); otherwise the random ones are kept
-	Refit         engine.Refit       // --refit: how a check makes new projectors (sum, split or random)
-	Accept        engine.Accept      // --accept: what decides whether they replace the old ones (heldout or fit)
-	Rewarm        engine.Rewarm      // --rewarm: how a refitted matrix is re-warmed (floor, measured, change or off)
+	Refit         lsp.Refit          // --refit: how a check makes new projectors (sum, split or random)
+	Accept        lsp.Accept         // --accept: what decides whether they replace the old ones (heldout or fit)
+	Rewarm        lsp.Rewarm         // --rewarm: how a refitted matrix is re-warmed (floor, measured, change or off)
 	NoGain        bool               // --no-gain: apply Delta without the projectors' per-column gains (a control)
 	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
 	StartRandom   bool               // --start-random: no projector check before step 1
@@ -98,7 +99,7 @@ func Defaults() Config {
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
-		Refit: engine.RefitSplit, Accept: engine.AcceptHeldOut, Rewarm: engine.RewarmFloor, StartRandom: true,
+		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }
@@ -299,7 +300,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Recompute: c.Recompute,
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
-		LSP: engine.LSPConfig{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
+		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
 			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom, ShareLayers: c.ShareLayers},
 		HostThreads: c.Threads,
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 // Tolerances of a bf16 run of tiny against the same run in fp32, after
@@ -68,7 +69,7 @@ func tinyBF16Config(t *testing.T, mode string, sched Schedule, dt, gdt backend.D
 		// The default (--rewarm floor): without it (off) the first step
 		// after a refit runs on an underestimated second moment, large
 		// enough that bf16 and fp32 part by 0.075 in loss.
-		c.Rewarm = engine.RewarmFloor
+		c.Rewarm = lsp.RewarmFloor
 	}
 	c.Out = filepath.Join(t.TempDir(), "out")
 	return c

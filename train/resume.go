@@ -26,6 +26,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -68,9 +69,9 @@ type resumeIdentity struct {
 	ProjLR       float64        `flag:"proj-lr" resume:"lsp"`
 	FitIters     int            `flag:"fit-iters" resume:"lsp"`
 	Fit          bool           `flag:"fit" resume:"lsp"`
-	Refit        engine.Refit   `flag:"refit" resume:"lsp"`
-	Accept       engine.Accept  `flag:"accept" resume:"lsp"`
-	Rewarm       engine.Rewarm  `flag:"rewarm" resume:"lsp"`
+	Refit        lsp.Refit      `flag:"refit" resume:"lsp"`
+	Accept       lsp.Accept     `flag:"accept" resume:"lsp"`
+	Rewarm       lsp.Rewarm     `flag:"rewarm" resume:"lsp"`
 	NoGain       bool           `flag:"no-gain" resume:"lsp"`
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
 	StartRandom  bool           `flag:"start-random" resume:"lsp"`

@@ -407,7 +407,7 @@ type Ops interface {
 	// skip).
 	SparseApply(s Stream, W, T, Delta, pidx, pval, qidx, qval, skip Tensor, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32) error
 	// SparseValueGrad is the projector fit's gradient gathered at a
-	// projector X's positions (train/lsp/bias.go, train/devfit): X [rows,d]
+	// projector X's positions (train/lsp: bias.go, devicefit.go): X [rows,d]
 	// in row storage (idx I32 [rows*r], val F32 [rows*r]); for entry e =
 	// i*r+s at column a = idx[e],
 	//	g = sum_b Y(i,b) M(a,b) + sum over row i's entries t of val[t] K[idx[t]*d + a]

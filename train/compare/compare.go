@@ -53,6 +53,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -88,9 +89,9 @@ type Config struct {
 	Truncate      bool   // --truncate: cut records longer than --seq-len instead of dropping them
 	// The lsp rows' projector settings (the flags of lsp-train of the same
 	// names); the zero values are the training defaults.
-	Refit        engine.Refit
-	Accept       engine.Accept
-	Rewarm       engine.Rewarm
+	Refit        lsp.Refit
+	Accept       lsp.Accept
+	Rewarm       lsp.Rewarm
 	NoGain       bool
 	Ortho        float64
 	StartRandom  bool
@@ -281,8 +282,8 @@ var ErrInterrupted = errors.New("interrupted")
 type rowSpec struct {
 	name, dir string
 	mode      engine.Mode
-	fit       bool         // --fit: checks, and a fit at each unless refit is random
-	refit     engine.Refit // "": the job's --refit
+	fit       bool      // --fit: checks, and a fit at each unless refit is random
+	refit     lsp.Refit // "": the job's --refit
 }
 
 // allRows are the rows --rows may name, by their directory names.
@@ -291,7 +292,7 @@ var allRows = []rowSpec{
 	{"zero", "zero", engine.Zero, false, ""},
 	{"lsp", "lsp", engine.LSP, false, ""},
 	{"lsp (fitted)", "lsp-fit", engine.LSP, true, ""},
-	{"lsp (resampled)", "lsp-resample", engine.LSP, true, engine.RefitRandom},
+	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom},
 }
 
 // RowNames are the names --rows accepts.
@@ -557,7 +558,7 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 		row.ExactMatch = &em
 	}
 	row.Curve = meanCurve(row.Seeds)
-	if spec.mode == engine.LSP && spec.fit && spec.refit != engine.RefitRandom {
+	if spec.mode == engine.LSP && spec.fit && spec.refit != lsp.RefitRandom {
 		acc, _ := meanSD(accepted)
 		row.Fitted = acc > 0.5
 	}
@@ -899,7 +900,7 @@ func checkLines(res *Result) []string {
 		if !r.Fitted {
 			fitted = "counts as random: most matrices never kept a fit"
 		}
-		if r.Refit == string(engine.RefitRandom) {
+		if r.Refit == string(lsp.RefitRandom) {
 			fitted = "random by construction"
 		}
 		out = append(out, fmt.Sprintf("%s (--refit %s, %s; %.1f s of checks per run): %s", r.Name, r.Refit, fitted, r.CheckSeconds, strings.Join(parts, "; ")))

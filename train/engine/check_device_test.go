@@ -6,10 +6,11 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 // TestCheckOnDevice runs a projector check, whose fits run on the
-// backend's ops (train/devfit), on the device tests' backend (the CUDA
+// backend's ops (train/lsp/devicefit.go), on the device tests' backend (the CUDA
 // one on the simulated runtime in cudasim builds, the CPU backend in its
 // hazard mode otherwise) with its hazards checked, against the same check
 // on the CPU backend at the same dtype: every matrix refitted lower, no
@@ -19,7 +20,7 @@ import (
 func TestCheckOnDevice(t *testing.T) {
 	cfg := testConfig(LSP)
 	cfg.LSP.FitIters = 20
-	cfg.LSP.Accept = AcceptFit
+	cfg.LSP.Accept = lsp.AcceptFit
 	dt := deviceDType(backend.F32)
 	dev := newDeviceTrainer(t, cfg, dt, 1, true, 5)
 	ref := newTrainer(t, cfg, dt, 1, cpu.Config{Threads: 2})

@@ -65,6 +65,8 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 // checkComm checks what data parallelism supports, naming the flag at
@@ -141,8 +143,9 @@ func (d *dp) allocScratch(e *Engine) error {
 	}
 	var sums []int
 	if e.lsp != nil {
-		for l := range e.lsp.mats {
-			sums = append(sums, layerSElems(e.lsp.mats[l]))
+		for l := range e.lsp.Mats {
+			_, _, n := e.lsp.HostS(l)
+			sums = append(sums, n)
 		}
 	}
 	if e.dpg != nil {
@@ -186,15 +189,6 @@ func (e *Engine) deviceSum(g *Graph, name string, spans []backend.Tensor, deps .
 	}, deps...)
 	g.Nodes[id].AllReduce = 4 * int64(n)
 	return id
-}
-
-// layerSElems is one layer's S in elements.
-func layerSElems(mats []*lspMatrix) int {
-	n := 0
-	for _, x := range mats {
-		n += x.d * x.d
-	}
-	return n
 }
 
 // spans merges tensors that follow each other in one buffer into F32
@@ -266,7 +260,7 @@ func (e *Engine) addFlag(g *Graph, d2hFlag NodeID) NodeID {
 	d.last = -1
 	const name = "all-reduce non-finite flag"
 	return d.collective(g, name, 1, func() error {
-		r := []backend.Range{hostRange(e.flagHost, 0, 4)}
+		r := []backend.Range{hazard.HostRange(e.flagHost, 0, 4)}
 		e.hostAccess(name, r, r)
 		if err := d.c.AllReduceSum(e.flagHost.Float32()[:1]); err != nil {
 			return err
@@ -287,7 +281,7 @@ func (e *Engine) addFlagUp(g *Graph, flag NodeID) {
 // allReduceHost all-reduces a range of a pinned host buffer of fp32
 // (bytes [off, off+4n)).
 func (e *Engine) allReduceHost(name string, h backend.HostBuffer, off, n int) error {
-	r := []backend.Range{hostRange(h, off, 4*n)}
+	r := []backend.Range{hazard.HostRange(h, off, 4*n)}
 	e.hostAccess(name, r, r)
 	return e.dp.c.AllReduceSum(h.Float32()[off/4 : off/4+n])
 }
@@ -451,7 +445,7 @@ func (e *Engine) CommPerStep() CommStep {
 	c := CommStep{Elems: 2} // the targets and the flag
 	var d []int
 	if e.lsp != nil {
-		d, _ = lspDims(e.idx, e.lsp.cfg)
+		d, _ = lsp.Dims(e.idx, e.lsp.Config)
 	}
 	for k, mt := range e.idx.Mats {
 		m := MatrixComm{Name: mt.Name, M: mt.M, N: mt.N, Elems: mt.M * mt.N}

@@ -9,6 +9,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -74,7 +75,7 @@ func TestCommPerStep(t *testing.T) {
 	if len(lspStep.Matrices) == 0 || len(lspStep.Matrices) != len(natStep.Matrices) {
 		t.Fatalf("lsp lists %d matrices, native %d", len(lspStep.Matrices), len(natStep.Matrices))
 	}
-	d, _ := lspDims(mustIndex(t), lc.LSP.withDefaults())
+	d, _ := lsp.Dims(mustIndex(t), lc.LSP.WithDefaults())
 	lspSum := 2
 	for k, lm := range lspStep.Matrices {
 		nm := natStep.Matrices[k]
@@ -181,8 +182,8 @@ func TestPlanDeviceCollectives(t *testing.T) {
 			// so is a block's gradients in native mode (the embeddings
 			// and the final norm lie apart).
 			if e.lsp != nil {
-				for l := range e.lsp.mats {
-					if n := len(e.lsp.layerS(l)); n != 1 {
+				for l := range e.lsp.Mats {
+					if n := len(spans(e.lsp.LayerS(l))); n != 1 {
 						t.Errorf("%s: layer %d's S in %d spans, want 1", name, l, n)
 					}
 				}

@@ -7,8 +7,9 @@
 //	        backward is done; CPU Adam on fp32 master weights and moments
 //	        on the host; the new weights come back host-to-device.
 //	lsp:    the block matrices go through learned sparse projectors
-//	        (lsp.go): S = P^T G Q (d x d) down, subspace Adam on the host,
-//	        Delta up, W += P Delta Q^T applied on the device.
+//	        (train/lsp, scheduled by lsp.go): S = P^T G Q (d x d) down,
+//	        subspace Adam on the host, Delta up, W += P Delta Q^T applied
+//	        on the device.
 //
 // The engine knows no model family: a model describes its layout and
 // offers its passes through train/model's Arch and Model.
@@ -48,6 +49,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -91,126 +93,13 @@ func ParseDenseParams(s string) (DenseParams, error) {
 	return "", fmt.Errorf("unknown dense-params %q (want frozen, device or host)", s)
 }
 
-// LSPConfig configures the projectors (DESIGN.md section 2).
-type LSPConfig struct {
-	D, R         int     // requested projected size and non-zeros per row (capped per matrix)
-	Alpha        float64 // bias ratio a fit must reach, in (0, 1)
-	CheckEvery   int     // steps between projector checks
-	CalibSamples int     // rows of the calibration pass (rounded up to whole micro-batches)
-	ProjLR       float64 // Adam step size of the projector fit
-	FitIters     int     // step budget of one fit
-	NoFit        bool    // keep the random projectors (the compare job's control)
-	Refit        Refit   // how new projectors are made at a check ("": RefitSplit)
-	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
-	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmFloor)
-	NoGain       bool    // apply Delta without the per-column gains of the projectors (a control)
-	StartRandom  bool    // no check before step 1: train on the random projectors until the first --check-every
-	// ShareLayers fits one projector pair per input kind on every layer's
-	// gradients and gives each layer a copy (the paper's code: one pair
-	// per weight shape); the ratios reported are the first layer's
-	// projectors' on all layers' gradients.
-	ShareLayers bool
-	Ortho       float64 // weight of the fit's column-orthogonality penalty (lsp.FitOptions.Ortho)
-}
-
-// Refit is how a projector check makes candidate projectors.
-type Refit string
-
-const (
-	// RefitSum fits fresh positions to the calibration gradient summed
-	// over the fitting micro-batches (DESIGN.md section 2).
-	RefitSum Refit = "sum"
-	// RefitSplit fits them to every fitting micro-batch's gradient at once
-	// (the mean of their bias objectives), a subspace that serves each
-	// rather than their sum.
-	RefitSplit Refit = "split"
-	// RefitRandom draws fresh random projectors and fits nothing (a
-	// control: the subspace moves, but not toward the gradients).
-	RefitRandom Refit = "random"
-)
-
-// Accept is the data that decides whether candidate projectors replace
-// the ones in use.
-type Accept string
-
-const (
-	// AcceptHeldOut: half of the calibration micro-batches fit, the other
-	// half decide: the candidates must capture more of the held-out
-	// gradient (lsp.Capture) than the projectors in use, by acceptMargin.
-	AcceptHeldOut Accept = "heldout"
-	// AcceptFit: the candidates replace the projectors in use whenever
-	// their bias objective on the fitting data is lower.
-	AcceptFit Accept = "fit"
-)
-
-// Rewarm is the rule that re-warms a matrix's learning rate after its
-// projectors change.
-type Rewarm string
-
-const (
-	// RewarmMeasured re-warms where the carried second moment is
-	// measurably below the new subspace's: its bias-corrected sum is less
-	// than rewarmUnder times the mean squared norm of the fitting
-	// micro-batches' compressed gradients.
-	RewarmMeasured Rewarm = "measured"
-	// RewarmChange re-warms after every change larger than
-	// lsp.DefaultRewarm's threshold.
-	RewarmChange Rewarm = "change"
-	// RewarmOff never re-warms.
-	RewarmOff Rewarm = "off"
-	// RewarmFloor raises the carried second moment, entry by entry, to the
-	// one the fitting micro-batches measure in the new subspace (their
-	// mean S^2), so Adam's first steps there are sized right without
-	// lowering the learning rate.
-	RewarmFloor Rewarm = "floor"
-)
-
-// ParseRefit, ParseAccept and ParseRewarm read the flags' values.
-func ParseRefit(s string) (Refit, error) {
-	switch v := Refit(s); v {
-	case RefitSum, RefitSplit, RefitRandom:
-		return v, nil
-	}
-	return "", fmt.Errorf("unknown refit %q (want sum, split or random)", s)
-}
-
-func ParseAccept(s string) (Accept, error) {
-	switch v := Accept(s); v {
-	case AcceptHeldOut, AcceptFit:
-		return v, nil
-	}
-	return "", fmt.Errorf("unknown accept %q (want heldout or fit)", s)
-}
-
-func ParseRewarm(s string) (Rewarm, error) {
-	switch v := Rewarm(s); v {
-	case RewarmMeasured, RewarmChange, RewarmOff, RewarmFloor:
-		return v, nil
-	}
-	return "", fmt.Errorf("unknown rewarm %q (want measured, change, floor or off)", s)
-}
-
-// withDefaults fills the zero values of the refit settings.
-func (c LSPConfig) withDefaults() LSPConfig {
-	if c.Refit == "" {
-		c.Refit = RefitSplit
-	}
-	if c.Accept == "" {
-		c.Accept = AcceptHeldOut
-	}
-	if c.Rewarm == "" {
-		c.Rewarm = RewarmFloor
-	}
-	return c
-}
-
 // Config configures an engine.
 type Config struct {
 	Mode        Mode
 	DenseParams DenseParams // lsp only
 	Hyper       optim.Hyper
 	Pipelined   bool
-	LSP         LSPConfig
+	LSP         lsp.Config
 	Seed        uint64
 	HostThreads int // host Adam workers (0: one per core)
 	// GradDType stores the parameter gradients on the device (and on the
@@ -246,7 +135,7 @@ func (c Config) Validate() error {
 		if _, err := ParseDenseParams(string(c.DenseParams)); err != nil {
 			errs = append(errs, fmt.Errorf("--dense-params: %w", err))
 		}
-		if err := checkLSP(c.LSP); err != nil {
+		if err := c.LSP.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -300,7 +189,7 @@ type Engine struct {
 	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
-	lsp   *lspState    // lsp
+	lsp   *lsp.State   // lsp
 	dp    *dp          // several ranks (dp.go); nil alone
 	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
 
@@ -354,7 +243,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	}()
 	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute}
 	if cfg.Mode == LSP {
-		e.lsp = &lspState{e: e}
+		e.lsp = new(lsp.State)
 		opts.MatrixGrads = e.lsp
 	}
 	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
@@ -398,7 +287,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			return nil, err
 		}
 	case LSP:
-		if err := e.lsp.init(e); err != nil {
+		if err := e.initLSP(); err != nil {
 			return nil, err
 		}
 		switch cfg.DenseParams {
@@ -457,7 +346,7 @@ func (e *Engine) Init() error {
 		}
 	}
 	if e.lsp != nil {
-		if err := e.lsp.draw(); err != nil {
+		if err := e.lsp.Draw(); err != nil {
 			return err
 		}
 	}
@@ -477,7 +366,7 @@ func (e *Engine) Free() error {
 		e.opt.Free()
 	}
 	if e.lsp != nil {
-		e.lsp.free()
+		e.lsp.Free()
 	}
 	if e.dense != nil {
 		e.dense.Free()
@@ -537,12 +426,6 @@ func (e *Engine) hostAccess(name string, reads, writes []backend.Range) {
 	if h, ok := e.be.(hostAccesser); ok {
 		h.HostAccess(name, reads, writes)
 	}
-}
-
-// hostRange is the byte range [off, off+n) of a host buffer, for hazards
-// (host buffers have negative ids, DESIGN.md section 5).
-func hostRange(h backend.HostBuffer, off, n int) backend.Range {
-	return backend.Range{Buf: h.ID(), Lo: int64(off), Hi: int64(off + n)}
 }
 
 // Step runs one optimizer step over the micro-batches (len == accum) at
@@ -636,7 +519,7 @@ func (e *Engine) undoStep() error {
 // host node ordered after the flag's d2h copy (every one after a gradient
 // copy is: the flag goes first on the d2h stream) may call it.
 func (e *Engine) hostSkip(node string) bool {
-	e.hostAccess(node+" (flag)", []backend.Range{hostRange(e.flagHost, 0, 4)}, nil)
+	e.hostAccess(node+" (flag)", []backend.Range{hazard.HostRange(e.flagHost, 0, 4)}, nil)
 	return e.flagHost.Float32()[0] != 0
 }
 
@@ -671,7 +554,7 @@ func (e *Engine) GradNorm() (float64, error) {
 		sq += e.off.stepNormSq()
 	}
 	if e.lsp != nil {
-		sq += e.lsp.stepNormSq()
+		sq += e.lsp.StepNormSq()
 	}
 	return math.Sqrt(sq), nil
 }
@@ -681,7 +564,7 @@ func (e *Engine) GradNorm() (float64, error) {
 func (e *Engine) stageBatches(batches []data.Batch) error {
 	BT := e.b * e.t
 	buf := e.stage.Int32()
-	e.hostAccess("stage batch", nil, []backend.Range{hostRange(e.stage, 0, len(buf)*4)})
+	e.hostAccess("stage batch", nil, []backend.Range{hazard.HostRange(e.stage, 0, len(buf)*4)})
 	for i, b := range batches {
 		if len(b.Inputs) != BT || len(b.Targets) != BT {
 			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), e.b, e.t)
@@ -717,7 +600,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 				return err
 			}
 			if e.lsp != nil {
-				e.lsp.micro = i
+				e.lsp.SetMicro(i)
 			}
 			if err := m.Forward(s); err != nil {
 				return err
@@ -753,7 +636,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			l := l
 			bwd[l] = g.Add(fmt.Sprintf("backward %d.%d", i, l), Compute, func(s backend.Stream) error {
 				if e.lsp != nil {
-					e.lsp.micro = i
+					e.lsp.SetMicro(i)
 				}
 				return m.BackwardLayer(s, l)
 			})
@@ -794,7 +677,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		if e.off != nil && e.dp == nil {
 			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
 		}
-		lspAdam = e.lsp.addDown(g, bwd, lr)
+		lspAdam = e.addLSPDown(g, bwd, lr)
 		if e.dp != nil {
 			if e.off != nil {
 				offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
@@ -811,7 +694,7 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		if e.off != nil {
 			e.off.addUp(g, offAdam)
 		}
-		e.lsp.addUp(g, lspAdam, lr)
+		e.addLSPUp(g, lspAdam, lr)
 	}
 	return g, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -25,7 +26,7 @@ func testConfig(mode Mode) Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return Config{Mode: mode, DenseParams: DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP: LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+		LSP: lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
 }
 
 // batches draws n micro-batches of a learnable pattern (next = cur+1 mod V),

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -156,7 +157,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	BT := B * T
 	var opts model.Options
 	if cfg.Mode == LSP {
-		opts.MatrixGrads = (*lspState)(nil) // plans for hooks
+		opts.MatrixGrads = (*lsp.State)(nil) // plans for hooks
 	}
 	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
 	mp := arch.MemoryWith(B, T, dt, opts)
@@ -206,24 +207,23 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
-		n := lspCount(x, cfg.LSP, BT)
+		n := lsp.Sizes(x, cfg.LSP, B, T, dt)
 		p.Device = append(p.Device,
-			Part{"projectors, compressed activations, S", 4 * int64(n.ints+n.floats)},
-			Part{"lsp workspaces", 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax))})
+			Part{"projectors, compressed activations, S", n.Storage},
+			Part{"lsp workspaces", n.Workspaces})
 		if !cfg.LSP.NoFit {
-			p.Device = append(p.Device, Part{"calibration", calibrationBytes(x, BT, dt)})
-			if fb := fitBytes(x, cfg.LSP, B); fb > 0 {
-				p.Device = append(p.Device, Part{"projector fit", fb})
+			p.Device = append(p.Device, Part{"calibration", n.Calibration})
+			if n.Fit > 0 {
+				p.Device = append(p.Device, Part{"projector fit", n.Fit})
 			}
-			if g, sm := fitStagingBytes(x, cfg.LSP, B); g > 0 {
-				p.Host = append(p.Host, Part{"projector fit staging", int64(g + sm)})
+			if n.FitStaging > 0 {
+				p.Host = append(p.Host, Part{"projector fit staging", n.FitStaging})
 			}
 		}
-		s2 := int64(n.s2)
-		p.Host = append(p.Host, Part{"S/Delta and subspace moments", 12 * s2})
-		ckpt += savedLSPState(x, cfg.LSP)
-		p.CheckpointBytes += savedLSPState(x, cfg.LSP) + lspViewBytes(x, cfg.LSP)
-		p.LinkD2H, p.LinkH2D = p.LinkD2H+4*s2, p.LinkH2D+4*s2
+		p.Host = append(p.Host, Part{"S/Delta and subspace moments", n.HostS})
+		ckpt += n.Saved
+		p.CheckpointBytes += n.Saved + n.Views
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+n.Link, p.LinkH2D+n.Link
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
 		switch cfg.DenseParams {
 		case DenseDevice:
@@ -314,37 +314,12 @@ func savedDeviceState(st int64) int64 { return st - backend.SumSquaresWork*8 }
 // moments are views, no copies).
 func savedHostState(tensors int) int64 { return 4 * int64(tensors) }
 
-// savedLSPState is the bytes SaveStateView makes of lsp's per-matrix
-// state: each matrix's P and Q indices as fp32 (the shared P once per
-// matrix reading it) and two counters; the values and the moments are
-// views.
-func savedLSPState(x *model.Index, c LSPConfig) int64 {
-	_, r := lspDims(x, c)
-	var n int64
-	for k, mt := range x.Mats {
-		n += int64(mt.M*r[k] + mt.N*r[k] + 2)
-	}
-	return 4 * int64(len(x.Blocks)) * n
-}
-
-// lspViewBytes is the bytes of lsp's per-matrix arrays SaveStateView
-// returns as views: each matrix's P and Q values and its two d x d
-// moments.
-func lspViewBytes(x *model.Index, c LSPConfig) int64 {
-	d, r := lspDims(x, c)
-	var n int64
-	for k, mt := range x.Mats {
-		n += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
-	}
-	return 4 * int64(len(x.Blocks)) * n
-}
-
 // collectiveScratch is the device communicator's scratch (allocScratch): for
 // the longest of each layer's S (lsp) and of the groups' gradients.
 func collectiveScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
 	var sums []int
 	if cfg.Mode == LSP {
-		d, _ := lspDims(x, cfg.LSP)
+		d, _ := lsp.Dims(x, cfg.LSP)
 		n := 0
 		for _, dk := range d {
 			n += dk * dk

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -180,7 +181,7 @@ func (o *offload) grad(t hostTensor) host.AdamGrad {
 
 // initMaster reads the device parameters into the host master weights.
 func (o *offload) initMaster() error {
-	o.e.hostAccess("offload init", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
+	o.e.hostAccess("offload init", nil, []backend.Range{hazard.HostRange(o.out, 0, len(o.out.Bytes()))})
 	if o.shard != nil && o.shard.master != nil {
 		return o.initShard()
 	}
@@ -290,8 +291,8 @@ func (o *offload) adam(grp *hostGroup, lr float64) error {
 	dsize := e.dt.Size()
 	var reads, writes []backend.Range
 	for _, t := range grp.tensors {
-		reads = append(reads, hostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
-		writes = append(writes, hostRange(o.out, t.off*dsize, t.n*dsize))
+		reads = append(reads, hazard.HostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
+		writes = append(writes, hazard.HostRange(o.out, t.off*dsize, t.n*dsize))
 	}
 	e.hostAccess("host adam "+grp.name, reads, writes)
 	w := o.weights()

@@ -41,6 +41,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // hostShard is one rank's part of a sharded host optimizer.
@@ -178,7 +179,7 @@ func (o *offload) addDownSharded(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr flo
 // shard and gathers every tensor's norm.
 func (o *offload) reduceScatter(name string, grp *hostGroup, sg *shardGroup) error {
 	sh := o.shard
-	o.e.hostAccess(name, []backend.Range{hostRange(o.grads, 4*sg.off, 4*sg.n)}, nil)
+	o.e.hostAccess(name, []backend.Range{hazard.HostRange(o.grads, 4*sg.off, 4*sg.n)}, nil)
 	mine := sh.grads[sg.base : sg.base+sg.hi-sg.lo]
 	if err := sh.c.ReduceScatterSum(mine, o.grads.Float32()[sg.off:sg.off+sg.n]); err != nil {
 		return err
@@ -225,7 +226,7 @@ func (o *offload) adamShard(grp *hostGroup, sg *shardGroup, lr float64) error {
 		return nil
 	}
 	dsize := e.dt.Size()
-	writes := []backend.Range{hostRange(o.out, sg.lo*dsize, (sg.hi-sg.lo)*dsize)}
+	writes := []backend.Range{hazard.HostRange(o.out, sg.lo*dsize, (sg.hi-sg.lo)*dsize)}
 	e.hostAccess("host adam "+grp.name, nil, writes)
 	ts := make([]host.AdamTensor, len(sg.pieces))
 	for i, p := range sg.pieces {
@@ -267,7 +268,7 @@ func (o *offload) workShard(grp *hostGroup, sg *shardGroup) HostWork {
 // dtype: fp32 in place, bf16 as a broadcast of each rank's shard.
 func (o *offload) gatherWeights(name string, sg *shardGroup) error {
 	sh, dsize := o.shard, o.e.dt.Size()
-	r := []backend.Range{hostRange(o.out, sg.off*dsize, sg.n*dsize)}
+	r := []backend.Range{hazard.HostRange(o.out, sg.off*dsize, sg.n*dsize)}
 	o.e.hostAccess(name, r, r)
 	if dsize == 4 {
 		x := o.out.Float32()[sg.off : sg.off+sg.n]
@@ -335,7 +336,7 @@ func (e *Engine) GatherState() (release func(), err error) {
 	o, sh := e.off, e.off.shard
 	root := sh.c.Rank() == 0
 	pinned := o.grads.Float32()[:o.n] // fp32 with several ranks (checkComm)
-	e.hostAccess("gather host state", nil, []backend.Range{hostRange(o.grads, 0, 4*o.n)})
+	e.hostAccess("gather host state", nil, []backend.Range{hazard.HostRange(o.grads, 0, 4*o.n)})
 	got := map[string][]float32{}
 	for i, a := range sh.shardArrays() {
 		var whole []float32

@@ -1,20 +1,18 @@
 // The optimizer state of each mode as named fp32 arrays, for checkpoints:
 // native's device moments, the host's master weights and moments (zero,
-// lsp --dense-params host), the dense device optimizer, and per LSP matrix
-// its projectors (row storage; the columns are rebuilt), subspace moments,
-// Adam step count and re-warm start. Integers are stored as float32, exact
-// below 2^24, which every index and count here is. Matrices that share an
-// input each store the shared P under their own name.
+// lsp --dense-params host), the dense device optimizer, and lsp's
+// per-matrix projectors and subspace moments (train/lsp's State.Save).
+// Integers are stored as float32, exact below 2^24, which every index and
+// count here is.
 
 package engine
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 )
 
 // SaveState returns the optimizer state by name, every array the
@@ -84,26 +82,10 @@ func (e *Engine) saveState(own bool) (map[string][]float32, error) {
 		}
 		out["host.steps"] = steps
 	}
-	if st := e.lsp; st != nil {
-		for _, row := range st.mats {
-			for _, x := range row {
-				p := "lsp." + x.name + "."
-				out[p+"p_idx"], out[p+"p_val"] = ints(x.in.P.Idx), host(x.in.P.Val)
-				out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), host(x.Q.Val)
-				out[p+"m"], out[p+"v"] = host(x.state.M), host(x.state.V)
-				out[p+"counters"] = []float32{float32(x.state.Step), float32(x.rewarmFrom)}
-			}
-		}
+	if e.lsp != nil {
+		e.lsp.Save(out, host)
 	}
 	return out, nil
-}
-
-func ints(v []int32) []float32 {
-	out := make([]float32, len(v))
-	for i, x := range v {
-		out[i] = float32(x)
-	}
-	return out
 }
 
 // LoadState restores SaveState's arrays; every array the mode needs must be
@@ -167,7 +149,7 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 		if err != nil {
 			return err
 		}
-		e.hostAccess("restore host state", nil, []backend.Range{hostRange(o.out, 0, len(o.out.Bytes()))})
+		e.hostAccess("restore host state", nil, []backend.Range{hazard.HostRange(o.out, 0, len(o.out.Bytes()))})
 		if o.shard != nil {
 			if err := o.loadShard(get); err != nil {
 				return err
@@ -183,13 +165,9 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 			}
 		}
 	}
-	if st := e.lsp; st != nil {
-		for _, row := range st.mats {
-			for _, x := range row {
-				if err := st.restoreMatrix(x, get); err != nil {
-					return err
-				}
-			}
+	if e.lsp != nil {
+		if err := e.lsp.Restore(get); err != nil {
+			return err
 		}
 	}
 	return e.be.Synchronize(s)
@@ -209,59 +187,6 @@ func (o *offload) load(get func(string, int) ([]float32, error)) error {
 		copy(a.dst, v)
 	}
 	return nil
-}
-
-// restoreMatrix restores one matrix's state and, for the first reader of
-// its input, the shared P; a later reader's copy of P must equal it.
-func (st *lspState) restoreMatrix(x *lspMatrix, get func(string, int) ([]float32, error)) error {
-	p := "lsp." + x.name + "."
-	var vals [6][]float32
-	for i, f := range []struct {
-		name string
-		n    int
-	}{{"p_idx", x.m * x.r}, {"p_val", x.m * x.r}, {"q_idx", x.n * x.r}, {"q_val", x.n * x.r}, {"m", x.d * x.d}, {"v", x.d * x.d}} {
-		v, err := get(p+f.name, f.n)
-		if err != nil {
-			return err
-		}
-		vals[i] = v
-	}
-	counters, err := get(p+"counters", 2)
-	if err != nil {
-		return err
-	}
-	P, err := restoreProjector(x.name, x.m, x.d, x.r, vals[0], vals[1])
-	if err != nil {
-		return err
-	}
-	if first := x.in.mats[0]; first == x {
-		x.in.P = P
-		if err := st.uploadP(x.in); err != nil {
-			return err
-		}
-	} else if !slices.Equal(P.Idx, x.in.P.Idx) || !slices.Equal(P.Val, x.in.P.Val) {
-		return fmt.Errorf("optimizer state %sp_idx, p_val: differ from %s's, which shares the input and so P", p, first.name)
-	}
-	if x.Q, err = restoreProjector(x.name, x.n, x.d, x.r, vals[2], vals[3]); err != nil {
-		return err
-	}
-	copy(x.state.M, vals[4])
-	copy(x.state.V, vals[5])
-	x.state.Step, x.rewarmFrom = int64(counters[0]), int(counters[1])
-	return st.uploadQ(x)
-}
-
-// restoreProjector rebuilds a projector of rows x d from its saved row
-// storage.
-func restoreProjector(name string, rows, d, r int, idx, val []float32) (*lsp.Projector, error) {
-	pr := &lsp.Projector{M: rows, D: d, R: r, Idx: make([]int32, len(idx)), Val: append([]float32(nil), val...)}
-	for i, v := range idx {
-		pr.Idx[i] = int32(v)
-	}
-	if err := pr.RebuildColumns(); err != nil {
-		return nil, fmt.Errorf("optimizer state %s: %w", name, err)
-	}
-	return pr, pr.Validate()
 }
 
 type keyed struct {

@@ -341,8 +341,8 @@ func TestToySharedInput(t *testing.T) {
 	tr := newToy(t, cfg)
 	st := tr.e.lsp
 	for l := range toy.L {
-		if len(st.inputs[l]) != 1 || st.mats[l][0].in != st.inputs[l][0] || st.mats[l][1].in != st.inputs[l][0] {
-			t.Fatalf("block %d: %d inputs; matrices read %p and %p", l, len(st.inputs[l]), st.mats[l][0].in, st.mats[l][1].in)
+		if len(st.Inputs[l]) != 1 || st.Mats[l][0].In != st.Inputs[l][0] || st.Mats[l][1].In != st.Inputs[l][0] {
+			t.Fatalf("block %d: %d inputs; matrices read %p and %p", l, len(st.Inputs[l]), st.Mats[l][0].In, st.Mats[l][1].In)
 		}
 	}
 	// The same weights without hooks give the dense gradients.
@@ -368,8 +368,8 @@ func TestToySharedInput(t *testing.T) {
 		if err := m.ZeroGrads(s); err != nil {
 			t.Fatal(err)
 		}
-		st.micro = 0
-		if err := calibrationPass(m, s, toy.L, scale); err != nil {
+		st.SetMicro(0)
+		if err := model.ForwardBackward(m, s, toy.L, scale); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -382,9 +382,9 @@ func TestToySharedInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for l := range toy.L {
-		for k, xm := range st.mats[l] {
+		for k, xm := range st.Mats[l] {
 			p := x.Layout[x.MatParam[l][k]]
-			want := projectS(xm.in.P, xm.Q, grads[p.Offset:p.Offset+p.Len()])
+			want := projectS(xm.In.P, xm.Q, grads[p.Offset:p.Offset+p.Len()])
 			got, err := backend.Download(be, s, xm.S)
 			if err != nil {
 				t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
@@ -19,7 +20,7 @@ func engineConfig(mode engine.Mode) engine.Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return engine.Config{Mode: mode, DenseParams: engine.DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP: engine.LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+		LSP: lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
 }
 
 // patternBatches draws n micro-batches of a learnable pattern (next = cur+1

@@ -24,7 +24,7 @@ type Carry struct {
 	// Identity: both projectors were unchanged and M, V were left as they were.
 	Identity bool
 	// Change is max(||C - I||_F, ||D - I||_F) / sqrt(d): 0 for unchanged
-	// projectors, about 1 for independent fresh ones. Rewarm.Large decides
+	// projectors, about 1 for independent fresh ones. Ramp.Large decides
 	// from it whether to re-warm the matrix's learning rate.
 	Change float64
 }

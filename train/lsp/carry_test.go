@@ -199,13 +199,13 @@ func TestCarryErrors(t *testing.T) {
 }
 
 func TestRewarm(t *testing.T) {
-	w := Rewarm{Steps: 4, Threshold: 0.5}
+	w := Ramp{Steps: 4, Threshold: 0.5}
 	for k, want := range []float64{0.2, 0.4, 0.6, 0.8, 1, 1} {
 		if got := w.Multiplier(k); math.Abs(got-want) > 1e-15 {
 			t.Errorf("Multiplier(%d) = %v, want %v", k, got, want)
 		}
 	}
-	if (Rewarm{}).Multiplier(0) != 1 {
+	if (Ramp{}).Multiplier(0) != 1 {
 		t.Error("Steps 0 must not re-warm")
 	}
 	for _, tc := range []struct {

@@ -235,7 +235,7 @@ func addOrtho(ev *evaluation, p sparse, qs []sparse, w float64, grad bool) {
 
 // FreshDraw returns copies of P and the Qs with the fresh positions and
 // values a fit keyed by seed starts from (FitSamples's draw, which a fit
-// on a backend, train/devfit, repeats so that both fit the same draw).
+// on a backend, devicefit.go, repeats so that both fit the same draw).
 func FreshDraw(P *Projector, Qs []*Projector, seed uint64) (*Projector, []*Projector, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x6c73702d666974)) // "lsp-fit"
 	nP := P.Clone()
@@ -369,7 +369,7 @@ func AllWithin(ratios []float64, alpha float64) bool {
 // StartResults are a fit's results before its first step, from the
 // ratios of the projectors it starts from: each ratio before and after,
 // and done (every result Reached) when all are already within alpha, so
-// the fit has nothing to do. Every fit (this package's, train/devfit's)
+// the fit has nothing to do. Every fit (the host one here and FitSamplesOn)
 // starts with it.
 func StartResults(ratios []float64, alpha float64) (res []FitResult, done bool) {
 	res = make([]FitResult, len(ratios))

@@ -1,5 +1,5 @@
 // The host fit's objective and gradient at given projectors, exported as
-// the float64 reference of the fit on a backend (train/devfit's tests).
+// the float64 reference of the fit on a backend (devicefit_test.go).
 
 package lsp
 

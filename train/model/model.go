@@ -184,6 +184,19 @@ func Backward(m Model, s backend.Stream, L int) error {
 	return m.BackwardEmbed(s)
 }
 
+// ForwardBackward enqueues one forward, the loss scaled by scale, and a
+// whole backward pass of m with L blocks: a pass outside a step's graph
+// (the projector check's calibration).
+func ForwardBackward(m Model, s backend.Stream, L int, scale float32) error {
+	if err := m.Forward(s); err != nil {
+		return err
+	}
+	if err := m.CrossEntropy(s, scale); err != nil {
+		return err
+	}
+	return Backward(m, s, L)
+}
+
 // Index is an architecture's layout indexed by block, checked against the
 // conventions of this package.
 type Index struct {

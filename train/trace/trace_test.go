@@ -11,6 +11,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/plan"
@@ -29,7 +30,7 @@ func config(mode engine.Mode, dense engine.DenseParams) engine.Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return engine.Config{Mode: mode, DenseParams: dense, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP: engine.LSPConfig{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+		LSP: lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
 }
 
 type setup struct {

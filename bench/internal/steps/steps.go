@@ -16,6 +16,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 )
@@ -40,7 +41,7 @@ type Job struct {
 func Config(mode engine.Mode, pipelined bool, threads int) engine.Config {
 	return engine.Config{Mode: mode, DenseParams: engine.DenseDevice, Hyper: optim.DefaultHyper(), Pipelined: pipelined,
 		Seed: 1, HostThreads: threads,
-		LSP: engine.LSPConfig{D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, NoFit: true}}
+		LSP: lsp.Config{D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 32, ProjLR: 0.05, NoFit: true}}
 }
 
 // Result is a job's timed steps.

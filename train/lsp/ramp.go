@@ -6,27 +6,27 @@
 
 package lsp
 
-// Rewarm is the rule: a change is large when Carry.Change (max(||C-I||_F,
+// Ramp is the rule: a change is large when Carry.Change (max(||C-I||_F,
 // ||D-I||_F) / sqrt(d), 0 for unchanged projectors and about 1 for
 // independent fresh ones) exceeds Threshold; after a large change the
 // matrix's learning rate is multiplied by (k+1)/(Steps+1) on the k-th step
 // after it (k = 0, 1, ...), a linear ramp from near 0 to 1 that reaches 1
 // at k = Steps.
-type Rewarm struct {
+type Ramp struct {
 	Steps     int
 	Threshold float64
 }
 
-// DefaultRewarm re-warms over 20 steps after changes above 0.5.
-func DefaultRewarm() Rewarm { return Rewarm{Steps: 20, Threshold: 0.5} }
+// DefaultRamp re-warms over 20 steps after changes above 0.5.
+func DefaultRamp() Ramp { return Ramp{Steps: 20, Threshold: 0.5} }
 
 // Large reports whether a carry-over's change calls for a re-warm.
-func (w Rewarm) Large(c Carry) bool { return !c.Identity && c.Change > w.Threshold }
+func (w Ramp) Large(c Carry) bool { return !c.Identity && c.Change > w.Threshold }
 
 // Multiplier is the learning-rate factor on the k-th step (k = 0 for the
 // first) after a large change: (k+1)/(Steps+1) up to 1. It never returns 0,
 // so no step is wasted, and returns 1 for k >= Steps or Steps == 0.
-func (w Rewarm) Multiplier(k int) float64 {
+func (w Ramp) Multiplier(k int) float64 {
 	if k >= w.Steps || k < 0 {
 		return 1
 	}

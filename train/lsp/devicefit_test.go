@@ -1,4 +1,4 @@
-package devfit
+package lsp
 
 import (
 	"fmt"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
@@ -48,16 +47,16 @@ func (pr problem) String() string {
 }
 
 // build draws the projectors and samples of pr.
-func (pr problem) build(t *testing.T, seed uint64) (*lsp.Projector, []*lsp.Projector, [][][]float32) {
+func (pr problem) build(t *testing.T, seed uint64) (*Projector, []*Projector, [][][]float32) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 17))
-	P, err := lsp.NewProjector(pr.m, pr.d, pr.r, rng)
+	P, err := NewProjector(pr.m, pr.d, pr.r, rng)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var Qs []*lsp.Projector
+	var Qs []*Projector
 	for _, n := range pr.ns {
-		q, err := lsp.NewProjector(n, pr.d, pr.r, rng)
+		q, err := NewProjector(n, pr.d, pr.r, rng)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,14 +65,14 @@ func (pr problem) build(t *testing.T, seed uint64) (*lsp.Projector, []*lsp.Proje
 	samples := make([][][]float32, pr.samples)
 	for j := range samples {
 		for _, n := range pr.ns {
-			samples[j] = append(samples[j], lowRank(rng, pr.m, n, 3, 0.1))
+			samples[j] = append(samples[j], lowRankSample(rng, pr.m, n, 3, 0.1))
 		}
 	}
 	return P, Qs, samples
 }
 
-// lowRank is a rank-k m x n matrix plus Gaussian noise.
-func lowRank(rng *rand.Rand, m, n, k int, noise float64) []float32 {
+// lowRankSample is a rank-k m x n matrix plus Gaussian noise.
+func lowRankSample(rng *rand.Rand, m, n, k int, noise float64) []float32 {
 	u, v := make([]float64, m*k), make([]float64, k*n)
 	for i := range u {
 		u[i] = rng.NormFloat64()
@@ -96,7 +95,7 @@ func lowRank(rng *rand.Rand, m, n, k int, noise float64) []float32 {
 
 // backends are the backends the tests run the fit on: the CPU backend in
 // its hazard-checking, kernel-dtype mode, and, in cudasim and cuda builds,
-// the CUDA backend (devfit_cuda_test.go).
+// the CUDA backend (devicefit_cuda_test.go).
 var backends = []struct {
 	name string
 	open func(t *testing.T) backend.Backend
@@ -115,18 +114,18 @@ func TestEvaluateMatchesHost(t *testing.T) {
 			for _, ortho := range []float64{0, 0.3} {
 				t.Run(fmt.Sprintf("%s_%v_ortho%v", bk.name, pr, ortho), func(t *testing.T) {
 					P, Qs, samples := pr.build(t, 3)
-					obj, ratios, grads, err := lsp.FitObjective(P, Qs, samples, ortho)
+					obj, ratios, grads, err := FitObjective(P, Qs, samples, ortho)
 					if err != nil {
 						t.Fatal(err)
 					}
 					be := bk.open(t)
 					defer be.Close()
-					opts := lsp.FitOptions{LR: 0.05, MaxIters: 1, Ortho: ortho}
-					g2s, err := lsp.CheckFitSamples(P, Qs, samples, 0.5, opts)
+					opts := FitOptions{LR: 0.05, MaxIters: 1, Ortho: ortho}
+					g2s, err := CheckFitSamples(P, Qs, samples, 0.5, opts)
 					if err != nil {
 						t.Fatal(err)
 					}
-					f := &fit{be: be, s: be.DefaultStream(), opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s}
+					f := &deviceFit{be: be, s: be.DefaultStream(), opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s}
 					defer f.free()
 					if err := f.setup(P, Qs); err != nil {
 						t.Fatal(err)
@@ -151,7 +150,7 @@ func TestEvaluateMatchesHost(t *testing.T) {
 							t.Errorf("matrix %d: ratio %v, host %v (|diff| %.3g > %v)", k, ev.ratios[k], r, d, evalTol)
 						}
 					}
-					got := download(t, be, f.grads)
+					got := downloadF32(t, be, f.grads)
 					var scale, worst float64
 					for _, g := range grads {
 						for _, v := range g {
@@ -177,7 +176,7 @@ func TestEvaluateMatchesHost(t *testing.T) {
 	}
 }
 
-func download(t *testing.T, be backend.Backend, x backend.Tensor) []float32 {
+func downloadF32(t *testing.T, be backend.Backend, x backend.Tensor) []float32 {
 	t.Helper()
 	h, err := be.AllocHost("test", int(x.Bytes()))
 	if err != nil {
@@ -202,16 +201,16 @@ func TestMatchesHostFit(t *testing.T) {
 			for _, ortho := range []float64{0, 0.3} {
 				t.Run(fmt.Sprintf("%s_%v_ortho%v", bk.name, pr, ortho), func(t *testing.T) {
 					P, Qs, samples := pr.build(t, 5)
-					opts := lsp.FitOptions{LR: 0.05, MaxIters: 15, Seed: 11, Ortho: ortho}
+					opts := FitOptions{LR: 0.05, MaxIters: 15, Seed: 11, Ortho: ortho}
 					hP, hQs := P.Clone(), clones(Qs)
-					want, err := lsp.FitSamples(hP, hQs, samples, 0.05, opts)
+					want, err := FitSamples(hP, hQs, samples, 0.05, opts)
 					if err != nil {
 						t.Fatal(err)
 					}
 					be := bk.open(t)
 					defer be.Close()
 					dP, dQs := P.Clone(), clones(Qs)
-					got, err := FitSamples(be, be.DefaultStream(), dP, dQs, samples, 0.05, opts)
+					got, err := FitSamplesOn(be, be.DefaultStream(), dP, dQs, samples, 0.05, opts)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -225,7 +224,7 @@ func TestMatchesHostFit(t *testing.T) {
 							t.Errorf("matrix %d: ratios %v -> %v, host %v -> %v", k, g.RatioBefore, g.RatioAfter, w.RatioBefore, w.RatioAfter)
 						}
 					}
-					for i, pair := range [][2]*lsp.Projector{{dP, hP}} {
+					for i, pair := range [][2]*Projector{{dP, hP}} {
 						checkClose(t, fmt.Sprintf("P %d", i), pair[0], pair[1])
 					}
 					for k := range dQs {
@@ -237,8 +236,8 @@ func TestMatchesHostFit(t *testing.T) {
 	}
 }
 
-func clones(ps []*lsp.Projector) []*lsp.Projector {
-	out := make([]*lsp.Projector, len(ps))
+func clones(ps []*Projector) []*Projector {
+	out := make([]*Projector, len(ps))
 	for i, p := range ps {
 		out[i] = p.Clone()
 	}
@@ -247,7 +246,7 @@ func clones(ps []*lsp.Projector) []*lsp.Projector {
 
 // checkClose fails unless got and want have the same positions and values
 // within valTol of the largest, and got is valid.
-func checkClose(t *testing.T, name string, got, want *lsp.Projector) {
+func checkClose(t *testing.T, name string, got, want *Projector) {
 	t.Helper()
 	if err := got.Validate(); err != nil {
 		t.Fatalf("%s: %v", name, err)
@@ -273,7 +272,7 @@ func checkClose(t *testing.T, name string, got, want *lsp.Projector) {
 func TestTraceFitRecordsTheFit(t *testing.T) {
 	pr := problems[1]
 	P, Qs, samples := pr.build(t, 5)
-	opts := lsp.FitOptions{LR: 0.05, MaxIters: 4, Seed: 11, Ortho: 0.3}
+	opts := FitOptions{LR: 0.05, MaxIters: 4, Seed: 11, Ortho: 0.3}
 	count := func(ops []trace.Op) map[string]int {
 		n := map[string]int{}
 		for _, o := range ops {
@@ -285,7 +284,7 @@ func TestTraceFitRecordsTheFit(t *testing.T) {
 	}
 	real := trace.Wrap(cpu.New(cpu.Config{}))
 	defer real.Close()
-	res, err := FitSamples(real, real.DefaultStream(), P.Clone(), clones(Qs), samples, 1e-6, opts)
+	res, err := FitSamplesOn(real, real.DefaultStream(), P.Clone(), clones(Qs), samples, 1e-6, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,12 +311,12 @@ func TestBytesCoversTheFit(t *testing.T) {
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
 			base := be.MemStats().InUse
-			opts := lsp.FitOptions{LR: 0.05, MaxIters: 2, Seed: 11, Ortho: 0.3}
-			if _, err := FitSamples(be, be.DefaultStream(), P, Qs, samples, 1e-6, opts); err != nil {
+			opts := FitOptions{LR: 0.05, MaxIters: 2, Seed: 11, Ortho: 0.3}
+			if _, err := FitSamplesOn(be, be.DefaultStream(), P, Qs, samples, 1e-6, opts); err != nil {
 				t.Fatal(err)
 			}
 			used := be.MemStats().HighWater - base
-			want := Bytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
+			want := FitBytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
 			if used > want || float64(used) < 0.5*float64(want) {
 				t.Errorf("the fit allocated %d bytes, Bytes says %d", used, want)
 			}
@@ -334,16 +333,16 @@ func TestBytesCoversTheFit(t *testing.T) {
 func TestStagingIsReused(t *testing.T) {
 	pr := problems[1]
 	P, Qs, samples := pr.build(t, 5)
-	opts := lsp.FitOptions{LR: 0.05, MaxIters: 3, Seed: 11, Ortho: 0.3}
+	opts := FitOptions{LR: 0.05, MaxIters: 3, Seed: 11, Ortho: 0.3}
 	be := cpu.New(cpu.Config{})
 	defer be.Close()
 	wantP, wantQs := P.Clone(), clones(Qs)
-	want, err := FitSamples(be, be.DefaultStream(), wantP, wantQs, samples, 1e-6, opts)
+	want, err := FitSamplesOn(be, be.DefaultStream(), wantP, wantQs, samples, 1e-6, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, s := StagingBytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
-	stg, err := NewStaging(be, g, s)
+	g, s := FitStagingBytes(pr.m, pr.ns, pr.d, pr.r, pr.samples)
+	stg, err := NewFitStaging(be, g, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +359,7 @@ func TestStagingIsReused(t *testing.T) {
 	if !slices.Equal(gotP.Val, wantP.Val) || got[0].RatioAfter != want[0].RatioAfter {
 		t.Errorf("staged fit: ratio %v, its own staging's %v (or P's values differ)", got[0].RatioAfter, want[0].RatioAfter)
 	}
-	small, err := NewStaging(be, g/2, s)
+	small, err := NewFitStaging(be, g/2, s)
 	if err != nil {
 		t.Fatal(err)
 	}

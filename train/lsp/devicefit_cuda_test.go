@@ -1,6 +1,6 @@
 //go:build cuda || cudasim
 
-package devfit
+package lsp
 
 import (
 	"errors"

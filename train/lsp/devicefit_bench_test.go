@@ -1,11 +1,10 @@
-package devfit
+package lsp
 
 import (
 	"fmt"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 // BenchmarkFitGPT2 fits the four input groups of one GPT-2 (124M) block
@@ -19,7 +18,7 @@ func BenchmarkFitGPT2(b *testing.B) {
 		groups = append(groups, problem{m: s[0], d: 512, r: 16, ns: []int{s[1]}, samples: 1})
 	}
 	t := &testing.T{}
-	opts := lsp.FitOptions{LR: 0.05, MaxIters: 3, Seed: 1}
+	opts := FitOptions{LR: 0.05, MaxIters: 3, Seed: 1}
 	const alpha = 1e-3 // never reached: every step runs
 	for _, on := range []string{"host", "cpu"} {
 		b.Run(on, func(b *testing.B) {
@@ -32,9 +31,9 @@ func BenchmarkFitGPT2(b *testing.B) {
 					b.StartTimer()
 					var err error
 					if on == "host" {
-						_, err = lsp.FitSamples(P, Qs, samples, alpha, opts)
+						_, err = FitSamples(P, Qs, samples, alpha, opts)
 					} else {
-						_, err = FitSamples(be, be.DefaultStream(), P, Qs, samples, alpha, opts)
+						_, err = FitSamplesOn(be, be.DefaultStream(), P, Qs, samples, alpha, opts)
 					}
 					if err != nil {
 						b.Fatal(fmt.Errorf("%v: %w", pr, err))

@@ -1,5 +1,5 @@
-// The projector check of lsp mode (DESIGN.md section 2, "Learning the
-// projectors", with the changes of issue 12): every --check-every steps
+// The projector check (docs/DESIGN.md, "Learning the projectors"): every
+// --check-every steps
 // (and before step 1 unless --start-random), a calibration pass forms the
 // full gradient G of one layer's matrices at a time, per micro-batch (that
 // layer's forward keeps its inputs X; G = X^T dY). The host measures each
@@ -8,7 +8,7 @@
 // that input of every layer) on the first half of the micro-batches
 // (--refit: their summed gradient, or each at once); the second half
 // decides whether the new projectors are kept (--accept heldout: they must
-// capture acceptMargin more of its gradient). Kept projectors get the
+// capture AcceptMargin more of its gradient). Kept projectors get the
 // subspace Adam moments carried over and, by --rewarm, the second moment
 // raised to the new subspace's or the learning rate re-warmed.
 //
@@ -16,13 +16,13 @@
 // micro-batch (one per layer) so that only one layer's G (the sum of m n
 // over its matrices, fp32; 12 C^2 for GPT-2) and inputs (the sum of m over
 // its inputs per token; 7 C for GPT-2) are on the device at a time; the
-// host keeps at most fitGroups + 1 such G per layer (all layers' with
+// host keeps at most maxFitGroups + 1 such G per layer (all layers' with
 // --share-layers); the fit itself runs on the backend's ops
-// (train/devfit, the host float64 fit of train/lsp within fp32 rounding),
-// its buffers allocated for the fit and freed after it (the plan's
-// "projector fit").
+// (devicefit.go: the host float64 fit of fit.go within fp32 rounding),
+// its buffers allocated for the fit and freed after it (memory.go's
+// reservation, the plan's "projector fit").
 
-package engine
+package lsp
 
 import (
 	"fmt"
@@ -32,8 +32,6 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
-	"github.com/lsp-offload/lsp-offload/train/devfit"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -62,7 +60,7 @@ type CheckReport struct {
 // calibration holds one layer's inputs (by input) and full gradients (by
 // matrix).
 type calibration struct {
-	e    *Engine
+	st   *State
 	x, g []backend.Tensor
 	bufs []backend.Tensor
 }
@@ -79,15 +77,16 @@ func calibrationBytes(x *model.Index, BT int, dt backend.DType) int64 {
 	return b
 }
 
-func newCalibration(e *Engine) (*calibration, error) {
-	x := e.idx
-	c := &calibration{e: e, x: make([]backend.Tensor, x.Inputs), g: make([]backend.Tensor, len(x.Mats))}
-	BT := e.b * e.t
+func newCalibration(st *State) (*calibration, error) {
+	env := st.env
+	x := env.Index
+	c := &calibration{st: st, x: make([]backend.Tensor, x.Inputs), g: make([]backend.Tensor, len(x.Mats))}
+	BT := env.B * env.T
 	alloc := func(name string, n int, dt backend.DType) (backend.Tensor, error) {
-		t, err := e.be.Alloc(name, n, dt)
+		t, err := env.Backend.Alloc(name, n, dt)
 		if err != nil {
 			c.free()
-			return t, fmt.Errorf("engine: %w", err)
+			return t, fmt.Errorf("lsp: %w", err)
 		}
 		c.bufs = append(c.bufs, t)
 		return t, nil
@@ -95,7 +94,7 @@ func newCalibration(e *Engine) (*calibration, error) {
 	// In matrix order, each input with its first reader.
 	for k, mt := range x.Mats {
 		if x.Readers[mt.Input][0] == k {
-			in, err := alloc("calibration input "+mt.Name, BT*mt.M, e.dt)
+			in, err := alloc("calibration input "+mt.Name, BT*mt.M, env.DType)
 			if err != nil {
 				return nil, err
 			}
@@ -112,46 +111,37 @@ func newCalibration(e *Engine) (*calibration, error) {
 
 func (c *calibration) free() {
 	for _, t := range c.bufs {
-		c.e.be.Free(t)
+		c.st.env.Backend.Free(t)
 	}
 	c.bufs = nil
 }
 
 func (c *calibration) input(s backend.Stream, l, in int, X backend.Tensor) error {
-	if l != c.e.lsp.calibLayer {
+	if l != c.st.calibLayer {
 		return nil
 	}
-	return c.e.be.CopyD2D(s, c.x[in], X)
+	return c.st.env.Backend.CopyD2D(s, c.x[in], X)
 }
 
 func (c *calibration) outputGrad(s backend.Stream, l, k int, dY backend.Tensor) error {
-	if l != c.e.lsp.calibLayer {
+	if l != c.st.calibLayer {
 		return nil
 	}
-	mt := c.e.idx.Mats[k]
-	return c.e.be.Gemm(s, true, false, mt.M, mt.N, c.e.b*c.e.t, 1, c.x[mt.Input], dY, 1, c.g[k])
+	env := c.st.env
+	mt := env.Index.Mats[k]
+	return env.Backend.Gemm(s, true, false, mt.M, mt.N, env.B*env.T, 1, c.x[mt.Input], dY, 1, c.g[k])
 }
 
-// CheckDue reports whether the projectors are checked before the next step.
-// A step skipped for a non-finite loss does not advance the step count, so
-// the attempt after it would be due again; one check per step count is
-// enough (and a second would refit the projectors once more).
-func (e *Engine) CheckDue() bool {
-	if e.lsp == nil || e.lsp.calib == nil || e.checked == e.step {
-		return false
-	}
-	if e.step == 0 {
-		return !e.cfg.LSP.StartRandom
-	}
-	return e.step%e.cfg.LSP.CheckEvery == 0
-}
+// Checks reports whether the state runs projector checks (it has a
+// calibration: not with NoFit).
+func (st *State) Checks() bool { return st.calib != nil }
 
-// CalibBatches is the number of micro-batches Check wants: the
+// CalibBatches is the number of micro-batches of B rows Check wants: the
 // calibration rows in whole micro-batches, and at least two when held-out
 // micro-batches decide whether a refit is kept (one fits, one decides).
-func (e *Engine) CalibBatches() int {
-	n := (e.cfg.LSP.CalibSamples + e.b - 1) / e.b
-	if e.lsp != nil && e.lsp.cfg.Accept == AcceptHeldOut {
+func (c Config) CalibBatches(B int) int {
+	n := (c.CalibSamples + B - 1) / B
+	if c.WithDefaults().Accept == AcceptHeldOut {
 		n = max(n, 2)
 	}
 	return n
@@ -164,37 +154,35 @@ func (e *Engine) CalibBatches() int {
 // Each micro-batch's gradient is formed on its own (the mean over its
 // target tokens): with held-out acceptance the first half of the
 // micro-batches fit and the rest decide; otherwise all of them fit.
-func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
-	st := e.lsp
-	if st == nil || st.calib == nil {
-		return nil, fmt.Errorf("engine: no projector check in mode %s", e.cfg.Mode)
+func (st *State) Check(batches []data.Batch, step int) ([]CheckReport, error) {
+	if st.calib == nil {
+		return nil, fmt.Errorf("lsp: no projector check with --no-fit")
 	}
 	nFit := len(batches)
-	if st.cfg.Accept == AcceptHeldOut {
+	if st.Config.Accept == AcceptHeldOut {
 		if len(batches) < 2 {
-			return nil, fmt.Errorf("engine: projector check: %d calibration micro-batches, held-out acceptance needs at least 2", len(batches))
+			return nil, fmt.Errorf("lsp: projector check: %d calibration micro-batches, held-out acceptance needs at least 2", len(batches))
 		}
 		nFit = len(batches) / 2
 	}
 	weights := make([]float64, len(batches))
 	for j, b := range batches {
 		if b.NumTargets == 0 {
-			return nil, fmt.Errorf("engine: projector check: no target tokens in calibration micro-batch %d", j)
+			return nil, fmt.Errorf("lsp: projector check: no target tokens in calibration micro-batch %d", j)
 		}
 		weights[j] = float64(b.NumTargets)
 	}
 	// Fitting micro-batch j goes to group j*groups/nFit: at most
-	// fitGroups gradients per matrix on the host, whatever the
+	// maxFitGroups gradients per matrix on the host, whatever the
 	// calibration size.
-	groups := min(nFit, fitGroups)
+	groups := min(nFit, maxFitGroups)
 	group := func(j int) int { return j * groups / nFit }
 	defer func() { st.calibLayer = -1 }()
-	e.checked = e.step
-	m, be, s := e.Model, e.be, e.st.Compute
+	m, be, s := st.env.Model, st.env.Backend, st.env.Stream
 	bufs := m.Buffers()
 	var reports []CheckReport
 	shared := map[int][]member{} // --share-layers: by the input's first reader's index k
-	for l := range st.mats {
+	for l := range st.Mats {
 		st.calibLayer = l
 		// Target-weighted sums of the layer's gradients, per group (then
 		// the held-out micro-batches, as one) and matrix.
@@ -211,24 +199,24 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 			if err := backend.UploadInt32(be, s, bufs.Targets, b.Targets); err != nil {
 				return nil, err
 			}
-			if err := calibrationPass(m, s, len(st.mats), 1/float32(b.NumTargets)); err != nil {
-				return nil, fmt.Errorf("engine: calibration pass of layer %d: %w", l, err)
+			if err := model.ForwardBackward(m, s, len(st.Mats), 1/float32(b.NumTargets)); err != nil {
+				return nil, fmt.Errorf("lsp: calibration pass of layer %d: %w", l, err)
 			}
 			sum := &sums[groups]
 			if j < nFit {
 				sum = &sums[group(j)]
 			}
-			for k := range st.mats[l] {
+			for k := range st.Mats[l] {
 				G, err := backend.Download(be, s, st.calib.g[k])
 				if err != nil {
 					return nil, err
 				}
-				sum.add(k, len(st.mats[l]), G, float64(b.NumTargets))
+				sum.add(k, len(st.Mats[l]), G, float64(b.NumTargets))
 			}
 		}
 		// In matrix order, each input's readers together with its first.
-		for k, x := range st.mats[l] {
-			if x.in.mats[0] != x {
+		for k, x := range st.Mats[l] {
+			if x.In.Mats[0] != x {
 				continue
 			}
 			var cs calibSet
@@ -236,9 +224,9 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 				if sums[gi].w == 0 {
 					continue // no held-out micro-batches
 				}
-				mine := make([][]float32, len(x.in.mats))
-				for i, y := range x.in.mats {
-					mine[i] = sums[gi].mean(y.k)
+				mine := make([][]float32, len(x.In.Mats))
+				for i, y := range x.In.Mats {
+					mine[i] = sums[gi].mean(y.K)
 				}
 				if gi < groups {
 					cs.fit, cs.fitW = append(cs.fit, mine), append(cs.fitW, sums[gi].w)
@@ -246,37 +234,37 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 					cs.held = mine
 				}
 			}
-			if st.cfg.ShareLayers {
-				shared[k] = append(shared[k], member{x.in, cs})
+			if st.Config.ShareLayers {
+				shared[k] = append(shared[k], member{x.In, cs})
 				continue
 			}
-			rs, err := st.fit([]member{{x.in, cs}})
+			rs, err := st.fit([]member{{x.In, cs}}, step)
 			if err != nil {
-				return nil, fmt.Errorf("engine: layer %d, matrix %d: %w", l, k, err)
+				return nil, fmt.Errorf("lsp: layer %d, matrix %d: %w", l, k, err)
 			}
 			reports = append(reports, rs...)
 		}
 	}
-	if st.cfg.ShareLayers {
+	if st.Config.ShareLayers {
 		// One fit per input kind over every layer's gradients; the
 		// reports come in the usual order, layer by layer.
-		byMember := map[*lspInput][]CheckReport{}
-		for k := range len(st.mats[0]) {
+		byMember := map[*Input][]CheckReport{}
+		for k := range len(st.Mats[0]) {
 			if len(shared[k]) == 0 {
 				continue
 			}
-			rs, err := st.fit(shared[k])
+			rs, err := st.fit(shared[k], step)
 			if err != nil {
-				return nil, fmt.Errorf("engine: matrix %d of every layer: %w", k, err)
+				return nil, fmt.Errorf("lsp: matrix %d of every layer: %w", k, err)
 			}
 			for _, mb := range shared[k] {
-				byMember[mb.in], rs = rs[:len(mb.in.mats)], rs[len(mb.in.mats):]
+				byMember[mb.in], rs = rs[:len(mb.in.Mats)], rs[len(mb.in.Mats):]
 			}
 		}
-		for l := range st.mats {
-			for _, x := range st.mats[l] {
-				if x.in.mats[0] == x {
-					reports = append(reports, byMember[x.in]...)
+		for l := range st.Mats {
+			for _, x := range st.Mats[l] {
+				if x.In.Mats[0] == x {
+					reports = append(reports, byMember[x.In]...)
 				}
 			}
 		}
@@ -288,14 +276,14 @@ func (e *Engine) Check(batches []data.Batch) ([]CheckReport, error) {
 // a member of a fit: alone, or with the same input of every layer
 // (--share-layers).
 type member struct {
-	in *lspInput
+	in *Input
 	cs calibSet
 }
 
-// fitGroups bounds the gradients per matrix a check keeps on the host
+// maxFitGroups bounds the gradients per matrix a check keeps on the host
 // (and the samples of --refit split): the fitting micro-batches beyond it
 // are averaged in groups of consecutive ones.
-const fitGroups = 8
+const maxFitGroups = 8
 
 // gradSum is a target-weighted sum of micro-batch gradients, per matrix.
 type gradSum struct {
@@ -331,7 +319,7 @@ func (s *gradSum) mean(k int) []float32 {
 }
 
 // calibSet is one input's calibration gradients, one per reader (in the
-// order of lspInput.mats): per fitting group, with the group's target
+// order of Input.mats): per fitting group, with the group's target
 // count as its weight, and the held-out micro-batches' mean (nil unless
 // held-out micro-batches decide).
 type calibSet struct {
@@ -363,22 +351,11 @@ func mean(gs [][][]float32, w []float64) [][]float32 {
 	return out
 }
 
-// calibrationPass is one forward, loss and backward of the model.
-func calibrationPass(m model.Model, s backend.Stream, L int, scale float32) error {
-	if err := m.Forward(s); err != nil {
-		return err
-	}
-	if err := m.CrossEntropy(s, scale); err != nil {
-		return err
-	}
-	return model.Backward(m, s, L)
-}
-
-// acceptMargin is how much more of the held-out gradient candidate
+// AcceptMargin is how much more of the held-out gradient candidate
 // projectors must capture than the ones in use to replace them: a switch
 // of subspace costs progress (the moments carried over are only an
 // estimate), so a marginal gain is not worth it.
-const acceptMargin = 0.1
+const AcceptMargin = 0.1
 
 // rewarmUnder: a carried second moment below this share of what the new
 // subspace's gradients measure is underestimated enough that Adam's first
@@ -387,19 +364,18 @@ const rewarmUnder = 0.25
 
 // fit checks the projectors of the matrices that read one input (they
 // share P) against their calibration gradients and returns one report
-// per matrix, in the order of in.mats. With several members (the same
+// per matrix, in the order of in.Mats. With several members (the same
 // input of every layer, --share-layers) one candidate pair is fitted on
 // all their gradients and replaces every member's projectors, or none.
-func (st *lspState) fit(members []member) ([]CheckReport, error) {
-	e := st.e
+func (st *State) fit(members []member, step int) ([]CheckReport, error) {
 	t0 := time.Now()
 	in := members[0].in
-	first := in.mats[0]
+	first := in.Mats[0]
 	// The candidates start as copies of the first member's projectors
 	// (their shapes and, for a fit that keeps them, their values).
 	P := in.P.Clone()
-	Qs := make([]*lsp.Projector, len(in.mats))
-	for i, x := range in.mats {
+	Qs := make([]*Projector, len(in.Mats))
+	for i, x := range in.Mats {
 		Qs[i] = x.Q.Clone()
 	}
 	var samples [][][]float32
@@ -407,27 +383,27 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	for _, mb := range members {
 		samples, weights = append(samples, mb.cs.fit...), append(weights, mb.cs.fitW...)
 	}
-	seed := e.cfg.Seed ^ uint64(e.step)<<20 ^ uint64(first.id)<<8
-	var res []lsp.FitResult
+	seed := st.env.Seed ^ uint64(step)<<20 ^ uint64(first.ID)<<8
+	var res []FitResult
 	var err error
 	// The fit allocates in the bytes held for it, and frees them before
 	// they are taken back.
 	st.releaseFit()
-	switch st.cfg.Refit {
+	switch st.Config.Refit {
 	case RefitRandom:
-		res, err = redraw(P, Qs, mean(samples, weights), st.cfg.Alpha, seed)
+		res, err = redraw(P, Qs, mean(samples, weights), st.Config.Alpha, seed)
 	case RefitSplit:
-		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = devfit.FitSamplesStaged(e.be, e.st.Compute, st.fitStaging, P, Qs, samples, st.cfg.Alpha, opts)
+		opts := FitOptions{LR: st.Config.ProjLR, MaxIters: st.Config.FitIters, Seed: seed, Ortho: st.Config.Ortho}
+		res, err = FitSamplesStaged(st.env.Backend, st.env.Stream, st.fitStaging, P, Qs, samples, st.Config.Alpha, opts)
 	default:
-		opts := lsp.FitOptions{LR: st.cfg.ProjLR, MaxIters: st.cfg.FitIters, Seed: seed, Ortho: st.cfg.Ortho}
-		res, err = devfit.FitSamplesStaged(e.be, e.st.Compute, st.fitStaging, P, Qs, [][][]float32{mean(samples, weights)}, st.cfg.Alpha, opts)
+		opts := FitOptions{LR: st.Config.ProjLR, MaxIters: st.Config.FitIters, Seed: seed, Ortho: st.Config.Ortho}
+		res, err = FitSamplesStaged(st.env.Backend, st.env.Stream, st.fitStaging, P, Qs, [][][]float32{mean(samples, weights)}, st.Config.Alpha, opts)
 	}
 	if rerr := st.reserveFit(); rerr != nil {
 		return nil, rerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("engine: fitting the projectors of %s: %w", first.name, err)
+		return nil, fmt.Errorf("lsp: fitting the projectors of %s: %w", first.Name, err)
 	}
 	resampled := false
 	for _, r := range res {
@@ -435,10 +411,10 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	}
 	reps := make([][]CheckReport, len(members))
 	for j, mb := range members {
-		reps[j] = make([]CheckReport, len(mb.in.mats))
-		for i, x := range mb.in.mats {
+		reps[j] = make([]CheckReport, len(mb.in.Mats))
+		for i, x := range mb.in.Mats {
 			r := res[i]
-			reps[j][i] = CheckReport{Matrix: x.name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
+			reps[j][i] = CheckReport{Matrix: x.Name, RatioBefore: r.RatioBefore, RatioAfter: r.RatioAfter,
 				Iters: r.Iters, Resampled: r.Resampled, Reached: r.Reached}
 		}
 	}
@@ -450,21 +426,21 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 			if mb.cs.held == nil {
 				continue
 			}
-			for i, x := range mb.in.mats {
+			for i, x := range mb.in.Mats {
 				rp := &reps[j][i]
-				if rp.CaptureBefore, err = lsp.Capture(mb.in.P, x.Q, mb.cs.held[i]); err != nil {
-					return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+				if rp.CaptureBefore, err = Capture(mb.in.P, x.Q, mb.cs.held[i]); err != nil {
+					return nil, fmt.Errorf("lsp: held-out capture of %s: %w", x.Name, err)
 				}
 				rp.CaptureAfter = rp.CaptureBefore
 				if resampled {
-					if rp.CaptureAfter, err = lsp.Capture(P, Qs[i], mb.cs.held[i]); err != nil {
-						return nil, fmt.Errorf("engine: held-out capture of %s: %w", x.name, err)
+					if rp.CaptureAfter, err = Capture(P, Qs[i], mb.cs.held[i]); err != nil {
+						return nil, fmt.Errorf("lsp: held-out capture of %s: %w", x.Name, err)
 					}
 				}
 				before, after = before+rp.CaptureBefore, after+rp.CaptureAfter
 			}
 		}
-		if resampled && members[0].cs.held != nil && !(after > before*(1+acceptMargin)) {
+		if resampled && members[0].cs.held != nil && !(after > before*(1+AcceptMargin)) {
 			// Not enough better on data the fit did not see: keep the
 			// projectors in use, and their moments.
 			for j := range members {
@@ -472,7 +448,7 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 					rp := &reps[j][i]
 					rp.Rejected, rp.Resampled = true, false
 					rp.RatioAfter, rp.CaptureAfter = rp.RatioBefore, rp.CaptureBefore
-					rp.Reached = rp.RatioBefore <= st.cfg.Alpha
+					rp.Reached = rp.RatioBefore <= st.Config.Alpha
 				}
 			}
 			resampled = false
@@ -480,7 +456,7 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 	}
 	if resampled {
 		for j, mb := range members {
-			if err := st.replace(mb, P, Qs, reps[j]); err != nil {
+			if err := st.replace(mb, P, Qs, reps[j], step); err != nil {
 				return nil, err
 			}
 		}
@@ -499,27 +475,27 @@ func (st *lspState) fit(members []member) ([]CheckReport, error) {
 // replace gives one member copies of the kept candidates P and Qs, carries
 // each matrix's moments from its old projectors into them, re-warms by
 // --rewarm, and uploads the projectors.
-func (st *lspState) replace(mb member, P *lsp.Projector, Qs []*lsp.Projector, reps []CheckReport) error {
-	e, in := st.e, mb.in
+func (st *State) replace(mb member, P *Projector, Qs []*Projector, reps []CheckReport, step int) error {
+	in := mb.in
 	pOld := in.P
 	in.P = P.Clone()
-	for i, x := range in.mats {
+	for i, x := range in.Mats {
 		if !reps[i].Resampled {
 			continue
 		}
 		qOld := x.Q
 		x.Q = Qs[i].Clone()
-		c, err := lsp.CarryMoments(pOld, in.P, qOld, x.Q, x.state.M, x.state.V, carryRidge)
+		c, err := CarryMoments(pOld, in.P, qOld, x.Q, x.Adam.M, x.Adam.V, carryRidge)
 		if err != nil {
-			return fmt.Errorf("engine: carrying the moments of %s: %w", x.name, err)
+			return fmt.Errorf("lsp: carrying the moments of %s: %w", x.Name, err)
 		}
 		reps[i].Change = c.Change
-		if x.state.Step == 0 {
+		if x.Adam.Step == 0 {
 			continue
 		}
-		switch st.cfg.Rewarm {
+		switch st.Config.Rewarm {
 		case RewarmChange:
-			reps[i].Rewarm = st.rewarm.Large(c)
+			reps[i].Rewarm = st.ramp.Large(c)
 		case RewarmMeasured:
 			if reps[i].Rewarm, err = st.underestimated(x, mb.cs, i); err != nil {
 				return err
@@ -530,13 +506,13 @@ func (st *lspState) replace(mb member, P *lsp.Projector, Qs []*lsp.Projector, re
 			}
 		}
 		if reps[i].Rewarm {
-			x.rewarmFrom = e.step + 1
+			x.RewarmFrom = step + 1
 		}
 	}
 	if err := st.uploadP(in); err != nil {
 		return err
 	}
-	for _, x := range in.mats {
+	for _, x := range in.Mats {
 		if err := st.uploadQ(x); err != nil {
 			return err
 		}
@@ -547,12 +523,12 @@ func (st *lspState) replace(mb member, P *lsp.Projector, Qs []*lsp.Projector, re
 // newS2 is the mean over the fitting groups of S^2, entry by entry, of
 // matrix x's compressed gradients in its (new) subspace; i is x's place
 // among its input's readers.
-func newS2(x *lspMatrix, cs calibSet, i int) ([]float64, error) {
-	s2 := make([]float64, x.d*x.d)
+func newS2(x *Matrix, cs calibSet, i int) ([]float64, error) {
+	s2 := make([]float64, x.D*x.D)
 	for _, g := range cs.fit {
-		S, err := lsp.Project(x.in.P, x.Q, g[i])
+		S, err := Project(x.In.P, x.Q, g[i])
 		if err != nil {
-			return nil, fmt.Errorf("engine: %s: %w", x.name, err)
+			return nil, fmt.Errorf("lsp: %s: %w", x.Name, err)
 		}
 		for e, v := range S {
 			s2[e] += v * v / float64(len(cs.fit))
@@ -563,62 +539,62 @@ func newS2(x *lspMatrix, cs calibSet, i int) ([]float64, error) {
 
 // biasCorrection is Adam's 1 - beta2^step of matrix x, which the step
 // divides the second moment by.
-func (st *lspState) biasCorrection(x *lspMatrix) float64 {
-	return 1 - math.Pow(float64(st.e.cfg.Hyper.Beta2), float64(x.state.Step))
+func (st *State) biasCorrection(x *Matrix) float64 {
+	return 1 - math.Pow(float64(st.env.Hyper.Beta2), float64(x.Adam.Step))
 }
 
 // underestimated reports whether matrix x's carried second moment (bias
 // corrected, summed over the d x d entries) is below rewarmUnder times
 // the new subspace's (newS2, summed).
-func (st *lspState) underestimated(x *lspMatrix, cs calibSet, i int) (bool, error) {
+func (st *State) underestimated(x *Matrix, cs calibSet, i int) (bool, error) {
 	s2, err := newS2(x, cs, i)
 	if err != nil {
 		return false, err
 	}
 	var want, v float64
 	for e := range s2 {
-		want, v = want+s2[e], v+float64(x.state.V[e])
+		want, v = want+s2[e], v+float64(x.Adam.V[e])
 	}
 	return v/st.biasCorrection(x) < rewarmUnder*want, nil
 }
 
 // floorV raises matrix x's carried second moment to the new subspace's
 // (newS2), entry by entry, stored times Adam's bias correction.
-func (st *lspState) floorV(x *lspMatrix, cs calibSet, i int) error {
+func (st *State) floorV(x *Matrix, cs calibSet, i int) error {
 	s2, err := newS2(x, cs, i)
 	if err != nil {
 		return err
 	}
 	corr := st.biasCorrection(x)
 	for e, v := range s2 {
-		x.state.V[e] = max(x.state.V[e], float32(v*corr))
+		x.Adam.V[e] = max(x.Adam.V[e], float32(v*corr))
 	}
 	return nil
 }
 
 // redraw replaces the candidates P and Qs by fresh random projectors of
 // their shapes (RefitRandom) and reports the bias ratios on g (per reader).
-func redraw(P *lsp.Projector, Qs []*lsp.Projector, g [][]float32, alpha float64, seed uint64) ([]lsp.FitResult, error) {
+func redraw(P *Projector, Qs []*Projector, g [][]float32, alpha float64, seed uint64) ([]FitResult, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x7265647261770000)) // "redraw"
-	res := make([]lsp.FitResult, len(Qs))
+	res := make([]FitResult, len(Qs))
 	for i, Q := range Qs {
 		var err error
-		if res[i].RatioBefore, err = lsp.BiasRatio(P, Q, g[i]); err != nil {
+		if res[i].RatioBefore, err = BiasRatio(P, Q, g[i]); err != nil {
 			return nil, err
 		}
 	}
-	nP, err := lsp.NewProjector(P.M, P.D, P.R, rng)
+	nP, err := NewProjector(P.M, P.D, P.R, rng)
 	if err != nil {
 		return nil, err
 	}
 	*P = *nP
 	for i, Q := range Qs {
-		nQ, err := lsp.NewProjector(Q.M, Q.D, Q.R, rng)
+		nQ, err := NewProjector(Q.M, Q.D, Q.R, rng)
 		if err != nil {
 			return nil, err
 		}
 		*Q = *nQ
-		if res[i].RatioAfter, err = lsp.BiasRatio(P, Q, g[i]); err != nil {
+		if res[i].RatioAfter, err = BiasRatio(P, Q, g[i]); err != nil {
 			return nil, err
 		}
 		res[i].Resampled, res[i].Reached = true, res[i].RatioAfter <= alpha

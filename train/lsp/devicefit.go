@@ -1,13 +1,14 @@
-// Package devfit runs the projector fit of train/lsp (lsp.FitSamples: the
-// bias objective ||P P^T G Q Q^T - G||^2 / ||G||^2, its analytic gradient
-// in the projectors' values and Adam on those values) through Backend ops,
-// so that on a GPU a check costs device time instead of float64 host time.
-// The host keeps only the control flow: the fresh draw (lsp.FreshDraw, the
+// The projector fit on a Backend: FitSamplesOn runs the host fit of
+// fit.go (FitSamples: the bias objective ||P P^T G Q Q^T - G||^2 /
+// ||G||^2, its analytic gradient in the projectors' values and Adam on
+// those values) through Backend ops, so that on a GPU a check costs
+// device time instead of float64 host time.
+// The host keeps only the control flow: the fresh draw (FreshDraw, the
 // same positions and values the host fit draws), the scale match, the
 // stopping test and the choice of the best point, on a few scalars read
 // back once per evaluation.
 //
-// Products, all fp32 on the backend (the derivation is train/lsp/bias.go's:
+// Products, all fp32 on the backend (the derivation is bias.go's:
 // S = P^T G Q, A = P^T P, B = Q^T Q, H/2 = A S B - 2 S):
 //
 //	G Q            SparseCompressB(G [m,n], Q by column)
@@ -30,7 +31,7 @@
 // X (c = 4/(d t), shrink = (||A||^2/t - d t)/(t d)), from two SumSquares
 // and one SparseValueGrad without Y.
 //
-// Tolerance against the host fit (devfit_test.go, on ragged problems, on
+// Tolerance against the host fit (devicefit_test.go, on ragged problems, on
 // the CPU backend and the simulated CUDA runtime): the objective's terms
 // are fp32 products where the host sums in float64 (||R||^2 a sequential
 // fp32 sum of d^2 terms), and Adam's masters are the fp32 values
@@ -47,13 +48,14 @@
 // Speed (BenchmarkFitGPT2, a GPT-2 block's four fits at d 512, r 16, 3
 // Adam steps, on 2 shared cores): 1.3 s on the CPU backend against 7.9 to
 // 8.8 s for the host float64 fit. In a check the held-out capture and the
-// moment carry-over, still float64 on the host (train/lsp), now cost more
-// than the fit.
+// moment carry-over, still float64 on the host (measure.go, carry.go),
+// now cost more than the fit.
 //
 // Memory: every gradient sample twice (G and G^T) plus a few d x d and
 // d x max(m, n) fp32 buffers, allocated per fit and freed at its end;
-// Bytes gives the total so that a plan can count it.
-package devfit
+// FitBytes gives the total so that the memory plan can count it.
+
+package lsp
 
 import (
 	"encoding/binary"
@@ -61,13 +63,12 @@ import (
 	"math"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
-// Bytes is the device memory a fit allocates for a shared-P group: P
+// FitBytes is the device memory a fit allocates for a shared-P group: P
 // m x d, one Q per entry of ns (n_k x d), r non-zeros per row, on
 // samples gradient samples.
-func Bytes(m int, ns []int, d, r, samples int) int64 {
+func FitBytes(m int, ns []int, d, r, samples int) int64 {
 	maxN, sumN := 0, 0
 	for _, n := range ns {
 		maxN, sumN = max(maxN, n), sumN+n
@@ -91,19 +92,19 @@ func Bytes(m int, ns []int, d, r, samples int) int64 {
 	return b + 256*int64(buffers)
 }
 
-// Staging is the pinned host memory a fit copies through: one gradient
+// FitStaging is the pinned host memory a fit copies through: one gradient
 // (and then its transpose) at a time, and the values, indices and sums
 // that go up and come back. A caller that fits at every check (the
 // engine) allocates it once (NewStaging, sized by StagingBytes over its
 // fits) and passes it to each fit, so that a check allocates no host
 // memory; FitSamples without one allocates and frees its own.
-type Staging struct {
+type FitStaging struct {
 	grad, small backend.HostBuffer
 }
 
-// StagingBytes is the size of the two host buffers a fit of a shared-P
+// FitStagingBytes is the size of the two host buffers a fit of a shared-P
 // group (as Bytes) copies through.
-func StagingBytes(m int, ns []int, d, r, samples int) (grad, small int) {
+func FitStagingBytes(m int, ns []int, d, r, samples int) (grad, small int) {
 	maxN, sumN := 0, 0
 	for _, n := range ns {
 		maxN, sumN = max(maxN, n), sumN+n
@@ -112,32 +113,32 @@ func StagingBytes(m int, ns []int, d, r, samples int) (grad, small int) {
 	return 4 * m * maxN, 4 * max(nsum, (m+sumN)*r, d+1)
 }
 
-// NewStaging allocates the buffers of StagingBytes' sizes on be.
-func NewStaging(be backend.Backend, grad, small int) (*Staging, error) {
+// NewFitStaging allocates the buffers of StagingBytes' sizes on be.
+func NewFitStaging(be backend.Backend, grad, small int) (*FitStaging, error) {
 	g, err := be.AllocHost("projector fit gradient staging", grad)
 	if err != nil {
-		return nil, fmt.Errorf("devfit: %w", err)
+		return nil, fmt.Errorf("device fit: %w", err)
 	}
 	sm, err := be.AllocHost("projector fit staging", small)
 	if err != nil {
 		be.FreeHost(g)
-		return nil, fmt.Errorf("devfit: %w", err)
+		return nil, fmt.Errorf("device fit: %w", err)
 	}
-	return &Staging{grad: g, small: sm}, nil
+	return &FitStaging{grad: g, small: sm}, nil
 }
 
 // Free frees the buffers (nothing may be copying through them).
-func (st *Staging) Free(be backend.Backend) {
+func (st *FitStaging) Free(be backend.Backend) {
 	if st != nil {
 		be.FreeHost(st.grad)
 		be.FreeHost(st.small)
 	}
 }
 
-// proj is one projector's device storage: row positions and values (a
+// deviceProj is one projector's device storage: row positions and values (a
 // view into the fit's value buffer), column storage, the gather and
 // scatter indices, and its Gram matrix.
-type proj struct {
+type deviceProj struct {
 	off     int // of its values in the value buffer
 	idx     backend.Tensor
 	val     backend.Tensor // view of fit.vals
@@ -153,11 +154,11 @@ type proj struct {
 	nnz, rs int
 }
 
-// fit is one FitSamples call's device state.
-type fit struct {
+// deviceFit is one FitSamples call's device state.
+type deviceFit struct {
 	be      backend.Backend
 	s       backend.Stream
-	opts    lsp.FitOptions
+	opts    FitOptions
 	d, r    int
 	samples [][][]float32
 	g2s     [][]float64
@@ -167,7 +168,7 @@ type fit struct {
 	// Values, their gradients, Adam's moments and the best point so far,
 	// P's then each Q's, one buffer each so that one AdamW steps them all.
 	vals, grads, m1, v1, best, tmp backend.Tensor
-	ps                             []*proj // P then the Qs
+	ps                             []*deviceProj // P then the Qs
 	xt, gq, ptg                    backend.Tensor
 	S, St, AS, SB, H, K, L         backend.Tensor
 	work                           backend.Tensor
@@ -176,15 +177,15 @@ type fit struct {
 	// values and the sums read back, so that a fit without data (TraceFit)
 	// never touches the large one.
 	host, small backend.HostBuffer
-	stg         *Staging // where host and small come from
-	ownStaging  bool     // stg was allocated by this fit (free frees it)
+	stg         *FitStaging // where host and small come from
+	ownStaging  bool        // stg was allocated by this fit (free frees it)
 	nsum        int
 	noData      bool // TraceFit: the gradients are never written
 }
 
-// evaluation is what the host reads back: the objective, per matrix the
+// deviceEval is what the host reads back: the objective, per matrix the
 // ratio, and ||S||^2, ||R||^2 over ||G||^2 (averaged over samples).
-type evaluation struct {
+type deviceEval struct {
 	obj            float64
 	ratios, s2, r2 []float64
 	ortho          []orthoTerms // per projector, when opts.Ortho > 0
@@ -193,16 +194,16 @@ type evaluation struct {
 // orthoTerms are one projector's penalty scalars.
 type orthoTerms struct{ t, a2 float64 }
 
-func (f *fit) alloc(name string, n int, dt backend.DType) (backend.Tensor, error) {
-	t, err := f.be.Alloc("devfit "+name, n, dt)
+func (f *deviceFit) alloc(name string, n int, dt backend.DType) (backend.Tensor, error) {
+	t, err := f.be.Alloc("device fit "+name, n, dt)
 	if err != nil {
-		return backend.Tensor{}, fmt.Errorf("devfit: allocating %s: %w", name, err)
+		return backend.Tensor{}, fmt.Errorf("device fit: allocating %s: %w", name, err)
 	}
 	f.bufs = append(f.bufs, t)
 	return t, nil
 }
 
-func (f *fit) free() {
+func (f *deviceFit) free() {
 	for _, t := range f.bufs {
 		f.be.Free(t)
 	}
@@ -215,23 +216,23 @@ func (f *fit) free() {
 	}
 }
 
-// FitSamples is lsp.FitSamples run on be, on stream s: the same checks,
+// FitSamplesOn is FitSamplesOn run on be, on stream s: the same checks,
 // fresh draw, scale match, Adam iterations, stopping rule and choice of
 // the best point, with the objective, its gradient and Adam's steps
 // computed by be's ops in fp32 (see the package doc for the tolerance).
 // It synchronizes s once per evaluation; it leaves no work queued.
-func FitSamples(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.Projector, samples [][][]float32, alpha float64, opts lsp.FitOptions) ([]lsp.FitResult, error) {
+func FitSamplesOn(be backend.Backend, s backend.Stream, P *Projector, Qs []*Projector, samples [][][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
 	return FitSamplesStaged(be, s, nil, P, Qs, samples, alpha, opts)
 }
 
 // FitSamplesStaged is FitSamples copying through stg (nil: buffers of its
 // own), which must be at least StagingBytes for this fit.
-func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp.Projector, Qs []*lsp.Projector, samples [][][]float32, alpha float64, opts lsp.FitOptions) ([]lsp.FitResult, error) {
-	g2s, err := lsp.CheckFitSamples(P, Qs, samples, alpha, opts)
+func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *FitStaging, P *Projector, Qs []*Projector, samples [][][]float32, alpha float64, opts FitOptions) ([]FitResult, error) {
+	g2s, err := CheckFitSamples(P, Qs, samples, alpha, opts)
 	if err != nil {
 		return nil, err
 	}
-	f := &fit{be: be, s: s, opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s, stg: stg}
+	f := &deviceFit{be: be, s: s, opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s, stg: stg}
 	defer f.free()
 	if err := f.setup(P, Qs); err != nil {
 		return nil, err
@@ -243,12 +244,12 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 	if err != nil {
 		return nil, err
 	}
-	res, done := lsp.StartResults(before.ratios, alpha)
+	res, done := StartResults(before.ratios, alpha)
 	if done {
 		return res, nil
 	}
 
-	nP, nQs, err := lsp.FreshDraw(P, Qs, opts.Seed)
+	nP, nQs, err := FreshDraw(P, Qs, opts.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +260,7 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 	if err != nil {
 		return nil, err
 	}
-	if err := lsp.MatchScale(nP, nQs, ev.s2, ev.r2); err != nil {
+	if err := MatchScale(nP, nQs, ev.s2, ev.r2); err != nil {
 		return nil, err
 	}
 	if err := f.uploadValues(nP, nQs); err != nil {
@@ -268,13 +269,13 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 	// Adam's moments start at zero (Alloc zeroes, but a second fit of the
 	// same buffers would not).
 	if err := be.Fill(s, f.m1, 0); err != nil {
-		return nil, fmt.Errorf("devfit: %w", err)
+		return nil, fmt.Errorf("device fit: %w", err)
 	}
 	if err := be.Fill(s, f.v1, 0); err != nil {
-		return nil, fmt.Errorf("devfit: %w", err)
+		return nil, fmt.Errorf("device fit: %w", err)
 	}
 
-	best := evaluation{obj: math.Inf(1)}
+	best := deviceEval{obj: math.Inf(1)}
 	iters := 0
 	for {
 		ev, err := f.evaluate(iters < opts.MaxIters)
@@ -284,10 +285,10 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 		if ev.obj < best.obj {
 			best = ev
 			if err := be.CopyD2D(s, f.best, f.vals); err != nil {
-				return nil, fmt.Errorf("devfit: keeping the best values: %w", err)
+				return nil, fmt.Errorf("device fit: keeping the best values: %w", err)
 			}
 		}
-		if lsp.AllWithin(ev.ratios, alpha) || iters == opts.MaxIters {
+		if AllWithin(ev.ratios, alpha) || iters == opts.MaxIters {
 			break
 		}
 		if math.IsNaN(ev.obj) || math.IsInf(ev.obj, 0) {
@@ -299,9 +300,9 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 				return nil, err
 			}
 		}
-		p := backend.AdamParams{LR: float32(opts.LR), Beta1: lsp.FitBeta1, Beta2: lsp.FitBeta2, Eps: lsp.FitEps, Step: iters}
+		p := backend.AdamParams{LR: float32(opts.LR), Beta1: FitBeta1, Beta2: FitBeta2, Eps: FitEps, Step: iters}
 		if err := be.AdamW(s, f.vals, backend.Tensor{}, f.grads, f.m1, f.v1, backend.Tensor{}, backend.Tensor{}, p); err != nil {
-			return nil, fmt.Errorf("devfit: Adam step %d: %w", iters, err)
+			return nil, fmt.Errorf("device fit: Adam step %d: %w", iters, err)
 		}
 	}
 
@@ -327,20 +328,20 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *Staging, P *lsp
 	return res, nil
 }
 
-func (f *fit) sync() error {
+func (f *deviceFit) sync() error {
 	if err := f.be.Synchronize(f.s); err != nil {
-		return fmt.Errorf("devfit: %w", err)
+		return fmt.Errorf("device fit: %w", err)
 	}
 	return nil
 }
 
 // setup allocates everything and uploads the gradient samples and their
 // transposes.
-func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
+func (f *deviceFit) setup(P *Projector, Qs []*Projector) error {
 	d, r := f.d, f.r
 	m := P.M
 	total, maxRows := P.M*r, m
-	all := append([]*lsp.Projector{P}, Qs...)
+	all := append([]*Projector{P}, Qs...)
 	for _, q := range Qs {
 		total += q.M * r
 		maxRows = max(maxRows, q.M)
@@ -353,7 +354,7 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	}
 	off := 0
 	for k, p := range all {
-		x := &proj{off: off, nnz: p.M * r, rs: p.M}
+		x := &deviceProj{off: off, nnz: p.M * r, rs: p.M}
 		x.val, x.grad = f.vals.Slice(off, x.nnz), f.grads.Slice(off, x.nnz)
 		off += x.nnz
 		for _, t := range []*backend.Tensor{&x.idx, &x.rowidx, &x.slot, &x.flatT} {
@@ -408,9 +409,9 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	for _, q := range Qs {
 		ns = append(ns, q.M)
 	}
-	gb, sb := StagingBytes(m, ns, d, f.r, len(f.samples))
+	gb, sb := FitStagingBytes(m, ns, d, f.r, len(f.samples))
 	if f.stg == nil {
-		if f.stg, err = NewStaging(f.be, gb, sb); err != nil {
+		if f.stg, err = NewFitStaging(f.be, gb, sb); err != nil {
 			return err
 		}
 		f.ownStaging = true
@@ -419,7 +420,7 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 	// A caller's staging is checked (its own is right by construction, and
 	// reading its size would make a tracing backend's large one real).
 	if !f.ownStaging && (len(f.host.Bytes()) < gb || len(f.small.Bytes()) < sb) {
-		return fmt.Errorf("devfit: staging of %d and %d bytes, this fit needs %d and %d", len(f.host.Bytes()), len(f.small.Bytes()), gb, sb)
+		return fmt.Errorf("device fit: staging of %d and %d bytes, this fit needs %d and %d", len(f.host.Bytes()), len(f.small.Bytes()), gb, sb)
 	}
 	// The samples, and their transposes (P^T G is compress A of G^T).
 	for j, Gs := range f.samples {
@@ -458,20 +459,20 @@ func (f *fit) setup(P *lsp.Projector, Qs []*lsp.Projector) error {
 
 // upload copies host values into t through the small staging buffer and
 // waits (the staging buffer is reused at once).
-func (f *fit) upload(t backend.Tensor, v []float32) error {
+func (f *deviceFit) upload(t backend.Tensor, v []float32) error {
 	copy(f.small.Float32(), v)
 	return f.copyIn(t, f.small)
 }
 
 // copyIn copies the start of h into t and waits.
-func (f *fit) copyIn(t backend.Tensor, h backend.HostBuffer) error {
+func (f *deviceFit) copyIn(t backend.Tensor, h backend.HostBuffer) error {
 	if err := f.be.CopyH2D(f.s, t, h, 0); err != nil {
-		return fmt.Errorf("devfit: uploading %v: %w", t, err)
+		return fmt.Errorf("device fit: uploading %v: %w", t, err)
 	}
 	return f.sync()
 }
 
-func (f *fit) uploadInts(t backend.Tensor, v []int32) error {
+func (f *deviceFit) uploadInts(t backend.Tensor, v []int32) error {
 	b := f.small.Bytes()
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
@@ -481,8 +482,8 @@ func (f *fit) uploadInts(t backend.Tensor, v []int32) error {
 
 // load uploads the positions (row and column storage, gather and scatter
 // indices) and the values of P and the Qs.
-func (f *fit) load(P *lsp.Projector, Qs []*lsp.Projector) error {
-	for k, p := range append([]*lsp.Projector{P}, Qs...) {
+func (f *deviceFit) load(P *Projector, Qs []*Projector) error {
+	for k, p := range append([]*Projector{P}, Qs...) {
 		x := f.ps[k]
 		slot := make([]int32, x.nnz)
 		flat := make([]int32, x.nnz)
@@ -513,8 +514,8 @@ func (f *fit) load(P *lsp.Projector, Qs []*lsp.Projector) error {
 }
 
 // uploadValues uploads the row values of P and the Qs.
-func (f *fit) uploadValues(P *lsp.Projector, Qs []*lsp.Projector) error {
-	for k, p := range append([]*lsp.Projector{P}, Qs...) {
+func (f *deviceFit) uploadValues(P *Projector, Qs []*Projector) error {
+	for k, p := range append([]*Projector{P}, Qs...) {
 		if err := f.upload(f.ps[k].val, p.Val); err != nil {
 			return err
 		}
@@ -523,15 +524,15 @@ func (f *fit) uploadValues(P *lsp.Projector, Qs []*lsp.Projector) error {
 }
 
 // downloadBest copies the best values into P's and the Qs' row storage.
-func (f *fit) downloadBest(P *lsp.Projector, Qs []*lsp.Projector) error {
+func (f *deviceFit) downloadBest(P *Projector, Qs []*Projector) error {
 	if err := f.be.CopyD2H(f.s, f.small, 0, f.best); err != nil {
-		return fmt.Errorf("devfit: downloading the fitted values: %w", err)
+		return fmt.Errorf("device fit: downloading the fitted values: %w", err)
 	}
 	if err := f.sync(); err != nil {
 		return err
 	}
 	h := f.small.Float32()
-	for k, p := range append([]*lsp.Projector{P}, Qs...) {
+	for k, p := range append([]*Projector{P}, Qs...) {
 		copy(p.Val, h[f.ps[k].off:f.ps[k].off+len(p.Val)])
 		if err := p.SyncValues(); err != nil {
 			return fmt.Errorf("lsp fit: %w", err)
@@ -542,32 +543,32 @@ func (f *fit) downloadBest(P *lsp.Projector, Qs []*lsp.Projector) error {
 
 // prepare brings a projector's column values and Gram matrix up to date
 // with its row values.
-func (f *fit) prepare(x *proj) error {
+func (f *deviceFit) prepare(x *deviceProj) error {
 	be, s, d := f.be, f.s, f.d
 	nnz := x.nnz
 	// Column values: colval[k] = val[slot[k]], the encoder's row gather
 	// with one-element rows.
 	if err := be.EncoderForward(s, x.colval.Reshape(1, nnz, 1), x.slot.Reshape(1, nnz), x.val.Reshape(nnz, 1), backend.Tensor{}, 1, nnz, 1); err != nil {
-		return fmt.Errorf("devfit: column values: %w", err)
+		return fmt.Errorf("device fit: column values: %w", err)
 	}
 	// Dense X^T by the encoder backward's scatter, then X^T X by compress
 	// B of it with X by column.
 	xt := f.xt.Slice(0, d*x.rs)
 	if err := be.Fill(s, xt, 0); err != nil {
-		return fmt.Errorf("devfit: %w", err)
+		return fmt.Errorf("device fit: %w", err)
 	}
 	if err := be.EncoderBackward(s, xt.Reshape(d*x.rs, 1), backend.Tensor{}, x.val.Reshape(1, nnz, 1), x.flatT.Reshape(1, nnz), 1, nnz, 1); err != nil {
-		return fmt.Errorf("devfit: dense projector: %w", err)
+		return fmt.Errorf("device fit: dense projector: %w", err)
 	}
 	if err := be.SparseCompressB(s, x.gram, xt, x.colptr, x.rowidx, x.colval, d, x.rs, d); err != nil {
-		return fmt.Errorf("devfit: Gram matrix: %w", err)
+		return fmt.Errorf("device fit: Gram matrix: %w", err)
 	}
 	if f.opts.Ortho > 0 {
 		if err := be.SumSquares(s, f.sums.Slice(x.n2, 1), x.val, f.work); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 		if err := be.SumSquares(s, f.sums.Slice(x.a2, 1), x.gram, f.work); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 	}
 	return nil
@@ -576,11 +577,11 @@ func (f *fit) prepare(x *proj) error {
 // evaluate enqueues the objective's terms (and, with grad, its gradient
 // into f.grads) at the values in f.vals, reads the scalars back and
 // returns the evaluation.
-func (f *fit) evaluate(grad bool) (evaluation, error) {
+func (f *deviceFit) evaluate(grad bool) (deviceEval, error) {
 	be, s, d, r := f.be, f.s, f.d, f.r
 	for _, x := range f.ps {
 		if err := f.prepare(x); err != nil {
-			return evaluation{}, err
+			return deviceEval{}, err
 		}
 	}
 	p := f.ps[0]
@@ -632,19 +633,19 @@ func (f *fit) evaluate(grad bool) (evaluation, error) {
 			}
 			for _, st := range steps {
 				if err := st.run(); err != nil {
-					return evaluation{}, fmt.Errorf("devfit: %s of matrix %d: %w", st.what, k, err)
+					return deviceEval{}, fmt.Errorf("device fit: %s of matrix %d: %w", st.what, k, err)
 				}
 			}
 		}
 	}
 	if err := be.CopyD2H(s, f.small, 0, f.sums); err != nil {
-		return evaluation{}, fmt.Errorf("devfit: reading the objective back: %w", err)
+		return deviceEval{}, fmt.Errorf("device fit: reading the objective back: %w", err)
 	}
 	if err := f.sync(); err != nil {
-		return evaluation{}, err
+		return deviceEval{}, err
 	}
 	h := f.small.Float32()
-	ev := evaluation{ratios: make([]float64, nq), s2: make([]float64, nq), r2: make([]float64, nq)}
+	ev := deviceEval{ratios: make([]float64, nq), s2: make([]float64, nq), r2: make([]float64, nq)}
 	for j := range f.samples {
 		for k := range nq {
 			g2 := f.g2s[j][k]
@@ -675,7 +676,7 @@ func (f *fit) evaluate(grad bool) (evaluation, error) {
 // orthoGrad adds the orthogonality penalty's gradient to f.grads, from
 // the scalars of the evaluation just read back (lsp's orthoPenalty:
 // (c/t) X A - c (1 + shrink) X, weighted).
-func (f *fit) orthoGrad(ev evaluation) error {
+func (f *deviceFit) orthoGrad(ev deviceEval) error {
 	be, s, d := f.be, f.s, float64(f.d)
 	for k, x := range f.ps {
 		t, a2 := ev.ortho[k].t, ev.ortho[k].a2
@@ -685,17 +686,17 @@ func (f *fit) orthoGrad(ev evaluation) error {
 		c := 4 / (d * t)
 		shrink := (a2/t - d*t) / (t * d)
 		if err := be.SparseValueGrad(s, x.grad, backend.Tensor{}, backend.Tensor{}, x.gram, x.idx, x.val, x.rs, f.d, f.r, float32(x.orthoW*c/t), false, true); err != nil {
-			return fmt.Errorf("devfit: orthogonality gradient: %w", err)
+			return fmt.Errorf("device fit: orthogonality gradient: %w", err)
 		}
 		tmp := f.tmp.Slice(0, x.nnz)
 		if err := be.CopyD2D(s, tmp, x.val); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 		if err := be.Scale(s, tmp, float32(-x.orthoW*c*(1+shrink))); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 		if err := be.Accumulate(s, x.grad, tmp); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 	}
 	return nil
@@ -707,11 +708,11 @@ func (f *fit) orthoGrad(ev evaluation) error {
 // buffer that is never written, so the results mean nothing): for a
 // tracing backend, whose recorded ops the planner costs (train/plan). P
 // and the Qs are left as they are.
-func TraceFit(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.Projector, samples, iters int, opts lsp.FitOptions) error {
+func TraceFit(be backend.Backend, s backend.Stream, P *Projector, Qs []*Projector, samples, iters int, opts FitOptions) error {
 	if samples < 1 || iters < 0 {
-		return fmt.Errorf("devfit: trace of %d samples and %d steps", samples, iters)
+		return fmt.Errorf("device fit: trace of %d samples and %d steps", samples, iters)
 	}
-	f := &fit{be: be, s: s, opts: opts, d: P.D, r: P.R, noData: true}
+	f := &deviceFit{be: be, s: s, opts: opts, d: P.D, r: P.R, noData: true}
 	for range samples {
 		f.samples = append(f.samples, make([][]float32, len(Qs)))
 		g2 := make([]float64, len(Qs))
@@ -739,7 +740,7 @@ func TraceFit(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.
 	}
 	for _, t := range []backend.Tensor{f.m1, f.v1} {
 		if err := be.Fill(s, t, 0); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 	}
 	for it := range iters + 1 {
@@ -748,7 +749,7 @@ func TraceFit(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.
 			return err
 		}
 		if err := be.CopyD2D(s, f.best, f.vals); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 		if it == iters {
 			break
@@ -758,13 +759,13 @@ func TraceFit(be backend.Backend, s backend.Stream, P *lsp.Projector, Qs []*lsp.
 				return err
 			}
 		}
-		p := backend.AdamParams{LR: float32(opts.LR), Beta1: lsp.FitBeta1, Beta2: lsp.FitBeta2, Eps: lsp.FitEps, Step: it + 1}
+		p := backend.AdamParams{LR: float32(opts.LR), Beta1: FitBeta1, Beta2: FitBeta2, Eps: FitEps, Step: it + 1}
 		if err := be.AdamW(s, f.vals, backend.Tensor{}, f.grads, f.m1, f.v1, backend.Tensor{}, backend.Tensor{}, p); err != nil {
-			return fmt.Errorf("devfit: %w", err)
+			return fmt.Errorf("device fit: %w", err)
 		}
 	}
 	if err := be.CopyD2H(s, f.small, 0, f.best); err != nil {
-		return fmt.Errorf("devfit: %w", err)
+		return fmt.Errorf("device fit: %w", err)
 	}
 	return f.sync()
 }

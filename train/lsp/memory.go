@@ -1,0 +1,273 @@
+// lsp mode's memory, predicted from the configuration alone with the
+// size formulas State.Init allocates by, so that the engine's memory
+// plan (train/engine's MemoryOf) counts exactly what a run holds; and the
+// projector fit's device memory: the fit of a check runs through the
+// backend's ops (devicefit.go), so its buffers count in the plan, and a
+// State holds that many bytes reserved from Init on (one buffer, freed
+// just before each fit and taken back after it), so that a budget that
+// fits Init fits every check, and Init fails as the plan says.
+
+package lsp
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/model"
+)
+
+// Dims is the capped d and r of every block matrix k: d = min(--d, m, n)
+// over the matrices that share k's input (they share P, m x d), and r
+// capped by d.
+func Dims(x *model.Index, c Config) (d, r []int) {
+	d, r = make([]int, len(x.Mats)), make([]int, len(x.Mats))
+	for _, readers := range x.Readers {
+		dd := c.D
+		for _, k := range readers {
+			dd = CapD(dd, x.Mats[k].M, x.Mats[k].N)
+		}
+		for _, k := range readers {
+			d[k], r[k] = dd, CapR(c.R, dd)
+		}
+	}
+	return d, r
+}
+
+// inputSizes are the element counts of one input's device storage (P
+// and A), matrixSizes those of one matrix's (Q and S).
+func inputSizes(m, d, r, BT int) (ints, floats int) {
+	return 2*m*r + (d + 1), 2*m*r + d*BT
+}
+
+func matrixSizes(n, d, r int) (ints, floats int) {
+	return 2*n*r + (d + 1), 2*n*r + d*d
+}
+
+// counts are the element counts of a State's storage.
+type counts struct {
+	ints, floats int // every projector (int32; float32), A and S
+	dmax, nmax   int // the largest d and n: the workspaces are BT x dmax and dmax x nmax
+	s2           int // the sum of d^2 over every matrix of every layer
+}
+
+func count(x *model.Index, c Config, BT int) counts {
+	d, r := Dims(x, c)
+	L := len(x.Blocks)
+	var n counts
+	for _, readers := range x.Readers {
+		k := readers[0]
+		i, f := inputSizes(x.Mats[k].M, d[k], r[k], BT)
+		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+	}
+	for k, mt := range x.Mats {
+		i, f := matrixSizes(mt.N, d[k], r[k])
+		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+		n.dmax, n.nmax = max(n.dmax, d[k]), max(n.nmax, mt.N)
+		n.s2 += L * d[k] * d[k]
+	}
+	return n
+}
+
+// Bytes is the memory of a State and of its checks, by part, as Init
+// and Check allocate it.
+type Bytes struct {
+	// Storage is every projector (both storages), A and S on the device;
+	// Workspaces the B and apply workspaces.
+	Storage, Workspaces int64
+	// Calibration is the check's buffers (one layer's inputs and full
+	// gradients); Fit the fit's reservation and FitStaging its pinned
+	// host staging. All three are 0 with NoFit, Fit and FitStaging also
+	// when checks redraw instead of fitting.
+	Calibration, Fit, FitStaging int64
+	// HostS is S/Delta in pinned memory and the subspace moments.
+	HostS int64
+	// Link is the bytes of S that go down per step, and of Delta that
+	// come up.
+	Link int64
+	// Saved is what State.Save makes for a checkpoint (the indices as
+	// fp32 and the counters); Views what it returns without copying (the
+	// projector values and the moments).
+	Saved, Views int64
+}
+
+// Sizes is the memory a State and its checks take for the model x with
+// micro-batches of B x T at dtype dt.
+func Sizes(x *model.Index, c Config, B, T int, dt backend.DType) Bytes {
+	BT := B * T
+	n := count(x, c, BT)
+	s2 := int64(n.s2)
+	b := Bytes{
+		Storage:    4 * int64(n.ints+n.floats),
+		Workspaces: 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax)),
+		HostS:      12 * s2,
+		Link:       4 * s2,
+	}
+	if !c.NoFit {
+		b.Calibration = calibrationBytes(x, BT, dt)
+		b.Fit = fitBytes(x, c, B)
+		g, sm := fitStagingBytes(x, c, B)
+		b.FitStaging = int64(g + sm)
+	}
+	d, r := Dims(x, c)
+	var saved, views int64
+	for k, mt := range x.Mats {
+		// Each matrix's P and Q indices (the shared P once per matrix
+		// reading it) and two counters; the values and the moments are
+		// views.
+		saved += int64(mt.M*r[k] + mt.N*r[k] + 2)
+		views += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
+	}
+	b.Saved = 4 * int64(len(x.Blocks)) * saved
+	b.Views = 4 * int64(len(x.Blocks)) * views
+	return b
+}
+
+// fitSamples is the number of gradient samples per reader that one fit
+// takes (Check: the fitting micro-batches in at most maxFitGroups groups for
+// --refit split, their mean otherwise; every layer's with --share-layers
+// and split), for micro-batches of B rows and L layers.
+func fitSamples(c Config, B, L int) int {
+	c = c.WithDefaults()
+	if c.Refit != RefitSplit {
+		return 1
+	}
+	n := (c.CalibSamples + B - 1) / B
+	if c.Accept == AcceptHeldOut {
+		n = max(n, 2) / 2
+	}
+	s := min(n, maxFitGroups)
+	if c.ShareLayers {
+		s *= L
+	}
+	return s
+}
+
+// fits reports whether c's checks fit projectors (rather than keep or
+// redraw them).
+func (c Config) fits() bool { return !c.NoFit && c.WithDefaults().Refit != RefitRandom }
+
+// fitBytes is the device memory of the largest fit of a check (one input's
+// P with its readers' Qs; FitBytes), 0 when checks do not fit.
+func fitBytes(x *model.Index, c Config, B int) int64 {
+	var most int64
+	for _, g := range fitGroups(x, c, B) {
+		most = max(most, FitBytes(g.M, g.Ns, g.D, g.R, g.Samples))
+	}
+	return most
+}
+
+// fitStagingBytes is the size of the host staging buffers the largest fit
+// of a check copies through (FitStagingBytes), 0 and 0 when checks do
+// not fit.
+func fitStagingBytes(x *model.Index, c Config, B int) (grad, small int) {
+	for _, g := range fitGroups(x, c, B) {
+		gb, sb := FitStagingBytes(g.M, g.Ns, g.D, g.R, g.Samples)
+		grad, small = max(grad, gb), max(small, sb)
+	}
+	return grad, small
+}
+
+// newFitStaging allocates the fits' host staging once, so that a check
+// allocates no host memory; nil when checks do not fit.
+func (st *State) newFitStaging() error {
+	g, s := fitStagingBytes(st.env.Index, st.Config, st.env.B)
+	if g == 0 {
+		return nil
+	}
+	var err error
+	if st.fitStaging, err = NewFitStaging(st.env.Backend, g, s); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	return nil
+}
+
+// reserveFit takes the fit's bytes (fitBytes) back as one buffer; a no-op
+// when checks do not fit or the reservation is held.
+func (st *State) reserveFit() error {
+	n := fitBytes(st.env.Index, st.Config, st.env.B)
+	if n == 0 || st.fitReserve.Buf != nil {
+		return nil
+	}
+	t, err := st.env.Backend.Alloc("projector fit (reserved)", int((n+3)/4), backend.F32)
+	if err != nil {
+		return fmt.Errorf("lsp: reserving the projector fit's memory: %w", err)
+	}
+	st.fitReserve = t
+	return nil
+}
+
+// releaseFit frees the reservation for the fit to allocate in.
+func (st *State) releaseFit() {
+	if st.fitReserve.Buf != nil {
+		st.env.Backend.Free(st.fitReserve)
+		st.fitReserve = backend.Tensor{}
+	}
+}
+
+// FitGroup is one kind of fit a check runs: an input's P (M rows) with its
+// readers' Qs (Ns rows), d, r and the gradient samples per reader; Count
+// such fits per check (one per layer, or one with --share-layers).
+type FitGroup struct {
+	M       int
+	Ns      []int
+	D, R    int
+	Samples int
+	Count   int
+}
+
+// FitGroups lists the fits of one projector check of arch with
+// micro-batches of B rows (none when checks do not fit): what the planner
+// costs a check's fits by (train/plan).
+func FitGroups(arch model.Arch, B int, c Config) ([]FitGroup, error) {
+	x, err := model.NewIndex(arch)
+	if err != nil {
+		return nil, fmt.Errorf("lsp: %w", err)
+	}
+	return fitGroups(x, c, B), nil
+}
+
+func fitGroups(x *model.Index, c Config, B int) []FitGroup {
+	if !c.fits() {
+		return nil
+	}
+	d, r := Dims(x, c)
+	L := len(x.Blocks)
+	count := L
+	if c.ShareLayers {
+		count = 1
+	}
+	var out []FitGroup
+	for _, readers := range x.Readers {
+		k := readers[0]
+		g := FitGroup{M: x.Mats[k].M, D: d[k], R: r[k], Samples: fitSamples(c, B, L), Count: count}
+		for _, j := range readers {
+			g.Ns = append(g.Ns, x.Mats[j].N)
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// Trace records on be (a tracing backend, train/trace), on stream s, one
+// fit of g's shapes for iters Adam steps with the projector learning rate
+// lr (0: 0.05) and orthogonality weight ortho, from random projectors:
+// the ops a planner costs a fit by.
+func (g FitGroup) Trace(be backend.Backend, s backend.Stream, iters int, lr, ortho float64) error {
+	rng := rand.New(rand.NewPCG(1, 2))
+	P, err := NewProjector(g.M, g.D, g.R, rng)
+	if err != nil {
+		return err
+	}
+	Qs := make([]*Projector, len(g.Ns))
+	for k, n := range g.Ns {
+		if Qs[k], err = NewProjector(n, g.D, g.R, rng); err != nil {
+			return err
+		}
+	}
+	if lr <= 0 {
+		lr = 0.05
+	}
+	opts := FitOptions{LR: lr, MaxIters: iters, Ortho: ortho}
+	return TraceFit(be, s, P, Qs, g.Samples, iters, opts)
+}

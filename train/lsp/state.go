@@ -1,0 +1,477 @@
+// LSP-Offload's matrix path during a step (docs/DESIGN.md, "LSP as
+// implemented"): the model's block matrices hand their input X and output
+// gradient dY to this file's hooks instead of forming G = X^T dY.
+// Matrices that read the same input (model.Matrix.Input) share P and A.
+//
+//	forward:  A = P^T X^T          (d x BT, kept; X is not)
+//	backward: B = dY Q; S (+)= A B (d x d, fp32, summed over micro-batches)
+//	d2h S -> host subspace Adam (d x d moments) -> Delta -> h2d into S's buffer
+//	apply:    W <- (1 - lr wd) W + P Delta Q^T, stochastically rounded (bf16)
+//
+// The engine (train/engine) owns the schedule: it puts each layer's copy
+// down, host Adam, copy up and apply on its streams as graph nodes whose
+// bodies are State's CopyDown, HostAdam, CopyUp and Apply. The projector
+// check (check.go) uses the same hooks in a calibration mode that forms
+// one layer's full G at a time.
+//
+// Device memory per input: P by row and by column (2 m r int32 and as many
+// float32, plus d+1 int32) and A (d BT fp32); per matrix: Q likewise (2 n r
+// and 2 n r, plus d+1) and S (d^2 fp32); shared: B (BT dmax) and the
+// apply's T (dmax nmax) workspaces (memory.go counts them).
+
+package lsp
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// Env is what a State needs of the engine that runs it.
+type Env struct {
+	Backend backend.Backend
+	// Stream is the compute stream: the projectors' uploads, the check's
+	// calibration passes and the fits run there, between steps.
+	Stream backend.Stream
+	Model  model.Model
+	Index  *model.Index // the model's layout by block
+	B, T   int          // the micro-batch shape
+	DType  backend.DType
+	Seed   uint64
+	Hyper  optim.Hyper
+	// Workers run the subspace Adam on the host.
+	Workers *host.Workers
+	// SizeOnly: the engine is only traced (its host nodes never run), so
+	// no Go copy of the subspace moments is made.
+	SizeOnly bool
+	// SkipFlag is the step's non-finite flag on the device: the apply
+	// writes nothing when it is set.
+	SkipFlag backend.Tensor
+	// HostSkip reads the step's non-finite flag from its pinned copy; only
+	// a host node ordered after that copy may call it.
+	HostSkip func(node string) bool
+	// HostAccess declares host reads and writes of pinned memory to a
+	// backend that checks hazards (nil: none does).
+	HostAccess func(name string, reads, writes []backend.Range)
+}
+
+// Input is one block input X (BT x m) that matrices read, with the
+// projector P (m x d) and the compressed activation A = P^T X^T that the
+// matrices reading it share.
+type Input struct {
+	M, D, R int
+	P       *Projector // host copy, the truth after every fit
+	Mats    []*Matrix  // the readers, in matrix order
+
+	// Device storage: P by row (apply) and by column (compress), and A.
+	pIdx, pColPtr, pRowIdx backend.Tensor // I32
+	pVal, pColVal          backend.Tensor // F32
+	A                      backend.Tensor // F32 [d,BT]
+
+	gain []float32 // P's per-column gains (Projector.Gains), for Delta's rows
+}
+
+// Matrix is one block matrix W (m x n) and its projector Q.
+type Matrix struct {
+	Name       string
+	L, K       int    // its layer and its index among a block's matrices
+	ID         uint32 // keys the stochastic rounding: L*(matrices per block)+K
+	M, N, D, R int
+	Decay      bool
+	W          backend.Tensor // the weight, a view of the model's parameters
+	In         *Input         // P and A
+	Q          *Projector     // host copy, the truth after every fit
+	S          backend.Tensor // F32 [d,d]: S, then Delta after the copy up
+	// Adam is the subspace Adam's state: d x d moments and the step count.
+	Adam *host.AdamState
+	// RewarmFrom is the step after the latest large subspace change (0:
+	// none), from which the learning rate ramps up again (Ramp).
+	RewarmFrom int
+
+	// Device storage: Q by row (apply) and by column (compress).
+	qIdx, qColPtr, qRowIdx backend.Tensor // I32
+	qVal, qColVal          backend.Tensor // F32
+
+	gain    []float32 // Q's per-column gains, for Delta's columns
+	hostOff int       // byte offset of S / Delta in the pinned buffer
+}
+
+// State is lsp mode's state for one model: every matrix's projectors,
+// compressed activations and S on the device, the pinned S/Delta buffer
+// and the subspace moments on the host, and the projector check's
+// buffers. Make it, give it to the model as its model.MatrixGrads, then
+// Init it once the model exists.
+type State struct {
+	Mats   [][]*Matrix // [layer][k]
+	Inputs [][]*Input  // [layer][input]
+	// Config is the settings in force (the caller's, WithDefaults).
+	Config Config
+
+	env    Env
+	ints   backend.Tensor // every projector's int32 storage
+	floats backend.Tensor // every projector's values, A and S
+	bWork  backend.Tensor // B = dY Q, [BT, dmax]
+	tWork  backend.Tensor // the apply's T = Delta Q^T, [dmax, nmax]
+	hostS  backend.HostBuffer
+	ramp   Ramp
+
+	micro      int // the micro-batch being run (0: S is written, not accumulated)
+	calibLayer int // >= 0: calibration mode for that layer (check.go)
+	calib      *calibration
+	fitReserve backend.Tensor // the fit's device memory between checks (memory.go)
+	fitStaging *FitStaging    // the fits' pinned host staging (memory.go)
+	layerNorm  []float64      // squared norm of the layer's S in the latest step
+	// skipped[l]: the step's loss was not finite, so layer l's host Adam
+	// left its moments alone and no Delta goes up (written by the host
+	// node, read by the launcher after it); the apply skips on the device.
+	skipped []bool
+}
+
+// Init allocates the device and host storage of every matrix of env's
+// model with c's settings (the projectors are drawn by Draw). On an error
+// the caller frees the state.
+func (st *State) Init(env Env, c Config) error {
+	st.env, st.Config, st.calibLayer = env, c.WithDefaults(), -1
+	st.ramp = DefaultRamp()
+	x, be := env.Index, env.Backend
+	BT, L := env.B*env.T, len(x.Blocks)
+	d, r := Dims(x, st.Config)
+	n := count(x, st.Config, BT)
+	var err error
+	if st.ints, err = be.Alloc("lsp projector indices", n.ints, backend.I32); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	if st.floats, err = be.Alloc("lsp projectors, A and S", n.floats, backend.F32); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	if st.bWork, err = be.Alloc("lsp B workspace", BT*n.dmax, backend.F32); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	if st.tWork, err = be.Alloc("lsp apply workspace", n.dmax*n.nmax, backend.F32); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	ic, fc := &backend.Carver{T: st.ints}, &backend.Carver{T: st.floats}
+	params := env.Model.Buffers().Params
+	hostBytes := 0
+	st.Mats = make([][]*Matrix, L)
+	st.Inputs = make([][]*Input, L)
+	st.layerNorm = make([]float64, L)
+	st.skipped = make([]bool, L)
+	for l := 0; l < L; l++ {
+		st.Inputs[l] = make([]*Input, x.Inputs)
+		for k, mt := range x.Mats {
+			pi := x.MatParam[l][k]
+			p := x.Layout[pi]
+			xm := &Matrix{Name: p.Name, L: l, K: k, ID: uint32(l*len(x.Mats) + k),
+				M: mt.M, N: mt.N, D: d[k], R: r[k], Decay: p.Decay, W: env.Model.ParamView(params, pi)}
+			// P's storage comes with its first reader's, in the order
+			// each matrix had its own P before inputs were shared.
+			in := st.Inputs[l][mt.Input]
+			first := in == nil
+			if first {
+				in = &Input{M: mt.M, D: d[k], R: r[k]}
+				st.Inputs[l][mt.Input] = in
+				in.pIdx, in.pColPtr, in.pRowIdx = ic.Next(mt.M*r[k]), ic.Next(d[k]+1), ic.Next(mt.M*r[k])
+			}
+			in.Mats = append(in.Mats, xm)
+			xm.In = in
+			xm.qIdx, xm.qColPtr, xm.qRowIdx = ic.Next(mt.N*r[k]), ic.Next(d[k]+1), ic.Next(mt.N*r[k])
+			if first {
+				in.pVal, in.pColVal = fc.Next(mt.M*r[k]), fc.Next(mt.M*r[k])
+			}
+			xm.qVal, xm.qColVal = fc.Next(mt.N*r[k]), fc.Next(mt.N*r[k])
+			if first {
+				in.A = fc.Next(d[k], BT)
+			}
+			xm.hostOff = hostBytes
+			hostBytes += d[k] * d[k] * 4
+			if !env.SizeOnly { // traced: the host nodes never run
+				xm.Adam = host.NewAdamState(d[k] * d[k])
+			}
+			st.Mats[l] = append(st.Mats[l], xm)
+		}
+		// A layer's S follow each other, so that with several ranks one
+		// collective sums them (LayerS).
+		for _, xm := range st.Mats[l] {
+			xm.S = fc.Next(xm.D, xm.D)
+		}
+	}
+	if st.hostS, err = be.AllocHost("lsp S and Delta", hostBytes); err != nil {
+		return fmt.Errorf("lsp: %w", err)
+	}
+	if !st.Config.NoFit {
+		if st.calib, err = newCalibration(st); err != nil {
+			return err
+		}
+	}
+	if err := st.newFitStaging(); err != nil {
+		return err
+	}
+	return st.reserveFit()
+}
+
+// Free releases what Init allocated (after a failed Init too).
+func (st *State) Free() {
+	be := st.env.Backend
+	if be == nil {
+		return // never initialised
+	}
+	for _, t := range []backend.Tensor{st.ints, st.floats, st.bWork, st.tWork} {
+		if t.Buf != nil {
+			be.Free(t)
+		}
+	}
+	if st.hostS != nil {
+		be.FreeHost(st.hostS)
+	}
+	if st.calib != nil {
+		st.calib.free()
+	}
+	st.fitStaging.Free(be)
+	st.fitStaging = nil
+	st.releaseFit()
+}
+
+// Draw gives every matrix fresh random projectors and uploads them. Each
+// matrix draws from a generator keyed by its id; an input's P is drawn
+// from its first reader's, before that reader's Q.
+func (st *State) Draw() error {
+	for _, row := range st.Mats {
+		for _, x := range row {
+			rng := rand.New(rand.NewPCG(st.env.Seed, 0x15b0000+uint64(x.ID)))
+			var err error
+			if x.In.Mats[0] == x {
+				if x.In.P, err = NewProjector(x.M, x.D, x.R, rng); err != nil {
+					return fmt.Errorf("lsp: projector P of %s: %w", x.Name, err)
+				}
+				if err := st.uploadP(x.In); err != nil {
+					return err
+				}
+			}
+			if x.Q, err = NewProjector(x.N, x.D, x.R, rng); err != nil {
+				return fmt.Errorf("lsp: projector Q of %s: %w", x.Name, err)
+			}
+			if err := st.uploadQ(x); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// uploadP copies an input's projector P (both storages) to the device.
+func (st *State) uploadP(in *Input) error {
+	in.gain = in.P.Gains()
+	return st.upload(in.Mats[0].Name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
+}
+
+// uploadQ copies a matrix's projector Q (both storages) to the device.
+func (st *State) uploadQ(x *Matrix) error {
+	x.gain = x.Q.Gains()
+	return st.upload(x.Name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
+}
+
+func (st *State) upload(name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) error {
+	be, s := st.env.Backend, st.env.Stream
+	for _, u := range []struct {
+		t backend.Tensor
+		v []int32
+	}{{idx, p.Idx}, {colPtr, p.ColPtr}, {rowIdx, p.RowIdx}} {
+		if err := backend.UploadInt32(be, s, u.t, u.v); err != nil {
+			return fmt.Errorf("lsp: projectors of %s: %w", name, err)
+		}
+	}
+	for _, u := range []struct {
+		t backend.Tensor
+		v []float32
+	}{{val, p.Val}, {colVal, p.ColVal}} {
+		if err := backend.Upload(be, s, u.t, u.v); err != nil {
+			return fmt.Errorf("lsp: projectors of %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// SetMicro says which micro-batch of the step runs next: the first writes
+// S, the later ones add to it.
+func (st *State) SetMicro(i int) { st.micro = i }
+
+// Input implements model.MatrixGrads: keep A = P^T X^T, once for the
+// matrices that read X.
+func (st *State) Input(s backend.Stream, l, in int, X backend.Tensor) error {
+	if st.calibLayer >= 0 {
+		return st.calib.input(s, l, in, X)
+	}
+	x := st.Inputs[l][in]
+	return st.env.Backend.SparseCompressA(s, x.A, X, x.pColPtr, x.pRowIdx, x.pColVal, st.env.B*st.env.T, x.M, x.D)
+}
+
+// OutputGrad implements model.MatrixGrads: S (+)= A (dY Q).
+func (st *State) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error {
+	if st.calibLayer >= 0 {
+		return st.calib.outputGrad(s, l, k, dY)
+	}
+	x := st.Mats[l][k]
+	be, BT := st.env.Backend, st.env.B*st.env.T
+	b := st.bWork.Slice(0, BT*x.D, BT, x.D)
+	if err := be.SparseCompressB(s, b, dY, x.qColPtr, x.qRowIdx, x.qColVal, BT, x.N, x.D); err != nil {
+		return err
+	}
+	return be.SparseS(s, x.S, x.In.A, b, BT, x.D, st.micro > 0)
+}
+
+// LR is matrix x's learning rate at step (1-based) for the run's lr,
+// re-warmed after a large subspace change.
+func (st *State) LR(x *Matrix, step int, lr float64) float64 {
+	if x.RewarmFrom == 0 {
+		return lr
+	}
+	return lr * st.ramp.Multiplier(step-x.RewarmFrom)
+}
+
+// CopyDown enqueues on s (the device-to-host stream) the copy of layer l's
+// S into the pinned host buffer, once its backward is done.
+func (st *State) CopyDown(s backend.Stream, l int) error {
+	for _, x := range st.Mats[l] {
+		if err := st.env.Backend.CopyD2H(s, st.hostS, x.hostOff, x.S); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// HostS is layer l's S (then Delta) in the pinned host buffer: the
+// buffer and the span of floats the layer's matrices take there, one
+// after another.
+func (st *State) HostS(l int) (h backend.HostBuffer, off, n int) {
+	first, last := st.Mats[l][0], st.Mats[l][len(st.Mats[l])-1]
+	return st.hostS, first.hostOff, (last.hostOff-first.hostOff)/4 + last.D*last.D
+}
+
+// LayerS is one layer's S on the device, in matrix order (Init carves
+// them one after another, so a device communicator sums them at once).
+func (st *State) LayerS(l int) []backend.Tensor {
+	ts := make([]backend.Tensor, len(st.Mats[l]))
+	for i, x := range st.Mats[l] {
+		ts[i] = x.S
+	}
+	return ts
+}
+
+// AdamWork is layer l's subspace Adam, for a planner that cannot run it:
+// the elements it updates, the tensors they are in and the bytes it reads
+// and writes (S pre-scanned, moments read and written, Delta written in
+// place, and the gains' pass over Delta unless --no-gain).
+func (st *State) AdamWork(l int) (elems, tensors, bytes int64) {
+	per := int64(host.AdamBytesPerElement(4, true, false, true))
+	if !st.Config.NoGain {
+		per += 8
+	}
+	for _, x := range st.Mats[l] {
+		elems += int64(x.D * x.D)
+	}
+	return elems, int64(len(st.Mats[l])), elems * per
+}
+
+// CopyUp enqueues on s (the host-to-device stream) the copy of layer l's
+// Delta into S's buffer, after HostAdam; nothing when the step was
+// skipped (the apply skips on the device flag).
+func (st *State) CopyUp(s backend.Stream, l int) error {
+	if st.skipped[l] {
+		return nil
+	}
+	for _, x := range st.Mats[l] {
+		if err := st.env.Backend.CopyH2D(s, x.S, st.hostS, x.hostOff); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// HostAdam runs subspace Adam on layer l's S of step (1-based) at the
+// run's learning rate lr, in place: S becomes Delta. On a step whose loss
+// is not finite it does nothing, so the subspace moments and step counts
+// stay as they are. It runs on a host goroutine after CopyDown's copy.
+func (st *State) HostAdam(l, step int, lr float64) error {
+	node := fmt.Sprintf("host adam S %d", l)
+	if st.skipped[l] = st.env.HostSkip(node); st.skipped[l] {
+		return nil
+	}
+	if st.env.HostAccess != nil {
+		var rs []backend.Range
+		for _, x := range st.Mats[l] {
+			rs = append(rs, hazard.HostRange(st.hostS, x.hostOff, x.D*x.D*4))
+		}
+		st.env.HostAccess(node, rs, rs)
+	}
+	all := st.hostS.Float32()
+	ts := make([]host.AdamTensor, 0, len(st.Mats[l]))
+	for _, x := range st.Mats[l] {
+		// Weight decay is the apply's (on W), not the subspace Adam's.
+		s := all[x.hostOff/4 : x.hostOff/4+x.D*x.D]
+		ts = append(ts, host.AdamSubspace(x.Name, s, x.Adam, st.env.Hyper.HostParams(st.LR(x, step, lr), false)))
+	}
+	res, err := st.env.Workers.AdamStep(ts)
+	if err != nil {
+		return err
+	}
+	st.layerNorm[l] = 0
+	for i, r := range res.Tensors {
+		x := st.Mats[l][i]
+		delta := all[x.hostOff/4 : x.hostOff/4+x.D*x.D]
+		if r.Skipped {
+			// Nothing was written: make Delta zero so the apply only decays.
+			clear(delta)
+		} else if !st.Config.NoGain {
+			applyGains(delta, x.In.gain, x.gain)
+		}
+		st.layerNorm[l] += r.Norm * r.Norm
+	}
+	return nil
+}
+
+// applyGains scales Delta[a,b] (d x d) by gp[a] gq[b]: the update of the
+// projectors with every column rescaled to a random one's squared norm
+// (Projector.Gains), so that fitting does not shrink it.
+func applyGains(delta, gp, gq []float32) {
+	d := len(gp)
+	for a, ga := range gp {
+		row := delta[a*d : (a+1)*d]
+		for b, gb := range gq {
+			row[b] *= ga * gb
+		}
+	}
+}
+
+// Apply enqueues W <- (1 - lr wd) W + P Delta Q^T for layer l of step
+// (1-based; it keys the stochastic rounding) on s, after CopyUp.
+func (st *State) Apply(s backend.Stream, l, step int, lr float64) error {
+	env := st.env
+	for _, x := range st.Mats[l] {
+		xlr := st.LR(x, step, lr)
+		wd := float32(0)
+		if x.Decay {
+			wd = env.Hyper.WeightDecay
+		}
+		err := env.Backend.SparseApply(s, x.W, st.tWork.Slice(0, x.D*x.N, x.D, x.N), x.S, x.In.pIdx, x.In.pVal, x.qIdx, x.qVal,
+			env.SkipFlag, x.M, x.N, x.D, x.R, float32(xlr), wd, env.Seed, uint64(step), x.ID)
+		if err != nil {
+			return fmt.Errorf("apply %s: %w", x.Name, err)
+		}
+	}
+	return nil
+}
+
+// StepNormSq sums the layers' squared S norms of the latest step.
+func (st *State) StepNormSq() float64 {
+	var s float64
+	for _, v := range st.layerNorm {
+		s += v
+	}
+	return s
+}
