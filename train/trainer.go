@@ -85,7 +85,7 @@ type Times struct {
 // beside the plan it was checked against: the figures a comparison of
 // runs reads (Options.Measurements).
 type Measurements struct {
-	Memory             Memory  // the predicted memory and link traffic the run was checked against
+	Memory           Memory  // the predicted memory and link traffic the run was checked against
 	StepSeconds      float64 // mean wall time of an optimizer step (engine Step only: no checks, eval or checkpoints)
 	CheckSeconds     float64 // total wall time of the projector checks (lsp)
 	LinkBytesPerStep float64 // mean device-host bytes (both ways) copied during an optimizer step
