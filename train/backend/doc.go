@@ -1,11 +1,13 @@
-// Package backend defines the Backend contract of lsp-offload (DESIGN.md
-// section 5): device buffers, pinned host buffers, asynchronous streams,
-// events, and the compute ops every model is written against.
+// Package backend defines the Backend contract of lsp-offload
+// (docs/DESIGN.md, "The Backend contract"): device buffers, pinned host
+// buffers, asynchronous streams, events, and the compute ops every model
+// is written against.
 //
-// The CPU backend (package train/cpu) implements it: the readable reference
-// and the oracle for the CUDA kernels; the CUDA backend (a later issue) will
-// be the second. Model and engine code use only this interface, so they are
-// the same on both.
+// Two backends implement it: the CPU backend (package train/cpu), the
+// readable reference and the oracle for the CUDA kernels, and the CUDA
+// backend (package cuda: build tag cuda on a GPU, cudasim on the
+// simulated CUDA runtime). Model and engine code use only this interface,
+// so they are the same on both.
 //
 // # Streams and events
 //
