@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
-	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/device"
 )
 
 // ranksSetting is the checkpoint setting that records the world size of
@@ -38,13 +38,28 @@ func (r *run) ranks() int {
 // or the only process.
 func (r *run) rank0() bool { return r.comm == nil || r.comm.Rank() == 0 }
 
-// writeMetrics writes a metrics record on rank 0; the others have no
-// metrics file.
-func (r *run) writeMetrics(rec metrics.Record) error {
-	if r.mw == nil {
+// openDeviceComm joins the ranks' devices as --collectives says: with
+// auto, NCCL where the backend has it and every rank can start it (the
+// ranks agree: cuda.NewNCCL fails on all of them or none), else the host.
+func (r *run) openDeviceComm() error {
+	if r.comm == nil {
 		return nil
 	}
-	return r.mw.Write(rec)
+	if r.cfg.Collectives == CollectivesHost {
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", "--collectives host")
+		return nil
+	}
+	dc, err := device.NewComm(r.cfg.Device, r.be, r.comm)
+	switch {
+	case err == nil:
+		r.devComm = dc
+		r.log.Info("collectives", "sums", "on the device (NCCL)")
+	case r.cfg.Collectives == CollectivesNCCL:
+		return flagErr("collectives", "%v", err)
+	default:
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", err)
+	}
+	return nil
 }
 
 // agree is stop as every rank sees it: true when any rank wants to stop
