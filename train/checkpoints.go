@@ -26,7 +26,7 @@ func (r *run) saveCheckpoint() error {
 		return fmt.Errorf("step %d: %w", r.step, err)
 	}
 	defer release()
-	return r.rank0Only(r.writeCheckpoint)
+	return r.world.rank0Only(r.writeCheckpoint)
 }
 
 func (r *run) writeCheckpoint() error {
@@ -36,7 +36,7 @@ func (r *run) writeCheckpoint() error {
 	defer releaseHost() // the checkpoint's values
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
-	saveRanks(&st, r.ranks())
+	saveRanks(&st, r.world.size())
 	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
@@ -55,7 +55,7 @@ func (r *run) resume() error {
 	if err := checkResume(ck.State, r.cfg, r.fromCheckpoint, path, r.log); err != nil {
 		return err
 	}
-	if err := checkResumeRanks(ck.State, r.ranks(), path); err != nil {
+	if err := checkResumeRanks(ck.State, r.world.size(), path); err != nil {
 		return err
 	}
 	if err := ck.Restore(r.be, r.s, r.model.Buffers().Params, r.eng); err != nil {

@@ -16,7 +16,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -32,7 +31,7 @@ var ErrNonFinite = errors.New("non-finite loss")
 func (r *run) loop(ctx context.Context) (*Result, error) {
 	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
-	if r.opts.Progress != nil && r.rank0() {
+	if r.opts.Progress != nil && r.world.rank0() {
 		r.prog = metrics.NewProgress(r.opts.Progress, r.cfg.Steps, r.log)
 	}
 	err := r.trainSteps(ctx, res)
@@ -67,7 +66,7 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 		r.lastEval = r.step
 	}
 	for r.step < r.cfg.Steps {
-		stop, err := r.agree(ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter))
+		stop, err := r.world.agree(r.step+1, ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter))
 		if err != nil {
 			return err
 		}
@@ -186,7 +185,7 @@ func (r *run) trainStep(lr float64) (float64, error) {
 	// Every rank reads the whole global batch (ranks x --grad-accum
 	// micro-batches) and trains on its own share, so the data position
 	// is the same on every rank.
-	batches := make([]data.Batch, r.ranks()*r.cfg.GradAccum)
+	batches := make([]data.Batch, r.world.size()*r.cfg.GradAccum)
 	targets := 0
 	for i := range batches {
 		r.loader.Next(&batches[i])
@@ -197,27 +196,18 @@ func (r *run) trainStep(lr float64) (float64, error) {
 		return 0, fmt.Errorf("step %d: no target tokens in the batch", r.step+1)
 	}
 	mine := batches
-	if r.comm != nil {
-		k := r.comm.Rank() * r.cfg.GradAccum
+	if r.world.comm != nil {
+		k := r.world.comm.Rank() * r.cfg.GradAccum
 		mine = batches[k : k+r.cfg.GradAccum]
 	}
-	var cs0, ds0 comm.Stats
-	if r.comm != nil {
-		cs0 = r.comm.Stats()
-	}
-	if r.devComm != nil {
-		ds0 = r.devComm.Stats()
-	}
+	sent0 := r.world.sent()
 	tr0, t0 := r.be.Traffic(), time.Now()
 	sum, err := r.eng.Step(mine, lr) // with several ranks, summed over them
 	if err != nil {
 		return 0, err
 	}
-	if r.comm != nil {
-		r.lastComm = r.comm.Stats().Sub(cs0).Sent()
-		if r.devComm != nil {
-			r.lastComm += r.devComm.Stats().Sub(ds0).Sent()
-		}
+	if r.world.comm != nil {
+		r.lastComm = r.world.sent() - sent0
 		r.commBytes += r.lastComm
 	}
 	tr1 := r.be.Traffic()
@@ -250,7 +240,7 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	// Time is left 0 so the Writer fills it in, continuing across resumes.
 	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(stepRate),
 		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
-	if r.comm != nil {
+	if r.world.comm != nil {
 		rec.CommBytes = metrics.F(float64(r.lastComm))
 	}
 	if err := r.writeMetrics(rec); err != nil {
@@ -295,7 +285,7 @@ func (r *run) finish(res *Result) error {
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
-	return r.rank0Only(func() error { return r.export(res) })
+	return r.world.rank0Only(func() error { return r.export(res) })
 }
 
 // checkFinite is nil when v, the step's what (a loss or a norm), is

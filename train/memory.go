@@ -120,7 +120,7 @@ func datasetBytes(ds *data.Dataset) int64 {
 // memory), before anything is allocated.
 func (r *run) checkMemory() error {
 	cfg := r.cfg
-	plan, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
+	plan, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.world.size())
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (r *run) recomputeHint() (string, error) {
 	var need int64
 	for _, rc := range model.Recomputes[cfg.Recompute+1:] {
 		cfg.Recompute = rc
-		p, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.ranks())
+		p, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.world.size())
 		if err != nil {
 			return "", err
 		}

@@ -31,7 +31,7 @@ import (
 // in it or --overwrite replaces its outputs, so that another run's
 // checkpoint and metrics are never overwritten by mistake.
 func (r *run) checkOut() error {
-	if r.cfg.Resume || r.cfg.Overwrite || !r.rank0() {
+	if r.cfg.Resume || r.cfg.Overwrite || !r.world.rank0() {
 		return nil
 	}
 	ents, err := os.ReadDir(r.cfg.Out)
@@ -64,7 +64,7 @@ var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png",
 // run before, so that a kill before this run's first checkpoint cannot
 // leave another run's checkpoint to resume.
 func (r *run) prepareOut() error {
-	if !r.rank0() {
+	if !r.world.rank0() {
 		return nil // rank 0 alone writes --out
 	}
 	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {

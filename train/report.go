@@ -17,7 +17,7 @@ import (
 
 // openMetrics opens metrics.jsonl, cut back to the resumed step.
 func (r *run) openMetrics() error {
-	if r.rank0() {
+	if r.world.rank0() {
 		var err error
 		if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
 			return diskHint(err)

@@ -27,7 +27,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
-	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -147,10 +146,9 @@ type run struct {
 	// The latest step's engine and check times (StepTimes).
 	lastEngine, lastCheck float64
 
-	comm      comm.Communicator // several ranks; nil alone
-	devComm   device.Comm       // and their devices' (--collectives); nil: the host sums
-	commBytes int64             // payload this rank sent during its steps
-	lastComm  int64             // and during the latest step
+	world     world // the ranks trained with (dataparallel.go); alone without a communicator
+	commBytes int64 // payload this rank sent during its steps
+	lastComm  int64 // and during the latest step
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -160,9 +158,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 		return nil, err
 	}
 	start := time.Now()
-	r := &run{cfg: cfg, opts: opts, log: opts.Logger, resumedAt: -1, lastEval: -1}
+	r := &run{cfg: cfg, opts: opts, log: opts.Logger, resumedAt: -1, lastEval: -1, world: world{timeout: opts.CommTimeout}}
 	if opts.Comm != nil && opts.Comm.Size() > 1 {
-		r.comm = opts.Comm
+		r.world.comm = opts.Comm
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -174,10 +172,10 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	r.times.Setup = time.Since(start)
 	res, err := r.loop(ctx)
 	if err == nil {
-		err = r.barrier()
+		err = r.world.barrier()
 	}
 	res.Elapsed, res.Times = time.Since(start), r.times
-	res.Ranks = r.ranks()
+	res.Ranks = r.world.size()
 	if r.eng != nil {
 		res.Comm = r.eng.CommPerStep()
 	}
@@ -200,8 +198,8 @@ func (r *run) close() {
 	if r.eng != nil {
 		r.eng.Free() // also stops the host worker threads
 	}
-	if r.devComm != nil {
-		if err := r.devComm.Close(); err != nil {
+	if r.world.devComm != nil {
+		if err := r.world.devComm.Close(); err != nil {
 			r.log.Warn("closing the device communicator", "err", err)
 		}
 	}

@@ -161,7 +161,7 @@ func (r *run) openEngine() error {
 	if err := r.openDeviceComm(); err != nil {
 		return err
 	}
-	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.comm, r.devComm); err != nil {
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.world.comm, r.world.devComm); err != nil {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
