@@ -56,6 +56,6 @@ func (r *run) evaluate(res *Result) error {
 	if rec.ExactMatch != nil {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *rec.ExactMatch))
 	}
-	r.logf("eval", args...)
-	return diskHint(r.writeMetrics(rec))
+	r.report.logf("eval", args...)
+	return diskHint(r.report.write(rec))
 }

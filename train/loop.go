@@ -32,12 +32,10 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
 	if r.opts.Progress != nil && r.world.rank0() {
-		r.prog = metrics.NewProgress(r.opts.Progress, r.cfg.Steps, r.log)
+		r.report.showProgress(r.opts.Progress, r.cfg.Steps)
 	}
 	err := r.trainSteps(ctx, res)
-	if r.prog != nil {
-		r.prog.Done()
-	}
+	r.report.stepsDone()
 	if err != nil {
 		return res, err
 	}
@@ -149,11 +147,11 @@ func (r *run) skipStep(loss, lr float64, inARow int) error {
 			"stopping without saving this step (the last checkpoint is kept); try a lower --lr",
 			step, loss, inARow, ordinal(inARow), r.cfg.MaxSkips, ErrNonFinite)
 	}
-	r.warnf("skipped a step whose loss is not finite: nothing was updated; the step is taken again with the next batch",
+	r.report.warnf("skipped a step whose loss is not finite: nothing was updated; the step is taken again with the next batch",
 		"step", step, "loss", loss, "in_a_row", inARow, "max_skips", r.cfg.MaxSkips)
 	rec := metrics.Record{Step: step, LR: metrics.F(lr), Event: metrics.SkippedStepEvent,
 		Skipped: &metrics.SkippedStep{Loss: fmt.Sprint(loss), InARow: inARow}}
-	return diskHint(r.writeMetrics(rec))
+	return diskHint(r.report.write(rec))
 }
 
 // ordinal is the English suffix of n: 1st, 2nd, 3rd, 4th, 11th, 21st.
@@ -243,12 +241,10 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	if r.world.comm != nil {
 		rec.CommBytes = metrics.F(float64(r.lastComm))
 	}
-	if err := r.writeMetrics(rec); err != nil {
+	if err := r.report.write(rec); err != nil {
 		return diskHint(err)
 	}
-	if r.prog != nil {
-		r.prog.Update(r.step, loss, runRate)
-	}
+	r.report.progress(r.step, loss, runRate)
 	return faults.Point("step", "")
 }
 

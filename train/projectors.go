@@ -84,7 +84,7 @@ func (r *run) checkProjectors() error {
 			Matrix: p.Matrix, RatioBefore: p.RatioBefore, RatioAfter: p.RatioAfter, Iters: p.Iters,
 			Resampled: p.Resampled, Reached: p.Reached, Change: p.Change, Rewarm: p.Rewarm, Seconds: p.Seconds,
 			Rejected: p.Rejected, CaptureBefore: p.CaptureBefore, CaptureAfter: p.CaptureAfter}}
-		if err := r.writeMetrics(rec); err != nil {
+		if err := r.report.write(rec); err != nil {
 			return err
 		}
 	}

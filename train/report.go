@@ -9,17 +9,28 @@ package train
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
+// reporter is where the run's records go as the steps go: rank 0's
+// metrics.jsonl, the progress display, and the log, which goes through
+// the display while there is one.
+type reporter struct {
+	log  *slog.Logger
+	mw   *metrics.Writer   // nil on ranks other than 0
+	prog *metrics.Progress // nil without a display (Options.Progress, rank 0)
+}
+
 // openMetrics opens metrics.jsonl, cut back to the resumed step.
 func (r *run) openMetrics() error {
 	if r.world.rank0() {
 		var err error
-		if r.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
+		if r.report.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
 			return diskHint(err)
 		}
 	}
@@ -37,30 +48,56 @@ func (r *run) openMetrics() error {
 
 func (r *run) metricsPath() string { return filepath.Join(r.cfg.Out, "metrics.jsonl") }
 
-// writeMetrics writes a metrics record on rank 0; the others have no
-// metrics file.
-func (r *run) writeMetrics(rec metrics.Record) error {
-	if r.mw == nil {
+// showProgress starts the progress display of a run of steps on out.
+func (p *reporter) showProgress(out *os.File, steps int) {
+	p.prog = metrics.NewProgress(out, steps, p.log)
+}
+
+// progress shows the step just recorded, with this process's throughput.
+func (p *reporter) progress(step int, loss, rate float64) {
+	if p.prog != nil {
+		p.prog.Update(step, loss, rate)
+	}
+}
+
+// stepsDone ends the progress bar; later lines still go through the
+// display.
+func (p *reporter) stepsDone() {
+	if p.prog != nil {
+		p.prog.Done()
+	}
+}
+
+// write writes a metrics record on rank 0; the others have no metrics
+// file.
+func (p *reporter) write(rec metrics.Record) error {
+	if p.mw == nil {
 		return nil
 	}
-	return r.mw.Write(rec)
+	return p.mw.Write(rec)
 }
 
 // logf logs through the progress display when there is one, so the bar
 // is not garbled.
-func (r *run) logf(msg string, args ...any) {
-	if r.prog != nil {
-		r.prog.Log(msg, args...)
+func (p *reporter) logf(msg string, args ...any) {
+	if p.prog != nil {
+		p.prog.Log(msg, args...)
 	} else {
-		r.log.Info(msg, args...)
+		p.log.Info(msg, args...)
 	}
 }
 
 // warnf is logf at the warning level.
-func (r *run) warnf(msg string, args ...any) {
-	if r.prog != nil {
-		r.prog.Warn(msg, args...)
+func (p *reporter) warnf(msg string, args ...any) {
+	if p.prog != nil {
+		p.prog.Warn(msg, args...)
 	} else {
-		r.log.Warn(msg, args...)
+		p.log.Warn(msg, args...)
+	}
+}
+
+func (p *reporter) close() {
+	if p.mw != nil {
+		p.mw.Close()
 	}
 }

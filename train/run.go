@@ -29,7 +29,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
-	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -129,10 +128,10 @@ type run struct {
 	sched          optim.Schedule
 	resumedAt      int    // the checkpoint's step, -1 when the run starts fresh
 	restoreGC      func() // undoes limitGarbage
-	mw             *metrics.Writer
+
+	report reporter // metrics.jsonl, the progress display and the steps' log lines (report.go)
 
 	// The loop's state.
-	prog      *metrics.Progress
 	step      int   // optimizer steps completed, resumed ones included
 	tokens    int64 // tokens trained on, resumed ones included
 	lastEval  int   // step of the latest eval record, -1 when none is known
@@ -165,6 +164,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	r.report.log = r.log
 	defer r.close()
 	if err := r.setup(); err != nil {
 		return nil, err
@@ -192,9 +192,7 @@ func (r *run) close() {
 	if r.restoreGC != nil {
 		r.restoreGC()
 	}
-	if r.mw != nil {
-		r.mw.Close()
-	}
+	r.report.close()
 	if r.eng != nil {
 		r.eng.Free() // also stops the host worker threads
 	}
