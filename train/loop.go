@@ -126,7 +126,7 @@ func (r *run) oneStep(res *Result) error {
 			return err
 		}
 		if r.opts.AfterStep != nil {
-			return r.opts.AfterStep(StepTimes{Step: r.step, Total: dt.Seconds(), Engine: r.lastEngine, Check: r.lastCheck,
+			return r.opts.AfterStep(StepTimes{Step: r.step, Total: dt.Seconds(), Engine: r.meter.lastEngine, Check: r.meter.lastCheck,
 				Tokens: r.tokens - tok0})
 		}
 		return nil
@@ -174,7 +174,7 @@ func ordinal(n int) string {
 // projector check when one is due) and returns the mean loss per target
 // token; the engine says whether it skipped the step (a non-finite loss).
 func (r *run) trainStep(lr float64) (float64, error) {
-	r.lastCheck = 0
+	r.meter.newStep()
 	if r.eng.CheckDue() {
 		if err := r.checkProjectors(); err != nil {
 			return 0, err
@@ -205,14 +205,10 @@ func (r *run) trainStep(lr float64) (float64, error) {
 		return 0, err
 	}
 	if r.world.comm != nil {
-		r.lastComm = r.world.sent() - sent0
-		r.commBytes += r.lastComm
+		r.meter.sent(r.world.sent() - sent0)
 	}
 	tr1 := r.be.Traffic()
-	r.lastEngine = time.Since(t0).Seconds()
-	r.stepSecs += r.lastEngine
-	r.stepLink += tr1.D2H - tr0.D2H + tr1.H2D - tr0.H2D
-	r.stepsTimed++
+	r.meter.engineStep(time.Since(t0).Seconds(), tr1.D2H-tr0.D2H+tr1.H2D-tr0.H2D)
 	return sum / float64(targets), nil
 }
 
@@ -239,7 +235,7 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	rec := metrics.Record{Step: r.step, TrainLoss: metrics.F(loss), TokensPerSec: metrics.F(stepRate),
 		LR: metrics.F(lr), GradNorm: metrics.F(norm)}
 	if r.world.comm != nil {
-		rec.CommBytes = metrics.F(float64(r.lastComm))
+		rec.CommBytes = metrics.F(float64(r.meter.lastComm))
 	}
 	if err := r.report.write(rec); err != nil {
 		return diskHint(err)

@@ -29,15 +29,60 @@ type StepTimes struct {
 	Tokens int64   // tokens of the step
 }
 
+// stepMeter measures this process's optimizer steps as they go: the
+// sums behind Measurements and CommBytesPerStep, and the latest step's
+// figures that StepTimes and the step's metrics record report.
+type stepMeter struct {
+	stepSecs, checkSecs float64 // engine steps' and projector checks' wall time
+	stepLink            int64   // device-host bytes copied during the engine steps
+	stepsTimed          int
+	commBytes           int64 // payload this rank sent during its steps
+	// The latest step's engine and check times (StepTimes) and payload.
+	lastEngine, lastCheck float64
+	lastComm              int64
+}
+
+// newStep forgets the previous step's check, as a step need not have one.
+func (m *stepMeter) newStep() { m.lastCheck = 0 }
+
+// check counts a projector check of secs seconds.
+func (m *stepMeter) check(secs float64) {
+	m.lastCheck = secs
+	m.checkSecs += secs
+}
+
+// engineStep counts the engine's step: secs seconds, link bytes copied
+// between device and host.
+func (m *stepMeter) engineStep(secs float64, link int64) {
+	m.lastEngine = secs
+	m.stepSecs += secs
+	m.stepLink += link
+	m.stepsTimed++
+}
+
+// sent counts the payload this rank sent to the others during a step.
+func (m *stepMeter) sent(bytes int64) {
+	m.lastComm = bytes
+	m.commBytes += bytes
+}
+
+// commPerStep is the mean payload sent per step (0 before any step).
+func (m *stepMeter) commPerStep() float64 {
+	if m.stepsTimed == 0 {
+		return 0
+	}
+	return float64(m.commBytes) / float64(m.stepsTimed)
+}
+
 // measurements are the run's Measurements so far.
 func (r *run) measurements() Measurements {
-	m := Measurements{Memory: r.memory, CheckSeconds: r.checkSecs}
+	m := Measurements{Memory: r.memory, CheckSeconds: r.meter.checkSecs}
 	if r.be != nil {
 		m.DevicePeak = r.be.MemStats().HighWater
 	}
-	if r.stepsTimed > 0 {
-		m.StepSeconds = r.stepSecs / float64(r.stepsTimed)
-		m.LinkBytesPerStep = float64(r.stepLink) / float64(r.stepsTimed)
+	if n := r.meter.stepsTimed; n > 0 {
+		m.StepSeconds = r.meter.stepSecs / float64(n)
+		m.LinkBytesPerStep = float64(r.meter.stepLink) / float64(n)
 	}
 	return m
 }

@@ -66,8 +66,7 @@ func (r *run) checkProjectors() error {
 	}
 	t0 := time.Now()
 	reps, err := r.eng.Check(batches)
-	r.lastCheck = time.Since(t0).Seconds()
-	r.checkSecs += r.lastCheck
+	r.meter.check(time.Since(t0).Seconds())
 	if err != nil {
 		return err
 	}

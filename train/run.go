@@ -113,6 +113,11 @@ type run struct {
 	opts Options
 	log  *slog.Logger
 
+	// The jobs that keep state of their own, apart from the run's.
+	world  world     // the ranks trained with (dataparallel.go); alone without a communicator
+	report reporter  // metrics.jsonl, the progress display and the steps' log lines (report.go)
+	meter  stepMeter // this process's steps measured (measure.go)
+
 	// Set by setup, in the order of its steps.
 	mc             model.Spec // the model's architecture
 	fromCheckpoint bool       // --model is a checkpoint directory, not a preset
@@ -129,25 +134,12 @@ type run struct {
 	resumedAt      int    // the checkpoint's step, -1 when the run starts fresh
 	restoreGC      func() // undoes limitGarbage
 
-	report reporter // metrics.jsonl, the progress display and the steps' log lines (report.go)
-
 	// The loop's state.
 	step      int   // optimizer steps completed, resumed ones included
 	tokens    int64 // tokens trained on, resumed ones included
 	lastEval  int   // step of the latest eval record, -1 when none is known
 	times     Times // this process's wall time by phase
 	runTokens int64 // tokens of this process's steps
-
-	// Step measurements of this process (Measurements).
-	stepSecs, checkSecs float64
-	stepLink            int64
-	stepsTimed          int
-	// The latest step's engine and check times (StepTimes).
-	lastEngine, lastCheck float64
-
-	world     world // the ranks trained with (dataparallel.go); alone without a communicator
-	commBytes int64 // payload this rank sent during its steps
-	lastComm  int64 // and during the latest step
 }
 
 // Run trains as cfg says until the steps are done or ctx is cancelled; on
@@ -179,15 +171,15 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 	if r.eng != nil {
 		res.Comm = r.eng.CommPerStep()
 	}
-	if r.stepsTimed > 0 {
-		res.CommBytesPerStep = float64(r.commBytes) / float64(r.stepsTimed)
-	}
+	res.CommBytesPerStep = r.meter.commPerStep()
 	if opts.Measurements != nil {
 		*opts.Measurements = r.measurements()
 	}
 	return res, err
 }
 
+// close releases what the run acquired, as far as set-up got; the
+// backend only when the run opened it.
 func (r *run) close() {
 	if r.restoreGC != nil {
 		r.restoreGC()
