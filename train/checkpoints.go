@@ -29,6 +29,7 @@ func (r *run) saveCheckpoint() error {
 	return r.world.rank0Only(r.writeCheckpoint)
 }
 
+// writeCheckpoint is saveCheckpoint's write, on rank 0 (or alone).
 func (r *run) writeCheckpoint() error {
 	t0 := time.Now()
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
@@ -69,4 +70,5 @@ func (r *run) resume() error {
 	return nil
 }
 
+// checkpointPath is where the run's checkpoint is, the latest one only.
 func (r *run) checkpointPath() string { return filepath.Join(r.cfg.Out, checkpoint.FileName) }

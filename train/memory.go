@@ -92,7 +92,7 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	case catalog.LoadHoldsCopy(mc, src):
 		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: 4 * N})
 	}
-	// The export downloads every parameter as fp32 (run.finish); the
+	// The export downloads every parameter as fp32 (run.export); the
 	// writer's own buffers are chunks.
 	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: 4 * N})
 	return p, nil

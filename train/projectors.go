@@ -50,8 +50,9 @@ func lspCaps(mc model.Spec, d, r int) []lspCap {
 	return caps
 }
 
-// checkProjectors runs the lsp projector check and logs every matrix's
-// result to the metrics; a fit that misses alpha is a warning.
+// checkProjectors runs the lsp projector check and writes every matrix's
+// result to the metrics; one log line counts them, fits that missed
+// --alpha included.
 func (r *run) checkProjectors() error {
 	// The calibration rows come from their own shuffle of the training
 	// rows, keyed by the step, so the checks neither move the training

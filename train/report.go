@@ -46,6 +46,7 @@ func (r *run) openMetrics() error {
 	return nil
 }
 
+// metricsPath is where rank 0 writes the metrics.
 func (r *run) metricsPath() string { return filepath.Join(r.cfg.Out, "metrics.jsonl") }
 
 // showProgress starts the progress display of a run of steps on out.
