@@ -77,7 +77,7 @@ type Config struct {
 	MaxSkips    int       // --max-skips: with skip, the most steps skipped in a row; one more stops the run
 
 	Seed      uint64        // --seed
-	Device    device.Kind   // --device: cpu (cuda comes later)
+	Device    device.Kind   // --device: cpu, cuda or cuda:N (cuda in a -tags cuda build)
 	DeviceMem int64         // --device-mem: device memory budget in bytes (0: unlimited)
 	HostMem   int64         // --host-mem: host memory budget in bytes (0: the machine's available memory, where known)
 	DType     backend.DType // --dtype: fp32 or bf16 storage of weights and activations (the command's default: Device.DefaultDType)

@@ -19,58 +19,99 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
-	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/device"
 )
 
 // ranksSetting is the checkpoint setting that records the world size of
 // a data-parallel run; a checkpoint without it was saved by one process.
 const ranksSetting = "ranks"
 
-// ranks is the number of processes that train together.
-func (r *run) ranks() int {
-	if r.comm == nil {
+// world is the ranks a run trains with and what they must agree on: when
+// to stop, when rank 0 is done writing, when every rank is done. Its zero
+// value (no communicator) is a run alone, for which every method is what
+// one process would do.
+type world struct {
+	comm    comm.Communicator // several ranks; nil alone
+	devComm device.Comm       // and their devices' (--collectives); nil: the host sums
+	// timeout is comm's usual timeout of a collective (Options.CommTimeout),
+	// which rank0Only restores after waiting under Rank0Wait.
+	timeout time.Duration
+}
+
+// size is the number of processes that train together.
+func (w *world) size() int {
+	if w.comm == nil {
 		return 1
 	}
-	return r.comm.Size()
+	return w.comm.Size()
 }
 
 // rank0 reports whether this process writes the run's outputs: rank 0,
 // or the only process.
-func (r *run) rank0() bool { return r.comm == nil || r.comm.Rank() == 0 }
+func (w *world) rank0() bool { return w.comm == nil || w.comm.Rank() == 0 }
 
-// writeMetrics writes a metrics record on rank 0; the others have no
-// metrics file.
-func (r *run) writeMetrics(rec metrics.Record) error {
-	if r.mw == nil {
-		return nil
+// sent is the payload this rank has sent to the others so far, over
+// both communicators (0 alone).
+func (w *world) sent() int64 {
+	if w.comm == nil {
+		return 0
 	}
-	return r.mw.Write(rec)
+	n := w.comm.Stats().Sent()
+	if w.devComm != nil {
+		n += w.devComm.Stats().Sent()
+	}
+	return n
 }
 
-// agree is stop as every rank sees it: true when any rank wants to stop
-// (a signal reaches each rank at its own moment; the ranks must still
-// leave the loop after the same step).
-func (r *run) agree(stop bool) (bool, error) {
-	if r.comm == nil {
+// openDeviceComm joins the ranks' devices as --collectives says: with
+// auto, NCCL where the backend has it and every rank can start it (the
+// ranks agree: cuda.NewNCCL fails on all of them or none), else the host.
+func (r *run) openDeviceComm() error {
+	if r.world.comm == nil {
+		return nil
+	}
+	if r.cfg.Collectives == CollectivesHost {
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", "--collectives host")
+		return nil
+	}
+	dc, err := device.NewComm(r.cfg.Device, r.be, r.world.comm)
+	switch {
+	case err == nil:
+		r.world.devComm = dc
+		r.log.Info("collectives", "sums", "on the device (NCCL)")
+	case r.cfg.Collectives == CollectivesNCCL:
+		return flagErr("collectives", "%v", err)
+	default:
+		r.log.Info("collectives", "sums", "on the host (MPI)", "why", err)
+	}
+	return nil
+}
+
+// agree is stop as every rank sees it before step next: true when any
+// rank wants to stop (a signal reaches each rank at its own moment; the
+// ranks must still leave the loop after the same step).
+func (w *world) agree(next int, stop bool) (bool, error) {
+	if w.comm == nil {
 		return stop, nil
 	}
 	x := []float32{0}
 	if stop {
 		x[0] = 1
 	}
-	if err := r.comm.AllReduceSum(x); err != nil {
-		return false, fmt.Errorf("step %d: agreeing on stopping with the other ranks: %w", r.step+1, err)
+	if err := w.comm.AllReduceSum(x); err != nil {
+		return false, fmt.Errorf("step %d: agreeing on stopping with the other ranks: %w", next, err)
 	}
 	return x[0] != 0, nil
 }
 
 // barrier waits until every rank is done, so that no rank exits (and
 // makes mpirun end the others) while rank 0 still writes its outputs.
-func (r *run) barrier() error {
-	if r.comm == nil {
+func (w *world) barrier() error {
+	if w.comm == nil {
 		return nil
 	}
-	if err := r.comm.Barrier(); err != nil {
+	if err := w.comm.Barrier(); err != nil {
 		return fmt.Errorf("waiting for the other ranks at the end: %w", err)
 	}
 	return nil
@@ -86,19 +127,19 @@ const Rank0Wait = 30 * time.Minute
 // alone it just runs write. Rank 0 joins the barrier even when write
 // fails, so the others learn of the failure from mpirun (rank 0 then
 // exits non-zero), not from a timeout.
-func (r *run) rank0Only(write func() error) error {
-	if r.comm == nil {
+func (w *world) rank0Only(write func() error) error {
+	if w.comm == nil {
 		return write()
 	}
 	var err error
-	if r.rank0() {
+	if w.rank0() {
 		err = write()
 	}
-	if s, ok := r.comm.(interface{ SetTimeout(time.Duration) }); ok {
+	if s, ok := w.comm.(interface{ SetTimeout(time.Duration) }); ok {
 		s.SetTimeout(Rank0Wait)
-		defer s.SetTimeout(r.opts.CommTimeout)
+		defer s.SetTimeout(w.timeout)
 	}
-	if berr := r.comm.Barrier(); berr != nil && err == nil {
+	if berr := w.comm.Barrier(); berr != nil && err == nil {
 		err = fmt.Errorf("waiting for rank 0 to write its outputs: %w", berr)
 	}
 	return err

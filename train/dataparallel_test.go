@@ -31,7 +31,7 @@ func TestRank0Only(t *testing.T) {
 	for _, rank := range []int{0, 1} {
 		for _, fail := range []bool{false, true} {
 			f := &fakeRank{Single: comm.NewSingle(), rank: rank}
-			r := &run{comm: f, opts: Options{CommTimeout: 45 * time.Second}}
+			r := &world{comm: f, timeout: 45 * time.Second}
 			err := r.rank0Only(func() error {
 				f.log = append(f.log, "write")
 				if fail {

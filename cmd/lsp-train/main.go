@@ -1,7 +1,8 @@
-// Command lsp-train fine-tunes language models (the families that
-// train/catalog lists: GPT-2, and LLaMA once added). With no flags it
-// trains the tiny preset on a built-in task on the CPU and says where its
-// outputs are; `lsp-train sample` generates text from a trained model, and
+// Command lsp-train fine-tunes language models of the families that
+// train/catalog lists: GPT-2 and LLaMA, from a preset, a Hugging Face
+// directory or (LLaMA) a llama2.c model file. With no flags it trains the
+// tiny preset on a built-in task on the CPU and says where its outputs
+// are; `lsp-train sample` generates text from a trained model, and
 // `lsp-train compare` fine-tunes in every update mode and prints a table.
 //
 //	lsp-train [flags]                 train (see -h)

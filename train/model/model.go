@@ -1,9 +1,10 @@
-// Package model is the contract between a model family (train/gpt2, later
-// LLaMA) and the training engine (train/engine): a model describes its own
-// parameter layout (which tensors belong to which block, which of them are
-// the weight matrices LSP projects and which of those read the same input)
-// and offers its forward and backward passes block by block, so that the
-// engine schedules, offloads and compresses any model without knowing it.
+// Package model is the contract between a model family (train/gpt2,
+// train/llama) and the training engine (train/engine): a model describes
+// its own parameter layout (which tensors belong to which block, which of
+// them are the weight matrices LSP projects and which of those read the
+// same input) and offers its forward and backward passes block by block,
+// so that the engine schedules, offloads and compresses any model without
+// knowing it.
 //
 // The conventions every implementation keeps:
 //

@@ -1,0 +1,147 @@
+// The run's output directory (--out): refusing another run's outputs,
+// clearing what a killed run left, the final Hugging Face export and the
+// loss plot, and the hint for a write that found the disk full.
+//
+// Limits: rank 0 alone writes --out; an interrupted run gets the plot but
+// no export.
+
+package train
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/metrics"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
+)
+
+// checkOut refuses a non-empty --out unless --resume continues the run
+// in it or --overwrite replaces its outputs, so that another run's
+// checkpoint and metrics are never overwritten by mistake.
+func (r *run) checkOut() error {
+	if r.cfg.Resume || r.cfg.Overwrite || !r.world.rank0() {
+		return nil
+	}
+	ents, err := os.ReadDir(r.cfg.Out)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return flagErr("out", "%v", err)
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	var names []string
+	for _, e := range ents[:min(len(ents), 4)] {
+		names = append(names, e.Name())
+	}
+	if len(ents) > 4 {
+		names = append(names, "...")
+	}
+	return flagErr("out", "%s is not empty (%s): it holds another run's outputs; continue that run with --resume, "+
+		"replace its outputs with --overwrite, or choose another --out", r.cfg.Out, strings.Join(names, ", "))
+}
+
+// previousOutputs are the files and directories of a run's outputs that
+// --overwrite removes before a new run starts in the same --out.
+var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf"}
+
+// prepareOut creates --out, removes what a killed run's atomic writes
+// left there, and with --overwrite (and no --resume) the outputs of the
+// run before, so that a kill before this run's first checkpoint cannot
+// leave another run's checkpoint to resume.
+func (r *run) prepareOut() error {
+	if !r.world.rank0() {
+		return nil // rank 0 alone writes --out
+	}
+	if err := os.MkdirAll(r.cfg.Out, 0o755); err != nil {
+		return flagErr("out", "%v", err)
+	}
+	removed, err := atomicfile.Clean(r.cfg.Out)
+	if err != nil {
+		return flagErr("out", "%v", err)
+	}
+	if len(removed) > 0 {
+		r.log.Info("removed the leftovers of an interrupted write", "out", r.cfg.Out, "names", removed)
+	}
+	if !r.cfg.Overwrite || r.cfg.Resume {
+		return nil
+	}
+	for _, name := range previousOutputs {
+		p := filepath.Join(r.cfg.Out, name)
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return flagErr("out", "--overwrite: %v", err)
+		}
+		r.log.Info("--overwrite: removed an earlier run's output", "path", p)
+	}
+	return nil
+}
+
+// export writes the final weights as a Hugging Face directory and plots
+// the losses (only the plot when the run was interrupted).
+func (r *run) export(res *Result) error {
+	t0 := time.Now()
+	defer func() { r.times.Export += time.Since(t0) }()
+	if res.Interrupted {
+		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
+		return r.plot(res)
+	}
+	defer releaseHost() // the exported values
+	vals, err := backend.Download(r.be, r.s, r.model.Buffers().Params)
+	if err != nil {
+		return err
+	}
+	res.Export = filepath.Join(r.cfg.Out, "hf")
+	if err := exportModel(res.Export, r.mc, vals, r.src, r.tok); err != nil {
+		return diskHint(err)
+	}
+	return r.plot(res)
+}
+
+// exportModel writes the weights vals of mc as a Hugging Face directory
+// dir, as a whole (catalog.Export), with the files of tok, the tokenizer
+// the run trained with (those of src, the directory --model named, when
+// it came from there).
+func exportModel(dir string, mc model.Spec, vals []float32, src string, tok tokenizer.Tokenizer) error {
+	return catalog.Export(mc, dir, vals, src, tok)
+}
+
+// plot draws the loss curves of metrics.jsonl into loss.png, also for an
+// interrupted run; a run interrupted before its first step has none.
+func (r *run) plot(res *Result) error {
+	recs, err := metrics.ReadFile(res.Metrics)
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(recs, func(rec metrics.Record) bool { return rec.TrainLoss != nil || rec.EvalLoss != nil }) {
+		return nil
+	}
+	res.Plot = filepath.Join(r.cfg.Out, "loss.png")
+	return diskHint(metrics.PlotLoss(recs, res.Plot, fmt.Sprintf("%s on %s", r.cfg.Model, r.cfg.Data)))
+}
+
+// diskHint adds what to do to an error of a write that found the disk
+// full; other errors (and nil) pass unchanged.
+func diskHint(err error) error {
+	if err == nil || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	return fmt.Errorf("%w; the disk holding --out is full: free space, then continue with the same flags plus --resume "+
+		"(the last complete checkpoint is kept)", err)
+}

@@ -1,0 +1,245 @@
+// The run's set-up: the steps that take a Config to a loop ready to
+// start, in the order setup runs them, each failing with an error that
+// names the flag at fault. The steps that belong to another job are in
+// that job's file (checkOut: outputs.go; checkMemory and limitGarbage:
+// memory.go; the device communicator: dataparallel.go; logLSPCaps:
+// projectors.go; resume: checkpoints.go; openMetrics: report.go).
+//
+// The run meets the model only through model.Spec and train/catalog,
+// never a family's own types, so a new family changes nothing here.
+//
+// Limits: nothing is written to --out before the memory plan is checked
+// and the engine is built.
+
+package train
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/eval"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/optim"
+)
+
+// setup prepares everything the loop needs, in steps that each fail with
+// an error naming the flag at fault. Nothing is written to --out before
+// the memory plan is checked and the engine is built.
+func (r *run) setup() error {
+	for _, step := range []func() error{
+		r.checkOut,
+		r.resolveModel,
+		r.loadData,
+		r.checkMemory,
+		r.openEngine,
+		r.limitGarbage,
+		r.logLSPCaps,
+		r.buildLoader,
+		r.resumeOrInit,
+		r.openMetrics,
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if r.opts.Ready != nil {
+		return r.opts.Ready(r.eng)
+	}
+	return nil
+}
+
+// resolveModel finds the architecture of --model and its tokenizer, and
+// checks that they fit --seq-len and each other.
+func (r *run) resolveModel() error {
+	var err error
+	if r.mc, r.src, err = ResolveModel(r.cfg.Model); err != nil {
+		return err
+	}
+	r.fromCheckpoint = r.src != ""
+	if r.cfg.SeqLen > r.mc.MaxSeqLen() {
+		return flagErr("seq-len", "%d is longer than the model context %s=%d", r.cfg.SeqLen, catalog.ContextName(r.mc), r.mc.MaxSeqLen())
+	}
+	if r.tok, err = catalog.Tokenizer(r.mc, r.src, r.cfg.Tokenizer); err != nil {
+		if r.cfg.Tokenizer != "" {
+			return flagErr("tokenizer", "%v", err)
+		}
+		return flagErr("model", "%v", err)
+	}
+	return nil
+}
+
+// ResolveModel returns the architecture of --model, a preset name of any
+// family, a Hugging Face checkpoint directory or a llama2.c model file,
+// and that directory or file ("" for a preset).
+func ResolveModel(name string) (model.Spec, string, error) {
+	spec, src, err := catalog.Resolve(name)
+	if err != nil {
+		return nil, "", flagErr("model", "%v", err)
+	}
+	return spec, src, nil
+}
+
+// loadData reads and tokenizes --data and splits off the eval set.
+func (r *run) loadData() error {
+	cfg := r.cfg
+	var err error
+	opt := data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed}
+	r.ds, err = data.Load(cfg.Data, r.tok, opt)
+	if err != nil {
+		// The data package's errors start with its name, which --data
+		// says already.
+		return flagErr("data", "%s%s", strings.TrimPrefix(err.Error(), "data: "), r.lengthHint(opt))
+	}
+	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
+		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
+	return nil
+}
+
+// lengthHint says what would make the examples of --data fit after a
+// load with opt failed: when loading them whole succeeds, the failure was
+// their length, and the hint names the --seq-len that keeps the shortest,
+// or a preset whose context holds it when this model's does not. It is ""
+// when the failure was something else.
+func (r *run) lengthHint(opt data.Options) string {
+	opt.SeqLen, opt.Truncate = math.MaxInt32, false
+	ds, err := data.Load(r.cfg.Data, r.tok, opt)
+	if err != nil {
+		return ""
+	}
+	shortest := math.MaxInt
+	for _, ex := range slices.Concat(ds.Train, ds.Eval) {
+		shortest = min(shortest, len(ex.Tokens))
+	}
+	need := shortest - 1 // --seq-len T holds an example of T+1 tokens
+	if need <= r.mc.MaxSeqLen() {
+		return fmt.Sprintf("; the shortest example has %d tokens: --seq-len %d or more (up to the model's context, %d) keeps it",
+			shortest, need, r.mc.MaxSeqLen())
+	}
+	// The suggestion is a preset of the model's own family. Every
+	// preset's tokenizer takes at most a token per byte, and tiny's
+	// takes exactly one, so a context of need tokens is enough for any
+	// of them.
+	var best string
+	var bestSpec model.Spec
+	if fam, err := catalog.Lookup(r.mc.Family()); err == nil {
+		for _, name := range fam.Presets() {
+			c, err := fam.Preset(name)
+			if err == nil && c.MaxSeqLen() >= need && (best == "" || c.NumParams() < bestSpec.NumParams()) {
+				best, bestSpec = name, c
+			}
+		}
+	}
+	hint := fmt.Sprintf("; the shortest example has %d tokens, more than the model's context of %d", shortest, r.mc.MaxSeqLen())
+	if best != "" {
+		hint += fmt.Sprintf(": use a model with a longer context, such as --model %s (%d tokens) with --seq-len %d",
+			best, bestSpec.MaxSeqLen(), min(bestSpec.MaxSeqLen(), max(512, need)))
+	}
+	return hint
+}
+
+// openEngine opens the backend (unless Options gives one) and builds the
+// engine on it.
+func (r *run) openEngine() error {
+	cfg := r.cfg
+	var err error
+	r.be = r.opts.Backend
+	if r.be == nil {
+		if r.be, err = device.Open(device.Config{Kind: cfg.Device, MemBudget: cfg.DeviceMem, Threads: cfg.Threads,
+			Seed: cfg.Seed, LinkBandwidth: cfg.LinkBandwidth}); err != nil {
+			return flagErr("device", "%v", err)
+		}
+	}
+	r.s = r.be.DefaultStream()
+	if err := r.openDeviceComm(); err != nil {
+		return err
+	}
+	if r.eng, err = newEngine(r.be, r.mc, cfg, r.fromCheckpoint, r.world.comm, r.world.devComm); err != nil {
+		return err
+	}
+	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
+	return nil
+}
+
+// newEngine builds the engine of the run on be: the model and the update
+// mode's state, all allocated, the weights not yet set; cm (nil alone)
+// makes it one rank of a data-parallel run.
+func newEngine(be backend.Backend, mc model.Spec, c Config, fromCheckpoint bool, cm comm.Communicator, dc device.Comm) (*engine.Engine, error) {
+	ec := c.engineConfig(fromCheckpoint)
+	ec.Comm = cm
+	if dc != nil {
+		ec.DeviceComm = dc
+	}
+	return engine.New(be, mc, c.Batch, c.SeqLen, c.GradAccum, c.DType, ec)
+}
+
+// EngineConfig is the engine configuration a run of c trains with, for
+// the planner to trace the same step graph (lsp-train plan).
+func EngineConfig(c Config) engine.Config {
+	_, src, err := catalog.Resolve(c.Model)
+	return c.engineConfig(err == nil && src != "")
+}
+
+// buildLoader builds the training data's loader and the learning-rate
+// schedule, turning --epochs into steps, or taking DefaultSteps when
+// neither --steps nor --epochs is set (Validate refuses both).
+func (r *run) buildLoader() error {
+	cfg := r.cfg
+	var err error
+	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
+		return flagErr("data", "%v", err)
+	}
+	total := cfg.Steps
+	switch {
+	case total > 0:
+	case cfg.Epochs > 0:
+		perEpoch := max(1, r.loader.Len()/(cfg.Batch*cfg.GradAccum))
+		total = max(1, int(math.Ceil(cfg.Epochs*float64(perEpoch))))
+		r.log.Info("--epochs in steps", "epochs", cfg.Epochs, "steps_per_epoch", perEpoch, "steps", total)
+	default:
+		total = DefaultSteps
+	}
+	r.cfg.Steps = total
+	r.sched = optim.Schedule{LR: cfg.LR, MinLR: cfg.MinLR, Warmup: cfg.Warmup, Total: total}
+	return nil
+}
+
+// resumeOrInit prepares --out, then restores the checkpoint there
+// (--resume) or sets the initial weights and optimizer state.
+func (r *run) resumeOrInit() error {
+	if err := r.prepareOut(); err != nil {
+		return err
+	}
+	defer releaseHost()
+	if r.cfg.Resume {
+		return r.resume()
+	}
+	if err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint); err != nil {
+		return err
+	}
+	return r.eng.Init()
+}
+
+// setInitialWeights writes the weights a fresh run starts from into dst
+// (the model's parameters, on stream st of be): the checkpoint's of
+// --model, loaded straight into dst without a host copy of the whole
+// model, or a seeded initialisation of a preset. Pretrained weights
+// holding a NaN or an infinity are refused by the loader, naming the
+// file, the tensor and the element, rather than trained into a run whose
+// every loss is NaN; nothing is written to dst then.
+func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor, mc model.Spec, c Config, fromCheckpoint bool) error {
+	if !fromCheckpoint {
+		return backend.Upload(be, st, dst, mc.Init(c.Seed))
+	}
+	if err := catalog.LoadInto(mc, c.Model, be, st, dst); err != nil {
+		return flagErr("model", "%v", err)
+	}
+	return nil
+}
