@@ -11,36 +11,10 @@ package cpu
 import (
 	"fmt"
 	"math"
-	"sync"
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
-
-// parallel runs fn over [0,n) in contiguous chunks of at least grain
-// elements on the backend's threads. fn must write disjoint outputs per
-// index so that the split never changes results.
-func (b *Backend) parallel(n, grain int, fn func(lo, hi int)) {
-	if n <= 0 {
-		return
-	}
-	chunks := min(b.threads, (n+grain-1)/grain)
-	if chunks <= 1 {
-		fn(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	per := (n + chunks - 1) / chunks
-	for lo := 0; lo < n; lo += per {
-		hi := min(lo+per, n)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fn(lo, hi)
-		}()
-	}
-	wg.Wait()
-}
 
 func encoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V int) error {
 	for bt := 0; bt < B*T; bt++ {
