@@ -10,7 +10,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -59,70 +58,6 @@ func (b *Backend) encoderBackward(dwte, dwpe, dout []float32, inp []int32, B, T,
 		}
 	})
 	return nil
-}
-
-func layerNormForward(out, mean, rstd, inp, w, bias []float32, lo, hi, C int, eps float32) {
-	for r := lo; r < hi; r++ {
-		x := inp[r*C : (r+1)*C]
-		var sum float64
-		for _, v := range x {
-			sum += float64(v)
-		}
-		m := sum / float64(C)
-		var ss float64
-		for _, v := range x {
-			d := float64(v) - m
-			ss += d * d
-		}
-		s := 1 / math.Sqrt(ss/float64(C)+float64(eps))
-		o := out[r*C : (r+1)*C]
-		for i, v := range x {
-			o[i] = float32((float64(v)-m)*s)*w[i] + bias[i]
-		}
-		mean[r], rstd[r] = float32(m), float32(s)
-	}
-}
-
-// layerNormBackwardInput: dinp += rstd * (dnorm - mean(dnorm) - norm *
-// mean(dnorm * norm)), with dnorm = dout * weight.
-func layerNormBackwardInput(dinp, dout, inp, w, mean, rstd []float32, lo, hi, C int) {
-	for r := lo; r < hi; r++ {
-		x, dy, dx := inp[r*C:(r+1)*C], dout[r*C:(r+1)*C], dinp[r*C:(r+1)*C]
-		m, s := mean[r], rstd[r]
-		var a, bb float64
-		for i := range x {
-			n := (x[i] - m) * s
-			dn := dy[i] * w[i]
-			a += float64(dn)
-			bb += float64(dn * n)
-		}
-		a /= float64(C)
-		bb /= float64(C)
-		for i := range x {
-			n := (x[i] - m) * s
-			dn := dy[i] * w[i]
-			dx[i] += float32((float64(dn) - a - float64(n)*bb) * float64(s))
-		}
-	}
-}
-
-func layerNormBackwardParams(dw, db, dout, inp, mean, rstd []float32, N, C, lo, hi int) {
-	// Rows outer, columns inner: each column still sums its rows in
-	// ascending order (the same bits as a column at a time), but memory is
-	// read along rows instead of one float per cache line.
-	sw, sb := make([]float32, hi-lo), make([]float32, hi-lo)
-	for r := 0; r < N; r++ {
-		dy, x := dout[r*C+lo:r*C+hi], inp[r*C+lo:r*C+hi]
-		m, s := mean[r], rstd[r]
-		for k := range dy {
-			sb[k] += dy[k]
-			sw[k] += dy[k] * (x[k] - m) * s
-		}
-	}
-	for k := range sw {
-		dw[lo+k] += sw[k]
-		db[lo+k] += sb[k]
-	}
 }
 
 // attention is the shape of one attention op: NH query heads in groups of

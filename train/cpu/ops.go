@@ -362,7 +362,7 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 		o, m, r := load(out), load(mean), load(rstd)
 		x, w, bb := load(inp), load(weight), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
-			layerNormForward(o, m, r, x, w, bb, lo, hi, C, eps)
+			LayerNormForward(o[lo*C:hi*C], m[lo:hi], r[lo:hi], x[lo*C:hi*C], w, bb, hi-lo, C, eps)
 		})
 		store(out, o)
 		store(mean, m)
@@ -391,7 +391,9 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 		spoil(used)
 		dx, dw, db := load(dinp), load(dweight), load(dbias)
 		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
-		b.parallel(N, 16, func(lo, hi int) { layerNormBackwardInput(dx, dy, x, w, m, r, lo, hi, C) })
+		b.parallel(N, 16, func(lo, hi int) {
+			layerNormBackwardInput(dx[lo*C:hi*C], dy[lo*C:hi*C], x[lo*C:hi*C], w, m[lo:hi], r[lo:hi], hi-lo, C)
+		})
 		b.parallel(C, 64, func(lo, hi int) { layerNormBackwardParams(dw, db, dy, x, m, r, N, C, lo, hi) })
 		store(dinp, dx)
 		store(dweight, dw)
