@@ -9,56 +9,9 @@
 package cpu
 
 import (
-	"fmt"
-
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
-
-func encoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V int) error {
-	for bt := 0; bt < B*T; bt++ {
-		tok, t := int(inp[bt]), bt%T
-		if tok < 0 || tok >= V {
-			return fmt.Errorf("token id %d at position %d outside vocabulary of %d", tok, bt, V)
-		}
-		o, w := out[bt*C:(bt+1)*C], wte[tok*C:(tok+1)*C]
-		if wpe == nil {
-			copy(o, w)
-			continue
-		}
-		p := wpe[t*C : (t+1)*C]
-		for i := range o {
-			o[i] = w[i] + p[i]
-		}
-	}
-	return nil
-}
-
-// encoderBackward accumulates in (b, t) order for every channel, splitting
-// the work over channels only.
-func (b *Backend) encoderBackward(dwte, dwpe, dout []float32, inp []int32, B, T, C, V int) error {
-	for bt, tok := range inp[:B*T] {
-		if tok < 0 || int(tok) >= V {
-			return fmt.Errorf("token id %d at position %d outside vocabulary of %d", tok, bt, V)
-		}
-	}
-	b.parallel(C, 32, func(lo, hi int) {
-		for bt := 0; bt < B*T; bt++ {
-			tok, t := int(inp[bt]), bt%T
-			d := dout[bt*C : (bt+1)*C]
-			for i := lo; i < hi; i++ {
-				dwte[tok*C+i] += d[i]
-			}
-			if dwpe == nil {
-				continue
-			}
-			for i := lo; i < hi; i++ {
-				dwpe[t*C+i] += d[i]
-			}
-		}
-	})
-	return nil
-}
 
 // attention is the shape of one attention op: NH query heads in groups of
 // NH/KVH sharing a key/value head, HS each, q, k and v found by x.

@@ -298,7 +298,7 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 		if !noPos {
 			p = load(wpe)
 		}
-		if err := encoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
+		if err := EncoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
 			return err
 		}
 		store(out, o)
@@ -335,9 +335,12 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		if !noPos {
 			gp = load(dwpe)
 		}
-		if err := b.encoderBackward(gw, gp, load(dout), i32View(inp), B, T, C, V); err != nil {
+		dy, ids := load(dout), i32View(inp)
+		if err := checkTokens(ids[:B*T], V); err != nil {
 			return err
 		}
+		// Channels split over threads, each summing its positions in order.
+		b.parallel(C, 32, func(lo, hi int) { encoderBackwardChannels(gw, gp, dy, ids, B, T, C, lo, hi) })
 		store(dwte, gw)
 		if !noPos {
 			store(dwpe, gp)
