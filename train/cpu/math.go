@@ -8,23 +8,7 @@
 
 package cpu
 
-import (
-	"github.com/lsp-offload/lsp-offload/host"
-	"github.com/lsp-offload/lsp-offload/train/backend"
-)
-
-// attention is the shape of one attention op: NH query heads in groups of
-// NH/KVH sharing a key/value head, HS each, q, k and v found by x.
-type attention struct {
-	B, T, NH, KVH, HS int
-	x                 backend.QKVIndex
-}
-
-// host is a as package host's kernels take it.
-func (a attention) host() host.AttentionShape {
-	return host.AttentionShape{B: a.B, T: a.T, NH: a.NH, KVH: a.KVH, HS: a.HS,
-		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
-}
+import "github.com/lsp-offload/lsp-offload/host"
 
 // sumSquares sums in fixed chunks, each in float64 (host.SumSquaresChunks),
 // then the chunks in order: the same bits for any thread count.

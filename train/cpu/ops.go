@@ -490,22 +490,6 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	})
 }
 
-// checkHeads checks an attention op's shape and returns it with q, k and
-// v located in a qkv tensor of layout, and qkv's length.
-func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (attention, int, error) {
-	if err := checkDims(op, "B T NH KVH HS", B, T, NH, KVH, HS); err != nil {
-		return attention{}, 0, err
-	}
-	if NH <= 0 || KVH <= 0 || NH%KVH != 0 {
-		return attention{}, 0, fmt.Errorf("cpu: %s: NH=%d query heads not a positive multiple of KVH=%d key/value heads", op, NH, KVH)
-	}
-	if layout != backend.QKVFused && layout != backend.QKVPlanar {
-		return attention{}, 0, fmt.Errorf("cpu: %s: unknown qkv layout %v", op, layout)
-	}
-	a := attention{B: B, T: T, NH: NH, KVH: KVH, HS: HS, x: layout.Index(B*T, NH, KVH, HS)}
-	return a, B * T * (NH + 2*KVH) * HS, nil
-}
-
 // AttentionForward implements backend.Ops.
 func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	a, n, err := checkHeads("attention forward", B, T, NH, KVH, HS, layout)

@@ -63,90 +63,6 @@ func gemm64(transA, transB bool, M, N, K int, alpha float64, A, B []float64, bet
 	return out
 }
 
-// attention64 is naive causal softmax attention: qkv [B,T,3C] with q, k, v
-// side by side, out [B,T,C], lse [B,NH,T].
-func attention64(qkv []float64, B, T, C, NH int) (out, lse []float64) {
-	HS := C / NH
-	sc := 1 / math.Sqrt(float64(HS))
-	at := func(b, t, part, h int) []float64 { return qkv[(b*T+t)*3*C+part*C+h*HS:][:HS] }
-	out, lse = make([]float64, B*T*C), make([]float64, B*NH*T)
-	for b := range B {
-		for h := range NH {
-			for t := range T {
-				s := make([]float64, t+1)
-				mx := math.Inf(-1)
-				for t2 := range s {
-					s[t2] = dot64(at(b, t, 0, h), at(b, t2, 1, h)) * sc
-					mx = max(mx, s[t2])
-				}
-				var sum float64
-				for _, v := range s {
-					sum += math.Exp(v - mx)
-				}
-				l := mx + math.Log(sum)
-				lse[(b*NH+h)*T+t] = l
-				o := out[(b*T+t)*C+h*HS:][:HS]
-				for t2, v := range s {
-					p := math.Exp(v - l)
-					for i, x := range at(b, t2, 2, h) {
-						o[i] += p * x
-					}
-				}
-			}
-		}
-	}
-	return out, lse
-}
-
-// attentionBackward64 backpropagates dout through attention64 with the
-// whole probability matrix P of each head: dV = P^T dO, dP = dO V^T,
-// dS = P o (dP - rowsum(P o dP)), dQ = dS K / sqrt(HS), dK = dS^T Q / sqrt(HS).
-func attentionBackward64(qkv, dout []float64, B, T, C, NH int) []float64 {
-	HS := C / NH
-	sc := 1 / math.Sqrt(float64(HS))
-	idx := func(b, t, part, h int) int { return (b*T+t)*3*C + part*C + h*HS }
-	dqkv := make([]float64, len(qkv))
-	for b := range B {
-		for h := range NH {
-			P := make([][]float64, T)
-			for t := range T {
-				P[t] = make([]float64, T)
-				mx, s := math.Inf(-1), make([]float64, t+1)
-				for t2 := range s {
-					s[t2] = dot64(qkv[idx(b, t, 0, h):][:HS], qkv[idx(b, t2, 1, h):][:HS]) * sc
-					mx = max(mx, s[t2])
-				}
-				var sum float64
-				for t2 := range s {
-					P[t][t2] = math.Exp(s[t2] - mx)
-					sum += P[t][t2]
-				}
-				for t2 := range s {
-					P[t][t2] /= sum
-				}
-			}
-			for t := range T {
-				do := dout[(b*T+t)*C+h*HS:][:HS]
-				dP := make([]float64, t+1)
-				var rowdot float64
-				for t2 := range dP {
-					dP[t2] = dot64(do, qkv[idx(b, t2, 2, h):][:HS])
-					rowdot += P[t][t2] * dP[t2]
-				}
-				for t2 := range dP {
-					dS := P[t][t2] * (dP[t2] - rowdot)
-					for i := range HS {
-						dqkv[idx(b, t2, 2, h)+i] += P[t][t2] * do[i]
-						dqkv[idx(b, t, 0, h)+i] += dS * qkv[idx(b, t2, 1, h)+i] * sc
-						dqkv[idx(b, t2, 1, h)+i] += dS * qkv[idx(b, t, 0, h)+i] * sc
-					}
-				}
-			}
-		}
-	}
-	return dqkv
-}
-
 // gelu64 is HF's gelu_new, the tanh approximation.
 func gelu64(x []float64) []float64 {
 	out := make([]float64, len(x))
@@ -220,12 +136,6 @@ func TestReferencesAgainstFiniteDifferences(t *testing.T) {
 	const B, T, C, NH, V = 2, 5, 12, 3, 11
 	r := newRand(99)
 	N := B * T
-	qkv, do := f64s(randVals(r, B*T*3*C, 1.5)), f64s(randVals(r, B*T*C, 1))
-	fdCheck(t, "attention", func(v []float64) float64 {
-		out, _ := attention64(v, B, T, C, NH)
-		return dot64(out, do)
-	}, qkv, attentionBackward64(qkv, do, B, T, C, NH), 1e-6)
-
 	gx := f64s(randVals(r, 50, 5))
 	fdCheck(t, "gelu", func(v []float64) float64 {
 		var s float64
