@@ -548,7 +548,7 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
-		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return host.GeluForward(o[lo:hi], x[lo:hi]) })
+		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return GeluForward(o[lo:hi], x[lo:hi]) })
 		if err != nil {
 			return err
 		}
@@ -569,7 +569,7 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
 		err := b.parallelErr("gelu backward", n, 1<<12, func(lo, hi int) error {
-			return host.GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
+			return GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
 		})
 		if err != nil {
 			return err
