@@ -17,7 +17,7 @@
 // op splits the channels over threads (encoderBackwardChannels), never the
 // positions. Limits: a token id outside [0, V) is an error here, where the
 // kernel, which cannot report it, writes NaN rows (forward) or skips it
-// (backward); sizes are otherwise trusted.
+// (backward).
 
 package cpu
 
@@ -27,6 +27,9 @@ import "fmt"
 // is nil); it stops at the first token id outside [0, V), with the rows
 // before it written.
 func EncoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V int) error {
+	if err := checkEncoder(out, inp, wte, wpe, B, T, C, V); err != nil {
+		return err
+	}
 	for bt := 0; bt < B*T; bt++ {
 		tok, t := int(inp[bt]), bt%T
 		if tok < 0 || tok >= V {
@@ -49,10 +52,23 @@ func EncoderForward(out []float32, inp []int32, wte, wpe []float32, B, T, C, V i
 // dwpe[t] += dout; it checks every token id first and then writes nothing
 // if one is outside [0, V).
 func EncoderBackward(dwte, dwpe, dout []float32, inp []int32, B, T, C, V int) error {
+	if err := checkEncoder(dout, inp, dwte, dwpe, B, T, C, V); err != nil {
+		return err
+	}
 	if err := checkTokens(inp[:B*T], V); err != nil {
 		return err
 	}
 	encoderBackwardChannels(dwte, dwpe, dout, inp, B, T, C, 0, C)
+	return nil
+}
+
+// checkEncoder checks the lengths of the activations x [B,T,C] (out or
+// dout), inp [B,T] and the tables [V,C] and, unless nil, [T,C] (or more).
+func checkEncoder(x []float32, inp []int32, wte, wpe []float32, B, T, C, V int) error {
+	if B < 0 || T < 0 || C < 1 || V < 0 || len(x) < B*T*C || len(inp) < B*T || len(wte) < V*C || wpe != nil && len(wpe) < T*C {
+		return fmt.Errorf("encoder: B=%d T=%d C=%d V=%d with %d activations, %d ids, tables of %d and %d",
+			B, T, C, V, len(x), len(inp), len(wte), len(wpe))
+	}
 	return nil
 }
 
