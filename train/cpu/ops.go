@@ -726,10 +726,8 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	}
 	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
-		for i, t := range tg[:N] {
-			if int(t) >= V {
-				return fmt.Errorf("target %d at row %d outside vocabulary of %d", t, i, V)
-			}
+		if err := checkTargets(tg[:N], V); err != nil {
+			return err
 		}
 		err := b.parallelErr("cross entropy", N, 4, func(lo, hi int) error {
 			return host.CrossEntropy(l[:N], z[:N*V], tg[:N], V, scale, lo, hi)

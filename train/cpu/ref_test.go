@@ -63,28 +63,6 @@ func gemm64(transA, transB bool, M, N, K int, alpha float64, A, B []float64, bet
 	return out
 }
 
-// crossEntropy64 returns per-row losses -log softmax(z)[target] (0 where the
-// target is negative) and scale * d(sum of losses)/dz.
-func crossEntropy64(z []float64, targets []int32, N, V int, scale float64) (losses, dz []float64) {
-	losses, dz = make([]float64, N), make([]float64, N*V)
-	for r := range N {
-		if targets[r] < 0 {
-			continue
-		}
-		row := z[r*V : (r+1)*V]
-		var sum float64
-		for _, v := range row {
-			sum += math.Exp(v)
-		}
-		losses[r] = math.Log(sum) - row[targets[r]]
-		for i, v := range row {
-			dz[r*V+i] = scale * math.Exp(v) / sum
-		}
-		dz[r*V+int(targets[r])] -= scale
-	}
-	return losses, dz
-}
-
 // adamW64 is PyTorch's torch.optim.AdamW step (decoupled weight decay, bias
 // correction, eps added outside the square root) on a gradient first scaled
 // by min(1, maxNorm/(sqrt(sumSq)+1e-6)) when maxNorm > 0, as clip_grad_norm_
@@ -107,23 +85,4 @@ func (a adam64) step(p, m, v, g []float64, step int, sumSq float64) {
 		v[i] = a.b2*v[i] + (1-a.b2)*gi*gi
 		p[i] -= a.lr / bc1 * m[i] / (math.Sqrt(v[i])/math.Sqrt(bc2) + a.eps)
 	}
-}
-
-// TestReferencesAgainstFiniteDifferences checks the backward references
-// above against their own forward references.
-func TestReferencesAgainstFiniteDifferences(t *testing.T) {
-	const B, T, C, NH, V = 2, 5, 12, 3, 11
-	r := newRand(99)
-	N := B * T
-	z := f64s(randVals(r, N*V, 3))
-	targets := []int32{1, -1, 10, 0, 3, 3, -1, 7, 2, 9}
-	_, dz := crossEntropy64(z, targets, N, V, 0.25)
-	fdCheck(t, "cross entropy", func(v []float64) float64 {
-		l, _ := crossEntropy64(v, targets, N, V, 0)
-		var s float64
-		for _, x := range l {
-			s += 0.25 * x
-		}
-		return s
-	}, z, dz, 1e-6)
 }
