@@ -774,14 +774,7 @@ func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error 
 		return err
 	}
 	return b.enqueue(s, hazard.NonFiniteFlag(flag, x), func() error {
-		bad := float32(0)
-		for _, v := range f32View(x) {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				bad = 1
-				break
-			}
-		}
-		f32View(flag)[0] = bad
+		NonFiniteFlag(f32View(flag), f32View(x))
 		return nil
 	})
 }
@@ -844,22 +837,17 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 			g.F32 = f32View(grad)
 		}
 		mm, vv := f32View(m), f32View(v)
-		gscale := float32(1)
+		var sq float32 // read only when clipping, as the kernel does
 		if p.MaxNorm > 0 {
-			// min(1, max/(norm+1e-6)), as torch's clip_grad_norm_ and the
-			// host Adam; a NaN norm leaves the gradient as it is.
-			norm := math.Sqrt(float64(load(sumSq)[0]))
-			if c := float64(p.MaxNorm) / (norm + 1e-6); c < 1 {
-				gscale = float32(c)
-			}
+			sq = load(sumSq)[0]
 		}
-		c := adamCoef(p, gscale)
 		copyParam := master.Buf != nil && param.DType == backend.F32
 		var mu sync.Mutex
 		var err error
+		// Elements split over threads: each is updated on its own.
 		b.parallel(n, 1<<16, func(lo, hi int) {
 			gg := host.AdamGrad{F32: sub(g.F32, lo, hi), BF16: sub(g.BF16, lo, hi)}
-			if e := host.AdamWPlain(c, w[lo:hi], mm[lo:hi], vv[lo:hi], gg, sub(out16, lo, hi)); e != nil {
+			if e := AdamW(w[lo:hi], sub(out16, lo, hi), gg, mm[lo:hi], vv[lo:hi], sq, p); e != nil {
 				mu.Lock()
 				err = e
 				mu.Unlock()
@@ -879,18 +867,6 @@ func sub[T any](x []T, lo, hi int) []T {
 		return nil
 	}
 	return x[lo:hi]
-}
-
-// adamCoef is PyTorch's AdamW step in fp32 (decoupled decay, then the Adam
-// update with bias correction and eps outside the square root) as the
-// coefficients of host.AdamWPlain, which runs it unfused, in the order the
-// CUDA kernel matches bit for bit.
-func adamCoef(p backend.AdamParams, gscale float32) host.AdamWPlainCoef {
-	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
-	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
-	return host.AdamWPlainCoef{Beta1: p.Beta1, OneMinusBeta1: 1 - p.Beta1, Beta2: p.Beta2, OneMinusBeta2: 1 - p.Beta2,
-		Eps: p.Eps, SqrtBC2: float32(math.Sqrt(bc2)), Step: float32(float64(p.LR) / bc1),
-		Decay: 1 - p.LR*p.WeightDecay, GradScale: gscale}
 }
 
 // CopyD2D implements backend.Backend: same length, converting dtypes (I32
