@@ -1,13 +1,15 @@
 // The compute ops of the CPU backend: argument checks, declared accesses,
-// and the dtype conversions at load and store, around the pure functions of
-// math.go. bf16 tensors are widened to fp32 at load and rounded to nearest
-// even at store, as the CUDA kernels do.
+// and the dtype conversions at load and store, around the references of
+// ref_<family>.go (one file per kernels/<family>.cu). bf16 tensors are
+// widened to fp32 at load and rounded to nearest even at store, as the
+// CUDA kernels do.
 
 package cpu
 
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -758,7 +760,7 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 	return b.enqueue(s, hazard.SumSquares(out, x, work), func() error {
 		spoil(used)
 		o := load(out)
-		o[0] = float32(b.sumSquares(load(x)))
+		o[0] = float32(sumSquares(load(x), b.parallel))
 		store(out, o)
 		return nil
 	})
@@ -881,9 +883,14 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 			copy(bytesOf(dst), bytesOf(src))
 			return nil
 		}
-		d := load(dst)
-		copy(d, load(src))
-		store(dst, d)
+		// Through a copy of src, read whole before dst is written.
+		if dst.DType == backend.BF16 {
+			CastF32ToBF16(u16View(dst), slices.Clone(f32View(src)))
+			return nil
+		}
+		w := make([]float32, src.Len())
+		CastBF16ToF32(w, u16View(src))
+		copy(f32View(dst), w)
 		return nil
 	})
 }

@@ -53,3 +53,12 @@ func (b *Backend) parallelErr(op string, n, grain int, fn func(lo, hi int) error
 	})
 	return first
 }
+
+// serial runs fn over [0,n) in one call on the calling goroutine: the
+// form of parallel that the references of ref_*.go take, whose results
+// the split of parallel does not change.
+func serial(n, _ int, fn func(lo, hi int)) {
+	if n > 0 {
+		fn(0, n)
+	}
+}

@@ -1,8 +1,9 @@
-// Independent float64 references for the CPU ops, written from the maths
-// (not from math.go): naive loops over whole matrices, with the backward
-// passes of layernorm, attention, gelu and cross-entropy checked against
-// central finite differences of their own forward passes, so a mistake in
-// a reference cannot hide a mistake in an op.
+// What the float64 references of ref_<family>_test.go share. Those are
+// written from the maths, not from the references of ref_<family>.go:
+// naive loops over whole matrices, with the backward passes (layernorm,
+// RMSNorm, attention, gelu, SwiGLU, cross-entropy) checked against central
+// finite differences of their own forward passes (fdCheck), so a mistake
+// in a reference cannot hide a mistake in an op.
 
 package cpu
 
