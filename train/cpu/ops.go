@@ -203,9 +203,7 @@ func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 	}
 	return b.enqueue(s, hazard.Fill(t), func() error {
 		x := load(t)
-		for i := range x {
-			x[i] = v
-		}
+		Fill(x, v)
 		store(t, x)
 		return nil
 	})
@@ -221,9 +219,7 @@ func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
 	}
 	return b.enqueue(s, hazard.Scale(t), func() error {
 		x := load(t)
-		for i := range x {
-			x[i] *= a
-		}
+		Scale(x, a)
 		store(t, x)
 		return nil
 	})
@@ -240,11 +236,7 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.Add(out, x, y), func() error {
 		o, p, q := load(out), load(x), load(y)
-		b.parallel(n, 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				o[i] = p[i] + q[i]
-			}
-		})
+		b.parallel(n, 1<<14, func(lo, hi int) { Add(o[lo:hi], p[lo:hi], q[lo:hi]) })
 		store(out, o)
 		return nil
 	})
@@ -261,11 +253,7 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.Accumulate(dst, src), func() error {
 		d, x := load(dst), load(src)
-		b.parallel(n, 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				d[i] += x[i]
-			}
-		})
+		b.parallel(n, 1<<14, func(lo, hi int) { Accumulate(d[lo:hi], x[lo:hi]) })
 		store(dst, d)
 		return nil
 	})
@@ -448,14 +436,7 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 	}
 	return b.enqueue(s, hazard.AddBias(out, bias), func() error {
 		o, bb := load(out), load(bias)
-		b.parallel(N, 16, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				row := o[i*OC : (i+1)*OC]
-				for j := range row {
-					row[j] += bb[j]
-				}
-			}
-		})
+		b.parallel(N, 16, func(lo, hi int) { AddBias(o[lo*OC:hi*OC], bb, hi-lo, OC) })
 		store(out, o)
 		return nil
 	})
@@ -474,19 +455,7 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	}
 	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
 		db, dy := load(dbias), load(dout)
-		b.parallel(OC, 64, func(lo, hi int) {
-			// Rows outer: each column sums its rows in ascending order, as
-			// a column at a time would, reading memory along rows.
-			sum := make([]float32, hi-lo)
-			for i := 0; i < N; i++ {
-				for k, v := range dy[i*OC+lo : i*OC+hi] {
-					sum[k] += v
-				}
-			}
-			for k, v := range sum {
-				db[lo+k] += v
-			}
-		})
+		b.parallel(OC, 64, func(lo, hi int) { biasBackwardColumns(db, dy, N, OC, lo, hi) })
 		store(dbias, db)
 		return nil
 	})
