@@ -395,7 +395,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 	})
 }
 
-// Gemm implements backend.Ops through the SIMD kernels of package host.
+// Gemm implements backend.Ops; the threads are host.Sgemm's own.
 func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
 	if err := checkDims("gemm", "M N K", M, N, K); err != nil {
 		return err
@@ -408,14 +408,7 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	}
 	return b.enqueue(s, hazard.Gemm(A, B, beta, C), func() error {
 		a, bb, c := load(A), load(B), load(C)
-		lda, ldb := K, N
-		if transA {
-			lda = M
-		}
-		if transB {
-			ldb = K
-		}
-		if err := host.Sgemm(transA, transB, M, N, K, alpha, a, lda, bb, ldb, beta, c, N); err != nil {
+		if err := Gemm(transA, transB, M, N, K, alpha, a, bb, beta, c); err != nil {
 			return err
 		}
 		store(C, c)
