@@ -4,9 +4,10 @@
  *
  *   GELU:   out = gelu(x), HF's gelu_new, the tanh form
  *           0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
- *           computed as x / (1 + exp(-2u)) like the CPU backend
- *           (train/cpu/math.go); dinp = gelu'(x) * dout (written, not
- *           accumulated; dinp may alias dout).
+ *           computed as x / (1 + exp(-2u)) like the CPU reference
+ *           (cpu.GeluForward/GeluBackward, train/cpu/ref_activations.go);
+ *           dinp = gelu'(x) * dout (written, not accumulated; dinp may
+ *           alias dout).
  *   SwiGLU: out = silu(gate) * up with silu(g) = g * sigmoid(g), for gate
  *           and up [N, H] (n = N*H, separate tensors); dup = dout *
  *           silu(gate), dgate = dout * up * sigmoid(g) (1 + g (1 -

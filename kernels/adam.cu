@@ -1,7 +1,7 @@
 /*
- * adam.cu: AdamW on the device, the CPU backend's AdamW op
- * (train/cpu/ops.go AdamW, math.go adamW) step for step, and the
- * non-finite flag that skips a step (train/cpu NonFiniteFlag).
+ * adam.cu: AdamW on the device, the CPU backend's AdamW op (its
+ * reference cpu.AdamW, train/cpu/ref_adam.go) step for step, and the
+ * non-finite flag that skips a step (cpu.NonFiniteFlag, the same file).
  *
  *   g  = grad * gscale         gscale = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6))
  *                              when max_norm > 0 (sum_sq read on the device,

@@ -9,7 +9,8 @@
  *       i of (seed, step, matrix) (train/cpu StochasticRoundBF16Slice, bit
  *       for bit; the same bits lsp_sparse_apply uses for element i)
  *   lsp_sum_squares            out[0] = sum of x[i]^2 (x fp32 or bf16) as
- *       fp32, the CPU backend's SumSquares. Two passes, no atomics: G
+ *       fp32, the CPU backend's SumSquares (train/cpu/ref_cast.go, as the
+ *       casts and stochastic rounding). Two passes, no atomics: G
  *       blocks (G depends on n only: min(1024, ceil(n/2048))) each sum a
  *       fixed grid-stride subset in double per thread, reduce the block
  *       with warp shuffles and one shared-memory step, and write work[b];

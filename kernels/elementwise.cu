@@ -1,7 +1,7 @@
 /*
  * elementwise.cu: the small ops of the Backend contract (train/backend Ops)
  * that touch each element once, each the CPU backend's op of the same name
- * (train/cpu/ops.go) bit for bit:
+ * bit for bit (its reference: train/cpu/ref_elementwise.go):
  *
  *   lsp_fill           t[i] = v                           t [n]
  *   lsp_scale          t[i] = t[i] * a                    t [n]

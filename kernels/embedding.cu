@@ -11,8 +11,8 @@
  * g_bf16 that of dout (an activation gradient: the model's storage dtype)
  * and dw_bf16 that of dwte, dwpe (parameter gradients: --grad-dtype), each
  * a backend.DType (0 fp32, 1 bf16), in any mix. The CPU
- * backend's EncoderForward/EncoderBackward (train/cpu/math.go) are the
- * reference; the backward adds in the CPU's order (each gradient element
+ * backend's EncoderForward/EncoderBackward (train/cpu/ref_embedding.go) are
+ * the reference; the backward adds in the CPU's order (each gradient element
  * starts from its stored value and adds dout over (b, t) in increasing
  * order, in fp32, with one rounding at the store), so it equals the CPU
  * result bit for bit.

@@ -7,7 +7,7 @@
  *   epilogue(x) = gelu(x + bias[n])   (bias and gelu each optional)
  *
  * All matrices are row-major and packed, as in the CPU backend's Gemm
- * (train/cpu/ops.go): op(A) is M x K, op(B) is K x N, C is M x N (ldc = N).
+ * (train/cpu/ref_gemm.go): op(A) is M x K, op(B) is K x N, C is M x N (ldc = N).
  *   A: transA == 0: [M][K] (lda = K)    transA != 0: [K][M] (lda = M)
  *   B: transB == 0: [K][N] (ldb = N)    transB != 0: [N][K] (ldb = K)
  * The model's forward (out = inp W^T: NT), its input gradient (dinp =

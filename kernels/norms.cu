@@ -19,8 +19,8 @@
  * the parameter gradients in --grad-dtype (fp32 or bf16). Every mix runs.
  * Arithmetic is fp32; bf16 is widened at load and rounded to nearest even
  * at store, once.
- * Semantics are those of the CPU backend (train/cpu/math.go) and of
- * cpu.RMSNormForward/RMSNormBackward (train/cpu/ref_norms.go).
+ * Semantics are those of the CPU references cpu.LayerNormForward/Backward
+ * and cpu.RMSNormForward/Backward (train/cpu/ref_norms.go).
  *
  * How: the forward and the input gradient give each row to one warp
  * (8 rows per 256-thread block): lane-strided passes over the row, sums by

@@ -11,7 +11,7 @@
  * dlogits 0. With scale == 0 only the losses are computed and the logits
  * are not written. x_bf16 is the dtype of the logits (backend.DType: 0 fp32,
  * 1 bf16); the reference is the CPU backend's CrossEntropyForwardBackward
- * (train/cpu/math.go), with the same roundings (scale*p, then - scale at the
+ * (train/cpu/ref_softmax_ce.go), with the same roundings (scale*p, then - scale at the
  * target), in fp32 where the CPU uses float64 for exp and the sum.
  *
  * How: one 256-thread block per row. Pass 1: each thread keeps an online

@@ -2,8 +2,9 @@
 
 // Tests of kernels/elementwise.cu under the simulator: Fill, Scale, Add,
 // Accumulate, AddBias and BiasBackward against the CPU backend's ops of the
-// same names (train/cpu/ops.go) on tensors of the same dtypes holding the
-// same values, bit for bit.
+// same names (train/cpu/ops.go, whose arithmetic is the references of
+// ref_elementwise.go) on tensors of the same dtypes holding the same
+// values, bit for bit.
 //
 // Bit for bit means: every output's float32 pattern (bf16 outputs widened,
 // which is exact) equals the CPU's, signed zeros, denormals and infinities

@@ -1,55 +1,29 @@
 // Tests that results never depend on the thread count: the reductions of
 // the backward ops, SumSquares and Gemm give the same bits with 1, 2 and 3
 // threads, on shapes large enough that the parallel loops really split
-// (the split sizes are in the comments), and parallel covers every index
-// exactly once in the chunks it promises.
+// (the split sizes are in the comments). parallel_test.go checks that the
+// split itself runs every index exactly once.
 
 package cpu
 
 import (
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-func TestParallelSplit(t *testing.T) {
-	for _, tc := range []struct{ n, grain, threads, chunks int }{
-		{0, 1, 3, 0}, {1, 1, 3, 1}, {10, 16, 3, 1}, {33, 16, 3, 3}, {32, 16, 3, 2}, {100, 1, 3, 3}, {7, 1, 8, 7},
-	} {
-		be := &Backend{threads: tc.threads}
-		var mu sync.Mutex
-		seen := make([]int, tc.n)
-		chunks := 0
-		be.parallel(tc.n, tc.grain, func(lo, hi int) {
-			mu.Lock()
-			defer mu.Unlock()
-			chunks++
-			for i := lo; i < hi; i++ {
-				seen[i]++
-			}
-		})
-		if chunks != tc.chunks {
-			t.Errorf("n=%d grain=%d threads=%d: %d chunks, want %d", tc.n, tc.grain, tc.threads, chunks, tc.chunks)
-		}
-		for i, c := range seen {
-			if c != 1 {
-				t.Fatalf("n=%d grain=%d threads=%d: index %d run %d times", tc.n, tc.grain, tc.threads, i, c)
-			}
-		}
-	}
-}
-
 // TestSumSquaresFloat64Invariance checks the float64 sum before its fp32
-// rounding, which would hide a thread-dependent summation order.
+// rounding, which would hide a thread-dependent summation order: the op's
+// split over 1 to 4 threads gives the reference's bits (SumSquares, one
+// goroutine).
 func TestSumSquaresFloat64Invariance(t *testing.T) {
 	x := randVals(newRand(13), 5*(1<<14)+17, 3)
-	want := (&Backend{threads: 1}).sumSquares(x)
-	for threads := 2; threads <= 4; threads++ {
-		if got := (&Backend{threads: threads}).sumSquares(x); math.Float64bits(got) != math.Float64bits(want) {
-			t.Errorf("%d threads: %v, want %v as with 1 thread", threads, got, want)
+	want := sumSquares(x, serial)
+	for threads := 1; threads <= 4; threads++ {
+		if got := sumSquares(x, (&Backend{threads: threads}).parallel); math.Float64bits(got) != math.Float64bits(want) {
+			t.Errorf("%d threads: %v, want %v as on one goroutine", threads, got, want)
 		}
 	}
 }

@@ -1,13 +1,15 @@
 // The compute ops of the CPU backend: argument checks, declared accesses,
-// and the dtype conversions at load and store, around the pure functions of
-// math.go. bf16 tensors are widened to fp32 at load and rounded to nearest
-// even at store, as the CUDA kernels do.
+// and the dtype conversions at load and store, around the references of
+// ref_<family>.go (one file per kernels/<family>.cu). bf16 tensors are
+// widened to fp32 at load and rounded to nearest even at store, as the
+// CUDA kernels do.
 
 package cpu
 
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -201,9 +203,7 @@ func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 	}
 	return b.enqueue(s, hazard.Fill(t), func() error {
 		x := load(t)
-		for i := range x {
-			x[i] = v
-		}
+		Fill(x, v)
 		store(t, x)
 		return nil
 	})
@@ -219,9 +219,7 @@ func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
 	}
 	return b.enqueue(s, hazard.Scale(t), func() error {
 		x := load(t)
-		for i := range x {
-			x[i] *= a
-		}
+		Scale(x, a)
 		store(t, x)
 		return nil
 	})
@@ -238,11 +236,7 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.Add(out, x, y), func() error {
 		o, p, q := load(out), load(x), load(y)
-		b.parallel(n, 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				o[i] = p[i] + q[i]
-			}
-		})
+		b.parallel(n, 1<<14, func(lo, hi int) { Add(o[lo:hi], p[lo:hi], q[lo:hi]) })
 		store(out, o)
 		return nil
 	})
@@ -259,11 +253,7 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.Accumulate(dst, src), func() error {
 		d, x := load(dst), load(src)
-		b.parallel(n, 1<<14, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				d[i] += x[i]
-			}
-		})
+		b.parallel(n, 1<<14, func(lo, hi int) { Accumulate(d[lo:hi], x[lo:hi]) })
 		store(dst, d)
 		return nil
 	})
@@ -298,7 +288,7 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 		if !noPos {
 			p = load(wpe)
 		}
-		if err := encoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
+		if err := EncoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
 			return err
 		}
 		store(out, o)
@@ -335,9 +325,12 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		if !noPos {
 			gp = load(dwpe)
 		}
-		if err := b.encoderBackward(gw, gp, load(dout), i32View(inp), B, T, C, V); err != nil {
+		dy, ids := load(dout), i32View(inp)
+		if err := checkTokens(ids[:B*T], V); err != nil {
 			return err
 		}
+		// Channels split over threads, each summing its positions in order.
+		b.parallel(C, 32, func(lo, hi int) { encoderBackwardChannels(gw, gp, dy, ids, B, T, C, lo, hi) })
 		store(dwte, gw)
 		if !noPos {
 			store(dwpe, gp)
@@ -362,7 +355,7 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 		o, m, r := load(out), load(mean), load(rstd)
 		x, w, bb := load(inp), load(weight), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
-			layerNormForward(o, m, r, x, w, bb, lo, hi, C, eps)
+			LayerNormForward(o[lo*C:hi*C], m[lo:hi], r[lo:hi], x[lo*C:hi*C], w, bb, hi-lo, C, eps)
 		})
 		store(out, o)
 		store(mean, m)
@@ -391,7 +384,9 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 		spoil(used)
 		dx, dw, db := load(dinp), load(dweight), load(dbias)
 		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
-		b.parallel(N, 16, func(lo, hi int) { layerNormBackwardInput(dx, dy, x, w, m, r, lo, hi, C) })
+		b.parallel(N, 16, func(lo, hi int) {
+			layerNormBackwardInput(dx[lo*C:hi*C], dy[lo*C:hi*C], x[lo*C:hi*C], w, m[lo:hi], r[lo:hi], hi-lo, C)
+		})
 		b.parallel(C, 64, func(lo, hi int) { layerNormBackwardParams(dw, db, dy, x, m, r, N, C, lo, hi) })
 		store(dinp, dx)
 		store(dweight, dw)
@@ -400,7 +395,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 	})
 }
 
-// Gemm implements backend.Ops through the SIMD kernels of package host.
+// Gemm implements backend.Ops; the threads are host.Sgemm's own.
 func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
 	if err := checkDims("gemm", "M N K", M, N, K); err != nil {
 		return err
@@ -413,14 +408,7 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	}
 	return b.enqueue(s, hazard.Gemm(A, B, beta, C), func() error {
 		a, bb, c := load(A), load(B), load(C)
-		lda, ldb := K, N
-		if transA {
-			lda = M
-		}
-		if transB {
-			ldb = K
-		}
-		if err := host.Sgemm(transA, transB, M, N, K, alpha, a, lda, bb, ldb, beta, c, N); err != nil {
+		if err := Gemm(transA, transB, M, N, K, alpha, a, bb, beta, c); err != nil {
 			return err
 		}
 		store(C, c)
@@ -441,14 +429,7 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 	}
 	return b.enqueue(s, hazard.AddBias(out, bias), func() error {
 		o, bb := load(out), load(bias)
-		b.parallel(N, 16, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				row := o[i*OC : (i+1)*OC]
-				for j := range row {
-					row[j] += bb[j]
-				}
-			}
-		})
+		b.parallel(N, 16, func(lo, hi int) { AddBias(o[lo*OC:hi*OC], bb, hi-lo, OC) })
 		store(out, o)
 		return nil
 	})
@@ -467,38 +448,10 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	}
 	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
 		db, dy := load(dbias), load(dout)
-		b.parallel(OC, 64, func(lo, hi int) {
-			// Rows outer: each column sums its rows in ascending order, as
-			// a column at a time would, reading memory along rows.
-			sum := make([]float32, hi-lo)
-			for i := 0; i < N; i++ {
-				for k, v := range dy[i*OC+lo : i*OC+hi] {
-					sum[k] += v
-				}
-			}
-			for k, v := range sum {
-				db[lo+k] += v
-			}
-		})
+		b.parallel(OC, 64, func(lo, hi int) { biasBackwardColumns(db, dy, N, OC, lo, hi) })
 		store(dbias, db)
 		return nil
 	})
-}
-
-// checkHeads checks an attention op's shape and returns it with q, k and
-// v located in a qkv tensor of layout, and qkv's length.
-func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (attention, int, error) {
-	if err := checkDims(op, "B T NH KVH HS", B, T, NH, KVH, HS); err != nil {
-		return attention{}, 0, err
-	}
-	if NH <= 0 || KVH <= 0 || NH%KVH != 0 {
-		return attention{}, 0, fmt.Errorf("cpu: %s: NH=%d query heads not a positive multiple of KVH=%d key/value heads", op, NH, KVH)
-	}
-	if layout != backend.QKVFused && layout != backend.QKVPlanar {
-		return attention{}, 0, fmt.Errorf("cpu: %s: unknown qkv layout %v", op, layout)
-	}
-	a := attention{B: B, T: T, NH: NH, KVH: KVH, HS: HS, x: layout.Index(B*T, NH, KVH, HS)}
-	return a, B * T * (NH + 2*KVH) * HS, nil
 }
 
 // AttentionForward implements backend.Ops.
@@ -559,7 +512,7 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	}
 	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
-		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return host.GeluForward(o[lo:hi], x[lo:hi]) })
+		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return GeluForward(o[lo:hi], x[lo:hi]) })
 		if err != nil {
 			return err
 		}
@@ -580,7 +533,7 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
 		err := b.parallelErr("gelu backward", n, 1<<12, func(lo, hi int) error {
-			return host.GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
+			return GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
 		})
 		if err != nil {
 			return err
@@ -737,10 +690,8 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 	}
 	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
-		for i, t := range tg[:N] {
-			if int(t) >= V {
-				return fmt.Errorf("target %d at row %d outside vocabulary of %d", t, i, V)
-			}
+		if err := checkTargets(tg[:N], V); err != nil {
+			return err
 		}
 		err := b.parallelErr("cross entropy", N, 4, func(lo, hi int) error {
 			return host.CrossEntropy(l[:N], z[:N*V], tg[:N], V, scale, lo, hi)
@@ -771,7 +722,7 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 	return b.enqueue(s, hazard.SumSquares(out, x, work), func() error {
 		spoil(used)
 		o := load(out)
-		o[0] = float32(b.sumSquares(load(x)))
+		o[0] = float32(sumSquares(load(x), b.parallel))
 		store(out, o)
 		return nil
 	})
@@ -787,14 +738,7 @@ func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error 
 		return err
 	}
 	return b.enqueue(s, hazard.NonFiniteFlag(flag, x), func() error {
-		bad := float32(0)
-		for _, v := range f32View(x) {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				bad = 1
-				break
-			}
-		}
-		f32View(flag)[0] = bad
+		NonFiniteFlag(f32View(flag), f32View(x))
 		return nil
 	})
 }
@@ -857,22 +801,17 @@ func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip
 			g.F32 = f32View(grad)
 		}
 		mm, vv := f32View(m), f32View(v)
-		gscale := float32(1)
+		var sq float32 // read only when clipping, as the kernel does
 		if p.MaxNorm > 0 {
-			// min(1, max/(norm+1e-6)), as torch's clip_grad_norm_ and the
-			// host Adam; a NaN norm leaves the gradient as it is.
-			norm := math.Sqrt(float64(load(sumSq)[0]))
-			if c := float64(p.MaxNorm) / (norm + 1e-6); c < 1 {
-				gscale = float32(c)
-			}
+			sq = load(sumSq)[0]
 		}
-		c := adamCoef(p, gscale)
 		copyParam := master.Buf != nil && param.DType == backend.F32
 		var mu sync.Mutex
 		var err error
+		// Elements split over threads: each is updated on its own.
 		b.parallel(n, 1<<16, func(lo, hi int) {
 			gg := host.AdamGrad{F32: sub(g.F32, lo, hi), BF16: sub(g.BF16, lo, hi)}
-			if e := host.AdamWPlain(c, w[lo:hi], mm[lo:hi], vv[lo:hi], gg, sub(out16, lo, hi)); e != nil {
+			if e := AdamW(w[lo:hi], sub(out16, lo, hi), gg, mm[lo:hi], vv[lo:hi], sq, p); e != nil {
 				mu.Lock()
 				err = e
 				mu.Unlock()
@@ -894,18 +833,6 @@ func sub[T any](x []T, lo, hi int) []T {
 	return x[lo:hi]
 }
 
-// adamCoef is PyTorch's AdamW step in fp32 (decoupled decay, then the Adam
-// update with bias correction and eps outside the square root) as the
-// coefficients of host.AdamWPlain, which runs it unfused, in the order the
-// CUDA kernel matches bit for bit.
-func adamCoef(p backend.AdamParams, gscale float32) host.AdamWPlainCoef {
-	bc1 := 1 - math.Pow(float64(p.Beta1), float64(p.Step))
-	bc2 := 1 - math.Pow(float64(p.Beta2), float64(p.Step))
-	return host.AdamWPlainCoef{Beta1: p.Beta1, OneMinusBeta1: 1 - p.Beta1, Beta2: p.Beta2, OneMinusBeta2: 1 - p.Beta2,
-		Eps: p.Eps, SqrtBC2: float32(math.Sqrt(bc2)), Step: float32(float64(p.LR) / bc1),
-		Decay: 1 - p.LR*p.WeightDecay, GradScale: gscale}
-}
-
 // CopyD2D implements backend.Backend: same length, converting dtypes (I32
 // only to I32).
 func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
@@ -918,9 +845,14 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 			copy(bytesOf(dst), bytesOf(src))
 			return nil
 		}
-		d := load(dst)
-		copy(d, load(src))
-		store(dst, d)
+		// Through a copy of src, read whole before dst is written.
+		if dst.DType == backend.BF16 {
+			CastF32ToBF16(u16View(dst), slices.Clone(f32View(src)))
+			return nil
+		}
+		w := make([]float32, src.Len())
+		CastBF16ToF32(w, u16View(src))
+		copy(f32View(dst), w)
 		return nil
 	})
 }

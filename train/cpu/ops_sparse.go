@@ -20,7 +20,6 @@ package cpu
 import (
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/lsp-offload/lsp-offload/host"
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -46,23 +45,6 @@ func checkPositive(op, names string, vals ...int) error {
 		}
 	}
 	return nil
-}
-
-// parallelErr is parallel for bodies that can fail (the host cores check
-// their arguments again): it returns the first error seen, wrapped with op.
-func (b *Backend) parallelErr(op string, n, grain int, fn func(lo, hi int) error) error {
-	var mu sync.Mutex
-	var first error
-	b.parallel(n, grain, func(lo, hi int) {
-		if err := fn(lo, hi); err != nil {
-			mu.Lock()
-			if first == nil {
-				first = fmt.Errorf("cpu: %s: %w", op, err)
-			}
-			mu.Unlock()
-		}
-	})
-	return first
 }
 
 // SparseCompressA implements backend.Ops: A [d,BT] = P^T X^T.

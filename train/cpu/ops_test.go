@@ -1,8 +1,9 @@
-// Tests of every CPU op against the float64 references of ref_test.go on
-// small ragged shapes (B=2, T=5, C=12, NH=3, V=11). Tolerances are
-// |got - want| <= atol + rtol*|want|, stated per check; they bound fp32
-// rounding over the few terms each output sums. "+=" outputs start from
-// random values, and overwritten outputs from garbage, so both are checked.
+// Tests of every CPU op against the float64 references of
+// ref_<family>_test.go on small ragged shapes (B=2, T=5, C=12, NH=3,
+// V=11). Tolerances are |got - want| <= atol + rtol*|want|, stated per
+// check; they bound fp32 rounding over the few terms each output sums.
+// "+=" outputs start from random values, and overwritten outputs from
+// garbage, so both are checked.
 
 package cpu
 

@@ -1,5 +1,6 @@
-// Tests of the SwiGLU reference against float64 formulas, whose derivative
-// is checked by central finite differences.
+// The float64 references of GELU and SwiGLU, whose derivatives central
+// finite differences check, and the SwiGLU reference against them (GELU's
+// is checked through the op, ops_test.go's TestGelu, which calls it).
 
 package cpu
 
@@ -7,6 +8,40 @@ import (
 	"math"
 	"testing"
 )
+
+// gelu64 is HF's gelu_new, the tanh approximation.
+func gelu64(x []float64) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
+	}
+	return out
+}
+
+// geluGrad64 is the derivative of HF's gelu_new, 0.5x(1+tanh(u)) with
+// u = sqrt(2/pi)(x + 0.044715x^3).
+func geluGrad64(x []float64) []float64 {
+	c := math.Sqrt(2 / math.Pi)
+	out := make([]float64, len(x))
+	for i, v := range x {
+		th := math.Tanh(c * (v + 0.044715*v*v*v))
+		out[i] = 0.5*(1+th) + 0.5*v*(1-th*th)*c*(1+3*0.044715*v*v)
+	}
+	return out
+}
+
+// TestGeluReference64 checks the float64 GELU derivative against central
+// differences of the float64 GELU.
+func TestGeluReference64(t *testing.T) {
+	gx := f64s(randVals(newRand(99), 50, 5))
+	fdCheck(t, "gelu", func(v []float64) float64 {
+		var s float64
+		for _, y := range gelu64(v) {
+			s += y
+		}
+		return s
+	}, gx, geluGrad64(gx), 1e-6)
+}
 
 func swiglu64(g, u float64) float64 { return g / (1 + math.Exp(-g)) * u }
 

@@ -2,14 +2,18 @@
 // finalizer, rounding is exact on bf16 values, picks one of the two
 // neighbours, is unbiased within a stated statistical bound, keeps NaN and
 // Inf, and is reproducible for a fixed key yet changes with every key word.
+// The sum of squares reference gives the op's bits. (The plain casts are
+// tested through CopyD2D, ops_test.go, which calls them.)
 
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 )
 
@@ -165,5 +169,21 @@ func TestStochasticRoundSlice(t *testing.T) {
 		if w := StochasticRoundBF16(src[i], 5, 6, 7, uint64(i)); dst[i] != w {
 			t.Errorf("element %d: slice %#04x, scalar %#04x", i, dst[i], w)
 		}
+	}
+}
+
+// TestSumSquaresReferenceIsTheOp: SumSquares gives the bits of the op on 3
+// threads, from no chunk to several (the last short).
+func TestSumSquaresReferenceIsTheOp(t *testing.T) {
+	be := newBE(t, Config{Threads: 3})
+	s := be.DefaultStream()
+	r := newRand(21)
+	for _, n := range []int{0, 1, 1000, 5*sumSquaresChunk + 17} {
+		x := randVals(r, n, 3)
+		out := alloc(t, be, "out", 1, backend.F32)
+		ok(t, be.SumSquares(s, out, tensorOf(t, be, "x", backend.F32, x), sumWork(t, be)))
+		want := []float32{-1}
+		SumSquares(want, x)
+		same(t, fmt.Sprintf("sum squares of %d", n), get(t, be, out), want)
 	}
 }

@@ -1,6 +1,7 @@
-// Tests of the RMSNorm reference against a float64 one written from the
-// definition, whose backward (a full Jacobian per row) is itself checked by
-// central finite differences.
+// The float64 references of LayerNorm and RMSNorm, written from the
+// definitions with a full Jacobian per row for the backwards, which central
+// finite differences check; the RMSNorm reference is checked against its
+// float64 one here, LayerNorm's through the op (ops_test.go's TestLayerNorm).
 
 package cpu
 
@@ -9,6 +10,59 @@ import (
 	"math"
 	"testing"
 )
+
+// layerNorm64 normalises each of the N rows of x over C (biased variance).
+func layerNorm64(x, w, b []float64, N, C int, eps float64) (out, mean, rstd []float64) {
+	out, mean, rstd = make([]float64, N*C), make([]float64, N), make([]float64, N)
+	for r := range N {
+		row := x[r*C : (r+1)*C]
+		var m, v float64
+		for _, a := range row {
+			m += a
+		}
+		m /= float64(C)
+		for _, a := range row {
+			v += (a - m) * (a - m)
+		}
+		v /= float64(C)
+		s := 1 / math.Sqrt(v+eps)
+		for i, a := range row {
+			out[r*C+i] = (a-m)*s*w[i] + b[i]
+		}
+		mean[r], rstd[r] = m, s
+	}
+	return out, mean, rstd
+}
+
+// layerNormBackward64 returns the gradients of sum(out * dout) by the chain
+// rule through norm = (x - mean) * rstd, written with the full Jacobian of
+// each row rather than the closed form the op uses.
+func layerNormBackward64(dout, x, w []float64, N, C int, eps float64) (dx, dw, db []float64) {
+	_, mean, rstd := layerNorm64(x, w, make([]float64, C), N, C, eps)
+	dx, dw, db = make([]float64, N*C), make([]float64, C), make([]float64, C)
+	for r := range N {
+		m, s := mean[r], rstd[r]
+		for i := range C {
+			n := (x[r*C+i] - m) * s
+			dw[i] += dout[r*C+i] * n
+			db[i] += dout[r*C+i]
+		}
+		// d norm_i / d x_j = s*(delta_ij - 1/C) - s^3 (x_i - m)(x_j - m)/C
+		for j := range C {
+			var g float64
+			for i := range C {
+				d := 0.0
+				if i == j {
+					d = 1
+				}
+				jac := s*(d-1/float64(C)) - s*s*s*(x[r*C+i]-m)*(x[r*C+j]-m)/float64(C)
+				g += dout[r*C+i] * w[i] * jac
+			}
+			dx[r*C+j] = g
+		}
+	}
+	return dx, dw, db
+}
 
 // rmsNorm64 normalises each row of x by its root mean square.
 func rmsNorm64(x, w []float64, N, C int, eps float64) (out, rstd []float64) {
@@ -50,6 +104,24 @@ func rmsNormBackward64(dout, x, w []float64, N, C int, eps float64) (dx, dw []fl
 		}
 	}
 	return dx, dw
+}
+
+// TestLayerNormReference64 checks the float64 LayerNorm backward against
+// central differences of its forward.
+func TestLayerNormReference64(t *testing.T) {
+	const B, T, C, eps = 2, 5, 12, 1e-5
+	r := newRand(99)
+	N := B * T
+	x, w, bb := f64s(randVals(r, N*C, 2)), f64s(randVals(r, C, 1)), f64s(randVals(r, C, 1))
+	dout := f64s(randVals(r, N*C, 1))
+	dx, dw, db := layerNormBackward64(dout, x, w, N, C, eps)
+	lnLoss := func(x, w, b []float64) float64 {
+		out, _, _ := layerNorm64(x, w, b, N, C, eps)
+		return dot64(out, dout)
+	}
+	fdCheck(t, "layernorm dx", func(v []float64) float64 { return lnLoss(v, w, bb) }, x, dx, 1e-6)
+	fdCheck(t, "layernorm dw", func(v []float64) float64 { return lnLoss(x, v, bb) }, w, dw, 1e-6)
+	fdCheck(t, "layernorm db", func(v []float64) float64 { return lnLoss(x, w, v) }, bb, db, 1e-6)
 }
 
 func TestRMSNormReference64(t *testing.T) {

@@ -23,13 +23,14 @@
 // __fadd_rn), so apply matches there too; compress and S may be contracted
 // by nvcc and agree to rounding.
 //
-// The fp32 cores (gather, S, T and the W update) are host's C kernels
-// (host.SparseGather, SparseS, SparseApplyT, SparseApplyW: SIMD across
-// independent outputs only, no FMA, so every SIMD path gives the bits of the
-// plain fp32 loops written out in their doc comments). They are shared with
-// the backend's ops (ops_sparse.go): bf16 inputs are widened exactly before
-// them, so the ops give these references' bits, and fp32 inputs go through
-// the same summation orders.
+// The fp32 cores (gather, S, T and the W update) are C, package host's
+// (host/sparse.c: host.SparseGather, SparseS, SparseApplyT, SparseApplyW),
+// for speed: SIMD across independent outputs only, no FMA, so every SIMD
+// path gives the bits of the plain fp32 loops written out in sparse.h, and
+// any split of the outputs over threads gives them too. They are shared
+// with the backend's ops (ops_sparse.go), which split the outputs: bf16
+// inputs are widened exactly before them, so the ops give these
+// references' bits, and fp32 inputs go through the same summation orders.
 
 package cpu
 
