@@ -4,9 +4,10 @@
 // on the CPU backend (the reference, in its KernelDTypes mode) from the
 // same inputs, on a couple of shapes (ragged: not multiples of any tile)
 // and the dtype mixes the kernels take, comparing every output. It is the
-// start of the suite of issue 11 item 3 (ggml's test-backend-ops): one
-// case list that TestConformanceCoversEveryOp holds to the Ops interface,
-// so an op without a case fails.
+// CUDA backend's face of the conformance suite (docs/DESIGN.md, "One op,
+// three faces"; ggml's test-backend-ops): one case list that
+// TestConformanceCoversEveryOp holds to the Ops interface, so an op
+// without a case fails.
 //
 // Tolerances, |got - want| <= atol + rtol |want| (0, 0: bit for bit), as
 // the kernel tests of kernels/simtest establish them against the same CPU

@@ -1,7 +1,7 @@
-// sparse.go: the fp32 cores of the LSP sparse projection ops (DESIGN.md
-// section 2) in C (sparse.c) on the SIMD path chosen by ActiveSIMD: the
-// gather of compress and of T = Delta Q^T, S = A B, and the W update of
-// apply. They are the CPU backend's arithmetic and the bit-exact reference
+// sparse.go: the fp32 cores of the LSP sparse projection ops
+// (docs/DESIGN.md, "LSP as implemented") in C (sparse.c) on the SIMD path
+// chosen by ActiveSIMD: the gather of compress and of T = Delta Q^T,
+// S = A B, and the W update of apply. They are the CPU backend's arithmetic and the bit-exact reference
 // of the CUDA kernels, so every path gives the same bits as plain Go loops
 // (sparse_test.go checks it): each output is summed in fp32 from +0 in a
 // fixed order, products rounded before they are added (never an FMA), and

@@ -1,7 +1,7 @@
 /*
- * fit.cu: the one product of the projector fit (DESIGN.md section 2,
- * "Learning the projectors"; train/lsp/devicefit.go) that no other kernel computes:
- * the bias objective's gradient gathered at a sparse projector's
+ * fit.cu: the one product of the projector fit (docs/DESIGN.md,
+ * "Learning the projectors"; train/lsp/devicefit.go) that no other kernel
+ * computes: the bias objective's gradient gathered at a sparse projector's
  * positions. X [rows, d] is in row storage (idx[rows*r] int32, val[rows*r]
  * fp32); for entry e = i*r + s at column a = idx[e]
  *

@@ -10,15 +10,16 @@
  * (train/cpu/ref_gemm.go): op(A) is M x K, op(B) is K x N, C is M x N (ldc = N).
  *   A: transA == 0: [M][K] (lda = K)    transA != 0: [K][M] (lda = M)
  *   B: transB == 0: [K][N] (ldb = N)    transB != 0: [N][K] (ldb = K)
- * The model's forward (out = inp W^T: NT), its input gradient (dinp =
- * dout W: NN) and weight gradient (dW = dout^T inp: TN) are the three
- * layouts it needs; TT works too. Batch b starts at A + b*strideA,
- * B + b*strideB, C + b*strideC (elements; a stride of 0 broadcasts). bias is
- * bf16 of length N and shared by all batches. gelu is HF's gelu_new, the
- * tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as
- * x / (1 + exp(-2u)) like the CPU backend. beta == 0 means C is not read
- * (NaNs there are ignored). bf16 output is rounded to nearest even once,
- * after the whole epilogue in fp32.
+ * The models store a weight W in x out, so their forward is NN (out = inp W;
+ * the head over a tied embedding, out = h wte^T, is NT), the input gradient
+ * NT (dinp = dout W^T) and the weight gradient TN (dW = inp^T dout): the
+ * three layouts they need; TT works too. Batch b starts at
+ * A + b*strideA, B + b*strideB, C + b*strideC (elements; a stride of 0
+ * broadcasts). bias is bf16 of length N and shared by all batches. gelu is
+ * HF's gelu_new, the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+ * x^3))), computed as x / (1 + exp(-2u)) like the CPU backend. beta == 0
+ * means C is not read (NaNs there are ignored). bf16 output is rounded to
+ * nearest even once, after the whole epilogue in fp32.
  *
  * Launcher (declared in kernels.h):
  *   cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K,

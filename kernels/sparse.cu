@@ -1,6 +1,7 @@
 /*
- * sparse.cu: the LSP sparse projection (DESIGN.md section 2) without ever
- * forming the dense projectors P (m x d) or Q (n x d), with no atomics.
+ * sparse.cu: the LSP sparse projection (docs/DESIGN.md, "LSP as
+ * implemented") without ever forming the dense projectors P (m x d) or
+ * Q (n x d), with no atomics.
  *
  * A linear layer y = x W has W [m, n] (m = in, n = out) and gradient
  * G = X^T dY over BT tokens. P and Q are (d,r)-sparse: each row has exactly

@@ -51,7 +51,7 @@ type Config struct {
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
-	Mode          engine.Mode        // --mode: native, zero or lsp (DESIGN.md section 1)
+	Mode          engine.Mode        // --mode: native, zero or lsp (docs/DESIGN.md, "The update modes")
 	GradDType     backend.DType      // --grad-dtype: fp32 or bf16 storage of the parameter gradients
 	DenseParams   engine.DenseParams // --dense-params: frozen, device or host in lsp mode ("": frozen from a checkpoint, device for a preset)
 	D, R          int                // --d, --r: projected size and non-zeros per projector row (capped per matrix)

@@ -1,4 +1,4 @@
-// Data-parallel runs (Options.Comm with several ranks, issue 22): every
+// Data-parallel runs (Options.Comm with several ranks, under mpirun): every
 // rank opens the same model and data, reads every global batch (ranks x
 // --grad-accum micro-batches of --batch rows) and trains on its own share,
 // rank r on micro-batches r*G to r*G+G-1 (G = --grad-accum); the engine

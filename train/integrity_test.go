@@ -1,4 +1,4 @@
-// Tests of integrity through the run (issue 15, item 3): resuming from a
+// Tests of integrity through the run: resuming from a
 // checkpoint with a corrupted byte or a NaN, and starting from pretrained
 // weights holding NaN or an infinity, are refused before any training with
 // an error naming the tensor and the file, and leave the checkpoint as it

@@ -113,8 +113,8 @@ func TestLegacyCheckpoint(t *testing.T) {
 				t.Fatalf("resumed to step %d with losses %v; want step 6 and %v", res.Steps, res.Losses, want)
 			}
 			// lsp's projector checks and update changed after the fixture
-			// (issue 12: fits start at the best scale, held-out
-			// micro-batches decide, Delta has per-column gains), so from the
+			// (fits start at the best scale, held-out micro-batches
+			// decide, Delta has per-column gains), so from the
 			// first update after the resume its run follows the new rule:
 			// only step 4's loss (the checkpoint's weights) is the old
 			// program's bit for bit; later ones stay within 1e-3.

@@ -4,7 +4,7 @@
 // run (final eval, checkpoint, export).
 //
 // Limits: a non-finite gradient behind a finite loss cannot be skipped,
-// only stopped at (DESIGN.md section 3); Ctrl-C is looked at between
+// only stopped at (docs/DESIGN.md, "The schedule"); Ctrl-C is looked at between
 // steps, never inside one.
 
 package train
@@ -218,7 +218,7 @@ func (r *run) trainStep(lr float64) (float64, error) {
 // gradients; the update has used them, so the run stops before anything
 // of this step is saved. --on-nonfinite skip cannot help there: the
 // gradients are found layer by layer, when deeper layers are updated
-// already (DESIGN.md section 3).
+// already (docs/DESIGN.md, "The schedule").
 func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	norm, err := r.eng.GradNorm()
 	if err != nil {

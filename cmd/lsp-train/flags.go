@@ -52,7 +52,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Device, "device", deviceUsage())
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
 	fs.Var((*byteSize)(&c.HostMem), "host-mem", "host memory budget, e.g. 16GiB (0: the memory the machine has available, MemAvailable of /proc/meminfo); checked before training")
-	fs.Var(&c.DType, "dtype", "storage `TYPE` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; fp32 master weights and moments either way)")
+	fs.Var(&c.DType, "dtype", "storage `TYPE` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; Adam moments are fp32 either way, and so are the master weights of every parameter that has one: all but lsp's block matrices, whose bf16 weights are updated by stochastic rounding)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
 	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
 	fs.Var(&c.GradDType, "grad-dtype", "storage `TYPE` of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")

@@ -1,5 +1,6 @@
-// Tests of the plan subcommand: the two machines, the timeline
-// files, and bad flags refused by name before anything is traced.
+// Tests of the plan subcommand: the paper's two machines (the A1000
+// laptop and the RTX 4090), the timeline files, and bad flags refused by
+// name before anything is traced.
 
 package main
 

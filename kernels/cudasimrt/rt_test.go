@@ -344,7 +344,7 @@ func TestCastKernels(t *testing.T) {
 	}
 }
 
-// The overlap the issue asks for: a copy on one stream starts (and ends)
+// The overlap a pipelined step needs: a copy on one stream starts (and ends)
 // while a kernel on another runs. The kernel waits for the flag the copy
 // writes, so without overlap it would time out and see 0.
 func TestCopyOverlapsKernel(t *testing.T) {

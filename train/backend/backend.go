@@ -263,11 +263,11 @@ type Backend interface {
 }
 
 // Ops are the compute ops. Every op has one CPU implementation and one CUDA
-// launcher of the same name and argument order (DESIGN.md "one op, three
+// launcher of the same name and argument order (docs/DESIGN.md, "One op, three
 // faces"); the dtypes each accepts on every backend are the table of
-// KernelDTypes (the package doc shows it). Scratch arguments are sized by
-// the functions of scratch.go and allocated by the caller, so that memory
-// plans count them. Shapes use llm.c's names: B batch, T time, C channels, NH heads,
+// KernelDTypes (the package doc shows it). Scratch arguments are sized by the
+// functions of scratch.go and allocated by the caller, so that memory plans
+// count them. Shapes use llm.c's names: B batch, T time, C channels, NH heads,
 // V vocabulary. "+=" marks outputs that are accumulated into, not written.
 type Ops interface {
 	// Fill sets every element of t to v.
@@ -376,16 +376,16 @@ type Ops interface {
 	// NonFiniteFlag found not finite.
 	AdamW(s Stream, param, master, grad, m, v, sumSq, skip Tensor, p AdamParams) error
 
-	// LSP sparse projection (DESIGN.md section 2). BT tokens, m inputs, n
-	// outputs, d the projected size, r non-zeros per projector row. P
-	// [m,d] and Q [n,d] are (d,r)-sparse and never dense: column storage
+	// LSP sparse projection (docs/DESIGN.md, "LSP as implemented"). BT tokens,
+	// m inputs, n outputs, d the projected size, r non-zeros per projector row.
+	// P [m,d] and Q [n,d] are (d,r)-sparse and never dense: column storage
 	// (colptr I32 [d+1], rowidx I32 [nnz], colval F32 [nnz], rows strictly
-	// ascending within a column) for compress, row storage (idx I32
-	// [rows*r], val F32 [rows*r], distinct columns within a row) for apply.
-	// Every sum runs in a fixed order (see train/cpu/ref_sparse.go). The
-	// CPU backend validates index contents on the stream (an error at
-	// Synchronize); kernels trust them, so build them with
-	// cpu.SparseColumns and check them with cpu.CheckSparseRows.
+	// ascending within a column) for compress, row storage (idx I32 [rows*r],
+	// val F32 [rows*r], distinct columns within a row) for apply. Every sum
+	// runs in a fixed order (see train/cpu/ref_sparse.go). The CPU backend
+	// validates index contents on the stream (an error at Synchronize); kernels
+	// trust them, so build them with cpu.SparseColumns and check them with
+	// cpu.CheckSparseRows.
 
 	// SparseCompressA: A [d,BT] F32 = P^T X^T, X [BT,m] (F32 or BF16), P in
 	// column storage: colptr I32 [d+1], rowidx I32 [nnz], colval F32 [nnz].

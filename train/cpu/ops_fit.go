@@ -1,7 +1,7 @@
 // The projector fit's op of the CPU backend: SparseValueGrad, the bias
 // objective's gradient gathered at a projector's positions (its reference
 // and summation order are in ref_fit.go, which this shares). The fit's
-// other products run on the existing ops (train/devfit says which).
+// other products run on the existing ops (train/lsp/devicefit.go says which).
 // Work is split over rows only, so results do not depend on Threads.
 
 package cpu

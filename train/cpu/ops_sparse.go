@@ -1,6 +1,7 @@
-// The LSP sparse projection ops of the CPU backend (DESIGN.md section 2):
-// compress A = P^T X^T and B = dY Q, S = A B summed over micro-batches,
-// and apply W <- (1 - lr wd) W + P Delta Q^T written by stochastic rounding.
+// The LSP sparse projection ops of the CPU backend (docs/DESIGN.md, "LSP as
+// implemented"): compress A = P^T X^T and B = dY Q, S = A B summed over
+// micro-batches, and apply W <- (1 - lr wd) W + P Delta Q^T written by
+// stochastic rounding.
 //
 // They run the fp32 cores of package host (C, SIMD across independent
 // outputs only), which the exported references of ref_sparse.go share:

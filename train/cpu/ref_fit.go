@@ -1,8 +1,8 @@
 // CPU reference of the projector fit's value gradient (kernels/fit.cu,
 // lsp_sparse_value_grad): the gradient of the bias objective
 // (train/lsp/bias.go) gathered at a sparse projector's positions, the one
-// product of the fit that no other op computes (DESIGN.md section 2,
-// "Learning the projectors"; train/devfit runs the fit on a backend).
+// product of the fit that no other op computes (docs/DESIGN.md, "Learning the
+// projectors"; train/lsp/devicefit.go runs the fit on a backend).
 //
 // Arithmetic is fp32 in the kernel's fixed order, each product rounded
 // before it is added (float32(a*b)), so Go never fuses it into an FMA and

@@ -2,9 +2,10 @@
 // backend op's arithmetic, C = alpha * op(A) op(B) + beta * C on packed
 // row-major fp32 matrices, op(A) M x K (A [M][K], or [K][M] with transA),
 // op(B) K x N (B [K][N], or [N][K] with transB), C M x N. beta == 0 does
-// not read C (NaNs there are ignored). The model's forward (out = inp W^T:
-// NT), input gradient (dinp = dout W: NN) and weight gradient (dW = dout^T
-// inp: TN) are the layouts it needs.
+// not read C (NaNs there are ignored). The models store a weight W in x
+// out, so their forward is NN (out = inp W; a tied head's out = h wte^T is
+// NT), the input gradient NT (dinp = dout W^T) and the weight gradient TN
+// (dW = inp^T dout): the layouts it needs.
 //
 // The launcher, lsp_gemm_bf16, is more: bf16 A and B, batches with strides,
 // and an optional bias + GELU epilogue. Here bf16 operands are widened

@@ -1,5 +1,6 @@
 // CPU references for the LSP sparse projection kernels (kernels/sparse.cu,
-// DESIGN.md section 2), with the launchers' names and argument order.
+// docs/DESIGN.md, "LSP as implemented"), with the launchers' names and argument
+// order.
 //
 // Projectors P (m x d) and Q (n x d) are (d,r)-sparse: every row has exactly
 // r non-zeros at distinct columns. They are stored twice, never densified:

@@ -1,4 +1,4 @@
-// Data parallelism (issue 22): several processes, one rank each, train
+// Data parallelism (mpirun -np N): several processes, one rank each, train
 // one model on their own micro-batches of every global batch and keep
 // bit-identical weights and optimizer state by summing what each step
 // updates from across ranks (train/comm).
@@ -23,7 +23,7 @@
 // native (like lsp's dense gradients) agrees with --grad-accum N to
 // rounding, not bit for bit (the test bounds the difference).
 //
-// zero mode: ZeRO's sharding of the host optimizer (zero.go): each
+// zero mode: ZeRO's sharding of the host optimizer (shard.go): each
 // group's gradients are reduce-scattered on the host between their copy
 // down and the host Adam, each rank updates its shard of the group, and
 // the updated weights are all-gathered before the copy up.
@@ -421,7 +421,7 @@ type CommStep struct {
 	// (or, sharded, reduce-scatters) for each per step: d^2 in lsp, m n
 	// in native and zero (the same every block).
 	Matrices []MatrixComm
-	// Sharded is, in zero mode (ZeRO's sharded host optimizer, zero.go),
+	// Sharded is, in zero mode (ZeRO's sharded host optimizer, shard.go),
 	// every parameter: its gradient is reduce-scattered (fp32) and its
 	// updated weight all-gathered (model dtype) each step instead of
 	// all-reduced, so summed over ranks each sends (ranks-1) Sharded

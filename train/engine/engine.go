@@ -1,6 +1,6 @@
 // Package engine runs training steps in the three update modes of
-// DESIGN.md section 1 (native, zero, lsp) on any Backend, as a graph of ops
-// (graph.go) run by the sequential or the pipelined interpreter.
+// docs/DESIGN.md, "The update modes" (native, zero, lsp) on any Backend, as a
+// graph of ops (graph.go) run by the sequential or the pipelined interpreter.
 //
 //	native: weights, grads and AdamW on the device (train/optim).
 //	zero:   grads of each layer go device-to-host as soon as the layer's
@@ -121,7 +121,7 @@ type Config struct {
 	DeviceComm DeviceComm
 	// replicateHost (tests): zero mode with several ranks all-reduces
 	// the gradients and runs the whole host Adam on every rank, the path
-	// before ZeRO's sharding (zero.go), to compare the two.
+	// before ZeRO's sharding (shard.go), to compare the two.
 	replicateHost bool
 }
 

@@ -1,4 +1,4 @@
-// The schedule as a graph of ops (DESIGN.md section 3), and the two
+// The schedule as a graph of ops (docs/DESIGN.md, "The schedule"), and the two
 // interpreters that run it on a Backend: Sequential (list order, a sync
 // after every op: the reference) and Pipelined (three device streams and
 // host goroutines ordered only by the graph's edges, through events).
@@ -255,7 +255,7 @@ type Interpreter interface {
 }
 
 // Sequential runs the nodes in list order and waits for each to finish
-// before the next: the reference order of DESIGN.md section 3.
+// before the next: the reference order of docs/DESIGN.md, "The schedule".
 type Sequential struct {
 	Backend backend.Backend
 	Streams Streams

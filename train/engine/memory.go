@@ -1,4 +1,4 @@
-// Memory and traffic accounting (issue: "will this fit on my GPU"): the
+// Memory and traffic accounting (the user's "will this fit on my GPU"): the
 // device and host bytes each mode allocates, predicted from the
 // configuration alone with the same size formulas the allocations use, so
 // that --device-mem (and, with what a run adds, --host-mem) is checked
@@ -274,7 +274,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 }
 
 // shardedBytes is one rank's host memory of zero mode's sharded optimizer
-// (zero.go): the whole pinned gradients (fp32) and weights (model dtype),
+// (shard.go): the whole pinned gradients (fp32) and weights (model dtype),
 // and for its shard alone the summed gradients, the moments and (bf16
 // models) the master; and what GatherState adds for a checkpoint write:
 // rank 0 the whole second moment and master (the first goes into the

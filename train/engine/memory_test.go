@@ -152,7 +152,7 @@ func TestTrafficPerStep(t *testing.T) {
 			if tc.cfg.Mode != LSP {
 				return
 			}
-			// The statement: 8 d^2 per LSP matrix plus the dense
+			// lsp's traffic: 8 d^2 per LSP matrix plus the dense
 			// parameters' traffic (plus the batch), and the 4-byte
 			// non-finite flag the host Adam reads.
 			want := int64(4)

@@ -52,7 +52,7 @@ type offload struct {
 	master []float32          // bf16 models only
 	mom    []float32          // M then V
 	// shard: zero mode with several ranks, the host optimizer sharded
-	// among them (zero.go); master and mom are then nil.
+	// among them (shard.go); master and mom are then nil.
 	shard *hostShard
 }
 

@@ -119,12 +119,12 @@ func overlapping(t *testing.T, spans map[string]span, kind string, L int) []int 
 	return out
 }
 
-// TestPipelinedOverlaps: in the pipelined schedule the copies down and the
-// host Adam of the deep layers run while the compute stream still runs the
-// backward of the shallower ones (DESIGN.md section 3); in the sequential
-// reference nothing overlaps, and the same check says so. Every op sleeps
-// a few milliseconds and the link is charged, so each node takes long
-// enough to be seen.
+// TestPipelinedOverlaps: in the pipelined schedule the copies down and the host
+// Adam of the deep layers run while the compute stream still runs the backward
+// of the shallower ones (docs/DESIGN.md, "The schedule"); in the sequential
+// reference nothing overlaps, and the same check says so. Every op sleeps a few
+// milliseconds and the link is charged, so each node takes long enough to be
+// seen.
 func TestPipelinedOverlaps(t *testing.T) {
 	deep := gpt2.Config{V: 64, MaxT: 16, C: 32, L: 4, NH: 4, Eps: 1e-5}
 	for _, pipelined := range []bool{true, false} {

@@ -1,5 +1,5 @@
-// ZeRO's partitioning of the host optimizer (zero mode with several ranks,
-// issue 22): the host Adam of every group of parameters is split among the
+// ZeRO's partitioning of the host optimizer (zero mode with several
+// ranks): the host Adam of every group of parameters is split among the
 // ranks, each group's elements in comm.Shard's contiguous ranges (the
 // group is contiguous in the offload's arrays, so a shard may start or end
 // inside a tensor). Per group, in the chain of collectives (dp.go):

@@ -8,14 +8,14 @@
 //	           fch = ln2 Wfc + b; fchg = gelu(fch); x3 = x2 + fchg Wfcp + b
 //	lnf = LN(x_L); logits = lnf wte^T         (B,T,V)
 //
-// The passes are also exposed per layer (ForwardLayer, BackwardLayer, ...)
-// so that the offload engine can interleave them with its copies and host
-// work; Config and Model implement train/model's Arch and Model for it.
-// With MatrixGrads hooks the four weight matrices of every block get no
-// dense gradient: the hooks see each matrix's input in the forward and its
-// output gradient in the backward, and compress them (DESIGN.md section 2).
-// Each of GPT-2's four matrices reads an input of its own (c_attn is q, k
-// and v fused into one matrix), so input k is matrix k's.
+// The passes are also exposed per layer (ForwardLayer, BackwardLayer, ...) so
+// that the offload engine can interleave them with its copies and host work;
+// Config and Model implement train/model's Arch and Model for it. With
+// MatrixGrads hooks the four weight matrices of every block get no dense
+// gradient: the hooks see each matrix's input in the forward and its output
+// gradient in the backward, and compress them (docs/DESIGN.md, "LSP as
+// implemented"). Each of GPT-2's four matrices reads an input of its own
+// (c_attn is q, k and v fused into one matrix), so input k is matrix k's.
 //
 // Storage: parameters, activations and activation gradients are in the
 // model's dtype (DType), as in llm.c, so that at bf16 every op gets the

@@ -54,10 +54,10 @@ const (
 // matrixSlot is each matrix's index among its block's parameters.
 var matrixSlot = [NumMatrices]int{slotQ, slotK, slotV, slotO, slotGate, slotUp, slotDown}
 
-// matrixInput is the block input each matrix reads (model.Matrix.Input):
-// q, k and v read the normed residual, o the attention output, gate and
-// up the second normed residual, down the SwiGLU output. Matrices that
-// share an input share LSP's projector P (DESIGN.md section 2).
+// matrixInput is the block input each matrix reads (model.Matrix.Input): q, k
+// and v read the normed residual, o the attention output, gate and up the
+// second normed residual, down the SwiGLU output. Matrices that share an input
+// share LSP's projector P (docs/DESIGN.md, "LSP as implemented").
 var matrixInput = [NumMatrices]int{0, 0, 0, 1, 2, 2, 3}
 
 // NumInputs is the number of matrix inputs of a block.

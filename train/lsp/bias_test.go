@@ -25,7 +25,8 @@ func biasRatio(P, Q *Projector, G []float32) float64 {
 //
 // since E[(P P^T)^2] = (1 + 2/r + (m-1)/d) I for N(0,1/r) values (the
 // diagonal of P P^T has variance 2/r, each off-diagonal entry 1/d). It
-// approaches DESIGN.md's sqrt(mn/d^2 - 1) only for large m/d and n/d;
+// approaches its large-m/d limit sqrt(mn/d^2 - 1) (docs/DESIGN.md,
+// "Learning the projectors") only for large m/d and n/d;
 // sparse rows (small r) start higher. TestRandomStartRatio checks it by
 // simulation.
 func expectedRandomRatio(m, n, d, r int) float64 {
@@ -67,7 +68,7 @@ func TestBiasRatioMatchesDense(t *testing.T) {
 // Fresh projectors start at expectedRandomRatio on average, for any G: the
 // mean of ratio^2 over draws lies within 4 standard errors (from the
 // sample's spread) of the formula, and that bound is under 20% of it.
-// DESIGN.md's sqrt(mn/d^2 - 1), the large-m/d limit, is logged for
+// The large-m/d limit sqrt(mn/d^2 - 1) is logged for
 // comparison: its square is 23-47% lower on the first three shapes, so
 // this test tells the two apart.
 func TestRandomStartRatio(t *testing.T) {

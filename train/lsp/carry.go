@@ -1,5 +1,5 @@
 // Carrying a matrix's d x d Adam moments into a new subspace after a refit
-// (DESIGN.md section 2): with
+// (docs/DESIGN.md, "LSP as implemented"): with
 //
 //	C = (P_new^T P_old)(P_old^T P_old + ridge I)^-1
 //	D = (Q_old^T Q_old + ridge I)^-1 (Q_old^T Q_new)

@@ -156,7 +156,7 @@ func (c Config) CalibBatches(B int) int {
 // micro-batches fit and the rest decide; otherwise all of them fit.
 func (st *State) Check(batches []data.Batch, step int) ([]CheckReport, error) {
 	if st.calib == nil {
-		return nil, fmt.Errorf("lsp: no projector check with --no-fit")
+		return nil, fmt.Errorf("lsp: no projector check without --fit")
 	}
 	nFit := len(batches)
 	if st.Config.Accept == AcceptHeldOut {

@@ -41,7 +41,7 @@ type Config struct {
 	CalibSamples int     // rows of the calibration pass (rounded up to whole micro-batches)
 	ProjLR       float64 // Adam step size of the projector fit
 	FitIters     int     // step budget of one fit
-	NoFit        bool    // keep the random projectors (the compare job's control)
+	NoFit        bool    // keep the random projectors: no checks (without --fit, the default)
 	Refit        Refit   // how new projectors are made at a check ("": RefitSplit)
 	Accept       Accept  // which data decides whether they replace the old ones ("": AcceptHeldOut)
 	Rewarm       Rewarm  // when a matrix's learning rate is re-warmed after a refit ("": RewarmFloor)
@@ -60,7 +60,7 @@ type Refit string
 
 const (
 	// RefitSum fits fresh positions to the calibration gradient summed
-	// over the fitting micro-batches (DESIGN.md section 2).
+	// over the fitting micro-batches (docs/DESIGN.md, "LSP as implemented").
 	RefitSum Refit = "sum"
 	// RefitSplit fits them to every fitting micro-batch's gradient at once
 	// (the mean of their bias objectives), a subspace that serves each

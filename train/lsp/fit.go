@@ -1,4 +1,4 @@
-// Fitting the projectors (DESIGN.md section 2, "Learning the projectors"):
+// Fitting the projectors (docs/DESIGN.md, "Learning the projectors"):
 // when a matrix's bias ratio exceeds alpha, draw fresh positions, scale
 // the draw to its best size along the objective, and fit the non-zero
 // values by Adam on ratio^2 = ||P P^T G Q Q^T - G||^2 / ||G||^2 with the

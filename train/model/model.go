@@ -12,7 +12,7 @@
 //     Layout says, back to back; block l's parameters come before block
 //     l+1's.
 //   - A weight matrix W is stored m x n (in x out: y = x W), the form the
-//     LSP kernels take (DESIGN.md section 2).
+//     LSP kernels take (docs/DESIGN.md, "LSP as implemented").
 //   - BackwardLayer(l) writes the gradients of block l's parameters only,
 //     and nothing after it writes them again in the same micro-batch; the
 //     parameters outside the blocks are complete after BackwardEmbed.
@@ -32,9 +32,9 @@ type Param struct {
 	Offset int    // in elements
 	Decay  bool   // weight decay applies (matrices and embeddings, not biases or norms)
 	Layer  int    // the block it belongs to; -1: outside the blocks (embeddings, final norm, head)
-	// Transposed: Hugging Face files store the tensor as Shape reversed
-	// (a torch Linear's out x in, LLaMA's projections), so loading and
-	// exporting transpose it (DESIGN.md section 2). GPT-2's Conv1D
+	// Transposed: Hugging Face files store the tensor as Shape reversed (a
+	// torch Linear's out x in, LLaMA's projections), so loading and exporting
+	// transpose it (docs/DESIGN.md, "LSP as implemented"). GPT-2's Conv1D
 	// weights are stored in x out as here: not transposed.
 	Transposed bool
 }

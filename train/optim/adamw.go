@@ -4,10 +4,10 @@
 // device (native mode, and lsp's dense parameters), its gradient
 // clipping, and the learning-rate schedule.
 //
-// Clipping follows DESIGN.md section 2: a global norm of the current step
-// would need every gradient before any update and would break the layer-wise
-// schedule, so the norm is either per parameter tensor ("matrix") or the
-// global norm of the previous step ("global-prev"; step 1 is not clipped).
+// Clipping follows docs/DESIGN.md, "LSP as implemented": a global norm of the
+// current step would need every gradient before any update and would break the
+// layer-wise schedule, so the norm is either per parameter tensor ("matrix") or
+// the global norm of the previous step ("global-prev"; step 1 is not clipped).
 package optim
 
 import (

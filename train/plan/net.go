@@ -1,4 +1,4 @@
-// The inter-process network of data-parallel training (issue 22): what a
+// The inter-process network of data-parallel training (mpirun): what a
 // collective of the engine's graph costs between ranks.
 
 package plan
