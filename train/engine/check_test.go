@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -178,4 +179,64 @@ func TestCheckShareLayers(t *testing.T) {
 		}
 	}
 	tr.run(t, 3) // trains on the shared projectors
+}
+
+// TestCheckRewarmMeasured: with --rewarm measured, a check re-warms the
+// refitted matrices whose carried second moment is far below what the new
+// subspace measures, and only those: the same run with every moment zeroed
+// before the check re-warms every refitted matrix from the next step, and
+// with every moment huge re-warms none (the rule itself is tested in
+// train/lsp; this is the engine's check reaching it).
+func TestCheckRewarmMeasured(t *testing.T) {
+	cfg := testConfig(LSP)
+	cfg.LSP.FitIters = 100
+	cfg.LSP.Accept, cfg.LSP.Rewarm = lsp.AcceptFit, lsp.RewarmMeasured
+	for _, tc := range []struct {
+		v      float32
+		rewarm bool
+	}{{0, true}, {1e6, false}} {
+		tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+		tr.run(t, 5)
+		for _, row := range tr.e.lsp.Mats {
+			for _, x := range row {
+				for e := range x.Adam.V {
+					x.Adam.V[e] = tc.v
+				}
+			}
+		}
+		reps, err := tr.e.Check(batches(78, tr.e.CalibBatches()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resampled := 0
+		for i, r := range reps {
+			if !r.Resampled {
+				continue
+			}
+			resampled++
+			x := tr.e.lsp.Mats[i/4][i%4]
+			if r.Rewarm != tc.rewarm || (x.RewarmFrom == 6) != tc.rewarm {
+				t.Errorf("V = %g: %s re-warm %v from step %d, want %v", tc.v, r.Matrix, r.Rewarm, x.RewarmFrom, tc.rewarm)
+			}
+		}
+		if resampled == 0 {
+			t.Errorf("V = %g: no matrix refitted: %+v", tc.v, reps)
+		}
+	}
+}
+
+// TestCheckRefused: a projector check outside lsp mode, or in lsp mode
+// without --fit, is never due and is refused with an error saying so.
+func TestCheckRefused(t *testing.T) {
+	noFit := testConfig(LSP)
+	noFit.LSP.NoFit = true
+	for _, cfg := range []Config{testConfig(Native), testConfig(Zero), noFit} {
+		tr := newTrainer(t, cfg, backend.F32, 1, cpu.Config{Threads: 2})
+		if tr.e.CheckDue() {
+			t.Errorf("%s (no fit %v): a check is due", cfg.Mode, cfg.LSP.NoFit)
+		}
+		if _, err := tr.e.Check(batches(77, 2)); err == nil || !strings.Contains(err.Error(), "no projector check") {
+			t.Errorf("%s (no fit %v): Check gave %v, want an error saying there is no projector check", cfg.Mode, cfg.LSP.NoFit, err)
+		}
+	}
 }
