@@ -65,32 +65,10 @@ func (pr problem) build(t *testing.T, seed uint64) (*Projector, []*Projector, []
 	samples := make([][][]float32, pr.samples)
 	for j := range samples {
 		for _, n := range pr.ns {
-			samples[j] = append(samples[j], lowRankSample(rng, pr.m, n, 3, 0.1))
+			samples[j] = append(samples[j], lowRank(rng, pr.m, n, 3, 0.1))
 		}
 	}
 	return P, Qs, samples
-}
-
-// lowRankSample is a rank-k m x n matrix plus Gaussian noise.
-func lowRankSample(rng *rand.Rand, m, n, k int, noise float64) []float32 {
-	u, v := make([]float64, m*k), make([]float64, k*n)
-	for i := range u {
-		u[i] = rng.NormFloat64()
-	}
-	for i := range v {
-		v[i] = rng.NormFloat64()
-	}
-	g := make([]float32, m*n)
-	for i := range m {
-		for j := range n {
-			var s float64
-			for c := range k {
-				s += u[i*k+c] * v[c*n+j]
-			}
-			g[i*n+j] = float32(s + noise*rng.NormFloat64())
-		}
-	}
-	return g
 }
 
 // backends are the backends the tests run the fit on: the CPU backend in
