@@ -69,9 +69,9 @@ func count(x *model.Index, c Config, BT int) counts {
 	return n
 }
 
-// Bytes is the memory of a State and of its checks, by part, as Init
+// Memory is the memory of a State and of its checks, by part, as Init
 // and Check allocate it.
-type Bytes struct {
+type Memory struct {
 	// Storage is every projector (both storages), A and S on the device;
 	// Workspaces the B and apply workspaces.
 	Storage, Workspaces int64
@@ -91,13 +91,13 @@ type Bytes struct {
 	Saved, Views int64
 }
 
-// Sizes is the memory a State and its checks take for the model x with
+// MemoryOf is the memory a State and its checks take for the model x with
 // micro-batches of B x T at dtype dt.
-func Sizes(x *model.Index, c Config, B, T int, dt backend.DType) Bytes {
+func MemoryOf(x *model.Index, c Config, B, T int, dt backend.DType) Memory {
 	BT := B * T
 	n := count(x, c, BT)
 	s2 := int64(n.s2)
-	b := Bytes{
+	b := Memory{
 		Storage:    4 * int64(n.ints+n.floats),
 		Workspaces: 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax)),
 		HostS:      12 * s2,
@@ -233,14 +233,14 @@ func fitGroups(x *model.Index, c Config, B int) []FitGroup {
 	}
 	d, r := Dims(x, c)
 	L := len(x.Blocks)
-	count := L
+	perCheck := L
 	if c.ShareLayers {
-		count = 1
+		perCheck = 1
 	}
 	var out []FitGroup
 	for _, readers := range x.Readers {
 		k := readers[0]
-		g := FitGroup{M: x.Mats[k].M, D: d[k], R: r[k], Samples: fitSamples(c, B, L), Count: count}
+		g := FitGroup{M: x.Mats[k].M, D: d[k], R: r[k], Samples: fitSamples(c, B, L), Count: perCheck}
 		for _, j := range readers {
 			g.Ns = append(g.Ns, x.Mats[j].N)
 		}
