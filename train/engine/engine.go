@@ -245,6 +245,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if cfg.Mode == LSP {
 		e.lsp = new(lsp.State)
 		opts.MatrixGrads = e.lsp
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
 		return nil, err

@@ -158,6 +158,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	var opts model.Options
 	if cfg.Mode == LSP {
 		opts.MatrixGrads = (*lsp.State)(nil) // plans for hooks
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
 	mp := arch.MemoryWith(B, T, dt, opts)

@@ -237,21 +237,32 @@ func (h *denseHook) OutputGrad(s backend.Stream, l, kk int, dY backend.Tensor) e
 	return nil
 }
 
-// wantCalls is the order of hook calls of one micro-batch: forward inputs
-// block by block, then output grads in reverse.
-func wantCalls(L int) []string {
-	var fwd, bwd []string
-	for l := range L {
+// wantCalls is the order of hook calls of one micro-batch: every
+// block's inputs in the forward, then the output grads in reverse; or,
+// when the inputs are handed over in the backward's recompute
+// (model.Options.HooksInRecompute), block by block from the last, its
+// inputs and then its output grads.
+func wantCalls(L int, inRecompute bool) []string {
+	var calls []string
+	ins := func(l int) {
 		for k := range Matrix(NumMatrices) {
-			fwd = append(fwd, fmt.Sprintf("in %d %v", l, k))
+			calls = append(calls, fmt.Sprintf("in %d %v", l, k))
+		}
+	}
+	if !inRecompute {
+		for l := range L {
+			ins(l)
 		}
 	}
 	for l := L - 1; l >= 0; l-- {
+		if inRecompute {
+			ins(l)
+		}
 		for k := Matrix(NumMatrices - 1); k >= 0; k-- {
-			bwd = append(bwd, fmt.Sprintf("out %d %v", l, k))
+			calls = append(calls, fmt.Sprintf("out %d %v", l, k))
 		}
 	}
-	return append(fwd, bwd...)
+	return calls
 }
 
 // TestMatrixHooksMatchDense: a hook that computes dW = X^T dY itself gets
@@ -259,7 +270,8 @@ func wantCalls(L int) []string {
 // model's own (dense) gradients do not change either; under every
 // recompute setting, with and without hooks, the gradients are those of
 // the model that recomputes nothing, to the bit, and the hooks see each
-// input once (from the forward, not from the recomputation).
+// input once (in the forward, or under --recompute layer in the
+// backward's recompute, which hands over the recomputed input).
 func TestMatrixHooksMatchDense(t *testing.T) {
 	for _, dt := range dtypes {
 		for _, rc := range model.Recomputes {
@@ -271,7 +283,11 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 				plainRC := hookModel(t, be, dt, model.Options{Recompute: rc})
 				h := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
 				hooked := hookModel(t, be, dt, model.Options{MatrixGrads: h, Recompute: rc})
-				for _, m := range []*Model{plain, plainRC, hooked} {
+				// frozen: the same hooks with no dense gradient at all
+				// (lsp --dense-params frozen).
+				hf := newDenseHook(t, be, hookCfg, hookB*hookT, dt)
+				frozen := hookModel(t, be, dt, model.Options{MatrixGrads: hf, Recompute: rc, FrozenDense: true})
+				for _, m := range []*Model{plain, plainRC, hooked, frozen} {
 					if err := m.ZeroGrads(s); err != nil {
 						t.Fatal(err)
 					}
@@ -281,9 +297,23 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 					sameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), microBatch(t, be, plainRC, mb, mb == 0), want)
 					got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
 					sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
+					sameBits(t, fmt.Sprintf("logits of micro-batch %d, frozen", mb), microBatch(t, be, frozen, mb, false), want)
 				}
-				if calls := wantCalls(hookCfg.L); !slices.Equal(h.calls, append(calls, calls...)) {
+				if calls := wantCalls(hookCfg.L, rc == model.RecomputeLayer); !slices.Equal(h.calls, append(calls, calls...)) {
 					t.Errorf("hook calls %v, want %v twice", h.calls, calls)
+				}
+				if !slices.Equal(hf.calls, h.calls) {
+					t.Errorf("frozen: hook calls %v, want %v", hf.calls, h.calls)
+				}
+				for i, p := range frozen.Layout() {
+					if _, ok := frozen.GradView(i); ok {
+						t.Errorf("frozen: %s has a gradient", p.Name)
+					}
+				}
+				for l := range hookCfg.L {
+					for k := range Matrix(NumMatrices) {
+						sameBits(t, fmt.Sprintf("frozen: hook grad %d %v", l, k), download(t, be, hf.dw[l][k]), download(t, be, h.dw[l][k]))
+					}
 				}
 				plainGrads := download(t, be, plain.Grads)
 				sameBits(t, "grads recomputing "+rc.String(), download(t, be, plainRC.Grads), plainGrads)

@@ -148,6 +148,11 @@ type Model struct {
 	be    backend.Backend
 	hooks model.MatrixGrads
 	rc    model.Recompute
+	// hooksInRecompute: the input hooks run in the backward's recompute,
+	// not in the forward (model.Options.HooksInRecompute).
+	hooksInRecompute bool
+	// frozen: no dense parameter has a gradient (model.Options.FrozenDense).
+	frozen bool
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation
@@ -210,10 +215,15 @@ func (c Config) backwardScratch(B, T int) int {
 }
 
 // gradOffsets places the dense gradients: Layout order, matrices left out
-// when skip is set. n is the length of Grads.
-func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	if !skip {
+// under hooks; with FrozenDense the discard buffer instead
+// (model.FrozenGradOffsets: the norms and biases, not wte and wpe, whose
+// gradients are not computed). n is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int) {
+	switch {
+	case opts.MatrixGrads == nil:
 		return model.GradOffsets(c.Layout(), nil)
+	case opts.FrozenDense:
+		return model.FrozenGradOffsets(c.Layout(), func(i int) bool { return c.isMatrix(i) || i < 2 })
 	}
 	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
@@ -230,7 +240,7 @@ func (c Config) Memory(B, T int, dt backend.DType) model.Memory {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(hooked)
+	_, ng := c.gradOffsets(opts)
 	BT := int64(B * T)
 	return model.Memory{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
@@ -282,11 +292,20 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	if opts.Recompute > model.RecomputeLayer {
 		return nil, fmt.Errorf("gpt2: unsupported recompute setting %v", opts.Recompute)
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute,
+		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
-	offs, ng := cfg.gradOffsets(hooked)
+	offs, ng := cfg.gradOffsets(opts)
 	m.GradOffsets = offs
+	if m.frozen {
+		// The discard buffer's views are the model's own: no parameter
+		// has a gradient for the engine.
+		m.GradOffsets = make([]int, len(offs))
+		for i := range m.GradOffsets {
+			m.GradOffsets[i] = -1
+		}
+	}
 	var err error
 	free := func() { m.Free() }
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
@@ -428,7 +447,7 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 	if err := m.checkLayer("forward", l); err != nil {
 		return err
 	}
-	if err := model.Chain(m.forwardSteps(s, l, model.Output, true)...); err != nil {
+	if err := model.Chain(m.forwardSteps(s, l, model.Output, !m.hooksInRecompute)...); err != nil {
 		return fmt.Errorf("gpt2 forward, layer %d: %w", l, err)
 	}
 	return nil
@@ -484,13 +503,14 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 }
 
 // recompute enqueues the part of block l's forward that --recompute did
-// not keep, from the kept block input and without the input hooks.
+// not keep, from the kept block input, with the input hooks when they
+// are called there (model.Options.HooksInRecompute).
 func (m *Model) recompute(s backend.Stream, l int) error {
 	last, ok := m.rc.Recomputed()
 	if !ok {
 		return nil
 	}
-	if err := model.Chain(m.forwardSteps(s, l, last, false)...); err != nil {
+	if err := model.Chain(m.forwardSteps(s, l, last, m.hooksInRecompute)...); err != nil {
 		return fmt.Errorf("recompute: %w", err)
 	}
 	return nil
@@ -588,7 +608,12 @@ func (m *Model) BackwardHead(s backend.Stream) error {
 	err := model.Chain(
 		// Head: dlnf = dlogits wte; dwte += dlogits^T lnf.
 		func() error { return be.Gemm(s, false, false, BT, C, c.V, 1, m.Logits, m.p.wte, 0, m.dbuf) },
-		func() error { return be.Gemm(s, true, false, c.V, C, BT, 1, m.Logits, m.lnf, 1, m.g.wte) },
+		func() error {
+			if m.frozen {
+				return nil // no gradient for a frozen wte
+			}
+			return be.Gemm(s, true, false, c.V, C, BT, 1, m.Logits, m.lnf, 1, m.g.wte)
+		},
 		func() error { return be.Fill(s, m.dres, 0) },
 		func() error {
 			return be.LayerNormBackward(s, m.dres, m.g.lnfw, m.g.lnfb, m.dbuf, m.layerInput(c.L), m.p.lnfw, m.lnfMean, m.lnfRstd, m.bwdScratch, BT, C)
@@ -646,6 +671,9 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 // BackwardEmbed enqueues the encoder's backward: wte and wpe gradients from
 // dres, after BackwardLayer(0).
 func (m *Model) BackwardEmbed(s backend.Stream) error {
+	if m.frozen {
+		return nil // no gradient for frozen embeddings
+	}
 	if err := m.be.EncoderBackward(s, m.g.wte, m.g.wpe, m.dres, m.Inputs, m.B, m.T, m.Cfg.C); err != nil {
 		return fmt.Errorf("gpt2 backward, embeddings: %w", err)
 	}

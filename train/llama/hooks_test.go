@@ -232,21 +232,32 @@ func (h *denseHook) OutputGrad(s backend.Stream, l, kk int, dY backend.Tensor) e
 	return nil
 }
 
-// wantCalls is the order of hook calls of one micro-batch: each block's
-// four inputs in the forward, then the seven output grads in reverse.
-func wantCalls(L int) []string {
-	var fwd, bwd []string
-	for l := range L {
+// wantCalls is the order of hook calls of one micro-batch: every
+// block's inputs in the forward, then the output grads in reverse; or,
+// when the inputs are handed over in the backward's recompute
+// (model.Options.HooksInRecompute), block by block from the last, its
+// inputs and then its output grads.
+func wantCalls(L int, inRecompute bool) []string {
+	var calls []string
+	ins := func(l int) {
 		for in := range NumInputs {
-			fwd = append(fwd, fmt.Sprintf("in %d %d", l, in))
+			calls = append(calls, fmt.Sprintf("in %d %d", l, in))
+		}
+	}
+	if !inRecompute {
+		for l := range L {
+			ins(l)
 		}
 	}
 	for l := L - 1; l >= 0; l-- {
+		if inRecompute {
+			ins(l)
+		}
 		for k := Matrix(NumMatrices - 1); k >= 0; k-- {
-			bwd = append(bwd, fmt.Sprintf("out %d %v", l, k))
+			calls = append(calls, fmt.Sprintf("out %d %v", l, k))
 		}
 	}
-	return append(fwd, bwd...)
+	return calls
 }
 
 // TestMatrixHooksMatchDense: a hook that computes dW = X^T dY from the
@@ -254,8 +265,9 @@ func wantCalls(L int) []string {
 // the model without hooks, and the dense gradients do not change either;
 // for a tied and an untied head; under every recompute setting, with and
 // without hooks, the gradients are those of the model that recomputes
-// nothing, to the bit, and the hooks see each input once (from the
-// forward, not from the recomputation).
+// nothing, to the bit, and the hooks see each input once (in the
+// forward, or under --recompute layer in the backward's recompute, which
+// hands over the recomputed input).
 func TestMatrixHooksMatchDense(t *testing.T) {
 	tied := hookCfg.clone()
 	tied.Tied, tied.KVHeads, tied.RopeScaling = true, 1, &RopeScaling{Type: "linear", Factor: 2}
@@ -269,8 +281,12 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 					plain := hookModel(t, be, cfg, dt, model.Options{})
 					plainRC := hookModel(t, be, cfg, dt, model.Options{Recompute: rc})
 					h := newDenseHook(t, be, cfg, hookB*hookT, dt)
+					// frozen: the same hooks with no dense gradient at all
+					// (lsp --dense-params frozen).
+					hf := newDenseHook(t, be, cfg, hookB*hookT, dt)
+					frozen := hookModel(t, be, cfg, dt, model.Options{MatrixGrads: hf, Recompute: rc, FrozenDense: true})
 					hooked := hookModel(t, be, cfg, dt, model.Options{MatrixGrads: h, Recompute: rc})
-					for _, m := range []*Model{plain, plainRC, hooked} {
+					for _, m := range []*Model{plain, plainRC, hooked, frozen} {
 						must(t, m.ZeroGrads(s))
 					}
 					for mb := range 2 {
@@ -278,9 +294,23 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 						sameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), microBatch(t, be, plainRC, mb, mb == 0), want)
 						got := microBatch(t, be, hooked, mb, mb == 1) // both call paths
 						sameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
+						sameBits(t, fmt.Sprintf("logits of micro-batch %d, frozen", mb), microBatch(t, be, frozen, mb, false), want)
 					}
-					if calls := wantCalls(cfg.NumLayers); !slices.Equal(h.calls, append(calls, calls...)) {
+					if calls := wantCalls(cfg.NumLayers, rc == model.RecomputeLayer); !slices.Equal(h.calls, append(calls, calls...)) {
 						t.Errorf("hook calls %v, want %v twice", h.calls, calls)
+					}
+					if !slices.Equal(hf.calls, h.calls) {
+						t.Errorf("frozen: hook calls %v, want %v", hf.calls, h.calls)
+					}
+					for i, p := range frozen.Layout() {
+						if _, ok := frozen.GradView(i); ok {
+							t.Errorf("frozen: %s has a gradient", p.Name)
+						}
+					}
+					for l := range cfg.NumLayers {
+						for k := range Matrix(NumMatrices) {
+							sameBits(t, fmt.Sprintf("frozen: hook grad %d %v", l, k), download(t, be, hf.dw[l][k]), download(t, be, h.dw[l][k]))
+						}
 					}
 					plainGrads := download(t, be, plain.Grads)
 					sameBits(t, "grads recomputing "+rc.String(), download(t, be, plainRC.Grads), plainGrads)

@@ -74,6 +74,11 @@ type Model struct {
 	be    backend.Backend
 	hooks model.MatrixGrads
 	rc    model.Recompute
+	// hooksInRecompute: the input hooks run in the backward's recompute,
+	// not in the forward (model.Options.HooksInRecompute).
+	hooksInRecompute bool
+	// frozen: no dense parameter has a gradient (model.Options.FrozenDense).
+	frozen bool
 
 	p, g       modelParams
 	acts       backend.Tensor // the single activation allocation (DType)
@@ -137,10 +142,18 @@ func (c Config) backwardScratch(B, T int) int {
 }
 
 // gradOffsets places the dense gradients: Layout order, matrices left out
-// when skip is set. n is the length of Grads.
-func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	if !skip {
+// under hooks; with FrozenDense the discard buffer instead
+// (model.FrozenGradOffsets: the norms, not the embedding and head, whose
+// gradients are not computed). n is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int) {
+	switch {
+	case opts.MatrixGrads == nil:
 		return model.GradOffsets(c.Layout(), nil)
+	case opts.FrozenDense:
+		head := 1 + c.NumLayers*perLayer + 1 // lm_head when untied
+		return model.FrozenGradOffsets(c.Layout(), func(i int) bool {
+			return c.isMatrix(i) || i == 0 || (!c.Tied && i == head)
+		})
 	}
 	return model.GradOffsets(c.Layout(), c.isMatrix)
 }
@@ -152,7 +165,7 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(hooked)
+	_, ng := c.gradOffsets(opts)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
 	return model.Memory{
@@ -187,10 +200,19 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 		return nil, fmt.Errorf("llama: unsupported recompute setting %v", opts.Recompute)
 	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute,
+		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
-	offs, ng := cfg.gradOffsets(hooked)
+	offs, ng := cfg.gradOffsets(opts)
 	m.GradOffsets = offs
+	if m.frozen {
+		// The discard buffer's views are the model's own: no parameter
+		// has a gradient for the engine.
+		m.GradOffsets = make([]int, len(offs))
+		for i := range m.GradOffsets {
+			m.GradOffsets[i] = -1
+		}
+	}
 	fail := func(what string, err error) (*Model, error) {
 		m.Free()
 		return nil, fmt.Errorf("llama: %s: %w", what, err)
@@ -341,7 +363,7 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 	if err := m.checkLayer("forward", l); err != nil {
 		return err
 	}
-	if err := model.Chain(m.forwardSteps(s, l, model.Output, true)...); err != nil {
+	if err := model.Chain(m.forwardSteps(s, l, model.Output, !m.hooksInRecompute)...); err != nil {
 		return fmt.Errorf("llama forward, layer %d: %w", l, err)
 	}
 	return nil
@@ -400,13 +422,14 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 }
 
 // recompute enqueues the part of block l's forward that --recompute did
-// not keep, from the kept block input and without the input hooks.
+// not keep, from the kept block input, with the input hooks when they
+// are called there (model.Options.HooksInRecompute).
 func (m *Model) recompute(s backend.Stream, l int) error {
 	last, ok := m.rc.Recomputed()
 	if !ok {
 		return nil
 	}
-	if err := model.Chain(m.forwardSteps(s, l, last, false)...); err != nil {
+	if err := model.Chain(m.forwardSteps(s, l, last, m.hooksInRecompute)...); err != nil {
 		return fmt.Errorf("recompute: %w", err)
 	}
 	return nil
@@ -466,7 +489,12 @@ func (m *Model) BackwardHead(s backend.Stream) error {
 	err := model.Chain(
 		// dlnf = dlogits head; dhead += dlogits^T lnf.
 		func() error { return be.Gemm(s, false, false, BT, C, c.Vocab, 1, m.Logits, m.p.head, 0, dlnf) },
-		func() error { return be.Gemm(s, true, false, c.Vocab, C, BT, 1, m.Logits, m.lnf, 1, m.g.head) },
+		func() error {
+			if m.frozen {
+				return nil // no gradient for a frozen head
+			}
+			return be.Gemm(s, true, false, c.Vocab, C, BT, 1, m.Logits, m.lnf, 1, m.g.head)
+		},
 		func() error { return be.Fill(s, m.dres, 0) },
 		func() error {
 			return be.RMSNormBackward(s, m.dres, m.g.norm, dlnf, m.layerInput(c.NumLayers), m.p.norm, m.rstdf, m.bwdScratch, BT, C)
@@ -556,6 +584,9 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 // BackwardEmbed enqueues the embedding's backward, after
 // BackwardLayer(0).
 func (m *Model) BackwardEmbed(s backend.Stream) error {
+	if m.frozen {
+		return nil // no gradient for a frozen embedding
+	}
 	if err := m.be.EncoderBackward(s, m.g.embed, backend.Tensor{}, m.dres, m.Inputs, m.B, m.T, m.Cfg.Hidden); err != nil {
 		return fmt.Errorf("llama backward, embeddings: %w", err)
 	}

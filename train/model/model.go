@@ -80,7 +80,10 @@ type MatrixGrads interface {
 	// right after X [BT, m] (input `in` of block l, Matrix.Input, in the
 	// model dtype) has been computed and before it is overwritten; once
 	// per input, before the first matrix that reads it. With hooks
-	// installed X is NOT kept for the backward.
+	// installed X is NOT kept for the backward. Under
+	// Options.HooksInRecompute it is called instead in block l's
+	// backward, from its recompute, and X then stays as it is until that
+	// backward's last OutputGrad.
 	Input(s backend.Stream, l, in int, X backend.Tensor) error
 	// OutputGrad is called during the backward pass with dY [BT, n] of
 	// matrix k of block l (in the model dtype, as every activation
@@ -102,9 +105,25 @@ type Options struct {
 	// gradients are in the model dtype, whatever GradDType is.
 	GradDType backend.DType
 	// Recompute drops activations in the forward and computes them again
-	// in each block's backward (without calling MatrixGrads.Input again:
-	// the hooks keep what they took in the first forward).
+	// in each block's backward. Under RecomputeLayer, which recomputes
+	// every matrix input, MatrixGrads.Input is called in the backward's
+	// recompute of the block instead of in the forward (so the hooks need
+	// not keep what they make of X for every block at once); under
+	// RecomputeAttn it is called in the forward, as without recompute.
 	Recompute Recompute
+	// FrozenDense, with MatrixGrads, gives the other ("dense") parameters
+	// no gradient either (lsp --dense-params frozen): GradView reports
+	// none, the embeddings' and head's gradients are not computed, and the
+	// small ones that ops compute with their input gradients (norm
+	// weights, biases) go to a discard buffer as long as one block's
+	// (FrozenGradOffsets), which Grads then is.
+	FrozenDense bool
+}
+
+// HooksInRecompute reports whether MatrixGrads.Input is called in the
+// backward's recompute rather than in the forward (Options.Recompute).
+func (o Options) HooksInRecompute() bool {
+	return o.MatrixGrads != nil && o.Recompute == RecomputeLayer
 }
 
 // Arch is a model architecture: the layout of its parameters, its memory
@@ -312,6 +331,28 @@ func GradOffsets(layout []Param, skip func(i int) bool) (offs []int, n int) {
 		}
 		offs[i] = n
 		n += p.Len()
+	}
+	return offs, n
+}
+
+// FrozenGradOffsets places the discard buffer of Options.FrozenDense: the
+// parameters skip does not report (the frozen ones whose gradients ops
+// compute anyway) block by block, each block's (and the parameters'
+// outside the blocks) from offset 0, since the blocks' backwards run one
+// after another on one stream and nothing reads what they write. Each op
+// still gets distinct memory for its outputs (a LayerNorm's weight and
+// bias gradients). n is the buffer's length in elements.
+func FrozenGradOffsets(layout []Param, skip func(i int) bool) (offs []int, n int) {
+	offs = make([]int, len(layout))
+	next := map[int]int{} // by Param.Layer
+	for i, p := range layout {
+		if skip(i) {
+			offs[i] = -1
+			continue
+		}
+		offs[i] = next[p.Layer]
+		next[p.Layer] += p.Len()
+		n = max(n, next[p.Layer])
 	}
 	return offs, n
 }
