@@ -11,6 +11,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // initLSP allocates lsp mode's state, once the model (which calls its
@@ -20,12 +21,22 @@ func (e *Engine) initLSP() error {
 		Backend: e.be, Stream: e.st.Compute, Model: e.Model, Index: e.idx,
 		B: e.b, T: e.t, DType: e.dt, Seed: e.cfg.Seed, Hyper: e.cfg.Hyper,
 		Workers: e.workers, SizeOnly: e.sizeOnly, SkipFlag: e.skipFlag,
-		HostSkip: e.hostSkip, HostAccess: e.hostAccess,
+		HostSkip: e.hostSkip, HostAccess: e.hostAccess, InFlight: e.lspInFlight(),
 	}
 	if err := e.lsp.Init(env, e.cfg.LSP); err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
 	return nil
+}
+
+// lspInFlight is which of lsp's per-block buffers the engine sizes for the
+// blocks in flight: A when the model hands the inputs over in the
+// backward's recompute.
+func (e *Engine) lspInFlight() lsp.InFlight { return lspInFlight(e.cfg) }
+
+func lspInFlight(cfg Config) lsp.InFlight {
+	opts := model.Options{MatrixGrads: (*lsp.State)(nil), Recompute: cfg.Recompute}
+	return lsp.InFlight{A: opts.HooksInRecompute()}
 }
 
 // addLSPDown adds, per layer from the last, the copy of its S and the

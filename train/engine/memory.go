@@ -208,7 +208,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
-		n := lsp.MemoryOf(x, cfg.LSP, B, T, dt)
+		n := lsp.MemoryOf(x, cfg.LSP, B, T, dt, lspInFlight(cfg))
 		p.Device = append(p.Device,
 			Part{"projectors, compressed activations, S", n.Storage},
 			Part{"lsp workspaces", n.Workspaces})

@@ -40,8 +40,29 @@ func inputSizes(m, d, r, BT int) (ints, floats int) {
 	return 2*m*r + (d + 1), 2*m*r + d*BT
 }
 
+// sharedA is the rows of the one A buffer of InFlight.A: the largest d of
+// any input.
+func sharedA(x *model.Index, c Config) int {
+	d, _ := Dims(x, c)
+	most := 0
+	for _, readers := range x.Readers {
+		most = max(most, d[readers[0]])
+	}
+	return most
+}
+
 func matrixSizes(n, d, r int) (ints, floats int) {
 	return 2*n*r + (d + 1), 2*n*r + d*d
+}
+
+// InFlight says which of a State's per-block buffers are sized for the
+// blocks in flight instead of for every block.
+type InFlight struct {
+	// A: the model hands each block's inputs over in its backward
+	// (model.Options.HooksInRecompute), so the compressed activations are
+	// made right before the matrices that read them and one buffer, as
+	// long as the largest input's, serves every input of every block.
+	A bool
 }
 
 // counts are the element counts of a State's storage.
@@ -51,14 +72,20 @@ type counts struct {
 	s2           int // the sum of d^2 over every matrix of every layer
 }
 
-func count(x *model.Index, c Config, BT int) counts {
+func count(x *model.Index, c Config, BT int, fl InFlight) counts {
 	d, r := Dims(x, c)
 	L := len(x.Blocks)
 	var n counts
 	for _, readers := range x.Readers {
 		k := readers[0]
 		i, f := inputSizes(x.Mats[k].M, d[k], r[k], BT)
+		if fl.A {
+			f -= d[k] * BT // the shared A, below
+		}
 		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+	}
+	if fl.A {
+		n.floats += sharedA(x, c) * BT
 	}
 	for k, mt := range x.Mats {
 		i, f := matrixSizes(mt.N, d[k], r[k])
@@ -92,10 +119,10 @@ type Memory struct {
 }
 
 // MemoryOf is the memory a State and its checks take for the model x with
-// micro-batches of B x T at dtype dt.
-func MemoryOf(x *model.Index, c Config, B, T int, dt backend.DType) Memory {
+// micro-batches of B x T at dtype dt, its buffers in flight as fl says.
+func MemoryOf(x *model.Index, c Config, B, T int, dt backend.DType, fl InFlight) Memory {
 	BT := B * T
-	n := count(x, c, BT)
+	n := count(x, c, BT, fl)
 	s2 := int64(n.s2)
 	b := Memory{
 		Storage:    4 * int64(n.ints+n.floats),

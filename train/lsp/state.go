@@ -5,6 +5,11 @@
 //
 //	forward:  A = P^T X^T          (d x BT, kept; X is not)
 //	backward: B = dY Q; S (+)= A B (d x d, fp32, summed over micro-batches)
+//
+// Under --recompute layer the model hands X over in each block's backward
+// instead (model.Options.HooksInRecompute): A is made there, right before
+// its readers, in one buffer that serves every block (InFlight.A).
+//
 //	d2h S -> host subspace Adam (d x d moments) -> Delta -> h2d into S's buffer
 //	apply:    W <- (1 - lr wd) W + P Delta Q^T, stochastically rounded (bf16)
 //
@@ -58,6 +63,9 @@ type Env struct {
 	// HostAccess declares host reads and writes of pinned memory to a
 	// backend that checks hazards (nil: none does).
 	HostAccess func(name string, reads, writes []backend.Range)
+	// InFlight says which buffers are sized for the blocks in flight
+	// (memory.go).
+	InFlight InFlight
 }
 
 // Input is one block input X (BT x m) that matrices read, with the
@@ -71,7 +79,11 @@ type Input struct {
 	// Device storage: P by row (apply) and by column (compress), and A.
 	pIdx, pColPtr, pRowIdx backend.Tensor // I32
 	pVal, pColVal          backend.Tensor // F32
-	A                      backend.Tensor // F32 [d,BT]
+	A                      backend.Tensor // F32 [d,BT]; with InFlight.A a view of the one shared buffer
+
+	// x is the input the model handed over, kept until the first reader's
+	// OutputGrad compresses it (InFlight.A).
+	x backend.Tensor
 
 	gain []float32 // P's per-column gains (Projector.Gains), for Delta's rows
 }
@@ -120,7 +132,11 @@ type State struct {
 	hostS  backend.HostBuffer
 	ramp   Ramp
 
-	micro      int // the micro-batch being run (0: S is written, not accumulated)
+	micro int // the micro-batch being run (0: S is written, not accumulated)
+	// sharedA is InFlight.A's one A buffer and aOf the input whose A it
+	// holds now (nil: none yet in this block's backward).
+	sharedA    backend.Tensor
+	aOf        *Input
 	calibLayer int // >= 0: calibration mode for that layer (check.go)
 	calib      *calibration
 	fitReserve backend.Tensor // the fit's device memory between checks (memory.go)
@@ -141,7 +157,7 @@ func (st *State) Init(env Env, c Config) error {
 	x, be := env.Index, env.Backend
 	BT, L := env.B*env.T, len(x.Blocks)
 	d, r := Dims(x, st.Config)
-	n := count(x, st.Config, BT)
+	n := count(x, st.Config, BT, env.InFlight)
 	var err error
 	if st.ints, err = be.Alloc("lsp projector indices", n.ints, backend.I32); err != nil {
 		return fmt.Errorf("lsp: %w", err)
@@ -156,6 +172,9 @@ func (st *State) Init(env Env, c Config) error {
 		return fmt.Errorf("lsp: %w", err)
 	}
 	ic, fc := &backend.Carver{T: st.ints}, &backend.Carver{T: st.floats}
+	if env.InFlight.A {
+		st.sharedA = fc.Next(sharedA(x, st.Config) * BT)
+	}
 	params := env.Model.Buffers().Params
 	hostBytes := 0
 	st.Mats = make([][]*Matrix, L)
@@ -185,7 +204,10 @@ func (st *State) Init(env Env, c Config) error {
 				in.pVal, in.pColVal = fc.Next(mt.M*r[k]), fc.Next(mt.M*r[k])
 			}
 			xm.qVal, xm.qColVal = fc.Next(mt.N*r[k]), fc.Next(mt.N*r[k])
-			if first {
+			switch {
+			case first && env.InFlight.A:
+				in.A = st.sharedA.Slice(0, d[k]*BT, d[k], BT)
+			case first:
 				in.A = fc.Next(d[k], BT)
 			}
 			xm.hostOff = hostBytes
@@ -302,12 +324,22 @@ func (st *State) upload(name string, p *Projector, idx, colPtr, rowIdx, val, col
 func (st *State) SetMicro(i int) { st.micro = i }
 
 // Input implements model.MatrixGrads: keep A = P^T X^T, once for the
-// matrices that read X.
+// matrices that read X; with InFlight.A (X handed over in the block's
+// backward, where it stays until the block's last OutputGrad) only note X:
+// OutputGrad compresses it into the shared buffer before its first reader.
 func (st *State) Input(s backend.Stream, l, in int, X backend.Tensor) error {
 	if st.calibLayer >= 0 {
 		return st.calib.input(s, l, in, X)
 	}
 	x := st.Inputs[l][in]
+	if st.env.InFlight.A {
+		x.x, st.aOf = X, nil
+		return nil
+	}
+	return st.compressA(s, x, X)
+}
+
+func (st *State) compressA(s backend.Stream, x *Input, X backend.Tensor) error {
 	return st.env.Backend.SparseCompressA(s, x.A, X, x.pColPtr, x.pRowIdx, x.pColVal, st.env.B*st.env.T, x.M, x.D)
 }
 
@@ -317,6 +349,17 @@ func (st *State) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 		return st.calib.outputGrad(s, l, k, dY)
 	}
 	x := st.Mats[l][k]
+	if st.env.InFlight.A && st.aOf != x.In {
+		// The first reader of its input in this backward (the readers of
+		// one input come one after another, so each A is made once).
+		if x.In.x.Buf == nil {
+			return fmt.Errorf("lsp: output gradient of %s before its input", x.Name)
+		}
+		if err := st.compressA(s, x.In, x.In.x); err != nil {
+			return err
+		}
+		st.aOf = x.In
+	}
 	be, BT := st.env.Backend, st.env.B*st.env.T
 	b := st.bWork.Slice(0, BT*x.D, BT, x.D)
 	if err := be.SparseCompressB(s, b, dY, x.qColPtr, x.qRowIdx, x.qColVal, BT, x.N, x.D); err != nil {
