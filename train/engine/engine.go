@@ -119,6 +119,11 @@ type Config struct {
 	// sums go through Comm on the host. The flag, the targets, the loss
 	// and zero mode's sharded host optimizer use Comm either way.
 	DeviceComm DeviceComm
+	// lspRing (for now): lsp's ring residency (lspInFlight).
+	lspRing bool
+	// slots (tests): lsp's device slots instead of lspSlots, so that a
+	// model of two blocks reuses them.
+	slots int
 	// replicateHost (tests): zero mode with several ranks all-reduces
 	// the gradients and runs the whole host Adam on every rank, the path
 	// before ZeRO's sharding (shard.go), to compare the two.
@@ -582,6 +587,10 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	L, BT := len(e.idx.Blocks), e.b*e.t
 	g := &Graph{}
 	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	var slots *lspSlotSched // lsp's blocks through device slots (lsp.go)
+	if e.lsp != nil {
+		slots = e.newLSPSlotSched(g, lr)
+	}
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
 	var agreed NodeID        // several ranks: the flag summed over ranks
 	var bwdEmbed NodeID
@@ -635,12 +644,19 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		}
 		for l := L - 1; l >= 0; l-- {
 			l := l
+			var deps []NodeID
+			if slots != nil {
+				deps = slots.before(i, l)
+			}
 			bwd[l] = g.Add(fmt.Sprintf("backward %d.%d", i, l), Compute, func(s backend.Stream) error {
 				if e.lsp != nil {
 					e.lsp.SetMicro(i)
 				}
 				return m.BackwardLayer(s, l)
-			})
+			}, deps...)
+			if slots != nil {
+				slots.after(i, l, bwd[l])
+			}
 		}
 		bwdEmbed = g.Add(fmt.Sprintf("backward %d.embed", i), Compute, func(s backend.Stream) error {
 			return m.BackwardEmbed(s)
@@ -678,7 +694,9 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		if e.off != nil && e.dp == nil {
 			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
 		}
-		lspAdam = e.addLSPDown(g, bwd, lr)
+		if slots == nil {
+			lspAdam = e.addLSPDown(g, bwd, lr)
+		}
 		if e.dp != nil {
 			if e.off != nil {
 				offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
@@ -695,7 +713,11 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		if e.off != nil {
 			e.off.addUp(g, offAdam)
 		}
-		e.addLSPUp(g, lspAdam, lr)
+		if slots == nil {
+			e.addLSPUp(g, lspAdam, lr)
+		} else {
+			slots.finish()
+		}
 	}
 	return g, nil
 }

@@ -239,6 +239,11 @@ func modesUnderTest() []struct {
 } {
 	lspDev, lspHost := testConfig(LSP), testConfig(LSP)
 	lspHost.DenseParams = DenseHost
+	// lsp-host also runs its blocks through one device slot
+	// (lsp.InFlight), so that two blocks reuse it: under --recompute
+	// layer with the projectors in the slot, and with several
+	// micro-batches summing S on the host.
+	lspHost.Recompute, lspHost.lspRing, lspHost.slots = model.RecomputeLayer, true, 1
 	return []struct {
 		name string
 		cfg  Config
@@ -303,6 +308,7 @@ func TestRecomputeBitIdentical(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/pipelined=%v", tc.name, pipelined), func(t *testing.T) {
 				cfg := tc.cfg
 				cfg.Pipelined = pipelined
+				cfg.Recompute = model.RecomputeNone
 				ref := newDeviceTrainer(t, cfg, tc.dt, 2, false, 0)
 				lr, pr := ref.run(t, steps), ref.params(t)
 				for _, rc := range []model.Recompute{model.RecomputeAttn, model.RecomputeLayer} {

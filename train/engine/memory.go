@@ -208,10 +208,10 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
-		n := lsp.MemoryOf(x, cfg.LSP, B, T, dt, lspInFlight(cfg))
+		n := lsp.MemoryOf(x, cfg.LSP, B, T, accum, dt, lspInFlight(cfg, accum))
 		p.Device = append(p.Device,
-			Part{"projectors, compressed activations, S", n.Storage},
-			Part{"lsp workspaces", n.Workspaces})
+			Part{"projectors", n.Projectors}, Part{"compressed activations (A)", n.A},
+			Part{"S and Delta", n.S}, Part{"lsp workspaces", n.Workspaces})
 		if !cfg.LSP.NoFit {
 			p.Device = append(p.Device, Part{"calibration", n.Calibration})
 			if n.Fit > 0 {
@@ -222,9 +222,12 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			}
 		}
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", n.HostS})
+		if n.HostProjectors > 0 {
+			p.Host = append(p.Host, Part{"projectors (pinned)", n.HostProjectors})
+		}
 		ckpt += n.Saved
 		p.CheckpointBytes += n.Saved + n.Views
-		p.LinkD2H, p.LinkH2D = p.LinkD2H+n.Link, p.LinkH2D+n.Link
+		p.LinkD2H, p.LinkH2D = p.LinkD2H+n.LinkDown, p.LinkH2D+n.LinkUp
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
 		switch cfg.DenseParams {
 		case DenseDevice:

@@ -34,10 +34,10 @@ func Dims(x *model.Index, c Config) (d, r []int) {
 	return d, r
 }
 
-// inputSizes are the element counts of one input's device storage (P
-// and A), matrixSizes those of one matrix's (Q and S).
-func inputSizes(m, d, r, BT int) (ints, floats int) {
-	return 2*m*r + (d + 1), 2*m*r + d*BT
+// inputSizes are the element counts of one input's projector P (by row
+// and by column), matrixSizes those of one matrix's Q.
+func inputSizes(m, d, r int) (ints, floats int) {
+	return 2*m*r + (d + 1), 2 * m * r
 }
 
 // sharedA is the rows of the one A buffer of InFlight.A: the largest d of
@@ -52,24 +52,52 @@ func sharedA(x *model.Index, c Config) int {
 }
 
 func matrixSizes(n, d, r int) (ints, floats int) {
-	return 2*n*r + (d + 1), 2*n*r + d*d
+	return 2*n*r + (d + 1), 2 * n * r
 }
 
 // InFlight says which of a State's per-block buffers are sized for the
-// blocks in flight instead of for every block.
+// blocks in flight instead of for every block (docs/DESIGN.md, "LSP as
+// implemented": memory).
 type InFlight struct {
 	// A: the model hands each block's inputs over in its backward
 	// (model.Options.HooksInRecompute), so the compressed activations are
 	// made right before the matrices that read them and one buffer, as
 	// long as the largest input's, serves every input of every block.
 	A bool
+	// Slots > 0: each block's S lives in one of Slots device slots
+	// (block l in slot l % Slots) from its backward until its update is
+	// applied, and the engine schedules each block's apply before the
+	// backward that takes its slot next. 0: every block's S stays on the
+	// device.
+	Slots int
+	// Projectors, with A and Slots: the projectors live in the slots too,
+	// uploaded from a pinned copy before each backward of their block
+	// (the forward no longer reads them).
+	Projectors bool
+	// HostSum: with Slots and several micro-batches, each micro-batch's
+	// S goes down as soon as its block is done and the host sums them in
+	// fp32 (SumS); otherwise S is summed on the device.
+	HostSum bool
+}
+
+// projectorSlots reports whether the projectors live in the slots.
+func (fl InFlight) projectorSlots() bool { return fl.Projectors && fl.A && fl.Slots > 0 }
+
+// blocks is the number of blocks of L that device storage is sized for:
+// the slots, or every block.
+func (fl InFlight) blocks(inSlots bool, L int) int {
+	if inSlots {
+		return fl.Slots
+	}
+	return L
 }
 
 // counts are the element counts of a State's storage.
 type counts struct {
-	ints, floats int // every projector (int32; float32), A and S
-	dmax, nmax   int // the largest d and n: the workspaces are BT x dmax and dmax x nmax
-	s2           int // the sum of d^2 over every matrix of every layer
+	pInts, pFloats int // one block's projectors (int32; float32)
+	sBlock         int // one block's S: the sum of d^2 over its matrices
+	a              int // A: every input of every block, or the shared buffer
+	dmax, nmax     int // the largest d and n: the workspaces are BT x dmax and dmax x nmax
 }
 
 func count(x *model.Index, c Config, BT int, fl InFlight) counts {
@@ -78,20 +106,18 @@ func count(x *model.Index, c Config, BT int, fl InFlight) counts {
 	var n counts
 	for _, readers := range x.Readers {
 		k := readers[0]
-		i, f := inputSizes(x.Mats[k].M, d[k], r[k], BT)
-		if fl.A {
-			f -= d[k] * BT // the shared A, below
-		}
-		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+		i, f := inputSizes(x.Mats[k].M, d[k], r[k])
+		n.pInts, n.pFloats = n.pInts+i, n.pFloats+f
+		n.a += L * d[k] * BT
 	}
 	if fl.A {
-		n.floats += sharedA(x, c) * BT
+		n.a = sharedA(x, c) * BT
 	}
 	for k, mt := range x.Mats {
 		i, f := matrixSizes(mt.N, d[k], r[k])
-		n.ints, n.floats = n.ints+L*i, n.floats+L*f
+		n.pInts, n.pFloats = n.pInts+i, n.pFloats+f
 		n.dmax, n.nmax = max(n.dmax, d[k]), max(n.nmax, mt.N)
-		n.s2 += L * d[k] * d[k]
+		n.sBlock += d[k] * d[k]
 	}
 	return n
 }
@@ -99,19 +125,22 @@ func count(x *model.Index, c Config, BT int, fl InFlight) counts {
 // Memory is the memory of a State and of its checks, by part, as Init
 // and Check allocate it.
 type Memory struct {
-	// Storage is every projector (both storages), A and S on the device;
-	// Workspaces the B and apply workspaces.
-	Storage, Workspaces int64
+	// Projectors is every projector on the device (both storages) or
+	// those of the slots; A the compressed activations; S the blocks' S
+	// (then Delta); Workspaces the B and apply workspaces.
+	Projectors, A, S, Workspaces int64
 	// Calibration is the check's buffers (one layer's inputs and full
 	// gradients); Fit the fit's reservation and FitStaging its pinned
 	// host staging. All three are 0 with NoFit, Fit and FitStaging also
 	// when checks redraw instead of fitting.
 	Calibration, Fit, FitStaging int64
-	// HostS is S/Delta in pinned memory and the subspace moments.
-	HostS int64
-	// Link is the bytes of S that go down per step, and of Delta that
-	// come up.
-	Link int64
+	// HostS is S/Delta in pinned memory and the subspace moments, with
+	// InFlight.HostSum the fp32 sums too; HostProjectors the projectors'
+	// pinned copy that the slots are filled from (0 without).
+	HostS, HostProjectors int64
+	// LinkDown is the bytes of S that go down per step; LinkUp those of
+	// Delta and of the projectors uploaded into the slots that come up.
+	LinkDown, LinkUp int64
 	// Saved is what State.Save makes for a checkpoint (the indices as
 	// fp32 and the counters); Views what it returns without copying (the
 	// projector values and the moments).
@@ -119,16 +148,29 @@ type Memory struct {
 }
 
 // MemoryOf is the memory a State and its checks take for the model x with
-// micro-batches of B x T at dtype dt, its buffers in flight as fl says.
-func MemoryOf(x *model.Index, c Config, B, T int, dt backend.DType, fl InFlight) Memory {
-	BT := B * T
+// micro-batches of B x T (accum per step) at dtype dt, its buffers in
+// flight as fl says.
+func MemoryOf(x *model.Index, c Config, B, T, accum int, dt backend.DType, fl InFlight) Memory {
+	BT, L := B*T, len(x.Blocks)
 	n := count(x, c, BT, fl)
-	s2 := int64(n.s2)
+	s2 := int64(L * n.sBlock)
+	proj := 4 * int64(n.pInts+n.pFloats) // one block's
 	b := Memory{
-		Storage:    4 * int64(n.ints+n.floats),
+		Projectors: int64(fl.blocks(fl.projectorSlots(), L)) * proj,
+		A:          4 * int64(n.a),
+		S:          4 * int64(fl.blocks(fl.Slots > 0, L)*n.sBlock),
 		Workspaces: 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax)),
 		HostS:      12 * s2,
-		Link:       4 * s2,
+		LinkDown:   4 * s2,
+		LinkUp:     4 * s2,
+	}
+	if fl.HostSum {
+		b.HostS += 4 * s2
+		b.LinkDown *= int64(accum)
+	}
+	if fl.projectorSlots() {
+		b.HostProjectors = int64(L) * proj
+		b.LinkUp += int64(accum) * b.HostProjectors
 	}
 	if !c.NoFit {
 		b.Calibration = calibrationBytes(x, BT, dt)

@@ -125,12 +125,23 @@ type State struct {
 	Config Config
 
 	env    Env
-	ints   backend.Tensor // every projector's int32 storage
-	floats backend.Tensor // every projector's values, A and S
-	bWork  backend.Tensor // B = dY Q, [BT, dmax]
-	tWork  backend.Tensor // the apply's T = Delta Q^T, [dmax, nmax]
-	hostS  backend.HostBuffer
-	ramp   Ramp
+	ints   backend.Tensor // the projectors' int32 storage: every block's, or the slots'
+	floats backend.Tensor // the projectors' values: every block's, or the slots'
+	aBuf   backend.Tensor // A: every input's of every block, or the shared buffer
+	sBuf   backend.Tensor // S: every block's, or the slots'
+	// blockInts and blockFloats are block l's projector storage on the
+	// device (a slot's with projectors in slots); mirror holds every
+	// block's as pinned host memory, ints first, that fills the slots
+	// (nil when the projectors stay on the device).
+	blockInts, blockFloats []backend.Tensor
+	mirror                 backend.HostBuffer
+	// sums are each layer's S summed over a step's micro-batches on the
+	// host (InFlight.HostSum), matrix after matrix as in hostS.
+	sums  [][]float32
+	bWork backend.Tensor // B = dY Q, [BT, dmax]
+	tWork backend.Tensor // the apply's T = Delta Q^T, [dmax, nmax]
+	hostS backend.HostBuffer
+	ramp  Ramp
 
 	micro int // the micro-batch being run (0: S is written, not accumulated)
 	// sharedA is InFlight.A's one A buffer and aOf the input whose A it
@@ -157,23 +168,35 @@ func (st *State) Init(env Env, c Config) error {
 	x, be := env.Index, env.Backend
 	BT, L := env.B*env.T, len(x.Blocks)
 	d, r := Dims(x, st.Config)
-	n := count(x, st.Config, BT, env.InFlight)
+	fl := env.InFlight
+	n := count(x, st.Config, BT, fl)
+	pBlocks, sBlocks := fl.blocks(fl.projectorSlots(), L), fl.blocks(fl.Slots > 0, L)
 	var err error
-	if st.ints, err = be.Alloc("lsp projector indices", n.ints, backend.I32); err != nil {
-		return fmt.Errorf("lsp: %w", err)
+	for _, a := range []struct {
+		t    *backend.Tensor
+		name string
+		n    int
+		dt   backend.DType
+	}{
+		{&st.ints, "lsp projector indices", pBlocks * n.pInts, backend.I32},
+		{&st.floats, "lsp projector values", pBlocks * n.pFloats, backend.F32},
+		{&st.aBuf, "lsp A", n.a, backend.F32},
+		{&st.sBuf, "lsp S", sBlocks * n.sBlock, backend.F32},
+		{&st.bWork, "lsp B workspace", BT * n.dmax, backend.F32},
+		{&st.tWork, "lsp apply workspace", n.dmax * n.nmax, backend.F32},
+	} {
+		if *a.t, err = be.Alloc(a.name, a.n, a.dt); err != nil {
+			return fmt.Errorf("lsp: %w", err)
+		}
 	}
-	if st.floats, err = be.Alloc("lsp projectors, A and S", n.floats, backend.F32); err != nil {
-		return fmt.Errorf("lsp: %w", err)
+	if fl.projectorSlots() {
+		if st.mirror, err = be.AllocHost("lsp projectors (pinned)", 4*L*(n.pInts+n.pFloats)); err != nil {
+			return fmt.Errorf("lsp: %w", err)
+		}
 	}
-	if st.bWork, err = be.Alloc("lsp B workspace", BT*n.dmax, backend.F32); err != nil {
-		return fmt.Errorf("lsp: %w", err)
-	}
-	if st.tWork, err = be.Alloc("lsp apply workspace", n.dmax*n.nmax, backend.F32); err != nil {
-		return fmt.Errorf("lsp: %w", err)
-	}
-	ic, fc := &backend.Carver{T: st.ints}, &backend.Carver{T: st.floats}
-	if env.InFlight.A {
-		st.sharedA = fc.Next(sharedA(x, st.Config) * BT)
+	ac := &backend.Carver{T: st.aBuf}
+	if fl.A {
+		st.sharedA = ac.Next(sharedA(x, st.Config) * BT)
 	}
 	params := env.Model.Buffers().Params
 	hostBytes := 0
@@ -181,7 +204,19 @@ func (st *State) Init(env Env, c Config) error {
 	st.Inputs = make([][]*Input, L)
 	st.layerNorm = make([]float64, L)
 	st.skipped = make([]bool, L)
+	st.blockInts, st.blockFloats = make([]backend.Tensor, L), make([]backend.Tensor, L)
 	for l := 0; l < L; l++ {
+		pb, sb := l, l
+		if fl.projectorSlots() {
+			pb = l % fl.Slots
+		}
+		if fl.Slots > 0 {
+			sb = l % fl.Slots
+		}
+		st.blockInts[l] = st.ints.Slice(pb*n.pInts, n.pInts)
+		st.blockFloats[l] = st.floats.Slice(pb*n.pFloats, n.pFloats)
+		ic, fc := &backend.Carver{T: st.blockInts[l]}, &backend.Carver{T: st.blockFloats[l]}
+		sc := &backend.Carver{T: st.sBuf.Slice(sb*n.sBlock, n.sBlock)}
 		st.Inputs[l] = make([]*Input, x.Inputs)
 		for k, mt := range x.Mats {
 			pi := x.MatParam[l][k]
@@ -205,10 +240,10 @@ func (st *State) Init(env Env, c Config) error {
 			}
 			xm.qVal, xm.qColVal = fc.Next(mt.N*r[k]), fc.Next(mt.N*r[k])
 			switch {
-			case first && env.InFlight.A:
+			case first && fl.A:
 				in.A = st.sharedA.Slice(0, d[k]*BT, d[k], BT)
 			case first:
-				in.A = fc.Next(d[k], BT)
+				in.A = ac.Next(d[k], BT)
 			}
 			xm.hostOff = hostBytes
 			hostBytes += d[k] * d[k] * 4
@@ -220,7 +255,13 @@ func (st *State) Init(env Env, c Config) error {
 		// A layer's S follow each other, so that with several ranks one
 		// collective sums them (LayerS).
 		for _, xm := range st.Mats[l] {
-			xm.S = fc.Next(xm.D, xm.D)
+			xm.S = sc.Next(xm.D, xm.D)
+		}
+	}
+	if fl.HostSum && !env.SizeOnly {
+		st.sums = make([][]float32, L)
+		for l := range st.sums {
+			st.sums[l] = make([]float32, n.sBlock)
 		}
 	}
 	if st.hostS, err = be.AllocHost("lsp S and Delta", hostBytes); err != nil {
@@ -243,13 +284,15 @@ func (st *State) Free() {
 	if be == nil {
 		return // never initialised
 	}
-	for _, t := range []backend.Tensor{st.ints, st.floats, st.bWork, st.tWork} {
+	for _, t := range []backend.Tensor{st.ints, st.floats, st.aBuf, st.sBuf, st.bWork, st.tWork} {
 		if t.Buf != nil {
 			be.Free(t)
 		}
 	}
-	if st.hostS != nil {
-		be.FreeHost(st.hostS)
+	for _, h := range []backend.HostBuffer{st.hostS, st.mirror} {
+		if h != nil {
+			be.FreeHost(h)
+		}
 	}
 	if st.calib != nil {
 		st.calib.free()
@@ -286,19 +329,26 @@ func (st *State) Draw() error {
 	return nil
 }
 
-// uploadP copies an input's projector P (both storages) to the device.
+// uploadP copies an input's projector P (both storages) to the device,
+// or to the pinned copy that fills the slots.
 func (st *State) uploadP(in *Input) error {
 	in.gain = in.P.Gains()
-	return st.upload(in.Mats[0].Name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
+	x := in.Mats[0]
+	return st.upload(x.L, x.Name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
 }
 
-// uploadQ copies a matrix's projector Q (both storages) to the device.
+// uploadQ copies a matrix's projector Q (both storages) to the device, or
+// to the pinned copy that fills the slots.
 func (st *State) uploadQ(x *Matrix) error {
 	x.gain = x.Q.Gains()
-	return st.upload(x.Name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
+	return st.upload(x.L, x.Name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
 }
 
-func (st *State) upload(name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) error {
+func (st *State) upload(l int, name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) error {
+	if st.mirror != nil {
+		st.mirrorProjector(l, name, p, idx, colPtr, rowIdx, val, colVal)
+		return nil
+	}
 	be, s := st.env.Backend, st.env.Stream
 	for _, u := range []struct {
 		t backend.Tensor
@@ -318,6 +368,65 @@ func (st *State) upload(name string, p *Projector, idx, colPtr, rowIdx, val, col
 	}
 	return nil
 }
+
+// mirrorProjector writes projector p of block l into the pinned copy, at
+// the place of its device views in the block's storage (between steps:
+// no copy reads the pinned copy then).
+func (st *State) mirrorProjector(l int, name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) {
+	ints, floats := st.mirrorInts(l), st.mirrorFloats(l)
+	iBase, fBase := st.blockInts[l].Off, st.blockFloats[l].Off
+	var writes []backend.Range
+	for _, u := range []struct {
+		t backend.Tensor
+		v []int32
+	}{{idx, p.Idx}, {colPtr, p.ColPtr}, {rowIdx, p.RowIdx}} {
+		copy(ints[u.t.Off-iBase:], u.v)
+		writes = append(writes, hazard.HostRange(st.mirror, 4*(st.mirrorIntsOff(l)+u.t.Off-iBase), 4*len(u.v)))
+	}
+	for _, u := range []struct {
+		t backend.Tensor
+		v []float32
+	}{{val, p.Val}, {colVal, p.ColVal}} {
+		copy(floats[u.t.Off-fBase:], u.v)
+		writes = append(writes, hazard.HostRange(st.mirror, 4*(st.mirrorFloatsOff(l)+u.t.Off-fBase), 4*len(u.v)))
+	}
+	if st.env.HostAccess != nil {
+		st.env.HostAccess("lsp projectors of "+name, nil, writes)
+	}
+}
+
+// The pinned copy holds every block's projector indices, then every
+// block's values, each block's laid out as its device storage.
+func (st *State) mirrorIntsOff(l int) int { return l * st.blockInts[l].Len() }
+func (st *State) mirrorFloatsOff(l int) int {
+	return len(st.Mats)*st.blockInts[l].Len() + l*st.blockFloats[l].Len()
+}
+func (st *State) mirrorInts(l int) []int32 {
+	o := st.mirrorIntsOff(l)
+	return st.mirror.Int32()[o : o+st.blockInts[l].Len()]
+}
+func (st *State) mirrorFloats(l int) []float32 {
+	o := st.mirrorFloatsOff(l)
+	return st.mirror.Float32()[o : o+st.blockFloats[l].Len()]
+}
+
+// UploadProjectors enqueues on s (the host-to-device stream) the copy of
+// block l's projectors from the pinned copy into its slot, before each of
+// its backwards; nothing when the projectors stay on the device.
+func (st *State) UploadProjectors(s backend.Stream, l int) error {
+	if st.mirror == nil {
+		return nil
+	}
+	be := st.env.Backend
+	if err := be.CopyH2D(s, st.blockInts[l], st.mirror, 4*st.mirrorIntsOff(l)); err != nil {
+		return err
+	}
+	return be.CopyH2D(s, st.blockFloats[l], st.mirror, 4*st.mirrorFloatsOff(l))
+}
+
+// ProjectorsInSlots reports whether the projectors are uploaded into
+// their block's slot before each backward (UploadProjectors).
+func (st *State) ProjectorsInSlots() bool { return st.mirror != nil }
 
 // SetMicro says which micro-batch of the step runs next: the first writes
 // S, the later ones add to it.
@@ -365,7 +474,8 @@ func (st *State) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 	if err := be.SparseCompressB(s, b, dY, x.qColPtr, x.qRowIdx, x.qColVal, BT, x.N, x.D); err != nil {
 		return err
 	}
-	return be.SparseS(s, x.S, x.In.A, b, BT, x.D, st.micro > 0)
+	// With HostSum every micro-batch's S goes down on its own.
+	return be.SparseS(s, x.S, x.In.A, b, BT, x.D, st.micro > 0 && !st.env.InFlight.HostSum)
 }
 
 // LR is matrix x's learning rate at step (1-based) for the run's lr,
@@ -418,7 +528,19 @@ func (st *State) AdamWork(l int) (elems, tensors, bytes int64) {
 	for _, x := range st.Mats[l] {
 		elems += int64(x.D * x.D)
 	}
+	if st.env.InFlight.HostSum {
+		per += 12 // the last micro-batch's S added to the sum: both read, S written
+	}
 	return elems, int64(len(st.Mats[l])), elems * per
+}
+
+// SumWork is SumS on layer l, for a planner: the elements and the bytes
+// it reads and writes (the pinned S read, the fp32 sum read and written).
+func (st *State) SumWork(l int) (elems, bytes int64) {
+	for _, x := range st.Mats[l] {
+		elems += int64(x.D * x.D)
+	}
+	return elems, 12 * elems
 }
 
 // CopyUp enqueues on s (the host-to-device stream) the copy of layer l's
@@ -432,6 +554,30 @@ func (st *State) CopyUp(s backend.Stream, l int) error {
 		if err := st.env.Backend.CopyH2D(s, x.S, st.hostS, x.hostOff); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// SumS adds layer l's S of micro-batch micro, in the pinned buffer after
+// CopyDown, to the layer's fp32 sum on the host (InFlight.HostSum; the
+// first micro-batch's starts it). It runs on a host goroutine, before the
+// next micro-batch's copy of the layer overwrites the pinned S; HostAdam
+// adds the last micro-batch's.
+func (st *State) SumS(l, micro int) error {
+	if st.sums == nil {
+		return fmt.Errorf("lsp: SumS without InFlight.HostSum")
+	}
+	h, off, n := st.HostS(l)
+	if st.env.HostAccess != nil {
+		st.env.HostAccess(fmt.Sprintf("sum S %d.%d", micro, l), []backend.Range{hazard.HostRange(h, off, 4*n)}, nil)
+	}
+	src, sum := h.Float32()[off/4:off/4+n], st.sums[l]
+	if micro == 0 {
+		copy(sum, src)
+		return nil
+	}
+	for i, v := range src {
+		sum[i] += v
 	}
 	return nil
 }
@@ -453,6 +599,15 @@ func (st *State) HostAdam(l, step int, lr float64) error {
 		st.env.HostAccess(node, rs, rs)
 	}
 	all := st.hostS.Float32()
+	if st.sums != nil {
+		// The last micro-batch's S plus the earlier ones' sum, in the
+		// order the device would have summed them.
+		_, off, n := st.HostS(l)
+		last := all[off/4 : off/4+n]
+		for i, v := range st.sums[l] {
+			last[i] = v + last[i]
+		}
+	}
 	ts := make([]host.AdamTensor, 0, len(st.Mats[l]))
 	for _, x := range st.Mats[l] {
 		// Weight decay is the apply's (on W), not the subspace Adam's.
