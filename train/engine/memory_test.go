@@ -259,3 +259,44 @@ func TestHostPeak(t *testing.T) {
 		t.Errorf("empty plan's HostPeak = %d", got)
 	}
 }
+
+// TestInFlightDropsWhatThePlanDrops: each way of holding less on the
+// device (no gradients for frozen dense parameters; lsp's S, A and
+// projectors for the blocks in flight only) lowers the arena's
+// high-water mark of a real run by exactly the bytes the plan drops,
+// against the configuration that holds them, in the same run.
+func TestInFlightDropsWhatThePlanDrops(t *testing.T) {
+	device, frozen := testConfig(LSP), testConfig(LSP)
+	frozen.DenseParams = DenseFrozen
+	whole, ring := testConfig(LSP), testConfig(LSP)
+	whole.Recompute, ring.Recompute = model.RecomputeLayer, model.RecomputeLayer
+	ring.lspRing, ring.slots = true, 1
+	for _, tc := range []struct {
+		name       string
+		held, less Config
+		accum      int
+	}{
+		{"lsp frozen dense params", device, frozen, 1},
+		{"lsp ring, one micro-batch", whole, ring, 1},
+		{"lsp ring, S summed on the host", whole, ring, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pred, hw [2]int64
+			for i, cfg := range []Config{tc.held, tc.less} {
+				plan, err := MemoryOf(small, testB, testT, tc.accum, backend.F32, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := newTrainer(t, cfg, backend.F32, tc.accum, cpu.Config{Threads: 2})
+				tr.run(t, 2)
+				pred[i], hw[i] = plan.DeviceTotal(), tr.be.MemStats().HighWater
+			}
+			if pred[1] >= pred[0] {
+				t.Errorf("the plan drops nothing: %d bytes, %d holding", pred[1], pred[0])
+			}
+			if saved, measured := pred[0]-pred[1], hw[0]-hw[1]; saved != measured {
+				t.Errorf("the plan drops %d bytes, the arena %d (high-water %d against %d)", saved, measured, hw[1], hw[0])
+			}
+		})
+	}
+}

@@ -84,10 +84,10 @@ type InFlight struct {
 func (fl InFlight) projectorSlots() bool { return fl.Projectors && fl.A && fl.Slots > 0 }
 
 // blocks is the number of blocks of L that device storage is sized for:
-// the slots, or every block.
+// the slots (no more than the blocks), or every block.
 func (fl InFlight) blocks(inSlots bool, L int) int {
 	if inSlots {
-		return fl.Slots
+		return min(fl.Slots, L)
 	}
 	return L
 }
