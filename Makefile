@@ -108,6 +108,17 @@ test-kill:
 		$(GO) test -count=1 -v -run 'TestKillNamedPoints|TestKillRandom' ./cmd/lsp-train/ >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log; else grep -E '^(--- |ok)|kills|seed' $$log; fi; rm -f $$log; exit $$rc
 
+# `make mem-paper-shape`: the device memory plan against a real step at
+# the paper's 1.3B shape (train's TestPaperShapeDeviceMem):
+# deepseek-coder-1.3b, random weights, lsp mode, bf16, --d 512 --r 16,
+# --recompute layer, --dense-params frozen, 2 x 1024 tokens, one step on
+# the CPU backend with --device-mem set to the plan; the backend's
+# high-water mark must equal the plan. Not in `make test`: several
+# minutes on 2 cores and about 10 GiB of memory.
+.PHONY: mem-paper-shape
+mem-paper-shape:
+	LSP_PAPER_SHAPE=1 $(GO) test -count=1 -v -timeout 90m -run '^TestPaperShapeDeviceMem$$' ./train/
+
 test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test cudasim-nccl-test
 
 # `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags

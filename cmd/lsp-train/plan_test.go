@@ -27,6 +27,10 @@ func TestPlanCommand(t *testing.T) {
 	}{
 		{"gpt2-xl on the laptop", []string{"--model", "gpt2-xl", "--gpu", "a1000-laptop", "--batch", "1", "--seq-len", "512"},
 			[]string{"NVIDIA RTX A1000 Laptop 4 GB", "== native ==", "== zero ==", "== lsp ==", "does NOT fit", "tokens/s", "critical path", "overlap"}},
+		// The paper's 1.3B shape on the 16 GB card, from the config alone.
+		{"deepseek-coder-1.3b on the 4060 Ti", []string{"--model", filepath.Join("..", "..", "train", "plan", "testdata", "deepseek-coder-1.3b-base"),
+			"--gpu", "rtx4060ti-16gb", "--mode", "lsp", "--dense-params", "frozen", "--batch", "2", "--seq-len", "1024"},
+			[]string{"NVIDIA GeForce RTX 4060 Ti 16 GB", "PCIe 4.0 x8", "== lsp =="}},
 		{"llama-7b on the 4090", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--timeline", filepath.Join(dir, "tl.png")},
 			[]string{"RTX 4090", "6.74B parameters", "host memory", "S/Delta and subspace moments", "timeline: " + filepath.Join(dir, "tl-lsp.png")}},
 		{"one mode, sequential, overrides", []string{"--model", "tiny", "--seq-len", "16", "--mode", "zero", "--schedule", "sequential",

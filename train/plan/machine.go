@@ -182,6 +182,20 @@ var GPUs = map[string]GPU{
 	// dense fp16/bf16 tensor with fp32 accumulate.
 	// https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf
 	"rtx4090": {Name: "NVIDIA GeForce RTX 4090 24 GB", Memory: 24 * gib, PeakF32: 82.6 * tf, PeakBF16: 165.2 * tf, MemBW: 1008 * gb},
+	// NVIDIA GeForce RTX 4060 Ti 16 GB (AD106, a 16 GB desktop card):
+	// 34 SMs, 4352 CUDA cores at 2535 MHz boost, 16 GB GDDR6 on 128 bits
+	// (NVIDIA's RTX 4060 family specifications,
+	// https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4060-4060ti/);
+	// 18 Gbps x 128 bits = 288 GB/s and a PCIe 4.0 x8 link (third-party
+	// spec tables and reviews; NVIDIA's page gives neither). fp32 = 4352
+	// x 2 x 2.535 GHz = 22.06 TFLOPS. The Ada whitepaper has no table for
+	// this card, so bf16 is the RTX 4090's rate per SM and clock from the
+	// table above: 165.2 TFLOPS / (128 SMs x 2.52 GHz) = 512 dense flops
+	// of bf16 tensor with fp32 accumulate, so 34 x 2.535 GHz x 512 = 44.1
+	// TFLOPS. (The 88 TFLOPS sometimes quoted is fp16 accumulate, which
+	// GeForce runs at twice the fp32-accumulate rate and training does
+	// not use.) Derived figures, not datasheet ones.
+	"rtx4060ti-16gb": {Name: "NVIDIA GeForce RTX 4060 Ti 16 GB", Memory: 16 * gib, PeakF32: 22.06 * tf, PeakBF16: 44.1 * tf, MemBW: 288 * gb},
 	// NVIDIA RTX A1000 Laptop GPU (GA107, the paper's 4 GB laptop GPU):
 	// 2048 CUDA cores and 64 tensor cores at up to 1680 MHz boost (NVIDIA
 	// RTX professional laptop GPU line card,
@@ -220,6 +234,10 @@ var Links = map[string]Link{
 	"pcie3-peak": {Name: "PCIe 3.0 x16 (theoretical 15.75 GB/s)", H2D: 15.75 * gb, D2H: 15.75 * gb, Latency: 10e-6},
 	"pcie4-peak": {Name: "PCIe 4.0 x16 (theoretical 31.5 GB/s)", H2D: 31.5 * gb, D2H: 31.5 * gb, Latency: 10e-6},
 	"pcie5-peak": {Name: "PCIe 5.0 x16 (theoretical 63 GB/s)", H2D: 63 * gb, D2H: 63 * gb, Latency: 10e-6},
+
+	// x8 (the RTX 4060 Ti's link): half the lanes, half the bytes.
+	"pcie4-x8":      {Name: "PCIe 4.0 x8 (80% of 15.75 GB/s)", H2D: 0.8 * 15.75 * gb, D2H: 0.8 * 15.75 * gb, Latency: 10e-6},
+	"pcie4-x8-peak": {Name: "PCIe 4.0 x8 (theoretical 15.75 GB/s)", H2D: 15.75 * gb, D2H: 15.75 * gb, Latency: 10e-6},
 }
 
 // Hosts are the host presets, by name. Bandwidths are channels x 8 bytes
@@ -243,11 +261,12 @@ var Hosts = map[string]Host{
 
 // defaults pairs each GPU with the link and host it usually comes with.
 var defaults = map[string][2]string{
-	"rtx4090":      {"pcie4", "desktop"},
-	"a1000-laptop": {"pcie4", "laptop"},
-	"a100-40gb":    {"pcie4", "server"},
-	"a100-80gb":    {"pcie4", "server"},
-	"h100":         {"pcie5", "server"},
+	"rtx4090":        {"pcie4", "desktop"},
+	"rtx4060ti-16gb": {"pcie4-x8", "desktop"},
+	"a1000-laptop":   {"pcie4", "laptop"},
+	"a100-40gb":      {"pcie4", "server"},
+	"a100-80gb":      {"pcie4", "server"},
+	"h100":           {"pcie5", "server"},
 }
 
 // Preset is the machine of a GPU preset with its usual link and host

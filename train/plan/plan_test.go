@@ -150,6 +150,25 @@ func TestPresetsValid(t *testing.T) {
 	}
 }
 
+// TestPreset4060Ti: the 16 GB card comes with its x8 link, half of x16's
+// bytes per second, and the desktop host.
+func TestPreset4060Ti(t *testing.T) {
+	m, err := Preset("rtx4060ti-16gb", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.GPU.Memory != 16<<30 {
+		t.Errorf("memory %d bytes, want 16 GiB", m.GPU.Memory)
+	}
+	x16 := Links["pcie4"]
+	if m.Link.H2D != x16.H2D/2 || m.Link.D2H != x16.D2H/2 {
+		t.Errorf("link %+v, want half of pcie4's %+v", m.Link, x16)
+	}
+	if m.Host != Hosts["desktop"] {
+		t.Errorf("host %s, want the desktop", m.Host.Name)
+	}
+}
+
 // TestPlanSchedules: on tiny, the sequential schedule is the sum of the
 // tasks, the pipelined one no longer and, in zero mode, shorter.
 func TestPlanSchedules(t *testing.T) {
