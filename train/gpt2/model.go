@@ -209,13 +209,15 @@ func (c Config) backwardScratch(B, T int) int {
 	return max(backend.LayerNormBackwardScratch(B*T, c.C), backend.AttentionBackwardScratch(B, T, c.NH))
 }
 
-// gradOffsets places the dense gradients: Layout order, matrices left out
-// when skip is set. n is the length of Grads.
-func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	if !skip {
-		return model.GradOffsets(c.Layout(), nil)
+// gradOffsets places the dense gradients (model.GradLayout): Layout
+// order, or a ring with opts.GradSlots; matrices left out under hooks. n
+// is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
+	var skip func(int) bool
+	if opts.MatrixGrads != nil {
+		skip = c.isMatrix
 	}
-	return model.GradOffsets(c.Layout(), c.isMatrix)
+	return model.GradLayout(c.Layout(), c.L, opts, skip)
 }
 
 // Memory predicts the device bytes New allocates for a batch of B x T.
@@ -230,7 +232,8 @@ func (c Config) Memory(B, T int, dt backend.DType) model.Memory {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(hooked)
+	// An error is the family's own layout's, which NewModel reports.
+	_, ng, _ := c.gradOffsets(opts)
 	BT := int64(B * T)
 	return model.Memory{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
@@ -285,9 +288,11 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
 	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
-	offs, ng := cfg.gradOffsets(hooked)
+	offs, ng, err := cfg.gradOffsets(opts)
+	if err != nil {
+		return nil, fmt.Errorf("gpt2: gradients: %w", err)
+	}
 	m.GradOffsets = offs
-	var err error
 	free := func() { m.Free() }
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
 		return nil, fmt.Errorf("gpt2: parameters: %w", err)

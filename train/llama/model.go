@@ -136,13 +136,15 @@ func (c Config) backwardScratch(B, T int) int {
 	return max(backend.RMSNormBackwardScratch(B*T, c.Hidden), backend.AttentionBackwardScratch(B, T, c.Heads))
 }
 
-// gradOffsets places the dense gradients: Layout order, matrices left out
-// when skip is set. n is the length of Grads.
-func (c Config) gradOffsets(skip bool) (offs []int, n int) {
-	if !skip {
-		return model.GradOffsets(c.Layout(), nil)
+// gradOffsets places the dense gradients (model.GradLayout): Layout
+// order, or a ring with opts.GradSlots; matrices left out under hooks. n
+// is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
+	var skip func(int) bool
+	if opts.MatrixGrads != nil {
+		skip = c.isMatrix
 	}
-	return model.GradOffsets(c.Layout(), c.isMatrix)
+	return model.GradLayout(c.Layout(), c.NumLayers, opts, skip)
 }
 
 // MemoryWith predicts the device bytes New allocates, exactly. With hooks,
@@ -152,7 +154,8 @@ func (c Config) gradOffsets(skip bool) (offs []int, n int) {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(hooked)
+	// An error is the family's own layout's, which NewModel reports.
+	_, ng, _ := c.gradOffsets(opts)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
 	return model.Memory{
@@ -189,13 +192,15 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	hooked := opts.MatrixGrads != nil
 	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute}
 	m.ParamLayout = cfg.Layout()
-	offs, ng := cfg.gradOffsets(hooked)
+	offs, ng, err := cfg.gradOffsets(opts)
+	if err != nil {
+		return nil, fmt.Errorf("llama: gradients: %w", err)
+	}
 	m.GradOffsets = offs
 	fail := func(what string, err error) (*Model, error) {
 		m.Free()
 		return nil, fmt.Errorf("llama: %s: %w", what, err)
 	}
-	var err error
 	if m.Params, err = be.Alloc("params", cfg.NumParams(), dt); err != nil {
 		return fail("parameters", err)
 	}
