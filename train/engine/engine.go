@@ -108,6 +108,10 @@ type Config struct {
 	// Recompute drops activations in the forward and recomputes them in
 	// the backward (--recompute): less device memory, the same results.
 	Recompute model.Recompute
+	// GradResidency keeps zero mode's gradients whole on the device or in
+	// a ring of per-group slots (ring.go); auto and "" are whole here
+	// (the caller resolves auto against its device budget).
+	GradResidency GradResidency
 	// Comm is the group of ranks that train together (dp.go); nil or a
 	// one-rank communicator trains alone.
 	Comm comm.Communicator
@@ -141,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.GradDType != backend.F32 && c.GradDType != backend.BF16 {
 		errs = append(errs, fmt.Errorf("--grad-dtype: %v is not fp32 or bf16", c.GradDType))
+	}
+	if err := c.checkResidency(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Recompute > model.RecomputeLayer {
 		errs = append(errs, fmt.Errorf("--recompute: %v is not none, attn or layer", c.Recompute))
@@ -188,6 +195,7 @@ type Engine struct {
 
 	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
+	ring  *gradRing    // zero with --grad-residency ring
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lsp.State   // lsp
 	dp    *dp          // several ranks (dp.go); nil alone
@@ -242,6 +250,9 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		}
 	}()
 	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute}
+	if cfg.ring() {
+		opts.GradSlots = ringSlots
+	}
 	if cfg.Mode == LSP {
 		e.lsp = new(lsp.State)
 		opts.MatrixGrads = e.lsp
@@ -285,6 +296,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	case Zero:
 		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
 			return nil, err
+		}
+		if cfg.ring() {
+			if e.ring, err = newRing(e); err != nil {
+				return nil, err
+			}
 		}
 	case LSP:
 		if err := e.initLSP(); err != nil {
@@ -374,6 +390,7 @@ func (e *Engine) Free() error {
 	if e.off != nil {
 		e.off.free()
 	}
+	e.ring.free()
 	e.dpg.free(e.be)
 	e.dp.free(e.be)
 	if e.lossFlag.Buf != nil {
@@ -580,7 +597,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	m, be, bufs := e.Model, e.be, e.Model.Buffers()
 	L, BT := len(e.idx.Blocks), e.b*e.t
 	g := &Graph{}
-	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	var ring *ringStep // zero mode's gradient ring (ring.go): no whole gradient to zero
+	if e.ring != nil {
+		ring = e.ring.addZero(g)
+	} else {
+		g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	}
 	bwd := make([]NodeID, L) // each layer's backward in the last micro-batch
 	var agreed NodeID        // several ranks: the flag summed over ranks
 	var bwdEmbed NodeID
@@ -616,6 +638,9 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 					return err
 				}
 			}
+			if ring != nil {
+				return nil // the head's backward is a node of the ring's
+			}
 			return m.BackwardHead(s)
 		})
 		if i == e.accum-1 {
@@ -631,6 +656,10 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 					agreed = e.addFlag(g, d2h)
 				}
 			}
+		}
+		if ring != nil {
+			e.ring.addMicro(g, ring, i)
+			continue
 		}
 		for l := L - 1; l >= 0; l-- {
 			l := l
@@ -655,7 +684,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		}
 		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
-		adam := e.off.addDown(g, bwd, bwdEmbed, lr)
+		var adam []NodeID
+		if ring != nil {
+			adam = e.ring.addAdam(g, ring, lr)
+		} else {
+			adam = e.off.addDown(g, bwd, bwdEmbed, lr)
+		}
 		if e.dp != nil {
 			e.addFlagUp(g, agreed) // the losses' flag, read back after the step
 		}
