@@ -23,8 +23,8 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
-	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
