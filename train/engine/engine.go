@@ -6,6 +6,8 @@
 //	zero:   grads of each layer go device-to-host as soon as the layer's
 //	        backward is done; CPU Adam on fp32 master weights and moments
 //	        on the host; the new weights come back host-to-device.
+//	        With --grad-residency ring (ring.go) the device holds a few
+//	        groups' gradients at a time, each micro-batch's going down.
 //	lsp:    the block matrices go through learned sparse projectors
 //	        (train/lsp, scheduled by lsp.go): S = P^T G Q (d x d) down,
 //	        subspace Adam on the host, Delta up, W += P Delta Q^T applied
