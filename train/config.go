@@ -73,6 +73,12 @@ type Config struct {
 	Recompute     model.Recompute    // --recompute: none, attn or layer (activations recomputed in the backward)
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
+	// GradResidency is --grad-residency: where zero mode keeps the
+	// gradients on the device, whole or in a ring of per-group slots;
+	// auto: whole when the run's plan fits --device-mem, the ring
+	// otherwise (ResolveGradResidency).
+	GradResidency engine.GradResidency
+
 	OnNonFinite NonFinite // --on-nonfinite: stop (the default) or skip a step whose loss is NaN or infinite
 	MaxSkips    int       // --max-skips: with skip, the most steps skipped in a row; one more stops the run
 
@@ -97,7 +103,7 @@ func Defaults() Config {
 		Model: "tiny", Data: "builtin:sort", Batch: 32, SeqLen: 24, GradAccum: 1,
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
-		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out",
+		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
@@ -265,6 +271,13 @@ func (c Config) Validate() error {
 			errs = append(errs, flagErr("dense-params", "%v", err))
 		}
 	}
+	if c.GradResidency != "" { // "": auto, as in a Config not from Defaults
+		if _, err := engine.ParseGradResidency(string(c.GradResidency)); err != nil {
+			errs = append(errs, flagErr("grad-residency", "%v", err))
+		}
+	}
+	check(c.GradResidency != engine.ResidencyRing || c.Mode != engine.Native, "grad-residency",
+		"ring is zero's and lsp's (their host Adam takes the gradients, or S, block by block); --mode %s keeps its gradients whole on the device", c.Mode)
 	if _, err := ParseSchedule(string(c.Schedule)); err != nil {
 		errs = append(errs, flagErr("schedule", "%v", err))
 	}
@@ -297,7 +310,7 @@ func (c Config) Validate() error {
 func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 	return engine.Config{
 		GradDType: c.GradDType, Mode: c.Mode, DenseParams: c.denseParams(fromCheckpoint), Pipelined: c.Schedule != Sequential, Seed: c.Seed,
-		Recompute: c.Recompute,
+		Recompute: c.Recompute, GradResidency: c.GradResidency,
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,

@@ -47,6 +47,43 @@ func MemoryOfRanks(mc model.Spec, c Config, ranks int) (Memory, error) {
 	return memoryOf(mc, c, src, err == nil && src != "", nil, ranks)
 }
 
+// ResolveGradResidency returns c with --grad-residency auto resolved for
+// one rank of ranks on a device of budget bytes (0: unlimited): zero
+// mode keeps the whole gradient on the device when the plan with it
+// fits, and a ring of per-group slots otherwise (engine/ring.go: less
+// device memory for the gradients going down once per micro-batch, and
+// a host sum that zero's host Adam, the bottleneck with several
+// micro-batches, pays for). lsp always takes the ring (S and the
+// projectors of the blocks in flight, lsp.InFlight): the same bits, and
+// its traffic, d x d per matrix down and sparse projectors up per
+// micro-batch, hides behind the backward (plan: within 2% of the step).
+// Several ranks, and native, keep it whole.
+func ResolveGradResidency(mc model.Spec, c Config, ranks int, budget int64) (Config, error) {
+	_, src, err := catalog.Resolve(c.Model)
+	return resolveGradResidency(mc, c, src, err == nil && src != "", ranks, budget)
+}
+
+func resolveGradResidency(mc model.Spec, c Config, src string, fromCheckpoint bool, ranks int, budget int64) (Config, error) {
+	if c.GradResidency != engine.ResidencyAuto && c.GradResidency != "" {
+		return c, nil
+	}
+	c.GradResidency = engine.ResidencyWhole
+	if c.Mode == engine.LSP && ranks == 1 {
+		c.GradResidency = engine.ResidencyRing
+	}
+	if c.Mode != engine.Zero || ranks > 1 || budget <= 0 {
+		return c, nil
+	}
+	whole, err := memoryOf(mc, c, src, fromCheckpoint, nil, ranks)
+	if err != nil {
+		return c, err
+	}
+	if whole.DeviceTotal() > budget {
+		c.GradResidency = engine.ResidencyRing
+	}
+	return c, nil
+}
+
 // goHeapHeadroom is the Go heap garbage a run lets build up between
 // collections once set up (boundGarbage), with the compute kernels'
 // pooled scratch: a host part of every plan.
@@ -119,13 +156,17 @@ func datasetBytes(ds *data.Dataset) int64 {
 // --device-mem, or above --host-mem (by default the machine's available
 // memory), before anything is allocated.
 func (r *run) checkMemory() error {
-	cfg := r.cfg
+	cfg, err := resolveGradResidency(r.mc, r.cfg, r.src, r.fromCheckpoint, r.world.size(), r.cfg.DeviceMem)
+	if err != nil {
+		return err
+	}
+	r.cfg = cfg // the engine is built with the residency resolved
 	plan, err := memoryOf(r.mc, cfg, r.src, r.fromCheckpoint, r.ds, r.world.size())
 	if err != nil {
 		return err
 	}
 	r.memory = plan
-	r.log.Info("memory plan", "mode", cfg.Mode, "device_bytes", plan.DeviceTotal(), "host_peak_bytes", plan.HostPeak(),
+	r.log.Info("memory plan", "mode", cfg.Mode, "grad_residency", cfg.GradResidency, "device_bytes", plan.DeviceTotal(), "host_peak_bytes", plan.HostPeak(),
 		"link_bytes_per_step", plan.LinkD2H+plan.LinkH2D, "detail", plan.String())
 	if cfg.DeviceMem > 0 && plan.DeviceTotal() > cfg.DeviceMem {
 		hint := "lower --batch or --seq-len, use --mode lsp (or zero), or a smaller model"

@@ -203,3 +203,61 @@ func TestMemAvailable(t *testing.T) {
 		t.Errorf("memAvailable() of a missing file says it knows")
 	}
 }
+
+// TestResolveGradResidency: --grad-residency auto keeps zero mode's whole
+// gradient on the device when the run's plan fits --device-mem (or there
+// is no budget), the ring otherwise; lsp takes the ring (the same bits,
+// its traffic hidden); several ranks keep it whole, and a residency given
+// is kept.
+func TestResolveGradResidency(t *testing.T) {
+	c := Defaults()
+	c.Mode = engine.Zero
+	mc, _, err := ResolveModel(c.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := MemoryOf(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := whole.DeviceTotal()
+	lspc := c
+	lspc.Mode = engine.LSP
+	given := c
+	given.GradResidency = engine.ResidencyWhole
+	for _, tc := range []struct {
+		name   string
+		c      Config
+		ranks  int
+		budget int64
+		want   engine.GradResidency
+	}{
+		{"no budget", c, 1, 0, engine.ResidencyWhole},
+		{"fits", c, 1, need, engine.ResidencyWhole},
+		{"one byte short", c, 1, need - 1, engine.ResidencyRing},
+		{"two ranks", c, 2, need - 1, engine.ResidencyWhole},
+		{"lsp", lspc, 1, 0, engine.ResidencyRing},
+		{"lsp, two ranks", lspc, 2, 0, engine.ResidencyWhole},
+		{"given", given, 1, 1, engine.ResidencyWhole},
+	} {
+		got, err := ResolveGradResidency(mc, tc.c, tc.ranks, tc.budget)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GradResidency != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got.GradResidency, tc.want)
+		}
+	}
+	c.GradResidency = engine.ResidencyRing
+	ring, err := MemoryOf(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ring.DeviceTotal() >= need {
+		t.Errorf("the ring's plan needs %d bytes of the device, the whole gradient's %d", ring.DeviceTotal(), need)
+	}
+	c.Mode = engine.Native
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--grad-residency") {
+		t.Errorf("ring in native mode: error %v, want one naming --grad-residency", err)
+	}
+}

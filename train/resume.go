@@ -109,6 +109,11 @@ type resumeAllowed struct {
 	// Recomputation runs the forward's ops again on the same inputs: the
 	// same bits (TestRecomputeBitIdentical), less memory.
 	Recompute model.Recompute `flag:"recompute"`
+	// Where zero mode's gradients wait on the device: the same bits with
+	// one micro-batch or fp32 gradients (engine TestRingMatchesWhole);
+	// with bf16 gradients and several micro-batches the ring sums them
+	// in fp32 on the host, one bf16 rounding fewer per micro-batch.
+	GradResidency engine.GradResidency `flag:"grad-residency"`
 	// Where the ranks sum: both paths sum in rank order, the same bits
 	// (engine TestDataParallelNCCL).
 	Collectives Collectives `flag:"collectives"`

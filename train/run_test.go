@@ -24,6 +24,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -432,5 +433,31 @@ func TestDeviceMemExact(t *testing.T) {
 		if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err == nil {
 			t.Fatalf("%s, recompute %v: budget one byte below the plan was accepted", dt, tc.rc)
 		}
+	}
+}
+
+// TestGradResidencyRun: a zero-mode run whose whole gradient does not fit
+// --device-mem resolves --grad-residency auto to the ring, trains within
+// the budget, and (one micro-batch) ends where the whole gradient's run
+// does, bit for bit.
+func TestGradResidencyRun(t *testing.T) {
+	c := quickConfig(t, "tiny")
+	c.Mode, c.Steps, c.EvalEvery = engine.Zero, 3, 0
+	mc, _, err := ResolveModel(c.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := MemoryOf(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := mustRun(t, context.Background(), c, Options{})
+	c.Out = filepath.Join(t.TempDir(), "out")
+	// One byte below the whole plan: checkMemory would refuse the run
+	// unless auto chose the ring.
+	c.DeviceMem = whole.DeviceTotal() - 1
+	res := mustRun(t, context.Background(), c, Options{})
+	if math.Float64bits(res.TrainLoss) != math.Float64bits(ref.TrainLoss) {
+		t.Errorf("ring run's final loss %v, the whole gradient's %v", res.TrainLoss, ref.TrainLoss)
 	}
 }

@@ -75,6 +75,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Collectives, "collectives", "`WHERE` several ranks (mpirun) sum lsp's S and the device AdamW's gradients: nccl (on the GPUs), host (copied to pinned memory, over MPI) or auto (nccl on the CUDA backend when libnccl.so.2 loads, else host)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
 	fs.Var(&c.Recompute, "recompute", "`WHAT` the backward recomputes instead of keeping from the forward: none, attn (each block's attention) or layer (all of each block but its output); less device memory for more compute, the same results (lsp-train plan says which a model needs)")
+	fs.Var(&c.GradResidency, "grad-residency", "zero and lsp: `WHERE` the gradients (lsp: S and the projectors) wait on the device: whole (all of them, for the step), ring (a few blocks' at a time, each copied down as its backward ends: less device memory, the gradients or S down once per micro-batch, lsp's projectors up once per micro-batch under --recompute layer) or auto (whole when it fits --device-mem)")
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.Var(&c.OnNonFinite, "on-nonfinite", "`ACTION` on a step whose loss is NaN or infinite: stop (without saving that step) or skip (update nothing, go on with the next batch)")
 	fs.IntVar(&c.MaxSkips, "max-skips", c.MaxSkips, "with --on-nonfinite skip, the most steps skipped in a row; one more stops the run")
@@ -141,6 +142,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"schedule", groupOffload},
 	{"collectives", groupDevice},
 	{"recompute", groupOffload},
+	{"grad-residency", groupOffload},
 	{"link-bandwidth", groupOffload},
 	{"out", groupOutput},
 	{"overwrite", groupOutput},

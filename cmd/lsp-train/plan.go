@@ -37,6 +37,7 @@ type planOptions struct {
 	dtype, gradDType      string
 	mode, dense, schedule string
 	recompute             string
+	gradResidency         string
 	d, r                  int
 	fit                   bool
 	gpu, link, host       string
@@ -57,7 +58,7 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
-		schedule: "pipelined", recompute: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -71,6 +72,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
+	fs.StringVar(&o.gradResidency, "grad-residency", o.gradResidency, "zero and lsp: `WHERE` the gradients (lsp: S and the projectors) wait on the device: whole, ring (a few blocks' at a time, copied down per micro-batch) or auto (whole when it fits the GPU's memory)")
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
@@ -117,6 +119,9 @@ type planJob struct {
 	// device, chosen per mode.
 	recompute model.Recompute
 	auto      bool
+	// residency is --grad-residency (zero's and lsp's; native keeps the
+	// whole gradient); auto is resolved per recompute setting.
+	residency engine.GradResidency
 	machine   plan.Machine
 	cpu       bool // --gpu cpu: machine is built by cpuMachine
 }
@@ -172,6 +177,9 @@ func (o planOptions) parse() (planJob, error) {
 		j.auto = true
 	} else if j.recompute, err = model.ParseRecompute(o.recompute); err != nil {
 		bad("recompute", "%v (or auto)", err)
+	}
+	if j.residency, err = engine.ParseGradResidency(o.gradResidency); err != nil {
+		bad("grad-residency", "%v", err)
 	}
 	if o.schedule != "pipelined" && o.schedule != "sequential" {
 		bad("schedule", "unknown schedule %q (want pipelined or sequential)", o.schedule)
@@ -244,6 +252,9 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
 	c.Schedule, c.Device, c.Recompute = train.Schedule(o.schedule), device.CUDA, j.recompute
 	c.Collectives = train.Collectives(o.collectives)
+	if c.GradResidency = j.residency; mode == engine.Native {
+		c.GradResidency = engine.ResidencyWhole
+	}
 	if j.cpu {
 		c.Device, c.Threads, c.LinkBandwidth = device.CPU, o.threads, int64(o.linkBandwidth)
 		if c.Collectives == train.CollectivesAuto {
@@ -299,7 +310,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	settings := make([]model.Recompute, len(j.modes))
 	for i, mode := range j.modes {
 		tc := o.trainConfig(j, mode)
-		mems, err := recomputePlans(j.spec, tc, m.Ranks)
+		mems, residencies, err := recomputePlans(j.spec, tc, m.Ranks, m.GPU.Memory)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
@@ -309,6 +320,8 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 		settings[i] = tc.Recompute
 		mem := mems[tc.Recompute]
+		auto := tc.GradResidency == engine.ResidencyAuto
+		tc.GradResidency = residencies[tc.Recompute]
 		c := plan.Config{Arch: j.spec, B: o.batch, T: o.seqLen, Accum: o.accum, DType: j.dt, Engine: train.EngineConfig(tc), Memory: &mem,
 			DeviceCollectives: tc.Collectives != train.CollectivesHost}
 		r, err := plan.Plan(c, m)
@@ -318,6 +331,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		reports[i] = r
 		printReport(stdout, mode, r, m)
 		printRecompute(stdout, mems, tc.Recompute, need, someInBudget, j.auto)
+		if mode != engine.Native {
+			if err := printResidency(stdout, j.spec, tc, m, mem, auto, o.accum); err != nil {
+				return fmt.Errorf("%s: %w", mode, err)
+			}
+		}
 		if o.timeline != "" {
 			path := o.timeline
 			if len(j.modes) > 1 {
@@ -413,18 +431,78 @@ func (o planOptions) cpuMachine(j planJob, stdout io.Writer) (plan.Machine, erro
 }
 
 // recomputePlans is the memory plan of c (one rank of ranks) under each
-// recompute setting, by setting.
-func recomputePlans(spec model.Spec, c train.Config, ranks int) ([]engine.Memory, error) {
+// recompute setting, by setting, with the gradient residency of each
+// (--grad-residency auto resolved against a device of budget bytes).
+func recomputePlans(spec model.Spec, c train.Config, ranks int, budget int64) ([]engine.Memory, []engine.GradResidency, error) {
 	plans := make([]engine.Memory, len(model.Recomputes))
+	residencies := make([]engine.GradResidency, len(model.Recomputes))
 	for _, rc := range model.Recomputes {
 		c.Recompute = rc
-		p, err := train.MemoryOfRanks(spec, c, ranks)
+		rcfg, err := train.ResolveGradResidency(spec, c, ranks, budget)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		plans[rc] = p
+		p, err := train.MemoryOfRanks(spec, rcfg, ranks)
+		if err != nil {
+			return nil, nil, err
+		}
+		plans[rc], residencies[rc] = p, rcfg.GradResidency
 	}
-	return plans, nil
+	return plans, residencies, nil
+}
+
+// printResidency says where zero mode's gradients (lsp's S and
+// projectors) wait on the device and what the other residency would
+// need: the ring's saving of device memory, and its cost, the gradients
+// (S) down once per micro-batch, the host's fp32 accumulator (sums) and
+// lsp's projectors up once per micro-batch.
+func printResidency(w io.Writer, spec model.Spec, c train.Config, m plan.Machine, used engine.Memory, auto bool, accum int) error {
+	other := c
+	other.GradResidency = engine.ResidencyWhole
+	if c.GradResidency != engine.ResidencyRing {
+		other.GradResidency = engine.ResidencyRing
+	}
+	what := "gradients"
+	if c.Mode == engine.LSP {
+		what = "S and projectors"
+	}
+	if m.Ranks > 1 && other.GradResidency == engine.ResidencyRing {
+		fmt.Fprintf(w, "%s (--grad-residency %s): whole on the device (the ring is for one rank)\n", what, c.GradResidency)
+		return nil
+	}
+	alt, err := train.MemoryOfRanks(spec, other, m.Ranks)
+	if err != nil {
+		return err
+	}
+	whole, ring := alt, used
+	if c.GradResidency != engine.ResidencyRing {
+		whole, ring = used, alt
+	}
+	how := "--grad-residency " + c.GradResidency.String()
+	if auto {
+		how = "auto: " + c.GradResidency.String()
+	}
+	var acc int64
+	for _, p := range ring.Host {
+		if p.Name == "ring grad accumulator" || p.Name == "S sums (fp32)" {
+			acc = p.Bytes
+		}
+	}
+	fmt.Fprintf(w, "%s (%s): the ring keeps %s less on the device (%s against whole's %s)",
+		what, how, gibs(whole.DeviceTotal()-ring.DeviceTotal()), gibs(ring.DeviceTotal()), gibs(whole.DeviceTotal()))
+	if ring.LinkD2H == whole.LinkD2H {
+		fmt.Fprintf(w, " for the same %s down per step", gibs(ring.LinkD2H))
+	} else {
+		fmt.Fprintf(w, "; it sends %s down per step instead of %s (each of the %d micro-batches' %s)", gibs(ring.LinkD2H), gibs(whole.LinkD2H), accum, what)
+	}
+	if ring.LinkH2D != whole.LinkH2D {
+		fmt.Fprintf(w, ", %s up instead of %s (the projectors, uploaded for each micro-batch's backward)", gibs(ring.LinkH2D), gibs(whole.LinkH2D))
+	}
+	if acc > 0 {
+		fmt.Fprintf(w, " and sums them on the host in a %s fp32 accumulator, read and written once per micro-batch", gibs(acc))
+	}
+	fmt.Fprintln(w)
+	return nil
 }
 
 // leastRecompute is the first recompute setting whose plan fits a

@@ -44,6 +44,14 @@ func TestPlanCommand(t *testing.T) {
 		// per step and their time, in the summary.
 		{"data parallel", []string{"--model", "gpt2", "--ranks", "2", "--net", "10gbe", "--dense-params", "frozen"},
 			[]string{"data parallelism: 2 ranks", "10 Gb Ethernet", "network: 474.70 MiB sent", "network: 48.00 MiB sent", "net/step"}},
+		// deepseek-coder 1.3B in 4 GB: zero's whole gradient does not
+		// fit, its ring does, at the same planned step time.
+		{"zero grad ring auto", []string{"--model", "../../train/plan/testdata/deepseek-coder-1.3b-base", "--gpu", "a1000-laptop", "--mode", "zero",
+			"--batch", "2", "--seq-len", "1024", "--recompute", "layer"},
+			[]string{"gradients (auto: ring): the ring keeps 2.26 GiB less on the device (3.26 GiB against whole's 5.53 GiB)", "3.26 GiB", "yes"}},
+		{"zero grad whole", []string{"--model", "../../train/plan/testdata/deepseek-coder-1.3b-base", "--gpu", "a1000-laptop", "--mode", "zero",
+			"--batch", "2", "--seq-len", "1024", "--recompute", "layer", "--grad-residency", "whole", "--grad-accum", "2"},
+			[]string{"gradients (--grad-residency whole)", "5.02 GiB down per step instead of 2.51 GiB", "fp32 accumulator", "no (device)"}},
 		{"llama-7b recompute none", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048", "--recompute", "none"},
 			[]string{"recompute (--recompute none)", "needs --recompute layer to fit", "does NOT fit", "no (device)"}},
 	} {
@@ -121,6 +129,7 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad mode", []string{"--mode", "fast"}, []string{"--mode:", "fast"}},
 		{"bad schedule", []string{"--schedule", "eager"}, []string{"--schedule:", "eager"}},
 		{"bad recompute", []string{"--recompute", "mlp"}, []string{"--recompute:", "mlp", "none, attn or layer (or auto)"}},
+		{"bad grad residency", []string{"--grad-residency", "some"}, []string{"--grad-residency:", "some", "auto, whole or ring"}},
 		{"bad ranks", []string{"--ranks", "0"}, []string{"--ranks:", "0, want at least 1"}},
 		{"bad net", []string{"--ranks", "2", "--net", "token-ring"}, []string{"--net:", "token-ring", "10gbe"}},
 		{"bad dense params", []string{"--dense-params", "gpu"}, []string{"--dense-params:", "gpu"}},

@@ -6,6 +6,8 @@
 //	zero:   grads of each layer go device-to-host as soon as the layer's
 //	        backward is done; CPU Adam on fp32 master weights and moments
 //	        on the host; the new weights come back host-to-device.
+//	        With --grad-residency ring (ring.go) the device holds a few
+//	        groups' gradients at a time, each micro-batch's going down.
 //	lsp:    the block matrices go through learned sparse projectors
 //	        (train/lsp, scheduled by lsp.go): S = P^T G Q (d x d) down,
 //	        subspace Adam on the host, Delta up, W += P Delta Q^T applied
@@ -108,6 +110,12 @@ type Config struct {
 	// Recompute drops activations in the forward and recomputes them in
 	// the backward (--recompute): less device memory, the same results.
 	Recompute model.Recompute
+	// GradResidency keeps zero mode's gradients whole on the device or in
+	// a ring of per-group slots (ring.go), and with ring lsp's projectors
+	// and, over several micro-batches, its S in slots too (lspInFlight);
+	// auto and "" are whole here (the caller resolves auto against its
+	// device budget).
+	GradResidency GradResidency
 	// Comm is the group of ranks that train together (dp.go); nil or a
 	// one-rank communicator trains alone.
 	Comm comm.Communicator
@@ -119,8 +127,6 @@ type Config struct {
 	// sums go through Comm on the host. The flag, the targets, the loss
 	// and zero mode's sharded host optimizer use Comm either way.
 	DeviceComm DeviceComm
-	// lspRing (for now): lsp's ring residency (lspInFlight).
-	lspRing bool
 	// slots (tests): lsp's device slots instead of lspSlots, so that a
 	// model of two blocks reuses them.
 	slots int
@@ -146,6 +152,9 @@ func (c Config) Validate() error {
 	}
 	if c.GradDType != backend.F32 && c.GradDType != backend.BF16 {
 		errs = append(errs, fmt.Errorf("--grad-dtype: %v is not fp32 or bf16", c.GradDType))
+	}
+	if err := c.checkResidency(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Recompute > model.RecomputeLayer {
 		errs = append(errs, fmt.Errorf("--recompute: %v is not none, attn or layer", c.Recompute))
@@ -193,6 +202,7 @@ type Engine struct {
 
 	opt   *optim.AdamW // native: every parameter
 	off   *offload     // zero, and lsp with --dense-params host
+	ring  *gradRing    // zero with --grad-residency ring
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lsp.State   // lsp
 	dp    *dp          // several ranks (dp.go); nil alone
@@ -247,6 +257,9 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		}
 	}()
 	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute}
+	if cfg.ring() {
+		opts.GradSlots = ringSlots
+	}
 	if cfg.Mode == LSP {
 		e.lsp = new(lsp.State)
 		opts.MatrixGrads = e.lsp
@@ -291,6 +304,11 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	case Zero:
 		if e.off, err = newOffload(e, groupsAll(idx)); err != nil {
 			return nil, err
+		}
+		if cfg.ring() {
+			if e.ring, err = newRing(e); err != nil {
+				return nil, err
+			}
 		}
 	case LSP:
 		if err := e.initLSP(); err != nil {
@@ -380,6 +398,7 @@ func (e *Engine) Free() error {
 	if e.off != nil {
 		e.off.free()
 	}
+	e.ring.free()
 	e.dpg.free(e.be)
 	e.dp.free(e.be)
 	if e.lossFlag.Buf != nil {
@@ -586,7 +605,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	m, be, bufs := e.Model, e.be, e.Model.Buffers()
 	L, BT := len(e.idx.Blocks), e.b*e.t
 	g := &Graph{}
-	g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	var ring *ringStep // zero mode's gradient ring (ring.go): no whole gradient to zero
+	if e.ring != nil {
+		ring = e.ring.addZero(g)
+	} else {
+		g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+	}
 	var slots *lspSlotSched // lsp's blocks through device slots (lsp.go)
 	if e.lsp != nil {
 		slots = e.newLSPSlotSched(g, lr)
@@ -626,6 +650,9 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 					return err
 				}
 			}
+			if ring != nil {
+				return nil // the head's backward is a node of the ring's
+			}
 			return m.BackwardHead(s)
 		})
 		if i == e.accum-1 {
@@ -641,6 +668,10 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 					agreed = e.addFlag(g, d2h)
 				}
 			}
+		}
+		if ring != nil {
+			e.ring.addMicro(g, ring, i)
+			continue
 		}
 		for l := L - 1; l >= 0; l-- {
 			l := l
@@ -672,7 +703,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 		}
 		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
 	case Zero:
-		adam := e.off.addDown(g, bwd, bwdEmbed, lr)
+		var adam []NodeID
+		if ring != nil {
+			adam = e.ring.addAdam(g, ring, lr)
+		} else {
+			adam = e.off.addDown(g, bwd, bwdEmbed, lr)
+		}
 		if e.dp != nil {
 			e.addFlagUp(g, agreed) // the losses' flag, read back after the step
 		}

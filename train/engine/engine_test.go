@@ -243,7 +243,7 @@ func modesUnderTest() []struct {
 	// (lsp.InFlight), so that two blocks reuse it: under --recompute
 	// layer with the projectors in the slot, and with several
 	// micro-batches summing S on the host.
-	lspHost.Recompute, lspHost.lspRing, lspHost.slots = model.RecomputeLayer, true, 1
+	lspHost.Recompute, lspHost.GradResidency, lspHost.slots = model.RecomputeLayer, ResidencyRing, 1
 	return []struct {
 		name string
 		cfg  Config
@@ -343,70 +343,111 @@ func TestEveryEdgeIsNeeded(t *testing.T) {
 	if raceEnabled {
 		t.Skip("races on purpose; runs in make test's race-free pass")
 	}
-	const steps = 3
 	for _, tc := range modesUnderTest() {
-		t.Run(tc.name, func(t *testing.T) {
-			seq := newDeviceTrainer(t, tc.cfg, tc.dt, 1, false, 0)
-			seq.run(t, steps)
-			want := seq.params(t)
-			// The edges of one step, by node names (stable across steps).
-			var edges [][2]string
-			seq.e.editGraph = func(g *Graph) *Graph {
-				for _, e := range g.Edges() {
-					edges = append(edges, [2]string{g.Nodes[e.From].Name, g.Nodes[e.To].Name})
+		t.Run(tc.name, func(t *testing.T) { everyEdge(t, tc.cfg, tc.dt, 1) })
+	}
+}
+
+// everyEdge is TestEveryEdgeIsNeeded's check of one configuration with
+// accum micro-batches per step.
+func everyEdge(t *testing.T, cfg Config, dt backend.DType, accum int) {
+	t.Helper()
+	const steps = 3
+	seq := newDeviceTrainer(t, cfg, dt, accum, false, 0)
+	seq.run(t, steps)
+	want := seq.params(t)
+	// The edges of one step, by node names (stable across steps).
+	var edges [][2]string
+	seq.e.editGraph = func(g *Graph) *Graph {
+		for _, e := range g.Edges() {
+			edges = append(edges, [2]string{g.Nodes[e.From].Name, g.Nodes[e.To].Name})
+		}
+		return g
+	}
+	if _, err := seq.e.Step(batches(99, accum), 1e-2); err != nil {
+		t.Fatal(err)
+	}
+	if len(edges) == 0 {
+		t.Fatal("no edges")
+	}
+	for _, edge := range edges {
+		pc := cfg
+		pc.Pipelined = true
+		pip := newDeviceTrainer(t, pc, dt, accum, true, uint64(len(edge[0])*31+len(edge[1])))
+		pip.e.editGraph = func(g *Graph) *Graph {
+			for _, e := range g.Edges() {
+				if g.Nodes[e.From].Name == edge[0] && g.Nodes[e.To].Name == edge[1] {
+					return g.Without(e)
 				}
-				return g
 			}
-			if _, err := seq.e.Step(batches(99, 1), 1e-2); err != nil {
-				t.Fatal(err)
+			t.Fatalf("edge %v not found", edge)
+			return g
+		}
+		var runErr error
+		for i := 0; i < steps && runErr == nil; i++ {
+			if pip.e.CheckDue() {
+				if _, runErr = pip.e.Check(batches(1000+uint64(i), pip.e.CalibBatches())); runErr != nil {
+					break
+				}
 			}
-			if len(edges) == 0 {
-				t.Fatal("no edges")
+			_, runErr = pip.e.Step(batches(uint64(i), accum), 1e-2)
+		}
+		caught := ""
+		if h := pip.hazards(); len(h) > 0 {
+			caught = h[0]
+		} else if runErr != nil {
+			t.Errorf("without edge %s -> %s: an error that is no hazard: %v", edge[0], edge[1], runErr)
+			continue
+		}
+		if caught == "" {
+			got := pip.params(t)
+			for i := range got {
+				if got[i] != want[i] {
+					caught = fmt.Sprintf("weight %d differs", i)
+					break
+				}
 			}
-			for _, edge := range edges {
-				pc := tc.cfg
-				pc.Pipelined = true
-				pip := newDeviceTrainer(t, pc, tc.dt, 1, true, uint64(len(edge[0])*31+len(edge[1])))
-				pip.e.editGraph = func(g *Graph) *Graph {
-					for _, e := range g.Edges() {
-						if g.Nodes[e.From].Name == edge[0] && g.Nodes[e.To].Name == edge[1] {
-							return g.Without(e)
-						}
+		}
+		if caught == "" {
+			t.Errorf("removing edge %s -> %s went unnoticed", edge[0], edge[1])
+		} else if testing.Verbose() {
+			t.Logf("without %s -> %s: %s", edge[0], edge[1], strings.SplitN(caught, "\n", 2)[0])
+		}
+	}
+}
+
+// TestLSPRingMatchesWhole: lsp's blocks in flight (S in a slot, summed
+// on the host over micro-batches; under --recompute layer the
+// projectors uploaded into slots and A made in the backward) give the
+// weights and losses of the run that holds every block's, bit for bit,
+// over steps with projector checks, with one micro-batch and with two,
+// and pipelined under the hazard check.
+func TestLSPRingMatchesWhole(t *testing.T) {
+	for _, accum := range []int{1, 2} {
+		for _, rc := range []model.Recompute{model.RecomputeNone, model.RecomputeLayer} {
+			t.Run(fmt.Sprintf("accum=%d/recompute=%v", accum, rc), func(t *testing.T) {
+				whole, ring := testConfig(LSP), testConfig(LSP)
+				whole.GradResidency, whole.slots = ResidencyWhole, 1
+				ring.GradResidency, ring.slots, ring.Recompute = ResidencyRing, 1, rc
+				ring.Pipelined = true
+				ref := newDeviceTrainer(t, whole, backend.BF16, accum, false, 0)
+				tr := newDeviceTrainer(t, ring, backend.BF16, accum, true, 5)
+				lw, lr := ref.run(t, 4), tr.run(t, 4)
+				for i := range lw {
+					if lw[i] != lr[i] {
+						t.Fatalf("step %d: loss %v in the ring, %v whole", i+1, lr[i], lw[i])
 					}
-					t.Fatalf("edge %v not found", edge)
-					return g
 				}
-				var runErr error
-				for i := 0; i < steps && runErr == nil; i++ {
-					if pip.e.CheckDue() {
-						if _, runErr = pip.e.Check(batches(1000+uint64(i), pip.e.CalibBatches())); runErr != nil {
-							break
-						}
-					}
-					_, runErr = pip.e.Step(batches(uint64(i), 1), 1e-2)
-				}
-				caught := ""
-				if h := pip.hazards(); len(h) > 0 {
-					caught = h[0]
-				} else if runErr != nil {
-					t.Errorf("without edge %s -> %s: an error that is no hazard: %v", edge[0], edge[1], runErr)
-					continue
-				}
-				if caught == "" {
-					got := pip.params(t)
-					for i := range got {
-						if got[i] != want[i] {
-							caught = fmt.Sprintf("weight %d differs", i)
-							break
-						}
+				pw, pr := ref.params(t), tr.params(t)
+				for i := range pw {
+					if math.Float32bits(pw[i]) != math.Float32bits(pr[i]) {
+						t.Fatalf("weight %d: %v in the ring, %v whole", i, pr[i], pw[i])
 					}
 				}
-				if caught == "" {
-					t.Errorf("removing edge %s -> %s went unnoticed", edge[0], edge[1])
-				} else if testing.Verbose() {
-					t.Logf("without %s -> %s: %s", edge[0], edge[1], strings.SplitN(caught, "\n", 2)[0])
+				if h := tr.hazards(); len(h) > 0 {
+					t.Fatalf("%d hazards, first %v", len(h), h[0])
 				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -30,3 +30,16 @@ func (d *DenseParams) Set(s string) error {
 	*d = v
 	return nil
 }
+
+// String is the flag spelling of a gradient residency.
+func (r GradResidency) String() string { return string(r) }
+
+// Set parses a --grad-residency value (flag.Value).
+func (r *GradResidency) Set(s string) error {
+	v, err := ParseGradResidency(s)
+	if err != nil {
+		return err
+	}
+	*r = v
+	return nil
+}

@@ -49,7 +49,7 @@ const lspSlots = 3
 func lspInFlight(cfg Config, accum int) lsp.InFlight {
 	opts := model.Options{MatrixGrads: (*lsp.State)(nil), Recompute: cfg.Recompute}
 	fl := lsp.InFlight{A: opts.HooksInRecompute()}
-	ring, slots := cfg.lspRing, lspSlots
+	ring, slots := cfg.GradResidency == ResidencyRing, lspSlots
 	if cfg.slots > 0 {
 		slots = cfg.slots
 	}
@@ -59,7 +59,12 @@ func lspInFlight(cfg Config, accum int) lsp.InFlight {
 	case ring && (cfg.Comm == nil || cfg.Comm.Size() == 1):
 		fl.Slots, fl.HostSum = slots, true
 	}
-	fl.Projectors = ring && fl.A && fl.Slots > 0
+	if ring && fl.A && fl.Slots > 0 {
+		fl.ProjectorSlots = fl.Slots + 1 // see lsp.InFlight
+		if cfg.slots > 0 {
+			fl.ProjectorSlots = cfg.slots
+		}
+	}
 	return fl
 }
 
@@ -155,7 +160,7 @@ func (e *Engine) newLSPSlotSched(g *Graph, lr float64) *lspSlotSched {
 	}
 	L := len(e.lsp.Mats)
 	r := &lspSlotSched{e: e, g: g, lr: lr, fl: fl, last: e.accum - 1,
-		sFree: make([]NodeID, fl.Slots), pFree: make([]NodeID, fl.Slots),
+		sFree: make([]NodeID, fl.Slots), pFree: make([]NodeID, fl.ProjectorSlots),
 		sums: make([]NodeID, L), adam: make([]NodeID, L), next: L - 1}
 	for _, xs := range [][]NodeID{r.sFree, r.pFree, r.sums} {
 		for i := range xs {
@@ -172,8 +177,8 @@ func (r *lspSlotSched) before(i, l int) []NodeID {
 	var deps []NodeID
 	if r.e.lsp.ProjectorsInSlots() {
 		var after []NodeID
-		if r.pFree[slot] != none {
-			after = append(after, r.pFree[slot])
+		if f := r.pFree[l%r.fl.ProjectorSlots]; f != none {
+			after = append(after, f)
 		}
 		deps = append(deps, r.g.Add(fmt.Sprintf("h2d projectors %d.%d", i, l), H2D, func(s backend.Stream) error {
 			return r.e.lsp.UploadProjectors(s, l)
@@ -204,7 +209,8 @@ func (r *lspSlotSched) after(i, l int, bwd NodeID) {
 		}, d2h)
 		elems, bytes := e.lsp.SumWork(l)
 		g.Nodes[r.sums[l]].Work = HostWork{Elems: elems, Tensors: int64(len(e.lsp.Mats[l])), Bytes: bytes}
-		r.sFree[slot], r.pFree[slot] = d2h, bwd
+		r.sFree[slot] = d2h
+		r.releaseProjectors(l, bwd)
 		return
 	}
 	r.adam[l] = e.addLSPLayerDown(g, l, r.lr, append(deps, bwd)...)
@@ -217,9 +223,17 @@ func (r *lspSlotSched) after(i, l int, bwd NodeID) {
 // up adds layer l's Delta up and apply, which release its slot.
 func (r *lspSlotSched) up(l int) {
 	apply := r.e.addLSPLayerUp(r.g, l, r.lr, r.adam[l])
-	slot := l % r.fl.Slots
-	r.sFree[slot], r.pFree[slot] = apply, apply
+	r.sFree[l%r.fl.Slots] = apply
+	r.releaseProjectors(l, apply)
 	r.next = l - 1
+}
+
+// releaseProjectors records that block l's projector slot, if any, may
+// be overwritten after node n.
+func (r *lspSlotSched) releaseProjectors(l int, n NodeID) {
+	if r.fl.ProjectorSlots > 0 {
+		r.pFree[l%r.fl.ProjectorSlots] = n
+	}
 }
 
 // finish adds the applies not in the list yet.

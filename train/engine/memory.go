@@ -161,6 +161,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
+	if cfg.ring() {
+		opts.GradSlots = ringSlots // Grads: the ring's slots and resident region
+	}
 	mp := arch.MemoryWith(B, T, dt, opts)
 	p := Memory{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
@@ -205,6 +208,20 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		}
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+gsize*N, p.LinkH2D+dsize*N
+		if cfg.ring() {
+			// The ring's groups go down once per micro-batch (the
+			// resident region once per step), and with several
+			// micro-batches are summed in an fp32 accumulator.
+			lay, err := ringLayout(x)
+			if err != nil {
+				return Memory{}, err
+			}
+			n := ringElems(lay)
+			p.LinkD2H += int64(accum-1) * gsize * n
+			if accum > 1 {
+				p.Host = append(p.Host, Part{"ring grad accumulator", 4 * n})
+			}
+		}
 		ckpt += savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
@@ -222,6 +239,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			}
 		}
 		p.Host = append(p.Host, Part{"S/Delta and subspace moments", n.HostS})
+		if n.HostSums > 0 {
+			p.Host = append(p.Host, Part{"S sums (fp32)", n.HostSums})
+		}
 		if n.HostProjectors > 0 {
 			p.Host = append(p.Host, Part{"projectors (pinned)", n.HostProjectors})
 		}

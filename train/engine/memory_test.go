@@ -26,6 +26,7 @@ func TestPlanMatchesArena(t *testing.T) {
 		{"lsp-host-bf16-grads", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
 		{"zero-bf16-grads", zeroBF16}, {"native-recompute-attn", nativeAttn}, {"zero-recompute-layer", zeroLayer},
 		{"lsp-device-recompute-layer", lspLayer},
+		{"zero-ring", ringConfig(backend.F32)}, {"zero-ring-bf16-grads", ringConfig(backend.BF16)},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {
@@ -270,7 +271,7 @@ func TestInFlightDropsWhatThePlanDrops(t *testing.T) {
 	frozen.DenseParams = DenseFrozen
 	whole, ring := testConfig(LSP), testConfig(LSP)
 	whole.Recompute, ring.Recompute = model.RecomputeLayer, model.RecomputeLayer
-	ring.lspRing, ring.slots = true, 1
+	ring.GradResidency, ring.slots = ResidencyRing, 1
 	for _, tc := range []struct {
 		name       string
 		held, less Config

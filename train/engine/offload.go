@@ -24,10 +24,15 @@ import (
 // hostTensor is one parameter updated on the host.
 type hostTensor struct {
 	name        string
+	idx         int            // the parameter's Layout index
 	param, grad backend.Tensor // device views
 	off, n      int            // elements, into the host arrays
-	decay       bool
-	state       *host.AdamState
+	// acc is the tensor's place in the gradient ring's fp32 accumulator
+	// (ring.go), in elements; -1: the host Adam reads the pinned
+	// gradient.
+	acc   int
+	decay bool
+	state *host.AdamState
 }
 
 // hostGroup is the unit of one d2h -> Adam -> h2d chain.
@@ -113,8 +118,8 @@ func newOffload(e *Engine, specs []groupSpec) (*offload, error) {
 			if !ok {
 				return nil, fmt.Errorf("engine: %s has no gradient to offload", p.Name)
 			}
-			g.tensors = append(g.tensors, hostTensor{name: p.Name, param: m.ParamView(params, i), grad: gv,
-				off: o.n, n: p.Len(), decay: p.Decay})
+			g.tensors = append(g.tensors, hostTensor{name: p.Name, idx: i, param: m.ParamView(params, i), grad: gv,
+				off: o.n, n: p.Len(), acc: -1, decay: p.Decay})
 			o.n += p.Len()
 		}
 		o.groups = append(o.groups, g)
@@ -171,8 +176,12 @@ func (o *offload) weights() []float32 {
 
 func (o *offload) outBF16() []uint16 { return o.out.BF16()[:o.n] }
 
-// grad is a tensor's gradient in the pinned buffer.
+// grad is a tensor's gradient: in the pinned buffer, or the ring's fp32
+// accumulator when the step accumulated it there.
 func (o *offload) grad(t hostTensor) host.AdamGrad {
+	if t.acc >= 0 {
+		return host.AdamGrad{F32: o.e.ring.acc.Float32()[t.acc : t.acc+t.n]}
+	}
 	if o.gsize == 2 {
 		return host.AdamGrad{BF16: o.grads.BF16()[t.off : t.off+t.n]}
 	}
@@ -238,12 +247,20 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 				return e.allReduceHost(name, o.grads, first.off*o.gsize, n)
 			}, d2h)
 		}
-		adam[gi] = g.Add("host adam "+grp.name, Host, func(backend.Stream) error {
-			return o.adam(grp, lr)
-		}, ready)
-		g.Nodes[adam[gi]].Work = o.work(grp)
+		adam[gi] = o.addAdam(g, gi, lr, ready)
 	}
 	return adam
+}
+
+// addAdam adds group gi's host Adam after ready, the nodes that complete
+// its gradient on the host.
+func (o *offload) addAdam(g *Graph, gi int, lr float64, ready ...NodeID) NodeID {
+	grp := &o.groups[gi]
+	id := g.Add("host adam "+grp.name, Host, func(backend.Stream) error {
+		return o.adam(grp, lr)
+	}, ready...)
+	g.Nodes[id].Work = o.work(grp)
+	return id
 }
 
 // work is the host Adam of one group: every element pre-scanned for its
@@ -252,9 +269,13 @@ func (o *offload) addDown(g *Graph, bwd []NodeID, bwdEmbed NodeID, lr float64) [
 func (o *offload) work(grp *hostGroup) HostWork {
 	w := HostWork{Tensors: int64(len(grp.tensors))}
 	for _, t := range grp.tensors {
+		gsize := o.gsize
+		if t.acc >= 0 {
+			gsize = 4 // the ring's fp32 accumulator
+		}
 		w.Elems += int64(t.n)
+		w.Bytes += int64(t.n) * int64(host.AdamBytesPerElement(gsize, true, o.e.dt != backend.F32, false))
 	}
-	w.Bytes = w.Elems * int64(host.AdamBytesPerElement(o.gsize, true, o.e.dt != backend.F32, false))
 	return w
 }
 
@@ -291,7 +312,11 @@ func (o *offload) adam(grp *hostGroup, lr float64) error {
 	dsize := e.dt.Size()
 	var reads, writes []backend.Range
 	for _, t := range grp.tensors {
-		reads = append(reads, hazard.HostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
+		if t.acc >= 0 {
+			reads = append(reads, hazard.HostRange(e.ring.acc, 4*t.acc, 4*t.n))
+		} else {
+			reads = append(reads, hazard.HostRange(o.grads, t.off*o.gsize, t.n*o.gsize))
+		}
 		writes = append(writes, hazard.HostRange(o.out, t.off*dsize, t.n*dsize))
 	}
 	e.hostAccess("host adam "+grp.name, reads, writes)

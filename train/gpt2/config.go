@@ -90,9 +90,14 @@ func (c Config) Layout() []model.Param {
 		off += p.Len()
 		ps = append(ps, p)
 	}
+	// pass says which backward passes outside the blocks write the
+	// gradient of the tensor added last (model.Param.Backward).
+	pass := func(b model.Pass) { ps[len(ps)-1].Backward = b }
 	C := c.C
 	add("transformer.wte.weight", true, c.V, C)
+	pass(model.ByHead | model.ByEmbed) // the tied head
 	add("transformer.wpe.weight", true, c.MaxT, C)
+	pass(model.ByEmbed)
 	for l := 0; l < c.L; l++ {
 		layer = l
 		h := fmt.Sprintf("transformer.h.%d.", l)
@@ -111,7 +116,9 @@ func (c Config) Layout() []model.Param {
 	}
 	layer = -1
 	add("transformer.ln_f.weight", false, C)
+	pass(model.ByHead)
 	add("transformer.ln_f.bias", false, C)
+	pass(model.ByHead)
 	return ps
 }
 

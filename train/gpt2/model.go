@@ -214,18 +214,21 @@ func (c Config) backwardScratch(B, T int) int {
 	return max(backend.LayerNormBackwardScratch(B*T, c.C), backend.AttentionBackwardScratch(B, T, c.NH))
 }
 
-// gradOffsets places the dense gradients: Layout order, matrices left out
-// under hooks; with FrozenDense the discard buffer instead
-// (model.FrozenGradOffsets: the norms and biases, not wte and wpe, whose
-// gradients are not computed). n is the length of Grads.
-func (c Config) gradOffsets(opts model.Options) (offs []int, n int) {
+// gradOffsets places the dense gradients (model.GradLayout): Layout
+// order, or a ring with opts.GradSlots; matrices left out under hooks;
+// with FrozenDense the discard buffer instead (model.FrozenGradOffsets:
+// the norms and biases, not wte and wpe, whose gradients are not
+// computed). n is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
+	var skip func(int) bool
 	switch {
-	case opts.MatrixGrads == nil:
-		return model.GradOffsets(c.Layout(), nil)
-	case opts.FrozenDense:
-		return model.FrozenGradOffsets(c.Layout(), func(i int) bool { return c.isMatrix(i) || i < 2 })
+	case opts.MatrixGrads != nil && opts.FrozenDense:
+		offs, n = model.FrozenGradOffsets(c.Layout(), func(i int) bool { return c.isMatrix(i) || i < 2 })
+		return offs, n, nil
+	case opts.MatrixGrads != nil:
+		skip = c.isMatrix
 	}
-	return model.GradOffsets(c.Layout(), c.isMatrix)
+	return model.GradLayout(c.Layout(), c.L, opts, skip)
 }
 
 // Memory predicts the device bytes New allocates for a batch of B x T.
@@ -240,7 +243,8 @@ func (c Config) Memory(B, T int, dt backend.DType) model.Memory {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(opts)
+	// An error is the family's own layout's, which NewModel reports.
+	_, ng, _ := c.gradOffsets(opts)
 	BT := int64(B * T)
 	return model.Memory{
 		Params:      int64(c.NumParams()) * int64(dt.Size()),
@@ -296,7 +300,10 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
-	offs, ng := cfg.gradOffsets(opts)
+	offs, ng, err := cfg.gradOffsets(opts)
+	if err != nil {
+		return nil, fmt.Errorf("gpt2: gradients: %w", err)
+	}
 	m.GradOffsets = offs
 	if m.frozen {
 		// The discard buffer's views are the model's own: no parameter
@@ -306,7 +313,6 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 			m.GradOffsets[i] = -1
 		}
 	}
-	var err error
 	free := func() { m.Free() }
 	if m.Params, err = be.Alloc("params", n, dt); err != nil {
 		return nil, fmt.Errorf("gpt2: parameters: %w", err)

@@ -134,8 +134,16 @@ func (c Config) Layout() []model.Param {
 		off += p.Len()
 		ps = append(ps, p)
 	}
+	// pass says which backward passes outside the blocks write the
+	// gradient of the tensor added last (model.Param.Backward).
+	pass := func(b model.Pass) { ps[len(ps)-1].Backward = b }
 	C := c.Hidden
 	add("model.embed_tokens.weight", true, false, c.Vocab, C)
+	if c.Tied {
+		pass(model.ByHead | model.ByEmbed)
+	} else {
+		pass(model.ByEmbed)
+	}
 	for l := 0; l < c.NumLayers; l++ {
 		layer = l
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -156,8 +164,10 @@ func (c Config) Layout() []model.Param {
 	}
 	layer = -1
 	add("model.norm.weight", false, false, C)
+	pass(model.ByHead)
 	if !c.Tied {
 		add("lm_head.weight", true, false, c.Vocab, C)
+		pass(model.ByHead)
 	}
 	return ps
 }

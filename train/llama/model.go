@@ -141,21 +141,24 @@ func (c Config) backwardScratch(B, T int) int {
 	return max(backend.RMSNormBackwardScratch(B*T, c.Hidden), backend.AttentionBackwardScratch(B, T, c.Heads))
 }
 
-// gradOffsets places the dense gradients: Layout order, matrices left out
-// under hooks; with FrozenDense the discard buffer instead
-// (model.FrozenGradOffsets: the norms, not the embedding and head, whose
-// gradients are not computed). n is the length of Grads.
-func (c Config) gradOffsets(opts model.Options) (offs []int, n int) {
+// gradOffsets places the dense gradients (model.GradLayout): Layout
+// order, or a ring with opts.GradSlots; matrices left out under hooks;
+// with FrozenDense the discard buffer instead (model.FrozenGradOffsets:
+// the norms, not the embedding and head, whose gradients are not
+// computed). n is the length of Grads.
+func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
+	var skip func(int) bool
 	switch {
-	case opts.MatrixGrads == nil:
-		return model.GradOffsets(c.Layout(), nil)
-	case opts.FrozenDense:
+	case opts.MatrixGrads != nil && opts.FrozenDense:
 		head := 1 + c.NumLayers*perLayer + 1 // lm_head when untied
-		return model.FrozenGradOffsets(c.Layout(), func(i int) bool {
+		offs, n = model.FrozenGradOffsets(c.Layout(), func(i int) bool {
 			return c.isMatrix(i) || i == 0 || (!c.Tied && i == head)
 		})
+		return offs, n, nil
+	case opts.MatrixGrads != nil:
+		skip = c.isMatrix
 	}
-	return model.GradOffsets(c.Layout(), c.isMatrix)
+	return model.GradLayout(c.Layout(), c.NumLayers, opts, skip)
 }
 
 // MemoryWith predicts the device bytes New allocates, exactly. With hooks,
@@ -165,7 +168,8 @@ func (c Config) gradOffsets(opts model.Options) (offs []int, n int) {
 func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model.Memory {
 	hooked := opts.MatrixGrads != nil
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
-	_, ng := c.gradOffsets(opts)
+	// An error is the family's own layout's, which NewModel reports.
+	_, ng, _ := c.gradOffsets(opts)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
 	return model.Memory{
@@ -203,7 +207,10 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute,
 		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
-	offs, ng := cfg.gradOffsets(opts)
+	offs, ng, err := cfg.gradOffsets(opts)
+	if err != nil {
+		return nil, fmt.Errorf("llama: gradients: %w", err)
+	}
 	m.GradOffsets = offs
 	if m.frozen {
 		// The discard buffer's views are the model's own: no parameter
@@ -217,7 +224,6 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 		m.Free()
 		return nil, fmt.Errorf("llama: %s: %w", what, err)
 	}
-	var err error
 	if m.Params, err = be.Alloc("params", cfg.NumParams(), dt); err != nil {
 		return fail("parameters", err)
 	}

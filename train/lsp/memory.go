@@ -70,10 +70,15 @@ type InFlight struct {
 	// backward that takes its slot next. 0: every block's S stays on the
 	// device.
 	Slots int
-	// Projectors, with A and Slots: the projectors live in the slots too,
-	// uploaded from a pinned copy before each backward of their block
-	// (the forward no longer reads them).
-	Projectors bool
+	// ProjectorSlots > 0, with A: the projectors live in that many slots
+	// too (block l in slot l % ProjectorSlots), uploaded from a pinned
+	// copy before each backward of their block (the forward no longer
+	// reads them). The engine gives them one slot more than S, so that a
+	// block's upload waits for the apply of the block Slots+1 above it,
+	// which the compute stream runs before the backward above the block,
+	// and the copy hides behind that backward instead of delaying the
+	// block's own. 0: every block's projectors stay on the device.
+	ProjectorSlots int
 	// HostSum: with Slots and several micro-batches, each micro-batch's
 	// S goes down as soon as its block is done and the host sums them in
 	// fp32 (SumS); otherwise S is summed on the device.
@@ -81,16 +86,26 @@ type InFlight struct {
 }
 
 // projectorSlots reports whether the projectors live in the slots.
-func (fl InFlight) projectorSlots() bool { return fl.Projectors && fl.A && fl.Slots > 0 }
+func (fl InFlight) projectorSlots() bool { return fl.A && fl.ProjectorSlots > 0 }
 
 // blocks is the number of blocks of L that device storage is sized for:
-// the slots (no more than the blocks), or every block.
-func (fl InFlight) blocks(inSlots bool, L int) int {
-	if inSlots {
-		return min(fl.Slots, L)
+// slots (no more than the blocks), or every block (slots 0).
+func blocks(slots, L int) int {
+	if slots > 0 {
+		return min(slots, L)
 	}
 	return L
 }
+
+// projectorBlocks and sBlocks are blocks for the projectors and S.
+func (fl InFlight) projectorBlocks(L int) int {
+	if fl.projectorSlots() {
+		return blocks(fl.ProjectorSlots, L)
+	}
+	return L
+}
+
+func (fl InFlight) sBlocks(L int) int { return blocks(fl.Slots, L) }
 
 // counts are the element counts of a State's storage.
 type counts struct {
@@ -134,10 +149,11 @@ type Memory struct {
 	// host staging. All three are 0 with NoFit, Fit and FitStaging also
 	// when checks redraw instead of fitting.
 	Calibration, Fit, FitStaging int64
-	// HostS is S/Delta in pinned memory and the subspace moments, with
-	// InFlight.HostSum the fp32 sums too; HostProjectors the projectors'
-	// pinned copy that the slots are filled from (0 without).
-	HostS, HostProjectors int64
+	// HostS is S/Delta in pinned memory and the subspace moments;
+	// HostSums the fp32 sums of InFlight.HostSum; HostProjectors the
+	// projectors' pinned copy that the slots are filled from (0 without
+	// either).
+	HostS, HostSums, HostProjectors int64
 	// LinkDown is the bytes of S that go down per step; LinkUp those of
 	// Delta and of the projectors uploaded into the slots that come up.
 	LinkDown, LinkUp int64
@@ -156,16 +172,16 @@ func MemoryOf(x *model.Index, c Config, B, T, accum int, dt backend.DType, fl In
 	s2 := int64(L * n.sBlock)
 	proj := 4 * int64(n.pInts+n.pFloats) // one block's
 	b := Memory{
-		Projectors: int64(fl.blocks(fl.projectorSlots(), L)) * proj,
+		Projectors: int64(fl.projectorBlocks(L)) * proj,
 		A:          4 * int64(n.a),
-		S:          4 * int64(fl.blocks(fl.Slots > 0, L)*n.sBlock),
+		S:          4 * int64(fl.sBlocks(L)*n.sBlock),
 		Workspaces: 4 * (int64(BT)*int64(n.dmax) + int64(n.dmax)*int64(n.nmax)),
 		HostS:      12 * s2,
 		LinkDown:   4 * s2,
 		LinkUp:     4 * s2,
 	}
 	if fl.HostSum {
-		b.HostS += 4 * s2
+		b.HostSums = 4 * s2
 		b.LinkDown *= int64(accum)
 	}
 	if fl.projectorSlots() {

@@ -170,7 +170,7 @@ func (st *State) Init(env Env, c Config) error {
 	d, r := Dims(x, st.Config)
 	fl := env.InFlight
 	n := count(x, st.Config, BT, fl)
-	pBlocks, sBlocks := fl.blocks(fl.projectorSlots(), L), fl.blocks(fl.Slots > 0, L)
+	pBlocks, sBlocks := fl.projectorBlocks(L), fl.sBlocks(L)
 	var err error
 	for _, a := range []struct {
 		t    *backend.Tensor
@@ -208,7 +208,7 @@ func (st *State) Init(env Env, c Config) error {
 	for l := 0; l < L; l++ {
 		pb, sb := l, l
 		if fl.projectorSlots() {
-			pb = l % fl.Slots
+			pb = l % fl.ProjectorSlots
 		}
 		if fl.Slots > 0 {
 			sb = l % fl.Slots

@@ -37,7 +37,23 @@ type Param struct {
 	// transpose it (docs/DESIGN.md, "LSP as implemented"). GPT-2's Conv1D
 	// weights are stored in x out as here: not transposed.
 	Transposed bool
+	// Backward, for a parameter outside the blocks, is the set of
+	// backward passes that write its gradient: ByHead (the final norm, an
+	// untied head), ByEmbed (the embeddings) or both (a head tied to the
+	// embedding). Zero in the blocks, whose BackwardLayer writes them. A
+	// gradient ring (Options.GradSlots) needs it to know when a gradient
+	// is complete.
+	Backward Pass
 }
+
+// Pass is a set of the backward passes outside the blocks.
+type Pass uint8
+
+// The passes.
+const (
+	ByHead  Pass = 1 << iota // BackwardHead
+	ByEmbed                  // BackwardEmbed
+)
 
 // Len is the number of elements.
 func (p Param) Len() int {
@@ -118,6 +134,11 @@ type Options struct {
 	// weights, biases) go to a discard buffer as long as one block's
 	// (FrozenGradOffsets), which Grads then is.
 	FrozenDense bool
+	// GradSlots, when > 0, lays Grads out as a ring of that many slots
+	// (NewGradRing) instead of one place per parameter: the caller zeroes
+	// a group's slot before the group's backward and copies the gradient
+	// out before the slot's next group writes it. 0: the whole gradient.
+	GradSlots int
 }
 
 // HooksInRecompute reports whether MatrixGrads.Input is called in the
