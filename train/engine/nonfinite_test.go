@@ -174,9 +174,14 @@ func checkSkip(t *testing.T, cfg Config, dt backend.DType, bc cpu.Config, kind s
 	if !math.IsNaN(loss) || !tr.e.Skipped() {
 		t.Fatalf("loss sum %v, skipped %v; want NaN and a skipped step", loss, tr.e.Skipped())
 	}
-	// Nothing but the batch goes up: no weights (zero), no Delta (lsp).
-	if batch := int64(2 * 2 * testB * testT * 4); tr.be.Traffic().H2D-up != batch {
-		t.Errorf("the skipped step copied %d bytes host-to-device, want the batch's %d", tr.be.Traffic().H2D-up, batch)
+	// Nothing but the batch goes up (and lsp's projectors in slots, which
+	// every backward reads): no weights (zero), no Delta (lsp).
+	want := int64(2 * 2 * testB * testT * 4)
+	if tr.e.lsp != nil {
+		want += 2 * tr.e.lsp.ProjectorUploadBytes()
+	}
+	if got := tr.be.Traffic().H2D - up; got != want {
+		t.Errorf("the skipped step copied %d bytes host-to-device, want the batch's and projectors' %d", got, want)
 	}
 	// The per-tensor norms are scratch, written before each use by the
 	// step that uses them.

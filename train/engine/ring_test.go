@@ -253,7 +253,7 @@ func TestRingRefused(t *testing.T) {
 		want string
 	}{
 		{func() Config { c := ringConfig(backend.F32); c.Comm = twoRanks{comm.NewSingle()}; return c }(), "ranks"},
-		{func() Config { c := ringConfig(backend.F32); c.Mode = LSP; return c }(), "--mode lsp"},
+		{func() Config { c := ringConfig(backend.F32); c.Mode = Native; return c }(), "--mode native"},
 		{func() Config { c := testConfig(Zero); c.GradResidency = "some"; return c }(), "unknown grad-residency"},
 	} {
 		err := tc.cfg.Validate()

@@ -424,6 +424,15 @@ func (st *State) UploadProjectors(s backend.Stream, l int) error {
 	return be.CopyH2D(s, st.blockFloats[l], st.mirror, 4*st.mirrorFloatsOff(l))
 }
 
+// ProjectorUploadBytes is the bytes UploadProjectors copies up per
+// micro-batch, every block's projectors (0 when they stay on the device).
+func (st *State) ProjectorUploadBytes() int64 {
+	if st.mirror == nil {
+		return 0
+	}
+	return int64(len(st.mirror.Bytes()))
+}
+
 // ProjectorsInSlots reports whether the projectors are uploaded into
 // their block's slot before each backward (UploadProjectors).
 func (st *State) ProjectorsInSlots() bool { return st.mirror != nil }
