@@ -266,21 +266,7 @@ func TestPipelinedMatchesSequential(t *testing.T) {
 			pc := tc.cfg
 			pc.Pipelined = true
 			pip := newDeviceTrainer(t, pc, tc.dt, 2, true, 5)
-			ls, lp := seq.run(t, steps), pip.run(t, steps)
-			for i := range ls {
-				if ls[i] != lp[i] {
-					t.Fatalf("step %d: sequential loss %v, pipelined %v", i+1, ls[i], lp[i])
-				}
-			}
-			ps, pp := seq.params(t), pip.params(t)
-			for i := range ps {
-				if math.Float32bits(ps[i]) != math.Float32bits(pp[i]) {
-					t.Fatalf("weight %d: sequential %v, pipelined %v", i, ps[i], pp[i])
-				}
-			}
-			if h := pip.hazards(); len(h) > 0 {
-				t.Fatalf("%d hazards, first %v", len(h), h[0])
-			}
+			sameRun(t, seq, pip, steps, "sequential", "pipelined")
 		})
 	}
 }
@@ -432,22 +418,30 @@ func TestLSPRingMatchesWhole(t *testing.T) {
 				ring.Pipelined = true
 				ref := newDeviceTrainer(t, whole, backend.BF16, accum, false, 0)
 				tr := newDeviceTrainer(t, ring, backend.BF16, accum, true, 5)
-				lw, lr := ref.run(t, 4), tr.run(t, 4)
-				for i := range lw {
-					if lw[i] != lr[i] {
-						t.Fatalf("step %d: loss %v in the ring, %v whole", i+1, lr[i], lw[i])
-					}
-				}
-				pw, pr := ref.params(t), tr.params(t)
-				for i := range pw {
-					if math.Float32bits(pw[i]) != math.Float32bits(pr[i]) {
-						t.Fatalf("weight %d: %v in the ring, %v whole", i, pr[i], pw[i])
-					}
-				}
-				if h := tr.hazards(); len(h) > 0 {
-					t.Fatalf("%d hazards, first %v", len(h), h[0])
-				}
+				sameRun(t, ref, tr, 4, "whole", "ring")
 			})
 		}
+	}
+}
+
+// sameRun runs ref and got for steps steps and fails unless their losses
+// and weights are the same bits and got (in its hazard mode) saw no
+// hazard; refName and gotName say which run is which.
+func sameRun(t *testing.T, ref, got *trainer, steps int, refName, gotName string) {
+	t.Helper()
+	lr, lg := ref.run(t, steps), got.run(t, steps)
+	for i := range lr {
+		if lr[i] != lg[i] {
+			t.Fatalf("step %d: %s loss %v, %s %v", i+1, refName, lr[i], gotName, lg[i])
+		}
+	}
+	pr, pg := ref.params(t), got.params(t)
+	for i := range pr {
+		if math.Float32bits(pr[i]) != math.Float32bits(pg[i]) {
+			t.Fatalf("weight %d: %s %v, %s %v", i, refName, pr[i], gotName, pg[i])
+		}
+	}
+	if h := got.hazards(); len(h) > 0 {
+		t.Fatalf("%s: %d hazards, first %v", gotName, len(h), h[0])
 	}
 }

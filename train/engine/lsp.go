@@ -42,10 +42,10 @@ const lspSlots = 3
 // the blocks in flight (lsp.InFlight): A when the model hands the inputs
 // over in the backward's recompute; S always with one micro-batch per
 // step (one S per block goes down once either way); and with ring
-// residency the projectors (with A: uploaded for every backward, which
-// costs link traffic, so only when the whole does not fit) and, with several micro-batches,
-// each micro-batch's S, summed on the host (one rank only: the ranks sum
-// a step's S once).
+// residency (lsp's auto) the projectors (with A; they go up for every
+// micro-batch's backward) and, with several micro-batches, each
+// micro-batch's S, summed on the host (one rank only: the ranks sum a
+// step's S once).
 func lspInFlight(cfg Config, accum int) lsp.InFlight {
 	opts := model.Options{MatrixGrads: (*lsp.State)(nil), Recompute: cfg.Recompute}
 	fl := lsp.InFlight{A: opts.HooksInRecompute()}
