@@ -73,15 +73,16 @@ func TestRingMatchesWhole(t *testing.T) {
 
 // TestRingPipelinedMatchesSequential: the ring's pipelined schedule, under
 // the hazard check with random delays, gives the sequential one's bits
-// (the accumulation's chunks on the worker pool included).
+// (the accumulation's chunks on the worker pool included), on the CPU
+// backend and on cudasim.
 func TestRingPipelinedMatchesSequential(t *testing.T) {
 	for _, gdt := range []backend.DType{backend.BF16, backend.F32} {
 		for _, accum := range []int{1, 2} {
 			t.Run(fmt.Sprintf("grads=%v/accum=%d", gdt, accum), func(t *testing.T) {
 				cfg := ringConfig(gdt)
-				seq := newTrainer(t, cfg, backend.BF16, accum, cpu.Config{Threads: 2})
+				seq := newDeviceTrainer(t, cfg, backend.BF16, accum, false, 0)
 				cfg.Pipelined = true
-				pip := newTrainer(t, cfg, backend.BF16, accum, hazardConfig(9))
+				pip := newDeviceTrainer(t, cfg, backend.BF16, accum, true, 9)
 				ls, lp := seq.run(t, 4), pip.run(t, 4)
 				sameBits(t, "pipelined against sequential", ls, lp, seq.params(t), pip.params(t))
 				if h := pip.hazards(); len(h) > 0 {
