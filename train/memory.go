@@ -35,7 +35,8 @@ type Memory = engine.Memory
 
 // MemoryOf predicts the device and host memory of training cfg with the
 // model mc, in cfg's mode, before any data is read: the plan of a run
-// adds the tokenized data's bytes (run.checkMemory).
+// adds the tokenized data's bytes (run.checkMemory). --grad-residency
+// auto is resolved as the run resolves it, against --device-mem.
 func MemoryOf(mc model.Spec, c Config) (Memory, error) {
 	return MemoryOfRanks(mc, c, 1)
 }
@@ -44,7 +45,11 @@ func MemoryOf(mc model.Spec, c Config) (Memory, error) {
 // together (mpirun -np ranks): what each rank's process holds.
 func MemoryOfRanks(mc model.Spec, c Config, ranks int) (Memory, error) {
 	_, src, err := catalog.Resolve(c.Model)
-	return memoryOf(mc, c, src, err == nil && src != "", nil, ranks)
+	fromCheckpoint := err == nil && src != ""
+	if c, err = resolveGradResidency(mc, c, src, fromCheckpoint, ranks, c.DeviceMem); err != nil {
+		return Memory{}, err
+	}
+	return memoryOf(mc, c, src, fromCheckpoint, nil, ranks)
 }
 
 // ResolveGradResidency returns c with --grad-residency auto resolved for
