@@ -81,9 +81,9 @@ type Input struct {
 	pVal, pColVal          backend.Tensor // F32
 	A                      backend.Tensor // F32 [d,BT]; with InFlight.A a view of the one shared buffer
 
-	// x is the input the model handed over, kept until the first reader's
-	// OutputGrad compresses it (InFlight.A).
-	x backend.Tensor
+	// handed is the X the model handed over, kept until the first
+	// reader's OutputGrad compresses it (InFlight.A).
+	handed backend.Tensor
 
 	gain []float32 // P's per-column gains (Projector.Gains), for Delta's rows
 }
@@ -451,7 +451,7 @@ func (st *State) Input(s backend.Stream, l, in int, X backend.Tensor) error {
 	}
 	x := st.Inputs[l][in]
 	if st.env.InFlight.A {
-		x.x, st.aOf = X, nil
+		x.handed, st.aOf = X, nil
 		return nil
 	}
 	return st.compressA(s, x, X)
@@ -470,10 +470,10 @@ func (st *State) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 	if st.env.InFlight.A && st.aOf != x.In {
 		// The first reader of its input in this backward (the readers of
 		// one input come one after another, so each A is made once).
-		if x.In.x.Buf == nil {
+		if x.In.handed.Buf == nil {
 			return fmt.Errorf("lsp: output gradient of %s before its input", x.Name)
 		}
-		if err := st.compressA(s, x.In, x.In.x); err != nil {
+		if err := st.compressA(s, x.In, x.In.handed); err != nil {
 			return err
 		}
 		st.aOf = x.In
