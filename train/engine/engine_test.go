@@ -407,7 +407,9 @@ func everyEdge(t *testing.T, cfg Config, dt backend.DType, accum int) {
 // projectors uploaded into slots and A made in the backward) give the
 // weights and losses of the run that holds every block's, bit for bit,
 // over steps with projector checks, with one micro-batch and with two,
-// and pipelined under the hazard check.
+// and pipelined under the hazard check (on the CPU backend: the
+// pipelined lsp-host mode of TestPipelinedMatchesSequential runs the ring
+// on cudasim).
 func TestLSPRingMatchesWhole(t *testing.T) {
 	for _, accum := range []int{1, 2} {
 		for _, rc := range []model.Recompute{model.RecomputeNone, model.RecomputeLayer} {
