@@ -435,17 +435,7 @@ func TestLSPRingMatchesWhole(t *testing.T) {
 func sameRun(t *testing.T, ref, got *trainer, steps int, refName, gotName string) {
 	t.Helper()
 	lr, lg := ref.run(t, steps), got.run(t, steps)
-	for i := range lr {
-		if lr[i] != lg[i] {
-			t.Fatalf("step %d: %s loss %v, %s %v", i+1, refName, lr[i], gotName, lg[i])
-		}
-	}
-	pr, pg := ref.params(t), got.params(t)
-	for i := range pr {
-		if math.Float32bits(pr[i]) != math.Float32bits(pg[i]) {
-			t.Fatalf("weight %d: %s %v, %s %v", i, refName, pr[i], gotName, pg[i])
-		}
-	}
+	sameBits(t, gotName+" against "+refName, lr, lg, ref.params(t), got.params(t))
 	if h := got.hazards(); len(h) > 0 {
 		t.Fatalf("%s: %d hazards, first %v", gotName, len(h), h[0])
 	}
