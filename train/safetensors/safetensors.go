@@ -317,6 +317,35 @@ func (f *File) Release(name string) {
 	f.release(base+int(ti.Begin), base+int(ti.End))
 }
 
+// Chunks hands the named tensor's bytes to fn in order, chunk bytes at a
+// time (the last chunk shorter), and for a mapped file releases each
+// chunk's pages once fn returns, so that a reader of a tensor larger
+// than its buffers (a checkpoint's whole parameters in one tensor) keeps
+// a chunk resident, not the tensor. chunk must be a positive multiple of
+// 8, so that no element of any dtype straddles two chunks. The bytes
+// alias the file's buffer and are valid only during the call.
+func (f *File) Chunks(name string, chunk int, fn func(b []byte) error) error {
+	if chunk <= 0 || chunk%8 != 0 {
+		return fmt.Errorf("safetensors: %s: tensor %q read in chunks of %d bytes, want a positive multiple of 8", f.Path, name, chunk)
+	}
+	raw, ti, err := f.Raw(name)
+	if err != nil {
+		return err
+	}
+	base := len(f.mapped) - len(f.data) + int(ti.Begin)
+	for off := 0; off < len(raw); off += chunk {
+		n := min(chunk, len(raw)-off)
+		err := fn(raw[off : off+n : off+n])
+		if f.mapped != nil {
+			f.release(base+off, base+off+n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Names returns the tensor names, sorted.
 func (f *File) Names() []string { return slices.Clone(f.names) }
 

@@ -5,6 +5,7 @@
 package safetensors
 
 import (
+	"errors"
 	"bytes"
 	"encoding/binary"
 	"io"
@@ -435,5 +436,56 @@ func TestWriteStream(t *testing.T) {
 		if c, _ := os.ReadFile(p2); !bytes.Equal(c, a) {
 			t.Errorf("delta %d: a failed WriteStream changed the file", delta)
 		}
+	}
+}
+
+// Chunks hands a tensor's bytes over in order, in chunks of the size
+// asked (the last shorter), from a mapped file as from one read in,
+// still readable after the pages are released; a chunk size that could
+// split an element is refused, and fn's error stops the walk.
+func TestChunks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.safetensors")
+	big := make([]float32, 5000) // several pages, not a whole number of chunks
+	for i := range big {
+		big[i] = float32(i) * 0.25
+	}
+	if err := Write(path, []Tensor{F32Tensor("a", []int{1}, []float32{7}), F32Tensor("big", []int{5000}, big)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, open := range []func(string) (*File, error){Open, OpenMapped} {
+		f, err := open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _, err := f.Raw("big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := slices.Clone(raw)
+		for pass := range 2 { // again after the release: paged back in
+			var got []byte
+			var sizes []int
+			if err := f.Chunks("big", 4096, func(b []byte) error {
+				got, sizes = append(got, b...), append(sizes, len(b))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) || !slices.Equal(sizes, []int{4096, 4096, 4096, 4096, 3616}) {
+				t.Fatalf("pass %d (mapped %v): chunks of %v, bytes equal %v", pass, f.Mapped(), sizes, slices.Equal(got, want))
+			}
+		}
+		if err := f.Chunks("big", 12, func([]byte) error { return nil }); err == nil || !strings.Contains(err.Error(), "multiple of 8") {
+			t.Errorf("chunk of 12 bytes: %v", err)
+		}
+		stop := errors.New("stop")
+		calls := 0
+		if err := f.Chunks("big", 8, func([]byte) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+			t.Errorf("fn's error: %v after %d calls, want stop after 1", err, calls)
+		}
+		if err := f.Chunks("nope", 8, func([]byte) error { return nil }); err == nil || !strings.Contains(err.Error(), `"nope"`) {
+			t.Errorf("missing tensor: %v", err)
+		}
+		f.Close()
 	}
 }
