@@ -5,9 +5,9 @@
 package safetensors
 
 import (
-	"errors"
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"math"
 	"os"
