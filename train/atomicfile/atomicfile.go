@@ -29,7 +29,22 @@ import (
 // it over path and fsyncs the directory so the rename itself is durable.
 // On any error the temp file is removed and the existing file at path is
 // untouched.
-func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err error) {
+func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) error {
+	return WritePatched(path, perm, func(w io.Writer, _ Patch) error { return fn(w) })
+}
+
+// BufferBytes is the buffer a write goes through: what a write holds on
+// the host besides what fn holds.
+const BufferBytes = 1 << 20
+
+// Patch overwrites bytes the write has already passed, at offset off of
+// the file: for a header whose content is known only once the rest is
+// written (a checkpoint's checksums), written first as a placeholder of
+// the same length.
+type Patch func(off int64, b []byte) error
+
+// WritePatched is WriteFile whose fn may also patch what it has written.
+func WritePatched(path string, perm os.FileMode, fn func(w io.Writer, patch Patch) error) (err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -54,8 +69,15 @@ func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err e
 	if faults.Armed() {
 		out = &partialPoint{w: tmp, file: base}
 	}
-	bw := bufio.NewWriterSize(out, 1<<20)
-	if err = fn(bw); err != nil {
+	bw := bufio.NewWriterSize(out, BufferBytes)
+	patch := func(off int64, b []byte) error {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		_, err := tmp.WriteAt(b, off)
+		return err
+	}
+	if err = fn(bw, patch); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
 	}
 	if err = bw.Flush(); err != nil {

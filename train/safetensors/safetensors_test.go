@@ -489,3 +489,34 @@ func TestChunks(t *testing.T) {
 		f.Close()
 	}
 }
+
+// WriteStreamMeta writes the draft header, then the final metadata in its
+// place: the file is what Write of the final metadata writes; a final
+// metadata of another length is refused, naming the file, and leaves the
+// file there as it was.
+func TestWriteStreamMeta(t *testing.T) {
+	dir := t.TempDir()
+	ts := []Tensor{F32Tensor("a", []int{3}, []float32{1, 2, 3}), BF16Tensor("b", []int{2}, []uint16{5, 6})}
+	specs := []Spec{{Name: "a", DType: F32, Shape: []int{3}}, {Name: "b", DType: BF16, Shape: []int{2}}}
+	final := map[string]string{"sum": "0badf00d"}
+	p1, p2 := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.safetensors")
+	if err := Write(p1, ts, final); err != nil {
+		t.Fatal(err)
+	}
+	fill := func(i int, w io.Writer) error { _, err := w.Write(ts[i].Data); return err }
+	if err := WriteStreamMeta(p2, specs, map[string]string{"sum": "00000000"}, fill, func() map[string]string { return final }); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(p1)
+	b, _ := os.ReadFile(p2)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("WriteStreamMeta wrote\n%q\nWrite of the final metadata\n%q", b, a)
+	}
+	err := WriteStreamMeta(p2, specs, map[string]string{"sum": "0"}, fill, func() map[string]string { return final })
+	if err == nil || !strings.Contains(err.Error(), p2) || !strings.Contains(err.Error(), "draft") {
+		t.Errorf("final metadata longer than the draft: %v", err)
+	}
+	if c, _ := os.ReadFile(p2); !bytes.Equal(c, a) {
+		t.Errorf("a refused write changed the file")
+	}
+}

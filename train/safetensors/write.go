@@ -4,7 +4,9 @@
 // Limits: the whole header is built in memory; tensor data is streamed from
 // the given slices (Write) or from a callback, tensor by tensor
 // (WriteStream), so that an export needs no copy of the whole file in
-// memory. Tensors are laid out in the order given, back to back.
+// memory; metadata known only after the data (checksums) is written into
+// the header in place at the end (WriteStreamMeta). Tensors are laid out
+// in the order given, back to back.
 
 package safetensors
 
@@ -127,15 +129,26 @@ func (s Spec) Bytes() int64 {
 // than its chunk. Any error (from fill, or a wrong byte count) leaves path
 // untouched.
 func WriteStream(path string, specs []Spec, metadata map[string]string, fill func(i int, w io.Writer) error) error {
+	return WriteStreamMeta(path, specs, metadata, fill, nil)
+}
+
+// WriteStreamMeta is WriteStream for metadata known only once every
+// tensor is written (the checksums of their bytes): the header is written
+// first with draft as its metadata, and once fill has written the last
+// tensor, rewritten in place with final()'s, which must encode to the
+// same length (checksums of a fixed number of hex digits in the draft's
+// keys). A nil final keeps the draft. The file is renamed into place only
+// after the rewrite, so no reader sees the draft.
+func WriteStreamMeta(path string, specs []Spec, draft map[string]string, fill func(i int, w io.Writer) error, final func() map[string]string) error {
 	sizes := make([]int64, len(specs))
 	for i, sp := range specs {
 		sizes[i] = sp.Bytes()
 	}
-	header, err := buildHeader(specs, sizes, metadata)
+	header, err := buildHeader(specs, sizes, draft)
 	if err != nil {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
-	err = atomicfile.WriteFile(path, 0o644, func(w io.Writer) error {
+	err = atomicfile.WritePatched(path, 0o644, func(w io.Writer, patch atomicfile.Patch) error {
 		if err := writeHeader(w, header); err != nil {
 			return err
 		}
@@ -148,7 +161,17 @@ func WriteStream(path string, specs []Spec, metadata map[string]string, fill fun
 				return fmt.Errorf("%s: tensor %q: %d bytes written, want %d", path, sp.Name, sizes[i]-cw.left, sizes[i])
 			}
 		}
-		return nil
+		if final == nil {
+			return nil
+		}
+		h, err := buildHeader(specs, sizes, final())
+		if err != nil {
+			return err
+		}
+		if len(h) != len(header) {
+			return fmt.Errorf("%s: the final metadata makes a header of %d bytes, the draft's has %d", path, len(h), len(header))
+		}
+		return patch(8, h)
 	})
 	if err != nil {
 		return fmt.Errorf("safetensors: %w", err)
