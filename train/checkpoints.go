@@ -3,8 +3,9 @@
 // What a resume must share with the run that saved the checkpoint is
 // resume.go's; the file format is train/checkpoint's.
 //
-// Limits: rank 0 alone writes, after every rank has sent it its shard of
-// zero mode's host optimizer state; one checkpoint is kept, the latest.
+// Limits: rank 0 alone writes, every rank sending it its shard of zero
+// mode's host optimizer state as it writes; one checkpoint is kept, the
+// latest.
 
 package train
 
@@ -16,25 +17,37 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
-// saveCheckpoint writes the run's state to --out, atomically.
+// saveCheckpoint writes the run's state to --out, atomically. Every rank
+// holds the same weights and rank 0 writes them; zero mode's host
+// optimizer is sharded among the ranks, and each of its arrays is
+// gathered group by group as rank 0 writes it, every rank taking part
+// (joinCheckpoint).
 func (r *run) saveCheckpoint() error {
-	// Every rank holds the same weights; zero mode's host optimizer is
-	// sharded among the ranks, so every rank first sends its shard to
-	// rank 0 (a collective; nothing otherwise). Rank 0 saves the whole.
-	release, err := r.eng.GatherState()
-	if err != nil {
+	return r.world.rank0Writes(r.writeCheckpoint, r.joinCheckpoint)
+}
+
+// joinCheckpoint is a rank's part in rank 0's checkpoint write: the
+// gathers of a sharded optimizer's arrays (nothing otherwise).
+func (r *run) joinCheckpoint() error {
+	if err := r.eng.Drain(); err != nil {
 		return fmt.Errorf("step %d: %w", r.step, err)
 	}
-	defer release()
-	return r.world.rank0Only(r.writeCheckpoint)
+	_, finish, err := r.eng.StateArrays()
+	if err == nil {
+		err = finish()
+	}
+	if err != nil {
+		return fmt.Errorf("step %d: checkpoint: %w", r.step, err)
+	}
+	return nil
 }
 
 // writeCheckpoint is saveCheckpoint's write, on rank 0 (or alone).
 func (r *run) writeCheckpoint() error {
 	t0 := time.Now()
 	defer func() { r.times.Checkpoint += time.Since(t0) }()
-	releaseHost()       // the steps' garbage, before the checkpoint's values come on top
-	defer releaseHost() // the checkpoint's values
+	releaseHost() // the steps' garbage, before the checkpoint's buffers come on top
+	defer phase("checkpoint write")()
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
 	saveRanks(&st, r.world.size())
@@ -48,6 +61,7 @@ func (r *run) writeCheckpoint() error {
 // saved with this run's identity, and moves the data to where it stopped.
 func (r *run) resume() error {
 	path := r.checkpointPath()
+	defer phase("checkpoint restore")()
 	ck, err := checkpoint.Load(path, r.mc, r.log)
 	if err != nil {
 		return err

@@ -127,17 +127,25 @@ const Rank0Wait = 30 * time.Minute
 // alone it just runs write. Rank 0 joins the barrier even when write
 // fails, so the others learn of the failure from mpirun (rank 0 then
 // exits non-zero), not from a timeout.
-func (w *world) rank0Only(write func() error) error {
+func (w *world) rank0Only(write func() error) error { return w.rank0Writes(write, nil) }
+
+// rank0Writes is rank0Only where the other ranks take part in the write
+// (the collectives that bring rank 0 what it writes): they run join,
+// under Rank0Wait too, before the barrier.
+func (w *world) rank0Writes(write, join func() error) error {
 	if w.comm == nil {
 		return write()
-	}
-	var err error
-	if w.rank0() {
-		err = write()
 	}
 	if s, ok := w.comm.(interface{ SetTimeout(time.Duration) }); ok {
 		s.SetTimeout(Rank0Wait)
 		defer s.SetTimeout(w.timeout)
+	}
+	var err error
+	switch {
+	case w.rank0():
+		err = write()
+	case join != nil:
+		err = join()
 	}
 	if berr := w.comm.Barrier(); berr != nil && err == nil {
 		err = fmt.Errorf("waiting for rank 0 to write its outputs: %w", berr)

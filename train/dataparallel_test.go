@@ -24,30 +24,46 @@ func (f *fakeRank) SetTimeout(d time.Duration)   { f.log = append(f.log, "timeou
 func (f *fakeRank) Barrier() error               { f.log = append(f.log, "barrier"); return nil }
 func (f *fakeRank) AllReduceSum([]float32) error { return errors.New("unexpected") }
 
-// TestRank0Only: rank 0 writes, then every rank waits at a barrier under
-// Rank0Wait and gets its usual timeout back; a failed write is rank 0's
-// error after the barrier.
+// TestRank0Only: rank 0 writes while the other ranks join its write
+// (rank0Writes: the gathers of what it writes) or do nothing
+// (rank0Only), all under Rank0Wait, then every rank waits at a barrier
+// and gets its usual timeout back; a failed write (or join) is that
+// rank's error after the barrier.
 func TestRank0Only(t *testing.T) {
 	for _, rank := range []int{0, 1} {
-		for _, fail := range []bool{false, true} {
-			f := &fakeRank{Single: comm.NewSingle(), rank: rank}
-			r := &world{comm: f, timeout: 45 * time.Second}
-			err := r.rank0Only(func() error {
-				f.log = append(f.log, "write")
-				if fail {
-					return errors.New("disk full")
+		for _, join := range []bool{false, true} {
+			for _, fail := range []bool{false, true} {
+				f := &fakeRank{Single: comm.NewSingle(), rank: rank}
+				r := &world{comm: f, timeout: 45 * time.Second}
+				step := func(name string) func() error {
+					return func() error {
+						f.log = append(f.log, name)
+						if fail {
+							return errors.New("disk full")
+						}
+						return nil
+					}
 				}
-				return nil
-			})
-			want := fmt.Sprintf("timeout %v,barrier,timeout 45s", Rank0Wait)
-			if rank == 0 {
-				want = "write," + want
-			}
-			if got := strings.Join(f.log, ","); got != want {
-				t.Errorf("rank %d: calls %s, want %s", rank, got, want)
-			}
-			if wantErr := fail && rank == 0; (err != nil) != wantErr {
-				t.Errorf("rank %d, write fails %v: error %v", rank, fail, err)
+				var err error
+				if join {
+					err = r.rank0Writes(step("write"), step("join"))
+				} else {
+					err = r.rank0Only(step("write"))
+				}
+				part := ""
+				switch {
+				case rank == 0:
+					part = "write,"
+				case join:
+					part = "join,"
+				}
+				want := fmt.Sprintf("timeout %v,%sbarrier,timeout 45s", Rank0Wait, part)
+				if got := strings.Join(f.log, ","); got != want {
+					t.Errorf("rank %d, join %v: calls %s, want %s", rank, join, got, want)
+				}
+				if wantErr := fail && part != ""; (err != nil) != wantErr {
+					t.Errorf("rank %d, join %v, write fails %v: error %v", rank, join, fail, err)
+				}
 			}
 		}
 	}

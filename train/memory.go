@@ -23,6 +23,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
@@ -122,13 +123,13 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 		p.Host = append(p.Host, engine.Part{Name: "data", Bytes: datasetBytes(ds)})
 	}
 	N := int64(mc.NumParams())
+	// A checkpoint write and a restore stream every tensor a chunk at a
+	// time (train/checkpoint, the engine's StateArrays and
+	// LoadStateFrom).
+	p.Transient = append(p.Transient, engine.Part{Name: "checkpoint write", Bytes: checkpoint.SaveBytes(int(N)) + p.StateWrite})
 	switch {
 	case c.Resume:
-		// checkpoint.Load and Restore decode one tensor at a time and
-		// drop it once checked or restored (the collector's target is
-		// bounded by then); the longest is the parameters, as no state
-		// array is longer.
-		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: 4 * N})
+		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: checkpoint.RestoreBytes(int(N)) + p.StateRead})
 	case !fromCheckpoint:
 		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: 4 * N}) // mc.Init's values
 	case catalog.LoadHoldsCopy(mc, src):
@@ -299,6 +300,22 @@ func boundGarbage() (restore func()) {
 	}
 	old := debug.SetGCPercent(pct)
 	return func() { debug.SetGCPercent(old) }
+}
+
+// phaseHook, when a test sets it, is called as each transient phase of
+// the host plan begins (begin true) and ends, with the name of its
+// Transient part, so that the test can measure each phase's resident
+// memory against the plan's (memory_test.go).
+var phaseHook func(name string, begin bool)
+
+// phase tells phaseHook that the transient phase name begins, and
+// returns the call that says it ended.
+func phase(name string) (end func()) {
+	if phaseHook == nil {
+		return func() {}
+	}
+	phaseHook(name, true)
+	return func() { phaseHook(name, false) }
 }
 
 // releaseHost collects the garbage of a phase that allocated a large

@@ -24,8 +24,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"sort"
 
+	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/data"
@@ -107,52 +107,59 @@ func (st *State) UnmarshalJSON(raw []byte) error {
 type Optimizer interface {
 	// Drain waits for every update in flight.
 	Drain() error
-	SaveState() (map[string][]float32, error)
-	LoadState(map[string][]float32) error
+	// StateArrays and LoadStateFrom stream the state array by array,
+	// chunk by chunk (engine.Engine's).
+	StateArrays() (arrays []engine.StateArray, finish func() error, err error)
+	LoadStateFrom(src engine.StateSource) error
 	SetStepCount(step int)
 }
 
-// stateViewer is an Optimizer that can give its state without copying
-// the arrays it holds on the host (engine.Engine.SaveStateView), valid
-// until its next step: a checkpoint write then holds no second copy of
-// a host optimizer's master and moments.
-type stateViewer interface {
-	SaveStateView() (map[string][]float32, error)
+// saveChunk is the parameters' elements Save downloads per chunk, and
+// the bytes Load and Restore read per chunk of a mapped tensor (4 MiB
+// either way: the staging buffer's size).
+const (
+	saveChunk = backend.StagingBytes / 4
+	readChunk = backend.StagingBytes
+)
+
+// SaveBytes is the host memory Save holds for a model of n parameters
+// besides what the optimizer's arrays hand over (engine.Memory's
+// StateWrite): the parameters' download chunk, the encoding chunk and the
+// file's write buffer.
+func SaveBytes(n int) int64 {
+	return 4*int64(min(saveChunk, n)) + 4*encodeChunk + atomicfile.BufferBytes
 }
 
-// Save downloads the parameters and the optimizer state and writes them
-// with st to path, atomically, with their checksums. Each tensor is
-// encoded to little-endian fp32 a chunk at a time, for its checksum and
-// again as it is written, so that the host holds the downloaded values
-// once and never a second, encoded copy of them (HostPeak's "checkpoint
-// write" is those values).
-func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) error {
+// RestoreBytes is the host memory Load and Restore hold for a model of n
+// parameters besides what the optimizer reads whole (engine.Memory's
+// StateRead): a chunk's decoded values and its mapped pages.
+func RestoreBytes(n int) int64 {
+	return 4*int64(min(readChunk/4, n)) + readChunk
+}
+
+// Save writes the parameters and the optimizer state with st to path,
+// atomically, with their checksums, streaming every tensor: the
+// parameters come down a chunk at a time, the optimizer's arrays as
+// opt.StateArrays hands them over, each encoded to little-endian fp32 a
+// small chunk at a time as it is written and summed on the way. The
+// checksums go into the header last, in place of a placeholder of the
+// same length, so the host holds a few chunks, never a tensor
+// (HostPeak's "checkpoint write").
+func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) (err error) {
 	if err := opt.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	vals, err := backend.Download(be, s, params)
-	if err != nil {
-		return fmt.Errorf("checkpoint: params: %w", err)
-	}
-	saveState := opt.SaveState
-	if v, ok := opt.(stateViewer); ok {
-		saveState = v.SaveStateView // Save only reads the arrays, before any step
-	}
-	state, err := saveState()
+	arrays, finish, err := opt.StateArrays()
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	names := make([]string, 0, len(state))
-	for name := range state {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{len(vals)}}}
-	data := [][]float32{vals}
-	for _, name := range names {
-		specs = append(specs, safetensors.Spec{Name: name, DType: safetensors.F32, Shape: []int{len(state[name])}})
-		data = append(data, state[name])
-	}
+	defer func() {
+		// A sharded optimizer's gathers not yet done, which the other
+		// ranks wait for even when this write failed.
+		if ferr := finish(); ferr != nil && err == nil {
+			err = fmt.Errorf("checkpoint: %w", ferr)
+		}
+	}()
 	st.Version = Version
 	if st.Model == nil {
 		return fmt.Errorf("checkpoint: no model in the state")
@@ -162,21 +169,39 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	var chunk [encodeChunk * 4]byte
-	sums := make(map[string]string, len(specs))
-	for i, sp := range specs {
-		h := crc32.New(castagnoli)
-		if err := encodeF32(h, data[i], chunk[:]); err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
-		}
-		sums[sp.Name] = fmt.Sprintf("%08x", h.Sum32())
+	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{params.Len()}}}
+	for _, a := range arrays {
+		specs = append(specs, safetensors.Spec{Name: a.Name, DType: safetensors.F32, Shape: []int{a.Len}})
 	}
-	// The checksums are of the bytes encodeF32 writes: the same function
-	// of the same values, which nothing changes in between (the pipeline
-	// is drained and the slices are this function's own).
-	err = safetensors.WriteStream(path, specs, metadata(sums, string(raw)), func(i int, w io.Writer) error {
-		return encodeF32(w, data[i], chunk[:])
-	})
+	draft := make(map[string]string, len(specs))
+	for _, sp := range specs {
+		draft[sp.Name] = fmt.Sprintf("%08x", 0)
+	}
+	sums := make(map[string]string, len(specs))
+	var chunk [encodeChunk * 4]byte
+	var buf []float32
+	fill := func(i int, w io.Writer) error {
+		h := crc32.New(castagnoli)
+		out := io.MultiWriter(w, h)
+		var err error
+		if i == 0 {
+			buf = make([]float32, min(saveChunk, params.Len()))
+			for off := 0; off < params.Len() && err == nil; off += len(buf) {
+				n := min(len(buf), params.Len()-off)
+				if err = be.Staging().DownloadInto(s, buf[:n], params.Slice(off, n)); err != nil {
+					err = fmt.Errorf("params: %w", err)
+					break
+				}
+				err = encodeF32(out, buf[:n], chunk[:])
+			}
+		} else {
+			err = arrays[i-1].Read(func(v []float32) error { return encodeF32(out, v, chunk[:]) })
+		}
+		sums[specs[i].Name] = fmt.Sprintf("%08x", h.Sum32())
+		return err
+	}
+	err = safetensors.WriteStreamMeta(path, specs, metadata(draft, string(raw)), fill,
+		func() map[string]string { return metadata(sums, string(raw)) })
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -210,6 +235,9 @@ type Checkpoint struct {
 	Path string
 	f    *safetensors.File
 	sums map[string]string // each tensor's checksum, verified by Load (nil for a file without them)
+	// verified: Load has checked every tensor, and a checksum that fails
+	// now means the file changed since.
+	verified bool
 }
 
 // ReadState decodes the State of an open checkpoint file, without
@@ -238,11 +266,10 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	// Mapped, not read: the checksums and the checks of the values read
-	// each tensor's pages and hand them back (Release), and each decoded
-	// tensor is dropped before the next is decoded, so that a resume
-	// holds on the host one decoded tensor at a time beside one tensor's
-	// pages, never the whole file.
+	// Mapped, not read: each tensor is read a chunk at a time (checksum
+	// and finiteness in one pass) and each chunk's pages are handed back
+	// (File.Chunks), so that a resume holds on the host a chunk, never a
+	// tensor, let alone the file.
 	f, err := safetensors.OpenMapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
@@ -255,11 +282,34 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	return ck, nil
 }
 
-// load is Load of the opened file f.
+// load is Load of the opened file f. Its errors come in the order of
+// their causes: a damaged file (a checksum) before a file of another
+// model, and that before a value that is not finite.
 func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
-	unverified, err := verify(f)
+	sums, unverified, err := verify(f)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
+	}
+	ck := &Checkpoint{Path: path, f: f, sums: sums}
+	var notFinite error
+	for _, name := range f.Names() {
+		var layout []model.Param
+		if name == ParamsTensor {
+			layout = mc.Layout()
+		}
+		d := ""
+		err := ck.read(name, func(off int, v []float32) error {
+			if d == "" {
+				d = nonFinite(v, off, layout)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+		if d != "" && notFinite == nil {
+			notFinite = fmt.Errorf("resume: %s: tensor %s: %s; refusing a checkpoint that is not finite", path, name, d)
+		}
 	}
 	st, err := ReadState(f)
 	if err != nil {
@@ -272,14 +322,7 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 		log.Warn("checkpoint carries no checksums, so damage to it cannot be detected; the next one saved will carry them",
 			"checkpoint", path, "version", st.Version)
 	}
-	ck := &Checkpoint{State: st, Path: path, f: f}
-	if !unverified {
-		// Verified by verify already; kept so that each later decoding
-		// is checked again against the file as it is then.
-		if err := json.Unmarshal([]byte(f.Metadata[ChecksumsKey]), &ck.sums); err != nil {
-			return nil, fmt.Errorf("resume: %s: tensor checksums: %w", path, err)
-		}
-	}
+	ck.State = st
 	if !catalog.Equal(ck.Model, mc) {
 		return nil, fmt.Errorf("resume: %s: saved for %s model %+v, this run has %s model %+v",
 			path, ck.Model.Family(), ck.Model, mc.Family(), mc)
@@ -289,40 +332,71 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 	} else if n := ti.NumElements(); n != int64(mc.NumParams()) {
 		return nil, fmt.Errorf("resume: %s: tensor %s has %d elements, the model config needs %d", path, ParamsTensor, n, mc.NumParams())
 	}
-	for _, name := range f.Names() {
-		v, err := ck.tensor(name)
-		if err != nil {
-			return nil, fmt.Errorf("resume: %w", err)
-		}
-		var layout []model.Param
-		if name == ParamsTensor {
-			layout = mc.Layout()
-		}
-		if d := NonFinite(v, layout); d != "" {
-			return nil, fmt.Errorf("resume: %s: tensor %s: %s; refusing a checkpoint that is not finite", path, name, d)
-		}
+	if notFinite != nil {
+		return nil, notFinite
 	}
+	ck.verified = true
 	return ck, nil
 }
 
-// tensor decodes the named tensor of the file as fp32 and hands its
-// pages back. The bytes are checked against the tensor's checksum again
-// each time: the file is read again after Load verified it, and had it
-// changed in place since (checkpoints are replaced by a rename, which
-// leaves the mapped file as it was), its values would not be used.
-func (ck *Checkpoint) tensor(name string) ([]float32, error) {
-	defer ck.f.Release(name)
-	if ck.sums != nil {
-		raw, _, err := ck.f.Raw(name)
-		if err != nil {
-			return nil, err
-		}
-		if got := checksum(raw); got != ck.sums[name] {
-			return nil, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file changed after it was verified",
-				ck.Path, name, got, ck.sums[name])
-		}
+// read decodes the named tensor of the file as fp32 a chunk at a time,
+// handing each chunk to fn with the index of its first element, and
+// hands the chunk's pages back. The bytes are summed on the way and
+// checked against the tensor's checksum at the end: in Load, that is
+// the verification; after it, a check that the file did not change in
+// place since (checkpoints are replaced by a rename, which leaves the
+// mapped file as it was), whose values fn has then had, and the caller
+// must fail. A file without checksums is read unchecked.
+func (ck *Checkpoint) read(name string, fn func(off int, v []float32) error) error {
+	ti, ok := ck.f.Info(name)
+	if !ok {
+		return fmt.Errorf("%s: no tensor %s", ck.Path, name)
 	}
-	v, _, err := ck.f.Float32(name)
+	switch ti.DType {
+	case safetensors.F32, safetensors.BF16, safetensors.F16:
+	default:
+		return fmt.Errorf("%s: tensor %s has dtype %s, want F32, BF16 or F16", ck.Path, name, ti.DType)
+	}
+	bits, _ := ti.DType.Bits()
+	es := int(bits / 8)
+	buf := make([]float32, min(readChunk/es, int(ti.NumElements())))
+	h := crc32.New(castagnoli)
+	off := 0
+	err := ck.f.Chunks(name, readChunk, func(b []byte) error {
+		h.Write(b)
+		n := len(b) / es
+		safetensors.Decode(buf[:n], b, ti.DType)
+		err := fn(off, buf[:n])
+		off += n
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: tensor %s: %w", ck.Path, name, err)
+	}
+	if ck.sums == nil {
+		return nil
+	}
+	if got := fmt.Sprintf("%08x", h.Sum32()); got != ck.sums[name] {
+		if !ck.verified { // Load's own read: the verification
+			return fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file is corrupted", ck.Path, name, got, ck.sums[name])
+		}
+		return fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file changed after it was verified",
+			ck.Path, name, got, ck.sums[name])
+	}
+	return nil
+}
+
+// tensor decodes the whole named tensor as fp32 (read's checks).
+func (ck *Checkpoint) tensor(name string) ([]float32, error) {
+	ti, ok := ck.f.Info(name)
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %s", ck.Path, name)
+	}
+	v := make([]float32, ti.NumElements())
+	err := ck.read(name, func(off int, c []float32) error {
+		copy(v[off:], c)
+		return nil
+	})
 	return v, err
 }
 
@@ -340,47 +414,31 @@ func (ck *Checkpoint) Params() ([]float32, error) {
 	return v, nil
 }
 
-// stateStreamer is an Optimizer that restores its state array by array
-// (engine.Engine.LoadStateFrom), so that Restore decodes each only when
-// it is restored.
-type stateStreamer interface {
-	LoadStateFrom(read func(name string) ([]float32, bool, error)) error
+// Len is the element count of the named tensor (engine.StateSource).
+func (ck *Checkpoint) Len(name string) (int, bool) {
+	ti, ok := ck.f.Info(name)
+	return int(ti.NumElements()), ok
+}
+
+// Read hands the named tensor over chunk by chunk (engine.StateSource).
+func (ck *Checkpoint) Read(name string, fn func(off int, v []float32) error) error {
+	return ck.read(name, fn)
 }
 
 // Restore uploads the checkpoint's parameters into params and its
-// optimizer state into opt, and sets opt's step counter.
+// optimizer state into opt, a chunk at a time, and sets opt's step
+// counter.
 func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {
-	vals, err := ck.tensor(ParamsTensor)
+	if n, _ := ck.Len(ParamsTensor); n != params.Len() {
+		return fmt.Errorf("resume: %s: tensor %s has %d elements, the model's parameters %d", ck.Path, ParamsTensor, n, params.Len())
+	}
+	err := ck.read(ParamsTensor, func(off int, v []float32) error {
+		return backend.Upload(be, s, params.Slice(off, len(v)), v)
+	})
 	if err != nil {
-		return fmt.Errorf("resume: %w", err)
+		return fmt.Errorf("resume: params: %w", err)
 	}
-	if err := backend.Upload(be, s, params, vals); err != nil {
-		return fmt.Errorf("resume: %s: params: %w", ck.Path, err)
-	}
-	read := func(name string) ([]float32, bool, error) {
-		if _, ok := ck.f.Info(name); !ok {
-			return nil, false, nil
-		}
-		v, err := ck.tensor(name)
-		return v, true, err
-	}
-	if ss, ok := opt.(stateStreamer); ok {
-		err = ss.LoadStateFrom(read)
-	} else {
-		state := map[string][]float32{}
-		for _, name := range ck.f.Names() {
-			if name == ParamsTensor {
-				continue
-			}
-			v, _, err := read(name)
-			if err != nil {
-				return fmt.Errorf("resume: %w", err)
-			}
-			state[name] = v
-		}
-		err = opt.LoadState(state)
-	}
-	if err != nil {
+	if err := opt.LoadStateFrom(ck); err != nil {
 		return fmt.Errorf("resume: %s: %w", ck.Path, err)
 	}
 	opt.SetStepCount(ck.Step)

@@ -68,56 +68,46 @@ func metadata(sums map[string]string, state string) map[string]string {
 	}
 }
 
-// verify checks the training state and every tensor of f against the
-// checksums in its metadata, before any of them is decoded. It reports
-// unverified when f carries no checksums and its state says it predates
-// them (version 2 or older); a later version without them is an error.
-// Every error names the file and the tensor, or the training state, at
-// fault.
-func verify(f *safetensors.File) (unverified bool, err error) {
+// verify checks the training state against its checksum and that every
+// tensor of f has a checksum and every checksum a tensor, and returns the
+// tensors' checksums, which Load then checks each tensor's bytes against
+// as it reads them, before any value is used. It reports unverified (and
+// no checksums) when f carries none and its state says it predates them
+// (version 2 or older); a later version without them is an error. Every
+// error names the file and the tensor, or the training state, at fault.
+func verify(f *safetensors.File) (want map[string]string, unverified bool, err error) {
 	sums, hasSums := f.Metadata[ChecksumsKey]
 	stateSum, hasStateSum := f.Metadata[StateChecksumKey]
 	if !hasSums && !hasStateSum {
 		st, err := ReadState(f)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		if st.Version >= checksumVersion {
-			return false, fmt.Errorf("%s: format version %d without checksums (no %s in its metadata): the file is damaged or was altered",
+			return nil, false, fmt.Errorf("%s: format version %d without checksums (no %s in its metadata): the file is damaged or was altered",
 				f.Path, st.Version, ChecksumsKey)
 		}
-		return true, nil
+		return nil, true, nil
 	}
 	state, ok := f.Metadata[MetadataKey]
 	switch {
 	case !ok:
-		return false, fmt.Errorf("%s: no training state in its metadata (not an lsp-train checkpoint, or a damaged one)", f.Path)
+		return nil, false, fmt.Errorf("%s: no training state in its metadata (not an lsp-train checkpoint, or a damaged one)", f.Path)
 	case !hasStateSum:
-		return false, fmt.Errorf("%s: training state: no checksum (%s missing from its metadata)", f.Path, StateChecksumKey)
+		return nil, false, fmt.Errorf("%s: training state: no checksum (%s missing from its metadata)", f.Path, StateChecksumKey)
 	case checksum([]byte(state)) != stateSum:
-		return false, fmt.Errorf("%s: training state: CRC-32C %s, the file records %q: the file is corrupted",
+		return nil, false, fmt.Errorf("%s: training state: CRC-32C %s, the file records %q: the file is corrupted",
 			f.Path, checksum([]byte(state)), stateSum)
 	case !hasSums:
-		return false, fmt.Errorf("%s: no tensor checksums (%s missing from its metadata)", f.Path, ChecksumsKey)
+		return nil, false, fmt.Errorf("%s: no tensor checksums (%s missing from its metadata)", f.Path, ChecksumsKey)
 	}
-	var want map[string]string
 	if err := json.Unmarshal([]byte(sums), &want); err != nil {
-		return false, fmt.Errorf("%s: tensor checksums (%s): %w", f.Path, ChecksumsKey, err)
+		return nil, false, fmt.Errorf("%s: tensor checksums (%s): %w", f.Path, ChecksumsKey, err)
 	}
 	for _, name := range f.Names() {
-		sum, ok := want[name]
-		if !ok {
-			return false, fmt.Errorf("%s: tensor %s: no checksum in %s", f.Path, name, ChecksumsKey)
+		if _, ok := want[name]; !ok {
+			return nil, false, fmt.Errorf("%s: tensor %s: no checksum in %s", f.Path, name, ChecksumsKey)
 		}
-		b, _, err := f.Raw(name)
-		if err != nil {
-			return false, err
-		}
-		if got := checksum(b); got != sum {
-			return false, fmt.Errorf("%s: tensor %s: CRC-32C %s, the file records %q: the file is corrupted", f.Path, name, got, sum)
-		}
-		f.Release(name) // its pages, read once; a mapped file gives them back
-
 	}
 	names := make([]string, 0, len(want))
 	for name := range want {
@@ -126,10 +116,10 @@ func verify(f *safetensors.File) (unverified bool, err error) {
 	slices.Sort(names)
 	for _, name := range names {
 		if _, ok := f.Info(name); !ok {
-			return false, fmt.Errorf("%s: tensor %s: has a checksum but is missing from the file", f.Path, name)
+			return nil, false, fmt.Errorf("%s: tensor %s: has a checksum but is missing from the file", f.Path, name)
 		}
 	}
-	return false, nil
+	return want, false, nil
 }
 
 // NonFinite describes the first NaN or infinity in v, or returns "" when
@@ -137,17 +127,23 @@ func verify(f *safetensors.File) (unverified bool, err error) {
 // lays out and the description names the parameter and the element within
 // it ("transformer.h.0.ln_1.bias holds NaN at element 3"); otherwise it
 // names the element of v ("NaN at element 3").
-func NonFinite(v []float32, layout []model.Param) string {
+func NonFinite(v []float32, layout []model.Param) string { return nonFinite(v, 0, layout) }
+
+// nonFinite is NonFinite of the chunk v of a longer array, its first
+// element the array's element off.
+func nonFinite(v []float32, off int, layout []model.Param) string {
 	i := slices.IndexFunc(v, func(x float32) bool {
 		return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0)
 	})
 	if i < 0 {
 		return ""
 	}
+	x := v[i]
+	i += off
 	for _, p := range layout {
 		if i >= p.Offset && i < p.Offset+p.Len() {
-			return fmt.Sprintf("%s holds %v at element %d", p.Name, v[i], i-p.Offset)
+			return fmt.Sprintf("%s holds %v at element %d", p.Name, x, i-p.Offset)
 		}
 	}
-	return fmt.Sprintf("%v at element %d", v[i], i)
+	return fmt.Sprintf("%v at element %d", x, i)
 }

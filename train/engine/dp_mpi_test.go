@@ -213,21 +213,16 @@ func dpRunOn(env dpEnv, c comm.Communicator, tc dpCase, ranks, nanMicro int) (re
 	if err != nil {
 		return res, err
 	}
-	// A sharded host optimizer is gathered whole to rank 0 (every rank
-	// takes part); the other ranks hold only their shards.
-	release, err := e.GatherState()
-	if err != nil {
-		return res, err
-	}
-	defer release()
+	// A sharded host optimizer's arrays are gathered whole as they are
+	// read (every rank takes part); rank 0's are compared.
 	res.params, res.p = hashFloats(p), p
-	if rank > 0 && cfg.sharded() {
-		res.state = "shard"
-		return res, nil
-	}
 	st, err := e.SaveState()
 	if err != nil {
 		return res, err
+	}
+	if rank > 0 && cfg.sharded() {
+		res.state = "shard"
+		return res, nil
 	}
 	h := sha256.New()
 	keys := make([]string, 0, len(st))

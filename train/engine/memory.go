@@ -48,6 +48,13 @@ type Memory struct {
 	// parameters and SaveState's arrays, all fp32): nearly the size of
 	// its file.
 	CheckpointBytes int64
+	// StateWrite is the most host memory StateArrays' reads allocate at
+	// once (a device array's chunk, an index array converted to fp32,
+	// the step counts), StateRead LoadStateFrom's (the arrays it reads
+	// whole: a matrix's lsp state, the step counts): the engine's share
+	// of a checkpoint write's and a restore's transients, to which the
+	// run adds the file's own buffers.
+	StateWrite, StateRead int64
 	// Link is the bytes one step moves each way, excluding the batch (and
 	// including the non-finite flag's copy for the host Adam).
 	LinkD2H, LinkH2D int64
@@ -187,23 +194,18 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	N := int64(arch.NumParams())
 	dense := N - int64(x.MatrixElems())
 	dsize, gsize := int64(dt.Size()), int64(cfg.GradDType.Size())
-	// A checkpoint write (checkpoint.Save) holds the parameters as fp32
-	// and what SaveStateView downloads or converts on the host at once;
-	// ckpt adds the state mode by mode below, and p.CheckpointBytes the
-	// whole state, views included.
-	ckpt := 4 * N
+	// CheckpointBytes is the file's tensors: the parameters and, added
+	// mode by mode below, every state array.
 	p.CheckpointBytes = 4 * N
 	switch cfg.Mode {
 	case Native:
 		st := optim.StateBytes(arch.NumParams(), len(x.Layout), dt, true)
 		p.Device = append(p.Device, Part{"optimizer", st})
-		ckpt += savedDeviceState(st)
+		p.StateWrite = deviceStateChunk(N)
 		p.CheckpointBytes += savedDeviceState(st)
 	case Zero:
 		if cfg.sharded() {
-			held, gathered := shardedBytes(x, dt, cfg.Comm.Size(), cfg.Comm.Rank())
-			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", held})
-			ckpt += gathered
+			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", shardedBytes(x, dt, cfg.Comm.Size(), cfg.Comm.Rank())})
 		} else {
 			p.Host = append(p.Host, Part{"master, moments, pinned grads and weights", offloadBytes(N, dt, cfg.GradDType)})
 		}
@@ -222,7 +224,8 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 				p.Host = append(p.Host, Part{"ring grad accumulator", 4 * n})
 			}
 		}
-		ckpt += savedHostState(len(x.Layout))
+		p.StateWrite = savedHostState(len(x.Layout))
+		p.StateRead = savedHostState(len(x.Layout))
 		p.CheckpointBytes += 12*N + savedHostState(len(x.Layout))
 	case LSP:
 		n := lsp.MemoryOf(x, cfg.LSP, B, T, accum, dt, lspInFlight(cfg, accum))
@@ -245,7 +248,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		if n.HostProjectors > 0 {
 			p.Host = append(p.Host, Part{"projectors (pinned)", n.HostProjectors})
 		}
-		ckpt += n.Saved
+		p.StateWrite, p.StateRead = n.SaveConvert, n.RestoreHeld
 		p.CheckpointBytes += n.Saved + n.Views
 		p.LinkD2H, p.LinkH2D = p.LinkD2H+n.LinkDown, p.LinkH2D+n.LinkUp
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
@@ -253,11 +256,12 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		case DenseDevice:
 			st := optim.StateBytes(int(dense), denseTensors, dt, false)
 			p.Device = append(p.Device, Part{"dense optimizer", st})
-			ckpt += savedDeviceState(st)
+			p.StateWrite = max(p.StateWrite, deviceStateChunk(dense))
 			p.CheckpointBytes += savedDeviceState(st)
 		case DenseHost:
 			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
-			ckpt += savedHostState(denseTensors)
+			p.StateWrite = max(p.StateWrite, savedHostState(denseTensors))
+			p.StateRead = max(p.StateRead, savedHostState(denseTensors))
 			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
@@ -293,18 +297,15 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			p.LinkH2D += 4 * n
 		}
 	}
-	p.Transient = append(p.Transient, Part{"checkpoint write", ckpt})
 	return p, nil
 }
 
 // shardedBytes is one rank's host memory of zero mode's sharded optimizer
 // (shard.go): the whole pinned gradients (fp32) and weights (model dtype),
 // and for its shard alone the summed gradients, the moments and (bf16
-// models) the master; and what GatherState adds for a checkpoint write:
-// rank 0 the whole second moment and master (the first goes into the
-// pinned gradients; an fp32 model's master is its pinned weights), the
-// other ranks nothing (they receive into the pinned gradients).
-func shardedBytes(x *model.Index, dt backend.DType, size, rank int) (held, gathered int64) {
+// models) the master. A checkpoint write gathers each array group by
+// group into the pinned gradients, adding nothing.
+func shardedBytes(x *model.Index, dt backend.DType, size, rank int) int64 {
 	var groups []int
 	var n int64
 	for _, sp := range groupsAll(x) {
@@ -320,22 +321,23 @@ func shardedBytes(x *model.Index, dt backend.DType, size, rank int) (held, gathe
 	if dt != backend.F32 {
 		arrays++ // the master
 	}
-	held = 4*n + int64(dt.Size())*n + 4*s + 4*arrays*s
-	if rank == 0 {
-		return held, 4 * (arrays - 1) * n
-	}
-	return held, 0
+	return 4*n + int64(dt.Size())*n + 4*s + 4*arrays*s
 }
 
-// savedDeviceState is the fp32 bytes SaveStateView downloads of a device
-// optimizer whose state is st bytes (optim.StateBytes): all of it but
+// savedDeviceState is the fp32 bytes of a device optimizer's arrays in a
+// checkpoint, whose state is st bytes (optim.StateBytes): all of it but
 // the norms' work, which is not saved; every array of it is fp32 already
 // (a bf16 model's master included).
 func savedDeviceState(st int64) int64 { return st - backend.SumSquaresWork*8 }
 
-// savedHostState is the bytes SaveStateView makes of a host optimizer
-// over tensors tensors: a step count per tensor (its fp32 master and
-// moments are views, no copies).
+// deviceStateChunk is the host buffer StateArrays reads a device
+// optimizer of n parameters through: one chunk, as long as its longest
+// array (the moments, n) or stateChunk.
+func deviceStateChunk(n int64) int64 { return 4 * min(stateChunk, n) }
+
+// savedHostState is the bytes of a host optimizer's step counts over
+// tensors tensors, made as fp32 for a checkpoint (its fp32 master and
+// moments are handed over as they are).
 func savedHostState(tensors int) int64 { return 4 * int64(tensors) }
 
 // collectiveScratch is the device communicator's scratch (allocScratch): for

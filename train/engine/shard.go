@@ -23,9 +23,12 @@
 // chain, so that one group's Adam overlaps with the next group's
 // reduce-scatter rather than holding it up.
 //
-// A checkpoint holds the whole state: GatherState (a collective) brings
-// every shard to rank 0, whose SaveState then has the layout of one
-// process's; LoadState takes each rank's shard of the whole arrays.
+// A checkpoint holds the whole state: every rank reads the state's
+// arrays (StateArrays), each gathered group by group through the pinned
+// gradients (a collective), and rank 0 writes what it reads, so that the
+// file has the layout of one process's and no rank holds a whole array
+// more than it does for a step; LoadStateFrom takes each rank's shard of
+// the whole arrays.
 //
 // Element for element the update is the replicated one's: the same summed
 // gradient and the same Adam. The norms differ in the order of their
@@ -52,9 +55,6 @@ type hostShard struct {
 	master []float32 // bf16 models: [n]
 	mom    []float32 // M then V, [2n]
 	groups []shardGroup
-	// gathered holds rank 0's whole master (bf16 models) and moments
-	// between GatherState and its release.
-	gathered map[string][]float32
 }
 
 // shardGroup is one offload group's shard on this rank.
@@ -303,101 +303,88 @@ func (o *offload) initShard() error {
 	return nil
 }
 
-// shardArrays names this rank's fp32 state arrays as a checkpoint saves
-// them whole.
-func (sh *hostShard) shardArrays() []struct {
-	name string
-	v    []float32
-} {
-	out := []struct {
+// shardArrays are a sharded host optimizer's state arrays as a
+// checkpoint saves them, whole: every rank reading one gathers it group
+// by group (a collective) into the pinned gradients, idle between steps,
+// and hands each group over from there, so that no rank holds more than
+// it does for a step. An fp32 model's master is its pinned weights, whole
+// after every step's all-gather.
+func (o *offload) shardArrays() []StateArray {
+	sh := o.shard
+	arrays := []struct {
 		name string
 		v    []float32
 	}{{"host.m", sh.mom[:sh.n]}, {"host.v", sh.mom[sh.n:]}}
 	if sh.master != nil {
-		out = append(out, struct {
+		arrays = append(arrays, struct {
 			name string
 			v    []float32
 		}{"host.master", sh.master})
 	}
+	var out []StateArray
+	for _, a := range arrays {
+		out = append(out, StateArray{Name: a.name, Len: o.n, collective: true, Read: func(fn func([]float32) error) error {
+			pinned := o.grads.Float32()[:o.n] // fp32 with several ranks (checkComm)
+			o.e.hostAccess("gather host state", nil, []backend.Range{hazard.HostRange(o.grads, 0, 4*o.n)})
+			var ferr error
+			for _, sg := range sh.groups {
+				whole := pinned[sg.off : sg.off+sg.n]
+				if err := sh.c.AllGather(whole, a.v[sg.base:sg.base+sg.hi-sg.lo]); err != nil {
+					return fmt.Errorf("engine: gathering %s: %w", a.name, err)
+				}
+				if ferr == nil {
+					ferr = fn(whole) // after an error, the other ranks' gathers still need this one's
+				}
+			}
+			return ferr
+		}})
+	}
+	if sh.master == nil {
+		out = append(out, StateArray{Name: "host.master", Len: o.n, Read: func(fn func([]float32) error) error {
+			return fn(o.out.Float32()[:o.n])
+		}})
+	}
 	return out
 }
 
-// GatherState brings a sharded host optimizer's state (zero mode with
-// several ranks) whole to rank 0, for SaveState there; release drops it
-// again. Every rank must call it, at the same point between steps (it is a
-// collective). The pinned gradients, idle between steps, hold rank 0's
-// whole first moment and the other ranks' receive scratch, so that only
-// rank 0 allocates, the rest of its arrays. Without sharding it does
-// nothing.
-func (e *Engine) GatherState() (release func(), err error) {
-	if e.off == nil || e.off.shard == nil {
-		return func() {}, nil
-	}
-	o, sh := e.off, e.off.shard
-	root := sh.c.Rank() == 0
-	pinned := o.grads.Float32()[:o.n] // fp32 with several ranks (checkComm)
-	e.hostAccess("gather host state", nil, []backend.Range{hazard.HostRange(o.grads, 0, 4*o.n)})
-	got := map[string][]float32{}
-	for i, a := range sh.shardArrays() {
-		var whole []float32
-		switch {
-		case root && i == 0:
-			whole = pinned
-		case root:
-			whole = make([]float32, o.n)
-		}
-		for _, sg := range sh.groups {
-			x := pinned[:sg.n]
-			if root {
-				x = whole[sg.off : sg.off+sg.n]
-			}
-			if err := sh.c.AllGather(x, a.v[sg.base:sg.base+sg.hi-sg.lo]); err != nil {
-				return nil, fmt.Errorf("engine: gathering %s to rank 0: %w", a.name, err)
-			}
-		}
-		got[a.name] = whole
-	}
-	if root {
-		sh.gathered = got
-	}
-	return func() { sh.gathered = nil }, nil
-}
-
-// saveShard adds the whole host state of a sharded optimizer to out (rank
-// 0, after GatherState): the layout of one process's.
-func (o *offload) saveShard(out map[string][]float32, host func([]float32) []float32) error {
-	sh := o.shard
-	if sh.gathered == nil {
-		return fmt.Errorf("engine: the host optimizer is sharded over %d ranks and rank %d holds 1/%d of it: "+
-			"call GatherState on every rank, then SaveState on rank 0", sh.c.Size(), sh.c.Rank(), sh.c.Size())
-	}
-	for name, v := range sh.gathered {
-		out[name] = host(v)
-	}
-	if sh.master == nil {
-		out["host.master"] = host(o.out.Float32()[:o.n]) // whole after every step's all-gather
-	}
-	return nil
-}
-
 // loadShard restores this rank's shard of the whole arrays (and, for an
-// fp32 model, the whole pinned weights, which are its master).
-func (o *offload) loadShard(get func(string, int) ([]float32, error)) error {
+// fp32 model, the whole pinned weights, which are its master), each chunk
+// as it is read.
+func (o *offload) loadShard(into func(string, int, func(int, []float32) error) error) error {
 	sh := o.shard
 	if sh.master == nil {
-		v, err := get("host.master", o.n)
+		err := into("host.master", o.n, func(off int, v []float32) error {
+			copy(o.out.Float32()[off:o.n], v)
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		copy(o.out.Float32()[:o.n], v)
 	}
-	for _, a := range sh.shardArrays() {
-		v, err := get(a.name, o.n)
+	arrays := []struct {
+		name string
+		v    []float32
+	}{{"host.m", sh.mom[:sh.n]}, {"host.v", sh.mom[sh.n:]}}
+	if sh.master != nil {
+		arrays = append(arrays, struct {
+			name string
+			v    []float32
+		}{"host.master", sh.master})
+	}
+	for _, a := range arrays {
+		err := into(a.name, o.n, func(off int, v []float32) error {
+			// The part of [off, off+len(v)) that lies in each group's
+			// shard [lo, hi).
+			for _, sg := range sh.groups {
+				lo, hi := max(sg.lo, off), min(sg.hi, off+len(v))
+				if lo < hi {
+					copy(a.v[sg.base+lo-sg.lo:], v[lo-off:hi-off])
+				}
+			}
+			return nil
+		})
 		if err != nil {
 			return err
-		}
-		for _, sg := range sh.groups {
-			copy(a.v[sg.base:sg.base+sg.hi-sg.lo], v[sg.lo:sg.hi])
 		}
 	}
 	return nil

@@ -27,9 +27,9 @@ func (s shardRank) AllGather(x, shard []float32) error {
 // TestPlanMatchesShardedHost: zero mode with several ranks holds, per
 // rank, the whole pinned gradients and weights and its shard of the summed
 // gradients, moments and (bf16) master: MemoryOf's part says so to the
-// byte, for every rank of 2 and 3, and less than one process's; the
-// checkpoint write adds rank 0's gathered state (less the moment it
-// gathers into the pinned gradients).
+// byte, for every rank of 2 and 3, and less than one process's; a
+// checkpoint write gathers every sharded array into the pinned gradients,
+// group by group, adding nothing.
 func TestPlanMatchesShardedHost(t *testing.T) {
 	for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 		one, err := MemoryOf(small, testB, testT, 1, dt, testConfig(Zero))
@@ -61,28 +61,38 @@ func TestPlanMatchesShardedHost(t *testing.T) {
 					t.Errorf("%v, rank %d of %d: allocated %d bytes of host optimizer, planned %d (one process %d)", dt, rank, size, got, want, whole)
 				}
 				total += sh.n
-				release, err := e.GatherState()
+				// A checkpoint write reads every array whole, every
+				// rank gathering the sharded ones into its pinned
+				// gradients: nothing is allocated beyond the plan's
+				// step counts, and each array is the whole of it.
+				arrays, finish, err := e.StateArrays()
 				if err != nil {
 					t.Fatal(err)
 				}
-				// Rank 0's new arrays: the whole state less what lies in
-				// the pinned gradients; the other ranks allocate nothing.
-				var gathered int64
-				if rank == 0 {
-					pinned := o.grads.Float32()
-					for name, v := range sh.gathered {
-						if len(v) != o.n {
-							t.Errorf("%v, rank 0 of %d: gathered %s has %d elements, want %d", dt, size, name, len(v), o.n)
+				pinned := o.grads.Float32()
+				for _, a := range arrays {
+					if !a.collective {
+						continue
+					}
+					got := 0
+					if err := a.Read(func(v []float32) error {
+						if &v[0] != &pinned[got] {
+							t.Errorf("%v, rank %d of %d: %s's chunk at %d is not gathered into the pinned gradients", dt, rank, size, a.Name, got)
 						}
-						if &v[0] != &pinned[0] {
-							gathered += 4 * int64(len(v))
-						}
+						got += len(v)
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+					if got != o.n || a.Len != o.n {
+						t.Errorf("%v, rank %d of %d: %s read %d elements of %d, want %d", dt, rank, size, a.Name, got, a.Len, o.n)
 					}
 				}
-				release()
-				ckpt := part(plan.Transient, "checkpoint write")
-				if base := 4*int64(small.NumParams()) + savedHostState(len(e.idx.Layout)); ckpt != base+gathered {
-					t.Errorf("%v, rank %d of %d: planned checkpoint write %d bytes, the parameters, steps and gathered state hold %d", dt, rank, size, ckpt, base+gathered)
+				if err := finish(); err != nil {
+					t.Fatal(err)
+				}
+				if w := plan.StateWrite; w != savedHostState(len(e.idx.Layout)) {
+					t.Errorf("%v, rank %d of %d: planned state write %d bytes, want the step counts' %d", dt, rank, size, w, savedHostState(len(e.idx.Layout)))
 				}
 				e.Free()
 				be.Close()

@@ -4,138 +4,266 @@
 // per-matrix projectors and subspace moments (train/lsp's State.Save).
 // Integers are stored as float32, exact below 2^24, which every index and
 // count here is.
+//
+// A checkpoint streams them: StateArrays hands each array over a chunk at
+// a time (a device array through the staging buffer, a host array as the
+// engine's own memory, a sharded one group by group as it is gathered),
+// and LoadStateFrom takes each back a chunk at a time, so that neither
+// holds a whole array on the host that the engine does not hold already.
 
 package engine
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/optim"
 )
 
-// SaveState returns the optimizer state by name, every array the
-// caller's own. The pipeline must be drained (it is between steps).
-func (e *Engine) SaveState() (map[string][]float32, error) { return e.saveState(true) }
+// StateArray is one named array of the optimizer state, as a checkpoint
+// write streams it.
+type StateArray struct {
+	Name string
+	Len  int
+	// Read hands the array's values to fn in order, a chunk at a time;
+	// a chunk is valid only during the call and must not be written.
+	// It must be called between steps, with the pipeline drained.
+	Read func(fn func(v []float32) error) error
+	// collective: reading takes part in a collective of every rank (a
+	// sharded optimizer's gather), so that every rank reads it.
+	collective bool
+	read       *bool // set once Read ran: finish skips it
+}
 
-// SaveStateView is SaveState without copying the arrays the host holds
-// as fp32 already (the host optimizer's master and moments, lsp's
-// projector values and subspace moments): those are the engine's own,
-// to be read, not written, and only until the next step or LoadState. A
-// checkpoint write reads them between steps, so that it holds on the
-// host only what it must download or convert (the plan's "checkpoint
-// write").
-func (e *Engine) SaveStateView() (map[string][]float32, error) { return e.saveState(false) }
+// stateChunk is the elements a device array comes down in per chunk
+// (the staging buffer's worth): the host buffer a checkpoint write
+// holds for the optimizer's device state.
+const stateChunk = backend.StagingBytes / 4
 
-// saveState is SaveState, with fresh copies of the host's fp32 arrays
-// when own is set and the arrays themselves otherwise.
-func (e *Engine) saveState(own bool) (map[string][]float32, error) {
-	host := func(v []float32) []float32 {
-		if own {
-			return append([]float32(nil), v...)
-		}
-		return v
-	}
-	out := map[string][]float32{}
+// StateArrays returns the optimizer state's arrays, sorted by name, to be
+// read between steps. finish must be called once they are read, or not:
+// on every rank of a sharded host optimizer it reads what was left
+// unread of the arrays that take part in a collective (discarding the
+// values), so that a rank whose checkpoint write failed half-way, or a
+// rank that writes nothing, still joins every gather the others join.
+func (e *Engine) StateArrays() (arrays []StateArray, finish func() error, err error) {
 	s := e.st.Compute
-	dev := func(name string, t backend.Tensor) error {
+	var buf []float32 // one chunk for every device array, read one after another
+	add := func(a StateArray) {
+		done := new(bool)
+		read := a.Read
+		a.read = done
+		a.Read = func(fn func([]float32) error) error {
+			*done = true
+			return read(fn)
+		}
+		arrays = append(arrays, a)
+	}
+	dev := func(name string, t backend.Tensor) {
 		if t.Buf == nil {
+			return
+		}
+		add(StateArray{Name: name, Len: t.Len(), Read: func(fn func([]float32) error) error {
+			if buf == nil {
+				buf = make([]float32, min(stateChunk, e.largestDeviceState()))
+			}
+			for off := 0; off < t.Len(); off += len(buf) {
+				n := min(len(buf), t.Len()-off)
+				if err := e.be.Staging().DownloadInto(s, buf[:n], t.Slice(off, n)); err != nil {
+					return fmt.Errorf("saving %s: %w", name, err)
+				}
+				if err := fn(buf[:n]); err != nil {
+					return err
+				}
+			}
 			return nil
-		}
-		v, err := backend.Download(e.be, s, t)
-		if err != nil {
-			return fmt.Errorf("saving %s: %w", name, err)
-		}
-		out[name] = v
-		return nil
+		}})
+	}
+	host := func(name string, v []float32) {
+		add(StateArray{Name: name, Len: len(v), Read: func(fn func([]float32) error) error { return fn(v) }})
 	}
 	if o := e.opt; o != nil {
-		for name, t := range map[string]backend.Tensor{"adam.m": o.M, "adam.v": o.V, "adam.master": o.Master, "adam.norms": o.Norms} {
-			if err := dev(name, t); err != nil {
-				return nil, err
-			}
-		}
+		dev("adam.m", o.M)
+		dev("adam.v", o.V)
+		dev("adam.master", o.Master)
+		dev("adam.norms", o.Norms)
 	}
 	if d := e.dense; d != nil {
-		for name, t := range map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms} {
-			if err := dev(name, t); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if o := e.off; o != nil && o.shard != nil {
-		if err := o.saveShard(out, host); err != nil {
-			return nil, err
-		}
-	} else if o != nil {
-		out["host.master"] = host(o.weights())
-		out["host.m"] = host(o.mom[:o.n])
-		out["host.v"] = host(o.mom[o.n:])
+		dev("dense.m", d.M)
+		dev("dense.v", d.V)
+		dev("dense.master", d.Master)
+		dev("dense.norms", d.Norms)
 	}
 	if o := e.off; o != nil {
-		var steps []float32
-		for _, g := range o.groups {
-			for _, t := range g.tensors {
-				steps = append(steps, float32(t.state.Step))
+		if o.shard != nil {
+			for _, a := range o.shardArrays() {
+				add(a)
 			}
+		} else {
+			host("host.master", o.weights())
+			host("host.m", o.mom[:o.n])
+			host("host.v", o.mom[o.n:])
 		}
-		out["host.steps"] = steps
+		count := 0
+		for _, g := range o.groups {
+			count += len(g.tensors)
+		}
+		add(StateArray{Name: "host.steps", Len: count, Read: func(fn func([]float32) error) error {
+			steps := make([]float32, 0, count)
+			for _, g := range o.groups {
+				for _, t := range g.tensors {
+					steps = append(steps, float32(t.state.Step))
+				}
+			}
+			return fn(steps)
+		}})
 	}
 	if e.lsp != nil {
-		e.lsp.Save(out, host)
+		e.lsp.SaveArrays(func(name string, n int, read func() []float32) {
+			add(StateArray{Name: name, Len: n, Read: func(fn func([]float32) error) error { return fn(read()) }})
+		})
 	}
-	return out, nil
+	slices.SortFunc(arrays, func(a, b StateArray) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	finish = func() error {
+		for _, a := range arrays {
+			if a.collective && !*a.read {
+				if err := a.Read(func([]float32) error { return nil }); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return arrays, finish, nil
+}
+
+// largestDeviceState is the elements of the longest device array of the
+// optimizer state (native's or the dense device optimizer's).
+func (e *Engine) largestDeviceState() int {
+	n := 0
+	for _, o := range []*optim.AdamW{e.opt, e.dense} {
+		if o == nil {
+			continue
+		}
+		for _, t := range []backend.Tensor{o.M, o.V, o.Master, o.Norms} {
+			n = max(n, t.Len())
+		}
+	}
+	return n
+}
+
+// SaveState returns the optimizer state by name, every array the
+// caller's own (a copy). The pipeline must be drained (it is between
+// steps). With a sharded host optimizer every rank must call it at the
+// same point (it gathers the shards).
+func (e *Engine) SaveState() (map[string][]float32, error) {
+	arrays, finish, err := e.StateArrays()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]float32, len(arrays))
+	for _, a := range arrays {
+		v := make([]float32, 0, a.Len)
+		if err := a.Read(func(c []float32) error { v = append(v, c...); return nil }); err != nil {
+			return nil, err
+		}
+		out[a.Name] = v
+	}
+	return out, finish()
+}
+
+// StateSource is a saved optimizer state that LoadStateFrom reads array
+// by array, chunk by chunk (a checkpoint file).
+type StateSource interface {
+	// Len is the named array's element count; ok is false when there is
+	// no array of that name.
+	Len(name string) (n int, ok bool)
+	// Read hands the named array to fn in order, a chunk at a time, with
+	// the chunk's first element's index; the chunk is valid only during
+	// the call.
+	Read(name string, fn func(off int, v []float32) error) error
+}
+
+// mapSource is a StateSource of whole arrays in memory.
+type mapSource map[string][]float32
+
+func (m mapSource) Len(name string) (int, bool) {
+	v, ok := m[name]
+	return len(v), ok
+}
+
+func (m mapSource) Read(name string, fn func(off int, v []float32) error) error {
+	return fn(0, m[name])
 }
 
 // LoadState restores SaveState's arrays; every array the mode needs must be
 // present with its exact length.
-func (e *Engine) LoadState(ts map[string][]float32) error {
-	return e.LoadStateFrom(func(name string) ([]float32, bool, error) {
-		v, ok := ts[name]
-		return v, ok, nil
-	})
-}
+func (e *Engine) LoadState(ts map[string][]float32) error { return e.LoadStateFrom(mapSource(ts)) }
 
-// LoadStateFrom is LoadState reading each array only when it restores
-// it, by read (ok false when there is none of that name); it keeps no
-// array after restoring it, so that a checkpoint decoded array by array
-// is never all on the host at once.
-func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err error)) error {
+// LoadStateFrom is LoadState reading each array from src chunk by chunk
+// as it restores it, into the engine's own memory (a device array
+// through the staging buffer), so that a checkpoint restores with no
+// whole array on the host that the engine does not hold already.
+func (e *Engine) LoadStateFrom(src StateSource) error {
 	s := e.st.Compute
-	get := func(name string, n int) ([]float32, error) {
-		v, ok, err := read(name)
-		if err != nil {
-			return nil, err
-		}
+	check := func(name string, n int) error {
+		got, ok := src.Len(name)
 		if !ok {
-			return nil, fmt.Errorf("optimizer state %s missing (was the checkpoint saved with another --mode, --dense-params or --dtype?)", name)
+			return fmt.Errorf("optimizer state %s missing (was the checkpoint saved with another --mode, --dense-params or --dtype?)", name)
 		}
-		if len(v) != n {
-			return nil, fmt.Errorf("optimizer state %s has %d elements, this run needs %d (was it saved with another --d or --r?)", name, len(v), n)
+		if got != n {
+			return fmt.Errorf("optimizer state %s has %d elements, this run needs %d (was it saved with another --d or --r?)", name, got, n)
 		}
-		return v, nil
+		return nil
+	}
+	// into reads the named array of n elements, handing each chunk to
+	// put at its offset.
+	into := func(name string, n int, put func(off int, v []float32) error) error {
+		if err := check(name, n); err != nil {
+			return err
+		}
+		return src.Read(name, put)
+	}
+	// whole reads a small array (lsp's per matrix, the step counts) into
+	// a new slice.
+	whole := func(name string, n int) ([]float32, error) {
+		v := make([]float32, n)
+		err := into(name, n, func(off int, c []float32) error {
+			copy(v[off:], c)
+			return nil
+		})
+		return v, err
 	}
 	dev := func(name string, t backend.Tensor) error {
 		if t.Buf == nil {
 			return nil
 		}
-		v, err := get(name, t.Len())
-		if err != nil {
-			return err
-		}
-		return backend.Upload(e.be, s, t, v)
+		return into(name, t.Len(), func(off int, v []float32) error {
+			return backend.Upload(e.be, s, t.Slice(off, len(v)), v)
+		})
 	}
-	if o := e.opt; o != nil {
-		for _, name := range sortedKeys(map[string]backend.Tensor{"adam.m": o.M, "adam.v": o.V, "adam.master": o.Master, "adam.norms": o.Norms}) {
-			if err := dev(name.k, name.t); err != nil {
-				return err
-			}
+	for _, o := range []struct {
+		prefix string
+		st     *optim.AdamW
+	}{{"adam.", e.opt}, {"dense.", e.dense}} {
+		if o.st == nil {
+			continue
 		}
-	}
-	if d := e.dense; d != nil {
-		for _, name := range sortedKeys(map[string]backend.Tensor{"dense.m": d.M, "dense.v": d.V, "dense.master": d.Master, "dense.norms": d.Norms}) {
-			if err := dev(name.k, name.t); err != nil {
+		for _, a := range []struct {
+			name string
+			t    backend.Tensor
+		}{{"m", o.st.M}, {"master", o.st.Master}, {"norms", o.st.Norms}, {"v", o.st.V}} {
+			if err := dev(o.prefix+a.name, a.t); err != nil {
 				return err
 			}
 		}
@@ -145,16 +273,17 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 		for _, g := range o.groups {
 			count += len(g.tensors)
 		}
-		steps, err := get("host.steps", count)
+		steps, err := whole("host.steps", count)
 		if err != nil {
 			return err
 		}
 		e.hostAccess("restore host state", nil, []backend.Range{hazard.HostRange(o.out, 0, len(o.out.Bytes()))})
 		if o.shard != nil {
-			if err := o.loadShard(get); err != nil {
-				return err
-			}
-		} else if err := o.load(get); err != nil {
+			err = o.loadShard(into)
+		} else {
+			err = o.load(into)
+		}
+		if err != nil {
 			return err
 		}
 		i := 0
@@ -166,7 +295,7 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 		}
 	}
 	if e.lsp != nil {
-		if err := e.lsp.Restore(get); err != nil {
+		if err := e.lsp.Restore(whole); err != nil {
 			return err
 		}
 	}
@@ -174,32 +303,19 @@ func (e *Engine) LoadStateFrom(read func(name string) (v []float32, ok bool, err
 }
 
 // load restores the master and moments of an unsharded host optimizer,
-// one array at a time: each is copied before the next is read.
-func (o *offload) load(get func(string, int) ([]float32, error)) error {
+// each chunk copied into place as it is read.
+func (o *offload) load(into func(string, int, func(int, []float32) error) error) error {
 	for _, a := range []struct {
 		name string
 		dst  []float32
 	}{{"host.master", o.weights()}, {"host.m", o.mom[:o.n]}, {"host.v", o.mom[o.n:]}} {
-		v, err := get(a.name, o.n)
+		err := into(a.name, o.n, func(off int, v []float32) error {
+			copy(a.dst[off:], v)
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		copy(a.dst, v)
 	}
 	return nil
-}
-
-type keyed struct {
-	k string
-	t backend.Tensor
-}
-
-// sortedKeys fixes the order of uploads (map order is random).
-func sortedKeys(m map[string]backend.Tensor) []keyed {
-	var out []keyed
-	for k, t := range m {
-		out = append(out, keyed{k, t})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].k < out[j].k })
-	return out
 }

@@ -157,10 +157,16 @@ type Memory struct {
 	// LinkDown is the bytes of S that go down per step; LinkUp those of
 	// Delta and of the projectors uploaded into the slots that come up.
 	LinkDown, LinkUp int64
-	// Saved is what State.Save makes for a checkpoint (the indices as
-	// fp32 and the counters); Views what it returns without copying (the
-	// projector values and the moments).
+	// Saved is the bytes of the arrays State.SaveArrays converts for a
+	// checkpoint (the indices as fp32 and the counters), Views of those
+	// it hands over as they are (the projector values and the moments):
+	// together, lsp's share of the file.
 	Saved, Views int64
+	// SaveConvert is the longest array SaveArrays converts, which is all
+	// a checkpoint write holds of lsp's state at once; RestoreHeld what
+	// Restore holds for one matrix (its arrays read whole, and its new
+	// projectors before the old ones are dropped).
+	SaveConvert, RestoreHeld int64
 }
 
 // MemoryOf is the memory a State and its checks take for the model x with
@@ -202,6 +208,8 @@ func MemoryOf(x *model.Index, c Config, B, T, accum int, dt backend.DType, fl In
 		// views.
 		saved += int64(mt.M*r[k] + mt.N*r[k] + 2)
 		views += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
+		b.SaveConvert = max(b.SaveConvert, 4*int64(max(mt.M, mt.N)*r[k]))
+		b.RestoreHeld = max(b.RestoreHeld, 4*int64(4*(mt.M+mt.N)*r[k]+2*d[k]*d[k]+2))
 	}
 	b.Saved = 4 * int64(len(x.Blocks)) * saved
 	b.Views = 4 * int64(len(x.Blocks)) * views

@@ -13,17 +13,22 @@ import (
 	"slices"
 )
 
-// Save adds every matrix's state to out as "lsp.<matrix>.<field>". The
-// projector values and the moments go through host, which returns its
-// argument (a view, to be read before the next step) or a copy.
-func (st *State) Save(out map[string][]float32, host func([]float32) []float32) {
+// SaveArrays names every matrix's state to add as
+// "lsp.<matrix>.<field>", with its length and a read that returns its
+// values when the checkpoint writes it: the projector values and the
+// moments are the state's own (to be read, not written, before the next
+// step), the indices and counters converted to fp32 then.
+func (st *State) SaveArrays(add func(name string, n int, read func() []float32)) {
 	for _, row := range st.Mats {
 		for _, x := range row {
 			p := "lsp." + x.Name + "."
-			out[p+"p_idx"], out[p+"p_val"] = ints(x.In.P.Idx), host(x.In.P.Val)
-			out[p+"q_idx"], out[p+"q_val"] = ints(x.Q.Idx), host(x.Q.Val)
-			out[p+"m"], out[p+"v"] = host(x.Adam.M), host(x.Adam.V)
-			out[p+"counters"] = []float32{float32(x.Adam.Step), float32(x.RewarmFrom)}
+			add(p+"p_idx", len(x.In.P.Idx), func() []float32 { return ints(x.In.P.Idx) })
+			add(p+"p_val", len(x.In.P.Val), func() []float32 { return x.In.P.Val })
+			add(p+"q_idx", len(x.Q.Idx), func() []float32 { return ints(x.Q.Idx) })
+			add(p+"q_val", len(x.Q.Val), func() []float32 { return x.Q.Val })
+			add(p+"m", len(x.Adam.M), func() []float32 { return x.Adam.M })
+			add(p+"v", len(x.Adam.V), func() []float32 { return x.Adam.V })
+			add(p+"counters", 2, func() []float32 { return []float32{float32(x.Adam.Step), float32(x.RewarmFrom)} })
 		}
 	}
 }
