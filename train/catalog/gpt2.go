@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -24,6 +25,13 @@ var gpt2Family = &Family{
 			return nil, err
 		}
 		return gpt2.LoadWeights(filepath.Join(dir, "model.safetensors"), c)
+	},
+	LoadInto: func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return err
+		}
+		return gpt2.LoadInto(filepath.Join(dir, "model.safetensors"), c, be, s, dst)
 	},
 	Export: func(spec model.Spec, dir string, vals []float32) error {
 		c, err := gpt2Config(spec)

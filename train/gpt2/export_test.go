@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -125,5 +126,66 @@ func TestLoadSharded(t *testing.T) {
 	}
 	if _, _, err := LoadHF(dir); err == nil || !strings.Contains(err.Error(), hf.IndexFile) || !strings.Contains(err.Error(), filepath.Base(shards[0])) {
 		t.Errorf("missing shard: %v", err)
+	}
+}
+
+// TestLoadInto: loading straight into a backend tensor gives LoadHF's
+// values, with a stored lm_head.weight equal to wte accepted and one that
+// differs (in its last element) refused naming the
+// file, leaving the destination as it was.
+func TestLoadInto(t *testing.T) {
+	cfg, vals, err := LoadHF(fixtureDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(cpu.Config{Threads: 1})
+	defer be.Close()
+	s := be.DefaultStream()
+	dst, err := be.Alloc("params", len(vals), backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(fixtureDir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tensors []safetensors.Tensor
+	for _, name := range f.Names() {
+		raw, ti, err := f.Raw(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tensors = append(tensors, safetensors.Tensor{Name: name, DType: ti.DType, Shape: ti.Shape, Data: raw})
+	}
+	wte := cfg.Layout()[0]
+	head := slices.Clone(vals[wte.Offset : wte.Offset+wte.Len()])
+	for _, tied := range []bool{true, false} {
+		if !tied {
+			head[len(head)-1] += 1
+		}
+		dir := t.TempDir()
+		path := filepath.Join(dir, "model.safetensors")
+		all := append(slices.Clone(tensors), safetensors.F32Tensor("lm_head.weight", wte.Shape, head))
+		if err := safetensors.Write(path, all, map[string]string{"format": "pt"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := backend.Upload(be, s, dst, make([]float32, len(vals))); err != nil {
+			t.Fatal(err)
+		}
+		err := LoadInto(path, cfg, be, s, dst)
+		got, derr := backend.Download(be, s, dst)
+		if derr != nil {
+			t.Fatal(derr)
+		}
+		switch {
+		case tied && err != nil:
+			t.Errorf("tied head: %v", err)
+		case tied && !slices.Equal(got, vals):
+			t.Errorf("LoadInto's values differ from LoadHF's")
+		case !tied && (err == nil || !strings.Contains(err.Error(), "untied heads") || !strings.Contains(err.Error(), path)):
+			t.Errorf("untied head: error %v, want one naming %s and untied heads", err, path)
+		case !tied && slices.ContainsFunc(got, func(x float32) bool { return x != 0 }):
+			t.Errorf("a refused load wrote to the destination")
+		}
 	}
 }

@@ -202,6 +202,35 @@ func LoadHF(dir string) (Config, []float32, error) {
 // The file's size bounds what the config may claim (checkWeightsSize), and its
 // tensor count bounds the layout, before either is allocated.
 func LoadWeights(path string, cfg Config) ([]float32, error) {
+	c, err := openWeights(path, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return loadWeights(c, cfg)
+}
+
+// LoadInto is LoadWeights straight into dst (cfg's Layout, F32 or BF16)
+// on stream s of be, a chunk at a time (hf.Checkpoint.Load), with no
+// host copy of the model; nothing is written unless every check passes.
+func LoadInto(path string, cfg Config, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	c, err := openWeights(path, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := checkWeights(c, cfg); err != nil {
+		return err
+	}
+	if err := c.Load(be, s, dst, cfg.Layout(), loadOptions); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// openWeights opens the safetensors file path of cfg's weights, its size
+// checked against the config first.
+func openWeights(path string, cfg Config) (*hf.Checkpoint, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
@@ -216,12 +245,11 @@ func LoadWeights(path string, cfg Config) ([]float32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	defer c.Close()
-	return loadWeights(c, cfg)
+	return c, nil
 }
 
 // loadOptions: the hub's bare names, and a stored lm_head.weight, which
-// loadWeights checks against wte itself.
+// checkWeights checks against wte itself.
 var loadOptions = hf.LoadOptions{
 	Alt:   func(name string) []string { return []string{strings.TrimPrefix(name, "transformer.")} },
 	Extra: func(name string) bool { return name == "lm_head.weight" },
@@ -229,6 +257,20 @@ var loadOptions = hf.LoadOptions{
 
 // loadWeights reads cfg's parameters from an opened checkpoint.
 func loadWeights(c *hf.Checkpoint, cfg Config) ([]float32, error) {
+	if err := checkWeights(c, cfg); err != nil {
+		return nil, err
+	}
+	vals, err := c.LoadFloat32(cfg.Layout(), loadOptions)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return vals, nil
+}
+
+// checkWeights checks what hf's load does not: enough tensors for the
+// layers, and a stored lm_head.weight equal to the embedding it is tied
+// to (compared a chunk at a time).
+func checkWeights(c *hf.Checkpoint, cfg Config) error {
 	where := c.Dir
 	if files := c.Files(); c.Index == "" && len(files) == 1 {
 		where = files[0]
@@ -237,27 +279,31 @@ func loadWeights(c *hf.Checkpoint, cfg Config) ([]float32, error) {
 	}
 	// Every layer has perLayer tensors, plus wte, wpe and ln_f's two.
 	if have := len(c.Names()); cfg.L > (have-4)/perLayer {
-		return nil, fmt.Errorf("checkpoint %s: %d tensors, too few for n_layer=%d (%d per layer)", where, have, cfg.L, perLayer)
+		return fmt.Errorf("checkpoint %s: %d tensors, too few for n_layer=%d (%d per layer)", where, have, cfg.L, perLayer)
 	}
-	layout := cfg.Layout()
-	vals, err := c.LoadFloat32(layout, loadOptions)
+	lm, file, ok := c.Info("lm_head.weight")
+	if !ok {
+		return nil
+	}
+	wte := cfg.Layout()[0]
+	if !slices.Equal(lm.Shape, wte.Shape) {
+		return fmt.Errorf("checkpoint %s: lm_head.weight has shape %v, transformer.wte.weight %v", file, lm.Shape, wte.Shape)
+	}
+	name := wte.Name
+	if _, _, ok := c.Info(name); !ok {
+		name = strings.TrimPrefix(name, "transformer.")
+	}
+	if _, _, ok := c.Info(name); !ok {
+		return nil // no embedding: the load says so
+	}
+	same, err := c.SameValues(lm.Name, name)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return fmt.Errorf("checkpoint: %w", err)
 	}
-	if lm, file, ok := c.Info("lm_head.weight"); ok {
-		wte := layout[0]
-		if !slices.Equal(lm.Shape, wte.Shape) {
-			return nil, fmt.Errorf("checkpoint %s: lm_head.weight has shape %v, transformer.wte.weight %v", file, lm.Shape, wte.Shape)
-		}
-		head, _, err := c.Float32(lm.Name)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: %w", err)
-		}
-		if !slices.Equal(head, vals[wte.Offset:wte.Offset+wte.Len()]) {
-			return nil, fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", file)
-		}
+	if !same {
+		return fmt.Errorf("checkpoint %s: lm_head.weight differs from transformer.wte.weight; untied heads are not supported", file)
 	}
-	return vals, nil
+	return nil
 }
 
 // ExportHF writes cfg and vals (Layout order) as a Hugging Face GPT-2

@@ -523,3 +523,39 @@ func TestExportTied(t *testing.T) {
 		t.Fatalf("tied export loads back differently (%v)", err)
 	}
 }
+
+// SameValues compares two tensors chunk by chunk, across dtypes (a bf16
+// copy of fp32 values that bf16 holds exactly is the same), finds a
+// difference in the last chunk, and refuses a tensor of another dtype
+// naming it.
+func TestSameValues(t *testing.T) {
+	defer func(c int) { chunkElems = c }(chunkElems)
+	chunkElems = 3
+	v := []float32{1, 2, 3, 4, 5, 6, 7, 0.5}
+	w := slices.Clone(v)
+	w[7] = 0.25
+	h := make([]uint16, len(v))
+	bf16.FromFloat32Slice(h, v)
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	ts := []safetensors.Tensor{safetensors.F32Tensor("a", []int{8}, v), safetensors.BF16Tensor("b", []int{8}, h),
+		safetensors.F32Tensor("c", []int{8}, w), safetensors.I64Tensor("d", []int{8}, make([]int64, 8))}
+	if err := safetensors.Write(path, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{{"a", "b", true}, {"a", "c", false}, {"b", "c", false}} {
+		if got, err := c.SameValues(tc.a, tc.b); err != nil || got != tc.want {
+			t.Errorf("SameValues(%s, %s) = %v, %v; want %v", tc.a, tc.b, got, err, tc.want)
+		}
+	}
+	if _, err := c.SameValues("a", "d"); err == nil || !strings.Contains(err.Error(), `"d"`) {
+		t.Errorf("an I64 tensor: %v", err)
+	}
+}

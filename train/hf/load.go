@@ -305,3 +305,49 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 	}
 	return nil
 }
+
+// SameValues reports whether the tensors a and b hold the same values
+// (as float32, == element by element, in storage order), reading both a
+// chunk at a time and releasing each chunk's pages: a tied head stored
+// beside its embedding is checked without either in memory whole.
+func (c *Checkpoint) SameValues(a, b string) (bool, error) {
+	fa, okA := c.where[a]
+	fb, okB := c.where[b]
+	if !okA || !okB {
+		return false, fmt.Errorf("hf: %s: no tensor %q or %q", c.Dir, a, b)
+	}
+	ra, ta, err := fa.Raw(a)
+	if err != nil {
+		return false, fmt.Errorf("hf: %w", err)
+	}
+	rb, tb, err := fb.Raw(b)
+	if err != nil {
+		return false, fmt.Errorf("hf: %w", err)
+	}
+	for _, ti := range []safetensors.TensorInfo{ta, tb} {
+		switch ti.DType {
+		case safetensors.F32, safetensors.BF16, safetensors.F16:
+		default:
+			return false, fmt.Errorf("hf: %s: tensor %q has dtype %s, want F32, BF16 or F16", c.Dir, ti.Name, ti.DType)
+		}
+	}
+	n := ta.NumElements()
+	if n != tb.NumElements() {
+		return false, nil
+	}
+	bitsA, _ := ta.DType.Bits()
+	bitsB, _ := tb.DType.Bits()
+	ea, eb := int(bitsA/8), int(bitsB/8)
+	va, vb := make([]float32, min(int64(chunkElems), n)), make([]float32, min(int64(chunkElems), n))
+	for off := 0; off < int(n); off += chunkElems {
+		k := min(chunkElems, int(n)-off)
+		safetensors.Decode(va[:k], ra[off*ea:(off+k)*ea], ta.DType)
+		safetensors.Decode(vb[:k], rb[off*eb:(off+k)*eb], tb.DType)
+		fa.ReleaseBytes(ta, off*ea, (off+k)*ea)
+		fb.ReleaseBytes(tb, off*eb, (off+k)*eb)
+		if !slices.Equal(va[:k], vb[:k]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -332,18 +332,26 @@ func (f *File) Chunks(name string, chunk int, fn func(b []byte) error) error {
 	if err != nil {
 		return err
 	}
-	base := len(f.mapped) - len(f.data) + int(ti.Begin)
 	for off := 0; off < len(raw); off += chunk {
 		n := min(chunk, len(raw)-off)
 		err := fn(raw[off : off+n : off+n])
-		if f.mapped != nil {
-			f.release(base+off, base+off+n)
-		}
+		f.ReleaseBytes(ti, off, off+n)
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ReleaseBytes is Release of the bytes [lo, hi) of the tensor ti (as
+// Info or Raw describe it) alone: for a reader that walks a tensor, or
+// two at once, a chunk at a time.
+func (f *File) ReleaseBytes(ti TensorInfo, lo, hi int) {
+	if f.mapped == nil {
+		return
+	}
+	base := len(f.mapped) - len(f.data) + int(ti.Begin)
+	f.release(base+lo, base+hi)
 }
 
 // Names returns the tensor names, sorted.
