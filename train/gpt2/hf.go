@@ -23,6 +23,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hf"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // hfConfig is the part of a transformers GPT2Config that this model uses.
@@ -292,13 +293,25 @@ func writeHFConfig(dir string, cfg Config) error {
 }
 
 // Init returns GPT-2's initialisation for training from scratch, drawn from
-// seed: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)) as in
-// the GPT-2 paper, biases 0, LayerNorm weights 1.
+// seed (InitEach's values in one slice).
 func Init(cfg Config, seed uint64) []float32 {
-	rng := rand.New(rand.NewPCG(seed, 0x6770_7432))
 	vals := make([]float32, cfg.NumParams())
+	_ = InitEach(cfg, seed, func(p model.Param, v []float32) error { // fn never fails
+		copy(vals[p.Offset:], v)
+		return nil
+	})
+	return vals
+}
+
+// InitEach is Init parameter by parameter, in Layout order (model.Spec's
+// InitEach): weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L))
+// as in the GPT-2 paper, biases 0, LayerNorm weights 1, drawn from one
+// generator in layout order.
+func InitEach(cfg Config, seed uint64, fn func(p model.Param, v []float32) error) error {
+	rng := rand.New(rand.NewPCG(seed, 0x6770_7432))
+	buf := model.InitBuffer(cfg)
 	for _, p := range cfg.Layout() {
-		v := vals[p.Offset : p.Offset+p.Len()]
+		v := buf[:p.Len()]
 		switch {
 		case strings.HasSuffix(p.Name, "ln_1.weight"), strings.HasSuffix(p.Name, "ln_2.weight"), strings.HasSuffix(p.Name, "ln_f.weight"):
 			for i := range v {
@@ -312,7 +325,12 @@ func Init(cfg Config, seed uint64) []float32 {
 			for i := range v {
 				v[i] = float32(rng.NormFloat64() * std)
 			}
+		default:
+			clear(v) // the buffer holds the previous parameter's values
+		}
+		if err := fn(p, v); err != nil {
+			return err
 		}
 	}
-	return vals
+	return nil
 }
