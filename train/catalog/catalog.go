@@ -337,7 +337,7 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 }
 
 // LoadInto writes the weights of spec, as FromDir(dir) returned it, from
-// dir (or a llama2.c model file, through a host copy) into dst (spec's
+// dir (or a llama2.c model file, tensor by tensor) into dst (spec's
 // Layout, F32 or BF16) on stream s of be, and waits for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
 	f, err := of(spec)
@@ -345,11 +345,7 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 		return err
 	}
 	if isFile(dir) {
-		vals, err := llama2cWeights(spec, dir)
-		if err != nil {
-			return err
-		}
-		return backend.Upload(be, s, dst, vals)
+		return llama2cLoadInto(spec, dir, be, s, dst)
 	}
 	if f.LoadInto != nil {
 		return f.LoadInto(spec, dir, be, s, dst)
@@ -363,12 +359,12 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 
 // LoadHoldsCopy says whether LoadInto of spec from src (a Hugging Face
 // directory or a llama2.c file) holds every weight as fp32 on the host at
-// once (LoadWeights, then an upload) rather than streaming them in chunks
-// (the family's own LoadInto): a memory plan counts 4 bytes a parameter
-// for the load then.
+// once (LoadWeights, then an upload) rather than streaming them (a
+// llama2.c file, a family's own LoadInto): a memory plan counts 4 bytes
+// a parameter for the load then.
 func LoadHoldsCopy(spec model.Spec, src string) bool {
 	f, err := of(spec)
-	return err != nil || isFile(src) || f.LoadInto == nil
+	return err != nil || !isFile(src) && f.LoadInto == nil
 }
 
 // Load reads a Hugging Face directory: its spec and its weights.

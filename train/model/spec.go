@@ -36,13 +36,15 @@ type Spec interface {
 // InitBuffer is the buffer a Spec's InitEach fills each parameter in:
 // as long as a's longest parameter.
 func InitBuffer(a Arch) []float32 {
-	return make([]float32, maxParamLen(a.Layout()))
+	return make([]float32, LongestParam(a.Layout()))
 }
 
 // InitBytes is the host memory InitEach of a holds at once: InitBuffer.
-func InitBytes(a Arch) int64 { return 4 * int64(maxParamLen(a.Layout())) }
+func InitBytes(a Arch) int64 { return 4 * int64(LongestParam(a.Layout())) }
 
-func maxParamLen(layout []Param) int {
+// LongestParam is the element count of layout's longest parameter: the
+// buffer of a reader that holds one parameter at a time.
+func LongestParam(layout []Param) int {
 	n := 0
 	for _, p := range layout {
 		n = max(n, p.Len())
