@@ -24,6 +24,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 )
 
+// BufferBytes is the write buffer WriteFile holds while fn runs (a memory
+// plan of a writer counts it).
+const BufferBytes = 1 << 20
+
 // WriteFile writes path atomically: it creates a temp file in the same
 // directory, writes it via fn (through a buffer), fsyncs and closes it, renames
 // it over path and fsyncs the directory so the rename itself is durable.
@@ -54,7 +58,7 @@ func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) (err e
 	if faults.Armed() {
 		out = &partialPoint{w: tmp, file: base}
 	}
-	bw := bufio.NewWriterSize(out, 1<<20)
+	bw := bufio.NewWriterSize(out, BufferBytes)
 	if err = fn(bw); err != nil {
 		return fmt.Errorf("atomicfile: write %s: %w", path, err)
 	}

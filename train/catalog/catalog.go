@@ -52,10 +52,13 @@ type Family struct {
 	// LoadWeights reads the weights of spec (FromDir's) from dir: every
 	// parameter in Layout order, as fp32.
 	LoadWeights func(spec model.Spec, dir string) ([]float32, error)
-	// Export writes vals (Layout order) as the weights of a Hugging Face
-	// directory dir; the package's Export writes config.json and the
-	// tokenizer files.
-	Export func(spec model.Spec, dir string, vals []float32) error
+	// Export writes the weights fetch gives (Layout order, fetched in
+	// chunks) as those of a Hugging Face directory dir; the package's
+	// Export writes config.json and the tokenizer files.
+	Export func(spec model.Spec, dir string, fetch hf.Fetch) error
+	// ExportBytes is the most host memory Export holds for spec beyond
+	// what fetch holds.
+	ExportBytes func(spec model.Spec) int64
 	// LoadInto, where the family has it, writes the weights of spec
 	// from dir straight into dst (Layout order, F32 or BF16) on stream s
 	// of be, without a host copy of the whole model, which a 7B model in
@@ -381,29 +384,45 @@ func Load(dir string) (model.Spec, []float32, error) {
 }
 
 // Export writes vals (spec's Layout order) as a Hugging Face directory:
-// the family's weights, config.json from spec.HFConfig, and the files of
-// tok, the tokenizer the model was trained with. A tokenizer read from src,
-// the directory the model came from, is carried over as src's tokenizer
-// files, byte for byte (tokenizer.model, chat template and all); any other
-// is written by tokenizer.Save. A nil tok carries src's files, if any. It
-// writes the
+// ExportFrom from host values.
+func Export(spec model.Spec, dir string, vals []float32, src string, tok tokenizer.Tokenizer) error {
+	if len(vals) != spec.NumParams() {
+		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), spec.NumParams())
+	}
+	return ExportFrom(spec, dir, hf.FetchFloat32(vals), src, tok)
+}
+
+// ExportTensor is Export from params, the model's parameters on stream
+// s of be (F32 or BF16, spec's Layout), downloaded in chunks through
+// be's staging buffer: the host holds ExportBytes, not the model.
+func ExportTensor(spec model.Spec, dir string, be backend.Backend, s backend.Stream, params backend.Tensor, src string, tok tokenizer.Tokenizer) error {
+	if params.Len() != spec.NumParams() {
+		return fmt.Errorf("export: %v holds %d elements for a model of %d parameters", params, params.Len(), spec.NumParams())
+	}
+	return ExportFrom(spec, dir, hf.FetchTensor(be, s, params), src, tok)
+}
+
+// ExportFrom writes the weights fetch gives (spec's Layout order, in
+// chunks) as a Hugging Face directory: the family's weights, config.json
+// from spec.HFConfig, and the files of tok, the tokenizer the model was
+// trained with. A tokenizer read from src, the directory the model came
+// from, is carried over as src's tokenizer files, byte for byte
+// (tokenizer.model, chat template and all); any other is written by
+// tokenizer.Save. A nil tok carries src's files, if any. It writes the
 // directory as a whole: into a temp directory that replaces dir only when
 // complete, so that a crash mid-export never leaves a half-written dir
 // that transformers would load, and an earlier export stays until then.
-func Export(spec model.Spec, dir string, vals []float32, src string, tok tokenizer.Tokenizer) error {
+func ExportFrom(spec model.Spec, dir string, fetch hf.Fetch, src string, tok tokenizer.Tokenizer) error {
 	f, err := of(spec)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
-	}
-	if len(vals) != spec.NumParams() {
-		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), spec.NumParams())
 	}
 	cfg, err := spec.HFConfig()
 	if err != nil {
 		return fmt.Errorf("export: config.json: %w", err)
 	}
 	return atomicfile.WriteDir(dir, 0o755, func(tmp string) error {
-		if err := f.Export(spec, tmp, vals); err != nil {
+		if err := f.Export(spec, tmp, fetch); err != nil {
 			return err
 		}
 		if err := writeFile(filepath.Join(tmp, "config.json"), func(w io.Writer) error {
@@ -426,6 +445,17 @@ func Export(spec model.Spec, dir string, vals []float32, src string, tok tokeniz
 		}
 		return nil
 	})
+}
+
+// ExportBytes is the most host memory an export of spec holds (the
+// family's writer; a fetch from a device adds the backend's staging
+// buffer, which a plan counts on its own).
+func ExportBytes(spec model.Spec) int64 {
+	f, err := of(spec)
+	if err != nil || f.ExportBytes == nil {
+		return 4 * int64(spec.NumParams()) // unknown: as much as the model
+	}
+	return f.ExportBytes(spec)
 }
 
 func writeFile(path string, fn func(io.Writer) error) error {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -25,12 +26,19 @@ var gpt2Family = &Family{
 		}
 		return gpt2.LoadWeights(filepath.Join(dir, "model.safetensors"), c)
 	},
-	Export: func(spec model.Spec, dir string, vals []float32) error {
+	Export: func(spec model.Spec, dir string, fetch hf.Fetch) error {
 		c, err := gpt2Config(spec)
 		if err != nil {
 			return err
 		}
-		return gpt2.ExportHF(dir, c, vals)
+		return gpt2.ExportHFFrom(dir, c, fetch)
+	},
+	ExportBytes: func(spec model.Spec) int64 {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return 0
+		}
+		return gpt2.ExportBytes(c)
 	},
 	Tokenizer: func(spec model.Spec) (string, error) {
 		c, err := gpt2Config(spec)

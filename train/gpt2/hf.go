@@ -267,17 +267,30 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	if len(vals) != cfg.NumParams() {
 		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), cfg.NumParams())
 	}
+	return ExportHFFrom(dir, cfg, hf.FetchFloat32(vals))
+}
+
+// ExportHFFrom is ExportHF from a source of the values in chunks (a
+// device tensor: hf.FetchTensor), holding ExportBytes on the host.
+func ExportHFFrom(dir string, cfg Config, fetch hf.Fetch) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	if err := writeHFConfig(dir, cfg); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	if err := hf.ExportFloat32(dir, vals, cfg.Layout(), hf.ExportOptions{DType: backend.F32}); err != nil {
+	if err := hf.ExportFrom(dir, cfg.Layout(), exportOptions, fetch); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	return nil
 }
+
+// exportOptions: GPT-2's exports are fp32 and store every parameter.
+var exportOptions = hf.ExportOptions{DType: backend.F32}
+
+// ExportBytes is the host memory ExportHFFrom holds at most (its
+// writer's buffers; a fetch's own are its source's).
+func ExportBytes(cfg Config) int64 { return hf.ExportBytes(cfg.Layout(), exportOptions) }
 
 // writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config
 // (the bytes of Config.HFConfig).
