@@ -64,6 +64,9 @@ type Family struct {
 	// of be, without a host copy of the whole model, which a 7B model in
 	// fp32 could not afford. Nil: LoadWeights, then an upload.
 	LoadInto func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error
+	// LoadBytes, with LoadInto, is the most host memory LoadInto holds
+	// for spec (the backend's staging aside).
+	LoadBytes func(spec model.Spec) int64
 	// Tokenizer names the builtin tokenizer of spec, as tokenizer.ByName
 	// takes it: the one a model whose directory holds no tokenizer files
 	// (a preset, or a directory written before exports carried theirs)
@@ -360,14 +363,25 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 	return backend.Upload(be, s, dst, vals)
 }
 
-// LoadHoldsCopy says whether LoadInto of spec from src (a Hugging Face
-// directory or a llama2.c file) holds every weight as fp32 on the host at
-// once (LoadWeights, then an upload) rather than streaming them (a
-// llama2.c file, a family's own LoadInto): a memory plan counts 4 bytes
-// a parameter for the load then.
-func LoadHoldsCopy(spec model.Spec, src string) bool {
+// LoadBytes is the most host memory LoadInto of spec from src (a
+// Hugging Face directory or a llama2.c file) holds, the backend's staging
+// aside: a streaming load's buffers (a llama2.c file's, a family's own
+// LoadInto's), or every weight as fp32 where the family has no LoadInto
+// (LoadWeights, then an upload).
+func LoadBytes(spec model.Spec, src string) int64 {
+	whole := 4 * int64(spec.NumParams())
+	if isFile(src) {
+		c, err := llamaConfig(spec)
+		if err != nil {
+			return whole
+		}
+		return llama2c.LoadBytes(c)
+	}
 	f, err := of(spec)
-	return err != nil || !isFile(src) && f.LoadInto == nil
+	if err != nil || f.LoadInto == nil || f.LoadBytes == nil {
+		return whole
+	}
+	return f.LoadBytes(spec)
 }
 
 // Load reads a Hugging Face directory: its spec and its weights.

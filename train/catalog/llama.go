@@ -51,6 +51,7 @@ var llamaFamily = &Family{
 		}
 		return nil
 	},
+	LoadBytes: func(spec model.Spec) int64 { return hf.LoadBytes(spec.Layout()) },
 	Export: func(spec model.Spec, dir string, fetch hf.Fetch) error {
 		c, err := llamaConfig(spec)
 		if err != nil {
