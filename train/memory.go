@@ -131,13 +131,13 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	case c.Resume:
 		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: checkpoint.RestoreBytes(int(N)) + p.StateRead})
 	case !fromCheckpoint:
-		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: 4 * N}) // mc.Init's values
-	case catalog.LoadHoldsCopy(mc, src):
-		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: 4 * N})
+		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: model.InitBytes(mc)}) // mc.InitEach's buffer
+	default:
+		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: catalog.LoadBytes(mc, src)})
 	}
-	// The export downloads every parameter as fp32 (run.export); the
-	// writer's own buffers are chunks.
-	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: 4 * N})
+	// The export streams from the device (run.export): the writer's
+	// buffers.
+	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: catalog.ExportBytes(mc)})
 	return p, nil
 }
 

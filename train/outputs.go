@@ -19,12 +19,9 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
-	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
-	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // checkOut refuses a non-empty --out unless --resume continues the run
@@ -102,24 +99,20 @@ func (r *run) export(res *Result) error {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
 		return r.plot(res)
 	}
-	defer releaseHost() // the exported values
-	vals, err := backend.Download(r.be, r.s, r.model.Buffers().Params)
-	if err != nil {
-		return err
-	}
+	defer releaseHost() // the writer's buffers
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	if err := exportModel(res.Export, r.mc, vals, r.src, r.tok); err != nil {
+	// Straight from the device, a chunk at a time through the staging
+	// buffer (catalog.ExportBytes on the host, not the model), as a whole
+	// directory, with the files of the tokenizer the run trained with
+	// (those of src, the directory --model named, when it came from
+	// there).
+	end := phase("export")
+	err := catalog.ExportTensor(r.mc, res.Export, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
+	end()
+	if err != nil {
 		return diskHint(err)
 	}
 	return r.plot(res)
-}
-
-// exportModel writes the weights vals of mc as a Hugging Face directory
-// dir, as a whole (catalog.Export), with the files of tok, the tokenizer
-// the run trained with (those of src, the directory --model named, when
-// it came from there).
-func exportModel(dir string, mc model.Spec, vals []float32, src string, tok tokenizer.Tokenizer) error {
-	return catalog.Export(mc, dir, vals, src, tok)
 }
 
 // plot draws the loss curves of metrics.jsonl into loss.png, also for an

@@ -221,7 +221,14 @@ func (r *run) resumeOrInit() error {
 	if r.cfg.Resume {
 		return r.resume()
 	}
-	if err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint); err != nil {
+	name := "initial weights"
+	if r.fromCheckpoint {
+		name = "weights load"
+	}
+	end := phase(name)
+	err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint)
+	end()
+	if err != nil {
 		return err
 	}
 	return r.eng.Init()
@@ -230,13 +237,19 @@ func (r *run) resumeOrInit() error {
 // setInitialWeights writes the weights a fresh run starts from into dst
 // (the model's parameters, on stream st of be): the checkpoint's of
 // --model, loaded straight into dst without a host copy of the whole
-// model, or a seeded initialisation of a preset. Pretrained weights
+// model, or a seeded initialisation of a preset, uploaded parameter by
+// parameter (the host holds one, model.InitBytes). Pretrained weights
 // holding a NaN or an infinity are refused by the loader, naming the
 // file, the tensor and the element, rather than trained into a run whose
 // every loss is NaN; nothing is written to dst then.
 func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor, mc model.Spec, c Config, fromCheckpoint bool) error {
 	if !fromCheckpoint {
-		return backend.Upload(be, st, dst, mc.Init(c.Seed))
+		return mc.InitEach(c.Seed, func(p model.Param, v []float32) error {
+			if err := backend.Upload(be, st, dst.Slice(p.Offset, p.Len()), v); err != nil {
+				return fmt.Errorf("initial weights: %s: %w", p.Name, err)
+			}
+			return nil
+		})
 	}
 	if err := catalog.LoadInto(mc, c.Model, be, st, dst); err != nil {
 		return flagErr("model", "%v", err)

@@ -24,6 +24,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 )
 
+// BufferBytes is the write buffer WriteFile and WritePatched hold while
+// fn runs (a memory plan of a writer counts it).
+const BufferBytes = 1 << 20
+
 // WriteFile writes path atomically: it creates a temp file in the same
 // directory, writes it via fn (through a buffer), fsyncs and closes it, renames
 // it over path and fsyncs the directory so the rename itself is durable.
@@ -32,10 +36,6 @@ import (
 func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) error {
 	return WritePatched(path, perm, func(w io.Writer, _ Patch) error { return fn(w) })
 }
-
-// BufferBytes is the buffer a write goes through: what a write holds on
-// the host besides what fn holds.
-const BufferBytes = 1 << 20
 
 // Patch overwrites bytes the write has already passed, at offset off of
 // the file: for a header whose content is known only once the rest is

@@ -52,15 +52,21 @@ type Family struct {
 	// LoadWeights reads the weights of spec (FromDir's) from dir: every
 	// parameter in Layout order, as fp32.
 	LoadWeights func(spec model.Spec, dir string) ([]float32, error)
-	// Export writes vals (Layout order) as the weights of a Hugging Face
-	// directory dir; the package's Export writes config.json and the
-	// tokenizer files.
-	Export func(spec model.Spec, dir string, vals []float32) error
+	// Export writes the weights fetch gives (Layout order, fetched in
+	// chunks) as those of a Hugging Face directory dir; the package's
+	// Export writes config.json and the tokenizer files.
+	Export func(spec model.Spec, dir string, fetch hf.Fetch) error
+	// ExportBytes is the most host memory Export holds for spec beyond
+	// what fetch holds.
+	ExportBytes func(spec model.Spec) int64
 	// LoadInto, where the family has it, writes the weights of spec
 	// from dir straight into dst (Layout order, F32 or BF16) on stream s
 	// of be, without a host copy of the whole model, which a 7B model in
 	// fp32 could not afford. Nil: LoadWeights, then an upload.
 	LoadInto func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error
+	// LoadBytes, with LoadInto, is the most host memory LoadInto holds
+	// for spec (the backend's staging aside).
+	LoadBytes func(spec model.Spec) int64
 	// Tokenizer names the builtin tokenizer of spec, as tokenizer.ByName
 	// takes it: the one a model whose directory holds no tokenizer files
 	// (a preset, or a directory written before exports carried theirs)
@@ -337,7 +343,7 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 }
 
 // LoadInto writes the weights of spec, as FromDir(dir) returned it, from
-// dir (or a llama2.c model file, through a host copy) into dst (spec's
+// dir (or a llama2.c model file, tensor by tensor) into dst (spec's
 // Layout, F32 or BF16) on stream s of be, and waits for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
 	f, err := of(spec)
@@ -345,11 +351,7 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 		return err
 	}
 	if isFile(dir) {
-		vals, err := llama2cWeights(spec, dir)
-		if err != nil {
-			return err
-		}
-		return backend.Upload(be, s, dst, vals)
+		return llama2cLoadInto(spec, dir, be, s, dst)
 	}
 	if f.LoadInto != nil {
 		return f.LoadInto(spec, dir, be, s, dst)
@@ -361,14 +363,25 @@ func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream,
 	return backend.Upload(be, s, dst, vals)
 }
 
-// LoadHoldsCopy says whether LoadInto of spec from src (a Hugging Face
-// directory or a llama2.c file) holds every weight as fp32 on the host at
-// once (LoadWeights, then an upload) rather than streaming them in chunks
-// (the family's own LoadInto): a memory plan counts 4 bytes a parameter
-// for the load then.
-func LoadHoldsCopy(spec model.Spec, src string) bool {
+// LoadBytes is the most host memory LoadInto of spec from src (a
+// Hugging Face directory or a llama2.c file) holds, the backend's staging
+// aside: a streaming load's buffers (a llama2.c file's, a family's own
+// LoadInto's), or every weight as fp32 where the family has no LoadInto
+// (LoadWeights, then an upload).
+func LoadBytes(spec model.Spec, src string) int64 {
+	whole := 4 * int64(spec.NumParams())
+	if isFile(src) {
+		c, err := llamaConfig(spec)
+		if err != nil {
+			return whole
+		}
+		return llama2c.LoadBytes(c)
+	}
 	f, err := of(spec)
-	return err != nil || isFile(src) || f.LoadInto == nil
+	if err != nil || f.LoadInto == nil || f.LoadBytes == nil {
+		return whole
+	}
+	return f.LoadBytes(spec)
 }
 
 // Load reads a Hugging Face directory: its spec and its weights.
@@ -385,29 +398,45 @@ func Load(dir string) (model.Spec, []float32, error) {
 }
 
 // Export writes vals (spec's Layout order) as a Hugging Face directory:
-// the family's weights, config.json from spec.HFConfig, and the files of
-// tok, the tokenizer the model was trained with. A tokenizer read from src,
-// the directory the model came from, is carried over as src's tokenizer
-// files, byte for byte (tokenizer.model, chat template and all); any other
-// is written by tokenizer.Save. A nil tok carries src's files, if any. It
-// writes the
+// ExportFrom from host values.
+func Export(spec model.Spec, dir string, vals []float32, src string, tok tokenizer.Tokenizer) error {
+	if len(vals) != spec.NumParams() {
+		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), spec.NumParams())
+	}
+	return ExportFrom(spec, dir, hf.FetchFloat32(vals), src, tok)
+}
+
+// ExportTensor is Export from params, the model's parameters on stream
+// s of be (F32 or BF16, spec's Layout), downloaded in chunks through
+// be's staging buffer: the host holds ExportBytes, not the model.
+func ExportTensor(spec model.Spec, dir string, be backend.Backend, s backend.Stream, params backend.Tensor, src string, tok tokenizer.Tokenizer) error {
+	if params.Len() != spec.NumParams() {
+		return fmt.Errorf("export: %v holds %d elements for a model of %d parameters", params, params.Len(), spec.NumParams())
+	}
+	return ExportFrom(spec, dir, hf.FetchTensor(be, s, params), src, tok)
+}
+
+// ExportFrom writes the weights fetch gives (spec's Layout order, in
+// chunks) as a Hugging Face directory: the family's weights, config.json
+// from spec.HFConfig, and the files of tok, the tokenizer the model was
+// trained with. A tokenizer read from src, the directory the model came
+// from, is carried over as src's tokenizer files, byte for byte
+// (tokenizer.model, chat template and all); any other is written by
+// tokenizer.Save. A nil tok carries src's files, if any. It writes the
 // directory as a whole: into a temp directory that replaces dir only when
 // complete, so that a crash mid-export never leaves a half-written dir
 // that transformers would load, and an earlier export stays until then.
-func Export(spec model.Spec, dir string, vals []float32, src string, tok tokenizer.Tokenizer) error {
+func ExportFrom(spec model.Spec, dir string, fetch hf.Fetch, src string, tok tokenizer.Tokenizer) error {
 	f, err := of(spec)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
-	}
-	if len(vals) != spec.NumParams() {
-		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), spec.NumParams())
 	}
 	cfg, err := spec.HFConfig()
 	if err != nil {
 		return fmt.Errorf("export: config.json: %w", err)
 	}
 	return atomicfile.WriteDir(dir, 0o755, func(tmp string) error {
-		if err := f.Export(spec, tmp, vals); err != nil {
+		if err := f.Export(spec, tmp, fetch); err != nil {
 			return err
 		}
 		if err := writeFile(filepath.Join(tmp, "config.json"), func(w io.Writer) error {
@@ -430,6 +459,17 @@ func Export(spec model.Spec, dir string, vals []float32, src string, tok tokeniz
 		}
 		return nil
 	})
+}
+
+// ExportBytes is the most host memory an export of spec holds (the
+// family's writer; a fetch from a device adds the backend's staging
+// buffer, which a plan counts on its own).
+func ExportBytes(spec model.Spec) int64 {
+	f, err := of(spec)
+	if err != nil || f.ExportBytes == nil {
+		return 4 * int64(spec.NumParams()) // unknown: as much as the model
+	}
+	return f.ExportBytes(spec)
 }
 
 func writeFile(path string, fn func(io.Writer) error) error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -33,12 +34,25 @@ var gpt2Family = &Family{
 		}
 		return gpt2.LoadInto(filepath.Join(dir, "model.safetensors"), c, be, s, dst)
 	},
-	Export: func(spec model.Spec, dir string, vals []float32) error {
+	LoadBytes: func(spec model.Spec) int64 {
+		// The tied head's comparison (a file that stores one), then the
+		// load.
+		layout := spec.Layout()
+		return max(hf.SameValuesBytes(layout[0].Len()), hf.LoadBytes(layout))
+	},
+	Export: func(spec model.Spec, dir string, fetch hf.Fetch) error {
 		c, err := gpt2Config(spec)
 		if err != nil {
 			return err
 		}
-		return gpt2.ExportHF(dir, c, vals)
+		return gpt2.ExportHFFrom(dir, c, fetch)
+	},
+	ExportBytes: func(spec model.Spec) int64 {
+		c, err := gpt2Config(spec)
+		if err != nil {
+			return 0
+		}
+		return gpt2.ExportBytes(c)
 	},
 	Tokenizer: func(spec model.Spec) (string, error) {
 		c, err := gpt2Config(spec)

@@ -51,15 +51,19 @@ var llamaFamily = &Family{
 		}
 		return nil
 	},
-	Export: func(spec model.Spec, dir string, vals []float32) error {
+	LoadBytes: func(spec model.Spec) int64 { return hf.LoadBytes(spec.Layout()) },
+	Export: func(spec model.Spec, dir string, fetch hf.Fetch) error {
 		c, err := llamaConfig(spec)
 		if err != nil {
 			return err
 		}
-		if err := hf.ExportFloat32(dir, vals, c.Layout(), hf.ExportOptions{DType: backend.F32}); err != nil {
+		if err := hf.ExportFrom(dir, c.Layout(), llamaExportOptions, fetch); err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
 		return nil
+	},
+	ExportBytes: func(spec model.Spec) int64 {
+		return hf.ExportBytes(spec.Layout(), llamaExportOptions)
 	},
 	Tokenizer: func(spec model.Spec) (string, error) {
 		// A LLaMA preset is trained from scratch on bytes; a checkpoint
@@ -75,6 +79,10 @@ var llamaFamily = &Family{
 		return errA == nil && errB == nil && ca.Equal(cb)
 	},
 }
+
+// llamaExportOptions: fp32, every parameter of the layout (a tied
+// model's holds no head).
+var llamaExportOptions = hf.ExportOptions{DType: backend.F32}
 
 // llamaLoadOptions: a tied model has no head of its own (its layout
 // holds none); a checkpoint that stores one anyway is read as

@@ -1,12 +1,16 @@
 package catalog
 
 import (
+	"encoding/binary"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/llama2c"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -73,5 +77,61 @@ func TestLlama2CExport(t *testing.T) {
 				t.Errorf("%q: exported tokenizer gives %v, tokenizer.bin %v", s, b, a)
 			}
 		}
+	}
+}
+
+// TestLlama2CLoadInto: LoadInto from a llama2.c file writes LoadWeights'
+// values into the tensor; a file whose last tensor holds a NaN is
+// refused, naming the file and the tensor, and writes nothing.
+func TestLlama2CLoadInto(t *testing.T) {
+	path := filepath.Join("../testdata/llama2c", "untied.bin")
+	spec, src, err := Resolve(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := LoadWeights(spec, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(cpu.Config{})
+	s := be.DefaultStream()
+	dst, err := be.Alloc("params", spec.NumParams(), backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadInto(spec, src, be, s, dst); err != nil {
+		t.Fatal(err)
+	}
+	got, err := backend.Download(be, s, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Error("LoadInto differs from LoadWeights")
+	}
+
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint32(raw[len(raw)-4:], math.Float32bits(float32(math.NaN())))
+	bad := filepath.Join(t.TempDir(), "bad.bin")
+	if err := os.WriteFile(bad, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zero, err := be.Alloc("params", spec.NumParams(), backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = LoadInto(spec, bad, be, s, zero)
+	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "wcls") {
+		t.Errorf("LoadInto of a NaN in the last tensor: %v, want an error naming %s and wcls", err, bad)
+	}
+	after, err := backend.Download(be, s, zero)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(after, func(x float32) bool { return x != 0 }) {
+		t.Error("a refused file wrote to the destination")
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hf"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // hfConfig is the part of a transformers GPT2Config that this model uses.
@@ -312,17 +313,30 @@ func ExportHF(dir string, cfg Config, vals []float32) error {
 	if len(vals) != cfg.NumParams() {
 		return fmt.Errorf("export: %d values for a model of %d parameters", len(vals), cfg.NumParams())
 	}
+	return ExportHFFrom(dir, cfg, hf.FetchFloat32(vals))
+}
+
+// ExportHFFrom is ExportHF from a source of the values in chunks (a
+// device tensor: hf.FetchTensor), holding ExportBytes on the host.
+func ExportHFFrom(dir string, cfg Config, fetch hf.Fetch) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	if err := writeHFConfig(dir, cfg); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	if err := hf.ExportFloat32(dir, vals, cfg.Layout(), hf.ExportOptions{DType: backend.F32}); err != nil {
+	if err := hf.ExportFrom(dir, cfg.Layout(), exportOptions, fetch); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	return nil
 }
+
+// exportOptions: GPT-2's exports are fp32 and store every parameter.
+var exportOptions = hf.ExportOptions{DType: backend.F32}
+
+// ExportBytes is the host memory ExportHFFrom holds at most (its
+// writer's buffers; a fetch's own are its source's).
+func ExportBytes(cfg Config) int64 { return hf.ExportBytes(cfg.Layout(), exportOptions) }
 
 // writeHFConfig writes cfg as dir/config.json, as transformers' GPT2Config
 // (the bytes of Config.HFConfig).
@@ -338,13 +352,25 @@ func writeHFConfig(dir string, cfg Config) error {
 }
 
 // Init returns GPT-2's initialisation for training from scratch, drawn from
-// seed: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)) as in
-// the GPT-2 paper, biases 0, LayerNorm weights 1.
+// seed (InitEach's values in one slice).
 func Init(cfg Config, seed uint64) []float32 {
-	rng := rand.New(rand.NewPCG(seed, 0x6770_7432))
 	vals := make([]float32, cfg.NumParams())
+	_ = InitEach(cfg, seed, func(p model.Param, v []float32) error { // fn never fails
+		copy(vals[p.Offset:], v)
+		return nil
+	})
+	return vals
+}
+
+// InitEach is Init parameter by parameter, in Layout order (model.Spec's
+// InitEach): weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L))
+// as in the GPT-2 paper, biases 0, LayerNorm weights 1, drawn from one
+// generator in layout order.
+func InitEach(cfg Config, seed uint64, fn func(p model.Param, v []float32) error) error {
+	rng := rand.New(rand.NewPCG(seed, 0x6770_7432))
+	buf := model.InitBuffer(cfg)
 	for _, p := range cfg.Layout() {
-		v := vals[p.Offset : p.Offset+p.Len()]
+		v := buf[:p.Len()]
 		switch {
 		case strings.HasSuffix(p.Name, "ln_1.weight"), strings.HasSuffix(p.Name, "ln_2.weight"), strings.HasSuffix(p.Name, "ln_f.weight"):
 			for i := range v {
@@ -358,7 +384,12 @@ func Init(cfg Config, seed uint64) []float32 {
 			for i := range v {
 				v[i] = float32(rng.NormFloat64() * std)
 			}
+		default:
+			clear(v) // the buffer holds the previous parameter's values
+		}
+		if err := fn(p, v); err != nil {
+			return err
 		}
 	}
-	return vals
+	return nil
 }

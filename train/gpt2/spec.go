@@ -34,6 +34,11 @@ func (c Config) Describe() []any {
 // Init is GPT-2's seeded initialisation, Init (model.Spec).
 func (c Config) Init(seed uint64) []float32 { return Init(c, seed) }
 
+// InitEach is InitEach of c (model.Spec).
+func (c Config) InitEach(seed uint64, fn func(p model.Param, v []float32) error) error {
+	return InitEach(c, seed, fn)
+}
+
 // HFConfig is the config.json ExportHF writes for c (model.Spec), built
 // in memory: an export must not write anywhere but its own directory.
 func (c Config) HFConfig() ([]byte, error) {

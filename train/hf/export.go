@@ -9,10 +9,11 @@
 // shards) are removed after, so that from_pretrained, which prefers
 // model.safetensors to an index, reads the new weights.
 //
-// Limits: parameters stream from the source in chunks; a transposed one is
-// written in blocks of at most blockElems of its Hugging Face rows, each
-// block one pass over the parameter, so host memory stays bounded
-// (blockElems float32 plus one chunk) whatever the model's size.
+// Limits: parameters stream from the source (ExportFrom's fetch: a device
+// tensor, host values) in chunks; a transposed one is written in blocks
+// of at most blockElems of its Hugging Face rows, each block one pass
+// over the parameter, so host memory stays bounded (ExportBytes:
+// blockElems float32 plus a few chunks) whatever the model's size.
 
 package hf
 
@@ -58,8 +59,9 @@ type ExportOptions struct {
 }
 
 // Export writes the parameters in src (a backend tensor of layout's
-// element count, F32 or BF16), downloaded on stream s of be in chunks, to
-// dir, which is created if needed. config.json is the caller's.
+// element count, F32 or BF16), downloaded on stream s of be in chunks
+// through its staging buffer, to dir, which is created if needed.
+// config.json is the caller's.
 func Export(dir string, be backend.Backend, s backend.Stream, src backend.Tensor, layout []model.Param, opt ExportOptions) error {
 	n, err := layoutLen(layout)
 	if err != nil {
@@ -68,10 +70,7 @@ func Export(dir string, be backend.Backend, s backend.Stream, src backend.Tensor
 	if src.Len() != n {
 		return fmt.Errorf("hf: export to %s from %v: %d elements, the layout has %d", dir, src, src.Len(), n)
 	}
-	st := be.Staging()
-	return export(dir, layout, opt, func(off int, dst []float32) error {
-		return st.DownloadInto(s, dst, src.Slice(off, len(dst)))
-	})
+	return ExportFrom(dir, layout, opt, FetchTensor(be, s, src))
 }
 
 // ExportFloat32 is Export from host values in layout order.
@@ -83,11 +82,78 @@ func ExportFloat32(dir string, vals []float32, layout []model.Param, opt ExportO
 	if len(vals) != n {
 		return fmt.Errorf("hf: export to %s: %d values, the layout has %d", dir, len(vals), n)
 	}
-	return export(dir, layout, opt, func(off int, dst []float32) error {
+	return ExportFrom(dir, layout, opt, FetchFloat32(vals))
+}
+
+// Fetch fills dst with the parameter elements [off, off+len(dst)) of
+// layout order: the source an export streams from, a chunk at a time.
+type Fetch = func(off int, dst []float32) error
+
+// FetchTensor fetches from src (F32 or BF16) on stream s of be, through
+// its staging buffer: no host copy of the tensor.
+func FetchTensor(be backend.Backend, s backend.Stream, src backend.Tensor) Fetch {
+	st := be.Staging()
+	return func(off int, dst []float32) error {
+		return st.DownloadInto(s, dst, src.Slice(off, len(dst)))
+	}
+}
+
+// FetchFloat32 fetches from host values.
+func FetchFloat32(vals []float32) Fetch {
+	return func(off int, dst []float32) error {
+		if off < 0 || off+len(dst) > len(vals) {
+			return fmt.Errorf("hf: elements [%d, %d) of %d values", off, off+len(dst), len(vals))
+		}
 		copy(dst, vals[off:])
 		return nil
-	})
+	}
 }
+
+// ExportFrom is Export from any source of the parameters' values:
+// fetch is asked for chunks of them, parameter by parameter, and the
+// host holds the writer's buffers (ExportBytes), never the model.
+func ExportFrom(dir string, layout []model.Param, opt ExportOptions, fetch Fetch) error {
+	if _, err := layoutLen(layout); err != nil {
+		return err
+	}
+	return export(dir, layout, opt, fetch)
+}
+
+// ExportBytes is the most host memory ExportFrom's writer holds for
+// layout: its fetch buffer (a chunk, or the rows of a transposed
+// parameter that make one), the block of a transposed parameter's
+// Hugging Face rows (up to blockElems), the encoded chunk and the file's
+// write buffer. A fetch's own memory (the backend's staging) is not
+// counted.
+func ExportBytes(layout []model.Param, opt ExportOptions) int64 {
+	var vals, block, emit int
+	for _, p := range layout {
+		if opt.Skip != nil && opt.Skip(p) {
+			continue
+		}
+		n := p.Len()
+		if !p.Transposed {
+			vals = max(vals, min(n, chunkElems))
+			emit = max(emit, min(n, chunkElems))
+			continue
+		}
+		in, cols := p.Shape[0], p.Shape[1]
+		k := transposeBlockRows(in, cols)
+		vals = max(vals, transposeFetchRows(in, cols)*cols)
+		block = max(block, k*in)
+		emit = max(emit, min(k*in, chunkElems))
+	}
+	return 4*int64(vals+block) + int64(opt.DType.Size())*int64(emit) + atomicfile.BufferBytes
+}
+
+// transposeBlockRows is the Hugging Face rows of a transposed parameter
+// (ours in x cols) that one block holds: as many as blockElems allows,
+// at least one.
+func transposeBlockRows(in, cols int) int { return max(1, min(cols, blockElems/max(1, in))) }
+
+// transposeFetchRows is the rows of ours that one fetch of a transposed
+// parameter reads: a chunk's worth, at least one.
+func transposeFetchRows(in, cols int) int { return min(in, max(1, chunkElems/max(1, cols))) }
 
 // shard is one output file and the layout indices it holds.
 type shard struct {
@@ -247,11 +313,11 @@ func (w *paramWriter) write(out io.Writer, p model.Param) error {
 	// Ours is in x out; the file's row j is our column j. Each block of
 	// file rows [j0, j0+k) is one pass over our rows.
 	in, cols := p.Shape[0], p.Shape[1]
-	k := max(1, min(cols, blockElems/max(1, in)))
+	k := transposeBlockRows(in, cols)
 	if len(w.block) < k*in {
 		w.block = make([]float32, k*in)
 	}
-	rows := min(in, max(1, chunkElems/max(1, cols)))
+	rows := transposeFetchRows(in, cols)
 	if len(w.vals) < rows*cols {
 		w.vals = make([]float32, rows*cols)
 	}

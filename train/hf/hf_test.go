@@ -287,6 +287,7 @@ func TestExportRoundTrip(t *testing.T) {
 		if err := Export(dev, be, s, src, layout, opt); err != nil {
 			t.Fatal(err)
 		}
+		sameFiles(t, host, dev)
 		for _, out := range []string{host, dev} {
 			got, err := Open(out)
 			if err != nil {

@@ -5,14 +5,17 @@
 // dtype, every value finite) and every tensor of the checkpoint (read by a
 // parameter, or known to be harmless), touching nothing; only then does the
 // second convert and upload, in chunks of chunkElems, so a refused
-// checkpoint leaves the destination as it was. Each tensor's mapped pages
-// are released after each pass over it, which keeps the resident memory of
-// a load near the destination's size plus one tensor.
+// checkpoint leaves the destination as it was. The mapped pages of a
+// tensor read in order are released chunk by chunk; a transposed one is
+// read across all its rows for every chunk, so its pages go once it is
+// converted. The host holds LoadBytes: a chunk, or a transposed tensor's
+// file bytes, besides the conversion buffers.
 
 package hf
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -28,6 +31,36 @@ import (
 // make it tiny to cross every boundary); the backend's staging moves it in
 // pieces of its own.
 var chunkElems = 1 << 20
+
+// readElems is the elements of one chunk read in order from a mapped
+// tensor: chunkElems rounded up to a multiple of 4, so that a chunk of
+// 2- or 4-byte elements is whole 8 bytes (safetensors.File.Chunks).
+func readElems() int { return (chunkElems + 3) &^ 3 }
+
+// maxElemBytes is the widest element a checkpoint's weights may have
+// (F32): LoadBytes, planned before the files are opened, assumes it.
+const maxElemBytes = 4
+
+// LoadBytes is the most host memory Load of layout holds, the backend's
+// staging aside: the mapped pages of a chunk, or those of a transposed
+// tensor (all of it, in the widest dtype), and the float32 chunk (or
+// the rows of a transposed tensor that make one) and column converted
+// from them.
+func LoadBytes(layout []model.Param) int64 {
+	var mapped, buf, col int64
+	for _, p := range layout {
+		n := int64(p.Len())
+		if !p.Transposed {
+			k := min(n, int64(readElems()))
+			mapped, buf = max(mapped, maxElemBytes*k), max(buf, k)
+			continue
+		}
+		in, out := p.Shape[0], p.Shape[1]
+		rows := int64(transposeFetchRows(in, out))
+		mapped, buf, col = max(mapped, maxElemBytes*n), max(buf, rows*int64(out)), max(col, rows)
+	}
+	return mapped + 4*(buf+col)
+}
 
 // LoadOptions adapt loading to a model family's names.
 type LoadOptions struct {
@@ -198,16 +231,24 @@ func (c *Checkpoint) check(layout []model.Param, opt LoadOptions) ([]source, err
 			continue
 		}
 		checked[sc.name] = true
-		raw, _, err := sc.f.Raw(sc.name)
-		if err != nil {
-			return nil, fmt.Errorf("hf: %w", err)
-		}
-		i, bad := firstNonFinite(raw, sc.ti.DType)
-		sc.f.Release(sc.name)
+		bits, _ := sc.ti.DType.Bits()
+		es := bits / 8
+		i, bad, base := -1, float32(0), 0
+		err := sc.f.Chunks(sc.name, readElems()*es, func(b []byte) error {
+			if i, bad = firstNonFinite(b, sc.ti.DType); i >= 0 {
+				i += base
+				return errNonFinite
+			}
+			base += len(b) / es
+			return nil
+		})
 		if i >= 0 {
 			// The wording of checkpoint.NonFinite, which callers checked
 			// before this package did (element: of the file's tensor).
 			return nil, fmt.Errorf("hf: %s: tensor %s holds %v at element %d; refusing weights that are not finite", sc.f.Path, sc.name, bad, i)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("hf: %w", err)
 		}
 	}
 	return srcs, nil
@@ -224,6 +265,10 @@ func (c *Checkpoint) where0() string {
 	}
 	return c.Dir
 }
+
+// errNonFinite stops check's reading at a non-finite value (reported
+// with its element, not as this error).
+var errNonFinite = errors.New("not finite")
 
 // firstNonFinite returns the index and value of the first NaN or Inf in
 // raw (of dtype dt), or -1.
@@ -264,46 +309,61 @@ func (c *Checkpoint) convert(srcs []source, sink func(off int, vals []float32) e
 		return b
 	}
 	for _, sc := range srcs {
+		bits, _ := sc.ti.DType.Bits()
+		es := bits / 8
+		if !sc.p.Transposed {
+			// In order, a chunk at a time: each chunk's mapped pages go
+			// as soon as it is converted.
+			buf = grow(buf, min(sc.p.Len(), readElems()))
+			off := 0
+			err := sc.f.Chunks(sc.name, readElems()*es, func(b []byte) error {
+				k := len(b) / es
+				safetensors.Decode(buf[:k], b, sc.ti.DType)
+				if err := sink(sc.p.Offset+off, buf[:k]); err != nil {
+					return err
+				}
+				off += k
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
+			}
+			continue
+		}
 		raw, _, err := sc.f.Raw(sc.name)
 		if err != nil {
 			return fmt.Errorf("hf: %w", err)
 		}
-		bits, _ := sc.ti.DType.Bits()
-		es := bits / 8
-		if !sc.p.Transposed {
-			n := sc.p.Len()
-			buf = grow(buf, min(n, chunkElems))
-			for off := 0; off < n; off += chunkElems {
-				k := min(chunkElems, n-off)
-				safetensors.Decode(buf[:k], raw[off*es:(off+k)*es], sc.ti.DType)
-				if err := sink(sc.p.Offset+off, buf[:k]); err != nil {
-					return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
+		// Ours is in x out, the file's out x in: rows [i0, i1) of ours
+		// are columns [i0, i1) of the file, read row by row of the file
+		// (contiguous runs of i1-i0 elements) and scattered.
+		in, out := sc.p.Shape[0], sc.p.Shape[1]
+		rows := transposeFetchRows(in, out)
+		buf = grow(buf, rows*out)
+		col = grow(col, rows)
+		for i0 := 0; i0 < in; i0 += rows {
+			k := min(rows, in-i0)
+			for j := range out {
+				safetensors.Decode(col[:k], raw[(j*in+i0)*es:(j*in+i0+k)*es], sc.ti.DType)
+				for r, v := range col[:k] {
+					buf[r*out+j] = v
 				}
 			}
-		} else {
-			// Ours is in x out, the file's out x in: rows [i0, i1) of ours
-			// are columns [i0, i1) of the file, read row by row of the file
-			// (contiguous runs of i1-i0 elements) and scattered.
-			in, out := sc.p.Shape[0], sc.p.Shape[1]
-			rows := min(in, max(1, chunkElems/max(1, out)))
-			buf = grow(buf, rows*out)
-			col = grow(col, rows)
-			for i0 := 0; i0 < in; i0 += rows {
-				k := min(rows, in-i0)
-				for j := range out {
-					safetensors.Decode(col[:k], raw[(j*in+i0)*es:(j*in+i0+k)*es], sc.ti.DType)
-					for r, v := range col[:k] {
-						buf[r*out+j] = v
-					}
-				}
-				if err := sink(sc.p.Offset+i0*out, buf[:k*out]); err != nil {
-					return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
-				}
+			if err := sink(sc.p.Offset+i0*out, buf[:k*out]); err != nil {
+				return fmt.Errorf("hf: %s: tensor %q: %w", sc.f.Path, sc.name, err)
 			}
 		}
 		sc.f.Release(sc.name)
 	}
 	return nil
+}
+
+// SameValuesBytes is the most host memory SameValues holds for tensors
+// of n elements: a decoded chunk of each and its mapped pages (in the
+// widest dtype).
+func SameValuesBytes(n int) int64 {
+	k := int64(min(chunkElems, n))
+	return 2 * (4*k + maxElemBytes*k)
 }
 
 // SameValues reports whether the tensors a and b hold the same values

@@ -103,25 +103,45 @@ func TestLoadMemory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
-	var hwm int64 = -1
+	var hwm, idle int64 = -1, -1
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "VmHWM-bytes: "); ok {
 			hwm, _ = strconv.ParseInt(v, 10, 64)
 		}
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "VmRSS-idle-bytes: "); ok {
+			idle, _ = strconv.ParseInt(v, 10, 64)
+		}
 	}
-	if hwm < 0 {
-		t.Fatalf("child reported no VmHWM:\n%s", out)
+	if hwm < 0 || idle < 0 {
+		t.Fatalf("child reported no VmHWM or idle VmRSS:\n%s", out)
 	}
 	ratio := float64(hwm) / float64(total)
 	t.Logf("loaded %d bytes of bf16 weights with a peak RSS of %d bytes (%.3fx)", total, hwm, ratio)
 	if ratio > 1.2 {
 		t.Errorf("peak resident memory %d bytes is %.3fx the %d bytes loaded, want at most 1.2x", hwm, ratio, total)
 	}
+	// What a memory plan counts: the destination, LoadBytes and the
+	// staging buffer, above the idle process.
+	plan := total + LoadBytes(llamaLayout(memConfig)) + backend.StagingBytes
+	t.Logf("above the idle process: %d bytes; planned %d (destination, LoadBytes %d, staging)", hwm-idle, plan, LoadBytes(llamaLayout(memConfig)))
+	if used := hwm - idle; used > plan {
+		t.Errorf("the load used %d bytes above the idle process, more than the %d planned", used, plan)
+	}
 }
 
 // loadMemChild is the child's side: load, spot-check values, report VmHWM.
 func loadMemChild(t *testing.T, dir string) {
+	idle, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(idle), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			fmt.Printf("VmRSS-idle-bytes: %d\n", kb*1024)
+		}
+	}
 	layout := llamaLayout(memConfig)
 	be, s := newCPU(t)
 	n, _ := layoutLen(layout)

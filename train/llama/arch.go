@@ -211,25 +211,40 @@ func (c Config) Describe() []any {
 }
 
 // Init returns transformers' initialisation of LlamaForCausalLM, drawn
-// from seed: every matrix, the embedding and the head N(0,
-// initializer_range), the RMSNorm weights 1.
+// from seed (InitEach's values in one slice).
 func (c Config) Init(seed uint64) []float32 {
-	rng := rand.New(rand.NewPCG(seed, 0x6c6c_616d_61))
 	vals := make([]float32, c.NumParams())
+	_ = c.InitEach(seed, func(p model.Param, v []float32) error { // fn never fails
+		copy(vals[p.Offset:], v)
+		return nil
+	})
+	return vals
+}
+
+// InitEach is Init parameter by parameter (model.Spec): every matrix, the
+// embedding and the head N(0, initializer_range), the RMSNorm weights 1,
+// drawn from one generator in Layout order, so the values do not depend
+// on how they are consumed.
+func (c Config) InitEach(seed uint64, fn func(p model.Param, v []float32) error) error {
+	rng := rand.New(rand.NewPCG(seed, 0x6c6c_616d_61))
+	buf := model.InitBuffer(c)
 	std := c.initRange()
 	for _, p := range c.Layout() {
-		v := vals[p.Offset : p.Offset+p.Len()]
+		v := buf[:p.Len()]
 		if len(p.Shape) == 1 {
 			for i := range v {
 				v[i] = 1
 			}
-			continue
+		} else {
+			for i := range v {
+				v[i] = float32(rng.NormFloat64() * std)
+			}
 		}
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * std)
+		if err := fn(p, v); err != nil {
+			return err
 		}
 	}
-	return vals
+	return nil
 }
 
 // Config is the model contract's Arch and Spec.

@@ -21,14 +21,12 @@
 // epsilon 1e-5, as run.c has them fixed; BOS is 1 and EOS 2.
 //
 // Limits: the v1 and v2 (int8) layouts of export.py, with their "ak42"
-// magic, are refused with a message saying so. The weights are read into
-// one fp32 host copy of the model before they go to the device (unlike a
-// Hugging Face directory's, which stream), which the llama2.c models, up
-// to stories110M's 440 MB, easily afford.
+// magic, are refused with a message saying so. Each streams the weights
+// tensor by tensor (the host holds the longest, converted, LoadBytes);
+// Load gathers them into one fp32 slice for callers that want them all.
 package llama2c
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -37,6 +35,7 @@ import (
 	"os"
 
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // Header is a .bin file's seven int32s.
@@ -119,51 +118,88 @@ func IsModel(path string) bool {
 	return err == nil
 }
 
-// Load reads path: its architecture and its weights in the layout of
-// train/llama (c.Layout() order: matrices in x out, wq and wk in
-// transformers' rotate-half order). A weight that is NaN or infinite is
-// an error naming the tensor and the element.
-func Load(path string) (llama.Config, []float32, error) {
+// open opens path and reads and checks its header; the file is then at
+// its first tensor.
+func open(path string) (*os.File, llama.Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return llama.Config{}, nil, fmt.Errorf("llama2c: %w", err)
+		return nil, llama.Config{}, fmt.Errorf("llama2c: %w", err)
 	}
-	defer f.Close()
 	_, c, err := readHeader(f, path)
+	if err != nil {
+		f.Close()
+		return nil, c, err
+	}
+	return f, c, nil
+}
+
+// Load reads path: its architecture and its weights in the layout of
+// train/llama (c.Layout() order: matrices in x out, wq and wk in
+// transformers' rotate-half order), Each's tensors in one slice. A
+// weight that is NaN or infinite is an error naming the tensor and the
+// element.
+func Load(path string) (llama.Config, []float32, error) {
+	f, c, err := open(path)
 	if err != nil {
 		return c, nil, err
 	}
-	vals, err := readWeights(bufio.NewReaderSize(f, 1<<20), c)
+	defer f.Close()
+	vals := make([]float32, c.NumParams()) // bounded by the file's size: readHeader checked it
+	err = scan(f, c, func(p model.Param, v []float32) error {
+		copy(vals[p.Offset:], v)
+		return nil
+	})
 	if err != nil {
 		return c, nil, fmt.Errorf("llama2c: %s: %w", path, err)
 	}
 	return c, vals, nil
 }
 
-// reader reads the file's tensors in order.
-type reader struct {
-	r   io.Reader
-	buf []byte
-	f   []float32
+// Each reads path's weights tensor by tensor, in the file's order, and
+// hands each to fn converted to the layout of train/llama (as Load
+// does) with its parameter, whose Offset places it in Layout order. v
+// is one buffer that the next tensor reuses (fn must not keep it): the
+// host holds LoadBytes, not the model. A NaN or infinite weight stops
+// it with an error naming the tensor and the element, after fn had the
+// tensors before it; Check first where nothing may be written unless
+// the whole file is good.
+func Each(path string, fn func(p model.Param, v []float32) error) (llama.Config, error) {
+	f, c, err := open(path)
+	if err != nil {
+		return c, err
+	}
+	defer f.Close()
+	if err := scan(f, c, fn); err != nil {
+		return c, fmt.Errorf("llama2c: %s: %w", path, err)
+	}
+	return c, nil
 }
 
-// next reads n float32s, checking that each is finite (name and layer l,
-// -1 for none, say which tensor in an error).
-func (r *reader) next(n int, name string, l int) ([]float32, error) {
-	if cap(r.buf) < 4*n {
-		r.buf, r.f = make([]byte, 4*n), make([]float32, n)
+// Check reads path through once as Each does, converting and keeping
+// nothing: its header, its size and every weight finite. It returns the
+// architecture.
+func Check(path string) (llama.Config, error) {
+	f, c, err := open(path)
+	if err != nil {
+		return c, err
 	}
-	b, f := r.buf[:4*n], r.f[:n]
-	if _, err := io.ReadFull(r.r, b); err != nil {
-		return nil, fmt.Errorf("%s: %w", tensorName(name, l), err)
+	defer f.Close()
+	if err := scan(f, c, nil); err != nil {
+		return c, fmt.Errorf("llama2c: %s: %w", path, err)
 	}
-	for i := range f {
-		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-		if math.IsNaN(float64(f[i])) || math.IsInf(float64(f[i]), 0) {
-			return nil, fmt.Errorf("%s: element %d is %v", tensorName(name, l), i, f[i])
-		}
-	}
-	return f, nil
+	return c, nil
+}
+
+// readChunk is the bytes scan reads at a time (a multiple of 4: no
+// float straddles two reads; tests make it tiny to cross every
+// boundary).
+var readChunk = 1 << 20
+
+// LoadBytes is the host memory Each (and Load beyond its result) holds
+// for a file of c: the read chunk and one tensor, the longest, as
+// converted. Check holds the read chunk alone.
+func LoadBytes(c llama.Config) int64 {
+	return int64(readChunk) + 4*int64(model.LongestParam(c.Layout()))
 }
 
 func tensorName(name string, l int) string {
@@ -180,100 +216,138 @@ func rowPerm(row, hs int) int {
 	return h*hs + (r%2)*(hs/2) + r/2
 }
 
-func readWeights(in io.Reader, c llama.Config) ([]float32, error) {
+// tensor is one tensor of the file: the parameter it fills (Name ""
+// for the RoPE tables, n floats read past), and whether its rows are
+// permuted (wq, wk).
+type tensor struct {
+	file  string // llama2.c's name
+	layer int    // -1: not a layer's
+	p     model.Param
+	n     int
+	perm  bool
+}
+
+// fileTensors lists the file's tensors in the file's order.
+func fileTensors(c llama.Config) ([]tensor, error) {
 	layout := c.Layout()
-	byName := make(map[string]int, len(layout))
-	for i, p := range layout {
-		byName[p.Name] = i
+	byName := make(map[string]model.Param, len(layout))
+	for _, p := range layout {
+		byName[p.Name] = p
 	}
-	vals := make([]float32, c.NumParams())
-	r := &reader{r: in}
-	// copyTo puts a tensor read as stored (out x in) into param name:
-	// transposed to in x out when the layout says, rows permuted by perm.
-	copyTo := func(name string, src []float32, perm func(int) int) error {
-		i, ok := byName[name]
+	var ts []tensor
+	add := func(file string, l int, name string, perm bool) error {
+		p, ok := byName[name]
 		if !ok {
 			return fmt.Errorf("no parameter %s in the layout", name)
 		}
-		p := layout[i]
-		dst := vals[p.Offset : p.Offset+p.Len()]
-		if !p.Transposed {
-			copy(dst, src)
-			return nil
-		}
-		in, out := p.Shape[0], p.Shape[1]
-		for o := range out {
-			to := o
-			if perm != nil {
-				to = perm(o)
-			}
-			row := src[o*in : (o+1)*in]
-			for k, v := range row {
-				dst[k*out+to] = v
-			}
-		}
+		ts = append(ts, tensor{file: file, layer: l, p: p, n: p.Len(), perm: perm})
 		return nil
 	}
-	C, I, L, hs := c.Hidden, c.Intermediate, c.NumLayers, c.HS()
-	qw, kw := c.Heads*hs, c.KVHeads*hs
-	perm := func(o int) int { return rowPerm(o, hs) }
-	emb, err := r.next(c.Vocab*C, "token_embedding_table", -1)
-	if err != nil {
-		return nil, err
-	}
-	if err := copyTo("model.embed_tokens.weight", emb, nil); err != nil {
+	if err := add("token_embedding_table", -1, "model.embed_tokens.weight", false); err != nil {
 		return nil, err
 	}
 	sections := []struct {
 		file, hf string
-		n        int
-		perm     func(int) int
+		perm     bool
 	}{
-		{"rms_att_weight", "input_layernorm.weight", C, nil},
-		{"wq", "self_attn.q_proj.weight", qw * C, perm},
-		{"wk", "self_attn.k_proj.weight", kw * C, perm},
-		{"wv", "self_attn.v_proj.weight", kw * C, nil},
-		{"wo", "self_attn.o_proj.weight", C * qw, nil},
-		{"rms_ffn_weight", "post_attention_layernorm.weight", C, nil},
-		{"w1", "mlp.gate_proj.weight", I * C, nil},
-		{"w2", "mlp.down_proj.weight", C * I, nil},
-		{"w3", "mlp.up_proj.weight", I * C, nil},
+		{"rms_att_weight", "input_layernorm.weight", false},
+		{"wq", "self_attn.q_proj.weight", true},
+		{"wk", "self_attn.k_proj.weight", true},
+		{"wv", "self_attn.v_proj.weight", false},
+		{"wo", "self_attn.o_proj.weight", false},
+		{"rms_ffn_weight", "post_attention_layernorm.weight", false},
+		{"w1", "mlp.gate_proj.weight", false},
+		{"w2", "mlp.down_proj.weight", false},
+		{"w3", "mlp.up_proj.weight", false},
 	}
 	for _, s := range sections {
-		for l := range L {
-			t, err := r.next(s.n, s.file, l)
-			if err != nil {
-				return nil, err
-			}
-			if err := copyTo(fmt.Sprintf("model.layers.%d.%s", l, s.hf), t, s.perm); err != nil {
+		for l := range c.NumLayers {
+			if err := add(s.file, l, fmt.Sprintf("model.layers.%d.%s", l, s.hf), s.perm); err != nil {
 				return nil, err
 			}
 		}
 	}
-	norm, err := r.next(C, "rms_final_weight", -1)
-	if err != nil {
-		return nil, err
-	}
-	if err := copyTo("model.norm.weight", norm, nil); err != nil {
+	if err := add("rms_final_weight", -1, "model.norm.weight", false); err != nil {
 		return nil, err
 	}
 	// The RoPE tables: read past, never used (run.c computes RoPE itself).
-	if _, err := io.CopyN(io.Discard, in, 4*int64(c.MaxPos)*int64(hs)); err != nil {
-		return nil, fmt.Errorf("freq_cis: %w", err)
-	}
+	ts = append(ts, tensor{file: "freq_cis", layer: -1, n: c.MaxPos * c.HS()})
 	if !c.Tied {
-		wcls, err := r.next(c.Vocab*C, "wcls", -1)
-		if err != nil {
+		if err := add("wcls", -1, "lm_head.weight", false); err != nil {
 			return nil, err
 		}
-		if err := copyTo("lm_head.weight", wcls, nil); err != nil {
-			return nil, err
+	}
+	return ts, nil
+}
+
+// scan reads the tensors after the header from in, in the file's
+// order, checking that every weight is finite; with fn it converts each
+// into one buffer of the longest parameter (stored out x in, it goes to
+// in x out where the layout transposes it, rows permuted for wq and wk)
+// and hands it over. It holds one read chunk besides.
+func scan(in io.Reader, c llama.Config, fn func(p model.Param, v []float32) error) error {
+	ts, err := fileTensors(c)
+	if err != nil {
+		return err
+	}
+	raw := make([]byte, readChunk)
+	var dst []float32
+	if fn != nil {
+		dst = make([]float32, model.LongestParam(c.Layout()))
+	}
+	hs := c.HS()
+	for _, t := range ts {
+		name := tensorName(t.file, t.layer)
+		convert := fn != nil && t.p.Name != ""
+		v := dst[:0]
+		var rowLen, out int // the stored row's length, the layout's row length
+		if convert {
+			v = dst[:t.n]
+			rowLen, out = t.n, t.n
+			if t.p.Transposed {
+				rowLen, out = t.p.Shape[0], t.p.Shape[1]
+			}
+		}
+		// row and col are the stored position of element e.
+		row, col := 0, 0
+		for e0 := 0; e0 < t.n; e0 += readChunk / 4 {
+			k := min(readChunk/4, t.n-e0)
+			b := raw[:4*k]
+			if _, err := io.ReadFull(in, b); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			for i := range k {
+				x := math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+				if t.p.Name != "" && (math.IsNaN(float64(x)) || math.IsInf(float64(x), 0)) {
+					return fmt.Errorf("%s: element %d is %v", name, e0+i, x)
+				}
+				if !convert {
+					continue
+				}
+				if !t.p.Transposed {
+					v[e0+i] = x
+					continue
+				}
+				to := row
+				if t.perm {
+					to = rowPerm(row, hs)
+				}
+				v[col*out+to] = x
+				if col++; col == rowLen {
+					row, col = row+1, 0
+				}
+			}
+		}
+		if convert {
+			if err := fn(t.p, v); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
 		}
 	}
 	if n, _ := io.Copy(io.Discard, in); n != 0 {
-		return nil, errors.New("bytes after the last tensor")
+		return errors.New("bytes after the last tensor")
 	}
-	return vals, nil
+	return nil
 }
 
 // ReadConfig reads path's header and returns its architecture.

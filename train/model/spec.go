@@ -20,9 +20,34 @@ type Spec interface {
 	// key-value pairs.
 	Describe() []any
 	// Init returns the seeded initialisation of a model trained from
-	// scratch: NumParams values in Layout order.
+	// scratch: NumParams values in Layout order (InitEach's, gathered).
 	Init(seed uint64) []float32
+	// InitEach is Init one parameter at a time, in Layout order, so that
+	// a run can upload the initialisation of a model larger than its
+	// host's memory: fn gets each parameter and its values, in one buffer
+	// of InitBytes that the next parameter reuses (fn must not keep v).
+	// An error of fn stops it and is returned.
+	InitEach(seed uint64, fn func(p Param, v []float32) error) error
 	// HFConfig is the config.json of an export, as transformers'
 	// save_pretrained writes it for this architecture.
 	HFConfig() ([]byte, error)
+}
+
+// InitBuffer is the buffer a Spec's InitEach fills each parameter in:
+// as long as a's longest parameter.
+func InitBuffer(a Arch) []float32 {
+	return make([]float32, LongestParam(a.Layout()))
+}
+
+// InitBytes is the host memory InitEach of a holds at once: InitBuffer.
+func InitBytes(a Arch) int64 { return 4 * int64(LongestParam(a.Layout())) }
+
+// LongestParam is the element count of layout's longest parameter: the
+// buffer of a reader that holds one parameter at a time.
+func LongestParam(layout []Param) int {
+	n := 0
+	for _, p := range layout {
+		n = max(n, p.Len())
+	}
+	return n
 }
