@@ -58,9 +58,13 @@ type File struct {
 
 	data   []byte // the data section
 	mapped []byte // the whole mapping, for OpenMapped files; nil otherwise
-	closed bool
-	infos  map[string]TensorInfo
-	names  []string // sorted
+	// fd and dataOff: an OpenStream file, read by Chunks (data is nil).
+	fd      *os.File
+	dataOff int64
+	chunk   []byte
+	closed  bool
+	infos   map[string]TensorInfo
+	names   []string // sorted
 }
 
 // Open reads the file at path and validates its header and layout. Every
@@ -85,24 +89,42 @@ type headerEntry struct {
 }
 
 func parse(path string, buf []byte) (*File, error) {
-	if len(buf) < 8 {
-		return nil, fmt.Errorf("file is %d bytes, shorter than the 8-byte header length", len(buf))
+	hlen, err := headerLen(buf, int64(len(buf)))
+	if err != nil {
+		return nil, err
 	}
-	hlen := binary.LittleEndian.Uint64(buf[:8])
-	if hlen > uint64(len(buf)-8) {
-		return nil, fmt.Errorf("header length %d is larger than the %d bytes after it", hlen, len(buf)-8)
+	f, err := parseHeader(path, buf[8:8+hlen], int64(len(buf))-8-hlen)
+	if err != nil {
+		return nil, err
+	}
+	f.data = buf[8+hlen:]
+	return f, nil
+}
+
+// headerLen reads the header's length from the first bytes of a file of
+// size bytes (at least 8 of them in b) and checks it against the file.
+func headerLen(b []byte, size int64) (int64, error) {
+	if size < 8 || len(b) < 8 {
+		return 0, fmt.Errorf("file is %d bytes, shorter than the 8-byte header length", size)
+	}
+	hlen := binary.LittleEndian.Uint64(b[:8])
+	if hlen > uint64(size-8) {
+		return 0, fmt.Errorf("header length %d is larger than the %d bytes after it", hlen, size-8)
 	}
 	if hlen > maxHeader {
-		return nil, fmt.Errorf("header length %d exceeds the %d-byte limit", hlen, maxHeader)
+		return 0, fmt.Errorf("header length %d exceeds the %d-byte limit", hlen, maxHeader)
 	}
-	header := buf[8 : 8+hlen]
-	data := buf[8+hlen:]
+	return int64(hlen), nil
+}
 
+// parseHeader validates the JSON header and the layout of a data section
+// of dataLen bytes.
+func parseHeader(path string, header []byte, dataLen int64) (*File, error) {
 	raw, err := decodeObject(header)
 	if err != nil {
 		return nil, fmt.Errorf("bad JSON header: %w", err)
 	}
-	f := &File{Path: path, Metadata: map[string]string{}, data: data, infos: map[string]TensorInfo{}}
+	f := &File{Path: path, Metadata: map[string]string{}, infos: map[string]TensorInfo{}}
 	for _, kv := range raw {
 		if kv.key == metaKey {
 			if f.Metadata, err = decodeMetadata(kv.val); err != nil {
@@ -118,9 +140,60 @@ func parse(path string, buf []byte) (*File, error) {
 		f.names = append(f.names, kv.key)
 	}
 	sort.Strings(f.names)
-	if err := checkLayout(f, int64(len(data))); err != nil {
+	if err := checkLayout(f, dataLen); err != nil {
 		return nil, err
 	}
+	return f, nil
+}
+
+// OpenStream opens path for reading its tensors a chunk at a time
+// (Chunks, with pread into one buffer of the chunk's size), reading and
+// validating only its header: nothing of the data is held or mapped, so
+// a reader's resident memory is its chunk whatever the file's size (a
+// mapped file's pages count as resident until given back, and the
+// kernel maps more than it is asked to). Raw and Float32 are refused;
+// Close closes the file.
+func OpenStream(path string) (*File, error) {
+	fd, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	f, err := openStream(path, fd)
+	if err != nil {
+		fd.Close()
+		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
+	}
+	return f, nil
+}
+
+func openStream(path string, fd *os.File) (*File, error) {
+	st, err := fd.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file")
+	}
+	size := st.Size()
+	var n [8]byte
+	if size >= 8 {
+		if _, err := fd.ReadAt(n[:], 0); err != nil {
+			return nil, err
+		}
+	}
+	hlen, err := headerLen(n[:], size)
+	if err != nil {
+		return nil, err
+	}
+	header := make([]byte, hlen)
+	if _, err := fd.ReadAt(header, 8); err != nil {
+		return nil, err
+	}
+	f, err := parseHeader(path, header, size-8-hlen)
+	if err != nil {
+		return nil, err
+	}
+	f.fd, f.dataOff = fd, 8+hlen
 	return f, nil
 }
 
@@ -296,6 +369,14 @@ func decodeMetadata(b json.RawMessage) (map[string]string, error) {
 // returned must not be used afterwards. Closing twice is harmless.
 func (f *File) Close() error {
 	f.closed = true
+	if f.fd != nil {
+		err := f.fd.Close()
+		f.fd, f.chunk = nil, nil
+		if err != nil {
+			return fmt.Errorf("safetensors: %w", err)
+		}
+		return nil
+	}
 	return f.unmap()
 }
 
@@ -328,6 +409,9 @@ func (f *File) Chunks(name string, chunk int, fn func(b []byte) error) error {
 	if chunk <= 0 || chunk%8 != 0 {
 		return fmt.Errorf("safetensors: %s: tensor %q read in chunks of %d bytes, want a positive multiple of 8", f.Path, name, chunk)
 	}
+	if f.dataOff > 0 {
+		return f.streamChunks(name, chunk, fn)
+	}
 	raw, ti, err := f.Raw(name)
 	if err != nil {
 		return err
@@ -337,6 +421,32 @@ func (f *File) Chunks(name string, chunk int, fn func(b []byte) error) error {
 		err := fn(raw[off : off+n : off+n])
 		f.ReleaseBytes(ti, off, off+n)
 		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// streamChunks is Chunks of an OpenStream file: each chunk read with
+// pread into the file's one buffer.
+func (f *File) streamChunks(name string, chunk int, fn func(b []byte) error) error {
+	ti, ok := f.infos[name]
+	if !ok {
+		return fmt.Errorf("safetensors: %s: no tensor %q", f.Path, name)
+	}
+	if f.closed {
+		return fmt.Errorf("safetensors: %s: tensor %q read after Close", f.Path, name)
+	}
+	n := ti.End - ti.Begin
+	if int64(len(f.chunk)) < min(int64(chunk), n) {
+		f.chunk = make([]byte, min(int64(chunk), n))
+	}
+	for off := int64(0); off < n; off += int64(chunk) {
+		b := f.chunk[:min(int64(chunk), n-off)]
+		if _, err := f.fd.ReadAt(b, f.dataOff+ti.Begin+off); err != nil {
+			return fmt.Errorf("safetensors: %s: tensor %q: %w", f.Path, name, err)
+		}
+		if err := fn(b); err != nil {
 			return err
 		}
 	}
@@ -372,6 +482,9 @@ func (f *File) Raw(name string) ([]byte, TensorInfo, error) {
 	ti, ok := f.Info(name)
 	if !ok {
 		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: no tensor %q", f.Path, name)
+	}
+	if f.dataOff > 0 {
+		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: tensor %q: the file is open for streaming (OpenStream): read it with Chunks", f.Path, name)
 	}
 	if f.closed {
 		return nil, TensorInfo{}, fmt.Errorf("safetensors: %s: tensor %q read after Close", f.Path, name)

@@ -440,8 +440,8 @@ func TestWriteStream(t *testing.T) {
 }
 
 // Chunks hands a tensor's bytes over in order, in chunks of the size
-// asked (the last shorter), from a mapped file as from one read in,
-// still readable after the pages are released; a chunk size that could
+// asked (the last shorter), from a mapped file (still readable after the
+// pages are released) and one opened for streaming as from one read in; a chunk size that could
 // split an element is refused, and fn's error stops the walk.
 func TestChunks(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.safetensors")
@@ -452,16 +452,20 @@ func TestChunks(t *testing.T) {
 	if err := Write(path, []Tensor{F32Tensor("a", []int{1}, []float32{7}), F32Tensor("big", []int{5000}, big)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, open := range []func(string) (*File, error){Open, OpenMapped} {
+	whole, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _, err := whole.Raw("big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(raw)
+	for _, open := range []func(string) (*File, error){Open, OpenMapped, OpenStream} {
 		f, err := open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw, _, err := f.Raw("big")
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := slices.Clone(raw)
 		for pass := range 2 { // again after the release: paged back in
 			var got []byte
 			var sizes []int
@@ -487,6 +491,23 @@ func TestChunks(t *testing.T) {
 			t.Errorf("missing tensor: %v", err)
 		}
 		f.Close()
+		if err := f.Chunks("big", 8, func([]byte) error { return nil }); err == nil {
+			t.Errorf("Chunks after Close succeeded")
+		}
+	}
+	f, err := OpenStream(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := f.Raw("a"); err == nil || !strings.Contains(err.Error(), "OpenStream") {
+		t.Errorf("Raw of a streamed file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("short"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenStream(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "shorter than the 8-byte header") {
+		t.Errorf("OpenStream of a 5-byte file: %v", err)
 	}
 }
 
