@@ -115,7 +115,7 @@ type Optimizer interface {
 }
 
 // saveChunk is the parameters' elements Save downloads per chunk, and
-// the bytes Load and Restore read per chunk of a mapped tensor (4 MiB
+// the bytes Load and Restore read per chunk of a tensor (4 MiB
 // either way: the staging buffer's size).
 const (
 	saveChunk = backend.StagingBytes / 4
@@ -132,7 +132,7 @@ func SaveBytes(n int) int64 {
 
 // RestoreBytes is the host memory Load and Restore hold for a model of n
 // parameters besides what the optimizer reads whole (engine.Memory's
-// StateRead): a chunk's decoded values and its mapped pages.
+// StateRead): a chunk as read and as decoded.
 func RestoreBytes(n int) int64 {
 	return 4*int64(min(readChunk/4, n)) + readChunk
 }
@@ -227,9 +227,8 @@ func encodeF32(w io.Writer, v []float32, buf []byte) error {
 }
 
 // Checkpoint is a loaded checkpoint, checked against the model it
-// restores. Its file stays mapped, and its tensors are decoded again when
-// they are used (Restore, Params), one at a time, rather than all kept
-// decoded from Load on: Close unmaps it.
+// restores. Its file stays open, and its tensors are read again, a chunk
+// at a time, when they are used (Restore, Params): Close closes it.
 type Checkpoint struct {
 	State
 	Path string
@@ -238,6 +237,7 @@ type Checkpoint struct {
 	// verified: Load has checked every tensor, and a checksum that fails
 	// now means the file changed since.
 	verified bool
+	buf      []float32 // read's decoded chunk
 }
 
 // ReadState decodes the State of an open checkpoint file, without
@@ -266,11 +266,11 @@ func Load(path string, mc model.Spec, log *slog.Logger) (*Checkpoint, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	// Mapped, not read: each tensor is read a chunk at a time (checksum
-	// and finiteness in one pass) and each chunk's pages are handed back
-	// (File.Chunks), so that a resume holds on the host a chunk, never a
+	// Streamed, neither read whole nor mapped: each tensor is read a
+	// chunk at a time into one buffer (checksum and finiteness in one
+	// pass), so that a resume holds on the host a chunk, never a
 	// tensor, let alone the file.
-	f, err := safetensors.OpenMapped(path)
+	f, err := safetensors.OpenStream(path)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
@@ -340,13 +340,13 @@ func load(f *safetensors.File, path string, mc model.Spec, log *slog.Logger) (*C
 }
 
 // read decodes the named tensor of the file as fp32 a chunk at a time,
-// handing each chunk to fn with the index of its first element, and
-// hands the chunk's pages back. The bytes are summed on the way and
-// checked against the tensor's checksum at the end: in Load, that is
-// the verification; after it, a check that the file did not change in
-// place since (checkpoints are replaced by a rename, which leaves the
-// mapped file as it was), whose values fn has then had, and the caller
-// must fail. A file without checksums is read unchecked.
+// handing each chunk to fn with the index of its first element. The
+// bytes are summed on the way and checked against the tensor's checksum
+// at the end: in Load, that is the verification; after it, a check that
+// the file did not change in place since (checkpoints are replaced by a
+// rename, which leaves the open file as it was), whose values fn has
+// then had, and the caller must fail. A file without checksums is read
+// unchecked.
 func (ck *Checkpoint) read(name string, fn func(off int, v []float32) error) error {
 	ti, ok := ck.f.Info(name)
 	if !ok {
@@ -359,7 +359,10 @@ func (ck *Checkpoint) read(name string, fn func(off int, v []float32) error) err
 	}
 	bits, _ := ti.DType.Bits()
 	es := int(bits / 8)
-	buf := make([]float32, min(readChunk/es, int(ti.NumElements())))
+	if k := min(readChunk/es, int(ti.NumElements())); len(ck.buf) < k {
+		ck.buf = make([]float32, k) // one for every tensor: a chunk's worth once a tensor is that long
+	}
+	buf := ck.buf
 	h := crc32.New(castagnoli)
 	off := 0
 	err := ck.f.Chunks(name, readChunk, func(b []byte) error {
@@ -400,7 +403,7 @@ func (ck *Checkpoint) tensor(name string) ([]float32, error) {
 	return v, err
 }
 
-// Close unmaps the checkpoint's file; Restore and Params fail after it.
+// Close closes the checkpoint's file; Restore and Params fail after it.
 func (ck *Checkpoint) Close() error { return ck.f.Close() }
 
 // Params is every model parameter the checkpoint holds (the model's
