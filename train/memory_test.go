@@ -59,9 +59,10 @@ type hostMemRun struct {
 // transients). Each transient phase (the initial weights or their load,
 // a checkpoint's write and restore, the export), measured from its own
 // start: its growth at most the model's largest tensor plus the staging
-// buffer, and within 10% of its Transient part, or of the bound where the
-// part is below 1% of the held memory (a few MiB, under the noise of a
-// multi-gigabyte process). gpt2-medium (355M parameters; 1.4 GB as fp32,
+// buffer, and within 10% of its Transient part, or where that part is
+// below the Go heap's headroom (a phase of chunk buffers: the garbage the
+// run lets build up between collections is that large) at most the part
+// plus the headroom. gpt2-medium (355M parameters; 1.4 GB as fp32,
 // its largest tensor 206 MB) is where a phase that held the whole model
 // (as each did once) would exceed the bound by 7x; gpt2 in native mode
 // covers the device optimizer's state.
@@ -119,7 +120,6 @@ func TestHostPlanMeasured(t *testing.T) {
 				t.Errorf("%s: host plan %d bytes, measured %d bytes above the idle process: %.3fx, want within 10%%\nplan: %s",
 					run.Name, res.Plan, used, ratio, res.Detail)
 			}
-			held := res.Plan
 			for _, name := range slices.Sorted(maps.Keys(res.Phases)) {
 				ph := res.Phases[name]
 				t.Logf("%s: phase %s grew %.1f MiB, planned %.1f MiB, bound %.1f MiB", run.Name, name,
@@ -127,12 +127,15 @@ func TestHostPlanMeasured(t *testing.T) {
 				if ph.Grew > ph.Bound {
 					t.Errorf("%s: phase %s grew %d bytes, more than the largest tensor and the staging buffer, %d", run.Name, name, ph.Grew, ph.Bound)
 				}
-				want := ph.Planned
-				if want < held/100 {
-					want = max(want, ph.Bound)
-				}
-				if r := float64(ph.Grew) / float64(want); r > 1.1 || (ph.Planned >= held/100 && r < 0.9) {
+				// The run lets up to goHeapHeadroom of garbage build up
+				// between collections (boundGarbage), a part the plan
+				// holds throughout; a phase's chunk buffers fill it, so a
+				// phase planned below it is checked against its plan
+				// plus the headroom, one planned above it within 10%.
+				if r := float64(ph.Grew) / float64(ph.Planned); ph.Planned >= goHeapHeadroom && (r < 0.9 || r > 1.1) {
 					t.Errorf("%s: phase %s grew %d bytes, the plan says %d: %.3fx, want within 10%%", run.Name, name, ph.Grew, ph.Planned, r)
+				} else if ph.Grew > ph.Planned+goHeapHeadroom {
+					t.Errorf("%s: phase %s grew %d bytes, more than its plan (%d) and the Go heap's headroom (%d)", run.Name, name, ph.Grew, ph.Planned, goHeapHeadroom)
 				}
 			}
 			if len(res.Phases) < 3 {
