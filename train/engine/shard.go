@@ -303,6 +303,22 @@ func (o *offload) initShard() error {
 	return nil
 }
 
+// shardArray is one of a rank's state arrays, by its checkpoint name.
+type shardArray struct {
+	name string
+	v    []float32 // this rank's shard
+}
+
+// named are this rank's fp32 state arrays: the moments and (bf16
+// models) the master.
+func (sh *hostShard) named() []shardArray {
+	out := []shardArray{{"host.m", sh.mom[:sh.n]}, {"host.v", sh.mom[sh.n:]}}
+	if sh.master != nil {
+		out = append(out, shardArray{"host.master", sh.master})
+	}
+	return out
+}
+
 // shardArrays are a sharded host optimizer's state arrays as a
 // checkpoint saves them, whole: every rank reading one gathers it group
 // by group (a collective) into the pinned gradients, idle between steps,
@@ -311,18 +327,8 @@ func (o *offload) initShard() error {
 // after every step's all-gather.
 func (o *offload) shardArrays() []StateArray {
 	sh := o.shard
-	arrays := []struct {
-		name string
-		v    []float32
-	}{{"host.m", sh.mom[:sh.n]}, {"host.v", sh.mom[sh.n:]}}
-	if sh.master != nil {
-		arrays = append(arrays, struct {
-			name string
-			v    []float32
-		}{"host.master", sh.master})
-	}
 	var out []StateArray
-	for _, a := range arrays {
+	for _, a := range sh.named() {
 		out = append(out, StateArray{Name: a.name, Len: o.n, collective: true, Read: func(fn func([]float32) error) error {
 			pinned := o.grads.Float32()[:o.n] // fp32 with several ranks (checkComm)
 			o.e.hostAccess("gather host state", nil, []backend.Range{hazard.HostRange(o.grads, 0, 4*o.n)})
@@ -361,17 +367,7 @@ func (o *offload) loadShard(into func(string, int, func(int, []float32) error) e
 			return err
 		}
 	}
-	arrays := []struct {
-		name string
-		v    []float32
-	}{{"host.m", sh.mom[:sh.n]}, {"host.v", sh.mom[sh.n:]}}
-	if sh.master != nil {
-		arrays = append(arrays, struct {
-			name string
-			v    []float32
-		}{"host.master", sh.master})
-	}
-	for _, a := range arrays {
+	for _, a := range sh.named() {
 		err := into(a.name, o.n, func(off int, v []float32) error {
 			// The part of [off, off+len(v)) that lies in each group's
 			// shard [lo, hi).
