@@ -16,6 +16,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
@@ -125,15 +126,7 @@ func (e *Engine) StateArrays() (arrays []StateArray, finish func() error, err er
 			add(StateArray{Name: name, Len: n, Read: func(fn func([]float32) error) error { return fn(read()) }})
 		})
 	}
-	slices.SortFunc(arrays, func(a, b StateArray) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(arrays, func(a, b StateArray) int { return strings.Compare(a.Name, b.Name) })
 	finish = func() error {
 		for _, a := range arrays {
 			if a.collective && !*a.read {
