@@ -3,6 +3,9 @@
 package modeltest
 
 import (
+	"errors"
+	"math"
+	"slices"
 	"sort"
 	"testing"
 
@@ -75,6 +78,51 @@ func WithRecompute(opts []model.Options) []model.Options {
 			o.Recompute = r
 			out = append(out, o)
 		}
+	}
+	return out
+}
+
+// CheckInitEach checks a spec's streaming initialisation against want,
+// the whole-model initialisation of seed as the family drew it before
+// (a reference copy kept by its test): Init and InitEach give its bits;
+// InitEach hands every parameter in Layout order, in a buffer within
+// model.InitBytes, and stops at fn's error.
+func CheckInitEach(t *testing.T, s model.Spec, seed uint64, want []float32) {
+	t.Helper()
+	if got := s.Init(seed); !slices.Equal(bitsOf(got), bitsOf(want)) {
+		t.Errorf("%+v: Init differs from the whole-model initialisation", s)
+	}
+	var got []float32
+	layout := s.Layout()
+	k := 0
+	err := s.InitEach(seed, func(p model.Param, v []float32) error {
+		if p.Name != layout[k].Name || len(v) != p.Len() || 4*int64(cap(v)) > model.InitBytes(s) {
+			t.Fatalf("parameter %d: %s of %d values (cap %d), want %s of %d within %d bytes",
+				k, p.Name, len(v), cap(v), layout[k].Name, layout[k].Len(), model.InitBytes(s))
+		}
+		k++
+		got = append(got, v...)
+		return nil
+	})
+	if err != nil || k != len(layout) {
+		t.Fatalf("InitEach: %v after %d of %d parameters", err, k, len(layout))
+	}
+	if !slices.Equal(bitsOf(got), bitsOf(want)) {
+		t.Errorf("%+v: InitEach's values differ from the whole-model initialisation", s)
+	}
+	stop := errors.New("stop")
+	n := 0
+	if err := s.InitEach(seed, func(model.Param, []float32) error { n++; return stop }); err != stop || n != 1 {
+		t.Errorf("InitEach after fn's error: %v after %d calls, want stop after 1", err, n)
+	}
+}
+
+// bitsOf is v's bit patterns, so that equal NaNs compare equal and -0
+// differs from 0.
+func bitsOf(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, x := range v {
+		out[i] = math.Float32bits(x)
 	}
 	return out
 }
