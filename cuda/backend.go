@@ -25,8 +25,8 @@ type Config struct {
 	// MemBudget is the --device-mem budget in bytes: the arena is this
 	// much (and a little slack for alignment) and Alloc refuses what would
 	// exceed it, as the CPU backend does. 0: the arena is the device's
-	// free memory less Headroom (at most 512 MiB on the simulated runtime,
-	// whose device memory is real memory).
+	// free memory less backend.DeviceHeadroom (at most 512 MiB on the
+	// simulated runtime, whose device memory is real memory).
 	MemBudget int64
 	// CheckGoroutine refuses, as the CPU backend's hazard mode does, the
 	// calls only the device goroutine (the one that called New) may make
@@ -34,11 +34,6 @@ type Config struct {
 	// also reported by the next Synchronize.
 	CheckGoroutine bool
 }
-
-// Headroom is the device memory left to CUDA itself (its context, launch
-// resources) when the arena takes the free memory: the larger of 256 MiB
-// and 1/20 of the free memory.
-func Headroom(free int64) int64 { return max(256<<20, free/20) }
 
 // arenaSlack is added to a budget's arena so that 256-byte alignment never
 // makes a plan that fits the budget fail in the arena (4096 buffers' worth).
@@ -126,8 +121,8 @@ func (b *Backend) start() error {
 		}
 		size, hint := b.cfg.MemBudget+arenaSlack, "lower --device-mem"
 		if b.cfg.MemBudget == 0 {
-			size = min(free-Headroom(free), maxDefaultArena)
-			hint = fmt.Sprintf("with no --device-mem the arena takes the free memory less %d bytes for CUDA itself; is another process using the device?", Headroom(free))
+			size = min(free-backend.DeviceHeadroom(free), maxDefaultArena)
+			hint = fmt.Sprintf("with no --device-mem the arena takes the free memory less %d bytes for CUDA itself; is another process using the device?", backend.DeviceHeadroom(free))
 		}
 		size &^= arenaAlign - 1
 		oom := &OutOfMemoryError{Device: b.info.String(), What: "the device arena", Asked: size, Free: free,

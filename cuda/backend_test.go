@@ -339,7 +339,7 @@ func TestDefaultArena(t *testing.T) {
 	be, err := New(Config{})
 	ok(t, err)
 	defer be.Close()
-	got, want := be.MemStats().Budget, min(free-Headroom(free), maxDefaultArena)&^(arenaAlign-1)
+	got, want := be.MemStats().Budget, min(free-backend.DeviceHeadroom(free), maxDefaultArena)&^(arenaAlign-1)
 	if simulated && got != want || !simulated && (got > want || got < want-free/10) {
 		t.Errorf("arena of %d bytes with %d free; want %d", got, free, want)
 	}

@@ -14,7 +14,7 @@ import (
 const simulated = false
 
 // maxDefaultArena does not cap the arena of a backend without a budget on
-// a GPU: it takes the free memory less Headroom.
+// a GPU: it takes the free memory less backend.DeviceHeadroom.
 const maxDefaultArena = math.MaxInt64
 
 // lastMessage is "": CUDA's errors carry only their code.

@@ -227,7 +227,7 @@ func (o planOptions) parse() (planJob, error) {
 			m.Host.Memory = int64(o.hostMem)
 		}
 		if o.deviceMem > 0 {
-			m.GPU.Memory = int64(o.deviceMem)
+			m.GPU.DeviceMem = int64(o.deviceMem)
 		}
 		m.Host.Workers = o.hostWorkers
 		j.machine = m
@@ -310,11 +310,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	settings := make([]model.Recompute, len(j.modes))
 	for i, mode := range j.modes {
 		tc := o.trainConfig(j, mode)
-		mems, residencies, err := recomputePlans(j.spec, tc, m.Ranks, m.GPU.Memory)
+		mems, residencies, err := recomputePlans(j.spec, tc, m.Ranks, m.GPU.Budget())
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
-		need, someInBudget := leastRecompute(mems, m.GPU.Memory)
+		need, someInBudget := leastRecompute(mems, m.GPU.Budget())
 		if j.auto {
 			tc.Recompute = need
 		}
@@ -558,7 +558,7 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 		return "does NOT fit"
 	}
 	fmt.Fprintf(w, "== %s ==\n", mode)
-	fmt.Fprintf(w, "device memory %s of %s: %s\n", gibs(r.Memory.DeviceTotal()), gibs(m.GPU.Memory), verdict(r.DeviceInBudget))
+	fmt.Fprintf(w, "device memory %s of %s: %s\n", gibs(r.Memory.DeviceTotal()), budgetString(m.GPU), verdict(r.DeviceInBudget))
 	for _, p := range r.Memory.Device {
 		fmt.Fprintf(w, "  %-48s %12s\n", p.Name, gibs(p.Bytes))
 	}
@@ -610,4 +610,18 @@ func secs(s float64) string {
 		return fmt.Sprintf("%.2f ms", s*1e3)
 	}
 	return fmt.Sprintf("%.1f us", s*1e6)
+}
+
+// budgetString says what a run on g may allocate and where it comes from:
+// --device-mem, or the card less the CUDA context and the backend's
+// headroom.
+func budgetString(g plan.GPU) string {
+	switch {
+	case g.DeviceMem > 0:
+		return gibs(g.DeviceMem) + " (--device-mem)"
+	case g.SharesHost:
+		return gibs(g.Memory)
+	}
+	return fmt.Sprintf("%s usable (the card's %s less %s of CUDA context and %s the backend leaves to CUDA)",
+		gibs(g.Budget()), gibs(g.Memory), gibs(g.Context), gibs(g.Memory-g.Context-g.Budget()))
 }

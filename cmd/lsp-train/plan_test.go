@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/calibrate"
+	"github.com/lsp-offload/lsp-offload/train/plan"
 )
 
 func TestPlanCommand(t *testing.T) {
@@ -183,5 +185,42 @@ func TestPlanLlama7BResources(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "== lsp ==") {
 		t.Errorf("output:\n%s", stdout.String())
+	}
+}
+
+// TestPlanBudgetIsTheBackends: a preset's budget is what the CUDA
+// backend's arena takes, the card less its CUDA context less
+// backend.DeviceHeadroom of the rest, not the whole card; so gpt2-xl in
+// zero mode, 3.82 GiB with --recompute layer, does not fit the 4 GB
+// laptop card (3.36 GiB usable), and fits a --device-mem of 4 GiB, which
+// the backend's arena then is.
+func TestPlanBudgetIsTheBackends(t *testing.T) {
+	for name, g := range plan.GPUs {
+		m, err := plan.Preset(name, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		free := m.GPU.Memory - m.GPU.Context
+		if want := free - backend.DeviceHeadroom(free); m.GPU.Budget() != want || m.GPU.Context <= 0 || want <= 0 {
+			t.Errorf("%s: budget %d bytes (context %d), want %d of the card's %d", name, m.GPU.Budget(), m.GPU.Context, want, g.Memory)
+		}
+	}
+	args := []string{"plan", "--model", "gpt2-xl", "--gpu", "a1000-laptop", "--mode", "zero"}
+	for _, tc := range []struct {
+		extra []string
+		want  []string
+	}{
+		{nil, []string{"device memory 3.82 GiB of 3.36 GiB usable (the card's 4.00 GiB less 400.00 MiB of CUDA context and 256.00 MiB the backend leaves to CUDA): does NOT fit", "no (device)"}},
+		{[]string{"--device-mem", "4GiB"}, []string{"device memory 3.82 GiB of 4.00 GiB (--device-mem): fits"}},
+	} {
+		code, stdout, stderr := runCmd(t, append(args, tc.extra...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s\n%s", tc.extra, code, stdout, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stdout, w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.extra, w, stdout)
+			}
+		}
 	}
 }

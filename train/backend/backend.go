@@ -418,3 +418,11 @@ type Ops interface {
 	// Sums in fixed order: b ascending, then t ascending, in fp32.
 	SparseValueGrad(s Stream, out, Y, M, K, idx, val Tensor, rows, d, r int, w float32, trans, accumulate bool) error
 }
+
+// DeviceHeadroom is the device memory a GPU backend leaves to CUDA itself
+// (launch resources, library workspaces) when its arena takes the free
+// memory without a --device-mem: the larger of 256 MiB and 1/20 of the
+// free memory. The CUDA backend sizes its arena by it and the planner
+// plans a card's budget by it, so that a plan that fits is a run that
+// starts.
+func DeviceHeadroom(free int64) int64 { return max(256<<20, free/20) }

@@ -246,7 +246,7 @@ func (c Config) engineFor(m Machine) engine.Config {
 // Report is the plan of one configuration on one machine.
 type Report struct {
 	Memory         engine.Memory
-	DeviceInBudget bool // Memory.DeviceTotal() <= the GPU's memory
+	DeviceInBudget bool // Memory.DeviceTotal() <= the GPU's Budget
 	HostInBudget   bool // Memory.HostPeak() <= the host's memory
 	Prediction
 	TokensPerSec float64 // B*T*Accum*Ranks / step: every rank's tokens
@@ -287,7 +287,7 @@ func Plan(c Config, m Machine) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	r := Report{Memory: mem, DeviceInBudget: mem.DeviceTotal() <= m.GPU.Memory, HostInBudget: mem.HostPeak() <= m.Host.Memory,
+	r := Report{Memory: mem, DeviceInBudget: mem.DeviceTotal() <= m.GPU.Budget(), HostInBudget: mem.HostPeak() <= m.Host.Memory,
 		Prediction: Prediction{Result: res, Tasks: tasks}}
 	if res.Step > 0 {
 		r.TokensPerSec = float64(c.B*c.T*c.Accum*max(m.Ranks, 1)) / res.Step

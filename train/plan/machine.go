@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
@@ -47,7 +48,15 @@ type Machine struct {
 // GPU describes the device.
 type GPU struct {
 	Name   string
-	Memory int64 // bytes
+	Memory int64 // bytes: the card's
+	// Context is the device memory the CUDA context takes before the run
+	// allocates anything (the driver's state, the loaded kernels); an
+	// assumption per preset until a GPU measures it (cudaContext).
+	Context int64
+	// DeviceMem is the --device-mem budget the run is given (the backend's
+	// arena is exactly it); 0: the card's memory less Context and the
+	// backend's headroom (Budget).
+	DeviceMem int64
 	// PeakF32 is the fp32 FLOP/s of the ordinary cores (no tensor cores:
 	// the engine's fp32 GEMMs do not ask for TF32); PeakBF16 the dense
 	// bf16 tensor-core FLOP/s with fp32 accumulation, which bf16 GEMMs and
@@ -83,6 +92,21 @@ type Link struct {
 	Name     string
 	H2D, D2H float64 // bytes/s each way (full duplex: the two directions do not share)
 	Latency  float64 // s per copy
+}
+
+// Budget is the device memory a run on g may allocate: --device-mem when
+// given, otherwise what the CUDA backend's arena takes, the free memory
+// (the card less its context) less backend.DeviceHeadroom. A CPU
+// "device" (SharesHost) is its memory.
+func (g GPU) Budget() int64 {
+	switch {
+	case g.DeviceMem > 0:
+		return g.DeviceMem
+	case g.SharesHost:
+		return g.Memory
+	}
+	free := g.Memory - g.Context
+	return free - backend.DeviceHeadroom(free)
 }
 
 // Host is the CPU side.
@@ -174,6 +198,13 @@ func gpuEff() map[trace.Family]float64 {
 
 // gpuLaunch is a CUDA kernel's launch overhead, about 5 us.
 const gpuLaunch = 5e-6
+
+// cudaContext is the device memory taken by a CUDA context with lazy
+// module loading (CUDA 11.7 on) before any allocation: an assumption
+// (nvidia-smi commonly shows 250 to 500 MiB for a process that has only
+// initialised CUDA and cuBLAS), the same for every preset, until the GPU
+// bundle measures it on a card.
+const cudaContext = 400 << 20
 
 // GPUs are the device presets, by --gpu name.
 var GPUs = map[string]GPU{
@@ -276,7 +307,7 @@ func Preset(gpu, link, host string) (Machine, error) {
 	if !ok {
 		return Machine{}, fmt.Errorf("--gpu: unknown GPU %q (want one of %s)", gpu, names(GPUs))
 	}
-	g.Eff, g.Launch = gpuEff(), gpuLaunch
+	g.Eff, g.Launch, g.Context = gpuEff(), gpuLaunch, cudaContext
 	d := defaults[gpu]
 	if link == "" {
 		link = d[0]
