@@ -297,6 +297,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		o.model, float64(j.spec.NumParams())/1e9, o.batch, o.seqLen, o.accum, j.dt, j.gdt, o.schedule)
 	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n", m.GPU.Name, gibs(m.GPU.Memory),
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
+	fmt.Fprintln(stdout, figuresLine(m))
 	if m.Ranks > 1 {
 		where := "on the GPUs (NCCL)"
 		if o.trainConfig(j, engine.LSP).Collectives == train.CollectivesHost {
@@ -624,4 +625,21 @@ func budgetString(g plan.GPU) string {
 	}
 	return fmt.Sprintf("%s usable (the card's %s less %s of CUDA context and %s the backend leaves to CUDA)",
 		gibs(g.Budget()), gibs(g.Memory), gibs(g.Context), gibs(g.Memory-g.Context-g.Budget()))
+}
+
+// figuresLine says which of the machine's figures are measured and which
+// assumed: a GPU preset's peaks and bandwidths are datasheet figures (or
+// derived from them, cited in train/plan/machine.go), its op efficiencies
+// and CUDA context assumptions; --device-mem changes the budget only,
+// the preset's speeds stay.
+func figuresLine(m plan.Machine) string {
+	if m.GPU.SharesHost {
+		return "figures: measured on this machine (the calibration), the link as --link-bandwidth charges it"
+	}
+	line := "figures: the GPU's peaks, bandwidths and the link from datasheets (cited in train/plan/machine.go); " +
+		"op efficiencies, the CUDA context and the host's Adam rate assumed; nothing measured on a GPU"
+	if m.GPU.DeviceMem > 0 {
+		line += fmt.Sprintf("; --device-mem %s: the speeds of the %s with that budget", gibs(m.GPU.DeviceMem), m.GPU.Name)
+	}
+	return line
 }

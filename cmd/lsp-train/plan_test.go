@@ -193,7 +193,8 @@ func TestPlanLlama7BResources(t *testing.T) {
 // backend.DeviceHeadroom of the rest, not the whole card; so gpt2-xl in
 // zero mode, 3.82 GiB with --recompute layer, does not fit the 4 GB
 // laptop card (3.36 GiB usable), and fits a --device-mem of 4 GiB, which
-// the backend's arena then is.
+// the backend's arena then is, at the preset's speeds; the header says
+// which figures are datasheet ones.
 func TestPlanBudgetIsTheBackends(t *testing.T) {
 	for name, g := range plan.GPUs {
 		m, err := plan.Preset(name, "", "")
@@ -205,13 +206,15 @@ func TestPlanBudgetIsTheBackends(t *testing.T) {
 			t.Errorf("%s: budget %d bytes (context %d), want %d of the card's %d", name, m.GPU.Budget(), m.GPU.Context, want, g.Memory)
 		}
 	}
-	args := []string{"plan", "--model", "gpt2-xl", "--gpu", "a1000-laptop", "--mode", "zero"}
+	args := []string{"plan", "--model", "gpt2-xl", "--gpu", "A1000", "--mode", "zero"} // a spelling of a1000-laptop
 	for _, tc := range []struct {
 		extra []string
 		want  []string
 	}{
-		{nil, []string{"device memory 3.82 GiB of 3.36 GiB usable (the card's 4.00 GiB less 400.00 MiB of CUDA context and 256.00 MiB the backend leaves to CUDA): does NOT fit", "no (device)"}},
-		{[]string{"--device-mem", "4GiB"}, []string{"device memory 3.82 GiB of 4.00 GiB (--device-mem): fits"}},
+		{nil, []string{"device memory 3.82 GiB of 3.36 GiB usable (the card's 4.00 GiB less 400.00 MiB of CUDA context and 256.00 MiB the backend leaves to CUDA): does NOT fit", "no (device)",
+			"figures: the GPU's peaks, bandwidths and the link from datasheets", "nothing measured on a GPU"}},
+		{[]string{"--device-mem", "4GiB"}, []string{"device memory 3.82 GiB of 4.00 GiB (--device-mem): fits",
+			"--device-mem 4.00 GiB: the speeds of the NVIDIA RTX A1000 Laptop 4 GB with that budget"}},
 	} {
 		code, stdout, stderr := runCmd(t, append(args, tc.extra...)...)
 		if code != 0 {

@@ -247,6 +247,91 @@ var GPUs = map[string]GPU{
 	// TFLOPS bf16 tensor dense (1979 with sparsity), 80 GB HBM3 at 3.35
 	// TB/s. https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
 	"h100": {Name: "NVIDIA H100 80 GB SXM", Memory: 80 * gib, PeakF32: 67 * tf, PeakBF16: 989 * tf, MemBW: 3350 * gb},
+	// NVIDIA H200 Tensor Core GPU product brief (SXM): 141 GB HBM3e at 4.8
+	// TB/s, 67 TFLOPS fp32, 989 TFLOPS bf16 tensor dense (1979 with
+	// sparsity). https://www.nvidia.com/en-us/data-center/h200/ The 141 GB
+	// are decimal: nvidia-smi reports 143771 MiB (third-party reports),
+	// taken here.
+	"h200": {Name: "NVIDIA H200 141 GB SXM", Memory: 143771 << 20, PeakF32: 67 * tf, PeakBF16: 989 * tf, MemBW: 4800 * gb},
+	// NVIDIA Ampere GA102 GPU architecture whitepaper v2, table "GeForce
+	// RTX 3090": 24 GB GDDR6X at 936 GB/s, 35.6 TFLOPS fp32, 71 TFLOPS
+	// dense fp16/bf16 tensor with fp32 accumulate (GeForce runs fp32
+	// accumulate at half the fp16-accumulate rate).
+	// https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf
+	"rtx3090": {Name: "NVIDIA GeForce RTX 3090 24 GB", Memory: 24 * gib, PeakF32: 35.6 * tf, PeakBF16: 71 * tf, MemBW: 936 * gb},
+	// NVIDIA GeForce RTX 3060 12 GB (GA106): 3584 CUDA cores at 1.777 GHz
+	// boost, 12 GB GDDR6 on 192 bits at 15 Gbps = 360 GB/s (NVIDIA's RTX
+	// 3060 family specifications,
+	// https://www.nvidia.com/en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti/);
+	// fp32 = 3584 x 2 x 1.777 GHz = 12.7 TFLOPS. bf16: the RTX 3090's
+	// rate per SM and clock from the GA102 table above, 71 TFLOPS / (82
+	// SMs x 1.695 GHz) = 511 flops, so 28 SMs x 1.777 GHz x 511 = 25.4
+	// TFLOPS. Derived figures, not datasheet ones.
+	"rtx3060": {Name: "NVIDIA GeForce RTX 3060 12 GB", Memory: 12 * gib, PeakF32: 12.7 * tf, PeakBF16: 25.4 * tf, MemBW: 360 * gb},
+	// NVIDIA GeForce RTX 4060 8 GB (AD107): 3072 CUDA cores at 2.46 GHz
+	// boost, 24 SMs, 8 GB GDDR6 on 128 bits at 17 Gbps = 272 GB/s, PCIe
+	// 4.0 x8 (NVIDIA's RTX 4060 family specifications, as for the 4060
+	// Ti above; bus and link from third-party tables); fp32 = 3072 x 2 x
+	// 2.46 GHz = 15.1 TFLOPS; bf16 at the Ada rate per SM and clock
+	// derived for the 4060 Ti, 24 x 2.46 GHz x 512 = 30.2 TFLOPS.
+	// Derived figures, not datasheet ones.
+	"rtx4060": {Name: "NVIDIA GeForce RTX 4060 8 GB", Memory: 8 * gib, PeakF32: 15.1 * tf, PeakBF16: 30.2 * tf, MemBW: 272 * gb},
+	// Ada whitepaper v2.1 (as for the RTX 4090), table "GeForce RTX
+	// 4080": 16 GB GDDR6X at 716.8 GB/s, 48.7 TFLOPS fp32, 97.5 TFLOPS
+	// dense fp16/bf16 tensor with fp32 accumulate.
+	"rtx4080": {Name: "NVIDIA GeForce RTX 4080 16 GB", Memory: 16 * gib, PeakF32: 48.7 * tf, PeakBF16: 97.5 * tf, MemBW: 716.8 * gb},
+	// NVIDIA L4 Tensor Core GPU datasheet: 24 GB GDDR6 at 300 GB/s, 30.3
+	// TFLOPS fp32, 121 TFLOPS bf16 tensor dense (242 with sparsity), PCIe
+	// 4.0 x16. https://www.nvidia.com/en-us/data-center/l4/
+	"l4": {Name: "NVIDIA L4 24 GB", Memory: 24 * gib, PeakF32: 30.3 * tf, PeakBF16: 121 * tf, MemBW: 300 * gb},
+	// NVIDIA A10 Tensor Core GPU datasheet: 24 GB GDDR6 at 600 GB/s, 31.2
+	// TFLOPS fp32, 125 TFLOPS bf16 tensor dense (250 with sparsity), PCIe
+	// 4.0 x16. https://www.nvidia.com/en-us/data-center/products/a10-gpu/
+	"a10": {Name: "NVIDIA A10 24 GB", Memory: 24 * gib, PeakF32: 31.2 * tf, PeakBF16: 125 * tf, MemBW: 600 * gb},
+}
+
+// GPUName is the preset name --gpu spelled as name means: the preset
+// whose name it is once both are lower-cased and stripped of everything
+// but letters and digits, with or without the maker's words (nvidia,
+// geforce, rtx, tesla) in front ("4090", "RTX4090", "rtx-4090",
+// "GeForce RTX 4090" are rtx4090), or else the one preset it begins
+// (rtx4060ti for rtx4060ti-16gb). Otherwise it returns the presets the
+// name begins, none or several.
+func GPUName(name string) (preset string, matches []string) {
+	bare := func(s string) string {
+		s = strings.Map(func(r rune) rune {
+			switch {
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+				return r
+			case r >= 'A' && r <= 'Z':
+				return r + 'a' - 'A'
+			}
+			return -1
+		}, s)
+		for _, w := range []string{"nvidia", "geforce", "tesla", "rtx"} {
+			s = strings.TrimPrefix(s, w)
+		}
+		return s
+	}
+	want := bare(name)
+	if want == "" {
+		return "", nil
+	}
+	var prefixed []string
+	for key := range GPUs {
+		b := bare(key)
+		if b == want {
+			return key, nil
+		}
+		if strings.HasPrefix(b, want) {
+			prefixed = append(prefixed, key)
+		}
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0], nil
+	}
+	sort.Strings(prefixed)
+	return "", prefixed
 }
 
 // Links are the interconnect presets, by --link name. PCIe x16 moves, per
@@ -298,15 +383,27 @@ var defaults = map[string][2]string{
 	"a100-40gb":      {"pcie4", "server"},
 	"a100-80gb":      {"pcie4", "server"},
 	"h100":           {"pcie5", "server"},
+	"h200":           {"pcie5", "server"},
+	"rtx3090":        {"pcie4", "desktop"},
+	"rtx3060":        {"pcie4", "desktop"},
+	"rtx4060":        {"pcie4-x8", "desktop"},
+	"rtx4080":        {"pcie4", "desktop"},
+	"l4":             {"pcie4", "server"},
+	"a10":            {"pcie4", "server"},
 }
 
 // Preset is the machine of a GPU preset with its usual link and host
 // (link or host "" for those).
 func Preset(gpu, link, host string) (Machine, error) {
-	g, ok := GPUs[gpu]
-	if !ok {
+	name, several := GPUName(gpu)
+	switch {
+	case len(several) > 0:
+		return Machine{}, fmt.Errorf("--gpu: %q could be any of %s: say which", gpu, strings.Join(several, ", "))
+	case name == "":
 		return Machine{}, fmt.Errorf("--gpu: unknown GPU %q (want one of %s)", gpu, names(GPUs))
 	}
+	gpu = name
+	g := GPUs[gpu]
 	g.Eff, g.Launch, g.Context = gpuEff(), gpuLaunch, cudaContext
 	d := defaults[gpu]
 	if link == "" {

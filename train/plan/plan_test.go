@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -473,5 +474,40 @@ func TestPlanDeviceCollectives(t *testing.T) {
 			t.Errorf("%s: step %.4g s summing on the device, %.4g s on the host", mode, dev.Step, host.Step)
 		}
 		t.Logf("%s: step %.4g s summing on the host, %.4g s on the device; %d bytes copied down per step, %d", mode, host.Step, dev.Step, host.Memory.LinkD2H, dev.Memory.LinkD2H)
+	}
+}
+
+// TestGPUName: --gpu takes a preset in the spellings people use (the
+// maker's words, case, dashes and spaces aside; a unique beginning), and
+// says which presets an ambiguous name could be; every preset resolves
+// to a machine with its usual link and host.
+func TestGPUName(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		several    []string
+	}{
+		{"4090", "rtx4090", nil}, {"RTX4090", "rtx4090", nil}, {"rtx-4090", "rtx4090", nil},
+		{"NVIDIA GeForce RTX 4090", "rtx4090", nil}, {"4060", "rtx4060", nil}, {"4060 Ti", "rtx4060ti-16gb", nil},
+		{"rtx4060ti-16gb", "rtx4060ti-16gb", nil}, {"3060", "rtx3060", nil}, {"A10", "a10", nil}, {"l4", "l4", nil},
+		{"H200", "h200", nil}, {"a100", "", []string{"a100-40gb", "a100-80gb", "a1000-laptop"}},
+		{"rtx5090", "", nil}, {"", "", nil},
+	} {
+		got, several := GPUName(tc.name)
+		if got != tc.want || !slices.Equal(several, tc.several) {
+			t.Errorf("GPUName(%q) = %q, %v; want %q, %v", tc.name, got, several, tc.want, tc.several)
+		}
+	}
+	for name, g := range GPUs {
+		m, err := Preset(name, "", "")
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if m.GPU.Name != g.Name || m.Link.H2D <= 0 || m.Host.Memory <= 0 || g.PeakBF16 < g.PeakF32 || g.MemBW <= 0 {
+			t.Errorf("%s: machine %+v", name, m)
+		}
+	}
+	if _, err := Preset("a100", "", ""); err == nil || !strings.Contains(err.Error(), "a100-40gb, a100-80gb") {
+		t.Errorf("an ambiguous --gpu: %v", err)
 	}
 }
