@@ -372,6 +372,14 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 				j.modes[i], secs(r.FitSeconds))
 		}
 	}
+	answers := make([]answer, len(j.modes))
+	for i, mode := range j.modes {
+		if answers[i], err = o.answerMode(j, mode, m); err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+	}
+	fmt.Fprintln(stdout)
+	printAnswers(stdout, o, answers, m)
 	return nil
 }
 

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/plan"
+)
+
+// TestAnswerFits: for every preset GPU and every preset model of 1B
+// parameters or more (and gpt2), the command line the answer suggests in
+// each mode, planned again from its own flags through the run's memory
+// plan, fits the backend's budget (the card less its context and
+// headroom) and the host; a mode with no suggestion has none that fits at
+// micro-batch 1 with --recompute layer either.
+func TestAnswerFits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("plans every preset model on every preset card")
+	}
+	var gpus []string
+	for name := range plan.GPUs {
+		gpus = append(gpus, name)
+	}
+	slices.Sort(gpus)
+	for _, name := range catalog.Presets() {
+		o := defaultPlanOptions()
+		o.model, o.batch, o.seqLen, o.accum = name, 2, 512, 2
+		spec, _, err := catalog.Resolve(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if spec.NumParams() < 1e9 && name != "gpt2" || spec.NumParams() > 9e9 {
+			continue
+		}
+		for _, gpu := range gpus {
+			o.gpu = gpu
+			j, err := o.parse()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := j.machine
+			for _, mode := range j.modes {
+				a, err := o.answerMode(j, mode, m)
+				if err != nil {
+					t.Fatalf("%s on %s, %s: %v", name, gpu, mode, err)
+				}
+				if a.best == nil {
+					oc := o
+					oc.batch, oc.accum = 1, o.batch*o.accum
+					tc := oc.trainConfig(j, mode)
+					tc.Recompute = model.RecomputeLayer
+					if tc, err = train.ResolveGradResidency(j.spec, tc, 1, m.GPU.Budget()); err != nil {
+						t.Fatal(err)
+					}
+					mem, err := train.MemoryOf(j.spec, tc)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if mem.DeviceTotal() <= m.GPU.Budget() && mem.HostPeak() <= m.Host.Memory {
+						t.Errorf("%s on %s, %s: no suggestion, but micro-batch 1 with --recompute layer fits", name, gpu, mode)
+					}
+					continue
+				}
+				c := a.best
+				tc := c.o.trainConfig(j, mode)
+				tc.Recompute = c.rc
+				tc, err = train.ResolveGradResidency(j.spec, tc, 1, m.GPU.Budget())
+				if err != nil {
+					t.Fatal(err)
+				}
+				mem, err := train.MemoryOf(j.spec, tc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if mem.DeviceTotal() > m.GPU.Budget() || mem.HostPeak() > m.Host.Memory {
+					t.Errorf("%s on %s, %s: suggested %q needs %d bytes of device (budget %d) and %d of host (%d)",
+						name, gpu, mode, c.command(mode), mem.DeviceTotal(), m.GPU.Budget(), mem.HostPeak(), m.Host.Memory)
+				}
+				if c.o.batch*c.o.accum != o.batch*o.accum || !strings.Contains(c.command(mode), "--seq-len 512") {
+					t.Errorf("%s on %s, %s: %q changes the global batch", name, gpu, mode, c.command(mode))
+				}
+			}
+		}
+	}
+}
+
+// TestPlanAnswer: the answer for llama-7b at 4 x 1024 on the RTX 4090 is
+// lsp with micro-batches of one and no recomputation, faster than the
+// summary's lsp row (4 x 1024 with --recompute layer), says what native
+// and zero lack (the device memory and the smallest card with it; the
+// host memory); on the 8 GB RTX 4060 nothing fits, and it says so.
+func TestPlanAnswer(t *testing.T) {
+	code, stdout, stderr := runCmd(t, "plan", "--model", "llama-7b", "--gpu", "4090", "--batch", "4", "--seq-len", "1024")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, w := range []string{
+		"answer (the global batch kept: 4 x 1024 tokens per step; on NVIDIA GeForce RTX 4090 24 GB, 22.43 GiB usable):",
+		"native: nothing fits: it needs at least 100.92 GiB of device memory (--batch 1 --recompute layer), the card has 22.43 GiB usable; the smallest preset card with enough is h200; use --mode lsp",
+		"zero: nothing fits: it needs at least 100.96 GiB of host memory, the host has 64.00 GiB; use --mode lsp",
+		"lsp: lsp-train --model llama-7b --mode lsp --batch 1 --grad-accum 4 --seq-len 1024 --recompute none --dtype bf16 --dense-params device --d 512",
+		"(device 19.80 GiB, host 1.43 GiB, 3075 tokens/s)",
+		"     lsp      layer   18.13 GiB    1.71 GiB          yes  1.700 s      2410",
+		"fastest that fits: lsp",
+	} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, stdout)
+		}
+	}
+	code, stdout, _ = runCmd(t, "plan", "--model", "llama-7b", "--gpu", "4060", "--batch", "1", "--seq-len", "1024")
+	if code != 0 || !strings.Contains(stdout, "nothing fits in any mode") ||
+		!strings.Contains(stdout, "lsp: nothing fits: it needs at least 13.13 GiB of device memory (--batch 1 --recompute layer --dense-params frozen --d 128)") {
+		t.Errorf("llama-7b on the RTX 4060: exit %d\n%s", code, stdout)
+	}
+}
