@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/plan"
@@ -127,6 +128,22 @@ func (c candidate) command(mode engine.Mode) string {
 	return strings.Join(args, " ")
 }
 
+// line is the candidate's command line and, below it, what it needs and
+// how fast it goes, and where it departs from what o asked for beyond
+// the micro-batch and recomputation (which change nothing of the result).
+func (c candidate) line(mode engine.Mode, o planOptions) string {
+	r := c.report
+	note := ""
+	if c.o.dense != o.dense {
+		note += fmt.Sprintf("; --dense-params %s, not %s: a different run", c.o.dense, o.dense)
+	}
+	if c.o.d != o.d {
+		note += fmt.Sprintf("; --d %d, not %d: a smaller subspace, a different run", c.o.d, o.d)
+	}
+	return fmt.Sprintf("%s\n      (device %s, host %s, %.0f tokens/s%s)", c.command(mode),
+		gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()), r.TokensPerSec, note)
+}
+
 // printAnswers writes each mode's answer, then the fastest mode that fits.
 func printAnswers(w io.Writer, o planOptions, answers []answer, m plan.Machine) {
 	fmt.Fprintf(w, "answer (the global batch kept: %d x %d tokens per step; on %s, %s usable):\n", o.batch*o.accum, o.seqLen, m.GPU.Name, gibs(m.GPU.Budget()))
@@ -136,17 +153,8 @@ func printAnswers(w io.Writer, o planOptions, answers []answer, m plan.Machine) 
 			fmt.Fprintf(w, "  %s: nothing fits: %s\n", a.mode, a.why(m, answers))
 			continue
 		}
-		r := a.best.report
-		note := ""
-		if a.best.o.dense != o.dense {
-			note += fmt.Sprintf("; --dense-params %s, not %s: a different run", a.best.o.dense, o.dense)
-		}
-		if a.best.o.d != o.d {
-			note += fmt.Sprintf("; --d %d, not %d: a smaller subspace, a different run", a.best.o.d, o.d)
-		}
-		fmt.Fprintf(w, "  %s: %s\n      (device %s, host %s, %.0f tokens/s%s)\n", a.mode, a.best.command(a.mode),
-			gibs(r.Memory.DeviceTotal()), gibs(r.Memory.HostPeak()), r.TokensPerSec, note)
-		if fastest == nil || r.TokensPerSec > fastest.best.report.TokensPerSec {
+		fmt.Fprintf(w, "  %s: %s\n", a.mode, a.best.line(a.mode, o))
+		if r := a.best.report; fastest == nil || r.TokensPerSec > fastest.best.report.TokensPerSec {
 			fastest = &answers[i]
 		}
 	}
@@ -210,4 +218,53 @@ func smallestCard(need int64) string {
 		}
 	}
 	return ""
+}
+
+// printWhatFits is plan --gpu X without --model: per mode, the largest
+// preset model that fits the machine at the global batch of the flags,
+// with its command line (the answer's search), and the presets tried.
+func (o planOptions) printWhatFits(w io.Writer, j planJob) error {
+	m := j.machine
+	type preset struct {
+		name string
+		spec model.Spec
+	}
+	var presets []preset
+	for _, name := range catalog.Presets() {
+		spec, _, err := catalog.Resolve(name)
+		if err != nil {
+			return err
+		}
+		presets = append(presets, preset{name, spec})
+	}
+	slices.SortStableFunc(presets, func(a, b preset) int { return cmp.Compare(a.spec.NumParams(), b.spec.NumParams()) })
+	fmt.Fprintf(w, "what fits on %s (%s usable; host %s), at %d x %d tokens per step (--batch x --grad-accum, --seq-len; micro-batch and --recompute chosen per mode), %s:\n",
+		m.GPU.Name, gibs(m.GPU.Budget()), gibs(m.Host.Memory), o.batch*o.accum, o.seqLen, o.dtype)
+	for _, mode := range j.modes {
+		var best *answer
+		var bestName string
+		for _, p := range presets {
+			op := o
+			op.model = p.name
+			jp, err := op.parse()
+			if err != nil {
+				continue // a preset whose context is shorter than --seq-len
+			}
+			jp.machine = m
+			a, err := op.answerMode(jp, mode, m)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", p.name, mode, err)
+			}
+			if a.best != nil {
+				best, bestName = &a, fmt.Sprintf("%s (%.3gB parameters)", p.name, float64(p.spec.NumParams())/1e9)
+			}
+		}
+		if best == nil {
+			fmt.Fprintf(w, "  %s: no preset model fits\n", mode)
+			continue
+		}
+		fmt.Fprintf(w, "  %s: at most %s: %s\n", mode, bestName, best.best.line(mode, o))
+	}
+	fmt.Fprintf(w, "(the presets: %s; --model names one, or a checkpoint directory, for the whole plan)\n", strings.Join(catalog.Presets(), ", "))
+	return nil
 }

@@ -117,3 +117,31 @@ func TestPlanAnswer(t *testing.T) {
 		t.Errorf("llama-7b on the RTX 4060: exit %d\n%s", code, stdout)
 	}
 }
+
+// TestPlanWhatFits: plan --gpu without --model lists, per mode, the
+// largest preset model that fits at the stated global batch, with its
+// command line (TestAnswerFits checks such lines fit): on the RTX 4090 at
+// 1 x 1024, lsp llama3-8b (its 128k-token embedding's optimizer state
+// frozen, which is said), zero gpt2-xl (a 7B model's fp32 optimizer state
+// is over the desktop host's 64 GiB), native a 1.3B model.
+func TestPlanWhatFits(t *testing.T) {
+	code, stdout, stderr := runCmd(t, "plan", "--gpu", "rtx-4090", "--batch", "1", "--seq-len", "1024")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, w := range []string{
+		"what fits on NVIDIA GeForce RTX 4090 24 GB (22.43 GiB usable; host 64.00 GiB), at 1 x 1024 tokens per step",
+		"native: at most deepseek-coder-1.3b (1.35B parameters): lsp-train --model deepseek-coder-1.3b --mode native",
+		"zero: at most gpt2-xl (1.56B parameters): lsp-train --model gpt2-xl --mode zero",
+		"lsp: at most llama3-8b (8.03B parameters): lsp-train --model llama3-8b --mode lsp --batch 1 --grad-accum 1 --seq-len 1024 --recompute none --dtype bf16 --dense-params frozen --d 512",
+		"--dense-params frozen, not device: a different run",
+		"(the presets: ",
+	} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, stdout)
+		}
+	}
+	if strings.Contains(stdout, "== lsp ==") {
+		t.Errorf("without --model the whole plan of a default model was printed:\n%s", stdout)
+	}
+}

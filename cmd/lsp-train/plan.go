@@ -287,6 +287,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	if err != nil {
 		return err
 	}
+	modelGiven := false
+	fs.Visit(func(f *flag.Flag) { modelGiven = modelGiven || f.Name == "model" })
+	if !modelGiven && !j.cpu {
+		return o.printWhatFits(stdout, j)
+	}
 	if j.cpu {
 		if j.machine, err = o.cpuMachine(j, stdout); err != nil {
 			return err
