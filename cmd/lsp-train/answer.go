@@ -37,6 +37,7 @@ type candidate struct {
 // and host peak any candidate needed.
 type answer struct {
 	mode                 engine.Mode
+	asked                planOptions // the flags asked for, --dense-params resolved
 	best                 *candidate
 	minDevice, minHost   int64
 	minDeviceAt          string // the flags of the least device memory
@@ -45,7 +46,12 @@ type answer struct {
 
 // answerMode searches mode's command lines (see the file's comment).
 func (o planOptions) answerMode(j planJob, mode engine.Mode, m plan.Machine) (answer, error) {
-	a := answer{mode: mode, minDevice: -1, minHost: -1}
+	if o.dense == "" {
+		// As training resolves it: frozen from a checkpoint, device for a
+		// preset.
+		o.dense = string(o.engineConfig(j, engine.LSP).DenseParams)
+	}
+	a := answer{mode: mode, asked: o, minDevice: -1, minHost: -1}
 	budget := m.GPU.Budget()
 	global := o.batch * o.accum
 	// The variants of what lsp trains, in order: as asked, the dense
@@ -153,7 +159,7 @@ func printAnswers(w io.Writer, o planOptions, answers []answer, m plan.Machine) 
 			fmt.Fprintf(w, "  %s: nothing fits: %s\n", a.mode, a.why(m, answers))
 			continue
 		}
-		fmt.Fprintf(w, "  %s: %s\n", a.mode, a.best.line(a.mode, o))
+		fmt.Fprintf(w, "  %s: %s\n", a.mode, a.best.line(a.mode, a.asked))
 		if r := a.best.report; fastest == nil || r.TokensPerSec > fastest.best.report.TokensPerSec {
 			fastest = &answers[i]
 		}
@@ -263,7 +269,7 @@ func (o planOptions) printWhatFits(w io.Writer, j planJob) error {
 			fmt.Fprintf(w, "  %s: no preset model fits\n", mode)
 			continue
 		}
-		fmt.Fprintf(w, "  %s: at most %s: %s\n", mode, bestName, best.best.line(mode, o))
+		fmt.Fprintf(w, "  %s: at most %s: %s\n", mode, bestName, best.best.line(mode, best.asked))
 	}
 	fmt.Fprintf(w, "(the presets: %s; --model names one, or a checkpoint directory, for the whole plan)\n", strings.Join(catalog.Presets(), ", "))
 	return nil

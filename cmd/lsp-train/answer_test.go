@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -92,7 +93,9 @@ func TestAnswerFits(t *testing.T) {
 // lsp with micro-batches of one and no recomputation, faster than the
 // summary's lsp row (4 x 1024 with --recompute layer), says what native
 // and zero lack (the device memory and the smallest card with it; the
-// host memory); on the 8 GB RTX 4060 nothing fits, and it says so.
+// host memory); a checkpoint directory's --dense-params defaults to
+// frozen, as training's does; on the 8 GB RTX 4060 nothing fits, and it
+// says so.
 func TestPlanAnswer(t *testing.T) {
 	code, stdout, stderr := runCmd(t, "plan", "--model", "llama-7b", "--gpu", "4090", "--batch", "4", "--seq-len", "1024")
 	if code != 0 {
@@ -110,6 +113,14 @@ func TestPlanAnswer(t *testing.T) {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("output lacks %q:\n%s", w, stdout)
 		}
+	}
+	// A checkpoint directory's --dense-params is frozen, as training
+	// resolves it (a preset's is device): the paper's 1.3B case in 4 GB.
+	code, stdout, _ = runCmd(t, "plan", "--model", filepath.Join("..", "..", "train", "plan", "testdata", "deepseek-coder-1.3b-base"),
+		"--gpu", "a1000-laptop", "--mode", "lsp", "--batch", "2", "--seq-len", "1024")
+	if code != 0 || strings.Contains(stdout, "dense optimizer") ||
+		!strings.Contains(stdout, "--mode lsp --batch 2 --grad-accum 1 --seq-len 1024 --recompute layer --dtype bf16 --dense-params frozen --d 512") {
+		t.Errorf("deepseek-coder-1.3b from its directory: exit %d, want --dense-params frozen by default\n%s", code, stdout)
 	}
 	code, stdout, _ = runCmd(t, "plan", "--model", "llama-7b", "--gpu", "4060", "--batch", "1", "--seq-len", "1024")
 	if code != 0 || !strings.Contains(stdout, "nothing fits in any mode") ||

@@ -57,7 +57,7 @@ type planOptions struct {
 
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
-	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all", dense: "device",
+	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all",
 		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
 }
 
@@ -69,7 +69,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.dtype, "dtype", o.dtype, "`TYPE` of weights and activations: fp32 or bf16")
 	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype; fp32 with --ranks)")
 	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, or all (the three side by side)")
-	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host")
+	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host (default: as training does, frozen for a checkpoint directory, device for a preset)")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
 	fs.StringVar(&o.gradResidency, "grad-residency", o.gradResidency, "zero and lsp: `WHERE` the gradients (lsp: S and the projectors) wait on the device: whole, ring (a few blocks' at a time, copied down per micro-batch) or auto (whole when it fits the GPU's memory)")
@@ -170,7 +170,7 @@ func (o planOptions) parse() (planJob, error) {
 	} else {
 		j.modes = []engine.Mode{m}
 	}
-	if _, err := engine.ParseDenseParams(o.dense); err != nil {
+	if _, err := engine.ParseDenseParams(o.dense); o.dense != "" && err != nil {
 		bad("dense-params", "%v", err)
 	}
 	if o.recompute == "auto" {
