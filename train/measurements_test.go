@@ -46,7 +46,7 @@ func evalLossOf(t *testing.T, c Config, model string) float64 {
 	if err := backend.Upload(be, s, m.Params, vals); err != nil {
 		t.Fatal(err)
 	}
-	l, err := eval.Loss(be, s, eval.Model{Model: m, Spec: mc, B: c.Batch, T: c.SeqLen}, ds.Eval)
+	l, err := eval.Loss(be, s, eval.Model{Model: m, Spec: mc, B: c.Batch, T: c.SeqLen}, ds.Eval, eval.Watch{})
 	if err != nil {
 		t.Fatal(err)
 	}

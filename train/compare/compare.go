@@ -722,7 +722,7 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 	if err := backend.Upload(be, s, m.Buffers().Params, vals); err != nil {
 		return 0, err
 	}
-	return eval.ExactMatch(be, s, m, tok, ds.EvalRecords[:min(n, len(ds.EvalRecords))])
+	return eval.ExactMatch(be, s, m, tok, ds.EvalRecords[:min(n, len(ds.EvalRecords))], eval.Watch{})
 }
 
 // timing runs a row for --timing-steps steps with schedule sched and

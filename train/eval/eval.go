@@ -9,6 +9,7 @@
 package eval
 
 import (
+	"context"
 	"math"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
@@ -52,12 +53,39 @@ func batchLoss(be backend.Backend, s backend.Stream, m Model, b data.Batch) (flo
 	return sum, nil
 }
 
+// Watch lets the caller of a long evaluation follow it and stop it.
+// The zero Watch does neither.
+type Watch struct {
+	// Ctx, when cancelled, stops the evaluation between two batches with
+	// its error.
+	Ctx context.Context
+	// Progress, when set, is called before the first batch and after each
+	// one with the batches done and their number.
+	Progress func(done, total int)
+}
+
+// next reports done of total batches and says whether to go on: the
+// context's error when it is cancelled.
+func (w Watch) next(done, total int) error {
+	if w.Progress != nil {
+		w.Progress(done, total)
+	}
+	if w.Ctx != nil && done < total {
+		return w.Ctx.Err()
+	}
+	return nil
+}
+
 // Loss is the mean loss per target token over examples (NaN when they
-// have no target).
-func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example) (float64, error) {
+// have no target), a batch of m.B x m.T at a time.
+func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example, w Watch) (float64, error) {
 	var sum float64
 	n := 0
-	for _, b := range data.EvalBatches(examples, m.B, m.T) {
+	batches := data.EvalBatches(examples, m.B, m.T)
+	for i, b := range batches {
+		if err := w.next(i, len(batches)); err != nil {
+			return 0, err
+		}
 		l, err := batchLoss(be, s, m, b)
 		if err != nil {
 			return 0, err
@@ -65,6 +93,7 @@ func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example
 		sum += l
 		n += b.NumTargets
 	}
+	w.next(len(batches), len(batches))
 	if n == 0 {
 		return math.NaN(), nil
 	}
@@ -72,9 +101,11 @@ func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example
 }
 
 // ExactMatch is the share of records whose greedy continuation of the
-// prompt, up to a stop id (tokenizer.StopIDs), equals the response exactly. An fp32 model generates
-// with its KV cache, a bf16 one without (see below).
-func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record) (float64, error) {
+// prompt, up to a stop id (tokenizer.StopIDs), equals the response
+// exactly. It generates up to the longest response's tokens and the stop,
+// m.B prompts at a time (w sees each group). An fp32 model generates with
+// its KV cache, a bf16 one without (see below).
+func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record, w Watch) (float64, error) {
 	prompts := make([][]int32, len(recs))
 	maxNew := 1
 	for i, rec := range recs {
@@ -89,10 +120,19 @@ func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tok
 	if m.Buffers().Logits.DType != backend.F32 {
 		gen = Generate
 	}
-	outs, err := gen(be, s, m, prompts, maxNew, tokenizer.StopIDs(tok), Sampler{})
-	if err != nil {
-		return 0, err
+	outs := make([][]int32, 0, len(prompts))
+	groups := (len(prompts) + m.B - 1) / m.B
+	for g := range groups {
+		if err := w.next(g, groups); err != nil {
+			return 0, err
+		}
+		o, err := gen(be, s, m, prompts[g*m.B:min((g+1)*m.B, len(prompts))], maxNew, tokenizer.StopIDs(tok), Sampler{})
+		if err != nil {
+			return 0, err
+		}
+		outs = append(outs, o...)
 	}
+	w.next(groups, groups)
 	hits := 0
 	for i, o := range outs {
 		if tok.Decode(o) == recs[i].Response {

@@ -263,7 +263,7 @@ func TestLossNoExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := Loss(be, s, Model{Model: m, Spec: m.Cfg, B: 2, T: 8}, nil); err != nil || !math.IsNaN(l) {
+	if l, err := Loss(be, s, Model{Model: m, Spec: m.Cfg, B: 2, T: 8}, nil, Watch{}); err != nil || !math.IsNaN(l) {
 		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
 	}
 }

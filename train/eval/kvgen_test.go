@@ -261,11 +261,11 @@ func TestExactMatchCached(t *testing.T) {
 			}
 			tok := eosAt{byteTok, g[k]}
 			rec := []data.Record{{Prompt: p, Response: tok.Decode(g[:k])}}
-			if em, err := ExactMatch(be, s, m, tok, rec); err != nil || em != 1 {
+			if em, err := ExactMatch(be, s, m, tok, rec, Watch{}); err != nil || em != 1 {
 				t.Errorf("%s %q: exact match %v (%v) on its greedy output %v before EOS %d, want 1", name, p, em, err, g[:k], g[k])
 			}
 			rec[0].Response += "!"
-			if em, err := ExactMatch(be, s, m, tok, rec); err != nil || em != 0 {
+			if em, err := ExactMatch(be, s, m, tok, rec, Watch{}); err != nil || em != 0 {
 				t.Errorf("%s %q: exact match %v (%v) on a changed response, want 0", name, p, em, err)
 			}
 			scored++
