@@ -1,11 +1,13 @@
 // Package faults injects test-only faults at named write points: the
 // process kills itself there with SIGKILL, or the write fails there with
 // ENOSPC, so that tests can prove a crash or a full disk at each point
-// loses nothing.
+// loses nothing; or the process sends itself SIGINT or SIGTERM there, as
+// a user's Ctrl-C would, so that tests can interrupt a precise moment.
 //
 // This is a test hook, not a feature: nothing sets it in normal use. It
 // is armed by an environment variable read once at start-up, by a child
-// process that a test starts (LSP_KILL_AT, LSP_FAIL_AT), or in-process by
+// process that a test starts (LSP_KILL_AT, LSP_FAIL_AT, LSP_SIGINT_AT,
+// LSP_SIGTERM_AT), or in-process by
 // a test through Arm. Unarmed, Point is one atomic load and a nil check.
 // Numerical faults (a NaN in one micro-batch's loss or gradients,
 // LSP_NAN_AT, ArmNaN) are nan.go's.
@@ -32,6 +34,7 @@
 //	the training run (FILE is empty):
 //	  step           a step's metrics record was written
 //	  eval           an evaluation was computed, its record not yet written
+//	  eval-batch     an evaluation finished a batch (of the loss or of generation)
 package faults
 
 import (
@@ -42,12 +45,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // The environment variables that arm a fault in a process at start-up.
 const (
-	KillEnv = "LSP_KILL_AT" // SIGKILL the process at the spec's passing
-	FailEnv = "LSP_FAIL_AT" // fail with ENOSPC from the spec's passing on
+	KillEnv    = "LSP_KILL_AT"    // SIGKILL the process at the spec's passing
+	FailEnv    = "LSP_FAIL_AT"    // fail with ENOSPC from the spec's passing on
+	SigintEnv  = "LSP_SIGINT_AT"  // send the process SIGINT at the spec's passing
+	SigtermEnv = "LSP_SIGTERM_AT" // send the process SIGTERM at the spec's passing
 )
 
 // Kind is what happens at an armed point.
@@ -55,8 +61,10 @@ type Kind int
 
 // Kinds of fault.
 const (
-	Kill Kind = iota // the process sends itself SIGKILL
-	Fail             // the write returns an error wrapping syscall.ENOSPC
+	Kill    Kind = iota // the process sends itself SIGKILL
+	Fail                // the write returns an error wrapping syscall.ENOSPC
+	Sigint              // the process sends itself SIGINT and goes on
+	Sigterm             // the process sends itself SIGTERM and goes on
 )
 
 // fault is an armed spec and its count of passings so far.
@@ -75,7 +83,7 @@ func init() {
 	for _, e := range []struct {
 		env  string
 		kind Kind
-	}{{KillEnv, Kill}, {FailEnv, Fail}} {
+	}{{KillEnv, Kill}, {FailEnv, Fail}, {SigintEnv, Sigint}, {SigtermEnv, Sigterm}} {
 		spec := os.Getenv(e.env)
 		if spec == "" {
 			continue
@@ -131,18 +139,29 @@ func Point(name, file string) error {
 	f.mu.Lock()
 	f.seen++
 	due := f.seen >= f.n
-	if f.kind == Kill {
-		due = f.seen == f.n
+	if f.kind != Fail {
+		due = f.seen == f.n // once
 	}
 	f.mu.Unlock()
 	if !due {
 		return nil
 	}
-	if f.kind == Kill {
+	switch f.kind {
+	case Kill:
 		// SIGKILL, not an exit: no deferred function, flush or signal
 		// handler runs, as when the machine is preempted.
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
+	case Sigint, Sigterm:
+		sig := syscall.SIGINT
+		if f.kind == Sigterm {
+			sig = syscall.SIGTERM
+		}
+		syscall.Kill(os.Getpid(), sig)
+		// Time for the handler to see it, so that the test knows the
+		// point the process was at when it did.
+		time.Sleep(200 * time.Millisecond)
+		return nil
 	}
 	return fmt.Errorf("fault injected at %s of %s: %w", name, file, syscall.ENOSPC)
 }
