@@ -33,6 +33,7 @@ type Record struct {
 	Time         float64  `json:"time_s"` // seconds since the run started, summed over resumes
 	TrainLoss    *float64 `json:"train_loss,omitempty"`
 	EvalLoss     *float64 `json:"eval_loss,omitempty"`
+	Perplexity   *float64 `json:"eval_perplexity,omitempty"` // exp(eval_loss)
 	ExactMatch   *float64 `json:"eval_exact_match,omitempty"`
 	TokensPerSec *float64 `json:"tokens_per_s,omitempty"`
 	LR           *float64 `json:"lr,omitempty"`
@@ -101,6 +102,9 @@ type Writer struct {
 	start  time.Time
 	offset float64 // time_s of the last record kept on resume
 	now    func() time.Time
+	// evalAt is the latest step of an eval record kept on resume (-1:
+	// none).
+	evalAt int
 }
 
 // Create opens path for writing metrics. With resumeStep < 0 it starts a new
@@ -113,7 +117,7 @@ type Writer struct {
 // step), so a resumed run checks them again. Times continue from the last
 // kept record.
 func Create(path string, resumeStep int) (*Writer, error) {
-	w := &Writer{path: path, now: time.Now}
+	w := &Writer{path: path, now: time.Now, evalAt: -1}
 	if resumeStep < 0 {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
@@ -135,6 +139,9 @@ func Create(path string, resumeStep int) (*Writer, error) {
 		if r.Step < resumeStep || r.Step == resumeStep && r.Event != ProjectorCheckEvent {
 			keep = append(keep, lines[i])
 			w.offset = max(w.offset, r.Time)
+			if r.EvalLoss != nil || r.ExactMatch != nil {
+				w.evalAt = max(w.evalAt, r.Step)
+			}
 		}
 	}
 	err = atomicfile.WriteFile(path, 0o644, func(out io.Writer) error {
@@ -163,6 +170,10 @@ func Create(path string, resumeStep int) (*Writer, error) {
 	w.f, w.size, w.start = f, st.Size(), w.now()
 	return w, nil
 }
+
+// LastEval is the step of the latest eval record the file held when a
+// resume opened it, -1 when it held none (or the run started afresh).
+func (w *Writer) LastEval() int { return w.evalAt }
 
 // Write appends r as one line and hands it to the OS at once (no buffering),
 // so the file is current even if the process dies. A zero r.Time is filled in

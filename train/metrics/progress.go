@@ -3,11 +3,16 @@
 // ETA 1m32s"); elsewhere (a pipe, a log file) it emits a slog line every
 // ~2% of the run.
 //
+// Between steps and after them, Task shows work that is not a step (an
+// evaluation: "final eval: loss 12/32 [====>   ] | ETA 1m02s").
+//
 // Limits: the bar assumes the logger writes to the same terminal (Log clears
 // and redraws around it); other output written behind Progress's back will
 // garble the line until the next redraw. The ETA uses the median per-step time
 // of the last few updates, so one eval or checkpoint pause does not inflate it
-// and a whole-run average does not drift; it does not foresee future pauses.
+// and a whole-run average does not drift; it adds the time the caller expects
+// the pauses still to come to take (SetTail: the evaluations), not the
+// checkpoints'.
 
 package metrics
 
@@ -52,6 +57,12 @@ type Progress struct {
 	line      string // the status line currently shown (terminal)
 	drawn     bool
 	done      bool
+	tail      time.Duration // expected time of the work after the steps (SetTail)
+
+	// The task Task shows: its label and when its first unit started.
+	task      string
+	taskStart time.Time
+	taskLog   time.Time // non-terminal: when its latest line was logged
 }
 
 // NewProgress returns a display for a run of total steps writing to w: a bar
@@ -88,6 +99,9 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 		p.lastStep, p.lastTime = step, now
 	}
 	eta := p.eta(step)
+	if eta >= 0 {
+		eta += p.tail
+	}
 	last := p.total > 0 && step >= p.total
 	if p.tty {
 		p.line = statusLine(step, p.total, loss, tokensPerSec, eta, p.barWidth())
@@ -104,6 +118,62 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 		// Four decimals, as the eval lines: a float64's 16 digits are noise.
 		p.logger.Info("train", "step", step, "total", p.total, "loss", fmt.Sprintf("%.4f", loss),
 			"tok_s", math.Round(tokensPerSec), "eta", formatDuration(eta))
+	}
+}
+
+// SetTail sets the time the work after the remaining steps is expected to
+// take (the evaluations still to come), which the ETA adds.
+func (p *Progress) SetTail(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tail = max(d, 0)
+}
+
+// Task shows done of total units of work that is not a step (an
+// evaluation's batches), labelled; its ETA is this work's time left at
+// its pace so far (whole, the caller's estimate of all of it, before a
+// unit is done), then after (what the caller expects to follow it), then
+// the steps still to go. On a terminal it takes the status line (and
+// keeps it, ended, when done reaches total after the steps are done);
+// elsewhere it logs a line at the start, the end, and every tenth of the
+// way at most once a second.
+func (p *Progress) Task(label string, done, total int, whole, after time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if label != p.task || done == 0 {
+		p.task, p.taskStart = label, now
+	}
+	left := whole
+	if done > 0 {
+		left = time.Duration(float64(now.Sub(p.taskStart)) / float64(done) * float64(total-done))
+	}
+	eta := left + after
+	if steps := p.eta(p.lastStep); steps > 0 && !p.done {
+		eta += steps
+	}
+	last := done >= total
+	if p.tty {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %d/%d", label, done, total)
+		if w := p.barWidth(); w > 0 && total > 0 {
+			b.WriteString(" [" + bar(done, total, w) + "]")
+		}
+		fmt.Fprintf(&b, " | ETA %s", formatDuration(eta))
+		p.line = b.String()
+		if last || done == 0 || now.Sub(p.lastDraw) >= redrawEvery {
+			p.draw(now)
+		}
+		if last && p.done {
+			io.WriteString(p.out, "\n")
+			p.line, p.drawn = "", false
+		}
+		return
+	}
+	tenth := max(1, total/10)
+	if done == 0 || last || (done%tenth == 0 && now.Sub(p.taskLog) >= time.Second) {
+		p.taskLog = now
+		p.logger.Info(label, "done", done, "total", total, "eta", formatDuration(eta))
 	}
 }
 

@@ -244,3 +244,37 @@ func attr(line, key string) string {
 	}
 	return ""
 }
+
+// TestProgressEvalInETA: the steps' ETA adds SetTail's time (the
+// evaluations to come), and a Task's ETA is its own time left at its pace
+// so far (the caller's estimate before a unit is done), what follows it,
+// and the steps still to go; it logs at its start and end.
+func TestProgressEvalInETA(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var logs bytes.Buffer
+	p := NewProgress(f, 10, slog.New(slog.NewTextHandler(&logs, nil)))
+	clk := &fakeClock{t: time.Unix(0, 0), step: 2 * time.Second}
+	p.now, p.lastTime = clk.now, clk.t
+	p.SetTail(30 * time.Second)
+	p.Update(1, 1.5, 100) // 2 s a step, 9 to go: 18 s, and the tail
+	if got := attr(logs.String(), "eta"); got != "48s" {
+		t.Errorf("step ETA %s, want 48s (18 s of steps and 30 s of evaluations): %s", got, logs.String())
+	}
+	logs.Reset()
+	p.Task("eval: loss", 0, 4, 100*time.Second, 5*time.Second)
+	if got := attr(logs.String(), "eta"); got != "2m03s" {
+		t.Errorf("task ETA before a batch %s, want 2m03s (100 s estimated, 5 s after, 18 s of steps): %s", got, logs.String())
+	}
+	logs.Reset()
+	for done := 1; done <= 4; done++ { // 2 s a batch
+		p.Task("eval: loss", done, 4, 100*time.Second, 5*time.Second)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if last := lines[len(lines)-1]; attr(last, "done") != "4" || attr(last, "eta") != "23s" {
+		t.Errorf("the task's last line %q, want done=4 eta=23s (5 s after it, 18 s of steps)", last)
+	}
+}
