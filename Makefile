@@ -94,7 +94,7 @@ gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestRingEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull|TestHostPlanMeasured' ./train/
 	$(GO) test -count=1 -run 'TestLoadMemory' ./train/hf/
-	$(GO) test -count=1 -run 'TestKillNamedPoints|TestInterruptExitStatus|TestCompareInterruptExitStatus|TestREADMEExamples' ./cmd/lsp-train/
+	$(GO) test -count=1 -run 'TestKillNamedPoints|TestInterruptExitStatus|TestCompareInterruptExitStatus|TestREADMEExamples|TestSignalDuringFinalEval|TestSignalDuringPeriodicEval|TestEvalCaps' ./cmd/lsp-train/
 
 # `make test-kill`: the train command killed with SIGKILL at every named
 # write point, then KILLS more times at seeded random points and moments

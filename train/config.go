@@ -45,7 +45,9 @@ type Config struct {
 
 	EvalEvery       int     // --eval-every: steps between evaluations (0: only at the end)
 	EvalFraction    float64 // --eval-fraction: share of the data held out
-	EvalGenerate    int     // --eval-generate: held-out prompts scored by exact match per eval
+	EvalGenerate    int     // --eval-generate: held-out prompts scored by exact match per eval, at most
+	EvalTokens      int     // --eval-tokens: held-out tokens (rows x --seq-len) of the eval loss, at most
+	EvalMaxNew      int     // --eval-max-new: exact match scores prompts whose response fits this many new tokens
 	CheckpointEvery int     // --checkpoint-every: steps between checkpoints (0: only at the end)
 	Resume          bool    // --resume: continue from <out>/checkpoint.safetensors
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
@@ -94,6 +96,18 @@ type Config struct {
 // DefaultSteps is the length of a run given neither --steps nor --epochs.
 const DefaultSteps = 600
 
+// The default caps of an evaluation's cost (docs/DESIGN.md, "The end of a
+// run"): the eval loss reads at most DefaultEvalTokens held-out tokens
+// (16 windows of 1024, 64 of 256), and exact match generates for prompts
+// whose response fits DefaultEvalMaxNew tokens, so that on a CPU an
+// evaluation of a 1B model takes minutes, not the hour a whole held-out
+// split of a text corpus takes; --eval-tokens 0 and --eval-max-new 0
+// lift them.
+const (
+	DefaultEvalTokens = 16384
+	DefaultEvalMaxNew = 32
+)
+
 // Defaults is the default job: the tiny model on the built-in sorting
 // task (sort the letters of a word), sized to finish in about a minute on
 // two cores. Steps and Epochs are both unset, so that either may be given
@@ -103,6 +117,7 @@ func Defaults() Config {
 		Model: "tiny", Data: "builtin:sort", Batch: 32, SeqLen: 24, GradAccum: 1,
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
+		EvalTokens: DefaultEvalTokens, EvalMaxNew: DefaultEvalMaxNew,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
@@ -251,6 +266,8 @@ func (c Config) Validate() error {
 	check(c.EvalEvery >= 0, "eval-every", "must be >= 0, got %d", c.EvalEvery)
 	check(c.EvalFraction >= 0 && c.EvalFraction < 1, "eval-fraction", "must be in [0, 1), got %g", c.EvalFraction)
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
+	check(c.EvalTokens >= 0, "eval-tokens", "must be >= 0 (0: the whole held-out set), got %d", c.EvalTokens)
+	check(c.EvalMaxNew >= 0, "eval-max-new", "must be >= 0 (0: no limit), got %d", c.EvalMaxNew)
 	check(c.CheckpointEvery >= 0, "checkpoint-every", "must be >= 0, got %d", c.CheckpointEvery)
 	if err := device.Check(c.Device); err != nil {
 		errs = append(errs, flagErr("device", "%v", err))

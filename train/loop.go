@@ -1,11 +1,12 @@
 // The step loop: the optimizer steps until --steps, Ctrl-C or StopAfter,
 // with the periodic evals and checkpoints, the handling of a step whose
 // loss is not finite (--on-nonfinite, --max-skips), and the end of the
-// run (final eval, checkpoint, export).
+// run (checkpoint, export, final eval).
 //
 // Limits: a non-finite gradient behind a finite loss cannot be skipped,
-// only stopped at (docs/DESIGN.md, "The schedule"); Ctrl-C is looked at between
-// steps, never inside one.
+// only stopped at (docs/DESIGN.md, "The schedule"); Ctrl-C is looked at
+// between steps and between an evaluation's batches, never inside a step,
+// a checkpoint or the export.
 
 package train
 
@@ -27,7 +28,7 @@ import (
 var ErrNonFinite = errors.New("non-finite loss")
 
 // loop trains the remaining steps, then finishes: checkpoint, and unless
-// interrupted the final eval, export and plot.
+// interrupted the export, the final eval and the plot.
 func (r *run) loop(ctx context.Context) (*Result, error) {
 	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
@@ -39,7 +40,7 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
-	return res, r.finish(res)
+	return res, r.finish(ctx, res)
 }
 
 // trainSteps runs steps until --steps, a cancelled ctx or StopAfter, with
@@ -47,7 +48,9 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 // throughput.
 func (r *run) trainSteps(ctx context.Context, res *Result) error {
 	if r.opts.EvalAtStart && !r.cfg.Resume && r.step == 0 {
-		if err := r.evaluate(res); err != nil {
+		// Stopped by Ctrl-C, it records nothing, and the loop stops
+		// before the first step.
+		if err := r.evaluate(ctx, res, "eval"); err != nil && !errors.Is(err, errEvalStopped) {
 			return err
 		}
 	}
@@ -60,8 +63,17 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 	}()
 	if r.step >= r.cfg.Steps {
 		// Resumed from a finished run: its final eval is in the metrics
-		// already; another would duplicate that step.
-		r.lastEval = r.step
+		// already, unless a signal stopped it (finish writes the
+		// checkpoint before it); another would duplicate that step.
+		// Rank 0's metrics say; the ranks agree on it.
+		missing := r.report.mw != nil && r.report.mw.LastEval() != r.step && len(r.ds.Eval)+len(r.evals.recs) > 0
+		missing, err := r.world.agree(r.step, missing)
+		if err != nil {
+			return err
+		}
+		if !missing {
+			r.lastEval = r.step
+		}
 	}
 	for r.step < r.cfg.Steps {
 		stop, err := r.world.agree(r.step+1, ctx.Err() != nil || (r.opts.StopAfter > 0 && r.step >= r.opts.StopAfter))
@@ -75,7 +87,7 @@ func (r *run) trainSteps(ctx context.Context, res *Result) error {
 		if err := r.oneStep(res); err != nil {
 			return err
 		}
-		if err := r.periodic(res); err != nil {
+		if err := r.periodic(ctx, res); err != nil {
 			return err
 		}
 	}
@@ -240,18 +252,24 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	if err := r.report.write(rec); err != nil {
 		return diskHint(err)
 	}
+	r.report.tail(time.Duration(float64(r.evalsFrom(r.step)) * r.evalSeconds() * float64(time.Second)))
 	r.report.progress(r.step, loss, runRate)
 	return faults.Point("step", "")
 }
 
 // periodic evaluates and checkpoints when --eval-every and
-// --checkpoint-every say so; the last step's are finish's.
-func (r *run) periodic(res *Result) error {
+// --checkpoint-every say so; the last step's are finish's. An evaluation
+// stopped by Ctrl-C records nothing; the loop then stops before the next
+// step, after the checkpoint that finish writes.
+func (r *run) periodic(ctx context.Context, res *Result) error {
 	if r.step >= r.cfg.Steps {
 		return nil
 	}
 	if r.cfg.EvalEvery > 0 && r.step%r.cfg.EvalEvery == 0 {
-		if err := r.evaluate(res); err != nil {
+		switch err := r.evaluate(ctx, res, "eval"); {
+		case errors.Is(err, errEvalStopped):
+			return nil
+		case err != nil:
 			return err
 		}
 		r.lastEval = r.step
@@ -262,22 +280,38 @@ func (r *run) periodic(res *Result) error {
 	return nil
 }
 
-// finish evaluates the final weights (once, unless the run was
-// interrupted) and checkpoints; unless interrupted it then exports the
-// weights and plots the losses. The eval comes before the checkpoint, as
-// in periodic, so that a run killed after its last checkpoint and resumed
-// finds the final eval in its metrics already.
-func (r *run) finish(res *Result) error {
-	if !res.Interrupted && r.lastEval != r.step {
-		if err := r.evaluate(res); err != nil {
-			return err
-		}
-		r.lastEval = r.step
-	}
+// finish ends the run: the checkpoint of the last step and, unless the
+// run was interrupted, its export come first, so that nothing of the
+// training waits on the final evaluation, which can be long (a large
+// model on a CPU); then the final evaluation (unless the last step had
+// one), and the loss plot. Ctrl-C or SIGTERM during the final evaluation
+// stops it with the checkpoint and export kept: the run counts as
+// interrupted, and a resume of it runs the final evaluation.
+func (r *run) finish(ctx context.Context, res *Result) error {
 	if err := r.saveCheckpoint(); err != nil {
 		return err
 	}
-	return r.world.rank0Only(func() error { return r.export(res) })
+	if res.Interrupted {
+		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
+		return r.world.rank0Only(func() error { return r.plot(res) })
+	}
+	if err := r.world.rank0Only(func() error { return r.export(res) }); err != nil {
+		return err
+	}
+	if r.lastEval != r.step {
+		switch err := r.evaluate(ctx, res, "final eval"); {
+		case errors.Is(err, errEvalStopped):
+			res.Interrupted, res.EvalInterrupted = true, true
+			res.EvalLoss, res.ExactMatch = math.NaN(), math.NaN()
+			r.log.Info("interrupted during the final evaluation: the checkpoint and the export of the last step are saved; "+
+				"--resume runs the final evaluation", "step", r.step, "checkpoint", res.Checkpoint, "export", res.Export)
+		case err != nil:
+			return err
+		default:
+			r.lastEval = r.step
+		}
+	}
+	return r.world.rank0Only(func() error { return r.plot(res) })
 }
 
 // checkFinite is nil when v, the step's what (a loss or a norm), is

@@ -90,15 +90,10 @@ func (r *run) prepareOut() error {
 	return nil
 }
 
-// export writes the final weights as a Hugging Face directory and plots
-// the losses (only the plot when the run was interrupted).
+// export writes the final weights as a Hugging Face directory.
 func (r *run) export(res *Result) error {
 	t0 := time.Now()
 	defer func() { r.times.Export += time.Since(t0) }()
-	if res.Interrupted {
-		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
-		return r.plot(res)
-	}
 	defer releaseHost() // the writer's buffers
 	res.Export = filepath.Join(r.cfg.Out, "hf")
 	// Straight from the device, a chunk at a time through the staging
@@ -109,15 +104,14 @@ func (r *run) export(res *Result) error {
 	end := phase("export")
 	err := catalog.ExportTensor(r.mc, res.Export, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
 	end()
-	if err != nil {
-		return diskHint(err)
-	}
-	return r.plot(res)
+	return diskHint(err)
 }
 
 // plot draws the loss curves of metrics.jsonl into loss.png, also for an
 // interrupted run; a run interrupted before its first step has none.
 func (r *run) plot(res *Result) error {
+	t0 := time.Now()
+	defer func() { r.times.Export += time.Since(t0) }()
 	recs, err := metrics.ReadFile(res.Metrics)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -58,6 +59,27 @@ func (p *reporter) showProgress(out *os.File, steps int) {
 func (p *reporter) progress(step int, loss, rate float64) {
 	if p.prog != nil {
 		p.prog.Update(step, loss, rate)
+	}
+}
+
+// tail sets the time the progress display's ETA adds for the
+// evaluations still to come.
+func (p *reporter) tail(d time.Duration) {
+	if p.prog != nil {
+		p.prog.SetTail(d)
+	}
+}
+
+// task shows done of total batches of an evaluation's part (label) on the
+// progress display, or in the log without one, with its ETA (whole: the
+// part's expected time before a batch is done; after: what follows it).
+func (p *reporter) task(label string, done, total int, whole, after time.Duration) {
+	if p.prog != nil {
+		p.prog.Task(label, done, total, whole, after)
+		return
+	}
+	if done == 0 {
+		p.log.Info(label, "batches", total)
 	}
 }
 

@@ -91,6 +91,8 @@ type resumeAllowed struct {
 	// resume bit for bit from any step.
 	EvalEvery       int `flag:"eval-every"`
 	EvalGenerate    int `flag:"eval-generate"`
+	EvalTokens      int `flag:"eval-tokens"`
+	EvalMaxNew      int `flag:"eval-max-new"`
 	CheckpointEvery int `flag:"checkpoint-every"`
 	// The weights come from the checkpoint; checkpoint.Load refuses one
 	// of another architecture.

@@ -42,9 +42,12 @@ type Result struct {
 	StepsRun    int    // the steps this process ran
 	ResumedAt   int    // the checkpoint's step when the run resumed, -1 when it started fresh
 	Interrupted bool   // stopped by the context (Ctrl-C) after checkpointing
-	TrainLoss   float64
-	EvalLoss    float64 // NaN when there is no eval set
-	ExactMatch  float64 // NaN when there are no eval records
+	// EvalInterrupted: the context stopped the final evaluation, after
+	// the checkpoint and the export of the last step (Interrupted too).
+	EvalInterrupted bool
+	TrainLoss       float64
+	EvalLoss        float64 // NaN when there is no eval set
+	ExactMatch      float64 // NaN when there are no eval records
 	// TokensPerSec is the one throughput figure of a run: tokens of this
 	// process's steps over their wall time (Times.Train). The progress
 	// display shows it as the steps go; metrics.jsonl has each step's
@@ -131,8 +134,9 @@ type run struct {
 	model          eval.Model // the engine's model
 	loader         *data.Loader
 	sched          optim.Schedule
-	resumedAt      int    // the checkpoint's step, -1 when the run starts fresh
-	restoreGC      func() // undoes limitGarbage
+	resumedAt      int      // the checkpoint's step, -1 when the run starts fresh
+	evals          evalPlan // what each evaluation reads (evaluate.go)
+	restoreGC      func()   // undoes limitGarbage
 
 	// The loop's state.
 	step      int   // optimizer steps completed, resumed ones included

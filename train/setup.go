@@ -45,6 +45,7 @@ func (r *run) setup() error {
 		r.buildLoader,
 		r.resumeOrInit,
 		r.openMetrics,
+		r.planEval,
 	} {
 		if err := step(); err != nil {
 			return err

@@ -43,7 +43,9 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.GradClip, "grad-clip", c.GradClip, "max gradient norm for clipping")
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evaluations (0: only at the end)")
 	fs.Float64Var(&c.EvalFraction, "eval-fraction", c.EvalFraction, "share of the data held out for evaluation")
-	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match at each evaluation")
+	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match at each evaluation, at most")
+	fs.IntVar(&c.EvalTokens, "eval-tokens", c.EvalTokens, "held-out tokens (rows x --seq-len) the eval loss reads, at most: evenly spaced rows of the held-out set (0: all of it)")
+	fs.IntVar(&c.EvalMaxNew, "eval-max-new", c.EvalMaxNew, "exact match scores the held-out prompts whose response fits this many new tokens, the others are left out (0: no limit)")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", c.CheckpointEvery, "steps between checkpoints (0: only at the end)")
 	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors (the run's settings must match the checkpoint's, except the length, eval and checkpoint cadence, and where it runs)")
 	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot and hf/")
@@ -119,6 +121,8 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"grad-clip", groupTraining},
 	{"eval-every", groupTraining},
 	{"eval-generate", groupTraining},
+	{"eval-tokens", groupTraining},
+	{"eval-max-new", groupTraining},
 	{"on-nonfinite", groupTraining},
 	{"max-skips", groupTraining},
 	{"mode", groupOffload},

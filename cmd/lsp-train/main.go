@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -182,7 +183,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	ckpt := checkpointFile(cfg.Out)
 	var trained atomic.Bool
-	ctx, sig, done := interruptible(logger, "interrupt: finishing the current step and saving a checkpoint (Ctrl-C again to quit without saving)",
+	ctx, sig, done := interruptible(logger, "interrupt: stopping after the current step or evaluation batch, with the last step saved (Ctrl-C again to quit at once, without saving what is not saved yet)",
 		lostOnSignal(c, ckpt, stderr, logger, &trained))
 	defer done()
 	res, err := train.Run(ctx, cfg, opts)
@@ -205,6 +206,10 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		if s == 0 {
 			s = syscall.SIGINT // stopped by the context without a signal: cannot happen from the command line
 		}
+		if res.EvalInterrupted {
+			return &interrupted{sig: s, err: fmt.Errorf("during the final evaluation; the checkpoint and the Hugging Face export of step %d are saved; "+
+				"the same flags plus --resume run the final evaluation", res.Steps)}
+		}
 		return &interrupted{sig: s, err: fmt.Errorf("checkpoint saved at step %d; continue with the same flags plus --resume", res.Steps)}
 	}
 	return nil
@@ -215,9 +220,16 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 // the outputs are.
 func report(w io.Writer, cfg train.Config, res *train.Result) {
 	if res.Interrupted {
-		fmt.Fprintf(w, "\nInterrupted at step %d of %d: %s.\n", res.Steps, res.Total, stepsText(res))
+		during := ""
+		if res.EvalInterrupted {
+			during = " (during the final evaluation)"
+		}
+		fmt.Fprintf(w, "\nInterrupted at step %d of %d%s: %s.\n", res.Steps, res.Total, during, stepsText(res))
 		reportTimes(w, res)
 		fmt.Fprintf(w, "Checkpoint: %s\n", res.Checkpoint)
+		if res.Export != "" {
+			fmt.Fprintf(w, "Hugging Face export: %s\n", res.Export)
+		}
 		if res.Plot != "" {
 			fmt.Fprintf(w, "Loss plot:  %s\n", res.Plot)
 		}
@@ -233,7 +245,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "  final train loss  %.4f\n", res.TrainLoss)
 	}
 	if res.EvalLoss == res.EvalLoss {
-		fmt.Fprintf(w, "  eval loss         %.4f\n", res.EvalLoss)
+		fmt.Fprintf(w, "  eval loss         %.4f (perplexity %.4g)\n", res.EvalLoss, math.Exp(res.EvalLoss))
 	}
 	if res.ExactMatch == res.ExactMatch {
 		fmt.Fprintf(w, "  eval exact match  %.1f%% (greedy generation on held-out prompts)\n", 100*res.ExactMatch)
