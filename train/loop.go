@@ -240,7 +240,7 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	if err := r.report.write(rec); err != nil {
 		return diskHint(err)
 	}
-	r.report.progress(r.step, loss, runRate)
+	r.report.progress(r.step, loss, lr, runRate)
 	return faults.Point("step", "")
 }
 

@@ -54,10 +54,11 @@ func (p *reporter) showProgress(out *os.File, steps int) {
 	p.prog = metrics.NewProgress(out, steps, p.log)
 }
 
-// progress shows the step just recorded, with this process's throughput.
-func (p *reporter) progress(step int, loss, rate float64) {
+// progress shows the step just recorded, with its learning rate and this
+// process's throughput.
+func (p *reporter) progress(step int, loss, lr, rate float64) {
 	if p.prog != nil {
-		p.prog.Update(step, loss, rate)
+		p.prog.Update(step, loss, lr, rate)
 	}
 }
 

@@ -1,0 +1,57 @@
+// Tests of what a run reports as the built command prints it: the
+// learning rate in the progress lines, and the measured peak memory
+// beside the plan in the summary.
+
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// reportRun runs four steps of the tiny preset as a child process (its
+// stderr a pipe, so the progress display writes log lines) and returns
+// its stdout and stderr.
+func reportRun(t *testing.T, extra ...string) (string, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the command as a child process")
+	}
+	args := append([]string{"--steps", "4", "--warmup", "2", "--batch", "4", "--data", "builtin:reverse:200",
+		"--eval-every", "0", "--threads", "1", "--out", filepath.Join(t.TempDir(), "out")}, extra...)
+	var stdout, stderr bytes.Buffer
+	cmd := startChild(t, "", args, &stdout, &stderr)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %v\nstdout:\n%s\nstderr:\n%s", args, err, stdout.String(), stderr.String())
+	}
+	return stdout.String(), stderr.String()
+}
+
+// TestProgressShowsLR: every progress line holds the step's learning
+// rate, which moves with the warmup.
+func TestProgressShowsLR(t *testing.T) {
+	_, stderr := reportRun(t)
+	lrs := map[string]bool{}
+	lines := 0
+	for _, line := range strings.Split(stderr, "\n") {
+		if !strings.Contains(line, "msg=train ") {
+			continue
+		}
+		lines++
+		m := regexp.MustCompile(` lr=([0-9.e+-]+) `).FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("a progress line has no lr=: %s", line)
+			continue
+		}
+		lrs[m[1]] = true
+	}
+	if lines == 0 {
+		t.Fatalf("no progress lines in stderr:\n%s", stderr)
+	}
+	if len(lrs) < 2 {
+		t.Errorf("the progress lines show one learning rate, %v, through warmup and decay:\n%s", lrs, stderr)
+	}
+}
