@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -54,4 +55,35 @@ func TestProgressShowsLR(t *testing.T) {
 	if len(lrs) < 2 {
 		t.Errorf("the progress lines show one learning rate, %v, through warmup and decay:\n%s", lrs, stderr)
 	}
+}
+
+// TestSummaryMemory: the summary shows the measured peak device memory
+// beside the plan and the budget, within the budget, and the process's
+// resident peak beside the host plan.
+func TestSummaryMemory(t *testing.T) {
+	stdout, _ := reportRun(t, "--device-mem", "64MiB")
+	dev := regexp.MustCompile(`\n  device memory +peak ([0-9.]+) MiB measured \(allocated by the backend\), ([0-9.]+) MiB planned, budget ([0-9.]+) MiB\n`).
+		FindStringSubmatch(stdout)
+	host := regexp.MustCompile(`\n  host memory +peak ([0-9.]+) MiB resident \(the process's VmHWM[^)]*\), ([0-9.]+) MiB planned`).
+		FindStringSubmatch(stdout)
+	if dev == nil || host == nil {
+		t.Fatalf("the summary has no device or host memory line:\n%s", stdout)
+	}
+	peak, planned, budget := mibOf(t, dev[1]), mibOf(t, dev[2]), mibOf(t, dev[3])
+	if peak <= 0 || peak > budget || budget != 64 || planned <= 0 {
+		t.Errorf("device memory: peak %v MiB, planned %v, budget %v (want 0 < peak <= budget = 64):\n%s", peak, planned, budget, stdout)
+	}
+	if resident, hostPlanned := mibOf(t, host[1]), mibOf(t, host[2]); resident < peak || hostPlanned <= 0 {
+		// The cpu backend's device memory is the process's.
+		t.Errorf("host memory: resident peak %v MiB below the device's %v, or planned %v:\n%s", resident, peak, hostPlanned, stdout)
+	}
+}
+
+func mibOf(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
