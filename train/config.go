@@ -47,6 +47,8 @@ type Config struct {
 	EvalFraction    float64 // --eval-fraction: share of the data held out
 	EvalGenerate    int     // --eval-generate: held-out prompts scored by exact match per eval
 	CheckpointEvery int     // --checkpoint-every: steps between checkpoints (0: only at the end)
+	KeepCheckpoints int     // --keep-checkpoints: checkpoints kept, the latest and step-numbered ones in <out>/checkpoints/ (0 or 1: the latest only)
+	ExportEvery     int     // --export-every: steps between Hugging Face exports into <out>/hf-step-NNNNNN/ (0: only the final hf/)
 	Resume          bool    // --resume: continue from <out>/checkpoint.safetensors
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
@@ -103,7 +105,7 @@ func Defaults() Config {
 		Model: "tiny", Data: "builtin:sort", Batch: 32, SeqLen: 24, GradAccum: 1,
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
-		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
+		CheckpointEvery: 200, KeepCheckpoints: 1, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
@@ -252,6 +254,8 @@ func (c Config) Validate() error {
 	check(c.EvalFraction >= 0 && c.EvalFraction < 1, "eval-fraction", "must be in [0, 1), got %g", c.EvalFraction)
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.CheckpointEvery >= 0, "checkpoint-every", "must be >= 0, got %d", c.CheckpointEvery)
+	check(c.KeepCheckpoints >= 0, "keep-checkpoints", "must be >= 0 (0 and 1: the latest only), got %d", c.KeepCheckpoints)
+	check(c.ExportEvery >= 0, "export-every", "must be >= 0, got %d", c.ExportEvery)
 	if err := device.Check(c.Device); err != nil {
 		errs = append(errs, flagErr("device", "%v", err))
 	}

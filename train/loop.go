@@ -244,8 +244,9 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 	return faults.Point("step", "")
 }
 
-// periodic evaluates and checkpoints when --eval-every and
-// --checkpoint-every say so; the last step's are finish's.
+// periodic evaluates, checkpoints and exports when --eval-every,
+// --checkpoint-every and --export-every say so; the last step's are
+// finish's.
 func (r *run) periodic(res *Result) error {
 	if r.step >= r.cfg.Steps {
 		return nil
@@ -257,7 +258,12 @@ func (r *run) periodic(res *Result) error {
 		r.lastEval = r.step
 	}
 	if r.cfg.CheckpointEvery > 0 && r.step%r.cfg.CheckpointEvery == 0 {
-		return r.saveCheckpoint()
+		if err := r.saveCheckpoint(); err != nil {
+			return err
+		}
+	}
+	if r.cfg.ExportEvery > 0 && r.step%r.cfg.ExportEvery == 0 {
+		return r.world.rank0Only(r.exportStep)
 	}
 	return nil
 }

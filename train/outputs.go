@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
-	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
@@ -54,7 +53,7 @@ func (r *run) checkOut() error {
 
 // previousOutputs are the files and directories of a run's outputs that
 // --overwrite removes before a new run starts in the same --out.
-var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf"}
+var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf", "checkpoints", "hf-step-*"}
 
 // prepareOut creates --out, removes what a killed run's atomic writes
 // left there, and with --overwrite (and no --resume) the outputs of the
@@ -71,6 +70,11 @@ func (r *run) prepareOut() error {
 	if err != nil {
 		return flagErr("out", "%v", err)
 	}
+	if more, err := atomicfile.Clean(keptDir(r.cfg.Out)); err == nil {
+		removed = append(removed, more...)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return flagErr("out", "%v", err)
+	}
 	if len(removed) > 0 {
 		r.log.Info("removed the leftovers of an interrupted write", "out", r.cfg.Out, "names", removed)
 	}
@@ -78,14 +82,13 @@ func (r *run) prepareOut() error {
 		return nil
 	}
 	for _, name := range previousOutputs {
-		p := filepath.Join(r.cfg.Out, name)
-		if _, err := os.Lstat(p); err != nil {
-			continue
+		ps, _ := filepath.Glob(filepath.Join(r.cfg.Out, name)) // the patterns are well formed
+		for _, p := range ps {
+			if err := os.RemoveAll(p); err != nil {
+				return flagErr("out", "--overwrite: %v", err)
+			}
+			r.log.Info("--overwrite: removed an earlier run's output", "path", p)
 		}
-		if err := os.RemoveAll(p); err != nil {
-			return flagErr("out", "--overwrite: %v", err)
-		}
-		r.log.Info("--overwrite: removed an earlier run's output", "path", p)
 	}
 	return nil
 }
@@ -99,18 +102,9 @@ func (r *run) export(res *Result) error {
 		r.log.Info("interrupted: checkpoint saved; continue with --resume", "step", r.step, "checkpoint", res.Checkpoint)
 		return r.plot(res)
 	}
-	defer releaseHost() // the writer's buffers
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	// Straight from the device, a chunk at a time through the staging
-	// buffer (catalog.ExportBytes on the host, not the model), as a whole
-	// directory, with the files of the tokenizer the run trained with
-	// (those of src, the directory --model named, when it came from
-	// there).
-	end := phase("export")
-	err := catalog.ExportTensor(r.mc, res.Export, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
-	end()
-	if err != nil {
-		return diskHint(err)
+	if err := r.exportTo(res.Export); err != nil {
+		return err
 	}
 	return r.plot(res)
 }

@@ -92,6 +92,8 @@ type resumeAllowed struct {
 	EvalEvery       int `flag:"eval-every"`
 	EvalGenerate    int `flag:"eval-generate"`
 	CheckpointEvery int `flag:"checkpoint-every"`
+	KeepCheckpoints int `flag:"keep-checkpoints"`
+	ExportEvery     int `flag:"export-every"`
 	// The weights come from the checkpoint; checkpoint.Load refuses one
 	// of another architecture.
 	Model string `flag:"model"`
