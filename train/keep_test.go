@@ -84,9 +84,28 @@ func TestKeepAndExportEvery(t *testing.T) {
 	if len(ents) != 2 || ents[1].Name() != "step-000010.safetensors" {
 		t.Errorf("after a resume with --keep-checkpoints 2: %v", ents)
 	}
+	// Each process wrote its own TensorBoard events file; the resumed
+	// one's starts the session again after its checkpoint.
+	tb, _ := filepath.Glob(filepath.Join(c.Out, "tb", "events.out.tfevents.*"))
+	if len(tb) != 2 {
+		t.Fatalf("events files %v, want one per process", tb)
+	}
+	tb0 := tb[0]
+	for _, f := range tb {
+		evs, err := metrics.ReadTB(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) > 1 && evs[1].SessionStart && evs[1].Step == 9 && evs[len(evs)-1].Step == 10 {
+			tb = nil
+		}
+	}
+	if tb != nil {
+		t.Errorf("no events file starts a session at step 9 and ends at step 10")
+	}
 	c.Resume, c.Overwrite, c.Steps, c.KeepCheckpoints, c.ExportEvery = false, true, 2, 1, 0
 	mustRun(t, context.Background(), c, Options{})
-	for _, p := range []string{keptDir(c.Out), stepExportDir(c.Out, 4)} {
+	for _, p := range []string{keptDir(c.Out), stepExportDir(c.Out, 4), filepath.Join(c.Out, "tb", filepath.Base(tb0))} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("--overwrite left %s (%v)", p, err)
 		}

@@ -53,7 +53,7 @@ func (r *run) checkOut() error {
 
 // previousOutputs are the files and directories of a run's outputs that
 // --overwrite removes before a new run starts in the same --out.
-var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf", "checkpoints", "hf-step-*"}
+var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf", "checkpoints", "hf-step-*", "tb"}
 
 // prepareOut creates --out, removes what a killed run's atomic writes
 // left there, and with --overwrite (and no --resume) the outputs of the

@@ -1,6 +1,7 @@
-// What the run reports as it goes: metrics.jsonl (rank 0's), the progress
-// display, and log lines that go through the display when there is one so
-// that the bar is not garbled.
+// What the run reports as it goes: metrics.jsonl and the same scalars as
+// a TensorBoard events file in tb/ (rank 0's), the progress display, and
+// log lines that go through the display when there is one so that the
+// bar is not garbled.
 //
 // Limits: ranks other than 0 write no metrics and show no progress; the
 // metrics are cut back to the resumed step on --resume.
@@ -31,6 +32,10 @@ func (r *run) openMetrics() error {
 	if r.world.rank0() {
 		var err error
 		if r.report.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
+			return diskHint(err)
+		}
+		// The same scalars for `tensorboard --logdir <out>/tb`.
+		if err := r.report.mw.TensorBoard(filepath.Join(r.cfg.Out, "tb"), r.resumedAt); err != nil {
 			return diskHint(err)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -244,6 +245,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: AutoModelForCausalLM.from_pretrained)\n", res.Export)
 	fmt.Fprintf(w, "  %-40s checkpoint for --resume\n", res.Checkpoint)
 	fmt.Fprintf(w, "  %-40s metrics, one JSON object per line\n", res.Metrics)
+	fmt.Fprintf(w, "  %-40s the same for TensorBoard (tensorboard --logdir %[1]s)\n", filepath.Join(res.Out, "tb"))
 	if res.Plot != "" {
 		fmt.Fprintf(w, "  %-40s loss curves\n", res.Plot)
 	}

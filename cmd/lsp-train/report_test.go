@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
 // reportRun runs four steps of the tiny preset as a child process (its
@@ -86,4 +88,46 @@ func mibOf(t *testing.T, s string) float64 {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// TestTensorBoardEvents: a run writes <out>/tb/events.out.tfevents.*
+// holding every step's train loss and learning rate of metrics.jsonl.
+func TestTensorBoardEvents(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	reportRun(t, "--out", out)
+	files, _ := filepath.Glob(filepath.Join(out, "tb", "events.out.tfevents.*"))
+	if len(files) != 1 {
+		t.Fatalf("events files %v, want one", files)
+	}
+	evs, err := metrics.ReadTB(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[int64]float32{}
+	for _, ev := range evs {
+		for _, s := range ev.Scalars {
+			if got[s.Tag] == nil {
+				got[s.Tag] = map[int64]float32{}
+			}
+			got[s.Tag][ev.Step] = s.Value
+		}
+	}
+	recs, err := metrics.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := 0
+	for _, r := range recs {
+		if r.TrainLoss == nil {
+			continue
+		}
+		steps++
+		s := int64(r.Step)
+		if got["train/loss"][s] != float32(*r.TrainLoss) || got["train/learning_rate"][s] != float32(*r.LR) {
+			t.Errorf("step %d: events hold loss %v, lr %v; metrics.jsonl %v, %v", s, got["train/loss"][s], got["train/learning_rate"][s], *r.TrainLoss, *r.LR)
+		}
+	}
+	if steps != 4 || len(got["eval/loss"]) != 1 {
+		t.Errorf("%d train steps in metrics.jsonl, eval losses in the events %v", steps, got["eval/loss"])
+	}
 }
