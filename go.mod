@@ -12,6 +12,7 @@ require (
 	golang.org/x/term v0.47.0
 	golang.org/x/text v0.28.0
 	gonum.org/v1/plot v0.17.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (

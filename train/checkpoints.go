@@ -54,7 +54,7 @@ func (r *run) writeCheckpoint() error {
 	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
-	return nil
+	return r.keepCheckpoint()
 }
 
 // resume restores the checkpoint in --out after checking that it was

@@ -49,6 +49,8 @@ type Config struct {
 	EvalTokens      int     // --eval-tokens: held-out tokens (rows x --seq-len) of the eval loss, at most
 	EvalMaxNew      int     // --eval-max-new: exact match scores prompts whose response fits this many new tokens
 	CheckpointEvery int     // --checkpoint-every: steps between checkpoints (0: only at the end)
+	KeepCheckpoints int     // --keep-checkpoints: checkpoints kept, the latest and step-numbered ones in <out>/checkpoints/ (0 or 1: the latest only)
+	ExportEvery     int     // --export-every: steps between Hugging Face exports into <out>/hf-step-NNNNNN/ (0: only the final hf/)
 	Resume          bool    // --resume: continue from <out>/checkpoint.safetensors
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
@@ -118,7 +120,7 @@ func Defaults() Config {
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		EvalTokens: DefaultEvalTokens, EvalMaxNew: DefaultEvalMaxNew,
-		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
+		CheckpointEvery: 200, KeepCheckpoints: 1, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
@@ -269,6 +271,8 @@ func (c Config) Validate() error {
 	check(c.EvalTokens >= 0, "eval-tokens", "must be >= 0 (0: the whole held-out set), got %d", c.EvalTokens)
 	check(c.EvalMaxNew >= 0, "eval-max-new", "must be >= 0 (0: no limit), got %d", c.EvalMaxNew)
 	check(c.CheckpointEvery >= 0, "checkpoint-every", "must be >= 0, got %d", c.CheckpointEvery)
+	check(c.KeepCheckpoints >= 0, "keep-checkpoints", "must be >= 0 (0 and 1: the latest only), got %d", c.KeepCheckpoints)
+	check(c.ExportEvery >= 0, "export-every", "must be >= 0, got %d", c.ExportEvery)
 	if err := device.Check(c.Device); err != nil {
 		errs = append(errs, flagErr("device", "%v", err))
 	}

@@ -253,14 +253,15 @@ func (r *run) recordStep(loss, lr, stepRate, runRate float64) error {
 		return diskHint(err)
 	}
 	r.report.tail(time.Duration(float64(r.evalsFrom(r.step)) * r.evalSeconds() * float64(time.Second)))
-	r.report.progress(r.step, loss, runRate)
+	r.report.progress(r.step, loss, lr, runRate)
 	return faults.Point("step", "")
 }
 
-// periodic evaluates and checkpoints when --eval-every and
-// --checkpoint-every say so; the last step's are finish's. An evaluation
-// stopped by Ctrl-C records nothing; the loop then stops before the next
-// step, after the checkpoint that finish writes.
+// periodic evaluates, checkpoints and exports when --eval-every,
+// --checkpoint-every and --export-every say so; the last step's are
+// finish's. An evaluation stopped by Ctrl-C records nothing; the loop
+// then stops before the next step, after the checkpoint that finish
+// writes.
 func (r *run) periodic(ctx context.Context, res *Result) error {
 	if r.step >= r.cfg.Steps {
 		return nil
@@ -275,7 +276,12 @@ func (r *run) periodic(ctx context.Context, res *Result) error {
 		r.lastEval = r.step
 	}
 	if r.cfg.CheckpointEvery > 0 && r.step%r.cfg.CheckpointEvery == 0 {
-		return r.saveCheckpoint()
+		if err := r.saveCheckpoint(); err != nil {
+			return err
+		}
+	}
+	if r.cfg.ExportEvery > 0 && r.step%r.cfg.ExportEvery == 0 {
+		return r.world.rank0Only(r.exportStep)
 	}
 	return nil
 }

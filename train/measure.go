@@ -1,13 +1,21 @@
 // What a run measures of its own steps: the engine's step time and link
 // traffic, the projector checks' time, and the device's high-water mark
-// (Measurements, which a comparison of runs reads), and one step's times
-// (StepTimes, for lsp-train profile).
+// (Measurements, which a comparison of runs reads), one step's times
+// (StepTimes, for lsp-train profile), and the peak device and host memory
+// beside the plan (MemoryUse, for the summary).
 //
 // Limits: only this process's steps are measured, not those before a
 // resume; the engine's time leaves out the data, the checks, eval and
-// checkpoints.
+// checkpoints; the device peak is what the backend allocated (not the
+// driver's or the kernels' own), the host peak is known on Linux only.
 
 package train
+
+import (
+	"os"
+	"strconv"
+	"strings"
+)
 
 // Measurements are what a run measured of its own steps in this process,
 // beside the plan it was checked against: the figures a comparison of
@@ -85,4 +93,65 @@ func (r *run) measurements() Measurements {
 		m.LinkBytesPerStep = float64(r.meter.stepLink) / float64(n)
 	}
 	return m
+}
+
+// MemoryUse is a process's measured peak memory beside its plan (the
+// summary's memory line): the device's as its backend counts it, the
+// host's as the kernel does.
+type MemoryUse struct {
+	// DevicePeak is the backend's high-water mark of the device memory
+	// allocated through it (MemStats.HighWater), DevicePlanned the
+	// plan's device total, DeviceBudget the backend's budget (0:
+	// unlimited; --device-mem).
+	DevicePeak, DevicePlanned, DeviceBudget int64
+	// HostPeak is the process's resident peak (VmHWM of
+	// /proc/self/status: everything the process held at once, the Go
+	// runtime and the binary included), 0 where it is unknown (not
+	// Linux); HostPlanned is the plan's host peak (Memory.HostPeak),
+	// which counts what the run allocates over the process's own at
+	// start-up.
+	HostPeak, HostPlanned int64
+	// DeviceOnHost says the device memory is host memory (the cpu
+	// backend): HostPeak and HostPlanned include it.
+	DeviceOnHost bool
+}
+
+// memoryUse measures the run's peak memory so far beside its plan.
+func (r *run) memoryUse() MemoryUse {
+	m := MemoryUse{DevicePlanned: r.memory.DeviceTotal(), HostPlanned: r.memory.HostPeak(), DeviceOnHost: r.memory.DeviceOnHost}
+	if r.be != nil {
+		ms := r.be.MemStats()
+		m.DevicePeak, m.DeviceBudget = ms.HighWater, ms.Budget
+	}
+	m.HostPeak, _ = residentPeak()
+	return m
+}
+
+// statusPath is where residentPeak reads; a variable for tests.
+var statusPath = "/proc/self/status"
+
+// residentPeak is the most resident memory this process has held since it
+// started (VmHWM of /proc/self/status, in bytes), and false where that is
+// unknown (not Linux).
+func residentPeak() (int64, bool) {
+	raw, err := os.ReadFile(statusPath)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		rest, ok := strings.CutPrefix(line, "VmHWM:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, false
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb < 0 {
+			return 0, false
+		}
+		return kb << 10, true
+	}
+	return 0, false
 }

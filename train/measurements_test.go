@@ -7,6 +7,7 @@ package train
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -92,6 +93,13 @@ func TestRunMeasurements(t *testing.T) {
 			if m.DevicePeak <= 0 || m.DevicePeak > p.DeviceTotal() {
 				t.Errorf("DevicePeak %d, want in (0, plan %d]", m.DevicePeak, p.DeviceTotal())
 			}
+			// The summary's figures: the same peak beside the plan, and
+			// the process's resident peak (Linux).
+			if u := res.Memory; u.DevicePeak != m.DevicePeak || u.DevicePlanned != p.DeviceTotal() ||
+				u.HostPlanned != p.HostPeak() || !u.DeviceOnHost || u.HostPeak < u.DevicePeak {
+				t.Errorf("Result.Memory %+v, want device peak %d, planned %d, host planned %d, resident above the device's",
+					u, m.DevicePeak, p.DeviceTotal(), p.HostPeak())
+			}
 			link := float64(p.LinkD2H + p.LinkH2D + p.BatchD2H + p.BatchH2D)
 			if m.LinkBytesPerStep != link {
 				t.Errorf("LinkBytesPerStep %v, want the plan's %v", m.LinkBytesPerStep, link)
@@ -122,5 +130,30 @@ func TestRunMeasurements(t *testing.T) {
 				t.Errorf("%d step-0 evals after a resume, want 1", zeros)
 			}
 		})
+	}
+}
+
+// TestResidentPeak reads VmHWM from a status file, and says when there is
+// none to read.
+func TestResidentPeak(t *testing.T) {
+	old := statusPath
+	defer func() { statusPath = old }()
+	for _, tc := range []struct {
+		status string
+		want   int64
+		ok     bool
+	}{
+		{"Name:\tlsp-train\nVmPeak:\t  900 kB\nVmHWM:\t    1234 kB\nVmRSS:\t  1000 kB\n", 1234 << 10, true},
+		{"Name:\tlsp-train\n", 0, false},
+		{"VmHWM:\t12 MB\n", 0, false},
+	} {
+		statusPath = writeFile(t, filepath.Join(t.TempDir(), "status"), tc.status)
+		if got, ok := residentPeak(); got != tc.want || ok != tc.ok {
+			t.Errorf("residentPeak of %q = %d, %v; want %d, %v", tc.status, got, ok, tc.want, tc.ok)
+		}
+	}
+	statusPath = filepath.Join(t.TempDir(), "none")
+	if _, ok := residentPeak(); ok {
+		t.Errorf("residentPeak without a status file says it knows")
 	}
 }

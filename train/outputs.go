@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
-	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
@@ -54,7 +53,7 @@ func (r *run) checkOut() error {
 
 // previousOutputs are the files and directories of a run's outputs that
 // --overwrite removes before a new run starts in the same --out.
-var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf"}
+var previousOutputs = []string{checkpoint.FileName, "metrics.jsonl", "loss.png", "hf", "checkpoints", "hf-step-*", "tb"}
 
 // prepareOut creates --out, removes what a killed run's atomic writes
 // left there, and with --overwrite (and no --resume) the outputs of the
@@ -71,6 +70,11 @@ func (r *run) prepareOut() error {
 	if err != nil {
 		return flagErr("out", "%v", err)
 	}
+	if more, err := atomicfile.Clean(keptDir(r.cfg.Out)); err == nil {
+		removed = append(removed, more...)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return flagErr("out", "%v", err)
+	}
 	if len(removed) > 0 {
 		r.log.Info("removed the leftovers of an interrupted write", "out", r.cfg.Out, "names", removed)
 	}
@@ -78,14 +82,13 @@ func (r *run) prepareOut() error {
 		return nil
 	}
 	for _, name := range previousOutputs {
-		p := filepath.Join(r.cfg.Out, name)
-		if _, err := os.Lstat(p); err != nil {
-			continue
+		ps, _ := filepath.Glob(filepath.Join(r.cfg.Out, name)) // the patterns are well formed
+		for _, p := range ps {
+			if err := os.RemoveAll(p); err != nil {
+				return flagErr("out", "--overwrite: %v", err)
+			}
+			r.log.Info("--overwrite: removed an earlier run's output", "path", p)
 		}
-		if err := os.RemoveAll(p); err != nil {
-			return flagErr("out", "--overwrite: %v", err)
-		}
-		r.log.Info("--overwrite: removed an earlier run's output", "path", p)
 	}
 	return nil
 }
@@ -94,17 +97,8 @@ func (r *run) prepareOut() error {
 func (r *run) export(res *Result) error {
 	t0 := time.Now()
 	defer func() { r.times.Export += time.Since(t0) }()
-	defer releaseHost() // the writer's buffers
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	// Straight from the device, a chunk at a time through the staging
-	// buffer (catalog.ExportBytes on the host, not the model), as a whole
-	// directory, with the files of the tokenizer the run trained with
-	// (those of src, the directory --model named, when it came from
-	// there).
-	end := phase("export")
-	err := catalog.ExportTensor(r.mc, res.Export, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
-	end()
-	return diskHint(err)
+	return r.exportTo(res.Export)
 }
 
 // plot draws the loss curves of metrics.jsonl into loss.png, also for an

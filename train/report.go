@@ -1,6 +1,7 @@
-// What the run reports as it goes: metrics.jsonl (rank 0's), the progress
-// display, and log lines that go through the display when there is one so
-// that the bar is not garbled.
+// What the run reports as it goes: metrics.jsonl and the same scalars as
+// a TensorBoard events file in tb/ (rank 0's), the progress display, and
+// log lines that go through the display when there is one so that the
+// bar is not garbled.
 //
 // Limits: ranks other than 0 write no metrics and show no progress; the
 // metrics are cut back to the resumed step on --resume.
@@ -34,6 +35,10 @@ func (r *run) openMetrics() error {
 		if r.report.mw, err = metrics.Create(r.metricsPath(), r.resumedAt); err != nil {
 			return diskHint(err)
 		}
+		// The same scalars for `tensorboard --logdir <out>/tb`.
+		if err := r.report.mw.TensorBoard(filepath.Join(r.cfg.Out, "tb"), r.resumedAt); err != nil {
+			return diskHint(err)
+		}
 	}
 	r.log.Info("model", append(append([]any{"model", r.cfg.Model, "family", r.mc.Family()}, r.mc.Describe()...),
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
@@ -55,10 +60,11 @@ func (p *reporter) showProgress(out *os.File, steps int) {
 	p.prog = metrics.NewProgress(out, steps, p.log)
 }
 
-// progress shows the step just recorded, with this process's throughput.
-func (p *reporter) progress(step int, loss, rate float64) {
+// progress shows the step just recorded, with its learning rate and this
+// process's throughput.
+func (p *reporter) progress(step int, loss, lr, rate float64) {
 	if p.prog != nil {
-		p.prog.Update(step, loss, rate)
+		p.prog.Update(step, loss, lr, rate)
 	}
 }
 

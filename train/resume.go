@@ -94,6 +94,8 @@ type resumeAllowed struct {
 	EvalTokens      int `flag:"eval-tokens"`
 	EvalMaxNew      int `flag:"eval-max-new"`
 	CheckpointEvery int `flag:"checkpoint-every"`
+	KeepCheckpoints int `flag:"keep-checkpoints"`
+	ExportEvery     int `flag:"export-every"`
 	// The weights come from the checkpoint; checkpoint.Load refuses one
 	// of another architecture.
 	Model string `flag:"model"`

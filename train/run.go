@@ -67,6 +67,8 @@ type Result struct {
 	CommBytesPerStep float64
 	// Comm is what each step all-reduced (with several ranks).
 	Comm engine.CommStep
+	// Memory is this process's measured peak memory beside its plan.
+	Memory MemoryUse
 }
 
 // Times are the wall times of a run's phases in this process. Elapsed
@@ -176,6 +178,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Result, error) {
 		res.Comm = r.eng.CommPerStep()
 	}
 	res.CommBytesPerStep = r.meter.commPerStep()
+	res.Memory = r.memoryUse()
 	if opts.Measurements != nil {
 		*opts.Measurements = r.measurements()
 	}

@@ -47,8 +47,10 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.IntVar(&c.EvalTokens, "eval-tokens", c.EvalTokens, "held-out tokens (rows x --seq-len) the eval loss reads, at most: evenly spaced rows of the held-out set (0: all of it)")
 	fs.IntVar(&c.EvalMaxNew, "eval-max-new", c.EvalMaxNew, "exact match scores the held-out prompts whose response fits this many new tokens, the others are left out (0: no limit)")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", c.CheckpointEvery, "steps between checkpoints (0: only at the end)")
+	fs.IntVar(&c.KeepCheckpoints, "keep-checkpoints", c.KeepCheckpoints, "checkpoints kept: with N > 1 each checkpoint also gets a step-numbered name in <out>/checkpoints/ (a hard link: no extra write), the N newest kept; --resume reads the latest, so to go back to an older one run ln -f out/checkpoints/step-NNNNNN.safetensors out/checkpoint.safetensors (not cp, which would write into the newest)")
+	fs.IntVar(&c.ExportEvery, "export-every", c.ExportEvery, "steps between Hugging Face exports into <out>/hf-step-NNNNNN/ (0: only the final one, <out>/hf/)")
 	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors (the run's settings must match the checkpoint's, except the length, eval and checkpoint cadence, and where it runs)")
-	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot and hf/")
+	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot, hf/, checkpoints/ and hf-step-*/")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
 	fs.Var(&c.Device, "device", deviceUsage())
@@ -152,6 +154,8 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"overwrite", groupOutput},
 	{"resume", groupOutput},
 	{"checkpoint-every", groupOutput},
+	{"keep-checkpoints", groupOutput},
+	{"export-every", groupOutput},
 	{"device", groupDevice},
 	{"device-mem", groupDevice},
 	{"host-mem", groupDevice},

@@ -26,6 +26,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -226,6 +227,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 		}
 		fmt.Fprintf(w, "\nInterrupted at step %d of %d%s: %s.\n", res.Steps, res.Total, during, stepsText(res))
 		reportTimes(w, res)
+		reportMemory(w, res.Memory)
 		fmt.Fprintf(w, "Checkpoint: %s\n", res.Checkpoint)
 		if res.Export != "" {
 			fmt.Fprintf(w, "Hugging Face export: %s\n", res.Export)
@@ -238,6 +240,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	}
 	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
 	reportTimes(w, res)
+	reportMemory(w, res.Memory)
 	if res.Ranks > 1 {
 		reportComm(w, cfg, res)
 	}
@@ -254,6 +257,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: AutoModelForCausalLM.from_pretrained)\n", res.Export)
 	fmt.Fprintf(w, "  %-40s checkpoint for --resume\n", res.Checkpoint)
 	fmt.Fprintf(w, "  %-40s metrics, one JSON object per line\n", res.Metrics)
+	fmt.Fprintf(w, "  %-40s the same for TensorBoard (tensorboard --logdir %[1]s)\n", filepath.Join(res.Out, "tb"))
 	if res.Plot != "" {
 		fmt.Fprintf(w, "  %-40s loss curves\n", res.Plot)
 	}
@@ -300,6 +304,36 @@ func reportTimes(w io.Writer, res *train.Result) {
 	}
 	fmt.Fprintf(w, "  other phases      %s\n", strings.Join(other, ", "))
 	fmt.Fprintf(w, "  wall time         %s\n", duration(res.Elapsed))
+}
+
+// reportMemory prints the measured peak device and host memory of this
+// process beside the plan the run was checked against, so that a user
+// sees how close the plan was and what headroom is left.
+func reportMemory(w io.Writer, m train.MemoryUse) {
+	budget := ""
+	if m.DeviceBudget > 0 {
+		budget = ", budget " + bytesText(m.DeviceBudget)
+	}
+	fmt.Fprintf(w, "  device memory     peak %s measured (allocated by the backend), %s planned%s\n",
+		bytesText(m.DevicePeak), bytesText(m.DevicePlanned), budget)
+	if m.HostPeak <= 0 {
+		fmt.Fprintf(w, "  host memory       %s planned (the resident peak is measured on Linux only)\n", bytesText(m.HostPlanned))
+		return
+	}
+	onHost := ""
+	if m.DeviceOnHost {
+		onHost = ", the cpu backend's device memory included"
+	}
+	fmt.Fprintf(w, "  host memory       peak %s resident (the process's VmHWM%s), %s planned over the process's own at start-up\n",
+		bytesText(m.HostPeak), onHost, bytesText(m.HostPlanned))
+}
+
+// bytesText writes a byte count in GiB from 1 GiB on, in MiB below.
+func bytesText(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 // duration rounds d to what a person reads: milliseconds below a second,

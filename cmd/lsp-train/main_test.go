@@ -416,7 +416,7 @@ func TestResumeCommand(t *testing.T) {
 	}
 	// One tokens/s: the last progress line's is the summary's.
 	var last string
-	for _, m := range regexp.MustCompile(`msg=train step=\d+ total=5 loss=\S+ tok_s=(\d+)`).FindAllStringSubmatch(stderr, -1) {
+	for _, m := range regexp.MustCompile(`msg=train step=\d+ total=5 loss=\S+ lr=\S+ tok_s=(\d+)`).FindAllStringSubmatch(stderr, -1) {
 		last = m[1]
 	}
 	if last == "" || !strings.Contains(stdout, ", "+last+" tokens/s") {

@@ -105,6 +105,20 @@ type Writer struct {
 	// evalAt is the latest step of an eval record kept on resume (-1:
 	// none).
 	evalAt int
+	tb     *TBWriter // the same records for TensorBoard (nil: none)
+}
+
+// TensorBoard makes w also write its records into a TensorBoard events
+// file of this process in dir (CreateTB; resumeStep as for Create).
+func (w *Writer) TensorBoard(dir string, resumeStep int) error {
+	tb, err := CreateTB(dir, resumeStep)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tb = tb
+	return nil
 }
 
 // Create opens path for writing metrics. With resumeStep < 0 it starts a new
@@ -201,6 +215,9 @@ func (w *Writer) Write(r Record) error {
 		return fmt.Errorf("metrics: write %s: %w", w.path, err)
 	}
 	w.size += int64(len(b))
+	if w.tb != nil {
+		return w.tb.Write(r)
+	}
 	return nil
 }
 
@@ -232,6 +249,10 @@ func (w *Writer) Close() error {
 	}
 	err := w.f.Close()
 	w.f = nil
+	if w.tb != nil {
+		err = errors.Join(err, w.tb.Close())
+		w.tb = nil
+	}
 	if err != nil {
 		return fmt.Errorf("metrics: close %s: %w", w.path, err)
 	}

@@ -1,6 +1,6 @@
 // progress.go: a training progress display. On a terminal it redraws one
-// status line in place ("step 120/600 [=====>    ] loss 1.234 | 5.1k tok/s |
-// ETA 1m32s"); elsewhere (a pipe, a log file) it emits a slog line every
+// status line in place ("step 120/600 [=====>    ] loss 1.234 | lr 0.0003 |
+// 5.1k tok/s | ETA 1m32s"); elsewhere (a pipe, a log file) it emits a slog line every
 // ~2% of the run.
 //
 // Between steps and after them, Task shows work that is not a step (an
@@ -24,6 +24,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -84,9 +85,10 @@ func NewProgress(w *os.File, total int, logger *slog.Logger) *Progress {
 	return p
 }
 
-// Update reports that step (1-based, out of total) finished with this loss
-// and throughput. Steps must not go backwards; a repeated step only redraws.
-func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
+// Update reports that step (1-based, out of total) finished with this loss,
+// learning rate and throughput. Steps must not go backwards; a repeated
+// step only redraws.
+func (p *Progress) Update(step int, loss, lr, tokensPerSec float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -104,7 +106,7 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 	}
 	last := p.total > 0 && step >= p.total
 	if p.tty {
-		p.line = statusLine(step, p.total, loss, tokensPerSec, eta, p.barWidth())
+		p.line = statusLine(step, p.total, loss, lr, tokensPerSec, eta, p.barWidth())
 		if last || !p.drawn || now.Sub(p.lastDraw) >= redrawEvery {
 			p.draw(now)
 		}
@@ -117,7 +119,7 @@ func (p *Progress) Update(step int, loss float64, tokensPerSec float64) {
 		p.nextLog = (step/p.every + 1) * p.every
 		// Four decimals, as the eval lines: a float64's 16 digits are noise.
 		p.logger.Info("train", "step", step, "total", p.total, "loss", fmt.Sprintf("%.4f", loss),
-			"tok_s", math.Round(tokensPerSec), "eta", formatDuration(eta))
+			"lr", formatLR(lr), "tok_s", math.Round(tokensPerSec), "eta", formatDuration(eta))
 	}
 }
 
@@ -245,7 +247,7 @@ func (p *Progress) eta(step int) time.Duration {
 }
 
 // statusLine formats the terminal line; width 0 leaves the bar out.
-func statusLine(step, total int, loss, tps float64, eta time.Duration, width int) string {
+func statusLine(step, total int, loss, lr, tps float64, eta time.Duration, width int) string {
 	var b strings.Builder
 	if total > 0 {
 		fmt.Fprintf(&b, "step %d/%d", step, total)
@@ -255,7 +257,7 @@ func statusLine(step, total int, loss, tps float64, eta time.Duration, width int
 	} else {
 		fmt.Fprintf(&b, "step %d", step)
 	}
-	fmt.Fprintf(&b, " loss %.3f | %s tok/s | ETA %s", loss, formatRate(tps), formatDuration(eta))
+	fmt.Fprintf(&b, " loss %.3f | lr %s | %s tok/s | ETA %s", loss, formatLR(lr), formatRate(tps), formatDuration(eta))
 	return b.String()
 }
 
@@ -289,6 +291,11 @@ func formatDuration(d time.Duration) string {
 		return fmt.Sprintf("%dh%02dm", m/60, m%60)
 	}
 }
+
+// formatLR writes a learning rate with three significant digits, as the
+// schedule's warmup and decay change it ("0.0003", "1.5e-05"): enough to
+// see where in the schedule the run is, not the float64's noise.
+func formatLR(lr float64) string { return strconv.FormatFloat(lr, 'g', 3, 64) }
 
 // formatRate writes a rate with one decimal and an SI suffix ("950",
 // "5.1k", "12.3M").

@@ -24,7 +24,8 @@ type fakeClock struct {
 func (c *fakeClock) now() time.Time { c.t = c.t.Add(c.step); return c.t }
 
 // TestProgressLogLoss: a log line holds the loss with four decimals, not
-// a float64's 16 digits.
+// a float64's 16 digits, and the learning rate with three significant
+// digits.
 func TestProgressLogLoss(t *testing.T) {
 	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
 	if err != nil {
@@ -33,7 +34,10 @@ func TestProgressLogLoss(t *testing.T) {
 	defer f.Close()
 	var logs bytes.Buffer
 	p := NewProgress(f, 2, slog.New(slog.NewTextHandler(&logs, nil)))
-	p.Update(1, 5.460508011005543, 1944)
+	p.Update(1, 5.460508011005543, 3e-4, 1944)
+	if got := attr(logs.String(), "lr"); got != "0.0003" {
+		t.Errorf("lr logged as %q, want 0.0003: %s", got, logs.String())
+	}
 	if got := attr(logs.String(), "loss"); got != "5.4605" {
 		t.Errorf("loss logged as %q, want 5.4605: %s", got, logs.String())
 	}
@@ -66,9 +70,9 @@ func TestProgressNonTerminal(t *testing.T) {
 			clk := &fakeClock{t: time.Unix(0, 0), step: time.Second}
 			p.now = clk.now
 			for _, s := range tc.updates {
-				p.Update(s, 1.5, 5100)
+				p.Update(s, 1.5, 3e-4, 5100)
 			}
-			p.Update(tc.updates[len(tc.updates)-1], 1.5, 5100) // a repeat logs nothing
+			p.Update(tc.updates[len(tc.updates)-1], 1.5, 3e-4, 5100) // a repeat logs nothing
 			p.Done()
 			lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 			var got []string
@@ -82,7 +86,7 @@ func TestProgressNonTerminal(t *testing.T) {
 			} else if strings.Join(got, ",") != strings.Join(tc.wantSteps, ",") {
 				t.Fatalf("logged steps %v, want %v", got, tc.wantSteps)
 			}
-			for _, k := range []string{"loss", "tok_s", "eta", "total"} {
+			for _, k := range []string{"loss", "lr", "tok_s", "eta", "total"} {
 				if attr(lines[0], k) == "" {
 					t.Fatalf("line %q lacks %s", lines[0], k)
 				}
@@ -109,7 +113,7 @@ func TestProgressPipe(t *testing.T) {
 	if p.tty {
 		t.Fatal("a pipe was taken for a terminal")
 	}
-	p.Update(10, 0.5, 100)
+	p.Update(10, 0.5, 3e-4, 100)
 	p.Log("eval", "loss", 0.25)
 	if s := logs.String(); !strings.Contains(s, "step=10") || !strings.Contains(s, "msg=eval loss=0.25") {
 		t.Fatalf("logs: %s", s)
@@ -123,7 +127,7 @@ func TestProgressTerminal(t *testing.T) {
 		logger: slog.New(slog.NewTextHandler(&logs, nil)), now: clk.now}
 	p.lastTime = clk.now()
 	for s := 1; s <= 20; s++ {
-		p.Update(s, 1.234, 5100)
+		p.Update(s, 1.234, 3e-4, 5100)
 	}
 	draws := strings.Count(out.String(), "\r")
 	// 20 updates 30 ms apart span 600 ms: the first draw plus about one
@@ -143,7 +147,7 @@ func TestProgressTerminal(t *testing.T) {
 		t.Fatalf("Log did not log: %s", logs.String())
 	}
 	out.Reset()
-	p.Update(600, 0.9, 5100) // the last step always draws
+	p.Update(600, 0.9, 3e-4, 5100) // the last step always draws
 	p.Done()
 	p.Done()
 	got := out.String()
@@ -164,7 +168,7 @@ func TestETAIgnoresPause(t *testing.T) {
 		if s == 50 {
 			clk.step = 10 * time.Minute
 		}
-		p.Update(s, 1, 1)
+		p.Update(s, 1, 3e-4, 1)
 	}
 	if eta := p.eta(100); eta != 900*time.Second {
 		t.Fatalf("eta = %v, want 15m0s (900 steps x 1 s)", eta)
@@ -172,7 +176,7 @@ func TestETAIgnoresPause(t *testing.T) {
 	// Speed changes are picked up within the window.
 	for s := 101; s <= 120; s++ {
 		clk.step = 2 * time.Second
-		p.Update(s, 1, 1)
+		p.Update(s, 1, 3e-4, 1)
 	}
 	if eta := p.eta(120); eta != 880*2*time.Second {
 		t.Fatalf("eta = %v after slowdown, want %v", eta, 880*2*time.Second)
@@ -218,11 +222,11 @@ func TestFormatting(t *testing.T) {
 			t.Errorf("bar(%d,%d,%d) = %q, want %q", tc.step, tc.total, tc.width, got, tc.want)
 		}
 	}
-	want := "step 120/600 [=>        ] loss 1.234 | 5.1k tok/s | ETA 1m32s"
-	if got := statusLine(120, 600, 1.234, 5100, 92*time.Second, 10); got != want {
+	want := "step 120/600 [=>        ] loss 1.234 | lr 0.0003 | 5.1k tok/s | ETA 1m32s"
+	if got := statusLine(120, 600, 1.234, 3e-4, 5100, 92*time.Second, 10); got != want {
 		t.Errorf("statusLine = %q, want %q", got, want)
 	}
-	if got := statusLine(7, 0, 2, 10, -1, 10); got != "step 7 loss 2.000 | 10 tok/s | ETA ?" {
+	if got := statusLine(7, 0, 2, 1.5e-5, 10, -1, 10); got != "step 7 loss 2.000 | lr 1.5e-05 | 10 tok/s | ETA ?" {
 		t.Errorf("statusLine without total = %q", got)
 	}
 }
@@ -260,7 +264,7 @@ func TestProgressEvalInETA(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(0, 0), step: 2 * time.Second}
 	p.now, p.lastTime = clk.now, clk.t
 	p.SetTail(30 * time.Second)
-	p.Update(1, 1.5, 100) // 2 s a step, 9 to go: 18 s, and the tail
+	p.Update(1, 1.5, 3e-4, 100) // 2 s a step, 9 to go: 18 s, and the tail
 	if got := attr(logs.String(), "eta"); got != "48s" {
 		t.Errorf("step ETA %s, want 48s (18 s of steps and 30 s of evaluations): %s", got, logs.String())
 	}
