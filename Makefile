@@ -84,8 +84,10 @@ gotest:
 # pipelined-vs-sequential check at full length, the compare job, a full
 # disk at every write point (injected, and on a tmpfs where one mounts),
 # the train command killed (SIGKILL) once at every named write point and
-# resumed, stopped by SIGINT and SIGTERM (its exit status), and every
-# command line of README.md run (child processes, slow under -race), and
+# resumed, stopped by SIGINT and SIGTERM (its exit status, during an
+# evaluation too), every command line of README.md run, and every other
+# test of the command that runs it as a child process (the whole package:
+# about a minute; slow under -race, so -short skips them there), and
 # a 1.1 GB sharded checkpoint loaded within 1.2x its size in resident
 # memory, and the host memory plan of gpt2 runs against their peak
 # resident memory (the race detector's shadow memory would break both
@@ -94,7 +96,7 @@ gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestRingEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull|TestHostPlanMeasured' ./train/
 	$(GO) test -count=1 -run 'TestLoadMemory' ./train/hf/
-	$(GO) test -count=1 -run 'TestKillNamedPoints|TestInterruptExitStatus|TestCompareInterruptExitStatus|TestREADMEExamples|TestSignalDuringFinalEval|TestSignalDuringPeriodicEval|TestEvalCaps' ./cmd/lsp-train/
+	$(GO) test -count=1 ./cmd/lsp-train/
 
 # `make test-kill`: the train command killed with SIGKILL at every named
 # write point, then KILLS more times at seeded random points and moments
