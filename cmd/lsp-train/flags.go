@@ -21,6 +21,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
@@ -35,6 +36,8 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.IntVar(&c.GradAccum, "grad-accum", c.GradAccum, "micro-batches accumulated per optimizer step")
 	fs.Float64Var(&c.LR, "lr", c.LR, "peak learning rate (after warmup; cosine decay to --min-lr)")
 	fs.Float64Var(&c.MinLR, "min-lr", c.MinLR, "learning rate at the last step")
+	// Its default follows --lr (defaultMinLR): -h says so instead of a number.
+	fs.Lookup("min-lr").DefValue = fmt.Sprintf("%g x --lr", minLRFraction)
 	fs.IntVar(&c.Warmup, "warmup", c.Warmup, "linear warmup steps")
 	fs.Float64Var(&c.WeightDecay, "weight-decay", c.WeightDecay, "decoupled weight decay of matrices and embeddings")
 	fs.Float64Var(&c.Beta1, "beta1", c.Beta1, "AdamW beta1")
@@ -220,7 +223,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet, names []string) {
 		}
 		_, usage := flag.UnquoteUsage(f)
 		fmt.Fprintf(w, "  %s\n", strings.TrimSpace("--"+f.Name+" "+placeholder(f)))
-		if def := f.DefValue; def != "" && def != "0" && def != "false" {
+		// A usage that states its default itself ("(default: bf16 with
+		// --device cuda, ...)") gets no second one from the flag's value.
+		if def := f.DefValue; def != "" && def != "0" && def != "false" && !strings.Contains(usage, "(default") {
 			if _, ok := f.Value.(*byteSize); ok {
 				def = formatBytes(def)
 			}
@@ -400,6 +405,36 @@ func reuseDefaultOut(fs *flag.FlagSet, c *train.Config) {
 	if !given && !c.Resume {
 		c.Overwrite = true
 	}
+}
+
+// minLRFraction is --min-lr's default as a share of --lr: cosine
+// schedules commonly end at a tenth of their peak, and a fixed number
+// would refuse any --lr below it.
+const minLRFraction = 0.1
+
+// defaultMinLR sets --min-lr to minLRFraction x --lr when neither the
+// command line nor the config file gave it.
+func defaultMinLR(fs *flag.FlagSet, c *train.Config) {
+	if !flagGiven(fs, "min-lr") {
+		c.MinLR = minLRFraction * c.LR
+	}
+}
+
+// checkSteps refuses an explicit --steps 0: train.Config reads 0 as "not
+// set" (600 steps, or --epochs), which is not what a user writing 0 means.
+func checkSteps(fs *flag.FlagSet, c train.Config) error {
+	if flagGiven(fs, "steps") && c.Steps == 0 {
+		return flagerr.New("steps", "must be at least 1, got 0 (leave --steps out for %d steps, or give --epochs)", train.DefaultSteps)
+	}
+	return nil
+}
+
+// flagGiven says whether the flag name was set on the command line or by
+// the config file.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // applyConfigFile sets every flag named in a JSON object that was not given

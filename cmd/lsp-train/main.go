@@ -140,6 +140,10 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	reuseDefaultOut(fs, &cfg)
 	defaultDType(fs, &cfg)
+	defaultMinLR(fs, &cfg)
+	if err := checkSteps(fs, cfg); err != nil {
+		return err
+	}
 	if err := checkFitFlags(fs, cfg); err != nil {
 		return err
 	}
