@@ -28,7 +28,10 @@ import (
 // in it or --overwrite replaces its outputs, so that another run's
 // checkpoint and metrics are never overwritten by mistake.
 func (r *run) checkOut() error {
-	if r.cfg.Resume || r.cfg.Overwrite || !r.world.rank0() {
+	if r.cfg.Resume {
+		return r.checkResumable()
+	}
+	if r.cfg.Overwrite || !r.world.rank0() {
 		return nil
 	}
 	ents, err := os.ReadDir(r.cfg.Out)
@@ -50,6 +53,22 @@ func (r *run) checkOut() error {
 	}
 	return flagErr("out", "%s is not empty (%s): it holds another run's outputs; continue that run with --resume, "+
 		"replace its outputs with --overwrite, or choose another --out", r.cfg.Out, strings.Join(names, ", "))
+}
+
+// checkResumable refuses --resume when --out holds no checkpoint, before
+// the model and data are read, naming the file looked for and both ways
+// on rather than the open's "no such file".
+func (r *run) checkResumable() error {
+	path := r.checkpointPath()
+	_, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return flagErr("resume", "no checkpoint to continue: %s does not exist; give the --out of the run to continue "+
+			"(the directory holding its %s), or leave --resume out to start a new run", path, checkpoint.FileName)
+	}
+	if err != nil {
+		return flagErr("resume", "%v", err)
+	}
+	return nil
 }
 
 // previousOutputs are the files and directories of a run's outputs that
