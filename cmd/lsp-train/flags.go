@@ -14,12 +14,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
@@ -163,12 +165,14 @@ var trainFlagGroups = []struct{ flag, group string }{
 func trainUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, `Usage: lsp-train [flags]                train a model (no flags: the tiny preset on a built-in task)
        lsp-train SUBCOMMAND [flags]
+       lsp-train help [SUBCOMMAND]      this help, or a subcommand's
+       lsp-train --version              the version and the Go release that built it
 
 Any flag may also come from a JSON file: --config FILE; flags on the command line win.
-%s
+%s%s
 
 Subcommands (lsp-train SUBCOMMAND -h describes their flags):
-`, backendsLine())
+`, wrap(strings.Fields("A SIZE is "+sizeHelp+"."), 0, 78), backendsLine())
 	for _, name := range subcommandNames {
 		sc := subcommands[name]
 		fmt.Fprintf(w, "  %-9s %s\n", name, sc.summary)
@@ -315,58 +319,106 @@ func parseFlags(fs *flag.FlagSet, args []string, usage func(io.Writer), stderr i
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("%v%s; %s -h lists the flags", err, didYouMean(fs, err), fs.Name())
+		return fmt.Errorf("%s%s; %s -h lists the flags", doubleDash(err.Error()), didYouMean(fs, err), fs.Name())
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags start with -); %s -h lists the flags", fs.Arg(0), fs.Name())
+		return fmt.Errorf("unexpected argument %q%s; %s -h lists the flags", fs.Arg(0), afterSwitch(fs, args), fs.Name())
 	}
 	return nil
 }
 
-// didYouMean names the flag closest to an undefined one (" (did you
-// mean --steps?)"), when one is close: at most two edits away, or one
-// name holding the other.
+// flagInError is a flag name as the flag package's errors spell it, with
+// one dash ("flag provided but not defined: -modle", "invalid value "x"
+// for flag -mode: ...", "flag needs an argument: -steps").
+var flagInError = regexp.MustCompile(`(: |for |for flag )-([A-Za-z][\w-]*)`)
+
+// doubleDash spells the flags of a flag package error with two dashes,
+// as -h and every other error do.
+func doubleDash(msg string) string {
+	return flagInError.ReplaceAllString(msg, "$1--$2")
+}
+
+// afterSwitch explains an unexpected argument that follows a switch (a
+// boolean flag takes no value: "--resume out/x" leaves "out/x" over), ""
+// for any other.
+func afterSwitch(fs *flag.FlagSet, args []string) string {
+	i := len(args) - fs.NArg()
+	if i < 1 || !strings.HasPrefix(args[i-1], "-") {
+		return ""
+	}
+	name := strings.TrimLeft(args[i-1], "-")
+	f := fs.Lookup(name)
+	if f == nil {
+		return ""
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+		return ""
+	}
+	if name == "resume" {
+		return " after --resume, which takes no path: it continues the run in --out; give --out DIR --resume " +
+			"(DIR: the run's output directory, holding " + checkpoint.FileName + ")"
+	}
+	return fmt.Sprintf(" after --%s, which takes no value (--%s=false turns it off)", name, name)
+}
+
+// didYouMean names the flags closest to an undefined one (" (did you
+// mean --steps?)", " (did you mean --mode or --model?)" when several are
+// as close), when any is close: at most two edits away, a swap of two
+// neighbouring letters counting one, or one name holding the other.
 func didYouMean(fs *flag.FlagSet, err error) string {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
 	if !ok {
 		return ""
 	}
 	name = strings.TrimLeft(name, "-")
-	best, bestDist := "", 3
+	var best []string
+	bestDist := 3
 	fs.VisitAll(func(f *flag.Flag) {
 		d := editDistance(name, f.Name)
 		if len(name) >= 3 && len(f.Name) >= 3 && (strings.Contains(f.Name, name) || strings.Contains(name, f.Name)) {
 			d = min(d, 2)
 		}
-		if d < bestDist {
-			best, bestDist = f.Name, d
+		switch {
+		case d < bestDist:
+			best, bestDist = []string{"--" + f.Name}, d
+		case d == bestDist:
+			best = append(best, "--"+f.Name)
 		}
 	})
-	if best == "" {
+	switch len(best) {
+	case 0:
 		return ""
+	case 1:
+		return " (did you mean " + best[0] + "?)"
 	}
-	return " (did you mean --" + best + "?)"
+	return " (did you mean " + strings.Join(best[:len(best)-1], ", ") + " or " + best[len(best)-1] + "?)"
 }
 
-// editDistance is the Levenshtein distance of a and b.
+// editDistance is the optimal string alignment distance of a and b: the
+// insertions, deletions, substitutions and swaps of two neighbouring
+// letters that turn one into the other (--modle is one swap from --model).
 func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
 	}
 	for i := 1; i <= len(a); i++ {
-		cur[0] = i
 		for j := 1; j <= len(b); j++ {
 			cost := 1
 			if a[i-1] == b[j-1] {
 				cost = 0
 			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
 	}
-	return prev[len(b)]
+	return d[len(a)][len(b)]
 }
 
 // fitFlags are the lsp settings of the projector checks, which run only
@@ -446,11 +498,17 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	}
 	// UseNumber keeps numbers as written: a float64 would turn 1234567
 	// into "1.234567e+06", which integer flags reject.
-	var m map[string]any
+	var v any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	if err := dec.Decode(&m); err != nil {
+	if err := dec.Decode(&v); err != nil {
 		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	// Decoded as any, not straight into the map, so that an array or a
+	// number is named as such rather than as a Go type error.
+	m, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("--config %s: must be a JSON object of flag settings, such as {\"steps\": 200}, not %s", path, jsonKind(v))
 	}
 	if dec.More() {
 		return fmt.Errorf("--config %s: trailing data after the JSON object", path)
@@ -481,6 +539,23 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	return nil
 }
 
+// jsonKind names the JSON kind of a decoded value: "an array", "a string", ...
+func jsonKind(v any) string {
+	switch v.(type) {
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return "an object"
+}
+
 func jsonText(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -489,7 +564,8 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// byteSize is a flag holding bytes, written as 123, 4KiB, 8GiB, 2GB or 1.5G.
+// byteSize is a flag holding bytes, written as 123, 4KiB, 8GiB, 2GB or
+// 1.5G, the unit in any case (8gb, 8gib).
 type byteSize int64
 
 func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
@@ -503,26 +579,34 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
+// sizeUnits are the units of a byte size, longest first so that a suffix
+// matches whole: KiB..TiB are powers of 1024, KB..TB powers of 1000 (as
+// disks and links are sold), and a bare K..T of 1024 (as GPU memory is
+// quoted: an "80G" card). Case does not matter.
+var sizeUnits = []struct {
+	suffix string
+	mult   float64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+}
+
+// sizeHelp says what a byte size may be, for -h and the error.
+const sizeHelp = "bytes, with an optional unit in any case: KiB, MiB, GiB, TiB and K, M, G, T are powers of 1024; KB, MB, GB, TB powers of 1000"
+
 func parseBytes(s string) (int64, error) {
 	t := strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   float64
-	}{
-		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
-	}
 	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+	for _, u := range sizeUnits {
+		if len(t) >= len(u.suffix) && strings.EqualFold(t[len(t)-len(u.suffix):], u.suffix) {
+			t, mult = strings.TrimSpace(t[:len(t)-len(u.suffix)]), u.mult
 			break
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
 	if err != nil || !(v >= 0) { // also rejects NaN
-		return 0, fmt.Errorf("%q is not a byte size (examples: 8GiB, 512MiB, 1000000)", s)
+		return 0, fmt.Errorf("%q is not a byte size: want %s (examples: 8GiB, 512MiB, 12GB, 1000000)", s, sizeHelp)
 	}
 	// Converting a float64 at or above 2^63 (or +Inf) to int64 is
 	// implementation-defined in Go; reject it instead.
