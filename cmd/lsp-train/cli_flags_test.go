@@ -1,0 +1,191 @@
+// Tests of what a new user trips over on the command line (issue 36):
+// each runs the command as a child process, as a user's shell does, and
+// checks its exit status and what it says.
+
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// execCmd runs the command with args in dir ("" for this one) as a child
+// process and returns its exit status, stdout and stderr.
+func execCmd(t *testing.T, dir string, args ...string) (int, string, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("child processes: not under -short")
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := startChild(t, dir, args, &stdout, &stderr)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stdout.String(), stderr.String()
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stdout.String(), stderr.String()
+	}
+	t.Fatal(err)
+	return 0, "", ""
+}
+
+// smallRun is a run of the committed micro model that takes a fraction
+// of a second.
+func smallRun(t *testing.T) []string {
+	t.Helper()
+	model, err := filepath.Abs(killModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--model", model, "--steps", "1", "--batch", "4", "--seq-len", "24", "--data", "builtin:reverse:200",
+		"--eval-generate", "0", "--threads", "1"}
+}
+
+// TestLowLR: --lr below the old fixed --min-lr default (3e-4) runs on its
+// own, --min-lr defaulting to a tenth of it; -h says so, once.
+func TestLowLR(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr := execCmd(t, "", append(smallRun(t), "--lr", "3e-5", "--out", out)...)
+	if code != 0 {
+		t.Fatalf("--lr 3e-5 alone: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	_, _, help := execCmd(t, "", "-h")
+	if !regexp.MustCompile(`--min-lr X\n\s+learning rate at the last step \(default 0.1 x --lr\)\n`).MatchString(help) {
+		t.Errorf("-h does not give --min-lr's default as a share of --lr:\n%s", help)
+	}
+}
+
+// TestStepsZero: --steps 0 is refused, naming --steps, not run as 600
+// steps; also from the config file.
+func TestStepsZero(t *testing.T) {
+	for _, args := range [][]string{{"--steps", "0"}, {"--config", writeJSON(t, `{"steps": 0}`)}} {
+		code, stdout, stderr := execCmd(t, "", append(args, "--out", filepath.Join(t.TempDir(), "out"))...)
+		if code != 1 || !strings.Contains(stderr, "lsp-train: --steps: must be at least 1, got 0") || strings.Contains(stderr, "msg=train") {
+			t.Errorf("%v: exit %d, want 1 and an error naming --steps\n%s\n%s", args, code, stdout, stderr)
+		}
+	}
+}
+
+// TestResumeArgument: a path after --resume is answered with how to
+// resume (--out DIR --resume), and --resume where --out holds no
+// checkpoint names the file it looked for, before reading the model.
+func TestResumeArgument(t *testing.T) {
+	code, _, stderr := execCmd(t, "", "--resume", "out/checkpoint.safetensors")
+	if code != 1 || !strings.Contains(stderr, `unexpected argument "out/checkpoint.safetensors" after --resume`) ||
+		!strings.Contains(stderr, "--out DIR --resume") {
+		t.Errorf("--resume PATH: exit %d, want 1 and how to resume:\n%s", code, stderr)
+	}
+	// Any other switch given a value.
+	code, _, stderr = execCmd(t, "", "--truncate", "yes")
+	if code != 1 || !strings.Contains(stderr, `unexpected argument "yes" after --truncate, which takes no value`) {
+		t.Errorf("--truncate yes: exit %d:\n%s", code, stderr)
+	}
+
+	out := filepath.Join(t.TempDir(), "empty")
+	code, _, stderr = execCmd(t, "", append(smallRun(t), "--resume", "--out", out)...)
+	want := "lsp-train: --resume: no checkpoint to continue: " + filepath.Join(out, "checkpoint.safetensors") + " does not exist"
+	if code != 1 || !strings.Contains(stderr, want) || strings.Contains(stderr, "no such file") {
+		t.Errorf("--resume without a checkpoint: exit %d, want 1 and %q:\n%s", code, want, stderr)
+	}
+}
+
+// TestFlagErrors: every error naming a flag spells it --flag; a mistyped
+// flag gets the closest flags, a swap of two letters counting as one
+// edit, all of them when several are as close.
+func TestFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--modle", "lsp"}, "flag provided but not defined: --modle (did you mean --mode or --model?)"},
+		{[]string{"--setps", "3"}, "(did you mean --steps?)"},
+		{[]string{"--mode", "fast"}, `invalid value "fast" for flag --mode:`},
+		{[]string{"--steps"}, "flag needs an argument: --steps;"},
+		{[]string{"--fit=maybe"}, "for --fit:"},
+		{[]string{"sample", "-promtp", "x"}, "flag provided but not defined: --promtp (did you mean --prompt?)"},
+	} {
+		code, stdout, stderr := execCmd(t, "", tc.args...)
+		if code != 1 || stdout != "" || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stdout %q; want 1 and %q in:\n%s", tc.args, code, stdout, tc.want, stderr)
+		}
+		// -h keeps its one dash, as every program spells it.
+		if m := regexp.MustCompile(`(^|[ :(])-[a-z]`).FindString(strings.ReplaceAll(stderr, " -h ", " ")); m != "" {
+			t.Errorf("%v: a flag spelled with one dash (%q):\n%s", tc.args, m, stderr)
+		}
+	}
+}
+
+// TestByteSizeUnits: units in any case; "gb" is 10^9 bytes as "GB" is,
+// and a bad size says what is accepted.
+func TestByteSizeUnits(t *testing.T) {
+	for in, want := range map[string]int64{"8gb": 8e9, "8GB": 8e9, "8gib": 8 << 30, "8g": 8 << 30, "512mib": 512 << 20, "2Kb": 2000, "100b": 100} {
+		got, err := parseBytes(in)
+		if err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	// As the command sees it: --device-mem 1kb is too small for the
+	// model (the size was read), --device-mem 8xb is not a size.
+	code, _, stderr := execCmd(t, "", "--device-mem", "1kb", "--out", filepath.Join(t.TempDir(), "out"))
+	if code != 1 || !strings.Contains(stderr, "--device-mem") || strings.Contains(stderr, "not a byte size") {
+		t.Errorf("--device-mem 1kb: exit %d, want the plan refused:\n%s", code, stderr)
+	}
+	code, _, stderr = execCmd(t, "", "--device-mem", "8xb")
+	if code != 1 || !strings.Contains(stderr, `"8xb" is not a byte size`) || !strings.Contains(stderr, "KB, MB, GB, TB powers of 1000") {
+		t.Errorf("--device-mem 8xb: exit %d, want the units accepted:\n%s", code, stderr)
+	}
+}
+
+// TestVersionAndHelp: --version prints the version and the Go release;
+// lsp-train help is -h, lsp-train help plan is plan's.
+func TestVersionAndHelp(t *testing.T) {
+	code, stdout, stderr := execCmd(t, "", "--version")
+	if code != 0 || !regexp.MustCompile(`^lsp-train \S.* go1\.\d+`).MatchString(stdout) {
+		t.Errorf("--version: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{{[]string{"help"}, "Usage: lsp-train [flags]"}, {[]string{"help", "plan"}, "Usage: lsp-train plan"}} {
+		code, stdout, stderr := execCmd(t, "", tc.args...)
+		if code != 0 || stdout != "" || !strings.HasPrefix(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stdout %q, want 0 and %q first on stderr:\n%s", tc.args, code, stdout, tc.want, stderr)
+		}
+	}
+}
+
+// TestOneDefault: a flag whose usage states its default (--dtype's
+// depends on --device) shows no second one from its value.
+func TestOneDefault(t *testing.T) {
+	_, _, help := execCmd(t, "", "-h")
+	for _, name := range []string{"dtype", "dense-params"} {
+		i := strings.Index(help, "\n  --"+name+" ")
+		if i < 0 {
+			t.Fatalf("-h has no --%s", name)
+		}
+		entry := help[i+1:]
+		entry = entry[:strings.Index(entry[1:], "\n  --")+1]
+		if n := strings.Count(entry, "(default"); n != 1 {
+			t.Errorf("--%s shows %d defaults, want 1:\n%s", name, n, entry)
+		}
+	}
+}
+
+// TestConfigNotObject: a --config file holding an array (or any JSON
+// but an object) is refused naming the file and what it must be.
+func TestConfigNotObject(t *testing.T) {
+	path := writeJSON(t, `[{"steps": 200}]`)
+	code, _, stderr := execCmd(t, "", "--config", path)
+	want := "lsp-train: --config " + path + `: must be a JSON object of flag settings, such as {"steps": 200}, not an array`
+	if code != 1 || !strings.Contains(stderr, want) || strings.Contains(stderr, "Go value") {
+		t.Errorf("--config of an array: exit %d, want %q:\n%s", code, want, stderr)
+	}
+	_ = os.Remove(path)
+}
