@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -65,8 +66,10 @@ func TestLowLR(t *testing.T) {
 // TestStepsZero: --steps 0 is refused, naming --steps, not run as 600
 // steps; also from the config file.
 func TestStepsZero(t *testing.T) {
+	// The micro model without --steps: before the fix, 600 quick steps.
+	small := slices.Delete(smallRun(t), 2, 4) // "--steps", "1"
 	for _, args := range [][]string{{"--steps", "0"}, {"--config", writeJSON(t, `{"steps": 0}`)}} {
-		code, stdout, stderr := execCmd(t, "", append(args, "--out", filepath.Join(t.TempDir(), "out"))...)
+		code, stdout, stderr := execCmd(t, "", append(append(slices.Clone(small), args...), "--out", filepath.Join(t.TempDir(), "out"))...)
 		if code != 1 || !strings.Contains(stderr, "lsp-train: --steps: must be at least 1, got 0") || strings.Contains(stderr, "msg=train") {
 			t.Errorf("%v: exit %d, want 1 and an error naming --steps\n%s\n%s", args, code, stdout, stderr)
 		}
