@@ -84,7 +84,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.Var(&c.OnNonFinite, "on-nonfinite", "`ACTION` on a step whose loss is NaN or infinite: stop (without saving that step) or skip (update nothing, go on with the next batch)")
 	fs.IntVar(&c.MaxSkips, "max-skips", c.MaxSkips, "with --on-nonfinite skip, the most steps skipped in a row; one more stops the run")
-	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
+	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out, out/, where a run replaces the outputs of an earlier run without --out (marked by its "+train.DefaultOutMarker+" file); any other non-empty directory needs --resume or --overwrite")
 }
 
 // The headings of the train command's -h, in order.
@@ -447,16 +447,14 @@ func checkFitFlags(fs *flag.FlagSet, c train.Config) error {
 		"(without it the random projectors drawn at the start are kept): add --fit or drop it", strings.Join(given, ", "))
 }
 
-// reuseDefaultOut sets --overwrite when --out was given neither on the
-// command line nor in the config file (and --resume is not set): the
-// default out/ is the scratch directory of the plain command, which works
-// twice in a row; a directory the user named is never replaced unasked.
-func reuseDefaultOut(fs *flag.FlagSet, c *train.Config) {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "out" || f.Name == "overwrite" })
-	if !given && !c.Resume {
-		c.Overwrite = true
-	}
+// defaultOut says whether --out was given neither on the command line
+// nor in the config file, and --overwrite neither: the default out/ is
+// the scratch directory of the plain command, which works twice in a row,
+// replacing the outputs of an earlier such run (train.DefaultOutMarker
+// says which); a directory the user named, or files the plain command
+// did not write, are never replaced unasked.
+func defaultOut(fs *flag.FlagSet) bool {
+	return !flagGiven(fs, "out") && !flagGiven(fs, "overwrite")
 }
 
 // minLRFraction is --min-lr's default as a share of --lr: cosine

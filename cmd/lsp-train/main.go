@@ -176,7 +176,6 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			return err
 		}
 	}
-	reuseDefaultOut(fs, &cfg)
 	defaultDType(fs, &cfg)
 	defaultMinLR(fs, &cfg)
 	if err := checkSteps(fs, cfg); err != nil {
@@ -201,7 +200,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
-	opts := train.Options{Logger: logger, Progress: progress}
+	opts := train.Options{Logger: logger, Progress: progress, DefaultOut: defaultOut(fs)}
 	if ranks > 1 {
 		// --device cuda: each rank on its own GPU of its machine.
 		if cfg.Device, err = device.PerRank(cfg.Device, localRank()); err != nil {
