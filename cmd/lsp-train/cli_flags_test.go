@@ -14,6 +14,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
 // execCmd runs the command with args in dir ("" for this one) as a child
@@ -191,4 +194,55 @@ func TestConfigNotObject(t *testing.T) {
 		t.Errorf("--config of an array: exit %d, want %q:\n%s", code, want, stderr)
 	}
 	_ = os.Remove(path)
+}
+
+// TestDefaultOut: the plain command replaces out/ only when a run without
+// --out marked it, and says so in plain words, never naming --overwrite,
+// which was not given; an out/ holding the user's own files, or the
+// outputs of a run given --out out, is refused as any non-empty --out.
+func TestDefaultOut(t *testing.T) {
+	args := smallRun(t)
+	work := t.TempDir()
+	out := filepath.Join(work, "out")
+	for i := range 2 {
+		code, stdout, stderr := execCmd(t, work, args...)
+		if code != 0 {
+			t.Fatalf("run %d without --out: exit %d\n%s\n%s", i+1, code, stdout, stderr)
+		}
+		said := strings.Contains(stderr, "out holds the outputs of an earlier run with the default --out: replacing them (give --out DIR to keep them)")
+		if said != (i == 1) || strings.Contains(stderr, "--overwrite") {
+			t.Errorf("run %d without --out: the log says it replaces out/: %v, want %v, and never --overwrite:\n%s", i+1, said, i == 1, stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, train.DefaultOutMarker)); err != nil {
+		t.Errorf("a run without --out left no marker: %v", err)
+	}
+
+	// The user's own files in out/.
+	work = t.TempDir()
+	notes := filepath.Join(work, "out", "notes.txt")
+	if err := os.MkdirAll(filepath.Dir(notes), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(notes, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := execCmd(t, work, args...)
+	if code != 1 || !strings.Contains(stderr, "lsp-train: --out: out is not empty (notes.txt)") || !strings.Contains(stderr, "--overwrite") {
+		t.Errorf("out/ of the user's files: exit %d, want 1 and a refusal naming --overwrite:\n%s", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(work, "out", checkpoint.FileName)); err == nil {
+		t.Errorf("the refused run wrote into the user's out/")
+	}
+
+	// A run given --out out explicitly: its outputs are not the plain
+	// command's to replace.
+	work = t.TempDir()
+	if code, _, stderr := execCmd(t, work, append(args, "--out", "out")...); code != 0 {
+		t.Fatalf("--out out: exit %d\n%s", code, stderr)
+	}
+	code, _, stderr = execCmd(t, work, args...)
+	if code != 1 || !strings.Contains(stderr, "lsp-train: --out: out is not empty") {
+		t.Errorf("after a run given --out out, a run without --out: exit %d, want 1 and a refusal:\n%s", code, stderr)
+	}
 }
