@@ -15,7 +15,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
@@ -214,8 +213,8 @@ func TestDefaultOut(t *testing.T) {
 			t.Errorf("run %d without --out: the log says it replaces out/: %v, want %v, and never --overwrite:\n%s", i+1, said, i == 1, stderr)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(out, train.DefaultOutMarker)); err != nil {
-		t.Errorf("a run without --out left no marker: %v", err)
+	if _, err := os.Stat(filepath.Join(out, ".lsp-train-default-out")); err != nil {
+		t.Errorf("a run without --out left no marker (train.DefaultOutMarker, as the README names it): %v", err)
 	}
 
 	// The user's own files in out/.
