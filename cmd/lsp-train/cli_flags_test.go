@@ -245,3 +245,58 @@ func TestDefaultOut(t *testing.T) {
 		t.Errorf("after a run given --out out, a run without --out: exit %d, want 1 and a refusal:\n%s", code, stderr)
 	}
 }
+
+// TestSampleEmptyPrompt: sample --prompt "" generates from the
+// beginning-of-sequence token (a llama2.c model's BOS, one prompt token),
+// as llama2.c's run does; no --prompt at all is still an error.
+func TestSampleEmptyPrompt(t *testing.T) {
+	bin, err := filepath.Abs("../../train/testdata/llama2c/untied.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := execCmd(t, "", "sample", "--model", bin, "--prompt", "", "--max-new", "4", "--ids", "--threads", "1")
+	if code != 0 || !strings.Contains(stderr, "1 prompt tokens") || strings.TrimSpace(stdout) == "" {
+		t.Errorf("sample --prompt \"\": exit %d, want 0, 1 prompt token (BOS) and ids\nstdout %q\nstderr %s", code, stdout, stderr)
+	}
+	code, _, stderr = execCmd(t, "", "sample", "--model", bin)
+	if code != 1 || !strings.Contains(stderr, "--prompt is required") {
+		t.Errorf("sample without --prompt: exit %d, want 1 and --prompt required:\n%s", code, stderr)
+	}
+}
+
+// TestSampleLlama2CErrors: a truncated llama2.c .bin and a version-1
+// export are reported by sample as training reports them, not as a bad
+// safetensors header.
+func TestSampleLlama2CErrors(t *testing.T) {
+	raw, err := os.ReadFile("../../train/testdata/llama2c/untied.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	truncated := filepath.Join(dir, "truncated.bin")
+	if err := os.WriteFile(truncated, raw[:len(raw)-100], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// export.py --version 1: the magic "ak42", the version, then its own
+	// header, padded to 256 bytes.
+	v1 := make([]byte, 256)
+	copy(v1, []byte{0x32, 0x34, 0x6b, 0x61, 1, 0, 0, 0})
+	version1 := filepath.Join(dir, "v1.bin")
+	if err := os.WriteFile(version1, v1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{truncated, "bytes, but the header"},
+		{version1, "is a version 1 export"},
+	} {
+		_, _, trainErr := execCmd(t, "", "--model", tc.path, "--out", filepath.Join(t.TempDir(), "out"))
+		code, _, sampleErr := execCmd(t, "", "sample", "--model", tc.path, "--prompt", "x")
+		trainMsg, _ := strings.CutPrefix(strings.TrimSpace(trainErr), "lsp-train: ")
+		if !strings.Contains(trainMsg, tc.want) {
+			t.Fatalf("training on %s: want %q in:\n%s", tc.path, tc.want, trainErr)
+		}
+		if code != 1 || strings.TrimSpace(sampleErr) != "lsp-train sample: "+trainMsg {
+			t.Errorf("sample of %s: exit %d, want 1 and training's error %q:\n%s", tc.path, code, trainMsg, sampleErr)
+		}
+	}
+}
