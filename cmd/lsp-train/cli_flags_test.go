@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 )
 
@@ -297,6 +298,46 @@ func TestSampleLlama2CErrors(t *testing.T) {
 		}
 		if code != 1 || strings.TrimSpace(sampleErr) != "lsp-train sample: "+trainMsg {
 			t.Errorf("sample of %s: exit %d, want 1 and training's error %q:\n%s", tc.path, code, trainMsg, sampleErr)
+		}
+	}
+}
+
+// TestPresetSaysRandom: a run of a preset (GPT-2's and LLaMA's) logs
+// that its weights are a random initialisation, not pretrained ones; a
+// run of a Hugging Face directory does not; and the README's first
+// example naming a preset says how to get real weights.
+func TestPresetSaysRandom(t *testing.T) {
+	const line = `msg="random initialisation (a preset, not pretrained weights)"`
+	for _, model := range []string{"tiny", "llama-tiny"} {
+		code, stdout, stderr := execCmd(t, "", "--model", model, "--steps", "1", "--batch", "2", "--seq-len", "16",
+			"--data", "builtin:reverse:60", "--eval-generate", "0", "--threads", "1", "--out", filepath.Join(t.TempDir(), "out"))
+		if code != 0 || !strings.Contains(stderr, line) {
+			t.Errorf("--model %s: exit %d, want 0 and %s in the log:\n%s\n%s", model, code, line, stdout, stderr)
+		}
+	}
+	code, _, stderr := execCmd(t, "", append(smallRun(t), "--out", filepath.Join(t.TempDir(), "out"))...)
+	if code != 0 || strings.Contains(stderr, "random initialisation") {
+		t.Errorf("a Hugging Face directory: exit %d, and the log must not call its weights random:\n%s", code, stderr)
+	}
+
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	first := regexp.MustCompile(`--model (` + strings.Join(catalog.Presets(), "|") + `)\b`).FindStringIndex(readme)
+	if first == nil {
+		t.Fatal("no README example names a preset")
+	}
+	// The note follows that example's block, before the next heading.
+	after := readme[first[0]:]
+	if i := strings.Index(after, "\n#"); i > 0 {
+		after = after[:i]
+	}
+	after = strings.Join(strings.Fields(after), " ") // the words, however the lines wrap
+	for _, want := range []string{"random initialisation (a preset, not pretrained weights)", "Hugging Face directory", "`config.json`", "`model.safetensors`", "`tokenizer.json`"} {
+		if !strings.Contains(after, want) {
+			t.Errorf("README after its first example naming a preset (%q) does not say %q", readme[first[0]:first[1]], want)
 		}
 	}
 }
