@@ -74,7 +74,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Accept, "accept", "lsp: `WHAT` decides whether new projectors replace the old: heldout (half the calibration micro-batches, unseen by the fit) or fit (the fit's own data)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change), floor (no ramp: raise the carried second moment to the new subspace's) or off")
 	fs.Float64Var(&c.ProjOrtho, "proj-ortho", c.ProjOrtho, "lsp: weight of the projector fit's penalty on non-orthogonal columns (0: none)")
-	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp: no projector check before step 1 (train on the random projectors until the first --check-every)")
+	fs.BoolVar(&c.CheckAtStart, "check-at-start", c.CheckAtStart, "lsp: a projector check before step 1 too (by default step 1 to --check-every train on the random projectors drawn at the start)")
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
 	fs.Var(&c.Collectives, "collectives", "`WHERE` several ranks (mpirun) sum lsp's S and the device AdamW's gradients: nccl (on the GPUs), host (copied to pinned memory, over MPI) or auto (nccl on the CUDA backend when libnccl.so.2 loads, else host)")
@@ -142,7 +142,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"rewarm", groupOffload},
 	{"proj-ortho", groupOffload},
 	{"no-gain", groupOffload},
-	{"start-random", groupOffload},
+	{"check-at-start", groupOffload},
 	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
 	{"collectives", groupDevice},
@@ -361,6 +361,12 @@ func afterSwitch(fs *flag.FlagSet, args []string) string {
 	return fmt.Sprintf(" after --%s, which takes no value (--%s=false turns it off)", name, name)
 }
 
+// renamedFlags says what became of a flag that no longer exists, for
+// the scripts that still give it.
+var renamedFlags = map[string]string{
+	"start-random": "--check-at-start replaced it, with the opposite sense: --start-random=false is --check-at-start, --start-random the default",
+}
+
 // didYouMean names the flags closest to an undefined one (" (did you
 // mean --steps?)", " (did you mean --mode or --model?)" when several are
 // as close), when any is close: at most two edits away, a swap of two
@@ -371,6 +377,9 @@ func didYouMean(fs *flag.FlagSet, err error) string {
 		return ""
 	}
 	name = strings.TrimLeft(name, "-")
+	if hint, ok := renamedFlags[name]; ok && fs.Lookup(strings.Fields(hint)[0][2:]) != nil {
+		return " (" + hint + ")"
+	}
 	var best []string
 	bestDist := 3
 	fs.VisitAll(func(f *flag.Flag) {
@@ -424,7 +433,7 @@ func editDistance(a, b string) int {
 // fitFlags are the lsp settings of the projector checks, which run only
 // with --fit.
 var fitFlags = []string{"alpha", "check-every", "calib-samples", "proj-lr", "fit-iters", "refit", "accept", "rewarm",
-	"proj-ortho", "start-random", "share-layers"}
+	"proj-ortho", "check-at-start", "share-layers"}
 
 // checkFitFlags refuses a check setting given (on the command line or in
 // the config file) to an lsp run without --fit: since lsp keeps its
