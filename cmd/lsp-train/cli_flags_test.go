@@ -17,6 +17,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
 // execCmd runs the command with args in dir ("" for this one) as a child
@@ -339,5 +340,46 @@ func TestPresetSaysRandom(t *testing.T) {
 		if !strings.Contains(after, want) {
 			t.Errorf("README after its first example naming a preset (%q) does not say %q", readme[first[0]:first[1]], want)
 		}
+	}
+}
+
+// TestCheckAtStart: the check before step 1 is a switch that is off by
+// default and turned on by giving it (it was --start-random, on by
+// default, off only as --start-random=false); the old flag says what
+// replaced it.
+func TestCheckAtStart(t *testing.T) {
+	checksAtStep0 := func(args ...string) int {
+		t.Helper()
+		out := filepath.Join(t.TempDir(), "out")
+		code, stdout, stderr := execCmd(t, "", append(append(smallRun(t), "--out", out, "--mode", "lsp", "--fit", "--d", "8", "--r", "2",
+			"--calib-samples", "4", "--fit-iters", "2"), args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s\n%s", args, code, stdout, stderr)
+		}
+		recs, err := metrics.ReadFile(filepath.Join(out, "metrics.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range recs {
+			if r.Event == "projector-check" && r.Step == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if n := checksAtStep0(); n != 0 {
+		t.Errorf("without --check-at-start: %d check records before step 1, want none", n)
+	}
+	if n := checksAtStep0("--check-at-start"); n == 0 {
+		t.Errorf("--check-at-start: no check records before step 1")
+	}
+	_, _, help := execCmd(t, "", "-h")
+	if !strings.Contains(help, "\n  --check-at-start\n") || strings.Contains(help, "start-random") {
+		t.Errorf("-h: want --check-at-start, a switch with no default shown, and no --start-random:\n%s", help)
+	}
+	code, _, stderr := execCmd(t, "", "--start-random=false")
+	if code != 1 || !strings.Contains(stderr, "--start-random=false is --check-at-start") {
+		t.Errorf("--start-random=false: exit %d, want 1 and what replaced it:\n%s", code, stderr)
 	}
 }
