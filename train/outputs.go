@@ -25,8 +25,10 @@ import (
 )
 
 // checkOut refuses a non-empty --out unless --resume continues the run
-// in it or --overwrite replaces its outputs, so that another run's
-// checkpoint and metrics are never overwritten by mistake.
+// in it (and it holds a checkpoint) or --overwrite replaces its outputs,
+// so that another run's checkpoint and metrics are never overwritten by
+// mistake; a run without --out (Options.DefaultOut) replaces those of an
+// earlier such run, which DefaultOutMarker marks, as if --overwrite.
 func (r *run) checkOut() error {
 	if r.cfg.Resume {
 		return r.checkResumable()
