@@ -67,12 +67,12 @@ run() {
 fail=0
 for mode in native zero lsp; do
 	extra=(--mode "$mode")
-	# lsp checks its projectors before step 1 (--start-random=false; the
+	# lsp checks its projectors before step 1 (--check-at-start; the
 	# default's first check would come after this run's last step) and
 	# keeps the fit its own data prefers (--accept fit), so that no
 	# held-out threshold can tip one way on the simulator and the other on
 	# the CPU.
-	[ "$mode" = lsp ] && extra+=(--fit --calib-samples 4 --start-random=false --accept fit)
+	[ "$mode" = lsp ] && extra+=(--fit --calib-samples 4 --check-at-start --accept fit)
 	t0=$SECONDS
 	run "$mode-cuda" --device cuda "${extra[@]}" || { fail=1; continue; }
 	t1=$SECONDS

@@ -70,7 +70,7 @@ type Config struct {
 	Rewarm        lsp.Rewarm         // --rewarm: how a refitted matrix is re-warmed (floor, measured, change or off)
 	NoGain        bool               // --no-gain: apply Delta without the projectors' per-column gains (a control)
 	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
-	StartRandom   bool               // --start-random: no projector check before step 1
+	CheckAtStart  bool               // --check-at-start: a projector check before step 1 too (with --fit)
 	ShareLayers   bool               // --share-layers: one projector pair per matrix kind, fitted on every layer
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	Collectives   Collectives        // --collectives: where several ranks sum what the device reads back (auto, host or nccl)
@@ -122,7 +122,7 @@ func Defaults() Config {
 		EvalTokens: DefaultEvalTokens, EvalMaxNew: DefaultEvalMaxNew,
 		CheckpointEvery: 200, KeepCheckpoints: 1, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
-		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
+		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }
@@ -335,7 +335,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
-			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: c.StartRandom, ShareLayers: c.ShareLayers},
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers},
 		HostThreads: c.Threads,
 	}
 }

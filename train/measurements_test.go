@@ -65,7 +65,7 @@ func TestRunMeasurements(t *testing.T) {
 			c := quickConfig(t, model)
 			c.Mode, c.Steps, c.EvalEvery, c.EvalGenerate = engine.Mode(mode), 3, 0, 0
 			c.LinkBandwidth = 1 << 40          // charged, but too fast to matter
-			c.Fit, c.StartRandom = true, false // a check before step 1, whose time is measured
+			c.Fit, c.CheckAtStart = true, true // a check before step 1, whose time is measured
 			var m Measurements
 			res := mustRun(t, context.Background(), c, Options{EvalAtStart: true, Measurements: &m})
 			recs, err := metrics.ReadFile(res.Metrics)

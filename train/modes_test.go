@@ -125,7 +125,7 @@ func TestProjectorChecksInMetrics(t *testing.T) {
 		perStep[r.Step]++
 	}
 	// Checks before steps 3, 5 and 7 (after 2, 4, 6 steps), 2 layers x 4
-	// matrices each; none before step 1 (--start-random, the default).
+	// matrices each; none before step 1 (without --check-at-start, the default).
 	for _, s := range []int{0, 2, 4, 6} {
 		if want := 8 * min(s, 1); perStep[s] != want {
 			t.Errorf("step %d: %d check records, want %d (all: %v)", s, perStep[s], want, perStep)

@@ -24,10 +24,15 @@ import (
 )
 
 // checkOut refuses a non-empty --out unless --resume continues the run
-// in it or --overwrite replaces its outputs, so that another run's
-// checkpoint and metrics are never overwritten by mistake.
+// in it (and it holds a checkpoint) or --overwrite replaces its outputs,
+// so that another run's checkpoint and metrics are never overwritten by
+// mistake; a run without --out (Options.DefaultOut) replaces those of an
+// earlier such run, which DefaultOutMarker marks, as if --overwrite.
 func (r *run) checkOut() error {
-	if r.cfg.Resume || r.cfg.Overwrite || !r.world.rank0() {
+	if r.cfg.Resume {
+		return r.checkResumable()
+	}
+	if r.cfg.Overwrite || !r.world.rank0() {
 		return nil
 	}
 	ents, err := os.ReadDir(r.cfg.Out)
@@ -40,6 +45,16 @@ func (r *run) checkOut() error {
 	if len(ents) == 0 {
 		return nil
 	}
+	if r.opts.DefaultOut {
+		_, err := os.Stat(filepath.Join(r.cfg.Out, DefaultOutMarker))
+		if err == nil {
+			r.cfg.Overwrite = true // an earlier run of the plain command: prepareOut replaces its outputs
+			return nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return flagErr("out", "%v", err)
+		}
+	}
 	var names []string
 	for _, e := range ents[:min(len(ents), 4)] {
 		names = append(names, e.Name())
@@ -47,8 +62,52 @@ func (r *run) checkOut() error {
 	if len(ents) > 4 {
 		names = append(names, "...")
 	}
-	return flagErr("out", "%s is not empty (%s): it holds another run's outputs; continue that run with --resume, "+
-		"replace its outputs with --overwrite, or choose another --out", r.cfg.Out, strings.Join(names, ", "))
+	whose := "it holds another run's outputs"
+	if r.opts.DefaultOut {
+		// Without the marker they may be anyone's: a run given --out
+		// explicitly, or files of the user's own.
+		whose = fmt.Sprintf("no run without --out wrote it (it has no %s), so it is not replaced unasked", DefaultOutMarker)
+	}
+	return flagErr("out", "%s is not empty (%s): %s; continue that run with --resume, "+
+		"replace its outputs with --overwrite, or choose another --out", r.cfg.Out, strings.Join(names, ", "), whose)
+}
+
+// DefaultOutMarker is the file a run without --out leaves in out/: the
+// next such run replaces the outputs of a directory holding it, and
+// refuses one without (another run's, or the user's own files).
+const DefaultOutMarker = ".lsp-train-default-out"
+
+// markOut writes DefaultOutMarker into --out for a run without --out, and
+// removes it for any other, whose outputs must not be replaced silently.
+func (r *run) markOut() error {
+	p := filepath.Join(r.cfg.Out, DefaultOutMarker)
+	if !r.opts.DefaultOut {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return flagErr("out", "%v", err)
+		}
+		return nil
+	}
+	msg := "This directory holds the outputs of an lsp-train run given no --out; the next such run replaces them.\n"
+	if err := os.WriteFile(p, []byte(msg), 0o644); err != nil {
+		return flagErr("out", "%v", diskHint(err))
+	}
+	return nil
+}
+
+// checkResumable refuses --resume when --out holds no checkpoint, before
+// the model and data are read, naming the file looked for and both ways
+// on rather than the open's "no such file".
+func (r *run) checkResumable() error {
+	path := r.checkpointPath()
+	_, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return flagErr("resume", "no checkpoint to continue: %s does not exist; give the --out of the run to continue "+
+			"(the directory holding its %s), or leave --resume out to start a new run", path, checkpoint.FileName)
+	}
+	if err != nil {
+		return flagErr("resume", "%v", err)
+	}
+	return nil
 }
 
 // previousOutputs are the files and directories of a run's outputs that
@@ -78,16 +137,30 @@ func (r *run) prepareOut() error {
 	if len(removed) > 0 {
 		r.log.Info("removed the leftovers of an interrupted write", "out", r.cfg.Out, "names", removed)
 	}
-	if !r.cfg.Overwrite || r.cfg.Resume {
-		return nil
+	if r.cfg.Overwrite && !r.cfg.Resume {
+		if err := r.removePrevious(); err != nil {
+			return err
+		}
+	}
+	return r.markOut()
+}
+
+// removePrevious removes the outputs of the run before (--overwrite, or
+// an earlier run without --out), logging what it removes.
+func (r *run) removePrevious() error {
+	if r.opts.DefaultOut {
+		// Overwrite was set by checkOut, not given: say so in plain words.
+		r.log.Info(fmt.Sprintf("%s holds the outputs of an earlier run with the default --out: replacing them (give --out DIR to keep them)", r.cfg.Out))
 	}
 	for _, name := range previousOutputs {
 		ps, _ := filepath.Glob(filepath.Join(r.cfg.Out, name)) // the patterns are well formed
 		for _, p := range ps {
 			if err := os.RemoveAll(p); err != nil {
-				return flagErr("out", "--overwrite: %v", err)
+				return flagErr("out", "removing an earlier run's outputs: %v", err)
 			}
-			r.log.Info("--overwrite: removed an earlier run's output", "path", p)
+			if !r.opts.DefaultOut {
+				r.log.Info("--overwrite: removed an earlier run's output", "path", p)
+			}
 		}
 	}
 	return nil

@@ -74,7 +74,7 @@ type resumeIdentity struct {
 	Rewarm       lsp.Rewarm     `flag:"rewarm" resume:"lsp"`
 	NoGain       bool           `flag:"no-gain" resume:"lsp"`
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
-	StartRandom  bool           `flag:"start-random" resume:"lsp"`
+	CheckAtStart bool           `flag:"check-at-start" resume:"lsp"`
 	ShareLayers  bool           `flag:"share-layers" resume:"lsp"`
 }
 
@@ -248,6 +248,13 @@ func savedSettings(st checkpoint.State) map[string]string {
 			m["fit"] = strconv.FormatBool(v != "true")
 		}
 		delete(m, "no-fit")
+	}
+	// Before --check-at-start, runs recorded its negation, --start-random.
+	if v, ok := m["start-random"]; ok {
+		if _, has := m["check-at-start"]; !has {
+			m["check-at-start"] = strconv.FormatBool(v != "true")
+		}
+		delete(m, "start-random")
 	}
 	return m
 }

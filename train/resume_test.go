@@ -217,6 +217,14 @@ func TestResumeDiff(t *testing.T) {
 	if got := savedSettings(st); got["fit"] != "true" || got["no-fit"] != "" {
 		t.Errorf("--no-fit false read as fit %q (no-fit %q), want fit true", got["fit"], got["no-fit"])
 	}
+	// One that recorded --start-random (before --check-at-start) likewise.
+	for was, want := range map[string]string{"true": "false", "false": "true"} {
+		old := st
+		old.Settings = map[string]string{"start-random": was}
+		if got := savedSettings(old); got["check-at-start"] != want || got["start-random"] != "" {
+			t.Errorf("--start-random %s read as check-at-start %q (start-random %q), want %s", was, got["check-at-start"], got["start-random"], want)
+		}
+	}
 	now = saved
 	now.Mode, now.Fit = engine.LSP, false
 	st.Mode = engine.LSP

@@ -110,6 +110,11 @@ type Options struct {
 	// Comm, when it has more than one rank, trains data-parallel with the
 	// other ranks (dataparallel.go); nil or one rank trains alone.
 	Comm comm.Communicator
+	// DefaultOut says that --out is the command's default, given neither
+	// --out nor --overwrite: the run replaces the outputs there only when
+	// DefaultOutMarker says an earlier such run wrote them, and marks its
+	// own (outputs.go).
+	DefaultOut bool
 }
 
 // run holds the state of one training run.

@@ -225,6 +225,8 @@ func (r *run) resumeOrInit() error {
 	name := "initial weights"
 	if r.fromCheckpoint {
 		name = "weights load"
+	} else { // a preset's loss starts at ln(vocab) and its samples are noise: say why before anyone wonders
+		r.log.Info("random initialisation (a preset, not pretrained weights)", "model", r.cfg.Model, "seed", r.cfg.Seed, "pretrained", "give --model a Hugging Face directory (config.json, model.safetensors, tokenizer.json)")
 	}
 	end := phase(name)
 	err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint)

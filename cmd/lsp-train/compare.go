@@ -40,7 +40,7 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.Var(&c.Refit, "refit", "lsp rows: `HOW` a check makes new projectors (sum, split or random; default: lsp-train's)")
 	fs.Var(&c.Accept, "accept", "lsp rows: `WHAT` decides whether new projectors replace the old (heldout or fit; default: lsp-train's)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp rows: `WHEN` a refitted matrix's learning rate is re-warmed (measured, change or off; default: lsp-train's)")
-	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp rows: no projector check before step 1")
+	fs.BoolVar(&c.CheckAtStart, "check-at-start", c.CheckAtStart, "lsp rows: a projector check before step 1 too (by default the first is after --check-every steps)")
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp rows: one projector pair per matrix kind, fitted on every layer")
 	fs.IntVar(&c.CalibSamples, "calib-samples", c.CalibSamples, "lsp rows: rows of the calibration batches of a projector check")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp rows: apply the update without the projectors' per-column gains")

@@ -14,13 +14,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
@@ -35,6 +38,8 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.IntVar(&c.GradAccum, "grad-accum", c.GradAccum, "micro-batches accumulated per optimizer step")
 	fs.Float64Var(&c.LR, "lr", c.LR, "peak learning rate (after warmup; cosine decay to --min-lr)")
 	fs.Float64Var(&c.MinLR, "min-lr", c.MinLR, "learning rate at the last step")
+	// Its default follows --lr (defaultMinLR): -h says so instead of a number.
+	fs.Lookup("min-lr").DefValue = fmt.Sprintf("%g x --lr", minLRFraction)
 	fs.IntVar(&c.Warmup, "warmup", c.Warmup, "linear warmup steps")
 	fs.Float64Var(&c.WeightDecay, "weight-decay", c.WeightDecay, "decoupled weight decay of matrices and embeddings")
 	fs.Float64Var(&c.Beta1, "beta1", c.Beta1, "AdamW beta1")
@@ -73,7 +78,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Accept, "accept", "lsp: `WHAT` decides whether new projectors replace the old: heldout (half the calibration micro-batches, unseen by the fit) or fit (the fit's own data)")
 	fs.Var(&c.Rewarm, "rewarm", "lsp: `WHEN` a refitted matrix's learning rate is re-warmed: measured (its carried second moment is below the new subspace's), change (after any large change), floor (no ramp: raise the carried second moment to the new subspace's) or off")
 	fs.Float64Var(&c.ProjOrtho, "proj-ortho", c.ProjOrtho, "lsp: weight of the projector fit's penalty on non-orthogonal columns (0: none)")
-	fs.BoolVar(&c.StartRandom, "start-random", c.StartRandom, "lsp: no projector check before step 1 (train on the random projectors until the first --check-every)")
+	fs.BoolVar(&c.CheckAtStart, "check-at-start", c.CheckAtStart, "lsp: a projector check before step 1 too (by default step 1 to --check-every train on the random projectors drawn at the start)")
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
 	fs.Var(&c.Collectives, "collectives", "`WHERE` several ranks (mpirun) sum lsp's S and the device AdamW's gradients: nccl (on the GPUs), host (copied to pinned memory, over MPI) or auto (nccl on the CUDA backend when libnccl.so.2 loads, else host)")
@@ -83,7 +88,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "cpu device: charge device-host copies at this many bytes/s, e.g. 12GB (0: free)")
 	fs.Var(&c.OnNonFinite, "on-nonfinite", "`ACTION` on a step whose loss is NaN or infinite: stop (without saving that step) or skip (update nothing, go on with the next batch)")
 	fs.IntVar(&c.MaxSkips, "max-skips", c.MaxSkips, "with --on-nonfinite skip, the most steps skipped in a row; one more stops the run")
-	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out each run reuses out/, while a given non-empty one needs --resume or --overwrite")
+	fs.StringVar(&c.Out, "out", c.Out, "output `DIR`; without --out, out/, where a run replaces the outputs of an earlier run without --out (marked by its "+train.DefaultOutMarker+" file); any other non-empty directory needs --resume or --overwrite")
 }
 
 // The headings of the train command's -h, in order.
@@ -143,7 +148,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"rewarm", groupOffload},
 	{"proj-ortho", groupOffload},
 	{"no-gain", groupOffload},
-	{"start-random", groupOffload},
+	{"check-at-start", groupOffload},
 	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
 	{"collectives", groupDevice},
@@ -168,12 +173,14 @@ var trainFlagGroups = []struct{ flag, group string }{
 func trainUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, `Usage: lsp-train [flags]                train a model (no flags: the tiny preset on a built-in task)
        lsp-train SUBCOMMAND [flags]
+       lsp-train help [SUBCOMMAND]      this help, or a subcommand's
+       lsp-train --version              the version and the Go release that built it
 
 Any flag may also come from a JSON file: --config FILE; flags on the command line win.
-%s
+%s%s
 
 Subcommands (lsp-train SUBCOMMAND -h describes their flags):
-`, backendsLine())
+`, wrap(strings.Fields("A SIZE is "+sizeHelp+"."), 0, 78), backendsLine())
 	for _, name := range subcommandNames {
 		sc := subcommands[name]
 		fmt.Fprintf(w, "  %-9s %s\n", name, sc.summary)
@@ -228,7 +235,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet, names []string) {
 		}
 		_, usage := flag.UnquoteUsage(f)
 		fmt.Fprintf(w, "  %s\n", strings.TrimSpace("--"+f.Name+" "+placeholder(f)))
-		if def := f.DefValue; def != "" && def != "0" && def != "false" {
+		// A usage that states its default itself ("(default: bf16 with
+		// --device cuda, ...)") gets no second one from the flag's value.
+		if def := f.DefValue; def != "" && def != "0" && def != "false" && !strings.Contains(usage, "(default") {
 			if _, ok := f.Value.(*byteSize); ok {
 				def = formatBytes(def)
 			}
@@ -318,64 +327,121 @@ func parseFlags(fs *flag.FlagSet, args []string, usage func(io.Writer), stderr i
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("%v%s; %s -h lists the flags", err, didYouMean(fs, err), fs.Name())
+		return fmt.Errorf("%s%s; %s -h lists the flags", doubleDash(err.Error()), didYouMean(fs, err), fs.Name())
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags start with -); %s -h lists the flags", fs.Arg(0), fs.Name())
+		return fmt.Errorf("unexpected argument %q%s; %s -h lists the flags", fs.Arg(0), afterSwitch(fs, args), fs.Name())
 	}
 	return nil
 }
 
-// didYouMean names the flag closest to an undefined one (" (did you
-// mean --steps?)"), when one is close: at most two edits away, or one
-// name holding the other.
+// flagInError is a flag name as the flag package's errors spell it, with
+// one dash ("flag provided but not defined: -modle", "invalid value "x"
+// for flag -mode: ...", "flag needs an argument: -steps").
+var flagInError = regexp.MustCompile(`(: |for |for flag )-([A-Za-z][\w-]*)`)
+
+// doubleDash spells the flags of a flag package error with two dashes,
+// as -h and every other error do.
+func doubleDash(msg string) string {
+	return flagInError.ReplaceAllString(msg, "$1--$2")
+}
+
+// afterSwitch explains an unexpected argument that follows a switch (a
+// boolean flag takes no value: "--resume out/x" leaves "out/x" over), ""
+// for any other.
+func afterSwitch(fs *flag.FlagSet, args []string) string {
+	i := len(args) - fs.NArg()
+	if i < 1 || !strings.HasPrefix(args[i-1], "-") {
+		return ""
+	}
+	name := strings.TrimLeft(args[i-1], "-")
+	f := fs.Lookup(name)
+	if f == nil {
+		return ""
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+		return ""
+	}
+	if name == "resume" {
+		return " after --resume, which takes no path: it continues the run in --out; give --out DIR --resume " +
+			"(DIR: the run's output directory, holding " + checkpoint.FileName + ")"
+	}
+	return fmt.Sprintf(" after --%s, which takes no value (--%s=false turns it off)", name, name)
+}
+
+// renamedFlags says what became of a flag that no longer exists, for
+// the scripts that still give it.
+var renamedFlags = map[string]string{
+	"start-random": "--check-at-start replaced it, with the opposite sense: --start-random=false is --check-at-start, --start-random the default",
+}
+
+// didYouMean names the flags closest to an undefined one (" (did you
+// mean --steps?)", " (did you mean --mode or --model?)" when several are
+// as close), when any is close: at most two edits away, a swap of two
+// neighbouring letters counting one, or one name holding the other.
 func didYouMean(fs *flag.FlagSet, err error) string {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
 	if !ok {
 		return ""
 	}
 	name = strings.TrimLeft(name, "-")
-	best, bestDist := "", 3
+	if hint, ok := renamedFlags[name]; ok && fs.Lookup(strings.Fields(hint)[0][2:]) != nil {
+		return " (" + hint + ")"
+	}
+	var best []string
+	bestDist := 3
 	fs.VisitAll(func(f *flag.Flag) {
 		d := editDistance(name, f.Name)
 		if len(name) >= 3 && len(f.Name) >= 3 && (strings.Contains(f.Name, name) || strings.Contains(name, f.Name)) {
 			d = min(d, 2)
 		}
-		if d < bestDist {
-			best, bestDist = f.Name, d
+		switch {
+		case d < bestDist:
+			best, bestDist = []string{"--" + f.Name}, d
+		case d == bestDist:
+			best = append(best, "--"+f.Name)
 		}
 	})
-	if best == "" {
+	switch len(best) {
+	case 0:
 		return ""
+	case 1:
+		return " (did you mean " + best[0] + "?)"
 	}
-	return " (did you mean --" + best + "?)"
+	return " (did you mean " + strings.Join(best[:len(best)-1], ", ") + " or " + best[len(best)-1] + "?)"
 }
 
-// editDistance is the Levenshtein distance of a and b.
+// editDistance is the optimal string alignment distance of a and b: the
+// insertions, deletions, substitutions and swaps of two neighbouring
+// letters that turn one into the other (--modle is one swap from --model).
 func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
 	}
 	for i := 1; i <= len(a); i++ {
-		cur[0] = i
 		for j := 1; j <= len(b); j++ {
 			cost := 1
 			if a[i-1] == b[j-1] {
 				cost = 0
 			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
 	}
-	return prev[len(b)]
+	return d[len(a)][len(b)]
 }
 
 // fitFlags are the lsp settings of the projector checks, which run only
 // with --fit.
 var fitFlags = []string{"alpha", "check-every", "calib-samples", "proj-lr", "fit-iters", "refit", "accept", "rewarm",
-	"proj-ortho", "start-random", "share-layers"}
+	"proj-ortho", "check-at-start", "share-layers"}
 
 // checkFitFlags refuses a check setting given (on the command line or in
 // the config file) to an lsp run without --fit: since lsp keeps its
@@ -398,16 +464,44 @@ func checkFitFlags(fs *flag.FlagSet, c train.Config) error {
 		"(without it the random projectors drawn at the start are kept): add --fit or drop it", strings.Join(given, ", "))
 }
 
-// reuseDefaultOut sets --overwrite when --out was given neither on the
-// command line nor in the config file (and --resume is not set): the
-// default out/ is the scratch directory of the plain command, which works
-// twice in a row; a directory the user named is never replaced unasked.
-func reuseDefaultOut(fs *flag.FlagSet, c *train.Config) {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "out" || f.Name == "overwrite" })
-	if !given && !c.Resume {
-		c.Overwrite = true
+// defaultOut says whether --out was given neither on the command line
+// nor in the config file, and --overwrite neither: the default out/ is
+// the scratch directory of the plain command, which works twice in a row,
+// replacing the outputs of an earlier such run (train.DefaultOutMarker
+// says which); a directory the user named, or files the plain command
+// did not write, are never replaced unasked.
+func defaultOut(fs *flag.FlagSet) bool {
+	return !flagGiven(fs, "out") && !flagGiven(fs, "overwrite")
+}
+
+// minLRFraction is --min-lr's default as a share of --lr: cosine
+// schedules commonly end at a tenth of their peak, and a fixed number
+// would refuse any --lr below it.
+const minLRFraction = 0.1
+
+// defaultMinLR sets --min-lr to minLRFraction x --lr when neither the
+// command line nor the config file gave it.
+func defaultMinLR(fs *flag.FlagSet, c *train.Config) {
+	if !flagGiven(fs, "min-lr") {
+		c.MinLR = minLRFraction * c.LR
 	}
+}
+
+// checkSteps refuses an explicit --steps 0: train.Config reads 0 as "not
+// set" (600 steps, or --epochs), which is not what a user writing 0 means.
+func checkSteps(fs *flag.FlagSet, c train.Config) error {
+	if flagGiven(fs, "steps") && c.Steps == 0 {
+		return flagerr.New("steps", "must be at least 1, got 0 (leave --steps out for %d steps, or give --epochs)", train.DefaultSteps)
+	}
+	return nil
+}
+
+// flagGiven says whether the flag name was set on the command line or by
+// the config file.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // applyConfigFile sets every flag named in a JSON object that was not given
@@ -419,11 +513,17 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	}
 	// UseNumber keeps numbers as written: a float64 would turn 1234567
 	// into "1.234567e+06", which integer flags reject.
-	var m map[string]any
+	var v any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	if err := dec.Decode(&m); err != nil {
+	if err := dec.Decode(&v); err != nil {
 		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	// Decoded as any, not straight into the map, so that an array or a
+	// number is named as such rather than as a Go type error.
+	m, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("--config %s: must be a JSON object of flag settings, such as {\"steps\": 200}, not %s", path, jsonKind(v))
 	}
 	if dec.More() {
 		return fmt.Errorf("--config %s: trailing data after the JSON object", path)
@@ -454,6 +554,23 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	return nil
 }
 
+// jsonKind names the JSON kind of a decoded value: "an array", "a string", ...
+func jsonKind(v any) string {
+	switch v.(type) {
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return "an object"
+}
+
 func jsonText(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -462,7 +579,8 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// byteSize is a flag holding bytes, written as 123, 4KiB, 8GiB, 2GB or 1.5G.
+// byteSize is a flag holding bytes, written as 123, 4KiB, 8GiB, 2GB or
+// 1.5G, the unit in any case (8gb, 8gib).
 type byteSize int64
 
 func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
@@ -476,26 +594,34 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
+// sizeUnits are the units of a byte size, longest first so that a suffix
+// matches whole: KiB..TiB are powers of 1024, KB..TB powers of 1000 (as
+// disks and links are sold), and a bare K..T of 1024 (as GPU memory is
+// quoted: an "80G" card). Case does not matter.
+var sizeUnits = []struct {
+	suffix string
+	mult   float64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+}
+
+// sizeHelp says what a byte size may be, for -h and the error.
+const sizeHelp = "bytes, with an optional unit in any case: KiB, MiB, GiB, TiB and K, M, G, T are powers of 1024; KB, MB, GB, TB powers of 1000"
+
 func parseBytes(s string) (int64, error) {
 	t := strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   float64
-	}{
-		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
-	}
 	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+	for _, u := range sizeUnits {
+		if len(t) >= len(u.suffix) && strings.EqualFold(t[len(t)-len(u.suffix):], u.suffix) {
+			t, mult = strings.TrimSpace(t[:len(t)-len(u.suffix)]), u.mult
 			break
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
 	if err != nil || !(v >= 0) { // also rejects NaN
-		return 0, fmt.Errorf("%q is not a byte size (examples: 8GiB, 512MiB, 1000000)", s)
+		return 0, fmt.Errorf("%q is not a byte size: want %s (examples: 8GiB, 512MiB, 12GB, 1000000)", s, sizeHelp)
 	}
 	// Converting a float64 at or above 2^63 (or +Inf) to int64 is
 	// implementation-defined in Go; reject it instead.

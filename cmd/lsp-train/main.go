@@ -5,7 +5,8 @@
 // are; `lsp-train sample` generates text from a trained model, and
 // `lsp-train compare` fine-tunes in every update mode and prints a table.
 //
-//	lsp-train [flags]                 train (see -h)
+//	lsp-train [flags]                 train (see -h; also lsp-train help [SUBCOMMAND])
+//	lsp-train --version               the version and the Go release that built it
 //	lsp-train sample -model DIR -prompt TEXT [flags]
 //	lsp-train compare [flags]         native, zero and lsp side by side
 //	lsp-train plan [flags]            will it fit, and how fast, on a given GPU
@@ -28,6 +29,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -68,6 +70,32 @@ var subcommands = map[string]subcommand{
 	"profile": {"time a few steps op by op: by phase, op family and stream", newProfileFlags, profileCmd},
 }
 
+// versionText is what --version prints: the module's version (or the
+// commit it was built from, when built from a checkout), and the Go
+// release that built it.
+func versionText() string {
+	v := "(unknown version)"
+	info, ok := debug.ReadBuildInfo()
+	if ok {
+		v = info.Main.Version
+		var rev, modified string
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					modified = ", modified"
+				}
+			}
+		}
+		if rev != "" {
+			v += fmt.Sprintf(" (commit %s%s)", rev[:min(12, len(rev))], modified)
+		}
+	}
+	return fmt.Sprintf("lsp-train %s, %s %s/%s", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
 // exitCoder is an error that sets the exit status.
 type exitCoder interface{ ExitCode() int }
 
@@ -76,6 +104,16 @@ type exitCoder interface{ ExitCode() int }
 func run(args []string, stdout io.Writer, stderr *os.File) int {
 	name, cmd := "lsp-train", trainCmd
 	var err error
+	if len(args) > 0 {
+		switch args[0] {
+		case "--version", "-version", "version":
+			fmt.Fprintln(stdout, versionText())
+			return 0
+		case "help":
+			// lsp-train help [SUBCOMMAND]: that command's -h.
+			args = append(args[1:], "-h")
+		}
+	}
 	if len(args) > 0 {
 		if sc, ok := subcommands[args[0]]; ok {
 			name, cmd, args = "lsp-train "+args[0], sc.run, args[1:]
@@ -140,8 +178,11 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 			return err
 		}
 	}
-	reuseDefaultOut(fs, &cfg)
 	defaultDType(fs, &cfg)
+	defaultMinLR(fs, &cfg)
+	if err := checkSteps(fs, cfg); err != nil {
+		return err
+	}
 	if err := checkFitFlags(fs, cfg); err != nil {
 		return err
 	}
@@ -161,7 +202,7 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 		progress = stderr // plain log lines when not a terminal
 	}
-	opts := train.Options{Logger: logger, Progress: progress}
+	opts := train.Options{Logger: logger, Progress: progress, DefaultOut: defaultOut(fs)}
 	if ranks > 1 {
 		// --device cuda: each rank on its own GPU of its machine.
 		if cfg.Device, err = device.PerRank(cfg.Device, localRank()); err != nil {

@@ -84,6 +84,7 @@ func profileCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		modes = []engine.Mode{m}
 	}
 	defaultDType(fs, &cfg)
+	defaultMinLR(fs, &cfg)
 	if cfg.Steps < 1 {
 		return fmt.Errorf("--steps: %d, want at least 1", cfg.Steps)
 	}

@@ -19,7 +19,7 @@ import (
 func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.StringVar(&o.Model, "model", "out/hf", "a Hugging Face `DIR` (such as <out>/hf; config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), a training output directory (its hf/, else its checkpoint), a checkpoint file (with the tokenizer its run recorded), or a llama2.c model .bin")
 	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
-	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required)")
+	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required; \"\" generates from the beginning-of-sequence token alone, as llama2.c does)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")
 	fs.Float64Var(&o.Temperature, "temperature", 0, "sampling temperature, >= 0 (0: greedy)")
@@ -58,8 +58,10 @@ func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	// The ranges -h states, checked before the model is read. (The
 	// library takes a TopP of 0 as "not set"; the flag's default is 1.)
 	switch {
-	case o.Prompt == "":
-		return fmt.Errorf("--prompt is required")
+	case !flagGiven(fs, "prompt"):
+		// An empty one is a prompt: generation starts from the
+		// beginning-of-sequence token (EOS where the tokenizer has none).
+		return fmt.Errorf("--prompt is required (--prompt \"\" generates from nothing)")
 	case !(o.TopP > 0 && o.TopP <= 1): // also NaN
 		return fmt.Errorf("--top-p: must be in (0, 1], got %g", o.TopP)
 	case !(o.Temperature >= 0):

@@ -94,7 +94,7 @@ type Config struct {
 	Rewarm       lsp.Rewarm
 	NoGain       bool
 	Ortho        float64
-	StartRandom  bool
+	CheckAtStart bool
 	ShareLayers  bool
 	CalibSamples int
 }
@@ -105,7 +105,7 @@ func Defaults() Config {
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
 		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit",
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
-		StartRandom: train.Defaults().StartRandom, CalibSamples: 512}
+		CheckAtStart: train.Defaults().CheckAtStart, CalibSamples: 512}
 }
 
 // bounds is the largest --d and the largest --r for d that the
@@ -498,7 +498,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.Fit = engine.DenseDevice, c.D, c.R, spec.fit
-		cfg.CheckEvery, cfg.CalibSamples, cfg.StartRandom = checkEvery, c.CalibSamples, c.StartRandom
+		cfg.CheckEvery, cfg.CalibSamples, cfg.CheckAtStart = checkEvery, c.CalibSamples, c.CheckAtStart
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
 		cfg.ShareLayers = c.ShareLayers
 		if spec.refit != "" {
@@ -822,7 +822,7 @@ func table(res *Result) string {
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's host memory held for the whole run (the optimizer side's, the staging buffer, the data and the Go heap's headroom; not the CPU backend's device memory nor one phase's transients).",
-		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 without --start-random) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
+		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 with --check-at-start) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
 			c.D, c.R, checkEvery, c.CalibSamples),
 		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}

@@ -160,9 +160,9 @@ func TestCompare(t *testing.T) {
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
 	c.Seeds, c.Rows = 2, "native,zero,lsp,lsp-fit,lsp-resample"
-	// 40 steps end before the first check of --start-random (step 50):
-	// check before step 1 instead, so the rows that check do.
-	c.StartRandom = false
+	// 40 steps end before the first check (step 50): check before step
+	// 1 too, so the rows that check do.
+	c.CheckAtStart = true
 	t0 := time.Now()
 	res, err := Run(context.Background(), c, nil)
 	if err != nil {

@@ -6,6 +6,7 @@ package eval
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -204,6 +205,14 @@ func loadSampleModel(path string) (sampleSource, error) {
 			return sampleSource{}, flagErr("model", "%v", err)
 		}
 		return sampleSource{dir: src, spec: spec, vals: vals}, nil
+	case statErr == nil && !info.IsDir() && !isSafetensors(path):
+		// Not a checkpoint: read as training reads --model's file (a
+		// llama2.c .bin), so that a truncated or version-1 export gets
+		// the same error, not a bad safetensors header.
+		if _, _, err := catalog.Resolve(path); err != nil {
+			return sampleSource{}, flagErr("model", "%v", err)
+		}
+		return sampleSource{}, flagErr("model", "%s is neither a checkpoint nor a llama2.c model", path)
 	case statErr == nil && !info.IsDir():
 		// A checkpoint file.
 	case exists(filepath.Join(path, "config.json")):
@@ -240,4 +249,19 @@ func loadSampleModel(path string) (sampleSource, error) {
 		}
 	}
 	return src, nil
+}
+
+// isSafetensors says whether the file at path starts as a safetensors
+// file does: an 8-byte header length, then the header's JSON object.
+func isSafetensors(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return true // let the checkpoint reader report it
+	}
+	defer f.Close()
+	var head [9]byte
+	if _, err := io.ReadFull(f, head[:]); err != nil {
+		return false
+	}
+	return head[8] == '{'
 }

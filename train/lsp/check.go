@@ -1,6 +1,6 @@
 // The projector check (docs/DESIGN.md, "Learning the projectors"): every
 // --check-every steps
-// (and before step 1 unless --start-random), a calibration pass forms the
+// (and before step 1 with --check-at-start), a calibration pass forms the
 // full gradient G of one layer's matrices at a time, per micro-batch (that
 // layer's forward keeps its inputs X; G = X^T dY). The host measures each
 // matrix's bias ratio and refits the projectors that exceed alpha (the
