@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
@@ -60,6 +62,17 @@ func TestLowLR(t *testing.T) {
 	code, stdout, stderr := execCmd(t, "", append(smallRun(t), "--lr", "3e-5", "--out", out)...)
 	if code != 0 {
 		t.Fatalf("--lr 3e-5 alone: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	// The default run's --min-lr stays 3e-4 exactly (not 0.1 x 3e-3,
+	// one ulp above), as its recorded settings and schedule have it.
+	for lr, want := range map[float64]float64{3e-3: 3e-4, 6e-4: 6e-5, 3e-5: 3e-6} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		c := train.Defaults()
+		bindTrainFlags(fs, &c)
+		c.LR = lr
+		if defaultMinLR(fs, &c); c.MinLR != want {
+			t.Errorf("--lr %g: default --min-lr %v, want %v", lr, c.MinLR, want)
+		}
 	}
 	_, _, help := execCmd(t, "", "-h")
 	if !regexp.MustCompile(`--min-lr X\n\s+learning rate at the last step \(default 0.1 x --lr\)\n`).MatchString(help) {

@@ -480,10 +480,13 @@ func defaultOut(fs *flag.FlagSet) bool {
 const minLRFraction = 0.1
 
 // defaultMinLR sets --min-lr to minLRFraction x --lr when neither the
-// command line nor the config file gave it.
+// command line nor the config file gave it, rounded to 12 significant
+// digits: 0.1 x 3e-3 is 0.00030000000000000003 in float64, and the
+// default run's --min-lr has always been 3e-4 (its schedule, its
+// checkpoints' recorded settings).
 func defaultMinLR(fs *flag.FlagSet, c *train.Config) {
 	if !flagGiven(fs, "min-lr") {
-		c.MinLR = minLRFraction * c.LR
+		c.MinLR, _ = strconv.ParseFloat(strconv.FormatFloat(minLRFraction*c.LR, 'g', 12, 64), 64)
 	}
 }
 
