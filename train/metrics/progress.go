@@ -172,7 +172,7 @@ func (p *Progress) Task(label string, done, total int, whole, after time.Duratio
 		}
 		return
 	}
-	tenth := max(1, total/10)
+	tenth := max(1, (total+9)/10)
 	if done == 0 || last || (done%tenth == 0 && now.Sub(p.taskLog) >= time.Second) {
 		p.taskLog = now
 		p.logger.Info(label, "done", done, "total", total, "eta", formatDuration(eta))
