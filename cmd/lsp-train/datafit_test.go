@@ -1,0 +1,85 @@
+// Tests of what the command says when --data's examples do not fit
+// --seq-len: the warning with the share dropped and the --seq-len that
+// keeps 90% of them, the refusal when fewer than 10% are left without
+// --truncate, and the all-dropped error suggesting the same --seq-len.
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// fitData writes an Alpaca file of 20 records whose outputs grow by 5
+// bytes each, so that with mini's byte tokenizer their lengths spread
+// evenly over about 100 tokens, all within mini's context of 256.
+func fitData(t *testing.T) string {
+	t.Helper()
+	var recs []map[string]string
+	for i := range 20 {
+		recs = append(recs, map[string]string{"instruction": fmt.Sprintf("Say x%02d.", i), "input": "", "output": strings.Repeat("x", 5*i+1)})
+	}
+	raw, err := json.Marshal(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "fit.json")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestDataFit runs the command on fitData with a --seq-len that keeps
+// one record, one that keeps none, and the --seq-len both errors suggest.
+func TestDataFit(t *testing.T) {
+	path := fitData(t)
+	run := func(args ...string) (int, string) {
+		t.Helper()
+		args = append([]string{"--model", "mini", "--data", path, "--steps", "1", "--batch", "2", "--eval-generate", "1",
+			"--threads", "1", "--out", filepath.Join(t.TempDir(), "out")}, args...)
+		code, stdout, stderr := runCmd(t, args...)
+		return code, stdout + stderr
+	}
+	suggested := regexp.MustCompile(`--seq-len (\d+) keeps 90% of them`)
+
+	// The shortest record is about 150 tokens (the template's 140 bytes,
+	// the instruction, one output byte and the EOS): --seq-len 150 keeps
+	// it alone, 5% of them, and the run refuses.
+	code, out := run("--seq-len", "150")
+	if code != 1 || !strings.Contains(out, "--seq-len: 19 of 20 examples (95%)") || !strings.Contains(out, "only 1 (5%)") ||
+		!strings.Contains(out, "--truncate") {
+		t.Fatalf("--seq-len 150: exit %d, want 1 and an error naming the 95%% dropped and --truncate:\n%s", code, out)
+	}
+	m := suggested.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("--seq-len 150: no --seq-len suggested:\n%s", out)
+	}
+	seqLen := m[1]
+
+	// When every record is dropped, the error suggests the same length.
+	code, out = run("--seq-len", "100")
+	if m := suggested.FindStringSubmatch(out); code != 1 || !strings.Contains(out, "all 20 examples dropped") || m == nil || m[1] != seqLen {
+		t.Errorf("--seq-len 100: exit %d, want 1 and the all-dropped error suggesting --seq-len %s:\n%s", code, seqLen, out)
+	}
+
+	// --truncate trains on the cut records, warning.
+	code, out = run("--seq-len", "150", "--truncate")
+	if code != 0 || !strings.Contains(out, "level=WARN") || !strings.Contains(out, "19 cut to fit") {
+		t.Errorf("--seq-len 150 --truncate: exit %d, want 0 and a warning of the records cut:\n%s", code, out)
+	}
+
+	// The suggested length keeps 18 of the 20 and drops 2, saying so,
+	// and that the eval set is too small to mean much.
+	code, out = run("--seq-len", seqLen)
+	for _, w := range []string{"level=WARN", "2 of 20 examples (10%)", "are longer than --seq-len " + seqLen, "eval set holds only 1 example"} {
+		if code != 0 || !strings.Contains(out, w) {
+			t.Errorf("--seq-len %s: exit %d, want 0 and %q:\n%s", seqLen, code, w, out)
+		}
+	}
+}
