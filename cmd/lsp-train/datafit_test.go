@@ -83,3 +83,24 @@ func TestDataFit(t *testing.T) {
 		}
 	}
 }
+
+// TestBuiltinData: --data builtin trains the default job's task, sort,
+// whose examples all fit the default --seq-len, and the summary names the
+// task; a builtin task that does not fit says why examples were dropped.
+func TestBuiltinData(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr := runCmd(t, "--data", "builtin", "--steps", "1", "--batch", "4", "--eval-generate", "1",
+		"--threads", "1", "--out", out)
+	if code != 0 || !strings.Contains(stderr, `source="builtin:sort `) || strings.Contains(stderr, "level=WARN") ||
+		!strings.Contains(stdout, "Trained tiny on builtin:sort: 1 step.") || !strings.Contains(stdout, "-prompt 'sort hello='") {
+		t.Errorf("--data builtin: exit %d, want 0, builtin:sort loaded and named, nothing dropped:\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// reverse's longest prompts (3 + 8 letters longer than sort's) do
+	// not fit --seq-len 24.
+	out = filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr = runCmd(t, "--data", "builtin:reverse:300", "--steps", "1", "--batch", "4", "--eval-generate", "1",
+		"--threads", "1", "--out", out)
+	if code != 0 || !regexp.MustCompile(`level=WARN msg="\d+ of 300 examples \([0-9.]+%\) of --data builtin:reverse:300 are longer than --seq-len 24 \+ 1 tokens and dropped; --seq-len 25 keeps 90% of them`).MatchString(stderr) {
+		t.Errorf("--data builtin:reverse:300: exit %d, want 0 and a warning of the examples dropped for --seq-len:\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+}

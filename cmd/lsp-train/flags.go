@@ -27,7 +27,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+catalog.PresetList()+
 		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
-	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
+	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
 	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per micro-batch")

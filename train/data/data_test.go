@@ -219,6 +219,18 @@ func TestSeqLenKeeping(t *testing.T) {
 	}
 }
 
+// TestBuiltinDefault: "builtin" is the default job's task, sort, all of
+// whose examples fit the default --seq-len of 24.
+func TestBuiltinDefault(t *testing.T) {
+	ds, err := Load("builtin", tokenizer.Byte(), Options{SeqLen: 24, EvalFraction: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ds.Source, "builtin:sort ") || ds.Dropped != 0 {
+		t.Errorf("builtin loaded %q, dropped %d; want builtin:sort, none dropped", ds.Source, ds.Dropped)
+	}
+}
+
 func TestEvalCount(t *testing.T) {
 	tests := []struct {
 		n    int
