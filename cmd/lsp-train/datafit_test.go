@@ -104,3 +104,39 @@ func TestBuiltinData(t *testing.T) {
 		t.Errorf("--data builtin:reverse:300: exit %d, want 0 and a warning of the examples dropped for --seq-len:\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 }
+
+// TestExportTokenIDsCommand trains the README's llama-tiny-gqa example
+// (no tokenizer files: the byte tokenizer, EOS 256) for a step and checks
+// that the export's config.json names the tokenizer's EOS, not the
+// checkpoint's 2, and no BOS or pad, which the byte tokenizer has not.
+func TestExportTokenIDsCommand(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	code, stdout, stderr := runCmd(t, "--model", "../../train/testdata/llama-tiny-gqa", "--steps", "1", "--batch", "2",
+		"--eval-generate", "1", "--threads", "1", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "hf", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		BOS *int32 `json:"bos_token_id"`
+		EOS *int32 `json:"eos_token_id"`
+		PAD *int32 `json:"pad_token_id"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.EOS == nil || *c.EOS != 256 || c.BOS != nil || c.PAD != nil {
+		t.Errorf("hf/config.json: bos_token_id %v, eos_token_id %v, pad_token_id %v; want null, 256 (the byte tokenizer's EOS), null:\n%s",
+			show(c.BOS), show(c.EOS), show(c.PAD), raw)
+	}
+}
+
+func show(p *int32) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
+}
