@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -55,6 +56,12 @@ func exportedIDs(t *testing.T, dir, name string, eos int32) (int32, int32, int32
 	return id(c.BOS), id(one), id(c.PAD)
 }
 
+// TestExportTokenIDs exports presets and checkpoints with their own or
+// another tokenizer and compares the ids of config.json (and of
+// generation_config.json, where written) with the tokenizer's, and with
+// those of the tokenizer read back from the export. LSP_TOKEN_IDS_DIR=DIR
+// keeps the exports under DIR for transformers to check
+// (scripts/fixtures/check_token_ids.py).
 func TestExportTokenIDs(t *testing.T) {
 	type tc struct {
 		name, model, src string
@@ -113,6 +120,10 @@ func TestExportTokenIDs(t *testing.T) {
 				}
 			}
 			dir := filepath.Join(t.TempDir(), "hf")
+			if keep := os.Getenv("LSP_TOKEN_IDS_DIR"); keep != "" {
+				// For scripts/fixtures/check_token_ids.py (export-checks.md).
+				dir = filepath.Join(keep, strings.NewReplacer(" ", "_", "(", "", ")", "", "--", "").Replace(c.name))
+			}
 			if err := Export(spec, dir, spec.Init(3), src, tok); err != nil {
 				t.Fatal(err)
 			}
