@@ -104,7 +104,7 @@ func Defaults() Config {
 		LR: 3e-3, MinLR: 3e-4, Warmup: 30, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95,
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		CheckpointEvery: 200, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
-		Mode: engine.Native, GradDType: backend.F32, D: 512, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
+		Mode: engine.Native, GradDType: backend.F32, D: 0, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, StartRandom: true,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}

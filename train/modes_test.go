@@ -141,7 +141,7 @@ func TestLSPCapLogged(t *testing.T) {
 	var buf strings.Builder
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	mustRun(t, context.Background(), c, Options{Logger: log})
-	for _, want := range []string{"matrix=qkv shape=16x48 d=16 r=4 requested_d=100", "matrix=fcproj shape=64x16 d=16"} {
+	for _, want := range []string{"16x48 d=16 r=4 (qkv, x2) capped at the matrix's side from --d 100", "64x16 d=16 r=4 (fcproj, x2) capped"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, buf.String())
 		}

@@ -140,3 +140,35 @@ func show(p *int32) string {
 	}
 	return fmt.Sprint(*p)
 }
+
+// TestLSPDefaultD: the default job in lsp mode uses a d that compresses
+// tiny's matrices (32, a quarter of their 128-wide side) and the log
+// gives each matrix shape's d and r; a --d above the side is said to be
+// capped there, compressing nothing.
+func TestLSPDefaultD(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		want, not []string
+	}{
+		{nil, []string{`msg="lsp projectors" matrices="128x384 d=32 r=16 (qkv, x4); 128x128 d=32 r=16 (proj, x4); 128x512 d=32 r=16 (fc, x4); 512x128 d=32 r=16 (fcproj, x4)" s_of_gradient=2.1%`},
+			[]string{"capped", "d=512"}},
+		{[]string{"--d", "512"}, []string{"128x128 d=128 r=16 (proj, x4) capped at the matrix's side from --d 512: the subspace is the whole side, which compresses nothing", "s_of_gradient=33.3%"}, nil},
+	} {
+		args := append([]string{"--mode", "lsp", "--steps", "1", "--batch", "4", "--eval-generate", "1", "--threads", "1",
+			"--out", filepath.Join(t.TempDir(), "out")}, tc.args...)
+		code, stdout, stderr := runCmd(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\nstdout:\n%s\nstderr:\n%s", tc.args, code, stdout, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%v: the log lacks %q:\n%s", tc.args, w, stderr)
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(stderr, w) {
+				t.Errorf("%v: the log says %q:\n%s", tc.args, w, stderr)
+			}
+		}
+	}
+}

@@ -57,7 +57,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
 	fs.Var(&c.GradDType, "grad-dtype", "storage `TYPE` of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
 	fs.Var(&c.DenseParams, "dense-params", "lsp mode: `WHERE` the parameters other than block matrices train: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
-	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
+	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix; 0 (the default): a quarter of its shorter side, at most 512 (tiny: 32); a d at a matrix's side or above is capped there and compresses nothing")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
 	fs.Float64Var(&c.Alpha, "alpha", c.Alpha, "lsp: bias ratio in (0,1) above which the projectors are refitted")
 	fs.IntVar(&c.CheckEvery, "check-every", c.CheckEvery, "lsp: steps between projector checks")
