@@ -1,5 +1,5 @@
-// lsp mode's part of the run: the matrices whose projector size or
-// density is capped below --d or --r (logged at set-up), and the periodic
+// lsp mode's part of the run: the d and r each matrix gets, capped by
+// its sides (logged at set-up), and the periodic
 // projector check, whose every matrix goes to the metrics.
 //
 // Limits: the calibration rows of a check are drawn from the training
@@ -10,6 +10,7 @@ package train
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/data"
@@ -19,35 +20,54 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
-// logLSPCaps says which matrices get a smaller d or r than asked for (lsp).
+// logLSPCaps logs the d and r every block matrix really gets (lsp), one
+// entry per distinct shape, and which are capped at the matrix's side,
+// where the subspace is the whole side and nothing is compressed: a
+// --d above a small model's width asks for more than it can give.
 func (r *run) logLSPCaps() error {
 	if r.cfg.Mode != engine.LSP {
 		return nil
 	}
-	for _, c := range lspCaps(r.mc, r.cfg.D, r.cfg.R) {
-		r.log.Info("lsp: d and r capped for this matrix", "matrix", c.matrix, "shape", fmt.Sprintf("%dx%d", c.m, c.n),
-			"d", c.d, "r", c.r, "requested_d", r.cfg.D, "requested_r", r.cfg.R)
+	mats, share, err := lspProjectors(r.mc, r.cfg.D, r.cfg.R)
+	if err != nil {
+		return err
 	}
+	r.log.Info("lsp projectors", "matrices", mats, "s_of_gradient", fmt.Sprintf("%.1f%%", 100*share))
 	return nil
 }
 
-// lspCap is one matrix whose projector size or density lsp caps below the
-// requested --d or --r.
-type lspCap struct {
-	matrix string
-	m, n   int // the matrix's shape
-	d, r   int // what the projectors get
-}
-
-// lspCaps lists the matrices of mc whose d or r are capped.
-func lspCaps(mc model.Spec, d, r int) []lspCap {
-	var caps []lspCap
-	for _, mt := range mc.Matrices() {
-		if cd := lsp.CapD(d, mt.M, mt.N); cd < d || lsp.CapR(r, cd) < r {
-			caps = append(caps, lspCap{matrix: mt.Name, m: mt.M, n: mt.N, d: cd, r: lsp.CapR(r, cd)})
-		}
+// lspProjectors describes the projectors of mc's block matrices for the
+// requested d and r (lsp.Dims), one entry per distinct shape, d and r,
+// e.g. "128x384 d=32 r=16 (qkv, x4)", and the share of the dense
+// gradient's numbers that S (d x d per matrix) holds, over all blocks.
+func lspProjectors(mc model.Spec, d, r int) (string, float64, error) {
+	x, err := model.NewIndex(mc)
+	if err != nil {
+		return "", 0, err
 	}
-	return caps
+	ds, rs := lsp.Dims(x, lsp.Config{D: d, R: r})
+	type shape struct{ m, n, d, r int }
+	var order []shape
+	names := map[shape][]string{}
+	var sNums, gNums float64
+	for k, mt := range x.Mats {
+		s := shape{mt.M, mt.N, ds[k], rs[k]}
+		if names[s] == nil {
+			order = append(order, s)
+		}
+		names[s] = append(names[s], mt.Name)
+		sNums += float64(ds[k] * ds[k])
+		gNums += float64(mt.M * mt.N)
+	}
+	var parts []string
+	for _, s := range order {
+		part := fmt.Sprintf("%dx%d d=%d r=%d (%s, x%d)", s.m, s.n, s.d, s.r, strings.Join(names[s], ", "), len(names[s])*mc.Layers())
+		if d > 0 && s.d < d && s.d == min(s.m, s.n) {
+			part += fmt.Sprintf(" capped at the matrix's side from --d %d: the subspace is the whole side, which compresses nothing", d)
+		}
+		parts = append(parts, part)
+	}
+	return strings.Join(parts, "; "), sNums / gNums, nil
 }
 
 // checkProjectors runs the lsp projector check and writes every matrix's

@@ -47,7 +47,11 @@ func (r *run) openMetrics() error {
 		if r.cfg.Fit {
 			projectors = fmt.Sprintf("fitted: checked every %d steps on %d calibration rows", r.cfg.CheckEvery, r.cfg.CalibSamples)
 		}
-		r.log.Info("lsp", "d", r.cfg.D, "r", r.cfg.R, "projectors", projectors, "dense_params", r.cfg.denseParams(r.fromCheckpoint))
+		d := fmt.Sprint(r.cfg.D) // as asked; each matrix's is on the "lsp projectors" line
+		if r.cfg.D == 0 {
+			d = "auto (a quarter of each matrix's shorter side, at most 512)"
+		}
+		r.log.Info("lsp", "d", d, "r", r.cfg.R, "projectors", projectors, "dense_params", r.cfg.denseParams(r.fromCheckpoint))
 	}
 	return nil
 }

@@ -264,7 +264,12 @@ func savedSettings(st checkpoint.State) map[string]string {
 type change struct{ flag, was, now string }
 
 func (c change) String() string {
-	return fmt.Sprintf("--%s: checkpoint has %s, command line has %s", c.flag, c.was, c.now)
+	now := c.now
+	if c.flag == "d" && now == "0" {
+		// --d not given; before lsp.AutoD the default was 512.
+		now = "none (0: a quarter of each matrix's shorter side; the default was 512 before)"
+	}
+	return fmt.Sprintf("--%s: checkpoint has %s, command line has %s", c.flag, c.was, now)
 }
 
 // resumeDiff compares the settings a checkpoint was saved with (saved,

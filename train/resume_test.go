@@ -299,3 +299,12 @@ func TestResumeOldCheckpointWarns(t *testing.T) {
 		t.Errorf("no warning naming --lr (and not --batch, which it holds); the log:\n%s", logged.String())
 	}
 }
+
+// TestResumeDefaultDChange: a checkpoint of the old default --d 512
+// resumed without --d names both defaults, not a bare 0.
+func TestResumeDefaultDChange(t *testing.T) {
+	got := change{"d", "512", "0"}.String()
+	if !strings.Contains(got, "checkpoint has 512") || !strings.Contains(got, "the default was 512 before") {
+		t.Errorf("change: %q", got)
+	}
+}

@@ -101,49 +101,21 @@ func (r *run) loadData() error {
 	}
 	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
 		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
-	return nil
+	return r.checkDataFit()
 }
 
 // lengthHint says what would make the examples of --data fit after a
 // load with opt failed: when loading them whole succeeds, the failure was
-// their length, and the hint names the --seq-len that keeps the shortest,
-// or a preset whose context holds it when this model's does not. It is ""
-// when the failure was something else.
+// their length, and the hint names the --seq-len that keeps 90% of them,
+// as the drop warning does (fitAdvice). It is "" when the failure was
+// something else.
 func (r *run) lengthHint(opt data.Options) string {
 	opt.SeqLen, opt.Truncate = math.MaxInt32, false
 	ds, err := data.Load(r.cfg.Data, r.tok, opt)
-	if err != nil {
+	if err != nil || len(ds.Lengths) == 0 {
 		return ""
 	}
-	shortest := math.MaxInt
-	for _, ex := range slices.Concat(ds.Train, ds.Eval) {
-		shortest = min(shortest, len(ex.Tokens))
-	}
-	need := shortest - 1 // --seq-len T holds an example of T+1 tokens
-	if need <= r.mc.MaxSeqLen() {
-		return fmt.Sprintf("; the shortest example has %d tokens: --seq-len %d or more (up to the model's context, %d) keeps it",
-			shortest, need, r.mc.MaxSeqLen())
-	}
-	// The suggestion is a preset of the model's own family. Every
-	// preset's tokenizer takes at most a token per byte, and tiny's
-	// takes exactly one, so a context of need tokens is enough for any
-	// of them.
-	var best string
-	var bestSpec model.Spec
-	if fam, err := catalog.Lookup(r.mc.Family()); err == nil {
-		for _, name := range fam.Presets() {
-			c, err := fam.Preset(name)
-			if err == nil && c.MaxSeqLen() >= need && (best == "" || c.NumParams() < bestSpec.NumParams()) {
-				best, bestSpec = name, c
-			}
-		}
-	}
-	hint := fmt.Sprintf("; the shortest example has %d tokens, more than the model's context of %d", shortest, r.mc.MaxSeqLen())
-	if best != "" {
-		hint += fmt.Sprintf(": use a model with a longer context, such as --model %s (%d tokens) with --seq-len %d",
-			best, bestSpec.MaxSeqLen(), min(bestSpec.MaxSeqLen(), max(512, need)))
-	}
-	return hint
+	return fmt.Sprintf("; the shortest example has %d tokens; %s", slices.Min(ds.Lengths), r.fitAdvice(ds.Lengths))
 }
 
 // openEngine opens the backend (unless Options gives one) and builds the

@@ -21,6 +21,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 )
@@ -50,6 +51,14 @@ func (o planOptions) answerMode(j planJob, mode engine.Mode, m plan.Machine) (an
 		// As training resolves it: frozen from a checkpoint, device for a
 		// preset.
 		o.dense = string(o.engineConfig(j, engine.LSP).DenseParams)
+	}
+	if o.d == 0 {
+		// As training resolves --d 0 (lsp.AutoD), the largest any matrix
+		// gets, so that the command lines name it and halving it means
+		// something.
+		for _, mt := range j.spec.Matrices() {
+			o.d = max(o.d, lsp.AutoD(mt.M, mt.N))
+		}
 	}
 	a := answer{mode: mode, asked: o, minDevice: -1, minHost: -1}
 	budget := m.GPU.Budget()

@@ -30,7 +30,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+catalog.PresetList()+
 		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
-	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin, builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
+	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
 	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per micro-batch")
@@ -66,7 +66,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up) or lsp (LSP-Offload: learned sparse projectors, d x d over the link)")
 	fs.Var(&c.GradDType, "grad-dtype", "storage `TYPE` of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
 	fs.Var(&c.DenseParams, "dense-params", "lsp mode: `WHERE` the parameters other than block matrices train: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
-	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix (capped at the matrix's sides)")
+	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix; 0 (the default): a quarter of its shorter side, at most 512 (tiny: 32); a d at a matrix's side or above is capped there and compresses nothing")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
 	fs.Float64Var(&c.Alpha, "alpha", c.Alpha, "lsp: bias ratio in (0,1) above which the projectors are refitted")
 	fs.IntVar(&c.CheckEvery, "check-every", c.CheckEvery, "lsp: steps between projector checks")

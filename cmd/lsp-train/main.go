@@ -41,6 +41,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
+	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
@@ -279,7 +280,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "Continue with the same flags plus --resume.\n")
 		return
 	}
-	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, cfg.Data, stepsText(res))
+	fmt.Fprintf(w, "\nTrained %s on %s: %s.\n", cfg.Model, data.Name(cfg.Data), stepsText(res))
 	reportTimes(w, res)
 	reportMemory(w, res.Memory)
 	if res.Ranks > 1 {
@@ -303,7 +304,7 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 		fmt.Fprintf(w, "  %-40s loss curves\n", res.Plot)
 	}
 	switch {
-	case strings.HasPrefix(cfg.Data, "builtin:sort"):
+	case strings.HasPrefix(data.Name(cfg.Data), "builtin:sort"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -prompt 'sort hello='\n", res.Export)
 	case strings.HasSuffix(cfg.Data, ".json"), strings.HasSuffix(cfg.Data, ".jsonl"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -alpaca -prompt 'Name three colours.'\n", res.Export)

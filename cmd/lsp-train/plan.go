@@ -73,7 +73,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
 	fs.StringVar(&o.gradResidency, "grad-residency", o.gradResidency, "zero and lsp: `WHERE` the gradients (lsp: S and the projectors) wait on the device: whole, ring (a few blocks' at a time, copied down per micro-batch) or auto (whole when it fits the GPU's memory)")
-	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix)")
+	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix); 0 (the default): as training, a quarter of each matrix's shorter side, at most 512")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+

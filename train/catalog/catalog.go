@@ -435,6 +435,11 @@ func ExportFrom(spec model.Spec, dir string, fetch hf.Fetch, src string, tok tok
 	if err != nil {
 		return fmt.Errorf("export: config.json: %w", err)
 	}
+	if tok != nil {
+		if cfg, err = withTokenIDs(cfg, tok); err != nil {
+			return fmt.Errorf("export: config.json: %w", err)
+		}
+	}
 	return atomicfile.WriteDir(dir, 0o755, func(tmp string) error {
 		if err := f.Export(spec, tmp, fetch); err != nil {
 			return err
@@ -459,6 +464,51 @@ func ExportFrom(spec model.Spec, dir string, fetch hf.Fetch, src string, tok tok
 		}
 		return nil
 	})
+}
+
+// withTokenIDs returns config.json cfg with the bos, eos and pad ids of
+// tok, the tokenizer exported beside it, where they differ: the spec's
+// are those of the model's own files or preset (Llama's 1 and 2), which a
+// model trained with another tokenizer (bytes, EOS 256) does not use,
+// and transformers' generate stops at config's eos_token_id, not where
+// sample stops. An eos_token_id list holding the EOS (Llama 3's) is
+// kept; a missing id is written as null. cfg comes back unchanged, byte
+// for byte, when the ids already agree.
+func withTokenIDs(cfg []byte, tok tokenizer.Tokenizer) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(cfg, &m); err != nil {
+		return nil, err
+	}
+	bos, eos, pad := tokenizer.SpecialIDs(tok)
+	changed := false
+	set := func(key string, id int32, ok func(json.RawMessage) bool) {
+		if ok(m[key]) {
+			return
+		}
+		m[key] = json.RawMessage("null")
+		if id >= 0 {
+			m[key] = json.RawMessage(fmt.Sprint(id))
+		}
+		changed = true
+	}
+	is := func(id int32) func(json.RawMessage) bool {
+		return func(raw json.RawMessage) bool {
+			var v *int32
+			return json.Unmarshal(raw, &v) == nil && (v == nil && id < 0 || v != nil && *v == id) && raw != nil
+		}
+	}
+	set("bos_token_id", bos, is(bos))
+	set("pad_token_id", pad, func(raw json.RawMessage) bool {
+		return raw == nil && pad < 0 || is(pad)(raw) // transformers' default pad is none
+	})
+	set("eos_token_id", eos, func(raw json.RawMessage) bool {
+		var ids []int32
+		return is(eos)(raw) || json.Unmarshal(raw, &ids) == nil && len(ids) > 0 && slices.Contains(ids, eos)
+	})
+	if !changed {
+		return cfg, nil
+	}
+	return json.MarshalIndent(m, "", "  ")
 }
 
 // ExportBytes is the most host memory an export of spec holds (the

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,6 +73,11 @@ type Dataset struct {
 	EvalRecords []Record
 	// Dropped counts examples left out for length; Truncated those cut.
 	Dropped, Truncated int
+	// Lengths are the token counts of every example as encoded, before
+	// any was dropped or cut, in record order, so a caller can say which
+	// sequence length would keep them (SeqLenKeeping). Nil for plain
+	// text, whose windows are cut to fit.
+	Lengths []int
 	// Source says what was loaded, for logs.
 	Source string
 }
@@ -173,7 +179,10 @@ func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset,
 	}
 	all := encodeAll(recs, tok)
 	maxLen := opt.SeqLen + 1
-	ds := &Dataset{Source: fmt.Sprintf("records (%d)", len(recs))}
+	ds := &Dataset{Source: fmt.Sprintf("records (%d)", len(recs)), Lengths: make([]int, len(all))}
+	for i := range all {
+		ds.Lengths[i] = len(all[i].Tokens)
+	}
 	var keep []int
 	longest := 0
 	for i := range all {
@@ -216,6 +225,35 @@ func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset,
 		}
 	}
 	return ds, nil
+}
+
+// SeqLenKeeping returns the smallest sequence length that keeps the share
+// (in (0, 1]) of examples of these token counts whole (an example of L
+// tokens needs L-1), or 0 for no examples.
+func SeqLenKeeping(lengths []int, share float64) int {
+	if len(lengths) == 0 {
+		return 0
+	}
+	s := slices.Clone(lengths)
+	slices.Sort(s)
+	k := int(math.Ceil(share*float64(len(s)) - 1e-9)) // examples to keep
+	k = min(max(k, 1), len(s))
+	return max(s[k-1]-1, 1)
+}
+
+// ShareKept returns the share of examples of these token counts that a
+// sequence length of seqLen keeps whole.
+func ShareKept(lengths []int, seqLen int) float64 {
+	if len(lengths) == 0 {
+		return 0
+	}
+	n := 0
+	for _, L := range lengths {
+		if L <= seqLen+1 {
+			n++
+		}
+	}
+	return float64(n) / float64(len(lengths))
 }
 
 // encodeAll tokenizes the records on all cores; the output order is the

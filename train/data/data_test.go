@@ -190,6 +190,47 @@ func TestDropVersusTruncate(t *testing.T) {
 	}
 }
 
+// TestSeqLenKeeping checks the sequence length that keeps a share of the
+// examples whole, which the run's drop warning and error suggest, against
+// the lengths Dataset records before dropping.
+func TestSeqLenKeeping(t *testing.T) {
+	var recs []Record
+	for i := range 20 {
+		recs = append(recs, Record{"p", strings.Repeat("x", i)}) // i+2 tokens
+	}
+	ds, err := FromRecords(recs, tokenizer.Byte(), Options{SeqLen: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds.Lengths) != 20 || ds.Lengths[19] != 21 || ds.Dropped != 15 {
+		t.Fatalf("lengths %v, dropped %d; want 2..21 and 15", ds.Lengths, ds.Dropped)
+	}
+	for _, tc := range []struct {
+		share float64
+		want  int
+	}{{0.9, 18}, {1, 20}, {0.05, 1}, {0.5, 10}} {
+		got := SeqLenKeeping(ds.Lengths, tc.share)
+		if got != tc.want {
+			t.Errorf("SeqLenKeeping(%v) = %d, want %d", tc.share, got, tc.want)
+		}
+		if kept := ShareKept(ds.Lengths, got); kept < tc.share {
+			t.Errorf("--seq-len %d keeps %v, less than %v", got, kept, tc.share)
+		}
+	}
+}
+
+// TestBuiltinDefault: "builtin" is the default job's task, sort, all of
+// whose examples fit the default --seq-len of 24.
+func TestBuiltinDefault(t *testing.T) {
+	ds, err := Load("builtin", tokenizer.Byte(), Options{SeqLen: 24, EvalFraction: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ds.Source, "builtin:sort ") || ds.Dropped != 0 {
+		t.Errorf("builtin loaded %q, dropped %d; want builtin:sort, none dropped", ds.Source, ds.Dropped)
+	}
+}
+
 func TestEvalCount(t *testing.T) {
 	tests := []struct {
 		n    int

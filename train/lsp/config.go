@@ -11,12 +11,12 @@ import (
 )
 
 // CheckFlags reports every bad LSP setting at once, each error naming its
-// flag: --d below 1, --r below 1 or larger than --d, --alpha outside the
+// flag: --d below 0 (0 is AutoD per matrix), --r below 1 or larger than --d, --alpha outside the
 // open interval (0,1) and --check-every below 1.
 func CheckFlags(d, r int, alpha float64, checkEvery int) error {
 	var errs []error
-	if d < 1 {
-		errs = append(errs, fmt.Errorf("--d %d: the projected size must be at least 1", d))
+	if d < 0 {
+		errs = append(errs, fmt.Errorf("--d %d: the projected size must be at least 1 (or 0: a quarter of each matrix's shorter side, at most %d)", d, MaxAutoD))
 	}
 	switch {
 	case r < 1:
@@ -35,7 +35,7 @@ func CheckFlags(d, r int, alpha float64, checkEvery int) error {
 
 // Config is lsp mode's settings: the projectors, their checks and fits.
 type Config struct {
-	D, R         int     // requested projected size and non-zeros per row (capped per matrix)
+	D, R         int     // requested projected size (0: AutoD) and non-zeros per row (capped per matrix)
 	Alpha        float64 // bias ratio a fit must reach, in (0, 1)
 	CheckEvery   int     // steps between projector checks
 	CalibSamples int     // rows of the calibration pass (rounded up to whole micro-batches)

@@ -1,11 +1,14 @@
-// Tests of the LSP flag checks.
+// Tests of the LSP flag checks and of the d a matrix gets.
 
 package lsp
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 func TestCheckFlags(t *testing.T) {
@@ -19,7 +22,8 @@ func TestCheckFlags(t *testing.T) {
 		{"paper 1B defaults", 512, 16, 0.5, 100, nil},
 		{"r equal to d", 8, 8, 0.2, 1, nil},
 		{"r larger than d", 8, 16, 0.5, 100, []string{"--r 16 larger than --d 8"}},
-		{"d zero", 0, 4, 0.5, 100, []string{"--d 0"}},
+		{"d zero: AutoD", 0, 4, 0.5, 100, nil},
+		{"d negative", -2, 4, 0.5, 100, []string{"--d -2"}},
 		{"r zero", 8, 0, 0.5, 100, []string{"--r 0"}},
 		{"alpha zero", 8, 4, 0, 100, []string{"--alpha 0"}},
 		{"alpha one", 8, 4, 1, 100, []string{"--alpha 1"}},
@@ -43,5 +47,26 @@ func TestCheckFlags(t *testing.T) {
 				t.Errorf("%s: error %q does not name %q", tc.name, err, w)
 			}
 		}
+	}
+}
+
+// TestAutoD: without --d (0) each matrix gets a quarter of its shorter
+// side, at most MaxAutoD, so that S compresses; matrices sharing an input
+// share the smallest; a given d is capped at the sides as before.
+func TestAutoD(t *testing.T) {
+	for _, tc := range []struct{ d, m, n, want int }{
+		{0, 128, 384, 32}, {0, 128, 128, 32}, {0, 768, 2304, 192}, {0, 4096, 11008, 512}, {0, 2, 8, 1},
+		{512, 128, 384, 128}, {8, 128, 384, 8},
+	} {
+		if got := CapD(tc.d, tc.m, tc.n); got != tc.want {
+			t.Errorf("CapD(%d, %d, %d) = %d, want %d", tc.d, tc.m, tc.n, got, tc.want)
+		}
+	}
+	// q (64 x 64) and k (64 x 32) read one input and share P.
+	x := &model.Index{Mats: []model.Matrix{{Name: "q", M: 64, N: 64}, {Name: "k", M: 64, N: 32}, {Name: "o", M: 64, N: 64, Input: 1}},
+		Readers: [][]int{{0, 1}, {2}}}
+	d, r := Dims(x, Config{D: 0, R: 16})
+	if !slices.Equal(d, []int{8, 8, 16}) || !slices.Equal(r, []int{8, 8, 16}) {
+		t.Errorf("Dims(auto) = %v, %v; want d [8 8 16], r [8 8 16]", d, r)
 	}
 }

@@ -18,14 +18,16 @@ import (
 )
 
 // Dims is the capped d and r of every block matrix k: d = min(--d, m, n)
-// over the matrices that share k's input (they share P, m x d), and r
-// capped by d.
+// (AutoD(m, n) for --d 0) over the matrices that share k's input (they
+// share P, m x d), and r capped by d.
 func Dims(x *model.Index, c Config) (d, r []int) {
 	d, r = make([]int, len(x.Mats)), make([]int, len(x.Mats))
 	for _, readers := range x.Readers {
-		dd := c.D
+		dd := 0
 		for _, k := range readers {
-			dd = CapD(dd, x.Mats[k].M, x.Mats[k].N)
+			if cd := CapD(c.D, x.Mats[k].M, x.Mats[k].N); dd == 0 || cd < dd {
+				dd = cd
+			}
 		}
 		for _, k := range readers {
 			d[k], r[k] = dd, CapR(c.R, dd)

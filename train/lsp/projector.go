@@ -37,8 +37,25 @@ type Projector struct {
 }
 
 // CapD is the projected size of an m x n matrix for a requested d:
-// min(d, m, n). The caller logs when it caps.
-func CapD(d, m, n int) int { return min(d, m, n) }
+// min(d, m, n), or AutoD(m, n) when d is 0 (--d not given). The caller
+// logs when it caps.
+func CapD(d, m, n int) int {
+	if d <= 0 {
+		return AutoD(m, n)
+	}
+	return min(d, m, n)
+}
+
+// MaxAutoD is the largest projected size AutoD gives: the paper's d for
+// 7B models, whose sides are 4096 and more.
+const MaxAutoD = 512
+
+// AutoD is the projected size of an m x n matrix when --d is not given:
+// a quarter of its shorter side, at most MaxAutoD, at least 1. A d at the
+// shorter side compresses nothing (S, d x d, is as large as the gradient
+// of a square matrix, and the subspace is all of that side); a quarter
+// sends at most 1/16 of the gradient and is what compare uses.
+func AutoD(m, n int) int { return max(1, min(MaxAutoD, m/4, n/4)) }
 
 // CapR is the non-zeros per row for a requested r once d has been capped:
 // min(r, d).

@@ -45,6 +45,7 @@ type fileTokenizer struct {
 	vocab  int
 
 	bos, eos int32 // -1: none
+	pad      int32 // -1: none; only exported (SpecialIDs), never used in training
 	addBOS   bool
 	stop     []int32
 }
@@ -217,7 +218,7 @@ func parseTokenizerJSON(raw []byte) (*fileTokenizer, error) {
 	if m.UnkToken != nil {
 		unk = *m.UnkToken
 	}
-	t := &fileTokenizer{bos: -1, eos: -1}
+	t := &fileTokenizer{bos: -1, eos: -1, pad: -1}
 	if t.model, err = newBPE(m.Vocab, merges, unk, m.FuseUnk, m.ByteFallback, m.IgnoreMerges); err != nil {
 		return nil, err
 	}
@@ -419,6 +420,7 @@ func (t *fileTokenizer) readConfigs() error {
 		AddBOS *bool      `json:"add_bos_token"`
 		BOS    tokenValue `json:"bos_token"`
 		EOS    tokenValue `json:"eos_token"`
+		PAD    tokenValue `json:"pad_token"`
 	}
 	var gc struct {
 		BOS *int32 `json:"bos_token_id"`
@@ -427,6 +429,7 @@ func (t *fileTokenizer) readConfigs() error {
 	var sm, mc struct {
 		BOS tokenValue `json:"bos_token"`
 		EOS tokenValue `json:"eos_token"`
+		PAD tokenValue `json:"pad_token"`
 		// config.json's
 		BOSID *int32 `json:"bos_token_id"`
 		EOSID idList `json:"eos_token_id"`
@@ -487,6 +490,13 @@ func (t *fileTokenizer) readConfigs() error {
 	}
 	if bos >= 0 {
 		t.bos = bos
+	}
+	// The pad token is transformers' tokenizer's (tokenizer_config.json,
+	// else special_tokens_map.json; not config.json, which its tokenizer
+	// does not read), for the export's config to agree with it. One that
+	// is not a token (transformers would add it) counts as none.
+	if pad, err := pick("pad", tc.PAD, sm.PAD, nil, nil); err == nil {
+		t.pad = pad
 	}
 	if t.eos, err = pick("eos", tc.EOS, sm.EOS, gc.EOS, mc.EOSID); err != nil {
 		return err
@@ -551,7 +561,7 @@ func loadVocabMerges(dir string) (Tokenizer, error) {
 		}
 		merges = append(merges, [2]string{a, b})
 	}
-	t := &fileTokenizer{name: vp, dir: dir, bos: -1, eos: -1,
+	t := &fileTokenizer{name: vp, dir: dir, bos: -1, eos: -1, pad: -1,
 		files: map[string][]byte{"vocab.json": vraw, "merges.txt": mraw}}
 	if t.model, err = newBPE(vocab, merges, "", false, false, false); err != nil {
 		return nil, fmt.Errorf("tokenizer: %s: %w", mp, err)

@@ -85,6 +85,24 @@ func StopIDs(tok Tokenizer) []int32 {
 	return []int32{tok.EOS()}
 }
 
+// SpecialIDs returns the BOS, EOS and pad ids of tok as transformers'
+// tokenizer of its saved files reports them (bos_token_id, eos_token_id,
+// pad_token_id), -1 for none, so that an export's config.json can carry
+// the same ids: the byte tokenizer has only an EOS, GPT-2's BOS is its
+// EOS, a llama2.c tokenizer's are 1 and 2, and one read from files has
+// those its configuration names.
+func SpecialIDs(tok Tokenizer) (bos, eos, pad int32) {
+	switch t := tok.(type) {
+	case *fileTokenizer:
+		return t.bos, t.eos, t.pad
+	case *scoreTokenizer:
+		return l2cBOS, l2cEOS, -1
+	case *gpt2Tokenizer:
+		return t.EOS(), t.EOS(), -1
+	}
+	return -1, tok.EOS(), -1
+}
+
 // Dir returns the directory the tokenizer's files were read from, "" for a
 // builtin one.
 func Dir(tok Tokenizer) string {
