@@ -12,9 +12,6 @@
 package train
 
 import (
-	"os"
-	"strconv"
-	"strings"
 )
 
 // Measurements are what a run measured of its own steps in this process,
@@ -133,25 +130,4 @@ var statusPath = "/proc/self/status"
 // residentPeak is the most resident memory this process has held since it
 // started (VmHWM of /proc/self/status, in bytes), and false where that is
 // unknown (not Linux).
-func residentPeak() (int64, bool) {
-	raw, err := os.ReadFile(statusPath)
-	if err != nil {
-		return 0, false
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		rest, ok := strings.CutPrefix(line, "VmHWM:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, false
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || kb < 0 {
-			return 0, false
-		}
-		return kb << 10, true
-	}
-	return 0, false
-}
+func residentPeak() (int64, bool) { return procKiB(statusPath, "VmHWM:") }

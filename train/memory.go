@@ -229,14 +229,19 @@ var meminfoPath = "/proc/meminfo"
 // memAvailable is the kernel's estimate of the memory a new allocation
 // can have without swapping (MemAvailable of /proc/meminfo, in bytes),
 // and false where it is unknown (not Linux, or a kernel before 3.14).
-func memAvailable() (int64, bool) {
-	raw, err := os.ReadFile(meminfoPath)
+func memAvailable() (int64, bool) { return procKiB(meminfoPath, "MemAvailable:") }
+
+// procKiB reads the field key ("MemAvailable:") of a /proc file of
+// "key value kB" lines, in bytes; false when the file or the field cannot
+// be read.
+func procKiB(path, key string) (int64, bool) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return 0, false
 	}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:")
+		rest, ok := strings.CutPrefix(sc.Text(), key)
 		if !ok {
 			continue
 		}
