@@ -11,9 +11,6 @@
 
 package train
 
-import (
-)
-
 // Measurements are what a run measured of its own steps in this process,
 // beside the plan it was checked against: the figures a comparison of
 // runs reads (Options.Measurements).
