@@ -157,3 +157,40 @@ func TestResidentPeak(t *testing.T) {
 		t.Errorf("residentPeak without a status file says it knows")
 	}
 }
+
+// TestGenerationInPlan: an fp32 run whose evaluation generates with the
+// KV cache peaks at its plan's device total exactly (the decoder is the
+// plan's "generation cache"), and a bf16 run, which generates without the
+// cache, plans none.
+func TestGenerationInPlan(t *testing.T) {
+	model := writeModel(t, microConfig(16, 1))
+	c := quickConfig(t, model)
+	c.Steps, c.EvalEvery = 2, 0
+	var m Measurements
+	mustRun(t, context.Background(), c, Options{Measurements: &m})
+	if got := part(m.Memory.Device, "generation cache"); got <= 0 {
+		t.Errorf("no generation cache in the fp32 plan: %s", m.Memory)
+	}
+	if m.DevicePeak != m.Memory.DeviceTotal() {
+		t.Errorf("device high-water %d bytes, plan %d (%s): %+d off", m.DevicePeak, m.Memory.DeviceTotal(),
+			deviceParts(m.Memory), m.DevicePeak-m.Memory.DeviceTotal())
+	}
+	c.DType = backend.BF16
+	p, err := MemoryOf(microConfig(16, 1), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := part(p.Device, "generation cache"); got != 0 {
+		t.Errorf("a bf16 plan counts a generation cache of %d bytes; bf16 generates without one", got)
+	}
+}
+
+// part is the bytes of the plan's part name among ps (0 when absent).
+func part(ps []engine.Part, name string) int64 {
+	for _, p := range ps {
+		if p.Name == name {
+			return p.Bytes
+		}
+	}
+	return 0
+}

@@ -122,6 +122,9 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	if ds != nil {
 		p.Host = append(p.Host, engine.Part{Name: "data", Bytes: datasetBytes(ds)})
 	}
+	if b := generationBytes(mc, c, ds); b > 0 {
+		p.Device = append(p.Device, engine.Part{Name: "generation cache", Bytes: b})
+	}
 	N := int64(mc.NumParams())
 	// A checkpoint write and a restore stream every tensor a chunk at a
 	// time (train/checkpoint, the engine's StateArrays and
@@ -139,6 +142,23 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	// buffers.
 	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: catalog.ExportBytes(mc)})
 	return p, nil
+}
+
+// generationBytes is the device memory exact match's KV-cache decoder
+// takes (eval.ExactMatch, between steps, on top of the training's
+// buffers): an fp32 model generates with it, a bf16 one without. It is 0
+// when nothing is generated: --eval-generate 0, no held-out records
+// (plain text; ds nil: by the --data path), or a family without a cache.
+func generationBytes(mc model.Spec, c Config, ds *data.Dataset) int64 {
+	dec, ok := mc.(model.DecoderSpec)
+	records := c.EvalFraction > 0 && data.HasRecords(c.Data)
+	if ds != nil {
+		records = len(ds.EvalRecords) > 0
+	}
+	if !ok || c.EvalGenerate == 0 || c.DType != backend.F32 || !records {
+		return 0
+	}
+	return dec.DecoderBytes(c.SeqLen, c.DType)
 }
 
 // datasetBytes is the host memory of the loaded data: every example's

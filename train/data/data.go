@@ -93,7 +93,7 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 	if tok == nil {
 		return nil, fmt.Errorf("data: load %s: no tokenizer", path)
 	}
-	if path == "builtin" || strings.HasPrefix(path, "builtin:") {
+	if isBuiltin(path) {
 		return loadBuiltin(path, tok, opt)
 	}
 	raw, err := os.ReadFile(path)
@@ -103,8 +103,7 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("data: %s is empty", path)
 	}
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".json", ".jsonl":
+	if isAlpaca(path) {
 		recs, kind, err := parseAlpaca(path, raw)
 		if err != nil {
 			return nil, err
@@ -118,6 +117,21 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 	}
 	return fromText(path, raw, tok, opt)
 }
+
+// isBuiltin says whether path names a built-in task.
+func isBuiltin(path string) bool { return path == "builtin" || strings.HasPrefix(path, "builtin:") }
+
+// isAlpaca says whether path is read as an Alpaca file (by its
+// extension).
+func isAlpaca(path string) bool {
+	ext := strings.ToLower(filepath.Ext(path))
+	return ext == ".json" || ext == ".jsonl"
+}
+
+// HasRecords says whether the data at path is prompt-response records (a
+// built-in task or an Alpaca file), which exact match can score, rather
+// than plain text.
+func HasRecords(path string) bool { return isBuiltin(path) || isAlpaca(path) }
 
 // loadBuiltin parses "builtin[:TASK[:N]]" and generates the records.
 func loadBuiltin(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {

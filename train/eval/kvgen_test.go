@@ -275,3 +275,36 @@ func TestExactMatchCached(t *testing.T) {
 		}
 	}
 }
+
+// TestDecoderBytes: a family's DecoderBytes (the memory plan's figure for
+// generation with the cache) is what NewDecoder allocates on the
+// backend, byte for byte, in fp32 and bf16 and at two lengths.
+func TestDecoderBytes(t *testing.T) {
+	for _, name := range []string{"tiny", "llama-tiny"} {
+		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
+			spec, err := catalog.Preset(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be := cpu.New(cpu.Config{Threads: 1})
+			mm, err := spec.NewModel(be, 1, 16, dt, model.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, maxT := range []int{16, 7} {
+				before := be.MemStats().InUse
+				dec, err := mm.(model.Cached).NewDecoder(maxT)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := be.MemStats().InUse - before
+				dec.Free()
+				if want := spec.(model.DecoderSpec).DecoderBytes(maxT, dt); got != want {
+					t.Errorf("%s %v, %d positions: the decoder allocated %d bytes, DecoderBytes says %d", name, dt, maxT, got, want)
+				}
+			}
+			mm.Free()
+			be.Close()
+		}
+	}
+}

@@ -50,10 +50,10 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	}
 	var err error
 	C := c.C
-	if d.Cache, err = kvcache.New(m.be, kvcache.Shape{L: c.L, NH: c.NH, KVH: c.NH, HS: C / c.NH, MaxT: maxT}, m.DType); err != nil {
+	if d.Cache, err = kvcache.New(m.be, c.cacheShape(maxT), m.DType); err != nil {
 		return fail("cache", err)
 	}
-	if d.Acts, err = m.be.Alloc("decoder activations", 5*C+3*C+2*4*C+c.V, m.DType); err != nil {
+	if d.Acts, err = m.be.Alloc("decoder activations", c.decoderActs(), m.DType); err != nil {
 		return fail("activations", err)
 	}
 	if d.Stats, err = m.be.Alloc("decoder stats", 2, backend.F32); err != nil {
@@ -67,6 +67,22 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	d.qkv, d.fch, d.fchg, d.Lgts = a.Next(1, 3*C), a.Next(1, 4*C), a.Next(1, 4*C), a.Next(1, c.V)
 	d.mean, d.rstd = d.Stats.Slice(0, 1), d.Stats.Slice(1, 1)
 	return d, nil
+}
+
+// cacheShape is the KV cache of a decoder for maxT positions.
+func (c Config) cacheShape(maxT int) kvcache.Shape {
+	return kvcache.Shape{L: c.L, NH: c.NH, KVH: c.NH, HS: c.C / c.NH, MaxT: maxT}
+}
+
+// decoderActs is the elements of a decoder's activations, as NewDecoder
+// carves them: x, ln, atty, res2, scratch [C]; qkv [3C]; fch, fchg [4C];
+// the logits [V].
+func (c Config) decoderActs() int { return 5*c.C + 3*c.C + 2*4*c.C + c.V }
+
+// DecoderBytes implements model.DecoderSpec: NewDecoder's cache and
+// activations in dt, its two fp32 statistics and its token.
+func (c Config) DecoderBytes(maxT int, dt backend.DType) int64 {
+	return kvcache.Bytes(c.cacheShape(maxT), dt) + int64(c.decoderActs())*int64(dt.Size()) + 2*4 + 4
 }
 
 // Step implements model.Decoder.

@@ -15,7 +15,10 @@ import (
 // model_type.
 const FamilyName = "gpt2"
 
-var _ model.Spec = Config{}
+var (
+	_ model.Spec        = Config{}
+	_ model.DecoderSpec = Config{}
+)
 
 // Family names the family (model.Spec).
 func (c Config) Family() string { return FamilyName }

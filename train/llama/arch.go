@@ -249,8 +249,9 @@ func (c Config) InitEach(seed uint64, fn func(p model.Param, v []float32) error)
 
 // Config is the model contract's Arch and Spec.
 var (
-	_ model.Arch = Config{}
-	_ model.Spec = Config{}
+	_ model.Arch        = Config{}
+	_ model.Spec        = Config{}
+	_ model.DecoderSpec = Config{}
 )
 
 // NewModel is New for model.Arch.

@@ -63,13 +63,13 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 	}
 	var err error
 	C, I, HS, qw, kw := c.Hidden, c.Intermediate, c.HS(), c.qWidth(), c.kvWidth()
-	if d.Cache, err = kvcache.New(m.be, kvcache.Shape{L: c.NumLayers, NH: c.Heads, KVH: c.KVHeads, HS: HS, MaxT: maxT}, m.DType); err != nil {
+	if d.Cache, err = kvcache.New(m.be, c.cacheShape(maxT), m.DType); err != nil {
 		return fail("cache", err)
 	}
-	if d.Acts, err = m.be.Alloc("decoder activations", 4*C+2*qw+2*kw+kw+qw+3*I+c.Vocab, m.DType); err != nil {
+	if d.Acts, err = m.be.Alloc("decoder activations", c.decoderActs(), m.DType); err != nil {
 		return fail("activations", err)
 	}
-	if d.Stats, err = m.be.Alloc("decoder stats", 1+maxT*HS/2, backend.F32); err != nil {
+	if d.Stats, err = m.be.Alloc("decoder stats", c.decoderStats(maxT), backend.F32); err != nil {
 		return fail("activations", err)
 	}
 	if d.Tok, err = m.be.Alloc("decoder token", 1, backend.I32); err != nil {
@@ -91,6 +91,28 @@ func (m *Model) NewDecoder(maxT int) (model.Decoder, error) {
 		return fail("rotary table", err)
 	}
 	return d, nil
+}
+
+// cacheShape is the KV cache of a decoder for maxT positions.
+func (c Config) cacheShape(maxT int) kvcache.Shape {
+	return kvcache.Shape{L: c.NumLayers, NH: c.Heads, KVH: c.KVHeads, HS: c.HS(), MaxT: maxT}
+}
+
+// decoderActs is the elements of a decoder's activations, as NewDecoder
+// carves them: x, ln, res2, scr [C]; q [2 qw], k [2 kw], v [kw], atty
+// [qw]; gate, up, swi [I]; the logits [Vocab].
+func (c Config) decoderActs() int {
+	qw, kw := c.qWidth(), c.kvWidth()
+	return 4*c.Hidden + 2*qw + 2*kw + kw + qw + 3*c.Intermediate + c.Vocab
+}
+
+// decoderStats is the fp32 elements of a decoder's rstd and rotary table.
+func (c Config) decoderStats(maxT int) int { return 1 + maxT*c.HS()/2 }
+
+// DecoderBytes implements model.DecoderSpec: NewDecoder's cache and
+// activations in dt, its fp32 statistics and rotary table, and its token.
+func (c Config) DecoderBytes(maxT int, dt backend.DType) int64 {
+	return kvcache.Bytes(c.cacheShape(maxT), dt) + int64(c.decoderActs())*int64(dt.Size()) + 4*int64(c.decoderStats(maxT)) + 4
 }
 
 // Step implements model.Decoder.

@@ -6,6 +6,8 @@
 
 package model
 
+import "github.com/lsp-offload/lsp-offload/train/backend"
+
 // Spec is one model architecture of some family, with its sizes. It is a
 // value that encodes to JSON (a checkpoint records it under its Family).
 type Spec interface {
@@ -31,6 +33,14 @@ type Spec interface {
 	// HFConfig is the config.json of an export, as transformers'
 	// save_pretrained writes it for this architecture.
 	HFConfig() ([]byte, error)
+}
+
+// DecoderSpec is a Spec whose models decode with a KV cache
+// (model.Cached): DecoderBytes is the device memory NewDecoder(maxT)
+// allocates in dtype dt, which a run's memory plan counts when its
+// evaluation generates with the cache.
+type DecoderSpec interface {
+	DecoderBytes(maxT int, dt backend.DType) int64
 }
 
 // InitBuffer is the buffer a Spec's InitEach fills each parameter in:
