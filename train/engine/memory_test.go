@@ -175,7 +175,7 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.LSP.Alpha = 1 }, "--alpha"},
 		{func(c *Config) { c.LSP.Alpha = 0 }, "--alpha"},
 		{func(c *Config) { c.LSP.CheckEvery = 0 }, "--check-every"},
-		{func(c *Config) { c.LSP.D = 0 }, "--d"},
+		{func(c *Config) { c.LSP.D = -1 }, "--d"}, // 0 is AutoD
 		{func(c *Config) { c.LSP.CalibSamples = 0 }, "--calib-samples"},
 		{func(c *Config) { c.DenseParams = "gpu" }, "--dense-params"},
 		{func(c *Config) { c.Mode = "fast" }, "--mode"},
