@@ -1,6 +1,6 @@
 // Package llama is the LLaMA model family on the Backend (LLaMA 1-3,
-// TinyLlama, SmolLM2, DeepSeek-Coder and Mistral without a sliding window
-// shorter than the run's sequences): configuration in Hugging Face's
+// TinyLlama, SmolLM2, DeepSeek-Coder, Qwen2/Qwen2.5, and Mistral without a
+// sliding window shorter than the run's sequences): configuration in Hugging Face's
 // config.json names, presets of the real models' shapes, the parameter
 // layout (one device allocation, HF names, projections stored in x out),
 // and the forward and backward passes through train/model's contract.
@@ -46,6 +46,11 @@ type Config struct {
 	// prefix, so a window shorter than the sequence is refused
 	// (CheckSeqLen).
 	SlidingWindow int `json:"sliding_window,omitempty"`
+	// QKVBias: the q, k and v projections have biases (none on o): Qwen2's
+	// attention, exported as model_type qwen2. LlamaConfig's
+	// attention_bias, which puts one on o too, is another architecture
+	// (refused by ParseHFConfig), hence the name of its own.
+	QKVBias bool `json:"qkv_bias,omitempty"`
 }
 
 // RopeScaling is the rotary embeddings' frequency scaling, of one of the
@@ -115,6 +120,15 @@ var presets = map[string]Config{
 	// TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T.
 	"tinyllama-1.1b": {Vocab: 32000, Hidden: 2048, Intermediate: 5632, NumLayers: 22, Heads: 32, KVHeads: 4,
 		Eps: 1e-5, RopeTheta: 10000, MaxPos: 2048, BOS: ids(1), EOS: ids(2)},
+	// Qwen/Qwen2.5-0.5B, -1.5B and -7B (base models): q, k and v biases,
+	// rope_theta 1e6; their sliding window is off (use_sliding_window
+	// false), so none is set here.
+	"qwen2.5-0.5b": {Vocab: 151936, Hidden: 896, Intermediate: 4864, NumLayers: 24, Heads: 14, KVHeads: 2,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 32768, Tied: true, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
+	"qwen2.5-1.5b": {Vocab: 151936, Hidden: 1536, Intermediate: 8960, NumLayers: 28, Heads: 12, KVHeads: 2,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 131072, Tied: true, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
+	"qwen2.5-7b": {Vocab: 152064, Hidden: 3584, Intermediate: 18944, NumLayers: 28, Heads: 28, KVHeads: 4,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 131072, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
 	// meta-llama/Llama-2-7b-hf.
 	"llama-7b": {Vocab: 32000, Hidden: 4096, Intermediate: 11008, NumLayers: 32, Heads: 32, KVHeads: 32,
 		Eps: 1e-5, RopeTheta: 10000, MaxPos: 4096, BOS: ids(1), EOS: ids(2)},
@@ -261,6 +275,9 @@ func (c Config) paramCount() (n int, ok bool) {
 	C, I, V, L := int64(c.Hidden), int64(c.Intermediate), int64(c.Vocab), int64(c.NumLayers)
 	qw, kw := mul(int64(c.Heads), int64(c.HS())), mul(int64(c.KVHeads), int64(c.HS()))
 	block := add(add(mul(2, C), mul(C, add(mul(2, qw), mul(2, kw)))), mul(mul(3, C), I))
+	if c.QKVBias {
+		block = add(block, add(qw, mul(2, kw)))
+	}
 	heads := int64(2)
 	if c.Tied {
 		heads = 1
@@ -302,8 +319,8 @@ func (r RopeScaling) validate() error {
 
 // CheckSeqLen refuses a run of sequences of T tokens that this model would
 // not compute as the checkpoint's own code does: longer than the context
-// (max_position_embeddings), or than Mistral's sliding window (this model
-// attends to the whole prefix).
+// (max_position_embeddings), or than Mistral's or Qwen2's sliding window
+// (this model attends to the whole prefix).
 func (c Config) CheckSeqLen(T int) error {
 	switch {
 	case T <= 0:

@@ -171,7 +171,7 @@ func TestBadConfigsRefused(t *testing.T) {
 		edit func(map[string]any)
 		want string
 	}{
-		{"qwen2", set("model_type", "qwen2"), `model_type "qwen2"`},
+		{"qwen3", set("model_type", "qwen3"), `model_type "qwen3"`},
 		{"gpt_neox", set("model_type", "gpt_neox"), `model_type "gpt_neox"`},
 		{"no model_type", func(m map[string]any) { delete(m, "model_type") }, "model_type is missing"},
 		{"sliding window in llama", set("sliding_window", 4096), `sliding_window=4096 in a model_type "llama"`},
@@ -282,6 +282,10 @@ func TestPresets(t *testing.T) {
 		"llama3-8b":           8_030_261_248,
 		"deepseek-coder-1.3b": 1_346_471_936,
 		"deepseek-coder-6.7b": 6_740_512_768,
+		// Qwen's model cards: 0.49B, 1.54B, 7.61B.
+		"qwen2.5-0.5b": 494_032_768,
+		"qwen2.5-1.5b": 1_543_714_304,
+		"qwen2.5-7b":   7_615_616_512,
 	}
 	for _, name := range Presets() {
 		c, err := Preset(name)

@@ -44,6 +44,12 @@ type hfConfig struct {
 	AttentionBias       *bool           `json:"attention_bias"`
 	MLPBias             *bool           `json:"mlp_bias"`
 	PartialRotaryFactor *float64        `json:"partial_rotary_factor"`
+	// Qwen2's: the window applies only with use_sliding_window, and then
+	// only to the layers from max_window_layers on.
+	// layer_types, when given, says which layers use it instead.
+	UseSlidingWindow *bool    `json:"use_sliding_window"`
+	MaxWindowLayers  *int     `json:"max_window_layers"`
+	LayerTypes       []string `json:"layer_types"`
 }
 
 // ReadHFConfig reads dir/config.json and checks that this model computes
@@ -68,16 +74,16 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		return Config{}, err
 	}
 	switch h.ModelType {
-	case "llama", "mistral":
+	case "llama", "mistral", "qwen2":
 	case "":
-		return Config{}, fmt.Errorf("model_type is missing (want llama or mistral)")
+		return Config{}, fmt.Errorf("model_type is missing (want llama, mistral or qwen2)")
 	default:
-		return Config{}, fmt.Errorf("model_type %q is not supported (want llama, or mistral)", h.ModelType)
+		return Config{}, fmt.Errorf("model_type %q is not supported (want llama, mistral or qwen2)", h.ModelType)
 	}
 	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("hidden_act %q is not supported (want silu)", *h.HiddenAct)
 	}
-	if h.AttentionBias != nil && *h.AttentionBias {
+	if h.AttentionBias != nil && *h.AttentionBias && h.ModelType != "qwen2" {
 		return Config{}, fmt.Errorf("attention_bias=true is not supported (the projections have no biases here)")
 	}
 	if h.MLPBias != nil && *h.MLPBias {
@@ -112,6 +118,19 @@ func ParseHFConfig(raw []byte) (Config, error) {
 			c.InitRange = 0
 		}
 	}
+	if h.ModelType == "qwen2" {
+		// Qwen2's attention: biases on q, k and v, always (Qwen2Config
+		// has no switch for them).
+		c.QKVBias = true
+		if h.MaxPos == nil {
+			c.MaxPos = 32768 // Qwen2Config's default
+		}
+		w, err := qwen2Window(h)
+		if err != nil {
+			return Config{}, err
+		}
+		h.SlidingWindow = w
+	}
 	if h.ModelType == "mistral" {
 		// MistralConfig's defaults where save_pretrained's output would
 		// have the key: a 4096-token window, a 131072-token context.
@@ -127,8 +146,8 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		if err := json.Unmarshal(h.SlidingWindow, &w); err != nil {
 			return Config{}, fmt.Errorf("sliding_window: %s is not an integer", h.SlidingWindow)
 		}
-		if h.ModelType != "mistral" {
-			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral has one)", w, h.ModelType)
+		if h.ModelType != "mistral" && h.ModelType != "qwen2" {
+			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral and qwen2 have one)", w, h.ModelType)
 		}
 		if w <= 0 {
 			return Config{}, fmt.Errorf("sliding_window=%d must be positive or null", w)
@@ -160,6 +179,54 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// qwen2Window is the sliding_window of a qwen2 config.json that changes
+// what the model computes, or nil: transformers' Qwen2 attends within the
+// window only with use_sliding_window true (default false), and then only
+// in the layers layer_types calls "sliding_attention" (without
+// layer_types: those from max_window_layers, default 28, on). A window
+// that applies is kept, so CheckSeqLen refuses the runs whose sequences
+// it would cut (the model here always attends to the whole prefix) and
+// accepts the rest.
+func qwen2Window(h hfConfig) (json.RawMessage, error) {
+	if h.UseSlidingWindow == nil || !*h.UseSlidingWindow {
+		return nil, nil
+	}
+	sliding, err := qwen2SlidingLayers(h)
+	if err != nil || !sliding {
+		return nil, err
+	}
+	if len(h.SlidingWindow) == 0 {
+		return json.RawMessage("4096"), nil // Qwen2Config's default
+	}
+	return h.SlidingWindow, nil // null: no window after all
+}
+
+// qwen2SlidingLayers reports whether any layer of a qwen2 config.json
+// with use_sliding_window attends within the window.
+func qwen2SlidingLayers(h hfConfig) (bool, error) {
+	if h.LayerTypes == nil {
+		from := 28
+		if h.MaxWindowLayers != nil {
+			from = *h.MaxWindowLayers
+		}
+		return from < h.NumHiddenLayers, nil
+	}
+	if len(h.LayerTypes) != h.NumHiddenLayers {
+		return false, fmt.Errorf("layer_types has %d entries for num_hidden_layers=%d", len(h.LayerTypes), h.NumHiddenLayers)
+	}
+	sliding := false
+	for i, t := range h.LayerTypes {
+		switch t {
+		case "full_attention":
+		case "sliding_attention":
+			sliding = true
+		default:
+			return false, fmt.Errorf("layer_types[%d] %q is not supported (want full_attention or sliding_attention)", i, t)
+		}
+	}
+	return sliding, nil
 }
 
 func isNull(b json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(b), []byte("null")) }
@@ -311,8 +378,9 @@ func (c Config) HFConfig() ([]byte, error) { return c.HFConfigDType("float32") }
 
 // HFConfigDType is the config.json that transformers' save_pretrained
 // writes for this architecture (transformers 5 layout) with weights
-// stored in dtype: "float32", "bfloat16" or "float16". A model with a
-// sliding window is written as Mistral, the rest as LLaMA.
+// stored in dtype: "float32", "bfloat16" or "float16". A model with q, k
+// and v biases is written as Qwen2, one with a sliding window as Mistral,
+// the rest as LLaMA.
 func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 	switch dtype {
 	case "float32", "bfloat16", "float16":
@@ -368,9 +436,40 @@ func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 		delete(h, "pretraining_tp")
 		delete(h, "attention_bias")
 	}
+	if c.QKVBias {
+		qwen2Keys(c, h)
+	}
 	raw, err := json.MarshalIndent(h, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("llama config: %w", err)
 	}
 	return append(raw, '\n'), nil
+}
+
+// qwen2Keys turns h, a LlamaConfig's keys, into the Qwen2Config that
+// save_pretrained writes: no attention_bias, mlp_bias or pretraining_tp
+// (Qwen2's biases are not optional), and the sliding-window settings. A
+// window (the config.json read had one that applies) is written to apply
+// from the first layer: the model here attends to the whole prefix, which
+// is every layer's attention at the sequence lengths CheckSeqLen accepts.
+func qwen2Keys(c Config, h map[string]any) {
+	h["architectures"] = []string{"Qwen2ForCausalLM"}
+	h["model_type"] = "qwen2"
+	for _, k := range []string{"attention_bias", "mlp_bias", "pretraining_tp"} {
+		delete(h, k)
+	}
+	layer := "full_attention"
+	h["use_sliding_window"] = c.SlidingWindow > 0
+	h["max_window_layers"] = c.NumLayers
+	h["sliding_window"] = nil
+	if c.SlidingWindow > 0 {
+		layer = "sliding_attention"
+		h["max_window_layers"] = 0
+		h["sliding_window"] = c.SlidingWindow
+	}
+	types := make([]string, c.NumLayers)
+	for i := range types {
+		types[i] = layer
+	}
+	h["layer_types"] = types
 }

@@ -324,7 +324,7 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 							sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
 							continue
 						}
-						l, k := (i-1)/perLayer, Matrix(-1)
+						l, k := (i-1)/cfg.perLayer(), Matrix(-1)
 						for kk := range Matrix(NumMatrices) {
 							if cfg.MatrixParam(l, kk) == i {
 								k = kk
