@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // hfConfig is the part of transformers' LlamaConfig (and MistralConfig)
@@ -353,9 +354,9 @@ func parseRope(field string, raw json.RawMessage, theta *float64) (*RopeScaling,
 	return r, nil
 }
 
-// pyFloat is a float written as Python's json writes one: always with a
-// point or an exponent (10000.0, 1e-05), so that transformers reads a
-// float. bits is 32 for a value the model holds as a float32 (the
+// pyFloat is a float written as Python's json writes one (its repr):
+// always with a point or an exponent (10000.0, 1e-05, 1000000.0 where Go
+// would write 1e+06), so that transformers reads a float. bits is 32 for a value the model holds as a float32 (the
 // shortest decimal that reads back as it, not its binary expansion).
 type pyFloat struct {
 	v    float64
@@ -366,9 +367,18 @@ func (f pyFloat) MarshalJSON() ([]byte, error) {
 	if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
 		return nil, fmt.Errorf("%v is not a JSON number", f.v)
 	}
-	s := strconv.FormatFloat(f.v, 'g', -1, f.bits)
-	if !bytes.ContainsAny([]byte(s), ".e") {
-		s += ".0"
+	// repr writes decimal exponents -4 to 15 positionally, the rest in
+	// exponent form with at least two digits (as Go's 'e' does).
+	s := strconv.FormatFloat(f.v, 'e', -1, f.bits)
+	exp, err := strconv.Atoi(s[strings.IndexByte(s, 'e')+1:])
+	if err != nil {
+		return nil, fmt.Errorf("%v: exponent of %q: %w", f.v, s, err)
+	}
+	if exp >= -4 && exp < 16 {
+		s = strconv.FormatFloat(f.v, 'f', -1, f.bits)
+		if !strings.Contains(s, ".") {
+			s += ".0"
+		}
 	}
 	return []byte(s), nil
 }
@@ -457,6 +467,9 @@ func qwen2Keys(c Config, h map[string]any) {
 	h["model_type"] = "qwen2"
 	for _, k := range []string{"attention_bias", "mlp_bias", "pretraining_tp"} {
 		delete(h, k)
+	}
+	if c.HeadDim == 0 {
+		delete(h, "head_dim") // Qwen2Config has none; Qwen2 reads one if given
 	}
 	layer := "full_attention"
 	h["use_sliding_window"] = c.SlidingWindow > 0

@@ -128,3 +128,19 @@ func TestQwen2ConfigRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestPyFloat: floats are written as Python's repr writes them, which is
+// how save_pretrained writes config.json (rope_theta 1e6 as 1000000.0).
+func TestPyFloat(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		bits int
+		want string
+	}{{1e-5, 32, "1e-05"}, {1e-6, 32, "1e-06"}, {0.02, 64, "0.02"}, {1e6, 64, "1000000.0"}, {1e16, 64, "1e+16"},
+		{123456789012345, 64, "123456789012345.0"}, {1e-4, 64, "0.0001"}, {2.5e-7, 64, "2.5e-07"}, {0, 64, "0.0"}} {
+		got, err := pyFloat{tc.v, tc.bits}.MarshalJSON()
+		if err != nil || string(got) != tc.want {
+			t.Errorf("pyFloat(%g) = %s, %v; want %s", tc.v, got, err, tc.want)
+		}
+	}
+}
