@@ -51,6 +51,16 @@ type Config struct {
 	// attention_bias, which puts one on o too, is another architecture
 	// (refused by ParseHFConfig), hence the name of its own.
 	QKVBias bool `json:"qkv_bias,omitempty"`
+	// SlidingLayers are the layers the sliding window applies to, sorted;
+	// nil: all (Mistral's). Qwen2's config.json can put only some in it
+	// (layer_types, max_window_layers); they are kept so that an export
+	// writes the same architecture back.
+	SlidingLayers []int `json:"sliding_layers,omitempty"`
+}
+
+// inWindow reports whether the sliding window applies to layer l.
+func (c Config) inWindow(l int) bool {
+	return c.SlidingWindow > 0 && (c.SlidingLayers == nil || slices.Contains(c.SlidingLayers, l))
 }
 
 // RopeScaling is the rotary embeddings' frequency scaling, of one of the
@@ -172,6 +182,7 @@ func (c Config) clone() Config {
 		c.RopeScaling = &r
 	}
 	c.BOS, c.EOS = slices.Clone(c.BOS), slices.Clone(c.EOS)
+	c.SlidingLayers = slices.Clone(c.SlidingLayers)
 	return c
 }
 
@@ -231,6 +242,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("llama config: rope_theta=%g must be positive and within float32's range (the frequencies are float32, as in transformers)", c.RopeTheta)
 	case c.SlidingWindow < 0:
 		return fmt.Errorf("llama config: sliding_window=%d must not be negative", c.SlidingWindow)
+	case !c.slidingLayersValid():
+		return fmt.Errorf("llama config: sliding_layers %v must be sorted distinct layers below num_hidden_layers=%d, of a qwen2 model with a sliding_window", c.SlidingLayers, c.NumLayers)
 	case c.InitRange < 0 || math.IsNaN(c.InitRange) || math.IsInf(c.InitRange, 0):
 		return fmt.Errorf("llama config: initializer_range=%g must be positive", c.InitRange)
 	}
@@ -244,6 +257,24 @@ func (c Config) Validate() error {
 			c.Hidden, c.Intermediate, c.NumLayers, c.Vocab, c.Heads, c.KVHeads, c.HS())
 	}
 	return nil
+}
+
+// slidingLayersValid reports whether SlidingLayers is nil, or sorted
+// distinct layers of a Qwen2 (only its config.json can say which layers;
+// a Mistral export would window them all) with a window to apply.
+func (c Config) slidingLayersValid() bool {
+	if c.SlidingLayers == nil {
+		return true
+	}
+	if !c.QKVBias || c.SlidingWindow <= 0 || len(c.SlidingLayers) == 0 {
+		return false
+	}
+	for i, l := range c.SlidingLayers {
+		if l < 0 || l >= c.NumLayers || (i > 0 && l <= c.SlidingLayers[i-1]) {
+			return false
+		}
+	}
+	return true
 }
 
 // f32Positive reports whether v is positive and a positive float32 (the

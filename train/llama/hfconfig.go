@@ -126,11 +126,14 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		if h.MaxPos == nil {
 			c.MaxPos = 32768 // Qwen2Config's default
 		}
-		w, err := qwen2Window(h)
+		w, layers, err := qwen2Window(h)
 		if err != nil {
 			return Config{}, err
 		}
 		h.SlidingWindow = w
+		if len(layers) < h.NumHiddenLayers {
+			c.SlidingLayers = layers // nil: every layer, as Mistral's
+		}
 	}
 	if h.ModelType == "mistral" {
 		// MistralConfig's defaults where save_pretrained's output would
@@ -183,51 +186,58 @@ func ParseHFConfig(raw []byte) (Config, error) {
 }
 
 // qwen2Window is the sliding_window of a qwen2 config.json that changes
-// what the model computes, or nil: transformers' Qwen2 attends within the
-// window only with use_sliding_window true (default false), and then only
-// in the layers layer_types calls "sliding_attention" (without
-// layer_types: those from max_window_layers, default 28, on). A window
-// that applies is kept, so CheckSeqLen refuses the runs whose sequences
-// it would cut (the model here always attends to the whole prefix) and
-// accepts the rest.
-func qwen2Window(h hfConfig) (json.RawMessage, error) {
+// what the model computes, or nil, and the layers it applies to:
+// transformers' Qwen2 attends within the window only with
+// use_sliding_window true (default false), and then only in the layers
+// layer_types calls "sliding_attention" (without layer_types: those from
+// max_window_layers, default 28, on). A window that applies is kept, so
+// CheckSeqLen refuses the runs whose sequences it would cut (the model
+// here always attends to the whole prefix) and accepts the rest; its
+// layers are kept for the export to write them back.
+func qwen2Window(h hfConfig) (json.RawMessage, []int, error) {
 	if h.UseSlidingWindow == nil || !*h.UseSlidingWindow {
-		return nil, nil
+		return nil, nil, nil
 	}
-	sliding, err := qwen2SlidingLayers(h)
-	if err != nil || !sliding {
-		return nil, err
+	layers, err := qwen2SlidingLayers(h)
+	if err != nil || len(layers) == 0 {
+		return nil, nil, err
 	}
 	if len(h.SlidingWindow) == 0 {
-		return json.RawMessage("4096"), nil // Qwen2Config's default
+		return json.RawMessage("4096"), layers, nil // Qwen2Config's default
 	}
-	return h.SlidingWindow, nil // null: no window after all
+	if isNull(h.SlidingWindow) {
+		return nil, nil, nil // no window after all
+	}
+	return h.SlidingWindow, layers, nil
 }
 
-// qwen2SlidingLayers reports whether any layer of a qwen2 config.json
-// with use_sliding_window attends within the window.
-func qwen2SlidingLayers(h hfConfig) (bool, error) {
+// qwen2SlidingLayers lists the layers of a qwen2 config.json with
+// use_sliding_window that attend within the window.
+func qwen2SlidingLayers(h hfConfig) ([]int, error) {
+	var layers []int
 	if h.LayerTypes == nil {
 		from := 28
 		if h.MaxWindowLayers != nil {
 			from = *h.MaxWindowLayers
 		}
-		return from < h.NumHiddenLayers, nil
+		for l := max(from, 0); l < h.NumHiddenLayers; l++ {
+			layers = append(layers, l)
+		}
+		return layers, nil
 	}
 	if len(h.LayerTypes) != h.NumHiddenLayers {
-		return false, fmt.Errorf("layer_types has %d entries for num_hidden_layers=%d", len(h.LayerTypes), h.NumHiddenLayers)
+		return nil, fmt.Errorf("layer_types has %d entries for num_hidden_layers=%d", len(h.LayerTypes), h.NumHiddenLayers)
 	}
-	sliding := false
 	for i, t := range h.LayerTypes {
 		switch t {
 		case "full_attention":
 		case "sliding_attention":
-			sliding = true
+			layers = append(layers, i)
 		default:
-			return false, fmt.Errorf("layer_types[%d] %q is not supported (want full_attention or sliding_attention)", i, t)
+			return nil, fmt.Errorf("layer_types[%d] %q is not supported (want full_attention or sliding_attention)", i, t)
 		}
 	}
-	return sliding, nil
+	return layers, nil
 }
 
 func isNull(b json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(b), []byte("null")) }
@@ -458,10 +468,9 @@ func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 
 // qwen2Keys turns h, a LlamaConfig's keys, into the Qwen2Config that
 // save_pretrained writes: no attention_bias, mlp_bias or pretraining_tp
-// (Qwen2's biases are not optional), and the sliding-window settings. A
-// window (the config.json read had one that applies) is written to apply
-// from the first layer: the model here attends to the whole prefix, which
-// is every layer's attention at the sequence lengths CheckSeqLen accepts.
+// (Qwen2's biases are not optional), and the sliding-window settings,
+// with the layers the config.json read had in the window (all without a
+// list) in layer_types, which transformers reads before max_window_layers.
 func qwen2Keys(c Config, h map[string]any) {
 	h["architectures"] = []string{"Qwen2ForCausalLM"}
 	h["model_type"] = "qwen2"
@@ -471,18 +480,24 @@ func qwen2Keys(c Config, h map[string]any) {
 	if c.HeadDim == 0 {
 		delete(h, "head_dim") // Qwen2Config has none; Qwen2 reads one if given
 	}
-	layer := "full_attention"
 	h["use_sliding_window"] = c.SlidingWindow > 0
 	h["max_window_layers"] = c.NumLayers
 	h["sliding_window"] = nil
-	if c.SlidingWindow > 0 {
-		layer = "sliding_attention"
-		h["max_window_layers"] = 0
-		h["sliding_window"] = c.SlidingWindow
-	}
 	types := make([]string, c.NumLayers)
 	for i := range types {
-		types[i] = layer
+		types[i] = "full_attention"
+	}
+	if c.SlidingWindow > 0 {
+		h["sliding_window"] = c.SlidingWindow
+		h["max_window_layers"] = 0
+		if len(c.SlidingLayers) > 0 {
+			h["max_window_layers"] = c.SlidingLayers[0]
+		}
+		for i := range types {
+			if c.inWindow(i) {
+				types[i] = "sliding_attention"
+			}
+		}
 	}
 	h["layer_types"] = types
 }

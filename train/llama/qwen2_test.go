@@ -69,6 +69,9 @@ func TestQwen2Config(t *testing.T) {
 		if err != nil || c.SlidingWindow != tc.window {
 			t.Errorf("%s: window %d, %v; want %d", tc.name, c.SlidingWindow, err, tc.window)
 		}
+		if tc.window > 0 && (c.inWindow(0) || !c.inWindow(1)) {
+			t.Errorf("%s: layers in the window %v, want [1]", tc.name, c.SlidingLayers)
+		}
 	}
 	c, _ = ParseHFConfig(qwen2JSON(t, func(m map[string]any) {
 		m["use_sliding_window"], m["sliding_window"] = true, 16
@@ -105,12 +108,16 @@ func TestQwen2Config(t *testing.T) {
 // attention_bias, which LlamaConfig would read as a bias on o too), and
 // reading it back gives the same architecture, with and without a window.
 func TestQwen2ConfigRoundTrip(t *testing.T) {
-	for _, window := range []int{0, 16} {
+	for _, tc := range []struct {
+		window int
+		layers []int
+	}{{0, nil}, {16, nil}, {16, []int{20, 21, 22, 23}}, {16, []int{1, 5}}} {
 		c, err := Preset("qwen2.5-0.5b")
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.SlidingWindow = window
+		window := tc.window
+		c.SlidingWindow, c.SlidingLayers = window, tc.layers
 		raw, err := c.HFConfigDType("bfloat16")
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +131,13 @@ func TestQwen2ConfigRoundTrip(t *testing.T) {
 		}
 		back, err := ParseHFConfig(raw)
 		if err != nil || !back.Equal(c) {
-			t.Errorf("window %d: read back %+v, %v; want %+v", window, back, err, c)
+			t.Errorf("window %d layers %v: read back %+v, %v; want %+v", window, tc.layers, back, err, c)
+		}
+		types := m["layer_types"].([]any)
+		for l := range c.NumLayers {
+			if want := map[bool]string{true: "sliding_attention", false: "full_attention"}[c.inWindow(l)]; types[l] != want {
+				t.Errorf("window %d layers %v: layer_types[%d] %v, want %s", window, tc.layers, l, types[l], want)
+			}
 		}
 	}
 }
@@ -142,5 +155,27 @@ func TestPyFloat(t *testing.T) {
 		if err != nil || string(got) != tc.want {
 			t.Errorf("pyFloat(%g) = %s, %v; want %s", tc.v, got, err, tc.want)
 		}
+	}
+}
+
+// TestSlidingLayersValidate: the layers in the window are sorted distinct
+// layers of the model, and only with a window, of a Qwen2.
+func TestSlidingLayersValidate(t *testing.T) {
+	for _, tc := range []struct {
+		window int
+		layers []int
+		ok     bool
+	}{{16, []int{0, 1}, true}, {16, nil, true}, {0, []int{1}, false}, {16, []int{}, false},
+		{16, []int{1, 0}, false}, {16, []int{1, 1}, false}, {16, []int{2}, false}, {16, []int{-1}, false}} {
+		c := hookCfg.clone()
+		c.QKVBias, c.SlidingWindow, c.SlidingLayers = true, tc.window, tc.layers
+		if err := c.Validate(); (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "sliding_layers")) {
+			t.Errorf("window %d layers %v: %v, want ok=%v", tc.window, tc.layers, err, tc.ok)
+		}
+	}
+	mistral := hookCfg.clone()
+	mistral.SlidingWindow, mistral.SlidingLayers = 16, []int{1}
+	if err := mistral.Validate(); err == nil {
+		t.Error("a LLaMA/Mistral config with sliding_layers validated")
 	}
 }
