@@ -105,10 +105,10 @@ func TestFromDirModelType(t *testing.T) {
 		}
 	}
 
-	h["model_type"] = "qwen2"
+	h["model_type"] = "qwen3"
 	write()
 	_, _, err = Resolve(dir)
-	wantErr(t, err, path, "model_type", `"qwen2"`, "supported: "+strings.Join(ModelTypes(), ", "))
+	wantErr(t, err, path, "model_type", `"qwen3"`, "supported: "+strings.Join(ModelTypes(), ", "))
 
 	// The original gpt2 hub files name no model_type: GPT-2.
 	delete(h, "model_type")

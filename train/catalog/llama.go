@@ -1,4 +1,4 @@
-// The LLaMA family's entry: model_type llama, and mistral where its
+// The LLaMA family's entry: model_type llama, qwen2, and mistral where its
 // sliding window is off (llama.ReadHFConfig decides), through train/hf.
 
 package catalog
@@ -14,7 +14,7 @@ import (
 
 var llamaFamily = &Family{
 	Name:        "llama",
-	ModelTypes:  []string{"llama", "mistral"},
+	ModelTypes:  []string{"llama", "mistral", "qwen2"},
 	ContextName: "max_position_embeddings",
 	Presets:     llama.Presets,
 	Preset:      asSpec(llama.Preset),

@@ -14,7 +14,9 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/llama"
 )
 
-var llamaFixtures = []string{"llama-tiny-gqa", "llama-tiny-rope3", "llama-tiny-tied"}
+// llamaFixtures are the LLaMA family's PyTorch fixtures: LLaMA, and Qwen2
+// (model_type qwen2: q, k and v biases).
+var llamaFixtures = []string{"llama-tiny-gqa", "llama-tiny-rope3", "llama-tiny-tied", "qwen2-tiny-gqa", "qwen2-tiny-tied"}
 
 func fixture(name string) string { return filepath.Join("..", "testdata", name) }
 
@@ -99,23 +101,25 @@ func transpose(v []float32, rows, cols int) []float32 {
 	return out
 }
 
-// TestLLaMASharded: the bf16 shards of the gqa fixture load as its fp32
-// file rounded to bf16.
+// TestLLaMASharded: the bf16 shards of the gqa fixture, and the Qwen2
+// fixtures' bf16 saves, load as their fp32 files rounded to bf16.
 func TestLLaMASharded(t *testing.T) {
-	spec, vals, err := Load(fixture("llama-tiny-gqa"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sspec, svals, err := Load(filepath.Join(fixture("llama-tiny-gqa"), "bf16-sharded"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !Equal(spec, sspec) {
-		t.Fatalf("sharded copy reads as %+v, the original as %+v", sspec, spec)
-	}
-	for i, v := range vals {
-		if want := bf16.ToFloat32(bf16.FromFloat32(v)); svals[i] != want {
-			t.Fatalf("element %d: %v from the shards, want %v", i, svals[i], want)
+	for _, dir := range []string{"llama-tiny-gqa/bf16-sharded", "qwen2-tiny-gqa/bf16", "qwen2-tiny-tied/bf16"} {
+		spec, vals, err := Load(fixture(filepath.Dir(dir)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sspec, svals, err := Load(fixture(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !Equal(spec, sspec) {
+			t.Fatalf("%s reads as %+v, the original as %+v", dir, sspec, spec)
+		}
+		for i, v := range vals {
+			if want := bf16.ToFloat32(bf16.FromFloat32(v)); svals[i] != want {
+				t.Fatalf("%s: element %d: %v, want %v", dir, i, svals[i], want)
+			}
 		}
 	}
 }

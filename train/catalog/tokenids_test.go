@@ -83,8 +83,9 @@ func TestExportTokenIDs(t *testing.T) {
 		}},
 	}
 	// A checkpoint directory holding its own tokenizer files: the fixture
-	// tokenizers beside llama-tiny-gqa's config.json.
-	for _, name := range []string{"llama2", "llama3", "smollm", "metaspace", "bytelevel"} {
+	// tokenizers beside llama-tiny-gqa's config.json (the qwen2 one beside
+	// qwen2-tiny-gqa's: no BOS, the pad token the EOS).
+	for _, name := range []string{"llama2", "llama3", "smollm", "metaspace", "bytelevel", "qwen2"} {
 		cases = append(cases, tc{"checkpoint with the " + name + " tokenizer", "", name, own})
 	}
 	for _, c := range cases {
@@ -93,7 +94,11 @@ func TestExportTokenIDs(t *testing.T) {
 			if c.src != "" {
 				model = t.TempDir()
 				files, _ := filepath.Glob(filepath.Join("../tokenizer/testdata", c.src, "*"))
-				files = append(files, "../testdata/llama-tiny-gqa/config.json")
+				cfg := "../testdata/llama-tiny-gqa/config.json"
+				if c.src == "qwen2" {
+					cfg = "../testdata/qwen2-tiny-gqa/config.json"
+				}
+				files = append(files, cfg)
 				for _, f := range files {
 					raw, err := os.ReadFile(f)
 					if err != nil {

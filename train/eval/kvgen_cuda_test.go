@@ -72,7 +72,7 @@ func TestCUDADecoderMatchesCPU(t *testing.T) {
 	if err := probe.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"gpt2-tiny", "llama-tiny-gqa"} {
+	for _, name := range []string{"gpt2-tiny", "llama-tiny-gqa", "qwen2-tiny-gqa"} {
 		t.Run(name, func(t *testing.T) {
 			spec, vals, err := catalog.Load(filepath.Join("../testdata", name))
 			if err != nil {

@@ -5,6 +5,7 @@ package llama
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -37,7 +38,9 @@ func (k Matrix) String() string {
 }
 
 // A block's parameters, in Layout order: the input norm, q, k, v, o, the
-// post-attention norm, gate, up, down.
+// post-attention norm, gate, up, down, then (Qwen2, QKVBias only) the q, k
+// and v biases. The biases come last so that a LLaMA's layout is the same
+// with or without them in the code.
 const (
 	slotInNorm = iota
 	slotQ
@@ -48,8 +51,37 @@ const (
 	slotGate
 	slotUp
 	slotDown
-	perLayer
+	slotQBias
+	slotKBias
+	slotVBias
+	maxSlots // a block's parameters with the biases
 )
+
+// perLayer is the number of parameters of a block: 12 with the q, k and v
+// biases, 9 without.
+func (c Config) perLayer() int {
+	if c.QKVBias {
+		return maxSlots
+	}
+	return slotQBias
+}
+
+// biasSlot is the slot of the bias of matrix k (q, k or v), and whether it
+// has one.
+func (c Config) biasSlot(k Matrix) (int, bool) {
+	if !c.QKVBias {
+		return 0, false
+	}
+	switch k {
+	case MatQ:
+		return slotQBias, true
+	case MatK:
+		return slotKBias, true
+	case MatV:
+		return slotVBias, true
+	}
+	return 0, false
+}
 
 // matrixSlot is each matrix's index among its block's parameters.
 var matrixSlot = [NumMatrices]int{slotQ, slotK, slotV, slotO, slotGate, slotUp, slotDown}
@@ -65,10 +97,10 @@ const NumInputs = 4
 
 // blockName is the HF name of each block parameter, after
 // "model.layers.<l>.".
-var blockName = [perLayer]string{
+var blockName = [maxSlots]string{
 	"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
 	"self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-	"mlp.down_proj.weight",
+	"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
 }
 
 // Widths of the attention's tensors per position.
@@ -96,7 +128,7 @@ func (c Config) MatrixShape(k Matrix) (m, n int) {
 }
 
 // MatrixParam is the index into Layout() of matrix k of layer l.
-func (c Config) MatrixParam(l int, k Matrix) int { return 1 + l*perLayer + matrixSlot[k] }
+func (c Config) MatrixParam(l int, k Matrix) int { return 1 + l*c.perLayer() + matrixSlot[k] }
 
 // Matrices lists a block's seven matrices for model.Arch.
 func (c Config) Matrices() []model.Matrix {
@@ -110,11 +142,19 @@ func (c Config) Matrices() []model.Matrix {
 
 // isMatrix reports whether Layout() entry i is a block's weight matrix.
 func (c Config) isMatrix(i int) bool {
-	if i < 1 || i >= 1+c.NumLayers*perLayer {
+	if i < 1 || i >= 1+c.NumLayers*c.perLayer() {
 		return false
 	}
-	j := (i - 1) % perLayer
-	return j != slotInNorm && j != slotPostNorm
+	j := (i - 1) % c.perLayer()
+	return j >= slotQ && j <= slotDown && j != slotPostNorm
+}
+
+// isBias reports whether Layout() entry i is a q, k or v bias.
+func (c Config) isBias(i int) bool {
+	if !c.QKVBias || i < 1 || i >= 1+c.NumLayers*c.perLayer() {
+		return false
+	}
+	return (i-1)%c.perLayer() >= slotQBias
 }
 
 // Layers is the number of blocks (model.Arch).
@@ -147,9 +187,16 @@ func (c Config) Layout() []model.Param {
 	for l := 0; l < c.NumLayers; l++ {
 		layer = l
 		pre := fmt.Sprintf("model.layers.%d.", l)
-		for slot, name := range blockName {
-			if slot == slotInNorm || slot == slotPostNorm {
+		for slot, name := range blockName[:c.perLayer()] {
+			switch slot {
+			case slotInNorm, slotPostNorm:
 				add(pre+name, false, false, C)
+				continue
+			case slotQBias:
+				add(pre+name, false, false, c.qWidth())
+				continue
+			case slotKBias, slotVBias:
+				add(pre+name, false, false, c.kvWidth())
 				continue
 			}
 			k := Matrix(0)
@@ -177,6 +224,9 @@ func (c Config) Layout() []model.Param {
 func (c Config) NumParams() int {
 	C, I := c.Hidden, c.Intermediate
 	block := 2*C + C*c.qWidth() + 2*C*c.kvWidth() + c.qWidth()*C + 3*C*I
+	if c.QKVBias {
+		block += c.qkvWidth()
+	}
 	n := c.Vocab*C + c.NumLayers*block + C
 	if !c.Tied {
 		n += c.Vocab * C
@@ -207,7 +257,7 @@ func (c Config) Describe() []any {
 	}
 	return []any{"layers", c.NumLayers, "hidden", c.Hidden, "intermediate", c.Intermediate,
 		"heads", c.Heads, "kv_heads", c.KVHeads, "head_dim", c.HS(), "vocab", c.Vocab, "context", c.MaxPos,
-		"rope_theta", c.RopeTheta, "rope_scaling", rope, "tied", c.Tied, "params", c.NumParams()}
+		"rope_theta", c.RopeTheta, "rope_scaling", rope, "tied", c.Tied, "qkv_bias", c.QKVBias, "params", c.NumParams()}
 }
 
 // Init returns transformers' initialisation of LlamaForCausalLM, drawn
@@ -223,6 +273,7 @@ func (c Config) Init(seed uint64) []float32 {
 
 // InitEach is Init parameter by parameter (model.Spec): every matrix, the
 // embedding and the head N(0, initializer_range), the RMSNorm weights 1,
+// the q, k and v biases 0 (transformers' Linear bias init),
 // drawn from one generator in Layout order, so the values do not depend
 // on how they are consumed.
 func (c Config) InitEach(seed uint64, fn func(p model.Param, v []float32) error) error {
@@ -231,11 +282,14 @@ func (c Config) InitEach(seed uint64, fn func(p model.Param, v []float32) error)
 	std := c.initRange()
 	for _, p := range c.Layout() {
 		v := buf[:p.Len()]
-		if len(p.Shape) == 1 {
+		switch {
+		case strings.HasSuffix(p.Name, ".bias"):
+			clear(v)
+		case len(p.Shape) == 1:
 			for i := range v {
 				v[i] = 1
 			}
-		} else {
+		default:
 			for i := range v {
 				v[i] = float32(rng.NormFloat64() * std)
 			}

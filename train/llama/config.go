@@ -1,6 +1,6 @@
 // Package llama is the LLaMA model family on the Backend (LLaMA 1-3,
-// TinyLlama, SmolLM2, DeepSeek-Coder and Mistral without a sliding window
-// shorter than the run's sequences): configuration in Hugging Face's
+// TinyLlama, SmolLM2, DeepSeek-Coder, Qwen2/Qwen2.5, and Mistral without a
+// sliding window shorter than the run's sequences): configuration in Hugging Face's
 // config.json names, presets of the real models' shapes, the parameter
 // layout (one device allocation, HF names, projections stored in x out),
 // and the forward and backward passes through train/model's contract.
@@ -46,6 +46,21 @@ type Config struct {
 	// prefix, so a window shorter than the sequence is refused
 	// (CheckSeqLen).
 	SlidingWindow int `json:"sliding_window,omitempty"`
+	// QKVBias: the q, k and v projections have biases (none on o): Qwen2's
+	// attention, exported as model_type qwen2. LlamaConfig's
+	// attention_bias, which puts one on o too, is another architecture
+	// (refused by ParseHFConfig), hence the name of its own.
+	QKVBias bool `json:"qkv_bias,omitempty"`
+	// SlidingLayers are the layers the sliding window applies to, sorted;
+	// nil: all (Mistral's). Qwen2's config.json can put only some in it
+	// (layer_types, max_window_layers); they are kept so that an export
+	// writes the same architecture back.
+	SlidingLayers []int `json:"sliding_layers,omitempty"`
+}
+
+// inWindow reports whether the sliding window applies to layer l.
+func (c Config) inWindow(l int) bool {
+	return c.SlidingWindow > 0 && (c.SlidingLayers == nil || slices.Contains(c.SlidingLayers, l))
 }
 
 // RopeScaling is the rotary embeddings' frequency scaling, of one of the
@@ -115,6 +130,15 @@ var presets = map[string]Config{
 	// TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T.
 	"tinyllama-1.1b": {Vocab: 32000, Hidden: 2048, Intermediate: 5632, NumLayers: 22, Heads: 32, KVHeads: 4,
 		Eps: 1e-5, RopeTheta: 10000, MaxPos: 2048, BOS: ids(1), EOS: ids(2)},
+	// Qwen/Qwen2.5-0.5B, -1.5B and -7B (base models): q, k and v biases,
+	// rope_theta 1e6; their sliding window is off (use_sliding_window
+	// false), so none is set here.
+	"qwen2.5-0.5b": {Vocab: 151936, Hidden: 896, Intermediate: 4864, NumLayers: 24, Heads: 14, KVHeads: 2,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 32768, Tied: true, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
+	"qwen2.5-1.5b": {Vocab: 151936, Hidden: 1536, Intermediate: 8960, NumLayers: 28, Heads: 12, KVHeads: 2,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 131072, Tied: true, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
+	"qwen2.5-7b": {Vocab: 152064, Hidden: 3584, Intermediate: 18944, NumLayers: 28, Heads: 28, KVHeads: 4,
+		Eps: 1e-6, RopeTheta: 1000000, MaxPos: 131072, BOS: ids(151643), EOS: ids(151643), QKVBias: true},
 	// meta-llama/Llama-2-7b-hf.
 	"llama-7b": {Vocab: 32000, Hidden: 4096, Intermediate: 11008, NumLayers: 32, Heads: 32, KVHeads: 32,
 		Eps: 1e-5, RopeTheta: 10000, MaxPos: 4096, BOS: ids(1), EOS: ids(2)},
@@ -158,6 +182,7 @@ func (c Config) clone() Config {
 		c.RopeScaling = &r
 	}
 	c.BOS, c.EOS = slices.Clone(c.BOS), slices.Clone(c.EOS)
+	c.SlidingLayers = slices.Clone(c.SlidingLayers)
 	return c
 }
 
@@ -217,6 +242,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("llama config: rope_theta=%g must be positive and within float32's range (the frequencies are float32, as in transformers)", c.RopeTheta)
 	case c.SlidingWindow < 0:
 		return fmt.Errorf("llama config: sliding_window=%d must not be negative", c.SlidingWindow)
+	case !c.slidingLayersValid():
+		return fmt.Errorf("llama config: sliding_layers %v must be sorted distinct layers below num_hidden_layers=%d, of a qwen2 model with a sliding_window", c.SlidingLayers, c.NumLayers)
 	case c.InitRange < 0 || math.IsNaN(c.InitRange) || math.IsInf(c.InitRange, 0):
 		return fmt.Errorf("llama config: initializer_range=%g must be positive", c.InitRange)
 	}
@@ -230,6 +257,24 @@ func (c Config) Validate() error {
 			c.Hidden, c.Intermediate, c.NumLayers, c.Vocab, c.Heads, c.KVHeads, c.HS())
 	}
 	return nil
+}
+
+// slidingLayersValid reports whether SlidingLayers is nil, or sorted
+// distinct layers of a Qwen2 (only its config.json can say which layers;
+// a Mistral export would window them all) with a window to apply.
+func (c Config) slidingLayersValid() bool {
+	if c.SlidingLayers == nil {
+		return true
+	}
+	if !c.QKVBias || c.SlidingWindow <= 0 || len(c.SlidingLayers) == 0 {
+		return false
+	}
+	for i, l := range c.SlidingLayers {
+		if l < 0 || l >= c.NumLayers || (i > 0 && l <= c.SlidingLayers[i-1]) {
+			return false
+		}
+	}
+	return true
 }
 
 // f32Positive reports whether v is positive and a positive float32 (the
@@ -261,6 +306,9 @@ func (c Config) paramCount() (n int, ok bool) {
 	C, I, V, L := int64(c.Hidden), int64(c.Intermediate), int64(c.Vocab), int64(c.NumLayers)
 	qw, kw := mul(int64(c.Heads), int64(c.HS())), mul(int64(c.KVHeads), int64(c.HS()))
 	block := add(add(mul(2, C), mul(C, add(mul(2, qw), mul(2, kw)))), mul(mul(3, C), I))
+	if c.QKVBias {
+		block = add(block, add(qw, mul(2, kw)))
+	}
 	heads := int64(2)
 	if c.Tied {
 		heads = 1
@@ -302,8 +350,8 @@ func (r RopeScaling) validate() error {
 
 // CheckSeqLen refuses a run of sequences of T tokens that this model would
 // not compute as the checkpoint's own code does: longer than the context
-// (max_position_embeddings), or than Mistral's sliding window (this model
-// attends to the whole prefix).
+// (max_position_embeddings), or than Mistral's or Qwen2's sliding window
+// (this model attends to the whole prefix).
 func (c Config) CheckSeqLen(T int) error {
 	switch {
 	case T <= 0:

@@ -27,6 +27,10 @@ func TestReadHFConfigFixtures(t *testing.T) {
 		"llama-tiny-tied": {Vocab: 320, Hidden: 64, Intermediate: 176, NumLayers: 2, Heads: 4, KVHeads: 4,
 			Eps: 1e-5, RopeTheta: 10000, MaxPos: 64, BOS: ids(1), EOS: ids(2), Tied: true,
 			RopeScaling: &RopeScaling{Type: "linear", Factor: 2}},
+		"qwen2-tiny-gqa": {Vocab: 320, Hidden: 64, Intermediate: 176, NumLayers: 2, Heads: 4, KVHeads: 2,
+			Eps: 1e-6, RopeTheta: 1e6, MaxPos: 64, BOS: ids(318), EOS: ids(319), QKVBias: true},
+		"qwen2-tiny-tied": {Vocab: 320, Hidden: 64, Intermediate: 176, NumLayers: 2, Heads: 4, KVHeads: 1,
+			Eps: 1e-6, RopeTheta: 1e6, MaxPos: 64, BOS: ids(318), EOS: ids(319), Tied: true, QKVBias: true},
 	}
 	for _, name := range fixtureNames {
 		dir := fixtureDir(name)
@@ -90,12 +94,17 @@ func TestHFConfigExport(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: exported config\n%s\nsave_pretrained wrote\n%s", name, out, raw)
 		}
-		for _, f := range []string{`"rms_norm_eps": 1e-05`, `"initializer_range": 0.02`, `"attention_dropout": 0.0`} {
+		eps := `"rms_norm_eps": 1e-05`
+		if cfg.QKVBias {
+			eps = `"rms_norm_eps": 1e-06` // Qwen2's
+		}
+		for _, f := range []string{eps, `"initializer_range": 0.02`, `"attention_dropout": 0.0`} {
 			if !strings.Contains(string(out), f) {
 				t.Errorf("%s: exported config lacks %s:\n%s", name, f, out)
 			}
 		}
-		if !strings.Contains(string(out), `"rope_theta": 10000.0`) && !strings.Contains(string(out), `"rope_theta": 500000.0`) {
+		if !strings.Contains(string(out), `"rope_theta": 10000.0`) && !strings.Contains(string(out), `"rope_theta": 500000.0`) &&
+			!strings.Contains(string(out), `"rope_theta": 1000000.0`) {
 			t.Errorf("%s: rope_theta not written as a float:\n%s", name, out)
 		}
 	}
@@ -171,7 +180,7 @@ func TestBadConfigsRefused(t *testing.T) {
 		edit func(map[string]any)
 		want string
 	}{
-		{"qwen2", set("model_type", "qwen2"), `model_type "qwen2"`},
+		{"qwen3", set("model_type", "qwen3"), `model_type "qwen3"`},
 		{"gpt_neox", set("model_type", "gpt_neox"), `model_type "gpt_neox"`},
 		{"no model_type", func(m map[string]any) { delete(m, "model_type") }, "model_type is missing"},
 		{"sliding window in llama", set("sliding_window", 4096), `sliding_window=4096 in a model_type "llama"`},
@@ -282,6 +291,10 @@ func TestPresets(t *testing.T) {
 		"llama3-8b":           8_030_261_248,
 		"deepseek-coder-1.3b": 1_346_471_936,
 		"deepseek-coder-6.7b": 6_740_512_768,
+		// Qwen's model cards: 0.49B, 1.54B, 7.61B.
+		"qwen2.5-0.5b": 494_032_768,
+		"qwen2.5-1.5b": 1_543_714_304,
+		"qwen2.5-7b":   7_615_616_512,
 	}
 	for _, name := range Presets() {
 		c, err := Preset(name)

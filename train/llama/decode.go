@@ -3,7 +3,7 @@
 // keys and values (train/kvcache).
 //
 //	x = embed[tok]
-//	per layer: ln = RMSNorm(x); q, k, v = ln Wq, ln Wk, ln Wv
+//	per layer: ln = RMSNorm(x); q, k, v = ln Wq, ln Wk, ln Wv (+ Qwen2's biases)
 //	           RoPE(q), RoPE(k) at pos; store k, v; atty = attend(q)
 //	           res2 = x + atty Wo; ln = RMSNorm(res2)
 //	           x = res2 + (silu(ln Wgate) * ln Wup) Wdown
@@ -135,8 +135,11 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 		err := model.Chain(
 			func() error { return be.RMSNormForward(s, d.ln, d.rstd, d.x, p[slotInNorm], 1, C, c.Eps) },
 			gemm(q, d.ln, p[slotQ], C, qw),
+			m.addBias(s, p, MatQ, q, 1),
 			gemm(k, d.ln, p[slotK], C, kw),
+			m.addBias(s, p, MatK, k, 1),
 			gemm(d.v, d.ln, p[slotV], C, kw),
+			m.addBias(s, p, MatV, d.v, 1),
 			func() error { return be.RoPEForward(s, d.q, d.q, freqs, 1, 2, c.Heads, HS) },
 			func() error { return be.RoPEForward(s, d.k, d.k, freqs, 1, 2, c.KVHeads, HS) },
 			func() error { return d.Cache.Store(s, l, pos, k, d.v) },

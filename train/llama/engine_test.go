@@ -191,3 +191,71 @@ func TestPipelinedMatchesSequential(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineQwen2Biases: Qwen2's q, k and v biases are dense parameters in
+// lsp mode: --dense-params device and host train them (with the hazard
+// check, the loss falls and the device peak is the plan's), frozen keeps
+// them as loaded, as it keeps the norms.
+func TestEngineQwen2Biases(t *testing.T) {
+	const B, T, accum, steps = 2, 8, 2, 8
+	cfg := hookCfg.clone()
+	cfg.QKVBias = true
+	init := cfg.Init(11)
+	rng := rand.New(rand.NewPCG(12, 13))
+	for k, p := range cfg.Layout() {
+		if cfg.isBias(k) {
+			for i := p.Offset; i < p.Offset+p.Len(); i++ {
+				init[i] = float32(rng.NormFloat64() * 0.1) // away from the init's 0
+			}
+		}
+	}
+	for _, dense := range []engine.DenseParams{engine.DenseDevice, engine.DenseHost, engine.DenseFrozen} {
+		t.Run(string(dense), func(t *testing.T) {
+			ec := engineConfig(engine.LSP)
+			ec.DenseParams = dense
+			be := cpu.New(cpu.Config{Threads: 2, HazardCheck: true})
+			defer be.Close()
+			plan, err := engine.MemoryOf(cfg, B, T, accum, backend.F32, ec)
+			must(t, err)
+			e, err := engine.New(be, cfg, B, T, accum, backend.F32, ec)
+			must(t, err)
+			defer e.Free()
+			params := e.Model.Buffers().Params
+			must(t, backend.Upload(be, be.DefaultStream(), params, init))
+			must(t, e.Init())
+			var ls []float64
+			for i := range steps {
+				if e.CheckDue() {
+					_, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, cfg.Vocab))
+					must(t, err)
+				}
+				l, err := e.Step(patternBatches(uint64(i), accum, B, T, cfg.Vocab), 1e-2)
+				must(t, err)
+				ls = append(ls, l)
+			}
+			for _, h := range be.Hazards() {
+				t.Errorf("hazard: %v", h)
+			}
+			if dense != engine.DenseFrozen && !(ls[len(ls)-1] < ls[0]) {
+				t.Errorf("loss did not fall: %v", ls)
+			}
+			if hw, pred := be.MemStats().HighWater, plan.DeviceTotal(); pred < hw || float64(pred) > 1.1*float64(hw) {
+				t.Errorf("predicted device peak %d, arena high-water mark %d (%s)", pred, hw, plan)
+			}
+			got, err := backend.Download(be, be.DefaultStream(), params)
+			must(t, err)
+			for i, p := range cfg.Layout() {
+				if !cfg.isBias(i) {
+					continue
+				}
+				moved := false
+				for j := p.Offset; j < p.Offset+p.Len(); j++ {
+					moved = moved || got[j] != init[j]
+				}
+				if moved != (dense != engine.DenseFrozen) {
+					t.Errorf("%s: changed %v with --dense-params %s", p.Name, moved, dense)
+				}
+			}
+		})
+	}
+}

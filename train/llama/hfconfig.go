@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // hfConfig is the part of transformers' LlamaConfig (and MistralConfig)
@@ -44,6 +45,12 @@ type hfConfig struct {
 	AttentionBias       *bool           `json:"attention_bias"`
 	MLPBias             *bool           `json:"mlp_bias"`
 	PartialRotaryFactor *float64        `json:"partial_rotary_factor"`
+	// Qwen2's: the window applies only with use_sliding_window, and then
+	// only to the layers from max_window_layers on.
+	// layer_types, when given, says which layers use it instead.
+	UseSlidingWindow *bool    `json:"use_sliding_window"`
+	MaxWindowLayers  *int     `json:"max_window_layers"`
+	LayerTypes       []string `json:"layer_types"`
 }
 
 // ReadHFConfig reads dir/config.json and checks that this model computes
@@ -68,16 +75,16 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		return Config{}, err
 	}
 	switch h.ModelType {
-	case "llama", "mistral":
+	case "llama", "mistral", "qwen2":
 	case "":
-		return Config{}, fmt.Errorf("model_type is missing (want llama or mistral)")
+		return Config{}, fmt.Errorf("model_type is missing (want llama, mistral or qwen2)")
 	default:
-		return Config{}, fmt.Errorf("model_type %q is not supported (want llama, or mistral)", h.ModelType)
+		return Config{}, fmt.Errorf("model_type %q is not supported (want llama, mistral or qwen2)", h.ModelType)
 	}
 	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("hidden_act %q is not supported (want silu)", *h.HiddenAct)
 	}
-	if h.AttentionBias != nil && *h.AttentionBias {
+	if h.AttentionBias != nil && *h.AttentionBias && h.ModelType != "qwen2" {
 		return Config{}, fmt.Errorf("attention_bias=true is not supported (the projections have no biases here)")
 	}
 	if h.MLPBias != nil && *h.MLPBias {
@@ -112,6 +119,22 @@ func ParseHFConfig(raw []byte) (Config, error) {
 			c.InitRange = 0
 		}
 	}
+	if h.ModelType == "qwen2" {
+		// Qwen2's attention: biases on q, k and v, always (Qwen2Config
+		// has no switch for them).
+		c.QKVBias = true
+		if h.MaxPos == nil {
+			c.MaxPos = 32768 // Qwen2Config's default
+		}
+		w, layers, err := qwen2Window(h)
+		if err != nil {
+			return Config{}, err
+		}
+		h.SlidingWindow = w
+		if len(layers) < h.NumHiddenLayers {
+			c.SlidingLayers = layers // nil: every layer, as Mistral's
+		}
+	}
 	if h.ModelType == "mistral" {
 		// MistralConfig's defaults where save_pretrained's output would
 		// have the key: a 4096-token window, a 131072-token context.
@@ -127,8 +150,8 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		if err := json.Unmarshal(h.SlidingWindow, &w); err != nil {
 			return Config{}, fmt.Errorf("sliding_window: %s is not an integer", h.SlidingWindow)
 		}
-		if h.ModelType != "mistral" {
-			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral has one)", w, h.ModelType)
+		if h.ModelType != "mistral" && h.ModelType != "qwen2" {
+			return Config{}, fmt.Errorf("sliding_window=%d in a model_type %q config (only mistral and qwen2 have one)", w, h.ModelType)
 		}
 		if w <= 0 {
 			return Config{}, fmt.Errorf("sliding_window=%d must be positive or null", w)
@@ -160,6 +183,61 @@ func ParseHFConfig(raw []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// qwen2Window is the sliding_window of a qwen2 config.json that changes
+// what the model computes, or nil, and the layers it applies to:
+// transformers' Qwen2 attends within the window only with
+// use_sliding_window true (default false), and then only in the layers
+// layer_types calls "sliding_attention" (without layer_types: those from
+// max_window_layers, default 28, on). A window that applies is kept, so
+// CheckSeqLen refuses the runs whose sequences it would cut (the model
+// here always attends to the whole prefix) and accepts the rest; its
+// layers are kept for the export to write them back.
+func qwen2Window(h hfConfig) (json.RawMessage, []int, error) {
+	if h.UseSlidingWindow == nil || !*h.UseSlidingWindow {
+		return nil, nil, nil
+	}
+	layers, err := qwen2SlidingLayers(h)
+	if err != nil || len(layers) == 0 {
+		return nil, nil, err
+	}
+	if len(h.SlidingWindow) == 0 {
+		return json.RawMessage("4096"), layers, nil // Qwen2Config's default
+	}
+	if isNull(h.SlidingWindow) {
+		return nil, nil, nil // no window after all
+	}
+	return h.SlidingWindow, layers, nil
+}
+
+// qwen2SlidingLayers lists the layers of a qwen2 config.json with
+// use_sliding_window that attend within the window.
+func qwen2SlidingLayers(h hfConfig) ([]int, error) {
+	var layers []int
+	if h.LayerTypes == nil {
+		from := 28
+		if h.MaxWindowLayers != nil {
+			from = *h.MaxWindowLayers
+		}
+		for l := max(from, 0); l < h.NumHiddenLayers; l++ {
+			layers = append(layers, l)
+		}
+		return layers, nil
+	}
+	if len(h.LayerTypes) != h.NumHiddenLayers {
+		return nil, fmt.Errorf("layer_types has %d entries for num_hidden_layers=%d", len(h.LayerTypes), h.NumHiddenLayers)
+	}
+	for i, t := range h.LayerTypes {
+		switch t {
+		case "full_attention":
+		case "sliding_attention":
+			layers = append(layers, i)
+		default:
+			return nil, fmt.Errorf("layer_types[%d] %q is not supported (want full_attention or sliding_attention)", i, t)
+		}
+	}
+	return layers, nil
 }
 
 func isNull(b json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(b), []byte("null")) }
@@ -286,9 +364,9 @@ func parseRope(field string, raw json.RawMessage, theta *float64) (*RopeScaling,
 	return r, nil
 }
 
-// pyFloat is a float written as Python's json writes one: always with a
-// point or an exponent (10000.0, 1e-05), so that transformers reads a
-// float. bits is 32 for a value the model holds as a float32 (the
+// pyFloat is a float written as Python's json writes one (its repr):
+// always with a point or an exponent (10000.0, 1e-05, 1000000.0 where Go
+// would write 1e+06), so that transformers reads a float. bits is 32 for a value the model holds as a float32 (the
 // shortest decimal that reads back as it, not its binary expansion).
 type pyFloat struct {
 	v    float64
@@ -299,9 +377,18 @@ func (f pyFloat) MarshalJSON() ([]byte, error) {
 	if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
 		return nil, fmt.Errorf("%v is not a JSON number", f.v)
 	}
-	s := strconv.FormatFloat(f.v, 'g', -1, f.bits)
-	if !bytes.ContainsAny([]byte(s), ".e") {
-		s += ".0"
+	// repr writes decimal exponents -4 to 15 positionally, the rest in
+	// exponent form with at least two digits (as Go's 'e' does).
+	s := strconv.FormatFloat(f.v, 'e', -1, f.bits)
+	exp, err := strconv.Atoi(s[strings.IndexByte(s, 'e')+1:])
+	if err != nil {
+		return nil, fmt.Errorf("%v: exponent of %q: %w", f.v, s, err)
+	}
+	if exp >= -4 && exp < 16 {
+		s = strconv.FormatFloat(f.v, 'f', -1, f.bits)
+		if !strings.Contains(s, ".") {
+			s += ".0"
+		}
 	}
 	return []byte(s), nil
 }
@@ -311,8 +398,9 @@ func (c Config) HFConfig() ([]byte, error) { return c.HFConfigDType("float32") }
 
 // HFConfigDType is the config.json that transformers' save_pretrained
 // writes for this architecture (transformers 5 layout) with weights
-// stored in dtype: "float32", "bfloat16" or "float16". A model with a
-// sliding window is written as Mistral, the rest as LLaMA.
+// stored in dtype: "float32", "bfloat16" or "float16". A model with q, k
+// and v biases is written as Qwen2, one with a sliding window as Mistral,
+// the rest as LLaMA.
 func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 	switch dtype {
 	case "float32", "bfloat16", "float16":
@@ -368,9 +456,48 @@ func (c Config) HFConfigDType(dtype string) ([]byte, error) {
 		delete(h, "pretraining_tp")
 		delete(h, "attention_bias")
 	}
+	if c.QKVBias {
+		qwen2Keys(c, h)
+	}
 	raw, err := json.MarshalIndent(h, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("llama config: %w", err)
 	}
 	return append(raw, '\n'), nil
+}
+
+// qwen2Keys turns h, a LlamaConfig's keys, into the Qwen2Config that
+// save_pretrained writes: no attention_bias, mlp_bias or pretraining_tp
+// (Qwen2's biases are not optional), and the sliding-window settings,
+// with the layers the config.json read had in the window (all without a
+// list) in layer_types, which transformers reads before max_window_layers.
+func qwen2Keys(c Config, h map[string]any) {
+	h["architectures"] = []string{"Qwen2ForCausalLM"}
+	h["model_type"] = "qwen2"
+	for _, k := range []string{"attention_bias", "mlp_bias", "pretraining_tp"} {
+		delete(h, k)
+	}
+	if c.HeadDim == 0 {
+		delete(h, "head_dim") // Qwen2Config has none; Qwen2 reads one if given
+	}
+	h["use_sliding_window"] = c.SlidingWindow > 0
+	h["max_window_layers"] = c.NumLayers
+	h["sliding_window"] = nil
+	types := make([]string, c.NumLayers)
+	for i := range types {
+		types[i] = "full_attention"
+	}
+	if c.SlidingWindow > 0 {
+		h["sliding_window"] = c.SlidingWindow
+		h["max_window_layers"] = 0
+		if len(c.SlidingLayers) > 0 {
+			h["max_window_layers"] = c.SlidingLayers[0]
+		}
+		for i := range types {
+			if c.inWindow(i) {
+				types[i] = "sliding_attention"
+			}
+		}
+	}
+	h["layer_types"] = types
 }

@@ -263,14 +263,16 @@ func wantCalls(L int, inRecompute bool) []string {
 // TestMatrixHooksMatchDense: a hook that computes dW = X^T dY from the
 // shared inputs it was handed gets every matrix gradient bit for bit as
 // the model without hooks, and the dense gradients do not change either;
-// for a tied and an untied head; under every recompute setting, with and
-// without hooks, the gradients are those of the model that recomputes
-// nothing, to the bit, and the hooks see each input once (in the
+// for a tied and an untied head (the tied one with Qwen2's q, k and v
+// biases); under every recompute setting, with and without hooks, the
+// gradients are those of the model that recomputes nothing, to the bit, and the hooks see each input once (in the
 // forward, or under --recompute layer in the backward's recompute, which
 // hands over the recomputed input).
 func TestMatrixHooksMatchDense(t *testing.T) {
 	tied := hookCfg.clone()
 	tied.Tied, tied.KVHeads, tied.RopeScaling = true, 1, &RopeScaling{Type: "linear", Factor: 2}
+	// Qwen2's q, k and v biases: dense parameters next to hooked matrices.
+	tied.QKVBias = true
 	for _, cfg := range []Config{hookCfg, tied} {
 		for _, dt := range dtypes {
 			for _, rc := range model.Recomputes {
@@ -324,7 +326,7 @@ func TestMatrixHooksMatchDense(t *testing.T) {
 							sameBits(t, "dense grad "+p.Name, download(t, be, g), want)
 							continue
 						}
-						l, k := (i-1)/perLayer, Matrix(-1)
+						l, k := (i-1)/cfg.perLayer(), Matrix(-1)
 						for kk := range Matrix(NumMatrices) {
 							if cfg.MatrixParam(l, kk) == i {
 								k = kk
@@ -378,7 +380,7 @@ func TestMemoryWithMatchesAllocation(t *testing.T) {
 	tiny, err := Preset("llama-tiny")
 	must(t, err)
 	tied := hookCfg.clone()
-	tied.Tied = true
+	tied.Tied, tied.QKVBias = true, true
 	wideHeads := Config{Vocab: 5, Hidden: 4, Intermediate: 3, NumLayers: 1, Heads: 2, KVHeads: 1, HeadDim: 6,
 		Eps: 1e-5, RopeTheta: 10000, MaxPos: 3}
 	for _, tc := range []struct {

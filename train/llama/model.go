@@ -4,6 +4,7 @@
 //
 //	x0 = embed[inp]                                    (B,T,C)
 //	per layer: ln1 = RMSNorm(x); q|k|v = ln1 Wq|Wk|Wv   planar (B,T,NH*HS), (B,T,KVH*HS) x2
+//	           (+ bq|bk|bv: Qwen2's biases, QKVBias)
 //	           RoPE(q), RoPE(k) in place; atty = attn(q,k,v)   (GQA)
 //	           res2 = x + atty Wo; ln2 = RMSNorm(res2)
 //	           gate = ln2 Wgate; up = ln2 Wup; swi = silu(gate)*up
@@ -54,7 +55,7 @@ type layerActs struct {
 
 // layerParams are one block's parameter (or gradient) views, by slot. A
 // gradient view with a nil Buf does not exist (a matrix under hooks).
-type layerParams [perLayer]backend.Tensor
+type layerParams [maxSlots]backend.Tensor
 
 type modelParams struct {
 	embed, norm, head backend.Tensor // head: lm_head, or embed when tied
@@ -144,15 +145,15 @@ func (c Config) backwardScratch(B, T int) int {
 // gradOffsets places the dense gradients (model.GradLayout): Layout
 // order, or a ring with opts.GradSlots; matrices left out under hooks;
 // with FrozenDense the discard buffer instead (model.FrozenGradOffsets:
-// the norms, not the embedding and head, whose gradients are not
+// the norms, not the embedding, head and biases, whose gradients are not
 // computed). n is the length of Grads.
 func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
 	var skip func(int) bool
 	switch {
 	case opts.MatrixGrads != nil && opts.FrozenDense:
-		head := 1 + c.NumLayers*perLayer + 1 // lm_head when untied
+		head := 1 + c.NumLayers*c.perLayer() + 1 // lm_head when untied
 		offs, n = model.FrozenGradOffsets(c.Layout(), func(i int) bool {
-			return c.isMatrix(i) || i == 0 || (!c.Tied && i == head)
+			return c.isMatrix(i) || c.isBias(i) || i == 0 || (!c.Tied && i == head)
 		})
 		return offs, n, nil
 	case opts.MatrixGrads != nil:
@@ -293,12 +294,13 @@ func (m *Model) views(t backend.Tensor, offs []int) modelParams {
 	mp := modelParams{embed: v(0)}
 	for l := 0; l < m.Cfg.NumLayers; l++ {
 		var lp layerParams
-		for s := range lp {
-			lp[s] = v(1 + l*perLayer + s)
+		per := m.Cfg.perLayer()
+		for s := range per {
+			lp[s] = v(1 + l*per + s)
 		}
 		mp.layers = append(mp.layers, lp)
 	}
-	n := 1 + m.Cfg.NumLayers*perLayer
+	n := 1 + m.Cfg.NumLayers*m.Cfg.perLayer()
 	mp.norm, mp.head = v(n), mp.embed
 	if !m.Cfg.Tied {
 		mp.head = v(n + 1)
@@ -396,8 +398,11 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		func() error { return be.RMSNormForward(s, a.ln1, a.rstd1, x, p[slotInNorm], BT, C, c.Eps) },
 		input(0, a.ln1),
 		func() error { return be.Gemm(s, false, false, BT, qw, C, 1, a.ln1, p[slotQ], 0, q) },
+		m.addBias(s, p, MatQ, q, BT),
 		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotK], 0, k) },
+		m.addBias(s, p, MatK, k, BT),
 		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotV], 0, v) },
+		m.addBias(s, p, MatV, v, BT),
 		func() error { return be.RoPEForward(s, q, q, m.invFreq, B, T, c.Heads, HS) },
 		func() error { return be.RoPEForward(s, k, k, m.invFreq, B, T, c.KVHeads, HS) },
 		func() error {
@@ -425,6 +430,33 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		func() error { return be.Gemm(s, false, false, BT, C, I, 1, a.swi, p[slotDown], 0, m.scratch) },
 		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
 	)
+}
+
+// addBias is the step adding matrix k's bias (Qwen2's q, k and v) to its
+// output out of N rows, before RoPE; a no-op without one.
+func (m *Model) addBias(s backend.Stream, p *layerParams, k Matrix, out backend.Tensor, N int) func() error {
+	return func() error {
+		slot, ok := m.Cfg.biasSlot(k)
+		if !ok {
+			return nil
+		}
+		_, OC := m.Cfg.MatrixShape(k)
+		return m.be.AddBias(s, out, p[slot], N, OC)
+	}
+}
+
+// biasBackward is the step accumulating matrix k's bias gradient, the
+// column sums of its output gradient dout (after RoPE's backward); a
+// no-op without a bias, or when the dense parameters are frozen.
+func (m *Model) biasBackward(s backend.Stream, l int, k Matrix, dout backend.Tensor) func() error {
+	return func() error {
+		slot, ok := m.Cfg.biasSlot(k)
+		if !ok || m.frozen {
+			return nil
+		}
+		_, OC := m.Cfg.MatrixShape(k)
+		return m.be.BiasBackward(s, m.g.layers[l][slot], dout, m.B*m.T, OC)
+	}
 }
 
 // recompute enqueues the part of block l's forward that --recompute did
@@ -574,6 +606,9 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 		},
 		func() error { return be.RoPEBackward(s, dq, dq, m.invFreq, B, T, c.Heads, HS) },
 		func() error { return be.RoPEBackward(s, dk, dk, m.invFreq, B, T, c.KVHeads, HS) },
+		m.biasBackward(s, l, MatV, dv),
+		m.biasBackward(s, l, MatK, dk),
+		m.biasBackward(s, l, MatQ, dq),
 		func() error { return m.linearBackward(s, l, MatV, dC, dv, a.ln1, false) },
 		func() error { return m.linearBackward(s, l, MatK, dC, dk, a.ln1, true) },
 		func() error { return m.linearBackward(s, l, MatQ, dC, dq, a.ln1, true) },

@@ -16,8 +16,10 @@ import (
 
 // The PyTorch fixtures: tiny random LlamaForCausalLM models written by
 // transformers' save_pretrained, with logits, loss, every gradient and a
-// 10-step AdamW trajectory (scripts/fixtures/llama_tiny.py).
-var fixtureNames = []string{"llama-tiny-gqa", "llama-tiny-rope3", "llama-tiny-tied"}
+// 10-step AdamW trajectory (scripts/fixtures/llama_tiny.py), and tiny
+// Qwen2ForCausalLM ones (q, k and v biases; 5 AdamW steps;
+// scripts/fixtures/qwen2_tiny.py).
+var fixtureNames = []string{"llama-tiny-gqa", "llama-tiny-rope3", "llama-tiny-tied", "qwen2-tiny-gqa", "qwen2-tiny-tied"}
 
 func fixtureDir(name string) string { return filepath.Join("..", "testdata", name) }
 
@@ -320,9 +322,15 @@ func TestAdamWTrajectoryMatchesPyTorch(t *testing.T) {
 // stored in bf16) gives the logits transformers computes in fp32 from the
 // same bf16 weights, within bf16's rounding of the activations.
 func TestBF16Logits(t *testing.T) {
-	fx := loadFixture(t, "llama-tiny-gqa")
+	for _, name := range []string{"llama-tiny-gqa", "qwen2-tiny-gqa", "qwen2-tiny-tied"} {
+		t.Run(name, func(t *testing.T) { bf16Logits(t, name) })
+	}
+}
+
+func bf16Logits(t *testing.T, name string) {
+	fx := loadFixture(t, name)
 	if fx.logitsBF16 == nil {
-		t.Fatal("llama-tiny-gqa has no logits_bf16model")
+		t.Fatalf("%s has no logits_bf16model", name)
 	}
 	be := cpu.New(cpu.Config{KernelDTypes: true})
 	defer be.Close()

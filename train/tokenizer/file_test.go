@@ -39,8 +39,8 @@ func readReference(t *testing.T) map[string]refTokenizer {
 	if err := json.Unmarshal(raw, &ref); err != nil {
 		t.Fatal(err)
 	}
-	if len(ref.Tokenizers) != 6 {
-		t.Fatalf("reference.json has %d tokenizers, want 6", len(ref.Tokenizers))
+	if len(ref.Tokenizers) != 7 {
+		t.Fatalf("reference.json has %d tokenizers, want 7", len(ref.Tokenizers))
 	}
 	return ref.Tokenizers
 }
