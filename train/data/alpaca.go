@@ -1,5 +1,7 @@
 // alpaca.go: reads Alpaca-style instruction data and renders it with the
-// Stanford Alpaca prompt templates (TEMPLATE.md states them and the rules).
+// Stanford Alpaca prompt templates (TEMPLATE.md states them and the rules),
+// and walks the records of any JSON or JSONL data file (chat.go reads the
+// conversation formats through the same walk).
 //
 // A file is a JSON array of objects or JSONL (one object per line, blank
 // lines skipped), told apart by its first non-space byte ('[' = array), not
@@ -60,29 +62,57 @@ func ReadAlpaca(path string) ([]Record, error) {
 	return recs, err
 }
 
-// parseAlpaca parses the bytes of file name; kind is "JSON array" or
-// "JSONL", for logs.
+// parseAlpaca parses the bytes of file name as Alpaca records, whatever
+// their fields; kind is "JSON array" or "JSONL", for logs.
 func parseAlpaca(name string, raw []byte) (recs []Record, kind string, err error) {
-	raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf")) // a UTF-8 BOM
-	trimmed := bytes.TrimLeft(raw, " \t\r\n")
-	if len(trimmed) == 0 {
-		return nil, "", fmt.Errorf("data: %s is empty", name)
-	}
-	if trimmed[0] == '[' {
-		recs, err = parseArray(name, raw)
-		kind = "JSON array"
-	} else {
-		recs, err = parseLines(name, raw)
-		kind = "JSONL"
-	}
+	kind, err = walkRecords(name, raw, func(v []byte) error {
+		r, err := alpacaRecord(v)
+		recs = append(recs, r.rec)
+		return err
+	})
 	if err == nil && len(recs) == 0 {
 		err = fmt.Errorf("data: %s holds no records", name)
 	}
 	return recs, kind, err
 }
 
+// parseRecords parses the bytes of file name as records of the format its
+// first record's fields name: "messages" (OpenAI-style messages),
+// "conversations" (ShareGPT), anything else Alpaca. Every record must be of
+// that format. kind is "JSON array" or "JSONL", for logs.
+func parseRecords(name string, raw []byte) (items []item, format, kind string, err error) {
+	var parse func([]byte) (item, error)
+	kind, err = walkRecords(name, raw, func(v []byte) error {
+		if parse == nil {
+			format, parse = detectFormat(v)
+		}
+		it, err := parse(v)
+		items = append(items, it)
+		return err
+	})
+	if err == nil && len(items) == 0 {
+		err = fmt.Errorf("data: %s holds no records", name)
+	}
+	return items, format, kind, err
+}
+
+// walkRecords calls each with every record of a JSON array or JSONL file
+// (the first non-space byte decides: '[' is an array), in order, and wraps
+// its error with the file, the record and its line.
+func walkRecords(name string, raw []byte, each func([]byte) error) (kind string, err error) {
+	raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf")) // a UTF-8 BOM
+	trimmed := bytes.TrimLeft(raw, " \t\r\n")
+	if len(trimmed) == 0 {
+		return "", fmt.Errorf("data: %s is empty", name)
+	}
+	if trimmed[0] == '[' {
+		return "JSON array", parseArray(name, raw, each)
+	}
+	return "JSONL", parseLines(name, raw, each)
+}
+
 // parseArray reads a top-level JSON array of objects.
-func parseArray(name string, raw []byte) ([]Record, error) {
+func parseArray(name string, raw []byte, each func([]byte) error) error {
 	// The scanner behind json.Unmarshal reports exact byte offsets; the
 	// Decoder's offsets are relative to its internal buffer. So syntax is
 	// checked on the whole file first, and the Decoder (whose InputOffset is
@@ -92,37 +122,34 @@ func parseArray(name string, raw []byte) ([]Record, error) {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			line, col := lineCol(raw, offendingByte(raw, se.Offset))
-			return nil, fmt.Errorf("data: %s:%d:%d: malformed JSON: %v", name, line, col, se)
+			return fmt.Errorf("data: %s:%d:%d: malformed JSON: %v", name, line, col, se)
 		}
 		// Valid JSON but not an array (cannot happen after '[', kept for
 		// safety).
-		return nil, fmt.Errorf("data: %s: %w", name, err)
+		return fmt.Errorf("data: %s: %w", name, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if _, err := dec.Token(); err != nil { // the '['
-		return nil, fmt.Errorf("data: %s: %w", name, err)
+		return fmt.Errorf("data: %s: %w", name, err)
 	}
-	recs := make([]Record, 0, len(whole))
 	for i := 0; dec.More(); i++ {
 		start := int(dec.InputOffset())
-		var r alpacaRaw
-		err := dec.Decode(&r)
+		var v json.RawMessage
+		err := dec.Decode(&v)
 		line, _ := lineCol(raw, valueStart(raw, start))
 		if err != nil {
-			return nil, fmt.Errorf("data: %s: record %d (line %d): %s", name, i, line, describeDecodeErr(err))
+			return fmt.Errorf("data: %s: record %d (line %d): %s", name, i, line, describeDecodeErr(err))
 		}
-		rec, err := r.record()
-		if err != nil {
-			return nil, fmt.Errorf("data: %s: record %d (line %d): %w", name, i, line, err)
+		if err := each(v); err != nil {
+			return fmt.Errorf("data: %s: record %d (line %d): %w", name, i, line, err)
 		}
-		recs = append(recs, rec)
 	}
-	return recs, nil
+	return nil
 }
 
 // parseLines reads JSONL: one object per non-blank line.
-func parseLines(name string, raw []byte) ([]Record, error) {
-	var recs []Record
+func parseLines(name string, raw []byte, each func([]byte) error) error {
+	n := 0
 	for lineNo, rest := 1, raw; len(rest) > 0; lineNo++ {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
@@ -133,22 +160,31 @@ func parseLines(name string, raw []byte) ([]Record, error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var r alpacaRaw
-		if err := json.Unmarshal(line, &r); err != nil {
+		var v json.RawMessage
+		if err := json.Unmarshal(line, &v); err != nil {
 			var se *json.SyntaxError
 			if errors.As(err, &se) {
 				_, col := lineCol(line, offendingByte(line, se.Offset))
-				return nil, fmt.Errorf("data: %s:%d:%d: malformed JSON (JSONL wants one object per line): %v", name, lineNo, col, se)
+				return fmt.Errorf("data: %s:%d:%d: malformed JSON (JSONL wants one object per line): %v", name, lineNo, col, se)
 			}
-			return nil, fmt.Errorf("data: %s: record %d (line %d): %s", name, len(recs), lineNo, describeDecodeErr(err))
+			return fmt.Errorf("data: %s: record %d (line %d): %s", name, n, lineNo, describeDecodeErr(err))
 		}
-		rec, err := r.record()
-		if err != nil {
-			return nil, fmt.Errorf("data: %s: record %d (line %d): %w", name, len(recs), lineNo, err)
+		if err := each(v); err != nil {
+			return fmt.Errorf("data: %s: record %d (line %d): %w", name, n, lineNo, err)
 		}
-		recs = append(recs, rec)
+		n++
 	}
-	return recs, nil
+	return nil
+}
+
+// alpacaRecord decodes and renders one Alpaca record.
+func alpacaRecord(v []byte) (item, error) {
+	var r alpacaRaw
+	if err := json.Unmarshal(v, &r); err != nil {
+		return item{}, errors.New(describeDecodeErr(err))
+	}
+	rec, err := r.record()
+	return item{rec: rec}, err
 }
 
 // record checks the fields and renders the record.

@@ -1,6 +1,7 @@
 // batch.go: next-token batches. A row holds one example: inputs are its
 // tokens but the last, targets the tokens one ahead, -1 where no loss is
-// taken (prompt positions and padding). The Loader serves the training
+// taken (prompt positions, a conversation's turns other than the
+// assistant's, and padding). The Loader serves the training
 // examples in a shuffled order drawn afresh each epoch from (seed, epoch), so
 // a Position of two integers resumes the stream exactly. Limits: one example
 // per row (no packing); a Loader is not safe for concurrent use.
@@ -45,13 +46,21 @@ func fillRow(in, tg []int32, ex Example, pad int32) int {
 	if len(t) > 0 {
 		pad = t[len(t)-1]
 	}
-	n := 0
+	n, s := 0, 0
 	for i := range T {
 		if i+1 < len(t) {
 			in[i] = t[i]
 			// Position i predicts t[i+1]: a target once i+1 reaches the
-			// response (for plain text PromptLen is 0: always).
-			if i+1 >= ex.PromptLen {
+			// response (for plain text PromptLen is 0: always), and with
+			// Spans only inside one of them.
+			target := i+1 >= ex.PromptLen
+			if ex.Spans != nil {
+				for s < len(ex.Spans) && ex.Spans[s].End <= i+1 {
+					s++
+				}
+				target = s < len(ex.Spans) && i+1 >= ex.Spans[s].Start
+			}
+			if target {
 				tg[i] = t[i+1]
 				n++
 			} else {
@@ -83,8 +92,9 @@ type Loader struct {
 }
 
 // NewLoader checks that every example fits a row (2 <= len(Tokens) <= T+1,
-// PromptLen < len(Tokens), so it has a target) and returns a Loader at
-// epoch 0, index 0. The examples are not copied: do not modify them.
+// PromptLen < len(Tokens), so it has a target; Spans, when set, in order,
+// each non-empty, inside the tokens after the first, the first starting at
+// PromptLen) and returns a Loader at epoch 0, index 0. The examples are not copied: do not modify them.
 func NewLoader(examples []Example, B, T int, seed uint64) (*Loader, error) {
 	if B < 1 || T < 1 {
 		return nil, fmt.Errorf("data: loader shape B=%d T=%d, want both at least 1", B, T)
@@ -102,9 +112,30 @@ func NewLoader(examples []Example, B, T int, seed uint64) (*Loader, error) {
 		case ex.PromptLen < 0 || ex.PromptLen >= L:
 			return nil, fmt.Errorf("data: example %d has prompt length %d of %d tokens; no target is left", i, ex.PromptLen, L)
 		}
+		if err := checkSpans(ex); err != nil {
+			return nil, fmt.Errorf("data: example %d: %w", i, err)
+		}
 	}
 	l := &Loader{ex: examples, b: B, t: T, seed: seed, permEpoch: -1}
 	return l, nil
+}
+
+// checkSpans checks an example's Spans (nil passes).
+func checkSpans(ex Example) error {
+	if ex.Spans == nil {
+		return nil
+	}
+	if len(ex.Spans) == 0 || ex.Spans[0].Start != ex.PromptLen {
+		return fmt.Errorf("target spans %v do not start at the prompt length %d", ex.Spans, ex.PromptLen)
+	}
+	prev := 1 // token 0 is never a target: nothing predicts it
+	for _, s := range ex.Spans {
+		if s.Start < prev || s.End <= s.Start || s.End > len(ex.Tokens) {
+			return fmt.Errorf("target spans %v are not in order, non-empty and within tokens 1 to %d", ex.Spans, len(ex.Tokens))
+		}
+		prev = s.End
+	}
+	return nil
 }
 
 // order returns the shuffled order of an epoch, computing it on change.

@@ -1,13 +1,17 @@
 // Package data turns training data into token sequences and batches: the
-// builtin synthetic tasks, Alpaca instruction files (JSON or JSONL) and plain
-// text; it splits off an eval set and serves next-token batches in a seeded
-// shuffled order that a checkpoint can resume exactly.
+// builtin synthetic tasks, instruction and chat files (JSON or JSONL: Alpaca
+// records, OpenAI-style messages or ShareGPT conversations, told apart by
+// their content) and plain text; it splits off an eval set and serves
+// next-token batches in a seeded shuffled order that a checkpoint can resume
+// exactly.
 //
 // An instruction example is Encode(Prompt) ++ Encode(Response) ++ [EOS], and
-// loss is taken only on the response and the EOS; plain text is cut into
-// windows where every token is a target. Limits: every file is read whole
-// into memory; examples that do not fit the sequence length are dropped or
-// cut, never packed several to a row.
+// loss is taken only on the response and the EOS; a conversation (chat.go)
+// takes loss on every assistant turn and its end-of-turn token only; plain
+// text is cut into windows where every token is a target. Limits: every file
+// is read whole into memory; examples that do not fit the sequence length are
+// dropped or cut, never packed several to a row; a conversation is rendered
+// with a fixed ChatML-like format, not the checkpoint's chat_template.
 package data
 
 import (
@@ -25,7 +29,12 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
-// Record is one instruction example, already rendered with its template.
+// Record is one instruction example, already rendered with its template:
+// exact match generates from the prompt and compares with the response.
+// For a conversation, Response is its last assistant turn and Prompt the
+// text before it with each EOS that ends a turn written as <|im_end|>,
+// for grouping the split and for logs; the tokens generated from are
+// Dataset.EvalPrompts', since no text stands for those EOS ids.
 type Record struct{ Prompt, Response string }
 
 // Example is a tokenized record: Tokens = tokenizer.Prefix (the BOS of a
@@ -33,9 +42,28 @@ type Record struct{ Prompt, Response string }
 // (cut short if truncated), and the first PromptLen tokens are the
 // prompt, which takes no loss. A plain-text window has PromptLen 0 and no
 // EOS. Tokens may share memory with other examples: treat it as read-only.
+//
+// Spans generalises PromptLen to several stretches of targets (a
+// conversation's assistant turns): when not nil, token j is a target
+// exactly when it lies in one of the spans, and PromptLen is the first
+// span's Start. Nil means the one span [PromptLen, len(Tokens)), which is
+// every instruction example and text window (TargetSpans).
 type Example struct {
 	Tokens    []int32
 	PromptLen int
+	Spans     []Span
+}
+
+// Span is a stretch [Start, End) of an example's tokens that are targets.
+type Span struct{ Start, End int }
+
+// TargetSpans returns the spans of ex's tokens that are targets: Spans, or
+// the one span from PromptLen to the end.
+func (ex Example) TargetSpans() []Span {
+	if ex.Spans != nil {
+		return ex.Spans
+	}
+	return []Span{{ex.PromptLen, len(ex.Tokens)}}
 }
 
 // Options controls how records become examples.
@@ -71,6 +99,10 @@ type Dataset struct {
 	// EvalRecords are the records behind Eval, in the same order, for
 	// exact-match eval by generation (untruncated). Empty for plain text.
 	EvalRecords []Record
+	// EvalPrompts, when not nil (conversations), are the tokens exact
+	// match generates each of EvalRecords from, Prefix included; nil
+	// means Prefix ++ Encode(Prompt) (PromptTokens).
+	EvalPrompts [][]int32
 	// Dropped counts examples left out for length; Truncated those cut.
 	Dropped, Truncated int
 	// Lengths are the token counts of every example as encoded, before
@@ -84,8 +116,10 @@ type Dataset struct {
 
 // Load reads the data at path: "builtin" (the DefaultBuiltinTask),
 // "builtin:TASK" or "builtin:TASK:N" (N records, default DefaultBuiltinN),
-// an Alpaca file (extension .json or .jsonl, any case), or any other file as
-// plain text.
+// a JSON or JSONL file (extension .json or .jsonl, any case) of Alpaca
+// records, OpenAI-style messages or ShareGPT conversations (the first
+// record's fields say which: parseRecords), or any other file as plain
+// text.
 func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 	if err := opt.validate(); err != nil {
 		return nil, err
@@ -104,15 +138,15 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 		return nil, fmt.Errorf("data: %s is empty", path)
 	}
 	if isAlpaca(path) {
-		recs, kind, err := parseAlpaca(path, raw)
+		items, format, kind, err := parseRecords(path, raw)
 		if err != nil {
 			return nil, err
 		}
-		ds, err := fromRecords(recs, tok, opt)
+		ds, err := fromItems(items, tok, opt)
 		if err != nil {
 			return nil, fmt.Errorf("data: %s: %w", path, err)
 		}
-		ds.Source = fmt.Sprintf("alpaca %s %s (%d records)", kind, path, len(recs))
+		ds.Source = fmt.Sprintf("%s %s %s (%d records)", format, kind, path, len(items))
 		return ds, nil
 	}
 	return fromText(path, raw, tok, opt)
@@ -121,16 +155,16 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 // isBuiltin says whether path names a built-in task.
 func isBuiltin(path string) bool { return path == "builtin" || strings.HasPrefix(path, "builtin:") }
 
-// isAlpaca says whether path is read as an Alpaca file (by its
-// extension).
+// isAlpaca says whether path is read as a JSON or JSONL file of records
+// (by its extension): Alpaca, messages or ShareGPT.
 func isAlpaca(path string) bool {
 	ext := strings.ToLower(filepath.Ext(path))
 	return ext == ".json" || ext == ".jsonl"
 }
 
 // HasRecords says whether the data at path is prompt-response records (a
-// built-in task or an Alpaca file), which exact match can score, rather
-// than plain text.
+// built-in task, an Alpaca file or conversations), which exact match can
+// score, rather than plain text.
 func HasRecords(path string) bool { return isBuiltin(path) || isAlpaca(path) }
 
 // loadBuiltin parses "builtin[:TASK[:N]]" and generates the records.
@@ -183,13 +217,31 @@ func FromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset,
 // fromRecords is FromRecords with checked options; its errors leave the
 // "data:" prefix to the caller, which adds the source's name.
 func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("no records")
-	}
 	for i, r := range recs {
 		if r.Prompt == "" && r.Response == "" {
 			return nil, fmt.Errorf("record %d has an empty prompt and response", i)
 		}
+	}
+	items := make([]item, len(recs))
+	for i, r := range recs {
+		items[i].rec = r
+	}
+	return fromItems(items, tok, opt)
+}
+
+// item is one record of the data: an instruction record, or a
+// conversation (conv not nil), whose rec and prompt its encoding fills in
+// (encodeConversation).
+type item struct {
+	rec    Record
+	conv   []Turn
+	prompt []int32
+}
+
+// fromItems is fromRecords for records and conversations alike.
+func fromItems(recs []item, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("no records")
 	}
 	all := encodeAll(recs, tok)
 	maxLen := opt.SeqLen + 1
@@ -211,6 +263,7 @@ func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset,
 		// (or the EOS of an empty response), as a target.
 		if opt.Truncate && ex.PromptLen <= opt.SeqLen {
 			ex.Tokens = ex.Tokens[:maxLen:maxLen]
+			ex.Spans = clipSpans(ex.Spans, maxLen)
 			ds.Truncated++
 			keep = append(keep, i)
 			continue
@@ -227,13 +280,16 @@ func fromRecords(recs []Record, tok tokenizer.Tokenizer, opt Options) (*Dataset,
 	}
 	prompts := make([]string, len(keep))
 	for j, i := range keep {
-		prompts[j] = recs[i].Prompt
+		prompts[j] = recs[i].rec.Prompt
 	}
 	inEval := splitByPrompt(prompts, opt.EvalFraction, opt.Seed)
 	for j, i := range keep {
 		if inEval[j] {
 			ds.Eval = append(ds.Eval, all[i])
-			ds.EvalRecords = append(ds.EvalRecords, recs[i])
+			ds.EvalRecords = append(ds.EvalRecords, recs[i].rec)
+			if recs[i].conv != nil {
+				ds.EvalPrompts = append(ds.EvalPrompts, recs[i].prompt)
+			}
 		} else {
 			ds.Train = append(ds.Train, all[i])
 		}
@@ -272,7 +328,7 @@ func ShareKept(lengths []int, seqLen int) float64 {
 
 // encodeAll tokenizes the records on all cores; the output order is the
 // input order whatever the scheduling.
-func encodeAll(recs []Record, tok tokenizer.Tokenizer) []Example {
+func encodeAll(recs []item, tok tokenizer.Tokenizer) []Example {
 	out := make([]Example, len(recs))
 	const chunk = 64
 	var next atomic.Int64
@@ -288,7 +344,11 @@ func encodeAll(recs []Record, tok tokenizer.Tokenizer) []Example {
 					return
 				}
 				for i := lo; i < min(lo+chunk, len(recs)); i++ {
-					out[i] = encodeRecord(recs[i], tok)
+					if recs[i].conv != nil {
+						out[i], recs[i].rec, recs[i].prompt = encodeConversation(recs[i].conv, tok)
+					} else {
+						out[i] = encodeRecord(recs[i].rec, tok)
+					}
 				}
 			}
 		}()
@@ -303,6 +363,30 @@ func encodeRecord(r Record, tok tokenizer.Tokenizer) Example {
 	t := make([]int32, 0, len(p)+len(q)+1)
 	t = append(append(append(t, p...), q...), tok.EOS())
 	return Example{Tokens: t, PromptLen: len(p)}
+}
+
+// PromptTokens returns the tokens exact match generates eval record i of
+// ds from: EvalPrompts[i], or Prefix ++ Encode(Prompt).
+func (ds *Dataset) PromptTokens(i int, tok tokenizer.Tokenizer) []int32 {
+	if ds.EvalPrompts != nil {
+		return ds.EvalPrompts[i]
+	}
+	return append(tokenizer.Prefix(tok), tok.Encode(ds.EvalRecords[i].Prompt)...)
+}
+
+// clipSpans cuts target spans to the first n tokens (nil stays nil: its
+// one span follows the tokens).
+func clipSpans(spans []Span, n int) []Span {
+	if spans == nil {
+		return nil
+	}
+	out := make([]Span, 0, len(spans))
+	for _, s := range spans {
+		if s.Start < n {
+			out = append(out, Span{s.Start, min(s.End, n)})
+		}
+	}
+	return out
 }
 
 // evalCount is the number of eval examples out of n for a fraction: the

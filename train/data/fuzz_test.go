@@ -68,6 +68,8 @@ func FuzzAlpaca(f *testing.F) {
 		"[{\"instruction\":\"\\ud800\\u00e9\",\"output\":\"\xff\xfe\"}]",
 		"[{\"instruction\":\"the same prompt\",\"output\":\"1\"},{\"instruction\":\"the same prompt\",\"output\":\"2\"},{\"instruction\":\"other\",\"output\":\"3\"}]",
 		"{\"instruction\":\"" + strings.Repeat("long ", 40) + "\",\"output\":\"x\"}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
+		"[{\"conversations\":[{\"from\":\"human\",\"value\":\"a\"},{\"from\":\"gpt\",\"value\":\"b\"},{\"from\":\"human\",\"value\":\"c\"},{\"from\":\"gpt\",\"value\":\"d\"}]}]",
 	} {
 		f.Add([]byte(s))
 	}
@@ -87,6 +89,9 @@ func FuzzAlpaca(f *testing.F) {
 			}
 		}
 		checkLoad(t, path, len(raw), func(ds *Dataset) {
+			if strings.HasPrefix(ds.Source, "messages ") || strings.HasPrefix(ds.Source, "sharegpt ") {
+				return // conversations, which ReadAlpaca does not read (chat_test.go checks them)
+			}
 			if readErr != nil {
 				t.Fatalf("Load succeeded where ReadAlpaca failed: %v", readErr)
 			}
