@@ -29,6 +29,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // errEvalStopped is what evaluate returns when the context stopped it
@@ -40,6 +41,9 @@ var errEvalStopped = errors.New("evaluation stopped by the interrupt")
 type evalPlan struct {
 	loss []data.Example // the eval loss's rows
 	recs []data.Record  // the prompts exact match scores
+	// prompts are recs' tokens to generate from (a conversation's), nil
+	// to encode their Prompt (data.Dataset.PromptTokens).
+	prompts [][]int32
 	// maxNew is the most tokens exact match generates for a prompt: the
 	// longest response's and the stop; promptTokens are the tokens of
 	// all its prompts.
@@ -64,8 +68,9 @@ func (r *run) planEval() error {
 		loss = spread(loss, max(1, cfg.EvalTokens/cfg.SeqLen))
 	}
 	var recs []data.Record
+	var prompts [][]int32
 	longer, maxNew, promptTokens := 0, 0, 0
-	for _, rec := range r.ds.EvalRecords {
+	for i, rec := range r.ds.EvalRecords {
 		if len(recs) == cfg.EvalGenerate {
 			break
 		}
@@ -76,9 +81,13 @@ func (r *run) planEval() error {
 		}
 		recs = append(recs, rec)
 		maxNew = max(maxNew, len(r.tok.Encode(rec.Response))+1)
-		promptTokens += len(r.tok.Encode(rec.Prompt))
+		p := r.ds.PromptTokens(i, r.tok)
+		promptTokens += len(p) - len(tokenizer.Prefix(r.tok))
+		if r.ds.EvalPrompts != nil {
+			prompts = append(prompts, p)
+		}
 	}
-	r.evals = evalPlan{loss: loss, recs: recs, maxNew: maxNew, promptTokens: promptTokens}
+	r.evals = evalPlan{loss: loss, recs: recs, prompts: prompts, maxNew: maxNew, promptTokens: promptTokens}
 	if len(r.ds.Eval) == 0 {
 		return nil
 	}
@@ -143,7 +152,7 @@ func (r *run) evaluate(ctx context.Context, res *Result, label string) error {
 	if len(r.evals.recs) > 0 {
 		start := time.Now()
 		w := r.evalWatch(ctx, label+": exact match", time.Duration(float64(nGen)*genSec*float64(time.Second)), after)
-		em, err := eval.ExactMatch(r.be, r.s, r.model, r.tok, r.evals.recs, w)
+		em, err := eval.ExactMatchPrompts(r.be, r.s, r.model, r.tok, r.evals.recs, r.evals.prompts, w)
 		if err != nil {
 			return stopped(ctx, err)
 		}

@@ -162,17 +162,23 @@ func generationBytes(mc model.Spec, c Config, ds *data.Dataset) int64 {
 }
 
 // datasetBytes is the host memory of the loaded data: every example's
-// tokens and header, and the eval records' text.
+// tokens, target spans (conversations) and header, and the eval records'
+// text and prompt tokens (conversations: they share the eval examples'
+// memory, counted again to stay on the safe side).
 func datasetBytes(ds *data.Dataset) int64 {
 	const exampleHeader = int64(unsafe.Sizeof(data.Example{}))
+	const span = int64(unsafe.Sizeof(data.Span{}))
 	var b int64
 	for _, set := range [][]data.Example{ds.Train, ds.Eval} {
 		for _, ex := range set {
-			b += exampleHeader + 4*int64(len(ex.Tokens))
+			b += exampleHeader + 4*int64(len(ex.Tokens)) + span*int64(len(ex.Spans))
 		}
 	}
 	for _, r := range ds.EvalRecords {
 		b += int64(unsafe.Sizeof(r)) + int64(len(r.Prompt)+len(r.Response))
+	}
+	for _, p := range ds.EvalPrompts {
+		b += int64(unsafe.Sizeof(p)) + 4*int64(len(p))
 	}
 	// The loader's order over the training examples.
 	return b + 8*int64(len(ds.Train))

@@ -10,7 +10,9 @@ package eval
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/data"
@@ -106,10 +108,25 @@ func Loss(be backend.Backend, s backend.Stream, m Model, examples []data.Example
 // m.B prompts at a time (w sees each group). An fp32 model generates with
 // its KV cache, a bf16 one without (see below).
 func ExactMatch(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record, w Watch) (float64, error) {
-	prompts := make([][]int32, len(recs))
+	return ExactMatchPrompts(be, s, m, tok, recs, nil, w)
+}
+
+// ExactMatchPrompts is ExactMatch generating record i from prompts[i]
+// (its tokens, Prefix included: a conversation's, data.Dataset.EvalPrompts)
+// instead of Prefix ++ Encode(Prompt); nil prompts encode every Prompt.
+func ExactMatchPrompts(be backend.Backend, s backend.Stream, m Model, tok tokenizer.Tokenizer, recs []data.Record, prompts [][]int32, w Watch) (float64, error) {
+	if prompts != nil && len(prompts) != len(recs) {
+		return 0, fmt.Errorf("eval: %d prompts for %d records", len(prompts), len(recs))
+	}
+	given := prompts
+	prompts = make([][]int32, len(recs))
 	maxNew := 1
 	for i, rec := range recs {
-		prompts[i] = append(tokenizer.Prefix(tok), tok.Encode(rec.Prompt)...)
+		if given != nil {
+			prompts[i] = slices.Clone(given[i])
+		} else {
+			prompts[i] = append(tokenizer.Prefix(tok), tok.Encode(rec.Prompt)...)
+		}
 		maxNew = max(maxNew, len(tok.Encode(rec.Response))+1)
 	}
 	// The KV cache gives the uncached path's greedy tokens in fp32 (the

@@ -335,3 +335,41 @@ func TestDecoderBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestExactMatchPrompts: records scored from given prompt tokens (a
+// conversation's, whose turns end with an EOS id no text encodes to) are
+// generated from those tokens: 1 on the model's greedy continuation of
+// them, which the record's Prompt text does not produce; a prompt count
+// that is not the records' is refused.
+func TestExactMatchPrompts(t *testing.T) {
+	be, m := presetModel(t, "llama-tiny", 2, 32, 12)
+	s := be.DefaultStream()
+	byteTok := tokenizer.Byte()
+	prompt := []int32{'h', 'i', byteTok.EOS(), 'y', 'o', '='}
+	outs, err := Generate(be, s, m, [][]int32{prompt}, 12, []int32{byteTok.EOS()}, Sampler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := outs[0]
+	k := -1
+	for i := 0; i < len(g); i++ {
+		if !slices.Contains(g[:i], g[i]) {
+			k = i
+		}
+	}
+	if k < 0 {
+		t.Skip("the greedy output repeats one token")
+	}
+	tok := eosAt{byteTok, g[k]}
+	recs := []data.Record{{Prompt: "not the prompt", Response: tok.Decode(g[:k])}}
+	given := [][]int32{slices.Clone(prompt)}
+	if em, err := ExactMatchPrompts(be, s, m, tok, recs, given, Watch{}); err != nil || em != 1 {
+		t.Errorf("exact match %v (%v) from the prompt tokens, want 1", em, err)
+	}
+	if !slices.Equal(given[0], prompt) {
+		t.Errorf("the prompt tokens were changed to %v", given[0])
+	}
+	if _, err := ExactMatchPrompts(be, s, m, tok, recs, [][]int32{prompt, prompt}, Watch{}); err == nil {
+		t.Error("two prompts for one record: no error")
+	}
+}
