@@ -27,7 +27,7 @@ import (
 // (the flag name is in each comment).
 type Config struct {
 	Model     string  // --model: a preset name or a Hugging Face checkpoint directory
-	Data      string  // --data: "builtin", "builtin:TASK[:N]", an Alpaca .json/.jsonl file, or a text file
+	Data      string  // --data: "builtin", "builtin:TASK[:N]", a .json/.jsonl file (Alpaca, messages or ShareGPT), or a text file
 	Tokenizer string  // --tokenizer: a tokenizer.json, vocab.json, directory or builtin name instead of --model's ("": --model's)
 	Steps     int     // --steps: optimizer steps (0: from --epochs, or DefaultSteps when neither is set)
 	Epochs    float64 // --epochs: passes over the training set instead of --steps (0: unset)
@@ -45,6 +45,7 @@ type Config struct {
 
 	EvalEvery       int     // --eval-every: steps between evaluations (0: only at the end)
 	EvalFraction    float64 // --eval-fraction: share of the data held out
+	EvalData        string  // --eval-data: a held-out file of its own, in any format --data reads, instead of the split (EvalFraction 0)
 	EvalGenerate    int     // --eval-generate: held-out prompts scored by exact match per eval, at most
 	EvalTokens      int     // --eval-tokens: held-out tokens (rows x --seq-len) of the eval loss, at most
 	EvalMaxNew      int     // --eval-max-new: exact match scores prompts whose response fits this many new tokens
@@ -267,6 +268,9 @@ func (c Config) Validate() error {
 	check(c.ClipMode == optim.ClipNone || c.GradClip > 0, "grad-clip", "must be positive with --clip-mode %s, got %g", c.ClipMode, c.GradClip)
 	check(c.EvalEvery >= 0, "eval-every", "must be >= 0, got %d", c.EvalEvery)
 	check(c.EvalFraction >= 0 && c.EvalFraction < 1, "eval-fraction", "must be in [0, 1), got %g", c.EvalFraction)
+	// Both would hold out two eval sets, one of them silently unused.
+	check(c.EvalData == "" || c.EvalFraction == 0, "eval-fraction", "%g contradicts --eval-data %s: give one of them (--eval-data is the held-out set, --eval-fraction a share of --data held out)",
+		c.EvalFraction, c.EvalData)
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.EvalTokens >= 0, "eval-tokens", "must be >= 0 (0: the whole held-out set), got %d", c.EvalTokens)
 	check(c.EvalMaxNew >= 0, "eval-max-new", "must be >= 0 (0: no limit), got %d", c.EvalMaxNew)

@@ -56,7 +56,7 @@ func (r *run) checkDataFit() error {
 		}
 	}
 	msg := fmt.Sprintf("%s and %s; %s", what, how, r.fitAdvice(ds.Lengths))
-	if cfg.EvalFraction > 0 && len(ds.Eval) < smallEval {
+	if (cfg.EvalFraction > 0 || cfg.EvalData != "") && len(ds.Eval) < smallEval {
 		msg += fmt.Sprintf("; the eval set holds only %d example(s), too few for eval loss and exact match to mean much", len(ds.Eval))
 	}
 	r.log.Warn(msg)

@@ -439,6 +439,7 @@ func TestValidate(t *testing.T) {
 		{"grad-clip", func(c *Config) { c.GradClip = 0 }},
 		{"eval-every", func(c *Config) { c.EvalEvery = -1 }},
 		{"eval-fraction", func(c *Config) { c.EvalFraction = 1 }},
+		{"eval-fraction", func(c *Config) { c.EvalData = "held-out.jsonl" }}, // and the default share: two held-out sets
 		{"eval-generate", func(c *Config) { c.EvalGenerate = -1 }},
 		{"checkpoint-every", func(c *Config) { c.CheckpointEvery = -1 }},
 		{"device", func(c *Config) { c.Device = "tpu" }},

@@ -148,10 +148,11 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 // takes (eval.ExactMatch, between steps, on top of the training's
 // buffers): an fp32 model generates with it, a bf16 one without. It is 0
 // when nothing is generated: --eval-generate 0, no held-out records
-// (plain text; ds nil: by the --data path), or a family without a cache.
+// (plain text; ds nil: by the --data or --eval-data path), or a family
+// without a cache.
 func generationBytes(mc model.Spec, c Config, ds *data.Dataset) int64 {
 	dec, ok := mc.(model.DecoderSpec)
-	records := c.EvalFraction > 0 && data.HasRecords(c.Data)
+	records := c.EvalFraction > 0 && data.HasRecords(c.Data) || c.EvalData != "" && data.HasRecords(c.EvalData)
 	if ds != nil {
 		records = len(ds.EvalRecords) > 0
 	}

@@ -89,13 +89,16 @@ type resumeAllowed struct {
 	Epochs float64 `flag:"epochs"`
 	// Evaluation reads the weights and never changes them; checkpoints
 	// resume bit for bit from any step.
-	EvalEvery       int `flag:"eval-every"`
-	EvalGenerate    int `flag:"eval-generate"`
-	EvalTokens      int `flag:"eval-tokens"`
-	EvalMaxNew      int `flag:"eval-max-new"`
-	CheckpointEvery int `flag:"checkpoint-every"`
-	KeepCheckpoints int `flag:"keep-checkpoints"`
-	ExportEvery     int `flag:"export-every"`
+	EvalEvery    int `flag:"eval-every"`
+	EvalGenerate int `flag:"eval-generate"`
+	EvalTokens   int `flag:"eval-tokens"`
+	EvalMaxNew   int `flag:"eval-max-new"`
+	// A held-out file of its own; the split it replaces is --eval-fraction,
+	// an identity setting, since it decides the training set.
+	EvalData        string `flag:"eval-data"`
+	CheckpointEvery int    `flag:"checkpoint-every"`
+	KeepCheckpoints int    `flag:"keep-checkpoints"`
+	ExportEvery     int    `flag:"export-every"`
 	// The weights come from the checkpoint; checkpoint.Load refuses one
 	// of another architecture.
 	Model string `flag:"model"`

@@ -88,7 +88,8 @@ func ResolveModel(name string) (model.Spec, string, error) {
 	return spec, src, nil
 }
 
-// loadData reads and tokenizes --data and splits off the eval set.
+// loadData reads and tokenizes --data and splits off the eval set, or
+// reads --eval-data as the eval set.
 func (r *run) loadData() error {
 	cfg := r.cfg
 	var err error
@@ -101,6 +102,15 @@ func (r *run) loadData() error {
 	}
 	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
 		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
+	if cfg.EvalData != "" {
+		ev, err := data.LoadEval(cfg.EvalData, r.tok, opt)
+		if err != nil {
+			return flagErr("eval-data", "%s", strings.TrimPrefix(err.Error(), "data: "))
+		}
+		r.ds.Eval, r.ds.EvalRecords, r.ds.EvalPrompts = ev.Eval, ev.EvalRecords, ev.EvalPrompts
+		r.log.Info("eval data", "source", ev.Source, "eval", len(ev.Eval),
+			"dropped_too_long", ev.Dropped, "truncated", ev.Truncated)
+	}
 	return r.checkDataFit()
 }
 

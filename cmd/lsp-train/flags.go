@@ -30,7 +30,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+catalog.PresetList()+
 		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
-	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), an Alpaca .json/.jsonl file, or a plain-text file")
+	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), a .json/.jsonl file of Alpaca records, OpenAI-style messages or ShareGPT conversations (told apart by the first record's fields; a conversation's loss is on its assistant turns, in a fixed ChatML-like format: the checkpoint's chat_template is not rendered yet), or a plain-text file")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
 	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per micro-batch")
@@ -47,7 +47,8 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var(&c.ClipMode, "clip-mode", "gradient clipping `MODE`: none, matrix (each tensor by its norm) or global-prev (by the previous step's global norm)")
 	fs.Float64Var(&c.GradClip, "grad-clip", c.GradClip, "max gradient norm for clipping")
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evaluations (0: only at the end)")
-	fs.Float64Var(&c.EvalFraction, "eval-fraction", c.EvalFraction, "share of the data held out for evaluation")
+	fs.Float64Var(&c.EvalFraction, "eval-fraction", c.EvalFraction, "share of the data held out for evaluation (not with --eval-data)")
+	fs.StringVar(&c.EvalData, "eval-data", c.EvalData, "the held-out `FILE` evaluated on, in any format --data reads, instead of a --eval-fraction share of --data (not both)")
 	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match at each evaluation, at most")
 	fs.IntVar(&c.EvalTokens, "eval-tokens", c.EvalTokens, "held-out tokens (rows x --seq-len) the eval loss reads, at most: evenly spaced rows of the held-out set (0: all of it)")
 	fs.IntVar(&c.EvalMaxNew, "eval-max-new", c.EvalMaxNew, "exact match scores the held-out prompts whose response fits this many new tokens, the others are left out (0: no limit)")
@@ -112,6 +113,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"seq-len", groupModelData},
 	{"truncate", groupModelData},
 	{"eval-fraction", groupModelData},
+	{"eval-data", groupModelData},
 	{"seed", groupModelData},
 	{"config", groupTraining},
 	{"steps", groupTraining},
@@ -488,6 +490,25 @@ func defaultMinLR(fs *flag.FlagSet, c *train.Config) {
 	if !flagGiven(fs, "min-lr") {
 		c.MinLR, _ = strconv.ParseFloat(strconv.FormatFloat(minLRFraction*c.LR, 'g', 12, 64), 64)
 	}
+}
+
+// checkEvalData refuses --eval-data with an explicit --eval-fraction (on
+// the command line or in the config file), which would name a second
+// held-out set, and otherwise turns the split off under --eval-data: its
+// file is the held-out set, and the whole of --data trains.
+func checkEvalData(fs *flag.FlagSet, c *train.Config) error {
+	if !flagGiven(fs, "eval-data") {
+		return nil
+	}
+	if c.EvalData == "" {
+		return flagerr.New("eval-data", "is empty: give the held-out file, or leave --eval-data out to hold out --eval-fraction of --data")
+	}
+	if flagGiven(fs, "eval-fraction") {
+		return flagerr.New("eval-fraction", "%g contradicts --eval-data %s: give one of them (--eval-data is the held-out set, --eval-fraction a share of --data held out)",
+			c.EvalFraction, c.EvalData)
+	}
+	c.EvalFraction = 0
+	return nil
 }
 
 // checkSteps refuses an explicit --steps 0: train.Config reads 0 as "not

@@ -184,6 +184,9 @@ func trainCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	if err := checkSteps(fs, cfg); err != nil {
 		return err
 	}
+	if err := checkEvalData(fs, &cfg); err != nil {
+		return err
+	}
 	if err := checkFitFlags(fs, cfg); err != nil {
 		return err
 	}

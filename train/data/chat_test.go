@@ -241,3 +241,37 @@ func TestChatErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadEval: a held-out file of any format goes to Eval whole, with its
+// records (and a conversation's prompt tokens); a fraction is refused.
+func TestLoadEval(t *testing.T) {
+	tok := tokenizer.Byte()
+	for _, c := range []struct {
+		path    string
+		records bool
+	}{
+		{writeFile(t, chatFiles[0].name, chatFiles[0].content), true},
+		{writeFile(t, chatFiles[3].name, chatFiles[3].content), true},
+		{"testdata/alpaca-sample.jsonl", true},
+		{"builtin:add:30", true},
+		{"testdata/sample.txt", false},
+	} {
+		full, err := Load(c.path, tok, Options{SeqLen: 400, Truncate: true, Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := LoadEval(c.path, tok, Options{SeqLen: 400, Truncate: true, Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ev.Train) != 0 || !reflect.DeepEqual(ev.Eval, full.Train) {
+			t.Errorf("%s: train %d, eval %d; want 0 and the %d examples Load trains on, in order", c.path, len(ev.Train), len(ev.Eval), len(full.Train))
+		}
+		if c.records != (len(ev.EvalRecords) == len(ev.Eval)) {
+			t.Errorf("%s: %d records for %d eval examples", c.path, len(ev.EvalRecords), len(ev.Eval))
+		}
+	}
+	if _, err := LoadEval("builtin", tok, Options{SeqLen: 40, EvalFraction: 0.1}); err == nil || !strings.Contains(err.Error(), "want 0") {
+		t.Errorf("LoadEval with a fraction: %v", err)
+	}
+}

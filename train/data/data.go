@@ -81,6 +81,9 @@ type Options struct {
 	EvalFraction float64
 	// Seed drives the builtin tasks and the train/eval split.
 	Seed uint64
+
+	// allEval puts every example into Eval (LoadEval).
+	allEval bool
 }
 
 func (o Options) validate() error {
@@ -150,6 +153,17 @@ func Load(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
 		return ds, nil
 	}
 	return fromText(path, raw, tok, opt)
+}
+
+// LoadEval reads the data at path as Load does, but as a held-out set of
+// its own (--eval-data): every example kept goes to Eval, its record to
+// EvalRecords; Train is empty. opt.EvalFraction must be 0.
+func LoadEval(path string, tok tokenizer.Tokenizer, opt Options) (*Dataset, error) {
+	if opt.EvalFraction != 0 {
+		return nil, fmt.Errorf("data: eval set %s: eval fraction %v, want 0: the whole file is held out", path, opt.EvalFraction)
+	}
+	opt.allEval = true
+	return Load(path, tok, opt)
 }
 
 // isBuiltin says whether path names a built-in task.
@@ -283,6 +297,11 @@ func fromItems(recs []item, tok tokenizer.Tokenizer, opt Options) (*Dataset, err
 		prompts[j] = recs[i].rec.Prompt
 	}
 	inEval := splitByPrompt(prompts, opt.EvalFraction, opt.Seed)
+	if opt.allEval {
+		for j := range inEval {
+			inEval[j] = true
+		}
+	}
 	for j, i := range keep {
 		if inEval[j] {
 			ds.Eval = append(ds.Eval, all[i])

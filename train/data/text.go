@@ -1,7 +1,8 @@
 // text.go: plain text as training data. The whole file is tokenized as one
 // document (no EOS added) and cut into windows of T+1 tokens that overlap by
 // one, so every token after the first is a target exactly once; the last
-// window may be shorter. The tail windows are the eval set. Limit: the file
+// window may be shorter. The tail windows are the eval set (all of them
+// for LoadEval). Limit: the file
 // and its tokens are held in memory.
 
 package data
@@ -19,6 +20,9 @@ func fromText(name string, raw []byte, tok tokenizer.Tokenizer, opt Options) (*D
 	}
 	wins := windows(tokens, opt.SeqLen)
 	k := evalCount(len(wins), opt.EvalFraction)
+	if opt.allEval {
+		k = len(wins)
+	}
 	return &Dataset{
 		Train:  wins[:len(wins)-k],
 		Eval:   wins[len(wins)-k:],
