@@ -26,6 +26,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -74,11 +76,9 @@ var (
 func detectFormat(v []byte) (string, func([]byte) (item, error)) {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(v, &m) == nil {
-		for k := range m {
-			for _, f := range []chatFormat{messagesFormat, shareGPTFormat} {
-				if strings.EqualFold(k, f.list) {
-					return f.name, f.parse
-				}
+		for _, f := range []chatFormat{messagesFormat, shareGPTFormat} {
+			if fieldFold(m, f.list) != nil {
+				return f.name, f.parse
 			}
 		}
 	}
@@ -91,12 +91,7 @@ func (f chatFormat) parse(v []byte) (item, error) {
 	if err := json.Unmarshal(v, &rec); err != nil {
 		return item{}, errors.New(describeDecodeErr(err))
 	}
-	var list json.RawMessage
-	for k, raw := range rec {
-		if strings.EqualFold(k, f.list) {
-			list = raw
-		}
-	}
+	list := fieldFold(rec, f.list)
 	if list == nil || string(list) == "null" {
 		return item{}, fmt.Errorf("missing field %q (the file's first record is %s)", f.list, f.name)
 	}
@@ -139,6 +134,22 @@ func (f chatFormat) parse(v []byte) (item, error) {
 		return item{}, fmt.Errorf("field %q has no %s turn: nothing to learn from", f.list, f.roleOf(RoleAssistant))
 	}
 	return item{conv: conv}, nil
+}
+
+// fieldFold returns the field key of a record as encoding/json would
+// match it: the key itself, else the first (in sorted order) that equals it
+// but for case; nil when there is none.
+func fieldFold(rec map[string]json.RawMessage, key string) json.RawMessage {
+	if raw, ok := rec[key]; ok {
+		return raw
+	}
+	keys := slices.Sorted(maps.Keys(rec))
+	for _, k := range keys {
+		if strings.EqualFold(k, key) {
+			return rec[k]
+		}
+	}
+	return nil
 }
 
 // roleOf is the format's name for a role.

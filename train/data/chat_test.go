@@ -275,3 +275,22 @@ func TestLoadEval(t *testing.T) {
 		t.Errorf("LoadEval with a fraction: %v", err)
 	}
 }
+
+// TestChatFormatDetection: the first record decides, messages before
+// ShareGPT when a record has both, keys matched as encoding/json does
+// (case aside).
+func TestChatFormatDetection(t *testing.T) {
+	for _, c := range []struct{ content, source string }{
+		{`{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}], "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}`, "messages JSONL"},
+		{`{"Messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}`, "messages JSONL"},
+		{`[{"CONVERSATIONS": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}]`, "sharegpt JSON array"},
+		{`{"instruction": "a", "output": "b", "meta": {"messages": 1}}`, "alpaca JSONL"},
+	} {
+		for range 5 { // map order must not matter
+			ds, err := Load(writeFile(t, "d.jsonl", c.content), tokenizer.Byte(), Options{SeqLen: 400})
+			if err != nil || !strings.HasPrefix(ds.Source, c.source+" ") {
+				t.Fatalf("%s: %v, %v; want %s", c.content, ds, err, c.source)
+			}
+		}
+	}
+}
