@@ -16,7 +16,8 @@
 // rendered: it is not yet): tokens = tokenizer.Prefix ++, for each turn,
 // Encode("<|im_start|>" + role + "\n") ++ Encode(content) ++ [EOS], the
 // tokenizer's EOS id ending every turn. The targets are each assistant
-// turn's content tokens and its EOS; everything else takes no loss.
+// turn's content tokens and its EOS; everything else takes no loss (turns
+// after the last assistant turn are kept, as context without a target).
 // Exact match generates the last assistant turn from everything before its
 // content (Dataset.EvalPrompts). Limit: the whole file is in memory.
 
