@@ -66,10 +66,15 @@ func TestEvalData(t *testing.T) {
 		`{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	cfgFile := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(cfgFile, []byte(`{"eval_fraction": 0.2}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want []string
 	}{
+		{[]string{"--eval-data", evalFile, "--config", cfgFile}, []string{"--eval-fraction", "0.2 contradicts --eval-data"}},
 		{[]string{"--eval-data", evalFile, "--eval-fraction", "0.1"}, []string{"--eval-fraction", "contradicts --eval-data"}},
 		{[]string{"--eval-data", evalFile, "--eval-fraction", "0"}, []string{"--eval-fraction", "contradicts --eval-data"}},
 		{[]string{"--eval-data", bad}, []string{"--eval-data", bad, "record 1 (line 2)", "messages turn 1", `field "role" is "tool"`}},
