@@ -49,6 +49,8 @@ func readSeed(f *testing.F, name string) []byte {
 func FuzzAlpaca(f *testing.F) {
 	f.Add(readSeed(f, "alpaca-sample.json"))
 	f.Add(readSeed(f, "alpaca-sample.jsonl"))
+	f.Add(readSeed(f, "chat-sample.jsonl"))
+	f.Add(readSeed(f, "sharegpt-sample.json"))
 	for _, s := range []string{
 		"",
 		" \n\t",
