@@ -180,7 +180,14 @@ func TestLoaderChecksSpans(t *testing.T) {
 			t.Errorf("spans %v: error %v, want one about the target spans", spans, err)
 		}
 	}
+	// Without Spans, the one span from PromptLen to the end.
+	if got := (Example{Tokens: toks, PromptLen: 2}).TargetSpans(); !reflect.DeepEqual(got, []Span{{2, 6}}) {
+		t.Errorf("TargetSpans of a prompt-masked example: %v, want [{2 6}]", got)
+	}
 	ok := Example{Tokens: toks, PromptLen: 1, Spans: []Span{{1, 2}, {4, 6}}}
+	if got := ok.TargetSpans(); !reflect.DeepEqual(got, ok.Spans) {
+		t.Errorf("TargetSpans %v, want its Spans %v", got, ok.Spans)
+	}
 	if _, err := NewLoader([]Example{ok}, 1, 8, 1); err != nil {
 		t.Fatal(err)
 	}
