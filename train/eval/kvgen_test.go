@@ -277,12 +277,7 @@ func TestExactMatchCached(t *testing.T) {
 			// EOS: greedy generation stops right before it. (A tied
 			// random GPT-2 repeats one token: k is 0, the empty
 			// response.)
-			k := -1
-			for i := 0; i < len(g); i++ {
-				if !slices.Contains(g[:i], g[i]) {
-					k = i
-				}
-			}
+			k := lastFirstOccurrence(g)
 			if k < 0 {
 				continue
 			}
@@ -351,12 +346,7 @@ func TestExactMatchPrompts(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := outs[0]
-	k := -1
-	for i := 0; i < len(g); i++ {
-		if !slices.Contains(g[:i], g[i]) {
-			k = i
-		}
-	}
+	k := lastFirstOccurrence(g)
 	if k < 0 {
 		t.Skip("the greedy output repeats one token")
 	}
@@ -372,4 +362,17 @@ func TestExactMatchPrompts(t *testing.T) {
 	if _, err := ExactMatchPrompts(be, s, m, tok, recs, [][]int32{prompt, prompt}, Watch{}); err == nil {
 		t.Error("two prompts for one record: no error")
 	}
+}
+
+// lastFirstOccurrence is the index of the last token of g that occurs
+// there for the first time (-1 for an empty g): made the EOS, greedy
+// generation stops right before it.
+func lastFirstOccurrence(g []int32) int {
+	k := -1
+	for i := range g {
+		if !slices.Contains(g[:i], g[i]) {
+			k = i
+		}
+	}
+	return k
 }
