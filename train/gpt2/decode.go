@@ -95,8 +95,9 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	ln := func(out, inp, w, b backend.Tensor) func() error {
 		return func() error { return be.LayerNormForward(s, out, d.mean, d.rstd, inp, w, b, 1, C, c.Eps) }
 	}
-	linear := func(out, inp, w, b backend.Tensor, IC, OC int) func() error {
-		return func() error { return m.linear(s, out, inp, w, b, 1, IC, OC) }
+	// linear is the model's, so lora's adapters apply here too.
+	linear := func(l int, k Matrix, out, inp, w, b backend.Tensor, IC, OC int) func() error {
+		return func() error { return m.linear(s, l, k, out, inp, w, b, 1, IC, OC) }
 	}
 	// The position's row of wpe, as a one-row table: the encoder adds row
 	// 0 of the table it is given.
@@ -108,15 +109,15 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 		p := &m.p.layers[l]
 		err := model.Chain(
 			ln(d.ln, d.x, p.ln1w, p.ln1b),
-			linear(d.qkv, d.ln, p.qkvw, p.qkvb, C, 3*C),
+			linear(l, MatQKV, d.qkv, d.ln, p.qkvw, p.qkvb, C, 3*C),
 			func() error { return d.Cache.Store(s, l, pos, d.qkv.Slice(C, C), d.qkv.Slice(2*C, C)) },
 			func() error { return d.Cache.Attend(s, l, pos, d.qkv.Slice(0, C), d.atty) },
-			linear(d.scratch, d.atty, p.projw, p.projb, C, C),
+			linear(l, MatProj, d.scratch, d.atty, p.projw, p.projb, C, C),
 			func() error { return be.Add(s, d.res2, d.x, d.scratch) },
 			ln(d.ln, d.res2, p.ln2w, p.ln2b),
-			linear(d.fch, d.ln, p.fcw, p.fcb, C, 4*C),
+			linear(l, MatFC, d.fch, d.ln, p.fcw, p.fcb, C, 4*C),
 			func() error { return be.GeluForward(s, d.fchg, d.fch) },
-			linear(d.scratch, d.fchg, p.fcpw, p.fcpb, 4*C, C),
+			linear(l, MatFCProj, d.scratch, d.fchg, p.fcpw, p.fcpb, 4*C, C),
 			func() error { return be.Add(s, d.x, d.res2, d.scratch) },
 		)
 		if err != nil {

@@ -147,7 +147,9 @@ type Model struct {
 
 	be    backend.Backend
 	hooks model.MatrixGrads
-	rc    model.Recompute
+	// adapters add lora's terms to the frozen matrices (Options.Adapters).
+	adapters model.Adapters
+	rc       model.Recompute
 	// hooksInRecompute: the input hooks run in the backward's recompute,
 	// not in the forward (model.Options.HooksInRecompute).
 	hooksInRecompute bool
@@ -222,10 +224,10 @@ func (c Config) backwardScratch(B, T int) int {
 func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
 	var skip func(int) bool
 	switch {
-	case opts.MatrixGrads != nil && opts.FrozenDense:
+	case opts.FrozenMatrices() && opts.FrozenDense:
 		offs, n = model.FrozenGradOffsets(c.Layout(), func(i int) bool { return c.isMatrix(i) || i < 2 })
 		return offs, n, nil
-	case opts.MatrixGrads != nil:
+	case opts.FrozenMatrices():
 		skip = c.isMatrix
 	}
 	return model.GradLayout(c.Layout(), c.L, opts, skip)
@@ -296,8 +298,11 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	if opts.Recompute > model.RecomputeLayer {
 		return nil, fmt.Errorf("gpt2: unsupported recompute setting %v", opts.Recompute)
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute,
-		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
+	if hooked && opts.Adapters != nil {
+		return nil, fmt.Errorf("gpt2: matrix-gradient hooks and adapters together")
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, rc: opts.Recompute,
+		hooksInRecompute: opts.HooksInRecompute(), frozen: opts.FrozenMatrices() && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
 	n := cfg.NumParams()
 	offs, ng, err := cfg.gradOffsets(opts)
@@ -479,7 +484,7 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 			return be.LayerNormForward(s, a.ln1, a.ln1Mean, a.ln1Rstd, x, p.ln1w, p.ln1b, BT, C, c.Eps)
 		},
 		input(MatQKV, a.ln1),
-		func() error { return m.linear(s, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
+		func() error { return m.linear(s, l, MatQKV, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
 		func() error {
 			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
 		},
@@ -489,13 +494,13 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 	}
 	steps = append(steps,
 		input(MatProj, a.atty),
-		func() error { return m.linear(s, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
+		func() error { return m.linear(s, l, MatProj, m.scratch, a.atty, p.projw, p.projb, BT, C, C) },
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
 		func() error {
 			return be.LayerNormForward(s, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, p.ln2w, p.ln2b, BT, C, c.Eps)
 		},
 		input(MatFC, a.ln2),
-		func() error { return m.linear(s, a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4*C) },
+		func() error { return m.linear(s, l, MatFC, a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4*C) },
 		func() error { return be.GeluForward(s, a.fchg, a.fch) },
 		input(MatFCProj, a.fchg),
 	)
@@ -503,7 +508,7 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		return steps
 	}
 	return append(steps,
-		func() error { return m.linear(s, m.scratch, a.fchg, p.fcpw, p.fcpb, BT, 4*C, C) },
+		func() error { return m.linear(s, l, MatFCProj, m.scratch, a.fchg, p.fcpw, p.fcpb, BT, 4*C, C) },
 		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
 	)
 }
@@ -550,20 +555,34 @@ func (m *Model) input(s backend.Stream, l int, k Matrix, x backend.Tensor) error
 	return nil
 }
 
-// linear computes out[N,OC] = inp[N,IC] W[IC,OC] + bias.
-func (m *Model) linear(s backend.Stream, out, inp, w, bias backend.Tensor, N, IC, OC int) error {
+// linear computes out[N,OC] = inp[N,IC] W[IC,OC] + bias for matrix k of
+// layer l, plus its adapter's term in lora mode.
+func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp, w, bias backend.Tensor, N, IC, OC int) error {
 	if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, w, 0, out); err != nil {
 		return err
 	}
-	return m.be.AddBias(s, out, bias, N, OC)
+	if err := m.be.AddBias(s, out, bias, N, OC); err != nil {
+		return err
+	}
+	if m.adapters == nil {
+		return nil
+	}
+	if err := m.adapters.Forward(s, l, int(k), inp, out); err != nil {
+		return fmt.Errorf("%v adapter: %w", k, err)
+	}
+	return nil
 }
 
 // linearBackward of matrix k of layer l: dinp = dout W^T (written), db +=
 // colsum(dout), and dW += inp^T dout, or with hooks OutputGrad(dout)
-// instead (inp is then not read: it was not kept).
+// instead (inp is then not read: it was not kept), or with adapters
+// their backward, which adds to dinp, instead of dW.
 func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, dout, inp, w backend.Tensor, N, IC, OC int) error {
 	return model.Chain(
 		func() error {
+			if m.adapters != nil {
+				return nil // frozen: no dW
+			}
 			if m.hooks == nil {
 				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
 			}
@@ -574,6 +593,15 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, 
 		},
 		func() error { return m.be.BiasBackward(s, db, dout, N, OC) },
 		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, 0, dinp) },
+		func() error {
+			if m.adapters == nil {
+				return nil
+			}
+			if err := m.adapters.Backward(s, l, int(k), inp, dout, dinp); err != nil {
+				return fmt.Errorf("%v adapter backward: %w", k, err)
+			}
+			return nil
+		},
 	)
 }
 

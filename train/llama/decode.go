@@ -121,12 +121,9 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 		return fmt.Errorf("llama decoder: position %d outside 0..%d", pos, d.Positions-1)
 	}
 	m, be, c := d.m, d.m.be, d.m.Cfg
-	C, I, HS, qw, kw := c.Hidden, c.Intermediate, c.HS(), c.qWidth(), c.kvWidth()
+	C, HS, qw, kw := c.Hidden, c.HS(), c.qWidth(), c.kvWidth()
 	q, k := d.q.Slice(qw, qw, 1, qw), d.k.Slice(kw, kw, 1, kw) // row 1: the position's
 	freqs := d.freqs.Slice(pos*HS/2, HS/2)
-	gemm := func(out, inp, w backend.Tensor, IC, OC int) func() error {
-		return func() error { return be.Gemm(s, false, false, 1, OC, IC, 1, inp, w, 0, out) }
-	}
 	if err := be.EncoderForward(s, d.x, d.Tok, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
 		return fmt.Errorf("llama decoder: %w", err)
 	}
@@ -134,23 +131,21 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 		p := &m.p.layers[l]
 		err := model.Chain(
 			func() error { return be.RMSNormForward(s, d.ln, d.rstd, d.x, p[slotInNorm], 1, C, c.Eps) },
-			gemm(q, d.ln, p[slotQ], C, qw),
-			m.addBias(s, p, MatQ, q, 1),
-			gemm(k, d.ln, p[slotK], C, kw),
-			m.addBias(s, p, MatK, k, 1),
-			gemm(d.v, d.ln, p[slotV], C, kw),
-			m.addBias(s, p, MatV, d.v, 1),
+			// The model's linear, so lora's adapters apply here too.
+			m.linear(s, l, MatQ, q, d.ln, 1),
+			m.linear(s, l, MatK, k, d.ln, 1),
+			m.linear(s, l, MatV, d.v, d.ln, 1),
 			func() error { return be.RoPEForward(s, d.q, d.q, freqs, 1, 2, c.Heads, HS) },
 			func() error { return be.RoPEForward(s, d.k, d.k, freqs, 1, 2, c.KVHeads, HS) },
 			func() error { return d.Cache.Store(s, l, pos, k, d.v) },
 			func() error { return d.Cache.Attend(s, l, pos, q, d.atty) },
-			gemm(d.scr, d.atty, p[slotO], qw, C),
+			m.linear(s, l, MatO, d.scr, d.atty, 1),
 			func() error { return be.Add(s, d.res2, d.x, d.scr) },
 			func() error { return be.RMSNormForward(s, d.ln, d.rstd, d.res2, p[slotPostNorm], 1, C, c.Eps) },
-			gemm(d.gate, d.ln, p[slotGate], C, I),
-			gemm(d.up, d.ln, p[slotUp], C, I),
+			m.linear(s, l, MatGate, d.gate, d.ln, 1),
+			m.linear(s, l, MatUp, d.up, d.ln, 1),
 			func() error { return be.SwiGLUForward(s, d.swi, d.gate, d.up) },
-			gemm(d.scr, d.swi, p[slotDown], I, C),
+			m.linear(s, l, MatDown, d.scr, d.swi, 1),
 			func() error { return be.Add(s, d.x, d.res2, d.scr) },
 		)
 		if err != nil {

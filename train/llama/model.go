@@ -74,6 +74,8 @@ type Model struct {
 
 	be    backend.Backend
 	hooks model.MatrixGrads
+	// adapters add lora's terms to the frozen matrices (Options.Adapters).
+	adapters model.Adapters
 	rc    model.Recompute
 	// hooksInRecompute: the input hooks run in the backward's recompute,
 	// not in the forward (model.Options.HooksInRecompute).
@@ -150,13 +152,13 @@ func (c Config) backwardScratch(B, T int) int {
 func (c Config) gradOffsets(opts model.Options) (offs []int, n int, err error) {
 	var skip func(int) bool
 	switch {
-	case opts.MatrixGrads != nil && opts.FrozenDense:
+	case opts.FrozenMatrices() && opts.FrozenDense:
 		head := 1 + c.NumLayers*c.perLayer() + 1 // lm_head when untied
 		offs, n = model.FrozenGradOffsets(c.Layout(), func(i int) bool {
 			return c.isMatrix(i) || c.isBias(i) || i == 0 || (!c.Tied && i == head)
 		})
 		return offs, n, nil
-	case opts.MatrixGrads != nil:
+	case opts.FrozenMatrices():
 		skip = c.isMatrix
 	}
 	return model.GradLayout(c.Layout(), c.NumLayers, opts, skip)
@@ -205,8 +207,11 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 		return nil, fmt.Errorf("llama: unsupported recompute setting %v", opts.Recompute)
 	}
 	hooked := opts.MatrixGrads != nil
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, rc: opts.Recompute,
-		hooksInRecompute: opts.HooksInRecompute(), frozen: hooked && opts.FrozenDense}
+	if hooked && opts.Adapters != nil {
+		return nil, fmt.Errorf("llama: matrix-gradient hooks and adapters together")
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, rc: opts.Recompute,
+		hooksInRecompute: opts.HooksInRecompute(), frozen: opts.FrozenMatrices() && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
 	offs, ng, err := cfg.gradOffsets(opts)
 	if err != nil {
@@ -382,10 +387,9 @@ func (m *Model) ForwardLayer(s backend.Stream, l int) error {
 // whole block), with the input hooks when hooks is set.
 func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bool) []func() error {
 	be, c := m.be, m.Cfg
-	B, T, C, I, BT, HS := m.B, m.T, c.Hidden, c.Intermediate, m.B*m.T, c.HS()
+	B, T, C, BT, HS := m.B, m.T, c.Hidden, m.B*m.T, c.HS()
 	a, p, x := &m.layers[l], &m.p.layers[l], m.layerInput(l)
 	q, k, v := m.planes(a.qkv)
-	qw, kw := c.qWidth(), c.kvWidth()
 	input := func(in int, x backend.Tensor) func() error {
 		return func() error {
 			if !hooks {
@@ -397,12 +401,9 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 	steps := []func() error{
 		func() error { return be.RMSNormForward(s, a.ln1, a.rstd1, x, p[slotInNorm], BT, C, c.Eps) },
 		input(0, a.ln1),
-		func() error { return be.Gemm(s, false, false, BT, qw, C, 1, a.ln1, p[slotQ], 0, q) },
-		m.addBias(s, p, MatQ, q, BT),
-		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotK], 0, k) },
-		m.addBias(s, p, MatK, k, BT),
-		func() error { return be.Gemm(s, false, false, BT, kw, C, 1, a.ln1, p[slotV], 0, v) },
-		m.addBias(s, p, MatV, v, BT),
+		m.linear(s, l, MatQ, q, a.ln1, BT),
+		m.linear(s, l, MatK, k, a.ln1, BT),
+		m.linear(s, l, MatV, v, a.ln1, BT),
 		func() error { return be.RoPEForward(s, q, q, m.invFreq, B, T, c.Heads, HS) },
 		func() error { return be.RoPEForward(s, k, k, m.invFreq, B, T, c.KVHeads, HS) },
 		func() error {
@@ -414,12 +415,12 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 	}
 	steps = append(steps,
 		input(1, a.atty),
-		func() error { return be.Gemm(s, false, false, BT, C, qw, 1, a.atty, p[slotO], 0, m.scratch) },
+		m.linear(s, l, MatO, m.scratch, a.atty, BT),
 		func() error { return be.Add(s, a.res2, x, m.scratch) },
 		func() error { return be.RMSNormForward(s, a.ln2, a.rstd2, a.res2, p[slotPostNorm], BT, C, c.Eps) },
 		input(2, a.ln2),
-		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotGate], 0, a.gate) },
-		func() error { return be.Gemm(s, false, false, BT, I, C, 1, a.ln2, p[slotUp], 0, a.up) },
+		m.linear(s, l, MatGate, a.gate, a.ln2, BT),
+		m.linear(s, l, MatUp, a.up, a.ln2, BT),
 		func() error { return be.SwiGLUForward(s, a.swi, a.gate, a.up) },
 		input(3, a.swi),
 	)
@@ -427,9 +428,32 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		return steps
 	}
 	return append(steps,
-		func() error { return be.Gemm(s, false, false, BT, C, I, 1, a.swi, p[slotDown], 0, m.scratch) },
+		m.linear(s, l, MatDown, m.scratch, a.swi, BT),
 		func() error { return be.Add(s, a.res3, a.res2, m.scratch) },
 	)
+}
+
+// linear is the step computing out [N, n] = inp [N, m] W (+ b) for
+// matrix k of layer l, plus its adapter's term in lora mode (before
+// RoPE, which rotates q and k in place afterwards).
+func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp backend.Tensor, N int) func() error {
+	return func() error {
+		IC, OC := m.Cfg.MatrixShape(k)
+		p := &m.p.layers[l]
+		if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, p[matrixSlot[k]], 0, out); err != nil {
+			return err
+		}
+		if err := m.addBias(s, p, k, out, N)(); err != nil {
+			return err
+		}
+		if m.adapters == nil {
+			return nil
+		}
+		if err := m.adapters.Forward(s, l, int(k), inp, out); err != nil {
+			return fmt.Errorf("%v adapter: %w", k, err)
+		}
+		return nil
+	}
 }
 
 // addBias is the step adding matrix k's bias (Qwen2's q, k and v) to its
@@ -547,7 +571,8 @@ func (m *Model) BackwardHead(s backend.Stream) error {
 // linearBackward of matrix k of layer l: dinp = dout W^T (written, or
 // added to when accumulate: matrices reading one input sum their input
 // gradients), and dW += inp^T dout, or with hooks OutputGrad(dout)
-// instead (inp is then not read: it was not kept).
+// instead (inp is then not read: it was not kept), or with adapters
+// their backward, which adds to dinp, instead of dW.
 func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, inp backend.Tensor, accumulate bool) error {
 	IC, OC := m.Cfg.MatrixShape(k)
 	N := m.B * m.T
@@ -559,6 +584,9 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, in
 	}
 	return model.Chain(
 		func() error {
+			if m.adapters != nil {
+				return nil // frozen: no dW
+			}
 			if m.hooks == nil {
 				return m.be.Gemm(s, true, false, IC, OC, N, 1, inp, dout, 1, dw)
 			}
@@ -568,6 +596,15 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, in
 			return nil
 		},
 		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, beta, dinp) },
+		func() error {
+			if m.adapters == nil {
+				return nil
+			}
+			if err := m.adapters.Backward(s, l, int(k), inp, dout, dinp); err != nil {
+				return fmt.Errorf("%v adapter backward: %w", k, err)
+			}
+			return nil
+		},
 	)
 }
 

@@ -108,6 +108,24 @@ type MatrixGrads interface {
 	OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 }
 
+// Adapters add a trainable low-rank term to some block matrices (lora
+// mode, train/lora): y = x W (+ b) + the adapter's term of x. The
+// matrices themselves are frozen (no dense gradient), but unlike under
+// MatrixGrads their inputs are kept for the backward, which the
+// adapters' own gradients read. Both calls are enqueued on the model's
+// stream, for every matrix; an adapter without a term for matrix k
+// returns at once.
+type Adapters interface {
+	// Forward adds the term of matrix k of block l to Y [BT, n], which
+	// holds X W (+ b) for X [BT, m]; in the forward and in --recompute's
+	// recompute, before anything reads Y.
+	Forward(s backend.Stream, l, k int, X, Y backend.Tensor) error
+	// Backward accumulates the adapter's parameter gradients of matrix k
+	// of block l from X [BT, m] and dY [BT, n], and adds the term's input
+	// gradient to dX [BT, m], after the model has written dY W^T there.
+	Backward(s backend.Stream, l, k int, X, dY, dX backend.Tensor) error
+}
+
 // Options configure a model beyond its batch shape.
 type Options struct {
 	// MatrixGrads, when set, is called instead of computing the matrices'
@@ -116,6 +134,10 @@ type Options struct {
 	// For planning, any non-nil value (even a nil pointer of a hook type)
 	// plans for hooks.
 	MatrixGrads MatrixGrads
+	// Adapters, when set (lora mode), freeze the block matrices and add
+	// the adapters' terms to them; Grads then holds only the other
+	// ("dense") parameters. Not with MatrixGrads.
+	Adapters Adapters
 	// GradDType stores the parameter gradients (fp32, the zero value, or
 	// bf16: every accumulation rounds to nearest even). Activation
 	// gradients are in the model dtype, whatever GradDType is.
@@ -127,7 +149,7 @@ type Options struct {
 	// not keep what they make of X for every block at once); under
 	// RecomputeAttn it is called in the forward, as without recompute.
 	Recompute Recompute
-	// FrozenDense, with MatrixGrads, gives the other ("dense") parameters
+	// FrozenDense, with MatrixGrads or Adapters, gives the other ("dense") parameters
 	// no gradient either (lsp --dense-params frozen): GradView reports
 	// none, the embeddings' and head's gradients are not computed, and the
 	// small ones that ops compute with their input gradients (norm
@@ -140,6 +162,10 @@ type Options struct {
 	// out before the slot's next group writes it. 0: the whole gradient.
 	GradSlots int
 }
+
+// FrozenMatrices reports whether the block matrices have no dense
+// gradient: under MatrixGrads (lsp) or Adapters (lora).
+func (o Options) FrozenMatrices() bool { return o.MatrixGrads != nil || o.Adapters != nil }
 
 // HooksInRecompute reports whether MatrixGrads.Input is called in the
 // backward's recompute rather than in the forward (Options.Recompute).
