@@ -77,6 +77,9 @@ func (c Config) checkComm() error {
 	if (c.Mode == Native || c.Mode == Zero) && c.GradDType != backend.F32 {
 		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.Mode, n))
 	}
+	if c.Mode == LoRA && c.GradDType != backend.F32 {
+		errs = append(errs, fmt.Errorf("--grad-dtype %v: --mode lora with %d ranks all-reduces the adapters' fp32 gradients; use --grad-dtype fp32", c.GradDType, n))
+	}
 	if c.Mode == LSP {
 		if c.DenseParams != DenseFrozen && c.GradDType != backend.F32 {
 			errs = append(errs, fmt.Errorf("--grad-dtype %v: --dense-params %s with %d ranks all-reduces fp32 gradients; use --grad-dtype fp32", c.GradDType, c.DenseParams, n))
@@ -311,25 +314,71 @@ type dpTensor struct {
 }
 
 func newDPGrads(e *Engine, specs []groupSpec) (*dpGrads, error) {
-	d := &dpGrads{}
-	n := 0
-	for _, sp := range specs {
-		if len(sp.params) == 0 {
-			continue
-		}
-		grp := dpGroup{name: sp.name, layer: sp.layer, off: n}
-		var grads []backend.Tensor
+	groups := make([]gradGroup, len(specs))
+	for gi, sp := range specs {
+		groups[gi] = gradGroup{name: sp.name, layer: sp.layer}
 		for _, i := range sp.params {
 			gv, ok := e.Model.GradView(i)
 			if !ok {
 				return nil, fmt.Errorf("engine: %s has no gradient to all-reduce", e.idx.Layout[i].Name)
 			}
+			groups[gi].grads = append(groups[gi].grads, gv)
+		}
+	}
+	return newDPGradsOf(e, groups)
+}
+
+// gradGroup is the gradients of one group of dpGrads: the model's
+// parameters of one block (or outside the blocks), and in lora mode that
+// block's adapters.
+type gradGroup struct {
+	name  string
+	layer int
+	grads []backend.Tensor
+}
+
+// loraGradGroups are lora mode's gradients to all-reduce, by block from
+// the last: each block's adapters, with --dense-params device its dense
+// parameters too, then those outside the blocks.
+func loraGradGroups(e *Engine) []gradGroup {
+	var dense []groupSpec
+	if e.cfg.DenseParams == DenseDevice {
+		dense = groupsDense(e.idx)
+	}
+	L := len(e.idx.Blocks)
+	groups := make([]gradGroup, 0, L+1)
+	for l := L - 1; l >= 0; l-- {
+		groups = append(groups, gradGroup{name: fmt.Sprintf("layer %d", l), layer: l, grads: e.lora.LayerGrads(l)})
+	}
+	groups = append(groups, gradGroup{name: "embeddings and head", layer: -1})
+	for _, sp := range dense {
+		gi := len(groups) - 1 // outside the blocks
+		if sp.layer >= 0 {
+			gi = L - 1 - sp.layer
+		}
+		for _, i := range sp.params {
+			if gv, ok := e.Model.GradView(i); ok {
+				groups[gi].grads = append(groups[gi].grads, gv)
+			}
+		}
+	}
+	return groups
+}
+
+func newDPGradsOf(e *Engine, groups []gradGroup) (*dpGrads, error) {
+	d := &dpGrads{}
+	n := 0
+	for _, gg := range groups {
+		if len(gg.grads) == 0 {
+			continue
+		}
+		grp := dpGroup{name: gg.name, layer: gg.layer, off: n}
+		for _, gv := range gg.grads {
 			grp.tensors = append(grp.tensors, dpTensor{grad: gv, off: n, n: gv.Len()})
-			grads = append(grads, gv)
 			n += gv.Len()
 		}
 		grp.n = n - grp.off
-		grp.spans = spans(grads)
+		grp.spans = spans(gg.grads)
 		d.groups = append(d.groups, grp)
 	}
 	if e.dp.onDevice() {

@@ -1,5 +1,5 @@
-// Package engine runs training steps in the three update modes of
-// docs/DESIGN.md, "The update modes" (native, zero, lsp) on any Backend, as a
+// Package engine runs training steps in the four update modes of
+// docs/DESIGN.md, "The update modes" (native, zero, lsp, lora) on any Backend, as a
 // graph of ops (graph.go) run by the sequential or the pipelined interpreter.
 //
 //	native: weights, grads and AdamW on the device (train/optim).
@@ -12,6 +12,8 @@
 //	        (train/lsp, scheduled by lsp.go): S = P^T G Q (d x d) down,
 //	        subspace Adam on the host, Delta up, W += P Delta Q^T applied
 //	        on the device.
+//	lora:   the block matrices frozen, PEFT's low-rank adapters on the
+//	        targeted ones (train/lora) trained by the device AdamW.
 //
 // The engine knows no model family: a model describes its layout and
 // offers its passes through train/model's Arch and Model.
@@ -51,6 +53,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -64,18 +67,27 @@ const (
 	Native Mode = "native"
 	Zero   Mode = "zero"
 	LSP    Mode = "lsp"
+	LoRA   Mode = "lora"
 )
+
+// Modes lists every mode, in the order tables show them.
+var Modes = []Mode{Native, Zero, LSP, LoRA}
 
 // ParseMode reads a --mode value.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
-	case Native, Zero, LSP:
+	case Native, Zero, LSP, LoRA:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown mode %q (want native, zero or lsp)", s)
+	return "", fmt.Errorf("unknown mode %q (want native, zero, lsp or lora)", s)
 }
 
-// DenseParams says what lsp mode does with the parameters that are not
+// FrozenMatrices reports whether the mode gives the block matrices no
+// dense gradient (lsp compresses it; lora freezes them), so that the
+// other parameters follow --dense-params.
+func (m Mode) FrozenMatrices() bool { return m == LSP || m == LoRA }
+
+// DenseParams says what lsp and lora modes do with the parameters that are not
 // block matrices (embeddings, norms, biases): --dense-params.
 type DenseParams string
 
@@ -98,10 +110,11 @@ func ParseDenseParams(s string) (DenseParams, error) {
 // Config configures an engine.
 type Config struct {
 	Mode        Mode
-	DenseParams DenseParams // lsp only
+	DenseParams DenseParams // lsp and lora only
 	Hyper       optim.Hyper
 	Pipelined   bool
 	LSP         lsp.Config
+	LoRA        lora.Config
 	Seed        uint64
 	HostThreads int // host Adam workers (0: one per core)
 	// GradDType stores the parameter gradients on the device (and on the
@@ -142,11 +155,18 @@ func (c Config) Validate() error {
 	if _, err := ParseMode(string(c.Mode)); err != nil {
 		errs = append(errs, fmt.Errorf("--mode: %w", err))
 	}
-	if c.Mode == LSP {
+	if c.Mode.FrozenMatrices() {
 		if _, err := ParseDenseParams(string(c.DenseParams)); err != nil {
 			errs = append(errs, fmt.Errorf("--dense-params: %w", err))
 		}
+	}
+	if c.Mode == LSP {
 		if err := c.LSP.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.Mode == LoRA {
+		if err := c.LoRA.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -171,6 +191,12 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hostOptimizer reports whether an optimizer runs on the host: zero's,
+// lsp's subspace Adam, or the dense parameters' with --dense-params host.
+func (c Config) hostOptimizer() bool {
+	return c.Mode == Zero || c.Mode == LSP || (c.Mode == LoRA && c.DenseParams == DenseHost)
 }
 
 // Engine trains one model in one mode.
@@ -200,11 +226,15 @@ type Engine struct {
 	skipped  bool               // the latest Step was skipped
 	checked  int                // the step count of the latest projector check (-1: none)
 
-	opt   *optim.AdamW // native: every parameter
-	off   *offload     // zero, and lsp with --dense-params host
+	opt   *optim.AdamW // native: every parameter; lora: the adapters (and the dense parameters with --dense-params device)
+	off   *offload     // zero, and lsp and lora with --dense-params host
 	ring  *gradRing    // zero with --grad-residency ring
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lsp.State   // lsp
+	lora  *lora.State  // lora
+	// loraSet: the adapters were uploaded (SetAdapters), so Init does not
+	// draw them.
+	loraSet bool
 	dp    *dp          // several ranks (dp.go); nil alone
 	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
 
@@ -260,9 +290,16 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if cfg.ring() {
 		opts.GradSlots = ringSlots
 	}
-	if cfg.Mode == LSP {
+	switch cfg.Mode {
+	case LSP:
 		e.lsp = new(lsp.State)
 		opts.MatrixGrads = e.lsp
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
+	case LoRA:
+		if e.lora, err = lora.New(be, idx, cfg.LoRA, B*T, dt, cfg.GradDType); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		opts.Adapters = e.lora
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
@@ -277,14 +314,14 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	}
 	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
 	e.losses = make([]float32, accum*BT+1)
-	if cfg.Mode != Native {
+	if cfg.hostOptimizer() {
 		if !sizeOnly { // a traced graph's host nodes never run: no pool
 			if e.workers, err = host.NewWorkers(host.WorkersOptions{N: cfg.HostThreads}); err != nil {
 				return nil, fmt.Errorf("engine: %w", err)
 			}
 		}
 	}
-	if cfg.Mode != Native || e.dp != nil {
+	if cfg.hostOptimizer() || e.dp != nil {
 		if e.flagHost, err = be.AllocHost("non-finite flag", 4); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
@@ -329,6 +366,26 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 				return nil, err
 			}
 		}
+	case LoRA:
+		// One device AdamW: the adapters, then with --dense-params
+		// device the dense parameters.
+		ts := e.lora.Tensors()
+		switch cfg.DenseParams {
+		case DenseDevice:
+			ts = append(ts, e.denseTensors()...)
+		case DenseHost:
+			if e.off, err = newOffload(e, groupsDense(idx)); err != nil {
+				return nil, err
+			}
+		}
+		if e.opt, err = optim.New(be, cfg.Hyper, ts, backend.Tensor{}); err != nil {
+			return nil, fmt.Errorf("engine: adapter optimizer: %w", err)
+		}
+		if e.dp != nil {
+			if e.dpg, err = newDPGradsOf(e, loraGradGroups(e)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := e.dp.allocScratch(e); err != nil {
 		return nil, err
@@ -351,9 +408,15 @@ func (e *Engine) denseTensors() []optim.Tensor {
 }
 
 // Init reads the parameters the caller uploaded into the optimizer state
-// (fp32 master copies) and, in lsp mode, draws the random projectors.
+// (fp32 master copies); in lsp mode it draws the random projectors, and in
+// lora mode the adapters, unless SetAdapters gave them.
 func (e *Engine) Init() error {
 	s := e.st.Compute
+	if e.lora != nil && !e.loraSet {
+		if err := e.lora.Draw(s, e.cfg.Seed); err != nil {
+			return fmt.Errorf("engine: adapters: %w", err)
+		}
+	}
 	if e.opt != nil {
 		if err := e.opt.InitMaster(s); err != nil {
 			return err
@@ -392,6 +455,9 @@ func (e *Engine) Free() error {
 	if e.lsp != nil {
 		e.lsp.Free()
 	}
+	if e.lora != nil {
+		e.lora.Free()
+	}
 	if e.dense != nil {
 		e.dense.Free()
 	}
@@ -419,7 +485,24 @@ func (e *Engine) Free() error {
 	return errors.Join(errs...)
 }
 
-// DenseParams is the treatment of the non-matrix parameters in lsp mode.
+// Adapters is lora mode's adapters (nil in the other modes).
+func (e *Engine) Adapters() *lora.State { return e.lora }
+
+// SetAdapters uploads lora mode's adapters (lora.State.Params' layout)
+// before Init, which then keeps them instead of drawing new ones: an
+// adapter loaded with --adapter.
+func (e *Engine) SetAdapters(v []float32) error {
+	if e.lora == nil {
+		return fmt.Errorf("engine: adapters given to --mode %s", e.cfg.Mode)
+	}
+	if err := e.lora.Upload(e.st.Compute, v); err != nil {
+		return err
+	}
+	e.loraSet = true
+	return nil
+}
+
+// DenseParams is the treatment of the non-matrix parameters in lsp and lora modes.
 func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 
 // SetStepCount restores the step count from a checkpoint.
@@ -609,7 +692,14 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 	if e.ring != nil {
 		ring = e.ring.addZero(g)
 	} else {
-		g.Add("zero grads", Compute, func(s backend.Stream) error { return m.ZeroGrads(s) })
+		g.Add("zero grads", Compute, func(s backend.Stream) error {
+			if e.lora != nil {
+				if err := e.lora.ZeroGrads(s); err != nil {
+					return err
+				}
+			}
+			return m.ZeroGrads(s)
+		})
 	}
 	var slots *lspSlotSched // lsp's blocks through device slots (lsp.go)
 	if e.lsp != nil {
@@ -753,6 +843,23 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			e.addLSPUp(g, lspAdam, lr)
 		} else {
 			slots.finish()
+		}
+	case LoRA:
+		// As lsp's dense parameters: every copy down and host Adam
+		// before the copies up; with several ranks the adapters' (and
+		// device dense parameters') sums before the AdamW reads them.
+		var offAdam, ups []NodeID
+		if e.off != nil {
+			offAdam = e.off.addDown(g, bwd, bwdEmbed, lr)
+		}
+		if e.dp != nil {
+			reduced := e.addGradsDown(g, bwd, bwdEmbed)
+			e.addFlagUp(g, agreed)
+			ups = e.addGradsUp(g, reduced)
+		}
+		g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) }, ups...)
+		if e.off != nil {
+			e.off.addUp(g, offAdam)
 		}
 	}
 	return g, nil

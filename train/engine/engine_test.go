@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -26,7 +27,8 @@ func testConfig(mode Mode) Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return Config{Mode: mode, DenseParams: DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP: lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+		LSP:  lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
+		LoRA: lora.Config{R: 4, Alpha: 8, Targets: lora.DefaultTargets("gpt2")}}
 }
 
 // batches draws n micro-batches of a learnable pattern (next = cur+1 mod V),
@@ -127,11 +129,20 @@ func (tr *trainer) run(t *testing.T, steps int) []float64 {
 	return losses
 }
 
+// params are the model's parameters, and in lora mode the adapters after
+// them.
 func (tr *trainer) params(t *testing.T) []float32 {
 	t.Helper()
 	v, err := backend.Download(tr.be, tr.be.DefaultStream(), tr.e.Model.Buffers().Params)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if a := tr.e.Adapters(); a != nil {
+		w, err := backend.Download(tr.be, tr.be.DefaultStream(), a.Params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v = append(v, w...)
 	}
 	return v
 }
@@ -244,6 +255,10 @@ func modesUnderTest() []struct {
 	// layer with the projectors in the slot, and with several
 	// micro-batches summing S on the host.
 	lspHost.Recompute, lspHost.GradResidency, lspHost.slots = model.RecomputeLayer, ResidencyRing, 1
+	// lora with its dense parameters on the host (offloaded as zero's)
+	// and on the device (the adapters' AdamW's).
+	loraDev, loraHost := testConfig(LoRA), testConfig(LoRA)
+	loraHost.DenseParams = DenseHost
 	return []struct {
 		name string
 		cfg  Config
@@ -252,6 +267,8 @@ func modesUnderTest() []struct {
 		{"zero", testConfig(Zero), backend.BF16},
 		{"lsp-device", lspDev, backend.BF16},
 		{"lsp-host", lspHost, backend.F32},
+		{"lora-device", loraDev, backend.BF16},
+		{"lora-host", loraHost, backend.F32},
 	}
 }
 
@@ -330,6 +347,9 @@ func TestEveryEdgeIsNeeded(t *testing.T) {
 		t.Skip("races on purpose; runs in make test's race-free pass")
 	}
 	for _, tc := range modesUnderTest() {
+		if tc.name == "lora-device" {
+			continue // every node on the compute stream: no edge to remove
+		}
 		t.Run(tc.name, func(t *testing.T) { everyEdge(t, tc.cfg, tc.dt, 1) })
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -163,8 +164,16 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	}
 	BT := B * T
 	var opts model.Options
-	if cfg.Mode == LSP {
+	var sites []lora.Site
+	switch cfg.Mode {
+	case LSP:
 		opts.MatrixGrads = (*lsp.State)(nil) // plans for hooks
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
+	case LoRA:
+		if sites, err = lora.Sites(x, cfg.LoRA); err != nil {
+			return Memory{}, err
+		}
+		opts.Adapters = (*lora.State)(nil) // plans for adapters
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
@@ -182,7 +191,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	if cfg.Comm != nil {
 		ranks = cfg.Comm.Size()
 	}
-	if cfg.Mode != Native || ranks > 1 {
+	if cfg.hostOptimizer() || ranks > 1 {
 		// The non-finite flag's pinned copy, read by the host Adam (and,
 		// with several ranks, summed over them and copied back up).
 		p.Host = append(p.Host, Part{"non-finite flag", 4})
@@ -266,9 +275,31 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			p.LinkD2H += gsize * dense
 			p.LinkH2D += dsize * dense
 		}
+	case LoRA:
+		// The adapters and their gradients, and one device AdamW over
+		// them (and the dense parameters with --dense-params device).
+		na := lora.Elems(sites, cfg.LoRA.R)
+		p.Device = append(p.Device, Part{"adapters, grads and scratch", lora.Bytes(sites, cfg.LoRA.R, BT, dt, cfg.GradDType)})
+		elems, tensors := na, 2*len(sites)
+		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
+		switch cfg.DenseParams {
+		case DenseDevice:
+			elems, tensors = elems+int(dense), tensors+denseTensors
+		case DenseHost:
+			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
+			p.StateWrite = max(p.StateWrite, savedHostState(denseTensors))
+			p.StateRead = max(p.StateRead, savedHostState(denseTensors))
+			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
+			p.LinkD2H += gsize * dense
+			p.LinkH2D += dsize * dense
+		}
+		st := optim.StateBytes(elems, tensors, dt, false)
+		p.Device = append(p.Device, Part{"optimizer", st})
+		p.StateWrite = max(p.StateWrite, deviceStateChunk(int64(elems)))
+		p.CheckpointBytes += 4*int64(na) + savedDeviceState(st)
 	}
 	// With several ranks, the gradients a device AdamW reads (native's,
-	// lsp's dense ones with --dense-params device) go down to a pinned
+	// lsp's dense ones with --dense-params device, lora's adapters) go down to a pinned
 	// buffer, are all-reduced on the host and come back up (dpGrads);
 	// with a device communicator they are summed on the device instead,
 	// in a scratch buffer as long as the longest sum (allocScratch).
@@ -277,18 +308,20 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		switch {
 		case cfg.Mode == Native:
 			groups = groupsAll(x)
-		case cfg.Mode == LSP && cfg.DenseParams == DenseDevice:
+		case cfg.Mode.FrozenMatrices() && cfg.DenseParams == DenseDevice:
 			groups = groupsDense(x)
 		}
+		sums := groupElems(x, groups)
+		if cfg.Mode == LoRA {
+			sums = loraGroupElems(x, sites, cfg.LoRA.R, sums)
+		}
 		var n int64
-		for _, g := range groups {
-			for _, i := range g.params {
-				n += int64(x.Layout[i].Len())
-			}
+		for _, s := range sums {
+			n += int64(s)
 		}
 		switch {
 		case cfg.DeviceComm != nil:
-			if sc := collectiveScratch(x, cfg, groups, ranks); sc > 0 {
+			if sc := collectiveScratch(x, cfg, sums, ranks); sc > 0 {
 				p.Device = append(p.Device, Part{"device collectives' scratch", 4 * int64(sc)})
 			}
 		case n > 0:
@@ -342,8 +375,7 @@ func savedHostState(tensors int) int64 { return 4 * int64(tensors) }
 
 // collectiveScratch is the device communicator's scratch (allocScratch): for
 // the longest of each layer's S (lsp) and of the groups' gradients.
-func collectiveScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int) int {
-	var sums []int
+func collectiveScratch(x *model.Index, cfg Config, sums []int, ranks int) int {
 	if cfg.Mode == LSP {
 		d, _ := lsp.Dims(x, cfg.LSP)
 		n := 0
@@ -352,12 +384,30 @@ func collectiveScratch(x *model.Index, cfg Config, groups []groupSpec, ranks int
 		}
 		sums = append(sums, n)
 	}
-	for _, g := range groups {
-		n := 0
-		for _, i := range g.params {
-			n += x.Layout[i].Len()
-		}
-		sums = append(sums, n)
-	}
 	return scratchElems(sums, ranks)
+}
+
+// groupElems is each group's elements.
+func groupElems(x *model.Index, groups []groupSpec) []int {
+	sums := make([]int, len(groups))
+	for gi, g := range groups {
+		for _, i := range g.params {
+			sums[gi] += x.Layout[i].Len()
+		}
+	}
+	return sums
+}
+
+// loraGroupElems is lora mode's data-parallel sums (loraGradGroups): each
+// block's adapters plus dense, the block's share of the dense groups'
+// elements (none, or groupsDense's), and the dense parameters outside the
+// blocks.
+func loraGroupElems(x *model.Index, sites []lora.Site, r int, dense []int) []int {
+	L := len(x.Blocks)
+	sums := make([]int, L+1)
+	copy(sums, dense) // groupsDense's order: blocks from the last, then outside
+	for _, s := range sites {
+		sums[L-1-s.Layer] += r * (s.M + s.N)
+	}
+	return sums
 }

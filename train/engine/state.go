@@ -121,6 +121,12 @@ func (e *Engine) StateArrays() (arrays []StateArray, finish func() error, err er
 			return fn(steps)
 		}})
 	}
+	if e.lora != nil {
+		// The adapters are parameters the checkpoint's model tensors
+		// lack: they are saved with the state (the master, when they are
+		// bf16, is adam.master's first elements).
+		dev("lora.adapters", e.lora.Params)
+	}
 	if e.lsp != nil {
 		e.lsp.SaveArrays(func(name string, n int, read func() []float32) {
 			add(StateArray{Name: name, Len: n, Read: func(fn func([]float32) error) error { return fn(read()) }})
@@ -144,6 +150,9 @@ func (e *Engine) StateArrays() (arrays []StateArray, finish func() error, err er
 // optimizer state (native's or the dense device optimizer's).
 func (e *Engine) largestDeviceState() int {
 	n := 0
+	if e.lora != nil {
+		n = e.lora.Params.Len()
+	}
 	for _, o := range []*optim.AdamW{e.opt, e.dense} {
 		if o == nil {
 			continue
@@ -259,6 +268,11 @@ func (e *Engine) LoadStateFrom(src StateSource) error {
 			if err := dev(o.prefix+a.name, a.t); err != nil {
 				return err
 			}
+		}
+	}
+	if e.lora != nil {
+		if err := dev("lora.adapters", e.lora.Params); err != nil {
+			return err
 		}
 	}
 	if o := e.off; o != nil {
