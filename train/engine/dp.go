@@ -498,8 +498,17 @@ func (e *Engine) CommPerStep() CommStep {
 	}
 	for k, mt := range e.idx.Mats {
 		m := MatrixComm{Name: mt.Name, M: mt.M, N: mt.N, Elems: mt.M * mt.N}
-		if d != nil {
+		switch {
+		case d != nil:
 			m.Elems = d[k] * d[k]
+		case e.lora != nil:
+			// The adapters' gradients (every block has the same).
+			m.Elems = 0
+			for _, s := range e.lora.Sites {
+				if s.Layer == 0 && s.K == k {
+					m.Elems = e.lora.Cfg.R * (mt.M + mt.N)
+				}
+			}
 		}
 		c.Matrices = append(c.Matrices, m)
 		c.Elems += len(e.idx.Blocks) * m.Elems
@@ -508,9 +517,9 @@ func (e *Engine) CommPerStep() CommStep {
 		c.Elems, c.Sharded = 2, e.off.n
 		return c
 	}
-	// The dense gradients: every mode all-reduces them but lsp with
-	// --dense-params frozen.
-	if e.lsp == nil || e.cfg.DenseParams != DenseFrozen {
+	// The dense gradients: every mode all-reduces them but lsp and lora
+	// with --dense-params frozen.
+	if !e.cfg.Mode.FrozenMatrices() || e.cfg.DenseParams != DenseFrozen {
 		for i, p := range e.idx.Layout {
 			if !e.idx.IsMat[i] {
 				c.Elems += p.Len()

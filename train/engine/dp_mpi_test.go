@@ -87,10 +87,13 @@ func dpCases() []dpCase {
 	devD.LSP.NoFit = true // testConfig's dense parameters: device
 	zeroRep := testConfig(Zero)
 	zeroRep.replicateHost = true
+	loraHost := testConfig(LoRA)
+	loraHost.DenseParams = DenseHost
 	return []dpCase{{"lsp-frozen-fit-bf16", frozen, backend.BF16, 0, ""}, {"lsp-host-f32", hostD, backend.F32, 2e-5, ""},
 		{"lsp-device-f32", devD, backend.F32, 2e-5, ""}, {"native-f32", testConfig(Native), backend.F32, 2e-5, ""},
 		{"zero-replicated-f32", zeroRep, backend.F32, 2e-5, ""}, {"zero-f32", testConfig(Zero), backend.F32, 2e-5, "zero-replicated-f32"},
-		{"zero-replicated-bf16", zeroRep, backend.BF16, -1, ""}, {"zero-bf16", testConfig(Zero), backend.BF16, -1, "zero-replicated-bf16"}}
+		{"zero-replicated-bf16", zeroRep, backend.BF16, -1, ""}, {"zero-bf16", testConfig(Zero), backend.BF16, -1, "zero-replicated-bf16"},
+		{"lora-device-f32", testConfig(LoRA), backend.F32, 2e-5, ""}, {"lora-host-f32", loraHost, backend.F32, 2e-5, ""}}
 }
 
 // dpResult is what a run ends with: hashes of the weights and of the

@@ -17,6 +17,8 @@ func TestPlanMatchesArena(t *testing.T) {
 	lspHost.GradDType, zeroBF16.GradDType = backend.BF16, backend.BF16
 	lspNoFit.LSP.NoFit = true
 	lspFrozen.DenseParams = DenseFrozen
+	loraHost, loraFrozen := testConfig(LoRA), testConfig(LoRA)
+	loraHost.DenseParams, loraFrozen.DenseParams = DenseHost, DenseFrozen
 	nativeAttn, zeroLayer, lspLayer := testConfig(Native), testConfig(Zero), testConfig(LSP)
 	nativeAttn.Recompute, zeroLayer.Recompute, lspLayer.Recompute = model.RecomputeAttn, model.RecomputeLayer, model.RecomputeLayer
 	for _, tc := range []struct {
@@ -28,6 +30,7 @@ func TestPlanMatchesArena(t *testing.T) {
 		{"zero-bf16-grads", zeroBF16}, {"native-recompute-attn", nativeAttn}, {"zero-recompute-layer", zeroLayer},
 		{"lsp-device-recompute-layer", lspLayer},
 		{"zero-ring", ringConfig(backend.F32)}, {"zero-ring-bf16-grads", ringConfig(backend.BF16)},
+		{"lora-device", testConfig(LoRA)}, {"lora-host", loraHost}, {"lora-frozen", loraFrozen},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {

@@ -26,8 +26,8 @@ func (tr *trainer) runFrom(t *testing.T, first, last int) {
 }
 
 func TestStateRoundTrip(t *testing.T) {
-	lspHost := testConfig(LSP)
-	lspHost.DenseParams = DenseHost
+	lspHost, loraHost := testConfig(LSP), testConfig(LoRA)
+	lspHost.DenseParams, loraHost.DenseParams = DenseHost, DenseHost
 	for _, tc := range []struct {
 		name string
 		cfg  Config
@@ -35,6 +35,7 @@ func TestStateRoundTrip(t *testing.T) {
 	}{
 		{"native", testConfig(Native), backend.BF16}, {"zero", testConfig(Zero), backend.BF16},
 		{"lsp-device", testConfig(LSP), backend.BF16}, {"lsp-host", lspHost, backend.F32},
+		{"lora-device", testConfig(LoRA), backend.BF16}, {"lora-host", loraHost, backend.F32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// 7 steps straight through (a projector check at 0 and 5) ...
@@ -47,7 +48,8 @@ func TestStateRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			params := a.params(t)
+			// The model's parameters (lora's adapters are in the state).
+			params := a.params(t)[:small.NumParams()]
 			b := newTrainer(t, tc.cfg, tc.dt, 1, cpu.Config{Threads: 2})
 			if err := backend.Upload(b.be, b.be.DefaultStream(), b.e.Model.Buffers().Params, params); err != nil {
 				t.Fatal(err)
