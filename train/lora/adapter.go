@@ -448,11 +448,12 @@ func readConfig(path string) (cfg Config, base string, fanInFanOut bool, err err
 	return cfg, base, fanInFanOut, nil
 }
 
-// empty reports whether a JSON value is null, false, 0, "" or an empty
-// list or object: what a LoraConfig field holds when unused.
+// empty reports whether a JSON value is null, false, "" or an empty list
+// or object: what a LoraConfig field holds when unused. Not 0: PEFT reads
+// layers_to_transform 0 as "layer 0 only".
 func empty(v json.RawMessage) bool {
 	switch s := string(bytes.TrimSpace(v)); s {
-	case "null", "false", "0", `""`:
+	case "null", "false", `""`:
 		return true
 	default:
 		var x any

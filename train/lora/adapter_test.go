@@ -392,6 +392,7 @@ func TestReadAdapterRefusesConfig(t *testing.T) {
 		{"gpt2", "target_modules", set("target_modules", []any{})},
 		{"gpt2", "layers_to_transform", set("layers_to_transform", []any{0})},
 		{"gpt2", "layers_to_transform", set("layers_to_transform", 1)},
+		{"gpt2", "layers_to_transform", set("layers_to_transform", 0)},
 		{"gpt2", "layers_pattern", set("layers_pattern", "h")},
 		{"gpt2", "fan_in_fan_out", set("fan_in_fan_out", false)},
 		{"llama", "fan_in_fan_out", set("fan_in_fan_out", true)},
