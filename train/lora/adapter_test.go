@@ -25,6 +25,13 @@ var families = []string{"gpt2", "llama"}
 // fixtureIndex is the layout index of testdata/<family>/base.
 func fixtureIndex(t *testing.T, family string) *model.Index {
 	t.Helper()
+	_, idx := fixtureArch(t, family)
+	return idx
+}
+
+// fixtureArch is testdata/<family>/base's architecture and its index.
+func fixtureArch(t *testing.T, family string) (model.Arch, *model.Index) {
+	t.Helper()
 	dir := filepath.Join("testdata", family, "base")
 	var arch model.Arch
 	var err error
@@ -41,7 +48,7 @@ func fixtureIndex(t *testing.T, family string) *model.Index {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return idx
+	return arch, idx
 }
 
 func openST(t *testing.T, path string) *safetensors.File {
