@@ -143,6 +143,25 @@ func Merge(w []float32, site Site, a, b []float32, scale float32) error {
 	return nil
 }
 
+// MergeAll merges every site of ad into params, a whole model's
+// parameters in idx's Layout order (matrices in x out): the weights that
+// merge_and_unload leaves, for an export of the merged model.
+func MergeAll(params []float32, idx *model.Index, ad *Adapter) error {
+	for i, s := range ad.Sites {
+		if s.Layer < 0 || s.Layer >= len(idx.MatParam) || s.K < 0 || s.K >= len(idx.MatParam[s.Layer]) {
+			return fmt.Errorf("lora merge %s: block %d matrix %d is not in the model", s.Module, s.Layer, s.K)
+		}
+		p := idx.Layout[idx.MatParam[s.Layer][s.K]]
+		if p.Name != s.Module+".weight" || p.Offset+p.Len() > len(params) {
+			return fmt.Errorf("lora merge %s: the model's matrix there is %s of %d parameters", s.Module, p.Name, len(params))
+		}
+		if err := Merge(params[p.Offset:p.Offset+p.Len()], s, ad.A[i], ad.B[i], ad.Cfg.Scale()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ReadAdapter reads the PEFT LoRA adapter in dir for the model idx
 // describes. Every error names the file and the field or tensor at fault.
 func ReadAdapter(dir string, idx *model.Index) (*Adapter, error) {

@@ -667,3 +667,35 @@ func TestInit(t *testing.T) {
 		}
 	}
 }
+
+func TestPyNumber(t *testing.T) {
+	for _, c := range []struct {
+		v       float64
+		integer bool
+		want    string
+	}{
+		{16, true, "16"}, {16.5, true, "16.5"}, {0, false, "0.0"}, {0.05, false, "0.05"},
+		{1e-5, false, "1e-05"}, {1e16, false, "1e+16"}, {8, false, "8.0"}, {0.1, false, "0.1"},
+	} {
+		got, err := pyNumber{c.v, c.integer}.MarshalJSON()
+		if err != nil || string(got) != c.want {
+			t.Errorf("%v (integer %t): %s, %v; want %s (Python's json)", c.v, c.integer, got, err, c.want)
+		}
+	}
+	if _, err := (pyNumber{math.NaN(), false}).MarshalJSON(); err == nil {
+		t.Error("NaN was written")
+	}
+}
+
+func TestMergeAllRefusesAnotherModel(t *testing.T) {
+	ad, err := ReadAdapter(filepath.Join("testdata", "gpt2", "adapter"), fixtureIndex(t, "gpt2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := fixtureIndex(t, "llama")
+	last := idx.Layout[len(idx.Layout)-1]
+	err = MergeAll(make([]float32, last.Offset+last.Len()), idx, ad)
+	if err == nil || !strings.Contains(err.Error(), "transformer.h.0.attn.c_attn") {
+		t.Errorf("a GPT-2 adapter merged into a LLaMA: %v", err)
+	}
+}

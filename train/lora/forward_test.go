@@ -23,11 +23,8 @@ func mergedParams(t *testing.T, family string, idx *model.Index, ad *Adapter) []
 		v, shape := tensor(t, f, p.Name)
 		copy(vals[p.Offset:], inOut(v, shape, p.Transposed))
 	}
-	for i, s := range ad.Sites {
-		p := idx.Layout[idx.MatParam[s.Layer][s.K]]
-		if err := Merge(vals[p.Offset:p.Offset+p.Len()], s, ad.A[i], ad.B[i], ad.Cfg.Scale()); err != nil {
-			t.Fatal(err)
-		}
+	if err := MergeAll(vals, idx, ad); err != nil {
+		t.Fatal(err)
 	}
 	return vals
 }
