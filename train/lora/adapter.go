@@ -153,7 +153,8 @@ func MergeAll(params []float32, idx *model.Index, ad *Adapter) error {
 		}
 		p := idx.Layout[idx.MatParam[s.Layer][s.K]]
 		if p.Name != s.Module+".weight" || p.Offset+p.Len() > len(params) {
-			return fmt.Errorf("lora merge %s: the model's matrix there is %s of %d parameters", s.Module, p.Name, len(params))
+			return fmt.Errorf("lora merge %s: the model's matrix %d of block %d is %s (at %d of %d parameters): the adapter is another model's",
+				s.Module, s.K, s.Layer, p.Name, p.Offset, len(params))
 		}
 		if err := Merge(params[p.Offset:p.Offset+p.Len()], s, ad.A[i], ad.B[i], ad.Cfg.Scale()); err != nil {
 			return err
