@@ -103,7 +103,7 @@ func Sites(idx *model.Index, c Config) ([]Site, error) {
 			}
 			hit := false
 			for i, t := range targets {
-				if mod == t || strings.HasSuffix(mod, "."+t) {
+				if matches(mod, t) {
 					used[i], hit = true, true
 				}
 			}
