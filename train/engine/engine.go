@@ -488,14 +488,13 @@ func (e *Engine) Free() error {
 // Adapters is lora mode's adapters (nil in the other modes).
 func (e *Engine) Adapters() *lora.State { return e.lora }
 
-// SetAdapters uploads lora mode's adapters (lora.State.Params' layout)
-// before Init, which then keeps them instead of drawing new ones: an
-// adapter loaded with --adapter.
-func (e *Engine) SetAdapters(v []float32) error {
+// SetAdapters uploads lora mode's adapters before Init, which then keeps
+// them instead of drawing new ones: an adapter loaded with --adapter.
+func (e *Engine) SetAdapters(ad *lora.Adapter) error {
 	if e.lora == nil {
 		return fmt.Errorf("engine: adapters given to --mode %s", e.cfg.Mode)
 	}
-	if err := e.lora.Upload(e.st.Compute, v); err != nil {
+	if err := e.lora.Upload(e.st.Compute, ad); err != nil {
 		return err
 	}
 	e.loraSet = true

@@ -16,15 +16,22 @@ import (
 // project's in x out matrices) with ad merged into them.
 func mergedParams(t *testing.T, family string, idx *model.Index, ad *Adapter) []float32 {
 	t.Helper()
+	vals := baseParams(t, family, idx)
+	if err := MergeAll(vals, idx, ad); err != nil {
+		t.Fatal(err)
+	}
+	return vals
+}
+
+// baseParams is testdata/<family>/base's parameters in idx's layout.
+func baseParams(t *testing.T, family string, idx *model.Index) []float32 {
+	t.Helper()
 	f := openST(t, filepath.Join("testdata", family, "base", "model.safetensors"))
 	last := idx.Layout[len(idx.Layout)-1]
 	vals := make([]float32, last.Offset+last.Len())
 	for _, p := range idx.Layout {
 		v, shape := tensor(t, f, p.Name)
 		copy(vals[p.Offset:], inOut(v, shape, p.Transposed))
-	}
-	if err := MergeAll(vals, idx, ad); err != nil {
-		t.Fatal(err)
 	}
 	return vals
 }

@@ -14,8 +14,6 @@ package lora
 
 import (
 	"fmt"
-	"math"
-	"math/rand/v2"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -28,6 +26,7 @@ type State struct {
 	Sites []Site
 
 	be    backend.Backend
+	idx   *model.Index
 	at    [][]int // at[l][k]: the site of matrix k of block l, -1: none
 	scale float32
 	rows  int // the largest N a call may have (B*T)
@@ -40,12 +39,6 @@ type State struct {
 }
 
 var _ model.Adapters = (*State)(nil)
-
-// Keys are PEFT's names of site i's two tensors.
-func (s Site) Keys() (a, b string) {
-	p := "base_model.model." + s.Module
-	return p + ".lora_A.weight", p + ".lora_B.weight"
-}
 
 // Elems is the elements of the adapters of sites (A and B of each).
 func Elems(sites []Site, r int) int {
@@ -77,7 +70,7 @@ func New(be backend.Backend, idx *model.Index, cfg Config, rows int, dt, gdt bac
 	if err != nil {
 		return nil, err
 	}
-	st := &State{Cfg: cfg, Sites: sites, be: be, scale: cfg.Scale(), rows: rows}
+	st := &State{Cfg: cfg, Sites: sites, be: be, idx: idx, scale: cfg.Scale(), rows: rows}
 	st.at = make([][]int, len(idx.MatParam))
 	for l := range st.at {
 		st.at[l] = make([]int, len(idx.Mats))
@@ -133,10 +126,9 @@ func (st *State) Free() {
 func (st *State) Tensors() []optim.Tensor {
 	var ts []optim.Tensor
 	for i, s := range st.Sites {
-		ka, kb := s.Keys()
 		ts = append(ts,
-			optim.Tensor{Name: ka, Param: st.a[i], Grad: st.da[i], Decay: true},
-			optim.Tensor{Name: kb, Param: st.b[i], Grad: st.db[i], Decay: true})
+			optim.Tensor{Name: KeyA(s), Param: st.a[i], Grad: st.da[i], Decay: true},
+			optim.Tensor{Name: KeyB(s), Param: st.b[i], Grad: st.db[i], Decay: true})
 	}
 	return ts
 }
@@ -144,37 +136,57 @@ func (st *State) Tensors() []optim.Tensor {
 // ZeroGrads enqueues clearing the adapters' gradients.
 func (st *State) ZeroGrads(s backend.Stream) error { return st.be.Fill(s, st.Grads, 0) }
 
-// Draw fills the adapters as PEFT initialises them: A Kaiming-uniform with
-// a = sqrt(5) (uniform in +-1/sqrt(in)), B zero, so the model starts as
-// the base model. seed draws the same adapters on every backend.
+// Draw fills the adapters as PEFT initialises them (NewAdapter: A
+// Kaiming-uniform, B zero), so the model starts as the base model. seed
+// draws the same adapters on every backend.
 func (st *State) Draw(s backend.Stream, seed uint64) error {
-	rng := rand.New(rand.NewPCG(seed, 0x6c6f72612d41)) // "lora-A"
-	v := make([]float32, Elems(st.Sites, st.Cfg.R))
+	ad, err := NewAdapter(st.idx, st.Cfg, seed)
+	if err != nil {
+		return err
+	}
+	return st.Upload(s, ad)
+}
+
+// Upload sets the adapters from ad, e.g. a PEFT adapter read by
+// ReadAdapter: its rank and sites must be the State's.
+func (st *State) Upload(s backend.Stream, ad *Adapter) error {
+	v, err := st.Flatten(ad)
+	if err != nil {
+		return err
+	}
+	return backend.Upload(st.be, s, st.Params, v)
+}
+
+// Flatten lays ad out as Params is: each site's A then B, in site order.
+func (st *State) Flatten(ad *Adapter) ([]float32, error) {
+	if ad.Cfg.R != st.Cfg.R || len(ad.Sites) != len(st.Sites) {
+		return nil, fmt.Errorf("lora: an adapter of rank %d on %d modules for rank %d on %d", ad.Cfg.R, len(ad.Sites), st.Cfg.R, len(st.Sites))
+	}
+	v := make([]float32, 0, st.Params.Len())
+	for i, s := range st.Sites {
+		if ad.Sites[i] != s || len(ad.A[i]) != st.Cfg.R*s.M || len(ad.B[i]) != s.N*st.Cfg.R {
+			return nil, fmt.Errorf("lora: the adapter's module %d is %s, the model's %s", i, ad.Sites[i].Module, s.Module)
+		}
+		v = append(append(v, ad.A[i]...), ad.B[i]...)
+	}
+	return v, nil
+}
+
+// Download reads the adapters back (after the work before it on s).
+func (st *State) Download(s backend.Stream) (*Adapter, error) {
+	v, err := backend.Download(st.be, s, st.Params)
+	if err != nil {
+		return nil, err
+	}
+	ad := &Adapter{Cfg: st.Cfg, Sites: st.Sites}
 	off := 0
 	for _, site := range st.Sites {
-		InitA(rng, v[off:off+st.Cfg.R*site.M], site.M)
-		off += st.Cfg.R * (site.M + site.N) // B stays zero
+		na, nb := st.Cfg.R*site.M, site.N*st.Cfg.R
+		ad.A = append(ad.A, v[off:off+na])
+		ad.B = append(ad.B, v[off+na:off+na+nb])
+		off += na + nb
 	}
-	return backend.Upload(st.be, s, st.Params, v)
-}
-
-// InitA fills a (r x in, row-major) as torch's kaiming_uniform_ with
-// a = sqrt(5) does for a Linear of fan-in in: gain sqrt(2 / (1 + 5)),
-// bound gain * sqrt(3 / in) = 1 / sqrt(in).
-func InitA(rng *rand.Rand, a []float32, in int) {
-	bound := 1 / math.Sqrt(float64(in))
-	for i := range a {
-		a[i] = float32((2*rng.Float64() - 1) * bound)
-	}
-}
-
-// Upload sets the adapters from values in Params' layout (site order, A
-// then B), e.g. a PEFT adapter's.
-func (st *State) Upload(s backend.Stream, v []float32) error {
-	if len(v) != st.Params.Len() {
-		return fmt.Errorf("lora: %d adapter values for %d", len(v), st.Params.Len())
-	}
-	return backend.Upload(st.be, s, st.Params, v)
+	return ad, nil
 }
 
 // site is the site of matrix k of block l and the rows of x, or ok false
