@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -56,9 +57,14 @@ type Config struct {
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
-	Mode          engine.Mode        // --mode: native, zero or lsp (docs/DESIGN.md, "The update modes")
+	Mode          engine.Mode        // --mode: native, zero, lsp or lora (docs/DESIGN.md, "The update modes")
 	GradDType     backend.DType      // --grad-dtype: fp32 or bf16 storage of the parameter gradients
-	DenseParams   engine.DenseParams // --dense-params: frozen, device or host in lsp mode ("": frozen from a checkpoint, device for a preset)
+	DenseParams   engine.DenseParams // --dense-params: frozen, device or host in lsp and lora modes ("": frozen from a checkpoint, device for a preset)
+	LoRAR         int                // --lora-r: the adapters' rank
+	LoRAAlpha     float64            // --lora-alpha: the term is scaled by alpha / r
+	LoRADropout   float64            // --lora-dropout
+	LoRATargets   string             // --lora-targets: comma-separated Hugging Face module names ("": the family's every attention and MLP linear)
+	Adapter       string             // --adapter: a PEFT LoRA adapter directory to start from (lora mode) or to sample with
 	D, R          int                // --d, --r: projected size and non-zeros per projector row (capped per matrix)
 	Alpha         float64            // --alpha: bias ratio the projector fit must reach
 	CheckEvery    int                // --check-every: steps between projector checks
@@ -122,6 +128,7 @@ func Defaults() Config {
 		ClipMode: optim.ClipMatrix, GradClip: 1, EvalEvery: 100, EvalFraction: 0.05, EvalGenerate: 200,
 		EvalTokens: DefaultEvalTokens, EvalMaxNew: DefaultEvalMaxNew,
 		CheckpointEvery: 200, KeepCheckpoints: 1, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
+		LoRAR: lora.DefaultR, LoRAAlpha: lora.DefaultAlpha,
 		Mode: engine.Native, GradDType: backend.F32, D: 0, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
@@ -317,8 +324,10 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("on-nonfinite", "%v", err))
 	}
 	check(c.MaxSkips >= 1, "max-skips", "must be at least 1, got %d (--on-nonfinite stop skips none)", c.MaxSkips)
-	if c.Mode == engine.LSP {
-		// The engine's own check names each flag (--d, --r, --alpha, ...).
+	check(c.Adapter == "" || c.Mode == engine.LoRA, "adapter", "loads a LoRA adapter to train on in --mode lora (--mode is %s); sample takes one too", c.Mode)
+	if c.Mode == engine.LSP || c.Mode == engine.LoRA {
+		// The engine's own check names each flag (--d, --r, --alpha,
+		// --lora-r, ...).
 		if err := c.engineConfig(false).Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -340,6 +349,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
 			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers},
+		LoRA:        lora.Config{R: c.LoRAR, Alpha: c.LoRAAlpha, Dropout: c.LoRADropout, Targets: lora.ParseTargets(c.LoRATargets)},
 		HostThreads: c.Threads,
 	}
 }

@@ -235,8 +235,8 @@ type Engine struct {
 	// loraSet: the adapters were uploaded (SetAdapters), so Init does not
 	// draw them.
 	loraSet bool
-	dp    *dp          // several ranks (dp.go); nil alone
-	dpg   *dpGrads     // native mode with several ranks: the gradients' all-reduce
+	dp      *dp      // several ranks (dp.go); nil alone
+	dpg     *dpGrads // native mode with several ranks: the gradients' all-reduce
 
 	// editGraph, when set, rewrites each step's graph (tests remove edges).
 	editGraph func(*Graph) *Graph
@@ -257,6 +257,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.LoRA = cfg.LoRA.WithDefaultTargets(arch)
 	if accum < 1 {
 		return nil, fmt.Errorf("engine: --grad-accum %d must be at least 1", accum)
 	}

@@ -158,6 +158,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	if err := cfg.Validate(); err != nil {
 		return Memory{}, err
 	}
+	cfg.LoRA = cfg.LoRA.WithDefaultTargets(arch)
 	x, err := model.NewIndex(arch)
 	if err != nil {
 		return Memory{}, fmt.Errorf("engine: %w", err)

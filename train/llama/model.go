@@ -76,7 +76,7 @@ type Model struct {
 	hooks model.MatrixGrads
 	// adapters add lora's terms to the frozen matrices (Options.Adapters).
 	adapters model.Adapters
-	rc    model.Recompute
+	rc       model.Recompute
 	// hooksInRecompute: the input hooks run in the backward's recompute,
 	// not in the forward (model.Options.HooksInRecompute).
 	hooksInRecompute bool

@@ -52,6 +52,28 @@ func DefaultTargets(family string) []string {
 	}
 }
 
+// ParseTargets reads --lora-targets: comma-separated module names, blanks
+// around them ignored ("": none, the family's default).
+func ParseTargets(s string) []string {
+	var names []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// WithDefaultTargets is c with empty Targets set to the family's
+// default, the family being arch's (a model.Spec's Family); an arch
+// without one keeps c as it is.
+func (c Config) WithDefaultTargets(arch any) Config {
+	if f, ok := arch.(interface{ Family() string }); ok && len(c.Targets) == 0 {
+		c.Targets = DefaultTargets(f.Family())
+	}
+	return c
+}
+
 // Scale is alpha / r, the factor of the low-rank term.
 func (c Config) Scale() float32 { return float32(c.Alpha / float64(c.R)) }
 
