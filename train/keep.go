@@ -169,7 +169,12 @@ func (r *run) exportStep() error {
 func (r *run) exportTo(dir string) error {
 	defer releaseHost() // the writer's buffers
 	end := phase("export")
-	err := catalog.ExportTensor(r.mc, dir, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
+	var err error
+	if r.usesAdapters() {
+		err = r.exportAdapters(dir)
+	} else {
+		err = catalog.ExportTensor(r.mc, dir, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
+	}
 	end()
 	return diskHint(err)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -126,6 +127,26 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 		p.Device = append(p.Device, engine.Part{Name: "generation cache", Bytes: b})
 	}
 	N := int64(mc.NumParams())
+	// lora's adapters come to the host whole: read from --adapter (held
+	// until the engine's Init, over the weights' load) and downloaded for
+	// each export, merged as the weights stream by.
+	var adapters int64
+	if c.Mode == engine.LoRA {
+		idx, err := model.NewIndex(mc)
+		if err != nil {
+			return p, err
+		}
+		lc := ec.LoRA.WithDefaultTargets(mc)
+		sites, err := lora.Sites(idx, lc)
+		if err != nil {
+			return p, err
+		}
+		adapters = 4 * int64(lora.Elems(sites, lc.R))
+	}
+	var adapterRead int64
+	if c.Adapter != "" {
+		adapterRead = adapters
+	}
 	// A checkpoint write and a restore stream every tensor a chunk at a
 	// time (train/checkpoint, the engine's StateArrays and
 	// LoadStateFrom).
@@ -134,13 +155,13 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	case c.Resume:
 		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: checkpoint.RestoreBytes(int(N)) + p.StateRead})
 	case !fromCheckpoint:
-		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: model.InitBytes(mc)}) // mc.InitEach's buffer
+		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: model.InitBytes(mc) + adapterRead}) // mc.InitEach's buffer
 	default:
-		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: catalog.LoadBytes(mc, src)})
+		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: catalog.LoadBytes(mc, src) + adapterRead})
 	}
 	// The export streams from the device (run.export): the writer's
-	// buffers.
-	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: catalog.ExportBytes(mc)})
+	// buffers (and lora's adapters).
+	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: catalog.ExportBytes(mc) + adapters})
 	return p, nil
 }
 

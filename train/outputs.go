@@ -171,7 +171,13 @@ func (r *run) export(res *Result) error {
 	t0 := time.Now()
 	defer func() { r.times.Export += time.Since(t0) }()
 	res.Export = filepath.Join(r.cfg.Out, "hf")
-	return r.exportTo(res.Export)
+	if err := r.exportTo(res.Export); err != nil {
+		return err
+	}
+	if r.usesAdapters() {
+		res.Adapter = adapterDir(res.Export)
+	}
+	return nil
 }
 
 // plot draws the loss curves of metrics.jsonl into loss.png, also for an

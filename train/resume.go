@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,7 +36,8 @@ import (
 // a resume with any other value would not continue the run it claims to.
 // Each field is named as the Config field it comes from; its tag is its
 // flag; resume:"lsp" marks a setting only lsp mode has (zero in the other
-// modes, compared only when both runs are in lsp mode); state:"field"
+// modes, compared only when both runs are in lsp mode), resume:"lora" one
+// only lora mode has, resume:"lsp,lora" one both have; state:"field"
 // marks the settings that checkpoint.State holds as fields of their own
 // name, which every checkpoint version has.
 type resumeIdentity struct {
@@ -48,9 +50,13 @@ type resumeIdentity struct {
 	EvalFraction float64            `flag:"eval-fraction" state:"field"`
 	Truncate     bool               `flag:"truncate" state:"field"`
 	Mode         engine.Mode        `flag:"mode" state:"field"`
-	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp" state:"field"` // resolved: never "" in lsp mode
+	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp,lora" state:"field"` // resolved: never "" in lsp and lora modes
 	D            int                `flag:"d" resume:"lsp" state:"field"`
 	R            int                `flag:"r" resume:"lsp" state:"field"`
+	LoRAR        int                `flag:"lora-r" resume:"lora"`
+	LoRAAlpha    float64            `flag:"lora-alpha" resume:"lora"`
+	LoRADropout  float64            `flag:"lora-dropout" resume:"lora"`
+	LoRATargets  string             `flag:"lora-targets" resume:"lora"`
 
 	// Recorded in checkpoint.State.Settings only.
 	Tokenizer    string         `flag:"tokenizer"`
@@ -136,12 +142,11 @@ type resumeAllowed struct {
 func (c Config) resumeIdentity(fromCheckpoint bool) resumeIdentity {
 	var id resumeIdentity
 	fromConfig(&id, c)
-	if c.Mode == engine.LSP {
+	if c.Mode.FrozenMatrices() {
 		id.DenseParams = c.denseParams(fromCheckpoint)
-	} else {
-		// Zero, as a checkpoint of another mode saves them.
-		zeroLSPOnly(&id)
 	}
+	// Zero, as a checkpoint of another mode saves them.
+	zeroOtherModes(&id)
 	return id
 }
 
@@ -161,14 +166,21 @@ func fromConfig(dst any, c Config) {
 	}
 }
 
-// zeroLSPOnly zeroes the fields of the identity only lsp mode has.
-func zeroLSPOnly(id *resumeIdentity) {
+// zeroOtherModes zeroes the fields of the identity that id's mode does
+// not have.
+func zeroOtherModes(id *resumeIdentity) {
 	v := reflect.ValueOf(id).Elem()
 	for i := range v.NumField() {
-		if v.Type().Field(i).Tag.Get("resume") == "lsp" {
+		if !inMode(v.Type().Field(i).Tag.Get("resume"), id.Mode) {
 			v.Field(i).SetZero()
 		}
 	}
+}
+
+// inMode says whether a setting whose resume tag is modes (comma-separated;
+// "": every mode) belongs to mode m.
+func inMode(modes string, m engine.Mode) bool {
+	return modes == "" || slices.Contains(strings.Split(modes, ","), string(m))
 }
 
 // savedIdentity is the part of the identity a checkpoint holds as
@@ -203,7 +215,7 @@ func saveSettings(st *checkpoint.State, id resumeIdentity, allowed resumeAllowed
 // setting is one flag's value as text.
 type setting struct {
 	flag, text string
-	lspOnly    bool
+	modes      string // the resume tag: "" for every mode
 }
 
 // settingsOf lists the flags of a settings struct (resumeIdentity or
@@ -213,7 +225,7 @@ func settingsOf(v any) []setting {
 	out := make([]setting, rv.NumField())
 	for i := range rv.NumField() {
 		f := rv.Type().Field(i)
-		out[i] = setting{flag: f.Tag.Get("flag"), text: settingText(rv.Field(i)), lspOnly: f.Tag.Get("resume") == "lsp"}
+		out[i] = setting{flag: f.Tag.Get("flag"), text: settingText(rv.Field(i)), modes: f.Tag.Get("resume")}
 	}
 	return out
 }
@@ -279,11 +291,10 @@ func (c change) String() string {
 // from savedSettings) with this run's: refused are the identity settings
 // that differ, allowed the changed settings a resume may change,
 // unrecorded the identity flags the checkpoint does not hold. Settings
-// only lsp mode has count when both runs are in lsp mode.
+// of some modes only count when both runs are in the same such mode.
 func resumeDiff(saved map[string]string, id resumeIdentity, allowed resumeAllowed) (refused, changed []change, unrecorded []string) {
-	bothLSP := saved["mode"] == string(engine.LSP) && id.Mode == engine.LSP
 	for _, s := range settingsOf(id) {
-		if s.lspOnly && !bothLSP {
+		if s.modes != "" && (saved["mode"] != string(id.Mode) || !inMode(s.modes, id.Mode)) {
 			continue // a mode that has no such setting; --mode differs already
 		}
 		was, ok := saved[s.flag]

@@ -29,6 +29,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -57,6 +58,7 @@ type Result struct {
 	Times        Times         // Elapsed by phase
 	Checkpoint   string
 	Export       string // Hugging Face directory with the final weights ("" when interrupted)
+	Adapter      string // lora mode: the PEFT adapter directory beside Export ("" in other modes or when interrupted)
 	Metrics      string
 	Plot         string    // the loss plot ("" when there was no loss to plot)
 	Losses       []float64 // train loss of every step of this process, in order
@@ -133,6 +135,7 @@ type run struct {
 	fromCheckpoint bool       // --model is a checkpoint directory, not a preset
 	src            string     // that directory ("" for a preset)
 	tok            tokenizer.Tokenizer
+	adapter        *lora.Adapter // --adapter (lora mode), read before the engine is built
 	ds             *data.Dataset
 	memory         Memory
 	be             backend.Backend

@@ -37,6 +37,7 @@ func (r *run) setup() error {
 	for _, step := range []func() error{
 		r.checkOut,
 		r.resolveModel,
+		r.readAdapter,
 		r.loadData,
 		r.checkMemory,
 		r.openEngine,
@@ -215,6 +216,12 @@ func (r *run) resumeOrInit() error {
 	end()
 	if err != nil {
 		return err
+	}
+	if r.adapter != nil {
+		if err := r.eng.SetAdapters(r.adapter); err != nil {
+			return flagErr("adapter", "%v", err)
+		}
+		r.adapter = nil // on the device now
 	}
 	return r.eng.Init()
 }

@@ -300,6 +300,9 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	}
 	fmt.Fprintf(w, "Outputs in %s:\n", res.Out)
 	fmt.Fprintf(w, "  %-40s Hugging Face checkpoint (transformers: AutoModelForCausalLM.from_pretrained)\n", res.Export)
+	if res.Adapter != "" {
+		fmt.Fprintf(w, "  %-40s the LoRA adapter alone (peft: PeftModel.from_pretrained(base, dir); lsp-train sample -adapter dir)\n", res.Adapter)
+	}
 	fmt.Fprintf(w, "  %-40s checkpoint for --resume\n", res.Checkpoint)
 	fmt.Fprintf(w, "  %-40s metrics, one JSON object per line\n", res.Metrics)
 	fmt.Fprintf(w, "  %-40s the same for TensorBoard (tensorboard --logdir %[1]s)\n", filepath.Join(res.Out, "tb"))

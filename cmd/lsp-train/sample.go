@@ -21,6 +21,7 @@ func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.StringVar(&o.Tokenizer, "tokenizer", "", "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required; \"\" generates from the beginning-of-sequence token alone, as llama2.c does)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
+	fs.StringVar(&o.Adapter, "adapter", "", "a PEFT LoRA adapter `DIR` (adapter_config.json, adapter_model.safetensors, such as <out>/adapter) merged into --model's weights, as peft's merge_and_unload does")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")
 	fs.Float64Var(&o.Temperature, "temperature", 0, "sampling temperature, >= 0 (0: greedy)")
 	fs.IntVar(&o.TopK, "top-k", 0, "sample among the `K` most likely tokens only (0: all)")

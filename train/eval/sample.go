@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 	"github.com/lsp-offload/lsp-offload/train/llama2c"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -31,7 +32,8 @@ type SampleOptions struct {
 	Model             string
 	Tokenizer         string // --tokenizer: instead of the model directory's (see catalog.Tokenizer)
 	Prompt            string
-	Alpaca            bool // wrap Prompt in the Alpaca template
+	Alpaca            bool   // wrap Prompt in the Alpaca template
+	Adapter           string // a PEFT LoRA adapter directory merged into Model's weights
 	MaxNew            int
 	Temperature       float64
 	TopK              int
@@ -86,6 +88,19 @@ func Sample(o SampleOptions) (SampleResult, error) {
 		return res, err
 	}
 	spec := src.spec
+	if o.Adapter != "" {
+		idx, err := model.NewIndex(spec)
+		if err != nil {
+			return res, err
+		}
+		ad, err := lora.ReadAdapter(o.Adapter, idx)
+		if err != nil {
+			return res, flagErr("adapter", "%v", err)
+		}
+		if err := lora.MergeAll(src.vals, idx, ad); err != nil {
+			return res, flagErr("adapter", "%v", err)
+		}
+	}
 	override := o.Tokenizer
 	if override == "" {
 		override = src.tokenizer

@@ -124,23 +124,80 @@ func Merge(w []float32, site Site, a, b []float32, scale float32) error {
 	if len(b) != n*r {
 		return fmt.Errorf("lora merge %s: B has %d elements, want %d x %d", site.Module, len(b), n, r)
 	}
+	mergeInto(w, 0, site, a, b, scale)
+	return nil
+}
+
+// mergeInto is Merge of the elements [first, first+len(w)) of the matrix,
+// which w holds: a chunk of an export's stream, row by row.
+func mergeInto(w []float32, first int, site Site, a, b []float32, scale float32) {
+	m, n := site.M, site.N
+	r := len(a) / m
 	s := float64(scale)
 	col := make([]float64, r) // A's column i
-	for i := range m {
+	for e := 0; e < len(w); {
+		i, j0 := (first+e)/n, (first+e)%n
 		for k := range r {
 			col[k] = float64(a[k*m+i])
 		}
-		row := w[i*n : (i+1)*n]
-		for j := range n {
+		for j := j0; j < n && e < len(w); j, e = j+1, e+1 {
 			bj := b[j*r : (j+1)*r]
 			var sum float64
 			for k := range r {
 				sum += col[k] * float64(bj[k])
 			}
-			row[j] = float32(float64(row[j]) + s*sum)
+			w[e] = float32(float64(w[e]) + s*sum)
 		}
 	}
-	return nil
+}
+
+// MergeFetch wraps fetch, a source of a model's parameters in idx's
+// Layout order a chunk at a time (an export's, hf.Fetch), so that the
+// adapted matrices come out with ad merged into them, as MergeAll would
+// leave them: the merged model streams to its files with no host copy of
+// it.
+func MergeFetch(fetch func(off int, dst []float32) error, idx *model.Index, ad *Adapter) (func(off int, dst []float32) error, error) {
+	total := 0
+	if n := len(idx.Layout); n > 0 {
+		total = idx.Layout[n-1].Offset + idx.Layout[n-1].Len()
+	}
+	params := make([]model.Param, len(ad.Sites))
+	for i, s := range ad.Sites {
+		p, err := siteParam(idx, s, total)
+		if err != nil {
+			return nil, err
+		}
+		if len(ad.A[i]) != ad.Cfg.R*s.M || len(ad.B[i]) != s.N*ad.Cfg.R {
+			return nil, fmt.Errorf("lora merge %s: A and B of %d and %d elements for rank %d", s.Module, len(ad.A[i]), len(ad.B[i]), ad.Cfg.R)
+		}
+		params[i] = p
+	}
+	return func(off int, dst []float32) error {
+		if err := fetch(off, dst); err != nil {
+			return err
+		}
+		for i, p := range params {
+			lo, hi := max(off, p.Offset), min(off+len(dst), p.Offset+p.Len())
+			if lo < hi {
+				mergeInto(dst[lo-off:hi-off], lo-p.Offset, ad.Sites[i], ad.A[i], ad.B[i], ad.Cfg.Scale())
+			}
+		}
+		return nil
+	}, nil
+}
+
+// siteParam is the matrix parameter of site s in idx, checked to be the
+// module the adapter names, within a model of total elements.
+func siteParam(idx *model.Index, s Site, total int) (model.Param, error) {
+	if s.Layer < 0 || s.Layer >= len(idx.MatParam) || s.K < 0 || s.K >= len(idx.MatParam[s.Layer]) {
+		return model.Param{}, fmt.Errorf("lora merge %s: block %d matrix %d is not in the model", s.Module, s.Layer, s.K)
+	}
+	p := idx.Layout[idx.MatParam[s.Layer][s.K]]
+	if p.Name != s.Module+".weight" || p.Offset+p.Len() > total {
+		return model.Param{}, fmt.Errorf("lora merge %s: the model's matrix %d of block %d is %s (at %d of %d parameters): the adapter is another model's",
+			s.Module, s.K, s.Layer, p.Name, p.Offset, total)
+	}
+	return p, nil
 }
 
 // MergeAll merges every site of ad into params, a whole model's
@@ -148,13 +205,9 @@ func Merge(w []float32, site Site, a, b []float32, scale float32) error {
 // merge_and_unload leaves, for an export of the merged model.
 func MergeAll(params []float32, idx *model.Index, ad *Adapter) error {
 	for i, s := range ad.Sites {
-		if s.Layer < 0 || s.Layer >= len(idx.MatParam) || s.K < 0 || s.K >= len(idx.MatParam[s.Layer]) {
-			return fmt.Errorf("lora merge %s: block %d matrix %d is not in the model", s.Module, s.Layer, s.K)
-		}
-		p := idx.Layout[idx.MatParam[s.Layer][s.K]]
-		if p.Name != s.Module+".weight" || p.Offset+p.Len() > len(params) {
-			return fmt.Errorf("lora merge %s: the model's matrix %d of block %d is %s (at %d of %d parameters): the adapter is another model's",
-				s.Module, s.K, s.Layer, p.Name, p.Offset, len(params))
+		p, err := siteParam(idx, s, len(params))
+		if err != nil {
+			return err
 		}
 		if err := Merge(params[p.Offset:p.Offset+p.Len()], s, ad.A[i], ad.B[i], ad.Cfg.Scale()); err != nil {
 			return err

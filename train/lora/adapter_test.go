@@ -699,3 +699,40 @@ func TestMergeAllRefusesAnotherModel(t *testing.T) {
 		t.Errorf("a GPT-2 adapter merged into a LLaMA: %v", err)
 	}
 }
+
+// TestMergeFetchMatchesMergeAll: an export's stream through MergeFetch, in
+// chunks that start and end inside rows and matrices, gives MergeAll's
+// weights bit for bit.
+func TestMergeFetchMatchesMergeAll(t *testing.T) {
+	for _, fam := range families {
+		t.Run(fam, func(t *testing.T) {
+			_, idx := fixtureArch(t, fam)
+			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := baseParams(t, fam, idx)
+			want := slices.Clone(base)
+			if err := MergeAll(want, idx, ad); err != nil {
+				t.Fatal(err)
+			}
+			fetch, err := MergeFetch(func(off int, dst []float32) error { copy(dst, base[off:]); return nil }, idx, ad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float32, len(base))
+			for off, chunk := 0, 1; off < len(got); off, chunk = off+chunk, chunk*3%1000+7 {
+				n := min(chunk, len(got)-off)
+				if err := fetch(off, got[off:off+n]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !sameBits(got, want) {
+				t.Fatal("the merged stream differs from MergeAll")
+			}
+			if sameBits(got, base) {
+				t.Fatal("nothing was merged")
+			}
+		})
+	}
+}
