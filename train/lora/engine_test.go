@@ -1,7 +1,9 @@
 package lora_test
 
 import (
+	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,44 +33,17 @@ func TestEngineMatchesPEFT(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := optim.Hyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: optim.ClipNone}
-			cfg := engine.Config{Mode: engine.LoRA, DenseParams: engine.DenseFrozen, Hyper: h, LoRA: ad.Cfg, Seed: 1}
-			be := cpu.New(cpu.Config{Threads: 2})
-			defer be.Close()
-			e, err := engine.New(be, arch, B, T, 1, backend.F32, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Free()
+			e, be := loraEngine(t, fam, arch, idx, ad, B, T)
 			s := be.DefaultStream()
 			m, st := e.Model, e.Adapters()
 			bufs := m.Buffers()
-			if err := backend.Upload(be, s, bufs.Params, lora.BaseParams(t, fam, idx)); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.SetAdapters(ad); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Init(); err != nil {
-				t.Fatal(err)
-			}
 
 			// One forward and backward by hand: the logits and the
 			// adapters' gradients of the mean loss.
-			if err := backend.UploadInt32(be, s, bufs.Inputs, ids); err != nil {
-				t.Fatal(err)
-			}
 			if err := backend.UploadInt32(be, s, bufs.Targets, targets); err != nil {
 				t.Fatal(err)
 			}
 			if err := st.ZeroGrads(s); err != nil {
-				t.Fatal(err)
-			}
-			if err := m.Forward(s); err != nil {
-				t.Fatal(err)
-			}
-			logits, err := backend.Download(be, s, bufs.Logits)
-			if err != nil {
 				t.Fatal(err)
 			}
 			want, _ := lora.TensorOf(t, ref, "logits")
@@ -76,7 +51,7 @@ func TestEngineMatchesPEFT(t *testing.T) {
 			for i, w := range want {
 				want64[i] = float64(w)
 			}
-			lora.CloseLogits(t, "logits", logits, want64)
+			lora.CloseLogits(t, "logits", forward(t, e, be, ids), want64)
 			if err := m.CrossEntropy(s, float32(1/float64(valid))); err != nil {
 				t.Fatal(err)
 			}
@@ -124,6 +99,84 @@ func TestEngineMatchesPEFT(t *testing.T) {
 				}
 			}
 			t.Logf("largest final difference from PEFT, relative to the tensor's scale: %.2g", worst)
+		})
+	}
+}
+
+// loraEngine is an fp32 lora engine on the CPU backend for B x T over
+// testdata/<family>/base, with ad's adapters, the fixture's AdamW (no
+// clipping) and the dense parameters frozen.
+func loraEngine(t *testing.T, fam string, arch model.Arch, idx *model.Index, ad *lora.Adapter, B, T int) (*engine.Engine, backend.Backend) {
+	t.Helper()
+	h := optim.Hyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: optim.ClipNone}
+	cfg := engine.Config{Mode: engine.LoRA, DenseParams: engine.DenseFrozen, Hyper: h, LoRA: ad.Cfg, Seed: 1}
+	be := cpu.New(cpu.Config{Threads: 2})
+	t.Cleanup(func() { be.Close() })
+	e, err := engine.New(be, arch, B, T, 1, backend.F32, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Free() })
+	s := be.DefaultStream()
+	if err := backend.Upload(be, s, e.Model.Buffers().Params, lora.BaseParams(t, fam, idx)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetAdapters(ad); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Init(); err != nil {
+		t.Fatal(err)
+	}
+	return e, be
+}
+
+// forward runs e's model on ids and returns the logits.
+func forward(t *testing.T, e *engine.Engine, be backend.Backend, ids []int32) []float32 {
+	t.Helper()
+	s, bufs := be.DefaultStream(), e.Model.Buffers()
+	if err := backend.UploadInt32(be, s, bufs.Inputs, ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Model.Forward(s); err != nil {
+		t.Fatal(err)
+	}
+	logits, err := backend.Download(be, s, bufs.Logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return logits
+}
+
+// TestPEFTLoadsOurAdapter: the adapter WriteAdapter wrote
+// (testdata/<family>/go-adapter, TestGoAdapter keeps it current), loaded
+// by peft.PeftModel.from_pretrained in scripts/fixtures/peft_lora.py,
+// gave the logits in go-adapter-logits.json; the engine's lora forward
+// with the same adapter gives them too. Its lora_dropout (0.05) does not
+// act in evaluation, in PEFT or here.
+func TestPEFTLoadsOurAdapter(t *testing.T) {
+	for _, fam := range lora.Families {
+		t.Run(fam, func(t *testing.T) {
+			arch, idx := lora.FixtureArch(t, fam)
+			ad, err := lora.ReadAdapter(filepath.Join("testdata", fam, "go-adapter"), idx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ad.Cfg.Dropout = 0
+			var fix struct {
+				IDs         []int32   `json:"input_ids"`
+				IDsShape    []int     `json:"input_ids_shape"`
+				Logits      []float64 `json:"logits"`
+				LogitsShape []int     `json:"logits_shape"`
+			}
+			raw, err := os.ReadFile(filepath.Join("testdata", fam, "go-adapter-logits.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(raw, &fix); err != nil {
+				t.Fatal(err)
+			}
+			e, be := loraEngine(t, fam, arch, idx, ad, fix.IDsShape[0], fix.IDsShape[1])
+			lora.CloseLogits(t, "logits with the Go-written adapter", forward(t, e, be, fix.IDs), fix.Logits)
 		})
 	}
 }
