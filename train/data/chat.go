@@ -299,3 +299,22 @@ func encodeTemplated(conv []Turn, tok tokenizer.Tokenizer, tm *chattmpl.Template
 	rec := Record{Prompt: all[:lastText], Response: final}
 	return Example{Tokens: t, PromptLen: spans[0].Start, Spans: spans}, rec, t[:last:last], nil
 }
+
+// ChatPrompt returns the tokens a model tuned on conversations generates
+// its answer to prompt from: prompt as one user turn, rendered as
+// training renders conversations (encodeTemplated, encodeConversation)
+// up to where the assistant's content starts: with tm and the generation
+// prompt, or without a template in the fixed format. `sample --chat`
+// uses it.
+func ChatPrompt(prompt string, tok tokenizer.Tokenizer, tm *chattmpl.Template) ([]int32, error) {
+	if tm == nil {
+		t := append(tokenizer.Prefix(tok), tok.Encode(ChatTurnStart+RoleUser+"\n")...)
+		t = append(append(t, tok.Encode(prompt)...), tok.EOS())
+		return append(t, tok.Encode(ChatTurnStart+RoleAssistant+"\n")...), nil
+	}
+	text, err := tm.Render([]chattmpl.Message{{Role: RoleUser, Content: prompt}}, true)
+	if err != nil {
+		return nil, err
+	}
+	return tok.Encode(text), nil
+}

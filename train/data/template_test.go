@@ -206,3 +206,39 @@ func TestTemplateErrors(t *testing.T) {
 		t.Errorf("no template: rendering %q, want %q", ds.Rendering, FixedRendering)
 	}
 }
+
+// TestChatPrompt: sample --chat's prompt is what training generates the
+// last assistant turn from, with and without a template.
+func TestChatPrompt(t *testing.T) {
+	f := readTemplateFixture(t)
+	tok, err := tokenizer.Open(filepath.Join("..", "tokenizer", "testdata", "qwen2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", "qwen2.5-instruct.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := chattmpl.Parse("qwen2.5-instruct.jinja", string(src), "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ChatPrompt("Hello?", tok, tm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tok.Encode(f.rendered(t, "qwen2.5-instruct", "user-first-only", 1, true)); !slices.Equal(got, want) {
+		t.Errorf("with a template: %v, want %v", got, want)
+	}
+	for _, tm := range []*chattmpl.Template{nil, tm} {
+		conv := writeConversation(t, []map[string]string{{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hi."}})
+		ds, err := Load(conv, tok, Options{SeqLen: 512, Chat: tm, allEval: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ChatPrompt("Hello?", tok, tm)
+		if err != nil || !slices.Equal(got, ds.EvalPrompts[0]) {
+			t.Errorf("template %v: %v, %v; want the eval prompt %v", tm != nil, got, err, ds.EvalPrompts[0])
+		}
+	}
+}
