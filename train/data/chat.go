@@ -31,7 +31,11 @@
 // Either way everything else takes no loss (turns after the last
 // assistant turn are kept, as context without a target), and exact match
 // generates the last assistant turn from everything before its content
-// (Dataset.EvalPrompts). Limit: the whole file is in memory.
+// (Dataset.EvalPrompts); with a template its response is the target text
+// up to the first stop id. Limits: the whole file is in memory; with a
+// template whose end-of-turn marker is not a stop id (text markers, on
+// the builtin tokenizers) generation does not stop there, and exact match
+// scores 0.
 
 package data
 
@@ -285,7 +289,7 @@ func encodeTemplated(conv []Turn, tok tokenizer.Tokenizer, tm *chattmpl.Template
 			return Example{}, Record{}, nil, fmt.Errorf("chat template %s: turn %d (assistant) renders to nothing", tm.Name, i)
 		}
 		spans = append(spans, Span{start, len(t)})
-		last, lastText, final = start, len(prompt), turn.Content
+		last, lastText, final = start, len(prompt), generated(t[start:], tok)
 		text = full
 	}
 	all, err := tm.Render(msgs, false)
@@ -298,6 +302,20 @@ func encodeTemplated(conv []Turn, tok tokenizer.Tokenizer, tm *chattmpl.Template
 	add(all[len(text):])
 	rec := Record{Prompt: all[:lastText], Response: final}
 	return Example{Tokens: t, PromptLen: spans[0].Start, Spans: spans}, rec, t[:last:last], nil
+}
+
+// generated is the text greedy generation would return for the target
+// tokens span: those before the first stop id (tokenizer.StopIDs), as
+// the template wrote them (LLaMA 3's trims the content, for one), so that
+// exact match compares with what the model was taught to write.
+func generated(span []int32, tok tokenizer.Tokenizer) string {
+	stop := tokenizer.StopIDs(tok)
+	for i, id := range span {
+		if slices.Contains(stop, id) {
+			return tok.Decode(span[:i])
+		}
+	}
+	return tok.Decode(span)
 }
 
 // ChatPrompt returns the tokens a model tuned on conversations generates

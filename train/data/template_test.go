@@ -82,10 +82,7 @@ func TestTemplateSpans(t *testing.T) {
 		{"llama-3.1-instruct", "llama3", "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>"},
 		{"qwen2.5-instruct", "qwen2", "", "<|im_end|>", "<|im_end|>"},
 	} {
-		tok, err := tokenizer.Open(filepath.Join("..", "tokenizer", "testdata", c.tokDir))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tok := instructTokenizer(t, c.tokDir, c.eos)
 		src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", c.template+".jinja"))
 		if err != nil {
 			t.Fatal(err)
@@ -157,11 +154,43 @@ func TestTemplateSpans(t *testing.T) {
 			if got, wantP := ds.EvalPrompts[0], ex.Tokens[:spans[len(spans)-1].Start]; !slices.Equal(got, wantP) {
 				t.Errorf("%s %s: eval prompt %v, want %v", c.template, conv, got, wantP)
 			}
-			if r := ds.EvalRecords[0]; r.Response != turns[lastAsst].Content || r.Prompt != f.rendered(t, c.template, conv, lastAsst, true) {
-				t.Errorf("%s %s: eval record %+v", c.template, conv, r)
+			// Its response is the target text up to the end of turn, as
+			// the template wrote it (LLaMA 3.1's trims the content).
+			lastTarget := f.rendered(t, c.template, conv, lastAsst+1, false)[len(f.rendered(t, c.template, conv, lastAsst, true)):]
+			wantResp, _, _ := strings.Cut(lastTarget, c.endOfTurn)
+			if r := ds.EvalRecords[0]; r.Response != wantResp || r.Prompt != f.rendered(t, c.template, conv, lastAsst, true) {
+				t.Errorf("%s %s: eval record %+v, want response %q", c.template, conv, r, wantResp)
 			}
 		}
 	}
+}
+
+// instructTokenizer is the small tokenizer of ../tokenizer/testdata/dir
+// with eos as its EOS, as an instruct checkpoint's tokenizer_config.json
+// names its end-of-turn token (Qwen2.5-Instruct's <|im_end|>), so that
+// generation stops there.
+func instructTokenizer(t *testing.T, dir, eos string) tokenizer.Tokenizer {
+	t.Helper()
+	tmp := t.TempDir()
+	raw, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := json.Marshal(map[string]any{"eos_token": eos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "tokenizer.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Open(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // TestTemplateErrors: a template whose shorter renderings are not
