@@ -271,3 +271,45 @@ func TestChatPrompt(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplateConcurrent renders many conversations on all cores (the
+// template is shared by encodeAll's workers) and compares each with its
+// rendering alone; under -race it checks the sharing too.
+func TestTemplateConcurrent(t *testing.T) {
+	tok := instructTokenizer(t, "qwen2", "<|im_end|>")
+	src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", "qwen2.5-instruct.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := chattmpl.Parse("qwen2.5-instruct.jinja", string(src), "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	var convs [][]Turn
+	for i := range 300 {
+		q, a := strings.Repeat("q", 1+i%7), strings.Repeat("a", 1+i%5)
+		b.WriteString(`{"messages": [{"role": "user", "content": "` + q + `"}, {"role": "assistant", "content": "` + a + `"}]}` + "\n")
+		convs = append(convs, []Turn{{RoleUser, q}, {RoleAssistant, a}})
+	}
+	path := filepath.Join(t.TempDir(), "many.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := Load(path, tok, Options{SeqLen: 512, Chat: tm, allEval: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds.Eval) != len(convs) {
+		t.Fatalf("%d examples, want %d", len(ds.Eval), len(convs))
+	}
+	for i, c := range convs {
+		want, _, _, err := encodeTemplated(c, tok, tm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ds.Eval[i].Tokens, want.Tokens) || !slices.Equal(ds.Eval[i].Spans, want.Spans) {
+			t.Fatalf("conversation %d: %v %v, want %v %v", i, ds.Eval[i].Tokens, ds.Eval[i].Spans, want.Tokens, want.Spans)
+		}
+	}
+}
