@@ -3,6 +3,7 @@ module github.com/lsp-offload/lsp-offload
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/barnex/cuda5 v0.0.0-20171012184954-da30a9b287d8
 	github.com/dlclark/regexp2/v2 v2.5.1
 	github.com/klauspost/cpuid/v2 v2.4.2

@@ -36,6 +36,12 @@ type Config struct {
 	SeqLen    int     // --seq-len: tokens per row (T)
 	GradAccum int     // --grad-accum: micro-batches per step
 
+	// --chat-template: a Jinja file (or a JSON file with chat_template)
+	// conversations are rendered with instead of the checkpoint's
+	// tokenizer_config.json chat_template ("": the checkpoint's, else the
+	// fixed format).
+	ChatTemplate string
+
 	LR, MinLR   float64        // --lr, --min-lr: peak and final learning rate
 	Warmup      int            // --warmup: linear warmup steps
 	WeightDecay float64        // --weight-decay

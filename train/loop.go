@@ -30,7 +30,7 @@ var ErrNonFinite = errors.New("non-finite loss")
 // loop trains the remaining steps, then finishes: checkpoint, and unless
 // interrupted the export, the final eval and the plot.
 func (r *run) loop(ctx context.Context) (*Result, error) {
-	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps,
+	res := &Result{Out: r.cfg.Out, EvalLoss: math.NaN(), ExactMatch: math.NaN(), ResumedAt: r.resumedAt, Total: r.cfg.Steps, Rendering: r.ds.Rendering,
 		Checkpoint: r.checkpointPath(), Metrics: r.metricsPath()}
 	if r.opts.Progress != nil && r.world.rank0() {
 		r.report.showProgress(r.opts.Progress, r.cfg.Steps)

@@ -82,6 +82,11 @@ type resumeIdentity struct {
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
 	CheckAtStart bool           `flag:"check-at-start" resume:"lsp"`
 	ShareLayers  bool           `flag:"share-layers" resume:"lsp"`
+
+	// The text conversations are trained on. Its file's name, not its
+	// content, is compared: a template edited in place goes unnoticed,
+	// and without the flag the template is the one beside the tokenizer.
+	ChatTemplate string `flag:"chat-template"`
 }
 
 // resumeAllowed are the settings a resumed run may change; each change is

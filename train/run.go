@@ -60,8 +60,11 @@ type Result struct {
 	Export       string // Hugging Face directory with the final weights ("" when interrupted)
 	Adapter      string // lora mode: the PEFT adapter directory beside Export ("" in other modes or when interrupted)
 	Metrics      string
-	Plot         string    // the loss plot ("" when there was no loss to plot)
-	Losses       []float64 // train loss of every step of this process, in order
+	Plot         string // the loss plot ("" when there was no loss to plot)
+	// Rendering says how the training conversations were rendered
+	// (data.Dataset.Rendering); "" when --data is not conversations.
+	Rendering string
+	Losses    []float64 // train loss of every step of this process, in order
 	// Ranks is the number of processes that trained together (1 alone).
 	Ranks int
 	// CommBytesPerStep is the mean payload this rank sent to other ranks

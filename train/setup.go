@@ -21,6 +21,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/chattmpl"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
@@ -28,6 +29,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // setup prepares everything the loop needs, in steps that each fail with
@@ -95,6 +97,13 @@ func (r *run) loadData() error {
 	cfg := r.cfg
 	var err error
 	opt := data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate, EvalFraction: cfg.EvalFraction, Seed: cfg.Seed}
+	if opt.Chat, err = ChatTemplate(r.tok, cfg.ChatTemplate); err != nil {
+		if cfg.ChatTemplate != "" {
+			return flagErr("chat-template", "%s", strings.TrimPrefix(err.Error(), "chat template: "))
+		}
+		// The checkpoint's template matters to conversations only.
+		opt.ChatErr = err
+	}
 	r.ds, err = data.Load(cfg.Data, r.tok, opt)
 	if err != nil {
 		// The data package's errors start with its name, which --data
@@ -103,6 +112,9 @@ func (r *run) loadData() error {
 	}
 	r.log.Info("data", "source", r.ds.Source, "train", len(r.ds.Train), "eval", len(r.ds.Eval),
 		"dropped_too_long", r.ds.Dropped, "truncated", r.ds.Truncated)
+	if r.ds.Rendering != "" {
+		r.log.Info("conversations rendered", "with", r.ds.Rendering)
+	}
 	if cfg.EvalData != "" {
 		ev, err := data.LoadEval(cfg.EvalData, r.tok, opt)
 		if err != nil {
@@ -111,6 +123,9 @@ func (r *run) loadData() error {
 		r.ds.Eval, r.ds.EvalRecords, r.ds.EvalPrompts = ev.Eval, ev.EvalRecords, ev.EvalPrompts
 		r.log.Info("eval data", "source", ev.Source, "eval", len(ev.Eval),
 			"dropped_too_long", ev.Dropped, "truncated", ev.Truncated)
+		if ev.Rendering != "" && ev.Rendering != r.ds.Rendering {
+			r.log.Info("eval conversations rendered", "with", ev.Rendering)
+		}
 	}
 	return r.checkDataFit()
 }
@@ -247,4 +262,13 @@ func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor
 		return flagErr("model", "%v", err)
 	}
 	return nil
+}
+
+// ChatTemplate is the chat template conversations are rendered with for
+// tok: the file --chat-template names when not "", else the chat_template
+// of the tokenizer_config.json beside tok's files; nil when there is
+// none (GPT-2, the builtin tokenizers), and conversations take the fixed
+// format. The special tokens are that tokenizer_config.json's.
+func ChatTemplate(tok tokenizer.Tokenizer, file string) (*chattmpl.Template, error) {
+	return chattmpl.Load(tokenizer.Dir(tok), file)
 }

@@ -389,11 +389,11 @@ func TestREADMEExamples(t *testing.T) {
 				args[i] = f
 				continue
 			}
-			// An input (--model, --data, --eval-data) that is a file of the repository
+			// An input (--model, --data, --eval-data, --chat-template) that is a file of the repository
 			// or of the shared data beside it, named from the repository's
 			// root as a user there would, unless an earlier example wrote
 			// it; outputs stay in the working directory.
-			input := i > 0 && slices.Contains([]string{"--model", "-model", "--data", "-data", "--eval-data"}, args[i-1])
+			input := i > 0 && slices.Contains([]string{"--model", "-model", "--data", "-data", "--eval-data", "--chat-template", "-chat-template"}, args[i-1])
 			if !input || filepath.IsAbs(a) {
 				continue
 			}

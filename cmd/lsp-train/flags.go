@@ -30,7 +30,8 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.StringVar(&c.Model, "model", c.Model, "`MODEL`: a preset (from random weights; "+catalog.PresetList()+
 		"), a Hugging Face checkpoint directory (config.json model_type "+strings.Join(catalog.ModelTypes(), ", ")+"), or a llama2.c model .bin (tokenizer.bin beside it)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "the tokenizer `FILE` instead of --model's: a tokenizer.json, a vocab.json (merges.txt beside it), a directory holding one, a llama2.c tokenizer .bin, or byte or gpt2")
-	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), a .json/.jsonl file of Alpaca records, OpenAI-style messages or ShareGPT conversations (told apart by the first record's fields; a conversation's loss is on its assistant turns, in a fixed ChatML-like format: the checkpoint's chat_template is not rendered yet), or a plain-text file")
+	fs.StringVar(&c.Data, "data", c.Data, "training `DATA`: builtin (builtin:sort), builtin:TASK[:N] (tasks: reverse, sort, add, copy), a .json/.jsonl file of Alpaca records, OpenAI-style messages or ShareGPT conversations (told apart by the first record's fields; a conversation is rendered with the checkpoint's chat_template, else --chat-template, else a fixed ChatML-like format, and its loss is on its assistant turns), or a plain-text file")
+	fs.StringVar(&c.ChatTemplate, "chat-template", c.ChatTemplate, "the Jinja chat template `FILE` conversations are rendered with instead of the checkpoint's tokenizer_config.json chat_template (a .json file: its chat_template field)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("optimizer steps (%d when neither --steps nor --epochs is given; not both)", train.DefaultSteps))
 	fs.Float64Var(&c.Epochs, "epochs", c.Epochs, "passes over the training data, instead of --steps")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per micro-batch")
@@ -115,6 +116,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"model", groupModelData},
 	{"tokenizer", groupModelData},
 	{"data", groupModelData},
+	{"chat-template", groupModelData},
 	{"seq-len", groupModelData},
 	{"truncate", groupModelData},
 	{"eval-fraction", groupModelData},

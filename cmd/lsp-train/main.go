@@ -312,6 +312,10 @@ func report(w io.Writer, cfg train.Config, res *train.Result) {
 	switch {
 	case strings.HasPrefix(data.Name(cfg.Data), "builtin:sort"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -prompt 'sort hello='\n", res.Export)
+	case res.Rendering != "" && cfg.ChatTemplate != "":
+		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -chat -chat-template %s -prompt 'Name three colours.'\n", res.Export, cfg.ChatTemplate)
+	case res.Rendering != "":
+		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -chat -prompt 'Name three colours.'\n", res.Export)
 	case strings.HasSuffix(cfg.Data, ".json"), strings.HasSuffix(cfg.Data, ".jsonl"):
 		fmt.Fprintf(w, "Try: ./bin/lsp-train sample -model %s -alpaca -prompt 'Name three colours.'\n", res.Export)
 	}

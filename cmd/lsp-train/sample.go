@@ -22,6 +22,8 @@ func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.StringVar(&o.Prompt, "prompt", "", "the prompt `TEXT` (required; \"\" generates from the beginning-of-sequence token alone, as llama2.c does)")
 	fs.BoolVar(&o.Alpaca, "alpaca", false, "wrap the prompt in the Alpaca instruction template")
 	fs.StringVar(&o.Adapter, "adapter", "", "a PEFT LoRA adapter `DIR` (adapter_config.json, adapter_model.safetensors, such as <out>/adapter) merged into --model's weights, as peft's merge_and_unload does")
+	fs.BoolVar(&o.Chat, "chat", false, "render the prompt as one user turn of a conversation, ending with the assistant's header, as training renders conversations: with --chat-template, else the model's tokenizer_config.json chat_template, else the fixed ChatML-like format")
+	fs.StringVar(&o.ChatTemplate, "chat-template", "", "with --chat: the Jinja chat template `FILE` instead of the model's (give the one the model was trained with)")
 	fs.IntVar(&o.MaxNew, "max-new", 64, "most tokens to generate")
 	fs.Float64Var(&o.Temperature, "temperature", 0, "sampling temperature, >= 0 (0: greedy)")
 	fs.IntVar(&o.TopK, "top-k", 0, "sample among the `K` most likely tokens only (0: all)")

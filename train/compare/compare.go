@@ -699,8 +699,11 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// The conversations' rendering is the training run's (train's
+	// loadData), so that the held-out prompts are the same.
+	chat, chatErr := train.ChatTemplate(tok, cfg.ChatTemplate)
 	ds, err := data.Load(cfg.Data, tok, data.Options{SeqLen: cfg.SeqLen, Truncate: cfg.Truncate,
-		EvalFraction: cfg.EvalFraction, Seed: cfg.Seed})
+		EvalFraction: cfg.EvalFraction, Seed: cfg.Seed, Chat: chat, ChatErr: chatErr})
 	if err != nil {
 		return 0, err
 	}

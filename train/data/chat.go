@@ -1,6 +1,7 @@
 // chat.go: conversations as training data: OpenAI-style messages and
 // ShareGPT, read through the same JSON/JSONL walk as Alpaca (alpaca.go),
-// and rendered with a fixed ChatML-like format.
+// and rendered with the checkpoint's chat template when it has one
+// (Options.Chat), else with a fixed ChatML-like format.
 //
 // A messages record is {"messages": [{"role": R, "content": C}, ...]} with R
 // one of system, user, assistant; a ShareGPT record is {"conversations":
@@ -12,14 +13,29 @@
 // not read). Errors name the file, the record and its line, the turn and
 // the field.
 //
-// Rendering (until the checkpoint's chat_template, a Jinja template, is
-// rendered: it is not yet): tokens = tokenizer.Prefix ++, for each turn,
-// Encode("<|im_start|>" + role + "\n") ++ Encode(content) ++ [EOS], the
-// tokenizer's EOS id ending every turn. The targets are each assistant
-// turn's content tokens and its EOS; everything else takes no loss (turns
-// after the last assistant turn are kept, as context without a target).
-// Exact match generates the last assistant turn from everything before its
-// content (Dataset.EvalPrompts). Limit: the whole file is in memory.
+// With a chat template (encodeTemplated), the text is the template's
+// rendering, as transformers' apply_chat_template makes it, and assistant
+// turn i's targets are what rendering turns 0..i adds to rendering turns
+// 0..i-1 with the generation prompt: its content and the template's own
+// end-of-turn marker (<|eot_id|>, <|im_end|>, </s>...). Each piece is
+// tokenized on its own, so a span's ends are token ends, and no BOS is
+// put first (the template writes it where the model wants one, and
+// transformers tokenizes a chat with add_special_tokens=False).
+//
+// The fixed format (encodeConversation, for checkpoints without a
+// chat_template, such as GPT-2 and the builtin tokenizers): tokens =
+// tokenizer.Prefix ++, for each turn, Encode("<|im_start|>" + role + "\n")
+// ++ Encode(content) ++ [EOS], the tokenizer's EOS id ending every turn.
+// The targets are each assistant turn's content tokens and its EOS.
+//
+// Either way everything else takes no loss (turns after the last
+// assistant turn are kept, as context without a target), and exact match
+// generates the last assistant turn from everything before its content
+// (Dataset.EvalPrompts); with a template its response is the target text
+// up to the first stop id. Limits: the whole file is in memory; with a
+// template whose end-of-turn marker is not a stop id (text markers, on
+// the builtin tokenizers) generation does not stop there, and exact match
+// scores 0.
 
 package data
 
@@ -31,6 +47,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lsp-offload/lsp-offload/train/chattmpl"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -44,6 +61,9 @@ const (
 // Turn is one message of a conversation, its role one of RoleSystem,
 // RoleUser and RoleAssistant.
 type Turn struct{ Role, Content string }
+
+// FixedRendering names the fixed format in Dataset.Rendering and logs.
+const FixedRendering = "fixed ChatML-like format (no chat_template)"
 
 // ChatTurnStart is the text before each turn's role in the fixed format;
 // ChatTurnEnd stands for the EOS id that ends every turn in
@@ -228,4 +248,91 @@ func encodeConversation(conv []Turn, tok tokenizer.Tokenizer) (Example, Record, 
 	}
 	rec := Record{Prompt: text.String()[:lastText], Response: final}
 	return Example{Tokens: t, PromptLen: spans[0].Start, Spans: spans}, rec, t[:last:last]
+}
+
+// encodeTemplated renders a conversation with the chat template tm and
+// tokenizes it piece by piece (the file comment): its example, whose
+// Spans are the assistant turns, and the record and prompt tokens exact
+// match generates the last assistant turn from. It fails when the
+// template raises, or when it renders a conversation so that a shorter
+// one with the generation prompt is not a prefix of it: then no span is
+// the assistant's alone, and the error names the template and the turn.
+func encodeTemplated(conv []Turn, tok tokenizer.Tokenizer, tm *chattmpl.Template) (Example, Record, []int32, error) {
+	msgs := make([]chattmpl.Message, len(conv))
+	for i, t := range conv {
+		msgs[i] = chattmpl.Message{Role: t.Role, Content: t.Content}
+	}
+	var t []int32
+	var spans []Span
+	text := "" // rendered so far: every piece tokenized
+	last, lastText, final := 0, 0, ""
+	add := func(piece string) { t = append(t, tok.Encode(piece)...) }
+	for i, turn := range conv {
+		if turn.Role != RoleAssistant {
+			continue
+		}
+		prompt, err := tm.Render(msgs[:i], true)
+		if err != nil {
+			return Example{}, Record{}, nil, err
+		}
+		full, err := tm.Render(msgs[:i+1], false)
+		if err != nil {
+			return Example{}, Record{}, nil, err
+		}
+		if !strings.HasPrefix(prompt, text) || !strings.HasPrefix(full, prompt) {
+			return Example{}, Record{}, nil, fmt.Errorf("chat template %s: turn %d (assistant): rendering the turns before it with the generation prompt is not a prefix of rendering them with it, so its tokens cannot be told apart for the loss", tm.Name, i)
+		}
+		add(prompt[len(text):])
+		start := len(t)
+		add(full[len(prompt):])
+		if len(t) == start {
+			return Example{}, Record{}, nil, fmt.Errorf("chat template %s: turn %d (assistant) renders to nothing", tm.Name, i)
+		}
+		spans = append(spans, Span{start, len(t)})
+		last, lastText, final = start, len(prompt), generated(t[start:], tok)
+		text = full
+	}
+	all, err := tm.Render(msgs, false)
+	if err != nil {
+		return Example{}, Record{}, nil, err
+	}
+	if !strings.HasPrefix(all, text) {
+		return Example{}, Record{}, nil, fmt.Errorf("chat template %s: the turns after the last assistant turn change how the turns before them render, so the assistant turns' tokens cannot be told apart for the loss", tm.Name)
+	}
+	add(all[len(text):])
+	rec := Record{Prompt: all[:lastText], Response: final}
+	return Example{Tokens: t, PromptLen: spans[0].Start, Spans: spans}, rec, t[:last:last], nil
+}
+
+// generated is the text greedy generation would return for the target
+// tokens span: those before the first stop id (tokenizer.StopIDs), as
+// the template wrote them (LLaMA 3's trims the content, for one), so that
+// exact match compares with what the model was taught to write.
+func generated(span []int32, tok tokenizer.Tokenizer) string {
+	stop := tokenizer.StopIDs(tok)
+	for i, id := range span {
+		if slices.Contains(stop, id) {
+			return tok.Decode(span[:i])
+		}
+	}
+	return tok.Decode(span)
+}
+
+// ChatPrompt returns the tokens a model tuned on conversations generates
+// its answer to prompt from: prompt as one user turn, rendered as
+// training renders conversations (encodeTemplated, encodeConversation)
+// up to where the assistant's content starts: with tm and the generation
+// prompt, or without a template in the fixed format. `sample --chat`
+// uses it.
+func ChatPrompt(prompt string, tok tokenizer.Tokenizer, tm *chattmpl.Template) ([]int32, error) {
+	if tm == nil {
+		t := append(tokenizer.Prefix(tok), tok.Encode(ChatTurnStart+RoleUser+"\n")...)
+		t = append(append(t, tok.Encode(prompt)...), tok.EOS())
+		return append(t, tok.Encode(ChatTurnStart+RoleAssistant+"\n")...), nil
+	}
+	text, err := tm.Render([]chattmpl.Message{{Role: RoleUser, Content: prompt}}, true)
+	if err != nil {
+		return nil, err
+	}
+	return tok.Encode(text), nil
 }

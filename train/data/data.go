@@ -7,11 +7,12 @@
 //
 // An instruction example is Encode(Prompt) ++ Encode(Response) ++ [EOS], and
 // loss is taken only on the response and the EOS; a conversation (chat.go)
-// takes loss on every assistant turn and its end-of-turn token only; plain
-// text is cut into windows where every token is a target. Limits: every file
-// is read whole into memory; examples that do not fit the sequence length are
-// dropped or cut, never packed several to a row; a conversation is rendered
-// with a fixed ChatML-like format, not the checkpoint's chat_template.
+// takes loss on every assistant turn and its end-of-turn token only, rendered
+// with the checkpoint's chat template (train/chattmpl) or, without one, a
+// fixed ChatML-like format; plain text is cut into windows where every token
+// is a target. Limits: every file is read whole into memory; examples that do
+// not fit the sequence length are dropped or cut, never packed several to a
+// row.
 package data
 
 import (
@@ -26,15 +27,18 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lsp-offload/lsp-offload/train/chattmpl"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 // Record is one instruction example, already rendered with its template:
 // exact match generates from the prompt and compares with the response.
 // For a conversation, Response is its last assistant turn and Prompt the
-// text before it with each EOS that ends a turn written as <|im_end|>,
-// for grouping the split and for logs; the tokens generated from are
-// Dataset.EvalPrompts', since no text stands for those EOS ids.
+// text before it, for grouping the split and for logs: the chat
+// template's rendering up to the generation prompt, or in the fixed
+// format the turns with each EOS that ends one written as <|im_end|>;
+// the tokens generated from are Dataset.EvalPrompts', since in the fixed
+// format no text stands for those EOS ids.
 type Record struct{ Prompt, Response string }
 
 // Example is a tokenized record: Tokens = tokenizer.Prefix (the BOS of a
@@ -81,6 +85,13 @@ type Options struct {
 	EvalFraction float64
 	// Seed drives the builtin tasks and the train/eval split.
 	Seed uint64
+	// Chat is the chat template conversations are rendered with (the
+	// checkpoint's chat_template, or --chat-template); nil renders them
+	// in the fixed format (chat.go). ChatErr, when not nil, is why the
+	// template could not be read: loading conversations fails with it,
+	// other data needs no template and loads.
+	Chat    *chattmpl.Template
+	ChatErr error
 
 	// allEval puts every example into Eval (LoadEval).
 	allEval bool
@@ -115,6 +126,9 @@ type Dataset struct {
 	Lengths []int
 	// Source says what was loaded, for logs.
 	Source string
+	// Rendering says how conversations were rendered, for logs: the
+	// chat template's name, or the fixed format; "" for other data.
+	Rendering string
 }
 
 // Load reads the data at path: "builtin" (the DefaultBuiltinTask),
@@ -257,9 +271,12 @@ func fromItems(recs []item, tok tokenizer.Tokenizer, opt Options) (*Dataset, err
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("no records")
 	}
-	all := encodeAll(recs, tok)
+	all, rendering, err := encodeAll(recs, tok, opt)
+	if err != nil {
+		return nil, err
+	}
 	maxLen := opt.SeqLen + 1
-	ds := &Dataset{Source: fmt.Sprintf("records (%d)", len(recs)), Lengths: make([]int, len(all))}
+	ds := &Dataset{Source: fmt.Sprintf("records (%d)", len(recs)), Lengths: make([]int, len(all)), Rendering: rendering}
 	for i := range all {
 		ds.Lengths[i] = len(all[i].Tokens)
 	}
@@ -346,9 +363,23 @@ func ShareKept(lengths []int, seqLen int) float64 {
 }
 
 // encodeAll tokenizes the records on all cores; the output order is the
-// input order whatever the scheduling.
-func encodeAll(recs []item, tok tokenizer.Tokenizer) []Example {
+// input order whatever the scheduling. Conversations are rendered with
+// opt.Chat when there is one; rendering names how (FixedRendering, or the
+// template), "" when there is no conversation. The error is the first
+// record's (in record order) whose template rendering failed.
+func encodeAll(recs []item, tok tokenizer.Tokenizer, opt Options) ([]Example, string, error) {
+	rendering := ""
+	if len(recs) > 0 && recs[0].conv != nil {
+		if opt.ChatErr != nil {
+			return nil, "", opt.ChatErr
+		}
+		rendering = FixedRendering
+		if opt.Chat != nil {
+			rendering = "chat template " + opt.Chat.Name
+		}
+	}
 	out := make([]Example, len(recs))
+	errs := make([]error, len(recs))
 	const chunk = 64
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -363,9 +394,15 @@ func encodeAll(recs []item, tok tokenizer.Tokenizer) []Example {
 					return
 				}
 				for i := lo; i < min(lo+chunk, len(recs)); i++ {
-					if recs[i].conv != nil {
+					switch {
+					case recs[i].conv != nil && opt.Chat != nil:
+						out[i], recs[i].rec, recs[i].prompt, errs[i] = encodeTemplated(recs[i].conv, tok, opt.Chat)
+						if errs[i] != nil {
+							errs[i] = fmt.Errorf("record %d: %w", i, errs[i])
+						}
+					case recs[i].conv != nil:
 						out[i], recs[i].rec, recs[i].prompt = encodeConversation(recs[i].conv, tok)
-					} else {
+					default:
 						out[i] = encodeRecord(recs[i].rec, tok)
 					}
 				}
@@ -373,7 +410,12 @@ func encodeAll(recs []item, tok tokenizer.Tokenizer) []Example {
 		}()
 	}
 	wg.Wait()
-	return out
+	for _, err := range errs {
+		if err != nil {
+			return nil, "", err
+		}
+	}
+	return out, rendering, nil
 }
 
 func encodeRecord(r Record, tok tokenizer.Tokenizer) Example {

@@ -9,10 +9,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
+	"github.com/lsp-offload/lsp-offload/train/chattmpl"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/device"
@@ -29,11 +31,17 @@ type SampleOptions struct {
 	// Model is a Hugging Face directory, a training output directory
 	// (its hf/ export, or without one its checkpoint), or a checkpoint
 	// file.
-	Model             string
-	Tokenizer         string // --tokenizer: instead of the model directory's (see catalog.Tokenizer)
-	Prompt            string
-	Alpaca            bool   // wrap Prompt in the Alpaca template
-	Adapter           string // a PEFT LoRA adapter directory merged into Model's weights
+	Model     string
+	Tokenizer string // --tokenizer: instead of the model directory's (see catalog.Tokenizer)
+	Prompt    string
+	Alpaca    bool   // wrap Prompt in the Alpaca template
+	Adapter   string // a PEFT LoRA adapter directory merged into Model's weights
+	// Chat renders Prompt as one user turn with the generation prompt,
+	// as training renders conversations (data.ChatPrompt): with
+	// ChatTemplate (a file) when not "", else the chat_template beside
+	// the tokenizer's files, else the fixed format.
+	Chat              bool
+	ChatTemplate      string
 	MaxNew            int
 	Temperature       float64
 	TopK              int
@@ -75,6 +83,10 @@ func Sample(o SampleOptions) (SampleResult, error) {
 		return res, flagErr("top-k", "must be >= 0, got %d", o.TopK)
 	case o.RepetitionPenalty < 0:
 		return res, flagErr("repetition-penalty", "must be > 0, got %g", o.RepetitionPenalty)
+	case o.Chat && o.Alpaca:
+		return res, flagErr("chat", "contradicts --alpaca: give one template")
+	case o.ChatTemplate != "" && !o.Chat:
+		return res, flagErr("chat-template", "renders --chat prompts: give --chat too")
 	}
 	kind := o.Device
 	if kind == "" {
@@ -114,6 +126,23 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	case err != nil:
 		return res, flagErr("model", "%v", err)
 	}
+	prompt := o.Prompt
+	if o.Alpaca {
+		prompt = data.AlpacaPrompt(o.Prompt, "")
+	}
+	ids := append(tokenizer.Prefix(tok), tok.Encode(prompt)...)
+	if o.Chat {
+		tm, err := chattmpl.Load(tokenizer.Dir(tok), o.ChatTemplate)
+		if err != nil {
+			if o.ChatTemplate != "" {
+				return res, flagErr("chat-template", "%s", strings.TrimPrefix(err.Error(), "chat template: "))
+			}
+			return res, flagErr("chat", "%v", err)
+		}
+		if ids, err = data.ChatPrompt(o.Prompt, tok, tm); err != nil {
+			return res, flagErr("chat", "%v", err)
+		}
+	}
 	be, err := device.Open(device.Config{Kind: kind, Threads: o.Threads})
 	if err != nil {
 		return res, fmt.Errorf("sample: %w", err)
@@ -136,11 +165,6 @@ func Sample(o SampleOptions) (SampleResult, error) {
 	if err := backend.Upload(be, s, m.Buffers().Params, src.vals); err != nil {
 		return res, err
 	}
-	prompt := o.Prompt
-	if o.Alpaca {
-		prompt = data.AlpacaPrompt(o.Prompt, "")
-	}
-	ids := append(tokenizer.Prefix(tok), tok.Encode(prompt)...)
 	if len(ids) >= T {
 		return res, flagErr("prompt", "%d tokens, the model context is %d", len(ids), T)
 	}
