@@ -269,12 +269,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			p.StateWrite = max(p.StateWrite, deviceStateChunk(dense))
 			p.CheckpointBytes += savedDeviceState(st)
 		case DenseHost:
-			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
-			p.StateWrite = max(p.StateWrite, savedHostState(denseTensors))
-			p.StateRead = max(p.StateRead, savedHostState(denseTensors))
-			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
-			p.LinkD2H += gsize * dense
-			p.LinkH2D += dsize * dense
+			p.addDenseHost(dense, denseTensors, dt, cfg.GradDType)
 		}
 	case LoRA:
 		// The adapters and their gradients, and one device AdamW over
@@ -287,12 +282,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		case DenseDevice:
 			elems, tensors = elems+int(dense), tensors+denseTensors
 		case DenseHost:
-			p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, cfg.GradDType)})
-			p.StateWrite = max(p.StateWrite, savedHostState(denseTensors))
-			p.StateRead = max(p.StateRead, savedHostState(denseTensors))
-			p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
-			p.LinkD2H += gsize * dense
-			p.LinkH2D += dsize * dense
+			p.addDenseHost(dense, denseTensors, dt, cfg.GradDType)
 		}
 		st := optim.StateBytes(elems, tensors, dt, false)
 		p.Device = append(p.Device, Part{"optimizer", st})
@@ -332,6 +322,19 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		}
 	}
 	return p, nil
+}
+
+// addDenseHost adds the dense parameters offloaded as zero's (lsp and
+// lora with --dense-params host): dense elements of denseTensors tensors,
+// weights in dt and gradients in gdt.
+func (p *Memory) addDenseHost(dense int64, denseTensors int, dt, gdt backend.DType) {
+	dsize, gsize := int64(dt.Size()), int64(gdt.Size())
+	p.Host = append(p.Host, Part{"dense master, moments, pinned grads and weights", offloadBytes(dense, dt, gdt)})
+	p.StateWrite = max(p.StateWrite, savedHostState(denseTensors))
+	p.StateRead = max(p.StateRead, savedHostState(denseTensors))
+	p.CheckpointBytes += 12*dense + savedHostState(denseTensors)
+	p.LinkD2H += gsize * dense
+	p.LinkH2D += dsize * dense
 }
 
 // shardedBytes is one rank's host memory of zero mode's sharded optimizer

@@ -564,13 +564,7 @@ func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp, w, bias back
 	if err := m.be.AddBias(s, out, bias, N, OC); err != nil {
 		return err
 	}
-	if m.adapters == nil {
-		return nil
-	}
-	if err := m.adapters.Forward(s, l, int(k), inp, out); err != nil {
-		return fmt.Errorf("%v adapter: %w", k, err)
-	}
-	return nil
+	return model.AdapterForward(m.adapters, s, l, int(k), k, inp, out)
 }
 
 // linearBackward of matrix k of layer l: dinp = dout W^T (written), db +=
@@ -593,15 +587,7 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, 
 		},
 		func() error { return m.be.BiasBackward(s, db, dout, N, OC) },
 		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, 0, dinp) },
-		func() error {
-			if m.adapters == nil {
-				return nil
-			}
-			if err := m.adapters.Backward(s, l, int(k), inp, dout, dinp); err != nil {
-				return fmt.Errorf("%v adapter backward: %w", k, err)
-			}
-			return nil
-		},
+		func() error { return model.AdapterBackward(m.adapters, s, l, int(k), k, inp, dout, dinp) },
 	)
 }
 

@@ -73,7 +73,7 @@ func Open(dir string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("hf: %w", err)
 	}
 	index := filepath.Join(dir, IndexFile)
-	raw, err := readBounded(index, maxIndexBytes)
+	raw, err := ReadBounded(index, maxIndexBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("hf: %s: neither %s nor %s", dir, SingleFile, IndexFile)
 	}
@@ -280,8 +280,9 @@ func within(dir, path string) bool {
 	return err == nil && filepath.IsLocal(rel)
 }
 
-// readBounded reads a file of at most limit bytes.
-func readBounded(path string, limit int64) ([]byte, error) {
+// ReadBounded reads a file of at most limit bytes (a JSON file beside
+// the weights, which a mistake could make huge).
+func ReadBounded(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -311,7 +312,7 @@ func WeightBytes(dir string) (int64, error) {
 		return 0, fmt.Errorf("hf: %w", err)
 	}
 	index := filepath.Join(dir, IndexFile)
-	raw, err := readBounded(index, maxIndexBytes)
+	raw, err := ReadBounded(index, maxIndexBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, fmt.Errorf("hf: %s: neither %s nor %s", dir, SingleFile, IndexFile)
 	}

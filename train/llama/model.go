@@ -446,13 +446,7 @@ func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp backend.Tenso
 		if err := m.addBias(s, p, k, out, N)(); err != nil {
 			return err
 		}
-		if m.adapters == nil {
-			return nil
-		}
-		if err := m.adapters.Forward(s, l, int(k), inp, out); err != nil {
-			return fmt.Errorf("%v adapter: %w", k, err)
-		}
-		return nil
+		return model.AdapterForward(m.adapters, s, l, int(k), k, inp, out)
 	}
 }
 
@@ -596,15 +590,7 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, in
 			return nil
 		},
 		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, beta, dinp) },
-		func() error {
-			if m.adapters == nil {
-				return nil
-			}
-			if err := m.adapters.Backward(s, l, int(k), inp, dout, dinp); err != nil {
-				return fmt.Errorf("%v adapter backward: %w", k, err)
-			}
-			return nil
-		},
+		func() error { return model.AdapterBackward(m.adapters, s, l, int(k), k, inp, dout, dinp) },
 	)
 }
 

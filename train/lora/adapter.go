@@ -33,6 +33,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/atomicfile"
+	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
@@ -113,19 +114,28 @@ func Init(rng *rand.Rand, a []float32, m, r int) error {
 // taken in float64 in order of k, so the result does not depend on the
 // machine. a is R x M and b is N x R, row-major.
 func Merge(w []float32, site Site, a, b []float32, scale float32) error {
-	m, n := site.M, site.N
-	if m < 1 || n < 1 || len(w) != m*n {
-		return fmt.Errorf("lora merge %s: the base matrix has %d elements, want %d x %d", site.Module, len(w), m, n)
-	}
-	if len(a) == 0 || len(a)%m != 0 {
-		return fmt.Errorf("lora merge %s: A has %d elements, not r x %d", site.Module, len(a), m)
-	}
-	r := len(a) / m
-	if len(b) != n*r {
-		return fmt.Errorf("lora merge %s: B has %d elements, want %d x %d", site.Module, len(b), n, r)
+	if _, err := checkShapes("merge", "the base matrix", w, site, a, b); err != nil {
+		return err
 	}
 	mergeInto(w, 0, site, a, b, scale)
 	return nil
+}
+
+// checkShapes checks that w (named what) is site's m x n matrix, a is
+// r x m and b n x r, and returns r; op names the caller in errors.
+func checkShapes(op, what string, w []float32, site Site, a, b []float32) (r int, err error) {
+	m, n := site.M, site.N
+	if m < 1 || n < 1 || len(w) != m*n {
+		return 0, fmt.Errorf("lora %s %s: %s has %d elements, want %d x %d", op, site.Module, what, len(w), m, n)
+	}
+	if len(a) == 0 || len(a)%m != 0 {
+		return 0, fmt.Errorf("lora %s %s: A has %d elements, not r x %d", op, site.Module, len(a), m)
+	}
+	r = len(a) / m
+	if len(b) != n*r {
+		return 0, fmt.Errorf("lora %s %s: B has %d elements, want %d x %d", op, site.Module, len(b), n, r)
+	}
+	return r, nil
 }
 
 // mergeInto is Merge of the elements [first, first+len(w)) of the matrix,
@@ -387,7 +397,7 @@ var falseFields = map[string]string{
 // for absent fields (r 8, lora_alpha 8, lora_dropout 0, bias "none",
 // fan_in_fan_out false).
 func readConfig(path string) (cfg Config, base string, fanInFanOut bool, err error) {
-	raw, err := readBounded(path, maxConfigBytes)
+	raw, err := hf.ReadBounded(path, maxConfigBytes)
 	if err != nil {
 		return cfg, "", false, fmt.Errorf("lora: %w", err)
 	}
@@ -550,22 +560,6 @@ func clip(v json.RawMessage) string {
 		return s[:57] + "..."
 	}
 	return s
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
-	}
-	return b, nil
 }
 
 // peftConfig is the adapter_config.json WriteAdapter writes: the fields

@@ -18,16 +18,11 @@ import "fmt"
 // depend on the machine. da and db are overwritten.
 func Grads(g []float32, site Site, a, b []float32, scale float32, da, db []float32) error {
 	m, n := site.M, site.N
-	if m < 1 || n < 1 || len(g) != m*n {
-		return fmt.Errorf("lora grads %s: the gradient has %d elements, want %d x %d", site.Module, len(g), m, n)
+	r, err := checkShapes("grads", "the gradient", g, site, a, b)
+	if err != nil {
+		return err
 	}
-	if len(a) == 0 || len(a)%m != 0 {
-		return fmt.Errorf("lora grads %s: A has %d elements, not r x %d", site.Module, len(a), m)
-	}
-	r := len(a) / m
 	switch {
-	case len(b) != n*r:
-		return fmt.Errorf("lora grads %s: B has %d elements, want %d x %d", site.Module, len(b), n, r)
 	case len(da) != len(a):
 		return fmt.Errorf("lora grads %s: dA has %d elements, want %d x %d", site.Module, len(da), r, m)
 	case len(db) != len(b):

@@ -126,6 +126,29 @@ type Adapters interface {
 	Backward(s backend.Stream, l, k int, X, dY, dX backend.Tensor) error
 }
 
+// AdapterForward is a family's call of a.Forward for matrix k of block l
+// (name, for the error); nothing without adapters.
+func AdapterForward(a Adapters, s backend.Stream, l, k int, name fmt.Stringer, X, Y backend.Tensor) error {
+	if a == nil {
+		return nil
+	}
+	if err := a.Forward(s, l, k, X, Y); err != nil {
+		return fmt.Errorf("%v adapter: %w", name, err)
+	}
+	return nil
+}
+
+// AdapterBackward is a family's call of a.Backward, as AdapterForward.
+func AdapterBackward(a Adapters, s backend.Stream, l, k int, name fmt.Stringer, X, dY, dX backend.Tensor) error {
+	if a == nil {
+		return nil
+	}
+	if err := a.Backward(s, l, k, X, dY, dX); err != nil {
+		return fmt.Errorf("%v adapter backward: %w", name, err)
+	}
+	return nil
+}
+
 // Options configure a model beyond its batch shape.
 type Options struct {
 	// MatrixGrads, when set, is called instead of computing the matrices'
