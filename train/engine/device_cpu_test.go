@@ -25,6 +25,9 @@ func deviceBackend(t *testing.T, hazard bool, seed uint64) (backend.Backend, fun
 	return be, cpuHazards(be)
 }
 
+// deviceIsCUDA: the device tests run on the CUDA backend in this build.
+const deviceIsCUDA = false
+
 // deviceDType is the weights' dtype the device tests use for dt: dt itself
 // on the CPU backend, which has every dtype.
 func deviceDType(dt backend.DType) backend.DType { return dt }

@@ -51,6 +51,9 @@ func deviceBackend(t *testing.T, check bool, seed uint64) (backend.Backend, func
 	}
 }
 
+// deviceIsCUDA: the device tests run on the CUDA backend in this build.
+const deviceIsCUDA = true
+
 // deviceDType is the weights' dtype the device tests use for dt: bf16,
 // the only one the CUDA matmul takes.
 func deviceDType(backend.DType) backend.DType { return backend.BF16 }
