@@ -113,6 +113,10 @@ type resumeAllowed struct {
 	// The weights come from the checkpoint; checkpoint.Load refuses one
 	// of another architecture.
 	Model string `flag:"model"`
+	// lora's adapters too: --adapter is where a run started from, and
+	// the shape it gave (--lora-r, --lora-alpha, --lora-targets) is in
+	// the identity.
+	Adapter string `flag:"adapter"`
 	// Where and how fast it runs: the same results bit for bit (the
 	// thread count: TestDeterministic; the schedule: engine
 	// TestPipelinedMatchesSequential; recompute: engine
