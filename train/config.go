@@ -330,6 +330,7 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("on-nonfinite", "%v", err))
 	}
 	check(c.MaxSkips >= 1, "max-skips", "must be at least 1, got %d (--on-nonfinite stop skips none)", c.MaxSkips)
+	check(c.LoRADropout == 0 || c.Mode != engine.LoRA, "lora-dropout", "%g: only 0 is supported (the adapters take the matrix's input as it is; dropout on it is not implemented)", c.LoRADropout)
 	check(c.Adapter == "" || c.Mode == engine.LoRA, "adapter", "loads a LoRA adapter to train on in --mode lora (--mode is %s); sample takes one too", c.Mode)
 	if c.Mode == engine.LSP || c.Mode == engine.LoRA {
 		// The engine's own check names each flag (--d, --r, --alpha,
