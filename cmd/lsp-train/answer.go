@@ -4,10 +4,10 @@
 //
 // Limits: the search keeps the global batch (--batch x --grad-accum) and
 // the sequence length, and varies the micro-batch (halving it, the
-// micro-batches growing to match) and --recompute; in lsp mode, when
-// nothing fits as asked, --dense-params (frozen, then host) and then --d
-// (halved twice), which change what training does, so it is said. The
-// dtypes stay as given.
+// micro-batches growing to match) and --recompute; in lsp and lora modes,
+// when nothing fits as asked, --dense-params (frozen, then host), and in
+// lsp mode then --d (halved twice), which change what training does, so
+// it is said. The dtypes, and lora's rank and targets, stay as given.
 
 package main
 
@@ -71,14 +71,14 @@ func (o planOptions) answerMode(j planJob, mode engine.Mode, m plan.Machine) (an
 		d     int
 	}
 	variants := []variant{{o.dense, o.d}}
-	if mode == engine.LSP {
+	if mode.FrozenMatrices() {
 		for _, dense := range []string{string(engine.DenseFrozen), string(engine.DenseHost)} {
 			if dense != o.dense {
 				variants = append(variants, variant{dense, o.d})
 			}
 		}
 		for _, d := range []int{o.d / 2, o.d / 4} {
-			if d >= 1 {
+			if d >= 1 && mode == engine.LSP {
 				variants = append(variants, variant{o.dense, d}, variant{string(engine.DenseFrozen), d})
 			}
 		}
@@ -103,8 +103,11 @@ func (o planOptions) answerMode(j planJob, mode engine.Mode, m plan.Machine) (an
 				if a.minDevice < 0 || mem.DeviceTotal() < a.minDevice {
 					a.minDevice = mem.DeviceTotal()
 					a.minDeviceAt = fmt.Sprintf("--batch %d --recompute %v", b, rc)
+					if mode.FrozenMatrices() {
+						a.minDeviceAt += " --dense-params " + v.dense
+					}
 					if mode == engine.LSP {
-						a.minDeviceAt += fmt.Sprintf(" --dense-params %s --d %d", v.dense, v.d)
+						a.minDeviceAt += fmt.Sprintf(" --d %d", v.d)
 					}
 				}
 				if a.minHost < 0 || mem.HostPeak() < a.minHost {
@@ -137,8 +140,17 @@ func (c candidate) command(mode engine.Mode) string {
 	o := c.o
 	args := []string{"lsp-train", "--model", o.model, "--mode", string(mode), "--batch", fmt.Sprint(o.batch),
 		"--grad-accum", fmt.Sprint(o.accum), "--seq-len", fmt.Sprint(o.seqLen), "--recompute", c.rc.String(), "--dtype", o.dtype}
-	if mode == engine.LSP {
-		args = append(args, "--dense-params", o.dense, "--d", fmt.Sprint(o.d))
+	if mode.FrozenMatrices() {
+		args = append(args, "--dense-params", o.dense)
+	}
+	switch {
+	case mode == engine.LSP:
+		args = append(args, "--d", fmt.Sprint(o.d))
+	case mode == engine.LoRA:
+		args = append(args, "--lora-r", fmt.Sprint(o.loraR))
+		if o.loraTargets != "" {
+			args = append(args, "--lora-targets", o.loraTargets)
+		}
 	}
 	return strings.Join(args, " ")
 }

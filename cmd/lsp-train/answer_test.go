@@ -88,8 +88,9 @@ func TestAnswerFits(t *testing.T) {
 }
 
 // TestPlanAnswer: the answer for llama-7b at 4 x 1024 on the RTX 4090 is
-// lsp with micro-batches of one and no recomputation, faster than the
-// summary's lsp row (4 x 1024 with --recompute layer), says what native
+// lsp (and lora) with micro-batches of one and no recomputation, faster
+// than the summary's lsp row (4 x 1024 with --recompute layer), lora the
+// fastest (no link, no host Adam), says what native
 // and zero lack (the device memory and the smallest card with it; the
 // host memory); a checkpoint directory's --dense-params defaults to
 // frozen, as training's does; on the 8 GB RTX 4060 nothing fits, and it
@@ -101,12 +102,15 @@ func TestPlanAnswer(t *testing.T) {
 	}
 	for _, w := range []string{
 		"answer (the global batch kept: 4 x 1024 tokens per step; on NVIDIA GeForce RTX 4090 24 GB, 22.43 GiB usable):",
-		"native: nothing fits: it needs at least 100.92 GiB of device memory (--batch 1 --recompute layer), the card has 22.43 GiB usable; the smallest preset card with enough is h200; use --mode lsp",
-		"zero: nothing fits: it needs at least 100.96 GiB of host memory, the host has 64.00 GiB; use --mode lsp",
+		"native: nothing fits: it needs at least 100.92 GiB of device memory (--batch 1 --recompute layer), the card has 22.43 GiB usable; the smallest preset card with enough is h200; use --mode lsp or lora",
+		"zero: nothing fits: it needs at least 100.96 GiB of host memory, the host has 64.00 GiB; use --mode lsp or lora",
 		"lsp: lsp-train --model llama-7b --mode lsp --batch 1 --grad-accum 4 --seq-len 1024 --recompute none --dtype bf16 --dense-params device --d 512",
 		"(device 19.80 GiB, host 1.43 GiB, 3075 tokens/s)",
 		"     lsp      layer   18.13 GiB    1.71 GiB          yes  1.700 s      2410",
-		"fastest that fits: lsp",
+		// lora: the frozen base, native's activations and no link.
+		"lora: lsp-train --model llama-7b --mode lora --batch 1 --grad-accum 4 --seq-len 1024 --recompute none --dtype bf16 --dense-params device --lora-r 8",
+		"(device 20.43 GiB, host 568.03 MiB, 3244 tokens/s)",
+		"fastest that fits: lora",
 	} {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("output lacks %q:\n%s", w, stdout)
@@ -122,7 +126,8 @@ func TestPlanAnswer(t *testing.T) {
 	}
 	code, stdout, _ = runCmd(t, "plan", "--model", "llama-7b", "--gpu", "4060", "--batch", "1", "--seq-len", "1024")
 	if code != 0 || !strings.Contains(stdout, "nothing fits in any mode") ||
-		!strings.Contains(stdout, "lsp: nothing fits: it needs at least 13.13 GiB of device memory (--batch 1 --recompute layer --dense-params frozen --d 128)") {
+		!strings.Contains(stdout, "lsp: nothing fits: it needs at least 13.13 GiB of device memory (--batch 1 --recompute layer --dense-params frozen --d 128)") ||
+		!strings.Contains(stdout, "lora: nothing fits: it needs at least 13.36 GiB of device memory (--batch 1 --recompute layer --dense-params frozen)") {
 		t.Errorf("llama-7b on the RTX 4060: exit %d\n%s", code, stdout)
 	}
 }
@@ -144,6 +149,7 @@ func TestPlanWhatFits(t *testing.T) {
 		"zero: at most gpt2-xl (1.56B parameters): lsp-train --model gpt2-xl --mode zero",
 		"lsp: at most llama3-8b (8.03B parameters): lsp-train --model llama3-8b --mode lsp --batch 1 --grad-accum 1 --seq-len 1024 --recompute none --dtype bf16 --dense-params frozen --d 512",
 		"--dense-params frozen, not device: a different run",
+		"lora: at most llama3-8b (8.03B parameters): lsp-train --model llama3-8b --mode lora --batch 1 --grad-accum 1 --seq-len 1024 --recompute none --dtype bf16 --dense-params frozen --lora-r 8",
 		"(the presets: ",
 	} {
 		if !strings.Contains(stdout, w) {

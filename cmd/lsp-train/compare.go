@@ -34,6 +34,8 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split, projectors) of the pretraining and of the first fine-tuning run of each row")
 	fs.IntVar(&c.Seeds, "seeds", c.Seeds, "fine-tuning runs per row, with seeds --seed, --seed+1, ...; the table gives the mean and standard deviation")
 	fs.StringVar(&c.Rows, "rows", c.Rows, "comma-separated `ROWS` of the table: "+strings.Join(compare.RowNames(), ", ")+" (lsp-resample: fresh random projectors at every check)")
+	fs.StringVar(&c.LRs, "lrs", c.LRs, "comma-separated peak learning `RATES`: each row runs its first seed at each and keeps the one with the lowest held-out loss (one rate: every row's)")
+	fs.IntVar(&c.LoRAR, "lora-r", c.LoRAR, "lora row: the adapters' rank r")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per batch of every run")
 	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row of every run")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
@@ -62,8 +64,9 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train compare [flags]",
 			"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
-				"--task in each of --rows (native, zero, lsp with random projectors and lsp-fit with\n"+
-				"learned ones by default) with --seeds seeds, times each row with the sequential and the\n"+
+				"--task in each of --rows (native, zero, lsp with random projectors, lsp-fit with learned\n"+
+				"ones and lora by default) with --seeds seeds, each row at its best of --lrs on held-out\n"+
+				"loss, times each row with the sequential and the\n"+
 				"pipelined schedule, and prints one table; the last lines are lsp-quality (the best row\n"+
 				"with fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
 	}

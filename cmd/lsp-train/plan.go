@@ -25,6 +25,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -40,6 +41,9 @@ type planOptions struct {
 	gradResidency         string
 	d, r                  int
 	fit                   bool
+	loraR                 int
+	loraAlpha             float64
+	loraTargets           string
 	gpu, link, host       string
 	ranks                 int
 	net                   string
@@ -58,7 +62,7 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all",
-		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, loraR: d.LoRAR, loraAlpha: d.LoRAAlpha, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -68,14 +72,17 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.accum, "grad-accum", o.accum, "micro-batches per step")
 	fs.StringVar(&o.dtype, "dtype", o.dtype, "`TYPE` of weights and activations: fp32 or bf16")
 	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype; fp32 with --ranks)")
-	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, or all (the three side by side)")
-	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp: `WHERE` the parameters outside the block matrices are updated: frozen, device or host (default: as training does, frozen for a checkpoint directory, device for a preset)")
+	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, lora, or all (the four side by side)")
+	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp and lora: `WHERE` the parameters outside the block matrices are updated: frozen, device or host (default: as training does, frozen for a checkpoint directory, device for a preset)")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
 	fs.StringVar(&o.gradResidency, "grad-residency", o.gradResidency, "zero and lsp: `WHERE` the gradients (lsp: S and the projectors) wait on the device: whole, ring (a few blocks' at a time, copied down per micro-batch) or auto (whole when it fits the GPU's memory)")
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix); 0 (the default): as training, a quarter of each matrix's shorter side, at most 512")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
+	fs.IntVar(&o.loraR, "lora-r", o.loraR, "lora: the adapters' rank r, as lsp-train's flag")
+	fs.Float64Var(&o.loraAlpha, "lora-alpha", o.loraAlpha, "lora: alpha, as lsp-train's flag (it scales the adapters' term and costs nothing)")
+	fs.StringVar(&o.loraTargets, "lora-targets", o.loraTargets, "lora: comma-separated Hugging Face `MODULES` to adapt, as lsp-train's flag (default: every attention and MLP linear)")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
 		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
 	fs.StringVar(&o.calibration, "calibration", o.calibration, "--gpu cpu: read the CPU backend's description from `FILE` (go run ./bench/calibrate -o FILE) instead of measuring it now")
@@ -164,7 +171,7 @@ func (o planOptions) parse() (planJob, error) {
 		}
 	}
 	if o.mode == "all" {
-		j.modes = []engine.Mode{engine.Native, engine.Zero, engine.LSP}
+		j.modes = slices.Clone(engine.Modes)
 	} else if m, err := engine.ParseMode(o.mode); err != nil {
 		bad("mode", "%v (or all)", err)
 	} else {
@@ -235,12 +242,30 @@ func (o planOptions) parse() (planJob, error) {
 	j.machine.Ranks, j.machine.Net = o.ranks, net
 	if len(errs) == 0 {
 		for _, mode := range j.modes {
-			if err := o.engineConfig(j, mode).Validate(); err != nil {
+			ec := o.engineConfig(j, mode)
+			if err := ec.Validate(); err != nil {
 				errs = append(errs, err) // names its flag
+			} else if mode == engine.LoRA {
+				// Targets the model lacks are refused here, by name,
+				// rather than after the other modes' plans are printed.
+				if err := checkLoRATargets(j.spec, ec); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}
 	return j, errors.Join(errs...)
+}
+
+// checkLoRATargets says which of c's --lora-targets spec has no module
+// of (lora.Sites' error, naming the flag and the model's matrices).
+func checkLoRATargets(spec model.Spec, c engine.Config) error {
+	idx, err := model.NewIndex(spec)
+	if err != nil {
+		return fmt.Errorf("--model: %w", err)
+	}
+	_, err = lora.Sites(idx, c.LoRA.WithDefaultTargets(spec))
+	return err
 }
 
 // trainConfig is the run the plan of mode describes: the train
@@ -250,6 +275,7 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c := train.Defaults()
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
+	c.LoRAR, c.LoRAAlpha, c.LoRATargets = o.loraR, o.loraAlpha, o.loraTargets
 	c.Schedule, c.Device, c.Recompute = train.Schedule(o.schedule), device.CUDA, j.recompute
 	c.Collectives = train.Collectives(o.collectives)
 	if c.GradResidency = j.residency; mode == engine.Native {
@@ -337,7 +363,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		reports[i] = r
 		printReport(stdout, mode, r, m)
 		printRecompute(stdout, mems, tc.Recompute, need, someInBudget, j.auto)
-		if mode != engine.Native {
+		if offloadsGrads(tc) {
 			if err := printResidency(stdout, j.spec, tc, m, mem, auto, o.accum); err != nil {
 				return fmt.Errorf("%s: %w", mode, err)
 			}
@@ -465,6 +491,20 @@ func recomputePlans(spec model.Spec, c train.Config, ranks int, budget int64) ([
 	return plans, residencies, nil
 }
 
+// offloadsGrads reports whether c's gradients (lsp's S) go to a host
+// optimizer, so that where they wait on the device is a choice: zero's
+// and lsp's always, lora's dense parameters' with --dense-params host
+// (its adapters are updated on the device).
+func offloadsGrads(c train.Config) bool {
+	switch c.Mode {
+	case engine.Zero, engine.LSP:
+		return true
+	case engine.LoRA:
+		return train.EngineConfig(c).DenseParams == engine.DenseHost
+	}
+	return false
+}
+
 // printResidency says where zero mode's gradients (lsp's S and
 // projectors) wait on the device and what the other residency would
 // need: the ring's saving of device memory, and its cost, the gradients
@@ -477,8 +517,11 @@ func printResidency(w io.Writer, spec model.Spec, c train.Config, m plan.Machine
 		other.GradResidency = engine.ResidencyRing
 	}
 	what := "gradients"
-	if c.Mode == engine.LSP {
+	switch c.Mode {
+	case engine.LSP:
 		what = "S and projectors"
+	case engine.LoRA:
+		what = "dense gradients"
 	}
 	if m.Ranks > 1 && other.GradResidency == engine.ResidencyRing {
 		fmt.Fprintf(w, "%s (--grad-residency %s): whole on the device (the ring is for one rank)\n", what, c.GradResidency)
@@ -594,6 +637,10 @@ func printReport(w io.Writer, mode engine.Mode, r plan.Report, m plan.Machine) {
 	fmt.Fprintf(w, "link per step: %s down, %s up (gradients, S, Delta, weights; the batch adds %s up)\n",
 		gibs(r.Memory.LinkD2H), gibs(r.Memory.LinkH2D), gibs(r.Memory.BatchH2D))
 	fmt.Fprintf(w, "step %s predicted: %.0f tokens/s\n", secs(r.Step), r.TokensPerSec)
+	if mode == engine.LoRA && r.Step > 0 {
+		fmt.Fprintf(w, "  lora adapters: %d GEMMs (unfused), %s costed alone, %.1f%% of the step\n",
+			r.AdapterGemms, secs(r.AdapterSeconds), 100*r.AdapterSeconds/r.Step)
+	}
 	if m.Ranks > 1 {
 		fmt.Fprintf(w, "  network: %s sent and as much received per rank and step; collectives %s (on a lane of their own)\n",
 			gibs(r.NetBytes), secs(r.NetSeconds))

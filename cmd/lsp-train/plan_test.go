@@ -55,6 +55,22 @@ func TestPlanCommand(t *testing.T) {
 		{"zero grad whole", []string{"--model", "../../train/plan/testdata/deepseek-coder-1.3b-base", "--gpu", "a1000-laptop", "--mode", "zero",
 			"--batch", "2", "--seq-len", "1024", "--recompute", "layer", "--grad-residency", "whole", "--grad-accum", "2"},
 			[]string{"gradients (--grad-residency whole)", "5.02 GiB down per step instead of 2.51 GiB", "fp32 accumulator", "no (device)"}},
+		// lora beside the others at 1 x 1024, the base frozen as when
+		// fine-tuning a checkpoint: the bf16 base, native's activations
+		// (the frozen matrices' inputs are kept), the adapters and their
+		// AdamW; seven GEMMs per adapted matrix (32 layers x 7) in the
+		// step, and the command line with lora's flags.
+		{"llama-7b every mode with lora", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--batch", "1", "--seq-len", "1024",
+			"--dense-params", "frozen", "--timeline", filepath.Join(dir, "all.png")},
+			[]string{"== native ==", "== zero ==", "== lsp ==", "== lora ==", "adapters, grads and scratch", "lora adapters: 1568 GEMMs (unfused)",
+				"lora       none   17.01 GiB", "--mode lora --batch 1 --grad-accum 1 --seq-len 1024 --recompute none --dtype bf16 --dense-params frozen --lora-r 8",
+				"timeline: " + filepath.Join(dir, "all-lora.png")}},
+		{"gpt2 lora", []string{"--model", "gpt2", "--mode", "lora"},
+			[]string{"== lora ==", "lora adapters: 336 GEMMs (unfused)", "--mode lora", "--dense-params device --lora-r 8", "fastest that fits: lora"}},
+		// Fewer targets and a higher rank: two of the seven matrices per
+		// layer, and the answer keeps both flags.
+		{"llama-7b lora flags", []string{"--model", "llama-7b", "--mode", "lora", "--lora-r", "16", "--lora-targets", "q_proj,v_proj", "--recompute", "none"},
+			[]string{"lora adapters: 448 GEMMs (unfused)", "--lora-r 16 --lora-targets q_proj,v_proj"}},
 		{"llama-7b recompute none", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--mode", "lsp", "--batch", "2", "--seq-len", "2048", "--recompute", "none"},
 			[]string{"recompute (--recompute none)", "needs --recompute layer to fit", "does NOT fit", "no (device)"}},
 	} {
@@ -74,7 +90,7 @@ func TestPlanCommand(t *testing.T) {
 			}
 		})
 	}
-	for _, name := range []string{"tl-native.png", "tl-zero.png", "tl-lsp.png", "one.png"} {
+	for _, name := range []string{"tl-native.png", "tl-zero.png", "tl-lsp.png", "tl-lora.png", "all-lora.png", "one.png"} {
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
@@ -137,6 +153,8 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad net", []string{"--ranks", "2", "--net", "token-ring"}, []string{"--net:", "token-ring", "10gbe"}},
 		{"bad dense params", []string{"--dense-params", "gpu"}, []string{"--dense-params:", "gpu"}},
 		{"bad lsp r", []string{"--mode", "lsp", "--d", "64", "--r", "0"}, []string{"--r"}},
+		{"bad lora r", []string{"--mode", "lora", "--lora-r", "0"}, []string{"--lora-r:", "at least 1"}},
+		{"lora target the model lacks", []string{"--model", "llama-7b", "--lora-targets", "q_proj,c_fc"}, []string{"--lora-targets:", "no module c_fc", "q_proj, k_proj"}},
 		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},
 		{"two errors at once", []string{"--batch", "0", "--gpu", "x"}, []string{"--batch:", "--gpu:"}},
 		{"cpu with a link preset", []string{"--gpu", "cpu", "--link", "pcie3"}, []string{"--link, --host:", "--gpu cpu"}},

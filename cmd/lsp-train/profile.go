@@ -51,7 +51,7 @@ func bindProfileFlags(fs *flag.FlagSet, c *train.Config, mode *string) {
 		}
 		fs.Var(f.Value, f.Name, f.Usage)
 	})
-	fs.StringVar(mode, "mode", *mode, "update `MODE`: native, zero, lsp, or all (one run each, in that order)")
+	fs.StringVar(mode, "mode", *mode, "update `MODE`: native, zero, lsp, lora, or all (one run each, in that order)")
 }
 
 func newProfileFlags() *flag.FlagSet {
@@ -77,7 +77,7 @@ func profileCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	}
 	var modes []engine.Mode
 	if mode == "all" {
-		modes = []engine.Mode{engine.Native, engine.Zero, engine.LSP}
+		modes = slices.Clone(engine.Modes)
 	} else if m, err := engine.ParseMode(mode); err != nil {
 		return fmt.Errorf("--mode: %v (or all)", err)
 	} else {
@@ -137,6 +137,9 @@ func profileRun(c train.Config, mw *metrics.Writer, logger *slog.Logger) ([]prof
 		return nil, "", fmt.Errorf("--device: %w", err)
 	}
 	rec := profile.Wrap(be)
+	if c.Mode == engine.LoRA {
+		rec.CountAdapters(c.LoRAR)
+	}
 	var steps []profile.Step
 	opts := train.Options{Logger: logger, Backend: rec.Backend(), Ready: rec.Start,
 		AfterStep: func(t train.StepTimes) error {
@@ -209,6 +212,11 @@ func printProfile(w io.Writer, cfg train.Config, backendName string, cols []prof
 			continue
 		}
 		row("  "+string(f), func(s profile.Step) float64 { return s.Families[f] })
+		if f == trace.Gemm && slices.ContainsFunc(med, func(s profile.Step) bool { return s.AdapterOps > 0 }) {
+			// The unfused adapter path, within gemm: what a fused
+			// kernel would save at most.
+			row("    of which lora adapters", func(s profile.Step) float64 { return s.Adapters })
+		}
 	}
 	heading("streams: busy / idle")
 	var streams []string

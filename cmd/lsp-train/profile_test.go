@@ -36,7 +36,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	t.Logf("\n%s", stdout)
-	for _, want := range []string{"native", "zero", "lsp", "by phase", "by op family", "gemm", "attention", "sparse",
+	for _, want := range []string{"native", "zero", "lsp", "lora", "by phase", "by op family", "gemm", "of which lora adapters", "attention", "sparse",
 		"host-adam (wall)", "streams: busy / idle", filepath.Join(dir, "metrics.jsonl")} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("the table lacks %q", want)
@@ -46,8 +46,9 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 3*profileSteps {
-		t.Fatalf("%d records, want %d (3 modes x %d steps)", len(recs), 3*profileSteps, profileSteps)
+	modes := []string{"native", "zero", "lsp", "lora"}
+	if len(recs) != len(modes)*profileSteps {
+		t.Fatalf("%d records, want %d (%d modes x %d steps)", len(recs), len(modes)*profileSteps, len(modes), profileSteps)
 	}
 	// The phases each mode must show at every step (device time by events,
 	// host Adam by the clock).
@@ -55,6 +56,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 		"native": {profile.Forward, profile.Backward, profile.Optimizer},
 		"zero":   {profile.Forward, profile.Backward, profile.Comm, profile.HostAdam},
 		"lsp":    {profile.Forward, profile.Backward, profile.Optimizer, profile.Comm, profile.HostAdam},
+		"lora":   {profile.Forward, profile.Backward, profile.Optimizer}, // the adapters' device AdamW
 	}
 	checks := 0
 	for i, r := range recs {
@@ -62,7 +64,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 		if r.Event != metrics.ProfileEvent || p == nil {
 			t.Fatalf("record %d: event %q, profile %v", i, r.Event, p)
 		}
-		if r.Step != i%profileSteps+1 || p.Mode != []string{"native", "zero", "lsp"}[i/profileSteps] {
+		if r.Step != i%profileSteps+1 || p.Mode != modes[i/profileSteps] {
 			t.Errorf("record %d: step %d of %s, want step %d in mode order", i, r.Step, p.Mode, i%profileSteps+1)
 		}
 		near := func(what string, got float64) {
@@ -112,7 +114,9 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 				t.Errorf("%s step %d: stream %s idle %g s, busy %g s of %g s", p.Mode, r.Step, s, p.Idle[s], b, p.Engine)
 			}
 		}
-		if (p.Mode == "native") == (p.Busy[profile.HostStream] > 0) {
+		// Native and lora (a preset's dense parameters on the device)
+		// have no host node.
+		if (p.Mode == "native" || p.Mode == "lora") == (p.Busy[profile.HostStream] > 0) {
 			t.Errorf("%s step %d: host busy %g s", p.Mode, r.Step, p.Busy[profile.HostStream])
 		}
 	}

@@ -7,11 +7,14 @@
 //     <out>/pretrain, or reuse it when a stamp says an identical earlier
 //     compare made it;
 //  2. fine-tune that checkpoint on another task (--task) in each row of
-//     --rows (native, zero, lsp with the default random projectors and
-//     lsp with fitted ones by default; lsp with fresh random projectors at
-//     every check on request), once per seed of --seeds, same steps and schedule, the
-//     link charged at --link-bandwidth, with an eval before the first step
-//     (L0) and every --eval-every steps, and greedy exact match at the end;
+//     --rows (native, zero, lsp with the default random projectors, lsp
+//     with fitted ones and lora by default; lsp with fresh random
+//     projectors at every check on request), once per seed of --seeds,
+//     same steps and schedule, the link charged at --link-bandwidth, with
+//     an eval before the first step (L0) and every --eval-every steps, and
+//     greedy exact match at the end; each row's learning rate is the one
+//     of --lrs (one grid for every row) whose first-seed run ends at the
+//     lowest held-out loss, the other seeds run at it;
 //  3. time each row in two short extra runs, sequential and pipelined;
 //  4. write <out>/compare.png (eval-loss curves, mean over seeds),
 //     compare.md (the table) and compare.json (every number), and return
@@ -25,7 +28,9 @@
 // allocations included) on the CPU backend, whose "device" and link are
 // far slower than a GPU's, so only their ratios mean much. Each seed also
 // draws its own eval split, so L0 differs between seeds; recoveries are
-// taken per seed.
+// taken per seed. The learning rate is chosen on the held-out loss that
+// the table then reports, so a row's loss is its best of the grid (the
+// same advantage for every row), not an unbiased estimate.
 package compare
 
 import (
@@ -62,10 +67,14 @@ var flagErr = flagerr.New
 
 // Fixed settings of the compare job's fine-tuning rows.
 const (
-	fineTuneLR     = 3e-3
 	fineTuneWarmup = 10
 	checkEvery     = 50
 )
+
+// DefaultLRs is --lrs: three points a factor of 10 apart around lsp-train's
+// 3e-3, so that every row, lora (which usually wants about 10 times lsp's
+// rate) as well as the others, can find its own.
+const DefaultLRs = "3e-4,3e-3,3e-2"
 
 // Config is one compare job; the flags of `lsp-train compare` map
 // onto it one to one.
@@ -85,6 +94,8 @@ type Config struct {
 	Seed          uint64 // --seed
 	Seeds         int    // --seeds: fine-tuning runs per row, seeds Seed, Seed+1, ...
 	Rows          string // --rows: comma-separated row names (RowNames)
+	LRs           string // --lrs: comma-separated peak learning rates, the grid each row's is chosen from
+	LoRAR         int    // --lora-r: the lora row's rank
 	Batch, SeqLen int    // --batch, --seq-len of every run
 	Truncate      bool   // --truncate: cut records longer than --seq-len instead of dropping them
 	// The lsp rows' projector settings (the flags of lsp-train of the same
@@ -103,7 +114,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit",
+		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit,lora", LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
 		CheckAtStart: train.Defaults().CheckAtStart, CalibSamples: 512}
 }
@@ -169,6 +180,10 @@ func (c Config) Validate() error {
 	if _, err := c.rowSpecs(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.lrs(); err != nil {
+		errs = append(errs, err)
+	}
+	check(c.LoRAR >= 1, "lora-r", "must be at least 1, got %d", c.LoRAR)
 	_, err := catalog.Preset(c.Model)
 	check(err == nil, "model", "%v (compare pretrains a preset from scratch)", err)
 	if err == nil { // d and r are bounded by the preset's matrices
@@ -183,6 +198,23 @@ func (c Config) Validate() error {
 	same := ft != "" && ft == pt || ft == "" && c.Task == c.PretrainTask
 	check(err1 != nil || err2 != nil || !same, "task", "%s is the --pretrain-task too; fine-tuning must move the model to another task", ft)
 	return errors.Join(errs...)
+}
+
+// lrs parses --lrs: positive, finite and distinct rates, in the order
+// given.
+func (c Config) lrs() ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(c.LRs, ",") {
+		lr, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(lr > 0) || math.IsInf(lr, 0) {
+			return nil, flagErr("lrs", "%q is not a positive learning rate (want comma-separated rates such as %s)", f, DefaultLRs)
+		}
+		if slices.Contains(out, lr) {
+			return nil, flagErr("lrs", "%g is named twice", lr)
+		}
+		out = append(out, lr)
+	}
+	return out, nil
 }
 
 // EvalPoint is one eval of a fine-tuning run.
@@ -218,16 +250,32 @@ type SeedRun struct {
 	Seconds      float64 `json:"seconds"`
 }
 
+// GridPoint is one learning rate of --lrs tried on a row: the final
+// held-out loss of the row's first-seed run at it.
+type GridPoint struct {
+	LR            float64 `json:"lr"`
+	FinalEvalLoss float64 `json:"final_eval_loss"`
+	Out           string  `json:"out"`
+}
+
 // Row is one row of the table: a mode's fine-tuning runs (one per seed)
 // and its two timing runs.
 type Row struct {
-	Name  string `json:"name"` // native, zero, lsp, lsp (fitted), lsp (resampled)
+	Name  string `json:"name"` // native, zero, lsp, lsp (fitted), lsp (resampled), lora
 	Mode  string `json:"mode"`
 	Fit   bool   `json:"fit,omitempty"`   // the projectors are checked (--fit)
 	Refit string `json:"refit,omitempty"` // lsp rows that check
 	D     int    `json:"d,omitempty"`     // lsp rows only
-	R     int    `json:"r,omitempty"`
-	Out   string `json:"out"` // the first seed's fine-tuning run's output directory
+	R     int    `json:"r,omitempty"`     // lsp rows' non-zeros per projector row, lora's rank
+	Out   string `json:"out"`             // the first seed's fine-tuning run's output directory
+	// LR is the peak learning rate of the row's runs, the point of Grid
+	// with the lowest held-out loss.
+	LR   float64     `json:"lr"`
+	Grid []GridPoint `json:"lr_grid"`
+	// Recovery is (L0 - L_row) / (L0 - L_native), the mean over seeds
+	// (absent without a native row, or when native did not lower the
+	// loss).
+	Recovery *float64 `json:"recovery,omitempty"`
 
 	// Mean wall seconds of an optimizer step (the engine's step only) in
 	// the timing runs, and over the first seed's (pipelined) fine-tuning run.
@@ -293,6 +341,7 @@ var allRows = []rowSpec{
 	{"lsp", "lsp", engine.LSP, false, ""},
 	{"lsp (fitted)", "lsp-fit", engine.LSP, true, ""},
 	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom},
+	{"lora", "lora", engine.LoRA, false, ""},
 }
 
 // RowNames are the names --rows accepts.
@@ -371,7 +420,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	}
 	for i, spec := range specs {
 		for _, sched := range []train.Schedule{train.Sequential, train.Pipelined} {
-			sec, err := timing(ctx, c, spec, sched, res.Pretrained, log)
+			sec, err := timing(ctx, c, spec, sched, res.Pretrained, res.Rows[i].LR, log)
 			if err != nil {
 				return nil, err
 			}
@@ -407,19 +456,20 @@ func recovery(native, row Row) *float64 {
 	return metrics.F(sum / float64(len(row.Seeds)))
 }
 
-// score fills Recovery (the lsp row) and Quality (the best fitted lsp row).
+// score fills each row's recovery, Recovery (the lsp row's) and Quality
+// (the best fitted lsp row's).
 func (res *Result) score() {
 	i := slices.IndexFunc(res.Rows, func(r Row) bool { return r.Mode == string(engine.Native) })
 	if i < 0 {
 		return
 	}
 	native := res.Rows[i]
+	for k := range res.Rows {
+		res.Rows[k].Recovery = recovery(native, res.Rows[k])
+	}
 	for _, r := range res.Rows {
-		if r.Mode != string(engine.LSP) {
-			continue
-		}
-		rec := recovery(native, r)
-		if rec == nil {
+		rec := r.Recovery
+		if r.Mode != string(engine.LSP) || rec == nil {
 			continue
 		}
 		if r.Name == "lsp" {
@@ -490,11 +540,13 @@ func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, er
 
 // rowConfig is a row's run with seed: fine-tuning (or timing, with the
 // caller's changes) of the pretrained model.
-func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
+func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) train.Config {
 	cfg := base(c)
 	cfg.Seed = seed
 	cfg.Model, cfg.Data, cfg.Steps = model, c.Task, c.Steps
-	cfg.LR, cfg.Warmup, cfg.EvalEvery = fineTuneLR, fineTuneWarmup, c.EvalEvery
+	// The cosine decays to a tenth of the peak, as lsp-train's defaults
+	// (3e-3 to 3e-4) do.
+	cfg.LR, cfg.MinLR, cfg.Warmup, cfg.EvalEvery = lr, lr/10, fineTuneWarmup, c.EvalEvery
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.Fit = engine.DenseDevice, c.D, c.R, spec.fit
@@ -514,6 +566,11 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 			cfg.Rewarm = train.Defaults().Rewarm
 		}
 	}
+	if spec.mode == engine.LoRA {
+		// The dense parameters train on the device as the lsp rows', so
+		// that lora and lsp differ in the block matrices only.
+		cfg.DenseParams, cfg.LoRAR = engine.DenseDevice, c.LoRAR
+	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	if seed != c.Seed {
 		cfg.Out = filepath.Join(c.Out, fmt.Sprintf("%s-seed%d", spec.dir, seed))
@@ -521,21 +578,57 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64) train.Config {
 	return cfg
 }
 
-// fineTuneRow runs a row's fine-tuning once per seed and scores it.
+// gridDir is the output directory of a row's first-seed run at lr when
+// --lrs has several points (with one, the row's own directory).
+func gridDir(c Config, spec rowSpec, lr float64) string {
+	return filepath.Join(c.Out, spec.dir+"-lr"+strconv.FormatFloat(lr, 'g', -1, 64))
+}
+
+// fineTuneRow chooses a row's learning rate, the point of --lrs whose
+// first-seed run ends at the lowest held-out loss, runs the other seeds
+// at it and scores the row.
 func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log *slog.Logger) (Row, error) {
 	row := Row{Name: spec.name, Mode: string(spec.mode), Fit: spec.fit}
-	if spec.mode == engine.LSP {
+	lrs, err := c.lrs()
+	if err != nil {
+		return row, err
+	}
+	switch spec.mode {
+	case engine.LSP:
 		row.D, row.R = c.D, c.R
 		if spec.fit {
-			row.Refit = string(rowConfig(c, spec, model, c.Seed).Refit)
+			row.Refit = string(rowConfig(c, spec, model, c.Seed, lrs[0]).Refit)
+		}
+	case engine.LoRA:
+		row.R = c.LoRAR
+	}
+	type first struct {
+		run SeedRun
+		m   train.Measurements
+	}
+	var best first
+	for i, lr := range lrs {
+		out := ""
+		if len(lrs) > 1 {
+			out = gridDir(c, spec, lr)
+		}
+		run, m, err := fineTune(ctx, c, spec, model, c.Seed, lr, out, log)
+		if err != nil {
+			return row, err
+		}
+		row.Grid = append(row.Grid, GridPoint{LR: lr, FinalEvalLoss: run.FinalEvalLoss, Out: run.Out})
+		if i == 0 || run.FinalEvalLoss < best.run.FinalEvalLoss {
+			best, row.LR = first{run, m}, lr
 		}
 	}
 	var losses, ems, accepted []float64
 	for j := range c.Seeds {
 		seed := c.Seed + uint64(j)
-		run, m, err := fineTune(ctx, c, spec, model, seed, log)
-		if err != nil {
-			return row, err
+		run, m := best.run, best.m
+		if j > 0 {
+			if run, m, err = fineTune(ctx, c, spec, model, seed, row.LR, "", log); err != nil {
+				return row, err
+			}
 		}
 		if j == 0 {
 			row.Out, row.StartEvalLoss, row.StepSecondsFineTune = run.Out, run.StartEvalLoss, m.StepSeconds
@@ -594,9 +687,13 @@ func meanCurve(runs []SeedRun) []EvalPoint {
 	return out
 }
 
-// fineTune runs one seed of a row's fine-tuning and scores it.
-func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed uint64, log *slog.Logger) (SeedRun, train.Measurements, error) {
-	cfg := rowConfig(c, spec, model, seed)
+// fineTune runs one seed of a row's fine-tuning at peak learning rate lr,
+// into out ("": the row's directory for the seed), and scores it.
+func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed uint64, lr float64, out string, log *slog.Logger) (SeedRun, train.Measurements, error) {
+	cfg := rowConfig(c, spec, model, seed, lr)
+	if out != "" {
+		cfg.Out = out
+	}
 	run := SeedRun{Seed: seed, Out: cfg.Out}
 	t0 := time.Now()
 	var m train.Measurements
@@ -635,7 +732,7 @@ func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed ui
 		}
 	}
 	run.Seconds = time.Since(t0).Seconds()
-	args := []any{"row", spec.name, "seed", seed, "steps", r.Steps, "eval_loss_start", fmt.Sprintf("%.4f", run.StartEvalLoss),
+	args := []any{"row", spec.name, "seed", seed, "lr", lr, "steps", r.Steps, "eval_loss_start", fmt.Sprintf("%.4f", run.StartEvalLoss),
 		"eval_loss", fmt.Sprintf("%.4f", run.FinalEvalLoss), "step_s", fmt.Sprintf("%.3f", m.StepSeconds)}
 	if run.ExactMatch != nil {
 		args = append(args, "exact_match", fmt.Sprintf("%.3f", *run.ExactMatch))
@@ -730,8 +827,8 @@ func exactMatch(cfg train.Config, export string, n int) (float64, error) {
 
 // timing runs a row for --timing-steps steps with schedule sched and
 // no eval, and returns its mean step time.
-func timing(ctx context.Context, c Config, spec rowSpec, sched train.Schedule, model string, log *slog.Logger) (float64, error) {
-	cfg := rowConfig(c, spec, model, c.Seed)
+func timing(ctx context.Context, c Config, spec rowSpec, sched train.Schedule, model string, lr float64, log *slog.Logger) (float64, error) {
+	cfg := rowConfig(c, spec, model, c.Seed, lr)
 	cfg.Steps, cfg.EvalEvery, cfg.EvalFraction, cfg.Schedule = c.TimingSteps, 0, 0, sched
 	cfg.Out = filepath.Join(c.Out, "timing", spec.dir+"-"+string(sched))
 	var m train.Measurements
@@ -753,13 +850,20 @@ func mib(b float64) string { return fmt.Sprintf("%.2f", b/(1<<20)) }
 func table(res *Result) string {
 	c := res.Config
 	var b strings.Builder
-	head := []string{"row", "d", "r", "step s (sequential)", "step s (pipelined)", "device MiB predicted",
-		"device MiB peak", "host MiB", "link MiB/step", "final eval loss", "exact match", "refits kept"}
+	head := []string{"row", "d", "r", "lr", "step s (sequential)", "step s (pipelined)", "device MiB predicted",
+		"device MiB peak", "host MiB", "link MiB/step", "final eval loss", "recovery", "exact match", "refits kept"}
 	cells := [][]string{head}
 	for _, r := range res.Rows {
 		d, rr := "-", "-"
-		if r.Mode == string(engine.LSP) {
+		switch r.Mode {
+		case string(engine.LSP):
 			d, rr = strconv.Itoa(r.D), strconv.Itoa(r.R)
+		case string(engine.LoRA):
+			rr = strconv.Itoa(r.R)
+		}
+		rec := "-"
+		if r.Recovery != nil {
+			rec = fmt.Sprintf("%.2f", *r.Recovery)
 		}
 		em := "-"
 		if r.ExactMatch != nil && !math.IsNaN(*r.ExactMatch) {
@@ -769,9 +873,9 @@ func table(res *Result) string {
 		if len(r.Seeds) > 1 {
 			loss = fmt.Sprintf("%.4f ± %.4f", r.FinalEvalLoss, r.FinalEvalSD)
 		}
-		cells = append(cells, []string{r.Name, d, rr, fmt.Sprintf("%.3f", r.StepSecondsSequential),
+		cells = append(cells, []string{r.Name, d, rr, fmt.Sprintf("%g", r.LR), fmt.Sprintf("%.3f", r.StepSecondsSequential),
 			fmt.Sprintf("%.3f", r.StepSecondsPipelined), mib(float64(r.DevicePredicted)), mib(float64(r.DevicePeak)),
-			mib(float64(r.Host)), fmt.Sprintf("%.3f", r.LinkMeasured/(1<<20)), loss, em, keptCell(r)})
+			mib(float64(r.Host)), fmt.Sprintf("%.3f", r.LinkMeasured/(1<<20)), loss, rec, em, keptCell(r)})
 	}
 	width := make([]int, len(head))
 	for _, row := range cells {
@@ -817,9 +921,10 @@ func table(res *Result) string {
 		em = "exact match: not measured (--eval-generate %d)."
 	}
 	notes := []string{
-		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: lr %g (warmup %d, cosine decay), batch %d x %d tokens, %s.",
-			c.Model, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneLR, fineTuneWarmup,
+		fmt.Sprintf("Model: %s pretrained natively on %s for %d steps (%s%s), then fine-tuned on %s for %d steps in every row: warmup %d, cosine decay to a tenth of the peak lr, batch %d x %d tokens, %s.",
+			c.Model, c.PretrainTask, c.PretrainSteps, res.Pretrained, reused, c.Task, c.Steps, fineTuneWarmup,
 			c.Batch, c.SeqLen, seedsNote(c)),
+		lrNote(res),
 		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f with the first seed) and every %d steps (curves: %s); "+em,
 			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
@@ -827,7 +932,9 @@ func table(res *Result) string {
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's host memory held for the whole run (the optimizer side's, the staging buffer, the data and the Go heap's headroom; not the CPU backend's device memory nor one phase's transients).",
 		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 with --check-at-start) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
 			c.D, c.R, checkEvery, c.CalibSamples),
-		"lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
+		fmt.Sprintf("lora: PEFT's adapters of rank r = %d (alpha %g) on every attention and MLP linear, the block matrices frozen; its dense params train on the device as the lsp rows'.",
+			c.LoRAR, train.Defaults().LoRAAlpha),
+		"recovery = (L0 - L_row) / (L0 - L_native), per seed, then the mean over seeds. lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}
 	b.WriteString("\n")
 	for _, n := range notes {
@@ -909,6 +1016,26 @@ func checkLines(res *Result) []string {
 		out = append(out, fmt.Sprintf("%s (--refit %s, %s; %.1f s of checks per run): %s", r.Name, r.Refit, fitted, r.CheckSeconds, strings.Join(parts, "; ")))
 	}
 	return out
+}
+
+// lrNote says how the rows' learning rates were chosen, with each row's
+// grid when there was one.
+func lrNote(res *Result) string {
+	c := res.Config
+	lrs, _ := c.lrs() // validated
+	if len(lrs) == 1 {
+		return fmt.Sprintf("lr: %g in every row (--lrs).", lrs[0])
+	}
+	var parts []string
+	for _, r := range res.Rows {
+		var pts []string
+		for _, g := range r.Grid {
+			pts = append(pts, fmt.Sprintf("%g: %.4f", g.LR, g.FinalEvalLoss))
+		}
+		parts = append(parts, fmt.Sprintf("%s {%s}", r.Name, strings.Join(pts, ", ")))
+	}
+	return fmt.Sprintf("lr: each row's peak lr is the point of the grid %s (--lrs) whose seed-%d run ends at the lowest held-out loss, the loss also reported (so every row gets its best of the grid); the other seeds run at it. Final eval loss by lr: %s.",
+		c.LRs, c.Seed, strings.Join(parts, "; "))
 }
 
 // seedsNote names the seeds of the fine-tuning runs.

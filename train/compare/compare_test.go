@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +68,11 @@ func TestCompareConfigValidate(t *testing.T) {
 		{"llama-tiny d above its k|v width/4", func(c *Config) { c.Model, c.D, c.R = "llama-tiny", 17, 4 }, "d"},
 		{"unknown model", func(c *Config) { c.Model = "gpt5" }, "model"},
 		{"seeds 0", func(c *Config) { c.Seeds = 0 }, "seeds"},
-		{"unknown row", func(c *Config) { c.Rows = "native,lora" }, "rows"},
+		{"unknown row", func(c *Config) { c.Rows = "native,qlora" }, "rows"},
+		{"bad lr", func(c *Config) { c.LRs = "3e-3,fast" }, "lrs"},
+		{"negative lr", func(c *Config) { c.LRs = "-1e-3" }, "lrs"},
+		{"lr twice", func(c *Config) { c.LRs = "1e-3,0.001" }, "lrs"},
+		{"lora r 0", func(c *Config) { c.LoRAR = 0 }, "lora-r"},
 		{"row twice", func(c *Config) { c.Rows = "native,lsp,native" }, "rows"},
 		{"every row", func(c *Config) { c.Rows = strings.Join(RowNames(), ",") }, ""},
 		{"batch 0", func(c *Config) { c.Batch = 0 }, "batch"},
@@ -148,10 +153,12 @@ func TestComparePretrainReuse(t *testing.T) {
 	}
 }
 
-// TestCompare runs the whole job at reduced size: lsp must recover at
-// least 0.8 of native's eval-loss drop, native and zero must agree, the
-// plan must cover the peak and predict the link bytes, and the outputs and
-// the table's last line must be as documented.
+// TestCompare runs the whole job at reduced size, at one learning rate
+// (TestCompareLRGrid chooses among several): lsp must recover at least 0.8
+// of native's eval-loss drop, native and zero must agree, lora must
+// lower the loss with less device memory than native and nothing but the
+// batch over the link, the plan must cover the peak and predict the link
+// bytes, and the outputs and the table's last line must be as documented.
 func TestCompare(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the tiny preset for about a minute; run without -short")
@@ -159,7 +166,7 @@ func TestCompare(t *testing.T) {
 	c := Defaults()
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
-	c.Seeds, c.Rows = 2, "native,zero,lsp,lsp-fit,lsp-resample"
+	c.Seeds, c.Rows, c.LRs = 2, "native,zero,lsp,lsp-fit,lsp-resample,lora", "3e-3"
 	// 40 steps end before the first check (step 50): check before step
 	// 1 too, so the rows that check do.
 	c.CheckAtStart = true
@@ -170,11 +177,11 @@ func TestCompare(t *testing.T) {
 	}
 	t.Logf("compare took %.1f s\n%s", time.Since(t0).Seconds(), res.Table)
 
-	if len(res.Rows) != 5 {
-		t.Fatalf("%d rows, want 5", len(res.Rows))
+	if len(res.Rows) != 6 {
+		t.Fatalf("%d rows, want 6", len(res.Rows))
 	}
-	native, zero, lspRow, fitted, resampled := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4]
-	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || lspRow.Fit || !fitted.Fit || !resampled.Fit ||
+	native, zero, lspRow, fitted, resampled, loraRow := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4], res.Rows[5]
+	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || loraRow.Mode != "lora" || lspRow.Fit || !fitted.Fit || !resampled.Fit ||
 		resampled.Refit != "random" || fitted.Refit != string(train.Defaults().Refit) || lspRow.Refit != "" {
 		t.Fatalf("rows out of order: %+v", res.Rows)
 	}
@@ -194,9 +201,24 @@ func TestCompare(t *testing.T) {
 	if rec := *res.Recovery; math.Abs(rec-want) > 1e-12 || rec < 0.8 {
 		t.Errorf("lsp-recovery %.4f (from the seeds %.4f), want >= 0.8", rec, want)
 	}
+	if lspRow.Recovery == nil || *lspRow.Recovery != *res.Recovery || native.Recovery == nil || math.Abs(*native.Recovery-1) > 1e-12 {
+		t.Errorf("row recoveries: lsp %v (lsp-recovery %v), native %v (want 1)", lspRow.Recovery, *res.Recovery, native.Recovery)
+	}
+	// lora: the adapters and the dense parameters' AdamW on the device,
+	// not every parameter's; no gradient crosses the link; the loss
+	// falls.
+	if loraRow.Recovery == nil || !(*loraRow.Recovery > 0) || loraRow.R != c.LoRAR ||
+		!(loraRow.DevicePredicted < native.DevicePredicted) || loraRow.LinkPredicted != native.LinkPredicted {
+		t.Errorf("lora: recovery %v, r %d, device %d bytes (native %d), link %d bytes (native %d)", loraRow.Recovery, loraRow.R,
+			loraRow.DevicePredicted, native.DevicePredicted, loraRow.LinkPredicted, native.LinkPredicted)
+	}
 	for _, r := range res.Rows {
 		if len(r.Seeds) != 2 || r.Seeds[0].Seed != 1 || r.Seeds[1].Seed != 2 || r.Seeds[0].Out == r.Seeds[1].Out {
 			t.Fatalf("%s: seeds %+v", r.Name, r.Seeds)
+		}
+		// One rate: no grid directories, the row's own.
+		if r.LR != 3e-3 || len(r.Grid) != 1 || r.Grid[0].Out != r.Out || filepath.Base(r.Out) != filepath.Base(r.Seeds[0].Out) {
+			t.Errorf("%s: lr %v, grid %+v, out %s", r.Name, r.LR, r.Grid, r.Out)
 		}
 		a, b := r.Seeds[0].FinalEvalLoss, r.Seeds[1].FinalEvalLoss
 		if math.Abs(r.FinalEvalLoss-(a+b)/2) > 1e-12 || math.Abs(r.FinalEvalSD-math.Abs(a-b)/math.Sqrt2) > 1e-12 || a == b {
@@ -261,7 +283,8 @@ func TestCompare(t *testing.T) {
 		t.Errorf("line before last %q", q)
 	}
 	if !strings.HasPrefix(lines[0], "| row ") || !strings.Contains(res.Table, "| lsp (fitted) ") ||
-		!strings.Contains(res.Table, "dense params (embeddings, norms and biases) are trained on the device") {
+		!strings.Contains(res.Table, "dense params (embeddings, norms and biases) are trained on the device") ||
+		!strings.Contains(res.Table, "| lora ") || !strings.Contains(res.Table, "lr: 0.003 in every row") {
 		t.Errorf("table:\n%s", res.Table)
 	}
 
@@ -276,7 +299,7 @@ func TestCompare(t *testing.T) {
 	if err := json.Unmarshal(raw, &back); err != nil {
 		t.Fatalf("%s: %v", res.JSON, err)
 	}
-	if len(back.Rows) != 5 || back.Recovery == nil || *back.Recovery != *res.Recovery || back.L0 != res.L0 {
+	if len(back.Rows) != 6 || back.Recovery == nil || *back.Recovery != *res.Recovery || back.L0 != res.L0 {
 		t.Errorf("%s does not hold the numbers: %s", res.JSON, raw)
 	}
 	f, err := os.Open(res.PNG)
@@ -286,5 +309,61 @@ func TestCompare(t *testing.T) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Errorf("%s: %v", res.PNG, err)
+	}
+}
+
+// TestCompareLRGrid: with three rates each row runs its first seed at
+// each, keeps the one with the lowest held-out loss, runs its other seeds
+// at it and times it; the table says each row's rate and every point's
+// loss. native and lora at a small size: the choice, not the quality.
+func TestCompareLRGrid(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the tiny preset; run without -short")
+	}
+	c := Defaults()
+	c.Out = filepath.Join(t.TempDir(), "cmp")
+	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 40, 10, 1, 10, 0
+	c.Seeds, c.Rows, c.LRs = 2, "native,lora", "1e-4,3e-3,3e-2"
+	// Small data and batches: eight fine-tuning runs and four timing
+	// runs in seconds.
+	c.Batch, c.Task, c.PretrainTask = 8, "builtin:copy:2000", "builtin:sort:2000"
+	res, err := Run(context.Background(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", res.Table)
+	lrs := []float64{1e-4, 3e-3, 3e-2}
+	for _, r := range res.Rows {
+		if len(r.Grid) != 3 {
+			t.Fatalf("%s: grid %+v", r.Name, r.Grid)
+		}
+		best := 0
+		for i, g := range r.Grid {
+			if g.LR != lrs[i] || g.Out != filepath.Join(c.Out, r.Mode+"-lr"+strconv.FormatFloat(lrs[i], 'g', -1, 64)) {
+				t.Errorf("%s: grid point %d %+v", r.Name, i, g)
+			}
+			if g.FinalEvalLoss < r.Grid[best].FinalEvalLoss {
+				best = i
+			}
+		}
+		if r.LR != lrs[best] || r.Out != r.Grid[best].Out || r.Seeds[0].Out != r.Out || r.Seeds[0].FinalEvalLoss != r.Grid[best].FinalEvalLoss {
+			t.Errorf("%s: lr %v from grid %+v; out %s, first seed %+v", r.Name, r.LR, r.Grid, r.Out, r.Seeds[0])
+		}
+		// The points differ: the rate reached the runs.
+		if r.Grid[0].FinalEvalLoss == r.Grid[1].FinalEvalLoss || r.Grid[1].FinalEvalLoss == r.Grid[2].FinalEvalLoss {
+			t.Errorf("%s: the rates gave equal losses %+v", r.Name, r.Grid)
+		}
+		if len(r.Seeds) != 2 || r.Seeds[1].Seed != 2 || !strings.HasSuffix(r.Seeds[1].Out, r.Mode+"-seed2") || !(r.StepSecondsPipelined > 0) {
+			t.Errorf("%s: seeds %+v, step %v s", r.Name, r.Seeds, r.StepSecondsPipelined)
+		}
+		if !strings.Contains(res.Table, fmt.Sprintf("%s {%g: %.4f, ", r.Name, lrs[0], r.Grid[0].FinalEvalLoss)) {
+			t.Errorf("the table lacks %s's grid:\n%s", r.Name, res.Table)
+		}
+	}
+	// The lowest rate barely moves a model in 10 steps: neither row keeps it.
+	for _, r := range res.Rows {
+		if r.LR == lrs[0] {
+			t.Errorf("%s chose %g: grid %+v", r.Name, r.LR, r.Grid)
+		}
 	}
 }

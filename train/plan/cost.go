@@ -215,7 +215,7 @@ func Schedule(tasks []Task, m Machine, pipelined bool) []Task {
 }
 
 // Config is one planning question: a model, its batch and an engine
-// configuration (its Mode, LSP flags and Pipelined schedule).
+// configuration (its Mode, LSP and LoRA flags and Pipelined schedule).
 type Config struct {
 	Arch        model.Arch
 	B, T, Accum int
@@ -258,6 +258,12 @@ type Report struct {
 	// FitSeconds is the projector fits of one check, lsp mode with
 	// fitting (FitTime: every fit for its whole budget).
 	FitSeconds float64
+	// AdapterSeconds is lora mode's adapter GEMMs (trace.Op.LowRank at
+	// the rank), each costed alone, and AdapterGemms their count: the
+	// unfused adapter path whose share of the step decides whether a
+	// fused kernel is worth writing (issue 37: above 10%).
+	AdapterSeconds float64
+	AdapterGemms   int
 }
 
 // Plan predicts the memory and the step time of c on m.
@@ -296,6 +302,14 @@ func Plan(c Config, m Machine) (Report, error) {
 		if n.AllReduce > 0 {
 			r.NetBytes += AllReduceBytes(n.AllReduce, m.Ranks)
 			r.NetSeconds += tasks[i].Work
+		}
+	}
+	if c.Engine.Mode == engine.LoRA {
+		for _, o := range ops {
+			if o.LowRank(c.Engine.LoRA.R) {
+				r.AdapterSeconds += m.OpTime(o)
+				r.AdapterGemms++
+			}
 		}
 	}
 	if r.FitSeconds, err = FitTime(c, m); err != nil {

@@ -222,7 +222,7 @@ func TestMeasuredOpsFromEvents(t *testing.T) {
 // one per mode, with a model of dtype dt.
 func checkMeasuredOps(t *testing.T, dt backend.DType, open func() (backend.Backend, error)) {
 	t.Helper()
-	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+	for _, mode := range engine.Modes {
 		cfg := engineConfig(mode)
 		cfg.Pipelined, cfg.HostThreads = false, 2
 		be, err := open()

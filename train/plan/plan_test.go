@@ -18,6 +18,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -28,7 +29,8 @@ var tiny = gpt2.Config{V: 64, MaxT: 16, C: 32, L: 2, NH: 4, Eps: 1e-5}
 
 func engineConfig(mode engine.Mode) engine.Config {
 	return engine.Config{Mode: mode, DenseParams: engine.DenseHost, Hyper: optim.DefaultHyper(), Seed: 1, Pipelined: true,
-		LSP: lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20}}
+		LSP:  lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
+		LoRA: lora.Config{R: 4, Alpha: 8}}
 }
 
 // TestTraceLinkBytes: the bytes the traced graph copies across the link
@@ -41,7 +43,7 @@ func TestTraceLinkBytes(t *testing.T) {
 		cfg  engine.Config
 	}
 	var cases []tc
-	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+	for _, mode := range engine.Modes {
 		cases = append(cases, tc{string(mode), engineConfig(mode)})
 		// One rank of two (data parallelism): the gradients native's
 		// AdamW reads, and the non-finite flag, go down and up again.
@@ -177,7 +179,7 @@ func TestPlanSchedules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+	for _, mode := range engine.Modes {
 		c := Config{Arch: tiny, B: 2, T: 8, Accum: 2, DType: backend.BF16, Engine: engineConfig(mode)}
 		pip, err := Plan(c, m)
 		if err != nil {
@@ -230,7 +232,7 @@ func TestPlanLlama7B(t *testing.T) {
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	t0 := time.Now()
-	for _, mode := range []engine.Mode{engine.Native, engine.Zero, engine.LSP} {
+	for _, mode := range engine.Modes {
 		cfg := engineConfig(mode)
 		cfg.LSP.D, cfg.LSP.R = 512, 16
 		r, err := Plan(Config{Arch: c7, B: 4, T: 512, Accum: 2, DType: backend.BF16, Engine: cfg}, m)
@@ -245,7 +247,7 @@ func TestPlanLlama7B(t *testing.T) {
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	alloc := after.TotalAlloc - before.TotalAlloc
-	t.Logf("llama-7b, three modes: %v, %d MiB allocated, heap %d MiB", elapsed, alloc>>20, after.HeapSys>>20)
+	t.Logf("llama-7b, every mode: %v, %d MiB allocated, heap %d MiB", elapsed, alloc>>20, after.HeapSys>>20)
 	if elapsed > 30*time.Second {
 		t.Errorf("planning took %v, want under 30 s", elapsed)
 	}
@@ -509,5 +511,49 @@ func TestGPUName(t *testing.T) {
 	}
 	if _, err := Preset("a100", "", ""); err == nil || !strings.Contains(err.Error(), "a100-40gb, a100-80gb") {
 		t.Errorf("an ambiguous --gpu: %v", err)
+	}
+}
+
+// TestPlanLoRAAdapters: the planned lora step costs the adapters' GEMMs:
+// seven per adapted matrix (the forward's A x and B u; the backward's
+// u again, du, dB, dA and dX), which the compute stream's busy time
+// includes beside the frozen model's ops, on tiny and on llama-7b.
+func TestPlanLoRAAdapters(t *testing.T) {
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c7, err := llama.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		arch  model.Arch
+		sites int // adapted matrices with the family's default targets
+		B, T  int
+	}{
+		{"tiny", tiny, tiny.L * 4, 2, 8},            // c_attn, attn.c_proj, c_fc, mlp.c_proj
+		{"llama-7b", c7, c7.NumLayers * 7, 1, 1024}, // q, k, v, o, gate, up, down
+	} {
+		cfg := engineConfig(engine.LoRA)
+		cfg.DenseParams, cfg.LoRA.R = engine.DenseFrozen, 8
+		r, err := Plan(Config{Arch: tc.arch, B: tc.B, T: tc.T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.AdapterGemms != 7*tc.sites {
+			t.Errorf("%s: %d adapter GEMMs, want 7 x %d sites", tc.name, r.AdapterGemms, tc.sites)
+		}
+		var compute float64
+		for _, task := range r.Tasks {
+			if task.Queue == engine.Compute {
+				compute += task.Work
+			}
+		}
+		if !(r.AdapterSeconds > 0) || !(compute >= r.AdapterSeconds) || !near(r.Busy[engine.Compute], compute) {
+			t.Errorf("%s: adapters %g s, compute tasks %g s, compute busy %g s", tc.name, r.AdapterSeconds, compute, r.Busy[engine.Compute])
+		}
+		t.Logf("%s: %d adapter GEMMs, %.3g ms of a %.3g ms step (%.1f%%)", tc.name, r.AdapterGemms, r.AdapterSeconds*1e3, r.Step*1e3, 100*r.AdapterSeconds/r.Step)
 	}
 }

@@ -65,6 +65,9 @@ const (
 // Recorder profiles the steps of one engine.
 type Recorder struct {
 	tb *trace.Backend
+	// rank, when above 0, is lora's: Step sums the GEMMs with it as a
+	// size as the adapters' (CountAdapters).
+	rank int
 
 	mu     sync.Mutex
 	names  []string       // the nodes of this step's graphs, by id
@@ -79,6 +82,12 @@ type span struct{ from, to time.Time }
 func Wrap(be backend.Backend) *Recorder {
 	return &Recorder{tb: trace.WrapTimed(be)}
 }
+
+// CountAdapters makes each Step sum, in Adapters, the GEMMs with rank
+// as one of their sizes (trace.Op.LowRank): lora's adapter GEMMs when
+// rank is --lora-r, so that the unfused adapter path's share of a step
+// is measured, not only planned.
+func (r *Recorder) CountAdapters(rank int) { r.rank = rank }
 
 // Backend is the wrapped backend to train on.
 func (r *Recorder) Backend() backend.Backend { return r.tb }
@@ -154,6 +163,10 @@ type Step struct {
 	Phases    map[Phase]float64
 	Families  map[trace.Family]float64
 	FamilyOps map[trace.Family]int
+	// Adapters and AdapterOps are the time and count of lora's adapter
+	// GEMMs, part of Families[trace.Gemm] (CountAdapters; 0 without).
+	Adapters   float64
+	AdapterOps int
 	// Busy is each stream's time running ops of the engine step (the
 	// check's excluded) and, for HostStream, the host nodes' spans
 	// merged; Idle is the engine step's wall time minus Busy (never
@@ -172,13 +185,14 @@ func (r *Recorder) Step(t Times) (Step, error) {
 	r.mu.Lock()
 	names, queues, host := r.names, r.queues, r.host
 	r.mu.Unlock()
-	st := summarize(ops, names, queues, host, t)
+	st := summarize(ops, names, queues, host, t, r.rank)
 	return st, r.forget()
 }
 
 // summarize sums ops (their Node an index of names and queues, or one of
-// the markers) and the host spans into a Step.
-func summarize(ops []trace.Op, names []string, queues []engine.Queue, host []span, t Times) Step {
+// the markers) and the host spans into a Step, the GEMMs with rank as a
+// size as lora's adapters' when rank is above 0.
+func summarize(ops []trace.Op, names []string, queues []engine.Queue, host []span, t Times, rank int) Step {
 	st := Step{Times: t, Phases: map[Phase]float64{}, Busy: map[string]float64{}, Idle: map[string]float64{}, Ops: len(ops)}
 	st.Families, st.FamilyOps, st.Device = trace.ByFamily(ops)
 	for _, o := range ops {
@@ -186,6 +200,10 @@ func summarize(ops []trace.Op, names []string, queues []engine.Queue, host []spa
 		st.Phases[p] += o.Seconds
 		if p != Check {
 			st.Busy[o.Stream] += o.Seconds
+		}
+		if o.LowRank(rank) {
+			st.Adapters += o.Seconds
+			st.AdapterOps++
 		}
 	}
 	for _, s := range host {

@@ -34,12 +34,15 @@ func Mean(steps []Step) Step {
 		return m
 	}
 	ops := map[trace.Family]float64{}
+	var adapterOps float64
 	for _, s := range steps {
 		m.Wall += s.Wall / n
 		m.Engine += s.Engine / n
 		m.Times.Check += s.Times.Check / n
 		m.Device += s.Device / n
 		m.Ops += s.Ops
+		m.Adapters += s.Adapters / n
+		adapterOps += float64(s.AdapterOps) / n
 		for k, v := range s.Phases {
 			m.Phases[k] += v / n
 		}
@@ -53,6 +56,7 @@ func Mean(steps []Step) Step {
 		}
 	}
 	m.Ops = int(math.Round(float64(m.Ops) / n))
+	m.AdapterOps = int(math.Round(adapterOps))
 	for k, v := range ops {
 		m.FamilyOps[k] = int(math.Round(v))
 	}

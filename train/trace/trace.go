@@ -100,6 +100,17 @@ type GemmArgs struct {
 	M, N, K        int
 }
 
+// LowRank reports whether o is a GEMM one of whose sizes is r. With r
+// lora's rank it picks out the adapters' GEMMs (train/lora: each of the
+// forward's and the backward's has r as M, N or K), so that the planner
+// and the profile can say what the unfused adapter path costs; a model
+// GEMM is taken for one only when a model size or the token count equals
+// r.
+func (o Op) LowRank(r int) bool {
+	g := o.Gemm
+	return o.Family == Gemm && r > 0 && (g.M == r || g.N == r || g.K == r)
+}
+
 // Backend records ops; see the package doc.
 type Backend struct {
 	inner backend.Backend // nil: no memory behind anything
