@@ -127,7 +127,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	gemm := func(out, inp, w backend.Tensor, IC, OC int) func() error {
 		return func() error { return be.Gemm(s, false, false, 1, OC, IC, 1, inp, w, 0, out) }
 	}
-	if err := be.EncoderForward(s, d.x, d.Tok, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
+	if err := be.EncoderForward(s, d.x, d.Tok, backend.Tensor{}, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
 		return fmt.Errorf("llama decoder: %w", err)
 	}
 	for l := range c.NumLayers {
@@ -140,8 +140,8 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 			m.addBias(s, p, MatK, k, 1),
 			gemm(d.v, d.ln, p[slotV], C, kw),
 			m.addBias(s, p, MatV, d.v, 1),
-			func() error { return be.RoPEForward(s, d.q, d.q, freqs, 1, 2, c.Heads, HS) },
-			func() error { return be.RoPEForward(s, d.k, d.k, freqs, 1, 2, c.KVHeads, HS) },
+			func() error { return be.RoPEForward(s, d.q, d.q, backend.Tensor{}, freqs, 1, 2, c.Heads, HS) },
+			func() error { return be.RoPEForward(s, d.k, d.k, backend.Tensor{}, freqs, 1, 2, c.KVHeads, HS) },
 			func() error { return d.Cache.Store(s, l, pos, k, d.v) },
 			func() error { return d.Cache.Attend(s, l, pos, q, d.atty) },
 			gemm(d.scr, d.atty, p[slotO], qw, C),
