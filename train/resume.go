@@ -52,7 +52,9 @@ type resumeIdentity struct {
 	D            int                `flag:"d" resume:"lsp" state:"field"`
 	R            int                `flag:"r" resume:"lsp" state:"field"`
 
-	// Recorded in checkpoint.State.Settings only.
+	// Recorded in checkpoint.State.Settings only. --pack decides what
+	// each row holds (absent from runs before it: false).
+	Pack         bool           `flag:"pack"`
 	Tokenizer    string         `flag:"tokenizer"`
 	LR           float64        `flag:"lr"`
 	MinLR        float64        `flag:"min-lr"`
@@ -244,6 +246,10 @@ func savedSettings(st checkpoint.State) map[string]string {
 	}
 	for k, v := range st.Settings {
 		m[k] = v
+	}
+	// Runs before --pack existed had one example per row.
+	if _, has := m["pack"]; !has {
+		m["pack"] = "false"
 	}
 	// Before --fit became opt-in, runs recorded its negation, --no-fit.
 	if v, ok := m["no-fit"]; ok {
