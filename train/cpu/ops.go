@@ -511,9 +511,12 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.
 		return err
 	}
 	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv, pos), func() error {
-		if a.pos, err = posView("attention forward", pos, B, T); err != nil {
-			return err
+		ps, perr := posView("attention forward", pos, B, T)
+		if perr != nil {
+			return perr
 		}
+		a := a // this op's shape with its positions
+		a.pos = ps
 		o, l, q := load(out), load(lse), load(qkv)
 		err := b.parallelErr("attention forward", B*NH, 1, func(lo, hi int) error { return host.AttentionForward(o, l, q, a.host(), lo, hi) })
 		store(out, o)
@@ -544,9 +547,12 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	}
 	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH), func() error {
 		spoil(used)
-		if a.pos, err = posView("attention backward", pos, B, T); err != nil {
-			return err
+		ps, perr := posView("attention backward", pos, B, T)
+		if perr != nil {
+			return perr
 		}
+		a := a // this op's shape with its positions
+		a.pos = ps
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
 		err := b.parallelErr("attention backward", B*KVH, 1, func(lo, hi int) error { return host.AttentionBackward(dq, dy, q, o, l, a.host(), lo, hi) })
 		store(dqkv, dq)
