@@ -13,12 +13,12 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
-// TestCUDAPackedMatchesCPU: a packed batch (--pack: per-document RoPE
+// TestCUDAMatchesCPUPacked: a packed batch (--pack: per-document RoPE
 // positions and attention) through the CUDA backend against the CPU
 // backend with the kernels' dtypes (bf16), Qwen2's biases included: the
 // per-token losses and the gradients within the tolerances of
 // TestCUDAMatchesCPU.
-func TestCUDAPackedMatchesCPU(t *testing.T) {
+func TestCUDAMatchesCPUPacked(t *testing.T) {
 	probe, err := device.Open(device.Config{Kind: device.CUDA})
 	if err != nil {
 		t.Skipf("no CUDA device: %v", err)
