@@ -413,8 +413,8 @@ func TestDTypeRefusedByName(t *testing.T) {
 	h := func(n int) backend.Tensor { return alloc(t, be, "h", n, backend.BF16) }
 	wantErr(t, "fp32 gemm", be.Gemm(s, false, false, 3, 4, 5, 1, f(15), f(20), 0, f(12)),
 		"Gemm(A fp32, B fp32, C fp32)", "A, B must be bf16")
-	wantErr(t, "fp32 attention", be.AttentionForward(s, f(2*3*8), f(2*2*3), f(2*3*24), 2, 3, 2, 2, 4, backend.QKVFused),
-		"AttentionForward(out fp32, lse fp32, qkv fp32)", "must be bf16")
+	wantErr(t, "fp32 attention", be.AttentionForward(s, f(2*3*8), f(2*2*3), f(2*3*24), backend.Tensor{}, 2, 3, 2, 2, 4, backend.QKVFused),
+		"AttentionForward(out fp32, lse fp32, qkv fp32, pos absent)", "must be bf16")
 	const N, C = 3, 4
 	// dinp and dout share g_bf16 (dweight and dbias have dw_bf16 of their own).
 	err := be.LayerNormBackward(s, f(N*C), h(C), h(C), h(N*C), h(N*C), h(C), f(N), f(N), f(backend.LayerNormBackwardScratch(N, C)), N, C)

@@ -58,6 +58,24 @@ type tspec struct {
 	off  int
 }
 
+// confPositions is B packed rows of T (backend.Positions): documents of
+// 3, 1, 4, 2, 5, ... tokens, the last one of a row cut by T.
+func confPositions(B, T int) []int32 {
+	lens := []int{3, 1, 4, 2, 5}
+	pos := make([]int32, 0, B*T)
+	k := 0
+	for range B {
+		for t := 0; t < T; k++ {
+			n := min(lens[k%len(lens)], T-t)
+			for i := range n {
+				pos = append(pos, int32(i))
+			}
+			t += n
+		}
+	}
+	return pos
+}
+
 // offsetViews returns in with each tensor a view at an odd offset.
 func offsetViews(in []tspec) []tspec {
 	out := slices.Clone(in)
@@ -222,13 +240,23 @@ func conformanceCases() []opCase {
 			add(opCase{"EncoderForward", sh, []tspec{{name: "out", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token},
 				{name: "wte", n: V * C, dt: dt}, {name: "wpe", n: T * C, dt: dt}},
 				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.EncoderForward(s, x["out"], x["inp"], x["wte"], x["wpe"], B, T, C)
+					return be.EncoderForward(s, x["out"], x["inp"], backend.Tensor{}, x["wte"], x["wpe"], B, T, C)
+				}, []check{{"out", 0, 0}}})
+			add(opCase{"EncoderForward", sh + " packed", []tspec{{name: "out", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token},
+				{name: "wte", n: V * C, dt: dt}, {name: "wpe", n: T * C, dt: dt}, {name: "pos", n: B * T, dt: i32t, ints: confPositions(B, T)}},
+				func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.EncoderForward(s, x["out"], x["inp"], x["pos"], x["wte"], x["wpe"], B, T, C)
 				}, []check{{"out", 0, 0}}})
 			for _, dw := range []backend.DType{f32, bf} { // parameter gradients; dout is dt
 				add(opCase{"EncoderBackward", fmt.Sprintf("%s dwte/dwpe %v", sh, dw), []tspec{{name: "dwte", n: V * C, dt: dw}, {name: "dwpe", n: T * C, dt: dw},
 					{name: "dout", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token}},
 					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-						return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+						return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], backend.Tensor{}, B, T, C)
+					}, []check{{"dwte", 0, 0}, {"dwpe", 0, 0}}})
+				add(opCase{"EncoderBackward", fmt.Sprintf("%s dwte/dwpe %v packed", sh, dw), []tspec{{name: "dwte", n: V * C, dt: dw}, {name: "dwpe", n: T * C, dt: dw},
+					{name: "dout", n: B * T * C, dt: dt}, {name: "inp", n: B * T, dt: i32t, gen: token}, {name: "pos", n: B * T, dt: i32t, ints: confPositions(B, T)}},
+					func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], x["pos"], B, T, C)
 					}, []check{{"dwte", 0, 0}, {"dwpe", 0, 0}}})
 			}
 		}
@@ -302,7 +330,7 @@ func conformanceCases() []opCase {
 		nqkv, nout := B*T*(NH+2*KVH)*HS, B*T*NH*HS
 		att := []tspec{{name: "out", n: nout, dt: bf}, {name: "lse", n: B * NH * T, dt: f32}, {name: "qkv", n: nqkv, dt: bf, gen: uniform(-2, 2)}}
 		forward := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, NH, KVH, HS, layout)
+			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], backend.Tensor{}, B, T, NH, KVH, HS, layout)
 		}
 		attOut := []check{{"out", -1, 0}, {"lse", math.Ldexp(1, -16), math.Ldexp(1, -17)}}
 		add(opCase{"AttentionForward", sh, att, forward, attOut})
@@ -313,7 +341,21 @@ func conformanceCases() []opCase {
 				if err := forward(be, s, x); err != nil {
 					return err
 				}
-				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], x["scratch"], B, T, NH, KVH, HS, layout)
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], backend.Tensor{}, x["scratch"], B, T, NH, KVH, HS, layout)
+			}, []check{{"dqkv", -1, 0}}})
+		// Packed rows: attention within each document.
+		attP := append(slices.Clone(att), tspec{name: "pos", n: B * T, dt: i32t, ints: confPositions(B, T)})
+		forwardP := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+			return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], x["pos"], B, T, NH, KVH, HS, layout)
+		}
+		add(opCase{"AttentionForward", sh + " packed", attP, forwardP, attOut})
+		add(opCase{"AttentionBackward", sh + " packed", append(slices.Clone(attP), tspec{name: "dqkv", n: nqkv, dt: bf},
+			tspec{name: "dout", n: nout, dt: bf}, tspec{name: "scratch", n: backend.AttentionBackwardScratch(B, T, NH), dt: f32}),
+			func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+				if err := forwardP(be, s, x); err != nil {
+					return err
+				}
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], x["pos"], x["scratch"], B, T, NH, KVH, HS, layout)
 			}, []check{{"dqkv", -1, 0}}})
 	}
 	// SwiGLU: gate over both tails of the sigmoid; the backward also with
@@ -379,17 +421,24 @@ func conformanceCases() []opCase {
 				in := []tspec{{name: "out", n: n, dt: dt}, {name: "inp", n: n, dt: dt, gen: uniform(-2, 2)}, {name: "invFreq", n: HS / 2, dt: f32, vals: inv}}
 				tol := check{"out", 1e-6, tolFor(dt, 1e-6)}
 				add(opCase{"RoPEForward", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.RoPEForward(s, x["out"], x["inp"], x["invFreq"], B, T, NH, HS)
+					return be.RoPEForward(s, x["out"], x["inp"], backend.Tensor{}, x["invFreq"], B, T, NH, HS)
 				}, []check{tol}})
 				add(opCase{"RoPEForward", sh + " in place", in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.RoPEForward(s, x["inp"], x["inp"], x["invFreq"], B, T, NH, HS)
+					return be.RoPEForward(s, x["inp"], x["inp"], backend.Tensor{}, x["invFreq"], B, T, NH, HS)
 				}, []check{{"inp", tol.atol, tol.rtol}}})
 				add(opCase{"RoPEBackward", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.RoPEBackward(s, x["out"], x["inp"], x["invFreq"], B, T, NH, HS)
+					return be.RoPEBackward(s, x["out"], x["inp"], backend.Tensor{}, x["invFreq"], B, T, NH, HS)
 				}, []check{tol}})
 				add(opCase{"RoPEBackward", sh + " in place", in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
-					return be.RoPEBackward(s, x["inp"], x["inp"], x["invFreq"], B, T, NH, HS)
+					return be.RoPEBackward(s, x["inp"], x["inp"], backend.Tensor{}, x["invFreq"], B, T, NH, HS)
 				}, []check{{"inp", tol.atol, tol.rtol}}})
+				inP := append(slices.Clone(in), tspec{name: "pos", n: B * T, dt: i32t, ints: confPositions(B, T)})
+				add(opCase{"RoPEForward", sh + " packed", inP, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEForward(s, x["out"], x["inp"], x["pos"], x["invFreq"], B, T, NH, HS)
+				}, []check{tol}})
+				add(opCase{"RoPEBackward", sh + " packed", inP, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.RoPEBackward(s, x["out"], x["inp"], x["pos"], x["invFreq"], B, T, NH, HS)
+				}, []check{tol}})
 			}
 		}
 	}

@@ -217,8 +217,19 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	})
 }
 
+// positions checks an op's pos argument (backend.Positions): absent (the
+// kernel gets NULL: unpacked rows), or I32 with B*T elements. Its values
+// are the caller's to get right (backend.CheckPositions); the kernels
+// cannot report a bad one.
+func (b *Backend) positions(op string, pos backend.Tensor, B, T int) error {
+	if pos.Buf == nil {
+		return nil
+	}
+	return b.needAll(op, i32("pos", pos, B*T))
+}
+
 // EncoderForward implements backend.Ops (lsp_encoder_forward).
-func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backend.Tensor, B, T, C int) error {
 	const op = "EncoderForward"
 	if err := b.onDevice(op); err != nil {
 		return err
@@ -242,16 +253,19 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 			return err
 		}
 	}
-	if err := dtypes(op, out, inp, wte, wpe); err != nil {
+	if err := b.positions(op, pos, B, T); err != nil {
+		return err
+	}
+	if err := dtypes(op, out, inp, pos, wte, wpe); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.EncoderForward(b.ptr(out), b.ptr(inp), b.ptr(wte), b.ptr(wpe), B, T, C, V, flag(out), st)
+		return kernels.EncoderForward(b.ptr(out), b.ptr(inp), b.ptr(pos), b.ptr(wte), b.ptr(wpe), B, T, C, V, flag(out), st)
 	})
 }
 
 // EncoderBackward implements backend.Ops (lsp_encoder_backward).
-func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos backend.Tensor, B, T, C int) error {
 	const op = "EncoderBackward"
 	if err := b.onDevice(op); err != nil {
 		return err
@@ -272,14 +286,17 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 			return err
 		}
 	}
-	if err := dtypes(op, dwte, dwpe, dout, inp); err != nil {
+	if err := b.positions(op, pos, B, T); err != nil {
+		return err
+	}
+	if err := dtypes(op, dwte, dwpe, dout, inp, pos); err != nil {
 		return err
 	}
 	if !noPos && dwpe.Len() < T*C {
 		return fmt.Errorf("cuda: %s: dwpe has %d elements, want at least %d", op, dwpe.Len(), T*C)
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.EncoderBackward(b.ptr(dwte), b.ptr(dwpe), b.ptr(dout), b.ptr(inp), B, T, C, V, flag(dout), flag(dwte), st)
+		return kernels.EncoderBackward(b.ptr(dwte), b.ptr(dwpe), b.ptr(dout), b.ptr(inp), b.ptr(pos), B, T, C, V, flag(dout), flag(dwte), st)
 	})
 }
 
@@ -406,7 +423,7 @@ func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (int
 }
 
 // AttentionForward implements backend.Ops (lsp_attention_forward).
-func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	const op = "AttentionForward"
 	if err := b.onDevice(op); err != nil {
 		return err
@@ -418,16 +435,19 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	if err := b.needAll(op, f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T), f("qkv", qkv, n)); err != nil {
 		return err
 	}
-	if err := dtypes(op, out, lse, qkv); err != nil {
+	if err := b.positions(op, pos, B, T); err != nil {
+		return err
+	}
+	if err := dtypes(op, out, lse, qkv, pos); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.AttentionForward(b.ptr(out), b.ptr(lse), b.ptr(qkv), B, T, NH, KVH, HS, int(layout), st)
+		return kernels.AttentionForward(b.ptr(out), b.ptr(lse), b.ptr(qkv), b.ptr(pos), B, T, NH, KVH, HS, int(layout), st)
 	})
 }
 
 // AttentionBackward implements backend.Ops (lsp_attention_backward).
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	const op = "AttentionBackward"
 	if err := b.onDevice(op); err != nil {
 		return err
@@ -443,11 +463,14 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	if err := b.scratch(op, "scratch", "AttentionBackwardScratch", scratch, backend.F32, backend.AttentionBackwardScratch(B, T, NH)); err != nil {
 		return err
 	}
-	if err := dtypes(op, dqkv, dout, qkv, out, lse, scratch); err != nil {
+	if err := b.positions(op, pos, B, T); err != nil {
+		return err
+	}
+	if err := dtypes(op, dqkv, dout, qkv, out, lse, pos, scratch); err != nil {
 		return err
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.AttentionBackward(b.ptr(dqkv), b.ptr(dout), b.ptr(qkv), b.ptr(out), b.ptr(lse), b.ptr(scratch),
+		return kernels.AttentionBackward(b.ptr(dqkv), b.ptr(dout), b.ptr(qkv), b.ptr(out), b.ptr(lse), b.ptr(pos), b.ptr(scratch),
 			B, T, NH, KVH, HS, int(layout), st)
 	})
 }
@@ -570,33 +593,33 @@ func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 }
 
 // RoPEForward implements backend.Ops (lsp_rope_forward).
-func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
+func (b *Backend) RoPEForward(s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
 	const op = "RoPEForward"
-	n, err := b.ropeArgs(op, "out", "inp", out, inp, invFreq, B, T, NH, HS)
+	n, err := b.ropeArgs(op, "out", "inp", out, inp, pos, invFreq, B, T, NH, HS)
 	if err != nil || n == 0 {
 		return err // nothing to rotate (HS may be 0, which the launcher refuses)
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.RoPEForward(b.ptr(out), b.ptr(inp), b.ptr(invFreq), B, T, NH, HS, flag(inp), st)
+		return kernels.RoPEForward(b.ptr(out), b.ptr(inp), b.ptr(pos), b.ptr(invFreq), B, T, NH, HS, flag(inp), st)
 	})
 }
 
 // RoPEBackward implements backend.Ops (lsp_rope_backward).
-func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
+func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
 	const op = "RoPEBackward"
-	n, err := b.ropeArgs(op, "dinp", "dout", dinp, dout, invFreq, B, T, NH, HS)
+	n, err := b.ropeArgs(op, "dinp", "dout", dinp, dout, pos, invFreq, B, T, NH, HS)
 	if err != nil || n == 0 {
 		return err // nothing to rotate (HS may be 0, which the launcher refuses)
 	}
 	return b.launch(s, op, func(st kernels.Stream) error {
-		return kernels.RoPEBackward(b.ptr(dinp), b.ptr(dout), b.ptr(invFreq), B, T, NH, HS, flag(dout), st)
+		return kernels.RoPEBackward(b.ptr(dinp), b.ptr(dout), b.ptr(pos), b.ptr(invFreq), B, T, NH, HS, flag(dout), st)
 	})
 }
 
 // ropeArgs checks the arguments of both RoPE ops, out and inp (dinp and
 // dout) [B,T,NH,HS], invFreq [HS/2], HS even, and returns the number of
 // elements rotated.
-func (b *Backend) ropeArgs(op, outName, inName string, out, inp, invFreq backend.Tensor, B, T, NH, HS int) (int, error) {
+func (b *Backend) ropeArgs(op, outName, inName string, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int) (int, error) {
 	if err := b.onDevice(op); err != nil {
 		return 0, err
 	}
@@ -610,7 +633,10 @@ func (b *Backend) ropeArgs(op, outName, inName string, out, inp, invFreq backend
 	if err := b.needAll(op, f(outName, out, n), f(inName, inp, n), f("invFreq", invFreq, HS/2)); err != nil {
 		return 0, err
 	}
-	return n, dtypes(op, out, inp, invFreq)
+	if err := b.positions(op, pos, B, T); err != nil {
+		return 0, err
+	}
+	return n, dtypes(op, out, inp, pos, invFreq)
 }
 
 // CrossEntropyForwardBackward implements backend.Ops

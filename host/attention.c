@@ -66,7 +66,7 @@ ATTN_INLINE void attn_scores4(float *s, const float *const q[4],
 }
 
 ATTN_INLINE int attn_forward_body(const lsp_attn_shape *a, float *out,
-	float *lse, const float *qkv, long lo, long hi)
+	float *lse, const float *qkv, const int *pos, long lo, long hi)
 {
 	const long T = a->T, HS = a->HS, NH = a->NH, per = a->NH / a->KVH;
 	const long Tp = (T + ATTN_VL - 1) / ATTN_VL * ATTN_VL;
@@ -90,21 +90,22 @@ ATTN_INLINE int attn_forward_body(const lsp_attn_shape *a, float *out,
 			attn_scores4(S, q, kt, t0 + nq, Tp, HS);
 			for (long j = 0; j < nq; j++) {
 				const long t = t0 + j, n = t + 1;
+				const long k0 = pos ? t - pos[b * T + t] : 0; /* the document's first key */
 				float *p = S + j * Tp;
 				float mx = -INFINITY;
-				for (long t2 = 0; t2 < n; t2++) {
+				for (long t2 = k0; t2 < n; t2++) {
 					p[t2] *= scale;
 					mx = p[t2] > mx ? p[t2] : mx;
 				}
 				float sum = 0;
-				for (long t2 = 0; t2 < n; t2++) {
+				for (long t2 = k0; t2 < n; t2++) {
 					p[t2] = (float)exp((double)(p[t2] - mx));
 					sum += p[t2];
 				}
 				float *restrict o = out + ((b * T + t) * NH + h) * HS;
 				for (long i = 0; i < HS; i++)
 					o[i] = 0;
-				for (long t2 = 0; t2 < n; t2++) {
+				for (long t2 = k0; t2 < n; t2++) {
 					const float *restrict v = qkv + a->vbase + (b * T + t2) * a->kvrow + g * HS;
 					const float w = p[t2] / sum;
 					for (long i = 0; i < HS; i++)
@@ -120,7 +121,7 @@ ATTN_INLINE int attn_forward_body(const lsp_attn_shape *a, float *out,
 
 ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
-	long lo, long hi)
+	const int *pos, long lo, long hi)
 {
 	const long T = a->T, HS = a->HS, NH = a->NH, per = a->NH / a->KVH;
 	const long Tp = (T + ATTN_VL - 1) / ATTN_VL * ATTN_VL;
@@ -155,6 +156,7 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 				attn_scores4(DP, d4, vt, t0 + nq, Tp, HS);
 				for (long j = 0; j < nq; j++) {
 					const long t = t0 + j, n = t + 1;
+					const long k0 = pos ? t - pos[b * T + t] : 0;
 					const float *restrict q = q4[j], *restrict d = d4[j];
 					float *restrict dq = dqkv + a->qbase + (b * T + t) * a->qrow + h * HS;
 					const float *restrict o = out + ((b * T + t) * NH + h) * HS;
@@ -163,12 +165,12 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 					for (long i = 0; i < HS; i++)
 						D += d[i] * o[i];
 					const float l = lse[(b * NH + h) * T + t];
-					for (long t2 = 0; t2 < n; t2++) {
+					for (long t2 = k0; t2 < n; t2++) {
 						const float pp = (float)exp((double)(s[t2] * scale - l));
 						s[t2] = pp;                          /* P */
 						dp[t2] = pp * (dp[t2] - D) * scale; /* dS */
 					}
-					for (long t2 = 0; t2 < n; t2++) {
+					for (long t2 = k0; t2 < n; t2++) {
 						const float *restrict k = qkv + a->kbase + (b * T + t2) * a->kvrow + g * HS;
 						float *restrict dk = dks + t2 * HS, *restrict dv = dvs + t2 * HS;
 						const float pp = s[t2], ds = dp[t2];
@@ -196,56 +198,56 @@ ATTN_INLINE int attn_backward_body(const lsp_attn_shape *a, float *dqkv,
 #define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 ATTN_AVX2 static int attn_forward_avx2(const lsp_attn_shape *a, float *out,
-	float *lse, const float *qkv, long lo, long hi)
+	float *lse, const float *qkv, const int *pos, long lo, long hi)
 {
-	return attn_forward_body(a, out, lse, qkv, lo, hi);
+	return attn_forward_body(a, out, lse, qkv, pos, lo, hi);
 }
 
 ATTN_AVX512 static int attn_forward_avx512(const lsp_attn_shape *a, float *out,
-	float *lse, const float *qkv, long lo, long hi)
+	float *lse, const float *qkv, const int *pos, long lo, long hi)
 {
-	return attn_forward_body(a, out, lse, qkv, lo, hi);
+	return attn_forward_body(a, out, lse, qkv, pos, lo, hi);
 }
 
 ATTN_AVX2 static int attn_backward_avx2(const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
-	long lo, long hi)
+	const int *pos, long lo, long hi)
 {
-	return attn_backward_body(a, dqkv, dout, qkv, out, lse, lo, hi);
+	return attn_backward_body(a, dqkv, dout, qkv, out, lse, pos, lo, hi);
 }
 
 ATTN_AVX512 static int attn_backward_avx512(const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
-	long lo, long hi)
+	const int *pos, long lo, long hi)
 {
-	return attn_backward_body(a, dqkv, dout, qkv, out, lse, lo, hi);
+	return attn_backward_body(a, dqkv, dout, qkv, out, lse, pos, lo, hi);
 }
 #endif
 
 /* The path numbers are host's SIMD constants: 0 scalar, 1 AVX2, 2 AVX-512. */
 int lsp_host_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
-	const float *qkv, long lo, long hi)
+	const float *qkv, const int *pos, long lo, long hi)
 {
 #ifdef ATTN_X86
 	if (path == 2)
-		return attn_forward_avx512(a, out, lse, qkv, lo, hi);
+		return attn_forward_avx512(a, out, lse, qkv, pos, lo, hi);
 	if (path == 1)
-		return attn_forward_avx2(a, out, lse, qkv, lo, hi);
+		return attn_forward_avx2(a, out, lse, qkv, pos, lo, hi);
 #endif
 	(void)path;
-	return attn_forward_body(a, out, lse, qkv, lo, hi);
+	return attn_forward_body(a, out, lse, qkv, pos, lo, hi);
 }
 
 int lsp_host_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
-	long lo, long hi)
+	const int *pos, long lo, long hi)
 {
 #ifdef ATTN_X86
 	if (path == 2)
-		return attn_backward_avx512(a, dqkv, dout, qkv, out, lse, lo, hi);
+		return attn_backward_avx512(a, dqkv, dout, qkv, out, lse, pos, lo, hi);
 	if (path == 1)
-		return attn_backward_avx2(a, dqkv, dout, qkv, out, lse, lo, hi);
+		return attn_backward_avx2(a, dqkv, dout, qkv, out, lse, pos, lo, hi);
 #endif
 	(void)path;
-	return attn_backward_body(a, dqkv, dout, qkv, out, lse, lo, hi);
+	return attn_backward_body(a, dqkv, dout, qkv, out, lse, pos, lo, hi);
 }

@@ -19,11 +19,14 @@ import (
 // NH/KVH sharing a key/value head, HS channels each. q of (b, t, h) starts
 // at QBase + (b*T+t)*QRow + h*HS of qkv, k and v of (b, t, g) at KBase or
 // VBase + (b*T+t)*KVRow + g*HS; out and dout are [B, T, NH, HS], lse
-// [B, NH, T].
+// [B, NH, T]. Pos, nil or [B, T], is each token's position within its
+// document when a row packs several (backend.Positions): query t attends
+// keys t-Pos[b*T+t]..t instead of 0..t.
 type AttentionShape struct {
 	B, T, NH, KVH, HS   int
 	QBase, KBase, VBase int
 	QRow, KVRow         int
+	Pos                 []int32
 }
 
 // check validates the shape and the lengths of qkv, out and lse.
@@ -39,6 +42,18 @@ func (a AttentionShape) check(qkv, out, lse int) error {
 	if qkv < need || out < a.B*a.T*a.NH*a.HS || lse < a.B*a.NH*a.T {
 		return fmt.Errorf("lengths qkv %d, out %d, lse %d, want at least %d, %d, %d", qkv, out, lse, need, a.B*a.T*a.NH*a.HS, a.B*a.NH*a.T)
 	}
+	if a.Pos != nil {
+		// The C loops index keys t-pos..t: a position outside [0, t]
+		// would read outside the sequence.
+		if len(a.Pos) < a.B*a.T {
+			return fmt.Errorf("positions %d, want %d", len(a.Pos), a.B*a.T)
+		}
+		for i, p := range a.Pos[:a.B*a.T] {
+			if p < 0 || int(p) > i%a.T {
+				return fmt.Errorf("position %d of token %d of row %d outside [0, %d]", p, i%a.T, i/a.T, i%a.T)
+			}
+		}
+	}
 	return nil
 }
 
@@ -50,6 +65,14 @@ func (a AttentionShape) c() C.lsp_attn_shape {
 var errAttnMemory = errors.New("no memory for the transposed keys")
 
 func ptr(x []float32) *C.float { return (*C.float)(unsafe.Pointer(unsafe.SliceData(x))) }
+
+// iptr is nil for a nil slice: C reads NULL as "no positions".
+func iptr(x []int32) *C.int {
+	if x == nil {
+		return nil
+	}
+	return (*C.int)(unsafe.Pointer(unsafe.SliceData(x)))
+}
 
 // AttentionForward does query heads b*NH+h in [lo, hi) on the calling
 // goroutine: for each query t, softmax over keys 0..t of q.k/sqrt(HS),
@@ -65,7 +88,7 @@ func AttentionForward(out, lse, qkv []float32, a AttentionShape, lo, hi int) err
 		return nil
 	}
 	sh := a.c()
-	if C.lsp_host_attn_forward(C.int(ActiveSIMD()), &sh, ptr(out), ptr(lse), ptr(qkv), C.long(lo), C.long(hi)) != 0 {
+	if C.lsp_host_attn_forward(C.int(ActiveSIMD()), &sh, ptr(out), ptr(lse), ptr(qkv), iptr(a.Pos), C.long(lo), C.long(hi)) != 0 {
 		return fmt.Errorf("host: attention forward: %w", errAttnMemory)
 	}
 	return nil
@@ -89,7 +112,7 @@ func AttentionBackward(dqkv, dout, qkv, out, lse []float32, a AttentionShape, lo
 		return nil
 	}
 	sh := a.c()
-	if C.lsp_host_attn_backward(C.int(ActiveSIMD()), &sh, ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), ptr(lse), C.long(lo), C.long(hi)) != 0 {
+	if C.lsp_host_attn_backward(C.int(ActiveSIMD()), &sh, ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), ptr(lse), iptr(a.Pos), C.long(lo), C.long(hi)) != 0 {
 		return fmt.Errorf("host: attention backward: %w", errAttnMemory)
 	}
 	return nil

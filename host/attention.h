@@ -27,11 +27,17 @@ typedef struct {
 	long qbase, kbase, vbase, qrow, kvrow;
 } lsp_attn_shape;
 
+/* pos, [B, T] or NULL, is each token's position within its document when
+ * a row packs several: query t then attends keys t - pos[b*T+t] .. t, and
+ * every sum runs over those keys only, in the same order, so a packed
+ * document's results are the bits of the document run alone. NULL is
+ * keys 0..t. */
+
 /* lsp_host_attn_forward does query heads b*NH+h in [lo, hi): for each query t,
- * softmax over keys 0..t of q.k/sqrt(HS), out = P V, lse = log sum exp.
- * Returns 0, or -1 when scratch memory cannot be had. */
+ * softmax over keys 0..t (or its document's) of q.k/sqrt(HS), out = P V,
+ * lse = log sum exp. Returns 0, or -1 when scratch memory cannot be had. */
 int lsp_host_attn_forward(int path, const lsp_attn_shape *a, float *out, float *lse,
-	const float *qkv, long lo, long hi);
+	const float *qkv, const int *pos, long lo, long hi);
 
 /* lsp_host_attn_backward does key/value heads b*KVH+g in [lo, hi) and their
  * query heads: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D =
@@ -39,6 +45,6 @@ int lsp_host_attn_forward(int path, const lsp_attn_shape *a, float *out, float *
  * lse. It overwrites those heads' parts of dqkv. Returns 0 or -1. */
 int lsp_host_attn_backward(int path, const lsp_attn_shape *a, float *dqkv,
 	const float *dout, const float *qkv, const float *out, const float *lse,
-	long lo, long hi);
+	const int *pos, long lo, long hi);
 
 #endif

@@ -22,6 +22,14 @@
  *   dout [B,T,C]  bf16, dqkv bf16 in qkv's layout (written, not
  *        accumulated).
  *   scale = 1/sqrt(HS) (rounded to fp32 as the CPU backend does).
+ *   pos  int32 [B,T] or NULL: each token's position within its document
+ *        when a row packs several (backend.Positions). Query t attends
+ *        keys first..t, first = t - pos[b,t] (0 when pos is NULL), so no
+ *        attention crosses a document boundary. Every kernel masks by
+ *        that lower bound as by the causal upper one; a tile may then hold
+ *        no visible key for a row, and the online softmax treats a row
+ *        with no visible key so far as empty (no exp(-inf - -inf)). pos is
+ *        trusted (0 <= pos[b,t] <= t; the CPU backend checks it).
  *
  * Forward: one block per (64-query tile, b*NH+h); each of its 4 warps owns
  * 16 query rows and keeps them in wmma fragments. Key/value tiles of 32 rows
@@ -97,6 +105,12 @@ __device__ __forceinline__ size_t attn_v(const AttnIdx& x, int b, int T, int g, 
     return x.vbase + (size_t)b * T * x.kvrow + (size_t)g * HS;
 }
 
+// attn_first is the first key query t of sequence b may attend: its
+// document's first token (backend.Positions), or 0 without positions.
+__device__ __forceinline__ int attn_first(const int* pos, int b, int T, int t) {
+    return pos ? t - pos[(size_t)b * T + t] : 0;
+}
+
 // attn_load_tile copies rows row0..row0+ROWS-1 (HS bf16 each, consecutive
 // rows stride elements apart in global memory) into shared memory with
 // row pitch HS+8 (the pad staggers banks for the wmma loads), writing
@@ -123,8 +137,8 @@ __device__ __forceinline__ void attn_load_tile(bf16* dst, const bf16* src, size_
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_tc_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, AttnIdx x,
-                       int T, float scale) {
+    attn_fwd_tc_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
+                       const int* __restrict__ pos, AttnIdx x, int T, float scale) {
     constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;  // bf16 pitch of Q/K/V rows in shared memory
     constexpr int LDS = BC + 4;  // fp32 pitch of the per-warp score tile
@@ -160,6 +174,7 @@ __global__ void __launch_bounds__(kThreads)
     const int orow = lane >> 4, ocol = lane & 15;
     const int wq0 = q0 + warp * 16;
     const int qs = wq0 + srow;
+    const int qfirst = qs < T ? attn_first(pos, b, T, qs) : 0;
     float m = -INFINITY, l = 0.f;
     float o[NCH][8];
 #pragma unroll
@@ -189,24 +204,28 @@ __global__ void __launch_bounds__(kThreads)
             }
             __syncwarp();
 
-            // Online softmax over this tile. Key 0 is visible to every row
-            // (and k0 = 0 comes first), so m is finite from the first tile
-            // on and no row produces exp(-inf - -inf).
+            // Online softmax over this tile. Without positions key 0 is
+            // visible to every row (and k0 = 0 comes first), so m is finite
+            // from the first tile on. With them a row's keys may start in
+            // a later tile: until then m stays -inf, and mref keeps such a
+            // row's alpha and p at 0 instead of exp(-inf - -inf) = NaN
+            // (mref is mnew whenever m is finite: the unpacked bits).
             float x[16];
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int col = shalf * 16 + j, key = k0 + col;
-                x[j] = (key <= qs && key < T) ? S[srow * LDS + col] * sl2 : -INFINITY;
+                x[j] = (key <= qs && key < T && key >= qfirst) ? S[srow * LDS + col] * sl2 : -INFINITY;
                 mx = fmaxf(mx, x[j]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
             const float mnew = fmaxf(m, mx);
-            const float alpha = exp2f(m - mnew);
+            const float mref = mnew == -INFINITY ? 0.f : mnew;
+            const float alpha = exp2f(m - mref);
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
-                const float p = exp2f(x[j] - mnew);
+                const float p = exp2f(x[j] - mref);
                 sum += p;
                 P[srow * LDP + shalf * 16 + j] = __float2bfloat16(p);
             }
@@ -266,8 +285,8 @@ __global__ void __launch_bounds__(kThreads)
 // grid ceil(B*NH*T/4), block 128.
 
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_generic_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, AttnIdx x,
-                            int B, int T, int HS, float scale) {
+    attn_fwd_generic_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
+                            const int* __restrict__ pos, AttnIdx x, int B, int T, int HS, float scale) {
     const int lane = threadIdx.x % 32;
     const int NH = x.NH;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
@@ -283,10 +302,13 @@ __global__ void __launch_bounds__(kThreads)
     float o[kGenericMaxHS / 32];
 #pragma unroll
     for (int d = 0; d < kGenericMaxHS / 32; d++) o[d] = 0.f;
-    for (int k0 = 0; k0 <= t; k0 += 32) {
+    // Keys first..t, from the 32-key tile holding first: key first is
+    // visible in the first tile, so m is finite from it on.
+    const int first = attn_first(pos, b, T, t);
+    for (int k0 = first & ~31; k0 <= t; k0 += 32) {
         const int key = k0 + lane;
         float s = -INFINITY;
-        if (key <= t) {
+        if (key <= t && key >= first) {
             const bf16* k = kseq + (size_t)key * x.kvrow;
             float dot = 0.f;
             for (int i = 0; i < HS; i++) dot += __bfloat162float(q[i]) * __bfloat162float(k[i]);
@@ -295,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
         float mx = s;
 #pragma unroll
         for (int w = 16; w > 0; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, w));
-        const float mnew = fmaxf(m, mx);  // finite: key k0 <= t is visible
+        const float mnew = fmaxf(m, mx);  // finite: key max(k0, first) <= t is visible
         const float alpha = exp2f(m - mnew);
         const float p = exp2f(s - mnew);
         float sum = p;
@@ -308,7 +330,7 @@ __global__ void __launch_bounds__(kThreads)
         const int nk = min(32, t + 1 - k0);
         for (int j = 0; j < 32; j++) {
             const float pj = __shfl_sync(kFull, p, j);
-            if (j < nk) {
+            if (j < nk && k0 + j >= first) {
                 const bf16* v = vseq + (size_t)(k0 + j) * x.kvrow;
 #pragma unroll
                 for (int d = 0; d < kGenericMaxHS / 32; d++) {
@@ -386,8 +408,8 @@ __device__ __forceinline__ void attn_scores_and_dp(
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                           const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int T,
-                           float scale) {
+                           const float* __restrict__ lse, const float* __restrict__ Dg, const int* __restrict__ pos,
+                           AttnIdx x, int T, float scale) {
     constexpr int BC = 64, BR = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;
     constexpr int LDS = BR + 4;
@@ -402,6 +424,7 @@ __global__ void __launch_bounds__(kThreads)
     // One area: K|V staging first; then sQ | sdO | per-warp {S, dP, P, dS}.
     __shared__ __align__(32) unsigned char area[AREA];
     __shared__ float sL[BR], sD[BR];
+    __shared__ int sF[BR];  // each query's first visible key
     bf16* stage = reinterpret_cast<bf16*>(area);
     bf16* sQ = reinterpret_cast<bf16*>(area);
     bf16* sdO = sQ + BR * LDK;
@@ -453,6 +476,7 @@ __global__ void __launch_bounds__(kThreads)
                 const int q = q0 + i;
                 sL[i] = q < T ? lse[(size_t)bh * T + q] * kLog2e : 0.f;
                 sD[i] = q < T ? Dg[(size_t)bh * T + q] : 0.f;
+                sF[i] = q < T ? attn_first(pos, b, T, q) : 0;
             }
             __syncthreads();
             if (q0 + BR - 1 >= wk0) {  // warp-uniform: some query sees some key
@@ -462,7 +486,7 @@ __global__ void __launch_bounds__(kThreads)
                 for (int j = 0; j < 16; j++) {
                     const int col = shalf * 16 + j, q = q0 + col;
                     float p = 0.f, ds = 0.f;
-                    if (q < T && q >= key) {
+                    if (q < T && q >= key && key >= sF[col]) {
                         p = exp2f(S[srow * LDS + col] * sl2 - sL[col]);
                         ds = p * (dP[srow * LDS + col] - sD[col]) * scale;
                     }
@@ -485,7 +509,7 @@ __global__ void __launch_bounds__(kThreads)
                     }
                 }
             }
-            __syncthreads();  // the next query tile overwrites sQ, sdO, sL, sD
+            __syncthreads();  // the next query tile overwrites sQ, sdO, sL, sD, sF
         }
     }
 
@@ -518,8 +542,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                          const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int T,
-                          float scale) {
+                          const float* __restrict__ lse, const float* __restrict__ Dg, const int* __restrict__ pos,
+                          AttnIdx x, int T, float scale) {
     constexpr int BR = 64, BC = 32, NW = 4, NCH = HS / 16;
     constexpr int LDK = HS + 8;
     constexpr int LDS = BC + 4;
@@ -570,6 +594,7 @@ __global__ void __launch_bounds__(kThreads)
     const int srow = lane >> 1, shalf = lane & 1;
     const int qs = wq0 + srow;
     const bool rowok = qs < T;
+    const int qfirst = rowok ? attn_first(pos, b, T, qs) : 0;
     const float lrow = rowok ? lse[(size_t)bh * T + qs] * kLog2e : 0.f;
     const float drow = rowok ? Dg[(size_t)bh * T + qs] : 0.f;
     const int kend = min(q0 + BR, T);
@@ -584,7 +609,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int j = 0; j < 16; j++) {
                 const int col = shalf * 16 + j, key = k0 + col;
                 float ds = 0.f;
-                if (rowok && key <= qs) {
+                if (rowok && key <= qs && key >= qfirst) {
                     const float p = exp2f(S[srow * LDS + col] * sl2 - lrow);
                     ds = p * (dP[srow * LDS + col] - drow) * scale;
                 }
@@ -627,8 +652,8 @@ __global__ void __launch_bounds__(kThreads)
 // scores and split the head dimension for the sum dQ = sum_k dS K.
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                               const float* __restrict__ lse, const float* __restrict__ Dg, AttnIdx x, int B, int T,
-                               int HS, float scale) {
+                               const float* __restrict__ lse, const float* __restrict__ Dg,
+                               const int* __restrict__ pos, AttnIdx x, int B, int T, int HS, float scale) {
     const int lane = threadIdx.x % 32;
     const int NH = x.NH;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
@@ -645,10 +670,11 @@ __global__ void __launch_bounds__(kThreads)
     float dq[kGenericMaxHS / 32];
 #pragma unroll
     for (int d = 0; d < kGenericMaxHS / 32; d++) dq[d] = 0.f;
-    for (int k0 = 0; k0 <= t; k0 += 32) {
+    const int first = attn_first(pos, b, T, t);
+    for (int k0 = first & ~31; k0 <= t; k0 += 32) {
         const int key = k0 + lane;
         float ds = 0.f;
-        if (key <= t) {
+        if (key <= t && key >= first) {
             const bf16* k = kseq + (size_t)key * x.kvrow;
             const bf16* v = vseq + (size_t)key * x.kvrow;
             float s = 0.f, dp = 0.f;
@@ -662,7 +688,7 @@ __global__ void __launch_bounds__(kThreads)
         const int nk = min(32, t + 1 - k0);
         for (int j = 0; j < 32; j++) {
             const float dsj = __shfl_sync(kFull, ds, j);
-            if (j < nk) {
+            if (j < nk && k0 + j >= first) {
                 const bf16* k = kseq + (size_t)(k0 + j) * x.kvrow;
 #pragma unroll
                 for (int d = 0; d < kGenericMaxHS / 32; d++) {
@@ -687,7 +713,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                                const float* __restrict__ Dg, AttnIdx x, int B, int T, int HS, float scale) {
+                                const float* __restrict__ Dg, const int* __restrict__ pos, AttnIdx x, int B, int T,
+                                int HS, float scale) {
     const int lane = threadIdx.x % 32;
     const int NH = x.NH, KVH = NH / x.per;
     const long row = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
@@ -708,7 +735,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int q0 = kt; q0 < T; q0 += 32) {
             const int qt = q0 + lane;
             float p = 0.f, ds = 0.f;
-            if (qt < T) {
+            if (qt < T && kt >= attn_first(pos, b, T, qt)) {
                 const bf16* q = qseq + (size_t)qt * x.qrow;
                 const bf16* dO = dseq + (size_t)qt * C;
                 float s = 0.f, dp = 0.f;
@@ -793,9 +820,10 @@ float attn_scale(int HS) { return (float)(1.0 / sqrt((double)HS)); }
 
 // lsp_attention_forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 from
 // qkv bf16 in layout (0 fused, 1 planar) with NH query and KVH key/value
-// heads of HS <= 256 (causal, scale 1/sqrt(HS)).
-extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T,
-                                             int NH, int KVH, int HS, int layout, cudaStream_t stream) {
+// heads of HS <= 256 (causal, scale 1/sqrt(HS); within each document when
+// pos is given).
+extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* pos,
+                                             int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream) {
     if (!attn_check(B, T, NH, KVH, HS, layout) || out == nullptr || lse == nullptr || qkv == nullptr) {
         return cudaErrorInvalidValue;
     }
@@ -805,10 +833,10 @@ extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, con
     const dim3 tiles((unsigned)((T + 63) / 64), (unsigned)(B * NH));
     if (tc && (HS == 64 || HS == 128)) {
         auto fwd = HS == 64 ? attn_fwd_tc_kernel<64> : attn_fwd_tc_kernel<128>;
-        LSP_LAUNCH(fwd, tiles, dim3(kThreads), 0, stream, out, lse, qkv, x, T, scale);
+        LSP_LAUNCH(fwd, tiles, dim3(kThreads), 0, stream, out, lse, qkv, pos, x, T, scale);
     } else {
         LSP_LAUNCH(attn_fwd_generic_kernel, dim3(attn_grid_rows(B, T, NH, kThreads / 32)), dim3(kThreads), 0, stream,
-                   out, lse, qkv, x, B, T, HS, scale);
+                   out, lse, qkv, pos, x, B, T, HS, scale);
     }
     return cudaGetLastError();
 }
@@ -820,8 +848,8 @@ extern "C" cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, con
 // D = rowsum(dO o O).
 extern "C" cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                                              float* scratch, int B, int T, int NH, int KVH, int HS, int layout,
-                                              cudaStream_t stream) {
+                                              const int* pos, float* scratch, int B, int T, int NH, int KVH, int HS,
+                                              int layout, cudaStream_t stream) {
     if (!attn_check(B, T, NH, KVH, HS, layout) || dqkv == nullptr || dout == nullptr || qkv == nullptr ||
         out == nullptr || lse == nullptr || scratch == nullptr) {
         return cudaErrorInvalidValue;
@@ -837,17 +865,17 @@ extern "C" cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bf
     if (tc && (HS == 64 || HS == 128)) {
         auto dkv = HS == 64 ? attn_bwd_dkv_tc_kernel<64> : attn_bwd_dkv_tc_kernel<128>;
         auto dq = HS == 64 ? attn_bwd_dq_tc_kernel<64> : attn_bwd_dq_tc_kernel<128>;
-        LSP_LAUNCH(dkv, dim3(qtiles, (unsigned)(B * KVH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, x,
-                   T, scale);
+        LSP_LAUNCH(dkv, dim3(qtiles, (unsigned)(B * KVH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, pos,
+                   x, T, scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        LSP_LAUNCH(dq, dim3(qtiles, (unsigned)(B * NH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, x, T,
-                   scale);
+        LSP_LAUNCH(dq, dim3(qtiles, (unsigned)(B * NH)), dim3(kThreads), 0, stream, dqkv, dout, qkv, lse, scratch, pos,
+                   x, T, scale);
     } else {
         LSP_LAUNCH(attn_bwd_dkv_generic_kernel, dim3(attn_grid_rows(B, T, KVH, kThreads / 32)), dim3(kThreads), 0,
-                   stream, dqkv, dout, qkv, lse, scratch, x, B, T, HS, scale);
+                   stream, dqkv, dout, qkv, lse, scratch, pos, x, B, T, HS, scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
         LSP_LAUNCH(attn_bwd_dq_generic_kernel, dim3(attn_grid_rows(B, T, NH, kThreads / 32)), dim3(kThreads), 0,
-                   stream, dqkv, dout, qkv, lse, scratch, x, B, T, HS, scale);
+                   stream, dqkv, dout, qkv, lse, scratch, pos, x, B, T, HS, scale);
     }
     return cudaGetLastError();
 }

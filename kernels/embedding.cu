@@ -2,8 +2,12 @@
  * embedding.cu: GPT-2's token + position embedding ("encoder"), forward and
  * backward, with a deterministic backward that uses no float atomics.
  *
- *   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
- *   backward: dwte[inp[b,t],:] += dout[b,t,:],  dwpe[t,:] += sum_b dout[b,t,:]
+ *   forward:  out[b,t,:] = wte[inp[b,t],:] + wpe[p,:]
+ *   backward: dwte[inp[b,t],:] += dout[b,t,:],  dwpe[p,:] += dout[b,t,:]
+ *
+ * where p = pos[b,t], the token's position within its document (int32
+ * [B,T], backend.Positions: a packed row restarts it at each document), or
+ * t when pos is NULL.
  *
  * Shapes: inp int32 [B, T] token ids; wte, dwte [V, C]; wpe, dwpe at least
  * [T, C], or NULL for a model without a position table (LLaMA: out is the
@@ -18,7 +22,10 @@
  * result bit for bit.
  *
  * How: the forward is one thread per output element. The dwpe backward is
- * one thread per (t, c) adding over b in order. The dwte backward gives
+ * one thread per (p, c) adding over b in order; with positions it adds,
+ * for each b, the tokens t >= p whose position is p, in order (a scan of
+ * B*(T-p) positions per thread: O(B T^2 C / 2) id reads, paid by packed
+ * runs only). The dwte backward gives
  * each block a range of 32 vocabulary rows and 128 channels: the block
  * scans the tokens in chunks of 128 positions, compacts the positions whose
  * token falls in its range, in order (a ballot per warp, warp offsets in
@@ -56,14 +63,15 @@ __device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfl
 
 template <typename X>
 __global__ void __launch_bounds__(kThreads)
-    encoder_forward_kernel(X* out, const int* inp, const X* wte, const X* wpe, long long BT, int T, int C, int V) {
+    encoder_forward_kernel(X* out, const int* inp, const int* pos, const X* wte, const X* wpe, long long BT, int T, int C,
+                           int V) {
   const long long n = BT * C;
   for (long long idx = (long long)blockIdx.x * kThreads + threadIdx.x; idx < n;
        idx += (long long)gridDim.x * kThreads) {
     const long long bt = idx / C;
     const int c = (int)(idx % C);
     const int tok = inp[bt];
-    const long long t = bt % T;
+    const long long t = pos ? pos[bt] : bt % T;
     float v = nanf("");
     // Without a position table the row is copied, not added to 0, which
     // would turn -0 into +0 and differ from the CPU backend's copy.
@@ -73,15 +81,24 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // encoder_backward_wpe_kernel: dwpe[t,c] += dout[0,t,c], then dout[1,t,c], ...
-// (G: dout's type, W: dwpe's).
+// without positions; with them, dwpe[p,c] += dout[b,t,c] over the (b, t)
+// whose position is p, in increasing order (G: dout's type, W: dwpe's).
+// A token at position p sits at t >= p, so the scan starts there.
 template <typename G, typename W>
 __global__ void __launch_bounds__(kThreads)
-    encoder_backward_wpe_kernel(W* dwpe, const G* dout, int B, int T, int C) {
+    encoder_backward_wpe_kernel(W* dwpe, const G* dout, const int* pos, int B, int T, int C) {
   const long long n = (long long)T * C;
   for (long long idx = (long long)blockIdx.x * kThreads + threadIdx.x; idx < n;
        idx += (long long)gridDim.x * kThreads) {
     float acc = ld(dwpe + idx);
-    for (int b = 0; b < B; b++) acc += ld(dout + (long long)b * n + idx);
+    if (pos == nullptr) {
+      for (int b = 0; b < B; b++) acc += ld(dout + (long long)b * n + idx);
+    } else {
+      const int p = (int)(idx / C), c = (int)(idx % C);
+      for (int b = 0; b < B; b++)
+        for (int t = p; t < T; t++)
+          if (pos[(long long)b * T + t] == p) acc += ld(dout + ((long long)b * T + t) * C + c);
+    }
     st(dwpe + idx, acc);
   }
 }
@@ -148,22 +165,22 @@ unsigned elem_blocks(long long n) {
 }
 
 template <typename X>
-cudaError_t launch_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C, int V,
-                           cudaStream_t stream) {
+cudaError_t launch_forward(void* out, const int* inp, const int* pos, const void* wte, const void* wpe, int B, int T,
+                           int C, int V, cudaStream_t stream) {
   const long long BT = (long long)B * T;
   auto kernel = encoder_forward_kernel<X>;
-  LSP_LAUNCH(kernel, dim3(elem_blocks(BT * C)), dim3(kThreads), 0, stream, (X*)out, inp, (const X*)wte,
+  LSP_LAUNCH(kernel, dim3(elem_blocks(BT * C)), dim3(kThreads), 0, stream, (X*)out, inp, pos, (const X*)wte,
              (const X*)wpe, BT, T, C, V);
   return cudaGetLastError();
 }
 
 template <typename G, typename W>
-cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
-                            cudaStream_t stream) {
+cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int* inp, const int* pos, int B, int T,
+                            int C, int V, cudaStream_t stream) {
   if (dwpe != nullptr) {
     auto wpe = encoder_backward_wpe_kernel<G, W>;
-    LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (W*)dwpe, (const G*)dout, B,
-               T, C);
+    LSP_LAUNCH(wpe, dim3(elem_blocks((long long)T * C)), dim3(kThreads), 0, stream, (W*)dwpe, (const G*)dout, pos,
+               B, T, C);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -175,25 +192,25 @@ cudaError_t launch_backward(void* dwte, void* dwpe, const void* dout, const int*
 
 }  // namespace
 
-extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T,
-                                           int C, int V, int x_bf16, cudaStream_t stream) {
+extern "C" cudaError_t lsp_encoder_forward(void* out, const int* inp, const int* pos, const void* wte, const void* wpe,
+                                           int B, int T, int C, int V, int x_bf16, cudaStream_t stream) {
   if (B < 0 || T < 0 || C <= 0 || V <= 0 || lsp_bad_dtype(x_bf16)) return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr || wte == nullptr) return cudaErrorInvalidValue;
-  if (x_bf16) return launch_forward<__nv_bfloat16>(out, inp, wte, wpe, B, T, C, V, stream);
-  return launch_forward<float>(out, inp, wte, wpe, B, T, C, V, stream);
+  if (x_bf16) return launch_forward<__nv_bfloat16>(out, inp, pos, wte, wpe, B, T, C, V, stream);
+  return launch_forward<float>(out, inp, pos, wte, wpe, B, T, C, V, stream);
 }
 
-extern "C" cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T,
-                                            int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream) {
+extern "C" cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, const int* pos,
+                                            int B, int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream) {
   if (B < 0 || T < 0 || C <= 0 || V <= 0 || lsp_bad_dtype(g_bf16) || lsp_bad_dtype(dw_bf16) ||
       (C + kCols - 1) / kCols > 65535)
     return cudaErrorInvalidValue;
   if ((long long)B * T == 0) return cudaSuccess;
   if (dwte == nullptr || dout == nullptr || inp == nullptr) return cudaErrorInvalidValue;
   typedef __nv_bfloat16 bf;
-  if (g_bf16 && dw_bf16) return launch_backward<bf, bf>(dwte, dwpe, dout, inp, B, T, C, V, stream);
-  if (g_bf16) return launch_backward<bf, float>(dwte, dwpe, dout, inp, B, T, C, V, stream);
-  if (dw_bf16) return launch_backward<float, bf>(dwte, dwpe, dout, inp, B, T, C, V, stream);
-  return launch_backward<float, float>(dwte, dwpe, dout, inp, B, T, C, V, stream);
+  if (g_bf16 && dw_bf16) return launch_backward<bf, bf>(dwte, dwpe, dout, inp, pos, B, T, C, V, stream);
+  if (g_bf16) return launch_backward<bf, float>(dwte, dwpe, dout, inp, pos, B, T, C, V, stream);
+  if (dw_bf16) return launch_backward<float, bf>(dwte, dwpe, dout, inp, pos, B, T, C, V, stream);
+  return launch_backward<float, float>(dwte, dwpe, dout, inp, pos, B, T, C, V, stream);
 }

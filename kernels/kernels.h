@@ -48,17 +48,19 @@ cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alp
 // of the B*T positions as layout says (backend.QKVLayout): 0 fused, one
 // [q | k | v] row per position, [B,T,(NH+2*KVH)*HS]; 1 planar, all q
 // [B,T,NH*HS] then all k [B,T,KVH*HS] then all v.
+// pos int32 [B,T] (NULL: 0..T-1) is each token's position within its
+// document (packed rows): query t attends keys t - pos[b,t] .. t.
 // Forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp
 // of each scaled score row) from qkv bf16.
-cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int NH,
-                                  int KVH, int HS, int layout, cudaStream_t stream);
+cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* pos, int B,
+                                  int T, int NH, int KVH, int HS, int layout, cudaStream_t stream);
 // Backward: dqkv bf16 in qkv's layout (written, not accumulated; a
 // key/value head's gradient sums its query heads in ascending order) from
 // dout [B,T,NH*HS], qkv, the forward's out and lse; scratch: B*NH*T floats
 // (D). Deterministic, no atomics.
 cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                   const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int NH,
-                                   int KVH, int HS, int layout, cudaStream_t stream);
+                                   const __nv_bfloat16* out, const float* lse, const int* pos, float* scratch, int B,
+                                   int T, int NH, int KVH, int HS, int layout, cudaStream_t stream);
 // END attention
 
 // BEGIN sparse
@@ -140,29 +142,31 @@ cudaError_t lsp_swiglu_backward(void* dgate, void* dup, const void* dout, const 
 
 // BEGIN rope
 // RoPE (HF LLaMA rotate_half) on q or k [B, T, NH, HS] at positions
-// 0..T-1: the pairs (i, i + HS/2) are rotated by angle t * inv_freq[i],
+// pos int32 [B,T] (NULL: 0..T-1; a packed row's positions restart at each
+// document): the pairs (i, i + HS/2) are rotated by angle pos * inv_freq[i],
 // inv_freq fp32 [HS/2] on the device (1/theta^(2i/HS), or scaled by the
 // model's rope_scaling); the backward rotates by -angle and writes dinp.
 // In place (out == inp) or not. x_bf16: dtype (backend.DType: 0 fp32, 1
 // bf16). HS even, <= 512.
-cudaError_t lsp_rope_forward(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS,
-                             int x_bf16, cudaStream_t stream);
-cudaError_t lsp_rope_backward(void* dinp, const void* dout, const float* inv_freq, int B, int T, int NH, int HS,
-                              int x_bf16, cudaStream_t stream);
+cudaError_t lsp_rope_forward(void* out, const void* inp, const int* pos, const float* inv_freq, int B, int T, int NH,
+                             int HS, int x_bf16, cudaStream_t stream);
+cudaError_t lsp_rope_backward(void* dinp, const void* dout, const int* pos, const float* inv_freq, int B, int T,
+                              int NH, int HS, int x_bf16, cudaStream_t stream);
 // END rope
 
 // BEGIN embedding
 // Token + position embedding (see embedding.cu): out[B,T,C] =
-// wte[inp[b,t]] + wpe[t] (x_bf16: dtype of out, wte, wpe); the backward
-// accumulates dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t]
+// wte[inp[b,t]] + wpe[pos[b,t]] (pos int32 [B,T], each token's position in
+// its document; NULL: t) (x_bf16: dtype of out, wte, wpe); the backward
+// accumulates dwte[inp[b,t]] += dout[b,t], dwpe[pos[b,t]] += dout[b,t]
 // (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
 // deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
 // ids outside [0, V) give NaN rows (forward) and are skipped for dwte
 // (backward). wpe and dwpe may be NULL: no position table (LLaMA).
-cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C,
-                                int V, int x_bf16, cudaStream_t stream);
-cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V,
-                                 int g_bf16, int dw_bf16, cudaStream_t stream);
+cudaError_t lsp_encoder_forward(void* out, const int* inp, const int* pos, const void* wte, const void* wpe, int B,
+                                int T, int C, int V, int x_bf16, cudaStream_t stream);
+cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, const int* pos, int B,
+                                 int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream);
 // END embedding
 
 // BEGIN softmax_ce

@@ -54,14 +54,14 @@ static lspgo_ret lspgo_lsp_gemm_bf16(int transA, int transB, int M, int N, int K
 	return lspgo_end(lsp_gemm_bf16(transA, transB, M, N, K, alpha, (const __nv_bfloat16*)A, strideA, (const __nv_bfloat16*)B, strideB, beta, (void*)C, c_is_bf16, strideC, batch, (const __nv_bfloat16*)bias, gelu, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, uintptr_t pos, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, (const int*)pos, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t scratch, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t pos, uintptr_t scratch, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_attention_backward((__nv_bfloat16*)dqkv, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, (const __nv_bfloat16*)out, (const float*)lse, (float*)scratch, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_attention_backward((__nv_bfloat16*)dqkv, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, (const __nv_bfloat16*)out, (const float*)lse, (const int*)pos, (float*)scratch, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_sparse_compress_a(uintptr_t A, uintptr_t X, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int m, int d, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -129,24 +129,24 @@ static lspgo_ret lspgo_lsp_swiglu_backward(uintptr_t dgate, uintptr_t dup, uintp
 	return lspgo_end(lsp_swiglu_backward((void*)dgate, (void*)dup, (const void*)dout, (const void*)gate, (const void*)up, n, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_rope_forward((void*)out, (const void*)inp, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_rope_forward((void*)out, (const void*)inp, (const int*)pos, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_rope_backward((void*)dinp, (const void*)dout, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_rope_backward((void*)dinp, (const void*)dout, (const int*)pos, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr_t wte, uintptr_t wpe, int B, int T, int C, int V, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t wte, uintptr_t wpe, int B, int T, int C, int V, int x_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_encoder_forward((void*)out, (const int*)inp, (const void*)wte, (const void*)wpe, B, T, C, V, x_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_encoder_forward((void*)out, (const int*)inp, (const int*)pos, (const void*)wte, (const void*)wpe, B, T, C, V, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, int B, int T, int C, int V, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, uintptr_t pos, int B, int T, int C, int V, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
-	return lspgo_end(lsp_encoder_backward((void*)dwte, (void*)dwpe, (const void*)dout, (const int*)inp, B, T, C, V, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
+	return lspgo_end(lsp_encoder_backward((void*)dwte, (void*)dwpe, (const void*)dout, (const int*)inp, (const int*)pos, B, T, C, V, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
 static lspgo_ret lspgo_lsp_cross_entropy_forward_backward(uintptr_t losses, uintptr_t logits, uintptr_t targets, int N, int V, float scale, int x_bf16, uintptr_t stream, int lspgo_sync) {
@@ -277,7 +277,7 @@ func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA in
 
 // AttentionForward runs lsp_attention_forward (kernels.h, section attention):
 //
-//	cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
+//	cudaError_t lsp_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* pos, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
 //
 // Fused causal attention (attention.cu) with NH query heads and KVH
 // key/value heads of HS <= 256 each (grouped-query: query head h reads
@@ -287,9 +287,11 @@ func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA in
 // of the B*T positions as layout says (backend.QKVLayout): 0 fused, one
 // [q | k | v] row per position, [B,T,(NH+2*KVH)*HS]; 1 planar, all q
 // [B,T,NH*HS] then all k [B,T,KVH*HS] then all v.
+// pos int32 [B,T] (NULL: 0..T-1) is each token's position within its
+// document (packed rows): query t attends keys t - pos[b,t] .. t.
 // Forward: out [B,T,NH*HS] bf16 and lse [B,NH,T] fp32 (natural log-sum-exp
 // of each scaled score row) from qkv bf16.
-func AttentionForward(out, lse, qkv Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
+func AttentionForward(out, lse, qkv, pos Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_attention_forward", "B", B, "does not fit in a C int")
 	}
@@ -308,18 +310,18 @@ func AttentionForward(out, lse, qkv Ptr, B, T, NH, KVH, HS, layout int, stream S
 	if int(int32(layout)) != layout {
 		return lspgoRange("lsp_attention_forward", "layout", layout, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.uintptr_t(pos), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
 }
 
 // AttentionBackward runs lsp_attention_backward (kernels.h, section attention):
 //
-//	cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* scratch, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
+//	cudaError_t lsp_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, const int* pos, float* scratch, int B, int T, int NH, int KVH, int HS, int layout, cudaStream_t stream)
 //
 // Backward: dqkv bf16 in qkv's layout (written, not accumulated; a
 // key/value head's gradient sums its query heads in ascending order) from
 // dout [B,T,NH*HS], qkv, the forward's out and lse; scratch: B*NH*T floats
 // (D). Deterministic, no atomics.
-func AttentionBackward(dqkv, dout, qkv, out, lse, scratch Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
+func AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_attention_backward", "B", B, "does not fit in a C int")
 	}
@@ -338,7 +340,7 @@ func AttentionBackward(dqkv, dout, qkv, out, lse, scratch Ptr, B, T, NH, KVH, HS
 	if int(int32(layout)) != layout {
 		return lspgoRange("lsp_attention_backward", "layout", layout, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(pos), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
 }
 
 // SparseCompressA runs lsp_sparse_compress_a (kernels.h, section sparse):
@@ -569,15 +571,16 @@ func SwiGLUBackward(dgate, dup, dout, gate, up Ptr, n int64, xBF16, gBF16 DType,
 
 // RoPEForward runs lsp_rope_forward (kernels.h, section rope):
 //
-//	cudaError_t lsp_rope_forward(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
+//	cudaError_t lsp_rope_forward(void* out, const void* inp, const int* pos, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
 //
 // RoPE (HF LLaMA rotate_half) on q or k [B, T, NH, HS] at positions
-// 0..T-1: the pairs (i, i + HS/2) are rotated by angle t * inv_freq[i],
+// pos int32 [B,T] (NULL: 0..T-1; a packed row's positions restart at each
+// document): the pairs (i, i + HS/2) are rotated by angle pos * inv_freq[i],
 // inv_freq fp32 [HS/2] on the device (1/theta^(2i/HS), or scaled by the
 // model's rope_scaling); the backward rotates by -angle and writes dinp.
 // In place (out == inp) or not. x_bf16: dtype (backend.DType: 0 fp32, 1
 // bf16). HS even, <= 512.
-func RoPEForward(out, inp, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
+func RoPEForward(out, inp, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_rope_forward", "B", B, "does not fit in a C int")
 	}
@@ -590,13 +593,13 @@ func RoPEForward(out, inp, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream St
 	if int(int32(HS)) != HS {
 		return lspgoRange("lsp_rope_forward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // RoPEBackward runs lsp_rope_backward (kernels.h, section rope):
 //
-//	cudaError_t lsp_rope_backward(void* dinp, const void* dout, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
-func RoPEBackward(dinp, dout, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
+//	cudaError_t lsp_rope_backward(void* dinp, const void* dout, const int* pos, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
+func RoPEBackward(dinp, dout, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_rope_backward", "B", B, "does not fit in a C int")
 	}
@@ -609,21 +612,22 @@ func RoPEBackward(dinp, dout, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream
 	if int(int32(HS)) != HS {
 		return lspgoRange("lsp_rope_backward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // EncoderForward runs lsp_encoder_forward (kernels.h, section embedding):
 //
-//	cudaError_t lsp_encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T, int C, int V, int x_bf16, cudaStream_t stream)
+//	cudaError_t lsp_encoder_forward(void* out, const int* inp, const int* pos, const void* wte, const void* wpe, int B, int T, int C, int V, int x_bf16, cudaStream_t stream)
 //
 // Token + position embedding (see embedding.cu): out[B,T,C] =
-// wte[inp[b,t]] + wpe[t] (x_bf16: dtype of out, wte, wpe); the backward
-// accumulates dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t]
+// wte[inp[b,t]] + wpe[pos[b,t]] (pos int32 [B,T], each token's position in
+// its document; NULL: t) (x_bf16: dtype of out, wte, wpe); the backward
+// accumulates dwte[inp[b,t]] += dout[b,t], dwpe[pos[b,t]] += dout[b,t]
 // (g_bf16: dtype of dout; dw_bf16: of dwte and dwpe; any mix)
 // deterministically, bit-identical to the CPU backend. inp is int32 [B, T];
 // ids outside [0, V) give NaN rows (forward) and are skipped for dwte
 // (backward). wpe and dwpe may be NULL: no position table (LLaMA).
-func EncoderForward(out, inp, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream Stream) error {
+func EncoderForward(out, inp, pos, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_encoder_forward", "B", B, "does not fit in a C int")
 	}
@@ -636,13 +640,13 @@ func EncoderForward(out, inp, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream
 	if int(int32(V)) != V {
 		return lspgoRange("lsp_encoder_forward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_encoder_forward", C.lspgo_lsp_encoder_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(wte), C.uintptr_t(wpe), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_encoder_forward", C.lspgo_lsp_encoder_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(wte), C.uintptr_t(wpe), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // EncoderBackward runs lsp_encoder_backward (kernels.h, section embedding):
 //
-//	cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream)
-func EncoderBackward(dwte, dwpe, dout, inp Ptr, B, T, C_, V int, gBF16, dwBF16 DType, stream Stream) error {
+//	cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, const int* pos, int B, int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream)
+func EncoderBackward(dwte, dwpe, dout, inp, pos Ptr, B, T, C_, V int, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
 		return lspgoRange("lsp_encoder_backward", "B", B, "does not fit in a C int")
 	}
@@ -655,7 +659,7 @@ func EncoderBackward(dwte, dwpe, dout, inp Ptr, B, T, C_, V int, gBF16, dwBF16 D
 	if int(int32(V)) != V {
 		return lspgoRange("lsp_encoder_backward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(pos), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // CrossEntropyForwardBackward runs lsp_cross_entropy_forward_backward (kernels.h, section softmax_ce):

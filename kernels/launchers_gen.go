@@ -36,6 +36,7 @@ var Launchers = []Launcher{
 		{Name: "out", CType: "__nv_bfloat16*", GoName: "out", GoType: "Ptr"},
 		{Name: "lse", CType: "float*", GoName: "lse", GoType: "Ptr"},
 		{Name: "qkv", CType: "const __nv_bfloat16*", GoName: "qkv", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
 		{Name: "T", CType: "int", GoName: "T", GoType: "int"},
 		{Name: "NH", CType: "int", GoName: "NH", GoType: "int"},
@@ -50,6 +51,7 @@ var Launchers = []Launcher{
 		{Name: "qkv", CType: "const __nv_bfloat16*", GoName: "qkv", GoType: "Ptr"},
 		{Name: "out", CType: "const __nv_bfloat16*", GoName: "out", GoType: "Ptr"},
 		{Name: "lse", CType: "const float*", GoName: "lse", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "scratch", CType: "float*", GoName: "scratch", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
 		{Name: "T", CType: "int", GoName: "T", GoType: "int"},
@@ -230,6 +232,7 @@ var Launchers = []Launcher{
 	{Name: "RoPEForward", C: "lsp_rope_forward", Family: "rope", Returns: "cudaError_t", Params: []Param{
 		{Name: "out", CType: "void*", GoName: "out", GoType: "Ptr"},
 		{Name: "inp", CType: "const void*", GoName: "inp", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "inv_freq", CType: "const float*", GoName: "invFreq", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
 		{Name: "T", CType: "int", GoName: "T", GoType: "int"},
@@ -241,6 +244,7 @@ var Launchers = []Launcher{
 	{Name: "RoPEBackward", C: "lsp_rope_backward", Family: "rope", Returns: "cudaError_t", Params: []Param{
 		{Name: "dinp", CType: "void*", GoName: "dinp", GoType: "Ptr"},
 		{Name: "dout", CType: "const void*", GoName: "dout", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "inv_freq", CType: "const float*", GoName: "invFreq", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
 		{Name: "T", CType: "int", GoName: "T", GoType: "int"},
@@ -252,6 +256,7 @@ var Launchers = []Launcher{
 	{Name: "EncoderForward", C: "lsp_encoder_forward", Family: "embedding", Returns: "cudaError_t", Params: []Param{
 		{Name: "out", CType: "void*", GoName: "out", GoType: "Ptr"},
 		{Name: "inp", CType: "const int*", GoName: "inp", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "wte", CType: "const void*", GoName: "wte", GoType: "Ptr"},
 		{Name: "wpe", CType: "const void*", GoName: "wpe", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
@@ -266,6 +271,7 @@ var Launchers = []Launcher{
 		{Name: "dwpe", CType: "void*", GoName: "dwpe", GoType: "Ptr"},
 		{Name: "dout", CType: "const void*", GoName: "dout", GoType: "Ptr"},
 		{Name: "inp", CType: "const int*", GoName: "inp", GoType: "Ptr"},
+		{Name: "pos", CType: "const int*", GoName: "pos", GoType: "Ptr"},
 		{Name: "B", CType: "int", GoName: "B", GoType: "int"},
 		{Name: "T", CType: "int", GoName: "T", GoType: "int"},
 		{Name: "C", CType: "int", GoName: "C_", GoType: "int"},

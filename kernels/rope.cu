@@ -4,8 +4,10 @@
  *
  * q or k is [B, T, NH, HS] (call once for q and once for k, whose NH may
  * differ under grouped-query attention). In every head the pairs
- * (i, i + HS/2), i < HS/2, are rotated by angle = t * inv_freq[i] at
- * position t of the sequence:
+ * (i, i + HS/2), i < HS/2, are rotated by angle = p * inv_freq[i] at
+ * position p, the token's position within its document: pos[b,t] (int32
+ * [B,T], backend.Positions: packed rows restart it at each document), or
+ * t when pos is NULL:
  *
  *   out[i]        = x[i] cos - x[i + HS/2] sin
  *   out[i + HS/2] = x[i + HS/2] cos + x[i] sin
@@ -29,8 +31,8 @@
  * heads; consecutive threads take consecutive i, so loads and stores are
  * contiguous within a head.
  *
- * Limits: HS even, 2 <= HS <= 512; B, T, NH >= 0; positions are 0..T-1 in
- * every sequence (no offset for a cache yet); out and inp are the same
+ * Limits: HS even, 2 <= HS <= 512; B, T, NH >= 0; no offset for a cache
+ * yet; pos is trusted (the CPU backend checks it); out and inp are the same
  * tensor or do not overlap, and neither overlaps inv_freq.
  */
 #include "kernels.h"
@@ -52,15 +54,16 @@ __device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfl
 // reads both elements of its pairs before writing them).
 template <typename X>
 __global__ void __launch_bounds__(kThreads)
-    rope_kernel(X* out, const X* inp, const float* __restrict__ inv_freq, long long BT, int T, int NH, int HS,
-                float sign) {
+    rope_kernel(X* out, const X* inp, const int* __restrict__ pos, const float* __restrict__ inv_freq, long long BT,
+                int T, int NH, int HS, float sign) {
   const int h = HS / 2;
   const long long total = BT * h;
   for (long long idx = (long long)blockIdx.x * kThreads + threadIdx.x; idx < total;
        idx += (long long)gridDim.x * kThreads) {
     const int i = (int)(idx % h);
     const long long bt = idx / h;
-    const float angle = (float)(int)(bt % T) * inv_freq[i];
+    const int p = pos ? pos[bt] : (int)(bt % T);
+    const float angle = (float)p * inv_freq[i];
     float s, c;
     sincosf(angle, &s, &c);
     s *= sign;
@@ -74,34 +77,34 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename X>
-cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS, float sign,
-                        cudaStream_t stream) {
+cudaError_t launch_rope(void* out, const void* inp, const int* pos, const float* inv_freq, int B, int T, int NH, int HS,
+                        float sign, cudaStream_t stream) {
   const long long BT = (long long)B * T;
   const long long blocks = (BT * (HS / 2) + kThreads - 1) / kThreads;
   auto kernel = rope_kernel<X>;
   LSP_LAUNCH(kernel, dim3((unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks)), dim3(kThreads), 0, stream, (X*)out,
-             (const X*)inp, inv_freq, BT, T, NH, HS, sign);
+             (const X*)inp, pos, inv_freq, BT, T, NH, HS, sign);
   return cudaGetLastError();
 }
 
-cudaError_t rope(void* out, const void* inp, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16,
-                 float sign, cudaStream_t stream) {
+cudaError_t rope(void* out, const void* inp, const int* pos, const float* inv_freq, int B, int T, int NH, int HS,
+                 int x_bf16, float sign, cudaStream_t stream) {
   if (B < 0 || T < 0 || NH < 0 || HS < 2 || HS % 2 != 0 || HS / 2 > kMaxHalf || lsp_bad_dtype(x_bf16))
     return cudaErrorInvalidValue;
   if ((long long)B * T * NH == 0) return cudaSuccess;
   if (out == nullptr || inp == nullptr || inv_freq == nullptr) return cudaErrorInvalidValue;
-  if (x_bf16) return launch_rope<__nv_bfloat16>(out, inp, inv_freq, B, T, NH, HS, sign, stream);
-  return launch_rope<float>(out, inp, inv_freq, B, T, NH, HS, sign, stream);
+  if (x_bf16) return launch_rope<__nv_bfloat16>(out, inp, pos, inv_freq, B, T, NH, HS, sign, stream);
+  return launch_rope<float>(out, inp, pos, inv_freq, B, T, NH, HS, sign, stream);
 }
 
 }  // namespace
 
-extern "C" cudaError_t lsp_rope_forward(void* out, const void* inp, const float* inv_freq, int B, int T, int NH,
-                                        int HS, int x_bf16, cudaStream_t stream) {
-  return rope(out, inp, inv_freq, B, T, NH, HS, x_bf16, 1.0f, stream);
+extern "C" cudaError_t lsp_rope_forward(void* out, const void* inp, const int* pos, const float* inv_freq, int B,
+                                        int T, int NH, int HS, int x_bf16, cudaStream_t stream) {
+  return rope(out, inp, pos, inv_freq, B, T, NH, HS, x_bf16, 1.0f, stream);
 }
 
-extern "C" cudaError_t lsp_rope_backward(void* dinp, const void* dout, const float* inv_freq, int B, int T, int NH,
-                                         int HS, int x_bf16, cudaStream_t stream) {
-  return rope(dinp, dout, inv_freq, B, T, NH, HS, x_bf16, -1.0f, stream);
+extern "C" cudaError_t lsp_rope_backward(void* dinp, const void* dout, const int* pos, const float* inv_freq, int B,
+                                         int T, int NH, int HS, int x_bf16, cudaStream_t stream) {
+  return rope(dinp, dout, pos, inv_freq, B, T, NH, HS, x_bf16, -1.0f, stream);
 }

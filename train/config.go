@@ -88,6 +88,7 @@ type Config struct {
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	Collectives   Collectives        // --collectives: where several ranks sum what the device reads back (auto, host or nccl)
 	Recompute     model.Recompute    // --recompute: none, attn or layer (activations recomputed in the backward)
+	Pack          bool               // --pack: several examples per row, attention and positions per example
 	LinkBandwidth int64              // --link-bandwidth: bytes/s charged per device-host copy on the CPU backend (0: free)
 
 	// GradResidency is --grad-residency: where zero mode keeps the
@@ -351,7 +352,7 @@ func (c Config) Validate() error {
 func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 	return engine.Config{
 		GradDType: c.GradDType, Mode: c.Mode, DenseParams: c.denseParams(fromCheckpoint), Pipelined: c.Schedule != Sequential, Seed: c.Seed,
-		Recompute: c.Recompute, GradResidency: c.GradResidency,
+		Recompute: c.Recompute, GradResidency: c.GradResidency, Packed: c.Pack,
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,

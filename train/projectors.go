@@ -78,6 +78,9 @@ func (r *run) checkProjectors() error {
 	// rows, keyed by the step, so the checks neither move the training
 	// data's position nor depend on where a run was resumed.
 	calib, err := data.NewLoader(r.ds.Train, r.cfg.Batch, r.cfg.SeqLen, r.cfg.Seed^0xca1b^uint64(r.step)*0x9e3779b97f4a7c15)
+	if err == nil {
+		calib.SetPack(r.cfg.Pack) // the rows the steps train on
+	}
 	if err != nil {
 		return flagErr("data", "%v", err)
 	}

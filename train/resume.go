@@ -58,7 +58,9 @@ type resumeIdentity struct {
 	LoRADropout  float64            `flag:"lora-dropout" resume:"lora"`
 	LoRATargets  string             `flag:"lora-targets" resume:"lora"`
 
-	// Recorded in checkpoint.State.Settings only.
+	// Recorded in checkpoint.State.Settings only. --pack decides what
+	// each row holds (absent from runs before it: false).
+	Pack         bool           `flag:"pack"`
 	Tokenizer    string         `flag:"tokenizer"`
 	LR           float64        `flag:"lr"`
 	MinLR        float64        `flag:"min-lr"`
@@ -265,6 +267,10 @@ func savedSettings(st checkpoint.State) map[string]string {
 	}
 	for k, v := range st.Settings {
 		m[k] = v
+	}
+	// Runs before --pack existed had one example per row.
+	if _, has := m["pack"]; !has {
+		m["pack"] = "false"
 	}
 	// Before --fit became opt-in, runs recorded its negation, --no-fit.
 	if v, ok := m["no-fit"]; ok {

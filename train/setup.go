@@ -195,11 +195,12 @@ func (r *run) buildLoader() error {
 	if r.loader, err = data.NewLoader(r.ds.Train, cfg.Batch, cfg.SeqLen, cfg.Seed); err != nil {
 		return flagErr("data", "%v", err)
 	}
+	r.loader.SetPack(cfg.Pack)
 	total := cfg.Steps
 	switch {
 	case total > 0:
 	case cfg.Epochs > 0:
-		perEpoch := max(1, r.loader.Len()/(cfg.Batch*cfg.GradAccum))
+		perEpoch := max(1, r.loader.EpochRows()/(cfg.Batch*cfg.GradAccum))
 		total = max(1, int(math.Ceil(cfg.Epochs*float64(perEpoch))))
 		r.log.Info("--epochs in steps", "epochs", cfg.Epochs, "steps_per_epoch", perEpoch, "steps", total)
 	default:

@@ -59,6 +59,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.BoolVar(&c.Resume, "resume", c.Resume, "continue from <out>/checkpoint.safetensors (the run's settings must match the checkpoint's, except the length, eval and checkpoint cadence, and where it runs)")
 	fs.BoolVar(&c.Overwrite, "overwrite", c.Overwrite, "start a new run in a non-empty --out, removing the earlier run's checkpoint, metrics, plot, hf/, checkpoints/ and hf-step-*/")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")
+	fs.BoolVar(&c.Pack, "pack", c.Pack, "pack several examples into each row of --seq-len tokens, each attending only to itself with its positions from 0 (the same loss per token as unpacked rows, fewer padding tokens)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split)")
 	fs.Var(&c.Device, "device", deviceUsage())
 	fs.Var((*byteSize)(&c.DeviceMem), "device-mem", "device memory budget, e.g. 8GiB or 512MiB (0: unlimited); checked before training")
@@ -119,6 +120,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"chat-template", groupModelData},
 	{"seq-len", groupModelData},
 	{"truncate", groupModelData},
+	{"pack", groupModelData},
 	{"eval-fraction", groupModelData},
 	{"eval-data", groupModelData},
 	{"seed", groupModelData},

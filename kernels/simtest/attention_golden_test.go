@@ -90,9 +90,9 @@ func TestAttentionGPT2Bits(t *testing.T) {
 }
 
 func goldenForward(out, lse, qkv kernels.Ptr, B, T, NH, HS int) error {
-	return kernels.AttentionForward(out, lse, qkv, B, T, NH, NH, HS, 0, 0)
+	return kernels.AttentionForward(out, lse, qkv, 0, B, T, NH, NH, HS, 0, 0)
 }
 
 func goldenBackward(dqkv, dout, qkv, out, lse, scratch kernels.Ptr, B, T, NH, HS int) error {
-	return kernels.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, NH, HS, 0, 0)
+	return kernels.AttentionBackward(dqkv, dout, qkv, out, lse, 0, scratch, B, T, NH, NH, HS, 0, 0)
 }

@@ -35,6 +35,11 @@
 //     exact bf16 products in another order (plus exp2/log2 against exp/log):
 //     a few ulps of O(10) values.
 //
+// Packed cases (packed: true) give both sides positions (backend.Positions)
+// of random ragged documents, 1 to 40 tokens, so that documents start
+// inside key and query tiles and rows of a tile see no key of the first
+// tiles: attention is then masked to each document on both sides.
+//
 // A second run with another simulator seed must give bit-identical
 // results (fixed summation orders, no atomics).
 
@@ -43,6 +48,7 @@ package simtest
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
@@ -53,7 +59,8 @@ import (
 type attnCase struct {
 	B, T, NH, KVH, HS int
 	layout            backend.QKVLayout
-	off               int // bytes added to the bf16 pointers (2: misaligned)
+	off               int  // bytes added to the bf16 pointers (2: misaligned)
+	packed            bool // rows of several documents (positions)
 }
 
 func (c attnCase) String() string {
@@ -61,7 +68,27 @@ func (c attnCase) String() string {
 	if c.off != 0 {
 		s += fmt.Sprintf("_off%d", c.off)
 	}
+	if c.packed {
+		s += "_packed"
+	}
 	return s
+}
+
+// packedPositions is B rows of T tokens cut into documents of 1 to 40
+// tokens (the last one of a row cut by T), positions restarting at each.
+func packedPositions(B, T int, seed uint64) []int32 {
+	r := rand.New(rand.NewPCG(seed, 42))
+	pos := make([]int32, 0, B*T)
+	for range B {
+		for t := 0; t < T; {
+			n := min(1+r.IntN(40), T-t)
+			for i := range n {
+				pos = append(pos, int32(i))
+			}
+			t += n
+		}
+	}
+	return pos
 }
 
 // qkvLen and outLen are the element counts of qkv (and dqkv) and of out
@@ -96,18 +123,31 @@ var attnCases = []attnCase{
 	{B: 1, T: 33, NH: 3, KVH: 1, HS: 40},
 	{B: 2, T: 7, NH: 4, KVH: 1, HS: 16, layout: backend.QKVPlanar},
 	{B: 1, T: 37, NH: 4, KVH: 2, HS: 64, layout: backend.QKVPlanar, off: 2},
+	// Packed rows: tensor-core path (fused and planar, grouped), generic
+	// path, misaligned.
+	{B: 2, T: 70, NH: 2, KVH: 2, HS: 64, packed: true},
+	{B: 2, T: 67, NH: 4, KVH: 2, HS: 128, layout: backend.QKVPlanar, packed: true},
+	{B: 2, T: 45, NH: 6, KVH: 2, HS: 24, layout: backend.QKVPlanar, packed: true},
+	{B: 1, T: 70, NH: 2, KVH: 2, HS: 40, packed: true},
+	{B: 1, T: 37, NH: 4, KVH: 2, HS: 64, layout: backend.QKVPlanar, off: 2, packed: true},
 }
 
-// attnInputs are the values both sides see (already bf16).
+// attnInputs are the values both sides see (already bf16), and the
+// positions of a packed case (nil otherwise).
 type attnInputs struct {
 	qkv, dout []float32
+	pos       []int32
 }
 
 func newAttnInputs(c attnCase, seed uint64) attnInputs {
-	return attnInputs{
+	in := attnInputs{
 		qkv:  RoundBF16(Rand(seed*11+1, c.qkvLen(), 2)),
 		dout: RoundBF16(Rand(seed*11+2, c.outLen(), 1)),
 	}
+	if c.packed {
+		in.pos = packedPositions(c.B, c.T, seed)
+	}
+	return in
 }
 
 // attnRef holds the CPU backend's results.
@@ -140,10 +180,17 @@ func cpuAttention(t *testing.T, c attnCase, in attnInputs) attnRef {
 	lse := tensor("lse", c.B*c.NH*c.T, backend.F32, nil)
 	dqkv := tensor("dqkv", c.qkvLen(), backend.BF16, nil)
 	scratch := tensor("scratch", backend.AttentionBackwardScratch(c.B, c.T, c.NH), backend.F32, nil)
-	if err := be.AttentionForward(s, out, lse, qkv, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
+	pos := backend.Tensor{}
+	if in.pos != nil {
+		pos = tensor("pos", len(in.pos), backend.I32, nil)
+		if err := backend.UploadInt32(be, s, pos, in.pos); err != nil {
+			t.Fatalf("cpu upload pos: %v", err)
+		}
+	}
+	if err := be.AttentionForward(s, out, lse, qkv, pos, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
 		t.Fatalf("cpu attention forward: %v", err)
 	}
-	if err := be.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
+	if err := be.AttentionBackward(s, dqkv, dout, qkv, out, lse, pos, scratch, c.B, c.T, c.NH, c.KVH, c.HS, c.layout); err != nil {
 		t.Fatalf("cpu attention backward: %v", err)
 	}
 	var r attnRef
@@ -187,6 +234,18 @@ func bf16Buffer(t *testing.T, n, off int, mode uint64, vals []float32) *Buffer {
 
 func bf16At(b *Buffer, off int) []float32 { return BF16Values(b.Uint16()[off/2:]) }
 
+// posBuffer holds pos (nil: no buffer, a null pointer), with the guard
+// placement picked by mode.
+func posBuffer(t *testing.T, pos []int32, mode uint64) *Buffer {
+	t.Helper()
+	if pos == nil {
+		return nil
+	}
+	b := attnAlloc(t, 4*len(pos), mode)
+	copy(b.Int32(), pos)
+	return b
+}
+
 // runAttnForward runs the kernel forward with simulator seed simSeed and
 // returns out and lse.
 func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint64) (out, lse []float32) {
@@ -195,6 +254,7 @@ func runAttnForward(t *testing.T, c attnCase, in attnInputs, mode, simSeed uint6
 		Qkv: bf16Buffer(t, c.qkvLen(), c.off, mode, in.qkv),
 		Out: bf16Buffer(t, c.outLen(), c.off, mode+1, nil),
 		Lse: attnAlloc(t, 4*c.B*c.NH*c.T, mode+2),
+		Pos: posBuffer(t, in.pos, mode),
 	}
 	SetSeed(simSeed)
 	if err := a.forward(); err != nil {
@@ -214,6 +274,7 @@ func runAttnBackward(t *testing.T, c attnCase, in attnInputs, ref attnRef, mode,
 		Lse:     attnAlloc(t, 4*c.B*c.NH*c.T, mode),
 		Scratch: attnAlloc(t, 4*backend.AttentionBackwardScratch(c.B, c.T, c.NH), mode+1), // the Go size: guards catch a launcher needing more
 		Dqkv:    bf16Buffer(t, c.qkvLen(), c.off, mode+2, nil),
+		Pos:     posBuffer(t, in.pos, mode+1),
 	}
 	copy(a.Lse.Float32(), ref.lse)
 	SetSeed(simSeed)
@@ -266,12 +327,13 @@ func sameBits(t *testing.T, name string, a, b []float32) bool {
 
 // TestAttentionForward compares out and lse with the CPU backend.
 // attnArgs are the buffers and sizes of the attention launchers (see
-// kernels/attention.cu): qkv, out, dout, dqkv bf16; lse, scratch fp32. A
-// nil buffer is passed as a null pointer. Off (bytes) is added to every
+// kernels/attention.cu): qkv, out, dout, dqkv bf16; lse, scratch fp32;
+// pos int32. A nil buffer is passed as a null pointer. Off (bytes) is added to every
 // bf16 pointer (qkv, out, dout, dqkv) to test unaligned views; the buffers
 // must then be Off bytes longer.
 type attnArgs struct {
 	Out, Lse, Qkv, Dqkv, Dout, Scratch *Buffer
+	Pos                                *Buffer
 	B, T, NH, KVH, HS, Layout          int
 	Off                                int
 }
@@ -284,18 +346,18 @@ func (a attnArgs) at(b *Buffer, off int) kernels.Ptr {
 	return b.Dev().Add(off)
 }
 
-// forward runs lsp_attention_forward(Out, Lse, Qkv, B, T, NH, KVH, HS,
-// Layout).
+// forward runs lsp_attention_forward(Out, Lse, Qkv, Pos, B, T, NH, KVH,
+// HS, Layout).
 func (a attnArgs) forward() error {
-	return kernels.AttentionForward(a.at(a.Out, a.Off), a.at(a.Lse, 0), a.at(a.Qkv, a.Off), a.B, a.T, a.NH, a.KVH, a.HS,
-		a.Layout, 0)
+	return kernels.AttentionForward(a.at(a.Out, a.Off), a.at(a.Lse, 0), a.at(a.Qkv, a.Off), a.at(a.Pos, 0), a.B, a.T,
+		a.NH, a.KVH, a.HS, a.Layout, 0)
 }
 
-// backward runs lsp_attention_backward(Dqkv, Dout, Qkv, Out, Lse, Scratch,
-// B, T, NH, KVH, HS, Layout).
+// backward runs lsp_attention_backward(Dqkv, Dout, Qkv, Out, Lse, Pos,
+// Scratch, B, T, NH, KVH, HS, Layout).
 func (a attnArgs) backward() error {
 	return kernels.AttentionBackward(a.at(a.Dqkv, a.Off), a.at(a.Dout, a.Off), a.at(a.Qkv, a.Off), a.at(a.Out, a.Off),
-		a.at(a.Lse, 0), a.at(a.Scratch, 0), a.B, a.T, a.NH, a.KVH, a.HS, a.Layout, 0)
+		a.at(a.Lse, 0), a.at(a.Pos, 0), a.at(a.Scratch, 0), a.B, a.T, a.NH, a.KVH, a.HS, a.Layout, 0)
 }
 
 func TestAttentionForward(t *testing.T) {

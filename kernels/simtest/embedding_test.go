@@ -17,7 +17,10 @@
 // The gradients start from random values (they are accumulated); outputs of
 // the forward start as NaN. The seeds of Seeds alternate the guard page
 // after and before the buffers. Ids outside [0, V) are checked on their
-// own: NaN rows in the forward, skipped for dwte in the backward.
+// own: NaN rows in the forward, skipped for dwte in the backward. Packed
+// cases give both sides positions of random ragged documents
+// (backend.Positions): wpe rows by position, dwpe summed over the tokens
+// at each position.
 
 package simtest
 
@@ -28,25 +31,57 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
+	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
 type embCase struct {
 	B, T, C, V int
 	tokens     string // "uniform", "skewed" or "same"
+	packed     bool   // positions of packed documents
 }
 
 var embCases = []embCase{
-	{3, 131, 95, 257, "skewed"},
-	{3, 131, 95, 257, "uniform"},
-	{4, 64, 768, 1007, "skewed"},
-	{2, 100, 130, 50257, "uniform"},
-	{2, 100, 130, 50257, "skewed"},
-	{2, 300, 64, 40, "same"},
-	{1, 1, 1, 1, "uniform"},
+	{3, 131, 95, 257, "skewed", false},
+	{3, 131, 95, 257, "uniform", false},
+	{4, 64, 768, 1007, "skewed", false},
+	{2, 100, 130, 50257, "uniform", false},
+	{2, 100, 130, 50257, "skewed", false},
+	{2, 300, 64, 40, "same", false},
+	{1, 1, 1, 1, "uniform", false},
+	{3, 131, 95, 257, "skewed", true},
+	{2, 300, 64, 40, "same", true},
 }
 
 func (c embCase) String() string {
-	return fmt.Sprintf("B%d_T%d_C%d_V%d_%s", c.B, c.T, c.C, c.V, c.tokens)
+	s := fmt.Sprintf("B%d_T%d_C%d_V%d_%s", c.B, c.T, c.C, c.V, c.tokens)
+	if c.packed {
+		s += "_packed"
+	}
+	return s
+}
+
+// pos is the case's positions, nil unless packed.
+func (c embCase) pos() []int32 {
+	if !c.packed {
+		return nil
+	}
+	return packedPositions(c.B, c.T, uint64(c.T))
+}
+
+// posPtr is pos on the device (a null pointer for nil).
+func posPtr(t *testing.T, pos []int32) kernels.Ptr {
+	if pos == nil {
+		return 0
+	}
+	return FromInt32(t, pos).Dev()
+}
+
+// posTensor is pos on the CPU rig (absent for nil).
+func (r *cpuRig) posTensor(pos []int32) backend.Tensor {
+	if pos == nil {
+		return backend.Tensor{}
+	}
+	return r.ints("pos", pos)
 }
 
 func embTokens(c embCase, seed uint64) []int32 {
@@ -74,15 +109,16 @@ func TestEmbeddingForward(t *testing.T) {
 				wte, wpe := Rand(uint64(c.V), c.V*c.C, 1), Rand(uint64(c.T), c.T*c.C, 1)
 				rig := newCPURig(t)
 				out := rig.tensor("out", make([]float32, c.B*c.T*c.C), xb)
-				rig.run("encoder forward", rig.be.EncoderForward(rig.s, out, rig.ints("inp", ids), rig.tensor("wte", wte, xb),
-					rig.tensor("wpe", wpe, xb), c.B, c.T, c.C))
+				pos := c.pos()
+				rig.run("encoder forward", rig.be.EncoderForward(rig.s, out, rig.ints("inp", ids), rig.posTensor(pos),
+					rig.tensor("wte", wte, xb), rig.tensor("wpe", wpe, xb), c.B, c.T, c.C))
 				want := rig.get(out)
 				for i, seed := range Seeds {
 					before := i%2 == 0
 					o := outBuf(t, c.B*c.T*c.C, xb, before)
 					SetSeed(seed)
-					mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), NewFloatBuf(t, wte, xb, !before).Dev(),
-						NewFloatBuf(t, wpe, xb, before).Dev(), c.B, c.T, c.C, c.V, dtype(xb), 0))
+					mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), posPtr(t, pos),
+						NewFloatBuf(t, wte, xb, !before).Dev(), NewFloatBuf(t, wpe, xb, before).Dev(), c.B, c.T, c.C, c.V, dtype(xb), 0))
 					Compare(t, "out", o.Values(), want, 0, 0)
 				}
 			})
@@ -97,7 +133,7 @@ func cpuEncoderBackward(t *testing.T, c embCase, ids []int32, dwte0, dwpe0, dout
 	rig := newCPURig(t)
 	gw, gp := rig.tensor("dwte", dwte0, wb), rig.tensor("dwpe", dwpe0, wb)
 	rig.run("encoder backward", rig.be.EncoderBackward(rig.s, gw, gp, rig.tensor("dout", dout, gb), rig.ints("inp", ids),
-		c.B, c.T, c.C))
+		rig.posTensor(c.pos()), c.B, c.T, c.C))
 	return rig.get(gw), rig.get(gp)
 }
 
@@ -116,7 +152,7 @@ func TestEmbeddingBackward(t *testing.T) {
 					gw, gp := NewFloatBuf(t, dwte0, wb, before), NewFloatBuf(t, dwpe0, wb, !before)
 					SetSeed(seed)
 					mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, gb, before).Dev(),
-						FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, dtype(gb), dtype(wb), 0))
+						FromInt32(t, ids).Dev(), posPtr(t, c.pos()), c.B, c.T, c.C, c.V, dtype(gb), dtype(wb), 0))
 					Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 					Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 				}
@@ -149,7 +185,7 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 	for _, seed := range Seeds {
 		SetSeed(seed)
 		o := outBuf(t, c.B*c.T*c.C, false, false)
-		mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), NewFloatBuf(t, wte, false, false).Dev(),
+		mustLaunch(t, kernels.EncoderForward(o.Dev(), FromInt32(t, ids).Dev(), 0, NewFloatBuf(t, wte, false, false).Dev(),
 			NewFloatBuf(t, wpe, false, true).Dev(), c.B, c.T, c.C, c.V, kernels.F32, 0))
 		got := o.Values()
 		for bt := range c.B * c.T {
@@ -162,7 +198,7 @@ func TestEmbeddingInvalidTokens(t *testing.T) {
 		}
 		gw, gp := NewFloatBuf(t, dwte0, false, true), NewFloatBuf(t, dwpe0, false, false)
 		mustLaunch(t, kernels.EncoderBackward(gw.Dev(), gp.Dev(), NewFloatBuf(t, dout, false, false).Dev(),
-			FromInt32(t, ids).Dev(), c.B, c.T, c.C, c.V, kernels.F32, kernels.F32, 0))
+			FromInt32(t, ids).Dev(), 0, c.B, c.T, c.C, c.V, kernels.F32, kernels.F32, 0))
 		Compare(t, "dwte", gw.Values(), wantW, 0, 0)
 		Compare(t, "dwpe", gp.Values(), wantP, 0, 0)
 	}
@@ -176,20 +212,20 @@ func TestEmbeddingArgs(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"C=0", kernels.EncoderForward(f, ids, f, f, 1, 2, 0, 4, kernels.F32, 0)},
-		{"V=0", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 0, kernels.F32, kernels.F32, 0)},
-		{"B<0", kernels.EncoderForward(f, ids, f, f, -1, 2, 4, 4, kernels.F32, 0)},
-		{"nil inp", kernels.EncoderBackward(f, f, f, 0, 1, 2, 4, 4, kernels.F32, kernels.F32, 0)},
-		{"bad dtype", kernels.EncoderForward(f, ids, f, f, 1, 2, 4, 4, 2, 0)},
-		{"bad dout dtype", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 4, 2, kernels.F32, 0)},
-		{"bad parameter-gradient dtype", kernels.EncoderBackward(f, f, f, ids, 1, 2, 4, 4, kernels.BF16, -1, 0)},
+		{"C=0", kernels.EncoderForward(f, ids, 0, f, f, 1, 2, 0, 4, kernels.F32, 0)},
+		{"V=0", kernels.EncoderBackward(f, f, f, ids, 0, 1, 2, 4, 0, kernels.F32, kernels.F32, 0)},
+		{"B<0", kernels.EncoderForward(f, ids, 0, f, f, -1, 2, 4, 4, kernels.F32, 0)},
+		{"nil inp", kernels.EncoderBackward(f, f, f, 0, 0, 1, 2, 4, 4, kernels.F32, kernels.F32, 0)},
+		{"bad dtype", kernels.EncoderForward(f, ids, 0, f, f, 1, 2, 4, 4, 2, 0)},
+		{"bad dout dtype", kernels.EncoderBackward(f, f, f, ids, 0, 1, 2, 4, 4, 2, kernels.F32, 0)},
+		{"bad parameter-gradient dtype", kernels.EncoderBackward(f, f, f, ids, 0, 1, 2, 4, 4, kernels.BF16, -1, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := kernels.EncoderBackward(0, 0, 0, 0, 0, 2, 4, 4, kernels.F32, kernels.F32, 0); err != nil {
+	if err := kernels.EncoderBackward(0, 0, 0, 0, 0, 0, 2, 4, 4, kernels.F32, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }

@@ -7,7 +7,9 @@
 // Shapes [B, T, NH, HS]: 2 x 13 x 3 x 10 (ragged), 2 x 64 x 12 x 64 (GPT-2
 // small sized q at T=64), 1 x 1 x 1 x 2 (the smallest head), 1 x 7 x 2 x
 // 512 (the largest), 3 x 257 x 5 x 128 (LLaMA's head size, positions past
-// 256). fp32 and bf16, out of place (into a fresh NaN buffer) and in place.
+// 256). fp32 and bf16, out of place (into a fresh NaN buffer) and in place;
+// unpacked (a NULL pos: positions 0..T-1) and packed (positions of random
+// ragged documents, backend.Positions).
 // The inverse frequencies are a device tensor [HS/2] (as the Backend's
 // RoPE ops take them): 1/theta^(2i/HS) with theta changing with the seed
 // (10000, 500000), and for the third seed theta 10000's rescaled as
@@ -70,35 +72,50 @@ func ropeInvFreq(HS, i int) []float32 {
 func TestRope(t *testing.T) {
 	for _, c := range ropeCases {
 		for _, xb := range []bool{true, false} {
-			t.Run(fmt.Sprintf("B%d_T%d_NH%d_HS%d_%s", c.B, c.T, c.NH, c.HS, dtName(xb)), func(t *testing.T) {
-				n := c.B * c.T * c.NH * c.HS
-				x := roundIf(Rand(uint64(n), n, 2), xb)
-				for i, seed := range Seeds {
-					inv := ropeInvFreq(c.HS, i)
-					before := i%2 == 0
-					wantF, wantB := make([]float32, n), make([]float32, n)
-					cpu.RoPEForward(wantF, x, inv, c.B, c.T, c.NH, c.HS)
-					cpu.RoPEBackward(wantB, x, inv, c.B, c.T, c.NH, c.HS)
-					wantF, wantB = roundIf(wantF, xb), roundIf(wantB, xb)
-					atol, rtol := 1e-6, tolFor(xb, 1e-6)
-
-					SetSeed(seed)
-					freq := FromFloat32(t, inv).Dev()
-					in, out := NewFloatBuf(t, x, xb, before), outBuf(t, n, xb, !before)
-					mustLaunch(t, kernels.RoPEForward(out.Dev(), in.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
-					Compare(t, "forward", out.Values(), wantF, atol, rtol)
-					Compare(t, "forward input", in.Values(), x, 0, 0)
-					mustLaunch(t, kernels.RoPEForward(in.Dev(), in.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
-					Compare(t, "forward in place", in.Values(), wantF, atol, rtol)
-
-					din, dout := outBuf(t, n, xb, before), NewFloatBuf(t, x, xb, !before)
-					mustLaunch(t, kernels.RoPEBackward(din.Dev(), dout.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
-					Compare(t, "backward", din.Values(), wantB, atol, rtol)
-					mustLaunch(t, kernels.RoPEBackward(dout.Dev(), dout.Dev(), freq, c.B, c.T, c.NH, c.HS, dtype(xb), 0))
-					Compare(t, "backward in place", dout.Values(), wantB, atol, rtol)
+			for _, packed := range []bool{false, true} {
+				name := fmt.Sprintf("B%d_T%d_NH%d_HS%d_%s", c.B, c.T, c.NH, c.HS, dtName(xb))
+				if packed {
+					name += "_packed"
 				}
-			})
+				t.Run(name, func(t *testing.T) { testRope(t, c.B, c.T, c.NH, c.HS, xb, packed) })
+			}
 		}
+	}
+}
+
+// testRope runs one case for every seed, unpacked or packed.
+func testRope(t *testing.T, B, T, NH, HS int, xb, packed bool) {
+	n := B * T * NH * HS
+	x := roundIf(Rand(uint64(n), n, 2), xb)
+	for i, seed := range Seeds {
+		inv := ropeInvFreq(HS, i)
+		before := i%2 == 0
+		var pos []int32
+		posDev := kernels.Ptr(0)
+		if packed {
+			pos = packedPositions(B, T, seed)
+			posDev = FromInt32(t, pos).Dev()
+		}
+		wantF, wantB := make([]float32, n), make([]float32, n)
+		cpu.RoPEForward(wantF, x, pos, inv, B, T, NH, HS)
+		cpu.RoPEBackward(wantB, x, pos, inv, B, T, NH, HS)
+		wantF, wantB = roundIf(wantF, xb), roundIf(wantB, xb)
+		atol, rtol := 1e-6, tolFor(xb, 1e-6)
+
+		SetSeed(seed)
+		freq := FromFloat32(t, inv).Dev()
+		in, out := NewFloatBuf(t, x, xb, before), outBuf(t, n, xb, !before)
+		mustLaunch(t, kernels.RoPEForward(out.Dev(), in.Dev(), posDev, freq, B, T, NH, HS, dtype(xb), 0))
+		Compare(t, "forward", out.Values(), wantF, atol, rtol)
+		Compare(t, "forward input", in.Values(), x, 0, 0)
+		mustLaunch(t, kernels.RoPEForward(in.Dev(), in.Dev(), posDev, freq, B, T, NH, HS, dtype(xb), 0))
+		Compare(t, "forward in place", in.Values(), wantF, atol, rtol)
+
+		din, dout := outBuf(t, n, xb, before), NewFloatBuf(t, x, xb, !before)
+		mustLaunch(t, kernels.RoPEBackward(din.Dev(), dout.Dev(), posDev, freq, B, T, NH, HS, dtype(xb), 0))
+		Compare(t, "backward", din.Values(), wantB, atol, rtol)
+		mustLaunch(t, kernels.RoPEBackward(dout.Dev(), dout.Dev(), posDev, freq, B, T, NH, HS, dtype(xb), 0))
+		Compare(t, "backward in place", dout.Values(), wantB, atol, rtol)
 	}
 }
 
@@ -110,20 +127,20 @@ func TestRopeArgs(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"odd HS", kernels.RoPEForward(f, f, inv, 1, 1, 1, 9, kernels.F32, 0)},
-		{"HS 0", kernels.RoPEForward(f, f, inv, 1, 1, 1, 0, kernels.F32, 0)},
-		{"HS 514", kernels.RoPEBackward(f, f, inv, 1, 1, 1, 514, kernels.F32, 0)},
-		{"T<0", kernels.RoPEForward(f, f, inv, 1, -1, 1, 8, kernels.F32, 0)},
-		{"nil out", kernels.RoPEForward(0, f, inv, 1, 2, 1, 8, kernels.F32, 0)},
-		{"nil inv_freq", kernels.RoPEForward(f, f, 0, 1, 2, 1, 8, kernels.F32, 0)},
-		{"bad dtype", kernels.RoPEBackward(f, f, inv, 1, 2, 1, 8, 2, 0)},
+		{"odd HS", kernels.RoPEForward(f, f, 0, inv, 1, 1, 1, 9, kernels.F32, 0)},
+		{"HS 0", kernels.RoPEForward(f, f, 0, inv, 1, 1, 1, 0, kernels.F32, 0)},
+		{"HS 514", kernels.RoPEBackward(f, f, 0, inv, 1, 1, 1, 514, kernels.F32, 0)},
+		{"T<0", kernels.RoPEForward(f, f, 0, inv, 1, -1, 1, 8, kernels.F32, 0)},
+		{"nil out", kernels.RoPEForward(0, f, 0, inv, 1, 2, 1, 8, kernels.F32, 0)},
+		{"nil inv_freq", kernels.RoPEForward(f, f, 0, 0, 1, 2, 1, 8, kernels.F32, 0)},
+		{"bad dtype", kernels.RoPEBackward(f, f, 0, inv, 1, 2, 1, 8, 2, 0)},
 	}
 	for _, b := range bad {
 		if b.err == nil {
 			t.Errorf("%s: accepted", b.name)
 		}
 	}
-	if err := kernels.RoPEForward(0, 0, 0, 0, 5, 2, 8, kernels.F32, 0); err != nil {
+	if err := kernels.RoPEForward(0, 0, 0, 0, 0, 5, 2, 8, kernels.F32, 0); err != nil {
 		t.Errorf("B=0 must be a no-op: %v", err)
 	}
 }

@@ -279,13 +279,16 @@ type Ops interface {
 	// Accumulate adds src into dst: dst += src.
 	Accumulate(s Stream, dst, src Tensor) error
 
-	// EncoderForward: out[B,T,C] = wte[inp[b,t]] + wpe[t]; inp is I32 [B,T].
-	// An absent wpe (nil Buf) is no position table (LLaMA): out is the
+	// EncoderForward: out[B,T,C] = wte[inp[b,t]] + wpe[pos[b,t]]; inp is
+	// I32 [B,T]. pos (I32 [B,T], see Positions) is each token's position
+	// within its document when a row packs several (--pack); absent, it is
+	// t. An absent wpe (nil Buf) is no position table (LLaMA): out is the
 	// token's row, and EncoderBackward then takes an absent dwpe.
-	EncoderForward(s Stream, out, inp, wte, wpe Tensor, B, T, C int) error
-	// EncoderBackward: dwte[inp[b,t]] += dout[b,t], dwpe[t] += sum_b dout[b,t],
-	// in a fixed order (deterministic).
-	EncoderBackward(s Stream, dwte, dwpe, dout, inp Tensor, B, T, C int) error
+	EncoderForward(s Stream, out, inp, pos, wte, wpe Tensor, B, T, C int) error
+	// EncoderBackward: dwte[inp[b,t]] += dout[b,t], dwpe[pos[b,t]] +=
+	// dout[b,t], each element adding over (b, t) in increasing order
+	// (deterministic).
+	EncoderBackward(s Stream, dwte, dwpe, dout, inp, pos Tensor, B, T, C int) error
 
 	// LayerNormForward over the last dim C of N = B*T rows; saves mean and
 	// rstd (F32 [N]) for the backward.
@@ -312,13 +315,15 @@ type Ops interface {
 	// then k [B,T,KVH*HS] then v [B,T,KVH*HS] (LLaMA's three
 	// projections, each contiguous). out [B,T,NH*HS]; lse F32 [B,NH,T] the
 	// log-sum-exp of each softmax row (scale 1/sqrt(HS)), saved for the
-	// backward (flash style).
-	AttentionForward(s Stream, out, lse, qkv Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
+	// backward (flash style). pos (Positions) restricts each query to its
+	// document: query t attends keys t-pos[b,t]..t; absent, keys 0..t.
+	AttentionForward(s Stream, out, lse, qkv, pos Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
 	// AttentionBackward recomputes the scores from qkv and lse and writes
 	// dqkv (qkv's shape and layout; not accumulated: a key/value head's
 	// gradient sums its query heads in ascending order); scratch F32 of
-	// at least AttentionBackwardScratch(B, T, NH) elements, overwritten.
-	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse, scratch Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
+	// at least AttentionBackwardScratch(B, T, NH) elements, overwritten;
+	// pos is the forward's.
+	AttentionBackward(s Stream, dqkv, dout, qkv, out, lse, pos, scratch Tensor, B, T, NH, KVH, HS int, layout QKVLayout) error
 
 	// GeluForward: out = gelu(inp), the tanh approximation (HF "gelu_new").
 	GeluForward(s Stream, out, inp Tensor) error
@@ -341,14 +346,14 @@ type Ops interface {
 	RMSNormBackward(s Stream, dinp, dweight, dout, inp, weight, rstd, scratch Tensor, N, C int) error
 
 	// RoPEForward: rotary position embeddings (HF LLaMA's rotate_half) of
-	// x [B,T,NH,HS] at positions 0..T-1: in every head the pairs (i,
-	// i+HS/2) are rotated by t * invFreq[i]; invFreq F32 [HS/2] holds the
-	// (possibly scaled, see rope_scaling) inverse frequencies. out may be
-	// inp (in place). HS even.
-	RoPEForward(s Stream, out, inp, invFreq Tensor, B, T, NH, HS int) error
+	// x [B,T,NH,HS] at positions pos[b,t] (Positions; absent: t): in
+	// every head the pairs (i, i+HS/2) are rotated by pos * invFreq[i];
+	// invFreq F32 [HS/2] holds the (possibly scaled, see rope_scaling)
+	// inverse frequencies. out may be inp (in place). HS even.
+	RoPEForward(s Stream, out, inp, pos, invFreq Tensor, B, T, NH, HS int) error
 	// RoPEBackward writes dinp, the rotation of dout by -angle; dinp may
 	// be dout.
-	RoPEBackward(s Stream, dinp, dout, invFreq Tensor, B, T, NH, HS int) error
+	RoPEBackward(s Stream, dinp, dout, pos, invFreq Tensor, B, T, NH, HS int) error
 
 	// CrossEntropyForwardBackward: fused softmax + cross-entropy over V
 	// classes of N rows. losses F32 [N] gets -log p[target] (0 where the

@@ -63,23 +63,23 @@
 //	Scale                        t: fp32|bf16 [t_bf16]
 //	Add                          out: fp32|bf16 [out_bf16]; a: fp32|bf16 [a_bf16]; b: fp32|bf16 [b_bf16]
 //	Accumulate                   dst: fp32|bf16 [dst_bf16]; src: fp32|bf16 [src_bf16]
-//	EncoderForward               out, wte, wpe: fp32|bf16 [x_bf16]; inp: i32
-//	EncoderBackward              dwte, dwpe: fp32|bf16 [dw_bf16]; dout: fp32|bf16 [g_bf16]; inp: i32
+//	EncoderForward               out, wte, wpe: fp32|bf16 [x_bf16]; inp, pos: i32
+//	EncoderBackward              dwte, dwpe: fp32|bf16 [dw_bf16]; dout: fp32|bf16 [g_bf16]; inp, pos: i32
 //	LayerNormForward             out, inp, weight, bias: fp32|bf16 [x_bf16]; mean, rstd: fp32
 //	LayerNormBackward            dinp, dout: fp32|bf16 [g_bf16]; dweight, dbias: fp32|bf16 [dw_bf16]; inp, weight: fp32|bf16 [x_bf16]; mean, rstd, scratch: fp32
 //	Gemm                         A, B: bf16; C: fp32|bf16 [c_is_bf16]
 //	AddBias                      out: fp32|bf16 [out_bf16]; bias: fp32|bf16 [bias_bf16]
 //	BiasBackward                 dbias: fp32|bf16 [dbias_bf16]; dout: fp32|bf16 [dout_bf16]
-//	AttentionForward             out, qkv: bf16; lse: fp32
-//	AttentionBackward            dqkv, dout, qkv, out: bf16; lse, scratch: fp32
+//	AttentionForward             out, qkv: bf16; lse: fp32; pos: i32
+//	AttentionBackward            dqkv, dout, qkv, out: bf16; lse, scratch: fp32; pos: i32
 //	GeluForward                  out, inp: fp32|bf16 [x_bf16]
 //	GeluBackward                 dinp, dout: fp32|bf16 [g_bf16]; inp: fp32|bf16 [x_bf16]
 //	SwiGLUForward                out, gate, up: fp32|bf16 [x_bf16]
 //	SwiGLUBackward               dgate, dup, dout: fp32|bf16 [g_bf16]; gate, up: fp32|bf16 [x_bf16]
 //	RMSNormForward               out, inp, weight: fp32|bf16 [x_bf16]; rstd: fp32
 //	RMSNormBackward              dinp, dout: fp32|bf16 [g_bf16]; dweight: fp32|bf16 [dw_bf16]; inp, weight: fp32|bf16 [x_bf16]; rstd, scratch: fp32
-//	RoPEForward                  out, inp: fp32|bf16 [x_bf16]; invFreq: fp32
-//	RoPEBackward                 dinp, dout: fp32|bf16 [x_bf16]; invFreq: fp32
+//	RoPEForward                  out, inp: fp32|bf16 [x_bf16]; invFreq: fp32; pos: i32
+//	RoPEBackward                 dinp, dout: fp32|bf16 [x_bf16]; invFreq: fp32; pos: i32
 //	CrossEntropyForwardBackward  losses: fp32; logits: fp32|bf16 [x_bf16]; targets: i32
 //	SumSquares                   out: fp32; x: fp32|bf16 [x_bf16]; work: fp64
 //	NonFiniteFlag                flag, x: fp32

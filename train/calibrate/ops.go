@@ -120,8 +120,8 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		{"CopyD2D", ni, 0, hazard.CopyD2D(hout, h), func() error { return be.CopyD2D(s, hout, h) }},
 		{"AddBias", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.AddBias(y, bias), func() error { return be.AddBias(s, y, bias, N, C) }},
 		{"BiasBackward", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.BiasBackward(dbias, dy), func() error { return be.BiasBackward(s, dbias, dy, N, C) }},
-		{"EncoderForward", nc, 0, hazard.EncoderForward(y, inp, wte, wpe), func() error { return be.EncoderForward(s, y, inp, wte, wpe, B, T, C) }},
-		{"EncoderBackward", nc, 0, hazard.EncoderBackward(wte, wpe, dy, inp), func() error { return be.EncoderBackward(s, wte, wpe, dy, inp, B, T, C) }},
+		{"EncoderForward", nc, 0, hazard.EncoderForward(y, inp, backend.Tensor{}, wte, wpe), func() error { return be.EncoderForward(s, y, inp, backend.Tensor{}, wte, wpe, B, T, C) }},
+		{"EncoderBackward", nc, 0, hazard.EncoderBackward(wte, wpe, dy, inp, backend.Tensor{}), func() error { return be.EncoderBackward(s, wte, wpe, dy, inp, backend.Tensor{}, B, T, C) }},
 		{"LayerNormForward", nc, 0, hazard.LayerNormForward(y, mean, rstd, x, w, bias), func() error { return be.LayerNormForward(s, y, mean, rstd, x, w, bias, N, C, 1e-5) }},
 		{"LayerNormBackward", nc, 0, hazard.LayerNormBackward(dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C), func() error {
 			return be.LayerNormBackward(s, dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C)
@@ -134,8 +134,8 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		{"GeluBackward", ni, 0, hazard.GeluBackward(hout, h, dh), func() error { return be.GeluBackward(s, hout, h, dh) }},
 		{"SwiGLUForward", ni, 0, hazard.SwiGLUForward(hout, h, h2), func() error { return be.SwiGLUForward(s, hout, h, h2) }},
 		{"SwiGLUBackward", ni, 0, hazard.SwiGLUBackward(hout, dup, dh, h, h2), func() error { return be.SwiGLUBackward(s, hout, dup, dh, h, h2) }},
-		{"RoPEForward", bt, 0, hazard.RoPE("rope", y, x, invFreq), func() error { return be.RoPEForward(s, y, x, invFreq, B, T, NH, HS) }},
-		{"RoPEBackward", bt, 0, hazard.RoPE("rope", dx, dy, invFreq), func() error { return be.RoPEBackward(s, dx, dy, invFreq, B, T, NH, HS) }},
+		{"RoPEForward", bt, 0, hazard.RoPE("rope", y, x, backend.Tensor{}, invFreq), func() error { return be.RoPEForward(s, y, x, backend.Tensor{}, invFreq, B, T, NH, HS) }},
+		{"RoPEBackward", bt, 0, hazard.RoPE("rope", dx, dy, backend.Tensor{}, invFreq), func() error { return be.RoPEBackward(s, dx, dy, backend.Tensor{}, invFreq, B, T, NH, HS) }},
 		{"CrossEntropyForwardBackward", fmt.Sprintf("N=%d V=%d", N, V), 0, hazard.CrossEntropyForwardBackward(losses, logits, inp, 1), func() error {
 			return be.CrossEntropyForwardBackward(s, losses, logits, inp, N, V, 1)
 		}},
@@ -162,11 +162,11 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		dims := fmt.Sprintf("B=%d T=%d NH=%d KVH=%d HS=%d %v", bb, tb, NH, KVH, HS, g.Layout)
 		fl := 2 * float64(bb*NH*HS) * float64(tb) * float64(tb+1)
 		cases = append(cases,
-			opCase{"AttentionForward", dims, fl, hazard.AttentionForward(y, lse, qkv), func() error {
-				return be.AttentionForward(s, y, lse, qkv, bb, tb, NH, KVH, HS, g.Layout)
+			opCase{"AttentionForward", dims, fl, hazard.AttentionForward(y, lse, qkv, backend.Tensor{}), func() error {
+				return be.AttentionForward(s, y, lse, qkv, backend.Tensor{}, bb, tb, NH, KVH, HS, g.Layout)
 			}},
-			opCase{"AttentionBackward", dims, 2.5 * fl, hazard.AttentionBackward(dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH), func() error {
-				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, attScratch, bb, tb, NH, KVH, HS, g.Layout)
+			opCase{"AttentionBackward", dims, 2.5 * fl, hazard.AttentionBackward(dqkv, dy, qkv, y, lse, backend.Tensor{}, attScratch, bb, tb, NH), func() error {
+				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, backend.Tensor{}, attScratch, bb, tb, NH, KVH, HS, g.Layout)
 			}})
 	}
 	sp, err := m.sparseCases(g)

@@ -52,19 +52,19 @@ func TestArgumentErrors(t *testing.T) {
 		{"freed buffer", func(be *Backend, x argEnv) error { return be.Fill(s(be), x.freed, 1) }, "freed"},
 		{"foreign buffer", func(be *Backend, x argEnv) error { return be.Add(s(be), x.f10, x.g10, x.foreign) }, "another backend"},
 		{"encoder ids not i32", func(be *Backend, x argEnv) error {
-			return be.EncoderForward(s(be), x.f10, x.g10, x.f10, x.f10, 1, 10, 1)
+			return be.EncoderForward(s(be), x.f10, x.g10, backend.Tensor{}, x.f10, x.f10, 1, 10, 1)
 		}, "inp has dtype fp32"},
 		{"encoder C = 0", func(be *Backend, x argEnv) error {
-			return be.EncoderForward(s(be), x.f10, x.i10, x.f10, x.f10, 1, 10, 0)
+			return be.EncoderForward(s(be), x.f10, x.i10, backend.Tensor{}, x.f10, x.f10, 1, 10, 0)
 		}, "C=0"},
 		{"encoder negative B, T", func(be *Backend, x argEnv) error {
-			return be.EncoderForward(s(be), x.one, x.one.Reshape(1), x.one, x.f10.Slice(0, 0), -1, -1, 1)
+			return be.EncoderForward(s(be), x.one, x.one.Reshape(1), backend.Tensor{}, x.one, x.f10.Slice(0, 0), -1, -1, 1)
 		}, "B=-1"},
 		{"encoder backward C = 0", func(be *Backend, x argEnv) error {
-			return be.EncoderBackward(s(be), x.f10, x.f10, x.f10, x.i10, 1, 10, 0)
+			return be.EncoderBackward(s(be), x.f10, x.f10, x.f10, x.i10, backend.Tensor{}, 1, 10, 0)
 		}, "C=0"},
 		{"encoder wte not V x C", func(be *Backend, x argEnv) error {
-			return be.EncoderForward(s(be), x.f10, x.i10.Slice(0, 5), x.f9, x.f10, 1, 5, 2)
+			return be.EncoderForward(s(be), x.f10, x.i10.Slice(0, 5), backend.Tensor{}, x.f9, x.f10, 1, 5, 2)
 		}, "do not fit"},
 		{"layernorm weight", func(be *Backend, x argEnv) error {
 			return be.LayerNormForward(s(be), x.f10, x.one, x.one, x.f10, x.f9, x.f10, 1, 10, 1e-5)
@@ -90,26 +90,27 @@ func TestArgumentErrors(t *testing.T) {
 		{"add bias length", func(be *Backend, x argEnv) error { return be.AddBias(s(be), x.f10, x.f9, 2, 5) }, "bias has 9"},
 		{"bias backward length", func(be *Backend, x argEnv) error { return be.BiasBackward(s(be), x.f10.Slice(0, 5), x.f9, 2, 5) }, "dout has 9"},
 		{"attention KVH does not divide NH", func(be *Backend, x argEnv) error {
-			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, 1, 1, 3, 2, 1, backend.QKVPlanar)
+			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, backend.Tensor{}, 1, 1, 3, 2, 1, backend.QKVPlanar)
 		}, "NH=3 query heads not a positive multiple of KVH=2"},
 		{"attention NH = 0", func(be *Backend, x argEnv) error {
-			return be.AttentionBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, x.f10, 1, 1, 0, 1, 10, backend.QKVFused)
+			return be.AttentionBackward(s(be), x.f10, x.f10, x.f10, x.f10, x.f10, backend.Tensor{}, x.f10, 1, 1, 0, 1, 10, backend.QKVFused)
 		}, "NH=0"},
 		{"attention KVH = 0", func(be *Backend, x argEnv) error {
-			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, 1, 1, 2, 0, 1, backend.QKVFused)
+			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, backend.Tensor{}, 1, 1, 2, 0, 1, backend.QKVFused)
 		}, "KVH=0"},
 		{"attention unknown layout", func(be *Backend, x argEnv) error {
-			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, 1, 1, 1, 1, 1, backend.QKVLayout(7))
+			return be.AttentionForward(s(be), x.f10, x.f10, x.f10, backend.Tensor{}, 1, 1, 1, 1, 1, backend.QKVLayout(7))
 		}, "unknown qkv layout QKVLayout(7)"},
 		{"attention negative B, T", func(be *Backend, x argEnv) error {
-			return be.AttentionForward(s(be), x.one, x.one, x.f10.Slice(0, 3), -1, -1, 1, 1, 1, backend.QKVFused)
+			return be.AttentionForward(s(be), x.one, x.one, x.f10.Slice(0, 3), backend.Tensor{}, -1, -1, 1, 1, 1, backend.QKVFused)
 		}, "B=-1"},
 		{"attention lse length", func(be *Backend, x argEnv) error {
-			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.f9, x.f10, 1, 1, 2, 2, 1, backend.QKVFused)
+			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.f9, backend.Tensor{}, x.f10, 1, 1, 2, 2, 1, backend.QKVFused)
 		}, "lse has 9 elements, want 2"},
 		{"attention backward scratch short", func(be *Backend, x argEnv) error {
-			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 2),
+			return be.AttentionBackward(s(be), x.f10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 6), x.f10.Slice(0, 2), x.g10.Slice(0, 2), backend.Tensor{},
 				x.f10.Slice(0, 1), 1, 1, 2, 2, 1, backend.QKVFused)
+
 		}, "attention backward: scratch has 1 elements, the op needs 2"},
 		{"gelu length", func(be *Backend, x argEnv) error { return be.GeluBackward(s(be), x.f10, x.g10, x.f9) }, "dout has 9"},
 		{"cross entropy targets fp32", func(be *Backend, x argEnv) error {

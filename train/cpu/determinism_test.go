@@ -54,7 +54,7 @@ func TestThreadCountInvariance(t *testing.T) {
 				ids[i] = int32(i*7) % V
 			}
 			dwte, dwpe := rnd(t, be, "dwte", V*C, 1), rnd(t, be, "dwpe", T*C, 2)
-			ok(t, be.EncoderBackward(s(be), dwte, dwpe, rnd(t, be, "dout", B*T*C, 3), intsOf(t, be, "inp", ids), B, T, C))
+			ok(t, be.EncoderBackward(s(be), dwte, dwpe, rnd(t, be, "dout", B*T*C, 3), intsOf(t, be, "inp", ids), backend.Tensor{}, B, T, C))
 			return []backend.Tensor{dwte, dwpe}
 		}},
 		// OC=200 split by 64 (3 chunks), each summing N=70 rows.
@@ -70,8 +70,8 @@ func TestThreadCountInvariance(t *testing.T) {
 			qkv := rnd(t, be, "qkv", B*T*3*C, 1)
 			out, lse := alloc(t, be, "out", B*T*C, backend.F32), alloc(t, be, "lse", B*NH*T, backend.F32)
 			dqkv := alloc(t, be, "dqkv", B*T*3*C, backend.F32)
-			ok(t, be.AttentionForward(s(be), out, lse, qkv, B, T, NH, NH, C/NH, backend.QKVFused))
-			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused))
+			ok(t, be.AttentionForward(s(be), out, lse, qkv, backend.Tensor{}, B, T, NH, NH, C/NH, backend.QKVFused))
+			ok(t, be.AttentionBackward(s(be), dqkv, rnd(t, be, "dout", B*T*C, 2), qkv, out, lse, backend.Tensor{}, attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused))
 			return []backend.Tensor{out, lse, dqkv}
 		}},
 		// 50000 elements: 4 chunks of 2^14, spread over the threads.

@@ -62,17 +62,17 @@ func dtypeCases() []dtypeCase {
 			}},
 		{"encoder forward", []tspec{{"out", N * C, flt, nil}, {"inp", N, ints, token}, {"wte", V * C, flt, nil}, {"wpe", T * C, flt, nil}},
 			[]string{"out"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.EncoderForward(s, x["out"], x["inp"], x["wte"], x["wpe"], B, T, C)
+				return be.EncoderForward(s, x["out"], x["inp"], backend.Tensor{}, x["wte"], x["wpe"], B, T, C)
 			}},
 		{"encoder backward", []tspec{{"dwte", V * C, flt, nil}, {"dwpe", T * C, flt, nil}, {"dout", N * C, flt, nil}, {"inp", N, ints, token}},
 			[]string{"dwte", "dwpe"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], backend.Tensor{}, B, T, C)
 			}},
 		// A bf16 model with fp32 parameter gradients: dwte, dwpe stay fp32.
 		{"encoder backward, fp32 parameter gradients", []tspec{{"dwte", V * C, fixed, nil}, {"dwpe", T * C, fixed, nil},
 			{"dout", N * C, flt, nil}, {"inp", N, ints, token}},
 			[]string{"dwte", "dwpe"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], B, T, C)
+				return be.EncoderBackward(s, x["dwte"], x["dwpe"], x["dout"], x["inp"], backend.Tensor{}, B, T, C)
 			}},
 		{"layernorm forward", []tspec{{"out", N * C, flt, nil}, {"mean", N, fixed, nil}, {"rstd", N, fixed, nil},
 			{"inp", N * C, flt, nil}, {"w", C, flt, nil}, {"b", C, flt, nil}},
@@ -104,12 +104,12 @@ func dtypeCases() []dtypeCase {
 			}},
 		{"attention forward", []tspec{{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, nil}, {"qkv", N * 3 * C, flt, nil}},
 			[]string{"out", "lse"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], B, T, NH, NH, C/NH, backend.QKVFused)
+				return be.AttentionForward(s, x["out"], x["lse"], x["qkv"], backend.Tensor{}, B, T, NH, NH, C/NH, backend.QKVFused)
 			}},
 		{"attention backward", []tspec{{"dqkv", N * 3 * C, flt, nil}, {"dout", N * C, flt, nil}, {"qkv", N * 3 * C, flt, nil},
 			{"out", N * C, flt, nil}, {"lse", B * NH * T, fixed, positive}},
 			[]string{"dqkv"}, func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {
-				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused)
+				return be.AttentionBackward(s, x["dqkv"], x["dout"], x["qkv"], x["out"], x["lse"], backend.Tensor{}, attnScratch(t, be, B, T, NH), B, T, NH, NH, C/NH, backend.QKVFused)
 			}},
 		{"gelu forward", []tspec{{"out", 40, flt, nil}, {"inp", 40, flt, nil}}, []string{"out"},
 			func(t testing.TB, be *Backend, s backend.Stream, x map[string]backend.Tensor) error {

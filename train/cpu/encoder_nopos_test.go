@@ -22,7 +22,7 @@ func TestEncoderWithoutPositions(t *testing.T) {
 		wte := tensorOf(t, be, "wte", dt, w)
 		out := tensorOf(t, be, "out", dt, make([]float32, B*T*C))
 		inp := intsOf(t, be, "inp", ids)
-		ok(t, be.EncoderForward(s, out, inp, wte, backend.Tensor{}, B, T, C))
+		ok(t, be.EncoderForward(s, out, inp, backend.Tensor{}, wte, backend.Tensor{}, B, T, C))
 		got, ref := get(t, be, out), get(t, be, wte)
 		for bt, id := range ids {
 			for c := range C {
@@ -34,7 +34,7 @@ func TestEncoderWithoutPositions(t *testing.T) {
 		}
 		d0, dy := randVals(r, V*C, 1), randVals(r, B*T*C, 1)
 		dwte := tensorOf(t, be, "dwte", backend.F32, d0)
-		ok(t, be.EncoderBackward(s, dwte, backend.Tensor{}, tensorOf(t, be, "dout", backend.F32, dy), inp, B, T, C))
+		ok(t, be.EncoderBackward(s, dwte, backend.Tensor{}, tensorOf(t, be, "dout", backend.F32, dy), inp, backend.Tensor{}, B, T, C))
 		want := f64s(d0)
 		for bt, id := range ids {
 			for c := range C {

@@ -27,7 +27,7 @@ func poison(t *testing.T, be *Backend) {
 	s := newStream(t, be, "poison")
 	inp := intsOf(t, be, "bad ids", []int32{99})
 	out, wte, wpe := alloc(t, be, "o", 1, backend.F32), alloc(t, be, "wte", 1, backend.F32), alloc(t, be, "wpe", 1, backend.F32)
-	ok(t, be.EncoderForward(s, out, inp, wte, wpe, 1, 1, 1))
+	ok(t, be.EncoderForward(s, out, inp, backend.Tensor{}, wte, wpe, 1, 1, 1))
 	if err := be.Synchronize(s); err == nil {
 		t.Fatal("poisoning op did not fail")
 	}

@@ -316,8 +316,8 @@ func TestStaging(t *testing.T) {
 // them.
 func TestKernelDTypesMode(t *testing.T) {
 	refused := map[string]string{ // case -> the op named in the error
-		"gemm": "Gemm(A fp32, B fp32, C fp32)", "attention forward": "AttentionForward(out fp32, lse fp32, qkv fp32)",
-		"attention backward": "AttentionBackward(dqkv fp32, dout fp32, qkv fp32, out fp32, lse fp32, scratch fp32)",
+		"gemm": "Gemm(A fp32, B fp32, C fp32)", "attention forward": "AttentionForward(out fp32, lse fp32, qkv fp32, pos absent)",
+		"attention backward": "AttentionBackward(dqkv fp32, dout fp32, qkv fp32, out fp32, lse fp32, pos absent, scratch fp32)",
 	}
 	for _, tc := range dtypeCases() {
 		for _, strict := range []bool{true, false} {

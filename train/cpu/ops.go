@@ -41,6 +41,14 @@ func i32View(t backend.Tensor) []int32 {
 	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
+// i32OrNil is i32View(t), or nil for an absent t.
+func i32OrNil(t backend.Tensor) []int32 {
+	if t.Buf == nil {
+		return nil
+	}
+	return i32View(t)
+}
+
 // load returns t as fp32: the memory itself for fp32 tensors (writes go
 // straight through), a widened copy for bf16 ones (see store).
 func load(t backend.Tensor) []float32 {
@@ -140,6 +148,29 @@ func (b *Backend) needAll(op string, args ...arg) error {
 }
 
 func f(name string, t backend.Tensor, n int) arg { return arg{name, t, n, false} }
+
+// positions checks an op's pos argument (backend.Positions): absent, or
+// I32 with B*T elements. Its values are checked when the op runs
+// (posView), since an earlier op on the stream may still write them.
+func (b *Backend) positions(op string, pos backend.Tensor, B, T int) error {
+	if pos.Buf == nil {
+		return nil
+	}
+	return b.need(op, "pos", pos, B*T, true)
+}
+
+// posView is pos's values, checked to be a packing of B rows of T
+// tokens, or nil for an absent pos (unpacked rows).
+func posView(op string, pos backend.Tensor, B, T int) ([]int32, error) {
+	if pos.Buf == nil {
+		return nil, nil
+	}
+	p := i32View(pos)[:B*T]
+	if err := backend.CheckPositions(p, B, T); err != nil {
+		return nil, fmt.Errorf("cpu: %s: %w", op, err)
+	}
+	return p, nil
+}
 
 // kernelDTypes refuses, in the KernelDTypes mode, what the CUDA kernel of
 // op does not take; ts are the op's tensors in its method's order.
@@ -260,7 +291,7 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 }
 
 // EncoderForward implements backend.Ops.
-func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backend.Tensor, B, T, C int) error {
 	if err := checkDims("encoder forward", "B T", B, T); err != nil {
 		return err
 	}
@@ -280,15 +311,18 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 			return err
 		}
 	}
-	if err := b.kernelDTypes("EncoderForward", out, inp, wte, wpe); err != nil {
+	if err := b.positions("encoder forward", pos, B, T); err != nil {
 		return err
 	}
-	return b.enqueue(s, hazard.EncoderForward(out, inp, wte, wpe), func() error {
+	if err := b.kernelDTypes("EncoderForward", out, inp, pos, wte, wpe); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.EncoderForward(out, inp, pos, wte, wpe), func() error {
 		o, p := load(out), []float32(nil)
 		if !noPos {
 			p = load(wpe)
 		}
-		if err := EncoderForward(o, i32View(inp), load(wte), p, B, T, C, V); err != nil {
+		if err := EncoderForward(o, i32View(inp), i32OrNil(pos), load(wte), p, B, T, C, V); err != nil {
 			return err
 		}
 		store(out, o)
@@ -297,7 +331,7 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Te
 }
 
 // EncoderBackward implements backend.Ops.
-func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos backend.Tensor, B, T, C int) error {
 	if err := checkDims("encoder backward", "B T", B, T); err != nil {
 		return err
 	}
@@ -314,13 +348,16 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 			return err
 		}
 	}
-	if err := b.kernelDTypes("EncoderBackward", dwte, dwpe, dout, inp); err != nil {
+	if err := b.positions("encoder backward", pos, B, T); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("EncoderBackward", dwte, dwpe, dout, inp, pos); err != nil {
 		return err
 	}
 	if !noPos && dwpe.Len() < T*C {
 		return fmt.Errorf("cpu: encoder backward: dwpe has %d elements, want at least %d", dwpe.Len(), T*C)
 	}
-	return b.enqueue(s, hazard.EncoderBackward(dwte, dwpe, dout, inp), func() error {
+	return b.enqueue(s, hazard.EncoderBackward(dwte, dwpe, dout, inp, pos), func() error {
 		gw, gp := load(dwte), []float32(nil)
 		if !noPos {
 			gp = load(dwpe)
@@ -329,8 +366,12 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backen
 		if err := checkTokens(ids[:B*T], V); err != nil {
 			return err
 		}
+		ps, err := posView("encoder backward", pos, B, T)
+		if err != nil {
+			return err
+		}
 		// Channels split over threads, each summing its positions in order.
-		b.parallel(C, 32, func(lo, hi int) { encoderBackwardChannels(gw, gp, dy, ids, B, T, C, lo, hi) })
+		b.parallel(C, 32, func(lo, hi int) { encoderBackwardChannels(gw, gp, dy, ids, ps, B, T, C, lo, hi) })
 		store(dwte, gw)
 		if !noPos {
 			store(dwpe, gp)
@@ -455,7 +496,7 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 }
 
 // AttentionForward implements backend.Ops.
-func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	a, n, err := checkHeads("attention forward", B, T, NH, KVH, HS, layout)
 	if err != nil {
 		return err
@@ -463,10 +504,19 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 	if err := b.needAll("attention forward", f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T), f("qkv", qkv, n)); err != nil {
 		return err
 	}
-	if err := b.kernelDTypes("AttentionForward", out, lse, qkv); err != nil {
+	if err := b.positions("attention forward", pos, B, T); err != nil {
 		return err
 	}
-	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv), func() error {
+	if err := b.kernelDTypes("AttentionForward", out, lse, qkv, pos); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv, pos), func() error {
+		ps, perr := posView("attention forward", pos, B, T)
+		if perr != nil {
+			return perr
+		}
+		a := a // this op's shape with its positions
+		a.pos = ps
 		o, l, q := load(out), load(lse), load(qkv)
 		err := b.parallelErr("attention forward", B*NH, 1, func(lo, hi int) error { return host.AttentionForward(o, l, q, a.host(), lo, hi) })
 		store(out, o)
@@ -476,7 +526,7 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tenso
 }
 
 // AttentionBackward implements backend.Ops.
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	a, n, err := checkHeads("attention backward", B, T, NH, KVH, HS, layout)
 	if err != nil {
 		return err
@@ -489,11 +539,20 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 	if err != nil {
 		return err
 	}
-	if err := b.kernelDTypes("AttentionBackward", dqkv, dout, qkv, out, lse, scratch); err != nil {
+	if err := b.positions("attention backward", pos, B, T); err != nil {
 		return err
 	}
-	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH), func() error {
+	if err := b.kernelDTypes("AttentionBackward", dqkv, dout, qkv, out, lse, pos, scratch); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH), func() error {
 		spoil(used)
+		ps, perr := posView("attention backward", pos, B, T)
+		if perr != nil {
+			return perr
+		}
+		a := a // this op's shape with its positions
+		a.pos = ps
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
 		err := b.parallelErr("attention backward", B*KVH, 1, func(lo, hi int) error { return host.AttentionBackward(dq, dy, q, o, l, a.host(), lo, hi) })
 		store(dqkv, dq)
@@ -634,7 +693,7 @@ func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 
 // rope checks a RoPE op's arguments and enqueues it: out (or dinp) gets
 // inp (or dout) rotated by sign * angle.
-func (b *Backend) rope(op string, s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int, sign float32) error {
+func (b *Backend) rope(op string, s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int, sign float32) error {
 	if err := checkDims(op, "B T NH HS", B, T, NH, HS); err != nil {
 		return err
 	}
@@ -649,32 +708,39 @@ func (b *Backend) rope(op string, s backend.Stream, out, inp, invFreq backend.Te
 	if err := b.needAll(op, f(names[0], out, n), f(names[1], inp, n), f("invFreq", invFreq, HS/2)); err != nil {
 		return err
 	}
+	if err := b.positions(op, pos, B, T); err != nil {
+		return err
+	}
 	kop := "RoPEForward"
 	if sign < 0 {
 		kop = "RoPEBackward"
 	}
-	if err := b.kernelDTypes(kop, out, inp, invFreq); err != nil {
+	if err := b.kernelDTypes(kop, out, inp, pos, invFreq); err != nil {
 		return err
 	}
-	return b.enqueue(s, hazard.RoPE(op, out, inp, invFreq), func() error {
+	return b.enqueue(s, hazard.RoPE(op, out, inp, pos, invFreq), func() error {
+		ps, err := posView(op, pos, B, T)
+		if err != nil {
+			return err
+		}
 		// In place (out == inp): at fp32 x and o are the same memory and
 		// each pair is read before it is written; at bf16 they are two
 		// widened copies, and o is rounded back once.
 		x, o, inv := load(inp), load(out), load(invFreq)
-		b.parallel(B*T, 16, func(lo, hi int) { ropeRows(o, x, inv, lo, hi, T, NH, HS, sign) })
+		b.parallel(B*T, 16, func(lo, hi int) { ropeRows(o, x, ps, inv, lo, hi, T, NH, HS, sign) })
 		store(out, o)
 		return nil
 	})
 }
 
 // RoPEForward implements backend.Ops.
-func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
-	return b.rope("rope forward", s, out, inp, invFreq, B, T, NH, HS, 1)
+func (b *Backend) RoPEForward(s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return b.rope("rope forward", s, out, inp, pos, invFreq, B, T, NH, HS, 1)
 }
 
 // RoPEBackward implements backend.Ops.
-func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
-	return b.rope("rope backward", s, dinp, dout, invFreq, B, T, NH, HS, -1)
+func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return b.rope("rope backward", s, dinp, dout, pos, invFreq, B, T, NH, HS, -1)
 }
 
 // CrossEntropyForwardBackward implements backend.Ops.

@@ -63,7 +63,7 @@ func TestEncoder(t *testing.T) {
 	wte, wpe := randVals(r, tV*tC, 1), randVals(r, (tT+2)*tC, 1) // wpe longer than T: allowed
 	inp := intsOf(t, be, "inp", ids)
 	out := tensorOf(t, be, "out", backend.F32, randVals(r, tB*tT*tC, 9))
-	ok(t, be.EncoderForward(s, out, inp, tensorOf(t, be, "wte", backend.F32, wte), tensorOf(t, be, "wpe", backend.F32, wpe), tB, tT, tC))
+	ok(t, be.EncoderForward(s, out, inp, backend.Tensor{}, tensorOf(t, be, "wte", backend.F32, wte), tensorOf(t, be, "wpe", backend.F32, wpe), tB, tT, tC))
 	want := make([]float64, tB*tT*tC)
 	for bt, id := range ids {
 		for c := range tC {
@@ -75,7 +75,7 @@ func TestEncoder(t *testing.T) {
 
 	dwte0, dwpe0, dout := randVals(r, tV*tC, 1), randVals(r, (tT+2)*tC, 1), randVals(r, tB*tT*tC, 1)
 	dwte, dwpe := tensorOf(t, be, "dwte", backend.F32, dwte0), tensorOf(t, be, "dwpe", backend.F32, dwpe0)
-	ok(t, be.EncoderBackward(s, dwte, dwpe, tensorOf(t, be, "dout", backend.F32, dout), inp, tB, tT, tC))
+	ok(t, be.EncoderBackward(s, dwte, dwpe, tensorOf(t, be, "dout", backend.F32, dout), inp, backend.Tensor{}, tB, tT, tC))
 	gw, gp := f64s(dwte0), f64s(dwpe0)
 	for bt, id := range ids {
 		for c := range tC {
@@ -190,7 +190,7 @@ func TestAttention(t *testing.T) {
 				qkv := tensorOf(t, be, "qkv", backend.F32, q)
 				out := tensorOf(t, be, "out", backend.F32, randVals(r, B*T*C, 9))
 				lse := tensorOf(t, be, "lse", backend.F32, randVals(r, B*NH*T, 9))
-				ok(t, be.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout))
+				ok(t, be.AttentionForward(s, out, lse, qkv, backend.Tensor{}, B, T, NH, KVH, HS, layout))
 				x := layout.Index(B*T, NH, KVH, HS)
 				wantOut, wantLse := attention64(expandQKV(f64s(q), x, B*T, NH, KVH, HS), B, T, C, NH)
 				// Softmax over <= 7 keys of HS <= 5 dot products, all O(1).
@@ -199,7 +199,7 @@ func TestAttention(t *testing.T) {
 
 				dout := randVals(r, B*T*C, 1)
 				dqkv := tensorOf(t, be, "dqkv", backend.F32, randVals(r, n, 9)) // overwritten, not accumulated
-				ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse,
+				ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dout), qkv, out, lse, backend.Tensor{},
 					attnScratch(t, be, B, T, NH), B, T, NH, KVH, HS, layout))
 				want := foldQKV(attentionBackward64(expandQKV(f64s(q), x, B*T, NH, KVH, HS), f64s(dout), B, T, C, NH), x, B*T, NH, KVH, HS)
 				// Through the saved fp32 out and lse: a few ulps of O(1) terms.

@@ -10,7 +10,10 @@
 // [B,T,NH*HS], then all k, then all v); out, dout [B,T,C]; lse [B,NH,T],
 // the natural log-sum-exp of each scaled score row, saved by the forward
 // so that the backward recomputes P; dqkv in qkv's layout, written, not
-// accumulated.
+// accumulated. pos, nil or [B,T] (backend.Positions), restricts query t to
+// keys t-pos[b,t]..t, its document's in a packed row; the sums then run
+// over those keys in the same order, so a packed document gets the bits
+// of the same document run alone.
 //
 // The loops are C, package host's (host/attention.c, host.AttentionForward
 // and AttentionBackward), for speed: the C is laid out so that the compiler
@@ -41,12 +44,13 @@ import (
 type attention struct {
 	B, T, NH, KVH, HS int
 	x                 backend.QKVIndex
+	pos               []int32 // nil: unpacked rows
 }
 
 // host is a as package host's kernels take it.
 func (a attention) host() host.AttentionShape {
 	return host.AttentionShape{B: a.B, T: a.T, NH: a.NH, KVH: a.KVH, HS: a.HS,
-		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow}
+		QBase: a.x.QBase, KBase: a.x.KBase, VBase: a.x.VBase, QRow: a.x.QRow, KVRow: a.x.KVRow, Pos: a.pos}
 }
 
 // checkHeads checks an attention op's shape and returns it with q, k and
@@ -67,9 +71,12 @@ func checkHeads(op string, B, T, NH, KVH, HS int, layout backend.QKVLayout) (att
 
 // AttentionForward writes out = softmax(q k^T * scale, causal) v per query
 // head and lse for every (b, h, t).
-func AttentionForward(out, lse, qkv []float32, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func AttentionForward(out, lse, qkv []float32, pos []int32, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	a, _, err := checkHeads("attention forward", B, T, NH, KVH, HS, layout)
 	if err != nil {
+		return err
+	}
+	if a.pos, err = checkPositions("attention forward", pos, B, T); err != nil {
 		return err
 	}
 	return host.AttentionForward(out, lse, qkv, a.host(), 0, B*NH)
@@ -79,10 +86,25 @@ func AttentionForward(out, lse, qkv []float32, B, T, NH, KVH, HS int, layout bac
 // lse: dV = P^T dO, dP = dO V^T, dS = P o (dP - D) with D = rowsum(dO o O),
 // dQ = dS K scale, dK = dS^T Q scale, a key/value head's gradient summing
 // its query heads in ascending order.
-func AttentionBackward(dqkv, dout, qkv, out, lse []float32, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func AttentionBackward(dqkv, dout, qkv, out, lse []float32, pos []int32, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	a, _, err := checkHeads("attention backward", B, T, NH, KVH, HS, layout)
 	if err != nil {
 		return err
 	}
+	if a.pos, err = checkPositions("attention backward", pos, B, T); err != nil {
+		return err
+	}
 	return host.AttentionBackward(dqkv, dout, qkv, out, lse, a.host(), 0, B*KVH)
+}
+
+// checkPositions returns pos after checking that it is nil or a valid
+// packing of B rows of T tokens (backend.CheckPositions).
+func checkPositions(op string, pos []int32, B, T int) ([]int32, error) {
+	if pos == nil {
+		return nil, nil
+	}
+	if err := backend.CheckPositions(pos, B, T); err != nil {
+		return nil, fmt.Errorf("cpu: %s: %w", op, err)
+	}
+	return pos[:B*T], nil
 }

@@ -124,13 +124,13 @@ func TestAttentionReferenceIsTheOp(t *testing.T) {
 			q, dy := randVals(r, n, 1.5), randVals(r, B*T*C, 1)
 			qkv, out, lse := tensorOf(t, be, "qkv", backend.F32, q), alloc(t, be, "out", B*T*C, backend.F32), alloc(t, be, "lse", B*NH*T, backend.F32)
 			dqkv := alloc(t, be, "dqkv", n, backend.F32)
-			ok(t, be.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout))
-			ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dy), qkv, out, lse,
+			ok(t, be.AttentionForward(s, out, lse, qkv, backend.Tensor{}, B, T, NH, KVH, HS, layout))
+			ok(t, be.AttentionBackward(s, dqkv, tensorOf(t, be, "dout", backend.F32, dy), qkv, out, lse, backend.Tensor{},
 				attnScratch(t, be, B, T, NH), B, T, NH, KVH, HS, layout))
 
 			o, l, dq := make([]float32, B*T*C), make([]float32, B*NH*T), make([]float32, n)
-			ok(t, AttentionForward(o, l, q, B, T, NH, KVH, HS, layout))
-			ok(t, AttentionBackward(dq, dy, q, o, l, B, T, NH, KVH, HS, layout))
+			ok(t, AttentionForward(o, l, q, nil, B, T, NH, KVH, HS, layout))
+			ok(t, AttentionBackward(dq, dy, q, o, l, nil, B, T, NH, KVH, HS, layout))
 			same(t, "out", o, get(t, be, out))
 			same(t, "lse", l, get(t, be, lse))
 			same(t, "dqkv", dq, get(t, be, dqkv))

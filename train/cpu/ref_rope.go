@@ -1,7 +1,9 @@
 // CPU reference for rotary position embeddings (RoPE), the oracle of the
 // kernels in kernels/rope.cu. Convention of LLaMA in HF transformers
 // (rotate_half): in each head of size HS the pairs (i, i+HS/2), i < HS/2,
-// are rotated by angle = t * theta^(-2i/HS) at position t of the sequence:
+// are rotated by angle = p * theta^(-2i/HS) at position p of the token in
+// its document (pos[b,t] of a packed row, backend.Positions; t when pos is
+// nil):
 //
 //	out[i]      = x[i]*cos - x[i+HS/2]*sin
 //	out[i+HS/2] = x[i+HS/2]*cos + x[i]*sin
@@ -11,8 +13,7 @@
 // theta^(float32(2i)/HS), angle = float32(t) * inv_freq, then cos and sin of
 // that fp32 angle; the rotation itself is fp32.
 //
-// Limits: HS must be even; positions are 0..T-1 in every sequence (no
-// offset for a cache). Callers holding bf16 tensors widen them before the
+// Limits: HS must be even; no offset for a cache. Callers holding bf16 tensors widen them before the
 // call and round the outputs after it, as the kernels do.
 
 package cpu
@@ -31,11 +32,11 @@ func RoPEInvFreq(HS int, theta float32) []float32 {
 }
 
 // ropeRows rotates every pair of rows bt in [lo,hi) of B*T by sign *
-// t * inv[i]; out may alias inp.
-func ropeRows(out, inp, inv []float32, lo, hi, T, NH, HS int, sign float32) {
+// position * inv[i]; out may alias inp.
+func ropeRows(out, inp []float32, pos []int32, inv []float32, lo, hi, T, NH, HS int, sign float32) {
 	h := HS / 2
 	for bt := lo; bt < hi; bt++ {
-		t := bt % T
+		t := position(pos, bt, T)
 		for i, f := range inv[:h] {
 			a := float32(t) * f
 			c := float32(math.Cos(float64(a)))
@@ -52,13 +53,13 @@ func ropeRows(out, inp, inv []float32, lo, hi, T, NH, HS int, sign float32) {
 
 // RoPEForward writes the rotated inp [B,T,NH,HS] to out (out may alias
 // inp: in place), with the inverse frequencies invFreq [HS/2]
-// (RoPEInvFreq, or scaled ones).
-func RoPEForward(out, inp, invFreq []float32, B, T, NH, HS int) {
-	ropeRows(out, inp, invFreq, 0, B*T, T, NH, HS, 1)
+// (RoPEInvFreq, or scaled ones), at positions pos [B,T] (nil: 0..T-1).
+func RoPEForward(out, inp []float32, pos []int32, invFreq []float32, B, T, NH, HS int) {
+	ropeRows(out, inp, pos, invFreq, 0, B*T, T, NH, HS, 1)
 }
 
 // RoPEBackward writes dinp = the rotation of dout by -angle (not
 // accumulated; dinp may alias dout).
-func RoPEBackward(dinp, dout, invFreq []float32, B, T, NH, HS int) {
-	ropeRows(dinp, dout, invFreq, 0, B*T, T, NH, HS, -1)
+func RoPEBackward(dinp, dout []float32, pos []int32, invFreq []float32, B, T, NH, HS int) {
+	ropeRows(dinp, dout, pos, invFreq, 0, B*T, T, NH, HS, -1)
 }

@@ -37,24 +37,24 @@ func TestRoPEReference(t *testing.T) {
 		const theta = 10000
 		inv := RoPEInvFreq(HS, theta)
 		out := make([]float32, n)
-		RoPEForward(out, x, inv, B, T, NH, HS)
+		RoPEForward(out, x, nil, inv, B, T, NH, HS)
 		// fp32 angles t*inv_freq carry a relative error of a few ulps.
 		near(t, "rope", out, rope64(f64s(x), B, T, NH, HS, theta), 1e-5, 1e-5)
 
 		in := append([]float32(nil), x...)
-		RoPEForward(in, in, inv, B, T, NH, HS)
+		RoPEForward(in, in, nil, inv, B, T, NH, HS)
 		same(t, "rope in place", in, out)
 
 		// The backward is the transpose: <RoPE(x), dy> = <x, RoPE^T(dy)>,
 		// and rotating forward then backward returns the input.
 		dx := make([]float32, n)
-		RoPEBackward(dx, dy, inv, B, T, NH, HS)
+		RoPEBackward(dx, dy, nil, inv, B, T, NH, HS)
 		l, rr := dot64(f64s(out), f64s(dy)), dot64(f64s(x), f64s(dx))
 		if math.Abs(l-rr) > 1e-4*(1+math.Abs(l)) {
 			t.Fatalf("B%d T%d NH%d HS%d: <rope x, dy> = %v, <x, rope^T dy> = %v", B, T, NH, HS, l, rr)
 		}
 		back := make([]float32, n)
-		RoPEBackward(back, out, inv, B, T, NH, HS)
+		RoPEBackward(back, out, nil, inv, B, T, NH, HS)
 		near(t, "rope round trip", back, f64s(x), 1e-5, 1e-5)
 	}
 }

@@ -84,13 +84,16 @@ func TestAsyncErrorIsSticky(t *testing.T) {
 	}{
 		{"token id = V", func(be *Backend, s backend.Stream) error {
 			inp := intsOf(t, be, "inp", []int32{0, V, 1})
-			return be.EncoderForward(s, alloc(t, be, "out", B*T*C, backend.F32), inp,
+			return be.EncoderForward(s, alloc(t, be, "out", B*T*C, backend.F32), inp, backend.Tensor{},
 				alloc(t, be, "wte", V*C, backend.F32), alloc(t, be, "wpe", T*C, backend.F32), B, T, C)
+
 		}, "token id 5"},
 		{"token id < 0", func(be *Backend, s backend.Stream) error {
 			inp := intsOf(t, be, "inp", []int32{0, 1, -2})
 			return be.EncoderBackward(s, alloc(t, be, "dwte", V*C, backend.F32), alloc(t, be, "dwpe", T*C, backend.F32),
-				alloc(t, be, "dout", B*T*C, backend.F32), inp, B, T, C)
+				alloc(t, be, "dout", B*T*C, backend.F32), inp, backend.Tensor{},
+				B, T, C)
+
 		}, "token id -2"},
 		{"target = V", func(be *Backend, s backend.Stream) error {
 			tg := intsOf(t, be, "targets", []int32{0, V})

@@ -3,8 +3,11 @@
 // taken (prompt positions, a conversation's turns other than the
 // assistant's, and padding). The Loader serves the training
 // examples in a shuffled order drawn afresh each epoch from (seed, epoch), so
-// a Position of two integers resumes the stream exactly. Limits: one example
-// per row (no packing); a Loader is not safe for concurrent use.
+// a Position of two integers resumes the stream exactly. By default a row
+// holds one example; a packing Loader (SetPack, --pack) puts as many
+// consecutive examples of that order in a row as fit, each at positions
+// restarting from 0 (Batch.Positions). A Loader is not safe for concurrent
+// use.
 
 package data
 
@@ -16,9 +19,18 @@ import "fmt"
 // the EOS for every instruction example that was not truncated; causal
 // attention and the -1 targets make that value irrelevant to the loss.
 // NumTargets counts the targets that are not -1.
+//
+// Positions, nil for rows of one example, is set for packed rows: each
+// token's position within its example (backend.Positions). An example of
+// L tokens takes L-1 places of a packed row, its inputs and targets
+// exactly as in a row of its own, so its last input predicts its own last
+// token and no target crosses into the next example. The places after a
+// row's last example are padding (inputs its final token, targets -1), a
+// document of their own from position 0.
 type Batch struct {
 	B, T            int
 	Inputs, Targets []int32
+	Positions       []int32
 	NumTargets      int
 }
 
@@ -32,7 +44,18 @@ func (b *Batch) resize(B, T int) {
 		b.Targets = make([]int32, B*T)
 	}
 	b.Inputs, b.Targets = b.Inputs[:B*T], b.Targets[:B*T]
+	b.Positions = nil
 	b.NumTargets = 0
+}
+
+// resizePacked is resize with Positions of B*T (reused when large enough).
+func (b *Batch) resizePacked(B, T int) {
+	pos := b.Positions
+	b.resize(B, T)
+	if cap(pos) < B*T {
+		pos = make([]int32, B*T)
+	}
+	b.Positions = pos[:B*T]
 }
 
 // fillRow writes one example into a row of T inputs and targets and returns
@@ -89,7 +112,12 @@ type Loader struct {
 	pos       Position
 	perm      []int // the order of epoch permEpoch
 	permEpoch int
+	pack      bool
 }
+
+// SetPack makes Next pack consecutive examples into each row (--pack;
+// Batch.Positions). The order of examples is the same either way.
+func (l *Loader) SetPack(on bool) { l.pack = on }
 
 // NewLoader checks that every example fits a row (2 <= len(Tokens) <= T+1,
 // PromptLen < len(Tokens), so it has a target; Spans, when set, in order,
@@ -147,9 +175,14 @@ func (l *Loader) order(epoch int) []int {
 	return l.perm
 }
 
-// Next fills b with the next B examples (allocating its slices only when
-// they are too small) and advances the position.
+// Next fills b with the next B examples, or with packing as many as fill B
+// rows (allocating its slices only when they are too small), and advances
+// the position.
 func (l *Loader) Next(b *Batch) {
+	if l.pack {
+		l.nextPacked(b)
+		return
+	}
 	b.resize(l.b, l.t)
 	for r := range l.b {
 		ex := l.ex[l.order(l.pos.Epoch)[l.pos.Index]]
@@ -157,6 +190,42 @@ func (l *Loader) Next(b *Batch) {
 		l.pos.Index++
 		if l.pos.Index == len(l.ex) {
 			l.pos = Position{Epoch: l.pos.Epoch + 1}
+		}
+	}
+}
+
+// nextPacked fills each row with the next examples while the next one
+// fits (an example of L tokens takes L-1 places), then pads it. Every
+// example fits an empty row (NewLoader checks L <= T+1), so a row always
+// takes at least one.
+func (l *Loader) nextPacked(b *Batch) {
+	b.resizePacked(l.b, l.t)
+	T := l.t
+	for r := range l.b {
+		in, tg, pos := b.Inputs[r*T:(r+1)*T], b.Targets[r*T:(r+1)*T], b.Positions[r*T:(r+1)*T]
+		used, pad := 0, int32(0)
+		for {
+			ex := l.ex[l.order(l.pos.Epoch)[l.pos.Index]]
+			n := len(ex.Tokens) - 1
+			if used > 0 && used+n > T {
+				break
+			}
+			pad = ex.Tokens[n] // the final token, as an unpacked row pads
+			b.NumTargets += fillRow(in[used:used+n], tg[used:used+n], ex, 0)
+			for i := range n {
+				pos[used+i] = int32(i)
+			}
+			used += n
+			l.pos.Index++
+			if l.pos.Index == len(l.ex) {
+				l.pos = Position{Epoch: l.pos.Epoch + 1}
+			}
+			if used == T {
+				break
+			}
+		}
+		for i := used; i < T; i++ {
+			in[i], tg[i], pos[i] = pad, -1, int32(i-used)
 		}
 	}
 }
@@ -181,6 +250,25 @@ func (l *Loader) Seek(p Position) error {
 // half of the next).
 func (l *Loader) Epoch() float64 {
 	return float64(l.pos.Epoch) + float64(l.pos.Index)/float64(len(l.ex))
+}
+
+// EpochRows is the number of rows one epoch fills: Len without packing;
+// with it, the rows the greedy packing of epoch 0's order takes (other
+// epochs' orders differ by a few rows at most).
+func (l *Loader) EpochRows() int {
+	if !l.pack {
+		return len(l.ex)
+	}
+	rows, used := 0, 0
+	for _, i := range newRNG(l.seed, streamOf("loader")).perm(len(l.ex)) {
+		n := len(l.ex[i].Tokens) - 1
+		if used == 0 || used+n > l.t {
+			rows++
+			used = 0
+		}
+		used += n
+	}
+	return rows
 }
 
 // Len returns the number of examples in one epoch.

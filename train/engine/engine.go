@@ -140,6 +140,10 @@ type Config struct {
 	// sums go through Comm on the host. The flag, the targets, the loss
 	// and zero mode's sharded host optimizer use Comm either way.
 	DeviceComm DeviceComm
+	// Packed rows (--pack): every micro-batch carries Positions
+	// (data.Batch), staged and uploaded with its inputs and targets into
+	// the model's positions buffer (model.Options.Packed).
+	Packed bool
 	// slots (tests): lsp's device slots instead of lspSlots, so that a
 	// model of two blocks reuses them.
 	slots int
@@ -287,7 +291,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			_ = e.Free() // New's error is the one to report
 		}
 	}()
-	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute}
+	opts := model.Options{GradDType: cfg.GradDType, Recompute: cfg.Recompute, Packed: cfg.Packed}
 	if cfg.ring() {
 		opts.GradSlots = ringSlots
 	}
@@ -307,7 +311,7 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		return nil, err
 	}
 	BT := B * T
-	if e.stage, err = be.AllocHost("batch staging", accum*2*BT*4); err != nil {
+	if e.stage, err = be.AllocHost("batch staging", accum*opts.BatchRows()*BT*4); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if e.lossFlag, err = be.Alloc("step losses and non-finite flag", accum*BT+1, backend.F32); err != nil {
@@ -667,18 +671,37 @@ func (e *Engine) GradNorm() (float64, error) {
 	return math.Sqrt(sq), nil
 }
 
+// stageRows is the number of [B,T] arrays staged per micro-batch: inputs
+// and targets, and positions when packed; micro-batch i's array k starts
+// at element (stageRows*i + k)*B*T of the staging buffer.
+func (e *Engine) stageRows() int {
+	if e.cfg.Packed {
+		return 3
+	}
+	return 2
+}
+
 // stageBatches writes the micro-batches into the pinned staging buffer. The
 // previous step has been drained, so no copy still reads it.
 func (e *Engine) stageBatches(batches []data.Batch) error {
-	BT := e.b * e.t
+	BT, rows := e.b*e.t, e.stageRows()
 	buf := e.stage.Int32()
 	e.hostAccess("stage batch", nil, []backend.Range{hazard.HostRange(e.stage, 0, len(buf)*4)})
 	for i, b := range batches {
 		if len(b.Inputs) != BT || len(b.Targets) != BT {
 			return fmt.Errorf("engine: micro-batch %d has %d inputs and %d targets for %d x %d", i, len(b.Inputs), len(b.Targets), e.b, e.t)
 		}
-		copy(buf[2*i*BT:], b.Inputs)
-		copy(buf[(2*i+1)*BT:], b.Targets)
+		switch {
+		case e.cfg.Packed && len(b.Positions) != BT:
+			return fmt.Errorf("engine: micro-batch %d has %d positions for %d x %d packed rows", i, len(b.Positions), e.b, e.t)
+		case !e.cfg.Packed && b.Positions != nil:
+			return fmt.Errorf("engine: micro-batch %d is packed; the engine was built without Config.Packed", i)
+		}
+		copy(buf[rows*i*BT:], b.Inputs)
+		copy(buf[(rows*i+1)*BT:], b.Targets)
+		if b.Positions != nil {
+			copy(buf[(rows*i+2)*BT:], b.Positions)
+		}
 	}
 	return nil
 }
@@ -717,11 +740,17 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			scale = float32(math.NaN()) // every gradient of the micro-batch, not its loss
 		}
 		g.Add(fmt.Sprintf("forward %d", i), Compute, func(s backend.Stream) error {
-			if err := be.CopyH2D(s, bufs.Inputs, e.stage, 2*i*BT*4); err != nil {
+			rows := e.stageRows()
+			if err := be.CopyH2D(s, bufs.Inputs, e.stage, rows*i*BT*4); err != nil {
 				return err
 			}
-			if err := be.CopyH2D(s, bufs.Targets, e.stage, (2*i+1)*BT*4); err != nil {
+			if err := be.CopyH2D(s, bufs.Targets, e.stage, (rows*i+1)*BT*4); err != nil {
 				return err
+			}
+			if e.cfg.Packed {
+				if err := be.CopyH2D(s, bufs.Positions, e.stage, (rows*i+2)*BT*4); err != nil {
+					return err
+				}
 			}
 			if e.lsp != nil {
 				e.lsp.SetMicro(i)

@@ -177,7 +177,7 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		opts.Adapters = (*lora.State)(nil) // plans for adapters
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
-	opts.GradDType, opts.Recompute = cfg.GradDType, cfg.Recompute
+	opts.GradDType, opts.Recompute, opts.Packed = cfg.GradDType, cfg.Recompute, cfg.Packed
 	if cfg.ring() {
 		opts.GradSlots = ringSlots // Grads: the ring's slots and resident region
 	}
@@ -185,8 +185,8 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 	p := Memory{Mode: cfg.Mode,
 		Device: []Part{{"weights", mp.Params}, {"grads", mp.Grads}, {"activations", mp.Activations},
 			{"activation grads", mp.ActGrads}, {"batch", mp.Batch + int64(accum*BT*4) + 4}},
-		Host:     []Part{{"batch staging", int64(accum * 2 * BT * 4)}},
-		BatchH2D: int64(accum * 2 * BT * 4), BatchD2H: int64(accum*BT*4) + 4,
+		Host:     []Part{{"batch staging", int64(accum * opts.BatchRows() * BT * 4)}},
+		BatchH2D: int64(accum * opts.BatchRows() * BT * 4), BatchD2H: int64(accum*BT*4) + 4,
 	}
 	ranks := 1
 	if cfg.Comm != nil {

@@ -184,7 +184,7 @@ func (m *toyModel) ZeroGrads(s backend.Stream) error { return m.be.Fill(s, m.buf
 func (m *toyModel) Forward(s backend.Stream) error {
 	be, a, BT := m.be, m.a, m.B*m.T
 	emb, pos := m.ParamView(m.bufs.Params, 0), m.ParamView(m.bufs.Params, 1)
-	if err := be.EncoderForward(s, m.x[0], m.bufs.Inputs, emb, pos, m.B, m.T, a.C); err != nil {
+	if err := be.EncoderForward(s, m.x[0], m.bufs.Inputs, backend.Tensor{}, emb, pos, m.B, m.T, a.C); err != nil {
 		return err
 	}
 	for l := range a.L {
@@ -252,7 +252,7 @@ func (m *toyModel) BackwardLayer(s backend.Stream, l int) error {
 }
 
 func (m *toyModel) BackwardEmbed(s backend.Stream) error {
-	return m.be.EncoderBackward(s, m.grad(0), m.grad(1), m.dx, m.bufs.Inputs, m.B, m.T, m.a.C)
+	return m.be.EncoderBackward(s, m.grad(0), m.grad(1), m.dx, m.bufs.Inputs, backend.Tensor{}, m.B, m.T, m.a.C)
 }
 
 func (m *toyModel) Free() {

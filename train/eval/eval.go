@@ -32,10 +32,7 @@ type Model struct {
 // backward), and returns the sum of the batch's per-token losses.
 func batchLoss(be backend.Backend, s backend.Stream, m Model, b data.Batch) (float64, error) {
 	buf := m.Buffers()
-	if err := backend.UploadInt32(be, s, buf.Inputs, b.Inputs); err != nil {
-		return 0, err
-	}
-	if err := backend.UploadInt32(be, s, buf.Targets, b.Targets); err != nil {
+	if err := model.UploadBatch(be, s, buf, b.T, b.Inputs, b.Targets, b.Positions); err != nil {
 		return 0, err
 	}
 	if err := m.Forward(s); err != nil {

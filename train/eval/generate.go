@@ -15,6 +15,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // Sampler picks the next token from logits, as transformers' generate
@@ -180,7 +181,7 @@ func Generate(be backend.Backend, s backend.Stream, m Model, prompts [][]int32, 
 			for r, row := range rows {
 				copy(inputs[r*T:(r+1)*T], row[:min(len(row), T)])
 			}
-			if err := backend.UploadInt32(be, s, buf.Inputs, inputs); err != nil {
+			if err := model.UploadBatch(be, s, buf, T, inputs, nil, nil); err != nil {
 				return nil, fmt.Errorf("generate: %w", err)
 			}
 			if err := m.Forward(s); err != nil {

@@ -102,7 +102,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	// The position's row of wpe, as a one-row table: the encoder adds row
 	// 0 of the table it is given.
 	wpe := m.p.wpe.Slice(pos*C, C, 1, C)
-	if err := be.EncoderForward(s, d.x, d.Tok, m.p.wte, wpe, 1, 1, C); err != nil {
+	if err := be.EncoderForward(s, d.x, d.Tok, backend.Tensor{}, m.p.wte, wpe, 1, 1, C); err != nil {
 		return fmt.Errorf("gpt2 decoder: %w", err)
 	}
 	for l := range c.L {

@@ -253,7 +253,7 @@ func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT*int64(c.actGradWidth())*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
-		Batch:       2 * BT * 4,
+		Batch:       int64(opts.BatchRows()) * BT * 4,
 	}
 }
 
@@ -374,12 +374,15 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		return nil, fmt.Errorf("gpt2: backward scratch: %w", err)
 	}
 
-	batch, err := be.Alloc("batch", 2*BT, backend.I32)
+	batch, err := be.Alloc("batch", opts.BatchRows()*BT, backend.I32)
 	if err != nil {
 		free()
 		return nil, fmt.Errorf("gpt2: batch: %w", err)
 	}
 	m.Inputs, m.Targets = batch.Slice(0, BT), batch.Slice(BT, BT)
+	if opts.Packed {
+		m.Positions = batch.Slice(2*BT, BT)
+	}
 	return m, nil
 }
 
@@ -446,7 +449,7 @@ func (m *Model) Forward(s backend.Stream) error {
 
 // ForwardEmbed enqueues the encoder: token plus position embeddings.
 func (m *Model) ForwardEmbed(s backend.Stream) error {
-	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, m.p.wte, m.p.wpe, m.B, m.T, m.Cfg.C); err != nil {
+	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, m.Positions, m.p.wte, m.p.wpe, m.B, m.T, m.Cfg.C); err != nil {
 		return fmt.Errorf("gpt2 forward: %w", err)
 	}
 	return nil
@@ -486,7 +489,7 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		input(MatQKV, a.ln1),
 		func() error { return m.linear(s, l, MatQKV, a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3*C) },
 		func() error {
-			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
+			return be.AttentionForward(s, a.atty, a.lse, a.qkv, m.Positions, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
 		},
 	}
 	if last == model.Attention {
@@ -673,7 +676,7 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 			return m.linearBackward(s, l, MatProj, m.dbuf, g.projw, g.projb, m.dres, a.atty, p.projw, BT, C, C)
 		},
 		func() error {
-			return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
+			return be.AttentionBackward(s, m.dqkv, m.dbuf, a.qkv, a.atty, a.lse, m.Positions, m.bwdScratch, B, T, c.NH, c.NH, C/c.NH, backend.QKVFused)
 		},
 		func() error {
 			return m.linearBackward(s, l, MatQKV, m.dbuf, g.qkvw, g.qkvb, m.dqkv, a.ln1, p.qkvw, BT, C, 3*C)
@@ -694,7 +697,7 @@ func (m *Model) BackwardEmbed(s backend.Stream) error {
 	if m.frozen {
 		return nil // no gradient for frozen embeddings
 	}
-	if err := m.be.EncoderBackward(s, m.g.wte, m.g.wpe, m.dres, m.Inputs, m.B, m.T, m.Cfg.C); err != nil {
+	if err := m.be.EncoderBackward(s, m.g.wte, m.g.wpe, m.dres, m.Inputs, m.Positions, m.B, m.T, m.Cfg.C); err != nil {
 		return fmt.Errorf("gpt2 backward, embeddings: %w", err)
 	}
 	return nil

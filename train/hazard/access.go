@@ -69,12 +69,12 @@ func Accumulate(dst, src backend.Tensor) Access {
 	return Access{"accumulate", ranges(dst, src), ranges(dst)}
 }
 
-func EncoderForward(out, inp, wte, wpe backend.Tensor) Access {
-	return Access{"encoder forward", ranges(inp, wte, wpe), ranges(out)}
+func EncoderForward(out, inp, pos, wte, wpe backend.Tensor) Access {
+	return Access{"encoder forward", ranges(inp, pos, wte, wpe), ranges(out)}
 }
 
-func EncoderBackward(dwte, dwpe, dout, inp backend.Tensor) Access {
-	return Access{"encoder backward", ranges(dwte, dwpe, dout, inp), ranges(dwte, dwpe)}
+func EncoderBackward(dwte, dwpe, dout, inp, pos backend.Tensor) Access {
+	return Access{"encoder backward", ranges(dwte, dwpe, dout, inp, pos), ranges(dwte, dwpe)}
 }
 
 func LayerNormForward(out, mean, rstd, inp, weight, bias backend.Tensor) Access {
@@ -102,12 +102,12 @@ func BiasBackward(dbias, dout backend.Tensor) Access {
 	return Access{"bias backward", ranges(dbias, dout), ranges(dbias)}
 }
 
-func AttentionForward(out, lse, qkv backend.Tensor) Access {
-	return Access{"attention forward", ranges(qkv), ranges(out, lse)}
+func AttentionForward(out, lse, qkv, pos backend.Tensor) Access {
+	return Access{"attention forward", ranges(qkv, pos), ranges(out, lse)}
 }
 
-func AttentionBackward(dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH int) Access {
-	return Access{"attention backward", ranges(dout, qkv, out, lse),
+func AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH int) Access {
+	return Access{"attention backward", ranges(dout, qkv, out, lse, pos),
 		ranges(dqkv, used(scratch, backend.AttentionBackwardScratch(B, T, NH)))}
 }
 
@@ -138,8 +138,8 @@ func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch backend.Ten
 
 // RoPE is the access of either direction: out (or dinp) written from inp
 // (or dout), which may be the same tensor.
-func RoPE(op string, out, inp, invFreq backend.Tensor) Access {
-	return Access{op, ranges(inp, invFreq), ranges(out)}
+func RoPE(op string, out, inp, pos, invFreq backend.Tensor) Access {
+	return Access{op, ranges(inp, pos, invFreq), ranges(out)}
 }
 
 // CrossEntropyForwardBackward overwrites logits only when scale != 0.

@@ -175,12 +175,12 @@ func (w *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	return w.declare(s, w.Backend.Accumulate(s, dst, src), Accumulate(dst, src))
 }
 
-func (w *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Tensor, B, T, C int) error {
-	return w.declare(s, w.Backend.EncoderForward(s, out, inp, wte, wpe, B, T, C), EncoderForward(out, inp, wte, wpe))
+func (w *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backend.Tensor, B, T, C int) error {
+	return w.declare(s, w.Backend.EncoderForward(s, out, inp, pos, wte, wpe, B, T, C), EncoderForward(out, inp, pos, wte, wpe))
 }
 
-func (w *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backend.Tensor, B, T, C int) error {
-	return w.declare(s, w.Backend.EncoderBackward(s, dwte, dwpe, dout, inp, B, T, C), EncoderBackward(dwte, dwpe, dout, inp))
+func (w *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos backend.Tensor, B, T, C int) error {
+	return w.declare(s, w.Backend.EncoderBackward(s, dwte, dwpe, dout, inp, pos, B, T, C), EncoderBackward(dwte, dwpe, dout, inp, pos))
 }
 
 func (w *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weight, bias backend.Tensor, N, C int, eps float32) error {
@@ -205,13 +205,13 @@ func (w *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 	return w.declare(s, w.Backend.BiasBackward(s, dbias, dout, N, OC), BiasBackward(dbias, dout))
 }
 
-func (w *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
-	return w.declare(s, w.Backend.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout), AttentionForward(out, lse, qkv))
+func (w *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	return w.declare(s, w.Backend.AttentionForward(s, out, lse, qkv, pos, B, T, NH, KVH, HS, layout), AttentionForward(out, lse, qkv, pos))
 }
 
-func (w *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
-	return w.declare(s, w.Backend.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, HS, layout),
-		AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH))
+func (w *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+	return w.declare(s, w.Backend.AttentionBackward(s, dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH, KVH, HS, layout),
+		AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH))
 }
 
 func (w *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
@@ -239,12 +239,12 @@ func (w *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 		RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C))
 }
 
-func (w *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
-	return w.declare(s, w.Backend.RoPEForward(s, out, inp, invFreq, B, T, NH, HS), RoPE("rope forward", out, inp, invFreq))
+func (w *Backend) RoPEForward(s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return w.declare(s, w.Backend.RoPEForward(s, out, inp, pos, invFreq, B, T, NH, HS), RoPE("rope forward", out, inp, pos, invFreq))
 }
 
-func (w *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
-	return w.declare(s, w.Backend.RoPEBackward(s, dinp, dout, invFreq, B, T, NH, HS), RoPE("rope backward", dinp, dout, invFreq))
+func (w *Backend) RoPEBackward(s backend.Stream, dinp, dout, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
+	return w.declare(s, w.Backend.RoPEBackward(s, dinp, dout, pos, invFreq, B, T, NH, HS), RoPE("rope backward", dinp, dout, pos, invFreq))
 }
 
 func (w *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, targets backend.Tensor, N, V int, scale float32) error {

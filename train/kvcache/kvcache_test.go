@@ -49,7 +49,7 @@ func TestAttendMatchesAttentionForward(t *testing.T) {
 		lse, err := be.Alloc("lse", NH*T, backend.F32)
 		must(err)
 		must(backend.Upload(be, s, qkv, vals))
-		must(be.AttentionForward(s, out, lse, qkv, 1, T, NH, KVH, HS, backend.QKVFused))
+		must(be.AttentionForward(s, out, lse, qkv, backend.Tensor{}, 1, T, NH, KVH, HS, backend.QKVFused))
 		want, err := backend.Download(be, s, out)
 		must(err)
 

@@ -124,7 +124,7 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 	C, HS, qw, kw := c.Hidden, c.HS(), c.qWidth(), c.kvWidth()
 	q, k := d.q.Slice(qw, qw, 1, qw), d.k.Slice(kw, kw, 1, kw) // row 1: the position's
 	freqs := d.freqs.Slice(pos*HS/2, HS/2)
-	if err := be.EncoderForward(s, d.x, d.Tok, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
+	if err := be.EncoderForward(s, d.x, d.Tok, backend.Tensor{}, m.p.embed, backend.Tensor{}, 1, 1, C); err != nil {
 		return fmt.Errorf("llama decoder: %w", err)
 	}
 	for l := range c.NumLayers {
@@ -135,8 +135,8 @@ func (d *Decoder) Step(s backend.Stream, pos int) error {
 			m.linear(s, l, MatQ, q, d.ln, 1),
 			m.linear(s, l, MatK, k, d.ln, 1),
 			m.linear(s, l, MatV, d.v, d.ln, 1),
-			func() error { return be.RoPEForward(s, d.q, d.q, freqs, 1, 2, c.Heads, HS) },
-			func() error { return be.RoPEForward(s, d.k, d.k, freqs, 1, 2, c.KVHeads, HS) },
+			func() error { return be.RoPEForward(s, d.q, d.q, backend.Tensor{}, freqs, 1, 2, c.Heads, HS) },
+			func() error { return be.RoPEForward(s, d.k, d.k, backend.Tensor{}, freqs, 1, 2, c.KVHeads, HS) },
 			func() error { return d.Cache.Store(s, l, pos, k, d.v) },
 			func() error { return d.Cache.Attend(s, l, pos, q, d.atty) },
 			m.linear(s, l, MatO, d.scr, d.atty, 1),

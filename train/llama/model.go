@@ -180,7 +180,7 @@ func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT*int64(c.Hidden+dbuf+dwide)*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
-		Batch:       2 * BT * 4,
+		Batch:       int64(opts.BatchRows()) * BT * 4,
 	}
 }
 
@@ -275,11 +275,14 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	if m.bwdScratch, err = be.Alloc("backward scratch", cfg.backwardScratch(B, T), backend.F32); err != nil {
 		return fail("backward scratch", err)
 	}
-	batch, err := be.Alloc("batch", 2*BT, backend.I32)
+	batch, err := be.Alloc("batch", opts.BatchRows()*BT, backend.I32)
 	if err != nil {
 		return fail("batch", err)
 	}
 	m.Inputs, m.Targets = batch.Slice(0, BT), batch.Slice(BT, BT)
+	if opts.Packed {
+		m.Positions = batch.Slice(2*BT, BT)
+	}
 	if err := backend.Upload(be, be.DefaultStream(), m.invFreq, cfg.InvFreq()); err != nil {
 		return fail("rotary frequencies", err)
 	}
@@ -364,7 +367,7 @@ func (m *Model) Forward(s backend.Stream) error {
 
 // ForwardEmbed enqueues the token embedding (no position table).
 func (m *Model) ForwardEmbed(s backend.Stream) error {
-	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, m.p.embed, backend.Tensor{}, m.B, m.T, m.Cfg.Hidden); err != nil {
+	if err := m.be.EncoderForward(s, m.encoded, m.Inputs, backend.Tensor{}, m.p.embed, backend.Tensor{}, m.B, m.T, m.Cfg.Hidden); err != nil {
 		return fmt.Errorf("llama forward: %w", err)
 	}
 	return nil
@@ -404,10 +407,10 @@ func (m *Model) forwardSteps(s backend.Stream, l int, last model.Block, hooks bo
 		m.linear(s, l, MatQ, q, a.ln1, BT),
 		m.linear(s, l, MatK, k, a.ln1, BT),
 		m.linear(s, l, MatV, v, a.ln1, BT),
-		func() error { return be.RoPEForward(s, q, q, m.invFreq, B, T, c.Heads, HS) },
-		func() error { return be.RoPEForward(s, k, k, m.invFreq, B, T, c.KVHeads, HS) },
+		func() error { return be.RoPEForward(s, q, q, m.Positions, m.invFreq, B, T, c.Heads, HS) },
+		func() error { return be.RoPEForward(s, k, k, m.Positions, m.invFreq, B, T, c.KVHeads, HS) },
 		func() error {
-			return be.AttentionForward(s, a.atty, a.lse, a.qkv, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
+			return be.AttentionForward(s, a.atty, a.lse, a.qkv, m.Positions, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
 		},
 	}
 	if last == model.Attention {
@@ -625,10 +628,10 @@ func (m *Model) BackwardLayer(s backend.Stream, l int) error {
 		// backward turns dq and dk into the projections' output grads.
 		func() error { return m.linearBackward(s, l, MatO, datty, m.dres, a.atty, false) },
 		func() error {
-			return be.AttentionBackward(s, dqkv, datty, a.qkv, a.atty, a.lse, m.bwdScratch, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
+			return be.AttentionBackward(s, dqkv, datty, a.qkv, a.atty, a.lse, m.Positions, m.bwdScratch, B, T, c.Heads, c.KVHeads, HS, backend.QKVPlanar)
 		},
-		func() error { return be.RoPEBackward(s, dq, dq, m.invFreq, B, T, c.Heads, HS) },
-		func() error { return be.RoPEBackward(s, dk, dk, m.invFreq, B, T, c.KVHeads, HS) },
+		func() error { return be.RoPEBackward(s, dq, dq, m.Positions, m.invFreq, B, T, c.Heads, HS) },
+		func() error { return be.RoPEBackward(s, dk, dk, m.Positions, m.invFreq, B, T, c.KVHeads, HS) },
 		m.biasBackward(s, l, MatV, dv),
 		m.biasBackward(s, l, MatK, dk),
 		m.biasBackward(s, l, MatQ, dq),
@@ -651,7 +654,7 @@ func (m *Model) BackwardEmbed(s backend.Stream) error {
 	if m.frozen {
 		return nil // no gradient for a frozen embedding
 	}
-	if err := m.be.EncoderBackward(s, m.g.embed, backend.Tensor{}, m.dres, m.Inputs, m.B, m.T, m.Cfg.Hidden); err != nil {
+	if err := m.be.EncoderBackward(s, m.g.embed, backend.Tensor{}, m.dres, m.Inputs, backend.Tensor{}, m.B, m.T, m.Cfg.Hidden); err != nil {
 		return fmt.Errorf("llama backward, embeddings: %w", err)
 	}
 	return nil

@@ -193,10 +193,7 @@ func (st *State) Check(batches []data.Batch, step int) ([]CheckReport, error) {
 					return nil, err
 				}
 			}
-			if err := backend.UploadInt32(be, s, bufs.Inputs, b.Inputs); err != nil {
-				return nil, err
-			}
-			if err := backend.UploadInt32(be, s, bufs.Targets, b.Targets); err != nil {
+			if err := model.UploadBatch(be, s, bufs, b.T, b.Inputs, b.Targets, b.Positions); err != nil {
 				return nil, err
 			}
 			if err := model.ForwardBackward(m, s, len(st.Mats), 1/float32(b.NumTargets)); err != nil {

@@ -548,7 +548,7 @@ func (f *deviceFit) prepare(x *deviceProj) error {
 	nnz := x.nnz
 	// Column values: colval[k] = val[slot[k]], the encoder's row gather
 	// with one-element rows.
-	if err := be.EncoderForward(s, x.colval.Reshape(1, nnz, 1), x.slot.Reshape(1, nnz), x.val.Reshape(nnz, 1), backend.Tensor{}, 1, nnz, 1); err != nil {
+	if err := be.EncoderForward(s, x.colval.Reshape(1, nnz, 1), x.slot.Reshape(1, nnz), backend.Tensor{}, x.val.Reshape(nnz, 1), backend.Tensor{}, 1, nnz, 1); err != nil {
 		return fmt.Errorf("device fit: column values: %w", err)
 	}
 	// Dense X^T by the encoder backward's scatter, then X^T X by compress
@@ -557,7 +557,7 @@ func (f *deviceFit) prepare(x *deviceProj) error {
 	if err := be.Fill(s, xt, 0); err != nil {
 		return fmt.Errorf("device fit: %w", err)
 	}
-	if err := be.EncoderBackward(s, xt.Reshape(d*x.rs, 1), backend.Tensor{}, x.val.Reshape(1, nnz, 1), x.flatT.Reshape(1, nnz), 1, nnz, 1); err != nil {
+	if err := be.EncoderBackward(s, xt.Reshape(d*x.rs, 1), backend.Tensor{}, x.val.Reshape(1, nnz, 1), x.flatT.Reshape(1, nnz), backend.Tensor{}, 1, nnz, 1); err != nil {
 		return fmt.Errorf("device fit: dense projector: %w", err)
 	}
 	if err := be.SparseCompressB(s, x.gram, xt, x.colptr, x.rowidx, x.colval, d, x.rs, d); err != nil {

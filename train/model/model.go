@@ -184,6 +184,21 @@ type Options struct {
 	// a group's slot before the group's backward and copies the gradient
 	// out before the slot's next group writes it. 0: the whole gradient.
 	GradSlots int
+	// Packed rows (--pack) hold several documents each: the model then
+	// has a Positions buffer (Buffers.Positions), filled with Inputs,
+	// that restarts the positions and confines attention at each
+	// document (backend.Positions). Unpacked, positions are 0..T-1 and
+	// the ops take no positions at all (today's bits).
+	Packed bool
+}
+
+// BatchRows is the number of I32 [B,T] arrays of a model's batch buffer:
+// inputs and targets, and positions when packed.
+func (o Options) BatchRows() int {
+	if o.Packed {
+		return 3
+	}
+	return 2
 }
 
 // FrozenMatrices reports whether the block matrices have no dense
@@ -226,6 +241,9 @@ type Buffers struct {
 	// Inputs and Targets (I32, B*T) are filled before Forward and
 	// CrossEntropy; targets < 0 are ignored.
 	Inputs, Targets backend.Tensor
+	// Positions (I32, B*T), with Options.Packed only (absent otherwise),
+	// is each token's position within its document, filled with Inputs.
+	Positions backend.Tensor
 	// Losses (F32, B*T) holds the per-position losses after CrossEntropy.
 	Losses backend.Tensor
 	// Logits (B*T*V, the model dtype) holds the logits after Forward, and

@@ -20,6 +20,9 @@ type Storage struct {
 	// Inputs and Targets (I32, B*T) are filled by the caller before
 	// Forward and CrossEntropy; targets < 0 are ignored.
 	Inputs, Targets backend.Tensor
+	// Positions (I32, B*T) with Options.Packed, absent otherwise
+	// (backend.Positions).
+	Positions backend.Tensor
 	// Losses (F32, B*T) holds the per-position losses after CrossEntropy.
 	Losses backend.Tensor
 	// Logits (B*T*V) holds the logits after Forward, and dlogits after
@@ -32,7 +35,7 @@ func (s *Storage) Layout() []Param { return s.ParamLayout }
 
 // Buffers implements Model.
 func (s *Storage) Buffers() Buffers {
-	return Buffers{Params: s.Params, Grads: s.Grads, Inputs: s.Inputs, Targets: s.Targets, Losses: s.Losses, Logits: s.Logits}
+	return Buffers{Params: s.Params, Grads: s.Grads, Inputs: s.Inputs, Targets: s.Targets, Positions: s.Positions, Losses: s.Losses, Logits: s.Logits}
 }
 
 // ParamView returns parameter i of t (Params, or a tensor of the same

@@ -145,27 +145,27 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 }
 
 // EncoderForward implements backend.Ops.
-func (b *Backend) EncoderForward(s backend.Stream, out, inp, wte, wpe backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backend.Tensor, B, T, C int) error {
 	if err := dims("EncoderForward", B, T, C); err != nil {
 		return err
 	}
 	BTC := B * T * C
-	op := Op{Method: "EncoderForward", Family: Embedding, DType: wte.DType, Shapes: shapes(out, inp, wte, wpe),
-		FLOPs: float64(BTC), Bytes: hazard.EncoderForward(out, inp, wte, wpe).Bytes()}
-	args := []arg{need("out", out, BTC), need("inp", inp, B*T), need("wte", wte, C), maybe("wpe", wpe, T*C)}
-	return b.do(s, op, args, func() error { return b.inner.EncoderForward(s, out, inp, wte, wpe, B, T, C) })
+	op := Op{Method: "EncoderForward", Family: Embedding, DType: wte.DType, Shapes: shapes(out, inp, pos, wte, wpe),
+		FLOPs: float64(BTC), Bytes: hazard.EncoderForward(out, inp, pos, wte, wpe).Bytes()}
+	args := []arg{need("out", out, BTC), need("inp", inp, B*T), maybe("pos", pos, B*T), need("wte", wte, C), maybe("wpe", wpe, T*C)}
+	return b.do(s, op, args, func() error { return b.inner.EncoderForward(s, out, inp, pos, wte, wpe, B, T, C) })
 }
 
 // EncoderBackward implements backend.Ops.
-func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp backend.Tensor, B, T, C int) error {
+func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos backend.Tensor, B, T, C int) error {
 	if err := dims("EncoderBackward", B, T, C); err != nil {
 		return err
 	}
 	BTC := B * T * C
-	op := Op{Method: "EncoderBackward", Family: Embedding, DType: dout.DType, Shapes: shapes(dwte, dwpe, dout, inp),
-		FLOPs: 2 * float64(BTC), Bytes: hazard.EncoderBackward(dwte, dwpe, dout, inp).Bytes()}
-	args := []arg{need("dwte", dwte, C), maybe("dwpe", dwpe, T*C), need("dout", dout, BTC), need("inp", inp, B*T)}
-	return b.do(s, op, args, func() error { return b.inner.EncoderBackward(s, dwte, dwpe, dout, inp, B, T, C) })
+	op := Op{Method: "EncoderBackward", Family: Embedding, DType: dout.DType, Shapes: shapes(dwte, dwpe, dout, inp, pos),
+		FLOPs: 2 * float64(BTC), Bytes: hazard.EncoderBackward(dwte, dwpe, dout, inp, pos).Bytes()}
+	args := []arg{need("dwte", dwte, C), maybe("dwpe", dwpe, T*C), need("dout", dout, BTC), need("inp", inp, B*T), maybe("pos", pos, B*T)}
+	return b.do(s, op, args, func() error { return b.inner.EncoderBackward(s, dwte, dwpe, dout, inp, pos, B, T, C) })
 }
 
 // LayerNormForward implements backend.Ops.
@@ -233,33 +233,35 @@ func attnFLOPs(n, B, T, NH, HS int) float64 {
 }
 
 // AttentionForward implements backend.Ops.
-func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	if err := dims("AttentionForward", B, T, NH, KVH, HS); err != nil {
 		return err
 	}
 	BT := B * T
 	nqkv := BT * (NH + 2*KVH) * HS
 	// Two matmuls (QK^T and PV), each 2 T^2 HS per head, halved by the mask.
-	op := Op{Method: "AttentionForward", Family: Attention, DType: qkv.DType, Shapes: shapes(out, lse, qkv),
-		FLOPs: attnFLOPs(2, B, T, NH, HS), Bytes: hazard.AttentionForward(out, lse, qkv).Bytes()}
-	args := []arg{need("out", out, BT*NH*HS), need("lse", lse, B*NH*T), need("qkv", qkv, nqkv)}
-	return b.do(s, op, args, func() error { return b.inner.AttentionForward(s, out, lse, qkv, B, T, NH, KVH, HS, layout) })
+	op := Op{Method: "AttentionForward", Family: Attention, DType: qkv.DType, Shapes: shapes(out, lse, qkv, pos),
+		FLOPs: attnFLOPs(2, B, T, NH, HS), Bytes: hazard.AttentionForward(out, lse, qkv, pos).Bytes()}
+	args := []arg{need("out", out, BT*NH*HS), need("lse", lse, B*NH*T), need("qkv", qkv, nqkv), maybe("pos", pos, BT)}
+	return b.do(s, op, args, func() error {
+		return b.inner.AttentionForward(s, out, lse, qkv, pos, B, T, NH, KVH, HS, layout)
+	})
 }
 
 // AttentionBackward implements backend.Ops.
-func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
+func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
 	if err := dims("AttentionBackward", B, T, NH, KVH, HS); err != nil {
 		return err
 	}
 	BT := B * T
 	nqkv := BT * (NH + 2*KVH) * HS
 	// Five matmuls: the scores recomputed, dV, dP, dQ and dK.
-	op := Op{Method: "AttentionBackward", Family: Attention, DType: qkv.DType, Shapes: shapes(dqkv, dout, qkv, out, lse, scratch),
-		FLOPs: attnFLOPs(5, B, T, NH, HS), Bytes: hazard.AttentionBackward(dqkv, dout, qkv, out, lse, scratch, B, T, NH).Bytes()}
+	op := Op{Method: "AttentionBackward", Family: Attention, DType: qkv.DType, Shapes: shapes(dqkv, dout, qkv, out, lse, pos, scratch),
+		FLOPs: attnFLOPs(5, B, T, NH, HS), Bytes: hazard.AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH).Bytes()}
 	args := []arg{need("dqkv", dqkv, nqkv), need("dout", dout, BT*NH*HS), need("qkv", qkv, nqkv), need("out", out, BT*NH*HS),
-		need("lse", lse, B*NH*T), need("scratch", scratch, backend.AttentionBackwardScratch(B, T, NH))}
+		need("lse", lse, B*NH*T), maybe("pos", pos, BT), need("scratch", scratch, backend.AttentionBackwardScratch(B, T, NH))}
 	return b.do(s, op, args, func() error {
-		return b.inner.AttentionBackward(s, dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, HS, layout)
+		return b.inner.AttentionBackward(s, dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH, KVH, HS, layout)
 	})
 }
 
@@ -319,27 +321,27 @@ func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 }
 
 // RoPEForward implements backend.Ops.
-func (b *Backend) RoPEForward(s backend.Stream, out, inp, invFreq backend.Tensor, B, T, NH, HS int) error {
+func (b *Backend) RoPEForward(s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
 	if err := dims("RoPEForward", B, T, NH, HS); err != nil {
 		return err
 	}
 	n := B * T * NH * HS
-	op := Op{Method: "RoPEForward", Family: Elementwise, DType: inp.DType, Shapes: shapes(out, inp, invFreq),
-		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", out, inp, invFreq).Bytes()}
-	args := []arg{need("out", out, n), need("inp", inp, n), need("invFreq", invFreq, HS/2)}
-	return b.do(s, op, args, func() error { return b.inner.RoPEForward(s, out, inp, invFreq, B, T, NH, HS) })
+	op := Op{Method: "RoPEForward", Family: Elementwise, DType: inp.DType, Shapes: shapes(out, inp, pos, invFreq),
+		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", out, inp, pos, invFreq).Bytes()}
+	args := []arg{need("out", out, n), need("inp", inp, n), maybe("pos", pos, B*T), need("invFreq", invFreq, HS/2)}
+	return b.do(s, op, args, func() error { return b.inner.RoPEForward(s, out, inp, pos, invFreq, B, T, NH, HS) })
 }
 
 // RoPEBackward implements backend.Ops.
-func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, invFreq backend.Tensor, B, T, NH, HS int) error {
+func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, pos, invFreq backend.Tensor, B, T, NH, HS int) error {
 	if err := dims("RoPEBackward", B, T, NH, HS); err != nil {
 		return err
 	}
 	n := B * T * NH * HS
-	op := Op{Method: "RoPEBackward", Family: Elementwise, DType: dout.DType, Shapes: shapes(dinp, dout, invFreq),
-		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", dinp, dout, invFreq).Bytes()}
-	args := []arg{need("dinp", dinp, n), need("dout", dout, n), need("invFreq", invFreq, HS/2)}
-	return b.do(s, op, args, func() error { return b.inner.RoPEBackward(s, dinp, dout, invFreq, B, T, NH, HS) })
+	op := Op{Method: "RoPEBackward", Family: Elementwise, DType: dout.DType, Shapes: shapes(dinp, dout, pos, invFreq),
+		FLOPs: 6 * float64(n), Bytes: hazard.RoPE("rope", dinp, dout, pos, invFreq).Bytes()}
+	args := []arg{need("dinp", dinp, n), need("dout", dout, n), maybe("pos", pos, B*T), need("invFreq", invFreq, HS/2)}
+	return b.do(s, op, args, func() error { return b.inner.RoPEBackward(s, dinp, dout, pos, invFreq, B, T, NH, HS) })
 }
 
 // CrossEntropyForwardBackward implements backend.Ops.
