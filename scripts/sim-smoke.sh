@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sim-smoke.sh: the train command end to end on the simulated GPU. For each
-# update mode (native, zero, lsp) it trains a few steps of the default job
+# update mode (native, zero, lsp, lora) it trains a few steps of the default job
 # (tiny on builtin:sort, at a small size) twice with the same flags and the
 # same binary: --device cuda (the CUDA backend on the simulated runtime:
 # the kernels of kernels/*.cu under g++) and --device cpu --dtype bf16 (the
@@ -65,7 +65,7 @@ run() {
 }
 
 fail=0
-for mode in native zero lsp; do
+for mode in native zero lsp lora; do
 	extra=(--mode "$mode")
 	# lsp checks its projectors before step 1 (--check-at-start; the
 	# default's first check would come after this run's last step) and
