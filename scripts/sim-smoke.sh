@@ -114,4 +114,4 @@ if [ "$fail" != 0 ]; then
 	echo "sim-smoke: FAIL: the CUDA backend on the simulated runtime does not match the CPU backend (tolerance $tol relative)" >&2
 	exit 1
 fi
-echo "sim-smoke: ok: native, zero and lsp on the simulated GPU match the CPU backend at bf16 within $tol relative"
+echo "sim-smoke: ok: native, zero, lsp and lora on the simulated GPU match the CPU backend at bf16 within $tol relative"
