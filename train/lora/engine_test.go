@@ -26,13 +26,8 @@ import (
 func TestEngineMatchesPEFT(t *testing.T) {
 	for _, fam := range lora.Families {
 		t.Run(fam, func(t *testing.T) {
-			arch, idx := lora.FixtureArch(t, fam)
-			ref := lora.OpenST(t, filepath.Join("testdata", fam, "reference.safetensors"))
+			arch, idx, ref, ad := lora.PEFTFixture(t, fam)
 			B, T, ids, targets, valid := lora.FixtureBatch(t, ref)
-			ad, err := lora.ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
 			e, be := loraEngine(t, fam, arch, idx, ad, B, T)
 			s := be.DefaultStream()
 			m, st := e.Model, e.Adapters()

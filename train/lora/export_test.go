@@ -11,6 +11,7 @@ import (
 var (
 	Families    = families
 	FixtureArch = fixtureArch
+	PEFTFixture = peftFixture
 	BaseParams  = baseParams
 	OpenST      = openST
 	TensorOf    = tensor

@@ -43,6 +43,19 @@ func readBatch(t *testing.T, ref *safetensors.File) batch {
 	return b
 }
 
+// peftFixture is testdata/<family>'s base architecture and index, its
+// reference.safetensors and PEFT's adapter read by ReadAdapter.
+func peftFixture(t *testing.T, family string) (model.Arch, *model.Index, *safetensors.File, *Adapter) {
+	t.Helper()
+	arch, idx := fixtureArch(t, family)
+	ref := openST(t, filepath.Join("testdata", family, "reference.safetensors"))
+	ad, err := ReadAdapter(filepath.Join("testdata", family, "adapter"), idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return arch, idx, ref, ad
+}
+
 // lossAndGrads runs arch's fp32 forward, the mean loss and the backward
 // on the CPU backend, and returns the loss and the dense gradient (in x
 // out) of each site's matrix.
@@ -120,13 +133,8 @@ func closeTo(t *testing.T, what string, got, want []float32, rtol float64) float
 func TestGradsMatchPEFT(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam, func(t *testing.T) {
-			arch, idx := fixtureArch(t, fam)
-			ref := openST(t, filepath.Join("testdata", fam, "reference.safetensors"))
+			arch, idx, ref, ad := peftFixture(t, fam)
 			bt := readBatch(t, ref)
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
 			loss, dense := lossAndGrads(t, arch, idx, mergedParams(t, fam, idx, ad), bt, ad.Sites)
 			want, _ := tensor(t, ref, "loss")
 			if math.Abs(loss-float64(want[0])) > 1e-6*float64(want[0]) {
@@ -159,13 +167,8 @@ func TestAdamWMatchesPEFT(t *testing.T) {
 	)
 	for _, fam := range families {
 		t.Run(fam, func(t *testing.T) {
-			arch, idx := fixtureArch(t, fam)
-			ref := openST(t, filepath.Join("testdata", fam, "reference.safetensors"))
+			arch, idx, ref, ad := peftFixture(t, fam)
 			bt := readBatch(t, ref)
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
 			wantLosses, _ := tensor(t, ref, "adamw_losses")
 			// Every tensor of the adapter, A then B per site, with its
 			// moments. params alias ad.A and ad.B, so each step's merge
