@@ -853,3 +853,14 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 		return kernels.CastBF16ToF32(b.ptr(dst), b.ptr(src), int64(n), st)
 	})
 }
+
+// GemmQ implements backend.Ops. Not yet: the kernel (kernels/quant.cu)
+// comes with its simulator test.
+func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
+	return fmt.Errorf("cuda: GemmQ: no kernel yet")
+}
+
+// Dequantize implements backend.Ops. Not yet, as GemmQ.
+func (b *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
+	return fmt.Errorf("cuda: Dequantize: no kernel yet")
+}

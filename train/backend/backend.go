@@ -301,6 +301,15 @@ type Ops interface {
 	// Gemm: C = alpha*op(A)*op(B) + beta*C, row-major, op(A) M x K, op(B)
 	// K x N, contiguous (leading dimensions K or M, N or K, and N).
 	Gemm(s Stream, transA, transB bool, M, N, K int, alpha float32, A, B Tensor, beta float32, C Tensor) error
+	// GemmQ: C = alpha*A*op(W) + beta*C with W a quantized matrix (Quant),
+	// A [M,K], op(W) K x N: W stored K x N, or with transW stored N x K and
+	// read transposed. Each value of W is dequantized and rounded to A's
+	// dtype as it is read: the forward of a frozen quantized matrix and its
+	// input gradient (docs/DESIGN.md, "Quantized base").
+	GemmQ(s Stream, transW bool, M, N, K int, alpha float32, A Tensor, W Quant, beta float32, C Tensor) error
+	// Dequantize writes elements off..off+out.Len() of W (storage order)
+	// to out (F32 or BF16): the export's and the checkpoint's values.
+	Dequantize(s Stream, W Quant, off int, out Tensor) error
 	// AddBias: out[N,OC] += bias[OC] on every row.
 	AddBias(s Stream, out, bias Tensor, N, OC int) error
 	// BiasBackward: dbias[OC] += sum over N rows of dout[N,OC].

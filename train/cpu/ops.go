@@ -922,3 +922,78 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 		return nil
 	})
 }
+
+// quantArgs checks W's tensors as this backend's (backend.Quant.Check).
+func (b *Backend) quantArgs(op string, W backend.Quant) error {
+	if err := W.Check(); err != nil {
+		return fmt.Errorf("cpu: %s: %w", op, err)
+	}
+	for _, t := range []backend.Tensor{W.Codes, W.Absmax, W.Scale, W.Book} {
+		if err := b.checkTensor(op+" W", t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GemmQ implements backend.Ops: W dequantized whole (ref_quant.go), then
+// the Gemm reference.
+func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
+	if err := checkDims("gemm q", "M N K", M, N, K); err != nil {
+		return err
+	}
+	if err := b.quantArgs("gemm q", W); err != nil {
+		return err
+	}
+	if rows, cols := qShape(transW, N, K); W.Rows != rows || W.Cols != cols {
+		return fmt.Errorf("cpu: gemm q: W is %d x %d, want %d x %d (transW %v, N %d, K %d)", W.Rows, W.Cols, rows, cols, transW, N, K)
+	}
+	if err := b.needAll("gemm q", f("A", A, M*K), f("C", C, M*N)); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("GemmQ", A, C); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.GemmQ(A, W, beta, C), func() error {
+		w := dequantize(W, 0, W.Len(), A.DType)
+		a, c := load(A), load(C)
+		if err := Gemm(false, transW, M, N, K, alpha, a, w, beta, c); err != nil {
+			return err
+		}
+		store(C, c)
+		return nil
+	})
+}
+
+// qShape is the stored shape of GemmQ's W: K x N, or N x K with transW.
+func qShape(transW bool, N, K int) (rows, cols int) {
+	if transW {
+		return N, K
+	}
+	return K, N
+}
+
+// Dequantize implements backend.Ops.
+func (b *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
+	if err := b.quantArgs("dequantize", W); err != nil {
+		return err
+	}
+	if err := b.checkTensor("dequantize out", out); err != nil {
+		return err
+	}
+	if off < 0 || off+out.Len() > W.Len() {
+		return fmt.Errorf("cpu: dequantize: elements [%d, %d) of a %d x %d matrix", off, off+out.Len(), W.Rows, W.Cols)
+	}
+	if err := b.needAll("dequantize", f("out", out, out.Len())); err != nil {
+		return err
+	}
+	if err := b.kernelDTypes("Dequantize", out); err != nil {
+		return err
+	}
+	return b.enqueue(s, hazard.Dequantize(W, out), func() error {
+		o := load(out)
+		copy(o, dequantize(W, off, out.Len(), backend.F32))
+		store(out, o)
+		return nil
+	})
+}

@@ -94,6 +94,19 @@ func Gemm(A, B backend.Tensor, beta float32, C backend.Tensor) Access {
 	return Access{"gemm", reads, ranges(C)}
 }
 
+// GemmQ reads A and every tensor of W (backend.Quant).
+func GemmQ(A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) Access {
+	reads := ranges(A, W.Codes, W.Absmax, W.Scale, W.Book)
+	if beta != 0 {
+		reads = append(reads, ranges(C)...)
+	}
+	return Access{"gemm q", reads, ranges(C)}
+}
+
+func Dequantize(W backend.Quant, out backend.Tensor) Access {
+	return Access{"dequantize", ranges(W.Codes, W.Absmax, W.Scale, W.Book), ranges(out)}
+}
+
 func AddBias(out, bias backend.Tensor) Access {
 	return Access{"add bias", ranges(out, bias), ranges(out)}
 }

@@ -197,6 +197,14 @@ func (w *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	return w.declare(s, w.Backend.Gemm(s, transA, transB, M, N, K, alpha, A, B, beta, C), Gemm(A, B, beta, C))
 }
 
+func (w *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
+	return w.declare(s, w.Backend.GemmQ(s, transW, M, N, K, alpha, A, W, beta, C), GemmQ(A, W, beta, C))
+}
+
+func (w *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
+	return w.declare(s, w.Backend.Dequantize(s, W, off, out), Dequantize(W, out))
+}
+
 func (w *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int) error {
 	return w.declare(s, w.Backend.AddBias(s, out, bias, N, OC), AddBias(out, bias))
 }

@@ -206,6 +206,32 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 	return b.do(s, op, args, func() error { return b.inner.Gemm(s, transA, transB, M, N, K, alpha, A, B, beta, C) })
 }
 
+// GemmQ implements backend.Ops: a Gemm whose B is read quantized (its
+// bytes W's codes and scales, not bf16 values), with the dequantization's
+// multiply per element of W per row block counted with the GEMM.
+func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
+	if err := dims("GemmQ", M, N, K); err != nil {
+		return err
+	}
+	if err := W.Check(); err != nil {
+		return fmt.Errorf("trace: GemmQ: %w", err)
+	}
+	op := Op{Method: "GemmQ", Family: Gemm, DType: A.DType, Shapes: shapes(A, W.Codes, C), Gemm: GemmArgs{false, transW, M, N, K},
+		FLOPs: 2 * float64(M) * float64(N) * float64(K), Bytes: hazard.GemmQ(A, W, beta, C).Bytes()}
+	args := []arg{need("A", A, M*K), need("C", C, M*N)}
+	return b.do(s, op, args, func() error { return b.inner.GemmQ(s, transW, M, N, K, alpha, A, W, beta, C) })
+}
+
+// Dequantize implements backend.Ops.
+func (b *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
+	if err := W.Check(); err != nil {
+		return fmt.Errorf("trace: Dequantize: %w", err)
+	}
+	op := Op{Method: "Dequantize", Family: Elementwise, DType: out.DType, Shapes: shapes(W.Codes, out),
+		FLOPs: float64(out.Len()), Bytes: hazard.Dequantize(W, out).Bytes()}
+	return b.do(s, op, []arg{need("out", out, out.Len())}, func() error { return b.inner.Dequantize(s, W, off, out) })
+}
+
 // AddBias implements backend.Ops.
 func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int) error {
 	if err := dims("AddBias", N, OC); err != nil {
