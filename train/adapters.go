@@ -11,7 +11,6 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/engine"
-	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -67,7 +66,7 @@ func (r *run) exportAdapters(dir string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	fetch, err := lora.MergeFetch(hf.FetchTensor(r.be, r.s, r.model.Buffers().Params), idx, ad)
+	fetch, err := lora.MergeFetch(r.fetchParams, idx, ad)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

@@ -51,7 +51,7 @@ func (r *run) writeCheckpoint() error {
 	st := checkpoint.State{Step: r.step, Position: r.loader.Position(), Model: r.mc, Tokens: r.tokens}
 	saveSettings(&st, r.cfg.resumeIdentity(r.fromCheckpoint), r.cfg.resumeAllowed())
 	saveRanks(&st, r.world.size())
-	if err := checkpoint.Save(r.checkpointPath(), r.be, r.s, r.model.Buffers().Params, r.eng, st); err != nil {
+	if err := checkpoint.SaveFrom(r.checkpointPath(), r.mc.NumParams(), r.fetchParams, r.eng, st); err != nil {
 		return diskHint(fmt.Errorf("step %d: %w", r.step, err))
 	}
 	return r.keepCheckpoint()
@@ -73,7 +73,27 @@ func (r *run) resume() error {
 	if err := checkResumeRanks(ck.State, r.world.size(), path); err != nil {
 		return err
 	}
-	if err := ck.Restore(r.be, r.s, r.model.Buffers().Params, r.eng); err != nil {
+	store := r.storeParams
+	if base := r.eng.Base(); base != nil {
+		// The base is not saved whole: it is quantized again from
+		// --model, then checked against the checkpoint's values.
+		end := phase(loadName(r.fromCheckpoint))
+		err := setInitialWeights(r.storeParams, r.mc, r.cfg, r.fromCheckpoint)
+		if err == nil {
+			err = r.eng.Loaded()
+		}
+		end()
+		if err != nil {
+			return err
+		}
+		store = func(off int, v []float32) error {
+			if err := base.Verify(r.s, off, v); err != nil {
+				return flagErr("model", "resume: %s: %v", path, err)
+			}
+			return nil
+		}
+	}
+	if err := ck.RestoreWith(r.mc.NumParams(), store, r.eng); err != nil {
 		return err
 	}
 	if err := r.loader.Seek(ck.Position); err != nil {

@@ -11,6 +11,7 @@ package train
 
 import (
 	"errors"
+	"strings"
 	"fmt"
 	"math"
 
@@ -70,6 +71,7 @@ type Config struct {
 	LoRAAlpha     float64            // --lora-alpha: the term is scaled by alpha / r
 	LoRADropout   float64            // --lora-dropout
 	LoRATargets   string             // --lora-targets: comma-separated Hugging Face module names ("": the family's every attention and MLP linear)
+	BaseDType     string             // --base-dtype: nf4 or int8 stores lora's frozen block matrices quantized (QLoRA); "": in --dtype
 	Adapter       string             // --adapter: a PEFT LoRA adapter directory to start from (lora mode) or to sample with
 	D, R          int                // --d, --r: projected size and non-zeros per projector row (capped per matrix)
 	Alpha         float64            // --alpha: bias ratio the projector fit must reach
@@ -332,6 +334,10 @@ func (c Config) Validate() error {
 	}
 	check(c.MaxSkips >= 1, "max-skips", "must be at least 1, got %d (--on-nonfinite stop skips none)", c.MaxSkips)
 	check(c.LoRADropout == 0 || c.Mode != engine.LoRA, "lora-dropout", "%g: only 0 is supported (the adapters take the matrix's input as it is; dropout on it is not implemented)", c.LoRADropout)
+	check(c.BaseDType == "" || c.Mode == engine.LoRA, "base-dtype", "%s quantizes the frozen base of --mode lora (--mode is %s: its block matrices are trained, so they stay in --dtype)", c.BaseDType, c.Mode)
+	if _, err := lora.ParseBaseDType(c.BaseDType); err != nil {
+		errs = append(errs, flagErr("base-dtype", "%v", strings.TrimPrefix(err.Error(), "--base-dtype: ")))
+	}
 	check(c.Adapter == "" || c.Mode == engine.LoRA, "adapter", "loads a LoRA adapter to train on in --mode lora (--mode is %s); sample takes one too", c.Mode)
 	if c.Mode == engine.LSP || c.Mode == engine.LoRA {
 		// The engine's own check names each flag (--d, --r, --alpha,
@@ -357,9 +363,16 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
 			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers},
-		LoRA:        lora.Config{R: c.LoRAR, Alpha: c.LoRAAlpha, Dropout: c.LoRADropout, Targets: lora.ParseTargets(c.LoRATargets)},
+		LoRA:        lora.Config{R: c.LoRAR, Alpha: c.LoRAAlpha, Dropout: c.LoRADropout, Targets: lora.ParseTargets(c.LoRATargets), Base: c.baseFormat()},
 		HostThreads: c.Threads,
 	}
+}
+
+// baseFormat is --base-dtype's format (0: none, or a value Validate
+// refuses).
+func (c Config) baseFormat() backend.QFormat {
+	f, _ := lora.ParseBaseDType(c.BaseDType)
+	return f
 }
 
 // denseParams is --dense-params with its default resolved: frozen when the

@@ -173,7 +173,7 @@ func (r *run) exportTo(dir string) error {
 	if r.usesAdapters() {
 		err = r.exportAdapters(dir)
 	} else {
-		err = catalog.ExportTensor(r.mc, dir, r.be, r.s, r.model.Buffers().Params, r.src, r.tok)
+		err = catalog.ExportFrom(r.mc, dir, r.fetchParams, r.src, r.tok)
 	}
 	end()
 	return diskHint(err)

@@ -30,6 +30,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 )
 
 // Memory is the predicted memory and link traffic of a run.
@@ -130,11 +131,17 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	// lora's adapters come to the host whole: read from --adapter (held
 	// until the engine's Init, over the weights' load) and downloaded for
 	// each export, merged as the weights stream by.
-	var adapters int64
+	var adapters, baseLoad int64
 	if c.Mode == engine.LoRA {
 		idx, err := model.NewIndex(mc)
 		if err != nil {
 			return p, err
+		}
+		if f := ec.LoRA.Base; f != 0 {
+			// A quantized base holds one block matrix as it loads
+			// (quant.Base.Store); a resume loads it again, then compares
+			// each chunk of the checkpoint's with the device's.
+			baseLoad = quant.LoadBytes(idx, f)
 		}
 		lc := ec.LoRA.WithDefaultTargets(mc)
 		sites, err := lora.Sites(idx, lc)
@@ -153,16 +160,36 @@ func memoryOf(mc model.Spec, c Config, src string, fromCheckpoint bool, ds *data
 	p.Transient = append(p.Transient, engine.Part{Name: "checkpoint write", Bytes: checkpoint.SaveBytes(int(N)) + p.StateWrite})
 	switch {
 	case c.Resume:
-		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: checkpoint.RestoreBytes(int(N)) + p.StateRead})
-	case !fromCheckpoint:
-		p.Transient = append(p.Transient, engine.Part{Name: "initial weights", Bytes: model.InitBytes(mc) + adapterRead}) // mc.InitEach's buffer
+		restore := checkpoint.RestoreBytes(int(N)) + p.StateRead
+		if baseLoad > 0 {
+			restore += checkpoint.RestoreBytes(int(N)) // Verify's copy of a chunk, fetched from the device
+			p.Transient = append(p.Transient, engine.Part{Name: loadName(fromCheckpoint), Bytes: loadBytes(mc, src, fromCheckpoint) + baseLoad})
+		}
+		p.Transient = append(p.Transient, engine.Part{Name: "checkpoint restore", Bytes: restore})
 	default:
-		p.Transient = append(p.Transient, engine.Part{Name: "weights load", Bytes: catalog.LoadBytes(mc, src) + adapterRead})
+		p.Transient = append(p.Transient, engine.Part{Name: loadName(fromCheckpoint), Bytes: loadBytes(mc, src, fromCheckpoint) + adapterRead + baseLoad})
 	}
 	// The export streams from the device (run.export): the writer's
 	// buffers (and lora's adapters).
 	p.Transient = append(p.Transient, engine.Part{Name: "export", Bytes: catalog.ExportBytes(mc) + adapters})
 	return p, nil
+}
+
+// loadName is the phase setInitialWeights runs in.
+func loadName(fromCheckpoint bool) string {
+	if fromCheckpoint {
+		return "weights load"
+	}
+	return "initial weights"
+}
+
+// loadBytes is what setInitialWeights holds on the host: a checkpoint
+// load's buffers, or a preset's initialisation's (mc.InitEach's buffer).
+func loadBytes(mc model.Spec, src string, fromCheckpoint bool) int64 {
+	if fromCheckpoint {
+		return catalog.LoadBytes(mc, src)
+	}
+	return model.InitBytes(mc)
 }
 
 // generationBytes is the device memory exact match's KV-cache decoder

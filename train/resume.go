@@ -57,6 +57,7 @@ type resumeIdentity struct {
 	LoRAAlpha    float64            `flag:"lora-alpha" resume:"lora"`
 	LoRADropout  float64            `flag:"lora-dropout" resume:"lora"`
 	LoRATargets  string             `flag:"lora-targets" resume:"lora"`
+	BaseDType    string             `flag:"base-dtype" resume:"lora"`
 
 	// Recorded in checkpoint.State.Settings only. --pack decides what
 	// each row holds (absent from runs before it: false).

@@ -221,14 +221,15 @@ func (r *run) resumeOrInit() error {
 	if r.cfg.Resume {
 		return r.resume()
 	}
-	name := "initial weights"
-	if r.fromCheckpoint {
-		name = "weights load"
-	} else { // a preset's loss starts at ln(vocab) and its samples are noise: say why before anyone wonders
+	name := loadName(r.fromCheckpoint)
+	if !r.fromCheckpoint { // a preset's loss starts at ln(vocab) and its samples are noise: say why before anyone wonders
 		r.log.Info("random initialisation (a preset, not pretrained weights)", "model", r.cfg.Model, "seed", r.cfg.Seed, "pretrained", "give --model a Hugging Face directory (config.json, model.safetensors, tokenizer.json)")
 	}
 	end := phase(name)
-	err := setInitialWeights(r.be, r.s, r.model.Buffers().Params, r.mc, r.cfg, r.fromCheckpoint)
+	err := setInitialWeights(r.storeParams, r.mc, r.cfg, r.fromCheckpoint)
+	if err == nil {
+		err = r.eng.Loaded()
+	}
 	end()
 	if err != nil {
 		return err
@@ -242,28 +243,37 @@ func (r *run) resumeOrInit() error {
 	return r.eng.Init()
 }
 
-// setInitialWeights writes the weights a fresh run starts from into dst
-// (the model's parameters, on stream st of be): the checkpoint's of
-// --model, loaded straight into dst without a host copy of the whole
-// model, or a seeded initialisation of a preset, uploaded parameter by
+// setInitialWeights hands the weights a fresh run starts from to store
+// (the model's parameters in their layout: run.storeParams): the
+// checkpoint's of --model, streamed from the files without a host copy of
+// the whole model, or a seeded initialisation of a preset, parameter by
 // parameter (the host holds one, model.InitBytes). Pretrained weights
 // holding a NaN or an infinity are refused by the loader, naming the
 // file, the tensor and the element, rather than trained into a run whose
-// every loss is NaN; nothing is written to dst then.
-func setInitialWeights(be backend.Backend, st backend.Stream, dst backend.Tensor, mc model.Spec, c Config, fromCheckpoint bool) error {
+// every loss is NaN; nothing reaches store then.
+func setInitialWeights(store catalog.Sink, mc model.Spec, c Config, fromCheckpoint bool) error {
 	if !fromCheckpoint {
 		return mc.InitEach(c.Seed, func(p model.Param, v []float32) error {
-			if err := backend.Upload(be, st, dst.Slice(p.Offset, p.Len()), v); err != nil {
+			if err := store(p.Offset, v); err != nil {
 				return fmt.Errorf("initial weights: %s: %w", p.Name, err)
 			}
 			return nil
 		})
 	}
-	if err := catalog.LoadInto(mc, c.Model, be, st, dst); err != nil {
+	if err := catalog.LoadEach(mc, c.Model, store); err != nil {
 		return flagErr("model", "%v", err)
 	}
 	return nil
 }
+
+// storeParams writes elements off.. of the model's parameters in their
+// layout (Engine.Store: a quantized base takes its matrices whole).
+func (r *run) storeParams(off int, vals []float32) error { return r.eng.Store(r.s, off, vals) }
+
+// fetchParams reads elements off.. of the model's parameters in their
+// layout (Engine.Fetch: a quantized base's matrices dequantized), for
+// checkpoints and exports.
+func (r *run) fetchParams(off int, dst []float32) error { return r.eng.Fetch(r.s, off, dst) }
 
 // ChatTemplate is the chat template conversations are rendered with for
 // tok: the file --chat-template names when not "", else the chat_template

@@ -73,6 +73,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.LoRAAlpha, "lora-alpha", c.LoRAAlpha, "lora: alpha; the adapters' term is scaled by alpha / r")
 	fs.Float64Var(&c.LoRADropout, "lora-dropout", c.LoRADropout, "lora: dropout on the adapters' input (only 0 is supported)")
 	fs.StringVar(&c.LoRATargets, "lora-targets", c.LoRATargets, "lora: comma-separated Hugging Face `MODULES` to adapt, matched by the end of their path as PEFT does (default: every attention and MLP linear: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj for LLaMA and Qwen2; c_attn,c_proj,c_fc for GPT-2)")
+	fs.StringVar(&c.BaseDType, "base-dtype", c.BaseDType, "lora: `nf4` or int8 stores the frozen block matrices quantized (QLoRA: bitsandbytes' blockwise formats, double-quantized scales), dequantized inside the GEMMs; default: in --dtype")
 	fs.StringVar(&c.Adapter, "adapter", c.Adapter, "lora: a PEFT LoRA adapter `DIR` (adapter_config.json, adapter_model.safetensors) to continue training; its rank, alpha and targets replace --lora-r, --lora-alpha and --lora-targets")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix; 0 (the default): a quarter of its shorter side, at most 512 (tiny: 32); a d at a matrix's side or above is capped there and compresses nothing")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
@@ -150,6 +151,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"lora-alpha", groupOffload},
 	{"lora-dropout", groupOffload},
 	{"lora-targets", groupOffload},
+	{"base-dtype", groupOffload},
 	{"adapter", groupModelData},
 	{"d", groupOffload},
 	{"r", groupOffload},

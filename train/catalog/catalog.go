@@ -59,12 +59,12 @@ type Family struct {
 	// ExportBytes is the most host memory Export holds for spec beyond
 	// what fetch holds.
 	ExportBytes func(spec model.Spec) int64
-	// LoadInto, where the family has it, writes the weights of spec
-	// from dir straight into dst (Layout order, F32 or BF16) on stream s
-	// of be, without a host copy of the whole model, which a 7B model in
-	// fp32 could not afford. Nil: LoadWeights, then an upload.
-	LoadInto func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error
-	// LoadBytes, with LoadInto, is the most host memory LoadInto holds
+	// LoadEach, where the family has it, hands the weights of spec
+	// from dir to sink a chunk at a time (off: the chunk's Layout
+	// offset), without a host copy of the whole model, which a 7B model
+	// in fp32 could not afford. Nil: LoadWeights, then one chunk.
+	LoadEach func(spec model.Spec, dir string, sink Sink) error
+	// LoadBytes, with LoadEach, is the most host memory LoadEach holds
 	// for spec (the backend's staging aside).
 	LoadBytes func(spec model.Spec) int64
 	// Tokenizer names the builtin tokenizer of spec, as tokenizer.ByName
@@ -346,24 +346,45 @@ func LoadWeights(spec model.Spec, dir string) ([]float32, error) {
 // dir (or a llama2.c model file, tensor by tensor) into dst (spec's
 // Layout, F32 or BF16) on stream s of be, and waits for them.
 func LoadInto(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	if dst.Len() != spec.NumParams() {
+		return fmt.Errorf("checkpoint: %s: %d parameters into %v of %d elements", dir, spec.NumParams(), dst, dst.Len())
+	}
+	return LoadEach(spec, dir, func(off int, vals []float32) error {
+		return backend.Upload(be, s, dst.Slice(off, len(vals)), vals)
+	})
+}
+
+// Sink takes a model's weights a chunk at a time: vals are the elements
+// from Layout offset off on, inside one parameter.
+type Sink = func(off int, vals []float32) error
+
+// LoadEach is LoadInto handing the weights to sink, a parameter after
+// another in Layout order, instead of uploading them: how a quantized
+// base (train/quant) takes its matrices one at a time.
+func LoadEach(spec model.Spec, dir string, sink Sink) error {
 	f, err := of(spec)
 	if err != nil {
 		return err
 	}
 	if isFile(dir) {
-		return llama2cLoadInto(spec, dir, be, s, dst)
+		return llama2cLoadEach(spec, dir, sink)
 	}
-	if f.LoadInto != nil {
-		return f.LoadInto(spec, dir, be, s, dst)
+	if f.LoadEach != nil {
+		return f.LoadEach(spec, dir, sink)
 	}
 	vals, err := f.LoadWeights(spec, dir)
 	if err != nil {
 		return err
 	}
-	return backend.Upload(be, s, dst, vals)
+	for _, p := range spec.Layout() {
+		if err := sink(p.Offset, vals[p.Offset:p.Offset+p.Len()]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// LoadBytes is the most host memory LoadInto of spec from src (a
+// LoadBytes is the most host memory LoadInto (LoadEach) of spec from src (a
 // Hugging Face directory or a llama2.c file) holds, the backend's staging
 // aside: a streaming load's buffers (a llama2.c file's, a family's own
 // LoadInto's), or every weight as fp32 where the family has no LoadInto
@@ -378,7 +399,7 @@ func LoadBytes(spec model.Spec, src string) int64 {
 		return llama2c.LoadBytes(c)
 	}
 	f, err := of(spec)
-	if err != nil || f.LoadInto == nil || f.LoadBytes == nil {
+	if err != nil || f.LoadEach == nil || f.LoadBytes == nil {
 		return whole
 	}
 	return f.LoadBytes(spec)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -27,12 +26,12 @@ var gpt2Family = &Family{
 		}
 		return gpt2.LoadWeights(filepath.Join(dir, "model.safetensors"), c)
 	},
-	LoadInto: func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	LoadEach: func(spec model.Spec, dir string, sink Sink) error {
 		c, err := gpt2Config(spec)
 		if err != nil {
 			return err
 		}
-		return gpt2.LoadInto(filepath.Join(dir, "model.safetensors"), c, be, s, dst)
+		return gpt2.LoadEach(filepath.Join(dir, "model.safetensors"), c, sink)
 	},
 	LoadBytes: func(spec model.Spec) int64 {
 		// The tied head's comparison (a file that stores one), then the

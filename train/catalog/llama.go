@@ -36,7 +36,7 @@ var llamaFamily = &Family{
 		}
 		return vals, nil
 	},
-	LoadInto: func(spec model.Spec, dir string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	LoadEach: func(spec model.Spec, dir string, sink Sink) error {
 		c, err := llamaConfig(spec)
 		if err != nil {
 			return err
@@ -46,7 +46,7 @@ var llamaFamily = &Family{
 			return fmt.Errorf("checkpoint: %w", err)
 		}
 		defer ck.Close()
-		if err := ck.Load(be, s, dst, c.Layout(), llamaLoadOptions(c)); err != nil {
+		if err := ck.LoadEach(c.Layout(), llamaLoadOptions(c), sink); err != nil {
 			return fmt.Errorf("checkpoint: %w", err)
 		}
 		return nil

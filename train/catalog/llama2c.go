@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/llama2c"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -39,12 +38,12 @@ func llama2cWeights(spec model.Spec, path string) ([]float32, error) {
 	return vals, nil
 }
 
-// llama2cLoadInto writes the weights of the llama2.c model at path, which
-// must have the architecture spec, into dst (Layout order) on stream s
-// of be, a tensor at a time: a first pass checks the whole file (every
-// weight finite) holding nothing, so that a bad file writes nothing to
-// dst; the second uploads each tensor as it is read (llama2c.LoadBytes).
-func llama2cLoadInto(spec model.Spec, path string, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+// llama2cLoadEach hands the weights of the llama2.c model at path, which
+// must have the architecture spec, to sink a tensor at a time: a first
+// pass checks the whole file (every weight finite) holding nothing, so
+// that a bad file reaches sink with nothing; the second hands over each
+// tensor as it is read (llama2c.LoadBytes).
+func llama2cLoadEach(spec model.Spec, path string, sink Sink) error {
 	c, err := llama2c.Check(path)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -52,11 +51,8 @@ func llama2cLoadInto(spec model.Spec, path string, be backend.Backend, s backend
 	if !Equal(spec, c) {
 		return fmt.Errorf("checkpoint: %s holds another architecture than the one it was resolved to", path)
 	}
-	if dst.Len() != c.NumParams() {
-		return fmt.Errorf("checkpoint: %s: %d parameters into %v of %d elements", path, c.NumParams(), dst, dst.Len())
-	}
 	_, err = llama2c.Each(path, func(p model.Param, v []float32) error {
-		return backend.Upload(be, s, dst.Slice(p.Offset, len(v)), v)
+		return sink(p.Offset, v)
 	})
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)

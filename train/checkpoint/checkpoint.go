@@ -146,6 +146,16 @@ func RestoreBytes(n int) int64 {
 // same length, so the host holds a few chunks, never a tensor
 // (HostPeak's "checkpoint write").
 func Save(path string, be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer, st State) (err error) {
+	stg := be.Staging()
+	return SaveFrom(path, params.Len(), func(off int, dst []float32) error {
+		return stg.DownloadInto(s, dst, params.Slice(off, len(dst)))
+	}, opt, st)
+}
+
+// SaveFrom is Save with the n parameters read through fetch, a chunk at
+// a time (off: the chunk's first element): a model whose parameters are
+// not one tensor (a quantized base's, train/quant) saves them as one.
+func SaveFrom(path string, n int, fetch func(off int, dst []float32) error, opt Optimizer, st State) (err error) {
 	if err := opt.Drain(); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -169,7 +179,7 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{params.Len()}}}
+	specs := []safetensors.Spec{{Name: ParamsTensor, DType: safetensors.F32, Shape: []int{n}}}
 	for _, a := range arrays {
 		specs = append(specs, safetensors.Spec{Name: a.Name, DType: safetensors.F32, Shape: []int{a.Len}})
 	}
@@ -185,14 +195,14 @@ func Save(path string, be backend.Backend, s backend.Stream, params backend.Tens
 		out := io.MultiWriter(w, h)
 		var err error
 		if i == 0 {
-			buf = make([]float32, min(saveChunk, params.Len()))
-			for off := 0; off < params.Len() && err == nil; off += len(buf) {
-				n := min(len(buf), params.Len()-off)
-				if err = be.Staging().DownloadInto(s, buf[:n], params.Slice(off, n)); err != nil {
+			buf = make([]float32, min(saveChunk, n))
+			for off := 0; off < n && err == nil; off += len(buf) {
+				c := min(len(buf), n-off)
+				if err = fetch(off, buf[:c]); err != nil {
 					err = fmt.Errorf("params: %w", err)
 					break
 				}
-				err = encodeF32(out, buf[:n], chunk[:])
+				err = encodeF32(out, buf[:c], chunk[:])
 			}
 		} else {
 			err = arrays[i-1].Read(func(v []float32) error { return encodeF32(out, v, chunk[:]) })
@@ -432,12 +442,18 @@ func (ck *Checkpoint) Read(name string, fn func(off int, v []float32) error) err
 // optimizer state into opt, a chunk at a time, and sets opt's step
 // counter.
 func (ck *Checkpoint) Restore(be backend.Backend, s backend.Stream, params backend.Tensor, opt Optimizer) error {
-	if n, _ := ck.Len(ParamsTensor); n != params.Len() {
-		return fmt.Errorf("resume: %s: tensor %s has %d elements, the model's parameters %d", ck.Path, ParamsTensor, n, params.Len())
-	}
-	err := ck.read(ParamsTensor, func(off int, v []float32) error {
+	return ck.RestoreWith(params.Len(), func(off int, v []float32) error {
 		return backend.Upload(be, s, params.Slice(off, len(v)), v)
-	})
+	}, opt)
+}
+
+// RestoreWith is Restore handing the n parameters to store a chunk at a
+// time (off: the chunk's first element; a chunk may span parameters).
+func (ck *Checkpoint) RestoreWith(n int, store func(off int, v []float32) error, opt Optimizer) error {
+	if have, _ := ck.Len(ParamsTensor); have != n {
+		return fmt.Errorf("resume: %s: tensor %s has %d elements, the model's parameters %d", ck.Path, ParamsTensor, have, n)
+	}
+	err := ck.read(ParamsTensor, store)
 	if err != nil {
 		return fmt.Errorf("resume: params: %w", err)
 	}

@@ -54,6 +54,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/lora"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
@@ -236,6 +237,7 @@ type Engine struct {
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lsp.State   // lsp
 	lora  *lora.State  // lora
+	base  *quant.Base  // lora with --base-dtype: the quantized block matrices
 	// loraSet: the adapters were uploaded (SetAdapters), so Init does not
 	// draw them.
 	loraSet bool
@@ -306,9 +308,19 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		}
 		opts.Adapters = e.lora
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
+		if f := cfg.LoRA.Base; f != 0 {
+			if e.base, err = quant.NewBase(be, idx, f, dt); err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
+			opts.Base = e.base
+		}
 	}
 	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
 		return nil, err
+	}
+	if e.base != nil {
+		offs, _ := opts.ParamOffsets(idx.Layout, func(i int) bool { return idx.IsMat[i] })
+		e.base.Bind(e.Model.Buffers().Params, offs)
 	}
 	BT := B * T
 	if e.stage, err = be.AllocHost("batch staging", accum*opts.BatchRows()*BT*4); err != nil {
@@ -460,6 +472,9 @@ func (e *Engine) Free() error {
 	if e.lsp != nil {
 		e.lsp.Free()
 	}
+	if e.base != nil {
+		e.base.Free()
+	}
 	if e.lora != nil {
 		e.lora.Free()
 	}
@@ -489,6 +504,38 @@ func (e *Engine) Free() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Fetch reads elements off..off+len(dst) of the model's parameters in
+// their layout (hf.Fetch) on stream s: Params, or with a quantized base
+// the other parameters from Params and the block matrices dequantized.
+func (e *Engine) Fetch(s backend.Stream, off int, dst []float32) error {
+	if e.base != nil {
+		return e.base.Fetch(s, off, dst)
+	}
+	return e.be.Staging().DownloadInto(s, dst, e.Model.Buffers().Params.Slice(off, len(dst)))
+}
+
+// Store writes vals as elements off.. of the model's parameters in their
+// layout on stream s: into Params, or with a quantized base the block
+// matrices quantized as each is whole (quant.Base.Store; Loaded reports
+// one left part-way).
+func (e *Engine) Store(s backend.Stream, off int, vals []float32) error {
+	if e.base != nil {
+		return e.base.Store(s, off, vals)
+	}
+	return backend.Upload(e.be, s, e.Model.Buffers().Params.Slice(off, len(vals)), vals)
+}
+
+// Loaded reports a block matrix that Store has had only part of.
+func (e *Engine) Loaded() error {
+	if e.base != nil {
+		return e.base.Loaded()
+	}
+	return nil
+}
+
+// Base is lora mode's quantized base (nil without --base-dtype).
+func (e *Engine) Base() *quant.Base { return e.base }
 
 // Adapters is lora mode's adapters (nil in the other modes).
 func (e *Engine) Adapters() *lora.State { return e.lora }

@@ -99,7 +99,10 @@ func openTrainer(t *testing.T, be backend.Backend, hazards func() []string, cfg 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := backend.Upload(be, be.DefaultStream(), e.Model.Buffers().Params, gpt2.Init(small, 11)); err != nil {
+	if err := e.Store(be.DefaultStream(), 0, gpt2.Init(small, 11)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Loaded(); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Init(); err != nil {
@@ -133,8 +136,8 @@ func (tr *trainer) run(t *testing.T, steps int) []float64 {
 // them.
 func (tr *trainer) params(t *testing.T) []float32 {
 	t.Helper()
-	v, err := backend.Download(tr.be, tr.be.DefaultStream(), tr.e.Model.Buffers().Params)
-	if err != nil {
+	v := make([]float32, small.NumParams())
+	if err := tr.e.Fetch(tr.be.DefaultStream(), 0, v); err != nil {
 		t.Fatal(err)
 	}
 	if a := tr.e.Adapters(); a != nil {
@@ -256,9 +259,10 @@ func modesUnderTest() []struct {
 	// micro-batches summing S on the host.
 	lspHost.Recompute, lspHost.GradResidency, lspHost.slots = model.RecomputeLayer, ResidencyRing, 1
 	// lora with its dense parameters on the host (offloaded as zero's)
-	// and on the device (the adapters' AdamW's).
+	// and on the device (the adapters' AdamW's); lora-host's base is
+	// quantized (--base-dtype nf4).
 	loraDev, loraHost := testConfig(LoRA), testConfig(LoRA)
-	loraHost.DenseParams = DenseHost
+	loraHost.DenseParams, loraHost.LoRA.Base = DenseHost, backend.NF4
 	modes := []struct {
 		name string
 		cfg  Config

@@ -16,6 +16,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 )
 
 // Part is one named share of a memory plan, in bytes.
@@ -176,6 +177,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		}
 		opts.Adapters = (*lora.State)(nil) // plans for adapters
 		opts.FrozenDense = cfg.DenseParams == DenseFrozen
+		if cfg.LoRA.Base != 0 {
+			opts.Base = (*quant.Base)(nil) // Params without the block matrices
+		}
 	}
 	opts.GradDType, opts.Recompute, opts.Packed = cfg.GradDType, cfg.Recompute, cfg.Packed
 	if cfg.ring() {
@@ -275,6 +279,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		// The adapters and their gradients, and one device AdamW over
 		// them (and the dense parameters with --dense-params device).
 		na := lora.Elems(sites, cfg.LoRA.R)
+		if f := cfg.LoRA.Base; f != 0 {
+			p.Device = append(p.Device, Part{"quantized base (" + f.String() + ")", quant.Bytes(x, f, dt)})
+		}
 		p.Device = append(p.Device, Part{"adapters, grads and scratch", lora.Bytes(sites, cfg.LoRA.R, BT, dt, cfg.GradDType)})
 		elems, tensors := na, 2*len(sites)
 		denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)

@@ -19,6 +19,8 @@ func TestPlanMatchesArena(t *testing.T) {
 	lspFrozen.DenseParams = DenseFrozen
 	loraHost, loraFrozen := testConfig(LoRA), testConfig(LoRA)
 	loraHost.DenseParams, loraFrozen.DenseParams = DenseHost, DenseFrozen
+	loraNF4, loraInt8 := testConfig(LoRA), testConfig(LoRA)
+	loraNF4.LoRA.Base, loraInt8.LoRA.Base, loraInt8.DenseParams = backend.NF4, backend.Int8, DenseFrozen
 	nativeAttn, zeroLayer, lspLayer := testConfig(Native), testConfig(Zero), testConfig(LSP)
 	nativeAttn.Recompute, zeroLayer.Recompute, lspLayer.Recompute = model.RecomputeAttn, model.RecomputeLayer, model.RecomputeLayer
 	for _, tc := range []struct {
@@ -31,6 +33,7 @@ func TestPlanMatchesArena(t *testing.T) {
 		{"lsp-device-recompute-layer", lspLayer},
 		{"zero-ring", ringConfig(backend.F32)}, {"zero-ring-bf16-grads", ringConfig(backend.BF16)},
 		{"lora-device", testConfig(LoRA)}, {"lora-host", loraHost}, {"lora-frozen", loraFrozen},
+		{"lora-nf4", loraNF4}, {"lora-int8-frozen", loraInt8},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {

@@ -215,6 +215,17 @@ func LoadWeights(path string, cfg Config) ([]float32, error) {
 // on stream s of be, a chunk at a time (hf.Checkpoint.Load), with no
 // host copy of the model; nothing is written unless every check passes.
 func LoadInto(path string, cfg Config, be backend.Backend, s backend.Stream, dst backend.Tensor) error {
+	if dst.Len() != cfg.NumParams() {
+		return fmt.Errorf("checkpoint %s: %d parameters into %v of %d elements", path, cfg.NumParams(), dst, dst.Len())
+	}
+	return LoadEach(path, cfg, func(off int, vals []float32) error {
+		return backend.Upload(be, s, dst.Slice(off, len(vals)), vals)
+	})
+}
+
+// LoadEach is LoadInto handing each chunk to sink (hf.Checkpoint.LoadEach)
+// instead of uploading it.
+func LoadEach(path string, cfg Config, sink func(off int, vals []float32) error) error {
 	c, err := openWeights(path, cfg)
 	if err != nil {
 		return err
@@ -223,7 +234,7 @@ func LoadInto(path string, cfg Config, be backend.Backend, s backend.Stream, dst
 	if err := checkWeights(c, cfg); err != nil {
 		return err
 	}
-	if err := c.Load(be, s, dst, cfg.Layout(), loadOptions); err != nil {
+	if err := c.LoadEach(cfg.Layout(), loadOptions, sink); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil

@@ -149,6 +149,7 @@ type Model struct {
 	hooks model.MatrixGrads
 	// adapters add lora's terms to the frozen matrices (Options.Adapters).
 	adapters model.Adapters
+	base     model.Base // the frozen block matrices when not in Params (Options.Base)
 	rc       model.Recompute
 	// hooksInRecompute: the input hooks run in the backward's recompute,
 	// not in the forward (model.Options.HooksInRecompute).
@@ -247,9 +248,10 @@ func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	// An error is the family's own layout's, which NewModel reports.
 	_, ng, _ := c.gradOffsets(opts)
+	_, np := opts.ParamOffsets(c.Layout(), c.isMatrix)
 	BT := int64(B * T)
 	return model.Memory{
-		Params:      int64(c.NumParams()) * int64(dt.Size()),
+		Params:      int64(np) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT*int64(c.actGradWidth())*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
@@ -301,10 +303,14 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 	if hooked && opts.Adapters != nil {
 		return nil, fmt.Errorf("gpt2: matrix-gradient hooks and adapters together")
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, rc: opts.Recompute,
+	if opts.Base != nil && opts.Adapters == nil {
+		return nil, fmt.Errorf("gpt2: a separate base of the block matrices without adapters")
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, base: opts.Base, rc: opts.Recompute,
 		hooksInRecompute: opts.HooksInRecompute(), frozen: opts.FrozenMatrices() && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
-	n := cfg.NumParams()
+	var n int
+	m.ParamOffsets, n = opts.ParamOffsets(m.ParamLayout, cfg.isMatrix)
 	offs, ng, err := cfg.gradOffsets(opts)
 	if err != nil {
 		return nil, fmt.Errorf("gpt2: gradients: %w", err)
@@ -329,11 +335,7 @@ func NewWithOptions(be backend.Backend, cfg Config, B, T int, dt backend.DType, 
 		free()
 		return nil, fmt.Errorf("gpt2: gradients: %w", err)
 	}
-	paramOffs := make([]int, len(m.ParamLayout))
-	for i, p := range m.ParamLayout {
-		paramOffs[i] = p.Offset
-	}
-	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
+	m.p, m.g = m.views(m.Params, m.ParamOffsets), m.views(m.Grads, offs)
 
 	data, stats := cfg.actSizes(B, T, hooked, opts.Recompute)
 	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
@@ -561,7 +563,11 @@ func (m *Model) input(s backend.Stream, l int, k Matrix, x backend.Tensor) error
 // linear computes out[N,OC] = inp[N,IC] W[IC,OC] + bias for matrix k of
 // layer l, plus its adapter's term in lora mode.
 func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp, w, bias backend.Tensor, N, IC, OC int) error {
-	if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, w, 0, out); err != nil {
+	if m.base != nil {
+		if err := m.base.Forward(s, l, int(k), N, inp, out); err != nil {
+			return fmt.Errorf("%v: %w", k, err)
+		}
+	} else if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, w, 0, out); err != nil {
 		return err
 	}
 	if err := m.be.AddBias(s, out, bias, N, OC); err != nil {
@@ -589,7 +595,12 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dw, db, 
 			return nil
 		},
 		func() error { return m.be.BiasBackward(s, db, dout, N, OC) },
-		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, 0, dinp) },
+		func() error {
+			if m.base != nil {
+				return m.base.InputGrad(s, l, int(k), N, dout, dinp, 0)
+			}
+			return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, 0, dinp)
+		},
 		func() error { return model.AdapterBackward(m.adapters, s, l, int(k), k, inp, dout, dinp) },
 	)
 }

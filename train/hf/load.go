@@ -116,13 +116,21 @@ func (c *Checkpoint) Load(be backend.Backend, s backend.Stream, dst backend.Tens
 	if dst.Len() != n {
 		return fmt.Errorf("hf: load of %s into %v: %d elements, the layout has %d", c.Dir, dst, dst.Len(), n)
 	}
+	return c.LoadEach(layout, opt, func(off int, vals []float32) error {
+		return backend.Upload(be, s, dst.Slice(off, len(vals)), vals)
+	})
+}
+
+// LoadEach checks the checkpoint against layout, then hands every
+// parameter to sink in chunks (off: the chunk's layout offset, a chunk
+// never crossing a parameter's end), a parameter after another in layout
+// order. Nothing reaches sink unless every parameter checks out.
+func (c *Checkpoint) LoadEach(layout []model.Param, opt LoadOptions, sink func(off int, vals []float32) error) error {
 	srcs, err := c.check(layout, opt)
 	if err != nil {
 		return err
 	}
-	return c.convert(srcs, func(off int, vals []float32) error {
-		return backend.Upload(be, s, dst.Slice(off, len(vals)), vals)
-	})
+	return c.convert(srcs, sink)
 }
 
 // LoadFloat32 is Load into host memory: every parameter as float32, in

@@ -76,6 +76,7 @@ type Model struct {
 	hooks model.MatrixGrads
 	// adapters add lora's terms to the frozen matrices (Options.Adapters).
 	adapters model.Adapters
+	base     model.Base // the frozen block matrices when not in Params (Options.Base)
 	rc       model.Recompute
 	// hooksInRecompute: the input hooks run in the backward's recompute,
 	// not in the forward (model.Options.HooksInRecompute).
@@ -173,10 +174,11 @@ func (c Config) MemoryWith(B, T int, dt backend.DType, opts model.Options) model
 	data, stats := c.actSizes(B, T, hooked, opts.Recompute)
 	// An error is the family's own layout's, which NewModel reports.
 	_, ng, _ := c.gradOffsets(opts)
+	_, np := opts.ParamOffsets(c.Layout(), c.isMatrix)
 	dbuf, dwide := c.actGradSizes()
 	BT := int64(B * T)
 	return model.Memory{
-		Params:      int64(c.NumParams()) * int64(dt.Size()),
+		Params:      int64(np) * int64(dt.Size()),
 		Grads:       int64(ng) * int64(opts.GradDType.Size()),
 		Activations: int64(data)*int64(dt.Size()) + int64(stats)*4,
 		ActGrads:    BT*int64(c.Hidden+dbuf+dwide)*int64(dt.Size()) + int64(c.backwardScratch(B, T))*4,
@@ -210,9 +212,14 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 	if hooked && opts.Adapters != nil {
 		return nil, fmt.Errorf("llama: matrix-gradient hooks and adapters together")
 	}
-	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, rc: opts.Recompute,
+	if opts.Base != nil && opts.Adapters == nil {
+		return nil, fmt.Errorf("llama: a separate base of the block matrices without adapters")
+	}
+	m := &Model{Cfg: cfg, B: B, T: T, DType: dt, be: be, hooks: opts.MatrixGrads, adapters: opts.Adapters, base: opts.Base, rc: opts.Recompute,
 		hooksInRecompute: opts.HooksInRecompute(), frozen: opts.FrozenMatrices() && opts.FrozenDense}
 	m.ParamLayout = cfg.Layout()
+	var np int
+	m.ParamOffsets, np = opts.ParamOffsets(m.ParamLayout, cfg.isMatrix)
 	offs, ng, err := cfg.gradOffsets(opts)
 	if err != nil {
 		return nil, fmt.Errorf("llama: gradients: %w", err)
@@ -230,17 +237,13 @@ func New(be backend.Backend, cfg Config, B, T int, dt backend.DType, opts model.
 		m.Free()
 		return nil, fmt.Errorf("llama: %s: %w", what, err)
 	}
-	if m.Params, err = be.Alloc("params", cfg.NumParams(), dt); err != nil {
+	if m.Params, err = be.Alloc("params", np, dt); err != nil {
 		return fail("parameters", err)
 	}
 	if m.Grads, err = be.Alloc("grads", ng, opts.GradDType); err != nil {
 		return fail("gradients", err)
 	}
-	paramOffs := make([]int, len(m.ParamLayout))
-	for i, p := range m.ParamLayout {
-		paramOffs[i] = p.Offset
-	}
-	m.p, m.g = m.views(m.Params, paramOffs), m.views(m.Grads, offs)
+	m.p, m.g = m.views(m.Params, m.ParamOffsets), m.views(m.Grads, offs)
 
 	data, stats := cfg.actSizes(B, T, hooked, opts.Recompute)
 	if m.acts, err = be.Alloc("activations", data, dt); err != nil {
@@ -443,7 +446,11 @@ func (m *Model) linear(s backend.Stream, l int, k Matrix, out, inp backend.Tenso
 	return func() error {
 		IC, OC := m.Cfg.MatrixShape(k)
 		p := &m.p.layers[l]
-		if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, p[matrixSlot[k]], 0, out); err != nil {
+		if m.base != nil {
+			if err := m.base.Forward(s, l, int(k), N, inp, out); err != nil {
+				return fmt.Errorf("%v: %w", k, err)
+			}
+		} else if err := m.be.Gemm(s, false, false, N, OC, IC, 1, inp, p[matrixSlot[k]], 0, out); err != nil {
 			return err
 		}
 		if err := m.addBias(s, p, k, out, N)(); err != nil {
@@ -592,7 +599,12 @@ func (m *Model) linearBackward(s backend.Stream, l int, k Matrix, dinp, dout, in
 			}
 			return nil
 		},
-		func() error { return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, beta, dinp) },
+		func() error {
+			if m.base != nil {
+				return m.base.InputGrad(s, l, int(k), N, dout, dinp, beta)
+			}
+			return m.be.Gemm(s, false, true, N, IC, OC, 1, dout, w, beta, dinp)
+		},
 		func() error { return model.AdapterBackward(m.adapters, s, l, int(k), k, inp, dout, dinp) },
 	)
 }

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -33,6 +34,24 @@ type Config struct {
 	// both GPT-2's attn.c_proj and its mlp.c_proj. Empty: the family's
 	// default (DefaultTargets).
 	Targets []string
+	// Base stores every block matrix quantized (--base-dtype nf4 or
+	// int8: QLoRA's frozen base, train/quant); 0 keeps them in the model
+	// dtype.
+	Base backend.QFormat
+}
+
+// ParseBaseDType reads --base-dtype: nf4 or int8, or "" for the model's
+// dtype (0).
+func ParseBaseDType(s string) (backend.QFormat, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "nf4":
+		return backend.NF4, nil
+	case "int8":
+		return backend.Int8, nil
+	}
+	return 0, fmt.Errorf("--base-dtype: unknown %q (want nf4 or int8, or leave it out for the model's --dtype)", s)
 }
 
 // Defaults: PEFT's own rank and alpha are 8 and 8; 16 is the alpha most
@@ -88,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.Dropout >= 0 && c.Dropout < 1) {
 		errs = append(errs, fmt.Errorf("--lora-dropout: %g must be in [0, 1)", c.Dropout))
+	}
+	if c.Base != 0 && c.Base != backend.NF4 && c.Base != backend.Int8 {
+		errs = append(errs, fmt.Errorf("--base-dtype: unknown format %v", c.Base))
 	}
 	for _, t := range c.Targets {
 		if t == "" || strings.ContainsAny(t, "*?[]()|^$\\ ") {

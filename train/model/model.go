@@ -149,6 +149,18 @@ func AdapterBackward(a Adapters, s backend.Stream, l, k int, name fmt.Stringer, 
 	return nil
 }
 
+// Base holds the block matrices outside Params, in another form (lora
+// --base-dtype nf4|int8: quantized, train/quant), frozen: Params then holds
+// the other parameters only (Storage.ParamOffsets), and each family's
+// linear asks Base for the matrix's products instead of a Gemm with a view
+// of Params. Both calls are enqueued on the model's stream.
+type Base interface {
+	// Forward writes Y [rows, n] = X [rows, m] W for matrix k of block l.
+	Forward(s backend.Stream, l, k, rows int, X, Y backend.Tensor) error
+	// InputGrad writes dX [rows, m] = dY [rows, n] W^T + beta dX.
+	InputGrad(s backend.Stream, l, k, rows int, dY, dX backend.Tensor, beta float32) error
+}
+
 // Options configure a model beyond its batch shape.
 type Options struct {
 	// MatrixGrads, when set, is called instead of computing the matrices'
@@ -161,6 +173,9 @@ type Options struct {
 	// the adapters' terms to them; Grads then holds only the other
 	// ("dense") parameters. Not with MatrixGrads.
 	Adapters Adapters
+	// Base, with Adapters only, holds the frozen block matrices (Base):
+	// Params leaves them out.
+	Base Base
 	// GradDType stores the parameter gradients (fp32, the zero value, or
 	// bf16: every accumulation rounds to nearest even). Activation
 	// gradients are in the model dtype, whatever GradDType is.
@@ -204,6 +219,16 @@ func (o Options) BatchRows() int {
 // FrozenMatrices reports whether the block matrices have no dense
 // gradient: under MatrixGrads (lsp) or Adapters (lora).
 func (o Options) FrozenMatrices() bool { return o.MatrixGrads != nil || o.Adapters != nil }
+
+// ParamOffsets places a model's parameters in Params: at their layout
+// offsets, or with a Base everything but the block matrices (isMatrix,
+// by layout index) back to back, the matrices at -1. n is Params' length.
+func (o Options) ParamOffsets(layout []Param, isMatrix func(i int) bool) (offs []int, n int) {
+	if o.Base == nil {
+		isMatrix = nil
+	}
+	return GradOffsets(layout, isMatrix)
+}
 
 // HooksInRecompute reports whether MatrixGrads.Input is called in the
 // backward's recompute rather than in the forward (Options.Recompute).

@@ -9,6 +9,9 @@ import "github.com/lsp-offload/lsp-offload/train/backend"
 type Storage struct {
 	// ParamLayout is the layout of Params (and of Grads without hooks).
 	ParamLayout []Param
+	// ParamOffsets is each parameter's element offset in Params, -1
+	// where Params does not hold it (a block matrix under Options.Base).
+	ParamOffsets []int
 	// GradOffsets is each parameter's element offset in Grads, -1 where
 	// it has no dense gradient (a matrix under MatrixGrads).
 	GradOffsets []int
@@ -41,9 +44,14 @@ func (s *Storage) Buffers() Buffers {
 // ParamView returns parameter i of t (Params, or a tensor of the same
 // layout such as an optimizer moment; Grads only without hooks, else use
 // GradView).
+// A block matrix that Params does not hold (Options.Base) has no view:
+// the zero Tensor.
 func (s *Storage) ParamView(t backend.Tensor, i int) backend.Tensor {
 	p := s.ParamLayout[i]
-	return t.Slice(p.Offset, p.Len(), p.Shape...)
+	if s.ParamOffsets[i] < 0 {
+		return backend.Tensor{}
+	}
+	return t.Slice(s.ParamOffsets[i], p.Len(), p.Shape...)
 }
 
 // GradView returns the gradient view of parameter i (the parameter's
