@@ -11,9 +11,9 @@ package train
 
 import (
 	"errors"
-	"strings"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/device"

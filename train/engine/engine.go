@@ -54,10 +54,10 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/lora"
-	"github.com/lsp-offload/lsp-offload/train/quant"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 )
 
 // Mode is the update mode (--mode).
