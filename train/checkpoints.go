@@ -10,11 +10,13 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 )
 
 // saveCheckpoint writes the run's state to --out, atomically. Every rank
@@ -86,14 +88,12 @@ func (r *run) resume() error {
 		if err != nil {
 			return err
 		}
-		store = func(off int, v []float32) error {
-			if err := base.Verify(r.s, off, v); err != nil {
-				return flagErr("model", "resume: %s: %v", path, err)
-			}
-			return nil
-		}
+		store = func(off int, v []float32) error { return base.Verify(r.s, off, v) }
 	}
 	if err := ck.RestoreWith(r.mc.NumParams(), store, r.eng); err != nil {
+		if ce := (*quant.ChangedError)(nil); errors.As(err, &ce) {
+			return flagErr("model", "%s: the base weights changed since the run in %s started (--base-dtype quantizes them again on resume): %s", r.cfg.Model, r.cfg.Out, ce.Detail)
+		}
 		return err
 	}
 	if err := r.loader.Seek(ck.Position); err != nil {

@@ -21,12 +21,18 @@ import (
 // modeConfigs are the offload modes as a user sets them, on the quick job.
 func modeConfigs(t *testing.T, model string) map[string]Config {
 	out := map[string]Config{}
-	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen", "lora-device", "lora-frozen"} {
+	// mode-dense[-base]: lora-frozen-nf4 is QLoRA's set-up, a quantized
+	// base with nothing else trained.
+	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen", "lora-device", "lora-frozen-nf4"} {
 		c := quickConfig(t, model)
 		c.Out = filepath.Join(t.TempDir(), name)
-		c.Mode = engine.Mode(strings.SplitN(name, "-", 2)[0])
+		parts := strings.Split(name, "-")
+		c.Mode = engine.Mode(parts[0])
 		if c.Mode.FrozenMatrices() {
-			c.DenseParams = engine.DenseParams(strings.SplitN(name, "-", 2)[1])
+			c.DenseParams = engine.DenseParams(parts[1])
+		}
+		if len(parts) > 2 {
+			c.BaseDType = parts[2]
 		}
 		if c.Mode == engine.LSP {
 			c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10

@@ -200,6 +200,8 @@ func TestCommandErrors(t *testing.T) {
 		{"lora target the model lacks", []string{"--mode", "lora", "--lora-targets", "q_proj"}, []string{"--lora-targets", "no module q_proj", "c_attn, c_proj, c_fc"}, nil},
 		{"lora rank 0", []string{"--mode", "lora", "--lora-r", "0"}, []string{"--lora-r", "at least 1"}, nil},
 		{"lora dropout", []string{"--mode", "lora", "--lora-dropout", "0.1"}, []string{"--lora-dropout", "only 0"}, nil},
+		{"base dtype outside lora", []string{"--mode", "lsp", "--base-dtype", "nf4"}, []string{"--base-dtype", "--mode lora", "stay in --dtype"}, nil},
+		{"unknown base dtype", []string{"--mode", "lora", "--base-dtype", "fp4"}, []string{"--base-dtype", `"fp4"`, "nf4 or int8"}, nil},
 		{"adapter outside lora", []string{"--adapter", t.TempDir()}, []string{"--adapter", "--mode lora"}, nil},
 		{"adapter dir without a config", []string{"--mode", "lora", "--adapter", t.TempDir()}, []string{"--adapter", "adapter_config.json"}, nil},
 		{"bad grad dtype in the config file", []string{"--config", writeJSON(t, `{"grad_dtype": "fp8"}`)}, []string{"--config", "grad_dtype", "fp8"}, nil},

@@ -290,6 +290,15 @@ func (b *Base) Fetch(s backend.Stream, off int, dst []float32) error {
 	return nil
 }
 
+// ChangedError is Verify's error: the base quantized now is not the one
+// the checkpoint was trained on; Detail names the first element that
+// differs.
+type ChangedError struct{ Detail string }
+
+func (e *ChangedError) Error() string {
+	return "the quantized base differs from the checkpoint's: " + e.Detail
+}
+
 // Verify is Store for a resume: the other parameters are written, and
 // each block matrix's values are compared with what the device holds
 // (Fetch), bit for bit, since the base is quantized again from --model
@@ -317,8 +326,8 @@ func (b *Base) Verify(s backend.Stream, off int, vals []float32) error {
 		for j := range v {
 			if math.Float32bits(v[j]) != math.Float32bits(have[j]) {
 				e := x.lo + j
-				return fmt.Errorf("%s element %d (row %d, column %d) is %v in the checkpoint and %v quantized from the model now: the base weights changed since the run started",
-					p.Name, e, e/p.Shape[1], e%p.Shape[1], v[j], have[j])
+				return &ChangedError{fmt.Sprintf("%s element %d (row %d, column %d) is %v in the checkpoint, %v quantized from the model now",
+					p.Name, e, e/p.Shape[1], e%p.Shape[1], v[j], have[j])}
 			}
 		}
 	}
