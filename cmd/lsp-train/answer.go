@@ -151,6 +151,9 @@ func (c candidate) command(mode engine.Mode) string {
 		if o.loraTargets != "" {
 			args = append(args, "--lora-targets", o.loraTargets)
 		}
+		if o.baseDType != "" {
+			args = append(args, "--base-dtype", o.baseDType)
+		}
 	}
 	return strings.Join(args, " ")
 }

@@ -44,6 +44,7 @@ type planOptions struct {
 	loraR                 int
 	loraAlpha             float64
 	loraTargets           string
+	baseDType             string
 	gpu, link, host       string
 	ranks                 int
 	net                   string
@@ -83,6 +84,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.loraR, "lora-r", o.loraR, "lora: the adapters' rank r, as lsp-train's flag")
 	fs.Float64Var(&o.loraAlpha, "lora-alpha", o.loraAlpha, "lora: alpha, as lsp-train's flag (it scales the adapters' term and costs nothing)")
 	fs.StringVar(&o.loraTargets, "lora-targets", o.loraTargets, "lora: comma-separated Hugging Face `MODULES` to adapt, as lsp-train's flag (default: every attention and MLP linear)")
+	fs.StringVar(&o.baseDType, "base-dtype", o.baseDType, "lora: `nf4` or int8 stores the frozen block matrices quantized (QLoRA), as lsp-train's flag (default: in --dtype)")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
 		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
 	fs.StringVar(&o.calibration, "calibration", o.calibration, "--gpu cpu: read the CPU backend's description from `FILE` (go run ./bench/calibrate -o FILE) instead of measuring it now")
@@ -276,6 +278,9 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
 	c.LoRAR, c.LoRAAlpha, c.LoRATargets = o.loraR, o.loraAlpha, o.loraTargets
+	if mode == engine.LoRA {
+		c.BaseDType = o.baseDType // the lora row of --mode all too
+	}
 	c.Schedule, c.Device, c.Recompute = train.Schedule(o.schedule), device.CUDA, j.recompute
 	c.Collectives = train.Collectives(o.collectives)
 	if c.GradResidency = j.residency; mode == engine.Native {

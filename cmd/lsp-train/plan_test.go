@@ -246,3 +246,39 @@ func TestPlanBudgetIsTheBackends(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanQLoRA7B: QLoRA's case, llama-7b's lora at 1 x 1024 on an NF4
+// base (--base-dtype nf4), fits a 12 GB card (rtx3060) as the preset
+// trains it (the dense parameters on the device), and an 8 GB one
+// (rtx4060) with them frozen, as from a checkpoint directory; the bf16
+// base does not fit the 12 GB card (its weights alone are 12.55 GiB).
+func TestPlanQLoRA7B(t *testing.T) {
+	for _, tc := range []struct {
+		gpu, dense, base string
+		fits             bool
+	}{
+		{"rtx3060", "", "nf4", true},
+		{"rtx4060", "frozen", "nf4", true},
+		{"rtx3060", "", "", false},
+	} {
+		args := []string{"plan", "--model", "llama-7b", "--mode", "lora", "--batch", "1", "--seq-len", "1024", "--gpu", tc.gpu}
+		if tc.dense != "" {
+			args = append(args, "--dense-params", tc.dense)
+		}
+		if tc.base != "" {
+			args = append(args, "--base-dtype", tc.base)
+		}
+		code, stdout, stderr := runCmd(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, stdout, stderr)
+		}
+		table := stdout[strings.Index(stdout, "  mode  recompute"):]
+		row := strings.Fields(strings.Split(table, "\n")[1])
+		if fits := row[len(row)-6] == "yes"; fits != tc.fits {
+			t.Errorf("%v: fits %v, want %v:\n%s", args, fits, tc.fits, stdout)
+		}
+		if strings.Contains(stdout, "quantized base (nf4)") != (tc.base == "nf4") {
+			t.Errorf("%v: the plan's parts:\n%s", args, stdout)
+		}
+	}
+}
