@@ -8,7 +8,7 @@
 //     compare made it;
 //  2. fine-tune that checkpoint on another task (--task) in each row of
 //     --rows (native, zero, lsp with the default random projectors, lsp
-//     with fitted ones and lora by default; lsp with fresh random
+//     with fitted ones, lora, and lora on an NF4 base by default; lsp with fresh random
 //     projectors at every check on request), once per seed of --seeds,
 //     same steps and schedule, the link charged at --link-bandwidth, with
 //     an eval before the first step (L0) and every --eval-every steps, and
@@ -114,7 +114,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit,lora", LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
+		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit,lora,lora-nf4", LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
 		CheckAtStart: train.Defaults().CheckAtStart, CalibSamples: 512}
 }
@@ -261,12 +261,13 @@ type GridPoint struct {
 // Row is one row of the table: a mode's fine-tuning runs (one per seed)
 // and its two timing runs.
 type Row struct {
-	Name  string `json:"name"` // native, zero, lsp, lsp (fitted), lsp (resampled), lora
+	Name  string `json:"name"` // native, zero, lsp, lsp (fitted), lsp (resampled), lora, lora (nf4)
 	Mode  string `json:"mode"`
 	Fit   bool   `json:"fit,omitempty"`   // the projectors are checked (--fit)
 	Refit string `json:"refit,omitempty"` // lsp rows that check
 	D     int    `json:"d,omitempty"`     // lsp rows only
 	R     int    `json:"r,omitempty"`     // lsp rows' non-zeros per projector row, lora's rank
+	Base  string `json:"base,omitempty"`  // lora rows' --base-dtype ("": the model dtype)
 	Out   string `json:"out"`             // the first seed's fine-tuning run's output directory
 	// LR is the peak learning rate of the row's runs, the point of Grid
 	// with the lowest held-out loss.
@@ -332,16 +333,18 @@ type rowSpec struct {
 	mode      engine.Mode
 	fit       bool      // --fit: checks, and a fit at each unless refit is random
 	refit     lsp.Refit // "": the job's --refit
+	base      string    // lora: --base-dtype ("": the model dtype)
 }
 
 // allRows are the rows --rows may name, by their directory names.
 var allRows = []rowSpec{
-	{"native", "native", engine.Native, false, ""},
-	{"zero", "zero", engine.Zero, false, ""},
-	{"lsp", "lsp", engine.LSP, false, ""},
-	{"lsp (fitted)", "lsp-fit", engine.LSP, true, ""},
-	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom},
-	{"lora", "lora", engine.LoRA, false, ""},
+	{"native", "native", engine.Native, false, "", ""},
+	{"zero", "zero", engine.Zero, false, "", ""},
+	{"lsp", "lsp", engine.LSP, false, "", ""},
+	{"lsp (fitted)", "lsp-fit", engine.LSP, true, "", ""},
+	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom, ""},
+	{"lora", "lora", engine.LoRA, false, "", ""},
+	{"lora (nf4)", "lora-nf4", engine.LoRA, false, "", "nf4"},
 }
 
 // RowNames are the names --rows accepts.
@@ -569,7 +572,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 	if spec.mode == engine.LoRA {
 		// The dense parameters train on the device as the lsp rows', so
 		// that lora and lsp differ in the block matrices only.
-		cfg.DenseParams, cfg.LoRAR = engine.DenseDevice, c.LoRAR
+		cfg.DenseParams, cfg.LoRAR, cfg.BaseDType = engine.DenseDevice, c.LoRAR, spec.base
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	if seed != c.Seed {
@@ -600,7 +603,7 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 			row.Refit = string(rowConfig(c, spec, model, c.Seed, lrs[0]).Refit)
 		}
 	case engine.LoRA:
-		row.R = c.LoRAR
+		row.R, row.Base = c.LoRAR, spec.base
 	}
 	type first struct {
 		run SeedRun
@@ -932,7 +935,7 @@ func table(res *Result) string {
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's host memory held for the whole run (the optimizer side's, the staging buffer, the data and the Go heap's headroom; not the CPU backend's device memory nor one phase's transients).",
 		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 with --check-at-start) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
 			c.D, c.R, checkEvery, c.CalibSamples),
-		fmt.Sprintf("lora: PEFT's adapters of rank r = %d (alpha %g) on every attention and MLP linear, the block matrices frozen; its dense params train on the device as the lsp rows'.",
+		fmt.Sprintf("lora: PEFT's adapters of rank r = %d (alpha %g) on every attention and MLP linear, the block matrices frozen; its dense params train on the device as the lsp rows'. lora (nf4): the same on a base whose block matrices are stored in 4-bit NormalFloat (--base-dtype nf4, QLoRA's), the dense params unquantized.",
 			c.LoRAR, train.Defaults().LoRAAlpha),
 		"recovery = (L0 - L_row) / (L0 - L_native), per seed, then the mean over seeds. lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}

@@ -166,7 +166,7 @@ func TestCompare(t *testing.T) {
 	c := Defaults()
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
-	c.Seeds, c.Rows, c.LRs = 2, "native,zero,lsp,lsp-fit,lsp-resample,lora", "3e-3"
+	c.Seeds, c.Rows, c.LRs = 2, "native,zero,lsp,lsp-fit,lsp-resample,lora,lora-nf4", "3e-3"
 	// 40 steps end before the first check (step 50): check before step
 	// 1 too, so the rows that check do.
 	c.CheckAtStart = true
@@ -177,10 +177,10 @@ func TestCompare(t *testing.T) {
 	}
 	t.Logf("compare took %.1f s\n%s", time.Since(t0).Seconds(), res.Table)
 
-	if len(res.Rows) != 6 {
-		t.Fatalf("%d rows, want 6", len(res.Rows))
+	if len(res.Rows) != 7 {
+		t.Fatalf("%d rows, want 7", len(res.Rows))
 	}
-	native, zero, lspRow, fitted, resampled, loraRow := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4], res.Rows[5]
+	native, zero, lspRow, fitted, resampled, loraRow, nf4Row := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4], res.Rows[5], res.Rows[6]
 	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || loraRow.Mode != "lora" || lspRow.Fit || !fitted.Fit || !resampled.Fit ||
 		resampled.Refit != "random" || fitted.Refit != string(train.Defaults().Refit) || lspRow.Refit != "" {
 		t.Fatalf("rows out of order: %+v", res.Rows)
@@ -211,6 +211,12 @@ func TestCompare(t *testing.T) {
 		!(loraRow.DevicePredicted < native.DevicePredicted) || loraRow.LinkPredicted != native.LinkPredicted {
 		t.Errorf("lora: recovery %v, r %d, device %d bytes (native %d), link %d bytes (native %d)", loraRow.Recovery, loraRow.R,
 			loraRow.DevicePredicted, native.DevicePredicted, loraRow.LinkPredicted, native.LinkPredicted)
+	}
+	// lora (nf4): the same run on a quantized base, in less memory, and
+	// the loss still falls.
+	if nf4Row.Mode != "lora" || nf4Row.Base != "nf4" || loraRow.Base != "" || nf4Row.Recovery == nil || !(*nf4Row.Recovery > 0) ||
+		!(nf4Row.DevicePredicted < loraRow.DevicePredicted) {
+		t.Errorf("lora (nf4): base %q, recovery %v, device %d bytes (lora %d)", nf4Row.Base, nf4Row.Recovery, nf4Row.DevicePredicted, loraRow.DevicePredicted)
 	}
 	for _, r := range res.Rows {
 		if len(r.Seeds) != 2 || r.Seeds[0].Seed != 1 || r.Seeds[1].Seed != 2 || r.Seeds[0].Out == r.Seeds[1].Out {
