@@ -258,3 +258,69 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestTies: a scaled value on a boundary gets the lower code, the next
+// float32 up the upper one (torch.bucketize, right=False).
+func TestTies(t *testing.T) {
+	for name, b := range map[string][]float32{"NF4": nf4Bounds, "Dynamic": dynamicBounds} {
+		for i, x := range b {
+			if c := code(b, x); int(c) != i {
+				t.Errorf("%s boundary %d (%v): code %d, want %d", name, i, x, c, i)
+			}
+			if c := code(b, math.Nextafter32(x, 2)); int(c) != i+1 {
+				t.Errorf("%s just above boundary %d: code %d, want %d", name, i, c, i+1)
+			}
+		}
+	}
+}
+
+// TestReciprocal: values are scaled by x * (1/absmax), each rounded to
+// float32, as bitsandbytes' kernels do, not by x / absmax; the two differ
+// in the last bit now and then, and so does the code when that bit
+// straddles a boundary. The test finds such values and checks Quantize's
+// codes.
+func TestReciprocal(t *testing.T) {
+	for _, f := range formats {
+		b := nf4Bounds
+		if f == backend.Int8 {
+			b = dynamicBounds
+		}
+		found := 0
+		for _, a := range []float32{0.3, 0.07, 1.7, 0.011} {
+			inv := 1 / a
+			for _, bd := range b {
+				x0 := bd * a
+				for k := -64; k <= 64; k++ {
+					x := x0
+					for range max(k, -k) {
+						if k > 0 {
+							x = math.Nextafter32(x, 10)
+						} else {
+							x = math.Nextafter32(x, -10)
+						}
+					}
+					want := code(b, float32(x*inv))
+					if want == code(b, x/a) || math.Abs(float64(x)) > float64(a) {
+						continue
+					}
+					found++
+					q, err := Quantize(f, 1, 2, []float32{a, x})
+					if err != nil {
+						t.Fatal(err)
+					}
+					got := q.Codes[len(q.Codes)-1]
+					if f == backend.NF4 {
+						got &= 15
+					}
+					if got != want {
+						t.Errorf("%v: absmax %v, x %v: code %d, want %d (x/absmax gives %d)", f, a, x, got, want, code(b, x/a))
+					}
+				}
+			}
+		}
+		if found == 0 {
+			t.Errorf("%v: no value found where x * (1/a) and x / a code differently", f)
+		}
+		t.Logf("%v: %d values where x * (1/a) and x / a code differently", f, found)
+	}
+}
