@@ -28,6 +28,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 	"github.com/lsp-offload/lsp-offload/train/optim"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
@@ -164,6 +165,15 @@ func (r *run) openEngine() error {
 		return err
 	}
 	r.model = eval.Model{Model: r.eng.Model, Spec: r.mc, B: cfg.Batch, T: cfg.SeqLen}
+	if b := r.eng.Base(); b != nil {
+		idx, err := model.NewIndex(r.mc)
+		if err != nil {
+			return err
+		}
+		r.log.Info("quantized base", "base_dtype", b.Format, "matrices", len(idx.MatParam)*len(idx.Mats),
+			"MiB", fmt.Sprintf("%.1f", float64(quant.Bytes(idx, b.Format, cfg.DType))/(1<<20)),
+			"in_dtype_MiB", fmt.Sprintf("%.1f", float64(int64(idx.MatrixElems())*int64(cfg.DType.Size()))/(1<<20)))
+	}
 	return nil
 }
 

@@ -36,6 +36,7 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.StringVar(&c.Rows, "rows", c.Rows, "comma-separated `ROWS` of the table: "+strings.Join(compare.RowNames(), ", ")+" (lsp-resample: fresh random projectors at every check)")
 	fs.StringVar(&c.LRs, "lrs", c.LRs, "comma-separated peak learning `RATES`: each row runs its first seed at each and keeps the one with the lowest held-out loss (one rate: every row's)")
 	fs.IntVar(&c.LoRAR, "lora-r", c.LoRAR, "lora row: the adapters' rank r")
+	fs.Var(&c.DType, "dtype", "storage `TYPE` of the fine-tuning rows' weights and activations: fp32 or bf16 (the pretraining is fp32)")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "rows per batch of every run")
 	fs.IntVar(&c.SeqLen, "seq-len", c.SeqLen, "tokens per row of every run")
 	fs.BoolVar(&c.Truncate, "truncate", c.Truncate, "cut records longer than --seq-len instead of dropping them")

@@ -97,6 +97,10 @@ type Config struct {
 	LRs           string // --lrs: comma-separated peak learning rates, the grid each row's is chosen from
 	LoRAR         int    // --lora-r: the lora row's rank
 	Batch, SeqLen int    // --batch, --seq-len of every run
+	// DType (--dtype) stores the fine-tuning rows' weights and
+	// activations (fp32, the zero value, or bf16); the pretraining is
+	// fp32 either way.
+	DType backend.DType
 	Truncate      bool   // --truncate: cut records longer than --seq-len instead of dropping them
 	// The lsp rows' projector settings (the flags of lsp-train of the same
 	// names); the zero values are the training defaults.
@@ -545,7 +549,7 @@ func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, er
 // caller's changes) of the pretrained model.
 func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) train.Config {
 	cfg := base(c)
-	cfg.Seed = seed
+	cfg.Seed, cfg.DType = seed, c.DType
 	cfg.Model, cfg.Data, cfg.Steps = model, c.Task, c.Steps
 	// The cosine decays to a tenth of the peak, as lsp-train's defaults
 	// (3e-3 to 3e-4) do.
