@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # sim-smoke.sh: the train command end to end on the simulated GPU. For each
-# update mode (native, zero, lsp, lora) it trains a few steps of the default job
+# update mode (native, zero, lsp, lora, and lora on an NF4 base: lora-nf4)
+# it trains a few steps of the default job
 # (tiny on builtin:sort, at a small size) twice with the same flags and the
 # same binary: --device cuda (the CUDA backend on the simulated runtime:
 # the kernels of kernels/*.cu under g++) and --device cpu --dtype bf16 (the
@@ -65,8 +66,11 @@ run() {
 }
 
 fail=0
-for mode in native zero lsp lora; do
+for row in native zero lsp lora lora-nf4; do
+	mode=${row%%-*}
 	extra=(--mode "$mode")
+	# lora-nf4: QLoRA's quantized base, read by the GemmQ kernel.
+	[ "$row" = lora-nf4 ] && extra+=(--base-dtype nf4)
 	# lsp checks its projectors before step 1 (--check-at-start; the
 	# default's first check would come after this run's last step) and
 	# keeps the fit its own data prefers (--accept fit), so that no
@@ -79,18 +83,18 @@ for mode in native zero lsp lora; do
 	# TestCheckOnDevice.
 	[ "$mode" = lsp ] && extra+=(--fit --calib-samples 4 --check-at-start --accept fit --d 128)
 	t0=$SECONDS
-	run "$mode-cuda" --device cuda "${extra[@]}" || { fail=1; continue; }
+	run "$row-cuda" --device cuda "${extra[@]}" || { fail=1; continue; }
 	t1=$SECONDS
-	run "$mode-cpu" --device cpu --dtype bf16 "${extra[@]}" || { fail=1; continue; }
+	run "$row-cpu" --device cpu --dtype bf16 "${extra[@]}" || { fail=1; continue; }
 	# The run must have trained on the CUDA backend, not fallen back.
-	if ! grep -q 'device=cuda:0' "$work/$mode-cuda.log"; then
-		echo "sim-smoke: FAIL: $mode: the --device cuda run did not report device=cuda:0" >&2
+	if ! grep -q 'device=cuda:0' "$work/$row-cuda.log"; then
+		echo "sim-smoke: FAIL: $row: the --device cuda run did not report device=cuda:0" >&2
 		fail=1
 		continue
 	fi
-	echo "== $mode (simulated GPU ${steps} steps in $((t1 - t0)) s; cpu bf16 in $((SECONDS - t1)) s)"
-	if ! paste <(losses "$work/$mode-cuda/metrics.jsonl") <(losses "$work/$mode-cpu/metrics.jsonl") |
-		awk -v tol="$tol" -v want="$steps" -v mode="$mode" '
+	echo "== $row (simulated GPU ${steps} steps in $((t1 - t0)) s; cpu bf16 in $((SECONDS - t1)) s)"
+	if ! paste <(losses "$work/$row-cuda/metrics.jsonl") <(losses "$work/$row-cpu/metrics.jsonl") |
+		awk -v tol="$tol" -v want="$steps" -v mode="$row" '
 		function abs(x) { return x < 0 ? -x : x }
 		{
 			n++
@@ -114,4 +118,4 @@ if [ "$fail" != 0 ]; then
 	echo "sim-smoke: FAIL: the CUDA backend on the simulated runtime does not match the CPU backend (tolerance $tol relative)" >&2
 	exit 1
 fi
-echo "sim-smoke: ok: native, zero, lsp and lora on the simulated GPU match the CPU backend at bf16 within $tol relative"
+echo "sim-smoke: ok: native, zero, lsp, lora and lora-nf4 on the simulated GPU match the CPU backend at bf16 within $tol relative"

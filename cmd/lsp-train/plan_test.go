@@ -251,7 +251,7 @@ func TestPlanBudgetIsTheBackends(t *testing.T) {
 // base (--base-dtype nf4), fits a 12 GB card (rtx3060) as the preset
 // trains it (the dense parameters on the device), and an 8 GB one
 // (rtx4060) with them frozen, as from a checkpoint directory; the bf16
-// base does not fit the 12 GB card (its weights alone are 12.55 GiB).
+// base does not fit the 12 GB card (its block matrices alone are 12.06 GiB).
 func TestPlanQLoRA7B(t *testing.T) {
 	for _, tc := range []struct {
 		gpu, dense, base string
