@@ -15,7 +15,8 @@
 //   - elementwise ops, bias ops, embedding, SparseCompress*, SparseS,
 //     SparseApply: bit for bit in the simulated build. On a GPU nvcc may
 //     contract the sparse sums into FMAs: there they get rtol 1e-6.
-//   - Gemm: atol 2^-21 K, rtol 1e-5 (fp32 C) or 2^-8 (bf16 C).
+//   - Gemm, GemmQ: atol 2^-21 K, rtol 1e-5 (fp32 C) or 2^-8 (bf16 C).
+//   - Dequantize: bit for bit, on a GPU too (non-contracted fp32).
 //   - AttentionForward/Backward (bf16, every layout and grouping): rtol
 //     2^-7, atol 2^-8 max|want| + 2^-14; lse atol 2^-16, rtol 2^-17.
 //   - LayerNorm: atol 2e-5 (dweight, dbias: 1e-5 + 4e-7 N), rtol 1e-5;
@@ -43,6 +44,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 )
 
 // tspec is one tensor of a case: its values come from ints (I32), vals,
@@ -83,6 +85,36 @@ func offsetViews(in []tspec) []tspec {
 		out[i].off = 2*i + 1
 	}
 	return out
+}
+
+// quantSpecs are the tensors of a rows x cols matrix quantized (format f)
+// by train/quant from random values: codes, absmax (their bytes in I32
+// words), scale and book, for quantOf.
+func quantSpecs(f backend.QFormat, rows, cols int, seed uint64) []tspec {
+	r := newRand(seed)
+	v := make([]float32, rows*cols)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * (0.1 + float64(i/backend.QBlock%5)))
+	}
+	q, err := quant.Quantize(f, rows, cols, v)
+	if err != nil {
+		panic(err)
+	}
+	words := func(b []byte) []int32 {
+		w := make([]int32, backend.Words(len(b)))
+		for i, x := range b {
+			w[i/4] |= int32(uint32(x) << (8 * (i % 4)))
+		}
+		return w
+	}
+	cw, aw := words(q.Codes), words(q.Absmax)
+	return []tspec{{name: "codes", n: len(cw), dt: i32t, ints: cw}, {name: "absmax", n: len(aw), dt: i32t, ints: aw},
+		{name: "scale", n: len(q.Scale), dt: f32, vals: q.Scale}, {name: "book", n: backend.QBookLen, dt: f32, vals: quant.Book()}}
+}
+
+// quantOf is the quantized matrix of quantSpecs' tensors.
+func quantOf(f backend.QFormat, rows, cols int, x map[string]backend.Tensor) backend.Quant {
+	return backend.Quant{Format: f, Rows: rows, Cols: cols, Codes: x["codes"], Absmax: x["absmax"], Scale: x["scale"], Book: x["book"]}
 }
 
 // check is one output compared after the op.
@@ -310,6 +342,53 @@ func conformanceCases() []opCase {
 				add(opCase{"Gemm", sh, in, run, out})
 				if !tr[1] {
 					add(opCase{"Gemm", sh + " views at odd offsets", offsetViews(in), run, out})
+				}
+			}
+		}
+	}
+	// GemmQ and Dequantize: a matrix quantized by train/quant from random
+	// values, stored [K][N] or [N][K]; ragged sizes (partial chunks,
+	// blocks and groups; 130 x 129: more than one scale group).
+	for _, sz := range [][3]int{{17, 33, 70}, {1, 9, 3}, {5, 130, 129}} {
+		M, N, K := sz[0], sz[1], sz[2]
+		for fi, format := range []backend.QFormat{backend.NF4, backend.Int8} {
+			for _, transW := range []bool{false, true} {
+				rows, cols := K, N
+				if transW {
+					rows, cols = N, K
+				}
+				qin := quantSpecs(format, rows, cols, uint64(M*1000+N*10+fi))
+				for _, cdt := range []backend.DType{f32, bf} {
+					beta := float32(0)
+					rtol := 1e-5
+					if cdt == bf {
+						beta, rtol = 0.5, 1.0/256
+					}
+					sh := fmt.Sprintf("%v M=%d N=%d K=%d transW=%v beta=%v C %v", format, M, N, K, transW, beta, cdt)
+					in := append([]tspec{{name: "A", n: M * K, dt: bf}, {name: "C", n: M * N, dt: cdt}}, qin...)
+					run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.GemmQ(s, transW, M, N, K, 0.75, x["A"], quantOf(format, rows, cols, x), beta, x["C"])
+					}
+					out := []check{{"C", math.Ldexp(float64(K), -21), rtol}}
+					add(opCase{"GemmQ", sh, in, run, out})
+					if !transW && cdt == f32 {
+						add(opCase{"GemmQ", sh + " views at odd offsets", offsetViews(in), run, out})
+					}
+				}
+			}
+			n := M * N
+			for _, dt := range []backend.DType{f32, bf} {
+				for _, r := range [][2]int{{0, n}, {n / 3, n - n/3 - 1}} {
+					off, cnt := r[0], r[1]
+					sh := fmt.Sprintf("%v %dx%d [%d,%d) %v", format, M, N, off, off+cnt, dt)
+					in := append([]tspec{{name: "out", n: cnt, dt: dt}}, quantSpecs(format, M, N, uint64(n+fi))...)
+					run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.Dequantize(s, quantOf(format, M, N, x), off, x["out"])
+					}
+					add(opCase{"Dequantize", sh, in, run, []check{{"out", 0, 0}}})
+					if off > 0 {
+						add(opCase{"Dequantize", sh + " views at odd offsets", offsetViews(in), run, []check{{"out", 0, 0}}})
+					}
 				}
 			}
 		}
@@ -620,9 +699,12 @@ func (c opCase) runOn(t *testing.T, be backend.Backend, vals map[string][]float3
 		v := vals[sp.name]
 		switch sp.dt {
 		case i32t:
-			ints := make([]int32, len(v))
-			for i, f := range v {
-				ints[i] = int32(f)
+			ints := sp.ints // exact: not every int32 survives the float32 of vals (a quantized matrix's code words)
+			if ints == nil {
+				ints = make([]int32, len(v))
+				for i, f := range v {
+					ints[i] = int32(f)
+				}
 			}
 			ok(t, backend.UploadInt32(be, s, tn, ints))
 		case f64t: // scratch: overwritten by the op, left as allocated

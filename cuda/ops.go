@@ -854,13 +854,87 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 	})
 }
 
-// GemmQ implements backend.Ops. Not yet: the kernel (kernels/quant.cu)
-// comes with its simulator test.
-func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
-	return fmt.Errorf("cuda: GemmQ: no kernel yet")
+// quantArgs checks a quantized matrix: its tensors' dtypes and lengths for
+// its shape (W.Check) and that each is a live view of this backend.
+func (b *Backend) quantArgs(op string, W backend.Quant) error {
+	if err := W.Check(); err != nil {
+		return fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	for _, t := range []struct {
+		name string
+		t    backend.Tensor
+	}{{"W codes", W.Codes}, {"W absmax", W.Absmax}, {"W scale", W.Scale}, {"W book", W.Book}} {
+		if err := b.checkTensor(op+" "+t.name, t.t); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// Dequantize implements backend.Ops. Not yet, as GemmQ.
+// qPtrs are the launchers' pointers to a quantized matrix: the bytes of
+// the I32 views (4-byte aligned: their device address, Off words in),
+// the scales and the codebook.
+func (b *Backend) qPtrs(W backend.Quant) (codes, absmax, scale, book kernels.Ptr) {
+	return b.ptr(W.Codes), b.ptr(W.Absmax), b.ptr(W.Scale), b.ptr(W.Book)
+}
+
+// GemmQ implements backend.Ops (lsp_gemm_q): C = alpha A op(W) + beta C
+// with W dequantized to bf16 inside the GEMM's operand loads.
+func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
+	const op = "GemmQ"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := checkDims(op, "M N K", M, N, K); err != nil {
+		return err
+	}
+	if err := b.quantArgs(op, W); err != nil {
+		return err
+	}
+	rows, cols := K, N
+	if transW {
+		rows, cols = N, K
+	}
+	if W.Rows != rows || W.Cols != cols {
+		return fmt.Errorf("cuda: %s: W is %d x %d, want %d x %d (transW %v, N %d, K %d)", op, W.Rows, W.Cols, rows, cols, transW, N, K)
+	}
+	if err := b.needAll(op, f("A", A, M*K), f("C", C, M*N)); err != nil {
+		return err
+	}
+	if err := dtypes(op, A, C); err != nil {
+		return err
+	}
+	codes, absmax, scale, book := b.qPtrs(W)
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.GemmQ(transW, M, N, K, alpha, b.ptr(A), int(W.Format), codes, absmax, scale, book, beta, b.ptr(C), flag(C), st)
+	})
+}
+
+// Dequantize implements backend.Ops (lsp_dequantize): elements
+// off..off+out.Len() of W into out.
 func (b *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
-	return fmt.Errorf("cuda: Dequantize: no kernel yet")
+	const op = "Dequantize"
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := b.quantArgs(op, W); err != nil {
+		return err
+	}
+	if err := b.checkTensor(op+" out", out); err != nil {
+		return err
+	}
+	n := out.Len()
+	if off < 0 || off+n > W.Len() {
+		return fmt.Errorf("cuda: %s: elements [%d, %d) of a %d x %d matrix", op, off, off+n, W.Rows, W.Cols)
+	}
+	if err := b.needAll(op, f("out", out, n)); err != nil {
+		return err
+	}
+	if err := dtypes(op, out); err != nil {
+		return err
+	}
+	codes, absmax, scale, book := b.qPtrs(W)
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.Dequantize(int(W.Format), codes, absmax, scale, book, int64(W.Len()), int64(off), int64(n), b.ptr(out), flag(out), st)
+	})
 }

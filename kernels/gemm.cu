@@ -29,6 +29,30 @@
  *       const __nv_bfloat16* bias, int gelu, cudaStream_t stream);
  * C is float* (c_is_bf16 == 0) or __nv_bfloat16*; bias may be NULL.
  *
+ * The same GEMM with a quantized B (QLoRA's frozen base, backend.Quant):
+ *
+ *   C = alpha * A op(W) + beta * C        (no batch, bias or GELU)
+ *
+ *   cudaError_t lsp_gemm_q(int transW, int M, int N, int K, float alpha,
+ *       const __nv_bfloat16* A, int format, const unsigned char* codes,
+ *       const unsigned char* absmax, const float* scale, const float* book,
+ *       float beta, void* C, int c_is_bf16, cudaStream_t stream);
+ * A is [M][K] (untransposed only); W, of K*N elements, is stored [K][N]
+ * (transW == 0: the forward, out = inp W) or [N][K] (transW != 0: the input
+ * gradient, dinp = dout W^T); format 1 NF4, 2 Int8, the storage as
+ * quant.cuh reads it (scale groups from K*N). W is dequantized inside the
+ * operand loads: each 8-element chunk of a B tile that is 8-aligned in W
+ * and whole (hence in one 64-block) is fetched as its code words, absmax
+ * code and group scale with the other global loads of the next slice, and
+ * decoded after the tensor-core work on the current one, as it is written
+ * to shared memory (one absmax for the 8 values, the codebook staged in
+ * shared memory); other chunks (W's rows not a multiple of 8 long, tile
+ * edges, a codes pointer not 4-byte aligned) are decoded element by
+ * element at load. Each value is rounded to bf16 (nearest even) as the
+ * tensor cores' operand: the values of train/cpu's GemmQ bit for bit (fp32
+ * ops with __fmul_rn/__fadd_rn, never contracted), only the sum's order
+ * differs, as in lsp_gemm_bf16.
+ *
  * How: each 256-thread block computes a 128 x 128 tile of C; its 8 warps
  * (4 along M, 2 along N) each own 32 x 64 as 2 x 4 wmma 16x16x16
  * accumulators. K advances in slices of 32 through two shared-memory
@@ -47,11 +71,13 @@
  * of 0 launches nothing; K of 0 gives beta * C through the epilogue);
  * ceil(M/128) <= 65535 and batch <= 65535 (grid y and z); C must not
  * overlap A, B or bias. Dynamic shared memory: 40 KiB + 16 bytes per block
- * (under the 48 KiB default, so no opt-in is needed); 128 registers a
- * thread on sm_80, no spills. Deterministic: each output is summed by one
+ * (lsp_gemm_q: + 1088 bytes of codebook; both under the 48 KiB default, so
+ * no opt-in is needed); 126-128 registers a thread on sm_80 and sm_90
+ * (lsp_gemm_q's kernels too), no spills. Deterministic: each output is summed by one
  * warp in a fixed order, no atomics.
  */
 #include "kernels.h"
+#include "quant.cuh"
 
 #include <stdint.h>
 
@@ -87,6 +113,9 @@ static_assert(kWarpsM * kWarpsN * kStripFloats * sizeof(float) <= kStagesBytes, 
 // wmma wants 32-byte aligned pointers; dynamic shared memory is promised
 // 16, so the block rounds its base up and asks for the slack.
 constexpr size_t kSmemBytes = kStagesBytes + 16;
+// lsp_gemm_q also keeps the codebook (LSP_QBOOK_LEN floats) after the stages.
+constexpr size_t kSmemQBytes = kSmemBytes + LSP_QBOOK_LEN * sizeof(float);
+static_assert(kSmemQBytes <= 48 * 1024, "lsp_gemm_q must fit the default dynamic shared memory");
 static_assert((kStageElems * 2) % 32 == 0, "stages must keep 32-byte alignment");
 // Every tile orientation is 512 chunks of 8 bf16: 2 per thread.
 constexpr int kChunksPerThread = kBM * kBK / 8 / kThreads;
@@ -102,6 +131,15 @@ struct GemmParams {
   float alpha, beta;
   int cBF16, gelu;
   int vecA, vecB, vecC;  // wide loads / stores allowed (alignment checked by the launcher)
+  // lsp_gemm_q: B is a quantized matrix (quant.cuh) of K*N elements, stored
+  // [K][N] or, transposed, [N][K]; p.B is unused.
+  const unsigned char* codes;
+  const unsigned char* absmax;
+  const float* scale;  // groups scales, then the offset
+  const float* book;   // LSP_QBOOK_LEN floats
+  long long groups;
+  int format;  // LSP_QFORMAT_NF4 or LSP_QFORMAT_INT8
+  int vecQ;    // codes is 4-byte aligned: chunks are read as 32-bit words
 };
 
 // bf16 <-> fp32 through the raw bits, with the host+device conversions
@@ -191,6 +229,101 @@ __device__ __forceinline__ void load_b(uint4 (&reg)[kChunksPerThread], const Gem
   }
 }
 
+// load_tile_q is load_tile for lsp_gemm_q's quantized B: the elements
+// (r, c) .. (r, c+7) of a chunk are elements i = r*ld + c .. i+7 of the
+// quantized matrix. A chunk that is whole, inside the matrix and 8-aligned
+// in it (hence in one 64-block; quant.cuh) is only loaded here, as its code
+// words (.x, .y), its absmax code (.z) and its group's scale (.w), with its
+// bit set in fast: store_tile_q decodes it after the tensor-core work, so
+// the global loads overlap the math as the bf16 tiles' do. Any other chunk
+// is decoded element by element now (codebook read from global memory:
+// the shared copy may not be complete yet) to bf16 bits, zero outside.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void load_tile_q(uint4 (&reg)[kChunksPerThread], unsigned& fast, const GemmParams& p,
+                                            long long ld, int r0, int c0, int rmax, int cmax) {
+  static_assert(ROWS * COLS == kChunksPerThread * kThreads * 8, "tile size");
+  constexpr int kChunksPerRow = COLS / 8;
+  fast = 0;
+#pragma unroll
+  for (int ci = 0; ci < kChunksPerThread; ci++) {
+    const int id = ci * kThreads + threadIdx.x;
+    const int r = r0 + id / kChunksPerRow;
+    const int c = c0 + (id % kChunksPerRow) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rmax) {
+      const long long i = (long long)r * ld + c;
+      if (p.vecQ && c + 8 <= cmax && (i & 7) == 0) {
+        uint32_t w0, w1;
+        lsp_q_words(p.format, p.codes, i, w0, w1);
+        const long long b = i / LSP_QBLOCK;
+        v = make_uint4(w0, w1, __ldg(p.absmax + b), __float_as_uint(__ldg(p.scale + b / LSP_QGROUP)));
+        fast |= 1u << ci;
+      } else {
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          if (c + j < cmax) {
+            const float x = lsp_q_value(p.format, p.book, p.codes, p.absmax, p.scale, p.groups, i + j);
+            w[j / 2] |= (uint32_t)lsp_f32_to_bf16_rne(x) << (16 * (j % 2));
+          }
+        }
+        v = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    reg[ci] = v;
+  }
+}
+
+// store_tile_q writes the registers of load_tile_q<ROWS, COLS> to a shared
+// tile [ROWS][COLS + kPad] as bf16 bits, decoding the fast chunks with the
+// shared codebook (book) and the matrix's absmax offset.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void store_tile_q(uint16_t* s, const uint4 (&reg)[kChunksPerThread], unsigned fast,
+                                             int format, const float* book, float offset) {
+  constexpr int kChunksPerRow = COLS / 8;
+#pragma unroll
+  for (int ci = 0; ci < kChunksPerThread; ci++) {
+    const int id = ci * kThreads + threadIdx.x;
+    const int r = id / kChunksPerRow;
+    const int c = (id % kChunksPerRow) * 8;
+    uint4 v = reg[ci];
+    if (fast & (1u << ci)) {
+      const float a = lsp_q_absmax_of(book[v.z], __uint_as_float(v.w), offset);
+      float x[8];
+      lsp_q_decode8(format, book, v.x, v.y, a, x);
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        w[j] = (uint32_t)lsp_f32_to_bf16_rne(x[2 * j]) | (uint32_t)lsp_f32_to_bf16_rne(x[2 * j + 1]) << 16;
+      }
+      v = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    *reinterpret_cast<uint4*>(s + r * (COLS + kPad) + c) = v;
+  }
+}
+
+// The quantized B operand: op(B) is K x N; stored [K][N] the tile is
+// [BK][BN] (k rows), stored [N][K] (TB) it is [BN][BK] (n rows), as load_b.
+template <bool TB>
+__device__ __forceinline__ void load_bq(uint4 (&reg)[kChunksPerThread], unsigned& fast, const GemmParams& p, int n0,
+                                        int k0) {
+  if (TB) {
+    load_tile_q<kBN, kBK>(reg, fast, p, p.K, n0, k0, p.N, p.K);
+  } else {
+    load_tile_q<kBK, kBN>(reg, fast, p, p.N, k0, n0, p.K, p.N);
+  }
+}
+
+template <bool TB>
+__device__ __forceinline__ void store_bq(uint16_t* s, const uint4 (&reg)[kChunksPerThread], unsigned fast,
+                                         const GemmParams& p, const float* book, float offset) {
+  if (TB) {
+    store_tile_q<kBN, kBK>(s, reg, fast, p.format, book, offset);
+  } else {
+    store_tile_q<kBK, kBN>(s, reg, fast, p.format, book, offset);
+  }
+}
+
 template <bool TA>
 __device__ __forceinline__ void store_a(uint16_t* s, const uint4 (&reg)[kChunksPerThread]) {
   if (TA) {
@@ -246,7 +379,10 @@ __device__ __forceinline__ void store4(const GemmParams& p, void* C, long long i
   }
 }
 
-template <bool TA, bool TB>
+// gemm_body computes one block's tile. Q: B is lsp_gemm_q's quantized
+// matrix, decoded to bf16 as its tiles are loaded (load_bq, store_bq) with
+// the codebook staged in shared memory after the stages (kSmemQBytes).
+template <bool TA, bool TB, bool Q = false>
 __device__ __forceinline__ void gemm_body(const GemmParams& p, unsigned char* dyn) {
   float* smem = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dyn) + 31) & ~uintptr_t(31));
   using LayoutA = typename std::conditional<TA, wmma::col_major, wmma::row_major>::type;
@@ -272,11 +408,24 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, unsigned char* dy
 
   const int nk = (p.K + kBK - 1) / kBK;
   uint4 ra[kChunksPerThread], rb[kChunksPerThread];
+  unsigned fastB = 0;  // Q: the chunks of rb that store_bq decodes
+  float* book = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + kStagesBytes);
+  float offset = 0.0f;  // Q: the absmax offset, scale[groups]
+  if (Q && nk > 0) {
+    for (int i = threadIdx.x; i < LSP_QBOOK_LEN; i += kThreads) book[i] = __ldg(p.book + i);
+    offset = __ldg(p.scale + p.groups);
+  }
   if (nk > 0) {
     load_a<TA>(ra, p, A, m0, 0);
-    load_b<TB>(rb, p, B, n0, 0);
+    if constexpr (Q) {
+      load_bq<TB>(rb, fastB, p, n0, 0);
+      __syncthreads();  // the codebook is staged
+      store_bq<TB>(stages + kStageElems, rb, fastB, p, book, offset);
+    } else {
+      load_b<TB>(rb, p, B, n0, 0);
+      store_b<TB>(stages + kStageElems, rb);
+    }
     store_a<TA>(stages, ra);
-    store_b<TB>(stages + kStageElems, rb);
   }
   __syncthreads();  // stage 0 is complete
 
@@ -285,7 +434,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, unsigned char* dy
     const bool more = kt + 1 < nk;
     if (more) {  // issue the global loads of slice kt+1 before the math on slice kt
       load_a<TA>(ra, p, A, m0, (kt + 1) * kBK);
-      load_b<TB>(rb, p, B, n0, (kt + 1) * kBK);
+      if constexpr (Q) {
+        load_bq<TB>(rb, fastB, p, n0, (kt + 1) * kBK);
+      } else {
+        load_b<TB>(rb, p, B, n0, (kt + 1) * kBK);
+      }
     }
     const uint16_t* sA = stages + (2 * cur) * kStageElems;
     const uint16_t* sB = stages + (2 * cur + 1) * kStageElems;
@@ -313,7 +466,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, unsigned char* dy
     }
     if (more) {  // the other stage was last read in iteration kt-1, before its barrier
       store_a<TA>(stages + (2 * (cur ^ 1)) * kStageElems, ra);
-      store_b<TB>(stages + (2 * (cur ^ 1) + 1) * kStageElems, rb);
+      if constexpr (Q) {
+        store_bq<TB>(stages + (2 * (cur ^ 1) + 1) * kStageElems, rb, fastB, p, book, offset);
+      } else {
+        store_b<TB>(stages + (2 * (cur ^ 1) + 1) * kStageElems, rb);
+      }
     }
     // Slice kt+1 is complete and every warp is done with slice kt (whose
     // stage is overwritten next iteration, or by the epilogue strips).
@@ -366,6 +523,14 @@ __global__ void __launch_bounds__(kThreads) gemm_bf16_tn_kernel(GemmParams p) {
 __global__ void __launch_bounds__(kThreads) gemm_bf16_tt_kernel(GemmParams p) {
   LSP_DYN_SMEM(unsigned char, smem);
   gemm_body<true, true>(p, smem);
+}
+__global__ void __launch_bounds__(kThreads) gemm_q_nn_kernel(GemmParams p) {
+  LSP_DYN_SMEM(unsigned char, smem);
+  gemm_body<false, false, true>(p, smem);
+}
+__global__ void __launch_bounds__(kThreads) gemm_q_nt_kernel(GemmParams p) {
+  LSP_DYN_SMEM(unsigned char, smem);
+  gemm_body<false, true, true>(p, smem);
 }
 
 // wide reports whether 16-byte (bytes == 16) or 8-byte accesses at every
@@ -424,6 +589,48 @@ extern "C" cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K
     } else {
       LSP_LAUNCH(gemm_bf16_nn_kernel, grid, block, kSmemBytes, stream, p);
     }
+  }
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t lsp_gemm_q(int transW, int M, int N, int K, float alpha, const __nv_bfloat16* A, int format,
+                                  const unsigned char* codes, const unsigned char* absmax, const float* scale,
+                                  const float* book, float beta, void* C, int c_is_bf16, cudaStream_t stream) {
+  if (M < 0 || N < 0 || K < 0 || lsp_bad_dtype(c_is_bf16) ||
+      (format != LSP_QFORMAT_NF4 && format != LSP_QFORMAT_INT8))
+    return cudaErrorInvalidValue;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (C == nullptr ||
+      (K > 0 && (A == nullptr || codes == nullptr || absmax == nullptr || scale == nullptr || book == nullptr)))
+    return cudaErrorInvalidValue;
+  const long long gm = (M + kBM - 1) / kBM, gn = (N + kBN - 1) / kBN;
+  if (gm > 65535) return cudaErrorInvalidValue;
+
+  GemmParams p = {};
+  p.A = reinterpret_cast<const uint16_t*>(A);
+  p.C = C;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.cBF16 = c_is_bf16 != 0;
+  p.vecA = wide(A, 16, K, 0, 1, 2);
+  p.vecC = c_is_bf16 ? wide(C, 8, N, 0, 1, 2) : wide(C, 16, N, 0, 1, 4);
+  p.codes = codes;
+  p.absmax = absmax;
+  p.scale = scale;
+  p.book = book;
+  p.groups = lsp_q_groups((long long)K * N);
+  p.format = format;
+  p.vecQ = reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+
+  const dim3 grid((unsigned)gn, (unsigned)gm, 1);
+  const dim3 block(kThreads);
+  if (transW) {
+    LSP_LAUNCH(gemm_q_nt_kernel, grid, block, kSmemQBytes, stream, p);
+  } else {
+    LSP_LAUNCH(gemm_q_nn_kernel, grid, block, kSmemQBytes, stream, p);
   }
   return cudaGetLastError();
 }

@@ -37,6 +37,17 @@ cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alp
                           long long strideA, const __nv_bfloat16* B, long long strideB, float beta, void* C,
                           int c_is_bf16, long long strideC, int batch, const __nv_bfloat16* bias, int gelu,
                           cudaStream_t stream);
+// C = alpha * A op(W) + beta * C with W a quantized matrix (backend.Quant,
+// read as quant.cuh says), dequantized to bf16 (nearest even) inside the
+// operand loads of the same tensor-core GEMM (gemm.cu): A [M][K] bf16; W
+// stored [K][N] or, with transW, [N][K] (K*N elements, its scale groups
+// derived from that); format 1 NF4, 2 Int8 (backend.QFormat); codes and
+// absmax are bytes, scale fp32 [groups+1] (the offset last), book fp32
+// [272] (the dynamic map, then the NF4 levels). C is float* or, with
+// c_is_bf16, __nv_bfloat16*; beta == 0 does not read C.
+cudaError_t lsp_gemm_q(int transW, int M, int N, int K, float alpha, const __nv_bfloat16* A, int format,
+                       const unsigned char* codes, const unsigned char* absmax, const float* scale, const float* book,
+                       float beta, void* C, int c_is_bf16, cudaStream_t stream);
 // END gemm
 
 // BEGIN attention
@@ -239,6 +250,16 @@ cudaError_t lsp_add_bias(void* out, const void* bias, int N, int OC, int out_bf1
 cudaError_t lsp_bias_backward(void* dbias, const void* dout, int N, int OC, int dbias_bf16, int dout_bf16,
                               cudaStream_t stream);
 // END elementwise
+
+// BEGIN quant
+// Elements off .. off+n of a quantized matrix of len elements (quant.cu;
+// the storage as lsp_gemm_q's W) decoded into out: float* or, with
+// out_bf16, __nv_bfloat16* (rounded to nearest even). fp32 values are
+// train/quant.Decode's bit for bit.
+cudaError_t lsp_dequantize(int format, const unsigned char* codes, const unsigned char* absmax, const float* scale,
+                           const float* book, long long len, long long off, long long n, void* out, int out_bf16,
+                           cudaStream_t stream);
+// END quant
 
 #ifdef __cplusplus
 }

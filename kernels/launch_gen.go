@@ -54,6 +54,11 @@ static lspgo_ret lspgo_lsp_gemm_bf16(int transA, int transB, int M, int N, int K
 	return lspgo_end(lsp_gemm_bf16(transA, transB, M, N, K, alpha, (const __nv_bfloat16*)A, strideA, (const __nv_bfloat16*)B, strideB, beta, (void*)C, c_is_bf16, strideC, batch, (const __nv_bfloat16*)bias, gelu, (cudaStream_t)stream), lspgo_sync);
 }
 
+static lspgo_ret lspgo_lsp_gemm_q(int transW, int M, int N, int K, float alpha, uintptr_t A, int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, float beta, uintptr_t C, int c_is_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_gemm_q(transW, M, N, K, alpha, (const __nv_bfloat16*)A, format, (const unsigned char*)codes, (const unsigned char*)absmax, (const float*)scale, (const float*)book, beta, (void*)C, c_is_bf16, (cudaStream_t)stream), lspgo_sync);
+}
+
 static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, uintptr_t pos, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, (const int*)pos, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
@@ -213,6 +218,11 @@ static lspgo_ret lspgo_lsp_bias_backward(uintptr_t dbias, uintptr_t dout, int N,
 	lspgo_begin();
 	return lspgo_end(lsp_bias_backward((void*)dbias, (const void*)dout, N, OC, dbias_bf16, dout_bf16, (cudaStream_t)stream), lspgo_sync);
 }
+
+static lspgo_ret lspgo_lsp_dequantize(int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, long long len, long long off, long long n, uintptr_t out, int out_bf16, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_dequantize(format, (const unsigned char*)codes, (const unsigned char*)absmax, (const float*)scale, (const float*)book, len, off, n, (void*)out, out_bf16, (cudaStream_t)stream), lspgo_sync);
+}
 */
 import "C"
 
@@ -273,6 +283,34 @@ func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA in
 		return lspgoRange("lsp_gemm_bf16", "batch", batch, "does not fit in a C int")
 	}
 	return lspgoResult("lsp_gemm_bf16", C.lspgo_lsp_gemm_bf16(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.longlong(strideA), C.uintptr_t(B), C.longlong(strideB), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.longlong(strideC), C.int(batch), C.uintptr_t(bias), lspgoBool(gelu), C.uintptr_t(stream), lspgoSync()))
+}
+
+// GemmQ runs lsp_gemm_q (kernels.h, section gemm):
+//
+//	cudaError_t lsp_gemm_q(int transW, int M, int N, int K, float alpha, const __nv_bfloat16* A, int format, const unsigned char* codes, const unsigned char* absmax, const float* scale, const float* book, float beta, void* C, int c_is_bf16, cudaStream_t stream)
+//
+// C = alpha * A op(W) + beta * C with W a quantized matrix (backend.Quant,
+// read as quant.cuh says), dequantized to bf16 (nearest even) inside the
+// operand loads of the same tensor-core GEMM (gemm.cu): A [M][K] bf16; W
+// stored [K][N] or, with transW, [N][K] (K*N elements, its scale groups
+// derived from that); format 1 NF4, 2 Int8 (backend.QFormat); codes and
+// absmax are bytes, scale fp32 [groups+1] (the offset last), book fp32
+// [272] (the dynamic map, then the NF4 levels). C is float* or, with
+// c_is_bf16, __nv_bfloat16*; beta == 0 does not read C.
+func GemmQ(transW bool, M, N, K int, alpha float32, A Ptr, format int, codes, absmax, scale, book Ptr, beta float32, C_ Ptr, cIsBF16 DType, stream Stream) error {
+	if int(int32(M)) != M {
+		return lspgoRange("lsp_gemm_q", "M", M, "does not fit in a C int")
+	}
+	if int(int32(N)) != N {
+		return lspgoRange("lsp_gemm_q", "N", N, "does not fit in a C int")
+	}
+	if int(int32(K)) != K {
+		return lspgoRange("lsp_gemm_q", "K", K, "does not fit in a C int")
+	}
+	if int(int32(format)) != format {
+		return lspgoRange("lsp_gemm_q", "format", format, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_gemm_q", C.lspgo_lsp_gemm_q(lspgoBool(transW), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.uintptr_t(stream), lspgoSync()))
 }
 
 // AttentionForward runs lsp_attention_forward (kernels.h, section attention):
@@ -821,4 +859,19 @@ func BiasBackward(dbias, dout Ptr, N, OC int, dbiasBF16, doutBF16 DType, stream 
 		return lspgoRange("lsp_bias_backward", "OC", OC, "does not fit in a C int")
 	}
 	return lspgoResult("lsp_bias_backward", C.lspgo_lsp_bias_backward(C.uintptr_t(dbias), C.uintptr_t(dout), C.int(N), C.int(OC), C.int(dbiasBF16), C.int(doutBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// Dequantize runs lsp_dequantize (kernels.h, section quant):
+//
+//	cudaError_t lsp_dequantize(int format, const unsigned char* codes, const unsigned char* absmax, const float* scale, const float* book, long long len, long long off, long long n, void* out, int out_bf16, cudaStream_t stream)
+//
+// Elements off .. off+n of a quantized matrix of len elements (quant.cu;
+// the storage as lsp_gemm_q's W) decoded into out: float* or, with
+// out_bf16, __nv_bfloat16* (rounded to nearest even). fp32 values are
+// train/quant.Decode's bit for bit.
+func Dequantize(format int, codes, absmax, scale, book Ptr, len, off, n int64, out Ptr, outBF16 DType, stream Stream) error {
+	if int(int32(format)) != format {
+		return lspgoRange("lsp_dequantize", "format", format, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_dequantize", C.lspgo_lsp_dequantize(C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.longlong(len), C.longlong(off), C.longlong(n), C.uintptr_t(out), C.int(outBF16), C.uintptr_t(stream), lspgoSync()))
 }

@@ -68,6 +68,8 @@
 //	LayerNormForward             out, inp, weight, bias: fp32|bf16 [x_bf16]; mean, rstd: fp32
 //	LayerNormBackward            dinp, dout: fp32|bf16 [g_bf16]; dweight, dbias: fp32|bf16 [dw_bf16]; inp, weight: fp32|bf16 [x_bf16]; mean, rstd, scratch: fp32
 //	Gemm                         A, B: bf16; C: fp32|bf16 [c_is_bf16]
+//	GemmQ                        A: bf16; C: fp32|bf16 [c_is_bf16]
+//	Dequantize                   out: fp32|bf16 [out_bf16]
 //	AddBias                      out: fp32|bf16 [out_bf16]; bias: fp32|bf16 [bias_bf16]
 //	BiasBackward                 dbias: fp32|bf16 [dbias_bf16]; dout: fp32|bf16 [dout_bf16]
 //	AttentionForward             out, qkv: bf16; lse: fp32; pos: i32
@@ -89,6 +91,10 @@
 //	SparseS                      S, A, B: fp32
 //	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval, skip: fp32; pidx, qidx: i32
 //	SparseValueGrad              out, Y, M, K, val: fp32; idx: i32
+//
+// A quantized matrix (GemmQ's and Dequantize's W, a Quant) is not in the
+// table: its tensors' dtypes are fixed (codes and absmax bytes in I32
+// words, scale and book fp32) and Quant.Check checks them with its shape.
 //
 // Scratch memory (LayerNormBackward, RMSNormBackward, AttentionBackward,
 // SumSquares) is passed in by the caller, sized by

@@ -1,6 +1,7 @@
-// The reference of kernels/quant.cu: a quantized matrix's values
-// (train/quant.Decode, the one definition of them), rounded to the dtype
-// an op computes with.
+// The reference of kernels/quant.cu (lsp_dequantize) and of the operand
+// kernels/gemm.cu's lsp_gemm_q decodes: a quantized matrix's values
+// (train/quant.Decode, the one definition of them; kernels/quant.cuh on
+// the device), rounded to the dtype an op computes with.
 
 package cpu
 

@@ -12,7 +12,7 @@ import (
 // FlagParams are the int parameters that are on/off switches (0 or 1): the
 // Go face takes them as bool. A new switch not listed here comes out as an
 // int, which works, only less typed.
-var FlagParams = []string{"transA", "transB", "trans", "gelu", "accumulate", "use_barrier", "a_col", "b_col", "c_col", "d_col"}
+var FlagParams = []string{"transA", "transB", "trans", "transW", "gelu", "accumulate", "use_barrier", "a_col", "b_col", "c_col", "d_col"}
 
 // goScalar maps a C scalar type to its Go type in the face, the cgo type
 // it converts to, and the range check it needs ("int32": must fit in a C
