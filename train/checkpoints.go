@@ -79,13 +79,7 @@ func (r *run) resume() error {
 	if base := r.eng.Base(); base != nil {
 		// The base is not saved whole: it is quantized again from
 		// --model, then checked against the checkpoint's values.
-		end := phase(loadName(r.fromCheckpoint))
-		err := setInitialWeights(r.storeParams, r.mc, r.cfg, r.fromCheckpoint)
-		if err == nil {
-			err = r.eng.Loaded()
-		}
-		end()
-		if err != nil {
+		if err := r.loadWeights(); err != nil {
 			return err
 		}
 		store = func(off int, v []float32) error { return base.Verify(r.s, off, v) }

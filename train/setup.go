@@ -231,17 +231,10 @@ func (r *run) resumeOrInit() error {
 	if r.cfg.Resume {
 		return r.resume()
 	}
-	name := loadName(r.fromCheckpoint)
 	if !r.fromCheckpoint { // a preset's loss starts at ln(vocab) and its samples are noise: say why before anyone wonders
 		r.log.Info("random initialisation (a preset, not pretrained weights)", "model", r.cfg.Model, "seed", r.cfg.Seed, "pretrained", "give --model a Hugging Face directory (config.json, model.safetensors, tokenizer.json)")
 	}
-	end := phase(name)
-	err := setInitialWeights(r.storeParams, r.mc, r.cfg, r.fromCheckpoint)
-	if err == nil {
-		err = r.eng.Loaded()
-	}
-	end()
-	if err != nil {
+	if err := r.loadWeights(); err != nil {
 		return err
 	}
 	if r.adapter != nil {
@@ -274,6 +267,17 @@ func setInitialWeights(store catalog.Sink, mc model.Spec, c Config, fromCheckpoi
 		return flagErr("model", "%v", err)
 	}
 	return nil
+}
+
+// loadWeights sets the initial weights (setInitialWeights) in the phase
+// of their name, and checks that every block matrix of a quantized base
+// arrived whole.
+func (r *run) loadWeights() error {
+	defer phase(loadName(r.fromCheckpoint))()
+	if err := setInitialWeights(r.storeParams, r.mc, r.cfg, r.fromCheckpoint); err != nil {
+		return err
+	}
+	return r.eng.Loaded()
 }
 
 // storeParams writes elements off.. of the model's parameters in their
