@@ -315,7 +315,7 @@ func TestFixtureTorchProjectors(t *testing.T) {
 func checkStep(t *testing.T, m *fixMeta, name string, step int, s *State, prev, w []float64) float64 {
 	t.Helper()
 	want := m.ours(t, fmt.Sprintf("%s.w.%d", name, step), s.In, s.Out)
-	wantPrev := prev
+	var wantPrev []float64
 	if step > 1 {
 		wantPrev = m.ours(t, fmt.Sprintf("%s.w.%d", name, step-1), s.In, s.Out)
 	} else {
