@@ -180,7 +180,7 @@ func (s *State) RefreshDue(cfg Config) bool {
 // with whatever signs the SVD gave. So a run retraces galore-torch past
 // its second refresh only if every refresh's signs are torch's (the tests
 // drive the reference with torch's projectors, or align ours to them).
-func (s *State) Refresh(cfg Config, g []float64) error {
+func (s *State) Refresh(g []float64) error {
 	if len(g) != s.In*s.Out {
 		return fmt.Errorf("galore refresh: gradient has %d elements, want %d x %d", len(g), s.In, s.Out)
 	}
@@ -211,7 +211,7 @@ func (s *State) SetProjector(p []float64) error {
 // place) with gradient g: a refresh when due, then Update.
 func Step(cfg Config, opt AdamW, s *State, w, g []float64) error {
 	if s.RefreshDue(cfg) {
-		if err := s.Refresh(cfg, g); err != nil {
+		if err := s.Refresh(g); err != nil {
 			return err
 		}
 	}

@@ -261,7 +261,7 @@ func TestRefused(t *testing.T) {
 	if err := s.SetProjector(make([]float64, 5*2)); err == nil { // in x r is 4 x 2
 		t.Error("SetProjector took a 5 x 2 projector for a 4 x 2 one")
 	}
-	if err := s.Refresh(good, g[:19]); err == nil {
+	if err := s.Refresh(g[:19]); err == nil {
 		t.Error("Refresh took a short gradient")
 	}
 	if err := Step(good, adam, s, w[:19], g); err == nil {
@@ -384,7 +384,7 @@ func ownSVDRun(t *testing.T, m *fixMeta, name string, in, out int, check func(st
 	for step := 1; step <= fixSteps; step++ {
 		g := m.ours(t, fmt.Sprintf("%s.grad.%d", name, step), in, out)
 		if s.RefreshDue(fixCfg) {
-			if err := s.Refresh(fixCfg, g); err != nil {
+			if err := s.Refresh(g); err != nil {
 				t.Fatal(err)
 			}
 			tp := m.torchProjector(t, fmt.Sprintf("%s.proj.%d", name, step), s)
@@ -481,7 +481,7 @@ func TestSignFlip(t *testing.T) {
 			var ws [][]float64
 			for i, g := range grads {
 				if s.RefreshDue(cfg) {
-					if err := s.Refresh(cfg, g); err != nil {
+					if err := s.Refresh(g); err != nil {
 						t.Fatal(err)
 					}
 					if i+1 == flipAt {
