@@ -28,8 +28,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/eval"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/quant"
 	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/quant"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 

@@ -100,8 +100,8 @@ type Config struct {
 	// DType (--dtype) stores the fine-tuning rows' weights and
 	// activations (fp32, the zero value, or bf16); the pretraining is
 	// fp32 either way.
-	DType backend.DType
-	Truncate      bool   // --truncate: cut records longer than --seq-len instead of dropping them
+	DType    backend.DType
+	Truncate bool // --truncate: cut records longer than --seq-len instead of dropping them
 	// The lsp rows' projector settings (the flags of lsp-train of the same
 	// names); the zero values are the training defaults.
 	Refit        lsp.Refit
