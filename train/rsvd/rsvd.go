@@ -46,9 +46,13 @@
 // rounds every product's output to 8 bits, and angles are ~1e-2.
 // Singular values come from B B^T's eigenvalues, sigma^2 in an fp32
 // Gram: sigma_i carries an error of about 1e-7 sigma_1^2 / sigma_i, so
-// values far below sigma_1 (sigma_i < 1e-3 sigma_1) are not resolved; a
-// matrix whose k-th value is below 1e-6 of the first one, or is zero, is
-// refused (ErrRankDeficient) rather than divided by.
+// values far below sigma_1 (sigma_i < 1e-3 sigma_1) are not resolved.
+//
+// Rank. A gradient of fewer tokens than k has rank below k. Values at or
+// below 1e-6 sigma_1 (rankRel) are returned as 0 and their columns of V
+// as zeros (V = B^T U_B / sigma would divide by them); U keeps k
+// orthonormal columns, those beyond the rank an orthonormal completion
+// inside the range found. A zero G (sigma_1 = 0) is ErrRankDeficient.
 //
 // Cost (FLOPs): 2 (q + 1) products with G and G^T of 2 m n l flops each,
 // plus the orthonormalisations' l^2-sized Gemms. For a 7B MLP matrix
@@ -89,13 +93,14 @@ const maxPasses = 3
 // relative), far below any direction that matters for the top k.
 const shiftRel = 1e-6
 
-// rankRel is the smallest sigma_k / sigma_1 that Compute returns: below
-// it the fp32 Gram of B B^T cannot resolve sigma_k (see the file header).
+// rankRel is the smallest sigma_j / sigma_1 that Compute returns: at or
+// below it the value is returned as 0 and V's column as zeros (the file
+// header, "Rank"); the fp32 Gram of B B^T does not resolve it anyway.
 const rankRel = 1e-6
 
-// ErrRankDeficient is returned (wrapped) when G's top k singular values
-// are not all resolvable: G is zero, or its k-th value is below 1e-6 of
-// its first.
+// ErrRankDeficient is returned (wrapped) when G has no range to find:
+// G (or G Omega) is zero, or a Gram stays indefinite with a shift of up
+// to its whole diagonal.
 var ErrRankDeficient = errors.New("matrix numerically rank deficient")
 
 // orthoTol is how far from the identity (largest entry of |Q^T Q - I|) a
@@ -239,7 +244,8 @@ func (w *Workspace) Passes() []int { return append([]int(nil), w.passes...) }
 
 // Compute writes G's top-k left singular vectors to U (m x k, row-major:
 // column j is vector j) and right ones to V (n x k) and returns the k
-// singular values, descending. G is m x n row-major of the workspace's
+// singular values, descending (those at or below 1e-6 of the first as 0,
+// with zero columns of V: the file header, "Rank"). G is m x n row-major of the workspace's
 // dtype; U and V are fp32 or bf16 and must not overlap G or the
 // workspace. q >= 0 power iterations; seed keys Omega (the same seed, G
 // and backend give the same bits). Compute enqueues on s and synchronizes
@@ -315,8 +321,13 @@ func (w *Workspace) Compute(s backend.Stream, G, U, V backend.Tensor, q int, see
 	for i := range sigma {
 		sigma[i] = math.Sqrt(max(lam[i], 0))
 	}
-	if !(sigma[0] > 0) || sigma[k-1] <= rankRel*sigma[0] {
-		return nil, fmt.Errorf("%s: sigma_1 = %g, sigma_%d = %g: %w", where, sigma[0], k, sigma[k-1], ErrRankDeficient)
+	if !(sigma[0] > 0) || math.IsInf(sigma[0], 0) {
+		return nil, fmt.Errorf("%s: sigma_1 = %g: %w", where, sigma[0], ErrRankDeficient)
+	}
+	for j := range sigma {
+		if sigma[j] <= rankRel*sigma[0] {
+			sigma[j] = 0
+		}
 	}
 
 	// U = Q U_B[:, :k]; V = Bt U_B[:, :k] diag(1/sigma).
@@ -334,7 +345,11 @@ func (w *Workspace) Compute(s backend.Stream, G, U, V backend.Tensor, q int, see
 	}
 	for i := range l {
 		for j := range k {
-			w.host[i*k+j] = float32(vecs[i*l+j] / sigma[j])
+			if sigma[j] > 0 {
+				w.host[i*k+j] = float32(vecs[i*l+j] / sigma[j])
+			} else {
+				w.host[i*k+j] = 0
+			}
 		}
 	}
 	// Upload enqueues its copy on s after U's Gemm, which reads fac.

@@ -441,6 +441,49 @@ func TestFlatSpectrum(t *testing.T) {
 	}
 }
 
+// TestLowRank: a rank-2 G (exactly, in fp32) with k = 4, as a gradient
+// of fewer tokens than k: the two values and their vectors are right, the
+// other two values are 0 with zero columns of V, and U still has four
+// orthonormal columns.
+func TestLowRank(t *testing.T) {
+	be := newCPU(t, false)
+	const m, n, k, rank = 129, 70, 4, 2
+	rng := rand.New(rand.NewPCG(5, 6))
+	sv := make([]float64, min(m, n))
+	sv[0], sv[1] = 1, 0.5
+	g := matrix(rng, m, n, sv, 0)
+	g, G := device(t, be, g, m, n, backend.F32)
+	defer be.Free(G)
+	w, err := NewWorkspace(be, m, n, k, DefaultOversample, backend.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Free()
+	r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 1)
+	t.Logf("sigma %v, passes %v", r.sigma, r.passes)
+	if r.sigma[2] != 0 || r.sigma[3] != 0 {
+		t.Errorf("sigma = %v, want the last two 0", r.sigma)
+	}
+	for i := range n {
+		for j := rank; j < k; j++ {
+			if r.v[i*k+j] != 0 {
+				t.Fatalf("V[%d, %d] = %g, want 0 beyond the rank", i, j, r.v[i*k+j])
+			}
+		}
+	}
+	if e := orthoError(r.u, m, k); e > 1e-5 {
+		t.Errorf("U not orthonormal: %.3g", e)
+	}
+	ur, sr, vr := refSVD(g, m, n)
+	p := min(m, n)
+	top := result{u: leading(r.u, m, k, rank), v: leading(r.v, n, k, rank), sigma: r.sigma[:rank]}
+	sinU := sinTheta(leading(ur, m, p, rank), top.u, m, rank)
+	sinV := sinTheta(leading(vr, n, p, rank), top.v, n, rank)
+	if sinU > 1e-4 || sinV > 1e-4 || math.Abs(r.sigma[1]-sr[1]) > 1e-5 || residual(g, m, n, top.u, top.v, top.sigma) > 1e-5 {
+		t.Errorf("the rank-2 part: sin U %.3g, sin V %.3g, sigma %v against %v", sinU, sinV, r.sigma[:rank], sr[:rank])
+	}
+}
+
 // TestPowerIterationsHelp: on a slowly decaying spectrum (1/sqrt(j+1),
 // no gap) with little oversampling, q = 2 must bring the left and right
 // angles well below q = 0's.
