@@ -523,12 +523,18 @@ func triInverse(r []float64, l int) []float64 {
 // (row-major) by cyclic Jacobi rotations in float64: eigenvalues
 // descending and the eigenvectors as the columns of an l x l row-major
 // matrix, in the same order. Sweeps stop when the off-diagonal mass is
-// below 1e-30 of the total (rounding level), 60 at most.
+// below 1e-30 of the total (rounding level), 60 at most; a rotation whose
+// a_pq no longer changes a_pp or a_qq at 100 times its size is dropped
+// (a_pq set to 0, as Numerical Recipes' jacobi), so that the last sweeps
+// are cheap. Each rotation updates rows p and q (contiguous) and mirrors
+// them into columns p and q, and rotates rows p and q of V^T: about
+// 9 l^3 flops a sweep, and 5 to 10 sweeps (8 for l = 522 on a
+// gradient-like spectrum).
 func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 	a = append([]float64(nil), a...)
-	v := make([]float64, l*l)
+	vt := make([]float64, l*l) // V^T: row i is eigenvector i
 	for i := range l {
-		v[i*l+i] = 1
+		vt[i*l+i] = 1
 	}
 	total := 0.0
 	for _, x := range a {
@@ -545,13 +551,21 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 			break
 		}
 		for p := range l {
+			rp := a[p*l : (p+1)*l]
 			for q := p + 1; q < l; q++ {
-				apq := a[p*l+q]
+				apq := rp[q]
 				if apq == 0 {
 					continue
 				}
-				app, aqq := a[p*l+p], a[q*l+q]
-				// Rotation zeroing a_pq (Golub and Van Loan, 8.5.2).
+				rq := a[q*l : (q+1)*l]
+				app, aqq := rp[p], rq[q]
+				if g := 100 * math.Abs(apq); math.Abs(app)+g == math.Abs(app) && math.Abs(aqq)+g == math.Abs(aqq) {
+					rp[q], rq[p] = 0, 0
+					continue
+				}
+				// Rotation zeroing a_pq (Golub and Van Loan, 8.5.2):
+				// A' = J^T A J, rows p and q of J^T A for k != p, q,
+				// then the 2 x 2 block, then the mirror.
 				tau := (aqq - app) / (2 * apq)
 				t := 1 / (math.Abs(tau) + math.Sqrt(1+tau*tau))
 				if tau < 0 {
@@ -560,19 +574,22 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 				c := 1 / math.Sqrt(1+t*t)
 				sn := t * c
 				for k := range l {
-					akp, akq := a[k*l+p], a[k*l+q]
-					a[k*l+p] = c*akp - sn*akq
-					a[k*l+q] = sn*akp + c*akq
+					x, y := rp[k], rq[k]
+					rp[k] = c*x - sn*y
+					rq[k] = sn*x + c*y
 				}
+				rp[p], rq[q] = app-t*apq, aqq+t*apq
+				rp[q], rq[p] = 0, 0
 				for k := range l {
-					apk, aqk := a[p*l+k], a[q*l+k]
-					a[p*l+k] = c*apk - sn*aqk
-					a[q*l+k] = sn*apk + c*aqk
+					if k != p && k != q {
+						a[k*l+p], a[k*l+q] = rp[k], rq[k]
+					}
 				}
+				vp, vq := vt[p*l:(p+1)*l], vt[q*l:(q+1)*l]
 				for k := range l {
-					vkp, vkq := v[k*l+p], v[k*l+q]
-					v[k*l+p] = c*vkp - sn*vkq
-					v[k*l+q] = sn*vkp + c*vkq
+					x, y := vp[k], vq[k]
+					vp[k] = c*x - sn*y
+					vq[k] = sn*x + c*y
 				}
 			}
 		}
@@ -592,7 +609,7 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 	for c, o := range order {
 		lam[c] = a[o*l+o]
 		for r := range l {
-			vecs[r*l+c] = v[r*l+o]
+			vecs[r*l+c] = vt[o*l+r]
 		}
 	}
 	return lam, vecs

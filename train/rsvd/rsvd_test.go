@@ -484,6 +484,54 @@ func TestLowRank(t *testing.T) {
 	}
 }
 
+// TestJacobiEigen: the host eigendecomposition on random symmetric
+// matrices (one with a repeated eigenvalue): A v = lambda v to 1e-12 of
+// ||A||, V orthogonal, values descending.
+func TestJacobiEigen(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, l := range []int{1, 2, 7, 40} {
+		for _, repeated := range []bool{false, true} {
+			// A = W diag(d) W^T with W orthogonal; d[0] = d[1] when repeated.
+			w := orthonormal(rng, l, l)
+			d := make([]float64, l)
+			for i := range d {
+				d[i] = rng.NormFloat64()
+			}
+			if repeated && l > 1 {
+				d[1] = d[0]
+			}
+			a := make([]float64, l*l)
+			norm := 0.0
+			for i := range l {
+				for j := range l {
+					for k := range l {
+						a[i*l+j] += w[i*l+k] * d[k] * w[j*l+k]
+					}
+				}
+				norm = max(norm, math.Abs(d[i]))
+			}
+			lam, vecs := jacobiEigen(a, l)
+			if e := orthoError(vecs, l, l); e > 1e-12 {
+				t.Errorf("l = %d: eigenvectors not orthonormal: %.3g", l, e)
+			}
+			for c := range l {
+				if c > 0 && lam[c] > lam[c-1] {
+					t.Errorf("l = %d: values not descending: %v", l, lam)
+				}
+				for i := range l {
+					r := -lam[c] * vecs[i*l+c]
+					for j := range l {
+						r += a[i*l+j] * vecs[j*l+c]
+					}
+					if math.Abs(r) > 1e-12*norm {
+						t.Fatalf("l = %d, repeated %v: (A v - lambda v)[%d] = %.3g for value %d", l, repeated, i, r, c)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestPowerIterationsHelp: on a slowly decaying spectrum (1/sqrt(j+1),
 // no gap) with little oversampling, q = 2 must bring the left and right
 // angles well below q = 0's.
