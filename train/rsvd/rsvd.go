@@ -84,8 +84,9 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// Defaults for the oversampling p and the power iterations q (Halko et
-// al.'s recommendations for gradients, whose spectra decay slowly).
+// Defaults for the oversampling p and the power iterations q: Halko et
+// al. recommend p of 5 to 10, and q of 1 or 2 for slowly decaying
+// spectra, as gradients' are.
 const (
 	DefaultOversample = 10
 	DefaultPowerIters = 2
@@ -465,7 +466,10 @@ func cholInverse(g []float64, l int, shift float64) ([]float64, error) {
 	for i := range l {
 		dmax = max(dmax, g[i*l+i])
 	}
-	if !(dmax > 0) || math.IsInf(dmax, 0) {
+	if math.IsNaN(dmax) || math.IsInf(dmax, 0) {
+		return nil, fmt.Errorf("Gram's diagonal is not finite (%g): G holds a NaN or an infinity, or overflows fp32", dmax)
+	}
+	if !(dmax > 0) {
 		return nil, fmt.Errorf("Gram's largest diagonal entry is %g: %w", dmax, ErrRankDeficient)
 	}
 	r := make([]float64, l*l)

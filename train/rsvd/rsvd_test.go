@@ -687,6 +687,15 @@ func TestBadArguments(t *testing.T) {
 	U, _ := be.Alloc("U", m*k, backend.F32)
 	V, _ := be.Alloc("V", n*k, backend.F32)
 	Vi, _ := be.Alloc("Vi", n*k, backend.I32)
+	Gnan, _ := be.Alloc("Gnan", m*n, backend.F32)
+	nan := make([]float32, m*n)
+	for i := range nan {
+		nan[i] = float32(i%7) - 3
+	}
+	nan[100] = float32(math.NaN())
+	if err := backend.Upload(be, s, Gnan, nan); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name    string
 		G, U, V backend.Tensor
@@ -700,6 +709,7 @@ func TestBadArguments(t *testing.T) {
 		{"i32 V", G, U, Vi, 1, "V"},
 		{"negative q", G, U, V, -1, "power iterations"},
 		{"zero G", G, U, V, 1, "rank deficient"},
+		{"NaN in G", Gnan, U, V, 1, "not finite"},
 	} {
 		_, err := w.Compute(s, c.G, c.U, c.V, c.q, 1)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "rsvd of 37 x 53") {
