@@ -348,7 +348,7 @@ endif
 # each host node's goroutine apart, so a missing edge is found whatever
 # the timing), with -short as in gotest; about 2 minutes.
 .PHONY: cudasim-test cudasim-engine-test
-CUDASIM_PKGS ?= ./cuda/ ./train/device/ ./train/lsp/
+CUDASIM_PKGS ?= ./cuda/ ./train/device/ ./train/lsp/ ./train/rsvd/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestRingPipelinedMatchesSequential|TestRecomputeBitIdentical|TestEveryEdgeIsNeeded|TestCheckOnDevice|TestQuantizedBaseIsItsValues
 CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)

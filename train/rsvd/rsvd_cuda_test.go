@@ -1,0 +1,82 @@
+//go:build cuda || cudasim
+
+// The randomized SVD on the CUDA backend (the simulated runtime under
+// -tags cudasim: the same kernels compiled by g++), through the hazard
+// wrapper: bf16 storage, as the GPU's Gemm requires, against the float64
+// reference with TestKernelDTypes' tolerances, and the CPU backend's
+// KernelDTypes result within twice them.
+
+package rsvd
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lsp-offload/lsp-offload/cuda"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
+)
+
+func TestCUDAMatchesReference(t *testing.T) {
+	for _, sh := range shapes {
+		const k = 16
+		t.Run(fmt.Sprintf("%dx%d_k%d", sh.m, sh.n, k), func(t *testing.T) {
+			// A backend per subtest: only the goroutine that created
+			// it may use it, and each subtest runs on its own.
+			be := openCUDA(t)
+			ref := newCPU(t, true)
+			rng := rand.New(rand.NewPCG(uint64(sh.m+sh.n), uint64(k)))
+			g := matrix(rng, sh.m, sh.n, spectrum("gap", min(sh.m, sh.n), k), 1e-4)
+			g, G := device(t, be, g, sh.m, sh.n, backend.BF16)
+			defer be.Free(G)
+			w, err := NewWorkspace(be, sh.m, sh.n, k, DefaultOversample, backend.BF16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Free()
+			r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 5)
+			a := measure(g, sh.m, sh.n, k, r)
+			t.Logf("cuda: %v; passes %v", a, r.passes)
+			if a.sigmaErr > 1e-2 || a.sinU > 1.5e-2 || a.sinV > 1.5e-2 || a.orthoU > 2e-2 || a.orthoV > 2e-2 {
+				t.Errorf("beyond bf16 tolerance: %v", a)
+			}
+
+			_, Gc := device(t, ref, g, sh.m, sh.n, backend.BF16)
+			defer ref.Free(Gc)
+			wc, err := NewWorkspace(ref, sh.m, sh.n, k, DefaultOversample, backend.BF16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer wc.Free()
+			c := compute(t, ref, wc, Gc, backend.F32, DefaultPowerIters, 5)
+			sinU, sinV := sinTheta(c.u, r.u, sh.m, k), sinTheta(c.v, r.v, sh.n, k)
+			t.Logf("cuda against cpu: sin U %.2g, sin V %.2g", sinU, sinV)
+			if sinU > 3e-2 || sinV > 3e-2 {
+				t.Errorf("cuda and cpu disagree: sin U %.3g, sin V %.3g", sinU, sinV)
+			}
+		})
+	}
+}
+
+// openCUDA is the CUDA backend behind the hazard wrapper, closed (and its
+// hazards reported) when the test ends; skipped without a device.
+func openCUDA(t *testing.T) *hazard.Backend {
+	t.Helper()
+	raw, err := cuda.New(cuda.Config{MemBudget: 64 << 20, CheckGoroutine: true})
+	if errors.Is(err, cuda.ErrNoDevice) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := hazard.Wrap(raw)
+	t.Cleanup(func() {
+		for _, h := range be.Hazards() {
+			t.Errorf("hazard: %v", h)
+		}
+		be.Close()
+	})
+	return be
+}
