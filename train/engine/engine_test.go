@@ -136,7 +136,8 @@ func (tr *trainer) run(t *testing.T, steps int) []float64 {
 // them.
 func (tr *trainer) params(t *testing.T) []float32 {
 	t.Helper()
-	v := make([]float32, small.NumParams())
+	last := tr.e.idx.Layout[len(tr.e.idx.Layout)-1]
+	v := make([]float32, last.Offset+last.Len())
 	if err := tr.e.Fetch(tr.be.DefaultStream(), 0, v); err != nil {
 		t.Fatal(err)
 	}
