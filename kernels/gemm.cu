@@ -380,8 +380,8 @@ __device__ __forceinline__ void store4(const GemmParams& p, void* C, long long i
 }
 
 // gemm_body computes one block's tile. Q: B is lsp_gemm_q's quantized
-// matrix, decoded to bf16 as its tiles are loaded (load_bq, store_bq) with
-// the codebook staged in shared memory after the stages (kSmemQBytes).
+// matrix, decoded to bf16 as its tiles are loaded by load_bq and store_bq,
+// with the codebook staged in shared memory after the stages: kSmemQBytes.
 template <bool TA, bool TB, bool Q = false>
 __device__ __forceinline__ void gemm_body(const GemmParams& p, unsigned char* dyn) {
   float* smem = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(dyn) + 31) & ~uintptr_t(31));
