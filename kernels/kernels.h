@@ -101,6 +101,28 @@ cudaError_t lsp_sparse_apply(void* W, float* T, const float* Delta, const int* p
                              int w_bf16, cudaStream_t stream);
 // END sparse
 
+// BEGIN dense
+// Dense projection (dense.cu): the svd and gaussian projectors and
+// GaLore's, dense fp32 matrices. Row-major as lsp_gemm_bf16: op(A) M x K
+// ([M][K], or [K][M] with transA), op(B) K x N ([K][N], or [N][K] with
+// transB). Each element's sum runs over k ascending from +0, every product
+// rounded before its add (non-contracted fp32): the CPU backend's op bit
+// for bit. a_bf16, b_bf16, w_bf16 are the dtypes (0 fp32, 1 bf16) of A, B
+// and W; bf16 is widened exactly at load.
+// C [M, N] fp32 = alpha*sum + beta*C, each term rounded before the add;
+// beta == 0 does not read C.
+cudaError_t lsp_dense_gemm(int transA, int transB, int M, int N, int K, float alpha, const void* A, int a_bf16,
+                           const void* B, int b_bf16, float beta, float* C, cudaStream_t stream);
+// W [M, N] <- decay*W + alpha*sum (each term rounded before the add) from
+// A and B fp32, written exactly when fp32, by stochastic rounding keyed by
+// (seed, step, matrix, i*N + j) when bf16 (lsp_sparse_apply's rounding).
+// skip (fp32 [1] on the device, NULL: never): when skip[0] != 0 nothing is
+// written.
+cudaError_t lsp_dense_apply(int transA, int transB, int M, int N, int K, float alpha, const float* A, const float* B,
+                            float decay, void* W, int w_bf16, const float* skip, unsigned long long seed,
+                            unsigned long long step, unsigned int matrix, cudaStream_t stream);
+// END dense
+
 // BEGIN fit
 // The projector fit's value gradient (fit.cu): X [rows, d] in row storage
 // (idx int32, val fp32, r per row); for entry e = i*r+s at column a =

@@ -89,6 +89,16 @@ static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delt
 	return lspgo_end(lsp_sparse_apply((void*)W, (float*)T, (const float*)Delta, (const int*)pidx, (const float*)pval, (const int*)qidx, (const float*)qval, (const float*)skip, m, n, d, r, lr, wd, seed, step, matrix, w_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
+static lspgo_ret lspgo_lsp_dense_gemm(int transA, int transB, int M, int N, int K, float alpha, uintptr_t A, int a_bf16, uintptr_t B, int b_bf16, float beta, uintptr_t C, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_dense_gemm(transA, transB, M, N, K, alpha, (const void*)A, a_bf16, (const void*)B, b_bf16, beta, (float*)C, (cudaStream_t)stream), lspgo_sync);
+}
+
+static lspgo_ret lspgo_lsp_dense_apply(int transA, int transB, int M, int N, int K, float alpha, uintptr_t A, uintptr_t B, float decay, uintptr_t W, int w_bf16, uintptr_t skip, unsigned long long seed, unsigned long long step, unsigned int matrix, uintptr_t stream, int lspgo_sync) {
+	lspgo_begin();
+	return lspgo_end(lsp_dense_apply(transA, transB, M, N, K, alpha, (const float*)A, (const float*)B, decay, (void*)W, w_bf16, (const float*)skip, seed, step, matrix, (cudaStream_t)stream), lspgo_sync);
+}
+
 static lspgo_ret lspgo_lsp_sparse_value_grad(uintptr_t out, uintptr_t Y, uintptr_t M, uintptr_t K, uintptr_t idx, uintptr_t val, int rows, int d, int r, float w, int trans, int accumulate, uintptr_t stream, int lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_value_grad((float*)out, (const float*)Y, (const float*)M, (const float*)K, (const int*)idx, (const float*)val, rows, d, r, w, trans, accumulate, (cudaStream_t)stream), lspgo_sync);
@@ -461,6 +471,54 @@ func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, 
 		return lspgoRange("lsp_sparse_apply", "r", r, "does not fit in a C int")
 	}
 	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.uintptr_t(skip), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), lspgoSync()))
+}
+
+// DenseGemm runs lsp_dense_gemm (kernels.h, section dense):
+//
+//	cudaError_t lsp_dense_gemm(int transA, int transB, int M, int N, int K, float alpha, const void* A, int a_bf16, const void* B, int b_bf16, float beta, float* C, cudaStream_t stream)
+//
+// Dense projection (dense.cu): the svd and gaussian projectors and
+// GaLore's, dense fp32 matrices. Row-major as lsp_gemm_bf16: op(A) M x K
+// ([M][K], or [K][M] with transA), op(B) K x N ([K][N], or [N][K] with
+// transB). Each element's sum runs over k ascending from +0, every product
+// rounded before its add (non-contracted fp32): the CPU backend's op bit
+// for bit. a_bf16, b_bf16, w_bf16 are the dtypes (0 fp32, 1 bf16) of A, B
+// and W; bf16 is widened exactly at load.
+// C [M, N] fp32 = alpha*sum + beta*C, each term rounded before the add;
+// beta == 0 does not read C.
+func DenseGemm(transA, transB bool, M, N, K int, alpha float32, A Ptr, aBF16 DType, B Ptr, bBF16 DType, beta float32, C_ Ptr, stream Stream) error {
+	if int(int32(M)) != M {
+		return lspgoRange("lsp_dense_gemm", "M", M, "does not fit in a C int")
+	}
+	if int(int32(N)) != N {
+		return lspgoRange("lsp_dense_gemm", "N", N, "does not fit in a C int")
+	}
+	if int(int32(K)) != K {
+		return lspgoRange("lsp_dense_gemm", "K", K, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_dense_gemm", C.lspgo_lsp_dense_gemm(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(aBF16), C.uintptr_t(B), C.int(bBF16), C.float(beta), C.uintptr_t(C_), C.uintptr_t(stream), lspgoSync()))
+}
+
+// DenseApply runs lsp_dense_apply (kernels.h, section dense):
+//
+//	cudaError_t lsp_dense_apply(int transA, int transB, int M, int N, int K, float alpha, const float* A, const float* B, float decay, void* W, int w_bf16, const float* skip, unsigned long long seed, unsigned long long step, unsigned int matrix, cudaStream_t stream)
+//
+// W [M, N] <- decay*W + alpha*sum (each term rounded before the add) from
+// A and B fp32, written exactly when fp32, by stochastic rounding keyed by
+// (seed, step, matrix, i*N + j) when bf16 (lsp_sparse_apply's rounding).
+// skip (fp32 [1] on the device, NULL: never): when skip[0] != 0 nothing is
+// written.
+func DenseApply(transA, transB bool, M, N, K int, alpha float32, A, B Ptr, decay float32, W Ptr, wBF16 DType, skip Ptr, seed, step uint64, matrix uint32, stream Stream) error {
+	if int(int32(M)) != M {
+		return lspgoRange("lsp_dense_apply", "M", M, "does not fit in a C int")
+	}
+	if int(int32(N)) != N {
+		return lspgoRange("lsp_dense_apply", "N", N, "does not fit in a C int")
+	}
+	if int(int32(K)) != K {
+		return lspgoRange("lsp_dense_apply", "K", K, "does not fit in a C int")
+	}
+	return lspgoResult("lsp_dense_apply", C.lspgo_lsp_dense_apply(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.uintptr_t(B), C.float(decay), C.uintptr_t(W), C.int(wBF16), C.uintptr_t(skip), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.uintptr_t(stream), lspgoSync()))
 }
 
 // SparseValueGrad runs lsp_sparse_value_grad (kernels.h, section fit):

@@ -431,6 +431,27 @@ type Ops interface {
 	// [rows*r] gets w*g, or += w*g when accumulate. M and K F32 [d,d].
 	// Sums in fixed order: b ascending, then t ascending, in fp32.
 	SparseValueGrad(s Stream, out, Y, M, K, idx, val Tensor, rows, d, r int, w float32, trans, accumulate bool) error
+	// Dense projection (docs/DESIGN.md, "Projector kinds"): the svd and
+	// gaussian projectors' compress and apply, and GaLore's projection of
+	// a gradient and its update's way back. The projectors are dense fp32
+	// matrices and stay fp32 on every backend (the bf16 GEMM would keep 8
+	// bits of them). Every element's sum runs over k ascending from +0 in
+	// fp32, each product rounded before it is added (float32(a*b), never
+	// an FMA), as cpu.DenseGemm: the CPU backend and the kernels give the
+	// same bits.
+
+	// DenseGemm: C [M,N] F32 = alpha*op(A)*op(B) + beta*C, op(A) M x K and
+	// op(B) K x N, row-major and contiguous as Gemm; A and B F32 or BF16,
+	// each on its own (bf16 widened exactly). Each element is
+	// float32(alpha*sum) + float32(beta*C); beta 0 does not read C.
+	DenseGemm(s Stream, transA, transB bool, M, N, K int, alpha float32, A, B Tensor, beta float32, C Tensor) error
+	// DenseApply: W [M,N] <- decay*W + alpha*op(A)*op(B), op(A) M x K and
+	// op(B) K x N F32; each element float32(decay*W) + float32(alpha*sum).
+	// A BF16 W is written by stochastic rounding keyed by (seed, step,
+	// matrix, element i*N+j), as SparseApply's; an F32 W exactly. skip
+	// (F32 [1], read on the device; nil Buf: never) leaves W as it is when
+	// skip[0] != 0.
+	DenseApply(s Stream, transA, transB bool, M, N, K int, alpha float32, A, B Tensor, decay float32, W, skip Tensor, seed, step uint64, matrix uint32) error
 }
 
 // DeviceHeadroom is the device memory a GPU backend leaves to CUDA itself

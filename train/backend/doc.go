@@ -91,6 +91,8 @@
 //	SparseS                      S, A, B: fp32
 //	SparseApply                  W: fp32|bf16 [w_bf16]; T, Delta, pval, qval, skip: fp32; pidx, qidx: i32
 //	SparseValueGrad              out, Y, M, K, val: fp32; idx: i32
+//	DenseGemm                    A: fp32|bf16 [a_bf16]; B: fp32|bf16 [b_bf16]; C: fp32
+//	DenseApply                   A, B, skip: fp32; W: fp32|bf16 [w_bf16]
 //
 // A quantized matrix (GemmQ's and Dequantize's W, a Quant) is not in the
 // table: its tensors' dtypes are fixed (codes and absmax bytes in I32

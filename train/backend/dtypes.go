@@ -129,6 +129,10 @@ var kernelDTypes = []OpDTypes{
 		Groups: []DTypeGroup{grp(storage, "w_bf16", "W"), grp(onlyF32, "", "T", "Delta", "pval", "qval", "skip"), grp(onlyI32, "", "pidx", "qidx")}},
 	{Op: "SparseValueGrad", Launcher: "lsp_sparse_value_grad", Args: []string{"out", "Y", "M", "K", "idx", "val"},
 		Groups: []DTypeGroup{grp(onlyF32, "", "out", "Y", "M", "K", "val"), grp(onlyI32, "", "idx")}},
+	{Op: "DenseGemm", Launcher: "lsp_dense_gemm", Args: []string{"A", "B", "C"},
+		Groups: []DTypeGroup{grp(storage, "a_bf16", "A"), grp(storage, "b_bf16", "B"), grp(onlyF32, "", "C")}},
+	{Op: "DenseApply", Launcher: "lsp_dense_apply", Args: []string{"A", "B", "W", "skip"},
+		Groups: []DTypeGroup{grp(onlyF32, "", "A", "B", "skip"), grp(storage, "w_bf16", "W")}},
 }
 
 // KernelDTypes returns the table, one entry per Ops method (a copy).

@@ -208,6 +208,19 @@ func SparseS(S, A, B backend.Tensor, accumulate bool) Access {
 	return Access{"sparse S", reads, ranges(S)}
 }
 
+// DenseGemm reads C only when beta is not 0.
+func DenseGemm(A, B backend.Tensor, beta float32, C backend.Tensor) Access {
+	reads := ranges(A, B)
+	if beta != 0 {
+		reads = append(reads, ranges(C)...)
+	}
+	return Access{"dense gemm", reads, ranges(C)}
+}
+
+func DenseApply(A, B, W, skip backend.Tensor) Access {
+	return Access{"dense apply", ranges(A, B, W, skip), ranges(W)}
+}
+
 func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor) Access {
 	return Access{"sparse apply", ranges(W, Delta, pidx, pval, qidx, qval, skip), ranges(W, T)}
 }

@@ -290,6 +290,15 @@ func (w *Backend) SparseValueGrad(s backend.Stream, out, Y, M, K, idx, val backe
 		SparseValueGrad(out, Y, M, K, idx, val, accumulate))
 }
 
+func (w *Backend) DenseGemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
+	return w.declare(s, w.Backend.DenseGemm(s, transA, transB, M, N, K, alpha, A, B, beta, C), DenseGemm(A, B, beta, C))
+}
+
+func (w *Backend) DenseApply(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, decay float32, W, skip backend.Tensor,
+	seed, step uint64, matrix uint32) error {
+	return w.declare(s, w.Backend.DenseApply(s, transA, transB, M, N, K, alpha, A, B, decay, W, skip, seed, step, matrix), DenseApply(A, B, W, skip))
+}
+
 func (w *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, qval, skip backend.Tensor, m, n, d, r int,
 	lr, wd float32, seed, step uint64, matrix uint32) error {
 	return w.declare(s, w.Backend.SparseApply(s, W, T, Delta, pidx, pval, qidx, qval, skip, m, n, d, r, lr, wd, seed, step, matrix),

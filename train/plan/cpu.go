@@ -143,7 +143,7 @@ func cpuOpTime(c calibrate.CPU) func(trace.Op) (float64, bool) {
 			return t, t > 0 && t < 1e300
 		}
 		flops := 0.0
-		if o.Family == trace.Attention || o.Family == trace.Sparse {
+		if o.Family == trace.Attention || o.Family == trace.Sparse || o.Family == trace.Dense {
 			flops = o.FLOPs
 		}
 		return c.OpTime(o.Method, flops, float64(o.Bytes)), true

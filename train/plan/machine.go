@@ -187,11 +187,13 @@ const (
 // gpuEff is the assumed efficiency of each family on a GPU: GEMMs at large
 // shapes reach most of the tensor-core peak, the bandwidth-bound families
 // most of the memory bandwidth, and LSP's sparse ops (gathers by index)
-// much less. Assumptions, not measurements.
+// much less, as do the dense projectors' fp32 products (ordinary cores
+// at the fp32 peak, a multiply and an add apiece: no FMA). Assumptions,
+// not measurements.
 func gpuEff() map[trace.Family]float64 {
 	return map[trace.Family]float64{
 		trace.Gemm: 0.7, trace.Attention: 0.5, trace.Norm: 0.7, trace.Activation: 0.8,
-		trace.Elementwise: 0.8, trace.Sparse: 0.25, trace.Embedding: 0.5, trace.Loss: 0.6,
+		trace.Elementwise: 0.8, trace.Sparse: 0.25, trace.Dense: 0.25, trace.Embedding: 0.5, trace.Loss: 0.6,
 		trace.Adam: 0.8, trace.Reduce: 0.6, trace.Copy: 0.8,
 	}
 }

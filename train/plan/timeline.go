@@ -31,6 +31,7 @@ var familyColor = map[trace.Family]color.RGBA{
 	trace.Activation:  {214, 39, 40, 255},
 	trace.Elementwise: {148, 103, 189, 255},
 	trace.Sparse:      {140, 86, 75, 255},
+	trace.Dense:       {196, 156, 148, 255},
 	trace.Embedding:   {227, 119, 194, 255},
 	trace.Loss:        {127, 127, 127, 255},
 	trace.Adam:        {188, 189, 34, 255},

@@ -457,6 +457,34 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	})
 }
 
+// DenseGemm implements backend.Ops: an fp32 product on the ordinary
+// cores (family Dense, not Gemm: no tensor cores, no FMA).
+func (b *Backend) DenseGemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
+	if err := dims("DenseGemm", M, N, K); err != nil {
+		return err
+	}
+	op := Op{Method: "DenseGemm", Family: Dense, DType: C.DType, Shapes: shapes(A, B, C), Gemm: GemmArgs{transA, transB, M, N, K},
+		FLOPs: 2 * float64(M) * float64(N) * float64(K), Bytes: hazard.DenseGemm(A, B, beta, C).Bytes()}
+	args := []arg{need("A", A, M*K), need("B", B, K*N), need("C", C, M*N)}
+	return b.do(s, op, args, func() error { return b.inner.DenseGemm(s, transA, transB, M, N, K, alpha, A, B, beta, C) })
+}
+
+// DenseApply implements backend.Ops: DenseGemm's product and the update
+// of W (its decay and add, 2 flops an element).
+func (b *Backend) DenseApply(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, decay float32, W, skip backend.Tensor,
+	seed, step uint64, matrix uint32) error {
+	if err := dims("DenseApply", M, N, K); err != nil {
+		return err
+	}
+	mn := float64(M) * float64(N)
+	op := Op{Method: "DenseApply", Family: Dense, DType: W.DType, Shapes: shapes(A, B, W, skip), Gemm: GemmArgs{transA, transB, M, N, K},
+		FLOPs: 2*mn*float64(K) + 2*mn, Bytes: hazard.DenseApply(A, B, W, skip).Bytes()}
+	args := []arg{need("A", A, M*K), need("B", B, K*N), need("W", W, M*N), maybe("skip", skip, 1)}
+	return b.do(s, op, args, func() error {
+		return b.inner.DenseApply(s, transA, transB, M, N, K, alpha, A, B, decay, W, skip, seed, step, matrix)
+	})
+}
+
 // SparseValueGrad implements backend.Ops.
 func (b *Backend) SparseValueGrad(s backend.Stream, out, Y, M, K, idx, val backend.Tensor, rows, d, r int, w float32, trans, accumulate bool) error {
 	if err := dims("SparseValueGrad", rows, d, r); err != nil {

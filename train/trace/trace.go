@@ -42,6 +42,7 @@ const (
 	Activation  Family = "activation"
 	Elementwise Family = "elementwise"
 	Sparse      Family = "sparse" // LSP compress, S and apply
+	Dense       Family = "dense"  // dense projectors' fp32 products (DenseGemm, DenseApply)
 	Embedding   Family = "embedding"
 	Loss        Family = "loss"
 	Adam        Family = "adam"
@@ -51,7 +52,7 @@ const (
 
 // Families lists every family, in a fixed order (timeline legends).
 func Families() []Family {
-	return []Family{Gemm, Attention, Norm, Activation, Elementwise, Sparse, Embedding, Loss, Adam, Reduce, Copy}
+	return []Family{Gemm, Attention, Norm, Activation, Elementwise, Sparse, Dense, Embedding, Loss, Adam, Reduce, Copy}
 }
 
 // ByFamily sums ops' Seconds per family: the seconds and the op count of
