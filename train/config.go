@@ -19,6 +19,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -64,7 +65,7 @@ type Config struct {
 	Overwrite       bool    // --overwrite: replace the outputs of an earlier run in a non-empty --out
 	Truncate        bool    // --truncate: cut over-long records instead of dropping them
 
-	Mode          engine.Mode        // --mode: native, zero, lsp or lora (docs/DESIGN.md, "The update modes")
+	Mode          engine.Mode        // --mode: native, zero, lsp, lora or galore (docs/DESIGN.md, "The update modes")
 	GradDType     backend.DType      // --grad-dtype: fp32 or bf16 storage of the parameter gradients
 	DenseParams   engine.DenseParams // --dense-params: frozen, device or host in lsp and lora modes ("": frozen from a checkpoint, device for a preset)
 	LoRAR         int                // --lora-r: the adapters' rank
@@ -72,6 +73,9 @@ type Config struct {
 	LoRADropout   float64            // --lora-dropout
 	LoRATargets   string             // --lora-targets: comma-separated Hugging Face module names ("": the family's every attention and MLP linear)
 	BaseDType     string             // --base-dtype: nf4 or int8 stores lora's frozen block matrices quantized (QLoRA); "": in --dtype
+	GaloreRank    int                // --galore-rank: the singular vectors GaLore keeps per matrix
+	GaloreEvery   int                // --galore-every: steps between GaLore's projector refreshes
+	GaloreScale   float64            // --galore-scale: the back-projected update's factor
 	Adapter       string             // --adapter: a PEFT LoRA adapter directory to start from (lora mode) or to sample with
 	D, R          int                // --d, --r: projected size and non-zeros per projector row (capped per matrix)
 	Alpha         float64            // --alpha: bias ratio the projector fit must reach
@@ -138,6 +142,7 @@ func Defaults() Config {
 		EvalTokens: DefaultEvalTokens, EvalMaxNew: DefaultEvalMaxNew,
 		CheckpointEvery: 200, KeepCheckpoints: 1, Seed: 1, Device: device.CPU, DType: backend.F32, Out: "out", GradResidency: engine.ResidencyAuto,
 		LoRAR: lora.DefaultR, LoRAAlpha: lora.DefaultAlpha,
+		GaloreRank: galore.DefaultRank, GaloreEvery: galore.DefaultEvery, GaloreScale: galore.DefaultScale,
 		Mode: engine.Native, GradDType: backend.F32, D: 0, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
 		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
@@ -339,9 +344,9 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("base-dtype", "%v", strings.TrimPrefix(err.Error(), "--base-dtype: ")))
 	}
 	check(c.Adapter == "" || c.Mode == engine.LoRA, "adapter", "loads a LoRA adapter to train on in --mode lora (--mode is %s); sample takes one too", c.Mode)
-	if c.Mode == engine.LSP || c.Mode == engine.LoRA {
+	if c.Mode == engine.LSP || c.Mode == engine.LoRA || c.Mode == engine.Galore {
 		// The engine's own check names each flag (--d, --r, --alpha,
-		// --lora-r, ...).
+		// --lora-r, --galore-rank, ...).
 		if err := c.engineConfig(false).Validate(); err != nil {
 			errs = append(errs, err)
 		}
@@ -364,6 +369,7 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
 			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers},
 		LoRA:        lora.Config{R: c.LoRAR, Alpha: c.LoRAAlpha, Dropout: c.LoRADropout, Targets: lora.ParseTargets(c.LoRATargets), Base: c.baseFormat()},
+		Galore:      galore.Config{Rank: c.GaloreRank, Every: c.GaloreEvery, Scale: c.GaloreScale},
 		HostThreads: c.Threads,
 	}
 }

@@ -23,7 +23,7 @@ func modeConfigs(t *testing.T, model string) map[string]Config {
 	out := map[string]Config{}
 	// mode-dense[-base]: lora-frozen-nf4 is QLoRA's set-up, a quantized
 	// base with nothing else trained.
-	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen", "lora-device", "lora-frozen-nf4"} {
+	for _, name := range []string{"zero", "lsp-device", "lsp-host", "lsp-frozen", "lora-device", "lora-frozen-nf4", "galore-device"} {
 		c := quickConfig(t, model)
 		c.Out = filepath.Join(t.TempDir(), name)
 		parts := strings.Split(name, "-")
@@ -38,14 +38,19 @@ func modeConfigs(t *testing.T, model string) map[string]Config {
 			c.D, c.R, c.CheckEvery, c.CalibSamples, c.FitIters = 8, 2, 2, 4, 10
 			c.Fit = true
 		}
+		if c.Mode == engine.Galore {
+			// Refreshes at steps 1, 3 and 5: one after the resume.
+			c.GaloreRank, c.GaloreEvery = 4, 2
+		}
 		out[name] = c
 	}
 	return out
 }
 
-// TestModesResumeBitForBit: a zero or lsp run stopped after step 3 and
-// resumed ends exactly where an uninterrupted run does, projector checks
-// after the resume included (--check-every 2).
+// TestModesResumeBitForBit: a run of each mode stopped after step 3 and
+// resumed ends exactly where an uninterrupted run does, lsp's projector
+// checks (--check-every 2) and galore's refreshes (--galore-every 2)
+// after the resume included.
 func TestModesResumeBitForBit(t *testing.T) {
 	checkModesResume(t, modeConfigs(t, writeModel(t, microConfig(16, 2))))
 }

@@ -37,7 +37,8 @@ import (
 // Each field is named as the Config field it comes from; its tag is its
 // flag; resume:"lsp" marks a setting only lsp mode has (zero in the other
 // modes, compared only when both runs are in lsp mode), resume:"lora" one
-// only lora mode has, resume:"lsp,lora" one both have; state:"field"
+// only lora mode has, resume:"lsp,lora" one both have (and so on, galore
+// among them); state:"field"
 // marks the settings that checkpoint.State holds as fields of their own
 // name, which every checkpoint version has.
 type resumeIdentity struct {
@@ -50,7 +51,7 @@ type resumeIdentity struct {
 	EvalFraction float64            `flag:"eval-fraction" state:"field"`
 	Truncate     bool               `flag:"truncate" state:"field"`
 	Mode         engine.Mode        `flag:"mode" state:"field"`
-	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp,lora" state:"field"` // resolved: never "" in lsp and lora modes
+	DenseParams  engine.DenseParams `flag:"dense-params" resume:"lsp,lora,galore" state:"field"` // resolved: never "" in lsp, lora and galore modes
 	D            int                `flag:"d" resume:"lsp" state:"field"`
 	R            int                `flag:"r" resume:"lsp" state:"field"`
 	LoRAR        int                `flag:"lora-r" resume:"lora"`
@@ -58,6 +59,9 @@ type resumeIdentity struct {
 	LoRADropout  float64            `flag:"lora-dropout" resume:"lora"`
 	LoRATargets  string             `flag:"lora-targets" resume:"lora"`
 	BaseDType    string             `flag:"base-dtype" resume:"lora"`
+	GaloreRank   int                `flag:"galore-rank" resume:"galore"`
+	GaloreEvery  int                `flag:"galore-every" resume:"galore"`
+	GaloreScale  float64            `flag:"galore-scale" resume:"galore"`
 
 	// Recorded in checkpoint.State.Settings only. --pack decides what
 	// each row holds (absent from runs before it: false).

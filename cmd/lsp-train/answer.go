@@ -73,7 +73,8 @@ func (o planOptions) answerMode(j planJob, mode engine.Mode, m plan.Machine) (an
 	variants := []variant{{o.dense, o.d}}
 	if mode.FrozenMatrices() {
 		for _, dense := range []string{string(engine.DenseFrozen), string(engine.DenseHost)} {
-			if dense != o.dense {
+			// galore's optimizer is on the device: no host variant.
+			if dense != o.dense && (mode != engine.Galore || dense != string(engine.DenseHost)) {
 				variants = append(variants, variant{dense, o.d})
 			}
 		}
@@ -146,6 +147,8 @@ func (c candidate) command(mode engine.Mode) string {
 	switch {
 	case mode == engine.LSP:
 		args = append(args, "--d", fmt.Sprint(o.d))
+	case mode == engine.Galore:
+		args = append(args, "--galore-rank", fmt.Sprint(o.galoreRank))
 	case mode == engine.LoRA:
 		args = append(args, "--lora-r", fmt.Sprint(o.loraR))
 		if o.loraTargets != "" {

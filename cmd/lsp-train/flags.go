@@ -66,14 +66,17 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Var((*byteSize)(&c.HostMem), "host-mem", "host memory budget, e.g. 16GiB (0: the memory the machine has available, MemAvailable of /proc/meminfo); checked before training")
 	fs.Var(&c.DType, "dtype", "storage `TYPE` of weights and activations: fp32 or bf16 (default: bf16 with --device cuda, fp32 on cpu; Adam moments are fp32 either way, and so are the master weights of every parameter that has one: all but lsp's block matrices, whose bf16 weights are updated by stochastic rounding)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
-	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up), lsp (LSP-Offload: learned sparse projectors, d x d over the link) or lora (PEFT's low-rank adapters on frozen weights, all on the device)")
+	fs.Var(&c.Mode, "mode", "update `MODE`: native (everything on the device), zero (ZeRO-Offload: grads down, CPU Adam, weights up), lsp (LSP-Offload: learned sparse projectors, d x d over the link) lora (PEFT's low-rank adapters on frozen weights, all on the device) or galore (GaLore: each matrix's gradient projected on its top singular vectors, AdamW there, all on the device)")
 	fs.Var(&c.GradDType, "grad-dtype", "storage `TYPE` of the parameter gradients: fp32 or bf16 (native and zero; lsp's compressed S is fp32)")
-	fs.Var(&c.DenseParams, "dense-params", "lsp and lora modes: `WHERE` the parameters other than block matrices train: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
+	fs.Var(&c.DenseParams, "dense-params", "lsp, lora and galore modes: `WHERE` the parameters other than block matrices train: frozen, device or host (default: frozen from a checkpoint, device for a preset)")
 	fs.IntVar(&c.LoRAR, "lora-r", c.LoRAR, "lora: the adapters' rank r")
 	fs.Float64Var(&c.LoRAAlpha, "lora-alpha", c.LoRAAlpha, "lora: alpha; the adapters' term is scaled by alpha / r")
 	fs.Float64Var(&c.LoRADropout, "lora-dropout", c.LoRADropout, "lora: dropout on the adapters' input (only 0 is supported)")
 	fs.StringVar(&c.LoRATargets, "lora-targets", c.LoRATargets, "lora: comma-separated Hugging Face `MODULES` to adapt, matched by the end of their path as PEFT does (default: every attention and MLP linear: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj for LLaMA and Qwen2; c_attn,c_proj,c_fc for GPT-2)")
 	fs.StringVar(&c.BaseDType, "base-dtype", c.BaseDType, "lora: `nf4` or int8 stores the frozen block matrices quantized (QLoRA: bitsandbytes' blockwise formats, double-quantized scales), dequantized inside the GEMMs; default: in --dtype")
+	fs.IntVar(&c.GaloreRank, "galore-rank", c.GaloreRank, "galore: the singular vectors kept per matrix (capped by its smaller side)")
+	fs.IntVar(&c.GaloreEvery, "galore-every", c.GaloreEvery, "galore: `STEPS` between refreshes of each matrix's projector (a randomized SVD of its gradient)")
+	fs.Float64Var(&c.GaloreScale, "galore-scale", c.GaloreScale, "galore: the factor of the update projected back (GaLore's alpha)")
 	fs.StringVar(&c.Adapter, "adapter", c.Adapter, "lora: a PEFT LoRA adapter `DIR` (adapter_config.json, adapter_model.safetensors) to continue training; its rank, alpha and targets replace --lora-r, --lora-alpha and --lora-targets")
 	fs.IntVar(&c.D, "d", c.D, "lsp: projected size d of each matrix; 0 (the default): a quarter of its shorter side, at most 512 (tiny: 32); a d at a matrix's side or above is capped there and compresses nothing")
 	fs.IntVar(&c.R, "r", c.R, "lsp: non-zeros per projector row (at most d)")
@@ -151,6 +154,9 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"lora-alpha", groupOffload},
 	{"lora-dropout", groupOffload},
 	{"lora-targets", groupOffload},
+	{"galore-rank", groupOffload},
+	{"galore-every", groupOffload},
+	{"galore-scale", groupOffload},
 	{"base-dtype", groupOffload},
 	{"adapter", groupModelData},
 	{"d", groupOffload},

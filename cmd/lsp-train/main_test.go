@@ -190,7 +190,7 @@ func TestCommandErrors(t *testing.T) {
 		{"config file not JSON", []string{"--config", writeJSON(t, `{"steps": 5,`)}, []string{"--config", "config.json"}, nil},
 		{"config names config", []string{"--config", writeJSON(t, `{"config": "x.json"}`)}, []string{"--config", `"config"`}, nil},
 		{"bad byte size", []string{"--device-mem", "lots"}, []string{"device-mem", "lots"}, nil},
-		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero, lsp or lora"}, nil},
+		{"bad mode", []string{"--mode", "offload"}, []string{"-mode", "offload", "native, zero, lsp, lora or galore"}, nil},
 		{"bad dtype", []string{"--dtype", "fp16"}, []string{"-dtype", "fp16", "fp32 or bf16"}, nil},
 		{"bad clip mode", []string{"--clip-mode", "global"}, []string{"-clip-mode", "global"}, nil},
 		{"bad schedule", []string{"--schedule", "eager"}, []string{"-schedule", "eager"}, nil},

@@ -45,6 +45,8 @@ type planOptions struct {
 	loraAlpha             float64
 	loraTargets           string
 	baseDType             string
+	galoreRank            int
+	galoreEvery           int
 	gpu, link, host       string
 	ranks                 int
 	net                   string
@@ -63,7 +65,8 @@ type planOptions struct {
 func defaultPlanOptions() planOptions {
 	d := train.Defaults()
 	return planOptions{model: "gpt2", batch: 4, seqLen: 512, accum: 1, dtype: "bf16", mode: "all",
-		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, loraR: d.LoRAR, loraAlpha: d.LoRAAlpha, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
+		schedule: "pipelined", recompute: "auto", gradResidency: "auto", d: d.D, r: d.R, loraR: d.LoRAR, loraAlpha: d.LoRAAlpha,
+		galoreRank: d.GaloreRank, galoreEvery: d.GaloreEvery, gpu: "rtx4090", ranks: 1, net: "shm", collectives: "auto", calibBudget: 10 * time.Second}
 }
 
 func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
@@ -73,7 +76,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.accum, "grad-accum", o.accum, "micro-batches per step")
 	fs.StringVar(&o.dtype, "dtype", o.dtype, "`TYPE` of weights and activations: fp32 or bf16")
 	fs.StringVar(&o.gradDType, "grad-dtype", o.gradDType, "`TYPE` of the parameter gradients: fp32 or bf16 (default: --dtype; fp32 with --ranks)")
-	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, lora, or all (the four side by side)")
+	fs.StringVar(&o.mode, "mode", o.mode, "`MODE`: native, zero, lsp, lora, galore, or all (the five side by side)")
 	fs.StringVar(&o.dense, "dense-params", o.dense, "lsp and lora: `WHERE` the parameters outside the block matrices are updated: frozen, device or host (default: as training does, frozen for a checkpoint directory, device for a preset)")
 	fs.StringVar(&o.schedule, "schedule", o.schedule, "`SCHEDULE`: pipelined (streams overlap) or sequential (one op at a time)")
 	fs.StringVar(&o.recompute, "recompute", o.recompute, "`WHAT` the backward recomputes: none, attn, layer, or auto (the least that fits the GPU's memory, per mode)")
@@ -85,6 +88,8 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.Float64Var(&o.loraAlpha, "lora-alpha", o.loraAlpha, "lora: alpha, as lsp-train's flag (it scales the adapters' term and costs nothing)")
 	fs.StringVar(&o.loraTargets, "lora-targets", o.loraTargets, "lora: comma-separated Hugging Face `MODULES` to adapt, as lsp-train's flag (default: every attention and MLP linear)")
 	fs.StringVar(&o.baseDType, "base-dtype", o.baseDType, "lora: `nf4` or int8 stores the frozen block matrices quantized (QLoRA), as lsp-train's flag (default: in --dtype)")
+	fs.IntVar(&o.galoreRank, "galore-rank", o.galoreRank, "galore: the singular vectors kept per matrix, as lsp-train's flag")
+	fs.IntVar(&o.galoreEvery, "galore-every", o.galoreEvery, "galore: `STEPS` between projector refreshes, as lsp-train's flag (the refresh's time is given apart from the step's)")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
 		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
 	fs.StringVar(&o.calibration, "calibration", o.calibration, "--gpu cpu: read the CPU backend's description from `FILE` (go run ./bench/calibrate -o FILE) instead of measuring it now")
@@ -174,6 +179,10 @@ func (o planOptions) parse() (planJob, error) {
 	}
 	if o.mode == "all" {
 		j.modes = slices.Clone(engine.Modes)
+		if o.ranks > 1 {
+			// galore runs in one process (engine.Config.Validate).
+			j.modes = slices.DeleteFunc(j.modes, func(m engine.Mode) bool { return m == engine.Galore })
+		}
 	} else if m, err := engine.ParseMode(o.mode); err != nil {
 		bad("mode", "%v (or all)", err)
 	} else {
@@ -278,6 +287,7 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
 	c.LoRAR, c.LoRAAlpha, c.LoRATargets = o.loraR, o.loraAlpha, o.loraTargets
+	c.GaloreRank, c.GaloreEvery = o.galoreRank, o.galoreEvery
 	if mode == engine.LoRA {
 		c.BaseDType = o.baseDType // the lora row of --mode all too
 	}
@@ -403,6 +413,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		return err
 	}
 	for i, r := range reports {
+		if r.RefreshSeconds > 0 {
+			every := o.galoreEvery
+			fmt.Fprintf(stdout, "%s: projector refresh of every matrix %s (randomized SVDs, one matrix at a time), every %d steps: %s a step on average\n",
+				j.modes[i], secs(r.RefreshSeconds), every, secs(r.RefreshSeconds/float64(max(every, 1))))
+		}
 		if r.FitSeconds > 0 {
 			fmt.Fprintf(stdout, "%s: projector fits of one check %s (every fit for its whole --fit-iters budget; calibration passes not counted)\n",
 				j.modes[i], secs(r.FitSeconds))

@@ -36,7 +36,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	t.Logf("\n%s", stdout)
-	for _, want := range []string{"native", "zero", "lsp", "lora", "by phase", "by op family", "gemm", "of which lora adapters", "attention", "sparse",
+	for _, want := range []string{"native", "zero", "lsp", "lora", "galore", "by phase", "by op family", "gemm", "of which lora adapters", "attention", "sparse", "dense",
 		"host-adam (wall)", "streams: busy / idle", filepath.Join(dir, "metrics.jsonl")} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("the table lacks %q", want)
@@ -46,7 +46,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	modes := []string{"native", "zero", "lsp", "lora"}
+	modes := []string{"native", "zero", "lsp", "lora", "galore"}
 	if len(recs) != len(modes)*profileSteps {
 		t.Fatalf("%d records, want %d (%d modes x %d steps)", len(recs), len(modes)*profileSteps, len(modes), profileSteps)
 	}
@@ -57,6 +57,9 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 		"zero":   {profile.Forward, profile.Backward, profile.Comm, profile.HostAdam},
 		"lsp":    {profile.Forward, profile.Backward, profile.Optimizer, profile.Comm, profile.HostAdam},
 		"lora":   {profile.Forward, profile.Backward, profile.Optimizer}, // the adapters' device AdamW
+		// The matrices' updates run in their blocks' backward; the
+		// optimizer phase is the dense parameters' AdamW.
+		"galore": {profile.Forward, profile.Backward, profile.Optimizer},
 	}
 	checks := 0
 	for i, r := range recs {
@@ -114,9 +117,9 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 				t.Errorf("%s step %d: stream %s idle %g s, busy %g s of %g s", p.Mode, r.Step, s, p.Idle[s], b, p.Engine)
 			}
 		}
-		// Native and lora (a preset's dense parameters on the device)
-		// have no host node.
-		if (p.Mode == "native" || p.Mode == "lora") == (p.Busy[profile.HostStream] > 0) {
+		// Native, lora and galore (a preset's dense parameters on the
+		// device) have no host node.
+		if (p.Mode == "native" || p.Mode == "lora" || p.Mode == "galore") == (p.Busy[profile.HostStream] > 0) {
 			t.Errorf("%s step %d: host busy %g s", p.Mode, r.Step, p.Busy[profile.HostStream])
 		}
 	}

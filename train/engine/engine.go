@@ -52,6 +52,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/faults"
+	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
@@ -69,24 +70,27 @@ const (
 	Zero   Mode = "zero"
 	LSP    Mode = "lsp"
 	LoRA   Mode = "lora"
+	// Galore: GaLore's projected AdamW on the device (train/galore).
+	Galore Mode = "galore"
 )
 
 // Modes lists every mode, in the order tables show them.
-var Modes = []Mode{Native, Zero, LSP, LoRA}
+var Modes = []Mode{Native, Zero, LSP, LoRA, Galore}
 
 // ParseMode reads a --mode value.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
-	case Native, Zero, LSP, LoRA:
+	case Native, Zero, LSP, LoRA, Galore:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown mode %q (want native, zero, lsp or lora)", s)
+	return "", fmt.Errorf("unknown mode %q (want native, zero, lsp, lora or galore)", s)
 }
 
 // FrozenMatrices reports whether the mode gives the block matrices no
-// dense gradient (lsp compresses it; lora freezes them), so that the
-// other parameters follow --dense-params.
-func (m Mode) FrozenMatrices() bool { return m == LSP || m == LoRA }
+// dense gradient (lsp compresses it; lora freezes them; galore forms it
+// one matrix at a time in its own hook), so that the other parameters
+// follow --dense-params.
+func (m Mode) FrozenMatrices() bool { return m == LSP || m == LoRA || m == Galore }
 
 // DenseParams says what lsp and lora modes do with the parameters that are not
 // block matrices (embeddings, norms, biases): --dense-params.
@@ -116,6 +120,7 @@ type Config struct {
 	Pipelined   bool
 	LSP         lsp.Config
 	LoRA        lora.Config
+	Galore      galore.Config
 	Seed        uint64
 	HostThreads int // host Adam workers (0: one per core)
 	// GradDType stores the parameter gradients on the device (and on the
@@ -173,6 +178,17 @@ func (c Config) Validate() error {
 	if c.Mode == LoRA {
 		if err := c.LoRA.Validate(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if c.Mode == Galore {
+		if err := c.Galore.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if c.DenseParams == DenseHost {
+			errs = append(errs, fmt.Errorf("--dense-params host: not with --mode galore, whose optimizer runs on the device (use device or frozen)"))
+		}
+		if c.Comm != nil && c.Comm.Size() > 1 {
+			errs = append(errs, fmt.Errorf("--mode galore: one process only (its projected gradients are not summed over ranks), not %d", c.Comm.Size()))
 		}
 	}
 	if c.GradDType != backend.F32 && c.GradDType != backend.BF16 {
@@ -237,7 +253,9 @@ type Engine struct {
 	dense *optim.AdamW // lsp with --dense-params device: the dense parameters
 	lsp   *lsp.State   // lsp
 	lora  *lora.State  // lora
-	base  *quant.Base  // lora with --base-dtype: the quantized block matrices
+	// galore is galore mode's projectors and moments (the model's adapters).
+	galore *galore.Device
+	base   *quant.Base // lora with --base-dtype: the quantized block matrices
 	// loraSet: the adapters were uploaded (SetAdapters), so Init does not
 	// draw them.
 	loraSet bool
@@ -314,6 +332,12 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			}
 			opts.Base = e.base
 		}
+	case Galore:
+		if e.galore, err = galore.New(be, idx, cfg.Galore, cfg.Hyper, cfg.Seed, B*T, dt); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		opts.Adapters = e.galore
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	if e.Model, err = arch.NewModel(be, B, T, dt, opts); err != nil {
 		return nil, err
@@ -330,6 +354,10 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e.lossAcc, e.skipFlag = e.lossFlag.Slice(0, accum*BT), e.lossFlag.Slice(accum*BT, 1)
+	if e.galore != nil {
+		params := e.Model.Buffers().Params
+		e.galore.Bind(func(l, k int) backend.Tensor { return e.Model.ParamView(params, idx.MatParam[l][k]) }, e.skipFlag)
+	}
 	e.losses = make([]float32, accum*BT+1)
 	if cfg.hostOptimizer() {
 		if !sizeOnly { // a traced graph's host nodes never run: no pool
@@ -402,6 +430,13 @@ func newEngine(be backend.Backend, arch model.Arch, B, T, accum int, dt backend.
 			if e.dpg, err = newDPGradsOf(e, loraGradGroups(e)); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if cfg.Mode == Galore && cfg.DenseParams == DenseDevice {
+		// The matrices' updates are galore's own (in the backward); the
+		// other parameters take the device AdamW, as native's.
+		if e.opt, err = optim.New(be, cfg.Hyper, e.denseTensors(), backend.Tensor{}); err != nil {
+			return nil, fmt.Errorf("engine: dense optimizer: %w", err)
 		}
 	}
 	if err := e.dp.allocScratch(e); err != nil {
@@ -477,6 +512,9 @@ func (e *Engine) Free() error {
 	}
 	if e.lora != nil {
 		e.lora.Free()
+	}
+	if e.galore != nil {
+		e.galore.Free()
 	}
 	if e.dense != nil {
 		e.dense.Free()
@@ -559,6 +597,9 @@ func (e *Engine) DenseParams() DenseParams { return e.cfg.DenseParams }
 // SetStepCount restores the step count from a checkpoint.
 func (e *Engine) SetStepCount(n int) {
 	e.step, e.checked = n, -1
+	if e.galore != nil {
+		e.galore.SetSteps(n)
+	}
 	for _, o := range []*optim.AdamW{e.opt, e.dense} {
 		if o != nil {
 			o.SetStepCount(n)
@@ -617,6 +658,9 @@ func (e *Engine) Step(batches []data.Batch, lr float64) (lossSum float64, err er
 	}
 	e.step++
 	e.skipped = false
+	if e.galore != nil {
+		e.galore.Begin(uint64(e.step), lr, e.accum)
+	}
 	g, err := e.stepGraph(float32(1/float64(targets)), lr)
 	if err != nil {
 		return 0, err
@@ -664,6 +708,9 @@ func (e *Engine) Skipped() bool { return e.skipped }
 func (e *Engine) undoStep() error {
 	e.skipped = true
 	e.step--
+	if e.galore != nil {
+		e.galore.Skipped()
+	}
 	for _, o := range []*optim.AdamW{e.opt, e.dense} {
 		if o != nil {
 			if err := o.Skipped(e.st.Compute); err != nil {
@@ -802,6 +849,9 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			if e.lsp != nil {
 				e.lsp.SetMicro(i)
 			}
+			if e.galore != nil {
+				e.galore.SetMicro(i)
+			}
 			if err := m.Forward(s); err != nil {
 				return err
 			}
@@ -848,6 +898,9 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			bwd[l] = g.Add(fmt.Sprintf("backward %d.%d", i, l), Compute, func(s backend.Stream) error {
 				if e.lsp != nil {
 					e.lsp.SetMicro(i)
+				}
+				if e.galore != nil {
+					e.galore.SetMicro(i)
 				}
 				return m.BackwardLayer(s, l)
 			}, deps...)
@@ -919,6 +972,12 @@ func (e *Engine) stepGraph(lossScale float32, lr float64) (*Graph, error) {
 			e.addLSPUp(g, lspAdam, lr)
 		} else {
 			slots.finish()
+		}
+	case Galore:
+		// Each matrix was updated in its block's backward; the dense
+		// parameters' AdamW after the whole backward.
+		if e.opt != nil {
+			g.Add("adamw", Compute, func(s backend.Stream) error { return e.opt.Step(s, float32(lr), e.skipFlag) })
 		}
 	case LoRA:
 		// As lsp's dense parameters: every copy down and host Adam

@@ -11,6 +11,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
+	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
@@ -27,8 +28,9 @@ func testConfig(mode Mode) Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return Config{Mode: mode, DenseParams: DenseDevice, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP:  lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
-		LoRA: lora.Config{R: 4, Alpha: 8, Targets: lora.DefaultTargets("gpt2")}}
+		LSP:    lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
+		LoRA:   lora.Config{R: 4, Alpha: 8, Targets: lora.DefaultTargets("gpt2")},
+		Galore: galore.Config{Rank: 4, Every: 3, Scale: 0.25}}
 }
 
 // batches draws n micro-batches of a learnable pattern (next = cur+1 mod V),
@@ -274,6 +276,7 @@ func modesUnderTest() []struct {
 		{"lsp-host", lspHost, backend.F32},
 		{"lora-device", loraDev, backend.BF16},
 		{"lora-host", loraHost, backend.F32},
+		{"galore", testConfig(Galore), backend.BF16},
 	}
 	if deviceIsCUDA {
 		// On the CUDA backend (a minute a mode under the simulator)
@@ -359,7 +362,7 @@ func TestEveryEdgeIsNeeded(t *testing.T) {
 		t.Skip("races on purpose; runs in make test's race-free pass")
 	}
 	for _, tc := range modesUnderTest() {
-		if tc.name == "lora-device" {
+		if tc.name == "lora-device" || tc.name == "galore" {
 			continue // every node on the compute stream: no edge to remove
 		}
 		t.Run(tc.name, func(t *testing.T) { everyEdge(t, tc.cfg, tc.dt, 1) })

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
@@ -180,6 +181,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 		if cfg.LoRA.Base != 0 {
 			opts.Base = (*quant.Base)(nil) // Params without the block matrices
 		}
+	case Galore:
+		opts.Adapters = (*galore.Device)(nil) // frozen matrices, inputs kept
+		opts.FrozenDense = cfg.DenseParams == DenseFrozen
 	}
 	opts.GradDType, opts.Recompute, opts.Packed = cfg.GradDType, cfg.Recompute, cfg.Packed
 	if cfg.ring() {
@@ -274,6 +278,22 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			p.CheckpointBytes += savedDeviceState(st)
 		case DenseHost:
 			p.addDenseHost(dense, denseTensors, dt, cfg.GradDType)
+		}
+	case Galore:
+		// The projectors, projected gradients and moments, one matrix's
+		// gradient and the randomized SVD's workspaces; the dense
+		// parameters' device AdamW.
+		gb := galore.Bytes(x, cfg.Galore, dt)
+		p.Device = append(p.Device, Part{"galore projectors, moments and workspaces", gb})
+		np, nm := galore.StateSizes(x, cfg.Galore)
+		p.StateWrite = max(p.StateWrite, deviceStateChunk(int64(max(np, nm))))
+		p.CheckpointBytes += 4 * int64(np+2*nm)
+		if cfg.DenseParams == DenseDevice {
+			denseTensors := len(x.Layout) - len(x.Blocks)*len(x.Mats)
+			st := optim.StateBytes(int(dense), denseTensors, dt, false)
+			p.Device = append(p.Device, Part{"dense optimizer", st})
+			p.StateWrite = max(p.StateWrite, deviceStateChunk(dense))
+			p.CheckpointBytes += savedDeviceState(st)
 		}
 	case LoRA:
 		// The adapters and their gradients, and one device AdamW over

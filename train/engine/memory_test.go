@@ -21,6 +21,8 @@ func TestPlanMatchesArena(t *testing.T) {
 	loraHost.DenseParams, loraFrozen.DenseParams = DenseHost, DenseFrozen
 	loraNF4, loraInt8 := testConfig(LoRA), testConfig(LoRA)
 	loraNF4.LoRA.Base, loraInt8.LoRA.Base, loraInt8.DenseParams = backend.NF4, backend.Int8, DenseFrozen
+	galoreFrozen := testConfig(Galore)
+	galoreFrozen.DenseParams = DenseFrozen
 	nativeAttn, zeroLayer, lspLayer := testConfig(Native), testConfig(Zero), testConfig(LSP)
 	nativeAttn.Recompute, zeroLayer.Recompute, lspLayer.Recompute = model.RecomputeAttn, model.RecomputeLayer, model.RecomputeLayer
 	for _, tc := range []struct {
@@ -34,6 +36,7 @@ func TestPlanMatchesArena(t *testing.T) {
 		{"zero-ring", ringConfig(backend.F32)}, {"zero-ring-bf16-grads", ringConfig(backend.BF16)},
 		{"lora-device", testConfig(LoRA)}, {"lora-host", loraHost}, {"lora-frozen", loraFrozen},
 		{"lora-nf4", loraNF4}, {"lora-int8-frozen", loraInt8},
+		{"galore", testConfig(Galore)}, {"galore-frozen", galoreFrozen},
 	} {
 		for _, dt := range []backend.DType{backend.F32, backend.BF16} {
 			t.Run(tc.name+"/"+dt.String(), func(t *testing.T) {

@@ -1,7 +1,8 @@
 // The optimizer state of each mode as named fp32 arrays, for checkpoints:
 // native's device moments, the host's master weights and moments (zero,
 // lsp --dense-params host), the dense device optimizer, and lsp's
-// per-matrix projectors and subspace moments (train/lsp's State.Save).
+// per-matrix projectors and subspace moments (train/lsp's State.Save),
+// and galore's projectors and moments (its step count is the engine's).
 // Integers are stored as float32, exact below 2^24, which every index and
 // count here is.
 //
@@ -127,6 +128,12 @@ func (e *Engine) StateArrays() (arrays []StateArray, finish func() error, err er
 		// bf16, is adam.master's first elements).
 		dev("lora.adapters", e.lora.Params)
 	}
+	if e.galore != nil {
+		gp, gm, gv := e.galore.State()
+		dev("galore.p", gp)
+		dev("galore.m", gm)
+		dev("galore.v", gv)
+	}
 	if e.lsp != nil {
 		e.lsp.SaveArrays(func(name string, n int, read func() []float32) {
 			add(StateArray{Name: name, Len: n, Read: func(fn func([]float32) error) error { return fn(read()) }})
@@ -152,6 +159,10 @@ func (e *Engine) largestDeviceState() int {
 	n := 0
 	if e.lora != nil {
 		n = e.lora.Params.Len()
+	}
+	if e.galore != nil {
+		gp, gm, _ := e.galore.State()
+		n = max(n, gp.Len(), gm.Len())
 	}
 	for _, o := range []*optim.AdamW{e.opt, e.dense} {
 		if o == nil {
@@ -273,6 +284,17 @@ func (e *Engine) LoadStateFrom(src StateSource) error {
 	if e.lora != nil {
 		if err := dev("lora.adapters", e.lora.Params); err != nil {
 			return err
+		}
+	}
+	if e.galore != nil {
+		gp, gm, gv := e.galore.State()
+		for _, a := range []struct {
+			name string
+			t    backend.Tensor
+		}{{"galore.p", gp}, {"galore.m", gm}, {"galore.v", gv}} {
+			if err := dev(a.name, a.t); err != nil {
+				return err
+			}
 		}
 	}
 	if o := e.off; o != nil {

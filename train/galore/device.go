@@ -56,11 +56,12 @@ type Matrix struct {
 	R        int
 	Decay    bool
 	P        backend.Tensor // F32, In x R (ProjectIn) or Out x R (ProjectOut)
-	Grad     backend.Tensor // F32 projected gradient: R x Out or In x R
+	Grad     backend.Tensor // F32 projected gradient: R x Out or In x R (scratch of the step)
 	M, V     backend.Tensor // F32 Adam moments, Grad's shape
 	W        backend.Tensor // the weight, a view of the model's parameters (Bind)
 	hasP     bool
-	projRows int // Grad's rows
+	retry    bool // its gradient was zero at its refresh: refresh at the next step
+	projRows int  // Grad's rows
 }
 
 // projSize is the elements of the projected gradient.
@@ -90,8 +91,9 @@ type Device struct {
 	be    backend.Backend
 	hyper optim.Hyper
 	seed  uint64
-	rows  int // the largest BT a call may have
-	state backend.Tensor
+	rows  int            // the largest BT a call may have
+	state backend.Tensor // every P, then every M, then every V (State)
+	grads backend.Tensor // every projected gradient
 	g     backend.Tensor // G, the largest matrix's m x n in the model dtype
 	z     backend.Tensor // the Adam direction, the largest projected size
 	other backend.Tensor // the refresh's unused singular vectors
@@ -105,6 +107,9 @@ type Device struct {
 	lr           float64
 	srStep       uint64
 	due          bool
+	// refreshH2D is what the step's refreshes copied to the device
+	// (rsvd's random matrix and factors), RefreshUploads.
+	refreshH2D int64
 }
 
 var _ model.Adapters = (*Device)(nil)
@@ -112,8 +117,8 @@ var _ model.Adapters = (*Device)(nil)
 // Layout is the sizes of a Device: what New allocates, for the memory
 // plan.
 type Layout struct {
-	State, G, Z, Other int // elements: fp32, dt, fp32, fp32
-	SVD                [][2]int
+	State, Grads, G, Z, Other int // elements: fp32, fp32, dt, fp32, fp32
+	SVD                       [][2]int
 }
 
 // layout walks idx's matrices as New lays them out.
@@ -130,7 +135,8 @@ func layout(idx *model.Index, cfg Config, each func(l, k int, x *Matrix)) Layout
 			if each != nil {
 				each(l, k, x)
 			}
-			lay.State += x.pRows()*x.R + 3*x.projSize()
+			lay.State += x.pRows()*x.R + 2*x.projSize()
+			lay.Grads += x.projSize()
 			lay.G = max(lay.G, x.In*x.Out)
 			lay.Z = max(lay.Z, x.projSize())
 			// rsvd writes both factors: P takes one, Other the other.
@@ -144,12 +150,19 @@ func layout(idx *model.Index, cfg Config, each func(l, k int, x *Matrix)) Layout
 	return lay
 }
 
+// StateSizes is the elements of State's arrays for idx's matrices: the
+// projectors', and each moment's.
+func StateSizes(idx *model.Index, cfg Config) (p, moment int) {
+	layout(idx, cfg, func(_, _ int, x *Matrix) { p, moment = p+x.pRows()*x.R, moment+x.projSize() })
+	return p, moment
+}
+
 // Bytes predicts the device bytes New allocates for idx's matrices with
 // gradients of dt (the model dtype): the state, the workspaces and one
 // randomized-SVD workspace per matrix shape.
 func Bytes(idx *model.Index, cfg Config, dt backend.DType) int64 {
 	lay := layout(idx, cfg, nil)
-	n := 4*int64(lay.State+lay.Z+lay.Other+1) + int64(lay.G)*int64(dt.Size()) + 8*int64(backend.SumSquaresWork)
+	n := 4*int64(lay.State+lay.Grads+lay.Z+lay.Other+1) + int64(lay.G)*int64(dt.Size()) + 8*int64(backend.SumSquaresWork)
 	for _, sh := range lay.SVD {
 		n += rsvd.WorkspaceBytes(sh[0], sh[1], cfg.RankOf(sh[0], sh[1]), rsvd.DefaultOversample, dt)
 	}
@@ -184,6 +197,7 @@ func New(be backend.Backend, idx *model.Index, cfg Config, h optim.Hyper, seed u
 		dt   backend.DType
 	}{
 		{&d.state, "galore projectors and moments", lay.State, backend.F32},
+		{&d.grads, "galore projected gradients", lay.Grads, backend.F32},
 		{&d.g, "galore gradient", lay.G, dt},
 		{&d.z, "galore direction", lay.Z, backend.F32},
 		{&d.other, "galore svd factor", lay.Other, backend.F32},
@@ -194,13 +208,19 @@ func New(be backend.Backend, idx *model.Index, cfg Config, h optim.Hyper, seed u
 			return nil, fmt.Errorf("galore: %w", err)
 		}
 	}
-	c := &backend.Carver{T: d.state}
-	for _, row := range d.Mats {
-		for _, x := range row {
-			x.P = c.Next(x.pRows(), x.R)
-			x.Grad = c.Next(x.projRows, x.projSize()/x.projRows)
-			x.M = c.Next(x.projSize())
-			x.V = c.Next(x.projSize())
+	// Every P, then every M, then every V: a checkpoint saves them as
+	// three arrays.
+	c, gc := &backend.Carver{T: d.state}, &backend.Carver{T: d.grads}
+	for _, field := range []func(x *Matrix){
+		func(x *Matrix) { x.P = c.Next(x.pRows(), x.R) },
+		func(x *Matrix) { x.M = c.Next(x.projSize()) },
+		func(x *Matrix) { x.V = c.Next(x.projSize()) },
+		func(x *Matrix) { x.Grad = gc.Next(x.projRows, x.projSize()/x.projRows) },
+	} {
+		for _, row := range d.Mats {
+			for _, x := range row {
+				field(x)
+			}
 		}
 	}
 	if err := be.Fill(be.DefaultStream(), d.state, 0); err != nil {
@@ -218,8 +238,11 @@ func New(be backend.Backend, idx *model.Index, cfg Config, h optim.Hyper, seed u
 }
 
 // Bind gives every matrix its weight: weight(l, k) is the view of matrix
-// k of block l in the model's parameters.
-func (d *Device) Bind(weight func(l, k int) backend.Tensor) {
+// k of block l in the model's parameters; skip is the engine's non-finite
+// flag of each step (F32 [1] on the device; nil Buf: none), which the
+// updates read.
+func (d *Device) Bind(weight func(l, k int) backend.Tensor, skip backend.Tensor) {
+	d.skip = skip
 	for _, row := range d.Mats {
 		for _, x := range row {
 			x.W = weight(x.L, x.K)
@@ -229,7 +252,7 @@ func (d *Device) Bind(weight func(l, k int) backend.Tensor) {
 
 // Free releases the device storage.
 func (d *Device) Free() {
-	for _, t := range []backend.Tensor{d.state, d.g, d.z, d.other, d.norm, d.work} {
+	for _, t := range []backend.Tensor{d.state, d.grads, d.g, d.z, d.other, d.norm, d.work} {
 		if t.Buf != nil {
 			d.be.Free(t)
 		}
@@ -241,17 +264,46 @@ func (d *Device) Free() {
 }
 
 // Begin starts a step of accum micro-batches at learning rate lr; step
-// (1-based, the run's) keys the stochastic rounding; skip is the step's
-// non-finite flag on the device (nil Buf: none).
-func (d *Device) Begin(step uint64, lr float64, accum int, skip backend.Tensor) {
-	d.srStep, d.lr, d.accum, d.skip = step, lr, accum, skip
+// (1-based, the run's) keys the stochastic rounding.
+func (d *Device) Begin(step uint64, lr float64, accum int) {
+	d.srStep, d.lr, d.accum = step, lr, accum
 	d.due = d.T%d.Cfg.Every == 0
 	d.T++
+	d.refreshH2D = 0
 }
+
+// RefreshUploads is the bytes the latest step's refreshes copied to the
+// device: the randomized SVDs' random matrices and small factors.
+func (d *Device) RefreshUploads() int64 { return d.refreshH2D }
 
 // Skipped takes back the latest step, which the device skipped: its
 // moments and weights were left alone, and its refresh is due again.
 func (d *Device) Skipped() { d.T-- }
+
+// SetSteps restores the steps taken (a checkpoint's step count, which
+// leaves out skipped steps as T does): after one or more steps every
+// matrix has a projector, restored with State.
+func (d *Device) SetSteps(n int) {
+	d.T = n
+	for _, row := range d.Mats {
+		for _, x := range row {
+			x.hasP = n > 0
+		}
+	}
+}
+
+// State is what a checkpoint saves (its step count is the engine's):
+// every matrix's projector, then every first moment, then every second
+// moment (F32 each), as the arrays "p", "m" and "v".
+func (d *Device) State() (p, m, v backend.Tensor) {
+	np, nm := 0, 0
+	for _, row := range d.Mats {
+		for _, x := range row {
+			np, nm = np+x.P.Len(), nm+x.M.Len()
+		}
+	}
+	return d.state.Slice(0, np), d.state.Slice(np, nm), d.state.Slice(np+nm, nm)
+}
 
 // SetMicro says which micro-batch of the step runs next.
 func (d *Device) SetMicro(i int) { d.micro = i }
@@ -272,7 +324,7 @@ func (d *Device) Backward(s backend.Stream, l, k int, X, dY, _ backend.Tensor) e
 	if err := be.Gemm(s, true, false, x.In, x.Out, BT, 1, X, dY, 0, G); err != nil {
 		return fmt.Errorf("galore: gradient of %s: %w", x.Name, err)
 	}
-	if d.due && d.micro == 0 {
+	if (d.due || x.retry) && d.micro == 0 {
 		if err := d.refresh(s, x, G); err != nil {
 			return err
 		}
@@ -310,7 +362,14 @@ func (d *Device) refresh(s backend.Stream, x *Matrix, G backend.Tensor) error {
 	if err != nil {
 		return fmt.Errorf("galore: refresh of %s: %w", x.Name, err)
 	}
-	if math.IsNaN(float64(sq[0])) || math.IsInf(float64(sq[0]), 0) {
+	switch {
+	case math.IsNaN(float64(sq[0])) || math.IsInf(float64(sq[0]), 0):
+		return nil
+	case sq[0] == 0:
+		// Nothing to find (weights that are all zero give zero
+		// gradients): keep the subspace in use; with none yet (P zero,
+		// so nothing moves) try again next step.
+		x.retry = !x.hasP
 		return nil
 	}
 	U, V := x.P, d.other.Slice(0, x.Out*x.R)
@@ -318,14 +377,19 @@ func (d *Device) refresh(s backend.Stream, x *Matrix, G backend.Tensor) error {
 		U, V = d.other.Slice(0, x.In*x.R), x.P
 	}
 	seed := d.seed ^ uint64(x.ID)<<32 ^ uint64(d.T)
+	up := d.be.Traffic().H2D
 	_, err = d.svd[[2]int{x.In, x.Out}].Compute(s, G, U, V, rsvd.DefaultPowerIters, seed)
+	d.refreshH2D += d.be.Traffic().H2D - up
 	switch {
-	case errors.Is(err, rsvd.ErrRankDeficient) && x.hasP:
-		return nil // nothing to find in G: keep the subspace in use
+	case errors.Is(err, rsvd.ErrRankDeficient):
+		// G is zero: nothing to find. Keep the subspace in use; with
+		// none yet (P zero, so nothing moves) try again next step.
+		x.retry = !x.hasP
+		return nil
 	case err != nil:
 		return fmt.Errorf("galore: refresh of %s: %w", x.Name, err)
 	}
-	x.hasP = true
+	x.hasP, x.retry = true, false
 	return nil
 }
 

@@ -72,7 +72,7 @@ func TestDeviceOnFixture(t *testing.T) {
 		}
 		w0 := m.ours(t, name+".w0", in, out)
 		W := upload(t, be, f32(w0))
-		d.Bind(func(int, int) backend.Tensor { return W })
+		d.Bind(func(int, int) backend.Tensor { return W }, backend.Tensor{})
 		X := upload(t, be, eye(in))
 		ref, err := NewState(fixCfg, in, out)
 		if err != nil {
@@ -90,7 +90,7 @@ func TestDeviceOnFixture(t *testing.T) {
 			g := m.ours(t, fmt.Sprintf("%s.grad.%d", name, step), in, out)
 			dY := upload(t, be, f32(g))
 			due := ref.RefreshDue(fixCfg)
-			d.Begin(uint64(step), fixAdam.LR, 1, backend.Tensor{})
+			d.Begin(uint64(step), fixAdam.LR, 1)
 			d.SetMicro(0)
 			if err := d.Backward(s, 0, 0, X, dY, backend.Tensor{}); err != nil {
 				t.Fatal(err)
@@ -147,10 +147,10 @@ func TestDeviceMicroBatchesSum(t *testing.T) {
 		}
 		defer d.Free()
 		W := upload(t, be, make([]float32, in*out))
-		d.Bind(func(int, int) backend.Tensor { return W })
+		d.Bind(func(int, int) backend.Tensor { return W }, backend.Tensor{})
 		X := upload(t, be, eye(in))
 		for step := 1; step <= 2; step++ {
-			d.Begin(uint64(step), 1e-2, len(parts), backend.Tensor{})
+			d.Begin(uint64(step), 1e-2, len(parts))
 			for i, p := range parts {
 				d.SetMicro(i)
 				if err := d.Backward(be.DefaultStream(), 0, 0, X, upload(t, be, p), backend.Tensor{}); err != nil {

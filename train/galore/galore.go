@@ -38,6 +38,10 @@ import (
 const (
 	DefaultEvery = 200
 	DefaultScale = 0.25
+	// DefaultRank is --galore-rank's default: GaLore's paper fine-tunes
+	// with rank 4 to 8 (its GLUE runs) and pre-trains with 128 to 512;
+	// 8 is the fine-tuning end, the lora default's size class.
+	DefaultRank = 8
 )
 
 // Config is GaLore's projection (galore-torch's rank, update_proj_gap and

