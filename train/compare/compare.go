@@ -270,7 +270,7 @@ type Row struct {
 	Fit   bool   `json:"fit,omitempty"`   // the projectors are checked (--fit)
 	Refit string `json:"refit,omitempty"` // lsp rows that check
 	D     int    `json:"d,omitempty"`     // lsp rows only
-	R     int    `json:"r,omitempty"`     // lsp rows' non-zeros per projector row, lora's rank
+	R     int    `json:"r,omitempty"`     // lsp rows' non-zeros per projector row, lora's and galore's rank
 	Base  string `json:"base,omitempty"`  // lora rows' --base-dtype ("": the model dtype)
 	Out   string `json:"out"`             // the first seed's fine-tuning run's output directory
 	// LR is the peak learning rate of the row's runs, the point of Grid
@@ -349,6 +349,7 @@ var allRows = []rowSpec{
 	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom, ""},
 	{"lora", "lora", engine.LoRA, false, "", ""},
 	{"lora (nf4)", "lora-nf4", engine.LoRA, false, "", "nf4"},
+	{"galore", "galore", engine.Galore, false, "", ""},
 }
 
 // RowNames are the names --rows accepts.
@@ -578,6 +579,9 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 		// that lora and lsp differ in the block matrices only.
 		cfg.DenseParams, cfg.LoRAR, cfg.BaseDType = engine.DenseDevice, c.LoRAR, spec.base
 	}
+	if spec.mode == engine.Galore {
+		cfg.DenseParams = engine.DenseDevice // as the lsp and lora rows'
+	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	if seed != c.Seed {
 		cfg.Out = filepath.Join(c.Out, fmt.Sprintf("%s-seed%d", spec.dir, seed))
@@ -608,6 +612,8 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 		}
 	case engine.LoRA:
 		row.R, row.Base = c.LoRAR, spec.base
+	case engine.Galore:
+		row.R = train.Defaults().GaloreRank
 	}
 	type first struct {
 		run SeedRun

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train"
+	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
@@ -371,5 +372,24 @@ func TestCompareLRGrid(t *testing.T) {
 		if r.LR == lrs[0] {
 			t.Errorf("%s chose %g: grid %+v", r.Name, r.LR, r.Grid)
 		}
+	}
+}
+
+// The galore row (--rows galore) trains in galore mode with the dense
+// parameters on the device, as the lsp and lora rows, and its
+// configuration is one lsp-train accepts.
+func TestCompareGaloreRow(t *testing.T) {
+	c := Defaults()
+	c.Rows = "native,galore"
+	specs, err := c.rowSpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rowConfig(c, specs[1], "tiny", 1, 3e-3)
+	if cfg.Mode != engine.Galore || cfg.DenseParams != engine.DenseDevice || cfg.GaloreRank != train.Defaults().GaloreRank {
+		t.Errorf("galore row: mode %s, dense %s, rank %d", cfg.Mode, cfg.DenseParams, cfg.GaloreRank)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("galore row's configuration refused: %v", err)
 	}
 }
