@@ -709,8 +709,13 @@ __global__ void __launch_bounds__(kThreads)
 // dK, dV: one warp per key row of a key/value head, grid ceil(B*KVH*T/4);
 // for each query head of the group in ascending order, lanes take 32
 // queries (>= the key) at a time and split the head dimension for dV =
-// sum_q P dO, dK = sum_q dS Q.
-__global__ void __launch_bounds__(kThreads)
+// sum_q P dO, dK = sum_q dS Q. At least 6 blocks an SM (the launch
+// bounds' second argument): left to itself ptxas (CUDA 11.8) kept 72
+// registers and spilled 16 bytes, some of it inside the loops, on sm_86,
+// sm_89 and sm_90; so bounded it takes up to 80 and spills nothing, at 6
+// resident blocks an SM instead of 7 (not measured on a GPU; this is the
+// fallback for head sizes other than 64 and 128).
+__global__ void __launch_bounds__(kThreads, 6)
     attn_bwd_dkv_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                 const float* __restrict__ Dg, const int* __restrict__ pos, AttnIdx x, int B, int T,
