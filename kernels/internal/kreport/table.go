@@ -93,7 +93,7 @@ func summary(ks []*Kernel) string {
 	for _, k := range ks {
 		files[k.File] = true
 		var sp, st, hm []string
-		allHMMA := true
+		allHMMA, sameStack, stack := true, true, -1
 		for _, arch := range Arches {
 			a := k.Arch[arch.Name]
 			if a == nil {
@@ -102,8 +102,10 @@ func summary(ks []*Kernel) string {
 			if a.Spill.Stores+a.Spill.Loads > 0 {
 				sp = append(sp, arch.Name)
 			}
-			if a.Stack+a.Local > 0 {
-				st = append(st, fmt.Sprintf("%d B on %s", a.Stack+a.Local, arch.Name))
+			if n := a.Stack + a.Local; n > 0 {
+				st = append(st, fmt.Sprintf("%d B on %s", n, arch.Name))
+				sameStack = sameStack && (stack < 0 || n == stack)
+				stack = n
 			}
 			if a.SASS == nil || a.SASS.HMMAInLoops == 0 {
 				allHMMA = false
@@ -117,7 +119,10 @@ func summary(ks []*Kernel) string {
 		if len(sp) > 0 {
 			spills = append(spills, fmt.Sprintf("`%s` (%s)", k.Name, strings.Join(sp, ", ")))
 		}
-		if len(st) > 0 {
+		switch {
+		case len(st) == len(Arches) && sameStack:
+			stacks = append(stacks, fmt.Sprintf("`%s` (%d B on every architecture)", k.Name, stack))
+		case len(st) > 0:
 			stacks = append(stacks, fmt.Sprintf("`%s` (%s)", k.Name, strings.Join(st, ", ")))
 		}
 		switch {
