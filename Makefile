@@ -121,7 +121,7 @@ test-kill:
 mem-paper-shape:
 	LSP_PAPER_SHAPE=1 $(GO) test -count=1 -v -timeout 90m -run '^TestPaperShapeDeviceMem$$' ./train/
 
-test: fmt-check vet gotest gotest-norace simtest cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test cudasim-nccl-test
+test: fmt-check vet gotest gotest-norace simtest kernel-report cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test cudasim-nccl-test
 
 # `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags
 # mpi), vetted, then its tests, which launch the test binary under
@@ -307,6 +307,26 @@ ifneq ($(SIM_OK),)
 	$(SIM_ENV) $(GO) test -tags lsp_sim -count=1 -timeout 30m $(if $(RUN),-run '$(RUN)') ./kernels/simtest/
 else
 	@echo "simtest: WARNING: kernel simulator tests SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)"
+endif
+
+# `make kernel-report`: the static report of the compiled kernels
+# (kernels/cmd/kreport; the rules are kernels/internal/kreport's): for each
+# kernel of build/kernels/*.o and each of sm_80, sm_86, sm_89 and sm_90,
+# registers, stack frame, spills (ptxas -v, for the kernels with a stack
+# frame), static and dynamic shared memory, threads per block and the
+# theoretical occupancy, and HMMA in the loops of the GEMM and attention
+# kernels (nvdisasm). It fails on a spill or on a stack frame or 255
+# registers that the kernel's .cu file does not explain, and when the table
+# in README.md is not this build's; UPDATE=1 rewrites that table. Builds
+# build/libkernels.a first (nothing to do after `make kernels`, as in CI);
+# about 20 s on 2 cores. Without nvcc it says so and succeeds.
+.PHONY: kernel-report
+kernel-report:
+ifeq ($(NVCC),)
+	@echo "kernel-report: WARNING: static kernel report SKIPPED: nvcc not found (install the CUDA toolkit, as .ci/run does)"
+else
+	@$(MAKE) --no-print-directory build/libkernels.a
+	$(GO) run ./kernels/cmd/kreport -nvcc $(NVCC) -nvcc-flags "$(NVCC_FLAGS) -Ikernels" $(if $(UPDATE),-update)
 endif
 
 # `make cudasim-rt-test`: the simulated CUDA runtime (kernels/sim/cudart.cpp,

@@ -65,6 +65,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float decay = __fsub_rn(1.0f, __fmul_rn(p.lr, p.wd));
   const float om1 = __fsub_rn(1.0f, p.beta1), om2 = __fsub_rn(1.0f, p.beta2);
+  // Not unrolled: the IEEE division and square root call their slow paths
+  // as subroutines, and with the loop unrolled ptxas (CUDA 11.8, sm_90,
+  // adamw_kernel<false, false>) spilled a 64-bit value live across those
+  // calls (an 8-byte stack frame, its loads and stores next to the loop),
+  // which the kernel report (make kernel-report) refuses.
+  // The loop is memory-bound, and a thread runs it once for n up to
+  // kMaxBlocks * kThreads (16.7M elements), where unrolling cannot matter;
+  // above that it is not measured yet (no GPU so far).
+#pragma unroll 1
   for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < n; i += (long long)gridDim.x * kThreads) {
     float w;
     if (master != nullptr) {

@@ -67,6 +67,10 @@
  * has B*KVH*ceil(T/64) blocks of NH/KVH times the work each: with few
  * key/value heads it fills a large GPU less well (a split over query heads
  * would need a second, ordered reduction pass).
+ *
+ * Checked in the compiled code by `make kernel-report` (kernels/internal/kreport):
+ * tensor cores (attn_fwd_tc_kernel, attn_bwd_dkv_tc_kernel, attn_bwd_dq_tc_kernel):
+ * HMMA inside their loops on every architecture.
  */
 #include "kernels.h"
 
@@ -405,6 +409,16 @@ __device__ __forceinline__ void attn_scores_and_dp(
     }
 }
 
+// 255 registers (attn_bwd_dkv_tc_kernel<128>): each warp keeps its 16 keys'
+// K and V fragments (64 registers) and its dK and dV accumulators (128)
+// for the whole pass; K and V in shared memory instead would not fit
+// beside the query tiles in 48 KiB of static shared memory (46464 bytes
+// used at HS 128).
+// spills (attn_bwd_dkv_tc_kernel<128>): on sm_90 only (CUDA 11.8), one
+// 4-byte value (the high word of a 64-bit offset), stored once before
+// the loop over the group's query heads and loaded once per head, never in
+// the loop over query tiles; the report checks that no spill is in an
+// innermost loop.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkv_tc_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
@@ -709,8 +723,13 @@ __global__ void __launch_bounds__(kThreads)
 // dK, dV: one warp per key row of a key/value head, grid ceil(B*KVH*T/4);
 // for each query head of the group in ascending order, lanes take 32
 // queries (>= the key) at a time and split the head dimension for dV =
-// sum_q P dO, dK = sum_q dS Q.
-__global__ void __launch_bounds__(kThreads)
+// sum_q P dO, dK = sum_q dS Q. At least 6 blocks an SM (the launch
+// bounds' second argument): left to itself ptxas (CUDA 11.8) kept 72
+// registers and spilled 16 bytes, some of it inside the loops, on sm_86,
+// sm_89 and sm_90; so bounded it takes up to 80 and spills nothing, at 6
+// resident blocks an SM instead of 7 (not measured on a GPU; this is the
+// fallback for head sizes other than 64 and 128).
+__global__ void __launch_bounds__(kThreads, 6)
     attn_bwd_dkv_generic_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                 const float* __restrict__ Dg, const int* __restrict__ pos, AttnIdx x, int B, int T,

@@ -85,6 +85,15 @@ typedef __half_raw __half;
 #endif
 
 #if defined(__cplusplus)
+/* LSP_DYN_SMEM_BYTES(kernel, bytes); at file scope outside any namespace,
+ * after the kernel: the dynamic shared memory `kernel` is launched with, as
+ * the constant lsp_dyn_smem_bytes_<kernel>, which its launcher passes to
+ * LSP_LAUNCH. C linkage makes it a symbol of the compiled object too, where
+ * the static kernel report (kernels/cmd/kreport) reads it: the report's
+ * figure is the one the launcher uses, not a copy that could drift. Every
+ * kernel that uses LSP_DYN_SMEM needs one (the report checks). */
+#define LSP_DYN_SMEM_BYTES(kernel, bytes) extern "C" const unsigned int lsp_dyn_smem_bytes_##kernel = (bytes)
+
 /* lsp_bad_dtype: a launcher's *_bf16 flag that names no storage type (the
  * flags are backend.DType numbers: 0 fp32, 1 bf16); launchers refuse it with
  * cudaErrorInvalidValue rather than read it as "not zero: bf16". */

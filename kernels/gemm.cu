@@ -75,6 +75,10 @@
  * no opt-in is needed); 126-128 registers a thread on sm_80 and sm_90
  * (lsp_gemm_q's kernels too), no spills. Deterministic: each output is summed by one
  * warp in a fixed order, no atomics.
+ *
+ * Checked in the compiled code by `make kernel-report` (kernels/internal/kreport):
+ * tensor cores (gemm_bf16_nn_kernel, gemm_bf16_nt_kernel, gemm_bf16_tn_kernel, gemm_bf16_tt_kernel):
+ * tensor cores (gemm_q_nn_kernel, gemm_q_nt_kernel): HMMA inside the K loop on every architecture.
  */
 #include "kernels.h"
 #include "quant.cuh"
@@ -543,6 +547,13 @@ bool wide(const void* base, int bytes, long long ld, long long stride, int batch
 
 }  // namespace
 
+LSP_DYN_SMEM_BYTES(gemm_bf16_nn_kernel, kSmemBytes);
+LSP_DYN_SMEM_BYTES(gemm_bf16_nt_kernel, kSmemBytes);
+LSP_DYN_SMEM_BYTES(gemm_bf16_tn_kernel, kSmemBytes);
+LSP_DYN_SMEM_BYTES(gemm_bf16_tt_kernel, kSmemBytes);
+LSP_DYN_SMEM_BYTES(gemm_q_nn_kernel, kSmemQBytes);
+LSP_DYN_SMEM_BYTES(gemm_q_nt_kernel, kSmemQBytes);
+
 extern "C" cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const __nv_bfloat16* A,
                                      long long strideA, const __nv_bfloat16* B, long long strideB, float beta, void* C,
                                      int c_is_bf16, long long strideC, int batch, const __nv_bfloat16* bias, int gelu,
@@ -579,15 +590,15 @@ extern "C" cudaError_t lsp_gemm_bf16(int transA, int transB, int M, int N, int K
   const dim3 block(kThreads);
   if (transA) {
     if (transB) {
-      LSP_LAUNCH(gemm_bf16_tt_kernel, grid, block, kSmemBytes, stream, p);
+      LSP_LAUNCH(gemm_bf16_tt_kernel, grid, block, lsp_dyn_smem_bytes_gemm_bf16_tt_kernel, stream, p);
     } else {
-      LSP_LAUNCH(gemm_bf16_tn_kernel, grid, block, kSmemBytes, stream, p);
+      LSP_LAUNCH(gemm_bf16_tn_kernel, grid, block, lsp_dyn_smem_bytes_gemm_bf16_tn_kernel, stream, p);
     }
   } else {
     if (transB) {
-      LSP_LAUNCH(gemm_bf16_nt_kernel, grid, block, kSmemBytes, stream, p);
+      LSP_LAUNCH(gemm_bf16_nt_kernel, grid, block, lsp_dyn_smem_bytes_gemm_bf16_nt_kernel, stream, p);
     } else {
-      LSP_LAUNCH(gemm_bf16_nn_kernel, grid, block, kSmemBytes, stream, p);
+      LSP_LAUNCH(gemm_bf16_nn_kernel, grid, block, lsp_dyn_smem_bytes_gemm_bf16_nn_kernel, stream, p);
     }
   }
   return cudaGetLastError();
@@ -628,9 +639,9 @@ extern "C" cudaError_t lsp_gemm_q(int transW, int M, int N, int K, float alpha, 
   const dim3 grid((unsigned)gn, (unsigned)gm, 1);
   const dim3 block(kThreads);
   if (transW) {
-    LSP_LAUNCH(gemm_q_nt_kernel, grid, block, kSmemQBytes, stream, p);
+    LSP_LAUNCH(gemm_q_nt_kernel, grid, block, lsp_dyn_smem_bytes_gemm_q_nt_kernel, stream, p);
   } else {
-    LSP_LAUNCH(gemm_q_nn_kernel, grid, block, kSmemQBytes, stream, p);
+    LSP_LAUNCH(gemm_q_nn_kernel, grid, block, lsp_dyn_smem_bytes_gemm_q_nn_kernel, stream, p);
   }
   return cudaGetLastError();
 }

@@ -34,6 +34,11 @@
  * Limits: HS even, 2 <= HS <= 512; B, T, NH >= 0; no offset for a cache
  * yet; pos is trusted (the CPU backend checks it); out and inp are the same
  * tensor or do not overlap, and neither overlaps inv_freq.
+ *
+ * stack frame (rope_kernel): 32 bytes for sincosf's exact argument
+ * reduction of large angles (|angle| > 105615, Payne-Hanek, a local array
+ * of the reduced argument's words), which long contexts reach (position
+ * times inv_freq[0] = 1); smaller angles never touch it. No spills.
  */
 #include "kernels.h"
 
