@@ -350,7 +350,7 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/ ./train/lsp/ ./train/rsvd/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestRingPipelinedMatchesSequential|TestRecomputeBitIdentical|TestEveryEdgeIsNeeded|TestCheckOnDevice|TestQuantizedBaseIsItsValues
-CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
+CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./bench/pciebench/ ./bench/kernelbench/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
@@ -441,9 +441,14 @@ endif
 # compute node of the step run again 10 times with L2 flushed before
 # each run (bench/kernels): median time by events, TFLOP/s or GB/s, the
 # ratio to the GPU's peak (train/plan's preset of it, when there is one),
-# cuBLAS's time for each bf16 GEMM (-lcublas, this binary only), and the
-# launchers it did not run. Built as bench-pcie. BENCH_KERNELS_FLAGS
-# passes flags, e.g. -runs 20.
+# cuBLAS's time for each bf16 GEMM (cuBLAS loaded at run time: the
+# column is skipped with a line where libcublas is absent), the launchers
+# it did not run, and each job's ops by family beside train/plan's
+# prediction for that GPU (-calibration FILE writes the efficiencies
+# measured, for lsp-train plan --calibration). The code is package
+# bench/kernelbench (bench/pciebench for bench-pcie), so the GPU bundle's
+# binary runs it too. Built as bench-pcie. BENCH_KERNELS_FLAGS passes
+# flags, e.g. -runs 20 -models llama-7b-layer -modes native,zero,lsp.
 .PHONY: bench-pcie bench-kernels
 GPU_BENCH_RUN = case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; if [ -z "$$why" ]; then \
 		$(MAKE) --no-print-directory build/libkernels.a && \
