@@ -35,7 +35,6 @@
 package kernelbench
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"slices"
@@ -136,12 +135,8 @@ func jobs(names []string) ([]job, error) {
 
 func run(o options) error {
 	runs := o.runs
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if errors.Is(err, cuda.ErrNoDevice) {
-		fmt.Printf("bench-kernels: no CUDA device (%v): nothing measured\n", err)
-		return nil
-	}
-	if err != nil {
+	probe, err := gpubench.OpenCUDA("bench-kernels")
+	if probe == nil || err != nil {
 		return err
 	}
 	var peak *plan.GPU

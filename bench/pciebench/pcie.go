@@ -17,7 +17,6 @@
 package pciebench
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -25,7 +24,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/bench/internal/gpubench"
 	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/device"
 )
 
 // Run parses args (-max, -runs) and measures, printing to stdout. It is a
@@ -45,12 +43,8 @@ func Run(args []string) error {
 }
 
 func run(maxSize int64, runs int) error {
-	be, err := device.Open(device.Config{Kind: device.CUDA})
-	if errors.Is(err, cuda.ErrNoDevice) {
-		fmt.Printf("bench-pcie: no CUDA device (%v): nothing measured\n", err)
-		return nil
-	}
-	if err != nil {
+	be, err := gpubench.OpenCUDA("bench-pcie")
+	if be == nil || err != nil {
 		return err
 	}
 	defer be.Close()

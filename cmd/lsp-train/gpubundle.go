@@ -80,8 +80,8 @@ func gpuInfoCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		bytesText(context), bytesText(total), bytesText(free), bytesText(assumed))
 	fmt.Fprintf(stdout, "gpu-info: device=%q arch=%s preset=%q total_bytes=%d context_bytes=%d plan_context_bytes=%d\n",
 		info.Name, info.Arch(), preset, total, context, assumed)
-	if *calib == "" {
-		return nil
+	if *calib == "" || context <= 0 {
+		return nil // nothing measured (the simulated runtime has no context)
 	}
 	c, err := plan.ReadGPUCalibration(*calib)
 	if err != nil {

@@ -68,20 +68,7 @@ func glibcLess(a, b string) bool {
 	if a == "" {
 		return b != ""
 	}
-	pa, pb := glibcParts(a), glibcParts(b)
-	for i := range max(len(pa), len(pb)) {
-		var x, y int
-		if i < len(pa) {
-			x = pa[i]
-		}
-		if i < len(pb) {
-			y = pb[i]
-		}
-		if x != y {
-			return x < y
-		}
-	}
-	return false
+	return slices.Compare(glibcParts(a), glibcParts(b)) < 0
 }
 
 func glibcParts(v string) []int {
