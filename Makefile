@@ -228,7 +228,7 @@ fuzz fuzz-ci:
 	done
 
 clean:
-	rm -rf bin build
+	rm -rf bin build cmd/lsp-train/bundle
 
 # host.Sgemm against OpenBLAS on the GPT-2 124M shapes; the last line is
 # "gemm-vs-openblas: X.XX". Installs libopenblas-dev (apt-get, as root) when

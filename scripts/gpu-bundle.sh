@@ -100,6 +100,7 @@ stage_cmds() {
 			echo "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,pcie.link.gen.max,pcie.link.width.max --format=csv"
 		fi
 		echo "\$bin gpu-info" ;;
+	memory/*) echo "\$bin gpu-info" ;;&
 	memory/0) echo "\$bin --device cuda --model gpt2 --mode lsp --steps 3 --batch 4 --seq-len 512 --eval-fraction 0 --eval-generate 0 --checkpoint-every 0 --out \$out/runs/memory --overwrite" ;;
 	memory/1) echo "\$bin --device cuda --mode lsp --steps 2 ${small[*]} --out \$out/runs/memory --overwrite" ;;
 	kernels/0) echo "\$bin gpu-test kernels -test.v" ;;
@@ -142,7 +143,7 @@ plan_calibrated() {
 summary_re() {
 	case "$1" in
 	device) echo '^(name|NVIDIA|device:|context:|gpu-info:|SIMULATED)|, [0-9]+ MiB' ;;
-	memory) echo 'device memory|host memory|step time|^cuda|arena' ;;
+	memory) echo '^context:|device memory|host memory' ;;
 	kernels | conformance | train-compare) echo '^(--- (PASS|FAIL|SKIP)|ok|PASS|FAIL|simtest:|cuda:)|losses cuda|SKIP' ;;
 	bench-pcie) echo '.' ;;
 	bench-kernels) echo '^(device|peaks|cuBLAS|no cuBLAS|SIMULATED|==|--|family|gemm|attention|launchers)|vs plan' ;;
