@@ -572,9 +572,11 @@ BUNDLE_ENV = CGO_CFLAGS="-g -O2 -Wno-deprecated-declarations -DLSP_KERNELS_LIB=$
 # lsp_sim) in bin/gpu-bundle-sim, and its script run by
 # internal/gpubundle's tests with --quick (the smallest shapes, one run
 # each): every stage runs and the report parses, one stage's failure
-# injected (LSP_BUNDLE_FAIL) shows in the report with its log, and a tiny
-# budget skips stages with a line each. Same SIM_ENV as the other cudasim
-# targets, so their build cache serves. About 1.5 minutes on 2 cores.
+# injected (LSP_BUNDLE_FAIL) shows in the report with its log, a tiny
+# budget skips stages with a line each, and a stage that hangs (a
+# stand-in binary) is killed at its time and reported. Same SIM_ENV as
+# the other cudasim targets, so their build cache serves. About 80 s of
+# CPU on 2 cores (1.5 minutes when the machine is otherwise idle).
 cudasim-bundle-test:
 ifneq ($(SIM_OK),)
 	$(call bundle-payload,cudasim,lsp_sim,$(SIM_ENV))

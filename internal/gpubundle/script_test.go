@@ -158,3 +158,44 @@ func TestBundleScriptBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestBundleScriptTimeout: a stage that runs past its time is killed and
+// reported as such with its log, and the next stage still runs. The
+// binary is a stand-in whose gpu-info hangs (every other command
+// succeeds at once), so the timing is the script's alone.
+func TestBundleScriptTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for two stages to be killed (about 5 s)")
+	}
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "lsp-train")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nif [ \"$*\" = gpu-info ]; then echo hanging; exec sleep 60; fi\necho \"fake $1\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "report")
+	// 36 s: the device stage's share is 1 s, the memory stage's 2 s, and
+	// each may use only the few seconds the later shares' rounding
+	// leaves, so both are killed long before gpu-info's 60 s.
+	cmd := exec.Command("bash", "../../scripts/gpu-bundle.sh", "--budget", "36", "--out", out)
+	cmd.Env = append(os.Environ(), "LSP_BUNDLE_BIN="+fake, "PATH=/usr/bin:/bin") // no nvidia-smi
+	b, err := cmd.CombinedOutput()
+	t.Logf("run.sh --budget 36:\n%s", b)
+	if err != nil {
+		t.Fatalf("run.sh: %v", err)
+	}
+	_, stages, ended, err := readReport(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stages) != 10 || !ended {
+		t.Fatalf("%d stages, ended %v; want 10, true", len(stages), ended)
+	}
+	for _, s := range stages[:2] {
+		if s.Status != "timeout" || !strings.Contains(s.Note, "ran past") || !strings.Contains(s.Excerpt, "hanging") {
+			t.Errorf("stage %s: %+v, want killed with its log", s.Stage, s)
+		}
+	}
+	if s := stages[2]; s.Stage != "kernels" || s.Status != "ok" || !strings.Contains(s.Excerpt, "fake gpu-test") {
+		t.Errorf("the stage after: %+v, want kernels ok", s)
+	}
+}
