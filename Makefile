@@ -515,11 +515,15 @@ endif
 # libcuda (internal/gpubundle's TestBundleDeps, which also states the
 # oldest glibc they need). About 5 minutes on 2 cores the first time.
 GPU_BUNDLE_ARCH ?= 80 90
+# GPU_BUNDLE_PTX: the architecture whose PTX the bundle also carries, so
+# that a GPU newer than every GPU_BUNDLE_ARCH (the borrowed machine may
+# be one) still runs, its driver compiling the PTX; empty for none.
+GPU_BUNDLE_PTX  ?= 90
 GPU_BUNDLE_DIR  ?= bin/gpu-bundle
 GPU_BUNDLE_MAX  := 67108864
 space := $(subst ,, )
 comma := ,
-BUNDLE_BUILD     = build/bundle/sm$(subst $(space),-,$(strip $(GPU_BUNDLE_ARCH)))
+BUNDLE_BUILD     = build/bundle/sm$(subst $(space),-,$(strip $(GPU_BUNDLE_ARCH)))$(if $(strip $(GPU_BUNDLE_PTX)),-ptx$(strip $(GPU_BUNDLE_PTX)))
 BUNDLE_OBJ       = $(KERNEL_SRC:kernels/%.cu=$(BUNDLE_BUILD)/%.o)
 # The tests each binary carries: the package, and the tags beside the
 # runtime's (cuda or cudasim; the kernel tests on the simulated runtime
@@ -531,9 +535,10 @@ $(BUNDLE_BUILD)/libkernels.a: $(BUNDLE_OBJ)
 	rm -f $@
 	ar rcs $@ $(BUNDLE_OBJ)
 
-build/bundle/sm$(subst $(space),-,$(strip $(GPU_BUNDLE_ARCH)))/%.o: kernels/%.cu kernels/kernels.h $(wildcard kernels/*.cuh)
+$(BUNDLE_BUILD)/%.o: kernels/%.cu kernels/kernels.h $(wildcard kernels/*.cuh)
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) $(foreach a,$(GPU_BUNDLE_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -Ikernels -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(foreach a,$(GPU_BUNDLE_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+		$(if $(strip $(GPU_BUNDLE_PTX)),-gencode arch=compute_$(strip $(GPU_BUNDLE_PTX))$(comma)code=compute_$(strip $(GPU_BUNDLE_PTX))) -Ikernels -c $< -o $@
 
 # bundle-payload TAGS: the test binaries of BUNDLE_TESTS built with TAGS
 # (the kernel tests with $(2) instead of the runtime's tag), stripped and
@@ -561,7 +566,7 @@ else
 	cp scripts/gpu-bundle.sh $(GPU_BUNDLE_DIR)/run.sh
 	LSP_BUNDLE_DEPS="$(abspath $(GPU_BUNDLE_DIR))/lsp-train $$(ls $(CURDIR)/build/bundle/tests/*.test)" \
 		$(GO) test -count=1 -v -run '^TestBundleDeps$$' ./internal/gpubundle/
-	@size=$$(du -sb $(GPU_BUNDLE_DIR) | cut -f1); echo "gpu-bundle: $(GPU_BUNDLE_DIR): $$size bytes (limit $(GPU_BUNDLE_MAX)), kernels for sm_$(subst $(space), and sm_,$(strip $(GPU_BUNDLE_ARCH)))"; \
+	@size=$$(du -sb $(GPU_BUNDLE_DIR) | cut -f1); echo "gpu-bundle: $(GPU_BUNDLE_DIR): $$size bytes (limit $(GPU_BUNDLE_MAX)), kernels for sm_$(subst $(space), and sm_,$(strip $(GPU_BUNDLE_ARCH)))$(if $(strip $(GPU_BUNDLE_PTX)), with compute_$(strip $(GPU_BUNDLE_PTX)) PTX)"; \
 		if [ $$size -gt $(GPU_BUNDLE_MAX) ]; then echo "gpu-bundle: over the 64 MiB limit"; exit 1; fi
 endif
 BUNDLE_ENV = CGO_CFLAGS="-g -O2 -Wno-deprecated-declarations -DLSP_KERNELS_LIB=$$(sha256sum build/bundle/libkernels.a | cut -c1-16) \
