@@ -121,7 +121,7 @@ test-kill:
 mem-paper-shape:
 	LSP_PAPER_SHAPE=1 $(GO) test -count=1 -v -timeout 90m -run '^TestPaperShapeDeviceMem$$' ./train/
 
-test: fmt-check vet gotest gotest-norace simtest kernel-report cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test mpi-test cudasim-nccl-test
+test: fmt-check vet gotest gotest-norace simtest kernel-report cudasim-rt-test cudasim-test cudasim-engine-test cudasim-bench-test cudasim-bundle-test mpi-test cudasim-nccl-test
 
 # `make mpi-test`: the communicator over Open MPI (train/comm/mpi, -tags
 # mpi), vetted, then its tests, which launch the test binary under
@@ -228,7 +228,7 @@ fuzz fuzz-ci:
 	done
 
 clean:
-	rm -rf bin build
+	rm -rf bin build cmd/lsp-train/bundle
 
 # host.Sgemm against OpenBLAS on the GPT-2 124M shapes; the last line is
 # "gemm-vs-openblas: X.XX". Installs libopenblas-dev (apt-get, as root) when
@@ -370,7 +370,7 @@ endif
 .PHONY: cudasim-test cudasim-engine-test
 CUDASIM_PKGS ?= ./cuda/ ./train/device/ ./train/lsp/ ./train/rsvd/
 CUDASIM_ENGINE_RUN = TestZeroMatchesNative|TestPipelinedMatchesSequential|TestRingPipelinedMatchesSequential|TestRecomputeBitIdentical|TestEveryEdgeIsNeeded|TestCheckOnDevice|TestQuantizedBaseIsItsValues
-CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./cmd/lsp-train/
+CUDASIM_VET = ./cuda/ ./cuda/nccltest/ ./train/device/ ./train/engine/ ./train/hazard/ ./train/llama/ ./train/eval/ ./bench/pcie/ ./bench/kernels/ ./bench/pciebench/ ./bench/kernelbench/ ./cmd/lsp-train/
 SIM_SKIP_MSG = WARNING: tests on the simulated CUDA runtime SKIPPED: neither /usr/include/cuda_bf16.h nor nvcc found (install the CUDA toolkit, as .ci/run does)
 cudasim-test:
 ifneq ($(SIM_OK),)
@@ -461,9 +461,14 @@ endif
 # compute node of the step run again 10 times with L2 flushed before
 # each run (bench/kernels): median time by events, TFLOP/s or GB/s, the
 # ratio to the GPU's peak (train/plan's preset of it, when there is one),
-# cuBLAS's time for each bf16 GEMM (-lcublas, this binary only), and the
-# launchers it did not run. Built as bench-pcie. BENCH_KERNELS_FLAGS
-# passes flags, e.g. -runs 20.
+# cuBLAS's time for each bf16 GEMM (cuBLAS loaded at run time: the
+# column is skipped with a line where libcublas is absent), the launchers
+# it did not run, and each job's ops by family beside train/plan's
+# prediction for that GPU (-calibration FILE writes the efficiencies
+# measured, for lsp-train plan --calibration). The code is package
+# bench/kernelbench (bench/pciebench for bench-pcie), so the GPU bundle's
+# binary runs it too. Built as bench-pcie. BENCH_KERNELS_FLAGS passes
+# flags, e.g. -runs 20 -models llama-7b-layer -modes native,zero,lsp.
 .PHONY: bench-pcie bench-kernels
 GPU_BENCH_RUN = case "$(CUDA)" in 0) why="CUDA=0";; *) why=$$($(CUDA_PROBE));; esac; if [ -z "$$why" ]; then \
 		$(MAKE) --no-print-directory build/libkernels.a && \
@@ -511,4 +516,99 @@ else
 	@if ldd bin/gpu/kernels.test | grep -q 'libcudart\.so'; then \
 		echo "gpu-test-bin: bin/gpu/kernels.test needs libcudart.so at run time; it must link libcudart_static.a"; exit 1; fi
 	@echo "gpu-test-bin: bin/gpu/kernels.test (run it on a GPU machine: bin/gpu/kernels.test -test.v)"
+endif
+
+# `make gpu-bundle`: everything the first minutes on a GPU need, in
+# GPU_BUNDLE_DIR (bin/gpu-bundle): lsp-train, one binary that also runs
+# the kernel tests, the CUDA backend's tests, the CPU-vs-CUDA training
+# comparison (lsp-train gpu-test kernels|cuda|train: the `go test -c`
+# binaries, gzip'd inside it), bench-pcie, bench-kernels and gpu-info;
+# and run.sh (scripts/gpu-bundle.sh), which runs them all within a time
+# budget into a report. Copy the folder to the GPU machine and run
+# ./run.sh --out DIR there: it needs only the NVIDIA driver. Built with
+# -tags cuda,gpubundle and no MPI, the kernels compiled by nvcc for
+# GPU_BUNDLE_ARCH only (build/bundle/<archs>/, copied to
+# build/bundle/libkernels.a, which the gpubundle tag links), CUDA's
+# runtime and libstdc++ linked statically, cuBLAS loaded at run time when
+# present. The folder must stay under 64 MiB, and every binary in it may
+# need only libc, libm, libdl, libpthread, librt and the driver's
+# libcuda (internal/gpubundle's TestBundleDeps, which also states the
+# oldest glibc they need). About 5 minutes on 2 cores the first time.
+GPU_BUNDLE_ARCH ?= 80 90
+# GPU_BUNDLE_PTX: the architecture whose PTX the bundle also carries, so
+# that a GPU newer than every GPU_BUNDLE_ARCH (the borrowed machine may
+# be one) still runs, its driver compiling the PTX; empty for none.
+GPU_BUNDLE_PTX  ?= 90
+GPU_BUNDLE_DIR  ?= bin/gpu-bundle
+GPU_BUNDLE_MAX  := 67108864
+space := $(subst ,, )
+comma := ,
+BUNDLE_BUILD     = build/bundle/sm$(subst $(space),-,$(strip $(GPU_BUNDLE_ARCH)))$(if $(strip $(GPU_BUNDLE_PTX)),-ptx$(strip $(GPU_BUNDLE_PTX)))
+BUNDLE_OBJ       = $(KERNEL_SRC:kernels/%.cu=$(BUNDLE_BUILD)/%.o)
+# The tests each binary carries: the package, and the tags beside the
+# runtime's (cuda or cudasim; the kernel tests on the simulated runtime
+# are the simulator's, lsp_sim).
+BUNDLE_TESTS = kernels:./kernels/simtest/ cuda:./cuda/ train:./train/
+.PHONY: gpu-bundle cudasim-bundle-test
+
+$(BUNDLE_BUILD)/libkernels.a: $(BUNDLE_OBJ)
+	rm -f $@
+	ar rcs $@ $(BUNDLE_OBJ)
+
+$(BUNDLE_BUILD)/%.o: kernels/%.cu kernels/kernels.h $(wildcard kernels/*.cuh)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(foreach a,$(GPU_BUNDLE_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+		$(if $(strip $(GPU_BUNDLE_PTX)),-gencode arch=compute_$(strip $(GPU_BUNDLE_PTX))$(comma)code=compute_$(strip $(GPU_BUNDLE_PTX))) -Ikernels -c $< -o $@
+
+# bundle-payload TAGS: the test binaries of BUNDLE_TESTS built with TAGS
+# (the kernel tests with $(2) instead of the runtime's tag), stripped and
+# gzip'd (-n: the same bytes every time, so Go's cache of the embedding
+# package holds) into cmd/lsp-train/bundle/, the originals kept in
+# build/bundle/tests/ for the dependency check.
+define bundle-payload
+	@rm -rf cmd/lsp-train/bundle build/bundle/tests && mkdir -p cmd/lsp-train/bundle build/bundle/tests
+	@set -e; for t in $(BUNDLE_TESTS); do n=$${t%%:*}; p=$${t#*:}; tags=$(1); \
+		[ $$n = kernels ] && tags=$(2); \
+		echo "$(GO) test -c -tags $$tags -ldflags='-s -w' -o build/bundle/tests/$$n.test $$p"; \
+		$(3) $(GO) test -c -tags $$tags -ldflags='-s -w' -o build/bundle/tests/$$n.test $$p; \
+		gzip -n -6 -c build/bundle/tests/$$n.test >cmd/lsp-train/bundle/$$n.test.gz; done
+endef
+
+gpu-bundle:
+ifeq ($(NVCC),)
+	@echo "gpu-bundle: nvcc not found; cannot compile the kernels, so no bundle"; exit 1
+else
+	@$(MAKE) --no-print-directory $(BUNDLE_BUILD)/libkernels.a
+	@cmp -s $(BUNDLE_BUILD)/libkernels.a build/bundle/libkernels.a || cp $(BUNDLE_BUILD)/libkernels.a build/bundle/libkernels.a
+	$(call bundle-payload,cuda$(comma)gpubundle,cuda$(comma)gpubundle,$(BUNDLE_ENV))
+	@rm -rf $(GPU_BUNDLE_DIR) && mkdir -p $(GPU_BUNDLE_DIR)
+	$(BUNDLE_ENV) $(GO) build -tags cuda,gpubundle -ldflags='-s -w' -o $(GPU_BUNDLE_DIR)/lsp-train ./cmd/lsp-train
+	cp scripts/gpu-bundle.sh $(GPU_BUNDLE_DIR)/run.sh
+	LSP_BUNDLE_DEPS="$(abspath $(GPU_BUNDLE_DIR))/lsp-train $$(ls $(CURDIR)/build/bundle/tests/*.test)" \
+		$(GO) test -count=1 -v -run '^TestBundleDeps$$' ./internal/gpubundle/
+	@size=$$(du -sb $(GPU_BUNDLE_DIR) | cut -f1); echo "gpu-bundle: $(GPU_BUNDLE_DIR): $$size bytes (limit $(GPU_BUNDLE_MAX)), kernels for sm_$(subst $(space), and sm_,$(strip $(GPU_BUNDLE_ARCH)))$(if $(strip $(GPU_BUNDLE_PTX)), with compute_$(strip $(GPU_BUNDLE_PTX)) PTX)"; \
+		if [ $$size -gt $(GPU_BUNDLE_MAX) ]; then echo "gpu-bundle: over the 64 MiB limit"; exit 1; fi
+endif
+BUNDLE_ENV = CGO_CFLAGS="-g -O2 -Wno-deprecated-declarations -DLSP_KERNELS_LIB=$$(sha256sum build/bundle/libkernels.a | cut -c1-16) \
+	-DLSP_SIM_SOURCES=$(SIM_HASH) $(if $(CUDA_INC),-I$(CUDA_INC))" $(if $(CUDA_LIBDIR),CGO_LDFLAGS="-L$(dir $(CUDA_LIBDIR))")
+
+# `make cudasim-bundle-test`: the same bundle on the simulated CUDA runtime
+# (-tags cudasim,gpubundle; the kernel tests under the simulator,
+# lsp_sim) in bin/gpu-bundle-sim, and its script run by
+# internal/gpubundle's tests with --quick (the smallest shapes, one run
+# each): every stage runs and the report parses, one stage's failure
+# injected (LSP_BUNDLE_FAIL) shows in the report with its log, a tiny
+# budget skips stages with a line each, and a stage that hangs (a
+# stand-in binary) is killed at its time and reported. Same SIM_ENV as
+# the other cudasim targets, so their build cache serves. About 80 s of
+# CPU on 2 cores (1.5 minutes when the machine is otherwise idle).
+cudasim-bundle-test:
+ifneq ($(SIM_OK),)
+	$(call bundle-payload,cudasim,lsp_sim,$(SIM_ENV))
+	@rm -rf bin/gpu-bundle-sim && mkdir -p bin/gpu-bundle-sim
+	$(SIM_ENV) $(GO) build -tags cudasim,gpubundle -o bin/gpu-bundle-sim/lsp-train ./cmd/lsp-train
+	cp scripts/gpu-bundle.sh bin/gpu-bundle-sim/run.sh
+	LSP_BUNDLE_DIR=$(CURDIR)/bin/gpu-bundle-sim LSP_BUNDLE_SRC=$(CURDIR) $(GO) test -count=1 -v -timeout 10m -run '^TestBundleScript' ./internal/gpubundle/
+else
+	@echo "cudasim-bundle-test: $(SIM_SKIP_MSG)"
 endif

@@ -47,6 +47,8 @@ type Backend struct {
 
 	base   devPtr // the arena's device memory
 	budget int64  // what Alloc accounts against (MemStats.Budget)
+	// freeAtOpen and totalAtOpen: see MemAtOpen.
+	freeAtOpen, totalAtOpen int64
 
 	mu         sync.Mutex // guards the fields below
 	arena      *arena
@@ -119,6 +121,7 @@ func (b *Backend) start() error {
 		if err != nil {
 			return fmt.Errorf("cuda: %s: %w", b.info, err)
 		}
+		b.freeAtOpen, b.totalAtOpen = free, total
 		size, hint := b.cfg.MemBudget+arenaSlack, "lower --device-mem"
 		if b.cfg.MemBudget == 0 {
 			size = min(free-backend.DeviceHeadroom(free), maxDefaultArena)
@@ -154,6 +157,14 @@ func (b *Backend) start() error {
 	b.internal, err = b.newStream("internal")
 	return err
 }
+
+// MemAtOpen is the device's free and total memory as cudaMemGetInfo
+// reported them when the backend opened: after CUDA created its context,
+// before the arena. On an otherwise idle device total - free is the
+// context's size (the driver's state and the loaded kernels), the figure
+// the memory plan assumes (train/plan's GPU.Context); another process on
+// the device adds its own.
+func (b *Backend) MemAtOpen() (free, total int64) { return b.freeAtOpen, b.totalAtOpen }
 
 // Name implements backend.Backend: "cuda:N".
 func (b *Backend) Name() string { return "cuda:" + strconv.Itoa(b.info.Ordinal) }

@@ -3,13 +3,14 @@
 package kernels
 
 // The real build: the kernels come from build/libkernels.a (`make
-// kernels`, nvcc) and CUDA's runtime is linked statically, so a binary
+// kernels`, nvcc; build/bundle/libkernels.a for `make gpu-bundle`) and CUDA's runtime is linked statically, so a binary
 // needs only the driver's libcuda.so where it runs. CGO_LDFLAGS may add
 // -L<dir of libcudart_static.a> where CUDA is not installed system-wide
 // (the Makefile does).
 
 /*
-#cgo LDFLAGS: ${SRCDIR}/../build/libkernels.a -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm
+// The link flags are in cuda_lib.go (build/libkernels.a) and
+// cuda_lib_bundle.go (-tags gpubundle: build/bundle/libkernels.a).
 
 // The Makefile passes a hash of build/libkernels.a (-DLSP_KERNELS_LIB=...):
 // Go's build cache does not see the library's contents, only CGO_CFLAGS,

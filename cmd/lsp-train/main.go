@@ -125,6 +125,8 @@ func run(args []string, stdout io.Writer, stderr *os.File) int {
 						comm.WorldEnv, n, name)
 				}
 			}
+		} else if bc, ok := bundleCommands[args[0]]; ok {
+			name, cmd, args = "lsp-train "+args[0], bc, args[1:]
 		}
 	}
 	err = cmd(args, stdout, stderr)

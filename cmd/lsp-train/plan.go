@@ -92,7 +92,8 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.galoreEvery, "galore-every", o.galoreEvery, "galore: `STEPS` between projector refreshes, as lsp-train's flag (the refresh's time is given apart from the step's)")
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
 		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
-	fs.StringVar(&o.calibration, "calibration", o.calibration, "--gpu cpu: read the CPU backend's description from `FILE` (go run ./bench/calibrate -o FILE) instead of measuring it now")
+	fs.StringVar(&o.calibration, "calibration", o.calibration, "read the machine's measured figures from `FILE`: with --gpu cpu, the CPU backend's description (go run ./bench/calibrate -o FILE) instead of measuring it now; "+
+		"with a GPU preset, the op efficiencies that GPU measured (the GPU bundle's calibration.json, lsp-train bench-kernels -calibration FILE), for that preset only")
 	fs.DurationVar(&o.calibBudget, "calibrate-budget", o.calibBudget, "--gpu cpu: time to spend measuring the CPU backend when no --calibration is given")
 	fs.IntVar(&o.threads, "threads", o.threads, "--gpu cpu: compute threads and host Adam workers to measure (0: all cores)")
 	fs.Var(&o.linkBandwidth, "link-bandwidth", "--gpu cpu: the CPU backend's charge per device-host copy in bytes/s, as train's --link-bandwidth (0: free)")
@@ -138,6 +139,9 @@ type planJob struct {
 	residency engine.GradResidency
 	machine   plan.Machine
 	cpu       bool // --gpu cpu: machine is built by cpuMachine
+	// gpuCalib is the --calibration of a GPU preset, applied to machine
+	// (nil: none).
+	gpuCalib *plan.GPUCalibration
 }
 
 // parse checks every flag, naming each one at fault.
@@ -224,8 +228,8 @@ func (o planOptions) parse() (planJob, error) {
 	if o.linkBandwidth < 0 {
 		bad("link-bandwidth", "must not be negative")
 	}
-	if o.gpu != "cpu" && (o.calibration != "" || o.threads != 0 || o.linkBandwidth != 0) {
-		bad("calibration, --threads, --link-bandwidth", "only with --gpu cpu")
+	if o.gpu != "cpu" && (o.threads != 0 || o.linkBandwidth != 0) {
+		bad("threads, --link-bandwidth", "only with --gpu cpu")
 	}
 	if o.gpu == "cpu" {
 		j.cpu = true
@@ -248,6 +252,18 @@ func (o planOptions) parse() (planJob, error) {
 			m.GPU.DeviceMem = int64(o.deviceMem)
 		}
 		m.Host.Workers = o.hostWorkers
+		if o.calibration != "" {
+			// A GPU's measured efficiencies (the GPU bundle's); Apply
+			// refuses another preset's.
+			c, err := plan.ReadGPUCalibration(o.calibration)
+			if err == nil {
+				err = c.Apply(&m, o.gpu)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--calibration: %w", err))
+			}
+			j.gpuCalib = &c
+		}
 		j.machine = m
 	}
 	j.machine.Ranks, j.machine.Net = o.ranks, net
@@ -343,7 +359,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		o.model, float64(j.spec.NumParams())/1e9, o.batch, o.seqLen, o.accum, j.dt, j.gdt, o.schedule)
 	fmt.Fprintf(stdout, "machine: %s (%s memory); %s; host %s (%s, %.0f GB/s)\n", m.GPU.Name, gibs(m.GPU.Memory),
 		m.Link.Name, m.Host.Name, gibs(m.Host.Memory), m.Host.MemBW/1e9)
-	fmt.Fprintln(stdout, figuresLine(m))
+	fmt.Fprintln(stdout, figuresLine(m, j.gpuCalib))
 	if m.Ranks > 1 {
 		where := "on the GPUs (NCCL)"
 		if o.trainConfig(j, engine.LSP).Collectives == train.CollectivesHost {
@@ -710,14 +726,21 @@ func budgetString(g plan.GPU) string {
 // figuresLine says which of the machine's figures are measured and which
 // assumed: a GPU preset's peaks and bandwidths are datasheet figures (or
 // derived from them, cited in train/plan/machine.go), its op efficiencies
-// and CUDA context assumptions; --device-mem changes the budget only,
-// the preset's speeds stay.
-func figuresLine(m plan.Machine) string {
+// and CUDA context assumptions (unless a GPU calibration, c, measured
+// them); --device-mem changes the budget only, the preset's speeds stay.
+func figuresLine(m plan.Machine, c *plan.GPUCalibration) string {
 	if m.GPU.SharesHost {
 		return "figures: measured on this machine (the calibration), the link as --link-bandwidth charges it"
 	}
 	line := "figures: the GPU's peaks, bandwidths and the link from datasheets (cited in train/plan/machine.go); " +
 		"op efficiencies, the CUDA context and the host's Adam rate assumed; nothing measured on a GPU"
+	if c != nil {
+		line = "figures: the GPU's peaks, bandwidths and the link from datasheets (cited in train/plan/machine.go); " +
+			"op efficiencies measured by --calibration (" + c.String() + "); the host's Adam rate assumed"
+		if c.Context == 0 {
+			line += "; the CUDA context assumed"
+		}
+	}
 	if m.GPU.DeviceMem > 0 {
 		line += fmt.Sprintf("; --device-mem %s: the speeds of the %s with that budget", gibs(m.GPU.DeviceMem), m.GPU.Name)
 	}

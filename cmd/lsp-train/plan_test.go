@@ -158,7 +158,8 @@ func TestPlanCommandErrors(t *testing.T) {
 		{"bad size", []string{"--host-bw", "fast"}, []string{"host-bw", "fast"}},
 		{"two errors at once", []string{"--batch", "0", "--gpu", "x"}, []string{"--batch:", "--gpu:"}},
 		{"cpu with a link preset", []string{"--gpu", "cpu", "--link", "pcie3"}, []string{"--link, --host:", "--gpu cpu"}},
-		{"calibration without cpu", []string{"--calibration", "c.json"}, []string{"--calibration", "only with --gpu cpu"}},
+		{"gpu with a missing calibration", []string{"--gpu", "h100", "--calibration", "/nonexistent/c.json"}, []string{"--calibration:", "/nonexistent/c.json"}},
+		{"threads without cpu", []string{"--threads", "2"}, []string{"--threads", "only with --gpu cpu"}},
 		{"cpu with a bad budget", []string{"--gpu", "cpu", "--calibrate-budget", "0s"}, []string{"--calibrate-budget:"}},
 		{"cpu with a missing calibration", []string{"--gpu", "cpu", "--calibration", "/nonexistent/c.json"}, []string{"--calibration:", "/nonexistent/c.json"}},
 	} {

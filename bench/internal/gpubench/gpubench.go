@@ -6,12 +6,17 @@
 package gpubench
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/lsp-offload/lsp-offload/cuda"
+	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/device"
 )
 
 // Stats are repeated measures of one figure.
@@ -103,4 +108,16 @@ func LinkRate(dir, pci string) (rate float64, desc string, err error) {
 		gen, enc = "6", 242.0/256
 	}
 	return gts * 1e9 * enc / 8 * float64(w), fmt.Sprintf("PCIe %s.0 x%d (%g GT/s)", gen, w, gts), nil
+}
+
+// OpenCUDA opens CUDA device 0 for the benchmark name; without a device
+// it prints one line saying nothing was measured and returns nil, nil
+// (a machine without a GPU is not a failure of the benchmark).
+func OpenCUDA(name string) (backend.Backend, error) {
+	be, err := device.Open(device.Config{Kind: device.CUDA})
+	if errors.Is(err, cuda.ErrNoDevice) {
+		fmt.Printf("%s: no CUDA device (%v): nothing measured\n", name, err)
+		return nil, nil
+	}
+	return be, err
 }

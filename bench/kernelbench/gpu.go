@@ -1,5 +1,5 @@
 //go:build cuda && !cudasim
 
-package main
+package kernelbench
 
 const simulated = false

@@ -1,6 +1,6 @@
 //go:build cudasim
 
-package main
+package kernelbench
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
-// haveCublas: the simulated runtime has no cuBLAS.
-const haveCublas = false
+// cublasMissing: the simulated runtime has no cuBLAS.
+func cublasMissing() string { return "the simulated runtime has no cuBLAS" }
 
 func cublasGemm(trace.GemmArgs, int) (float64, error) {
 	return 0, errors.New("no cuBLAS on the simulated runtime")

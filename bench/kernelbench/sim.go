@@ -1,6 +1,6 @@
 //go:build cudasim
 
-package main
+package kernelbench
 
 // simulated: this build's CUDA runtime is the simulated one, which runs
 // the kernels on the CPU.

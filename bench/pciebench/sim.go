@@ -1,6 +1,6 @@
 //go:build cudasim
 
-package main
+package pciebench
 
 // simulated: this build's CUDA runtime is the simulated one, whose
 // copies are memcpy on the CPU.
