@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sim-smoke.sh: the train command end to end on the simulated GPU. For each
-# update mode (native, zero, lsp, lora, and lora on an NF4 base: lora-nf4)
+# update mode (native, zero, lsp, lora, lora on an NF4 base: lora-nf4, and galore)
 # it trains a few steps of the default job
 # (tiny on builtin:sort, at a small size) twice with the same flags and the
 # same binary: --device cuda (the CUDA backend on the simulated runtime:
@@ -66,11 +66,15 @@ run() {
 }
 
 fail=0
-for row in native zero lsp lora lora-nf4; do
+for row in native zero lsp lora lora-nf4 galore; do
 	mode=${row%%-*}
 	extra=(--mode "$mode")
 	# lora-nf4: QLoRA's quantized base, read by the GemmQ kernel.
 	[ "$row" = lora-nf4 ] && extra+=(--base-dtype nf4)
+	# galore refreshes its projectors at step 1 (a randomized SVD of each
+	# matrix's gradient through the GEMMs), then steps in the subspace by
+	# the dense kernels.
+	[ "$row" = galore ] && extra+=(--galore-rank 4)
 	# lsp checks its projectors before step 1 (--check-at-start; the
 	# default's first check would come after this run's last step) and
 	# keeps the fit its own data prefers (--accept fit), so that no
@@ -118,4 +122,4 @@ if [ "$fail" != 0 ]; then
 	echo "sim-smoke: FAIL: the CUDA backend on the simulated runtime does not match the CPU backend (tolerance $tol relative)" >&2
 	exit 1
 fi
-echo "sim-smoke: ok: native, zero, lsp, lora and lora-nf4 on the simulated GPU match the CPU backend at bf16 within $tol relative"
+echo "sim-smoke: ok: native, zero, lsp, lora, lora-nf4 and galore on the simulated GPU match the CPU backend at bf16 within $tol relative"

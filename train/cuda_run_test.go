@@ -47,7 +47,7 @@ func TestCUDATrainsLikeCPU(t *testing.T) {
 	}
 	for _, tc := range []struct{ model, mode string }{
 		{"tiny", "native"}, {"tiny", "zero"}, {"tiny", "lsp-device"}, {"tiny", "lsp-host"},
-		{"llama-tiny", "native"}, {"llama-tiny", "lsp-device"},
+		{"llama-tiny", "native"}, {"llama-tiny", "lsp-device"}, {"llama-tiny", "galore-device"},
 	} {
 		t.Run(tc.model+"/"+tc.mode, func(t *testing.T) {
 			mode := tc.mode
