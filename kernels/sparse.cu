@@ -66,10 +66,6 @@
 
 namespace {
 
-// ld widens one input value to fp32 (exact for bf16).
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const uint16_t* p) { return lsp_bf16_to_f32(*p); }
-
 // ---------------------------------------------------------------- compress
 
 constexpr int kCT = 8;          // tokens per block
@@ -101,7 +97,7 @@ __global__ void __launch_bounds__(kCThreads)
     // Stage rows t0..t0+kCT of x, inputs c0..c0+cn (0 past BT).
     for (int tt = 0; tt < kCT; tt++) {
       const X* src = x + (long long)(t0 + tt) * rows + c0;
-      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? ld(src + c) : 0.0f;
+      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? lsp_ld(src + c) : 0.0f;
     }
     __syncthreads();  // the chunk is staged
     const int cend = c0 + cn;
@@ -221,13 +217,6 @@ __global__ void __launch_bounds__(kAThreads)
   T[(long long)a * n + j] = acc;
 }
 
-// store_w writes element w of W: exactly to fp32, by stochastic rounding
-// with the bits of (key, w) to bf16.
-__device__ __forceinline__ void store_w(float* W, long long w, float x, uint64_t) { W[w] = x; }
-__device__ __forceinline__ void store_w(uint16_t* W, long long w, float x, uint64_t key) {
-  W[w] = lsp_f32_to_bf16_sr(x, lsp_sr_bits(key, static_cast<uint64_t>(w)));
-}
-
 // W[i, j] = store(decay * W[i, j] + sum over row i's entries of pval *
 // T[pidx, j]); Wt is float or uint16_t (bf16 bits).
 template <typename Wt>
@@ -245,7 +234,7 @@ __global__ void __launch_bounds__(kAThreads)
     for (int s = 0; s < r; s++)
       upd = __fadd_rn(upd, __fmul_rn(__ldg(pval + e + s), __ldg(T + (long long)__ldg(pidx + e + s) * n + j)));
     const long long w = (long long)i * n + j;
-    store_w(W, w, __fadd_rn(__fmul_rn(decay, ld(W + w)), upd), key);
+    lsp_store_w(W, w, __fadd_rn(__fmul_rn(decay, lsp_ld(W + w)), upd), key);
   }
 }
 
