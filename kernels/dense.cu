@@ -29,7 +29,7 @@
  * tiled product, then the epilogue Out (GemmOut or ApplyOut<W's type>)
  * applied to each finished sum. A 256-thread block owns a 64 x 64 tile of
  * the output, each thread 4 x 4 outputs (rows ty + 16i, columns tx + 16j,
- * tx, ty < 16), kept in registers. K advances in slices of 16: each slice
+ * tx, ty < 16), kept in registers (tile.cuh, which sparse.cu's S shares). K advances in slices of 16: each slice
  * of op(A) (64 x 16) and op(B) (16 x 64) is staged in shared memory as
  * fp32, 4 values per thread, read along the operand's contiguous dimension
  * (coalesced for either transpose), zero past M, N or K; then every thread
@@ -43,7 +43,7 @@
  * cores), so about half the FMA peak of fp32 at best; meant for the dense
  * projectors' products (d of a few hundred to a few thousand), not for the
  * model's GEMMs (gemm.cu). Shared memory: 2 x 16 x 65 floats (8320 bytes)
- * per block, static. ptxas (CUDA 11.8): 74-76 registers a thread on
+ * per block, static. ptxas (CUDA 11.8): 75-78 registers a thread on
  * sm_80, 80 on sm_90, 0 bytes stack frame, no spills; no FFMA in the SASS.
  *
  * Limits: M, N, K >= 1; ceil(M/64) <= 65535 (grid y); the output must not
@@ -52,16 +52,15 @@
  */
 #include "kernels.h"
 #include "rounding.cuh"
+#include "tile.cuh"
 
 #include <stdint.h>
 
 namespace {
 
-constexpr int kTile = 64;      // output tile rows and columns
-constexpr int kSlice = 16;     // K per shared-memory stage
-constexpr int kThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
-constexpr int kPerThread = kTile * kSlice / kThreads;  // staged values per thread and operand
-static_assert(kPerThread * kThreads == kTile * kSlice, "a slice must split evenly over the threads");
+constexpr int kSlice = 16;  // K per shared-memory stage
+constexpr int kPerThread = kTile * kSlice / kTileThreads;  // staged values per thread and operand
+static_assert(kPerThread * kTileThreads == kTile * kSlice, "a slice must split evenly over the threads");
 
 // A stage: s[kk][r] = op(X)(r0 + r, k0 + kk); the +1 spreads the stores
 // of a row-major operand over the banks.
@@ -76,7 +75,7 @@ __device__ __forceinline__ void stage_slice(Stage& s, const T* __restrict__ x, b
                                             int k0) {
 #pragma unroll
   for (int q = 0; q < kPerThread; q++) {
-    const int e = q * kThreads + threadIdx.x;
+    const int e = q * kTileThreads + threadIdx.x;
     const int r = kmajor ? e % kTile : e / kSlice;
     const int kk = kmajor ? e / kTile : e % kSlice;
     const int gr = r0 + r, gk = k0 + kk;
@@ -119,49 +118,24 @@ struct ApplyOut {
 // ascending of fl(op(A)[i,k] op(B)[k,j]), handed to out. TA and TB are
 // float or uint16_t (bf16 bits).
 template <typename TA, typename TB, typename Out>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kTileThreads)
     dense_kernel(const TA* __restrict__ A, const TB* __restrict__ B, int transA, int transB, int M, int N, int K,
                  Out out) {
   if (out.skipped()) return;  // uniform over the grid, before any barrier
   __shared__ Stage As;  // As[kk][r] = op(A)[m0 + r, k0 + kk]
   __shared__ Stage Bs;  // Bs[kk][c] = op(B)[k0 + kk, n0 + c]
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-
+  lsp_tile_zero(acc);
   for (int k0 = 0; k0 < K; k0 += kSlice) {
     // op(A) is [M][K] unless transA; op(B)^T is [N][K] only when transB.
     stage_slice(As, A, transA != 0, M, K, m0, k0);
     stage_slice(Bs, B, transB == 0, N, K, n0, k0);
     __syncthreads();  // the slice is staged
-#pragma unroll
-    for (int kk = 0; kk < kSlice; kk++) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) av[i] = As[kk][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; j++) bv[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(av[i], bv[j]));
-    }
+    lsp_tile_slice<true>(acc, As, Bs);
     __syncthreads();  // the slice is consumed before the next overwrites it
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int row = m0 + ty + 16 * i;
-    if (row >= M) continue;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int col = n0 + tx + 16 * j;
-      if (col < N) out(row, col, acc[i][j]);
-    }
-  }
+  lsp_tile_store(acc, m0, n0, M, N, out);
 }
 
 // bad_dims: sizes the kernel does not take (see Limits).
@@ -174,7 +148,7 @@ template <typename TA, typename TB, typename Out>
 cudaError_t launch_dense(int transA, int transB, int M, int N, int K, const void* A, const void* B, Out out,
                          cudaStream_t stream) {
   auto kernel = dense_kernel<TA, TB, Out>;
-  LSP_LAUNCH(kernel, dense_grid(M, N), dim3(kThreads), 0, stream, static_cast<const TA*>(A),
+  LSP_LAUNCH(kernel, dense_grid(M, N), dim3(kTileThreads), 0, stream, static_cast<const TA*>(A),
              static_cast<const TB*>(B), transA, transB, M, N, K, out);
   return cudaGetLastError();
 }
