@@ -126,7 +126,6 @@ func TestDenseApply(t *testing.T) {
 	}
 }
 
-
 func TestDenseApplySkipAndUnbiased(t *testing.T) {
 	be := newBE(t, Config{})
 	const M, N, K = 4, 5, 3
