@@ -29,11 +29,12 @@
  * tiled product, then the epilogue Out (GemmOut or ApplyOut<W's type>)
  * applied to each finished sum. A 256-thread block owns a 64 x 64 tile of
  * the output, each thread 4 x 4 outputs (rows ty + 16i, columns tx + 16j,
- * tx, ty < 16), kept in registers (tile.cuh, which sparse.cu's S shares). K advances in slices of 16: each slice
- * of op(A) (64 x 16) and op(B) (16 x 64) is staged in shared memory as
- * fp32, 4 values per thread, read along the operand's contiguous dimension
- * (coalesced for either transpose), zero past M, N or K; then every thread
- * adds the slice's 16 products to each of its 16 sums in k order. The
+ * tx, ty < 16), kept in registers (tile.cuh, which sparse.cu's S
+ * shares). K advances in slices of 16: each slice of op(A) (64 x 16) and
+ * op(B) (16 x 64) is staged in shared memory as fp32, 4 values per thread,
+ * read along the operand's contiguous dimension (coalesced for either
+ * transpose), zero past M, N or K; then every thread adds the slice's 16
+ * products to each of its 16 sums in k order. The
  * zeros past K add +0 to a sum that started at +0 and so is never -0: the
  * sum is unchanged, which keeps ragged K exact. Loads and stores are
  * bounds-checked: any M, N, K >= 1 works. The same order on every device:
