@@ -28,7 +28,8 @@
 //     bf16 adds 2^-7.
 //   - CrossEntropy: losses atol rtol 1e-5; dlogits atol 1e-6 scale, rtol
 //     2e-5 (+ 2^-7 for bf16).
-//   - SparseValueGrad: bit for bit, on a GPU too (non-contracted).
+//   - SparseValueGrad, DenseGemm, DenseApply: bit for bit, on a GPU too
+//     (non-contracted).
 //   - SumSquares: rtol 2.4e-7 (two fp32 ulps). AdamW: atol 1e-30, rtol
 //     5e-7 (fp32), 2^-7 (a bf16 param).
 
@@ -631,7 +632,49 @@ func conformanceCases() []opCase {
 				}, []check{exactOnSim("S")}})
 		}
 	}
+	denseConformance(add)
 	return cs
+}
+
+// denseConformance adds the dense projection ops' cases: ragged shapes
+// (past a 64-wide tile and a 16-wide K slice, and the smallest), every
+// transpose; DenseGemm with every dtype mix of A and B, beta 0 and not
+// (one case on views at odd offsets); DenseApply with W fp32 and bf16,
+// without a skip flag, with a clear one and with a set one. Bit for bit
+// everywhere: the kernel is not contracted, on a GPU either.
+func denseConformance(add func(opCase)) {
+	for _, sz := range [][3]int{{70, 45, 37}, {1, 1, 1}} {
+		M, N, K := sz[0], sz[1], sz[2]
+		for _, tr := range [][2]bool{{false, false}, {true, false}, {false, true}, {true, true}} {
+			for i, dts := range [][2]backend.DType{{f32, f32}, {bf, f32}, {f32, bf}, {bf, bf}} {
+				beta := float32(0)
+				if i%2 == 1 {
+					beta = -0.5
+				}
+				sh := fmt.Sprintf("M=%d N=%d K=%d transA=%v transB=%v A %v B %v beta=%v", M, N, K, tr[0], tr[1], dts[0], dts[1], beta)
+				in := []tspec{{name: "A", n: M * K, dt: dts[0]}, {name: "B", n: K * N, dt: dts[1]}, {name: "C", n: M * N, dt: f32}}
+				run := func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+					return be.DenseGemm(s, tr[0], tr[1], M, N, K, 0.75, x["A"], x["B"], beta, x["C"])
+				}
+				add(opCase{"DenseGemm", sh, in, run, []check{{"C", 0, 0}}})
+				if i == 3 && !tr[0] {
+					add(opCase{"DenseGemm", sh + " views at odd offsets", offsetViews(in), run, []check{{"C", 0, 0}}})
+				}
+			}
+			for _, wdt := range []backend.DType{f32, bf} {
+				for _, skip := range []float32{-1, 0, 1} { // -1: no flag
+					sh := fmt.Sprintf("M=%d N=%d K=%d transA=%v transB=%v W %v skip=%v", M, N, K, tr[0], tr[1], wdt, skip)
+					in := []tspec{{name: "A", n: M * K, dt: f32}, {name: "B", n: K * N, dt: f32}, {name: "W", n: M * N, dt: wdt}}
+					if skip >= 0 {
+						in = append(in, tspec{name: "skip", n: 1, dt: f32, gen: constant(skip)})
+					}
+					add(opCase{"DenseApply", sh, in, func(be backend.Backend, s backend.Stream, x map[string]backend.Tensor) error {
+						return be.DenseApply(s, tr[0], tr[1], M, N, K, -1e-2, x["A"], x["B"], 0.999, x["W"], x["skip"], 7, 3, 2)
+					}, []check{{"W", 0, 0}}})
+				}
+			}
+		}
+	}
 }
 
 // scaledInvFreq rescales inverse frequencies pair by pair (by 1, 1/2,

@@ -830,6 +830,54 @@ func (b *Backend) SparseApply(s backend.Stream, W, T, Delta, pidx, pval, qidx, q
 	})
 }
 
+// DenseGemm implements backend.Ops (lsp_dense_gemm: A and B fp32 or bf16
+// each, C fp32; non-contracted, so the CPU backend's bits on a GPU too).
+func (b *Backend) DenseGemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
+	const op = "DenseGemm"
+	if err := b.denseArgs(op, M, N, K, f("A", A, M*K), f("B", B, K*N), f("C", C, M*N)); err != nil {
+		return err
+	}
+	if err := dtypes(op, A, B, C); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.DenseGemm(transA, transB, M, N, K, alpha, b.ptr(A), flag(A), b.ptr(B), flag(B), beta, b.ptr(C), st)
+	})
+}
+
+// DenseApply implements backend.Ops (lsp_dense_apply: A and B fp32, W fp32
+// or bf16, stochastic rounding as SparseApply's).
+func (b *Backend) DenseApply(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, decay float32, W, skip backend.Tensor,
+	seed, step uint64, matrix uint32) error {
+	const op = "DenseApply"
+	args := []arg{f("A", A, M*K), f("B", B, K*N), f("W", W, M*N)}
+	if skip.Buf != nil {
+		args = append(args, f("skip", skip, 1))
+	}
+	if err := b.denseArgs(op, M, N, K, args...); err != nil {
+		return err
+	}
+	if err := dtypes(op, A, B, W, skip); err != nil {
+		return err
+	}
+	return b.launch(s, op, func(st kernels.Stream) error {
+		return kernels.DenseApply(transA, transB, M, N, K, alpha, b.ptr(A), b.ptr(B), decay, b.ptr(W), flag(W), b.ptr(skip),
+			seed, step, matrix, st)
+	})
+}
+
+// denseArgs checks what the dense ops share: the device, M, N, K >= 1
+// (the CPU backend's rule) and the tensors.
+func (b *Backend) denseArgs(op string, M, N, K int, args ...arg) error {
+	if err := b.onDevice(op); err != nil {
+		return err
+	}
+	if err := checkPositive(op, "M N K", M, N, K); err != nil {
+		return err
+	}
+	return b.needAll(op, args...)
+}
+
 // CopyD2D implements backend.Backend: same length, converting dtypes (I32
 // only to I32): a cudaMemcpyAsync for one dtype, a cast kernel
 // (lsp_cast_*) between fp32 and bf16.

@@ -1,6 +1,6 @@
 /*
- * rounding.cuh: bit-exact scalar helpers shared by sparse.cu, adam.cu and
- * cast.cu (included by .cu files only, every name has internal linkage):
+ * rounding.cuh: bit-exact scalar helpers shared by sparse.cu, dense.cu,
+ * adam.cu and cast.cu (included by .cu files only, every name has internal linkage):
  *
  *   - (kernels write fp32 arithmetic that must not be contracted into an
  *     FMA with __fmul_rn, __fadd_rn, ...: nvcc never fuses those, and the
@@ -9,6 +9,9 @@
  *     for bit);
  *   - fp32 -> bf16 round to nearest even, bit for bit as train/bf16
  *     FromFloat32 (NaN keeps its sign and becomes quiet);
+ *   - the storage of a weight that is fp32 or bf16 (sparse.cu's and
+ *     dense.cu's apply): lsp_ld widens either exactly, lsp_store_w writes
+ *     fp32 exactly and bf16 by stochastic rounding with element w's bits;
  *   - the counter-based generator of stochastic rounding, bit for bit as
  *     train/cpu/ref_cast.go: the SplitMix64 finalizer ("Mix13") chained
  *     over the key words,
@@ -68,6 +71,17 @@ __device__ __forceinline__ uint16_t lsp_f32_to_bf16_sr(float x, uint32_t u) {
   uint32_t b = __float_as_uint(x);
   if ((b & 0x7fffffffu) > 0x7f800000u) return lsp_f32_to_bf16_rne(x);
   return static_cast<uint16_t>((b + (u & 0xffffu)) >> 16);
+}
+
+// lsp_ld widens one stored value to fp32 (exact for bf16 bits).
+__device__ __forceinline__ float lsp_ld(const float* p) { return *p; }
+__device__ __forceinline__ float lsp_ld(const uint16_t* p) { return lsp_bf16_to_f32(*p); }
+
+// lsp_store_w writes element w of a weight: exactly to fp32, by stochastic
+// rounding with the bits of (key, w) to bf16 (key: lsp_sr_key).
+__device__ __forceinline__ void lsp_store_w(float* W, long long w, float x, uint64_t) { W[w] = x; }
+__device__ __forceinline__ void lsp_store_w(uint16_t* W, long long w, float x, uint64_t key) {
+  W[w] = lsp_f32_to_bf16_sr(x, lsp_sr_bits(key, static_cast<uint64_t>(w)));
 }
 
 }  // namespace

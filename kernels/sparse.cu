@@ -45,7 +45,8 @@
  *     in registers. X is read once per 128 columns; the gathers hit shared
  *     memory.
  *   S: a 256-thread block owns a 64 x 64 tile of S, each thread 4 x 4
- *     entries (rows ty + 16i, columns tx + 16j), with A and B staged through
+ *     entries (rows ty + 16i, columns tx + 16j: tile.cuh's register tile,
+ *     which dense.cu shares), with A and B staged through
  *     shared memory 16 tokens at a time (zero-filled past BT: adding +-0 to
  *     a sum leaves it unchanged, so the sum is the plain one over t).
  *   apply: T is one thread per (a, j); W is one thread per (i, j), rows
@@ -61,14 +62,11 @@
  */
 #include "kernels.h"
 #include "rounding.cuh"
+#include "tile.cuh"
 
 #include <stdint.h>
 
 namespace {
-
-// ld widens one input value to fp32 (exact for bf16).
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const uint16_t* p) { return lsp_bf16_to_f32(*p); }
 
 // ---------------------------------------------------------------- compress
 
@@ -101,7 +99,7 @@ __global__ void __launch_bounds__(kCThreads)
     // Stage rows t0..t0+kCT of x, inputs c0..c0+cn (0 past BT).
     for (int tt = 0; tt < kCT; tt++) {
       const X* src = x + (long long)(t0 + tt) * rows + c0;
-      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? ld(src + c) : 0.0f;
+      for (int c = threadIdx.x; c < cn; c += kCThreads) xs[tt][c] = tt < nt ? lsp_ld(src + c) : 0.0f;
     }
     __syncthreads();  // the chunk is staged
     const int cend = c0 + cn;
@@ -143,63 +141,37 @@ cudaError_t launch_gather(float* out, const void* x, const int32_t* colptr, cons
 
 // ----------------------------------------------------------------------- S
 
-constexpr int kST = 64;        // S tile (rows and columns)
-constexpr int kSK = 16;        // tokens per stage
-constexpr int kSThreads = 256;  // 16 x 16 threads, 4 x 4 entries each
+constexpr int kSK = 16;  // tokens per stage; the tile is tile.cuh's (64 x 64, 256 threads)
 
 // S[a,b] (+)= sum_t A[a,t] B[t,b] for the block's 64 x 64 tile.
-__global__ void __launch_bounds__(kSThreads)
+__global__ void __launch_bounds__(kTileThreads)
     sparse_s_kernel(float* __restrict__ S, const float* __restrict__ A, const float* __restrict__ B, int BT, int d,
                     int accumulate) {
-  __shared__ float As[kSK][kST + 1];  // As[k][a] = A[a0+a, t0+k]; +1 spreads the transposed stores over banks
-  __shared__ float Bs[kSK][kST];      // Bs[k][b] = B[t0+k, b0+b]
-  const int a0 = blockIdx.y * kST, b0 = blockIdx.x * kST;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  __shared__ float As[kSK][kTile + 1];  // As[k][a] = A[a0+a, t0+k]; +1 spreads the transposed stores over banks
+  __shared__ float Bs[kSK][kTile];      // Bs[k][b] = B[t0+k, b0+b]
+  const int a0 = blockIdx.y * kTile, b0 = blockIdx.x * kTile;
   float acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-
+  lsp_tile_zero(acc);
   for (int t0 = 0; t0 < BT; t0 += kSK) {
     // 64 x 16 floats of each operand, 4 per thread, coalesced along the
     // contiguous dimension (t for A, b for B).
 #pragma unroll
-    for (int e = threadIdx.x; e < kST * kSK; e += kSThreads) {
+    for (int e = threadIdx.x; e < kTile * kSK; e += kTileThreads) {
       const int ar = e / kSK, ak = e % kSK;
       const int ga = a0 + ar, gt = t0 + ak;
       As[ak][ar] = (ga < d && gt < BT) ? A[(long long)ga * BT + gt] : 0.0f;
-      const int bk = e / kST, bc = e % kST;
+      const int bk = e / kTile, bc = e % kTile;
       const int gb = b0 + bc, gu = t0 + bk;
       Bs[bk][bc] = (gb < d && gu < BT) ? B[(long long)gu * d + gb] : 0.0f;
     }
     __syncthreads();  // the stage is loaded
-#pragma unroll
-    for (int k = 0; k < kSK; k++) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) av[i] = As[k][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; j++) bv[j] = Bs[k][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] += av[i] * bv[j];
-    }
+    lsp_tile_slice<false>(acc, As, Bs);
     __syncthreads();  // the stage is consumed before the next overwrites it
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int a = a0 + ty + 16 * i;
-    if (a >= d) continue;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int b = b0 + tx + 16 * j;
-      if (b >= d) continue;
-      float* s = S + (long long)a * d + b;
-      *s = accumulate ? acc[i][j] + *s : acc[i][j];
-    }
-  }
+  lsp_tile_store(acc, a0, b0, d, d, [=](int a, int b, float sum) {
+    float* s = S + (long long)a * d + b;
+    *s = accumulate ? sum + *s : sum;
+  });
 }
 
 // ------------------------------------------------------------------- apply
@@ -221,13 +193,6 @@ __global__ void __launch_bounds__(kAThreads)
   T[(long long)a * n + j] = acc;
 }
 
-// store_w writes element w of W: exactly to fp32, by stochastic rounding
-// with the bits of (key, w) to bf16.
-__device__ __forceinline__ void store_w(float* W, long long w, float x, uint64_t) { W[w] = x; }
-__device__ __forceinline__ void store_w(uint16_t* W, long long w, float x, uint64_t key) {
-  W[w] = lsp_f32_to_bf16_sr(x, lsp_sr_bits(key, static_cast<uint64_t>(w)));
-}
-
 // W[i, j] = store(decay * W[i, j] + sum over row i's entries of pval *
 // T[pidx, j]); Wt is float or uint16_t (bf16 bits).
 template <typename Wt>
@@ -245,7 +210,7 @@ __global__ void __launch_bounds__(kAThreads)
     for (int s = 0; s < r; s++)
       upd = __fadd_rn(upd, __fmul_rn(__ldg(pval + e + s), __ldg(T + (long long)__ldg(pidx + e + s) * n + j)));
     const long long w = (long long)i * n + j;
-    store_w(W, w, __fadd_rn(__fmul_rn(decay, ld(W + w)), upd), key);
+    lsp_store_w(W, w, __fadd_rn(__fmul_rn(decay, lsp_ld(W + w)), upd), key);
   }
 }
 
@@ -265,10 +230,10 @@ extern "C" cudaError_t lsp_sparse_compress_b(float* B, const void* dY, const int
 
 extern "C" cudaError_t lsp_sparse_s(float* S, const float* A, const float* B, int BT, int d, int accumulate,
                                     cudaStream_t stream) {
-  if (S == nullptr || A == nullptr || B == nullptr || BT < 1 || d < 1 || d > 65535 * kST)
+  if (S == nullptr || A == nullptr || B == nullptr || BT < 1 || d < 1 || d > 65535 * kTile)
     return cudaErrorInvalidValue;
-  const dim3 grid((d + kST - 1) / kST, (d + kST - 1) / kST);
-  LSP_LAUNCH(sparse_s_kernel, grid, dim3(kSThreads), 0, stream, S, A, B, BT, d, accumulate);
+  const dim3 grid((d + kTile - 1) / kTile, (d + kTile - 1) / kTile);
+  LSP_LAUNCH(sparse_s_kernel, grid, dim3(kTileThreads), 0, stream, S, A, B, BT, d, accumulate);
   return cudaGetLastError();
 }
 

@@ -21,7 +21,7 @@ import (
 // methods are the ops Measure times at every geometry.
 var methods = []string{
 	"Accumulate", "AdamW", "Add", "AddBias", "AttentionBackward", "AttentionForward", "BiasBackward",
-	"CopyD2D", "CrossEntropyForwardBackward", "EncoderBackward", "EncoderForward", "Fill",
+	"CopyD2D", "DenseApply", "DenseGemm", "CrossEntropyForwardBackward", "EncoderBackward", "EncoderForward", "Fill",
 	"GeluBackward", "GeluForward", "LayerNormBackward", "LayerNormForward", "NonFiniteFlag",
 	"RMSNormBackward", "RMSNormForward", "RoPEBackward", "RoPEForward", "Scale", "SparseApply",
 	"SparseCompressA", "SparseCompressB", "SparseS", "SumSquares", "SwiGLUBackward", "SwiGLUForward",

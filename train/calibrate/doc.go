@@ -58,7 +58,9 @@
 //     2*B*NH*HS*T*(T+1) forward (Q K^T and P V over the causal half) and
 //     2.5 times that backward (the scores recomputed, then dP, dV, dQ and
 //     dK); SparseCompressA/B 2*BT*rows*r; SparseS 2*d*d*BT; SparseApply
-//     2*d*n*r + 2*m*n*r + 2*m*n (the decay), as train/trace counts them. Every other op counts 0 and is memory-bound.
+//     2*d*n*r + 2*m*n*r + 2*m*n (the decay); DenseGemm 2*M*N*K;
+//     DenseApply 2*M*N*K + 2*M*N (the decay), as train/trace counts them.
+//     Every other op counts 0 and is memory-bound.
 //   - Op efficiency: Eff = ideal / (seconds - Overhead.Op), where ideal =
 //     max(flops/GemmPeak, bytes/Triad); so OpTime(method, flops, bytes) =
 //     ideal/Eff + Overhead.Op gives back the measured time at a measured

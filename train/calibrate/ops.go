@@ -173,10 +173,40 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 	if err != nil {
 		return nil, err
 	}
+	dn, err := m.denseCases(g)
+	if err != nil {
+		return nil, err
+	}
 	if err := m.be.Synchronize(m.s); err != nil {
 		return nil, err
 	}
-	return append(cases, sp...), nil
+	return append(append(cases, sp...), dn...), nil
+}
+
+// denseCases are the dense projectors' products (svd, gaussian; GaLore's
+// are the same products) for the MLP's first matrix (C x I), the sizes of
+// sparseCases with P (C x d) dense: compress A [d,BT] = P^T X^T
+// (DenseGemm, both transposed) and the apply W [C,I] += P T, T = Delta
+// Q^T [d,I] (DenseApply).
+func (m *meter) denseCases(g OpSize) ([]opCase, error) {
+	BT, mm, n := g.B*g.T, g.C, g.I
+	d := lsp.CapD(g.D, mm, n)
+	be, s := m.be, m.s
+	a := &tensors{m: m}
+	P, X, A := a.f32("dense P", mm*d, 0.03), a.f32("dense X", BT*mm, 0.5), a.f32("dense A", d*BT, 0)
+	T, W := a.f32("dense T", d*n, 0.01), a.f32("dense W", mm*n, 0.5)
+	if a.err != nil {
+		return nil, a.err
+	}
+	dims := fmt.Sprintf("BT=%d m=%d n=%d d=%d", BT, mm, n, d)
+	return []opCase{
+		{"DenseGemm", dims, 2 * float64(d*BT) * float64(mm), hazard.DenseGemm(P, X, 0, A), func() error {
+			return be.DenseGemm(s, true, true, d, BT, mm, 1, P, X, 0, A)
+		}},
+		{"DenseApply", dims, 2*float64(mm*n)*float64(d) + 2*float64(mm*n), hazard.DenseApply(P, T, W, backend.Tensor{}), func() error {
+			return be.DenseApply(s, false, false, mm, n, d, -1e-3, P, T, 1, W, backend.Tensor{}, 1, 1, 0)
+		}},
+	}, nil
 }
 
 // sparseCases are LSP's ops for the MLP's first matrix (C x I): compress
