@@ -215,12 +215,19 @@ func MemoryOf(x *model.Index, c Config, B, T, accum int, dt backend.DType, fl In
 	var saved, views int64
 	for k, mt := range x.Mats {
 		// Each matrix's P and Q indices (the shared P once per matrix
-		// reading it) and two counters; the values and the moments are
-		// views.
-		saved += int64(mt.M*r[k] + mt.N*r[k] + 2)
+		// reading it; none for dense projectors) and two counters; the
+		// values and the moments are views.
+		idx := mt.M*r[k] + mt.N*r[k]
+		convert, held := max(mt.M, mt.N)*r[k], 4*(mt.M+mt.N)*r[k]
+		if c.Projector.Dense() {
+			// The values read, and the new projectors' Idx, Val, RowIdx
+			// and ColVal.
+			idx, convert, held = 0, 2, 5*(mt.M+mt.N)*d[k]
+		}
+		saved += int64(idx + 2)
 		views += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
-		b.SaveConvert = max(b.SaveConvert, 4*int64(max(mt.M, mt.N)*r[k]))
-		b.RestoreHeld = max(b.RestoreHeld, 4*int64(4*(mt.M+mt.N)*r[k]+2*d[k]*d[k]+2))
+		b.SaveConvert = max(b.SaveConvert, 4*int64(convert))
+		b.RestoreHeld = max(b.RestoreHeld, 4*int64(held+2*d[k]*d[k]+2))
 	}
 	b.Saved = 4 * int64(len(x.Blocks)) * saved
 	b.Views = 4 * int64(len(x.Blocks)) * views
