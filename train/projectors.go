@@ -112,6 +112,13 @@ func (r *run) checkProjectors() error {
 			return err
 		}
 	}
+	if r.cfg.Projector == lsp.KindSVD {
+		// Nothing is fitted or accepted: the singular vectors replace
+		// the projectors (but where a gradient was zero).
+		r.log.Info("projector check", "step", r.step, "matrices", len(reps), "svd_refreshed", accepted,
+			"seconds", fmt.Sprintf("%.2f", time.Since(t0).Seconds()))
+		return nil
+	}
 	r.log.Info("projector check", "step", r.step, "matrices", len(reps), "refitted", accepted, "rejected", rejected,
 		"rewarmed", rewarmed, "missed_alpha", missed,
 		"seconds", fmt.Sprintf("%.2f", time.Since(t0).Seconds()))
