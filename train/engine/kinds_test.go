@@ -14,41 +14,13 @@ import (
 // into them under --recompute layer, S summed on the host), with a
 // check before step 1 and every 5 steps; gaussian with everything on
 // the device, no checks.
-func kindConfigs() []struct {
-	name string
-	cfg  Config
-	dt   backend.DType
-} {
+func kindConfigs() []modeCase {
 	svd, gauss := testConfig(LSP), testConfig(LSP)
 	svd.LSP.Projector = lsp.KindSVD
 	svd.DenseParams = DenseHost
 	svd.Recompute, svd.GradResidency, svd.slots = model.RecomputeLayer, ResidencyRing, 1
 	gauss.LSP.Projector, gauss.LSP.NoFit = lsp.KindGaussian, true
-	return []struct {
-		name string
-		cfg  Config
-		dt   backend.DType
-	}{{"lsp-svd", svd, backend.BF16}, {"lsp-gauss", gauss, backend.BF16}}
-}
-
-// TestProjectorKindsPipelined: with dense projectors (--projector svd and
-// gaussian) the pipelined schedule, under the hazard check, gives the
-// sequential one's losses and weights bit for bit, over steps with svd's
-// refreshes.
-func TestProjectorKindsPipelined(t *testing.T) {
-	steps := 8
-	if testing.Short() {
-		steps = 6
-	}
-	for _, tc := range kindConfigs() {
-		t.Run(tc.name, func(t *testing.T) {
-			seq := newDeviceTrainer(t, tc.cfg, tc.dt, 2, false, 0)
-			pc := tc.cfg
-			pc.Pipelined = true
-			pip := newDeviceTrainer(t, pc, tc.dt, 2, true, 5)
-			sameRun(t, seq, pip, steps, "sequential", "pipelined")
-		})
-	}
+	return []modeCase{{"lsp-svd", svd, backend.BF16}, {"lsp-gauss", gauss, backend.BF16}}
 }
 
 // TestGaussianMatchesSparse: gaussian projectors are the sparse ones
