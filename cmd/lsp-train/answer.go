@@ -146,6 +146,9 @@ func (c candidate) command(mode engine.Mode) string {
 	switch {
 	case mode == engine.LSP:
 		args = append(args, "--d", fmt.Sprint(o.d))
+		if o.projector != "" && o.projector != lsp.KindSparse {
+			args = append(args, "--projector", string(o.projector)) // the kind planned for
+		}
 	case mode == engine.LoRA:
 		args = append(args, "--lora-r", fmt.Sprint(o.loraR))
 		if o.loraTargets != "" {
