@@ -91,6 +91,7 @@ type Config struct {
 	ProjOrtho     float64            // --proj-ortho: weight of the fit's column-orthogonality penalty
 	CheckAtStart  bool               // --check-at-start: a projector check before step 1 too (with --fit)
 	ShareLayers   bool               // --share-layers: one projector pair per matrix kind, fitted on every layer
+	Projector     lsp.Kind           // --projector: sparse, svd (top singular vectors of the calibration gradient) or gaussian (dense, drawn once)
 	Schedule      Schedule           // --schedule: pipelined or sequential
 	Collectives   Collectives        // --collectives: where several ranks sum what the device reads back (auto, host or nccl)
 	Recompute     model.Recompute    // --recompute: none, attn or layer (activations recomputed in the backward)
@@ -144,7 +145,7 @@ func Defaults() Config {
 		LoRAR: lora.DefaultR, LoRAAlpha: lora.DefaultAlpha,
 		GaloreRank: galore.DefaultRank, GaloreEvery: galore.DefaultEvery, GaloreScale: galore.DefaultScale,
 		Mode: engine.Native, GradDType: backend.F32, D: 0, R: 16, Alpha: 0.5, CheckEvery: 100, CalibSamples: 256, ProjLR: 0.05, FitIters: 200,
-		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor,
+		Refit: lsp.RefitSplit, Accept: lsp.AcceptHeldOut, Rewarm: lsp.RewarmFloor, Projector: lsp.KindSparse,
 		Schedule: Pipelined, Collectives: CollectivesAuto, OnNonFinite: StopOnNonFinite, MaxSkips: 10,
 	}
 }
@@ -344,6 +345,9 @@ func (c Config) Validate() error {
 		errs = append(errs, flagErr("base-dtype", "%v", strings.TrimPrefix(err.Error(), "--base-dtype: ")))
 	}
 	check(c.Adapter == "" || c.Mode == engine.LoRA, "adapter", "loads a LoRA adapter to train on in --mode lora (--mode is %s); sample takes one too", c.Mode)
+	// svd projectors are refreshed at every check without it: --fit fits
+	// sparse ones.
+	check(!c.Fit || c.Projector != lsp.KindSVD || c.Mode != engine.LSP, "fit", "with --projector svd: svd projectors are refreshed from the calibration gradient's singular vectors at every check, which svd runs without --fit (--fit fits sparse projectors)")
 	if c.Mode == engine.LSP || c.Mode == engine.LoRA || c.Mode == engine.Galore {
 		// The engine's own check names each flag (--d, --r, --alpha,
 		// --lora-r, --galore-rank, ...).
@@ -367,7 +371,8 @@ func (c Config) engineConfig(fromCheckpoint bool) engine.Config {
 		Hyper: optim.Hyper{Beta1: float32(c.Beta1), Beta2: float32(c.Beta2), Eps: 1e-8,
 			WeightDecay: float32(c.WeightDecay), Clip: c.ClipMode, MaxNorm: float32(c.GradClip)},
 		LSP: lsp.Config{D: c.D, R: c.R, Alpha: c.Alpha, CheckEvery: c.CheckEvery, CalibSamples: c.CalibSamples,
-			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers},
+			ProjLR: c.ProjLR, FitIters: c.FitIters, NoFit: !c.Fit && c.Projector != lsp.KindSVD, Refit: c.Refit, Accept: c.Accept, Rewarm: c.Rewarm, NoGain: c.NoGain, Ortho: c.ProjOrtho, StartRandom: !c.CheckAtStart, ShareLayers: c.ShareLayers,
+			Projector: c.Projector},
 		LoRA:        lora.Config{R: c.LoRAR, Alpha: c.LoRAAlpha, Dropout: c.LoRADropout, Targets: lora.ParseTargets(c.LoRATargets), Base: c.baseFormat()},
 		Galore:      galore.Config{Rank: c.GaloreRank, Every: c.GaloreEvery, Scale: c.GaloreScale},
 		HostThreads: c.Threads,

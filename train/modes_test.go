@@ -14,6 +14,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -186,4 +187,23 @@ func sameArch(t *testing.T, a, b model.Spec) bool {
 		delete(*p.m, "eos_token_id")
 	}
 	return a.Family() == b.Family() && reflect.DeepEqual(ma, mb)
+}
+
+// TestProjectorKindsResumeBitForBit: runs with dense projectors resume
+// exactly: --projector svd on the LLaMA fixture (q, k and v share P, from
+// their stacked gradients), refreshed every 3 steps, after the resume
+// (at step 3) too; gaussian on GPT-2.
+func TestProjectorKindsResumeBitForBit(t *testing.T) {
+	cfgs := map[string]Config{}
+	for name, model := range map[string]string{"lsp-svd": filepath.Join("testdata", "llama-tiny-gqa"), "lsp-gauss": writeModel(t, microConfig(16, 2))} {
+		c := modeConfigs(t, model)["lsp-device"]
+		c.Out = filepath.Join(t.TempDir(), name)
+		c.Fit = false
+		c.Projector = lsp.KindGaussian
+		if name == "lsp-svd" {
+			c.Projector, c.CheckEvery = lsp.KindSVD, 3
+		}
+		cfgs[name] = c
+	}
+	checkModesResume(t, cfgs)
 }

@@ -28,7 +28,7 @@ func (r *run) logLSPCaps() error {
 	if r.cfg.Mode != engine.LSP {
 		return nil
 	}
-	mats, share, err := lspProjectors(r.mc, r.cfg.D, r.cfg.R)
+	mats, share, err := lspProjectors(r.mc, r.cfg.D, r.cfg.R, r.cfg.Projector)
 	if err != nil {
 		return err
 	}
@@ -37,15 +37,16 @@ func (r *run) logLSPCaps() error {
 }
 
 // lspProjectors describes the projectors of mc's block matrices for the
-// requested d and r (lsp.Dims), one entry per distinct shape, d and r,
+// requested d and r and kind (lsp.Dims: r = d for dense kinds), one entry
+// per distinct shape, d and r,
 // e.g. "128x384 d=32 r=16 (qkv, x4)", and the share of the dense
 // gradient's numbers that S (d x d per matrix) holds, over all blocks.
-func lspProjectors(mc model.Spec, d, r int) (string, float64, error) {
+func lspProjectors(mc model.Spec, d, r int, kind lsp.Kind) (string, float64, error) {
 	x, err := model.NewIndex(mc)
 	if err != nil {
 		return "", 0, err
 	}
-	ds, rs := lsp.Dims(x, lsp.Config{D: d, R: r})
+	ds, rs := lsp.Dims(x, lsp.Config{D: d, R: r, Projector: kind})
 	type shape struct{ m, n, d, r int }
 	var order []shape
 	names := map[shape][]string{}
@@ -110,6 +111,13 @@ func (r *run) checkProjectors() error {
 		if err := r.report.write(rec); err != nil {
 			return err
 		}
+	}
+	if r.cfg.Projector == lsp.KindSVD {
+		// Nothing is fitted or accepted: the singular vectors replace
+		// the projectors (but where a gradient was zero).
+		r.log.Info("projector check", "step", r.step, "matrices", len(reps), "svd_refreshed", accepted,
+			"seconds", fmt.Sprintf("%.2f", time.Since(t0).Seconds()))
+		return nil
 	}
 	r.log.Info("projector check", "step", r.step, "matrices", len(reps), "refitted", accepted, "rejected", rejected,
 		"rewarmed", rewarmed, "missed_alpha", missed,

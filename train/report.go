@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
@@ -44,7 +45,13 @@ func (r *run) openMetrics() error {
 		"dtype", r.cfg.DType, "device", r.be.Name())...)
 	if r.cfg.Mode == engine.LSP {
 		projectors := "random, kept for the whole run (--fit learns them)"
-		if r.cfg.Fit {
+		switch {
+		case r.cfg.Projector == lsp.KindGaussian:
+			projectors = "gaussian (dense), kept for the whole run"
+		case r.cfg.Projector == lsp.KindSVD:
+			projectors = fmt.Sprintf("svd (dense): gaussian until the first check, then the calibration gradient's top singular vectors, refreshed every %d steps on %d calibration rows",
+				r.cfg.CheckEvery, r.cfg.CalibSamples)
+		case r.cfg.Fit:
 			projectors = fmt.Sprintf("fitted: checked every %d steps on %d calibration rows", r.cfg.CheckEvery, r.cfg.CalibSamples)
 		}
 		d := fmt.Sprint(r.cfg.D) // as asked; each matrix's is on the "lsp projectors" line

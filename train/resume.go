@@ -89,6 +89,7 @@ type resumeIdentity struct {
 	ProjOrtho    float64        `flag:"proj-ortho" resume:"lsp"`
 	CheckAtStart bool           `flag:"check-at-start" resume:"lsp"`
 	ShareLayers  bool           `flag:"share-layers" resume:"lsp"`
+	Projector    lsp.Kind       `flag:"projector" resume:"lsp"`
 
 	// The text conversations are trained on. Its file's name, not its
 	// content, is compared: a template edited in place goes unnoticed,
@@ -276,6 +277,10 @@ func savedSettings(st checkpoint.State) map[string]string {
 	// Runs before --pack existed had one example per row.
 	if _, has := m["pack"]; !has {
 		m["pack"] = "false"
+	}
+	// Runs before --projector had sparse projectors.
+	if _, has := m["projector"]; !has && m["mode"] == string(engine.LSP) {
+		m["projector"] = string(lsp.KindSparse)
 	}
 	// Before --fit became opt-in, runs recorded its negation, --no-fit.
 	if v, ok := m["no-fit"]; ok {

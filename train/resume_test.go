@@ -20,6 +20,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 // resumeNotRecorded are the Config fields that are neither part of the
@@ -166,6 +167,7 @@ func TestResumeDiff(t *testing.T) {
 
 	now := saved
 	now.LR, now.Batch, now.Truncate, now.R, now.Alpha = 0.002, 4, true, 3, 0.75
+	now.Projector = lsp.KindGaussian
 	now.Steps, now.EvalEvery, now.Threads = 1000, 7, 3 // allowed
 	refused, changed, _ := resumeDiff(savedSettings(st), now.resumeIdentity(false), now.resumeAllowed())
 	var lines []string
@@ -178,6 +180,7 @@ func TestResumeDiff(t *testing.T) {
 		"--r: checkpoint has 2, command line has 3",
 		"--lr: checkpoint has 0.001, command line has 0.002",
 		"--alpha: checkpoint has 0.5, command line has 0.75",
+		"--projector: checkpoint has sparse, command line has gaussian",
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("refused:\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
@@ -216,6 +219,10 @@ func TestResumeDiff(t *testing.T) {
 	st.Settings = map[string]string{"no-fit": "false"}
 	if got := savedSettings(st); got["fit"] != "true" || got["no-fit"] != "" {
 		t.Errorf("--no-fit false read as fit %q (no-fit %q), want fit true", got["fit"], got["no-fit"])
+	}
+	// An lsp run from before --projector had sparse projectors.
+	if got := savedSettings(checkpoint.State{Mode: engine.LSP}); got["projector"] != "sparse" {
+		t.Errorf("an lsp checkpoint without --projector read as %q, want sparse", got["projector"])
 	}
 	// One that recorded --start-random (before --check-at-start) likewise.
 	for was, want := range map[string]string{"true": "false", "false": "true"} {

@@ -147,6 +147,9 @@ func (c candidate) command(mode engine.Mode) string {
 	switch {
 	case mode == engine.LSP:
 		args = append(args, "--d", fmt.Sprint(o.d))
+		if o.projector != "" && o.projector != lsp.KindSparse {
+			args = append(args, "--projector", string(o.projector)) // the kind planned for
+		}
 	case mode == engine.Galore:
 		args = append(args, "--galore-rank", fmt.Sprint(o.galoreRank))
 	case mode == engine.LoRA:

@@ -24,6 +24,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
@@ -92,6 +93,7 @@ func bindTrainFlags(fs *flag.FlagSet, c *train.Config) {
 	fs.Float64Var(&c.ProjOrtho, "proj-ortho", c.ProjOrtho, "lsp: weight of the projector fit's penalty on non-orthogonal columns (0: none)")
 	fs.BoolVar(&c.CheckAtStart, "check-at-start", c.CheckAtStart, "lsp: a projector check before step 1 too (by default step 1 to --check-every train on the random projectors drawn at the start)")
 	fs.BoolVar(&c.ShareLayers, "share-layers", c.ShareLayers, "lsp: one projector pair per matrix kind, fitted on every layer's gradients (as the paper's code)")
+	fs.Var(&c.Projector, "projector", "lsp: `KIND` of projectors: sparse ((d,r)-sparse: random, or fitted with --fit), svd (dense: the top-d singular vectors of the calibration gradient, refreshed at every check, which svd runs without --fit; q, k and v share P from their stacked gradients; gaussian before the first check) or gaussian (dense N(0, 1/d), drawn once, no checks); dense P and Q take m x d and n x d fp32 on the device")
 	fs.BoolVar(&c.NoGain, "no-gain", c.NoGain, "lsp: apply the update without the projectors' per-column gains (a control)")
 	fs.Var(&c.Collectives, "collectives", "`WHERE` several ranks (mpirun) sum lsp's S and the device AdamW's gradients: nccl (on the GPUs), host (copied to pinned memory, over MPI) or auto (nccl on the CUDA backend when libnccl.so.2 loads, else host)")
 	fs.Var(&c.Schedule, "schedule", "`ORDER` of a step's ops: pipelined (copies and host Adam overlap the backward) or sequential (one op at a time; the reference)")
@@ -172,6 +174,7 @@ var trainFlagGroups = []struct{ flag, group string }{
 	{"rewarm", groupOffload},
 	{"proj-ortho", groupOffload},
 	{"no-gain", groupOffload},
+	{"projector", groupOffload},
 	{"check-at-start", groupOffload},
 	{"share-layers", groupOffload},
 	{"schedule", groupOffload},
@@ -467,22 +470,32 @@ func editDistance(a, b string) int {
 var fitFlags = []string{"alpha", "check-every", "calib-samples", "proj-lr", "fit-iters", "refit", "accept", "rewarm",
 	"proj-ortho", "check-at-start", "share-layers"}
 
+// svdFlags are the check settings --projector svd uses: its checks
+// refresh the projectors from the singular vectors, fitting nothing.
+var svdFlags = []string{"check-every", "calib-samples", "check-at-start"}
+
 // checkFitFlags refuses a check setting given (on the command line or in
 // the config file) to an lsp run without --fit: since lsp keeps its
 // random projectors by default, such a setting would be ignored, and a
-// run that asked for checks would silently have none.
+// run that asked for checks would silently have none. --projector svd
+// runs checks without --fit and takes their cadence, but no fit setting.
 func checkFitFlags(fs *flag.FlagSet, c train.Config) error {
 	if c.Mode != engine.LSP || c.Fit {
 		return nil
 	}
+	svd := c.Projector == lsp.KindSVD
 	var given []string
 	fs.Visit(func(f *flag.Flag) {
-		if slices.Contains(fitFlags, f.Name) {
+		if slices.Contains(fitFlags, f.Name) && !(svd && slices.Contains(svdFlags, f.Name)) {
 			given = append(given, "--"+f.Name)
 		}
 	})
 	if len(given) == 0 {
 		return nil
+	}
+	if svd {
+		return fmt.Errorf("%s: only the fit of sparse projectors uses this; --projector svd refreshes its projectors from the singular vectors "+
+			"at every check (--check-every, --calib-samples and --check-at-start apply): drop it", strings.Join(given, ", "))
 	}
 	return fmt.Errorf("%s: only projector checks use this, and lsp runs them with --fit only "+
 		"(without it the random projectors drawn at the start are kept): add --fit or drop it", strings.Join(given, ", "))

@@ -183,6 +183,10 @@ func TestCommandErrors(t *testing.T) {
 		// wins, and the bytes needed are those of batch 4.
 		{"flags override the config file", []string{"--config", writeJSON(t, `{"batch": 0, "device_mem": "1KiB"}`), "--batch", "4"}, []string{"--device-mem", needs}, nil},
 		{"a check setting without --fit", []string{"--mode", "lsp", "--check-every", "5", "--refit", "sum"}, []string{"--check-every, --refit", "--fit"}, nil},
+		{"bad projector kind", []string{"--mode", "lsp", "--projector", "dense"}, []string{"-projector", `"dense"`, "sparse, svd or gaussian"}, nil},
+		{"a fit setting with svd projectors", []string{"--mode", "lsp", "--projector", "svd", "--check-every", "5", "--refit", "sum"}, []string{"--refit: only the fit", "--projector svd"}, []string{"--check-every, --refit"}},
+		{"svd projectors with --fit", []string{"--mode", "lsp", "--projector", "svd", "--fit"}, []string{"--fit", "--projector svd"}, nil},
+		{"gaussian projectors with --fit", []string{"--mode", "lsp", "--projector", "gaussian", "--fit"}, []string{"--projector gaussian", "--fit"}, nil},
 		{"unknown config key", []string{"--config", writeJSON(t, `{"steps": 5, "learning_rate": 0.1}`)}, []string{"--config", "learning_rate"}, nil},
 		{"config key that is not a value", []string{"--config", writeJSON(t, `{"steps": [5]}`)}, []string{"--config", "steps"}, nil},
 		{"config value of the wrong type", []string{"--config", writeJSON(t, `{"steps": "many"}`)}, []string{"--config", "steps", "many"}, nil},

@@ -26,6 +26,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/lora"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/plan"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -41,6 +42,7 @@ type planOptions struct {
 	gradResidency         string
 	d, r                  int
 	fit                   bool
+	projector             lsp.Kind
 	loraR                 int
 	loraAlpha             float64
 	loraTargets           string
@@ -84,6 +86,7 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.IntVar(&o.d, "d", o.d, "lsp: projected size d (capped by each matrix); 0 (the default): as training, a quarter of each matrix's shorter side, at most 512")
 	fs.IntVar(&o.r, "r", o.r, "lsp: non-zeros per projector row")
 	fs.BoolVar(&o.fit, "fit", o.fit, "lsp: with fitted projectors (lsp-train --fit), whose checks keep calibration buffers on the device")
+	fs.Var(&o.projector, "projector", "lsp: `KIND` of projectors, as lsp-train's flag: sparse, svd (dense m x d and n x d, refreshed from the top singular vectors at every check: its calibration and SVD buffers on the device, the SVDs' FLOPs per check below the table) or gaussian (dense, drawn once)")
 	fs.IntVar(&o.loraR, "lora-r", o.loraR, "lora: the adapters' rank r, as lsp-train's flag")
 	fs.Float64Var(&o.loraAlpha, "lora-alpha", o.loraAlpha, "lora: alpha, as lsp-train's flag (it scales the adapters' term and costs nothing)")
 	fs.StringVar(&o.loraTargets, "lora-targets", o.loraTargets, "lora: comma-separated Hugging Face `MODULES` to adapt, as lsp-train's flag (default: every attention and MLP linear)")
@@ -302,6 +305,9 @@ func (o planOptions) trainConfig(j planJob, mode engine.Mode) train.Config {
 	c := train.Defaults()
 	c.Model, c.Batch, c.SeqLen, c.GradAccum, c.DType, c.GradDType = o.model, o.batch, o.seqLen, o.accum, j.dt, j.gdt
 	c.Mode, c.DenseParams, c.D, c.R, c.Fit = mode, engine.DenseParams(o.dense), o.d, o.r, o.fit
+	if o.projector != "" {
+		c.Projector = o.projector
+	}
 	c.LoRAR, c.LoRAAlpha, c.LoRATargets = o.loraR, o.loraAlpha, o.loraTargets
 	c.GaloreRank, c.GaloreEvery = o.galoreRank, o.galoreEvery
 	if mode == engine.LoRA {
@@ -439,6 +445,11 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 				j.modes[i], secs(r.FitSeconds))
 		}
 	}
+	for _, mode := range j.modes {
+		if err := o.printSVDRefresh(stdout, j, mode); err != nil {
+			return err
+		}
+	}
 	answers := make([]answer, len(j.modes))
 	for i, mode := range j.modes {
 		if answers[i], err = o.answerMode(j, mode, m); err != nil {
@@ -448,6 +459,31 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fmt.Fprintln(stdout)
 	printAnswers(stdout, o, answers, m)
 	return nil
+}
+
+// printSVDRefresh states the cost of --projector svd's refresh, once per
+// check: the randomized SVDs of every input's stacked gradient and of
+// each of its readers' (rsvd.FLOPs), on the device but for the host's
+// small factorisations; nothing unless mode's projectors are svd.
+func (o planOptions) printSVDRefresh(w io.Writer, j planJob, mode engine.Mode) error {
+	c := o.engineConfig(j, mode)
+	if mode != engine.LSP || c.LSP.Projector != lsp.KindSVD {
+		return nil
+	}
+	groups, err := lsp.SVDGroups(j.spec, c.LSP)
+	if err != nil {
+		return err
+	}
+	var flops float64
+	svds := 0
+	for _, g := range groups {
+		flops += float64(g.Count) * g.FLOPs()
+		svds += g.Count * (1 + len(g.Ns)*min(1, len(g.Ns)-1))
+	}
+	_, err = fmt.Fprintf(w, "%s: svd refresh of one check (every --check-every steps, %d steps by default): %.3g FLOPs in %d randomized SVDs "+
+		"(k = d, oversampling %d, %d power iterations; calibration passes not counted)\n",
+		mode, train.Defaults().CheckEvery, flops, svds, lsp.SVDOversample, lsp.SVDPower)
+	return err
 }
 
 // cpuMachine is --gpu cpu: the CPU backend of this machine from its

@@ -35,6 +35,15 @@ func TestPlanCommand(t *testing.T) {
 			[]string{"NVIDIA GeForce RTX 4060 Ti 16 GB", "PCIe 4.0 x8", "== lsp =="}},
 		{"llama-7b on the 4090", []string{"--model", "llama-7b", "--gpu", "rtx4090", "--timeline", filepath.Join(dir, "tl.png")},
 			[]string{"RTX 4090", "6.74B parameters", "host memory", "S/Delta and subspace moments", "timeline: " + filepath.Join(dir, "tl-lsp.png")}},
+		// Dense projectors: P m x d and Q n x d, half the bytes of tiny's
+		// sparse ones at r = 16 (2.00 MiB); svd's refresh on the device
+		// and its FLOPs per check.
+		{"gaussian projectors", []string{"--model", "tiny", "--seq-len", "16", "--mode", "lsp", "--projector", "gaussian"},
+			[]string{"projectors                                           1.00 MiB"}},
+		{"svd projectors", []string{"--model", "tiny", "--seq-len", "16", "--mode", "lsp", "--projector", "svd"},
+			[]string{"projectors                                           1.00 MiB", "svd refresh    ", "calibration  ",
+				"lsp: svd refresh of one check (every --check-every steps, 100 steps by default): 8.1e+08 FLOPs in 16 randomized SVDs",
+				"--d 32 --projector svd"}},
 		{"one mode, sequential, overrides", []string{"--model", "tiny", "--seq-len", "16", "--mode", "zero", "--schedule", "sequential",
 			"--device-mem", "1MiB", "--host-mem", "1GiB", "--host-bw", "10GB", "--link", "pcie3", "--timeline", filepath.Join(dir, "one.png")},
 			[]string{"== zero ==", "1.00 MiB", "PCIe 3.0", "10 GB/s", "sequential schedule", "timeline: " + filepath.Join(dir, "one.png")}},

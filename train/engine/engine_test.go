@@ -250,11 +250,14 @@ func hazardConfig(seed uint64) cpu.Config {
 	return cpu.Config{Threads: 2, HazardCheck: true, MaxDelay: 200 * time.Microsecond, Seed: seed}
 }
 
-func modesUnderTest() []struct {
+// modeCase is one mode under test: its configuration and dtype.
+type modeCase = struct {
 	name string
 	cfg  Config
 	dt   backend.DType
-} {
+}
+
+func modesUnderTest() []modeCase {
 	lspDev, lspHost := testConfig(LSP), testConfig(LSP)
 	lspHost.DenseParams = DenseHost
 	// lsp-host also runs its blocks through one device slot
@@ -267,11 +270,7 @@ func modesUnderTest() []struct {
 	// quantized (--base-dtype nf4).
 	loraDev, loraHost := testConfig(LoRA), testConfig(LoRA)
 	loraHost.DenseParams, loraHost.LoRA.Base = DenseHost, backend.NF4
-	modes := []struct {
-		name string
-		cfg  Config
-		dt   backend.DType
-	}{
+	modes := []modeCase{
 		{"zero", testConfig(Zero), backend.BF16},
 		{"lsp-device", lspDev, backend.BF16},
 		{"lsp-host", lspHost, backend.F32},
@@ -297,12 +296,16 @@ func modesUnderTest() []struct {
 	return modes
 }
 
+// TestPipelinedMatchesSequential: in every mode, and with each dense
+// projector kind, the pipelined schedule under the hazard check gives the
+// sequential one's losses and weights bit for bit, over steps with
+// projector checks (svd's refreshes).
 func TestPipelinedMatchesSequential(t *testing.T) {
 	steps := 20
 	if testing.Short() {
 		steps = 8
 	}
-	for _, tc := range modesUnderTest() {
+	for _, tc := range append(modesUnderTest(), kindConfigs()...) {
 		t.Run(tc.name, func(t *testing.T) {
 			seq := newDeviceTrainer(t, tc.cfg, tc.dt, 2, false, 0)
 			pc := tc.cfg

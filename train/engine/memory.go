@@ -255,6 +255,9 @@ func MemoryOf(arch model.Arch, B, T, accum int, dt backend.DType, cfg Config) (M
 			if n.Fit > 0 {
 				p.Device = append(p.Device, Part{"projector fit", n.Fit})
 			}
+			if n.Refresh > 0 {
+				p.Device = append(p.Device, Part{"svd refresh", n.Refresh})
+			}
 			if n.FitStaging > 0 {
 				p.Host = append(p.Host, Part{"projector fit staging", n.FitStaging})
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -24,6 +25,9 @@ func TestPlanMatchesArena(t *testing.T) {
 	galoreFrozen := testConfig(Galore)
 	galoreFrozen.DenseParams = DenseFrozen
 	nativeAttn, zeroLayer, lspLayer := testConfig(Native), testConfig(Zero), testConfig(LSP)
+	lspSVD, lspGauss := testConfig(LSP), testConfig(LSP)
+	lspSVD.LSP.Projector = lsp.KindSVD
+	lspGauss.LSP.Projector, lspGauss.LSP.NoFit = lsp.KindGaussian, true
 	nativeAttn.Recompute, zeroLayer.Recompute, lspLayer.Recompute = model.RecomputeAttn, model.RecomputeLayer, model.RecomputeLayer
 	for _, tc := range []struct {
 		name string
@@ -32,7 +36,7 @@ func TestPlanMatchesArena(t *testing.T) {
 		{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)},
 		{"lsp-host-bf16-grads", lspHost}, {"lsp-nofit", lspNoFit}, {"lsp-frozen", lspFrozen},
 		{"zero-bf16-grads", zeroBF16}, {"native-recompute-attn", nativeAttn}, {"zero-recompute-layer", zeroLayer},
-		{"lsp-device-recompute-layer", lspLayer},
+		{"lsp-device-recompute-layer", lspLayer}, {"lsp-svd", lspSVD}, {"lsp-gauss", lspGauss},
 		{"zero-ring", ringConfig(backend.F32)}, {"zero-ring-bf16-grads", ringConfig(backend.BF16)},
 		{"lora-device", testConfig(LoRA)}, {"lora-host", loraHost}, {"lora-frozen", loraFrozen},
 		{"lora-nf4", loraNF4}, {"lora-int8-frozen", loraInt8},

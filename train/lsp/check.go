@@ -20,7 +20,8 @@
 // --share-layers); the fit itself runs on the backend's ops
 // (devicefit.go: the host float64 fit of fit.go within fp32 rounding),
 // its buffers allocated for the fit and freed after it (memory.go's
-// reservation, the plan's "projector fit").
+// reservation, the plan's "projector fit"). --projector svd replaces the
+// fit by the refresh of svd.go, from the same calibration gradients.
 
 package lsp
 
@@ -210,6 +211,14 @@ func (st *State) Check(batches []data.Batch, step int) ([]CheckReport, error) {
 				}
 				sum.add(k, len(st.Mats[l]), G, float64(b.NumTargets))
 			}
+		}
+		if st.Config.Projector == KindSVD {
+			rs, err := st.svdRefresh(l, sums, step)
+			if err != nil {
+				return nil, fmt.Errorf("lsp: layer %d: %w", l, err)
+			}
+			reports = append(reports, rs...)
+			continue
 		}
 		// In matrix order, each input's readers together with its first.
 		for k, x := range st.Mats[l] {

@@ -53,7 +53,43 @@ type Config struct {
 	// projectors' on all layers' gradients.
 	ShareLayers bool
 	Ortho       float64 // weight of the fit's column-orthogonality penalty (FitOptions.Ortho)
+	// Projector is the kind of projectors ("": KindSparse): the
+	// (d,r)-sparse ones, or dense ones (KindSVD, KindGaussian) stored as
+	// projectors with r = d (docs/DESIGN.md, "Projector kinds").
+	Projector Kind
 }
+
+// Kind is the kind of projectors a run trains with.
+type Kind string
+
+const (
+	// KindSparse: (d,r)-sparse projectors, random or (with checks) fitted.
+	KindSparse Kind = "sparse"
+	// KindSVD: dense, P and Q the top-d left and right singular vectors
+	// of the calibration gradient, refreshed at each check (drawn as
+	// KindGaussian before the first).
+	KindSVD Kind = "svd"
+	// KindGaussian: dense N(0, 1/d) projectors drawn once, no checks.
+	KindGaussian Kind = "gaussian"
+)
+
+// ParseKind reads a --projector value.
+func ParseKind(s string) (Kind, error) {
+	switch v := Kind(s); v {
+	case KindSparse, KindSVD, KindGaussian:
+		return v, nil
+	}
+	return "", fmt.Errorf("unknown projector kind %q (want sparse, svd or gaussian)", s)
+}
+
+func (k Kind) String() string { return string(k) }
+
+// Set parses a --projector value (flag.Value).
+func (k *Kind) Set(s string) error { return set(k, ParseKind, s) }
+
+// Dense reports whether projectors of kind k are dense (r = d): their
+// device storage is the values only, P m x d and Q n x d row-major.
+func (k Kind) Dense() bool { return k == KindSVD || k == KindGaussian }
 
 // Refit is how a projector check makes candidate projectors.
 type Refit string
@@ -143,6 +179,9 @@ func (c Config) WithDefaults() Config {
 	if c.Rewarm == "" {
 		c.Rewarm = RewarmFloor
 	}
+	if c.Projector == "" {
+		c.Projector = KindSparse
+	}
 	return c
 }
 
@@ -193,6 +232,15 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseRewarm(string(c.Rewarm)); err != nil {
 		errs = append(errs, fmt.Errorf("--rewarm: %w", err))
+	}
+	if _, err := ParseKind(string(c.Projector)); err != nil {
+		errs = append(errs, fmt.Errorf("--projector: %w", err))
+	}
+	switch {
+	case c.Projector == KindGaussian && !c.NoFit:
+		errs = append(errs, fmt.Errorf("--projector gaussian with --fit: gaussian projectors are drawn once and never checked; drop --fit"))
+	case c.Projector == KindSVD && c.NoFit:
+		errs = append(errs, fmt.Errorf("--projector svd without checks: svd projectors are refreshed at the projector checks"))
 	}
 	return errors.Join(errs...)
 }

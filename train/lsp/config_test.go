@@ -70,3 +70,54 @@ func TestAutoD(t *testing.T) {
 		t.Errorf("Dims(auto) = %v, %v; want d [8 8 16], r [8 8 16]", d, r)
 	}
 }
+
+// TestProjectorKinds: --projector's values, its checks against --fit
+// (each error naming the flags), and the dense kinds' r = d and
+// values-only device storage.
+func TestProjectorKinds(t *testing.T) {
+	var k Kind
+	if err := k.Set("svd"); err != nil || k != KindSVD || k.String() != "svd" {
+		t.Errorf("Set(svd): %v, %q", err, k)
+	}
+	if err := k.Set("dense"); err == nil || !strings.Contains(err.Error(), "sparse, svd or gaussian") {
+		t.Errorf("Set(dense): %v, want the kinds named", err)
+	}
+	base := Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05}
+	for _, tc := range []struct {
+		kind  Kind
+		noFit bool
+		want  string // "": valid
+	}{
+		{"", true, ""}, {KindSparse, false, ""}, {KindGaussian, true, ""}, {KindSVD, false, ""},
+		{KindGaussian, false, "--projector gaussian with --fit"},
+		{KindSVD, true, "--projector svd without checks"},
+		{"dense", true, "--projector: unknown"},
+	} {
+		c := base
+		c.Projector, c.NoFit = tc.kind, tc.noFit
+		err := c.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%q, NoFit %v: %v, want %q", tc.kind, tc.noFit, err, tc.want)
+		}
+	}
+	// q (64 x 64) and k (64 x 32) read one input and share P.
+	x := &model.Index{Mats: []model.Matrix{{Name: "q", M: 64, N: 64}, {Name: "k", M: 64, N: 32}, {Name: "o", M: 64, N: 64, Input: 1}},
+		Readers: [][]int{{0, 1}, {2}}, Blocks: make([][]int, 1)}
+	c := base
+	c.Projector = KindGaussian
+	d, r := Dims(x, c)
+	if !slices.Equal(d, r) {
+		t.Errorf("gaussian: d %v, r %v, want r = d", d, r)
+	}
+	n := count(x, c, 4, InFlight{})
+	var want int
+	for k, mt := range x.Mats {
+		want += mt.N * d[k]
+		if x.Readers[mt.Input][0] == k {
+			want += mt.M * d[k]
+		}
+	}
+	if n.pInts != 0 || n.pFloats != want {
+		t.Errorf("gaussian block storage: %d ints, %d floats; want 0 and %d (P m x d, Q n x d)", n.pInts, n.pFloats, want)
+	}
+}

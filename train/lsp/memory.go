@@ -19,7 +19,7 @@ import (
 
 // Dims is the capped d and r of every block matrix k: d = min(--d, m, n)
 // (AutoD(m, n) for --d 0) over the matrices that share k's input (they
-// share P, m x d), and r capped by d.
+// share P, m x d), and r capped by d; r = d for dense projectors.
 func Dims(x *model.Index, c Config) (d, r []int) {
 	d, r = make([]int, len(x.Mats)), make([]int, len(x.Mats))
 	for _, readers := range x.Readers {
@@ -31,15 +31,23 @@ func Dims(x *model.Index, c Config) (d, r []int) {
 		}
 		for _, k := range readers {
 			d[k], r[k] = dd, CapR(c.R, dd)
+			if c.Projector.Dense() {
+				r[k] = dd
+			}
 		}
 	}
 	return d, r
 }
 
-// inputSizes are the element counts of one input's projector P (by row
-// and by column), matrixSizes those of one matrix's Q.
-func inputSizes(m, d, r int) (ints, floats int) {
-	return 2*m*r + (d + 1), 2 * m * r
+// projectorSizes are the element counts of the device storage of one
+// projector of rows x d: by row and by column, or for dense projectors
+// the values only (the row-major rows x d matrix). An input's P has m
+// rows, a matrix's Q n.
+func projectorSizes(rows, d, r int, dense bool) (ints, floats int) {
+	if dense {
+		return 0, rows * d
+	}
+	return 2*rows*r + (d + 1), 2 * rows * r
 }
 
 // sharedA is the rows of the one A buffer of InFlight.A: the largest d of
@@ -51,10 +59,6 @@ func sharedA(x *model.Index, c Config) int {
 		most = max(most, d[readers[0]])
 	}
 	return most
-}
-
-func matrixSizes(n, d, r int) (ints, floats int) {
-	return 2*n*r + (d + 1), 2 * n * r
 }
 
 // InFlight says which of a State's per-block buffers are sized for the
@@ -123,7 +127,7 @@ func count(x *model.Index, c Config, BT int, fl InFlight) counts {
 	var n counts
 	for _, readers := range x.Readers {
 		k := readers[0]
-		i, f := inputSizes(x.Mats[k].M, d[k], r[k])
+		i, f := projectorSizes(x.Mats[k].M, d[k], r[k], c.Projector.Dense())
 		n.pInts, n.pFloats = n.pInts+i, n.pFloats+f
 		n.a += L * d[k] * BT
 	}
@@ -131,7 +135,7 @@ func count(x *model.Index, c Config, BT int, fl InFlight) counts {
 		n.a = sharedA(x, c) * BT
 	}
 	for k, mt := range x.Mats {
-		i, f := matrixSizes(mt.N, d[k], r[k])
+		i, f := projectorSizes(mt.N, d[k], r[k], c.Projector.Dense())
 		n.pInts, n.pFloats = n.pInts+i, n.pFloats+f
 		n.dmax, n.nmax = max(n.dmax, d[k]), max(n.nmax, mt.N)
 		n.sBlock += d[k] * d[k]
@@ -151,6 +155,10 @@ type Memory struct {
 	// host staging. All three are 0 with NoFit, Fit and FitStaging also
 	// when checks redraw instead of fitting.
 	Calibration, Fit, FitStaging int64
+	// Refresh is the svd projectors' refresh at a check (svd.go: the
+	// largest input's gradient scratch, U, V and SVD workspace), held
+	// reserved as Fit is; 0 for other kinds.
+	Refresh int64
 	// HostS is S/Delta in pinned memory and the subspace moments;
 	// HostSums the fp32 sums of InFlight.HostSum; HostProjectors the
 	// projectors' pinned copy that the slots are filled from (0 without
@@ -201,17 +209,25 @@ func MemoryOf(x *model.Index, c Config, B, T, accum int, dt backend.DType, fl In
 		b.Fit = fitBytes(x, c, B)
 		g, sm := fitStagingBytes(x, c, B)
 		b.FitStaging = int64(g + sm)
+		b.Refresh = svdBytes(x, c, dt)
 	}
 	d, r := Dims(x, c)
 	var saved, views int64
 	for k, mt := range x.Mats {
 		// Each matrix's P and Q indices (the shared P once per matrix
-		// reading it) and two counters; the values and the moments are
-		// views.
-		saved += int64(mt.M*r[k] + mt.N*r[k] + 2)
+		// reading it; none for dense projectors) and two counters; the
+		// values and the moments are views.
+		idx := mt.M*r[k] + mt.N*r[k]
+		convert, held := max(mt.M, mt.N)*r[k], 4*(mt.M+mt.N)*r[k]
+		if c.Projector.Dense() {
+			// The values read, and the new projectors' Idx, Val, RowIdx
+			// and ColVal.
+			idx, convert, held = 0, 2, 5*(mt.M+mt.N)*d[k]
+		}
+		saved += int64(idx + 2)
 		views += int64(mt.M*r[k] + mt.N*r[k] + 2*d[k]*d[k])
-		b.SaveConvert = max(b.SaveConvert, 4*int64(max(mt.M, mt.N)*r[k]))
-		b.RestoreHeld = max(b.RestoreHeld, 4*int64(4*(mt.M+mt.N)*r[k]+2*d[k]*d[k]+2))
+		b.SaveConvert = max(b.SaveConvert, 4*int64(convert))
+		b.RestoreHeld = max(b.RestoreHeld, 4*int64(held+2*d[k]*d[k]+2))
 	}
 	b.Saved = 4 * int64(len(x.Blocks)) * saved
 	b.Views = 4 * int64(len(x.Blocks)) * views
@@ -240,7 +256,9 @@ func fitSamples(c Config, B, L int) int {
 
 // fits reports whether c's checks fit projectors (rather than keep or
 // redraw them).
-func (c Config) fits() bool { return !c.NoFit && c.WithDefaults().Refit != RefitRandom }
+func (c Config) fits() bool {
+	return !c.NoFit && c.WithDefaults().Refit != RefitRandom && !c.Projector.Dense()
+}
 
 // fitBytes is the device memory of the largest fit of a check (one input's
 // P with its readers' Qs; FitBytes), 0 when checks do not fit.
@@ -277,10 +295,11 @@ func (st *State) newFitStaging() error {
 	return nil
 }
 
-// reserveFit takes the fit's bytes (fitBytes) back as one buffer; a no-op
-// when checks do not fit or the reservation is held.
+// reserveFit takes the bytes of a check's fit (fitBytes) or svd refresh
+// (svdBytes) back as one buffer; a no-op when checks do neither or the
+// reservation is held.
 func (st *State) reserveFit() error {
-	n := fitBytes(st.env.Index, st.Config, st.env.B)
+	n := fitBytes(st.env.Index, st.Config, st.env.B) + svdBytes(st.env.Index, st.Config, st.env.DType)
 	if n == 0 || st.fitReserve.Buf != nil {
 		return nil
 	}

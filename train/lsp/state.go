@@ -22,7 +22,10 @@
 // Device memory per input: P by row and by column (2 m r int32 and as many
 // float32, plus d+1 int32) and A (d BT fp32); per matrix: Q likewise (2 n r
 // and 2 n r, plus d+1) and S (d^2 fp32); shared: B (BT dmax) and the
-// apply's T (dmax nmax) workspaces (memory.go counts them).
+// apply's T (dmax nmax) workspaces (memory.go counts them). Dense
+// projectors (--projector svd, gaussian: r = d) keep only their values,
+// P m d and Q n d fp32, and compress and apply by the backend's DenseGemm
+// and DenseApply (docs/DESIGN.md, "Projector kinds").
 
 package lsp
 
@@ -76,10 +79,9 @@ type Input struct {
 	P       *Projector // host copy, the truth after every fit
 	Mats    []*Matrix  // the readers, in matrix order
 
-	// Device storage: P by row (apply) and by column (compress), and A.
-	pIdx, pColPtr, pRowIdx backend.Tensor // I32
-	pVal, pColVal          backend.Tensor // F32
-	A                      backend.Tensor // F32 [d,BT]; with InFlight.A a view of the one shared buffer
+	// Device storage: P (devProjector), and A.
+	pDev devProjector
+	A    backend.Tensor // F32 [d,BT]; with InFlight.A a view of the one shared buffer
 
 	// handed is the X the model handed over, kept until the first
 	// reader's OutputGrad compresses it (InFlight.A).
@@ -105,9 +107,8 @@ type Matrix struct {
 	// none), from which the learning rate ramps up again (Ramp).
 	RewarmFrom int
 
-	// Device storage: Q by row (apply) and by column (compress).
-	qIdx, qColPtr, qRowIdx backend.Tensor // I32
-	qVal, qColVal          backend.Tensor // F32
+	// Device storage of Q (devProjector).
+	qDev devProjector
 
 	gain    []float32 // Q's per-column gains, for Delta's columns
 	hostOff int       // byte offset of S / Delta in the pinned buffer
@@ -168,6 +169,7 @@ func (st *State) Init(env Env, c Config) error {
 	x, be := env.Index, env.Backend
 	BT, L := env.B*env.T, len(x.Blocks)
 	d, r := Dims(x, st.Config)
+	dense := st.Config.Projector.Dense()
 	fl := env.InFlight
 	n := count(x, st.Config, BT, fl)
 	pBlocks, sBlocks := fl.projectorBlocks(L), fl.sBlocks(L)
@@ -185,6 +187,9 @@ func (st *State) Init(env Env, c Config) error {
 		{&st.bWork, "lsp B workspace", BT * n.dmax, backend.F32},
 		{&st.tWork, "lsp apply workspace", n.dmax * n.nmax, backend.F32},
 	} {
+		if a.n == 0 {
+			continue // dense projectors have no indices
+		}
 		if *a.t, err = be.Alloc(a.name, a.n, a.dt); err != nil {
 			return fmt.Errorf("lsp: %w", err)
 		}
@@ -230,15 +235,11 @@ func (st *State) Init(env Env, c Config) error {
 			if first {
 				in = &Input{M: mt.M, D: d[k], R: r[k]}
 				st.Inputs[l][mt.Input] = in
-				in.pIdx, in.pColPtr, in.pRowIdx = ic.Next(mt.M*r[k]), ic.Next(d[k]+1), ic.Next(mt.M*r[k])
+				in.pDev = carveProjector(ic, fc, mt.M, d[k], r[k], dense)
 			}
 			in.Mats = append(in.Mats, xm)
 			xm.In = in
-			xm.qIdx, xm.qColPtr, xm.qRowIdx = ic.Next(mt.N*r[k]), ic.Next(d[k]+1), ic.Next(mt.N*r[k])
-			if first {
-				in.pVal, in.pColVal = fc.Next(mt.M*r[k]), fc.Next(mt.M*r[k])
-			}
-			xm.qVal, xm.qColVal = fc.Next(mt.N*r[k]), fc.Next(mt.N*r[k])
+			xm.qDev = carveProjector(ic, fc, mt.N, d[k], r[k], dense)
 			switch {
 			case first && fl.A:
 				in.A = st.sharedA.Slice(0, d[k]*BT, d[k], BT)
@@ -329,39 +330,75 @@ func (st *State) Draw() error {
 	return nil
 }
 
-// uploadP copies an input's projector P (both storages) to the device,
-// or to the pinned copy that fills the slots.
+// devProjector is a projector's device storage: by row (apply) and by
+// column (compress), or for a dense projector the values only (val, the
+// row-major rows x d matrix; the rest empty).
+type devProjector struct {
+	idx, colPtr, rowIdx backend.Tensor // I32
+	val, colVal         backend.Tensor // F32
+	dense               bool
+}
+
+// carveProjector carves the storage of a projector of rows x d with r
+// non-zeros per row (projectorSizes) from the block's ints and floats.
+func carveProjector(ic, fc *backend.Carver, rows, d, r int, dense bool) devProjector {
+	if dense {
+		return devProjector{val: fc.Next(rows, d), dense: true}
+	}
+	var t devProjector
+	t.idx, t.colPtr, t.rowIdx = ic.Next(rows*r), ic.Next(d+1), ic.Next(rows*r)
+	t.val, t.colVal = fc.Next(rows*r), fc.Next(rows*r)
+	return t
+}
+
+// parts pairs each of t's tensors with p's host array: the indices, then
+// the values (the values only when dense).
+func (t devProjector) parts(p *Projector) (ints []intPart, floats []floatPart) {
+	if t.dense {
+		return nil, []floatPart{{t.val, p.Val}}
+	}
+	return []intPart{{t.idx, p.Idx}, {t.colPtr, p.ColPtr}, {t.rowIdx, p.RowIdx}},
+		[]floatPart{{t.val, p.Val}, {t.colVal, p.ColVal}}
+}
+
+type intPart struct {
+	t backend.Tensor
+	v []int32
+}
+
+type floatPart struct {
+	t backend.Tensor
+	v []float32
+}
+
+// uploadP copies an input's projector P (its device storage) to the
+// device, or to the pinned copy that fills the slots.
 func (st *State) uploadP(in *Input) error {
 	in.gain = in.P.Gains()
 	x := in.Mats[0]
-	return st.upload(x.L, x.Name, in.P, in.pIdx, in.pColPtr, in.pRowIdx, in.pVal, in.pColVal)
+	return st.upload(x.L, x.Name, in.P, in.pDev)
 }
 
-// uploadQ copies a matrix's projector Q (both storages) to the device, or
-// to the pinned copy that fills the slots.
+// uploadQ copies a matrix's projector Q (its device storage) to the
+// device, or to the pinned copy that fills the slots.
 func (st *State) uploadQ(x *Matrix) error {
 	x.gain = x.Q.Gains()
-	return st.upload(x.L, x.Name, x.Q, x.qIdx, x.qColPtr, x.qRowIdx, x.qVal, x.qColVal)
+	return st.upload(x.L, x.Name, x.Q, x.qDev)
 }
 
-func (st *State) upload(l int, name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) error {
+func (st *State) upload(l int, name string, p *Projector, t devProjector) error {
+	ints, floats := t.parts(p)
 	if st.mirror != nil {
-		st.mirrorProjector(l, name, p, idx, colPtr, rowIdx, val, colVal)
+		st.mirrorProjector(l, name, ints, floats)
 		return nil
 	}
 	be, s := st.env.Backend, st.env.Stream
-	for _, u := range []struct {
-		t backend.Tensor
-		v []int32
-	}{{idx, p.Idx}, {colPtr, p.ColPtr}, {rowIdx, p.RowIdx}} {
+	for _, u := range ints {
 		if err := backend.UploadInt32(be, s, u.t, u.v); err != nil {
 			return fmt.Errorf("lsp: projectors of %s: %w", name, err)
 		}
 	}
-	for _, u := range []struct {
-		t backend.Tensor
-		v []float32
-	}{{val, p.Val}, {colVal, p.ColVal}} {
+	for _, u := range floats {
 		if err := backend.Upload(be, s, u.t, u.v); err != nil {
 			return fmt.Errorf("lsp: projectors of %s: %w", name, err)
 		}
@@ -369,25 +406,18 @@ func (st *State) upload(l int, name string, p *Projector, idx, colPtr, rowIdx, v
 	return nil
 }
 
-// mirrorProjector writes projector p of block l into the pinned copy, at
-// the place of its device views in the block's storage (between steps:
-// no copy reads the pinned copy then).
-func (st *State) mirrorProjector(l int, name string, p *Projector, idx, colPtr, rowIdx, val, colVal backend.Tensor) {
-	ints, floats := st.mirrorInts(l), st.mirrorFloats(l)
+// mirrorProjector writes a projector of block l (its parts) into the
+// pinned copy, at the place of its device views in the block's storage
+// (between steps: no copy reads the pinned copy then).
+func (st *State) mirrorProjector(l int, name string, ints []intPart, floats []floatPart) {
 	iBase, fBase := st.blockInts[l].Off, st.blockFloats[l].Off
 	var writes []backend.Range
-	for _, u := range []struct {
-		t backend.Tensor
-		v []int32
-	}{{idx, p.Idx}, {colPtr, p.ColPtr}, {rowIdx, p.RowIdx}} {
-		copy(ints[u.t.Off-iBase:], u.v)
+	for _, u := range ints {
+		copy(st.mirrorInts(l)[u.t.Off-iBase:], u.v)
 		writes = append(writes, hazard.HostRange(st.mirror, 4*(st.mirrorIntsOff(l)+u.t.Off-iBase), 4*len(u.v)))
 	}
-	for _, u := range []struct {
-		t backend.Tensor
-		v []float32
-	}{{val, p.Val}, {colVal, p.ColVal}} {
-		copy(floats[u.t.Off-fBase:], u.v)
+	for _, u := range floats {
+		copy(st.mirrorFloats(l)[u.t.Off-fBase:], u.v)
 		writes = append(writes, hazard.HostRange(st.mirror, 4*(st.mirrorFloatsOff(l)+u.t.Off-fBase), 4*len(u.v)))
 	}
 	if st.env.HostAccess != nil {
@@ -418,8 +448,10 @@ func (st *State) UploadProjectors(s backend.Stream, l int) error {
 		return nil
 	}
 	be := st.env.Backend
-	if err := be.CopyH2D(s, st.blockInts[l], st.mirror, 4*st.mirrorIntsOff(l)); err != nil {
-		return err
+	if st.ints.Buf != nil { // dense projectors have no indices
+		if err := be.CopyH2D(s, st.blockInts[l], st.mirror, 4*st.mirrorIntsOff(l)); err != nil {
+			return err
+		}
 	}
 	return be.CopyH2D(s, st.blockFloats[l], st.mirror, 4*st.mirrorFloatsOff(l))
 }
@@ -458,7 +490,11 @@ func (st *State) Input(s backend.Stream, l, in int, X backend.Tensor) error {
 }
 
 func (st *State) compressA(s backend.Stream, x *Input, X backend.Tensor) error {
-	return st.env.Backend.SparseCompressA(s, x.A, X, x.pColPtr, x.pRowIdx, x.pColVal, st.env.B*st.env.T, x.M, x.D)
+	BT, p := st.env.B*st.env.T, x.pDev
+	if st.Config.Projector.Dense() {
+		return st.env.Backend.DenseGemm(s, true, true, x.D, BT, x.M, 1, p.val, X, 0, x.A)
+	}
+	return st.env.Backend.SparseCompressA(s, x.A, X, p.colPtr, p.rowIdx, p.colVal, BT, x.M, x.D)
 }
 
 // OutputGrad implements model.MatrixGrads: S (+)= A (dY Q).
@@ -480,7 +516,13 @@ func (st *State) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) error
 	}
 	be, BT := st.env.Backend, st.env.B*st.env.T
 	b := st.bWork.Slice(0, BT*x.D, BT, x.D)
-	if err := be.SparseCompressB(s, b, dY, x.qColPtr, x.qRowIdx, x.qColVal, BT, x.N, x.D); err != nil {
+	var err error
+	if q := x.qDev; st.Config.Projector.Dense() {
+		err = be.DenseGemm(s, false, false, BT, x.D, x.N, 1, dY, q.val, 0, b)
+	} else {
+		err = be.SparseCompressB(s, b, dY, q.colPtr, q.rowIdx, q.colVal, BT, x.N, x.D)
+	}
+	if err != nil {
 		return err
 	}
 	// With HostSum every micro-batch's S goes down on its own.
@@ -665,13 +707,31 @@ func (st *State) Apply(s backend.Stream, l, step int, lr float64) error {
 		if x.Decay {
 			wd = env.Hyper.WeightDecay
 		}
-		err := env.Backend.SparseApply(s, x.W, st.tWork.Slice(0, x.D*x.N, x.D, x.N), x.S, x.In.pIdx, x.In.pVal, x.qIdx, x.qVal,
-			env.SkipFlag, x.M, x.N, x.D, x.R, float32(xlr), wd, env.Seed, uint64(step), x.ID)
+		T, p, q := st.tWork.Slice(0, x.D*x.N, x.D, x.N), x.In.pDev, x.qDev
+		var err error
+		if st.Config.Projector.Dense() {
+			err = st.denseApply(s, x, T, float32(xlr), wd, step)
+		} else {
+			err = env.Backend.SparseApply(s, x.W, T, x.S, p.idx, p.val, q.idx, q.val,
+				env.SkipFlag, x.M, x.N, x.D, x.R, float32(xlr), wd, env.Seed, uint64(step), x.ID)
+		}
 		if err != nil {
 			return fmt.Errorf("apply %s: %w", x.Name, err)
 		}
 	}
 	return nil
+}
+
+// denseApply is Apply's W <- (1 - lr wd) W + P Delta Q^T for dense
+// projectors: T = Delta Q^T, then W's update P T, with the decay and the
+// stochastic rounding of SparseApply.
+func (st *State) denseApply(s backend.Stream, x *Matrix, T backend.Tensor, lr, wd float32, step int) error {
+	env := st.env
+	if err := env.Backend.DenseGemm(s, false, true, x.D, x.N, x.D, 1, x.S, x.qDev.val, 0, T); err != nil {
+		return err
+	}
+	return env.Backend.DenseApply(s, false, false, x.M, x.N, x.D, 1, x.In.pDev.val, T, 1-float32(lr*wd), x.W,
+		env.SkipFlag, env.Seed, uint64(step), x.ID)
 }
 
 // StepNormSq sums the layers' squared S norms of the latest step.
