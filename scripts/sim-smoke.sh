@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # sim-smoke.sh: the train command end to end on the simulated GPU. For each
-# update mode (native, zero, lsp, lora, lora on an NF4 base: lora-nf4, and galore)
+# update mode (native, zero, lsp, lsp with svd projectors: lsp-svd, lora,
+# lora on an NF4 base: lora-nf4, and galore)
 # it trains a few steps of the default job
 # (tiny on builtin:sort, at a small size) twice with the same flags and the
 # same binary: --device cuda (the CUDA backend on the simulated runtime:
@@ -66,7 +67,7 @@ run() {
 }
 
 fail=0
-for row in native zero lsp lora lora-nf4 galore; do
+for row in native zero lsp lsp-svd lora lora-nf4 galore; do
 	mode=${row%%-*}
 	extra=(--mode "$mode")
 	# lora-nf4: QLoRA's quantized base, read by the GemmQ kernel.
@@ -85,7 +86,11 @@ for row in native zero lsp lora lora-nf4 galore; do
 	# CI has measured. The fit at a d below the side is checked on the
 	# simulator by train/lsp's devicefit tests and engine's
 	# TestCheckOnDevice.
-	[ "$mode" = lsp ] && extra+=(--fit --calib-samples 4 --check-at-start --accept fit --d 128)
+	[ "$row" = lsp ] && extra+=(--fit --calib-samples 4 --check-at-start --accept fit --d 128)
+	# lsp-svd: dense projectors from the calibration gradient's singular
+	# vectors (train/rsvd through the GEMMs) at a check before step 1,
+	# then compressed and applied by the dense kernels.
+	[ "$row" = lsp-svd ] && extra+=(--projector svd --calib-samples 4 --check-at-start --d 16)
 	t0=$SECONDS
 	run "$row-cuda" --device cuda "${extra[@]}" || { fail=1; continue; }
 	t1=$SECONDS
@@ -122,4 +127,4 @@ if [ "$fail" != 0 ]; then
 	echo "sim-smoke: FAIL: the CUDA backend on the simulated runtime does not match the CPU backend (tolerance $tol relative)" >&2
 	exit 1
 fi
-echo "sim-smoke: ok: native, zero, lsp, lora, lora-nf4 and galore on the simulated GPU match the CPU backend at bf16 within $tol relative"
+echo "sim-smoke: ok: native, zero, lsp, lsp-svd, lora, lora-nf4 and galore on the simulated GPU match the CPU backend at bf16 within $tol relative"
