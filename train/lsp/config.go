@@ -210,7 +210,11 @@ func set[T any](dst *T, parse func(string) (T, error), s string) error {
 
 // Validate reports every bad setting at once, each error naming its flag.
 func (c Config) Validate() error {
-	errs := []error{CheckFlags(c.D, c.R, c.Alpha, c.CheckEvery)}
+	r := c.R
+	if c.Projector.Dense() {
+		r = 1 // dense projectors hold every column: --r does not apply
+	}
+	errs := []error{CheckFlags(c.D, r, c.Alpha, c.CheckEvery)}
 	if c.CalibSamples < 1 {
 		errs = append(errs, fmt.Errorf("--calib-samples: %d, want at least 1", c.CalibSamples))
 	}

@@ -121,3 +121,16 @@ func TestProjectorKinds(t *testing.T) {
 		t.Errorf("gaussian block storage: %d ints, %d floats; want 0 and %d (P m x d, Q n x d)", n.pInts, n.pFloats, want)
 	}
 }
+
+// --r sets the sparse projectors' non-zeros: with dense ones a --d below
+// the default --r is no error.
+func TestDenseKindsIgnoreR(t *testing.T) {
+	c := Config{D: 8, R: 16, Alpha: 0.5, CheckEvery: 1, CalibSamples: 4, ProjLR: 0.05, Projector: KindGaussian, NoFit: true}
+	if err := c.Validate(); err != nil {
+		t.Errorf("gaussian with --d 8 --r 16: %v", err)
+	}
+	c.Projector = KindSparse
+	if err := c.Validate(); err == nil {
+		t.Error("sparse with --d 8 --r 16: no error")
+	}
+}
