@@ -9,6 +9,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 	"github.com/lsp-offload/lsp-offload/train/lora"
@@ -31,8 +32,9 @@ func config(mode engine.Mode, dense engine.DenseParams) engine.Config {
 	h := optim.DefaultHyper()
 	h.WeightDecay = 0.1
 	return engine.Config{Mode: mode, DenseParams: dense, Hyper: h, Seed: 7, HostThreads: 2,
-		LSP:  lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
-		LoRA: lora.Config{R: 4, Alpha: 8}}
+		LSP:    lsp.Config{D: 8, R: 2, Alpha: 0.5, CheckEvery: 5, CalibSamples: 4, ProjLR: 0.05, FitIters: 20},
+		LoRA:   lora.Config{R: 4, Alpha: 8},
+		Galore: galore.Config{Rank: 4, Every: 200, Scale: 0.25}}
 }
 
 type setup struct {
