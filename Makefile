@@ -81,7 +81,8 @@ gotest:
 
 # The race-free pass: every edge of the offload schedule removed in turn
 # (those runs race on purpose, so the race detector would flag them), the
-# pipelined-vs-sequential check at full length, the compare job, a full
+# pipelined-vs-sequential check at full length, compare's learning-rate
+# grid and pretraining reuse (the whole job is make test-compare), a full
 # disk at every write point (injected, and on a tmpfs where one mounts),
 # the train command killed (SIGKILL) once at every named write point and
 # resumed, stopped by SIGINT and SIGTERM (its exit status, during an
@@ -93,10 +94,18 @@ gotest:
 # resident memory (the race detector's shadow memory would break both
 # measures).
 gotest-norace:
-	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestRingEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestCompare' ./train/compare/ ./train/engine/
+	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestRingEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestComparePretrainReuse|TestCompareLRGrid' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull|TestHostPlanMeasured' ./train/
 	$(GO) test -count=1 -run 'TestLoadMemory' ./train/hf/
 	$(GO) test -count=1 ./cmd/lsp-train/
+
+# `make test-compare`: the compare job end to end at reduced size (tiny
+# pretrained, every default row over two seeds: TestCompare), about four
+# minutes on two cores; taken out of make test to keep it within its 30
+# minutes (train/compare's smaller tests stay in it).
+.PHONY: test-compare
+test-compare:
+	$(GO) test -count=1 -run 'TestCompare$$' ./train/compare/
 
 # `make test-kill`: the train command killed with SIGKILL at every named
 # write point, then KILLS more times at seeded random points and moments
