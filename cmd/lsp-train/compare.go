@@ -62,17 +62,26 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	c := compare.Defaults()
 	fs := flag.NewFlagSet("lsp-train compare", flag.ContinueOnError)
 	bindCompareFlags(fs, &c)
+	report := fs.Bool("report", false, "run nothing: re-read --out's compare.json and rewrite its table, plot and JSON")
 	usage := func(w io.Writer) {
 		subcommandUsage(w, fs, "lsp-train compare [flags]",
 			"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
-				"--task in each of --rows (native, zero, lsp with random projectors, lsp-fit with learned\n"+
-				"ones and lora by default) with --seeds seeds, each row at its best of --lrs on held-out\n"+
+				"--task in each of --rows (by default every update: native, zero, lsp with sparse random, fitted,\n"+
+				"svd and gaussian projectors, galore, lora, lora on nf4, and the dense ones at lsp's memory) with --seeds seeds, each row at its best of --lrs on held-out\n"+
 				"loss, times each row with the sequential and the\n"+
 				"pipelined schedule, and prints one table; the last lines are lsp-quality (the best row\n"+
 				"with fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
 	}
 	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return err
+	}
+	if *report {
+		res, err := compare.Report(c.Out)
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, res.Table)
+		return nil
 	}
 	if err := c.Validate(); err != nil {
 		return err

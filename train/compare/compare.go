@@ -71,6 +71,10 @@ const (
 	checkEvery     = 50
 )
 
+// DefaultRows is --rows: every update the study compares, at the same d
+// and at equal memory (README, "Which update wins").
+const DefaultRows = "native,zero,lsp,lsp-fit,lsp-svd,lsp-gauss,galore,lora,lora-nf4,lsp-svd-em,lsp-gauss-em,galore-em,lora-em"
+
 // DefaultLRs is --lrs: three points a factor of 10 apart around lsp-train's
 // 3e-3, so that every row, lora (which usually wants about 10 times lsp's
 // rate) as well as the others, can find its own.
@@ -118,7 +122,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: "native,zero,lsp,lsp-fit,lora,lora-nf4", LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
+		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: DefaultRows, LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
 		CheckAtStart: train.Defaults().CheckAtStart, CalibSamples: 512}
 }
@@ -251,7 +255,11 @@ type SeedRun struct {
 	// check at least (lsp rows that fit).
 	EverAccepted float64 `json:"ever_accepted"`
 	CheckSeconds float64 `json:"check_s"`
-	Seconds      float64 `json:"seconds"`
+	// CheckSteps are the steps of the run's projector checks (from its
+	// metrics' check records); StepSeconds its mean engine step.
+	CheckSteps  []int   `json:"check_steps,omitempty"`
+	StepSeconds float64 `json:"step_s"`
+	Seconds     float64 `json:"seconds"`
 }
 
 // GridPoint is one learning rate of --lrs tried on a row: the final
@@ -272,7 +280,11 @@ type Row struct {
 	D     int    `json:"d,omitempty"`     // lsp rows only
 	R     int    `json:"r,omitempty"`     // lsp rows' non-zeros per projector row, lora's and galore's rank
 	Base  string `json:"base,omitempty"`  // lora rows' --base-dtype ("": the model dtype)
-	Out   string `json:"out"`             // the first seed's fine-tuning run's output directory
+	// Projector is an lsp row's --projector ("": sparse); EqualMemory
+	// says the row's rank is equalMemoryRanks', not --d.
+	Projector   string `json:"projector,omitempty"`
+	EqualMemory bool   `json:"equal_memory,omitempty"`
+	Out         string `json:"out"` // the first seed's fine-tuning run's output directory
 	// LR is the peak learning rate of the row's runs, the point of Grid
 	// with the lowest held-out loss.
 	LR   float64     `json:"lr"`
@@ -305,6 +317,7 @@ type Row struct {
 	// least once (mean over seeds); such a row counts for lsp-quality.
 	Fitted  bool    `json:"fitted"`
 	Seconds float64 `json:"seconds"` // wall time of the fine-tuning runs
+	Study   Study   `json:"study"`
 }
 
 // Result is a finished compare job.
@@ -313,6 +326,10 @@ type Result struct {
 	Pretrained     string  `json:"pretrained"` // the Hugging Face export fine-tuned by every row
 	PretrainReused bool    `json:"pretrain_reused"`
 	L0             float64 `json:"l0"` // eval loss before fine-tuning (the native row's step 0, first seed)
+	// PretrainEvalLoss is the pretrained model's held-out loss on its own
+	// --pretrain-task (the pretraining's last eval); L0 minus it is how
+	// far --task is from what the model was trained on.
+	PretrainEvalLoss float64 `json:"pretrain_eval_loss"`
 	// Recovery is (L0 - L_lsp) / (L0 - L_native) of the final eval losses
 	// of the lsp row, the mean over seeds of each seed's (absent in JSON
 	// when native did not lower the loss, or without an lsp or native row).
@@ -322,10 +339,12 @@ type Result struct {
 	Quality    *float64 `json:"lsp_quality,omitempty"`
 	QualityRow string   `json:"lsp_quality_row,omitempty"`
 	Rows       []Row    `json:"rows"`
-	Table      string   `json:"-"` // what is printed: the table, footnotes, the recovery line
-	PNG        string   `json:"-"`
-	MD         string   `json:"-"`
-	JSON       string   `json:"-"`
+	// EqualMemory are the equal-memory rows' ranks (equalMemoryRanks).
+	EqualMemory []EqualMemory `json:"equal_memory,omitempty"`
+	Table       string        `json:"-"` // what is printed: the table, footnotes, the recovery line
+	PNG         string        `json:"-"`
+	MD          string        `json:"-"`
+	JSON        string        `json:"-"`
 }
 
 // ErrInterrupted reports a compare job stopped by its context.
@@ -338,18 +357,33 @@ type rowSpec struct {
 	fit       bool      // --fit: checks, and a fit at each unless refit is random
 	refit     lsp.Refit // "": the job's --refit
 	base      string    // lora: --base-dtype ("": the model dtype)
+	projector lsp.Kind  // lsp rows: --projector ("": sparse)
+	// rank is the dense projectors' d, lora's r or galore's rank, set by
+	// Run (resolveRanks).
+	rank int
+	// equalMemory: the row's rank (dense projectors' d, lora's r,
+	// galore's rank) is the one whose planned device memory at llama-7b
+	// equals sparse lsp's at d 512, r 16 (equalMemoryRanks), scaled to
+	// the job's --d; otherwise it is --d itself.
+	equalMemory bool
 }
 
 // allRows are the rows --rows may name, by their directory names.
 var allRows = []rowSpec{
-	{"native", "native", engine.Native, false, "", ""},
-	{"zero", "zero", engine.Zero, false, "", ""},
-	{"lsp", "lsp", engine.LSP, false, "", ""},
-	{"lsp (fitted)", "lsp-fit", engine.LSP, true, "", ""},
-	{"lsp (resampled)", "lsp-resample", engine.LSP, true, lsp.RefitRandom, ""},
-	{"lora", "lora", engine.LoRA, false, "", ""},
-	{"lora (nf4)", "lora-nf4", engine.LoRA, false, "", "nf4"},
-	{"galore", "galore", engine.Galore, false, "", ""},
+	{name: "native", dir: "native", mode: engine.Native},
+	{name: "zero", dir: "zero", mode: engine.Zero},
+	{name: "lsp", dir: "lsp", mode: engine.LSP},
+	{name: "lsp (fitted)", dir: "lsp-fit", mode: engine.LSP, fit: true},
+	{name: "lsp (resampled)", dir: "lsp-resample", mode: engine.LSP, fit: true, refit: lsp.RefitRandom},
+	{name: "lsp (svd)", dir: "lsp-svd", mode: engine.LSP, projector: lsp.KindSVD},
+	{name: "lsp (gaussian)", dir: "lsp-gauss", mode: engine.LSP, projector: lsp.KindGaussian},
+	{name: "galore", dir: "galore", mode: engine.Galore},
+	{name: "lora", dir: "lora", mode: engine.LoRA},
+	{name: "lora (nf4)", dir: "lora-nf4", mode: engine.LoRA, base: "nf4"},
+	{name: "lsp (svd), equal memory", dir: "lsp-svd-em", mode: engine.LSP, projector: lsp.KindSVD, equalMemory: true},
+	{name: "lsp (gaussian), equal memory", dir: "lsp-gauss-em", mode: engine.LSP, projector: lsp.KindGaussian, equalMemory: true},
+	{name: "galore, equal memory", dir: "galore-em", mode: engine.Galore, equalMemory: true},
+	{name: "lora, equal memory", dir: "lora-em", mode: engine.LoRA, equalMemory: true},
 }
 
 // RowNames are the names --rows accepts.
@@ -416,7 +450,14 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 	}
 	res := &Result{Config: c, PNG: filepath.Join(c.Out, "compare.png"),
 		MD: filepath.Join(c.Out, "compare.md"), JSON: filepath.Join(c.Out, "compare.json")}
+	if res.EqualMemory, err = equalMemoryRanks(specs, c.D); err != nil {
+		return nil, err
+	}
+	resolveRanks(c, specs, res.EqualMemory)
 	if res.Pretrained, res.PretrainReused, err = pretrain(ctx, c, log); err != nil {
+		return nil, err
+	}
+	if res.PretrainEvalLoss, err = lastEvalLoss(filepath.Join(c.Out, "pretrain", "metrics.jsonl")); err != nil {
 		return nil, err
 	}
 	for _, spec := range specs {
@@ -440,12 +481,50 @@ func Run(ctx context.Context, c Config, log *slog.Logger) (*Result, error) {
 		}
 	}
 	res.L0 = res.Rows[0].StartEvalLoss
-	res.score()
-	res.Table = table(res)
-	if err := write(res); err != nil {
+	if err := res.finish(); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// Report re-reads the compare.json a finished job wrote into dir and
+// rewrites its table, plot and JSON from it, running nothing: the
+// study's measures and the table's format as this build has them.
+func Report(dir string) (*Result, error) {
+	path := filepath.Join(dir, "compare.json")
+	js, err := os.ReadFile(path)
+	if err != nil {
+		return nil, flagErr("out", "%v (--report reads the compare.json of a finished compare)", err)
+	}
+	res := &Result{}
+	if err := json.Unmarshal(js, res); err != nil {
+		return nil, fmt.Errorf("compare: %s: %w", path, err)
+	}
+	if len(res.Rows) == 0 {
+		return nil, fmt.Errorf("compare: %s holds no rows", path)
+	}
+	res.Config.Out = dir
+	if res.PretrainEvalLoss == 0 { // a compare.json from before the field
+		if res.PretrainEvalLoss, err = lastEvalLoss(filepath.Join(dir, "pretrain", "metrics.jsonl")); err != nil {
+			return nil, err
+		}
+	}
+	res.PNG, res.MD, res.JSON = filepath.Join(dir, "compare.png"), filepath.Join(dir, "compare.md"), path
+	if err := res.finish(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// finish scores the rows, runs the study's measures, formats the table
+// and writes the outputs.
+func (res *Result) finish() error {
+	res.score()
+	if err := res.study(func(r Row) ([]Predicted, error) { return predict(r, res.EqualMemory) }); err != nil {
+		return err
+	}
+	res.Table = table(res)
+	return write(res)
 }
 
 // recovery is the mean over seeds of (L0 - L_row) / (L0 - L_native), L0
@@ -546,6 +625,21 @@ func pretrain(ctx context.Context, c Config, log *slog.Logger) (string, bool, er
 	return r.Export, false, nil
 }
 
+// lastEvalLoss is the last eval loss that the metrics file at path
+// records.
+func lastEvalLoss(path string) (float64, error) {
+	recs, err := metrics.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("compare: %w", err)
+	}
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].EvalLoss != nil {
+			return *recs[i].EvalLoss, nil
+		}
+	}
+	return 0, fmt.Errorf("compare: %s records no eval loss (is the held-out split of --pretrain-task empty?)", path)
+}
+
 // rowConfig is a row's run with seed: fine-tuning (or timing, with the
 // caller's changes) of the pretrained model.
 func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) train.Config {
@@ -558,9 +652,20 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 	cfg.Mode, cfg.Schedule, cfg.LinkBandwidth = spec.mode, train.Pipelined, c.LinkBandwidth
 	if spec.mode == engine.LSP {
 		cfg.DenseParams, cfg.D, cfg.R, cfg.Fit = engine.DenseDevice, c.D, c.R, spec.fit
+		if spec.projector != "" {
+			cfg.Projector = spec.projector
+		}
+		if cfg.Projector.Dense() {
+			cfg.D = spec.rank
+		}
 		cfg.CheckEvery, cfg.CalibSamples, cfg.CheckAtStart = checkEvery, c.CalibSamples, c.CheckAtStart
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
 		cfg.ShareLayers = c.ShareLayers
+		if cfg.Projector == lsp.KindSVD {
+			// The first refresh before step 1, as GaLore's: else the
+			// first checkEvery steps would run on a gaussian draw.
+			cfg.CheckAtStart = true
+		}
 		if spec.refit != "" {
 			cfg.Refit = spec.refit
 		}
@@ -577,10 +682,13 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 	if spec.mode == engine.LoRA {
 		// The dense parameters train on the device as the lsp rows', so
 		// that lora and lsp differ in the block matrices only.
-		cfg.DenseParams, cfg.LoRAR, cfg.BaseDType = engine.DenseDevice, c.LoRAR, spec.base
+		cfg.DenseParams, cfg.LoRAR, cfg.BaseDType = engine.DenseDevice, spec.rank, spec.base
 	}
 	if spec.mode == engine.Galore {
 		cfg.DenseParams = engine.DenseDevice // as the lsp and lora rows'
+		// Refreshes at svd's checks' cadence, so that the two differ in
+		// what they update, not in how often they refresh.
+		cfg.GaloreRank, cfg.GaloreEvery = spec.rank, checkEvery
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	if seed != c.Seed {
@@ -604,16 +712,20 @@ func fineTuneRow(ctx context.Context, c Config, spec rowSpec, model string, log 
 	if err != nil {
 		return row, err
 	}
+	row.Projector, row.EqualMemory = string(spec.projector), spec.equalMemory
 	switch spec.mode {
 	case engine.LSP:
 		row.D, row.R = c.D, c.R
+		if spec.projector.Dense() {
+			row.D, row.R = spec.rank, 0
+		}
 		if spec.fit {
 			row.Refit = string(rowConfig(c, spec, model, c.Seed, lrs[0]).Refit)
 		}
 	case engine.LoRA:
-		row.R, row.Base = c.LoRAR, spec.base
+		row.R, row.Base = spec.rank, spec.base
 	case engine.Galore:
-		row.R = train.Defaults().GaloreRank
+		row.R = spec.rank
 	}
 	type first struct {
 		run SeedRun
@@ -717,7 +829,7 @@ func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed ui
 	if r.Interrupted {
 		return run, m, fmt.Errorf("compare: %s (seed %d): %w at step %d", spec.name, seed, ErrInterrupted, r.Steps)
 	}
-	run.FinalEvalLoss, run.CheckSeconds = r.EvalLoss, m.CheckSeconds
+	run.FinalEvalLoss, run.CheckSeconds, run.StepSeconds = r.EvalLoss, m.CheckSeconds, m.StepSeconds
 	recs, err := metrics.ReadFile(r.Metrics)
 	if err != nil {
 		return run, m, fmt.Errorf("compare: %s: %w", spec.name, err)
@@ -732,6 +844,9 @@ func fineTune(ctx context.Context, c Config, spec rowSpec, model string, seed ui
 		}
 	}
 	run.Checks, run.EverAccepted = checkPoints(recs)
+	for _, cp := range run.Checks {
+		run.CheckSteps = append(run.CheckSteps, cp.Step)
+	}
 	if len(run.Curve) == 0 || math.IsNaN(run.StartEvalLoss) || math.IsNaN(run.FinalEvalLoss) {
 		return run, m, fmt.Errorf("compare: %s: %s holds no eval loss at step 0 and at the end (is the eval set of --task empty?)", spec.name, r.Metrics)
 	}
@@ -871,8 +986,11 @@ func table(res *Result) string {
 		switch r.Mode {
 		case string(engine.LSP):
 			d, rr = strconv.Itoa(r.D), strconv.Itoa(r.R)
-		case string(engine.LoRA):
+		case string(engine.LoRA), string(engine.Galore):
 			rr = strconv.Itoa(r.R)
+		}
+		if r.R == 0 {
+			rr = "-"
 		}
 		rec := "-"
 		if r.Recovery != nil {
@@ -890,36 +1008,7 @@ func table(res *Result) string {
 			fmt.Sprintf("%.3f", r.StepSecondsPipelined), mib(float64(r.DevicePredicted)), mib(float64(r.DevicePeak)),
 			mib(float64(r.Host)), fmt.Sprintf("%.3f", r.LinkMeasured/(1<<20)), loss, rec, em, keptCell(r)})
 	}
-	width := make([]int, len(head))
-	for _, row := range cells {
-		for i, s := range row {
-			width[i] = max(width[i], len(s))
-		}
-	}
-	line := func(row []string) {
-		b.WriteString("|")
-		for i, s := range row {
-			if i == 0 {
-				fmt.Fprintf(&b, " %-*s |", width[i], s)
-			} else {
-				fmt.Fprintf(&b, " %*s |", width[i], s)
-			}
-		}
-		b.WriteString("\n")
-	}
-	line(cells[0])
-	b.WriteString("|")
-	for i, w := range width {
-		if i == 0 {
-			b.WriteString(strings.Repeat("-", w+2) + "|")
-		} else {
-			b.WriteString(strings.Repeat("-", w+1) + ":|")
-		}
-	}
-	b.WriteString("\n")
-	for _, row := range cells[1:] {
-		line(row)
-	}
+	writeTable(&b, cells)
 
 	bw := "free (0: no charge)"
 	if c.LinkBandwidth > 0 {
@@ -940,6 +1029,8 @@ func table(res *Result) string {
 		lrNote(res),
 		fmt.Sprintf("Eval loss: mean per target token over the held-out %s examples (%g of its records), before the first step (L0 = %.4f with the first seed) and every %d steps (curves: %s); "+em,
 			c.Task, train.Defaults().EvalFraction, res.L0, c.EvalEvery, res.PNG, c.EvalGenerate),
+		fmt.Sprintf("Shift: the pretrained model's held-out loss on its own %s is %.4f, so %s starts %.2f nats above it (L0 minus that).",
+			c.PretrainTask, res.PretrainEvalLoss, c.Task, res.L0-res.PretrainEvalLoss),
 		fmt.Sprintf("Link: the CPU backend charges every device-host copy at %s, scaled down from a GPU's PCIe link as the CPU \"device\" is slower than a GPU; the fine-tuning runs use the pipelined schedule. link MiB/step: bytes copied both ways during a step of the fine-tuning run, batch included.", bw),
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's host memory held for the whole run (the optimizer side's, the staging buffer, the data and the Go heap's headroom; not the CPU backend's device memory nor one phase's transients).",
@@ -959,6 +1050,7 @@ func table(res *Result) string {
 			b.WriteString("- " + l + "\n")
 		}
 	}
+	b.WriteString(studyTable(res))
 	quality := "n/a (no lsp row kept fitted projectors on most matrices)"
 	if res.Quality != nil {
 		quality = fmt.Sprintf("%.2f (%s)", *res.Quality, res.QualityRow)
@@ -970,6 +1062,41 @@ func table(res *Result) string {
 	}
 	fmt.Fprintf(&b, "lsp-recovery: %.2f\n", rec)
 	return b.String()
+}
+
+// writeTable writes cells as a Markdown table, the first row its head,
+// the first column left-aligned and the others right-aligned.
+func writeTable(b *strings.Builder, cells [][]string) {
+	width := make([]int, len(cells[0]))
+	for _, row := range cells {
+		for i, s := range row {
+			width[i] = max(width[i], len(s))
+		}
+	}
+	line := func(row []string) {
+		b.WriteString("|")
+		for i, s := range row {
+			if i == 0 {
+				fmt.Fprintf(b, " %-*s |", width[i], s)
+			} else {
+				fmt.Fprintf(b, " %*s |", width[i], s)
+			}
+		}
+		b.WriteString("\n")
+	}
+	line(cells[0])
+	b.WriteString("|")
+	for i, w := range width {
+		if i == 0 {
+			b.WriteString(strings.Repeat("-", w+2) + "|")
+		} else {
+			b.WriteString(strings.Repeat("-", w+1) + ":|")
+		}
+	}
+	b.WriteString("\n")
+	for _, row := range cells[1:] {
+		line(row)
+	}
 }
 
 // meanChecks averages a row's checks over its seeds, check by check (the

@@ -29,6 +29,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/flagerr"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 )
 
 func TestCompareConfigValidate(t *testing.T) {
@@ -167,7 +168,7 @@ func TestCompare(t *testing.T) {
 	c := Defaults()
 	c.Out = filepath.Join(t.TempDir(), "cmp")
 	c.PretrainSteps, c.Steps, c.TimingSteps, c.EvalEvery, c.EvalGenerate = 120, 40, 2, 10, 20
-	c.Seeds, c.Rows, c.LRs = 2, "native,zero,lsp,lsp-fit,lsp-resample,lora,lora-nf4", "3e-3"
+	c.Seeds, c.Rows, c.LRs = 2, "native,zero,lsp,lsp-fit,lsp-resample,lora,lora-nf4,lsp-svd,lsp-gauss,galore-em", "3e-3"
 	// 40 steps end before the first check (step 50): check before step
 	// 1 too, so the rows that check do.
 	c.CheckAtStart = true
@@ -178,8 +179,24 @@ func TestCompare(t *testing.T) {
 	}
 	t.Logf("compare took %.1f s\n%s", time.Since(t0).Seconds(), res.Table)
 
-	if len(res.Rows) != 7 {
-		t.Fatalf("%d rows, want 7", len(res.Rows))
+	if len(res.Rows) != 10 {
+		t.Fatalf("%d rows, want 10", len(res.Rows))
+	}
+	// The dense kinds: svd refreshes before step 1, so it trains unlike
+	// the gaussian draw it starts from; the equal-memory row runs at its
+	// rank; every row but lsp is paired against lsp.
+	svd, gauss, galoreEM := res.Rows[7], res.Rows[8], res.Rows[9]
+	if svd.Projector != "svd" || gauss.Projector != "gaussian" || svd.D != c.D || gauss.D != c.D ||
+		svd.Seeds[0].FinalEvalLoss == gauss.Seeds[0].FinalEvalLoss {
+		t.Errorf("svd %+v, gaussian %+v", svd, gauss)
+	}
+	if len(res.EqualMemory) != 1 || !galoreEM.EqualMemory || galoreEM.Mode != "galore" || galoreEM.R != res.EqualMemory[0].Rank {
+		t.Errorf("galore at equal memory: %+v, ranks %+v", galoreEM, res.EqualMemory)
+	}
+	for _, r := range res.Rows {
+		if (r.Study.Paired == nil) != (r.Name == "lsp") || r.Study.Target == nil || len(r.Study.Predicted) != len(paperShapes) {
+			t.Errorf("%s: study %+v", r.Name, r.Study)
+		}
 	}
 	native, zero, lspRow, fitted, resampled, loraRow, nf4Row := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3], res.Rows[4], res.Rows[5], res.Rows[6]
 	if native.Mode != "native" || zero.Mode != "zero" || lspRow.Mode != "lsp" || loraRow.Mode != "lora" || lspRow.Fit || !fitted.Fit || !resampled.Fit ||
@@ -375,21 +392,66 @@ func TestCompareLRGrid(t *testing.T) {
 	}
 }
 
-// The galore row (--rows galore) trains in galore mode with the dense
-// parameters on the device, as the lsp and lora rows, and its
-// configuration is one lsp-train accepts.
-func TestCompareGaloreRow(t *testing.T) {
+// Every row's run is one lsp-train accepts, with the rank the study
+// gives it: --d for the dense projector kinds and galore (which
+// refreshes at svd's cadence), --lora-r for lora, equalMemoryRanks' for
+// the equal-memory rows; svd refreshes before step 1; the dense
+// parameters train on the device in every row that has them.
+func TestCompareRowConfigs(t *testing.T) {
 	c := Defaults()
-	c.Rows = "native,galore"
+	c.Rows = strings.Join(RowNames(), ",")
 	specs, err := c.rowSpecs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := rowConfig(c, specs[1], "tiny", 1, 3e-3)
-	if cfg.Mode != engine.Galore || cfg.DenseParams != engine.DenseDevice || cfg.GaloreRank != train.Defaults().GaloreRank {
-		t.Errorf("galore row: mode %s, dense %s, rank %d", cfg.Mode, cfg.DenseParams, cfg.GaloreRank)
+	em, err := equalMemoryRanks(specs, c.D)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Errorf("galore row's configuration refused: %v", err)
+	resolveRanks(c, specs, em)
+	for _, s := range specs {
+		cfg := rowConfig(c, s, "tiny", 1, 3e-3)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s: configuration refused: %v", s.dir, err)
+		}
+		want := c.D
+		if s.mode == engine.LoRA {
+			want = c.LoRAR
+		}
+		if s.equalMemory {
+			i := slices.IndexFunc(em, func(e EqualMemory) bool { return e.Row == s.dir })
+			if i < 0 {
+				t.Fatalf("%s: no equal-memory rank in %+v", s.dir, em)
+			}
+			want = em[i].Rank
+		}
+		var got int
+		switch {
+		case s.mode == engine.LSP && cfg.Projector.Dense():
+			got = cfg.D
+			if cfg.CheckAtStart != (cfg.Projector == lsp.KindSVD) || cfg.CheckEvery != checkEvery {
+				t.Errorf("%s: check at start %v, every %d", s.dir, cfg.CheckAtStart, cfg.CheckEvery)
+			}
+		case s.mode == engine.LSP:
+			got, want = cfg.D, c.D
+			if cfg.R != c.R {
+				t.Errorf("%s: r %d", s.dir, cfg.R)
+			}
+		case s.mode == engine.LoRA:
+			got = cfg.LoRAR
+		case s.mode == engine.Galore:
+			got = cfg.GaloreRank
+			if cfg.GaloreEvery != checkEvery {
+				t.Errorf("%s: refreshes every %d steps, svd every %d", s.dir, cfg.GaloreEvery, checkEvery)
+			}
+		default:
+			got, want = 0, 0
+		}
+		if got != want || want < 0 {
+			t.Errorf("%s: rank %d, want %d", s.dir, got, want)
+		}
+		if (s.mode == engine.LSP || s.mode == engine.LoRA || s.mode == engine.Galore) && cfg.DenseParams != engine.DenseDevice {
+			t.Errorf("%s: dense params %s", s.dir, cfg.DenseParams)
+		}
 	}
 }

@@ -120,6 +120,16 @@ func (g SVDGroup) FLOPs() float64 {
 	return f
 }
 
+// HostFLOPs is the share of FLOPs that runs on the host (rsvd's small
+// factorisations), which the planner prices at the host's rate.
+func (g SVDGroup) HostFLOPs() float64 {
+	var f float64
+	for _, s := range g.shapes() {
+		f += rsvd.HostFLOPs(s[0], s[1], g.D, SVDOversample, SVDPower)
+	}
+	return f
+}
+
 // svdBytes is the device memory of a check's largest refresh (0 unless
 // the projectors are svd): reserved from Init on as the fit's is.
 func svdBytes(x *model.Index, c Config, dt backend.DType) int64 {

@@ -6,6 +6,7 @@ package plan
 
 import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/lsp"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/rsvd"
 	"github.com/lsp-offload/lsp-offload/train/trace"
@@ -41,6 +42,31 @@ func RefreshTime(c Config, m Machine) (float64, error) {
 			host := rsvd.HostFLOPs(mt.M, mt.N, k, rsvd.DefaultOversample, rsvd.DefaultPowerIters)
 			total += (all-host)/(m.GPU.PeakBF16*eff) + host/hostJacobiRate
 		}
+	}
+	return total, nil
+}
+
+// SVDRefreshTime is the predicted time on m of one projector check's svd
+// refresh in lsp mode with --projector svd (0 otherwise): every group's
+// randomized SVDs (lsp.SVDGroups), priced as RefreshTime prices
+// GaLore's. The calibration passes that form the gradients are not
+// counted.
+func SVDRefreshTime(c Config, m Machine) (float64, error) {
+	if c.Engine.Mode != engine.LSP || c.Engine.LSP.Projector != lsp.KindSVD {
+		return 0, nil
+	}
+	groups, err := lsp.SVDGroups(c.Arch, c.Engine.LSP)
+	if err != nil {
+		return 0, err
+	}
+	eff := 1.0
+	if e, ok := m.GPU.Eff[trace.Gemm]; ok {
+		eff = e
+	}
+	var total float64
+	for _, g := range groups {
+		host := g.HostFLOPs()
+		total += float64(g.Count) * ((g.FLOPs()-host)/(m.GPU.PeakBF16*eff) + host/hostJacobiRate)
 	}
 	return total, nil
 }

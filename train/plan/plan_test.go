@@ -566,3 +566,46 @@ func TestPlanLoRAAdapters(t *testing.T) {
 		t.Logf("%s: %d adapter GEMMs, %.3g ms of a %.3g ms step (%.1f%%)", tc.name, r.AdapterGemms, r.AdapterSeconds*1e3, r.Step*1e3, 100*r.AdapterSeconds/r.Step)
 	}
 }
+
+// SVDRefreshTime prices --projector svd's refresh only: nothing for
+// sparse or gaussian projectors or other modes, more for a larger d, and
+// the host's factorisations at its rate (so a slower host costs more).
+func TestSVDRefreshTime(t *testing.T) {
+	spec, err := catalog.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Preset("rtx4090", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(mode engine.Mode, kind lsp.Kind, d int) float64 {
+		ec := engineConfig(mode)
+		ec.LSP.Projector, ec.LSP.D, ec.LSP.R = kind, d, 1
+		s, err := SVDRefreshTime(Config{Arch: spec, B: 1, T: 1024, Accum: 1, DType: backend.BF16, Engine: ec}, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := at(engine.LSP, lsp.KindSparse, 64) + at(engine.LSP, lsp.KindGaussian, 64) + at(engine.Galore, lsp.KindSVD, 64); s != 0 {
+		t.Errorf("svd refresh time outside svd projectors: %v s", s)
+	}
+	s64, s256 := at(engine.LSP, lsp.KindSVD, 64), at(engine.LSP, lsp.KindSVD, 256)
+	if !(s64 > 0) || !(s256 > 2*s64) {
+		t.Errorf("svd refresh: %v s at d 64, %v s at d 256", s64, s256)
+	}
+	// Its device share alone is what a GPU with infinite rates would
+	// leave out: halving the peak at most doubles the time.
+	slow := m
+	slow.GPU.PeakBF16 /= 2
+	ec := engineConfig(engine.LSP)
+	ec.LSP.Projector, ec.LSP.D, ec.LSP.R = lsp.KindSVD, 256, 1
+	s, err := SVDRefreshTime(Config{Arch: spec, B: 1, T: 1024, Accum: 1, DType: backend.BF16, Engine: ec}, slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(s > s256) || !(s < 2*s256) {
+		t.Errorf("svd refresh at half the GPU's rate: %v s, at full %v s", s, s256)
+	}
+}
