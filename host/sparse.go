@@ -125,17 +125,33 @@ func SparseS(S, A, B []float32, BT, d int, accumulate bool, lo, hi int) error {
 }
 
 func sparseS(path SIMD, S, A, B []float32, BT, d int, accumulate bool, lo, hi int) error {
-	if BT < 1 || d < 1 || lo < 0 || hi < lo || hi > d {
+	if hi > d {
 		return fmt.Errorf("%w: S: BT=%d d=%d rows [%d,%d)", ErrSparseArgs, BT, d, lo, hi)
 	}
-	if len(S) < hi*d || len(A) < hi*BT || len(B) < BT*d {
+	return denseRows(path, S, A, B, BT, d, accumulate, lo, hi)
+}
+
+// DenseRows is SparseS's core at any shape: rows i in [lo, hi) of
+// S [*, N] = A B (A [*, K], B [K, N], row-major), each entry summed over k
+// ascending in fp32 from +0, products rounded before the add; the CPU
+// backend's DenseGemm and DenseApply (train/cpu/ref_dense.go), whose
+// plain Go loops give the same bits. S must not overlap A or B.
+func DenseRows(S, A, B []float32, K, N int, accumulate bool, lo, hi int) error {
+	return denseRows(ActiveSIMD(), S, A, B, K, N, accumulate, lo, hi)
+}
+
+func denseRows(path SIMD, S, A, B []float32, K, N int, accumulate bool, lo, hi int) error {
+	if K < 1 || N < 1 || lo < 0 || hi < lo {
+		return fmt.Errorf("%w: S: K=%d N=%d rows [%d,%d)", ErrSparseArgs, K, N, lo, hi)
+	}
+	if len(S) < hi*N || len(A) < hi*K || len(B) < K*N {
 		return fmt.Errorf("%w: S: S, A, B have %d, %d, %d elements, want %d, %d, %d",
-			ErrSparseArgs, len(S), len(A), len(B), hi*d, hi*BT, BT*d)
+			ErrSparseArgs, len(S), len(A), len(B), hi*N, hi*K, K*N)
 	}
 	if lo == hi {
 		return nil
 	}
-	C.lsp_host_sparse_s(C.int(path), sliceArg(S), sliceArg(A), sliceArg(B), C.ptrdiff_t(BT), C.ptrdiff_t(d),
+	C.lsp_host_sparse_s(C.int(path), sliceArg(S), sliceArg(A), sliceArg(B), C.ptrdiff_t(K), C.ptrdiff_t(N),
 		cBool(accumulate), C.ptrdiff_t(lo), C.ptrdiff_t(hi))
 	return nil
 }

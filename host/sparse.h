@@ -40,7 +40,9 @@ void lsp_host_sparse_gather(int path, float *out, const float *x, ptrdiff_t rows
 
 /* lsp_host_sparse_s: rows a in [lo, hi) of S [d, d] = A B (A [d, BT], B [BT, d]),
  *   acc = sum over t ascending of A[a, t] * B[t, b],
- *   S[a, b] = accumulate ? acc + S[a, b] : acc. */
+ *   S[a, b] = accumulate ? acc + S[a, b] : acc.
+ * The rows index A and S only, so hi may exceed d: S [*, d] = A [*, BT]
+ * B [BT, d] at any number of rows (host.DenseRows). */
 void lsp_host_sparse_s(int path, float *S, const float *A, const float *B,
 		  ptrdiff_t BT, ptrdiff_t d, int accumulate, ptrdiff_t lo,
 		  ptrdiff_t hi);

@@ -348,6 +348,29 @@ func TestSparseSBitExact(t *testing.T) {
 	}
 }
 
+// DenseRows is the S core at shapes S is never: more rows than columns
+// (and fewer), on every path, the Go loops' bits.
+func TestDenseRowsBitExact(t *testing.T) {
+	for ci, c := range []struct{ K, N, lo, hi int }{
+		{1, 1, 0, 3}, {5, 3, 0, 40}, {64, 7, 3, 130}, {9, 65, 0, 200}, {100, 16, 17, 23}, {3, 129, 0, 6},
+	} {
+		for _, acc := range []bool{false, true} {
+			name := fmt.Sprintf("%d/K%d/N%d[%d,%d)/acc=%v", ci, c.K, c.N, c.lo, c.hi, acc)
+			rng := rand.New(rand.NewPCG(uint64(ci), 19))
+			A, B := guarded(t, c.hi*c.K), guarded(t, c.K*c.N)
+			spFill(rng, A, true)
+			spFill(rng, B, true)
+			init := make([]float32, c.hi*c.N)
+			spFill(rng, init, true)
+			want := append([]float32(nil), init...)
+			goS(want, A, B, c.K, c.N, acc, c.lo, c.hi)
+			checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+				return denseRows(path, got, A, B, c.K, c.N, acc, c.lo, c.hi)
+			})
+		}
+	}
+}
+
 func TestSparseApplyWBitExact(t *testing.T) {
 	for ci, c := range []struct{ m, n, d, r, lo, hi int }{
 		{1, 1, 1, 1, 0, 1}, {5, 7, 4, 2, 1, 5}, {16, 16, 16, 4, 0, 16}, {9, 17, 20, 16, 0, 9},

@@ -1,7 +1,7 @@
 // The dense projection ops of the CPU backend (docs/DESIGN.md, "Projector
-// kinds"): DenseGemm and DenseApply on the references' loops
-// (ref_dense.go), split over rows of the output, which does not change a
-// bit of the result.
+// kinds"): DenseGemm and DenseApply on the references' cores
+// (ref_dense.go: host's SIMD S core), split over rows of the output,
+// which does not change a bit of the result.
 
 package cpu
 
@@ -28,8 +28,7 @@ func (b *Backend) DenseGemm(s backend.Stream, transA, transB bool, M, N, K int, 
 	}
 	return b.enqueue(s, hazard.DenseGemm(A, B, beta, C), func() error {
 		a, bb, c := denseOperand(load(A), transA, M, K), denseOperand(load(B), transB, K, N), f32View(C)
-		b.parallel(M, 1, func(lo, hi int) { denseGemmRows(a, bb, N, K, alpha, beta, c, lo, hi) })
-		return nil
+		return b.parallelErr(op, M, 1, func(lo, hi int) error { return denseGemmRows(a, bb, N, K, alpha, beta, c, lo, hi) })
 	})
 }
 
@@ -60,12 +59,14 @@ func (b *Backend) DenseApply(s backend.Stream, transA, transB bool, M, N, K int,
 		}
 		a, bb := denseOperand(f32View(A), transA, M, K), denseOperand(f32View(B), transB, K, N)
 		w, key := load(W), SRKey(seed, step, matrix) // an fp32 W is updated in place, exactly
-		b.parallel(M, 1, func(lo, hi int) {
-			denseApplyRows(a, bb, N, K, alpha, decay, w, lo, hi)
+		return b.parallelErr(op, M, 1, func(lo, hi int) error {
+			if err := denseApplyRows(a, bb, N, K, alpha, decay, w, lo, hi); err != nil {
+				return err
+			}
 			if W.DType == backend.BF16 {
 				sparseRoundW(u16View(W), w, key, lo*N, hi*N)
 			}
+			return nil
 		})
-		return nil
 	})
 }

@@ -12,14 +12,18 @@
 // kernel, which disables contraction (__fmul_rn, __fadd_rn), gives the
 // same bits, and so does any split of the outputs over threads.
 //
-// Limits: the loops are plain Go, about 1 GFLOP/s a core: fine for the
-// dense projectors of the small models the comparison runs, where the
-// sparse ones are what a large model uses. C and W must not overlap A or
+// Limits: the products run on host's S core (SIMD, register-tiled, the
+// same bits as the plain loops of denseRowsGo), but op(A) and op(B) of a
+// transposed operand are copied out first. C and W must not overlap A or
 // B.
 
 package cpu
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/lsp-offload/lsp-offload/host"
+)
 
 // denseOperand is op(X) of a dense product as a row-major rows x cols
 // fp32 matrix: X itself, or its transpose copied out.
@@ -38,8 +42,15 @@ func denseOperand(x []float32, trans bool, rows, cols int) []float32 {
 
 // denseRows sets sum[(i-lo)*N+j] to sum over k ascending of
 // float32(a[i,k]*b[k,j]) for rows i in [lo,hi), from +0: a is op(A) M x K
-// and b op(B) K x N, both row-major.
-func denseRows(sum, a, b []float32, N, K, lo, hi int) {
+// and b op(B) K x N, both row-major. host.DenseRows computes it on the
+// SIMD path, with the same bits (TestDenseRowsMatchGoLoops).
+func denseRows(sum, a, b []float32, N, K, lo, hi int) error {
+	return host.DenseRows(sum, a[lo*K:hi*K], b, K, N, false, 0, hi-lo)
+}
+
+// denseRowsGo is denseRows in plain Go loops: the definition the SIMD
+// path is tested against.
+func denseRowsGo(sum, a, b []float32, N, K, lo, hi int) {
 	for i := lo; i < hi; i++ {
 		row := sum[(i-lo)*N : (i-lo+1)*N]
 		clear(row)
@@ -67,15 +78,16 @@ func DenseGemm(transA, transB bool, M, N, K int, alpha float32, A, B []float32, 
 	if err := checkDense("dense gemm", M, N, K, len(A), len(B), len(C)); err != nil {
 		return err
 	}
-	denseGemmRows(denseOperand(A, transA, M, K), denseOperand(B, transB, K, N), N, K, alpha, beta, C, 0, M)
-	return nil
+	return denseGemmRows(denseOperand(A, transA, M, K), denseOperand(B, transB, K, N), N, K, alpha, beta, C, 0, M)
 }
 
 // denseGemmRows is DenseGemm on rows [lo,hi) of C, with a and b already
 // op(A) and op(B).
-func denseGemmRows(a, b []float32, N, K int, alpha, beta float32, C []float32, lo, hi int) {
+func denseGemmRows(a, b []float32, N, K int, alpha, beta float32, C []float32, lo, hi int) error {
 	sum := make([]float32, (hi-lo)*N)
-	denseRows(sum, a, b, N, K, lo, hi)
+	if err := denseRows(sum, a, b, N, K, lo, hi); err != nil {
+		return err
+	}
 	for k, s := range sum {
 		c := &C[lo*N+k]
 		if beta == 0 {
@@ -84,6 +96,7 @@ func denseGemmRows(a, b []float32, N, K int, alpha, beta float32, C []float32, l
 			*c = float32(alpha*s) + float32(beta**c)
 		}
 	}
+	return nil
 }
 
 // DenseApply updates the bf16 W [M,N] <- decay*W + alpha*op(A) op(B), each
@@ -96,18 +109,23 @@ func DenseApply(transA, transB bool, M, N, K int, alpha float32, A, B []float32,
 		return err
 	}
 	w := widen(W, M*N)
-	denseApplyRows(denseOperand(A, transA, M, K), denseOperand(B, transB, K, N), N, K, alpha, decay, w, 0, M)
+	if err := denseApplyRows(denseOperand(A, transA, M, K), denseOperand(B, transB, K, N), N, K, alpha, decay, w, 0, M); err != nil {
+		return err
+	}
 	sparseRoundW(W, w, SRKey(seed, step, matrix), 0, M*N)
 	return nil
 }
 
 // denseApplyRows is the fp32 update of rows [lo,hi) of w in place, a and
 // b already op(A) and op(B).
-func denseApplyRows(a, b []float32, N, K int, alpha, decay float32, w []float32, lo, hi int) {
+func denseApplyRows(a, b []float32, N, K int, alpha, decay float32, w []float32, lo, hi int) error {
 	sum := make([]float32, (hi-lo)*N)
-	denseRows(sum, a, b, N, K, lo, hi)
+	if err := denseRows(sum, a, b, N, K, lo, hi); err != nil {
+		return err
+	}
 	for k, s := range sum {
 		v := &w[lo*N+k]
 		*v = float32(decay**v) + float32(alpha*s)
 	}
+	return nil
 }
