@@ -100,9 +100,9 @@ gotest-norace:
 	$(GO) test -count=1 ./cmd/lsp-train/
 
 # `make test-compare`: the compare job end to end at reduced size (tiny
-# pretrained, every default row over two seeds: TestCompare), about four
-# minutes on two cores; taken out of make test to keep it within its 30
-# minutes (train/compare's smaller tests stay in it).
+# pretrained, ten rows over two seeds: TestCompare), about six minutes on
+# two cores; taken out of make test to keep it within its 30 minutes
+# (train/compare's smaller tests stay in it).
 .PHONY: test-compare
 test-compare:
 	$(GO) test -count=1 -run 'TestCompare$$' ./train/compare/
@@ -252,9 +252,11 @@ bench-gemm:
 # Fused CPU Adam (host.Workers.AdamStep) at 1M/16M/128M (1B when memory
 # allows) against a STREAM triad measured in the same run on the same pinned
 # workers; the last line is "adam-vs-triad: X.XX" at 128M parameters.
-# Fine-tuning quality of lsp against native and the random-projector
-# controls, on the shared data (skips when it is absent): about 70 minutes
-# on two cores, not in CI. See scripts/bench-quality.sh.
+# Which update wins on fine-tuning (compare's study at the mini preset) in
+# two jobs on the shared data (skips when it is absent): Alpaca
+# instruction tuning and a domain shift to Go source. Hours on two cores
+# at its default size, not in CI; JOBS, STEPS, PRETRAIN_STEPS and SEEDS
+# shrink it. See scripts/bench-quality.sh.
 .PHONY: bench-quality
 bench-quality: build
 	scripts/bench-quality.sh

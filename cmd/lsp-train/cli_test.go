@@ -152,8 +152,8 @@ func TestCompareInterruptExitStatus(t *testing.T) {
 // readmeNotRun are the README examples this test does not run, by their
 // text, with the reason; their flags are still parsed and validated.
 var readmeNotRun = map[string]string{
-	"./bin/lsp-train compare --out runs/compare": "it pretrains tiny and fine-tunes (each row at three rates) and times five rows: minutes even at 2 steps " +
-		"(train/compare's TestCompare runs the job at reduced size in make test)",
+	"./bin/lsp-train compare --out runs/compare": "it pretrains tiny and fine-tunes (each row at three rates) and times thirteen rows: minutes even at 2 steps " +
+		"(train/compare's TestCompare runs the job at reduced size in make test-compare, TestCompareLRGrid a part of it in make test)",
 	"./bin/lsp-train plan --gpu cpu --calibration cpu.json --model gpt2 --batch 2 --seq-len 128 --dtype fp32": "it reads cpu.json, " +
 		"which the go run line before it writes (bench/calibrate, not this command); TestPlanCPU plans from such a file",
 }

@@ -30,6 +30,8 @@ func TestCompareCommandErrors(t *testing.T) {
 		{"unknown flag", []string{"--mode", "lsp"}, []string{"mode"}},
 		{"positional argument", []string{"now"}, []string{`"now"`}},
 		{"two errors at once", []string{"--steps", "0", "--r", "9"}, []string{"--steps:", "--r:"}},
+		{"report without a finished job", []string{"--report"}, []string{"--out:", "compare.json"}},
+		{"unknown row", []string{"--rows", "native,lsp-sparse"}, []string{"--rows:", "lsp-sparse", "lsp-svd-em"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "cmp")

@@ -1146,6 +1146,14 @@ func checkLines(res *Result) []string {
 		for _, cp := range checks {
 			parts = append(parts, fmt.Sprintf("%d: %.3f -> %.3f, %.2f", cp.Step, cp.RatioBefore, cp.RatioAfter, cp.Accepted))
 		}
+		if r.Projector == string(lsp.KindSVD) {
+			var steps []string
+			for _, cp := range checks {
+				steps = append(steps, strconv.Itoa(cp.Step))
+			}
+			out = append(out, fmt.Sprintf("%s (svd refreshes, no fit; %.1f s of checks per run): at steps %s", r.Name, r.CheckSeconds, strings.Join(steps, ", ")))
+			continue
+		}
 		fitted := "counts as fitted"
 		if !r.Fitted {
 			fitted = "counts as random: most matrices never kept a fit"

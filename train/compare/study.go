@@ -401,12 +401,17 @@ func emRecompute(r Row, em []EqualMemory) model.Recompute {
 }
 
 // extraEvents counts the checks (lsp rows with --fit or svd) or
-// refreshes (galore) among a row's first steps.
+// refreshes (galore) among a row's first steps, at the cadence rowConfig
+// gives them.
 func extraEvents(r Row, steps int) int {
 	switch {
+	case steps < 1:
+		return 0
 	case r.Mode == string(engine.Galore):
-		return 1 + (steps-1)/train.Defaults().GaloreEvery // one at step 1, then every --galore-every
-	case r.Mode == string(engine.LSP) && (r.Fit || r.Projector == string(lsp.KindSVD)):
+		return 1 + (steps-1)/checkEvery // at step 1, then every checkEvery (--galore-every)
+	case r.Mode == string(engine.LSP) && r.Projector == string(lsp.KindSVD):
+		return 1 + steps/checkEvery // before step 1 (--check-at-start), then every checkEvery
+	case r.Mode == string(engine.LSP) && r.Fit:
 		return steps / checkEvery
 	}
 	return 0

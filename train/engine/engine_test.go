@@ -159,6 +159,9 @@ func TestZeroMatchesNative(t *testing.T) {
 		clip optim.ClipMode
 		gdt  backend.DType
 	}{{optim.ClipNone, backend.F32}, {optim.ClipMatrix, backend.F32}, {optim.ClipMatrix, backend.BF16}} {
+		if deviceIsCUDA && testing.Short() && tc.clip == optim.ClipNone {
+			continue // on the simulator (make test's -short), the clipped cases cover the unclipped path
+		}
 		clip := tc.clip
 		t.Run(string(clip)+"/grads-"+tc.gdt.String(), func(t *testing.T) {
 			nc, zc := testConfig(Native), testConfig(Zero)
@@ -334,8 +337,16 @@ func TestRecomputeBitIdentical(t *testing.T) {
 		cfg  Config
 		dt   backend.DType
 	}{"native", testConfig(Native), backend.F32})
+	schedules := []bool{false, true}
+	if deviceIsCUDA && testing.Short() {
+		// On the simulator (make test's -short) the pipelined schedule,
+		// under the hazard check, alone: TestPipelinedMatchesSequential
+		// holds the sequential one to it there, and the CPU backend runs
+		// both.
+		schedules = []bool{true}
+	}
 	for _, tc := range modes {
-		for _, pipelined := range []bool{false, true} {
+		for _, pipelined := range schedules {
 			t.Run(fmt.Sprintf("%s/pipelined=%v", tc.name, pipelined), func(t *testing.T) {
 				cfg := tc.cfg
 				cfg.Pipelined = pipelined
@@ -386,7 +397,12 @@ func TestEveryEdgeIsNeeded(t *testing.T) {
 // accum micro-batches per step.
 func everyEdge(t *testing.T, cfg Config, dt backend.DType, accum int) {
 	t.Helper()
-	const steps = 3
+	// Three steps, so that an edge between steps shows; two under -short
+	// (the simulator's run in make test), which still has one.
+	steps := 3
+	if testing.Short() {
+		steps = 2
+	}
 	seq := newDeviceTrainer(t, cfg, dt, accum, false, 0)
 	seq.run(t, steps)
 	want := seq.params(t)
