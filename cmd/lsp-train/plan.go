@@ -480,9 +480,13 @@ func (o planOptions) printSVDRefresh(w io.Writer, j planJob, mode engine.Mode) e
 		flops += float64(g.Count) * g.FLOPs()
 		svds += g.Count * (1 + len(g.Ns)*min(1, len(g.Ns)-1))
 	}
+	t, err := plan.SVDRefreshTime(plan.Config{Arch: j.spec, Engine: c}, j.machine)
+	if err != nil {
+		return err
+	}
 	_, err = fmt.Fprintf(w, "%s: svd refresh of one check (every --check-every steps, %d steps by default): %.3g FLOPs in %d randomized SVDs "+
-		"(k = d, oversampling %d, %d power iterations; calibration passes not counted)\n",
-		mode, train.Defaults().CheckEvery, flops, svds, lsp.SVDOversample, lsp.SVDPower)
+		"(k = d, oversampling %d, %d power iterations; calibration passes not counted), %s predicted (the host's factorisations at %.3g flop/s)\n",
+		mode, train.Defaults().CheckEvery, flops, svds, lsp.SVDOversample, lsp.SVDPower, secs(t), plan.HostJacobiRate)
 	return err
 }
 

@@ -12,16 +12,16 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/trace"
 )
 
-// hostJacobiRate is the host's flops a second on rsvd's l x l
+// HostJacobiRate is the host's flops a second on rsvd's l x l
 // factorisations, one matrix at a time on one core: measured here (a
 // Jacobi of l = 522 in about 2 s, rsvd's file header). An assumption on
 // other hosts.
-const hostJacobiRate = 5e9
+const HostJacobiRate = 5e9
 
 // RefreshTime is the predicted time on m of one GaLore refresh of every
 // block matrix of c (galore mode; 0 otherwise): each matrix's rsvd
 // products at the bf16 GEMM rate and efficiency, and its host share at
-// hostJacobiRate, one matrix after another as the backward runs them.
+// HostJacobiRate, one matrix after another as the backward runs them.
 func RefreshTime(c Config, m Machine) (float64, error) {
 	if c.Engine.Mode != engine.Galore {
 		return 0, nil
@@ -30,20 +30,26 @@ func RefreshTime(c Config, m Machine) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	eff := 1.0
-	if e, ok := m.GPU.Eff[trace.Gemm]; ok {
-		eff = e
-	}
 	var total float64
 	for range x.MatParam {
 		for _, mt := range x.Mats {
 			k := c.Engine.Galore.RankOf(mt.M, mt.N)
 			all := rsvd.FLOPs(mt.M, mt.N, k, rsvd.DefaultOversample, rsvd.DefaultPowerIters)
 			host := rsvd.HostFLOPs(mt.M, mt.N, k, rsvd.DefaultOversample, rsvd.DefaultPowerIters)
-			total += (all-host)/(m.GPU.PeakBF16*eff) + host/hostJacobiRate
+			total += rsvdTime(m, all, host)
 		}
 	}
 	return total, nil
+}
+
+// rsvdTime prices a randomized SVD of all flops, host of them the
+// host's factorisations: the rest at the bf16 GEMM rate and efficiency.
+func rsvdTime(m Machine, all, host float64) float64 {
+	eff := 1.0
+	if e, ok := m.GPU.Eff[trace.Gemm]; ok {
+		eff = e
+	}
+	return (all-host)/(m.GPU.PeakBF16*eff) + host/HostJacobiRate
 }
 
 // SVDRefreshTime is the predicted time on m of one projector check's svd
@@ -59,14 +65,9 @@ func SVDRefreshTime(c Config, m Machine) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	eff := 1.0
-	if e, ok := m.GPU.Eff[trace.Gemm]; ok {
-		eff = e
-	}
 	var total float64
 	for _, g := range groups {
-		host := g.HostFLOPs()
-		total += float64(g.Count) * ((g.FLOPs()-host)/(m.GPU.PeakBF16*eff) + host/hostJacobiRate)
+		total += float64(g.Count) * rsvdTime(m, g.FLOPs(), g.HostFLOPs())
 	}
 	return total, nil
 }
