@@ -1038,6 +1038,8 @@ func table(res *Result) string {
 			c.D, c.R, checkEvery, c.CalibSamples),
 		fmt.Sprintf("lora: PEFT's adapters of rank r = %d (alpha %g) on every attention and MLP linear, the block matrices frozen; its dense params train on the device as the lsp rows'. lora (nf4): the same on a base whose block matrices are stored in 4-bit NormalFloat (--base-dtype nf4, QLoRA's), the dense params unquantized; it starts from the quantized base's own step-0 loss, and its recovery takes native's L0, so that what quantizing costs counts against it.",
 			c.LoRAR, train.Defaults().LoRAAlpha),
+		fmt.Sprintf("lsp (svd) and lsp (gaussian): dense projectors at d = %d (the svd rows' from the calibration gradient's top singular vectors, before step 1 and at every check; the gaussian ones drawn once); galore: GaLore's projected AdamW at rank %d (scale %g), its projectors refreshed every %d steps; the rows marked equal memory run at the ranks of the study's note.",
+			c.D, c.D, train.Defaults().GaloreScale, checkEvery),
 		"recovery = (L0 - L_row) / (L0 - L_native), per seed, then the mean over seeds. lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}
 	b.WriteString("\n")
