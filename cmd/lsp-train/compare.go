@@ -29,6 +29,7 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.Var((*byteSize)(&c.LinkBandwidth), "link-bandwidth", "bytes/s charged per device-host copy on the CPU backend, e.g. 100MB (0: free)")
 	fs.IntVar(&c.TimingSteps, "timing-steps", c.TimingSteps, "steps of each row's sequential and pipelined timing run")
 	fs.IntVar(&c.EvalEvery, "eval-every", c.EvalEvery, "steps between evals of the fine-tuning (plus one before the first step)")
+	fs.IntVar(&c.CheckEvery, "check-every", c.CheckEvery, "steps between the lsp rows' projector checks, svd's refreshes and galore's")
 	fs.IntVar(&c.EvalGenerate, "eval-generate", c.EvalGenerate, "held-out prompts scored by greedy exact match after the last step (0: none)")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "compute threads (0: all cores)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (initialisation, data order, split, projectors) of the pretraining and of the first fine-tuning run of each row")

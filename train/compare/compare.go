@@ -68,7 +68,6 @@ var flagErr = flagerr.New
 // Fixed settings of the compare job's fine-tuning rows.
 const (
 	fineTuneWarmup = 10
-	checkEvery     = 50
 )
 
 // DefaultRows is --rows: every update the study compares, at the same d
@@ -93,6 +92,7 @@ type Config struct {
 	LinkBandwidth int64  // --link-bandwidth: bytes/s charged per device-host copy (0: free)
 	TimingSteps   int    // --timing-steps: steps of each timing run
 	EvalEvery     int    // --eval-every: steps between evals of the fine-tuning
+	CheckEvery    int    // --check-every: steps between the projector checks (lsp), svd's refreshes and galore's
 	EvalGenerate  int    // --eval-generate: held-out prompts scored by exact match at the end
 	Threads       int    // --threads: compute threads (0: all cores)
 	Seed          uint64 // --seed
@@ -122,7 +122,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{Out: "out/compare", Model: "tiny", Steps: 100, PretrainSteps: 300, Task: "builtin:copy",
 		PretrainTask: "builtin:sort", D: 32, R: 8, LinkBandwidth: 100_000_000, TimingSteps: 10,
-		EvalEvery: 10, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: DefaultRows, LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
+		EvalEvery: 10, CheckEvery: 50, EvalGenerate: 100, Seed: 1, Seeds: 3, Rows: DefaultRows, LRs: DefaultLRs, LoRAR: train.Defaults().LoRAR,
 		Batch: train.Defaults().Batch, SeqLen: train.Defaults().SeqLen,
 		CheckAtStart: train.Defaults().CheckAtStart, CalibSamples: 512}
 }
@@ -178,6 +178,7 @@ func (c Config) Validate() error {
 	check(c.PretrainSteps >= 1, "pretrain-steps", "must be at least 1, got %d", c.PretrainSteps)
 	check(c.TimingSteps >= 1, "timing-steps", "must be at least 1, got %d", c.TimingSteps)
 	check(c.EvalEvery >= 1, "eval-every", "must be at least 1, got %d", c.EvalEvery)
+	check(c.CheckEvery >= 1, "check-every", "must be at least 1, got %d", c.CheckEvery)
 	check(c.EvalGenerate >= 0, "eval-generate", "must be >= 0, got %d", c.EvalGenerate)
 	check(c.LinkBandwidth >= 0, "link-bandwidth", "must be >= 0, got %d", c.LinkBandwidth)
 	check(c.Threads >= 0, "threads", "must be >= 0, got %d", c.Threads)
@@ -504,6 +505,9 @@ func Report(dir string) (*Result, error) {
 		return nil, fmt.Errorf("compare: %s holds no rows", path)
 	}
 	res.Config.Out = dir
+	if res.Config.CheckEvery == 0 { // a compare.json from before --check-every, which was 50
+		res.Config.CheckEvery = 50
+	}
 	if res.PretrainEvalLoss == 0 { // a compare.json from before the field
 		if res.PretrainEvalLoss, err = lastEvalLoss(filepath.Join(dir, "pretrain", "metrics.jsonl")); err != nil {
 			return nil, err
@@ -520,7 +524,7 @@ func Report(dir string) (*Result, error) {
 // and writes the outputs.
 func (res *Result) finish() error {
 	res.score()
-	if err := res.study(func(r Row) ([]Predicted, error) { return predict(r, res.EqualMemory) }); err != nil {
+	if err := res.study(func(r Row) ([]Predicted, error) { return predict(r, res.EqualMemory, res.Config.CheckEvery) }); err != nil {
 		return err
 	}
 	res.Table = table(res)
@@ -658,12 +662,12 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 		if cfg.Projector.Dense() {
 			cfg.D = spec.rank
 		}
-		cfg.CheckEvery, cfg.CalibSamples, cfg.CheckAtStart = checkEvery, c.CalibSamples, c.CheckAtStart
+		cfg.CheckEvery, cfg.CalibSamples, cfg.CheckAtStart = c.CheckEvery, c.CalibSamples, c.CheckAtStart
 		cfg.Refit, cfg.Accept, cfg.Rewarm, cfg.NoGain, cfg.ProjOrtho = c.Refit, c.Accept, c.Rewarm, c.NoGain, c.Ortho
 		cfg.ShareLayers = c.ShareLayers
 		if cfg.Projector == lsp.KindSVD {
 			// The first refresh before step 1, as GaLore's: else the
-			// first checkEvery steps would run on a gaussian draw.
+			// first --check-every steps would run on a gaussian draw.
 			cfg.CheckAtStart = true
 		}
 		if spec.refit != "" {
@@ -688,7 +692,7 @@ func rowConfig(c Config, spec rowSpec, model string, seed uint64, lr float64) tr
 		cfg.DenseParams = engine.DenseDevice // as the lsp and lora rows'
 		// Refreshes at svd's checks' cadence, so that the two differ in
 		// what they update, not in how often they refresh.
-		cfg.GaloreRank, cfg.GaloreEvery = spec.rank, checkEvery
+		cfg.GaloreRank, cfg.GaloreEvery = spec.rank, c.CheckEvery
 	}
 	cfg.Out = filepath.Join(c.Out, spec.dir)
 	if seed != c.Seed {
@@ -1035,11 +1039,11 @@ func table(res *Result) string {
 		fmt.Sprintf("step s: mean wall time of the engine's step (no eval, projector checks or checkpoints) in a %d-step run per schedule; sequential runs one op at a time, pipelined overlaps copies and host Adam with the backward.", c.TimingSteps),
 		"device MiB predicted: the memory plan that --device-mem is checked against; peak: the CPU backend's high-water mark; host MiB: the plan's host memory held for the whole run (the optimizer side's, the staging buffer, the data and the Go heap's headroom; not the CPU backend's device memory nor one phase's transients).",
 		fmt.Sprintf("lsp rows: d = %d, r = %d for every block matrix; dense params (embeddings, norms and biases) are trained on the device with AdamW (--dense-params device), so all rows update the same parameters. Projector checks every %d steps (and at step 0 with --check-at-start) with %d calibration rows (not in step s; their time per run is in the lines below); lsp keeps the random projectors drawn at the start (lsp-train's default), lsp (fitted) fits them at every check (--fit, the paper's learned projectors) and lsp (resampled) draws fresh random ones at every check (--fit --refit random), a control.",
-			c.D, c.R, checkEvery, c.CalibSamples),
+			c.D, c.R, c.CheckEvery, c.CalibSamples),
 		fmt.Sprintf("lora: PEFT's adapters of rank r = %d (alpha %g) on every attention and MLP linear, the block matrices frozen; its dense params train on the device as the lsp rows'. lora (nf4): the same on a base whose block matrices are stored in 4-bit NormalFloat (--base-dtype nf4, QLoRA's), the dense params unquantized; it starts from the quantized base's own step-0 loss, and its recovery takes native's L0, so that what quantizing costs counts against it.",
 			c.LoRAR, train.Defaults().LoRAAlpha),
 		fmt.Sprintf("lsp (svd) and lsp (gaussian): dense projectors at d = %d (the svd rows' from the calibration gradient's top singular vectors, before step 1 and at every check; the gaussian ones drawn once); galore: GaLore's projected AdamW at rank %d (scale %g), its projectors refreshed every %d steps; the rows marked equal memory run at the ranks of the study's note.",
-			c.D, c.D, train.Defaults().GaloreScale, checkEvery),
+			c.D, c.D, train.Defaults().GaloreScale, c.CheckEvery),
 		"recovery = (L0 - L_row) / (L0 - L_native), per seed, then the mean over seeds. lsp-recovery = (L0 - L_lsp) / (L0 - L_native) with L the final eval losses of the lsp row, per seed against native's, then the mean over seeds: the share of native fine-tuning's eval-loss drop that lsp reaches in the same steps (1: all of it). lsp-quality is the same for the best lsp row whose projectors are fitted and kept on most matrices (a row whose fits were mostly rejected counts as random).",
 	}
 	b.WriteString("\n")

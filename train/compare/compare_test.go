@@ -59,6 +59,7 @@ func TestCompareConfigValidate(t *testing.T) {
 		{"bad count", func(c *Config) { c.Task = "builtin:copy:x" }, "task"},
 		{"bad pretrain task", func(c *Config) { c.PretrainTask = "data.txt" }, "pretrain-task"},
 		{"steps 0", func(c *Config) { c.Steps = 0 }, "steps"},
+		{"check every 0", func(c *Config) { c.CheckEvery = 0 }, "check-every"},
 		{"pretrain steps 0", func(c *Config) { c.PretrainSteps = 0 }, "pretrain-steps"},
 		{"timing steps 0", func(c *Config) { c.TimingSteps = 0 }, "timing-steps"},
 		{"eval every 0", func(c *Config) { c.EvalEvery = 0 }, "eval-every"},
@@ -255,7 +256,7 @@ func TestCompare(t *testing.T) {
 			t.Errorf("seed %d: final eval loss native %.6f, zero %.6f: differ by more than 1e-3 relative", j, n, z)
 		}
 	}
-	// Checks: at steps 0 and checkEvery (no later one in 40 steps) in the
+	// Checks: at steps 0 and --check-every (no later one in 40 steps) in the
 	// rows that check; resampling keeps every draw under --accept fit
 	// only, so its share is whatever the held-out data decided, but it
 	// never counts as fitted.
@@ -429,7 +430,7 @@ func TestCompareRowConfigs(t *testing.T) {
 		switch {
 		case s.mode == engine.LSP && cfg.Projector.Dense():
 			got = cfg.D
-			if cfg.CheckAtStart != (cfg.Projector == lsp.KindSVD) || cfg.CheckEvery != checkEvery {
+			if cfg.CheckAtStart != (cfg.Projector == lsp.KindSVD) || cfg.CheckEvery != c.CheckEvery {
 				t.Errorf("%s: check at start %v, every %d", s.dir, cfg.CheckAtStart, cfg.CheckEvery)
 			}
 		case s.mode == engine.LSP:
@@ -441,8 +442,8 @@ func TestCompareRowConfigs(t *testing.T) {
 			got = cfg.LoRAR
 		case s.mode == engine.Galore:
 			got = cfg.GaloreRank
-			if cfg.GaloreEvery != checkEvery {
-				t.Errorf("%s: refreshes every %d steps, svd every %d", s.dir, cfg.GaloreEvery, checkEvery)
+			if cfg.GaloreEvery != c.CheckEvery {
+				t.Errorf("%s: refreshes every %d steps, svd every %d", s.dir, cfg.GaloreEvery, c.CheckEvery)
 			}
 		default:
 			got, want = 0, 0

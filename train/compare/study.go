@@ -348,7 +348,7 @@ var recomputes = []model.Recompute{model.RecomputeNone, model.RecomputeAttn, mod
 
 // predict plans a row at every paper shape and prices its mean steps to
 // target there.
-func predict(r Row, em []EqualMemory) ([]Predicted, error) {
+func predict(r Row, em []EqualMemory, every int) ([]Predicted, error) {
 	d, rr := paperRank(r, em)
 	if d == 0 && r.Mode != string(engine.Native) && r.Mode != string(engine.Zero) {
 		return nil, nil // an equal-memory row whose rank is unknown
@@ -378,7 +378,7 @@ func predict(r Row, em []EqualMemory) ([]Predicted, error) {
 		}
 		p.DeviceBytes, p.StepSeconds, p.ExtraSeconds = got.mem.DeviceTotal(), got.step, got.extra
 		if t := r.Study.Target; p.Fits && t != nil && t.Reached > 0 {
-			p.Seconds = t.MeanSteps*p.StepSeconds + float64(extraEvents(r, int(math.Ceil(t.MeanSteps))))*p.ExtraSeconds
+			p.Seconds = t.MeanSteps*p.StepSeconds + float64(extraEvents(r, int(math.Ceil(t.MeanSteps)), every))*p.ExtraSeconds
 		}
 		out = append(out, p)
 	}
@@ -402,17 +402,17 @@ func emRecompute(r Row, em []EqualMemory) model.Recompute {
 
 // extraEvents counts the checks (lsp rows with --fit or svd) or
 // refreshes (galore) among a row's first steps, at the cadence rowConfig
-// gives them.
-func extraEvents(r Row, steps int) int {
+// gives them: every --check-every steps.
+func extraEvents(r Row, steps, every int) int {
 	switch {
 	case steps < 1:
 		return 0
 	case r.Mode == string(engine.Galore):
-		return 1 + (steps-1)/checkEvery // at step 1, then every checkEvery (--galore-every)
+		return 1 + (steps-1)/every // at step 1, then every --check-every (--galore-every)
 	case r.Mode == string(engine.LSP) && r.Projector == string(lsp.KindSVD):
-		return 1 + steps/checkEvery // before step 1 (--check-at-start), then every checkEvery
+		return 1 + steps/every // before step 1 (--check-at-start), then every --check-every
 	case r.Mode == string(engine.LSP) && r.Fit:
-		return steps / checkEvery
+		return steps / every
 	}
 	return 0
 }

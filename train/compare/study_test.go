@@ -124,7 +124,7 @@ func TestEqualMemoryRanks(t *testing.T) {
 // is the mean steps times the planned step.
 func TestPredict(t *testing.T) {
 	r := Row{Name: "lsp", Mode: string(engine.LSP), D: 32, R: 8, Study: Study{Target: &Target{Reached: 3, MeanSteps: 60}}}
-	ps, err := predict(r, nil)
+	ps, err := predict(r, nil, 50)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestPredict(t *testing.T) {
 	// Fitted projectors pay their fits at each check in those steps (one,
 	// at step 50).
 	r.Name, r.Fit = "lsp (fitted)", true
-	if ps, err = predict(r, nil); err != nil {
+	if ps, err = predict(r, nil, 50); err != nil {
 		t.Fatal(err)
 	}
 	if p := ps[0]; !p.Fits || !(p.ExtraSeconds > 0) || math.Abs(p.Seconds-(60*p.StepSeconds+p.ExtraSeconds)) > 1e-9 {
