@@ -497,7 +497,7 @@ func resolveRanks(c Config, specs []rowSpec, em []EqualMemory) {
 // the plans at the paper's shapes.
 func studyTable(res *Result) string {
 	var b strings.Builder
-	head := []string{"row", "rank", "final eval loss", "vs lsp (per seed)", "vs lsp", "steps to target", "CPU s to target"}
+	head := []string{"row", "rank", "final eval loss (per seed)", "vs lsp (per seed)", "vs lsp", "steps to target", "CPU s to target"}
 	for _, ps := range paperShapes {
 		head = append(head, ps.Model+" on "+ps.GPU+": device GiB", "s to target")
 	}
@@ -512,7 +512,11 @@ func studyTable(res *Result) string {
 		case r.R > 0:
 			rank = fmt.Sprintf("r %d", r.R)
 		}
-		loss := fmt.Sprintf("%.4f ± %.4f", r.FinalEvalLoss, r.FinalEvalSD)
+		var seeds []string
+		for _, sr := range r.Seeds {
+			seeds = append(seeds, fmt.Sprintf("%.3f", sr.FinalEvalLoss))
+		}
+		loss := fmt.Sprintf("%.4f ± %.4f (%s)", r.FinalEvalLoss, r.FinalEvalSD, strings.Join(seeds, ", "))
 		perSeed, verdict := "-", "-"
 		if p := r.Study.Paired; p != nil {
 			var ds []string
