@@ -127,7 +127,7 @@ func all(xs []float64, f func(float64) bool) bool {
 // target finds when run first reached loss at or below target, and the
 // measured seconds to then: that many engine steps at the run's mean
 // step time, plus the run's check seconds spread over its checks (or
-// over its steps when it records none, as svd's refresh does not).
+// over its steps when it records no check steps).
 func target(run SeedRun, goal float64, steps int) (int, float64) {
 	for _, p := range run.Curve {
 		if p.Loss > goal {
