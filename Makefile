@@ -92,10 +92,12 @@ gotest:
 # a 1.1 GB sharded checkpoint loaded within 1.2x its size in resident
 # memory, and the host memory plan of gpt2 runs against their peak
 # resident memory (the race detector's shadow memory would break both
-# measures).
+# measures), and the bf16 kernel-dtype check of every mode (numbers, not
+# concurrency: three minutes under -race, 13 s here).
 gotest-norace:
 	$(GO) test -count=1 -run 'TestEveryEdgeIsNeeded|TestRingEveryEdgeIsNeeded|TestPipelinedMatchesSequential|TestComparePretrainReuse|TestCompareLRGrid' ./train/compare/ ./train/engine/
 	$(GO) test -count=1 -run 'TestDiskFull|TestHostPlanMeasured' ./train/
+	$(GO) test -count=1 -short -run 'TestBF16KernelDTypes' ./train/
 	$(GO) test -count=1 -run 'TestLoadMemory' ./train/hf/
 	$(GO) test -count=1 ./cmd/lsp-train/
 

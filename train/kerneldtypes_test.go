@@ -89,6 +89,11 @@ func tinyBF16Config(t *testing.T, mode string, sched Schedule, dt, gdt backend.D
 // tolerances above). -short runs the pipelined schedule only (the engine's
 // tests hold the two schedules to the same bits).
 func TestBF16KernelDTypes(t *testing.T) {
+	if raceEnabled {
+		// It checks dtypes and numbers, not concurrency (the engine's
+		// hazard-checked tests do), and takes three minutes under -race.
+		t.Skip("runs in make test's race-free pass (make gotest-norace)")
+	}
 	modes := []string{"native", "zero", "lsp-device", "lsp-host", "lsp-frozen", "galore-device"}
 	scheds := []Schedule{Pipelined, Sequential}
 	if testing.Short() {
