@@ -82,11 +82,10 @@ type Target struct {
 // that fits, and the time its MeanSteps to target would take there.
 type Predicted struct {
 	GPU, Model  string
-	Rank        int    `json:"rank"`         // the row's d or rank at this shape
-	Fits        bool   `json:"fits"`         // some recompute fits the card
-	Recompute   string `json:"recompute"`    // the least that fits ("" when none)
-	DenseParams string `json:"dense_params"` // device, or frozen where only that fits
-	setting     setting
+	Rank        int     `json:"rank"`         // the row's d or rank at this shape
+	Fits        bool    `json:"fits"`         // some recompute fits the card
+	Recompute   string  `json:"recompute"`    // the least that fits ("" when none)
+	DenseParams string  `json:"dense_params"` // device, or frozen where only that fits
 	DeviceBytes int64   `json:"device_bytes"` // at that recompute (at none when nothing fits)
 	StepSeconds float64 `json:"step_s"`
 	// ExtraSeconds is the projector work outside the step graph per
@@ -355,7 +354,7 @@ func predict(r Row, em []EqualMemory, every int) ([]Predicted, error) {
 	}
 	var out []Predicted
 	for _, ps := range paperShapes {
-		p := Predicted{GPU: ps.GPU, Model: ps.Model, Rank: d, setting: settings[0]}
+		p, chosen := Predicted{GPU: ps.GPU, Model: ps.Model, Rank: d}, settings[0]
 		for _, st := range settings {
 			if st.recompute < emRecompute(r, em) || st.dense == engine.DenseFrozen && (r.Mode == string(engine.Native) || r.Mode == string(engine.Zero)) {
 				continue // an equal-memory row plans at its own recompute; native and zero train every parameter
@@ -365,14 +364,14 @@ func predict(r Row, em []EqualMemory, every int) ([]Predicted, error) {
 				return nil, err
 			}
 			if got.fits {
-				p.Fits, p.setting = true, st
+				p.Fits, chosen = true, st
 				break
 			}
 		}
 		if p.Fits {
-			p.Recompute, p.DenseParams = p.setting.recompute.String(), string(p.setting.dense)
+			p.Recompute, p.DenseParams = chosen.recompute.String(), string(chosen.dense)
 		}
-		got, err := planAt(paperSetting(r, ps.Model, d, rr, p.setting), ps.GPU, true)
+		got, err := planAt(paperSetting(r, ps.Model, d, rr, chosen), ps.GPU, true)
 		if err != nil {
 			return nil, err
 		}
