@@ -102,7 +102,7 @@ gotest-norace:
 	$(GO) test -count=1 ./cmd/lsp-train/
 
 # `make test-compare`: the compare job end to end at reduced size (tiny
-# pretrained, ten rows over two seeds: TestCompare), about six minutes on
+# pretrained, ten rows over two seeds: TestCompare), about five minutes on
 # two cores; taken out of make test to keep it within its 30 minutes
 # (train/compare's smaller tests stay in it).
 .PHONY: test-compare
