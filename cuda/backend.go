@@ -41,6 +41,8 @@ const arenaSlack = 1 << 20
 
 // Backend is the CUDA backend. It implements backend.Backend.
 type Backend struct {
+	backend.OpsFunc // the ops: each checked and launched by op (ops.go)
+
 	cfg  Config
 	info DeviceInfo
 	w    *worker
@@ -102,6 +104,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{cfg: cfg, info: info, w: w, live: map[int]*buffer{}, hosts: map[int]*hostBuffer{},
 		streams: map[*stream]struct{}{}, events: map[*event]struct{}{}}
+	b.OpsFunc = b.op
 	if cfg.CheckGoroutine {
 		b.owner = hazard.GoroutineID()
 	}

@@ -4,8 +4,8 @@
 // on the CPU backend (the reference, in its KernelDTypes mode) from the
 // same inputs, on a couple of shapes (ragged: not multiples of any tile)
 // and the dtype mixes the kernels take, comparing every output. It is the
-// CUDA backend's face of the conformance suite (docs/DESIGN.md, "One op,
-// three faces"; ggml's test-backend-ops): one case list that
+// CUDA backend's face of the conformance suite (docs/DESIGN.md, "The op
+// table"; ggml's test-backend-ops): one case list that
 // TestConformanceCoversEveryOp holds to the Ops interface, so an op
 // without a case fails.
 //

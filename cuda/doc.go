@@ -68,3 +68,5 @@
 // from the arena have no guard zones between them (the simulator's guard
 // pages surround the arena, not each buffer).
 package cuda
+
+//go:generate go run ./internal/opsgen/cmd

@@ -10,7 +10,7 @@ import (
 
 // TestOpsHaveLaunchers: every compute op of the Backend contract has its
 // launcher in kernels.h, hence a function in the generated face
-// (docs/DESIGN.md, "One op, three faces"). The op's launcher is the one
+// (docs/DESIGN.md, "The op table"). The op's launcher is the one
 // backend's dtype table names (backend.KernelDTypes); the table's dtype flags
 // must be the launcher's DType parameters, all of them.
 func TestOpsHaveLaunchers(t *testing.T) {
@@ -31,7 +31,7 @@ func TestOpsHaveLaunchers(t *testing.T) {
 		}
 		l, ok := kernels.Lookup(o.Launcher)
 		if !ok || !l.IsLaunch() {
-			t.Errorf("backend.Ops.%s has no launcher %s in kernels.h (regenerated face: kernels.Launchers); every op needs one (docs/DESIGN.md, One op, three faces)", m, o.Launcher)
+			t.Errorf("backend.Ops.%s has no launcher %s in kernels.h (regenerated face: kernels.Launchers); every op needs one (docs/DESIGN.md, The op table)", m, o.Launcher)
 			continue
 		}
 		flags := map[string]bool{}

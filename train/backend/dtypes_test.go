@@ -19,10 +19,11 @@ import (
 )
 
 // opsParams reads the parameter names and types of every Ops method from
-// backend.go: reflect knows the types but not the names.
+// ops_gen.go (generated from the table): reflect knows the types but not
+// the names.
 func opsParams(t *testing.T) map[string][][2]string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "backend.go", nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), "ops_gen.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestDTypeTableCoversOps(t *testing.T) {
 	ops := reflect.TypeFor[Ops]()
 	params := opsParams(t)
 	if len(params) != ops.NumMethod() {
-		t.Fatalf("parsed %d Ops methods from backend.go, reflect sees %d", len(params), ops.NumMethod())
+		t.Fatalf("parsed %d Ops methods from ops_gen.go, reflect sees %d", len(params), ops.NumMethod())
 	}
 	tensor := reflect.TypeFor[Tensor]()
 	seen := map[string]bool{}
@@ -86,7 +87,7 @@ func TestDTypeTableCoversOps(t *testing.T) {
 			}
 		}
 		if n != len(want) {
-			t.Errorf("%s: reflect counts %d tensor parameters, backend.go names %v", o.Op, n, want)
+			t.Errorf("%s: reflect counts %d tensor parameters, ops_gen.go names %v", o.Op, n, want)
 		}
 		if !slices.Equal(o.Args, want) {
 			t.Errorf("%s: table args %v, method's tensor parameters %v", o.Op, o.Args, want)

@@ -112,46 +112,38 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		return nil, a.err
 	}
 
-	cases := []opCase{
-		{"Fill", ni, 0, hazard.Fill(hout), func() error { return be.Fill(s, hout, 1) }},
-		{"Scale", ni, 0, hazard.Scale(hout), func() error { return be.Scale(s, hout, 1) }},
-		{"Add", ni, 0, hazard.Add(hout, h, h2), func() error { return be.Add(s, hout, h, h2) }},
-		{"Accumulate", ni, 0, hazard.Accumulate(hout, h), func() error { return be.Accumulate(s, hout, h) }},
-		{"CopyD2D", ni, 0, hazard.CopyD2D(hout, h), func() error { return be.CopyD2D(s, hout, h) }},
-		{"AddBias", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.AddBias(y, bias), func() error { return be.AddBias(s, y, bias, N, C) }},
-		{"BiasBackward", fmt.Sprintf("N=%d OC=%d", N, C), 0, hazard.BiasBackward(dbias, dy), func() error { return be.BiasBackward(s, dbias, dy, N, C) }},
-		{"EncoderForward", nc, 0, hazard.EncoderForward(y, inp, backend.Tensor{}, wte, wpe), func() error { return be.EncoderForward(s, y, inp, backend.Tensor{}, wte, wpe, B, T, C) }},
-		{"EncoderBackward", nc, 0, hazard.EncoderBackward(wte, wpe, dy, inp, backend.Tensor{}), func() error { return be.EncoderBackward(s, wte, wpe, dy, inp, backend.Tensor{}, B, T, C) }},
-		{"LayerNormForward", nc, 0, hazard.LayerNormForward(y, mean, rstd, x, w, bias), func() error { return be.LayerNormForward(s, y, mean, rstd, x, w, bias, N, C, 1e-5) }},
-		{"LayerNormBackward", nc, 0, hazard.LayerNormBackward(dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C), func() error {
-			return be.LayerNormBackward(s, dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C)
-		}},
-		{"RMSNormForward", nc, 0, hazard.RMSNormForward(y, rstd, x, w), func() error { return be.RMSNormForward(s, y, rstd, x, w, N, C, 1e-5) }},
-		{"RMSNormBackward", nc, 0, hazard.RMSNormBackward(dx, dw, dy, x, w, rstd, lnScratch, N, C), func() error {
-			return be.RMSNormBackward(s, dx, dw, dy, x, w, rstd, lnScratch, N, C)
-		}},
-		{"GeluForward", ni, 0, hazard.GeluForward(hout, h), func() error { return be.GeluForward(s, hout, h) }},
-		{"GeluBackward", ni, 0, hazard.GeluBackward(hout, h, dh), func() error { return be.GeluBackward(s, hout, h, dh) }},
-		{"SwiGLUForward", ni, 0, hazard.SwiGLUForward(hout, h, h2), func() error { return be.SwiGLUForward(s, hout, h, h2) }},
-		{"SwiGLUBackward", ni, 0, hazard.SwiGLUBackward(hout, dup, dh, h, h2), func() error { return be.SwiGLUBackward(s, hout, dup, dh, h, h2) }},
-		{"RoPEForward", bt, 0, hazard.RoPE("rope", y, x, backend.Tensor{}, invFreq), func() error { return be.RoPEForward(s, y, x, backend.Tensor{}, invFreq, B, T, NH, HS) }},
-		{"RoPEBackward", bt, 0, hazard.RoPE("rope", dx, dy, backend.Tensor{}, invFreq), func() error { return be.RoPEBackward(s, dx, dy, backend.Tensor{}, invFreq, B, T, NH, HS) }},
-		{"CrossEntropyForwardBackward", fmt.Sprintf("N=%d V=%d", N, V), 0, hazard.CrossEntropyForwardBackward(losses, logits, inp, 1), func() error {
-			return be.CrossEntropyForwardBackward(s, losses, logits, inp, N, V, 1)
-		}},
-		{"NonFiniteFlag", fmt.Sprintf("n=%d", N), 0, hazard.NonFiniteFlag(flag, losses), func() error { return be.NonFiniteFlag(s, flag, losses) }},
-	}
+	l := &caseList{be: be, s: s}
+	l.add(ni, 0, backend.Calls.Fill(hout, 1))
+	l.add(ni, 0, backend.Calls.Scale(hout, 1))
+	l.add(ni, 0, backend.Calls.Add(hout, h, h2))
+	l.add(ni, 0, backend.Calls.Accumulate(hout, h))
+	// CopyD2D is a copy, not an op of the table: its access is hazard's.
+	l.out = append(l.out, opCase{"CopyD2D", ni, 0, hazard.CopyD2D(hout, h), func() error { return be.CopyD2D(s, hout, h) }})
+	nOC := fmt.Sprintf("N=%d OC=%d", N, C)
+	l.add(nOC, 0, backend.Calls.AddBias(y, bias, N, C))
+	l.add(nOC, 0, backend.Calls.BiasBackward(dbias, dy, N, C))
+	l.add(nc, 0, backend.Calls.EncoderForward(y, inp, backend.Tensor{}, wte, wpe, B, T, C))
+	l.add(nc, 0, backend.Calls.EncoderBackward(wte, wpe, dy, inp, backend.Tensor{}, B, T, C))
+	l.add(nc, 0, backend.Calls.LayerNormForward(y, mean, rstd, x, w, bias, N, C, 1e-5))
+	l.add(nc, 0, backend.Calls.LayerNormBackward(dx, dw, dbias, dy, x, w, mean, rstd, lnScratch, N, C))
+	l.add(nc, 0, backend.Calls.RMSNormForward(y, rstd, x, w, N, C, 1e-5))
+	l.add(nc, 0, backend.Calls.RMSNormBackward(dx, dw, dy, x, w, rstd, lnScratch, N, C))
+	l.add(ni, 0, backend.Calls.GeluForward(hout, h))
+	l.add(ni, 0, backend.Calls.GeluBackward(hout, h, dh))
+	l.add(ni, 0, backend.Calls.SwiGLUForward(hout, h, h2))
+	l.add(ni, 0, backend.Calls.SwiGLUBackward(hout, dup, dh, h, h2))
+	l.add(bt, 0, backend.Calls.RoPEForward(y, x, backend.Tensor{}, invFreq, B, T, NH, HS))
+	l.add(bt, 0, backend.Calls.RoPEBackward(dx, dy, backend.Tensor{}, invFreq, B, T, NH, HS))
+	l.add(fmt.Sprintf("N=%d V=%d", N, V), 0, backend.Calls.CrossEntropyForwardBackward(losses, logits, inp, N, V, 1))
+	l.add(fmt.Sprintf("n=%d", N), 0, backend.Calls.NonFiniteFlag(flag, losses))
 	adamP := backend.AdamParams{LR: 1e-4, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: 1, MaxNorm: 1}
 	for _, v := range [][4]backend.Tensor{{pw, pg, pm, pv}, {sw, sg, sm, sv}} {
 		w, g, m, u := v[0], v[1], v[2], v[3]
 		n := fmt.Sprintf("n=%d", w.Len())
-		cases = append(cases,
-			opCase{"SumSquares", n, 0, hazard.SumSquares(sumSq, g, work), func() error { return be.SumSquares(s, sumSq, g, work) }},
-			opCase{"AdamW", n, 0, hazard.AdamW(w, backend.Tensor{}, g, m, u, sumSq, backend.Tensor{}, 1), func() error {
-				return be.AdamW(s, w, backend.Tensor{}, g, m, u, sumSq, backend.Tensor{}, adamP)
-			}})
+		l.add(n, 0, backend.Calls.SumSquares(sumSq, g, work))
+		l.add(n, 0, backend.Calls.AdamW(w, backend.Tensor{}, g, m, u, sumSq, backend.Tensor{}, adamP))
 	}
-	cases = append(cases, opCase{"Accumulate", fmt.Sprintf("n=%d", C), 0, hazard.Accumulate(sa, sw), func() error { return be.Accumulate(s, sa, sw) }})
+	l.add(fmt.Sprintf("n=%d", C), 0, backend.Calls.Accumulate(sa, sw))
 	// Attention at T, T/2 and T/4 (for the rate as a function of T), the
 	// same B*T tokens each time.
 	for _, div := range []int{4, 2, 1} {
@@ -161,14 +153,13 @@ func (m *meter) opCases(g OpSize) ([]opCase, error) {
 		tb, bb := T/div, B*div
 		dims := fmt.Sprintf("B=%d T=%d NH=%d KVH=%d HS=%d %v", bb, tb, NH, KVH, HS, g.Layout)
 		fl := 2 * float64(bb*NH*HS) * float64(tb) * float64(tb+1)
-		cases = append(cases,
-			opCase{"AttentionForward", dims, fl, hazard.AttentionForward(y, lse, qkv, backend.Tensor{}), func() error {
-				return be.AttentionForward(s, y, lse, qkv, backend.Tensor{}, bb, tb, NH, KVH, HS, g.Layout)
-			}},
-			opCase{"AttentionBackward", dims, 2.5 * fl, hazard.AttentionBackward(dqkv, dy, qkv, y, lse, backend.Tensor{}, attScratch, bb, tb, NH), func() error {
-				return be.AttentionBackward(s, dqkv, dy, qkv, y, lse, backend.Tensor{}, attScratch, bb, tb, NH, KVH, HS, g.Layout)
-			}})
+		l.add(dims, fl, backend.Calls.AttentionForward(y, lse, qkv, backend.Tensor{}, bb, tb, NH, KVH, HS, g.Layout))
+		l.add(dims, 2.5*fl, backend.Calls.AttentionBackward(dqkv, dy, qkv, y, lse, backend.Tensor{}, attScratch, bb, tb, NH, KVH, HS, g.Layout))
 	}
+	if l.err != nil {
+		return nil, l.err
+	}
+	cases := l.out
 	sp, err := m.sparseCases(g)
 	if err != nil {
 		return nil, err
@@ -199,14 +190,10 @@ func (m *meter) denseCases(g OpSize) ([]opCase, error) {
 		return nil, a.err
 	}
 	dims := fmt.Sprintf("BT=%d m=%d n=%d d=%d", BT, mm, n, d)
-	return []opCase{
-		{"DenseGemm", dims, 2 * float64(d*BT) * float64(mm), hazard.DenseGemm(P, X, 0, A), func() error {
-			return be.DenseGemm(s, true, true, d, BT, mm, 1, P, X, 0, A)
-		}},
-		{"DenseApply", dims, 2*float64(mm*n)*float64(d) + 2*float64(mm*n), hazard.DenseApply(P, T, W, backend.Tensor{}), func() error {
-			return be.DenseApply(s, false, false, mm, n, d, -1e-3, P, T, 1, W, backend.Tensor{}, 1, 1, 0)
-		}},
-	}, nil
+	l := &caseList{be: be, s: s}
+	l.add(dims, 2*float64(d*BT)*float64(mm), backend.Calls.DenseGemm(true, true, d, BT, mm, 1, P, X, 0, A))
+	l.add(dims, 2*float64(mm*n)*float64(d)+2*float64(mm*n), backend.Calls.DenseApply(false, false, mm, n, d, -1e-3, P, T, 1, W, backend.Tensor{}, 1, 1, 0))
+	return l.out, l.err
 }
 
 // sparseCases are LSP's ops for the MLP's first matrix (C x I): compress
@@ -236,20 +223,33 @@ func (m *meter) sparseCases(g OpSize) ([]opCase, error) {
 		return nil, err
 	}
 	dims := fmt.Sprintf("BT=%d m=%d n=%d d=%d r=%d", BT, mm, n, d, r)
-	return []opCase{
-		{"SparseCompressA", dims, 2 * float64(BT*mm*r), hazard.SparseCompressA(A, X, P.colptr, P.rowidx, P.colval), func() error {
-			return be.SparseCompressA(s, A, X, P.colptr, P.rowidx, P.colval, BT, mm, d)
-		}},
-		{"SparseCompressB", dims, 2 * float64(BT*n*r), hazard.SparseCompressB(Bm, dY, Q.colptr, Q.rowidx, Q.colval), func() error {
-			return be.SparseCompressB(s, Bm, dY, Q.colptr, Q.rowidx, Q.colval, BT, n, d)
-		}},
-		{"SparseS", dims, 2 * float64(d*d) * float64(BT), hazard.SparseS(S, A, Bm, false), func() error {
-			return be.SparseS(s, S, A, Bm, BT, d, false)
-		}},
-		{"SparseApply", dims, 2*float64(d*n*r) + 2*float64(mm*n*r) + 2*float64(mm*n), hazard.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}), func() error {
-			return be.SparseApply(s, W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0)
-		}},
-	}, nil
+	l := &caseList{be: be, s: s}
+	l.add(dims, 2*float64(BT*mm*r), backend.Calls.SparseCompressA(A, X, P.colptr, P.rowidx, P.colval, BT, mm, d))
+	l.add(dims, 2*float64(BT*n*r), backend.Calls.SparseCompressB(Bm, dY, Q.colptr, Q.rowidx, Q.colval, BT, n, d))
+	l.add(dims, 2*float64(d*d)*float64(BT), backend.Calls.SparseS(S, A, Bm, BT, d, false))
+	l.add(dims, 2*float64(d*n*r)+2*float64(mm*n*r)+2*float64(mm*n), backend.Calls.SparseApply(W, Tw, S, P.idx, P.val, Q.idx, Q.val, backend.Tensor{}, mm, n, d, r, 0, 0, 1, 1, 0))
+	return l.out, l.err
+}
+
+// caseList builds the cases of ops from their calls: each case's
+// method, its bytes (hazard.Of, the op table's declaration) and its launch
+// on the meter's backend come from the one backend.Call, so that no op is
+// named twice.
+type caseList struct {
+	be  backend.Backend
+	s   backend.Stream
+	out []opCase
+	err error
+}
+
+func (l *caseList) add(dims string, flops float64, c *backend.Call) {
+	acc, err := hazard.Of(c)
+	if err != nil {
+		l.err = errors.Join(l.err, err)
+		return
+	}
+	be, s := l.be, l.s
+	l.out = append(l.out, opCase{c.Op, dims, flops, acc, func() error { return c.Run(be, s) }})
 }
 
 // tensors allocates on a meter and keeps the first error, so that a list

@@ -13,13 +13,16 @@
 // computed by exactly one iteration.
 //
 // Files: backend.go (set-up, memory, host buffers), stream.go (streams and
-// events), hazard.go (the test mode's checks), ops.go, ops_sparse.go and
-// ops_fit.go (the compute ops: argument checks, declared accesses, dtype
-// conversions, the enqueue), parallel.go (their parallel loops), and one
-// ref_<family>.go per kernels/<family>.cu holding the CPU reference of
-// each of that file's launchers, under the launcher's name, which the ops
-// run and the kernel tests compare with (some run package host's C, for
-// speed, and say why). Tests of a reference are in ref_<family>_test.go.
+// events; op, which checks every op's call against the op table and
+// enqueues it with the table's declared accesses), hazard.go (the test
+// mode's checks), ops.go, ops_sparse.go and ops_fit.go (the compute ops:
+// dtype conversions around the references), parallel.go (their parallel
+// loops), and one ref_<family>.go per kernels/<family>.cu holding the CPU
+// reference of each of that file's launchers, under the launcher's name,
+// which the ops run and the kernel tests compare with (some run package
+// host's C, for speed, and say why; ref_dense.go holds its ops' Backend
+// methods too, as an op added since the op table does). Tests of a
+// reference are in ref_<family>_test.go.
 package cpu
 
 import (

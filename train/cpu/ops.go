@@ -1,8 +1,9 @@
-// The compute ops of the CPU backend: argument checks, declared accesses,
-// and the dtype conversions at load and store, around the references of
-// ref_<family>.go (one file per kernels/<family>.cu). bf16 tensors are
-// widened to fp32 at load and rounded to nearest even at store, as the
-// CUDA kernels do.
+// The compute ops of the CPU backend: each method hands its call to op
+// (stream.go: the op table's checks, the same as the CUDA backend's, and
+// its declared accesses) with the dtype conversions at load and store
+// around the references of ref_<family>.go (one file per
+// kernels/<family>.cu). bf16 tensors are widened to fp32 at load and
+// rounded to nearest even at store, as the CUDA kernels do.
 
 package cpu
 
@@ -147,18 +148,6 @@ func (b *Backend) needAll(op string, args ...arg) error {
 	return nil
 }
 
-func f(name string, t backend.Tensor, n int) arg { return arg{name, t, n, false} }
-
-// positions checks an op's pos argument (backend.Positions): absent, or
-// I32 with B*T elements. Its values are checked when the op runs
-// (posView), since an earlier op on the stream may still write them.
-func (b *Backend) positions(op string, pos backend.Tensor, B, T int) error {
-	if pos.Buf == nil {
-		return nil
-	}
-	return b.need(op, "pos", pos, B*T, true)
-}
-
 // posView is pos's values, checked to be a packing of B rows of T
 // tokens, or nil for an absent pos (unpacked rows).
 func posView(op string, pos backend.Tensor, B, T int) ([]int32, error) {
@@ -184,23 +173,13 @@ func (b *Backend) kernelDTypes(op string, ts ...backend.Tensor) error {
 	return nil
 }
 
-// scratch checks a scratch argument of dtype dt that the op needs n
-// elements of (backend's scratch sizes; none when n is 0, and then t may
-// be absent), and returns the range the op overwrites.
-func (b *Backend) scratch(op, arg, size string, t backend.Tensor, dt backend.DType, n int) (backend.Tensor, error) {
-	if n == 0 {
-		return backend.Tensor{}, nil
+// scratchUsed is the part of a scratch tensor an op overwrites: its first
+// n elements (none when n is 0).
+func scratchUsed(t backend.Tensor, n int) backend.Tensor {
+	if n == 0 || t.Buf == nil {
+		return backend.Tensor{}
 	}
-	if err := b.checkTensor(op+" "+arg, t); err != nil {
-		return backend.Tensor{}, err
-	}
-	if t.DType != dt {
-		return backend.Tensor{}, fmt.Errorf("cpu: %s: %s has dtype %v, want %v", op, arg, t.DType, dt)
-	}
-	if t.Len() < n {
-		return backend.Tensor{}, fmt.Errorf("cpu: %s: %s has %d elements, the op needs %d (backend.%s)", op, arg, t.Len(), n, size)
-	}
-	return t.Slice(0, n), nil
+	return t.Slice(0, n)
 }
 
 // spoil overwrites the scratch an op used with NaN, as the kernel leaves it
@@ -226,13 +205,7 @@ func spoil(t backend.Tensor) {
 
 // Fill implements backend.Ops.
 func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
-	if err := b.need("fill", "t", t, t.Len(), false); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Fill", t); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Fill(t), func() error {
+	return b.op(s, backend.Calls.Fill(t, v), func() error {
 		x := load(t)
 		Fill(x, v)
 		store(t, x)
@@ -242,13 +215,7 @@ func (b *Backend) Fill(s backend.Stream, t backend.Tensor, v float32) error {
 
 // Scale implements backend.Ops.
 func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
-	if err := b.need("scale", "t", t, t.Len(), false); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Scale", t); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Scale(t), func() error {
+	return b.op(s, backend.Calls.Scale(t, a), func() error {
 		x := load(t)
 		Scale(x, a)
 		store(t, x)
@@ -259,13 +226,7 @@ func (b *Backend) Scale(s backend.Stream, t backend.Tensor, a float32) error {
 // Add implements backend.Ops.
 func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 	n := out.Len()
-	if err := b.needAll("add", f("out", out, n), f("a", x, n), f("b", y, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Add", out, x, y); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Add(out, x, y), func() error {
+	return b.op(s, backend.Calls.Add(out, x, y), func() error {
 		o, p, q := load(out), load(x), load(y)
 		b.parallel(n, 1<<14, func(lo, hi int) { Add(o[lo:hi], p[lo:hi], q[lo:hi]) })
 		store(out, o)
@@ -276,13 +237,7 @@ func (b *Backend) Add(s backend.Stream, out, x, y backend.Tensor) error {
 // Accumulate implements backend.Ops.
 func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 	n := dst.Len()
-	if err := b.needAll("accumulate", f("dst", dst, n), f("src", src, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Accumulate", dst, src); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Accumulate(dst, src), func() error {
+	return b.op(s, backend.Calls.Accumulate(dst, src), func() error {
 		d, x := load(dst), load(src)
 		b.parallel(n, 1<<14, func(lo, hi int) { Accumulate(d[lo:hi], x[lo:hi]) })
 		store(dst, d)
@@ -292,32 +247,8 @@ func (b *Backend) Accumulate(s backend.Stream, dst, src backend.Tensor) error {
 
 // EncoderForward implements backend.Ops.
 func (b *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backend.Tensor, B, T, C int) error {
-	if err := checkDims("encoder forward", "B T", B, T); err != nil {
-		return err
-	}
-	if C <= 0 {
-		return fmt.Errorf("cpu: encoder forward: C=%d, want > 0", C)
-	}
-	noPos := wpe.Buf == nil // LLaMA: no position table
-	if len(wte.Shape) == 0 || wte.Len()%max(C, 1) != 0 || !noPos && wpe.Len() < T*C {
-		return fmt.Errorf("cpu: encoder forward: wte %v / wpe %v do not fit C=%d T=%d", wte.Shape, wpe.Shape, C, T)
-	}
-	V := wte.Len() / C
-	if err := b.needAll("encoder forward", f("out", out, B*T*C), arg{"inp", inp, B * T, true}, f("wte", wte, V*C)); err != nil {
-		return err
-	}
-	if !noPos {
-		if err := b.needAll("encoder forward", f("wpe", wpe, wpe.Len())); err != nil {
-			return err
-		}
-	}
-	if err := b.positions("encoder forward", pos, B, T); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("EncoderForward", out, inp, pos, wte, wpe); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.EncoderForward(out, inp, pos, wte, wpe), func() error {
+	return b.op(s, backend.Calls.EncoderForward(out, inp, pos, wte, wpe, B, T, C), func() error {
+		V, noPos := wte.Len()/C, wpe.Buf == nil // C > 0: checked at enqueue
 		o, p := load(out), []float32(nil)
 		if !noPos {
 			p = load(wpe)
@@ -332,32 +263,8 @@ func (b *Backend) EncoderForward(s backend.Stream, out, inp, pos, wte, wpe backe
 
 // EncoderBackward implements backend.Ops.
 func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos backend.Tensor, B, T, C int) error {
-	if err := checkDims("encoder backward", "B T", B, T); err != nil {
-		return err
-	}
-	if C <= 0 {
-		return fmt.Errorf("cpu: encoder backward: C=%d, want > 0", C)
-	}
-	V := dwte.Len() / max(C, 1)
-	noPos := dwpe.Buf == nil // LLaMA: no position table
-	if err := b.needAll("encoder backward", f("dwte", dwte, V*C), f("dout", dout, B*T*C), arg{"inp", inp, B * T, true}); err != nil {
-		return err
-	}
-	if !noPos {
-		if err := b.needAll("encoder backward", f("dwpe", dwpe, dwpe.Len())); err != nil {
-			return err
-		}
-	}
-	if err := b.positions("encoder backward", pos, B, T); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("EncoderBackward", dwte, dwpe, dout, inp, pos); err != nil {
-		return err
-	}
-	if !noPos && dwpe.Len() < T*C {
-		return fmt.Errorf("cpu: encoder backward: dwpe has %d elements, want at least %d", dwpe.Len(), T*C)
-	}
-	return b.enqueue(s, hazard.EncoderBackward(dwte, dwpe, dout, inp, pos), func() error {
+	return b.op(s, backend.Calls.EncoderBackward(dwte, dwpe, dout, inp, pos, B, T, C), func() error {
+		V, noPos := dwte.Len()/C, dwpe.Buf == nil // C > 0: checked at enqueue
 		gw, gp := load(dwte), []float32(nil)
 		if !noPos {
 			gp = load(dwpe)
@@ -382,17 +289,7 @@ func (b *Backend) EncoderBackward(s backend.Stream, dwte, dwpe, dout, inp, pos b
 
 // LayerNormForward implements backend.Ops.
 func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weight, bias backend.Tensor, N, C int, eps float32) error {
-	if err := checkDims("layernorm forward", "N C", N, C); err != nil {
-		return err
-	}
-	if err := b.needAll("layernorm forward", f("out", out, N*C), f("mean", mean, N), f("rstd", rstd, N),
-		f("inp", inp, N*C), f("weight", weight, C), f("bias", bias, C)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("LayerNormForward", out, mean, rstd, inp, weight, bias); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.LayerNormForward(out, mean, rstd, inp, weight, bias), func() error {
+	return b.op(s, backend.Calls.LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps), func() error {
 		o, m, r := load(out), load(mean), load(rstd)
 		x, w, bb := load(inp), load(weight), load(bias)
 		b.parallel(N, 16, func(lo, hi int) {
@@ -407,22 +304,8 @@ func (b *Backend) LayerNormForward(s backend.Stream, out, mean, rstd, inp, weigh
 
 // LayerNormBackward implements backend.Ops.
 func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch backend.Tensor, N, C int) error {
-	if err := checkDims("layernorm backward", "N C", N, C); err != nil {
-		return err
-	}
-	if err := b.needAll("layernorm backward", f("dinp", dinp, N*C), f("dweight", dweight, C), f("dbias", dbias, C),
-		f("dout", dout, N*C), f("inp", inp, N*C), f("weight", weight, C), f("mean", mean, N), f("rstd", rstd, N)); err != nil {
-		return err
-	}
-	used, err := b.scratch("layernorm backward", "scratch", "LayerNormBackwardScratch", scratch, backend.F32, backend.LayerNormBackwardScratch(N, C))
-	if err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("LayerNormBackward", dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C), func() error {
-		spoil(used)
+	return b.op(s, backend.Calls.LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C), func() error {
+		spoil(scratchUsed(scratch, backend.LayerNormBackwardScratch(N, C)))
 		dx, dw, db := load(dinp), load(dweight), load(dbias)
 		dy, x, w, m, r := load(dout), load(inp), load(weight), load(mean), load(rstd)
 		b.parallel(N, 16, func(lo, hi int) {
@@ -438,16 +321,7 @@ func (b *Backend) LayerNormBackward(s backend.Stream, dinp, dweight, dbias, dout
 
 // Gemm implements backend.Ops; the threads are host.Sgemm's own.
 func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
-	if err := checkDims("gemm", "M N K", M, N, K); err != nil {
-		return err
-	}
-	if err := b.needAll("gemm", f("A", A, M*K), f("B", B, K*N), f("C", C, M*N)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Gemm", A, B, C); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Gemm(A, B, beta, C), func() error {
+	return b.op(s, backend.Calls.Gemm(transA, transB, M, N, K, alpha, A, B, beta, C), func() error {
 		a, bb, c := load(A), load(B), load(C)
 		if err := Gemm(transA, transB, M, N, K, alpha, a, bb, beta, c); err != nil {
 			return err
@@ -459,16 +333,7 @@ func (b *Backend) Gemm(s backend.Stream, transA, transB bool, M, N, K int, alpha
 
 // AddBias implements backend.Ops.
 func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int) error {
-	if err := checkDims("add bias", "N OC", N, OC); err != nil {
-		return err
-	}
-	if err := b.needAll("add bias", f("out", out, N*OC), f("bias", bias, OC)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("AddBias", out, bias); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.AddBias(out, bias), func() error {
+	return b.op(s, backend.Calls.AddBias(out, bias, N, OC), func() error {
 		o, bb := load(out), load(bias)
 		b.parallel(N, 16, func(lo, hi int) { AddBias(o[lo*OC:hi*OC], bb, hi-lo, OC) })
 		store(out, o)
@@ -478,16 +343,7 @@ func (b *Backend) AddBias(s backend.Stream, out, bias backend.Tensor, N, OC int)
 
 // BiasBackward implements backend.Ops.
 func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, OC int) error {
-	if err := checkDims("bias backward", "N OC", N, OC); err != nil {
-		return err
-	}
-	if err := b.needAll("bias backward", f("dbias", dbias, OC), f("dout", dout, N*OC)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("BiasBackward", dbias, dout); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.BiasBackward(dbias, dout), func() error {
+	return b.op(s, backend.Calls.BiasBackward(dbias, dout, N, OC), func() error {
 		db, dy := load(dbias), load(dout)
 		b.parallel(OC, 64, func(lo, hi int) { biasBackwardColumns(db, dy, N, OC, lo, hi) })
 		store(dbias, db)
@@ -497,25 +353,15 @@ func (b *Backend) BiasBackward(s backend.Stream, dbias, dout backend.Tensor, N, 
 
 // AttentionForward implements backend.Ops.
 func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
-	a, n, err := checkHeads("attention forward", B, T, NH, KVH, HS, layout)
-	if err != nil {
-		return err
-	}
-	if err := b.needAll("attention forward", f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T), f("qkv", qkv, n)); err != nil {
-		return err
-	}
-	if err := b.positions("attention forward", pos, B, T); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("AttentionForward", out, lse, qkv, pos); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.AttentionForward(out, lse, qkv, pos), func() error {
+	return b.op(s, backend.Calls.AttentionForward(out, lse, qkv, pos, B, T, NH, KVH, HS, layout), func() error {
 		ps, perr := posView("attention forward", pos, B, T)
 		if perr != nil {
 			return perr
 		}
-		a := a // this op's shape with its positions
+		a, _, aerr := checkHeads("attention forward", B, T, NH, KVH, HS, layout) // its shape (checked at enqueue)
+		if aerr != nil {
+			return aerr
+		}
 		a.pos = ps
 		o, l, q := load(out), load(lse), load(qkv)
 		err := b.parallelErr("attention forward", B*NH, 1, func(lo, hi int) error { return host.AttentionForward(o, l, q, a.host(), lo, hi) })
@@ -527,31 +373,16 @@ func (b *Backend) AttentionForward(s backend.Stream, out, lse, qkv, pos backend.
 
 // AttentionBackward implements backend.Ops.
 func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse, pos, scratch backend.Tensor, B, T, NH, KVH, HS int, layout backend.QKVLayout) error {
-	a, n, err := checkHeads("attention backward", B, T, NH, KVH, HS, layout)
-	if err != nil {
-		return err
-	}
-	if err := b.needAll("attention backward", f("dqkv", dqkv, n), f("dout", dout, B*T*NH*HS), f("qkv", qkv, n),
-		f("out", out, B*T*NH*HS), f("lse", lse, B*NH*T)); err != nil {
-		return err
-	}
-	used, err := b.scratch("attention backward", "scratch", "AttentionBackwardScratch", scratch, backend.F32, backend.AttentionBackwardScratch(B, T, NH))
-	if err != nil {
-		return err
-	}
-	if err := b.positions("attention backward", pos, B, T); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("AttentionBackward", dqkv, dout, qkv, out, lse, pos, scratch); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH), func() error {
-		spoil(used)
+	return b.op(s, backend.Calls.AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch, B, T, NH, KVH, HS, layout), func() error {
+		spoil(scratchUsed(scratch, backend.AttentionBackwardScratch(B, T, NH)))
 		ps, perr := posView("attention backward", pos, B, T)
 		if perr != nil {
 			return perr
 		}
-		a := a // this op's shape with its positions
+		a, _, aerr := checkHeads("attention backward", B, T, NH, KVH, HS, layout) // its shape (checked at enqueue)
+		if aerr != nil {
+			return aerr
+		}
 		a.pos = ps
 		dq, dy, q, o, l := load(dqkv), load(dout), load(qkv), load(out), load(lse)
 		err := b.parallelErr("attention backward", B*KVH, 1, func(lo, hi int) error { return host.AttentionBackward(dq, dy, q, o, l, a.host(), lo, hi) })
@@ -563,13 +394,7 @@ func (b *Backend) AttentionBackward(s backend.Stream, dqkv, dout, qkv, out, lse,
 // GeluForward implements backend.Ops.
 func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 	n := inp.Len()
-	if err := b.needAll("gelu forward", f("out", out, n), f("inp", inp, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("GeluForward", out, inp); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.GeluForward(out, inp), func() error {
+	return b.op(s, backend.Calls.GeluForward(out, inp), func() error {
 		o, x := load(out), load(inp)
 		err := b.parallelErr("gelu forward", n, 1<<12, func(lo, hi int) error { return GeluForward(o[lo:hi], x[lo:hi]) })
 		if err != nil {
@@ -583,13 +408,7 @@ func (b *Backend) GeluForward(s backend.Stream, out, inp backend.Tensor) error {
 // GeluBackward implements backend.Ops.
 func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor) error {
 	n := inp.Len()
-	if err := b.needAll("gelu backward", f("dinp", dinp, n), f("inp", inp, n), f("dout", dout, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("GeluBackward", dinp, inp, dout); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.GeluBackward(dinp, inp, dout), func() error {
+	return b.op(s, backend.Calls.GeluBackward(dinp, inp, dout), func() error {
 		dx, x, dy := load(dinp), load(inp), load(dout)
 		err := b.parallelErr("gelu backward", n, 1<<12, func(lo, hi int) error {
 			return GeluBackward(dx[lo:hi], x[lo:hi], dy[lo:hi])
@@ -605,13 +424,7 @@ func (b *Backend) GeluBackward(s backend.Stream, dinp, inp, dout backend.Tensor)
 // SwiGLUForward implements backend.Ops.
 func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) error {
 	n := gate.Len()
-	if err := b.needAll("swiglu forward", f("out", out, n), f("gate", gate, n), f("up", up, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("SwiGLUForward", out, gate, up); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.SwiGLUForward(out, gate, up), func() error {
+	return b.op(s, backend.Calls.SwiGLUForward(out, gate, up), func() error {
 		o, g, u := load(out), load(gate), load(up)
 		b.parallel(n, 4096, func(lo, hi int) { SwiGLUForward(o[lo:hi], g[lo:hi], u[lo:hi]) })
 		store(out, o)
@@ -622,13 +435,7 @@ func (b *Backend) SwiGLUForward(s backend.Stream, out, gate, up backend.Tensor) 
 // SwiGLUBackward implements backend.Ops.
 func (b *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up backend.Tensor) error {
 	n := gate.Len()
-	if err := b.needAll("swiglu backward", f("dgate", dgate, n), f("dup", dup, n), f("dout", dout, n), f("gate", gate, n), f("up", up, n)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("SwiGLUBackward", dgate, dup, dout, gate, up); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.SwiGLUBackward(dgate, dup, dout, gate, up), func() error {
+	return b.op(s, backend.Calls.SwiGLUBackward(dgate, dup, dout, gate, up), func() error {
 		// dgate or dup may alias dout: dout is loaded before either is
 		// stored, and a bf16 alias is a separate widened copy.
 		dg, du, dy, g, u := load(dgate), load(dup), load(dout), load(gate), load(up)
@@ -641,16 +448,7 @@ func (b *Backend) SwiGLUBackward(s backend.Stream, dgate, dup, dout, gate, up ba
 
 // RMSNormForward implements backend.Ops.
 func (b *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backend.Tensor, N, C int, eps float32) error {
-	if err := checkDims("rmsnorm forward", "N C", N, C); err != nil {
-		return err
-	}
-	if err := b.needAll("rmsnorm forward", f("out", out, N*C), f("rstd", rstd, N), f("inp", inp, N*C), f("weight", weight, C)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("RMSNormForward", out, rstd, inp, weight); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.RMSNormForward(out, rstd, inp, weight), func() error {
+	return b.op(s, backend.Calls.RMSNormForward(out, rstd, inp, weight, N, C, eps), func() error {
 		o, r, x, w := load(out), load(rstd), load(inp), load(weight)
 		b.parallel(N, 16, func(lo, hi int) {
 			RMSNormForward(o[lo*C:hi*C], r[lo:hi], x[lo*C:hi*C], w, hi-lo, C, eps)
@@ -663,22 +461,8 @@ func (b *Backend) RMSNormForward(s backend.Stream, out, rstd, inp, weight backen
 
 // RMSNormBackward implements backend.Ops.
 func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, weight, rstd, scratch backend.Tensor, N, C int) error {
-	if err := checkDims("rmsnorm backward", "N C", N, C); err != nil {
-		return err
-	}
-	if err := b.needAll("rmsnorm backward", f("dinp", dinp, N*C), f("dweight", dweight, C), f("dout", dout, N*C),
-		f("inp", inp, N*C), f("weight", weight, C), f("rstd", rstd, N)); err != nil {
-		return err
-	}
-	used, err := b.scratch("rmsnorm backward", "scratch", "RMSNormBackwardScratch", scratch, backend.F32, backend.RMSNormBackwardScratch(N, C))
-	if err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("RMSNormBackward", dinp, dweight, dout, inp, weight, rstd, scratch); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C), func() error {
-		spoil(used)
+	return b.op(s, backend.Calls.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C), func() error {
+		spoil(scratchUsed(scratch, backend.RMSNormBackwardScratch(N, C)))
 		dx, dw := load(dinp), load(dweight)
 		dy, x, w, r := load(dout), load(inp), load(weight), load(rstd)
 		b.parallel(N, 16, func(lo, hi int) {
@@ -691,34 +475,14 @@ func (b *Backend) RMSNormBackward(s backend.Stream, dinp, dweight, dout, inp, we
 	})
 }
 
-// rope checks a RoPE op's arguments and enqueues it: out (or dinp) gets
-// inp (or dout) rotated by sign * angle.
+// rope enqueues a RoPE op: out (or dinp) gets inp (or dout) rotated by
+// sign * angle.
 func (b *Backend) rope(op string, s backend.Stream, out, inp, pos, invFreq backend.Tensor, B, T, NH, HS int, sign float32) error {
-	if err := checkDims(op, "B T NH HS", B, T, NH, HS); err != nil {
-		return err
-	}
-	if HS%2 != 0 {
-		return fmt.Errorf("cpu: %s: head size HS=%d is odd", op, HS)
-	}
-	n := B * T * NH * HS
-	names := [2]string{"out", "inp"}
+	call := backend.Calls.RoPEForward(out, inp, pos, invFreq, B, T, NH, HS)
 	if sign < 0 {
-		names = [2]string{"dinp", "dout"}
+		call = backend.Calls.RoPEBackward(out, inp, pos, invFreq, B, T, NH, HS)
 	}
-	if err := b.needAll(op, f(names[0], out, n), f(names[1], inp, n), f("invFreq", invFreq, HS/2)); err != nil {
-		return err
-	}
-	if err := b.positions(op, pos, B, T); err != nil {
-		return err
-	}
-	kop := "RoPEForward"
-	if sign < 0 {
-		kop = "RoPEBackward"
-	}
-	if err := b.kernelDTypes(kop, out, inp, pos, invFreq); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.RoPE(op, out, inp, pos, invFreq), func() error {
+	return b.op(s, call, func() error {
 		ps, err := posView(op, pos, B, T)
 		if err != nil {
 			return err
@@ -745,16 +509,7 @@ func (b *Backend) RoPEBackward(s backend.Stream, dinp, dout, pos, invFreq backen
 
 // CrossEntropyForwardBackward implements backend.Ops.
 func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, targets backend.Tensor, N, V int, scale float32) error {
-	if err := checkDims("cross entropy", "N V", N, V); err != nil {
-		return err
-	}
-	if err := b.needAll("cross entropy", f("losses", losses, N), f("logits", logits, N*V), arg{"targets", targets, N, true}); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("CrossEntropyForwardBackward", losses, logits, targets); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.CrossEntropyForwardBackward(losses, logits, targets, scale), func() error {
+	return b.op(s, backend.Calls.CrossEntropyForwardBackward(losses, logits, targets, N, V, scale), func() error {
 		l, z, tg := load(losses), load(logits), i32View(targets)
 		if err := checkTargets(tg[:N], V); err != nil {
 			return err
@@ -775,18 +530,8 @@ func (b *Backend) CrossEntropyForwardBackward(s backend.Stream, losses, logits, 
 
 // SumSquares implements backend.Ops.
 func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) error {
-	if err := b.needAll("sum squares", f("out", out, 1), f("x", x, x.Len())); err != nil {
-		return err
-	}
-	used, err := b.scratch("sum squares", "work", "SumSquaresWork", work, backend.F64, backend.SumSquaresWork)
-	if err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("SumSquares", out, x, work); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.SumSquares(out, x, work), func() error {
-		spoil(used)
+	return b.op(s, backend.Calls.SumSquares(out, x, work), func() error {
+		spoil(scratchUsed(work, backend.SumSquaresWork))
 		o := load(out)
 		o[0] = float32(sumSquares(load(x), b.parallel))
 		store(out, o)
@@ -797,28 +542,10 @@ func (b *Backend) SumSquares(s backend.Stream, out, x, work backend.Tensor) erro
 // NonFiniteFlag implements backend.Ops.
 func (b *Backend) NonFiniteFlag(s backend.Stream, flag, x backend.Tensor) error {
 	const op = "non-finite flag"
-	if err := b.needAll(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
-		return err
-	}
-	if err := needF32(op, f("flag", flag, 1), f("x", x, x.Len())); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.NonFiniteFlag(flag, x), func() error {
+	return b.op(s, backend.Calls.NonFiniteFlag(flag, x), func() error {
 		NonFiniteFlag(f32View(flag), f32View(x))
 		return nil
 	})
-}
-
-// needSkip checks an update op's optional skip flag: none (nil Buf) or an
-// F32 [1].
-func (b *Backend) needSkip(op string, skip backend.Tensor) error {
-	if skip.Buf == nil {
-		return nil
-	}
-	if err := b.need(op, "skip", skip, 1, false); err != nil {
-		return err
-	}
-	return needF32(op, f("skip", skip, 1))
 }
 
 // skipped reads an update op's skip flag on the stream: set means the op
@@ -828,26 +555,7 @@ func skipped(skip backend.Tensor) bool { return skip.Buf != nil && f32View(skip)
 // AdamW implements backend.Ops.
 func (b *Backend) AdamW(s backend.Stream, param, master, grad, m, v, sumSq, skip backend.Tensor, p backend.AdamParams) error {
 	n := param.Len()
-	args := []arg{f("param", param, n), f("grad", grad, n), f("m", m, n), f("v", v, n)}
-	if master.Buf != nil {
-		args = append(args, f("master", master, n))
-	}
-	if p.MaxNorm > 0 {
-		args = append(args, f("sumSq", sumSq, 1))
-	}
-	if err := b.needAll("adamw", args...); err != nil {
-		return err
-	}
-	if err := b.needSkip("adamw", skip); err != nil {
-		return err
-	}
-	if m.DType != backend.F32 || v.DType != backend.F32 || (master.Buf != nil && master.DType != backend.F32) {
-		return fmt.Errorf("cpu: adamw: moments and master must be fp32")
-	}
-	if p.Step < 1 {
-		return fmt.Errorf("cpu: adamw: step %d, want >= 1", p.Step)
-	}
-	return b.enqueue(s, hazard.AdamW(param, master, grad, m, v, sumSq, skip, p.MaxNorm), func() error {
+	return b.op(s, backend.Calls.AdamW(param, master, grad, m, v, sumSq, skip, p), func() error {
 		if skipped(skip) {
 			return nil
 		}
@@ -923,38 +631,10 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 	})
 }
 
-// quantArgs checks W's tensors as this backend's (backend.Quant.Check).
-func (b *Backend) quantArgs(op string, W backend.Quant) error {
-	if err := W.Check(); err != nil {
-		return fmt.Errorf("cpu: %s: %w", op, err)
-	}
-	for _, t := range []backend.Tensor{W.Codes, W.Absmax, W.Scale, W.Book} {
-		if err := b.checkTensor(op+" W", t); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // GemmQ implements backend.Ops: W dequantized whole (ref_quant.go), then
 // the Gemm reference.
 func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float32, A backend.Tensor, W backend.Quant, beta float32, C backend.Tensor) error {
-	if err := checkDims("gemm q", "M N K", M, N, K); err != nil {
-		return err
-	}
-	if err := b.quantArgs("gemm q", W); err != nil {
-		return err
-	}
-	if rows, cols := qShape(transW, N, K); W.Rows != rows || W.Cols != cols {
-		return fmt.Errorf("cpu: gemm q: W is %d x %d, want %d x %d (transW %v, N %d, K %d)", W.Rows, W.Cols, rows, cols, transW, N, K)
-	}
-	if err := b.needAll("gemm q", f("A", A, M*K), f("C", C, M*N)); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("GemmQ", A, C); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.GemmQ(A, W, beta, C), func() error {
+	return b.op(s, backend.Calls.GemmQ(transW, M, N, K, alpha, A, W, beta, C), func() error {
 		w := dequantize(W, 0, W.Len(), A.DType)
 		a, c := load(A), load(C)
 		if err := Gemm(false, transW, M, N, K, alpha, a, w, beta, c); err != nil {
@@ -965,32 +645,9 @@ func (b *Backend) GemmQ(s backend.Stream, transW bool, M, N, K int, alpha float3
 	})
 }
 
-// qShape is the stored shape of GemmQ's W: K x N, or N x K with transW.
-func qShape(transW bool, N, K int) (rows, cols int) {
-	if transW {
-		return N, K
-	}
-	return K, N
-}
-
 // Dequantize implements backend.Ops.
 func (b *Backend) Dequantize(s backend.Stream, W backend.Quant, off int, out backend.Tensor) error {
-	if err := b.quantArgs("dequantize", W); err != nil {
-		return err
-	}
-	if err := b.checkTensor("dequantize out", out); err != nil {
-		return err
-	}
-	if off < 0 || off+out.Len() > W.Len() {
-		return fmt.Errorf("cpu: dequantize: elements [%d, %d) of a %d x %d matrix", off, off+out.Len(), W.Rows, W.Cols)
-	}
-	if err := b.needAll("dequantize", f("out", out, out.Len())); err != nil {
-		return err
-	}
-	if err := b.kernelDTypes("Dequantize", out); err != nil {
-		return err
-	}
-	return b.enqueue(s, hazard.Dequantize(W, out), func() error {
+	return b.op(s, backend.Calls.Dequantize(W, off, out), func() error {
 		o := load(out)
 		copy(o, dequantize(W, off, out.Len(), backend.F32))
 		store(out, o)

@@ -12,6 +12,10 @@
 // kernel, which disables contraction (__fmul_rn, __fadd_rn), gives the
 // same bits, and so does any split of the outputs over threads.
 //
+// The Backend methods are here too, at the end, next to their reference
+// (an op added since the op table keeps its method with its reference, so
+// that it touches one CPU file; docs/DESIGN.md, "The op table").
+//
 // Limits: the products run on host's S core (SIMD, register-tiled, the
 // same bits as the plain loops of denseRowsGo), but op(A) and op(B) of a
 // transposed operand are copied out first. C and W must not overlap A or
@@ -23,6 +27,7 @@ import (
 	"fmt"
 
 	"github.com/lsp-offload/lsp-offload/host"
+	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
 // denseOperand is op(X) of a dense product as a row-major rows x cols
@@ -128,4 +133,38 @@ func denseApplyRows(a, b []float32, N, K int, alpha, decay float32, w []float32,
 		*v = float32(decay**v) + float32(alpha*s)
 	}
 	return nil
+}
+
+// DenseGemm implements backend.Ops: C [M,N] F32 = alpha op(A) op(B) +
+// beta C in fp32, products rounded before their adds.
+func (b *Backend) DenseGemm(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, beta float32, C backend.Tensor) error {
+	const op = "dense gemm"
+	return b.op(s, backend.Calls.DenseGemm(transA, transB, M, N, K, alpha, A, B, beta, C), func() error {
+		a, bb, c := denseOperand(load(A), transA, M, K), denseOperand(load(B), transB, K, N), f32View(C)
+		return b.parallelErr(op, M, 1, func(lo, hi int) error { return denseGemmRows(a, bb, N, K, alpha, beta, c, lo, hi) })
+	})
+}
+
+// DenseApply implements backend.Ops: W <- decay W + alpha op(A) op(B); a
+// bf16 W is stored by stochastic rounding. A set skip flag leaves W as it
+// is.
+func (b *Backend) DenseApply(s backend.Stream, transA, transB bool, M, N, K int, alpha float32, A, B backend.Tensor, decay float32, W, skip backend.Tensor,
+	seed, step uint64, matrix uint32) error {
+	const op = "dense apply"
+	return b.op(s, backend.Calls.DenseApply(transA, transB, M, N, K, alpha, A, B, decay, W, skip, seed, step, matrix), func() error {
+		if skipped(skip) {
+			return nil
+		}
+		a, bb := denseOperand(f32View(A), transA, M, K), denseOperand(f32View(B), transB, K, N)
+		w, key := load(W), SRKey(seed, step, matrix) // an fp32 W is updated in place, exactly
+		return b.parallelErr(op, M, 1, func(lo, hi int) error {
+			if err := denseApplyRows(a, bb, N, K, alpha, decay, w, lo, hi); err != nil {
+				return err
+			}
+			if W.DType == backend.BF16 {
+				sparseRoundW(u16View(W), w, key, lo*N, hi*N)
+			}
+			return nil
+		})
+	})
 }

@@ -193,6 +193,58 @@ func (b *Backend) enqueue(s backend.Stream, acc hazard.Access, run func() error)
 	return nil
 }
 
+// op checks a call of an op as every backend does (backend.CheckCall),
+// then as this one must (fp32Only; the dtype table in the KernelDTypes
+// mode), and enqueues run, the op's reference, with the table's access.
+func (b *Backend) op(s backend.Stream, c *backend.Call, run func() error) error {
+	d, err := c.Def()
+	if err != nil {
+		return fmt.Errorf("cpu: %w", err)
+	}
+	if _, err := backend.CheckCall(c, "cpu", d.Short, b.checkTensor); err != nil {
+		return err
+	}
+	if fp32Only[c.Op] {
+		for _, g := range d.Groups {
+			for _, a := range g.Args {
+				t, _ := c.Tensor(a)
+				if len(g.DTypes) == 1 && g.DTypes[0] == backend.F32 && t.Buf != nil && t.DType != backend.F32 {
+					return fmt.Errorf("cpu: %s: %s has dtype %v, want fp32", d.Short, a, t.DType)
+				}
+			}
+		}
+	}
+	if err := b.kernelDTypes(c.Op, c.Tensors...); err != nil {
+		return err
+	}
+	return b.enqueueOp(s, c, run)
+}
+
+// fp32Only are the ops whose references read their fixed-fp32 tensors
+// (the table's one-dtype groups) as fp32 views, so the CPU backend, which
+// otherwise takes either storage type anywhere, refuses bf16 there.
+var fp32Only = map[string]bool{
+	"NonFiniteFlag": true, "AdamW": true, "SparseCompressA": true, "SparseCompressB": true, "SparseS": true,
+	"SparseApply": true, "SparseValueGrad": true, "DenseGemm": true, "DenseApply": true,
+}
+
+// enqueueOp enqueues an op of the table (backend.OpDef): its name is the
+// table's short one and, in hazard mode, what it touches the table's
+// declaration (hazard.Of), worked out only then.
+func (b *Backend) enqueueOp(s backend.Stream, c *backend.Call, run func() error) error {
+	d, err := c.Def()
+	if err != nil {
+		return fmt.Errorf("cpu: %w", err)
+	}
+	acc := hazard.Access{Name: d.Short}
+	if b.haz != nil {
+		if acc, err = hazard.Of(c); err != nil {
+			return fmt.Errorf("cpu: %w", err)
+		}
+	}
+	return b.enqueue(s, acc, run)
+}
+
 // Synchronize implements backend.Backend.
 func (b *Backend) Synchronize(s backend.Stream) error {
 	if err := b.onDevice(); err != nil {

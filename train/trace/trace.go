@@ -114,6 +114,8 @@ func (o Op) LowRank(r int) bool {
 
 // Backend records ops; see the package doc.
 type Backend struct {
+	backend.OpsFunc // the ops, each recorded by op (ops.go)
+
 	inner backend.Backend // nil: no memory behind anything
 	timed bool            // WrapTimed: time every op with events
 
@@ -136,6 +138,7 @@ type Backend struct {
 // New returns a recording backend with no memory behind its allocations.
 func New() *Backend {
 	b := &Backend{node: -1, live: map[int]int64{}}
+	b.OpsFunc = b.op
 	b.def = &stream{name: "compute", owner: b}
 	b.staging = backend.NewStaging(b, backend.StagingBytes)
 	return b
@@ -144,7 +147,9 @@ func New() *Backend {
 // Wrap returns a backend that records every op and copy and forwards it to
 // inner, which does the work (and owns memory, streams and events).
 func Wrap(inner backend.Backend) *Backend {
-	return &Backend{inner: inner, node: -1}
+	b := &Backend{inner: inner, node: -1}
+	b.OpsFunc = b.op
+	return b
 }
 
 // WrapTimed is Wrap that also times every op with events: it records an
@@ -154,7 +159,9 @@ func Wrap(inner backend.Backend) *Backend {
 // two records cost well under a microsecond each). inner must time events
 // (ElapsedTime). Nothing is synchronized: the schedule runs as it would.
 func WrapTimed(inner backend.Backend) *Backend {
-	return &Backend{inner: inner, node: -1, timed: true}
+	b := &Backend{inner: inner, node: -1, timed: true}
+	b.OpsFunc = b.op
+	return b
 }
 
 // SetNode attributes the ops enqueued from now on to node i.

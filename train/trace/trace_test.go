@@ -11,6 +11,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/galore"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
+	"github.com/lsp-offload/lsp-offload/train/hazard"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 	"github.com/lsp-offload/lsp-offload/train/lora"
 	"github.com/lsp-offload/lsp-offload/train/lsp"
@@ -248,5 +249,101 @@ func TestWrapTimed(t *testing.T) {
 	}
 	if !(o.Seconds > 0) {
 		t.Errorf("seconds %g, want > 0", o.Seconds)
+	}
+}
+
+// TestEveryOpRecorded walks the op table: every op, called with arguments
+// the table's counts accept, is recorded once with the table's family and
+// FLOPs and with the bytes of its hazard declaration, through the hazard
+// wrapper too.
+func TestEveryOpRecorded(t *testing.T) {
+	tb := trace.New()
+	w := hazard.Wrap(tb)
+	s := w.DefaultStream()
+	const n = 4096 // elements of every tensor: more than any count at these sizes
+	for _, sig := range backend.OpSignatures() {
+		d, err := backend.LookupOp(sig.Op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &backend.Call{Op: sig.Op}
+		dtype := func(arg string) backend.DType {
+			for _, g := range d.Groups {
+				if slices.Contains(g.Args, arg) {
+					return g.DTypes[0]
+				}
+			}
+			return backend.F32
+		}
+		for _, p := range sig.Params {
+			switch p.Kind {
+			case backend.KindTensors:
+				x, err := tb.Alloc(sig.Op+" "+p.Name, n, dtype(p.Name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Tensors = append(c.Tensors, x)
+			case backend.KindInts:
+				v := 2 // every size; HS even, r <= d
+				if p.Name == "off" {
+					v = 0 // Dequantize's first element
+				}
+				c.Ints = append(c.Ints, v)
+			case backend.KindFloats:
+				c.Floats = append(c.Floats, 0.5)
+			case backend.KindBools:
+				c.Bools = append(c.Bools, false)
+			case backend.KindU64s:
+				c.U64s = append(c.U64s, 1)
+			case backend.KindU32s:
+				c.U32s = append(c.U32s, 1)
+			case backend.KindLayouts:
+				c.Layouts = append(c.Layouts, backend.QKVFused)
+			case backend.KindAdams:
+				c.Adams = append(c.Adams, backend.AdamParams{LR: 1e-3, Step: 1, MaxNorm: 1})
+			case backend.KindQuants:
+				W := backend.Quant{Format: backend.Int8, Rows: 2, Cols: 2}
+				mk := func(name string, dt backend.DType, k int) backend.Tensor {
+					x, err := tb.Alloc(sig.Op+" W "+name, k, dt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return x
+				}
+				W.Codes = mk("codes", backend.I32, backend.Words(W.Format.CodeBytes(4)))
+				W.Absmax = mk("absmax", backend.I32, backend.Words(backend.QBlocks(4)))
+				W.Scale = mk("scale", backend.F32, backend.QGroups(4)+1)
+				W.Book = mk("book", backend.F32, backend.QBookLen)
+				c.Quants = append(c.Quants, W)
+			}
+		}
+		tb.Reset()
+		if err := c.Run(w, s); err != nil {
+			t.Errorf("%s: %v", sig.Op, err)
+			continue
+		}
+		ops := tb.Recorded()
+		if len(ops) != 1 || ops[0].Method != sig.Op {
+			t.Errorf("%s: recorded %+v", sig.Op, ops)
+			continue
+		}
+		o := ops[0]
+		flops := int64(0)
+		if d.FLOPs != "" {
+			if flops, err = c.Eval(d.FLOPs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		acc, err := hazard.Of(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(o.Family) != d.Family || o.FLOPs != float64(flops) || o.Bytes != acc.Bytes() || o.Bytes == 0 {
+			t.Errorf("%s: recorded family %s, %g FLOPs, %d bytes; the table says %s, %d FLOPs, %d bytes",
+				sig.Op, o.Family, o.FLOPs, o.Bytes, d.Family, flops, acc.Bytes())
+		}
+	}
+	if err := w.Synchronize(s); err != nil {
+		t.Error(err)
 	}
 }
