@@ -19,36 +19,53 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// checkTensor checks that t is a view inside a live buffer of this backend
+// viewError says why t is not a view inside a live buffer of this backend
 // with a known dtype: anything else would give a kernel an address that is
 // not (or no longer) the tensor's.
-func (b *Backend) checkTensor(what string, t backend.Tensor) error {
+func (b *Backend) viewError(t backend.Tensor) error {
 	u, ok := t.Buf.(*buffer)
 	if !ok || u == nil {
-		return fmt.Errorf("cuda: %s: tensor %v is not a CUDA buffer", what, t)
+		return fmt.Errorf("tensor %v is not a CUDA buffer", t)
 	}
 	if t.DType.Size() == 0 {
-		return fmt.Errorf("cuda: %s: tensor %v has unknown dtype %v", what, t, t.DType)
+		return fmt.Errorf("tensor %v has unknown dtype %v", t, t.DType)
 	}
 	for _, d := range t.Shape {
 		if d < 0 {
-			return fmt.Errorf("cuda: %s: tensor %v has a negative shape", what, t)
+			return fmt.Errorf("tensor %v has a negative shape", t)
 		}
 	}
 	if t.Off < 0 || int64(t.Off)*int64(t.DType.Size())+t.Bytes() > u.bytes {
-		return fmt.Errorf("cuda: %s: view %v outside its buffer of %d bytes", what, t, u.bytes)
+		return fmt.Errorf("view %v outside its buffer of %d bytes", t, u.bytes)
 	}
 	if u.owner != b {
-		return fmt.Errorf("cuda: %s: tensor %v belongs to another backend", what, t)
+		return fmt.Errorf("tensor %v belongs to another backend", t)
 	}
 	b.mu.Lock()
 	live, closed := b.live[u.id] == u, b.closed
 	b.mu.Unlock()
 	switch {
 	case closed:
-		return fmt.Errorf("cuda: %s: tensor %v: backend is closed", what, t)
+		return fmt.Errorf("tensor %v: backend is closed", t)
 	case !live:
-		return fmt.Errorf("cuda: %s: tensor %v: its buffer was freed", what, t)
+		return fmt.Errorf("tensor %v: its buffer was freed", t)
+	}
+	return nil
+}
+
+// checkTensor is viewError's verdict on t, named what.
+func (b *Backend) checkTensor(what string, t backend.Tensor) error {
+	if err := b.viewError(t); err != nil {
+		return fmt.Errorf("cuda: %s: %w", what, err)
+	}
+	return nil
+}
+
+// checkArg is checkTensor for argument arg of op (backend.CheckCall's
+// live check): it builds no name unless t fails.
+func (b *Backend) checkArg(op, arg string, t backend.Tensor) error {
+	if err := b.viewError(t); err != nil {
+		return fmt.Errorf("cuda: %s %s: %w", op, arg, err)
 	}
 	return nil
 }
@@ -137,7 +154,7 @@ func (b *Backend) op(s backend.Stream, c *backend.Call) error {
 	if err := b.onDevice(c.Op); err != nil {
 		return err
 	}
-	skip, err := backend.CheckCall(c, "cuda", c.Op, b.checkTensor)
+	skip, err := backend.CheckCall(c, "cuda", c.Op, b.checkArg)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Call is one call of an Ops method: its name and its arguments after the
@@ -82,19 +83,37 @@ func (c *Call) Tensor(name string) (Tensor, error) {
 
 // param finds a parameter's kind and its index in that kind's field.
 func (c *Call) param(name string) (Kind, int, error) {
-	sig, err := signature(c.Op)
-	if err != nil {
-		return 0, 0, err
+	i, ok := opIndex[c.Op]
+	if !ok {
+		return 0, 0, fmt.Errorf("%s: no such op", c.Op)
 	}
-	n := map[Kind]int{}
-	for _, p := range sig.Params {
-		if p.Name == name {
-			return p.Kind, n[p.Kind], nil
-		}
-		n[p.Kind]++
+	if r, ok := opParams[i][name]; ok {
+		return r.kind, r.idx, nil
 	}
 	return 0, 0, fmt.Errorf("%s: no parameter %s", c.Op, name)
 }
+
+// paramRef is where a Call holds a parameter: its field and index there.
+type paramRef struct {
+	kind Kind
+	idx  int
+}
+
+// opParams is, for each op (opIndex), where its Calls hold each of its
+// parameters, worked out once: a call's checks look parameters up by name
+// many times, on every enqueue.
+var opParams = func() []map[string]paramRef {
+	out := make([]map[string]paramRef, len(opSignatures))
+	for i, s := range opSignatures {
+		n := map[Kind]int{}
+		out[i] = map[string]paramRef{}
+		for _, p := range s.Params {
+			out[i][p.Name] = paramRef{p.Kind, n[p.Kind]}
+			n[p.Kind]++
+		}
+	}
+	return out
+}()
 
 func signature(op string) (*Signature, error) {
 	if i, ok := opIndex[op]; ok {
@@ -119,7 +138,11 @@ var opIndex = func() map[string]int {
 // sizes LayerNormBackwardScratch(N, C), RMSNormBackwardScratch(N, C),
 // AttentionBackwardScratch(B, T, NH) and SumSquaresWork.
 func (c *Call) Eval(expr string) (int64, error) {
-	e := &evaluator{c: c, toks: lex(expr)}
+	toks, ok := lexed.Load(expr)
+	if !ok {
+		toks, _ = lexed.LoadOrStore(expr, lex(expr))
+	}
+	e := evaluator{c: c, toks: toks.([]string)}
 	v, err := e.sum()
 	if err == nil && e.i < len(e.toks) {
 		err = fmt.Errorf("unexpected %q", e.toks[e.i])
@@ -129,6 +152,10 @@ func (c *Call) Eval(expr string) (int64, error) {
 	}
 	return v, nil
 }
+
+// lexed caches each expression's tokens: the table's expressions are few,
+// and a call's checks evaluate several on every enqueue.
+var lexed sync.Map // string -> []string
 
 // lex splits an expression into names, numbers and one-character symbols.
 func lex(s string) []string {
@@ -234,25 +261,18 @@ func (e *evaluator) factor() (int64, error) {
 	return int64(e.c.Ints[i]), nil
 }
 
-// call evaluates fn(args...): len of a tensor, or a scratch size.
+// call evaluates fn(args...): len or has of a tensor, or a scratch size
+// of up to three sums.
 func (e *evaluator) call(fn string) (int64, error) {
 	e.i++ // (
-	var args []string
-	for e.peek() != ")" {
-		if e.i >= len(e.toks) {
-			return 0, fmt.Errorf("missing )")
-		}
-		if t := e.toks[e.i]; t != "," {
-			args = append(args, t)
-		}
-		e.i++
-	}
-	e.i++
 	if fn == "len" || fn == "has" {
-		if len(args) != 1 {
+		name := e.peek()
+		e.i++
+		if e.peek() != ")" {
 			return 0, fmt.Errorf("%s takes one tensor", fn)
 		}
-		t, err := e.c.Tensor(args[0])
+		e.i++
+		t, err := e.c.Tensor(name)
 		switch {
 		case err != nil || t.Buf == nil:
 			return 0, err
@@ -261,23 +281,31 @@ func (e *evaluator) call(fn string) (int64, error) {
 		}
 		return int64(t.Len()), nil
 	}
-	v := make([]int, len(args))
-	for j, a := range args {
-		x, err := (&evaluator{c: e.c, toks: []string{a}}).factor()
+	var v [3]int
+	n := 0
+	for e.peek() != ")" {
+		if e.i >= len(e.toks) || n == len(v) {
+			return 0, fmt.Errorf("%s: missing ) or too many arguments", fn)
+		}
+		x, err := e.sum()
 		if err != nil {
 			return 0, err
 		}
-		v[j] = int(x)
+		v[n], n = int(x), n+1
+		if e.peek() == "," {
+			e.i++
+		}
 	}
+	e.i++
 	switch {
-	case fn == "LayerNormBackwardScratch" && len(v) == 2:
+	case fn == "LayerNormBackwardScratch" && n == 2:
 		return int64(LayerNormBackwardScratch(v[0], v[1])), nil
-	case fn == "RMSNormBackwardScratch" && len(v) == 2:
+	case fn == "RMSNormBackwardScratch" && n == 2:
 		return int64(RMSNormBackwardScratch(v[0], v[1])), nil
-	case fn == "AttentionBackwardScratch" && len(v) == 3:
+	case fn == "AttentionBackwardScratch" && n == 3:
 		return int64(AttentionBackwardScratch(v[0], v[1], v[2])), nil
 	}
-	return 0, fmt.Errorf("no function %s of %d arguments", fn, len(v))
+	return 0, fmt.Errorf("no function %s of %d arguments", fn, n)
 }
 
 // cond reports whether a use's condition holds: a bool parameter that is

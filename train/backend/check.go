@@ -17,12 +17,13 @@ import (
 // CheckCall checks call c's arguments against the op table. prefix and
 // name begin every error ("cuda: LayerNormForward: ...", "cpu: layernorm
 // forward: ..."); live checks that a tensor is a view of the calling
-// backend (what names it for errors). skip reports a call with nothing to
+// backend (op and arg name it for errors: it should build nothing unless
+// it fails, as it runs for every tensor of every enqueue). skip reports a call with nothing to
 // do (no element to touch), which the backend should not launch. A rule
 // may drop a tensor the op will not read (AdamW's sumSq without clipping,
 // SparseValueGrad's M without Y) from c, so that it is neither checked
 // nor used.
-func CheckCall(c *Call, prefix, name string, live func(what string, t Tensor) error) (skip bool, err error) {
+func CheckCall(c *Call, prefix, name string, live func(op, arg string, t Tensor) error) (skip bool, err error) {
 	d, err := c.Def()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", prefix, err)
@@ -31,7 +32,6 @@ func CheckCall(c *Call, prefix, name string, live func(what string, t Tensor) er
 		return fmt.Errorf("%s: %s: %s", prefix, name, fmt.Sprintf(format, a...))
 	}
 	sig, _ := signature(c.Op)
-	positive := strings.Fields(d.Positive)
 	ints := 0
 	for _, p := range sig.Params {
 		if p.Kind != KindInts {
@@ -40,7 +40,7 @@ func CheckCall(c *Call, prefix, name string, live func(what string, t Tensor) er
 		v := c.Ints[ints]
 		ints++
 		switch {
-		case slices.Contains(positive, p.Name) && v < 1:
+		case v < 1 && slices.Contains(d.positive, p.Name):
 			return false, fail("%s=%d, want >= 1", p.Name, v)
 		case v < 0:
 			return false, fail("%s=%d is negative", p.Name, v)
@@ -51,7 +51,7 @@ func CheckCall(c *Call, prefix, name string, live func(what string, t Tensor) er
 			return false, fmt.Errorf("%s: %s: %w", prefix, name, err)
 		}
 		for _, t := range []Tensor{W.Codes, W.Absmax, W.Scale, W.Book} {
-			if err := live(name+" W", t); err != nil {
+			if err := live(name, "W", t); err != nil {
 				return false, err
 			}
 		}
@@ -74,7 +74,7 @@ func CheckCall(c *Call, prefix, name string, live func(what string, t Tensor) er
 // live view; I32 where its dtype group is, F64 scratch where its group is,
 // else fp32 or bf16; exactly its count of elements, or at least it.
 func checkTensor(c *Call, d *OpDef, a TensorArg, t Tensor, name string, fail func(string, ...any) error,
-	live func(string, Tensor) error) error {
+	live func(op, arg string, t Tensor) error) error {
 	if t.Buf == nil && a.Optional {
 		return nil
 	}
@@ -96,7 +96,7 @@ func checkTensor(c *Call, d *OpDef, a TensorArg, t Tensor, name string, fail fun
 		if n == 0 && t.Buf == nil {
 			return nil
 		}
-		if err := live(name+" "+a.Name, t); err != nil {
+		if err := live(name, a.Name, t); err != nil {
 			return err
 		}
 		if t.DType != fixed {
@@ -107,7 +107,7 @@ func checkTensor(c *Call, d *OpDef, a TensorArg, t Tensor, name string, fail fun
 		}
 		return nil
 	}
-	if err := live(name+" "+a.Name, t); err != nil {
+	if err := live(name, a.Name, t); err != nil {
 		return err
 	}
 	ints := isFixed && fixed == I32

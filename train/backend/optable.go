@@ -64,6 +64,19 @@ type OpDef struct {
 	// Rule checks what the counts do not say (check.go): it returns why a
 	// call is refused ("" if it is not) and whether it has nothing to do.
 	Rule func(c *Call) (skip bool, why string)
+
+	args     []TensorArg // Args parsed (init)
+	positive []string    // Positive split (init)
+}
+
+// init parses each entry's Args and Positive once, for the checks every
+// enqueue makes.
+func init() {
+	for i := range opTable {
+		d := &opTable[i]
+		d.args = d.parseArgs()
+		d.positive = strings.Fields(d.Positive)
+	}
 }
 
 // TensorArg is one tensor parameter of an op as Args declares it.
@@ -74,8 +87,15 @@ type TensorArg struct {
 	Optional bool
 }
 
-// TensorArgs parses Args.
+// TensorArgs is Args parsed (do not modify the slice).
 func (d *OpDef) TensorArgs() []TensorArg {
+	if d.args == nil {
+		return d.parseArgs()
+	}
+	return d.args
+}
+
+func (d *OpDef) parseArgs() []TensorArg {
 	var out []TensorArg
 	for _, f := range strings.Fields(d.Args) {
 		name, count, _ := strings.Cut(f, ":")

@@ -70,36 +70,53 @@ func store(t backend.Tensor, v []float32) {
 	bf16.FromFloat32Slice(u16View(t), v)
 }
 
-// checkTensor checks that t is a view inside a live buffer of this backend
+// viewError says why t is not a view inside a live buffer of this backend
 // with a known dtype. Anything else would index out of range, or touch
 // memory that is no longer (or never was) this backend's, on the stream.
-func (b *Backend) checkTensor(what string, t backend.Tensor) error {
+func (b *Backend) viewError(t backend.Tensor) error {
 	u, ok := t.Buf.(*buffer)
 	if !ok || u == nil {
-		return fmt.Errorf("cpu: %s: tensor %v is not a CPU buffer", what, t)
+		return fmt.Errorf("tensor %v is not a CPU buffer", t)
 	}
 	if t.DType.Size() == 0 {
-		return fmt.Errorf("cpu: %s: tensor %v has unknown dtype %v", what, t, t.DType)
+		return fmt.Errorf("tensor %v has unknown dtype %v", t, t.DType)
 	}
 	for _, d := range t.Shape {
 		if d < 0 {
-			return fmt.Errorf("cpu: %s: tensor %v has a negative shape", what, t)
+			return fmt.Errorf("tensor %v has a negative shape", t)
 		}
 	}
 	if t.Off < 0 || int64(t.Off)*int64(t.DType.Size())+t.Bytes() > int64(len(u.data)) {
-		return fmt.Errorf("cpu: %s: view %v outside its buffer of %d bytes", what, t, len(u.data))
+		return fmt.Errorf("view %v outside its buffer of %d bytes", t, len(u.data))
 	}
 	if u.owner != b {
-		return fmt.Errorf("cpu: %s: tensor %v belongs to another backend", what, t)
+		return fmt.Errorf("tensor %v belongs to another backend", t)
 	}
 	b.mu.Lock()
 	live, closed := b.live[u.id] == u, b.closed
 	b.mu.Unlock()
 	switch {
 	case closed:
-		return fmt.Errorf("cpu: %s: tensor %v: backend is closed", what, t)
+		return fmt.Errorf("tensor %v: backend is closed", t)
 	case !live:
-		return fmt.Errorf("cpu: %s: tensor %v: its buffer was freed", what, t)
+		return fmt.Errorf("tensor %v: its buffer was freed", t)
+	}
+	return nil
+}
+
+// checkTensor is viewError's verdict on t, named what.
+func (b *Backend) checkTensor(what string, t backend.Tensor) error {
+	if err := b.viewError(t); err != nil {
+		return fmt.Errorf("cpu: %s: %w", what, err)
+	}
+	return nil
+}
+
+// checkArg is checkTensor for argument arg of op (backend.CheckCall's
+// live check): it builds no name unless t fails.
+func (b *Backend) checkArg(op, arg string, t backend.Tensor) error {
+	if err := b.viewError(t); err != nil {
+		return fmt.Errorf("cpu: %s %s: %w", op, arg, err)
 	}
 	return nil
 }

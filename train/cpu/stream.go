@@ -201,7 +201,7 @@ func (b *Backend) op(s backend.Stream, c *backend.Call, run func() error) error 
 	if err != nil {
 		return fmt.Errorf("cpu: %w", err)
 	}
-	if _, err := backend.CheckCall(c, "cpu", d.Short, b.checkTensor); err != nil {
+	if _, err := backend.CheckCall(c, "cpu", d.Short, b.checkArg); err != nil {
 		return err
 	}
 	if fp32Only[c.Op] {
