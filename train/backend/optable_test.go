@@ -47,9 +47,9 @@ func (b idBuf) Bytes() int64   { return 1 << 40 }
 func (b idBuf) String() string { return "fake" }
 
 // sampleArgs are arguments for every parameter of method m of Ops: every
-// tensor present (a distinct buffer each), ints 4 (an even head size, r <=
-// d), and distinct values elsewhere, so that a call's fields can be told
-// apart.
+// tensor present (a distinct buffer each) or every one absent, and a
+// distinct value for every other parameter (ints 4 and up), so that a
+// call's fields can be told apart.
 func sampleArgs(m reflect.Method, absent bool) []reflect.Value {
 	args := []reflect.Value{reflect.Zero(m.Type.In(0))} // the stream
 	for i := 1; i < m.Type.NumIn(); i++ {
@@ -62,7 +62,7 @@ func sampleArgs(m reflect.Method, absent bool) []reflect.Value {
 			}
 			v = t
 		case reflect.TypeFor[int]():
-			v = 4
+			v = 3 + i
 		case reflect.TypeFor[float32]():
 			v = float32(i) / 2
 		case reflect.TypeFor[bool]():
