@@ -18,11 +18,11 @@ import (
 // name begin every error ("cuda: LayerNormForward: ...", "cpu: layernorm
 // forward: ..."); live checks that a tensor is a view of the calling
 // backend (op and arg name it for errors: it should build nothing unless
-// it fails, as it runs for every tensor of every enqueue). skip reports a call with nothing to
-// do (no element to touch), which the backend should not launch. A rule
-// may drop a tensor the op will not read (AdamW's sumSq without clipping,
-// SparseValueGrad's M without Y) from c, so that it is neither checked
-// nor used.
+// the tensor fails, as it runs for every tensor of every enqueue). skip
+// reports a call with nothing to do (no element to touch), which the
+// backend should not launch. A rule may drop a tensor the op will not
+// read (AdamW's sumSq without clipping, SparseValueGrad's M without Y)
+// from c, so that it is neither checked nor used.
 func CheckCall(c *Call, prefix, name string, live func(op, arg string, t Tensor) error) (skip bool, err error) {
 	d, err := c.Def()
 	if err != nil {
