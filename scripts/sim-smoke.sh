@@ -9,7 +9,8 @@
 # CPU reference at the same storage type). Every train loss and the final
 # eval loss of the two must agree within TOL (relative); anything else (an
 # error, a missing or non-finite loss, a run that did not open cuda:0)
-# fails. CI runs it after `make sim` (.ci/run); about 40 s on 2 cores.
+# fails. CI runs it after `make sim` (.ci/run); about 5 minutes on 2
+# cores, 4 of them the lsp row (its projector fit on the device at d 128).
 #
 # Tolerance: both runs start from the same weights and batches, so step 1's
 # loss is a forward pass at bf16 whose only differences are summation
