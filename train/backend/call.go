@@ -81,6 +81,31 @@ func (c *Call) Tensor(name string) (Tensor, error) {
 	return c.Tensors[i], nil
 }
 
+// Params is the parameters of the call's op, in order (nil for an op not
+// in the table).
+func (c *Call) Params() []ParamDef {
+	sig, err := signature(c.Op)
+	if err != nil {
+		return nil
+	}
+	return sig.Params
+}
+
+// Int is the int parameter called name; false when the op has none.
+func (c *Call) Int(name string) (int, bool) {
+	k, i, err := c.param(name)
+	if err != nil || k != KindInts {
+		return 0, false
+	}
+	return c.Ints[i], true
+}
+
+// Bool is the bool parameter called name; false when the op has none.
+func (c *Call) Bool(name string) bool {
+	k, i, err := c.param(name)
+	return err == nil && k == KindBools && c.Bools[i]
+}
+
 // param finds a parameter's kind and its index in that kind's field.
 func (c *Call) param(name string) (Kind, int, error) {
 	i, ok := opIndex[c.Op]

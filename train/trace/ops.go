@@ -171,7 +171,7 @@ func (b *Backend) op(s backend.Stream, c *backend.Call) error {
 	op.DType = main.DType
 	// Shapes: every tensor parameter's, a quantized matrix's by its codes.
 	ti, qi := 0, 0
-	for _, p := range sig(c.Op) {
+	for _, p := range c.Params() {
 		switch p.Kind {
 		case backend.KindTensors:
 			op.Shapes = append(op.Shapes, shapes(c.Tensors[ti])...)
@@ -185,39 +185,16 @@ func (b *Backend) op(s backend.Stream, c *backend.Call) error {
 	return b.do(s, op, args, func() error { return c.Run(b.inner, s) })
 }
 
-// sig is op's parameters.
-func sig(op string) []backend.ParamDef {
-	for _, s := range backend.OpSignatures() {
-		if s.Op == op {
-			return s.Params
-		}
-	}
-	return nil
-}
-
 // gemmArgs is the layout and sizes of an op that is a product (one with M,
 // N and K: Gemm, GemmQ, DenseGemm, DenseApply), zero for any other.
 func gemmArgs(c *backend.Call) GemmArgs {
-	var g GemmArgs
-	ints, bools := map[string]int{}, map[string]bool{}
-	ii, bi := 0, 0
-	for _, p := range sig(c.Op) {
-		switch p.Kind {
-		case backend.KindInts:
-			ints[p.Name] = c.Ints[ii]
-			ii++
-		case backend.KindBools:
-			bools[p.Name] = c.Bools[bi]
-			bi++
-		}
-	}
-	M, okM := ints["M"]
-	N, okN := ints["N"]
-	K, okK := ints["K"]
+	M, okM := c.Int("M")
+	N, okN := c.Int("N")
+	K, okK := c.Int("K")
 	if !okM || !okN || !okK {
-		return g
+		return GemmArgs{}
 	}
-	return GemmArgs{TransA: bools["transA"], TransB: bools["transB"] || bools["transW"], M: M, N: N, K: K}
+	return GemmArgs{TransA: c.Bool("transA"), TransB: c.Bool("transB") || c.Bool("transW"), M: M, N: N, K: K}
 }
 
 // CopyH2D implements backend.Backend.
