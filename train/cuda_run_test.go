@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/bf16"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 )
@@ -66,17 +65,7 @@ func TestCUDATrainsLikeCPU(t *testing.T) {
 			defer gb.Close()
 			got := mustRun(t, context.Background(), gpuCfg, Options{Backend: gb})
 
-			if len(got.Losses) != bf16Steps || len(want.Losses) != bf16Steps {
-				t.Fatalf("%d cuda and %d cpu losses, want %d each", len(got.Losses), len(want.Losses), bf16Steps)
-			}
-			worst := 0.0
-			for i := range got.Losses {
-				d := math.Abs(got.Losses[i] - want.Losses[i])
-				if !(d <= cudaLossTol) {
-					t.Errorf("step %d: loss %.5f on cuda, %.5f on cpu: |diff| %.5f > %v", i+1, got.Losses[i], want.Losses[i], d, cudaLossTol)
-				}
-				worst = max(worst, d)
-			}
+			worst := lossGap(t, got.Losses, want.Losses, cudaLossTol, "on cuda", "on cpu")
 			gaps := bf16UpdateGaps(t, cpuCfg, want.Out, got.Out)
 			for g, gap := range gaps {
 				if !(gap <= cudaUpdateTol) {
@@ -94,28 +83,7 @@ func TestCUDATrainsLikeCPU(t *testing.T) {
 // the group unchanged).
 func bf16UpdateGaps(t *testing.T, c Config, refOut, out string) []float64 {
 	t.Helper()
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	init := mc.Init(c.Seed)
-	ref, _, err := readCheckpoint(t, refOut).Float32("params")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _, err := readCheckpoint(t, out).Float32("params")
-	if err != nil {
-		t.Fatal(err)
-	}
-	diff, norm := make([]float64, mc.Layers()+1), make([]float64, mc.Layers()+1)
-	for _, p := range mc.Layout() {
-		for i := p.Offset; i < p.Offset+p.Len(); i++ {
-			w0 := float64(bf16.ToFloat32(bf16.FromFloat32(init[i])))
-			dRef, dGot := float64(ref[i])-w0, float64(got[i])-w0
-			diff[p.Layer+1] += (dGot - dRef) * (dGot - dRef)
-			norm[p.Layer+1] += dRef * dRef
-		}
-	}
+	diff, norm := updateSums(t, c, refOut, out, true)
 	gaps := make([]float64, len(diff))
 	for g := range gaps {
 		if norm[g] > 0 {

@@ -220,24 +220,8 @@ func TestBadCheckpoint(t *testing.T) {
 		}, []string{"resume", checkpoint.FileName, "adam.m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := base
-			c.Out = filepath.Join(t.TempDir(), "out")
-			if err := os.MkdirAll(c.Out, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, filepath.Join(c.Out, checkpoint.FileName), string(good))
-			c.Resume = true
-			tc.setup(t, &c)
-			before, err := os.ReadFile(filepath.Join(c.Out, checkpoint.FileName))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = Run(context.Background(), c, Options{})
+			_, _, err := resumeCopy(t, base, good, func(t *testing.T, c *Config, _ string) { tc.setup(t, c) })
 			wantErr(t, err, tc.want...)
-			after, err := os.ReadFile(filepath.Join(c.Out, checkpoint.FileName))
-			if err != nil || string(after) != string(before) {
-				t.Errorf("the checkpoint changed after a failed resume (%v)", err)
-			}
 		})
 	}
 }
@@ -248,40 +232,39 @@ func TestBadCheckpoint(t *testing.T) {
 func raiseLR(t *testing.T, c *Config, lr float64) {
 	t.Helper()
 	c.LR = lr
-	path := filepath.Join(c.Out, checkpoint.FileName)
-	f, err := safetensors.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := checkpoint.ReadState(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Settings["lr"] = settingText(reflect.ValueOf(lr))
-	raw, err := json.Marshal(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ts []safetensors.Tensor
-	for _, name := range f.Names() {
-		v, _, err := f.Float32(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts = append(ts, safetensors.F32Tensor(name, []int{len(v)}, v))
-	}
-	if err := safetensors.Write(path, ts, checkpoint.Metadata(ts, string(raw))); err != nil {
-		t.Fatal(err)
-	}
+	editCheckpoint(t, filepath.Join(c.Out, checkpoint.FileName), func(st *checkpoint.State) {
+		st.Settings["lr"] = settingText(reflect.ValueOf(lr))
+	}, nil)
 }
 
 // rewriteCheckpoint rewrites every tensor of a checkpoint through edit,
 // keeping its training state, with checksums of the edited tensors.
 func rewriteCheckpoint(t *testing.T, path string, edit func(name string, v []float32) []float32) {
 	t.Helper()
+	editCheckpoint(t, path, nil, edit)
+}
+
+// editCheckpoint rewrites a checkpoint with editState's changes to its
+// training state and edit's to its tensors (nil: unchanged), and with the
+// checksums of what it writes.
+func editCheckpoint(t *testing.T, path string, editState func(st *checkpoint.State), edit func(name string, v []float32) []float32) {
+	t.Helper()
 	f, err := safetensors.Open(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	state := f.Metadata[checkpoint.MetadataKey]
+	if editState != nil {
+		st, err := checkpoint.ReadState(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		editState(&st)
+		raw, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		state = string(raw)
 	}
 	var ts []safetensors.Tensor
 	for _, name := range f.Names() {
@@ -289,10 +272,12 @@ func rewriteCheckpoint(t *testing.T, path string, edit func(name string, v []flo
 		if err != nil {
 			t.Fatal(err)
 		}
-		v = edit(name, v)
+		if edit != nil {
+			v = edit(name, v)
+		}
 		ts = append(ts, safetensors.F32Tensor(name, []int{len(v)}, v))
 	}
-	if err := safetensors.Write(path, ts, checkpoint.Metadata(ts, f.Metadata[checkpoint.MetadataKey])); err != nil {
+	if err := safetensors.Write(path, ts, checkpoint.Metadata(ts, state)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -376,15 +361,8 @@ func TestNonFinite(t *testing.T) {
 func TestDeviceMemTooSmall(t *testing.T) {
 	c := quickConfig(t, "tiny")
 	c.DeviceMem = 1 << 20
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := MemoryOf(mc, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Run(context.Background(), c, Options{})
+	_, plan := memoryPlan(t, c)
+	_, err := Run(context.Background(), c, Options{})
 	wantErr(t, err, "--device-mem", "needs "+strconv.FormatInt(plan.DeviceTotal(), 10)+" bytes", strconv.FormatInt(c.DeviceMem, 10))
 	var fe *FlagError
 	if !errors.As(err, &fe) || fe.Flag != "device-mem" {
@@ -400,10 +378,7 @@ func TestDeviceMemTooSmall(t *testing.T) {
 	// A budget between the plans without and with recomputation: the
 	// error names the setting that fits, and that setting runs.
 	c.Recompute = model.RecomputeAttn
-	attn, err := MemoryOf(mc, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, attn := memoryPlan(t, c)
 	c.Recompute = model.RecomputeNone
 	c.DeviceMem = attn.DeviceTotal()
 	_, err = Run(context.Background(), c, Options{})

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -82,29 +81,39 @@ func TestIntegrityResume(t *testing.T) {
 		}, []string{"tensor params", "transformer.ln_f.bias holds NaN at element 15", "not finite"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := base
-			c.Out = filepath.Join(t.TempDir(), "out")
-			if err := os.MkdirAll(c.Out, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			path := writeFile(t, filepath.Join(c.Out, checkpoint.FileName), string(good))
-			tc.setup(t, path)
-			before, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Resume = true
-			res, err := Run(context.Background(), c, Options{})
+			path, res, err := resumeCopy(t, base, good, func(t *testing.T, _ *Config, path string) { tc.setup(t, path) })
 			wantErr(t, err, append(tc.want, "resume", path)...)
 			if res != nil && res.Steps > 0 {
 				t.Errorf("trained %d steps from a refused checkpoint", res.Steps)
 			}
-			after, err := os.ReadFile(path)
-			if err != nil || !bytes.Equal(after, before) {
-				t.Errorf("the checkpoint changed after a refused resume (%v)", err)
-			}
 		})
 	}
+}
+
+// resumeCopy resumes base from a copy of the checkpoint good in an output
+// folder of its own, after setup's changes to the run and to the copy
+// (at path), and fails if the run changes the copy: it is to be refused.
+// It returns the copy's path and what the run returned.
+func resumeCopy(t *testing.T, base Config, good []byte, setup func(t *testing.T, c *Config, path string)) (string, *Result, error) {
+	t.Helper()
+	c := base
+	c.Out = filepath.Join(t.TempDir(), "out")
+	if err := os.MkdirAll(c.Out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := writeFile(t, filepath.Join(c.Out, checkpoint.FileName), string(good))
+	c.Resume = true
+	setup(t, &c, path)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, runErr := Run(context.Background(), c, Options{})
+	after, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(after, before) {
+		t.Errorf("the checkpoint changed after a refused resume (%v)", err)
+	}
+	return path, res, runErr
 }
 
 func TestNonFinitePretrained(t *testing.T) {
@@ -155,23 +164,11 @@ func TestNonFinitePretrained(t *testing.T) {
 // carries checksums and passes them.
 func TestLegacyCheckpointWarns(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out")
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(out, checkpoint.FileName)
-	copyFile(t, path, filepath.Join(legacyDir, "native", checkpoint.FileName))
-	c := legacyConfig("native", out)
-	c.Resume = true
-	var logged bytes.Buffer
-	mustRun(t, context.Background(), c, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
-	var warning string
-	for _, line := range strings.Split(logged.String(), "\n") {
-		if strings.Contains(line, "level=WARN") && strings.Contains(line, "no checksums") {
-			warning = line
-		}
-	}
-	if !strings.Contains(warning, path) {
-		t.Errorf("no warning naming %s that it carries no checksums; the log:\n%s", path, logged.String())
+	c := resumeFixture(t, "native", out)
+	_, logged := loggedRun(t, c)
+	if !strings.Contains(lastWarning(logged, "no checksums"), path) {
+		t.Errorf("no warning naming %s that it carries no checksums; the log:\n%s", path, logged)
 	}
 	f := readCheckpoint(t, out)
 	if st := checkpointState(t, f); st.Version != checkpoint.Version || st.Step != 6 {

@@ -108,23 +108,58 @@ func TestBF16KernelDTypes(t *testing.T) {
 					be := cpu.New(cpu.Config{Threads: 2, KernelDTypes: true})
 					defer be.Close()
 					res := mustRun(t, context.Background(), tinyBF16Config(t, mode, sched, backend.BF16, gdt), Options{Backend: be})
-					if len(res.Losses) != bf16Steps || len(ref.Losses) != bf16Steps {
-						t.Fatalf("%d bf16 and %d fp32 losses, want %d each", len(res.Losses), len(ref.Losses), bf16Steps)
-					}
-					worst := 0.0
-					for i := range res.Losses {
-						d := math.Abs(res.Losses[i] - ref.Losses[i])
-						if !(d <= bf16LossTol) {
-							t.Errorf("step %d: loss %.5f at bf16, %.5f at fp32: |diff| %.5f > %v", i+1, res.Losses[i], ref.Losses[i], d, bf16LossTol)
-						}
-						worst = max(worst, d)
-					}
+					worst := lossGap(t, res.Losses, ref.Losses, bf16LossTol, "at bf16", "at fp32")
 					gaps := updateGaps(t, refCfg, ref.Out, res.Out)
 					t.Logf("losses bf16 %.4f, fp32 %.4f (worst |diff| %.4f); update gaps %.3f", res.Losses, ref.Losses, worst, gaps)
 				})
 			}
 		}
 	}
+}
+
+// lossGap holds the bf16Steps losses of a run (got, the run described by
+// how) to a reference run's (want, refHow) step by step within tol, and
+// returns the largest gap.
+func lossGap(t *testing.T, got, want []float64, tol float64, how, refHow string) float64 {
+	t.Helper()
+	if len(got) != bf16Steps || len(want) != bf16Steps {
+		t.Fatalf("%d losses %s and %d %s, want %d each", len(got), how, len(want), refHow, bf16Steps)
+	}
+	worst := 0.0
+	for i := range got {
+		d := math.Abs(got[i] - want[i])
+		if !(d <= tol) {
+			t.Errorf("step %d: loss %.5f %s, %.5f %s: |diff| %.5f > %v", i+1, got[i], how, want[i], refHow, d, tol)
+		}
+		worst = max(worst, d)
+	}
+	return worst
+}
+
+// updateSums sums, by block (index 0 for the parameters outside the
+// blocks), |dW(out) - dW(refOut)|^2 and |dW(refOut)|^2 for two runs of c,
+// dW = final - initial weights. out is a bf16 run: its initial weights are
+// c's rounded to nearest even; refOut's are too when refBF16, and c's as
+// they are otherwise (an fp32 reference).
+func updateSums(t *testing.T, c Config, refOut, out string, refBF16 bool) (diff, norm []float64) {
+	t.Helper()
+	mc := resolveModel(t, c.Model)
+	init := mc.Init(c.Seed)
+	ref, got := checkpointParams(t, refOut), checkpointParams(t, out)
+	diff, norm = make([]float64, mc.Layers()+1), make([]float64, mc.Layers()+1)
+	for _, p := range mc.Layout() {
+		for i := p.Offset; i < p.Offset+p.Len(); i++ {
+			w0 := float64(bf16.ToFloat32(bf16.FromFloat32(init[i])))
+			refW0 := float64(init[i])
+			if refBF16 {
+				refW0 = w0
+			}
+			dRef, dGot := float64(ref[i])-refW0, float64(got[i])-w0
+			diff[p.Layer+1] += (dGot - dRef) * (dGot - dRef)
+			norm[p.Layer+1] += dRef * dRef
+		}
+	}
+	return diff, norm
 }
 
 // updateGaps compares the weight updates of an fp32 run (refOut) and a
@@ -135,29 +170,7 @@ func TestBF16KernelDTypes(t *testing.T) {
 // unchanged but out did not (a gap of 0 then).
 func updateGaps(t *testing.T, c Config, refOut, out string) []float64 {
 	t.Helper()
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	init := mc.Init(c.Seed)
-	ref, _, err := readCheckpoint(t, refOut).Float32("params")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _, err := readCheckpoint(t, out).Float32("params")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Sums by block, index 0 for the parameters outside the blocks.
-	diff, norm := make([]float64, mc.Layers()+1), make([]float64, mc.Layers()+1)
-	for _, p := range mc.Layout() {
-		for i := p.Offset; i < p.Offset+p.Len(); i++ {
-			dRef := float64(ref[i]) - float64(init[i])
-			dGot := float64(got[i]) - float64(bf16.ToFloat32(bf16.FromFloat32(init[i])))
-			diff[p.Layer+1] += (dGot - dRef) * (dGot - dRef)
-			norm[p.Layer+1] += dRef * dRef
-		}
-	}
+	diff, norm := updateSums(t, c, refOut, out, false)
 	gaps := make([]float64, len(diff))
 	for g := range gaps {
 		what := "the parameters outside the blocks"

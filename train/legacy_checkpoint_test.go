@@ -69,6 +69,19 @@ func copyFile(t *testing.T, dst, src string) {
 	}
 }
 
+// resumeFixture copies the checkpoint fixture of mode into out, making
+// out if need be, and returns the run that resumes it.
+func resumeFixture(t *testing.T, mode, out string) Config {
+	t.Helper()
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(out, checkpoint.FileName), filepath.Join(legacyDir, mode, checkpoint.FileName))
+	c := legacyConfig(mode, out)
+	c.Resume = true
+	return c
+}
+
 func TestLegacyCheckpoint(t *testing.T) {
 	if *updateCheckpointFixtures {
 		if err := gpt2.ExportHF(filepath.Join(legacyDir, "model"), microConfig(32, 1), gpt2.Init(microConfig(32, 1), 7)); err != nil {
@@ -102,12 +115,7 @@ func TestLegacyCheckpoint(t *testing.T) {
 			if err := json.Unmarshal(raw, &want); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			copyFile(t, filepath.Join(out, checkpoint.FileName), filepath.Join(fix, checkpoint.FileName))
-			c := legacyConfig(mode, out)
-			c.Resume = true
+			c := resumeFixture(t, mode, out)
 			res := mustRun(t, context.Background(), c, Options{})
 			if res.Steps != 6 || len(res.Losses) != len(want) {
 				t.Fatalf("resumed to step %d with losses %v; want step 6 and %v", res.Steps, res.Losses, want)

@@ -37,10 +37,7 @@ func TestRunLlama2C(t *testing.T) {
 	if !catalog.Equal(spec, st.Model) {
 		t.Errorf("export config %+v, checkpoint %+v", spec, st.Model)
 	}
-	want, _, err := readCheckpoint(t, c.Out).Float32("params")
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := checkpointParams(t, c.Out)
 	if len(vals) != len(want) {
 		t.Fatalf("export %d values, checkpoint %d", len(vals), len(want))
 	}

@@ -7,7 +7,6 @@ package train
 import (
 	"context"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -136,26 +135,11 @@ func TestRunMeasurements(t *testing.T) {
 // TestResidentPeak reads VmHWM from a status file, and says when there is
 // none to read.
 func TestResidentPeak(t *testing.T) {
-	old := statusPath
-	defer func() { statusPath = old }()
-	for _, tc := range []struct {
-		status string
-		want   int64
-		ok     bool
-	}{
+	checkProcReader(t, "residentPeak", &statusPath, residentPeak, []procCase{
 		{"Name:\tlsp-train\nVmPeak:\t  900 kB\nVmHWM:\t    1234 kB\nVmRSS:\t  1000 kB\n", 1234 << 10, true},
 		{"Name:\tlsp-train\n", 0, false},
 		{"VmHWM:\t12 MB\n", 0, false},
-	} {
-		statusPath = writeFile(t, filepath.Join(t.TempDir(), "status"), tc.status)
-		if got, ok := residentPeak(); got != tc.want || ok != tc.ok {
-			t.Errorf("residentPeak of %q = %d, %v; want %d, %v", tc.status, got, ok, tc.want, tc.ok)
-		}
-	}
-	statusPath = filepath.Join(t.TempDir(), "none")
-	if _, ok := residentPeak(); ok {
-		t.Errorf("residentPeak without a status file says it knows")
-	}
+	})
 }
 
 // TestGenerationInPlan: an fp32 run whose evaluation generates with the

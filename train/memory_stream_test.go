@@ -22,14 +22,7 @@ func TestPlanStreamingTransients(t *testing.T) {
 		t.Helper()
 		c := Defaults()
 		c.Model, c.Mode, c.Batch, c.SeqLen = name, mode, 1, 16
-		mc, _, err := ResolveModel(c.Model)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := MemoryOf(mc, c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		mc, p := memoryPlan(t, c)
 		m := map[string]int64{}
 		for _, x := range p.Transient {
 			m[x.Name] = x.Bytes

@@ -18,7 +18,29 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/engine"
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
+
+// resolveModel is the model ResolveModel finds for name.
+func resolveModel(t *testing.T, name string) model.Spec {
+	t.Helper()
+	mc, _, err := ResolveModel(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mc
+}
+
+// memoryPlan is the memory plan of a run of c and its model.
+func memoryPlan(t *testing.T, c Config) (model.Spec, Memory) {
+	t.Helper()
+	mc := resolveModel(t, c.Model)
+	p, err := MemoryOf(mc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mc, p
+}
 
 const hostMemChildEnv = "LSP_TRAIN_HOSTMEM_CHILD"
 
@@ -167,10 +189,7 @@ func hostMemChild(t *testing.T, r hostMemRun) {
 	if r.Load != "" {
 		c.Model = filepath.Join(dir, r.Load, "hf")
 	}
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mc := resolveModel(t, c.Model)
 	largest := 0
 	for _, p := range mc.Layout() {
 		largest = max(largest, p.Len())
@@ -263,15 +282,8 @@ func TestHostMemTooSmall(t *testing.T) {
 			}
 			c := quickConfig(t, "tiny")
 			c.HostMem = tc.hostMem
-			mc, _, err := ResolveModel(c.Model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan, err := MemoryOf(mc, c) // without the data: a little less than the run's
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = Run(context.Background(), c, Options{})
+			_, plan := memoryPlan(t, c) // without the data: a little less than the run's
+			_, err := Run(context.Background(), c, Options{})
 			wantErr(t, err, append(tc.want, "--host-mem", "bytes of host memory", "device memory (cpu backend)",
 				"checkpoint write", "(the peak's)")...)
 			var fe *FlagError
@@ -292,27 +304,39 @@ func TestHostMemTooSmall(t *testing.T) {
 // TestMemAvailable reads MemAvailable in bytes, and says when a file
 // lacks it or spells it otherwise.
 func TestMemAvailable(t *testing.T) {
-	old := meminfoPath
-	defer func() { meminfoPath = old }()
-	dir := t.TempDir()
-	for _, tc := range []struct {
-		text string
-		want int64
-		ok   bool
-	}{
+	checkProcReader(t, "memAvailable()", &meminfoPath, memAvailable, []procCase{
 		{"MemTotal: 100 kB\nMemAvailable:     1234 kB\nBuffers: 1 kB\n", 1234 << 10, true},
 		{"MemTotal: 100 kB\n", 0, false},
 		{"MemAvailable: 12 MB\n", 0, false},
 		{"MemAvailable: -3 kB\n", 0, false},
-	} {
-		meminfoPath = writeFile(t, filepath.Join(dir, "meminfo"), tc.text)
-		if got, ok := memAvailable(); got != tc.want || ok != tc.ok {
-			t.Errorf("%q: memAvailable() = %d, %v, want %d, %v", tc.text, got, ok, tc.want, tc.ok)
+	})
+}
+
+// procCase is the text of a /proc file and what a reader of one of its
+// fields returns for it: the bytes, and whether it knows them.
+type procCase struct {
+	text string
+	want int64
+	ok   bool
+}
+
+// checkProcReader points *path at a file of each case's text in turn and
+// holds read to the case, then at a missing file, of which read must say
+// it does not know; *path is restored after.
+func checkProcReader(t *testing.T, name string, path *string, read func() (int64, bool), cases []procCase) {
+	t.Helper()
+	old := *path
+	defer func() { *path = old }()
+	dir := t.TempDir()
+	for _, tc := range cases {
+		*path = writeFile(t, filepath.Join(dir, "proc"), tc.text)
+		if got, ok := read(); got != tc.want || ok != tc.ok {
+			t.Errorf("%s of %q = %d, %v; want %d, %v", name, tc.text, got, ok, tc.want, tc.ok)
 		}
 	}
-	meminfoPath = filepath.Join(dir, "absent")
-	if _, ok := memAvailable(); ok {
-		t.Errorf("memAvailable() of a missing file says it knows")
+	*path = filepath.Join(dir, "absent")
+	if _, ok := read(); ok {
+		t.Errorf("%s of a missing file says it knows", name)
 	}
 }
 
@@ -324,14 +348,7 @@ func TestMemAvailable(t *testing.T) {
 func TestResolveGradResidency(t *testing.T) {
 	c := Defaults()
 	c.Mode = engine.Zero
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	whole, err := MemoryOf(mc, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mc, whole := memoryPlan(t, c)
 	need := whole.DeviceTotal()
 	lspc := c
 	lspc.Mode = engine.LSP

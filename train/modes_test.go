@@ -3,7 +3,6 @@ package train
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -155,12 +154,10 @@ func TestProjectorChecksInMetrics(t *testing.T) {
 func TestLSPCapLogged(t *testing.T) {
 	c := modeConfigs(t, writeModel(t, microConfig(16, 2)))["lsp-device"]
 	c.D, c.R, c.Steps = 100, 4, 1
-	var buf strings.Builder
-	log := slog.New(slog.NewTextHandler(&buf, nil))
-	mustRun(t, context.Background(), c, Options{Logger: log})
+	_, logged := loggedRun(t, c)
 	for _, want := range []string{"16x48 d=16 r=4 (qkv, x2) capped at the matrix's side from --d 100", "64x16 d=16 r=4 (fcproj, x2) capped"} {
-		if !strings.Contains(buf.String(), want) {
-			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		if !strings.Contains(logged, want) {
+			t.Errorf("log lacks %q:\n%s", want, logged)
 		}
 	}
 }

@@ -12,7 +12,6 @@ package train
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -81,12 +80,8 @@ func TestSkipNonFinite(t *testing.T) {
 		for name, c := range nonFiniteConfigs(t, model, sched) {
 			t.Run(name+"/"+string(sched), func(t *testing.T) {
 				c.OnNonFinite = SkipNonFinite
-				var log strings.Builder
 				armNaN(t, "loss@3/1")
-				full, err := Run(context.Background(), c, Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
-				if err != nil {
-					t.Fatalf("Run: %v", err)
-				}
+				full, log := loggedRun(t, c)
 				if full.Steps != 8 || len(full.Losses) != 8 {
 					t.Fatalf("%d steps, %d losses; want 8", full.Steps, len(full.Losses))
 				}
@@ -102,8 +97,8 @@ func TestSkipNonFinite(t *testing.T) {
 					t.Errorf("skipped-step records %+v, want one at step 3 with loss NaN, 1 in a row, and the lr", skips)
 				}
 				for _, want := range []string{"level=WARN", "skipped a step whose loss is not finite", "step=3", "loss=NaN"} {
-					if !strings.Contains(log.String(), want) {
-						t.Errorf("log lacks %q:\n%s", want, log.String())
+					if !strings.Contains(log, want) {
+						t.Errorf("log lacks %q:\n%s", want, log)
 					}
 				}
 				if sched == Sequential || name == "lsp-host" {

@@ -32,6 +32,25 @@ var resumeNotRecorded = map[string]string{
 	"Overwrite": "what happens to an earlier run's outputs; contradicts --resume (Validate)",
 }
 
+// loggedRun runs c to the end and returns its result and its text log.
+func loggedRun(t *testing.T, c Config) (*Result, string) {
+	t.Helper()
+	var logged bytes.Buffer
+	res := mustRun(t, context.Background(), c, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	return res, logged.String()
+}
+
+// lastWarning is the last line of a text log that warns of what, or "".
+func lastWarning(log, what string) string {
+	var warning string
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, what) {
+			warning = line
+		}
+	}
+	return warning
+}
+
 func fieldNames(t reflect.Type) map[string]reflect.StructField {
 	m := map[string]reflect.StructField{}
 	for i := range t.NumField() {
@@ -268,18 +287,17 @@ func TestResumeChangedSettings(t *testing.T) {
 
 	ok := c
 	ok.Resume, ok.Steps, ok.EvalEvery = true, 3, 1
-	var logged bytes.Buffer
-	res := mustRun(t, context.Background(), ok, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	res, logged := loggedRun(t, ok)
 	if res.Steps != 3 || res.StepsRun != 1 || res.ResumedAt != 2 {
 		t.Errorf("resumed run: steps %d, run %d, resumed at %d; want 3, 1, 2", res.Steps, res.StepsRun, res.ResumedAt)
 	}
 	for _, want := range []string{"flag=--steps checkpoint=2 now=3", "flag=--eval-every checkpoint=0 now=1"} {
-		if !strings.Contains(logged.String(), want) {
-			t.Errorf("the log does not hold %q:\n%s", want, logged.String())
+		if !strings.Contains(logged, want) {
+			t.Errorf("the log does not hold %q:\n%s", want, logged)
 		}
 	}
-	if strings.Contains(logged.String(), "predates") {
-		t.Errorf("a checkpoint with recorded settings was called old:\n%s", logged.String())
+	if strings.Contains(logged, "predates") {
+		t.Errorf("a checkpoint with recorded settings was called old:\n%s", logged)
 	}
 }
 
@@ -287,23 +305,9 @@ func TestResumeChangedSettings(t *testing.T) {
 // holds none of the recorded settings, warns naming those it cannot
 // check.
 func TestResumeOldCheckpointWarns(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "out")
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, filepath.Join(out, checkpoint.FileName), filepath.Join(legacyDir, "native", checkpoint.FileName))
-	c := legacyConfig("native", out)
-	c.Resume = true
-	var logged bytes.Buffer
-	mustRun(t, context.Background(), c, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
-	var warning string
-	for _, line := range strings.Split(logged.String(), "\n") {
-		if strings.Contains(line, "level=WARN") && strings.Contains(line, "predates") {
-			warning = line
-		}
-	}
-	if !strings.Contains(warning, "--lr") || strings.Contains(warning, "--batch") {
-		t.Errorf("no warning naming --lr (and not --batch, which it holds); the log:\n%s", logged.String())
+	_, logged := loggedRun(t, resumeFixture(t, "native", filepath.Join(t.TempDir(), "out")))
+	if warning := lastWarning(logged, "predates"); !strings.Contains(warning, "--lr") || strings.Contains(warning, "--batch") {
+		t.Errorf("no warning naming --lr (and not --batch, which it holds); the log:\n%s", logged)
 	}
 }
 

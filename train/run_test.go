@@ -82,6 +82,16 @@ func readCheckpoint(t *testing.T, out string) *safetensors.File {
 	return f
 }
 
+// checkpointParams reads the weights of <out>/checkpoint.safetensors.
+func checkpointParams(t *testing.T, out string) []float32 {
+	t.Helper()
+	v, _, err := readCheckpoint(t, out).Float32(checkpoint.ParamsTensor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func checkpointState(t *testing.T, f *safetensors.File) checkpoint.State {
 	t.Helper()
 	st, err := checkpoint.ReadState(f)
@@ -409,20 +419,13 @@ func TestDeterministic(t *testing.T) {
 // exactly that many bytes is enough, one byte less is refused up front.
 func TestDeviceMemExact(t *testing.T) {
 	c := quickConfig(t, writeModel(t, microConfig(16, 1)))
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		dt backend.DType
 		rc model.Recompute
 	}{{backend.F32, model.RecomputeNone}, {backend.BF16, model.RecomputeNone}, {backend.F32, model.RecomputeLayer}, {backend.BF16, model.RecomputeAttn}} {
 		dt := tc.dt
 		c.DType, c.Recompute = dt, tc.rc
-		plan, err := MemoryOf(mc, c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, plan := memoryPlan(t, c)
 		c.DeviceMem = plan.DeviceTotal()
 		c.Out = filepath.Join(t.TempDir(), "out")
 		if _, err := Run(context.Background(), c, Options{StopAfter: 1}); err != nil {
@@ -443,14 +446,7 @@ func TestDeviceMemExact(t *testing.T) {
 func TestGradResidencyRun(t *testing.T) {
 	c := quickConfig(t, "tiny")
 	c.Mode, c.Steps, c.EvalEvery = engine.Zero, 3, 0
-	mc, _, err := ResolveModel(c.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	whole, err := MemoryOf(mc, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, whole := memoryPlan(t, c)
 	ref := mustRun(t, context.Background(), c, Options{})
 	c.Out = filepath.Join(t.TempDir(), "out")
 	// One byte below the whole plan: checkMemory would refuse the run
