@@ -131,27 +131,27 @@ func (o *fakeOptimizer) LoadStateFrom(src engine.StateSource) error {
 }
 func (o *fakeOptimizer) SetStepCount(step int) { o.step = step }
 
-// smallModel is a one-layer GPT-2 on a CPU backend (closed with the
-// test), its parameters uploaded from gpt2.Init.
-func smallModel(t *testing.T) (backend.Backend, backend.Stream, gpt2.Config, *gpt2.Model, []float32) {
+// uploadedModel is a GPT-2 of shape mc (one sequence of its full
+// length) on a CPU backend, closed with the test, holding params.
+func uploadedModel(t *testing.T, mc gpt2.Config, params []float32) (backend.Backend, backend.Stream, *gpt2.Model) {
 	t.Helper()
 	be := cpu.New(cpu.Config{Threads: 1})
 	t.Cleanup(func() { be.Close() })
 	s := be.DefaultStream()
-	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5}
-	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
+	m, err := gpt2.New(be, mc, 1, mc.MaxT, backend.F32)
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals := gpt2.Init(mc, 3)
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
+	if err := backend.Upload(be, s, m.Params, params); err != nil {
 		t.Fatal(err)
 	}
-	return be, s, mc, m, vals
+	return be, s, m
 }
 
 func TestSaveLoad(t *testing.T) {
-	be, s, mc, m, vals := smallModel(t)
+	mc := gpt2.Config{V: 257, MaxT: 8, C: 8, L: 1, NH: 2, Eps: 1e-5} // one layer
+	vals := gpt2.Init(mc, 3)
+	be, s, m := uploadedModel(t, mc, vals)
 	opt := &fakeOptimizer{state: map[string][]float32{"b.m": {1, 2}, "a.v": {3}}}
 	st := State{Step: 5, Position: data.Position{Epoch: 1, Index: 7}, Seed: 9, Model: mc, DType: backend.BF16,
 		Data: "builtin:copy", Batch: 2, SeqLen: 8, Tokens: 80, GradAccum: 2, EvalFraction: 0.1, Truncate: true,
@@ -272,18 +272,9 @@ func TestStateFamily(t *testing.T) {
 // files written now load in older programs); Restore gives them back,
 // chunk by chunk, equal.
 func TestSaveStreamsTheSameBytes(t *testing.T) {
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
-	s := be.DefaultStream()
 	mc := gpt2.Config{V: 4096, MaxT: 8, C: 256, L: 1, NH: 2, Eps: 1e-5} // 1.84M parameters: two download chunks
-	m, err := gpt2.New(be, mc, 1, 8, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
 	vals := gpt2.Init(mc, 5)
-	if err := backend.Upload(be, s, m.Params, vals); err != nil {
-		t.Fatal(err)
-	}
+	be, s, m := uploadedModel(t, mc, vals)
 	long := make([]float32, 2*saveChunk+12345)
 	for i := range long {
 		long[i] = float32(i)*0.25 - 7

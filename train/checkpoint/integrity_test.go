@@ -21,7 +21,6 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/engine"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
@@ -37,19 +36,10 @@ var tinyModel = gpt2.Config{V: 17, MaxT: 4, C: 4, L: 1, NH: 2, Eps: 1e-5}
 // path and bytes.
 func saveTiny(t *testing.T, params []float32, state map[string][]float32) (string, []byte) {
 	t.Helper()
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
-	s := be.DefaultStream()
-	m, err := gpt2.New(be, tinyModel, 1, tinyModel.MaxT, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if params == nil {
 		params = gpt2.Init(tinyModel, 3)
 	}
-	if err := backend.Upload(be, s, m.Params, params); err != nil {
-		t.Fatal(err)
-	}
+	be, s, m := uploadedModel(t, tinyModel, params)
 	if state == nil {
 		state = map[string][]float32{"adam.m": {0.5, -1, 2}, "adam.v": {1e-3, 4e-6}, "host.steps": {7}}
 	}
@@ -233,6 +223,22 @@ func rewrite(t *testing.T, path string, drop string, edit func(meta map[string]s
 	}
 }
 
+// editState changes the training state of a metadata map, and its
+// checksum to match.
+func editState(t *testing.T, meta map[string]string, edit func(st *State)) {
+	t.Helper()
+	var st State
+	if err := json.Unmarshal([]byte(meta[MetadataKey]), &st); err != nil {
+		t.Fatal(err)
+	}
+	edit(&st)
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta[MetadataKey], meta[StateChecksumKey] = string(raw), checksum(raw)
+}
+
 // editSums changes the tensor checksums of a metadata map.
 func editSums(t *testing.T, meta map[string]string, edit func(sums map[string]string)) {
 	t.Helper()
@@ -295,28 +301,10 @@ func TestMissingChecksum(t *testing.T) {
 // rather than misread.
 func TestNewerVersion(t *testing.T) {
 	path, _ := saveTiny(t, nil, nil)
-	f, err := safetensors.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := ReadState(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Version = Version + 1
-	raw, err := json.Marshal(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ts []safetensors.Tensor
-	for _, name := range f.Names() {
-		b, ti, _ := f.Raw(name)
-		ts = append(ts, safetensors.Tensor{Name: name, DType: ti.DType, Shape: ti.Shape, Data: b})
-	}
-	if err := safetensors.Write(path, ts, Metadata(ts, string(raw))); err != nil {
-		t.Fatal(err)
-	}
-	_, err = Load(path, tinyModel, nil)
+	rewrite(t, path, "", func(meta map[string]string) {
+		editState(t, meta, func(st *State) { st.Version = Version + 1 })
+	})
+	_, err := Load(path, tinyModel, nil)
 	wantErr(t, err, "newer", path, "version 4")
 }
 
