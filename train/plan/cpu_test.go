@@ -163,10 +163,7 @@ func TestCPUMachinePredictsStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Plan(Config{Arch: arch, B: B, T: T, Accum: 1, DType: backend.F32, Engine: cfg}, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustPlan(t, Config{Arch: arch, B: B, T: T, Accum: 1, DType: backend.F32, Engine: cfg}, m)
 	sum := 0.0
 	for _, task := range r.Tasks {
 		sum += task.Work

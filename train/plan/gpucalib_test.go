@@ -23,10 +23,7 @@ func TestGPUCalibration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Preset("h200", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuPreset(t, "h200")
 	norm := m.GPU.Eff[trace.Norm]
 	if err := got.Apply(&m, "H200"); err != nil {
 		t.Fatal(err)
@@ -37,10 +34,7 @@ func TestGPUCalibration(t *testing.T) {
 	if _, err := Preset("h200", "", ""); err != nil || gpuEff()[trace.Gemm] == 0.55 {
 		t.Errorf("Apply changed the preset's shared efficiencies")
 	}
-	h100, err := Preset("h100", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h100 := gpuPreset(t, "h100")
 	if err := got.Apply(&h100, "h100"); err == nil || !strings.Contains(err.Error(), "calibrate that GPU only") {
 		t.Errorf("applied to another preset: %v", err)
 	}

@@ -39,6 +39,37 @@ func engineConfig(mode engine.Mode) engine.Config {
 	return c
 }
 
+// gpuPreset is the machine of the --gpu preset gpu, with its usual link
+// and host.
+func gpuPreset(t *testing.T, gpu string) Machine {
+	t.Helper()
+	m, err := Preset(gpu, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// llama7B is LLaMA-7B's shape.
+func llama7B(t *testing.T) llama.Config {
+	t.Helper()
+	c7, err := llama.Preset("llama-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c7
+}
+
+// mustPlan is the plan of c on m.
+func mustPlan(t *testing.T, c Config, m Machine) Report {
+	t.Helper()
+	r, err := Plan(c, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // TestTraceLinkBytes: the bytes the traced graph copies across the link
 // are engine.MemoryOf's link and batch traffic, and every copy is on a
 // queue of its direction but the batch's, which the forward uploads on the
@@ -142,11 +173,7 @@ func TestOpTime(t *testing.T) {
 
 func TestPresetsValid(t *testing.T) {
 	for name := range GPUs {
-		m, err := Preset(name, "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Validate(); err != nil {
+		if err := gpuPreset(t, name).Validate(); err != nil {
 			t.Error(err)
 		}
 	}
@@ -165,10 +192,7 @@ func TestPresetsValid(t *testing.T) {
 // TestPreset4060Ti: the 16 GB card comes with its x8 link, half of x16's
 // bytes per second, and the desktop host.
 func TestPreset4060Ti(t *testing.T) {
-	m, err := Preset("rtx4060ti-16gb", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuPreset(t, "rtx4060ti-16gb")
 	if m.GPU.Memory != 16<<30 {
 		t.Errorf("memory %d bytes, want 16 GiB", m.GPU.Memory)
 	}
@@ -184,21 +208,12 @@ func TestPreset4060Ti(t *testing.T) {
 // TestPlanSchedules: on tiny, the sequential schedule is the sum of the
 // tasks, the pipelined one no longer and, in zero mode, shorter.
 func TestPlanSchedules(t *testing.T) {
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuPreset(t, "rtx4090")
 	for _, mode := range engine.Modes {
 		c := Config{Arch: tiny, B: 2, T: 8, Accum: 2, DType: backend.BF16, Engine: engineConfig(mode)}
-		pip, err := Plan(c, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pip := mustPlan(t, c, m)
 		c.Engine.Pipelined = false
-		seq, err := Plan(c, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		seq := mustPlan(t, c, m)
 		sum := 0.0
 		for _, task := range seq.Tasks {
 			sum += task.Work
@@ -229,14 +244,7 @@ func TestPlanSchedules(t *testing.T) {
 // TestPlanLlama7B: planning llama-7b in every mode takes well under 30 s
 // and 1 GB: nothing of the model's size is allocated.
 func TestPlanLlama7B(t *testing.T) {
-	c7, err := llama.Preset("llama-7b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c7, m := llama7B(t), gpuPreset(t, "rtx4090")
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -244,10 +252,7 @@ func TestPlanLlama7B(t *testing.T) {
 	for _, mode := range engine.Modes {
 		cfg := engineConfig(mode)
 		cfg.LSP.D, cfg.LSP.R = 512, 16
-		r, err := Plan(Config{Arch: c7, B: 4, T: 512, Accum: 2, DType: backend.BF16, Engine: cfg}, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := mustPlan(t, Config{Arch: c7, B: 4, T: 512, Accum: 2, DType: backend.BF16, Engine: cfg}, m)
 		if !(r.Step > 0.1 && r.Step < 100) {
 			t.Errorf("%s: step %g s", mode, r.Step)
 		}
@@ -274,14 +279,7 @@ func TestPlanLlama7B(t *testing.T) {
 // step the forward GEMMs it recomputes, counted from the model's shapes
 // (none is the control), and the predicted step grows with it.
 func TestPlanRecompute(t *testing.T) {
-	c7, err := llama.Preset("llama-7b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c7, m := llama7B(t), gpuPreset(t, "rtx4090")
 	const B, T = 2, 2048
 	BT, C, I, L := float64(B*T), float64(c7.Hidden), float64(c7.Intermediate), float64(c7.NumLayers)
 	attnFLOPs := L * 2 * BT * C * C * 3 // q, k and v (LLaMA-7B has no grouped heads)
@@ -295,10 +293,7 @@ func TestPlanRecompute(t *testing.T) {
 	for _, rc := range model.Recomputes {
 		cfg := engineConfig(engine.LSP)
 		cfg.LSP.D, cfg.LSP.R, cfg.DenseParams, cfg.Recompute = 512, 16, engine.DenseFrozen, rc
-		r, err := Plan(Config{Arch: c7, B: B, T: T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := mustPlan(t, Config{Arch: c7, B: B, T: T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
 		if want := rc == model.RecomputeLayer; r.DeviceInBudget != want {
 			t.Errorf("recompute %v: %.2f GiB fits %v, want %v", rc, float64(r.Memory.DeviceTotal())/(1<<30), r.DeviceInBudget, want)
 		}
@@ -340,10 +335,7 @@ func gpt2Over10GbE(t *testing.T) (model.Arch, Machine) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuPreset(t, "rtx4090")
 	if m.Net, err = NetPreset("10gbe"); err != nil {
 		t.Fatal(err)
 	}
@@ -365,10 +357,7 @@ func TestPlanDataParallel(t *testing.T) {
 		for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
 			cfg := engineConfig(mode)
 			cfg.LSP.D, cfg.DenseParams = D, engine.DenseFrozen
-			r, err := Plan(Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := mustPlan(t, Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
 			w := want[mode]
 			if ranks == 1 {
 				w = 0
@@ -438,15 +427,9 @@ func TestPlanSharedCores(t *testing.T) {
 		Host: Host{Name: "two cores", Cores: 2, MemBW: 10e9, Memory: 1 << 30, Workers: 2, CoreBW: 5e9, AdamBWFraction: 0.7},
 	}
 	c := Config{Arch: tiny, B: 2, T: 8, Accum: 1, DType: backend.F32, Engine: engineConfig(engine.Zero)}
-	shared, err := Plan(c, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	shared := mustPlan(t, c, m)
 	m.GPU.SharesHost = false
-	apart, err := Plan(c, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	apart := mustPlan(t, c, m)
 	if !(shared.Step > apart.Step) {
 		t.Errorf("shared cores %g s, own cores %g s: want the shared step longer (host Adam overlaps the backward)", shared.Step, apart.Step)
 	}
@@ -459,15 +442,12 @@ func TestPlanSharedCores(t *testing.T) {
 func TestPlanDeviceCollectives(t *testing.T) {
 	spec, m := gpt2Over10GbE(t)
 	m.Ranks = 2
-	var err error
 	for _, mode := range []engine.Mode{engine.Native, engine.LSP} {
 		var rs [2]Report
 		for i, dev := range []bool{false, true} {
 			cfg := engineConfig(mode)
 			cfg.LSP.D, cfg.DenseParams = 512, engine.DenseFrozen
-			if rs[i], err = Plan(Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg, DeviceCollectives: dev}, m); err != nil {
-				t.Fatal(err)
-			}
+			rs[i] = mustPlan(t, Config{Arch: spec, B: 4, T: 512, Accum: 1, DType: backend.BF16, Engine: cfg, DeviceCollectives: dev}, m)
 		}
 		host, dev := rs[0], rs[1]
 		if dev.NetBytes != host.NetBytes || dev.NetBytes == 0 {
@@ -528,14 +508,7 @@ func TestGPUName(t *testing.T) {
 // u again, du, dB, dA and dX), which the compute stream's busy time
 // includes beside the frozen model's ops, on tiny and on llama-7b.
 func TestPlanLoRAAdapters(t *testing.T) {
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c7, err := llama.Preset("llama-7b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, c7 := gpuPreset(t, "rtx4090"), llama7B(t)
 	for _, tc := range []struct {
 		name  string
 		arch  model.Arch
@@ -547,10 +520,7 @@ func TestPlanLoRAAdapters(t *testing.T) {
 	} {
 		cfg := engineConfig(engine.LoRA)
 		cfg.DenseParams, cfg.LoRA.R = engine.DenseFrozen, 8
-		r, err := Plan(Config{Arch: tc.arch, B: tc.B, T: tc.T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := mustPlan(t, Config{Arch: tc.arch, B: tc.B, T: tc.T, Accum: 1, DType: backend.BF16, Engine: cfg}, m)
 		if r.AdapterGemms != 7*tc.sites {
 			t.Errorf("%s: %d adapter GEMMs, want 7 x %d sites", tc.name, r.AdapterGemms, tc.sites)
 		}
@@ -575,10 +545,7 @@ func TestSVDRefreshTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Preset("rtx4090", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuPreset(t, "rtx4090")
 	at := func(mode engine.Mode, kind lsp.Kind, d int) float64 {
 		ec := engineConfig(mode)
 		ec.LSP.Projector, ec.LSP.D, ec.LSP.R = kind, d, 1
