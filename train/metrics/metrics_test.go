@@ -41,6 +41,22 @@ func writeAll(t *testing.T, path string, resume int, recs ...Record) {
 	}
 }
 
+// roundTrip writes recs to a new file at path, fails unless they read back
+// as they were, and returns the file.
+func roundTrip(t *testing.T, path string, recs ...Record) []byte {
+	t.Helper()
+	writeAll(t, path, -1, recs...)
+	got, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, recs) {
+		t.Fatalf("got %+v, want %+v", got, recs)
+	}
+	b, _ := os.ReadFile(path)
+	return b
+}
+
 func TestRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "metrics.jsonl")
 	in := []Record{
@@ -48,15 +64,7 @@ func TestRoundTrip(t *testing.T) {
 		{Step: 2, Time: 1.5, EvalLoss: F(2.25), ExactMatch: F(0.125)},
 		{Step: 2, Time: 1.6, Event: "checkpoint"},
 	}
-	writeAll(t, path, -1, in...)
-	got, err := ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got, in) {
-		t.Fatalf("got %+v, want %+v", got, in)
-	}
-	b, _ := os.ReadFile(path)
+	b := roundTrip(t, path, in...)
 	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 3 ||
 		lines[1] != `{"step":2,"time_s":1.5,"eval_loss":2.25,"eval_exact_match":0.125}` {
 		t.Fatalf("file:\n%s", b)
@@ -252,15 +260,7 @@ func TestSkippedStep(t *testing.T) {
 		{Step: 2, Time: 1.2, LR: F(1e-3), Event: SkippedStepEvent, Skipped: &SkippedStep{Loss: "+Inf", InARow: 2}},
 		{Step: 2, Time: 1.5, TrainLoss: F(2.25)},
 	}
-	writeAll(t, path, -1, in...)
-	got, err := ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got, in) {
-		t.Fatalf("got %+v, want %+v", got, in)
-	}
-	b, _ := os.ReadFile(path)
+	b := roundTrip(t, path, in...)
 	if !strings.Contains(string(b), `"event":"skipped-step","skipped":{"loss":"NaN","in_a_row":1}`) {
 		t.Errorf("no skipped record as documented in\n%s", b)
 	}

@@ -23,17 +23,24 @@ type fakeClock struct {
 
 func (c *fakeClock) now() time.Time { c.t = c.t.Add(c.step); return c.t }
 
-// TestProgressLogLoss: a log line holds the loss with four decimals, not
-// a float64's 16 digits, and the learning rate with three significant
-// digits.
-func TestProgressLogLoss(t *testing.T) {
+// fileProgress is a Progress of total steps drawing to a regular file,
+// which is not a terminal, and logging to a buffer; it returns both.
+func fileProgress(t *testing.T, total int) (*Progress, *bytes.Buffer, *os.File) {
+	t.Helper()
 	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	var logs bytes.Buffer
-	p := NewProgress(f, 2, slog.New(slog.NewTextHandler(&logs, nil)))
+	return NewProgress(f, total, slog.New(slog.NewTextHandler(&logs, nil))), &logs, f
+}
+
+// TestProgressLogLoss: a log line holds the loss with four decimals, not
+// a float64's 16 digits, and the learning rate with three significant
+// digits.
+func TestProgressLogLoss(t *testing.T) {
+	p, logs, _ := fileProgress(t, 2)
 	p.Update(1, 5.460508011005543, 3e-4, 1944)
 	if got := attr(logs.String(), "lr"); got != "0.0003" {
 		t.Errorf("lr logged as %q, want 0.0003: %s", got, logs.String())
@@ -57,13 +64,7 @@ func TestProgressNonTerminal(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// A regular file is not a terminal.
-			f, err := os.Create(filepath.Join(t.TempDir(), "out"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			var logs bytes.Buffer
-			p := NewProgress(f, tc.total, slog.New(slog.NewTextHandler(&logs, nil)))
+			p, logs, f := fileProgress(t, tc.total)
 			if p.tty {
 				t.Fatal("a regular file was taken for a terminal")
 			}
@@ -254,13 +255,7 @@ func attr(line, key string) string {
 // so far (the caller's estimate before a unit is done), what follows it,
 // and the steps still to go; it logs at its start and end.
 func TestProgressEvalInETA(t *testing.T) {
-	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var logs bytes.Buffer
-	p := NewProgress(f, 10, slog.New(slog.NewTextHandler(&logs, nil)))
+	p, logs, _ := fileProgress(t, 10)
 	clk := &fakeClock{t: time.Unix(0, 0), step: 2 * time.Second}
 	p.now, p.lastTime = clk.now, clk.t
 	p.SetTail(30 * time.Second)
