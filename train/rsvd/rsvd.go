@@ -589,18 +589,8 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 				// Rotation zeroing a_pq (Golub and Van Loan, 8.5.2):
 				// A' = J^T A J, rows p and q of J^T A for k != p, q,
 				// then the 2 x 2 block, then the mirror.
-				tau := (aqq - app) / (2 * apq)
-				t := 1 / (math.Abs(tau) + math.Sqrt(1+tau*tau))
-				if tau < 0 {
-					t = -t
-				}
-				c := 1 / math.Sqrt(1+t*t)
-				sn := t * c
-				for k := range l {
-					x, y := rp[k], rq[k]
-					rp[k] = c*x - sn*y
-					rq[k] = sn*x + c*y
-				}
+				t, c, sn := jacobiRotation((aqq - app) / (2 * apq))
+				rotate(rp, rq, c, sn)
 				rp[p], rq[q] = app-t*apq, aqq+t*apq
 				rp[q], rq[p] = 0, 0
 				for k := range l {
@@ -608,12 +598,7 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 						a[k*l+p], a[k*l+q] = rp[k], rq[k]
 					}
 				}
-				vp, vq := vt[p*l:(p+1)*l], vt[q*l:(q+1)*l]
-				for k := range l {
-					x, y := vp[k], vq[k]
-					vp[k] = c*x - sn*y
-					vq[k] = sn*x + c*y
-				}
+				rotate(vt[p*l:(p+1)*l], vt[q*l:(q+1)*l], c, sn)
 			}
 		}
 	}
@@ -636,4 +621,28 @@ func jacobiEigen(a []float64, l int) ([]float64, []float64) {
 		}
 	}
 	return lam, vecs
+}
+
+// jacobiRotation is the plane rotation that zeroes the off-diagonal entry
+// of a symmetric 2 x 2 matrix [app apq; apq aqq], from tau = (aqq - app) /
+// (2 apq): t = tan theta, the smaller root of t^2 + 2 tau t - 1 = 0 (so
+// |theta| <= pi/4, the stable choice), c = cos theta, s = sin theta. The
+// tests' reference SVD rotates with the same formula.
+func jacobiRotation(tau float64) (t, c, s float64) {
+	t = 1 / (math.Abs(tau) + math.Sqrt(1+tau*tau))
+	if tau < 0 {
+		t = -t
+	}
+	c = 1 / math.Sqrt(1+t*t)
+	return t, c, t * c
+}
+
+// rotate applies the rotation (c, s) to the pair (x, y) in place: x' = c x
+// - s y, y' = s x + c y, elementwise.
+func rotate(x, y []float64, c, s float64) {
+	for k := range x {
+		a, b := x[k], y[k]
+		x[k] = c*a - s*b
+		y[k] = s*a + c*b
+	}
 }

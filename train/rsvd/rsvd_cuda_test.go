@@ -29,28 +29,12 @@ func TestCUDAMatchesReference(t *testing.T) {
 			ref := newCPU(t, true)
 			rng := rand.New(rand.NewPCG(uint64(sh.m+sh.n), uint64(k)))
 			g := matrix(rng, sh.m, sh.n, spectrum("gap", min(sh.m, sh.n), k), 1e-4)
-			g, G := device(t, be, g, sh.m, sh.n, backend.BF16)
-			defer be.Free(G)
-			w, err := NewWorkspace(be, sh.m, sh.n, k, DefaultOversample, backend.BF16)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Free()
-			r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 5)
+			g, r := decompose(t, be, g, sh.m, sh.n, k, backend.BF16, backend.F32, 5)
 			a := measure(g, sh.m, sh.n, k, r)
 			t.Logf("cuda: %v; passes %v", a, r.passes)
-			if a.sigmaErr > 1e-2 || a.sinU > 1.5e-2 || a.sinV > 1.5e-2 || a.orthoU > 2e-2 || a.orthoV > 2e-2 {
-				t.Errorf("beyond bf16 tolerance: %v", a)
-			}
+			checkBF16(t, a)
 
-			_, Gc := device(t, ref, g, sh.m, sh.n, backend.BF16)
-			defer ref.Free(Gc)
-			wc, err := NewWorkspace(ref, sh.m, sh.n, k, DefaultOversample, backend.BF16)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer wc.Free()
-			c := compute(t, ref, wc, Gc, backend.F32, DefaultPowerIters, 5)
+			_, c := decompose(t, ref, g, sh.m, sh.n, k, backend.BF16, backend.F32, 5)
 			sinU, sinV := sinTheta(c.u, r.u, sh.m, k), sinTheta(c.v, r.v, sh.n, k)
 			t.Logf("cuda against cpu: sin U %.2g, sin V %.2g", sinU, sinV)
 			if sinU > 3e-2 || sinV > 3e-2 {

@@ -129,21 +129,9 @@ func refSVD(a []float64, m, n int) (u, s, v []float64) {
 					continue
 				}
 				rotated = true
-				zeta := (beta - alpha) / (2 * gamma)
-				t := 1 / (math.Abs(zeta) + math.Sqrt(1+zeta*zeta))
-				if zeta < 0 {
-					t = -t
-				}
-				c := 1 / math.Sqrt(1+t*t)
-				sn := c * t
-				for _, x := range [][][]float64{cols, vc} {
-					xp, xq := x[p], x[q]
-					for i := range xp {
-						a, b := xp[i], xq[i]
-						xp[i] = c*a - sn*b
-						xq[i] = sn*a + c*b
-					}
-				}
+				_, c, sn := jacobiRotation((beta - alpha) / (2 * gamma))
+				rotate(cols[p], cols[q], c, sn)
+				rotate(vc[p], vc[q], c, sn)
 			}
 		}
 		if !rotated {
@@ -316,12 +304,45 @@ func compute(t *testing.T, be backend.Backend, w *Workspace, G backend.Tensor, o
 	return result{u: to64(u32), v: to64(v32), sigma: sigma, u32: u32, v32: v32, passes: w.Passes()}
 }
 
+// prepare uploads g (m x n) as dt and makes a Workspace for rank k with p
+// oversampling columns in the same dtype, both freed when the test ends;
+// it returns the matrix the device holds (rounded to dt) with them.
+func prepare(t *testing.T, be backend.Backend, g []float64, m, n, k, p int, dt backend.DType) ([]float64, backend.Tensor, *Workspace) {
+	t.Helper()
+	g, G := device(t, be, g, m, n, dt)
+	t.Cleanup(func() { be.Free(G) })
+	w, err := NewWorkspace(be, m, n, k, p, dt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Free)
+	return g, G, w
+}
+
+// decompose is one rank-k Compute of g stored as dt, with the default
+// oversampling and power iterations and outputs of dtype out; it returns
+// the matrix the device held with the result.
+func decompose(t *testing.T, be backend.Backend, g []float64, m, n, k int, dt, out backend.DType, seed uint64) ([]float64, result) {
+	t.Helper()
+	g, G, w := prepare(t, be, g, m, n, k, DefaultOversample, dt)
+	return g, compute(t, be, w, G, out, DefaultPowerIters, seed)
+}
+
 // accuracy is how a result compares with the exact SVD of g.
 type accuracy struct {
 	sigmaErr       float64 // max |sigma_j - ref_j| / ref_1
 	sinU, sinV     float64 // largest principal angles' sines
 	orthoU, orthoV float64
 	resid          float64
+}
+
+// checkBF16 fails the test unless a is within TestKernelDTypes' bf16
+// tolerances.
+func checkBF16(t *testing.T, a accuracy) {
+	t.Helper()
+	if a.sigmaErr > 1e-2 || a.sinU > 1.5e-2 || a.sinV > 1.5e-2 || a.orthoU > 2e-2 || a.orthoV > 2e-2 {
+		t.Errorf("beyond bf16 tolerance: %v", a)
+	}
 }
 
 func (a accuracy) String() string {
@@ -392,14 +413,7 @@ func TestDecayingSpectra(t *testing.T) {
 				t.Run(fmt.Sprintf("%dx%d_k%d_%s", sh.m, sh.n, k, kind), func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(sh.m*1000+sh.n), uint64(k)))
 					g := matrix(rng, sh.m, sh.n, spectrum(kind, min(sh.m, sh.n), k), 1e-6)
-					g, G := device(t, be, g, sh.m, sh.n, backend.F32)
-					defer be.Free(G)
-					w, err := NewWorkspace(be, sh.m, sh.n, k, DefaultOversample, backend.F32)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer w.Free()
-					r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 1)
+					g, r := decompose(t, be, g, sh.m, sh.n, k, backend.F32, backend.F32, 1)
 					a := measure(g, sh.m, sh.n, k, r)
 					t.Logf("%v; passes %v", a, r.passes)
 					if a.sigmaErr > 1e-5 || a.sinU > 2e-4 || a.sinV > 2e-4 || a.orthoU > 1e-5 || a.orthoV > 1e-5 || a.resid > 1e-4 {
@@ -424,14 +438,7 @@ func TestFlatSpectrum(t *testing.T) {
 		t.Run(fmt.Sprintf("%dx%d_k%d", sh.m, sh.n, k), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(sh.m), uint64(sh.n)))
 			g := matrix(rng, sh.m, sh.n, spectrum("flat", min(sh.m, sh.n), k), 1e-6)
-			g, G := device(t, be, g, sh.m, sh.n, backend.F32)
-			defer be.Free(G)
-			w, err := NewWorkspace(be, sh.m, sh.n, k, DefaultOversample, backend.F32)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Free()
-			r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 2)
+			g, r := decompose(t, be, g, sh.m, sh.n, k, backend.F32, backend.F32, 2)
 			a := measure(g, sh.m, sh.n, k, r)
 			t.Logf("%v (angles not checked: flat spectrum)", a)
 			if a.sigmaErr > 1e-4 || a.orthoU > 1e-4 || a.orthoV > 1e-4 || a.resid > 1e-4 {
@@ -451,15 +458,7 @@ func TestLowRank(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	sv := make([]float64, min(m, n))
 	sv[0], sv[1] = 1, 0.5
-	g := matrix(rng, m, n, sv, 0)
-	g, G := device(t, be, g, m, n, backend.F32)
-	defer be.Free(G)
-	w, err := NewWorkspace(be, m, n, k, DefaultOversample, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Free()
-	r := compute(t, be, w, G, backend.F32, DefaultPowerIters, 1)
+	g, r := decompose(t, be, matrix(rng, m, n, sv, 0), m, n, k, backend.F32, backend.F32, 1)
 	t.Logf("sigma %v, passes %v", r.sigma, r.passes)
 	if r.sigma[2] != 0 || r.sigma[3] != 0 {
 		t.Errorf("sigma = %v, want the last two 0", r.sigma)
@@ -539,14 +538,7 @@ func TestPowerIterationsHelp(t *testing.T) {
 	be := newCPU(t, false)
 	const m, n, k, p = 129, 70, 4, 2
 	rng := rand.New(rand.NewPCG(7, 7))
-	g := matrix(rng, m, n, spectrum("slow", min(m, n), k), 1e-6)
-	g, G := device(t, be, g, m, n, backend.F32)
-	defer be.Free(G)
-	w, err := NewWorkspace(be, m, n, k, p, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Free()
+	g, G, w := prepare(t, be, matrix(rng, m, n, spectrum("slow", min(m, n), k), 1e-6), m, n, k, p, backend.F32)
 	var sin [3]float64
 	for _, q := range []int{0, 2} {
 		a := measure(g, m, n, k, compute(t, be, w, G, backend.F32, q, 3))
@@ -564,14 +556,7 @@ func TestDeterministic(t *testing.T) {
 	be := newCPU(t, false)
 	const m, n, k = 64, 200, 4
 	rng := rand.New(rand.NewPCG(11, 12))
-	g := matrix(rng, m, n, spectrum("gap", min(m, n), k), 1e-6)
-	g, G := device(t, be, g, m, n, backend.F32)
-	defer be.Free(G)
-	w, err := NewWorkspace(be, m, n, k, DefaultOversample, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Free()
+	g, G, w := prepare(t, be, matrix(rng, m, n, spectrum("gap", min(m, n), k), 1e-6), m, n, k, DefaultOversample, backend.F32)
 	a, b, c := compute(t, be, w, G, backend.F32, 2, 42), compute(t, be, w, G, backend.F32, 2, 42), compute(t, be, w, G, backend.F32, 2, 43)
 	same := func(x, y result) bool {
 		for i := range x.u32 {
@@ -614,16 +599,10 @@ func TestKernelDTypes(t *testing.T) {
 	s := be.DefaultStream()
 	t.Run("fp32 refused", func(t *testing.T) {
 		const m, n, k = 37, 53, 4
-		_, G := device(t, be, make([]float64, m*n), m, n, backend.F32)
-		defer be.Free(G)
-		w, err := NewWorkspace(be, m, n, k, 2, backend.F32)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Free()
+		_, G, w := prepare(t, be, make([]float64, m*n), m, n, k, 2, backend.F32)
 		U, _ := be.Alloc("U", m*k, backend.F32)
 		V, _ := be.Alloc("V", n*k, backend.F32)
-		_, err = w.Compute(s, G, U, V, 1, 1)
+		_, err := w.Compute(s, G, U, V, 1, 1)
 		if err == nil || !strings.Contains(err.Error(), "Y = G Omega") || !strings.Contains(err.Error(), "bf16") {
 			t.Errorf("fp32 G on KernelDTypes: err = %v, want the Gemm's refusal", err)
 		}
@@ -634,19 +613,10 @@ func TestKernelDTypes(t *testing.T) {
 				t.Run(fmt.Sprintf("%dx%d_k%d_out_%v", sh.m, sh.n, k, out), func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(sh.m+sh.n), uint64(k)))
 					g := matrix(rng, sh.m, sh.n, spectrum("gap", min(sh.m, sh.n), k), 1e-4)
-					g, G := device(t, be, g, sh.m, sh.n, backend.BF16)
-					defer be.Free(G)
-					w, err := NewWorkspace(be, sh.m, sh.n, k, DefaultOversample, backend.BF16)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer w.Free()
-					r := compute(t, be, w, G, out, DefaultPowerIters, 5)
+					g, r := decompose(t, be, g, sh.m, sh.n, k, backend.BF16, out, 5)
 					a := measure(g, sh.m, sh.n, k, r)
 					t.Logf("%v; passes %v", a, r.passes)
-					if a.sigmaErr > 1e-2 || a.sinU > 1.5e-2 || a.sinV > 1.5e-2 || a.orthoU > 2e-2 || a.orthoV > 2e-2 {
-						t.Errorf("beyond bf16 tolerance: %v", a)
-					}
+					checkBF16(t, a)
 				})
 			}
 		}
