@@ -283,13 +283,7 @@ func TestFixtureTorchProjectors(t *testing.T) {
 	var worst float64
 	for _, name := range m.matNames {
 		out, in := m.Matrices[name].Shape[0], m.Matrices[name].Shape[1]
-		s, err := NewState(fixCfg, in, out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := m.ours(t, name+".w0", in, out)
-		for step := 1; step <= fixSteps; step++ {
-			g := m.ours(t, fmt.Sprintf("%s.grad.%d", name, step), in, out)
+		fixtureRun(t, m, name, in, out, func(step int, s *State, _ []float64) {
 			pname := fmt.Sprintf("%s.proj.%d", name, step)
 			if due := s.RefreshDue(fixCfg); due != m.has(pname) {
 				t.Fatalf("%s step %d: RefreshDue %v, galore-torch refreshed: %v", name, step, due, m.has(pname))
@@ -299,12 +293,9 @@ func TestFixtureTorchProjectors(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			prev := append([]float64(nil), w...)
-			if err := Update(fixCfg, fixAdam, s, w, g); err != nil {
-				t.Fatal(err)
-			}
+		}, func(step int, s *State, w, prev []float64) {
 			worst = max(worst, checkStep(t, m, name, step, s, prev, w))
-		}
+		})
 	}
 	t.Logf("max relative difference of the weights over 5 steps: %.3g", worst)
 }
@@ -376,6 +367,31 @@ func TestFixtureOwnSigns(t *testing.T) {
 // torch's when align is set, and calls check after every step.
 func ownSVDRun(t *testing.T, m *fixMeta, name string, in, out int, check func(step int, s *State, w, prev []float64), align bool) {
 	t.Helper()
+	fixtureRun(t, m, name, in, out, func(step int, s *State, g []float64) {
+		if !s.RefreshDue(fixCfg) {
+			return
+		}
+		if err := s.Refresh(g); err != nil {
+			t.Fatal(err)
+		}
+		tp := m.torchProjector(t, fmt.Sprintf("%s.proj.%d", name, step), s)
+		rows := len(tp) / s.R
+		if d := subspaceDiff(s.P, tp, rows, s.R); d > 1e-5 {
+			t.Errorf("%s step %d: our projector's span differs from torch's by %.3g (max |P P^T - Pt Pt^T|)", name, step, d)
+		}
+		checkOrthonormal(t, fmt.Sprintf("%s step %d", name, step), s.P, rows, s.R)
+		if align {
+			alignSigns(s.P, tp, rows, s.R)
+		}
+	}, check)
+}
+
+// fixtureRun runs the fixture's 5 steps of matrix name (in x out) from its
+// w0 and gradients: before each step's Update, refresh sets the projector
+// where one is due (g is the step's gradient), and after it check sees the
+// state and the weights before and after.
+func fixtureRun(t *testing.T, m *fixMeta, name string, in, out int, refresh func(step int, s *State, g []float64), check func(step int, s *State, w, prev []float64)) {
+	t.Helper()
 	s, err := NewState(fixCfg, in, out)
 	if err != nil {
 		t.Fatal(err)
@@ -383,20 +399,7 @@ func ownSVDRun(t *testing.T, m *fixMeta, name string, in, out int, check func(st
 	w := m.ours(t, name+".w0", in, out)
 	for step := 1; step <= fixSteps; step++ {
 		g := m.ours(t, fmt.Sprintf("%s.grad.%d", name, step), in, out)
-		if s.RefreshDue(fixCfg) {
-			if err := s.Refresh(g); err != nil {
-				t.Fatal(err)
-			}
-			tp := m.torchProjector(t, fmt.Sprintf("%s.proj.%d", name, step), s)
-			rows := len(tp) / s.R
-			if d := subspaceDiff(s.P, tp, rows, s.R); d > 1e-5 {
-				t.Errorf("%s step %d: our projector's span differs from torch's by %.3g (max |P P^T - Pt Pt^T|)", name, step, d)
-			}
-			checkOrthonormal(t, fmt.Sprintf("%s step %d", name, step), s.P, rows, s.R)
-			if align {
-				alignSigns(s.P, tp, rows, s.R)
-			}
-		}
+		refresh(step, s, g)
 		prev := append([]float64(nil), w...)
 		if err := Update(fixCfg, fixAdam, s, w, g); err != nil {
 			t.Fatal(err)

@@ -86,14 +86,14 @@ func TestCarryMatchesDense(t *testing.T) {
 			M, V := randMoments(d, 4)
 			m64, v64 := to64(M), to64(V)
 			inv := func(p *Projector) []float64 {
-				a := dMul(dT(p.dense(), p.M, d), p.dense(), d, p.M, d)
+				a := dMul(transpose(p.dense(), p.M, d), p.dense(), d, p.M, d)
 				for i := range d {
 					a[i*d+i] += tc.ridge
 				}
 				return dInverse(t, a, d)
 			}
-			C := dMul(dMul(dT(tc.pn.dense(), m, d), Po.dense(), d, m, d), inv(Po), d, d, d)
-			D := dMul(inv(Qo), dMul(dT(Qo.dense(), n, d), tc.qn.dense(), d, n, d), d, d, d)
+			C := dMul(dMul(transpose(tc.pn.dense(), m, d), Po.dense(), d, m, d), inv(Po), d, d, d)
+			D := dMul(inv(Qo), dMul(transpose(Qo.dense(), n, d), tc.qn.dense(), d, n, d), d, d, d)
 			if tc.qn == Qo {
 				D = identity(d)
 			}
@@ -148,7 +148,7 @@ func TestTransitionMapsSubspaceGradients(t *testing.T) {
 	Po, Qo := mustProjector(t, m, d, r, rng), mustProjector(t, n, d, r, rng)
 	Pn, Qn := mustProjector(t, m, d, r, rng), mustProjector(t, n, d, r, rng)
 	X := to64(randMat(rng, d, d))
-	G64 := dMul(dMul(Po.dense(), X, m, d, d), dT(Qo.dense(), n, d), m, d, n)
+	G64 := dMul(dMul(Po.dense(), X, m, d, d), transpose(Qo.dense(), n, d), m, d, n)
 	G := make([]float32, len(G64))
 	for i, v := range G64 {
 		G[i] = float32(v)

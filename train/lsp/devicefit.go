@@ -237,26 +237,15 @@ func FitSamplesStaged(be backend.Backend, s backend.Stream, stg *FitStaging, P *
 	if err := f.setup(P, Qs); err != nil {
 		return nil, err
 	}
-	if err := f.load(P, Qs); err != nil {
-		return nil, err
-	}
-	before, err := f.evaluate(false)
+	before, err := f.evaluateAt(P, Qs)
 	if err != nil {
 		return nil, err
 	}
-	res, done := StartResults(before.ratios, alpha)
-	if done {
-		return res, nil
+	res, nP, nQs, err := startFit(P, Qs, before.ratios, alpha, opts.Seed)
+	if err != nil || nP == nil {
+		return res, err
 	}
-
-	nP, nQs, err := FreshDraw(P, Qs, opts.Seed)
-	if err != nil {
-		return nil, err
-	}
-	if err := f.load(nP, nQs); err != nil {
-		return nil, err
-	}
-	ev, err := f.evaluate(false)
+	ev, err := f.evaluateAt(nP, nQs)
 	if err != nil {
 		return nil, err
 	}
@@ -574,6 +563,15 @@ func (f *deviceFit) prepare(x *deviceProj) error {
 	return nil
 }
 
+// evaluateAt loads P and the Qs and evaluates the objective there, without
+// its gradient.
+func (f *deviceFit) evaluateAt(P *Projector, Qs []*Projector) (deviceEval, error) {
+	if err := f.load(P, Qs); err != nil {
+		return deviceEval{}, err
+	}
+	return f.evaluate(false)
+}
+
 // evaluate enqueues the objective's terms (and, with grad, its gradient
 // into f.grads) at the values in f.vals, reads the scalars back and
 // returns the evaluation.
@@ -728,10 +726,7 @@ func TraceFit(be backend.Backend, s backend.Stream, P *Projector, Qs []*Projecto
 	// As FitSamples: the projectors in use, the fresh draw, its scale,
 	// then every step, and the best values down.
 	for range 2 {
-		if err := f.load(P, Qs); err != nil {
-			return err
-		}
-		if _, err := f.evaluate(false); err != nil {
+		if _, err := f.evaluateAt(P, Qs); err != nil {
 			return err
 		}
 	}

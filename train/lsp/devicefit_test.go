@@ -87,71 +87,63 @@ var backends = []struct {
 // gradient, with and without the orthogonality penalty) with the host's
 // float64 one at the same projectors.
 func TestEvaluateMatchesHost(t *testing.T) {
-	for _, bk := range backends {
-		for _, pr := range problems {
-			for _, ortho := range []float64{0, 0.3} {
-				t.Run(fmt.Sprintf("%s_%v_ortho%v", bk.name, pr, ortho), func(t *testing.T) {
-					P, Qs, samples := pr.build(t, 3)
-					obj, ratios, grads, err := FitObjective(P, Qs, samples, ortho)
-					if err != nil {
-						t.Fatal(err)
-					}
-					be := bk.open(t)
-					defer be.Close()
-					opts := FitOptions{LR: 0.05, MaxIters: 1, Ortho: ortho}
-					g2s, err := CheckFitSamples(P, Qs, samples, 0.5, opts)
-					if err != nil {
-						t.Fatal(err)
-					}
-					f := &deviceFit{be: be, s: be.DefaultStream(), opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s}
-					defer f.free()
-					if err := f.setup(P, Qs); err != nil {
-						t.Fatal(err)
-					}
-					if err := f.load(P, Qs); err != nil {
-						t.Fatal(err)
-					}
-					ev, err := f.evaluate(true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if ortho > 0 {
-						if err := f.orthoGrad(ev); err != nil {
-							t.Fatal(err)
-						}
-					}
-					if d := math.Abs(ev.obj - obj); d > evalTol {
-						t.Errorf("objective %v, host %v (|diff| %.3g > %v)", ev.obj, obj, d, evalTol)
-					}
-					for k, r := range ratios {
-						if d := math.Abs(ev.ratios[k] - r); d > evalTol {
-							t.Errorf("matrix %d: ratio %v, host %v (|diff| %.3g > %v)", k, ev.ratios[k], r, d, evalTol)
-						}
-					}
-					got := downloadF32(t, be, f.grads)
-					var scale, worst float64
-					for _, g := range grads {
-						for _, v := range g {
-							scale = max(scale, math.Abs(v))
-						}
-					}
-					for k, g := range grads {
-						x := f.ps[k]
-						var wk float64
-						for e, v := range g {
-							wk = max(wk, math.Abs(float64(got[x.off+e])-v)/scale)
-						}
-						t.Logf("projector %d: worst gradient difference %.3g", k, wk)
-						worst = max(worst, wk)
-					}
-					t.Logf("objective %v (host %v), worst gradient difference %.3g of the largest %.3g", ev.obj, obj, worst, scale)
-					if worst > gradTol {
-						t.Errorf("gradient differs from the host's by %.3g of its largest entry, want <= %v", worst, gradTol)
-					}
-				})
+	eachFitCase(t, func(t *testing.T, be backend.Backend, pr problem, ortho float64) {
+		P, Qs, samples := pr.build(t, 3)
+		obj, ratios, grads, err := FitObjective(P, Qs, samples, ortho)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := FitOptions{LR: 0.05, MaxIters: 1, Ortho: ortho}
+		g2s, err := CheckFitSamples(P, Qs, samples, 0.5, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &deviceFit{be: be, s: be.DefaultStream(), opts: opts, d: P.D, r: P.R, samples: samples, g2s: g2s}
+		defer f.free()
+		if err := f.setup(P, Qs); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.load(P, Qs); err != nil {
+			t.Fatal(err)
+		}
+		ev, err := f.evaluate(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ortho > 0 {
+			if err := f.orthoGrad(ev); err != nil {
+				t.Fatal(err)
 			}
 		}
-	}
+		if d := math.Abs(ev.obj - obj); d > evalTol {
+			t.Errorf("objective %v, host %v (|diff| %.3g > %v)", ev.obj, obj, d, evalTol)
+		}
+		for k, r := range ratios {
+			if d := math.Abs(ev.ratios[k] - r); d > evalTol {
+				t.Errorf("matrix %d: ratio %v, host %v (|diff| %.3g > %v)", k, ev.ratios[k], r, d, evalTol)
+			}
+		}
+		got := downloadF32(t, be, f.grads)
+		var scale, worst float64
+		for _, g := range grads {
+			for _, v := range g {
+				scale = max(scale, math.Abs(v))
+			}
+		}
+		for k, g := range grads {
+			x := f.ps[k]
+			var wk float64
+			for e, v := range g {
+				wk = max(wk, math.Abs(float64(got[x.off+e])-v)/scale)
+			}
+			t.Logf("projector %d: worst gradient difference %.3g", k, wk)
+			worst = max(worst, wk)
+		}
+		t.Logf("objective %v (host %v), worst gradient difference %.3g of the largest %.3g", ev.obj, obj, worst, scale)
+		if worst > gradTol {
+			t.Errorf("gradient differs from the host's by %.3g of its largest entry, want <= %v", worst, gradTol)
+		}
+	})
 }
 
 func downloadF32(t *testing.T, be backend.Backend, x backend.Tensor) []float32 {
@@ -174,40 +166,49 @@ func downloadF32(t *testing.T, be backend.Backend, x backend.Tensor) []float32 {
 // host from the same projectors and seed: the same decisions (resampled,
 // iterations), ratios within fitTol and fitted values within valTol.
 func TestMatchesHostFit(t *testing.T) {
+	eachFitCase(t, func(t *testing.T, be backend.Backend, pr problem, ortho float64) {
+		P, Qs, samples := pr.build(t, 5)
+		opts := FitOptions{LR: 0.05, MaxIters: 15, Seed: 11, Ortho: ortho}
+		hP, hQs := P.Clone(), clones(Qs)
+		want, err := FitSamples(hP, hQs, samples, 0.05, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dP, dQs := P.Clone(), clones(Qs)
+		got, err := FitSamplesOn(be, be.DefaultStream(), dP, dQs, samples, 0.05, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range want {
+			g, w := got[k], want[k]
+			t.Logf("matrix %d: device %+v host %+v", k, g, w)
+			if g.Resampled != w.Resampled || g.Iters != w.Iters || g.Reached != w.Reached {
+				t.Errorf("matrix %d: device %+v, host %+v: different decisions", k, g, w)
+			}
+			if math.Abs(g.RatioBefore-w.RatioBefore) > evalTol || math.Abs(g.RatioAfter-w.RatioAfter) > fitTol {
+				t.Errorf("matrix %d: ratios %v -> %v, host %v -> %v", k, g.RatioBefore, g.RatioAfter, w.RatioBefore, w.RatioAfter)
+			}
+		}
+		for i, pair := range [][2]*Projector{{dP, hP}} {
+			checkClose(t, fmt.Sprintf("P %d", i), pair[0], pair[1])
+		}
+		for k := range dQs {
+			checkClose(t, fmt.Sprintf("Q %d", k), dQs[k], hQs[k])
+		}
+	})
+}
+
+// eachFitCase runs f as a subtest for every backend, problem and
+// orthogonality weight (0 and 0.3), on the backend opened for it and
+// closed when the subtest ends.
+func eachFitCase(t *testing.T, f func(t *testing.T, be backend.Backend, pr problem, ortho float64)) {
 	for _, bk := range backends {
 		for _, pr := range problems {
 			for _, ortho := range []float64{0, 0.3} {
 				t.Run(fmt.Sprintf("%s_%v_ortho%v", bk.name, pr, ortho), func(t *testing.T) {
-					P, Qs, samples := pr.build(t, 5)
-					opts := FitOptions{LR: 0.05, MaxIters: 15, Seed: 11, Ortho: ortho}
-					hP, hQs := P.Clone(), clones(Qs)
-					want, err := FitSamples(hP, hQs, samples, 0.05, opts)
-					if err != nil {
-						t.Fatal(err)
-					}
 					be := bk.open(t)
-					defer be.Close()
-					dP, dQs := P.Clone(), clones(Qs)
-					got, err := FitSamplesOn(be, be.DefaultStream(), dP, dQs, samples, 0.05, opts)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for k := range want {
-						g, w := got[k], want[k]
-						t.Logf("matrix %d: device %+v host %+v", k, g, w)
-						if g.Resampled != w.Resampled || g.Iters != w.Iters || g.Reached != w.Reached {
-							t.Errorf("matrix %d: device %+v, host %+v: different decisions", k, g, w)
-						}
-						if math.Abs(g.RatioBefore-w.RatioBefore) > evalTol || math.Abs(g.RatioAfter-w.RatioAfter) > fitTol {
-							t.Errorf("matrix %d: ratios %v -> %v, host %v -> %v", k, g.RatioBefore, g.RatioAfter, w.RatioBefore, w.RatioAfter)
-						}
-					}
-					for i, pair := range [][2]*Projector{{dP, hP}} {
-						checkClose(t, fmt.Sprintf("P %d", i), pair[0], pair[1])
-					}
-					for k := range dQs {
-						checkClose(t, fmt.Sprintf("Q %d", k), dQs[k], hQs[k])
-					}
+					t.Cleanup(func() { be.Close() })
+					f(t, be, pr, ortho)
 				})
 			}
 		}

@@ -113,14 +113,9 @@ func FitSamples(P *Projector, Qs []*Projector, samples [][][]float32, alpha floa
 		return ev
 	}
 	before := evaluate(P.view(), qviews(Qs), false)
-	res, done := StartResults(before.ratios, alpha)
-	if done {
-		return res, nil
-	}
-
-	nP, nQs, err := FreshDraw(P, Qs, opts.Seed)
-	if err != nil {
-		return nil, err
+	res, nP, nQs, err := startFit(P, Qs, before.ratios, alpha, opts.Seed)
+	if err != nil || nP == nil {
+		return res, err
 	}
 
 	// Start the fit at the best scale of the fresh pairs: R_k = c R_k
@@ -383,6 +378,21 @@ func StartResults(ratios []float64, alpha float64) (res []FitResult, done bool) 
 		res[k].Reached = true
 	}
 	return res, true
+}
+
+// startFit is how every fit begins, from the ratios of the projectors it
+// starts from: StartResults, and when those are not already done, the
+// fresh copies of P and the Qs (FreshDraw) that it goes on to fit; nP is
+// nil when there is nothing to fit.
+func startFit(P *Projector, Qs []*Projector, ratios []float64, alpha float64, seed uint64) (res []FitResult, nP *Projector, nQs []*Projector, err error) {
+	res, done := StartResults(ratios, alpha)
+	if done {
+		return res, nil, nil, nil
+	}
+	if nP, nQs, err = FreshDraw(P, Qs, seed); err != nil {
+		return nil, nil, nil, err
+	}
+	return res, nP, nQs, nil
 }
 
 // checkFit validates a FitShared call.

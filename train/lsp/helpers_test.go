@@ -1,6 +1,7 @@
 // Dense float64 references and random inputs shared by the package's tests.
 // The dense paths are written independently of the sparse code under test
-// (plain triple loops on dense() matrices, Gauss-Jordan inversion).
+// (plain triple loops on dense() matrices, Gauss-Jordan inversion); they
+// share only linalg.go's transpose, a copy with nothing to get wrong.
 
 package lsp
 
@@ -40,15 +41,10 @@ func lowRank(rng *rand.Rand, m, n, k int, noise float64) []float32 {
 	for i := range v {
 		v[i] = rng.NormFloat64()
 	}
+	uv := dMul(u, transpose(v, n, k), m, k, n)
 	out := make([]float32, m*n)
-	for i := range m {
-		for j := range n {
-			var s float64
-			for c := range k {
-				s += u[i*k+c] * v[j*k+c]
-			}
-			out[i*n+j] = float32(s + noise*rng.NormFloat64())
-		}
+	for i, x := range uv {
+		out[i] = float32(x + noise*rng.NormFloat64())
 	}
 	return out
 }
@@ -88,21 +84,10 @@ func dMul(a, b []float64, p, q, r int) []float64 {
 	return out
 }
 
-// dT is the transpose of a p x q matrix.
-func dT(a []float64, p, q int) []float64 {
-	out := make([]float64, p*q)
-	for i := range p {
-		for j := range q {
-			out[j*p+i] = a[i*q+j]
-		}
-	}
-	return out
-}
-
 // denseS is P^T G Q from dense P, Q.
 func denseS(P, Q *Projector, G []float32) []float64 {
 	m, n, d := P.M, Q.M, P.D
-	ptg := dMul(dT(P.dense(), m, d), to64(G), d, m, n)
+	ptg := dMul(transpose(P.dense(), m, d), to64(G), d, m, n)
 	return dMul(ptg, Q.dense(), d, n, d)
 }
 
@@ -110,7 +95,7 @@ func denseS(P, Q *Projector, G []float32) []float64 {
 func denseRatio(P, Q *Projector, G []float32) float64 {
 	m, n, d := P.M, Q.M, P.D
 	Pd, Qd := P.dense(), Q.dense()
-	R := dMul(dMul(Pd, denseS(P, Q, G), m, d, d), dT(Qd, n, d), m, d, n)
+	R := dMul(dMul(Pd, denseS(P, Q, G), m, d, d), transpose(Qd, n, d), m, d, n)
 	var num, den float64
 	for i, g := range G {
 		e := R[i] - float64(g)

@@ -47,8 +47,8 @@ func denseCapture(t *testing.T, P, Q *Projector, G []float32) float64 {
 	m, n, d := P.M, Q.M, P.D
 	Pd, Qd := P.dense(), Q.dense()
 	proj := func(X []float64, rows int) []float64 {
-		inv := dInverse(t, dMul(dT(X, rows, d), X, d, rows, d), d)
-		return dMul(dMul(X, inv, rows, d, d), dT(X, rows, d), rows, d, rows)
+		inv := dInverse(t, dMul(transpose(X, rows, d), X, d, rows, d), d)
+		return dMul(dMul(X, inv, rows, d, d), transpose(X, rows, d), rows, d, rows)
 	}
 	R := dMul(dMul(proj(Pd, m), to64(G), m, m, n), proj(Qd, n), m, n, n)
 	var num, den float64

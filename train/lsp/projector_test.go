@@ -91,7 +91,7 @@ func TestExpectationIdentity(t *testing.T) {
 	sum := make([]float64, m*m)
 	for range n {
 		pd := mustProjector(t, m, d, r, rng).dense()
-		for e, v := range dMul(pd, dT(pd, m, d), m, d, m) {
+		for e, v := range dMul(pd, transpose(pd, m, d), m, d, m) {
 			sum[e] += v
 		}
 	}

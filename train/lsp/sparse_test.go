@@ -26,7 +26,7 @@ func TestSparseProductsMatchDense(t *testing.T) {
 			if e := maxRelDiff(gq, dMul(to64(G), Q.dense(), sh.m, sh.n, sh.d)); e > 1e-12 {
 				t.Errorf("G Q vs dense: max relative difference %.3g", e)
 			}
-			if e := maxRelDiff(leftProject(G, sh.n, P.view()), dMul(dT(P.dense(), sh.m, sh.d), to64(G), sh.d, sh.m, sh.n)); e > 1e-12 {
+			if e := maxRelDiff(leftProject(G, sh.n, P.view()), dMul(transpose(P.dense(), sh.m, sh.d), to64(G), sh.d, sh.m, sh.n)); e > 1e-12 {
 				t.Errorf("P^T G vs dense: max relative difference %.3g", e)
 			}
 			if e := maxRelDiff(leftProject(gq, sh.d, P.view()), denseS(P, Q, G)); e > 1e-12 {
