@@ -37,6 +37,16 @@ func WriteFile(path string, perm os.FileMode, fn func(w io.Writer) error) error 
 	return WritePatched(path, perm, func(w io.Writer, _ Patch) error { return fn(w) })
 }
 
+// splitTarget is the directory a temp for path goes in (".", for a bare
+// name) and the base name the temp's name is made from.
+func splitTarget(path string) (dir, base string) {
+	dir, base = filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	return dir, base
+}
+
 // Patch overwrites bytes the write has already passed, at offset off of
 // the file: for a header whose content is known only once the rest is
 // written (a checkpoint's checksums), written first as a placeholder of
@@ -45,10 +55,7 @@ type Patch func(off int64, b []byte) error
 
 // WritePatched is WriteFile whose fn may also patch what it has written.
 func WritePatched(path string, perm os.FileMode, fn func(w io.Writer, patch Patch) error) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
+	dir, base := splitTarget(path)
 	// Same directory as the target: rename across file systems is not atomic.
 	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {

@@ -27,10 +27,7 @@ import (
 // is untouched. fn should write its files durably (WriteFile does).
 func WriteDir(path string, perm os.FileMode, fn func(tmp string) error) (err error) {
 	path = filepath.Clean(path)
-	parent, base := filepath.Split(path)
-	if parent == "" {
-		parent = "."
-	}
+	parent, base := splitTarget(path)
 	tmp, err := os.MkdirTemp(parent, "."+base+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("atomicfile: create temp directory for %s: %w", path, err)
@@ -81,10 +78,7 @@ func swapDir(tmp, path string) (old string, err error) {
 		return tmp, nil // tmp now holds the old directory
 	}
 	// No atomic exchange here: move the old one aside first.
-	parent, base := filepath.Split(path)
-	if parent == "" {
-		parent = "."
-	}
+	parent, base := splitTarget(path)
 	aside, err := os.MkdirTemp(parent, "."+base+".old-*")
 	if err != nil {
 		return "", err

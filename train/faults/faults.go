@@ -38,6 +38,7 @@
 package faults
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -100,15 +101,11 @@ func init() {
 
 // parse reads POINT[@FILE][:N].
 func parse(kind Kind, spec string) (*fault, error) {
-	f := &fault{kind: kind, n: 1}
-	rest := spec
-	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
-		n, err := strconv.Atoi(rest[i+1:])
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("the count after ':' must be a positive integer")
-		}
-		f.n, rest = n, rest[:i]
+	rest, n, err := cutCount(spec)
+	if err != nil {
+		return nil, err
 	}
+	f := &fault{kind: kind, n: n}
 	f.point, f.file, _ = strings.Cut(rest, "@")
 	if f.point == "" {
 		return nil, fmt.Errorf("no point named (want POINT[@FILE][:N])")
@@ -116,15 +113,34 @@ func parse(kind Kind, spec string) (*fault, error) {
 	return f, nil
 }
 
-// Arm arms spec in this process (tests only) and returns the function
-// that disarms it. It replaces any fault armed before.
-func Arm(kind Kind, spec string) (disarm func(), err error) {
-	f, err := parse(kind, spec)
+// cutCount splits a spec's optional trailing ":N", the number of passings
+// it is due for (1 when absent), from the rest.
+func cutCount(spec string) (rest string, n int, err error) {
+	i := strings.LastIndexByte(spec, ':')
+	if i < 0 {
+		return spec, 1, nil
+	}
+	if n, err = strconv.Atoi(spec[i+1:]); err != nil || n < 1 {
+		return "", 0, errors.New("the count after ':' must be a positive integer")
+	}
+	return spec[:i], n, nil
+}
+
+// arm stores what parse makes of spec in slot, and returns the function
+// that puts back what was there: Arm and ArmNaN for tests.
+func arm[T any](slot *atomic.Pointer[T], spec string, parse func(string) (*T, error)) (disarm func(), err error) {
+	v, err := parse(spec)
 	if err != nil {
 		return nil, fmt.Errorf("faults: %q: %w", spec, err)
 	}
-	old := armed.Swap(f)
-	return func() { armed.Store(old) }, nil
+	old := slot.Swap(v)
+	return func() { slot.Store(old) }, nil
+}
+
+// Arm arms spec in this process (tests only) and returns the function
+// that disarms it. It replaces any fault armed before.
+func Arm(kind Kind, spec string) (disarm func(), err error) {
+	return arm(&armed, spec, func(spec string) (*fault, error) { return parse(kind, spec) })
 }
 
 // Point marks the write point name for the file with base name file. It

@@ -94,7 +94,7 @@ func init() {
 func parseNaN(spec string) (*nanFaults, error) {
 	fs := &nanFaults{}
 	for _, e := range strings.Split(spec, ",") {
-		f := &nanFault{n: 1}
+		f := &nanFault{}
 		kind, at, ok := strings.Cut(e, "@")
 		switch kind {
 		case "loss":
@@ -109,15 +109,12 @@ func parseNaN(spec string) (*nanFaults, error) {
 		if !ok {
 			return nil, fmt.Errorf("%q: no step (want KIND@STEP[/MICRO][:N])", e)
 		}
-		if i := strings.LastIndexByte(at, ':'); i >= 0 {
-			n, err := strconv.Atoi(at[i+1:])
-			if err != nil || n < 1 {
-				return nil, fmt.Errorf("%q: the count after ':' must be a positive integer", e)
-			}
-			f.n, at = n, at[:i]
+		at, n, err := cutCount(at)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", e, err)
 		}
+		f.n = n
 		step, micro, hasMicro := strings.Cut(at, "/")
-		var err error
 		if f.step, err = strconv.Atoi(step); err != nil || f.step < 1 {
 			return nil, fmt.Errorf("%q: the step must be a positive integer", e)
 		}
@@ -135,12 +132,7 @@ func parseNaN(spec string) (*nanFaults, error) {
 // that disarms it. It replaces any NaN injection armed before; the write
 // faults (Arm) are separate.
 func ArmNaN(spec string) (disarm func(), err error) {
-	fs, err := parseNaN(spec)
-	if err != nil {
-		return nil, fmt.Errorf("faults: %q: %w", spec, err)
-	}
-	old := armedNaN.Swap(fs)
-	return func() { armedNaN.Store(old) }, nil
+	return arm(&armedNaN, spec, parseNaN)
 }
 
 // NaNAt returns the injection due at micro-batch micro of step step and

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 // CheckFlags reports every bad LSP setting at once, each error naming its
@@ -85,7 +87,7 @@ func ParseKind(s string) (Kind, error) {
 func (k Kind) String() string { return string(k) }
 
 // Set parses a --projector value (flag.Value).
-func (k *Kind) Set(s string) error { return set(k, ParseKind, s) }
+func (k *Kind) Set(s string) error { return flagerr.Set(k, ParseKind, s) }
 
 // Dense reports whether projectors of kind k are dense (r = d): their
 // device storage is the values only, P m x d and Q n x d row-major.
@@ -191,22 +193,13 @@ func (a Accept) String() string { return string(a) }
 func (w Rewarm) String() string { return string(w) }
 
 // Set parses a --refit value (flag.Value).
-func (r *Refit) Set(s string) error { return set(r, ParseRefit, s) }
+func (r *Refit) Set(s string) error { return flagerr.Set(r, ParseRefit, s) }
 
 // Set parses an --accept value (flag.Value).
-func (a *Accept) Set(s string) error { return set(a, ParseAccept, s) }
+func (a *Accept) Set(s string) error { return flagerr.Set(a, ParseAccept, s) }
 
 // Set parses a --rewarm value (flag.Value).
-func (w *Rewarm) Set(s string) error { return set(w, ParseRewarm, s) }
-
-func set[T any](dst *T, parse func(string) (T, error), s string) error {
-	v, err := parse(s)
-	if err != nil {
-		return err
-	}
-	*dst = v
-	return nil
-}
+func (w *Rewarm) Set(s string) error { return flagerr.Set(w, ParseRewarm, s) }
 
 // Validate reports every bad setting at once, each error naming its flag.
 func (c Config) Validate() error {

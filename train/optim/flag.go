@@ -3,15 +3,10 @@
 
 package optim
 
+import "github.com/lsp-offload/lsp-offload/train/flagerr"
+
 // String is the clip mode's flag spelling.
 func (c ClipMode) String() string { return string(c) }
 
 // Set parses a --clip-mode value (flag.Value).
-func (c *ClipMode) Set(s string) error {
-	v, err := ParseClipMode(s)
-	if err != nil {
-		return err
-	}
-	*c = v
-	return nil
-}
+func (c *ClipMode) Set(s string) error { return flagerr.Set(c, ParseClipMode, s) }

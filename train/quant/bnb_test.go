@@ -203,10 +203,7 @@ func cpuLUT(book []float32) func(v, absmax []float32, size int) []byte {
 		codes := make([]byte, len(v))
 		for b := range absmax {
 			blk := v[b*size : min(len(v), (b+1)*size)]
-			a := float32(0)
-			for _, x := range blk {
-				a = max(a, float32(math.Abs(float64(x))))
-			}
+			a := absMax(blk)
 			absmax[b] = a
 			if a == 0 {
 				continue

@@ -187,10 +187,7 @@ func blockwise(v, absmax []float32, size int, bounds []float32) []byte {
 	codes := make([]byte, len(v))
 	for b := range absmax {
 		blk := v[b*size : min(len(v), (b+1)*size)]
-		a := float32(0)
-		for _, x := range blk {
-			a = max(a, float32(math.Abs(float64(x))))
-		}
+		a := absMax(blk)
 		absmax[b] = a
 		inv := 1 / max(a, minAbsmax)
 		for j, x := range blk {
@@ -198,6 +195,15 @@ func blockwise(v, absmax []float32, size int, bounds []float32) []byte {
 		}
 	}
 	return codes
+}
+
+// absMax is the largest |x| of blk, 0 when it is empty: a block's scale.
+func absMax(blk []float32) float32 {
+	a := float32(0)
+	for _, x := range blk {
+		a = max(a, float32(math.Abs(float64(x))))
+	}
+	return a
 }
 
 // code is the code of the scaled value s: clamped to [-1, 1], the number

@@ -172,11 +172,10 @@ func (h *l2cHeap) Pop() any {
 	return x
 }
 
-// Encode returns run.c's ids of s, without BOS (Prefix gives it).
-func (t *scoreTokenizer) Encode(s string) []int32 {
-	if s == "" {
-		return nil
-	}
+// symbols are run.c's ids of s before any merge: the space run.c puts
+// first, then each UTF-8 code point's id, or its bytes' fallback ids when
+// the vocabulary lacks it.
+func (t *scoreTokenizer) symbols(s string) []int32 {
 	ids := []int32{t.space}
 	for i := 0; i < len(s); {
 		j := i + 1
@@ -192,6 +191,15 @@ func (t *scoreTokenizer) Encode(s string) []int32 {
 		}
 		i = j
 	}
+	return ids
+}
+
+// Encode returns run.c's ids of s, without BOS (Prefix gives it).
+func (t *scoreTokenizer) Encode(s string) []int32 {
+	if s == "" {
+		return nil
+	}
+	ids := t.symbols(s)
 	// Symbols in a linked list; symbol i's place in the text never
 	// changes relative to the others, so its index orders them.
 	n := len(ids)

@@ -76,21 +76,7 @@ func naiveL2C(t *scoreTokenizer, s string) []int32 {
 	if s == "" {
 		return nil
 	}
-	ids := []int32{t.space}
-	for i := 0; i < len(s); {
-		j := i + 1
-		for j < len(s) && s[j]&0xC0 == 0x80 && j-i < 4 {
-			j++
-		}
-		if id, ok := t.ids[s[i:j]]; ok {
-			ids = append(ids, id)
-		} else {
-			for k := i; k < j; k++ {
-				ids = append(ids, 3+int32(s[k]))
-			}
-		}
-		i = j
-	}
+	ids := t.symbols(s)
 	for {
 		best, at, bestID := l2cMinScore, -1, int32(0)
 		for i := 0; i+1 < len(ids); i++ {

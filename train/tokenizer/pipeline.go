@@ -24,6 +24,25 @@ type typed struct {
 	Type string `json:"type"`
 }
 
+// stepType is the "type" of the normalizer, pre-tokenizer or decoder at
+// field; null says there is none (the field absent or null).
+func stepType(raw json.RawMessage, field string) (typ string, null bool, err error) {
+	if isNull(raw) {
+		return "", true, nil
+	}
+	var t typed
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return "", false, fmt.Errorf("%s: %w", field, err)
+	}
+	return t.Type, false, nil
+}
+
+// replaceArgs are the arguments of a Replace normalizer or decoder.
+type replaceArgs struct {
+	Pattern pattern `json:"pattern"`
+	Content string  `json:"content"`
+}
+
 // pattern is the {"String": s} or {"Regex": r} of Split and Replace.
 type pattern struct {
 	String *string `json:"String"`
@@ -70,14 +89,11 @@ func matches(re *regexp2.Regexp, s string) [][]int {
 type normalizer func(string) string
 
 func parseNormalizer(raw json.RawMessage, field string) ([]normalizer, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := stepType(raw, field)
+	if null || err != nil {
+		return nil, err
 	}
-	var t typed
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
-	}
-	switch t.Type {
+	switch typ {
 	case "Sequence":
 		return parseSequence(raw, field, "normalizers", parseNormalizer)
 	case "Prepend":
@@ -94,10 +110,7 @@ func parseNormalizer(raw json.RawMessage, field string) ([]normalizer, error) {
 			return p.Prepend + s
 		}}, nil
 	case "Replace":
-		var p struct {
-			Pattern pattern `json:"pattern"`
-			Content string  `json:"content"`
-		}
+		var p replaceArgs
 		if err := json.Unmarshal(raw, &p); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
@@ -121,7 +134,7 @@ func parseNormalizer(raw json.RawMessage, field string) ([]normalizer, error) {
 	case "Lowercase":
 		return []normalizer{strings.ToLower}, nil
 	}
-	return nil, fmt.Errorf("%s.type %q is not supported (supported: Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD, Lowercase)", field, t.Type)
+	return nil, fmt.Errorf("%s.type %q is not supported (supported: Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD, Lowercase)", field, typ)
 }
 
 func replaceRegex(re *regexp2.Regexp, s, with string) string {
@@ -149,14 +162,11 @@ type preResult struct {
 }
 
 func parsePreTokenizer(raw json.RawMessage, field string, res *preResult) error {
-	if isNull(raw) {
-		return nil
+	typ, null, err := stepType(raw, field)
+	if null || err != nil {
+		return err
 	}
-	var t typed
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return fmt.Errorf("%s: %w", field, err)
-	}
-	switch t.Type {
+	switch typ {
 	case "Sequence":
 		_, err := parseSequence(raw, field, "pretokenizers", func(r json.RawMessage, f string) ([]struct{}, error) {
 			return nil, parsePreTokenizer(r, f, res)
@@ -277,7 +287,7 @@ func parsePreTokenizer(raw json.RawMessage, field string, res *preResult) error 
 		})
 		return nil
 	}
-	return fmt.Errorf("%s.type %q is not supported (supported: Sequence, ByteLevel, Split, Digits, Metaspace)", field, t.Type)
+	return fmt.Errorf("%s.type %q is not supported (supported: Sequence, ByteLevel, Split, Digits, Metaspace)", field, typ)
 }
 
 func eachPiece(f func(string) []string) preTokenizer {
@@ -409,23 +419,17 @@ func toByteLevel(s string) string {
 type decoder func(tokens []string) []string
 
 func parseDecoder(raw json.RawMessage, field string) ([]decoder, error) {
-	if isNull(raw) {
-		return nil, nil
+	typ, null, err := stepType(raw, field)
+	if null || err != nil {
+		return nil, err
 	}
-	var t typed
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
-	}
-	switch t.Type {
+	switch typ {
 	case "Sequence":
 		return parseSequence(raw, field, "decoders", parseDecoder)
 	case "ByteLevel":
 		return []decoder{decodeByteLevel}, nil
 	case "Replace":
-		var p struct {
-			Pattern pattern `json:"pattern"`
-			Content string  `json:"content"`
-		}
+		var p replaceArgs
 		if err := json.Unmarshal(raw, &p); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
@@ -488,7 +492,7 @@ func parseDecoder(raw json.RawMessage, field string) ([]decoder, error) {
 			return toks
 		}}, nil
 	}
-	return nil, fmt.Errorf("%s.type %q is not supported (supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)", field, t.Type)
+	return nil, fmt.Errorf("%s.type %q is not supported (supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)", field, typ)
 }
 
 // decodeByteLevel maps each token's characters back to bytes; a token with
