@@ -1,45 +1,22 @@
 package chattmpl
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lsp-offload/lsp-offload/train/chattmpl/chattmpltest"
 )
 
-// fixture is testdata/expected.json, written by
-// scripts/fixtures/chat_templates.py with transformers' renderer.
-type fixture struct {
-	Versions map[string]string
-	Now      string
-	Tokens   map[string]struct {
-		BOS *string `json:"bos_token"`
-		EOS *string `json:"eos_token"`
-	}
-	Conversations map[string][]struct{ Role, Content string }
-	Cases         []struct {
-		Template, Conversation string
-		Turns                  int
-		AddGenerationPrompt    bool   `json:"add_generation_prompt"`
-		Output                 string `json:"output"`
-		Error                  string `json:"error"`
-	}
-}
+// fixture is testdata/expected.json, transformers' renderings.
+type fixture = chattmpltest.Fixture
 
 func readFixture(t *testing.T) fixture {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/expected.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f fixture
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
-	return f
+	return chattmpltest.Read(t, "testdata/expected.json")
 }
 
 // fixtureTemplate parses testdata/NAME.jinja with the fixture's tokens

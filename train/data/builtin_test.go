@@ -12,27 +12,9 @@ import (
 
 func TestBuiltinAnswers(t *testing.T) {
 	check := map[string]func(t *testing.T, r Record){
-		"reverse": func(t *testing.T, r Record) {
-			s := cutPrompt(t, r.Prompt, "reverse ")
-			b := []byte(s)
-			slices.Reverse(b)
-			if r.Response != string(b) {
-				t.Errorf("%q -> %q", r.Prompt, r.Response)
-			}
-		},
-		"sort": func(t *testing.T, r Record) {
-			s := cutPrompt(t, r.Prompt, "sort ")
-			b := []byte(s)
-			slices.Sort(b)
-			if r.Response != string(b) {
-				t.Errorf("%q -> %q", r.Prompt, r.Response)
-			}
-		},
-		"copy": func(t *testing.T, r Record) {
-			if s := cutPrompt(t, r.Prompt, "copy "); r.Response != s {
-				t.Errorf("%q -> %q", r.Prompt, r.Response)
-			}
-		},
+		"reverse": lettersTask("reverse ", slices.Reverse[[]byte]),
+		"sort":    lettersTask("sort ", slices.Sort[[]byte]),
+		"copy":    lettersTask("copy ", func([]byte) {}),
 		"add": func(t *testing.T, r Record) {
 			a, b, ok := strings.Cut(strings.TrimSuffix(r.Prompt, "="), "+")
 			x, err1 := strconv.Atoi(a)
@@ -63,6 +45,18 @@ func TestBuiltinAnswers(t *testing.T) {
 			}
 			seen[r.Prompt] = true
 			check[task](t, r)
+		}
+	}
+}
+
+// lettersTask checks a record of the task whose prompts are "<verb>
+// <letters>=": the response is the letters after op.
+func lettersTask(verb string, op func([]byte)) func(*testing.T, Record) {
+	return func(t *testing.T, r Record) {
+		b := []byte(cutPrompt(t, r.Prompt, verb))
+		op(b)
+		if r.Response != string(b) {
+			t.Errorf("%q -> %q", r.Prompt, r.Response)
 		}
 	}
 }

@@ -9,50 +9,15 @@ import (
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/chattmpl"
+	"github.com/lsp-offload/lsp-offload/train/chattmpl/chattmpltest"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
-// templateFixture is the part of train/chattmpl/testdata/expected.json
-// (transformers' renderings) these tests read.
-type templateFixture struct {
-	Conversations map[string][]struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	Cases []struct {
-		Template, Conversation string
-		Turns                  int
-		AddGenerationPrompt    bool `json:"add_generation_prompt"`
-		Output                 string
-	}
-}
-
-// rendered is transformers' rendering of the first k turns.
-func (f templateFixture) rendered(t *testing.T, tmpl, conv string, k int, gen bool) string {
+// readTemplateFixture reads train/chattmpl/testdata/expected.json,
+// transformers' renderings.
+func readTemplateFixture(t *testing.T) chattmpltest.Fixture {
 	t.Helper()
-	for _, c := range f.Cases {
-		if c.Template == tmpl && c.Conversation == conv && c.Turns == k && c.AddGenerationPrompt == gen {
-			return c.Output
-		}
-	}
-	if k == 0 {
-		return ""
-	}
-	t.Fatalf("fixture has no %s %s[:%d] gen=%v", tmpl, conv, k, gen)
-	return ""
-}
-
-func readTemplateFixture(t *testing.T) templateFixture {
-	t.Helper()
-	raw, err := os.ReadFile("../chattmpl/testdata/expected.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f templateFixture
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
-	return f
+	return chattmpltest.Read(t, "../chattmpl/testdata/expected.json")
 }
 
 // writeConversation writes turns as a one-record messages file.
@@ -83,14 +48,7 @@ func TestTemplateSpans(t *testing.T) {
 		{"qwen2.5-instruct", "qwen2", "", "<|im_end|>", "<|im_end|>"},
 	} {
 		tok := instructTokenizer(t, c.tokDir, c.eos)
-		src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", c.template+".jinja"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tm, err := chattmpl.Parse(c.template+".jinja", string(src), c.bos, c.eos)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tm := fixtureTemplate(t, c.template, c.bos, c.eos)
 		eot := tok.Encode(c.endOfTurn)
 		if len(eot) != 1 {
 			t.Fatalf("%s: %s is %d tokens, want one special token", c.tokDir, c.endOfTurn, len(eot))
@@ -105,7 +63,7 @@ func TestTemplateSpans(t *testing.T) {
 				t.Errorf("rendering %q", ds.Rendering)
 			}
 			ex := ds.Eval[0]
-			whole := f.rendered(t, c.template, conv, len(turns), false)
+			whole := f.Rendered(t, c.template, conv, len(turns), false)
 			var want []int32
 			var spans []Span
 			done := ""
@@ -113,8 +71,8 @@ func TestTemplateSpans(t *testing.T) {
 				if turn.Role != RoleAssistant {
 					continue
 				}
-				prompt := f.rendered(t, c.template, conv, i, true)
-				full := f.rendered(t, c.template, conv, i+1, false)
+				prompt := f.Rendered(t, c.template, conv, i, true)
+				full := f.Rendered(t, c.template, conv, i+1, false)
 				want = append(want, tok.Encode(prompt[len(done):])...)
 				target := full[len(prompt):]
 				if !strings.HasSuffix(target, c.endOfTurn) && !strings.HasSuffix(target, c.endOfTurn+"\n") {
@@ -156,9 +114,9 @@ func TestTemplateSpans(t *testing.T) {
 			}
 			// Its response is the target text up to the end of turn, as
 			// the template wrote it (LLaMA 3.1's trims the content).
-			lastTarget := f.rendered(t, c.template, conv, lastAsst+1, false)[len(f.rendered(t, c.template, conv, lastAsst, true)):]
+			lastTarget := f.Rendered(t, c.template, conv, lastAsst+1, false)[len(f.Rendered(t, c.template, conv, lastAsst, true)):]
 			wantResp, _, _ := strings.Cut(lastTarget, c.endOfTurn)
-			if r := ds.EvalRecords[0]; r.Response != wantResp || r.Prompt != f.rendered(t, c.template, conv, lastAsst, true) {
+			if r := ds.EvalRecords[0]; r.Response != wantResp || r.Prompt != f.Rendered(t, c.template, conv, lastAsst, true) {
 				t.Errorf("%s %s: eval record %+v, want response %q", c.template, conv, r, wantResp)
 			}
 		}
@@ -193,28 +151,47 @@ func instructTokenizer(t *testing.T, dir, eos string) tokenizer.Tokenizer {
 	return tok
 }
 
+// fixtureTemplate parses chattmpl's testdata/NAME.jinja with the given
+// BOS and EOS tokens.
+func fixtureTemplate(t *testing.T, name, bos, eos string) *chattmpl.Template {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", name+".jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := chattmpl.Parse(name+".jinja", string(src), bos, eos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm
+}
+
 // TestTemplateErrors: a template whose shorter renderings are not
 // prefixes of longer ones, one that raises, and one that could not be
 // read are errors naming the template; other data loads without one.
 func TestTemplateErrors(t *testing.T) {
 	tok := tokenizer.Byte()
 	conv := writeConversation(t, []map[string]string{{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}})
-	// The generation prompt differs from the assistant turn's header.
-	bad, err := chattmpl.Parse("bad.jinja", "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<gen>{% endif %}", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Load(conv, tok, Options{SeqLen: 64, Chat: bad})
-	if err == nil || !strings.Contains(err.Error(), "bad.jinja") || !strings.Contains(err.Error(), "not a prefix") || !strings.Contains(err.Error(), "turn 1") {
-		t.Errorf("prefix property broken: %v", err)
-	}
-	raises, err := chattmpl.Parse("raises.jinja", "{{ raise_exception('Conversation roles must alternate') }}", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Load(conv, tok, Options{SeqLen: 64, Chat: raises})
-	if err == nil || !strings.Contains(err.Error(), "raises.jinja") || !strings.Contains(err.Error(), "roles must alternate") || !strings.Contains(err.Error(), "record 0") {
-		t.Errorf("raise_exception: %v", err)
+	for _, c := range []struct {
+		what, name, src string
+		want            []string // what the error names besides the template
+	}{
+		// The generation prompt differs from the assistant turn's header.
+		{"prefix property broken", "bad.jinja", "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<gen>{% endif %}",
+			[]string{"not a prefix", "turn 1"}},
+		{"raise_exception", "raises.jinja", "{{ raise_exception('Conversation roles must alternate') }}",
+			[]string{"roles must alternate", "record 0"}},
+	} {
+		tmpl, err := chattmpl.Parse(c.name, c.src, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Load(conv, tok, Options{SeqLen: 64, Chat: tmpl})
+		for _, w := range append([]string{c.name}, c.want...) {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want an error naming %q", c.what, err, w)
+			}
+		}
 	}
 	unread := os.ErrPermission
 	if _, err := Load(conv, tok, Options{SeqLen: 64, ChatErr: unread}); err == nil || !strings.Contains(err.Error(), unread.Error()) {
@@ -244,19 +221,12 @@ func TestChatPrompt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", "qwen2.5-instruct.jinja"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tm, err := chattmpl.Parse("qwen2.5-instruct.jinja", string(src), "", "<|im_end|>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tm := fixtureTemplate(t, "qwen2.5-instruct", "", "<|im_end|>")
 	got, err := ChatPrompt("Hello?", tok, tm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := tok.Encode(f.rendered(t, "qwen2.5-instruct", "user-first-only", 1, true)); !slices.Equal(got, want) {
+	if want := tok.Encode(f.Rendered(t, "qwen2.5-instruct", "user-first-only", 1, true)); !slices.Equal(got, want) {
 		t.Errorf("with a template: %v, want %v", got, want)
 	}
 	for _, tm := range []*chattmpl.Template{nil, tm} {
@@ -277,14 +247,7 @@ func TestChatPrompt(t *testing.T) {
 // rendering alone; under -race it checks the sharing too.
 func TestTemplateConcurrent(t *testing.T) {
 	tok := instructTokenizer(t, "qwen2", "<|im_end|>")
-	src, err := os.ReadFile(filepath.Join("..", "chattmpl", "testdata", "qwen2.5-instruct.jinja"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tm, err := chattmpl.Parse("qwen2.5-instruct.jinja", string(src), "", "<|im_end|>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tm := fixtureTemplate(t, "qwen2.5-instruct", "", "<|im_end|>")
 	var b strings.Builder
 	var convs [][]Turn
 	for i := range 300 {

@@ -5,6 +5,7 @@
 package eval
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -12,8 +13,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 )
 
@@ -57,16 +56,27 @@ func TestSamplerTopP(t *testing.T) {
 	// top-p 0.8 keeps the 0.7 and 0.15 tokens, never the others, and picks
 	// them in proportion 0.7 : 0.15.
 	s = NewSampler(1, 0.8, 42)
-	counts := make([]int, 4)
-	const n = 20000
-	for i := 0; i < n; i++ {
-		counts[s.Pick(peaked, nil)]++
+	checkShares(t, "top-p 0.8", drawShares(s, peaked, 20000), []float64{0, 0.7 / 0.85, 0, 0.15 / 0.85}, 0.02)
+}
+
+// drawShares is the share of each token in n draws from logits by s.
+func drawShares(s Sampler, logits []float32, n int) []float64 {
+	shares := make([]float64, len(logits))
+	for range n {
+		shares[s.Pick(logits, nil)] += 1 / float64(n)
 	}
-	if counts[0] != 0 || counts[2] != 0 {
-		t.Fatalf("top-p 0.8 picked tokens outside the nucleus: %v", counts)
-	}
-	if f := float64(counts[1]) / n; math.Abs(f-0.7/0.85) > 0.02 {
-		t.Errorf("top token share %.3f in the nucleus, want %.3f", f, 0.7/0.85)
+	return shares
+}
+
+// checkShares fails the test unless each token's share of the draws is
+// within tol of want's, and exactly 0 where want's is (the token is never
+// drawn).
+func checkShares(t *testing.T, what string, got, want []float64, tol float64) {
+	t.Helper()
+	for i := range want {
+		if want[i] == 0 && got[i] != 0 || math.Abs(got[i]-want[i]) > tol {
+			t.Errorf("%s: token %d drawn %.3f of the time, want %.3f", what, i, got[i], want[i])
+		}
 	}
 }
 
@@ -83,18 +93,12 @@ func TestSamplerTemperature(t *testing.T) {
 			want[i] = math.Pow(p, 1/temp)
 			z += want[i]
 		}
+		for i := range want {
+			want[i] /= z
+		}
 		for _, topP := range []float64{0, 1} { // both keep every token
 			s := NewSampler(temp, topP, 7)
-			counts := make([]int, len(probs))
-			const n = 30000
-			for i := 0; i < n; i++ {
-				counts[s.Pick(logits, nil)]++
-			}
-			for i := range probs {
-				if f := float64(counts[i]) / n; math.Abs(f-want[i]/z) > 0.015 {
-					t.Errorf("T=%g top-p %g: token %d drawn %.3f of the time, want %.3f", temp, topP, i, f, want[i]/z)
-				}
-			}
+			checkShares(t, fmt.Sprintf("T=%g top-p %g", temp, topP), drawShares(s, logits, 30000), want, 0.015)
 		}
 	}
 
@@ -122,26 +126,14 @@ func TestSamplerTemperature(t *testing.T) {
 func TestGenerate(t *testing.T) {
 	mc := microConfig(16, 1)
 	vals := gpt2.Init(mc, 9)
-	newModel := func(B, T int) (*cpu.Backend, Model) {
-		be := cpu.New(cpu.Config{Threads: 1})
-		t.Cleanup(func() { be.Close() })
-		m, err := gpt2.New(be, mc, B, T, backend.F32)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := backend.Upload(be, be.DefaultStream(), m.Params, vals); err != nil {
-			t.Fatal(err)
-		}
-		return be, Model{Model: m, Spec: mc, B: B, T: T}
-	}
 	const eos = 256
 	prompts := [][]int32{{'a', 'b', '='}, {'x'}, {}, {'l', 'o', 'n', 'g', 'e', 'r', ' ', 'p', 'r', 'o', 'm', 'p', 't', '='}, {'q', '='}}
-	be1, m1 := newModel(1, 16)
+	be1, m1 := cpuModel(t, mc, vals, 1, 16)
 	one, err := Generate(be1, be1.DefaultStream(), m1, prompts, 6, []int32{eos}, Sampler{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	be3, m3 := newModel(3, 16)
+	be3, m3 := cpuModel(t, mc, vals, 3, 16)
 	three, err := Generate(be3, be3.DefaultStream(), m3, prompts, 6, []int32{eos}, Sampler{})
 	if err != nil {
 		t.Fatal(err)
@@ -256,14 +248,9 @@ func wantErr(t *testing.T, err error, parts ...string) {
 
 // TestLossNoExamples: no eval examples is NaN, not 0/0 panics or 0.
 func TestLossNoExamples(t *testing.T) {
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
-	s := be.DefaultStream()
-	m, err := gpt2.New(be, microConfig(16, 1), 2, 8, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l, err := Loss(be, s, Model{Model: m, Spec: m.Cfg, B: 2, T: 8}, nil, Watch{}); err != nil || !math.IsNaN(l) {
+	mc := microConfig(16, 1)
+	be, m := cpuModel(t, mc, gpt2.Init(mc, 1), 2, 8)
+	if l, err := Loss(be, be.DefaultStream(), m, nil, Watch{}); err != nil || !math.IsNaN(l) {
 		t.Fatalf("Loss of no examples = %v, %v; want NaN, nil", l, err)
 	}
 }
@@ -288,17 +275,7 @@ func TestSamplerTopK(t *testing.T) {
 	p := logitsOf(0.1, 0.4, 0.2, 0.3)
 	s := NewSampler(1, 1, 9)
 	s.TopK = 2
-	counts := make([]int, 4)
-	const n = 20000
-	for i := 0; i < n; i++ {
-		counts[s.Pick(p, nil)]++
-	}
-	if counts[0] != 0 || counts[2] != 0 {
-		t.Fatalf("top-k 2 drew outside the top two: %v", counts)
-	}
-	if f := float64(counts[1]) / n; math.Abs(f-0.4/0.7) > 0.02 {
-		t.Errorf("top-k 2: token 1 drawn %.3f of the time, want %.3f", f, 0.4/0.7)
-	}
+	checkShares(t, "top-k 2", drawShares(s, p, 20000), []float64{0, 0.4 / 0.7, 0, 0.3 / 0.7}, 0.02)
 	// Within the top 2 (0.4 and 0.3, renormalized 0.571 and 0.429), top-p
 	// 0.5 keeps only the first; over all four tokens it would keep two.
 	s.TopP = 0.5
@@ -308,13 +285,7 @@ func TestSamplerTopK(t *testing.T) {
 		}
 	}
 	s.TopK, s.TopP = 0, 0.6 // 0.4 + 0.3 reach 0.6: tokens 1 and 3 only
-	clear(counts)
-	for i := 0; i < n; i++ {
-		counts[s.Pick(p, nil)]++
-	}
-	if counts[0] != 0 || counts[2] != 0 || counts[3] == 0 {
-		t.Errorf("top-p 0.6 over 0.1, 0.4, 0.2, 0.3 drew %v, want tokens 1 and 3 only", counts)
-	}
+	checkShares(t, "top-p 0.6 over 0.1, 0.4, 0.2, 0.3", drawShares(s, p, 20000), []float64{0, 0.4 / 0.7, 0, 0.3 / 0.7}, 0.02)
 }
 
 // TestSamplerRepetitionPenalty: HF's definition, a logit of a token in the

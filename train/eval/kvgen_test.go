@@ -29,6 +29,13 @@ func presetModel(t *testing.T, name string, B, T int, seed uint64) (*cpu.Backend
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cpuModel(t, spec, spec.Init(seed), B, T)
+}
+
+// cpuModel allocates spec for B x T on a one-thread CPU backend with
+// params uploaded, both freed when the test ends.
+func cpuModel(t *testing.T, spec model.Spec, params []float32, B, T int) (*cpu.Backend, Model) {
+	t.Helper()
 	be := cpu.New(cpu.Config{Threads: 1})
 	t.Cleanup(func() { be.Close() })
 	mm, err := spec.NewModel(be, B, T, backend.F32, model.Options{})
@@ -36,7 +43,7 @@ func presetModel(t *testing.T, name string, B, T int, seed uint64) (*cpu.Backend
 		t.Fatal(err)
 	}
 	t.Cleanup(mm.Free)
-	if err := backend.Upload(be, be.DefaultStream(), mm.Buffers().Params, spec.Init(seed)); err != nil {
+	if err := backend.Upload(be, be.DefaultStream(), mm.Buffers().Params, params); err != nil {
 		t.Fatal(err)
 	}
 	return be, Model{Model: mm, Spec: spec, B: B, T: T}
@@ -54,17 +61,7 @@ func namedModel(t *testing.T, name string, B, T int, seed uint64) (*cpu.Backend,
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := cpu.New(cpu.Config{Threads: 1})
-	t.Cleanup(func() { be.Close() })
-	mm, err := spec.NewModel(be, B, T, backend.F32, model.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mm.Free)
-	if err := backend.Upload(be, be.DefaultStream(), mm.Buffers().Params, vals); err != nil {
-		t.Fatal(err)
-	}
-	return be, Model{Model: mm, Spec: spec, B: B, T: T}
+	return cpuModel(t, spec, vals, B, T)
 }
 
 // TestCachedGreedyEqualsUncached: on random gpt2 and llama presets (llama
@@ -218,17 +215,8 @@ func TestGreedyFixtures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		be := cpu.New(cpu.Config{Threads: 1})
-		T := spec.MaxSeqLen()
-		mm, err := spec.NewModel(be, 1, T, backend.F32, model.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		be, m := cpuModel(t, spec, vals, 1, spec.MaxSeqLen())
 		s := be.DefaultStream()
-		if err := backend.Upload(be, s, mm.Buffers().Params, vals); err != nil {
-			t.Fatal(err)
-		}
-		m := Model{Model: mm, Spec: spec, B: 1, T: T}
 		smp := Sampler{RepetitionPenalty: c.RepetitionPenalty}
 		for _, cached := range []bool{true, false} {
 			gen := Generate
@@ -243,8 +231,6 @@ func TestGreedyFixtures(t *testing.T) {
 				t.Errorf("%s %v penalty %g (cached %v): got %v, transformers %v", c.Model, c.Prompt, c.RepetitionPenalty, cached, out[0], c.IDs)
 			}
 		}
-		mm.Free()
-		be.Close()
 	}
 }
 

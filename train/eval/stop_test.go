@@ -7,7 +7,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
@@ -93,19 +92,8 @@ func TestGenerateStopSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
-	T := spec.MaxSeqLen()
-	mm, err := spec.NewModel(be, 1, T, backend.F32, model.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mm.Free()
+	be, m := cpuModel(t, spec, vals, 1, spec.MaxSeqLen())
 	s := be.DefaultStream()
-	if err := backend.Upload(be, s, mm.Buffers().Params, vals); err != nil {
-		t.Fatal(err)
-	}
-	m := Model{Model: mm, Spec: spec, B: 1, T: T}
 	prompt := [][]int32{{5, 17, 42, 9}}
 	eos := int32(spec.VocabSize() - 1)
 	full, err := Generate(be, s, m, prompt, 12, []int32{eos}, Sampler{})

@@ -6,8 +6,6 @@ import (
 	"math"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/data"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/tokenizer"
@@ -18,17 +16,9 @@ import (
 // the second stops them there with its error, and a watched evaluation
 // gives the unwatched figures.
 func TestWatch(t *testing.T) {
-	be := cpu.New(cpu.Config{Threads: 1})
-	defer be.Close()
+	mc := microConfig(16, 1)
+	be, m := cpuModel(t, mc, gpt2.Init(mc, 1), 2, 8)
 	s := be.DefaultStream()
-	g, err := gpt2.New(be, microConfig(16, 1), 2, 8, backend.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.Upload(be, s, g.Buffers().Params, gpt2.Init(g.Cfg, 1)); err != nil {
-		t.Fatal(err)
-	}
-	m := Model{Model: g, Spec: g.Cfg, B: 2, T: 8}
 	tok := tokenizer.Byte()
 	var exs []data.Example
 	var recs []data.Record
