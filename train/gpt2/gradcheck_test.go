@@ -7,6 +7,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // testModel builds a small random model with a random batch, some targets
@@ -70,15 +71,7 @@ func meanLoss(t *testing.T, be backend.Backend, m *Model, n int) float64 {
 	if err := m.CrossEntropy(s, 0); err != nil {
 		t.Fatal(err)
 	}
-	l, err := backend.Download(be, s, m.Losses)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, v := range l {
-		sum += float64(v)
-	}
-	return sum / float64(n)
+	return modeltest.MeanLoss(t, be, m, n)
 }
 
 // TestFiniteDifference compares the backward pass with central differences

@@ -11,6 +11,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // TestReadHFConfigFixtures: the fixtures' config.json (transformers 5
@@ -374,7 +375,7 @@ func TestPlan7B(t *testing.T) {
 		t.Fatal(err)
 	}
 	const budget = 24 << 30
-	opts := model.Options{MatrixGrads: nopHook{}}
+	opts := model.Options{MatrixGrads: modeltest.NopHook{}}
 	plan := c.MemoryWith(1, 512, backend.BF16, opts)
 	if plan.Params != 2*6_738_415_616 {
 		t.Errorf("bf16 weights %d bytes", plan.Params)

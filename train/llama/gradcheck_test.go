@@ -8,6 +8,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // TestGradientsMatchFiniteDifferences checks the analytic gradient of
@@ -19,7 +20,7 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 	defer be.Close()
 	s := be.DefaultStream()
 	m := hookModel(t, be, hookCfg, backend.F32, model.Options{})
-	setBatch(t, be, m, 3)
+	modeltest.SetBatch(t, be, m, hookCfg.Vocab, 3)
 	n := 0
 	for i := range m.B * m.T {
 		if i%5 != 0 {
@@ -30,14 +31,14 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 		t.Helper()
 		must(t, m.Forward(s))
 		must(t, m.CrossEntropy(s, 0))
-		return lossOf(t, be, m, n)
+		return modeltest.MeanLoss(t, be, m, n)
 	}
 	must(t, m.ZeroGrads(s))
 	must(t, m.Forward(s))
 	must(t, m.CrossEntropy(s, 1/float32(n)))
 	must(t, m.Backward(s))
-	grads := download(t, be, m.Grads)
-	params := download(t, be, m.Params)
+	grads := modeltest.Download(t, be, m.Grads)
+	params := modeltest.Download(t, be, m.Params)
 	rng := rand.New(rand.NewPCG(3, 4))
 	const h = 1e-2
 	for _, p := range m.Layout() {

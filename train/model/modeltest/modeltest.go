@@ -126,3 +126,72 @@ func bitsOf(v []float32) []uint32 {
 	}
 	return out
 }
+
+// ActAllocs are a model's activation allocations and the views it carved
+// from them, for CheckActAllocs.
+type ActAllocs struct {
+	Acts      []model.Act        // one block's activations (the family's blockActs)
+	Views     [][]backend.Tensor // Views[l][i]: block l's Acts[i]
+	Recompute model.Recompute
+	Hooked    bool
+	// Data (model dtype) and Stats (fp32) hold every activation: the
+	// blocks' and OuterData's and OuterStats', those outside the blocks.
+	Data, Stats           backend.Tensor
+	OuterData, OuterStats []backend.Tensor
+	// Grad holds the activation gradients GradViews, in DType, the model
+	// dtype (half the bytes at bf16); Scratch is the backward's scratch.
+	Grad      backend.Tensor
+	GradViews []backend.Tensor
+	Scratch   backend.Tensor
+	DType     backend.DType
+}
+
+// CheckActAllocs: the activation views fill their allocations exactly (a
+// plan that merely agrees with an oversized allocation fails here), and
+// each block keeps its own view of an activation exactly when the hooks
+// and the recompute setting say so (CheckActViews). It returns the bytes
+// of the activations and of the activation gradients and scratch, the
+// parts CheckMemoryWith compares with the plan.
+func CheckActAllocs(t *testing.T, a ActAllocs) (acts, actGrads int64) {
+	t.Helper()
+	nd, ns := CheckActViews(t, a.Acts, a.Views, a.Recompute, a.Hooked)
+	for _, v := range a.OuterData {
+		nd += v.Len()
+	}
+	for _, v := range a.OuterStats {
+		ns += v.Len()
+	}
+	if nd != a.Data.Len() || ns != a.Stats.Len() {
+		t.Errorf("activation views hold %d and %d fp32 elements, allocations %d and %d", nd, ns, a.Data.Len(), a.Stats.Len())
+	}
+	if a.Grad.DType != a.DType {
+		t.Errorf("activation gradients in %v, model in %v", a.Grad.DType, a.DType)
+	}
+	n := 0
+	for _, v := range a.GradViews {
+		n += v.Len()
+	}
+	if n != a.Grad.Len() {
+		t.Errorf("activation gradients: views hold %d elements, allocation %d", n, a.Grad.Len())
+	}
+	return a.Data.Bytes() + a.Stats.Bytes(), a.Grad.Bytes() + a.Scratch.Bytes()
+}
+
+// CheckIndex: the index of a family's layout (model.NewIndex) puts
+// matrix k of block l where the family's matrixParam says, and marks as
+// matrices the parameters its isMatrix does, no more.
+func CheckIndex(t *testing.T, x *model.Index, matrixParam func(l, k int) int, isMatrix func(i int) bool) {
+	t.Helper()
+	for l := range x.Blocks {
+		for k, mt := range x.Mats {
+			if i, want := x.MatParam[l][k], matrixParam(l, k); i != want {
+				t.Errorf("index: matrix %s of block %d at %d, MatrixParam says %d", mt.Name, l, i, want)
+			}
+		}
+	}
+	for i := range x.Layout {
+		if x.IsMat[i] != isMatrix(i) {
+			t.Errorf("index: IsMat[%d] = %v, isMatrix says %v", i, x.IsMat[i], isMatrix(i))
+		}
+	}
+}
