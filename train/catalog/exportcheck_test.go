@@ -6,9 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -33,14 +31,6 @@ func TestWriteExportCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	B, T := 2, min(spec.MaxSeqLen(), 24)
-	be := cpu.New(cpu.Config{})
-	defer be.Close()
-	s := be.DefaultStream()
-	m, err := spec.NewModel(be, B, T, backend.F32, model.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Free()
 	rng := rand.New(rand.NewPCG(5, 6))
 	ids := make([]int32, B*T)
 	ids64 := make([]int64, B*T)
@@ -48,20 +38,7 @@ func TestWriteExportCheck(t *testing.T) {
 		ids[i] = int32(rng.IntN(spec.VocabSize()))
 		ids64[i] = int64(ids[i])
 	}
-	bufs := m.Buffers()
-	if err := backend.Upload(be, s, bufs.Params, vals); err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.UploadInt32(be, s, bufs.Inputs, ids); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Forward(s); err != nil {
-		t.Fatal(err)
-	}
-	logits, err := backend.Download(be, s, bufs.Logits)
-	if err != nil {
-		t.Fatal(err)
-	}
+	logits := modeltest.Logits(t, spec, vals, ids, B, T)
 	if err := Export(spec, dir, vals, src, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/device"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // Tolerances of the CUDA backend against the CPU backend, both bf16.
@@ -46,8 +47,8 @@ func TestCUDAMatchesCPU(t *testing.T) {
 					must(t, m.Forward(s))
 					logits, err := backend.Download(be, s, m.Logits)
 					must(t, err)
-					must(t, m.CrossEntropy(s, 1/float32(fx.validTargets)))
-					loss = lossOf(t, be, m, fx.validTargets)
+					must(t, m.CrossEntropy(s, 1/float32(fx.ValidTargets)))
+					loss = modeltest.MeanLoss(t, be, m, fx.ValidTargets)
 					must(t, m.Backward(s))
 					grads, err = backend.Download(be, s, m.Grads)
 					must(t, err)
@@ -60,7 +61,7 @@ func TestCUDAMatchesCPU(t *testing.T) {
 				defer gb.Close()
 				wantLoss, wantLogits, wantGrads := run(cb)
 				loss, logits, grads := run(gb)
-				t.Logf("loss: cuda %.7g, cpu %.7g, pytorch (fp32) %.7g", loss, wantLoss, fx.loss)
+				t.Logf("loss: cuda %.7g, cpu %.7g, pytorch (fp32) %.7g", loss, wantLoss, fx.Loss)
 				if math.Abs(loss-wantLoss) > cudaLossTol*wantLoss {
 					t.Errorf("loss %v on CUDA, %v on the CPU backend", loss, wantLoss)
 				}

@@ -10,7 +10,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
-	"github.com/lsp-offload/lsp-offload/train/optim"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 	"github.com/lsp-offload/lsp-offload/train/safetensors"
 )
 
@@ -31,32 +31,15 @@ const (
 	lossRTol  = 1e-6
 )
 
+// fixture is a PyTorch model's configuration and weights, and its
+// reference results.
 type fixture struct {
-	name         string
-	cfg          Config
-	params       []float32 // Layout order, matrices in x out
-	B, T         int
-	inputs       []int32
-	targets      []int32
-	logits       []float32
-	logitsBF16   []float32 // logits of the bf16-rounded weights (gqa only)
-	loss         float64
-	invFreq      []float32
-	grads        map[string][]float32 // HF shapes
-	finals       map[string][]float32
-	adamLosses   []float32
-	validTargets int
-}
-
-// transpose returns the r x c matrix v as c x r.
-func transpose(v []float32, r, c int) []float32 {
-	out := make([]float32, len(v))
-	for i := range r {
-		for j := range c {
-			out[j*r+i] = v[i*c+j]
-		}
-	}
-	return out
+	name       string
+	cfg        Config
+	params     []float32 // Layout order, matrices in x out
+	logitsBF16 []float32 // logits of the bf16-rounded weights (gqa only)
+	invFreq    []float32
+	*modeltest.Reference
 }
 
 // loadWeights reads every parameter of cfg from an HF safetensors file as
@@ -77,7 +60,7 @@ func loadWeights(t *testing.T, path string, cfg Config) []float32 {
 		want := p.Shape
 		if p.Transposed {
 			want = []int{p.Shape[1], p.Shape[0]}
-			v = transpose(v, want[0], want[1])
+			v = modeltest.Transpose(v, want[0], want[1])
 		}
 		if fmt.Sprint(shape) != fmt.Sprint(want) {
 			t.Fatalf("%s: %s has shape %v, want %v", path, p.Name, shape, want)
@@ -94,80 +77,13 @@ func loadFixture(t *testing.T, name string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := &fixture{name: name, cfg: cfg, params: loadWeights(t, filepath.Join(dir, "model.safetensors"), cfg),
-		grads: map[string][]float32{}, finals: map[string][]float32{}}
-	ref, err := safetensors.Open(filepath.Join(dir, "reference.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ints := func(name string) []int32 {
-		v, shape, err := ref.Int64(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fx.B, fx.T = shape[0], shape[1]
-		out := make([]int32, len(v))
-		for i, x := range v {
-			out[i] = int32(x)
-			if x == -100 { // PyTorch's ignore_index; ours is any negative
-				out[i] = -1
-			}
-		}
-		return out
-	}
-	floats := func(name string) []float32 {
-		v, _, err := ref.Float32(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	fx.inputs, fx.targets = ints("input_ids"), ints("targets")
-	fx.logits = floats("logits")
-	fx.loss = float64(floats("loss")[0])
-	fx.invFreq = floats("rope_inv_freq")
-	fx.adamLosses = floats("adamw_losses")
-	if _, ok := ref.Info("logits_bf16model"); ok {
-		fx.logitsBF16 = floats("logits_bf16model")
-	}
-	for _, p := range cfg.Layout() {
-		fx.grads[p.Name] = floats("grad." + p.Name)
-		if _, ok := ref.Info("final." + p.Name); ok {
-			fx.finals[p.Name] = floats("final." + p.Name)
-		}
-	}
-	for _, x := range fx.targets {
-		if x >= 0 {
-			fx.validTargets++
-		}
+	ref := modeltest.LoadReference(t, filepath.Join(dir, "reference.safetensors"), cfg.Layout())
+	fx := &fixture{name: name, cfg: cfg, params: loadWeights(t, filepath.Join(dir, "model.safetensors"), cfg), Reference: ref}
+	fx.invFreq = ref.Floats(t, "rope_inv_freq")
+	if _, ok := ref.File.Info("logits_bf16model"); ok {
+		fx.logitsBF16 = ref.Floats(t, "logits_bf16model")
 	}
 	return fx
-}
-
-// closeTo compares got with want elementwise and reports the worst entry.
-func closeTo(t *testing.T, what string, got, want []float32, rtol float64) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
-	}
-	var scale float64
-	for _, w := range want {
-		scale = max(scale, math.Abs(float64(w)))
-	}
-	worst, at := 0.0, 0
-	for i := range want {
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if r := d / (rtol * (scale + math.Abs(float64(want[i])))); r > worst || math.IsNaN(d) {
-			worst, at = r, i
-			if math.IsNaN(d) {
-				worst = math.Inf(1)
-			}
-		}
-	}
-	if worst > 1 {
-		t.Errorf("%s: worst index %d: got %.8g, want %.8g (tolerance %.1e relative to the tensor scale %.3g)",
-			what, at, got[at], want[at], rtol, scale)
-	}
 }
 
 func fixtureModel(t *testing.T, be backend.Backend, fx *fixture, dt backend.DType, opts model.Options) *Model {
@@ -176,30 +92,8 @@ func fixtureModel(t *testing.T, be backend.Backend, fx *fixture, dt backend.DTyp
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := be.DefaultStream()
-	if err := backend.Upload(be, s, m.Params, fx.params); err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.UploadInt32(be, s, m.Inputs, fx.inputs); err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.UploadInt32(be, s, m.Targets, fx.targets); err != nil {
-		t.Fatal(err)
-	}
+	fx.Upload(t, be, m, fx.params)
 	return m
-}
-
-func lossOf(t *testing.T, be backend.Backend, m *Model, n int) float64 {
-	t.Helper()
-	l, err := backend.Download(be, be.DefaultStream(), m.Losses)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, v := range l {
-		sum += float64(v)
-	}
-	return sum / float64(n)
 }
 
 func must(t *testing.T, err error) {
@@ -207,15 +101,6 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// hfGrad is parameter p's gradient in HF's shape (out x in for a
-// Transposed matrix).
-func hfGrad(p model.Param, g []float32) []float32 {
-	if p.Transposed {
-		return transpose(g, p.Shape[0], p.Shape[1])
-	}
-	return g
 }
 
 // TestInvFreqMatchesTransformers: the rotary inverse frequencies of each
@@ -241,28 +126,20 @@ func TestInvFreqMatchesTransformers(t *testing.T) {
 // TestMatchesPyTorch checks logits, loss and every gradient of each
 // fixture on the CPU backend at fp32.
 func TestMatchesPyTorch(t *testing.T) {
+	onFixtures(t, func(t *testing.T, fx *fixture, be backend.Backend, m *Model) {
+		fx.CheckMatchesPyTorch(t, be, m, fx.cfg, modeltest.Tolerances{Logits: logitRTol, Loss: lossRTol, Grads: gradRTol})
+	})
+}
+
+// onFixtures runs check on each fixture's fp32 model on the CPU backend,
+// in a subtest of its own.
+func onFixtures(t *testing.T, check func(t *testing.T, fx *fixture, be backend.Backend, m *Model)) {
 	for _, name := range fixtureNames {
 		t.Run(name, func(t *testing.T) {
 			fx := loadFixture(t, name)
 			be := cpu.New(cpu.Config{})
 			defer be.Close()
-			s := be.DefaultStream()
-			m := fixtureModel(t, be, fx, backend.F32, model.Options{})
-			must(t, m.ZeroGrads(s))
-			must(t, m.Forward(s))
-			logits, err := backend.Download(be, s, m.Logits)
-			must(t, err)
-			closeTo(t, "logits", logits, fx.logits, logitRTol)
-			must(t, m.CrossEntropy(s, 1/float32(fx.validTargets)))
-			if loss := lossOf(t, be, m, fx.validTargets); math.Abs(loss-fx.loss) > lossRTol*fx.loss {
-				t.Errorf("loss %.8g, PyTorch %.8g", loss, fx.loss)
-			}
-			must(t, m.Backward(s))
-			grads, err := backend.Download(be, s, m.Grads)
-			must(t, err)
-			for _, p := range m.Layout() {
-				closeTo(t, "grad "+p.Name, hfGrad(p, grads[p.Offset:p.Offset+p.Len()]), fx.grads[p.Name], gradRTol)
-			}
+			check(t, fx, be, fixtureModel(t, be, fx, backend.F32, model.Options{}))
 		})
 	}
 }
@@ -273,49 +150,17 @@ func TestMatchesPyTorch(t *testing.T) {
 // device AdamW and compares each loss, and the final weights where the
 // fixture has them.
 func TestAdamWTrajectoryMatchesPyTorch(t *testing.T) {
-	for _, name := range fixtureNames {
-		t.Run(name, func(t *testing.T) {
-			fx := loadFixture(t, name)
-			be := cpu.New(cpu.Config{})
-			defer be.Close()
-			s := be.DefaultStream()
-			m := fixtureModel(t, be, fx, backend.F32, model.Options{})
-			var ts []optim.Tensor
-			for i, p := range m.Layout() {
-				g, _ := m.GradView(i)
-				ts = append(ts, optim.Tensor{Name: p.Name, Param: m.ParamView(m.Params, i), Grad: g, Decay: p.Decay})
-				if p.Decay != (len(p.Shape) >= 2) {
-					t.Errorf("%s: layout decay %v differs from the fixture's dim >= 2 rule", p.Name, p.Decay)
-				}
+	onFixtures(t, func(t *testing.T, fx *fixture, be backend.Backend, m *Model) {
+		final := fx.AdamWTrajectory(t, be, m, fx.cfg)
+		for _, p := range m.Layout() {
+			if want, ok := fx.Finals[p.Name]; ok {
+				modeltest.CloseTo(t, "final "+p.Name, modeltest.HFOrder(p, final[p.Offset:p.Offset+p.Len()]), want, 1e-4)
 			}
-			h := optim.Hyper{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: optim.ClipNone}
-			opt, err := optim.New(be, h, ts, m.Grads)
-			must(t, err)
-			for step, want := range fx.adamLosses {
-				must(t, model.Chain(
-					func() error { return m.ZeroGrads(s) },
-					func() error { return m.Forward(s) },
-					func() error { return m.CrossEntropy(s, 1/float32(fx.validTargets)) },
-					func() error { return m.Backward(s) },
-				))
-				got := lossOf(t, be, m, fx.validTargets)
-				if math.Abs(got-float64(want)) > 1e-5*float64(want) {
-					t.Errorf("step %d: loss %.8g, PyTorch %.8g", step, got, want)
-				}
-				must(t, opt.Step(s, 1e-3, backend.Tensor{}))
-			}
-			final, err := backend.Download(be, s, m.Params)
-			must(t, err)
-			for _, p := range m.Layout() {
-				if want, ok := fx.finals[p.Name]; ok {
-					closeTo(t, "final "+p.Name, hfGrad(p, final[p.Offset:p.Offset+p.Len()]), want, 1e-4)
-				}
-			}
-			if strings.HasSuffix(name, "gqa") && len(fx.finals) != len(m.Layout()) {
-				t.Errorf("%d final tensors in the fixture, want %d", len(fx.finals), len(m.Layout()))
-			}
-		})
-	}
+		}
+		if strings.HasSuffix(fx.name, "gqa") && len(fx.Finals) != len(m.Layout()) {
+			t.Errorf("%d final tensors in the fixture, want %d", len(fx.Finals), len(m.Layout()))
+		}
+	})
 }
 
 // TestBF16Logits: a bf16 model (weights rounded to bf16, every activation
@@ -372,16 +217,16 @@ func TestBF16Gradients(t *testing.T) {
 				m := fixtureModel(t, be, fx, backend.BF16, model.Options{GradDType: gdt})
 				must(t, m.ZeroGrads(s))
 				must(t, m.Forward(s))
-				must(t, m.CrossEntropy(s, 1/float32(fx.validTargets)))
-				if loss := lossOf(t, be, m, fx.validTargets); math.Abs(loss-fx.loss) > 2e-3*fx.loss {
-					t.Errorf("loss %.6g, PyTorch (fp32) %.6g", loss, fx.loss)
+				must(t, m.CrossEntropy(s, 1/float32(fx.ValidTargets)))
+				if loss := modeltest.MeanLoss(t, be, m, fx.ValidTargets); math.Abs(loss-fx.Loss) > 2e-3*fx.Loss {
+					t.Errorf("loss %.6g, PyTorch (fp32) %.6g", loss, fx.Loss)
 				}
 				must(t, m.Backward(s))
 				grads, err := backend.Download(be, s, m.Grads)
 				must(t, err)
 				worst, at := 0.0, ""
 				for _, p := range m.Layout() {
-					got, want := hfGrad(p, grads[p.Offset:p.Offset+p.Len()]), fx.grads[p.Name]
+					got, want := modeltest.HFOrder(p, grads[p.Offset:p.Offset+p.Len()]), fx.Grads[p.Name]
 					var scale, diff float64
 					for i, w := range want {
 						scale = max(scale, math.Abs(float64(w)))
