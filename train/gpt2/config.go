@@ -6,8 +6,6 @@ package gpt2
 
 import (
 	"fmt"
-	"sort"
-	"strings"
 
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
@@ -37,23 +35,10 @@ var presets = map[string]Config{
 }
 
 // Presets lists the preset names, sorted.
-func Presets() []string {
-	names := make([]string, 0, len(presets))
-	for n := range presets {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Presets() []string { return model.PresetNames(presets) }
 
 // Preset returns a named architecture.
-func Preset(name string) (Config, error) {
-	c, ok := presets[name]
-	if !ok {
-		return Config{}, fmt.Errorf("unknown model preset %q (known: %s)", name, strings.Join(Presets(), ", "))
-	}
-	return c, nil
-}
+func Preset(name string) (Config, error) { return model.Preset(presets, "model preset", name) }
 
 // Tokenizer names the tokenizer a config expects: byte-level for the
 // 257-token vocabulary, GPT-2 BPE otherwise.

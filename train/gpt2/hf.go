@@ -126,24 +126,11 @@ const minParamBytes = 2
 // without overflow; ok is false when the count does not fit in an int.
 // Per layer: 12*C*C weights and 13*C biases and LayerNorm parameters.
 func paramCount(c Config) (n int, ok bool) {
-	mul := func(a, b int) int {
-		if a != 0 && b > math.MaxInt/a {
-			ok = false
-			return 0
-		}
-		return a * b
-	}
-	add := func(a, b int) int {
-		if a > math.MaxInt-b {
-			ok = false
-			return 0
-		}
-		return a + b
-	}
-	ok = true
-	perLayer := add(mul(12, mul(c.C, c.C)), mul(13, c.C))
-	n = add(add(mul(c.V, c.C), mul(c.MaxT, c.C)), add(mul(c.L, perLayer), mul(2, c.C)))
-	return n, ok
+	var k model.Checked
+	mul, add := k.Mul, k.Add
+	C, V, T, L := int64(c.C), int64(c.V), int64(c.MaxT), int64(c.L)
+	perLayer := add(mul(12, mul(C, C)), mul(13, C))
+	return k.Int(add(add(mul(V, C), mul(T, C)), add(mul(L, perLayer), mul(2, C))))
 }
 
 // checkWeightsSize refuses a config whose parameters cannot be in weights of

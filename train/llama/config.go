@@ -12,9 +12,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
-	"strings"
+
+	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
 // Config is a LLaMA architecture. Its JSON form uses the field names of
@@ -157,23 +157,13 @@ var presets = map[string]Config{
 }
 
 // Presets lists the preset names, sorted.
-func Presets() []string {
-	names := make([]string, 0, len(presets))
-	for n := range presets {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Presets() []string { return model.PresetNames(presets) }
 
 // Preset returns a named architecture (a copy: its pointers and slices are
 // its own).
 func Preset(name string) (Config, error) {
-	c, ok := presets[name]
-	if !ok {
-		return Config{}, fmt.Errorf("unknown llama preset %q (known: %s)", name, strings.Join(Presets(), ", "))
-	}
-	return c.clone(), nil
+	c, err := model.Preset(presets, "llama preset", name)
+	return c.clone(), err
 }
 
 func (c Config) clone() Config {
@@ -288,21 +278,8 @@ func f32Positive(v float64) bool {
 // int, so that an absurd config.json is refused before anything is sized
 // from it.
 func (c Config) paramCount() (n int, ok bool) {
-	ok = true
-	mul := func(a, b int64) int64 {
-		if a != 0 && b > math.MaxInt64/a {
-			ok = false
-			return 0
-		}
-		return a * b
-	}
-	add := func(a, b int64) int64 {
-		if a > math.MaxInt64-b {
-			ok = false
-			return 0
-		}
-		return a + b
-	}
+	var k model.Checked
+	mul, add := k.Mul, k.Add
 	C, I, V, L := int64(c.Hidden), int64(c.Intermediate), int64(c.Vocab), int64(c.NumLayers)
 	qw, kw := mul(int64(c.Heads), int64(c.HS())), mul(int64(c.KVHeads), int64(c.HS()))
 	block := add(add(mul(2, C), mul(C, add(mul(2, qw), mul(2, kw)))), mul(mul(3, C), I))
@@ -313,11 +290,7 @@ func (c Config) paramCount() (n int, ok bool) {
 	if c.Tied {
 		heads = 1
 	}
-	total := add(add(mul(heads, mul(V, C)), mul(L, block)), C)
-	if !ok || total > math.MaxInt {
-		return 0, false
-	}
-	return int(total), true
+	return k.Int(add(add(mul(heads, mul(V, C)), mul(L, block)), C))
 }
 
 func (r RopeScaling) validate() error {

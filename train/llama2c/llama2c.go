@@ -178,17 +178,7 @@ func Each(path string, fn func(p model.Param, v []float32) error) (llama.Config,
 // Check reads path through once as Each does, converting and keeping
 // nothing: its header, its size and every weight finite. It returns the
 // architecture.
-func Check(path string) (llama.Config, error) {
-	f, c, err := open(path)
-	if err != nil {
-		return c, err
-	}
-	defer f.Close()
-	if err := scan(f, c, nil); err != nil {
-		return c, fmt.Errorf("llama2c: %s: %w", path, err)
-	}
-	return c, nil
-}
+func Check(path string) (llama.Config, error) { return Each(path, nil) }
 
 // readChunk is the bytes scan reads at a time (a multiple of 4: no
 // float straddles two reads; tests make it tiny to cross every

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -153,5 +154,24 @@ func TestRecomputeKept(t *testing.T) {
 	}
 	if _, err := ParseRecompute("mlp"); err == nil {
 		t.Error(`ParseRecompute("mlp") accepted`)
+	}
+}
+
+// TestChecked: Checked computes sizes exactly until one overflows, which
+// it notes and keeps, and Int refuses the result after it.
+func TestChecked(t *testing.T) {
+	var k Checked
+	if n, ok := k.Int(k.Add(k.Mul(3, 4), 5)); !ok || n != 17 {
+		t.Errorf("3*4+5 = %d, %v; want 17, true", n, ok)
+	}
+	if got := k.Mul(math.MaxInt64/2+1, 2); got != 0 || !k.Overflow {
+		t.Errorf("an overflowing Mul: %d, overflow %v", got, k.Overflow)
+	}
+	if n, ok := k.Int(1); ok {
+		t.Errorf("Int after an overflow: %d, true", n)
+	}
+	k = Checked{}
+	if got := k.Add(math.MaxInt64, 1); got != 0 || !k.Overflow {
+		t.Errorf("an overflowing Add: %d, overflow %v", got, k.Overflow)
 	}
 }
