@@ -10,6 +10,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/tokenizer"
 )
 
 var micro = gpt2.Config{V: 257, MaxT: 16, C: 8, L: 1, NH: 2, Eps: 1e-5}
@@ -18,12 +19,19 @@ var micro = gpt2.Config{V: 257, MaxT: 16, C: 8, L: 1, NH: 2, Eps: 1e-5}
 // directory and returns it with the values.
 func exportDir(t *testing.T, spec model.Spec, src string) (string, []float32) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "hf")
 	vals := spec.Init(3)
-	if err := Export(spec, dir, vals, src, nil); err != nil {
+	return exportTo(t, spec, vals, src, nil), vals
+}
+
+// exportTo exports spec with vals (and src's files, tok) as a Hugging
+// Face directory of its own and returns it.
+func exportTo(t *testing.T, spec model.Spec, vals []float32, src string, tok tokenizer.Tokenizer) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "hf")
+	if err := Export(spec, dir, vals, src, tok); err != nil {
 		t.Fatal(err)
 	}
-	return dir, vals
+	return dir
 }
 
 func wantErr(t *testing.T, err error, parts ...string) {

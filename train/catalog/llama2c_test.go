@@ -44,10 +44,7 @@ func TestLlama2CExport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir := filepath.Join(t.TempDir(), "hf")
-		if err := Export(spec, dir, vals, src, tok); err != nil {
-			t.Fatal(err)
-		}
+		dir := exportTo(t, spec, vals, src, tok)
 		spec2, vals2, err := Load(dir)
 		if err != nil {
 			t.Fatal(err)

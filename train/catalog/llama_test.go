@@ -12,6 +12,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/hf"
 	"github.com/lsp-offload/lsp-offload/train/llama"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // llamaFixtures are the LLaMA family's PyTorch fixtures: LLaMA, and Qwen2
@@ -57,7 +58,7 @@ func TestResolveLLaMADirs(t *testing.T) {
 				}
 				got := vals[p.Offset : p.Offset+p.Len()]
 				if p.Transposed {
-					raw = transpose(raw, shape[0], shape[1])
+					raw = modeltest.Transpose(raw, shape[0], shape[1])
 				}
 				if !slices.Equal(got, raw) {
 					t.Fatalf("%s: loaded values differ from the file's", p.Name)
@@ -89,16 +90,6 @@ func TestResolveLLaMADirs(t *testing.T) {
 			}
 		})
 	}
-}
-
-func transpose(v []float32, rows, cols int) []float32 {
-	out := make([]float32, len(v))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			out[c*rows+r] = v[r*cols+c]
-		}
-	}
-	return out
 }
 
 // TestLLaMASharded: the bf16 shards of the gqa fixture, and the Qwen2
@@ -139,10 +130,7 @@ func TestLLaMAExportRoundTrip(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(src, "tokenizer_config.json"), tc, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			out := filepath.Join(t.TempDir(), "hf")
-			if err := Export(spec, out, vals, src, nil); err != nil {
-				t.Fatal(err)
-			}
+			out := exportTo(t, spec, vals, src, nil)
 			spec2, vals2, err := Load(out)
 			if err != nil {
 				t.Fatal(err)

@@ -147,10 +147,7 @@ func TestExportWritesTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "hf")
-	if err := Export(spec, out, spec.Init(1), src, tok); err != nil {
-		t.Fatal(err)
-	}
+	out := exportTo(t, spec, spec.Init(1), src, tok)
 	for _, name := range []string{"tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
 		a, _ := os.ReadFile(filepath.Join(src, name))
 		b, err := os.ReadFile(filepath.Join(out, name))
@@ -169,10 +166,7 @@ func TestExportWritesTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out2 := filepath.Join(t.TempDir(), "hf")
-	if err := Export(spec, out2, spec.Init(1), src, over); err != nil {
-		t.Fatal(err)
-	}
+	out2 := exportTo(t, spec, spec.Init(1), src, over)
 	if _, err := os.Stat(filepath.Join(out2, "generation_config.json")); err == nil {
 		t.Error("the export carries the source's generation_config.json, not the override tokenizer's files")
 	}

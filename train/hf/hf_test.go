@@ -208,10 +208,10 @@ func TestLoadFixtures(t *testing.T) {
 	}
 }
 
-// TestLoadTied: a checkpoint without lm_head.weight loads with the Tied
-// option, the head read from the embedding; without it, the error names
-// the missing tensor.
-func TestLoadTied(t *testing.T) {
+// loadTied opens the tied LLaMA fixture (closed when the test ends) and
+// loads its values with the head read from the embedding (tiedHead).
+func loadTied(t *testing.T) (llamaConfig, []model.Param, *Checkpoint, []float32) {
+	t.Helper()
 	dir := "../testdata/llama-tiny-tied"
 	cfg := readLlamaConfig(t, dir)
 	layout := llamaLayout(cfg)
@@ -219,11 +219,19 @@ func TestLoadTied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	got, err := c.LoadFloat32(layout, tiedHead)
+	t.Cleanup(func() { c.Close() })
+	vals, err := c.LoadFloat32(layout, tiedHead)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, layout, c, vals
+}
+
+// TestLoadTied: a checkpoint without lm_head.weight loads with the Tied
+// option, the head read from the embedding; without it, the error names
+// the missing tensor.
+func TestLoadTied(t *testing.T) {
+	cfg, layout, c, got := loadTied(t)
 	emb, _, err := c.Float32("model.embed_tokens.weight")
 	if err != nil {
 		t.Fatal(err)
@@ -480,17 +488,7 @@ func TestSmallChunks(t *testing.T) {
 // TestExportTied: the tied fixture exported without its head (Skip) holds
 // exactly the fixture's tensors, and loads back with Tied.
 func TestExportTied(t *testing.T) {
-	dir := "../testdata/llama-tiny-tied"
-	layout := llamaLayout(readLlamaConfig(t, dir))
-	c, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	vals, err := c.LoadFloat32(layout, tiedHead)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, layout, c, vals := loadTied(t)
 	be, s := newCPU(t)
 	src, err := be.Alloc("params", len(vals), backend.F32)
 	if err != nil {

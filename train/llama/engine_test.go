@@ -223,16 +223,7 @@ func TestEngineQwen2Biases(t *testing.T) {
 			params := e.Model.Buffers().Params
 			must(t, backend.Upload(be, be.DefaultStream(), params, init))
 			must(t, e.Init())
-			var ls []float64
-			for i := range steps {
-				if e.CheckDue() {
-					_, err := e.Check(patternBatches(1000+uint64(i), e.CalibBatches(), B, T, cfg.Vocab))
-					must(t, err)
-				}
-				l, err := e.Step(patternBatches(uint64(i), accum, B, T, cfg.Vocab), 1e-2)
-				must(t, err)
-				ls = append(ls, l)
-			}
+			ls := trainSteps(t, e, steps, B, T, accum) // cfg's vocabulary is hookCfg's
 			for _, h := range be.Hazards() {
 				t.Errorf("hazard: %v", h)
 			}

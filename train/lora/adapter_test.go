@@ -29,6 +29,17 @@ func fixtureIndex(t *testing.T, family string) *model.Index {
 	return idx
 }
 
+// fixtureAdapter reads testdata/<family>/<name>, an adapter of idx's
+// model (name "adapter": PEFT's; "go-adapter": one this package wrote).
+func fixtureAdapter(t *testing.T, family, name string, idx *model.Index) *Adapter {
+	t.Helper()
+	ad, err := ReadAdapter(filepath.Join("testdata", family, name), idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ad
+}
+
 // fixtureArch is testdata/<family>/base's architecture and its index.
 func fixtureArch(t *testing.T, family string) (model.Arch, *model.Index) {
 	t.Helper()
@@ -153,10 +164,7 @@ func TestMergeMatchesPEFT(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam, func(t *testing.T) {
 			idx := fixtureIndex(t, fam)
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ad := fixtureAdapter(t, fam, "adapter", idx)
 			base := openST(t, filepath.Join("testdata", fam, "base", "model.safetensors"))
 			merged := openST(t, filepath.Join("testdata", fam, "merged.safetensors"))
 			if n := len(merged.Names()); n != len(ad.Sites) {
@@ -231,10 +239,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam, func(t *testing.T) {
 			idx := fixtureIndex(t, fam)
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ad := fixtureAdapter(t, fam, "adapter", idx)
 			ad.Cfg.Dropout = 0.05
 			dir := filepath.Join(t.TempDir(), "out")
 			// A file of the user's in the directory stays.
@@ -707,10 +712,7 @@ func TestMergeFetchMatchesMergeAll(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam, func(t *testing.T) {
 			_, idx := fixtureArch(t, fam)
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ad := fixtureAdapter(t, fam, "adapter", idx)
 			base := baseParams(t, fam, idx)
 			want := slices.Clone(base)
 			if err := MergeAll(want, idx, ad); err != nil {

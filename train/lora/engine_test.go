@@ -1,9 +1,7 @@
 package lora_test
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -157,21 +155,9 @@ func TestPEFTLoadsOurAdapter(t *testing.T) {
 				t.Fatal(err)
 			}
 			ad.Cfg.Dropout = 0
-			var fix struct {
-				IDs         []int32   `json:"input_ids"`
-				IDsShape    []int     `json:"input_ids_shape"`
-				Logits      []float64 `json:"logits"`
-				LogitsShape []int     `json:"logits_shape"`
-			}
-			raw, err := os.ReadFile(filepath.Join("testdata", fam, "go-adapter-logits.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Unmarshal(raw, &fix); err != nil {
-				t.Fatal(err)
-			}
-			e, be := loraEngine(t, fam, arch, idx, ad, fix.IDsShape[0], fix.IDsShape[1])
-			lora.CloseLogits(t, "logits with the Go-written adapter", forward(t, e, be, fix.IDs), fix.Logits)
+			fix := lora.ReadGoAdapterLogits(t, fam)
+			e, be := loraEngine(t, fam, arch, idx, ad, fix.InputShape[0], fix.InputShape[1])
+			lora.CloseLogits(t, "logits with the Go-written adapter", forward(t, e, be, fix.IDs32()), fix.Logits)
 		})
 	}
 }

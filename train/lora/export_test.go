@@ -17,6 +17,8 @@ var (
 	TensorOf    = tensor
 	CloseTo     = closeTo
 	CloseLogits = closeLogits
+
+	ReadGoAdapterLogits = readGoAdapterLogits
 )
 
 // FixtureBatch is reference.safetensors' batch: ids and targets (-1 where

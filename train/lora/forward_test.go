@@ -1,15 +1,12 @@
 package lora
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/model"
+	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
 
 // mergedParams are testdata/<family>/base's weights in Layout order (this
@@ -40,33 +37,11 @@ func baseParams(t *testing.T, family string, idx *model.Index) []float32 {
 // logits [B*T*V].
 func forward(t *testing.T, arch model.Arch, params []float32, ids []int64, B, T int) []float32 {
 	t.Helper()
-	be := cpu.New(cpu.Config{})
-	defer be.Close()
-	m, err := arch.NewModel(be, B, T, backend.F32, model.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Free()
-	s := be.DefaultStream()
 	in := make([]int32, len(ids))
 	for i, x := range ids {
 		in[i] = int32(x)
 	}
-	bufs := m.Buffers()
-	if err := backend.Upload(be, s, bufs.Params, params); err != nil {
-		t.Fatal(err)
-	}
-	if err := backend.UploadInt32(be, s, bufs.Inputs, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Forward(s); err != nil {
-		t.Fatal(err)
-	}
-	logits, err := backend.Download(be, s, bufs.Logits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return logits
+	return modeltest.Logits(t, arch, params, in, B, T)
 }
 
 // closeLogits requires |got - want| <= 1e-5 * (the largest |want| + |want|).
@@ -111,27 +86,11 @@ func TestMergedForwardMatchesPEFT(t *testing.T) {
 				want[i] = float64(x)
 			}
 
-			ad, err := ReadAdapter(filepath.Join("testdata", fam, "adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ad := fixtureAdapter(t, fam, "adapter", idx)
 			closeLogits(t, "PEFT's adapter", forward(t, arch, mergedParams(t, fam, idx, ad), ids, B, T), want)
 
-			goAd, err := ReadAdapter(filepath.Join("testdata", fam, "go-adapter"), idx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var rec struct {
-				InputIDs []int64   `json:"input_ids"`
-				Logits   []float64 `json:"logits"`
-			}
-			raw, err := os.ReadFile(filepath.Join("testdata", fam, "go-adapter-logits.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Unmarshal(raw, &rec); err != nil {
-				t.Fatal(err)
-			}
+			goAd := fixtureAdapter(t, fam, "go-adapter", idx)
+			rec := readGoAdapterLogits(t, fam)
 			closeLogits(t, "Go's adapter", forward(t, arch, mergedParams(t, fam, idx, goAd), rec.InputIDs, B, T), rec.Logits)
 		})
 	}

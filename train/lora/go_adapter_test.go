@@ -64,21 +64,7 @@ func TestGoAdapter(t *testing.T) {
 			if back.Cfg.Scale() != float32(5.0/3.0) {
 				t.Errorf("scale %g", back.Cfg.Scale())
 			}
-			var logits struct {
-				ConfigSHA  string    `json:"adapter_config_sha256"`
-				ModelSHA   string    `json:"adapter_model_sha256"`
-				Shape      []int     `json:"logits_shape"`
-				Logits     []float64 `json:"logits"`
-				InputShape []int     `json:"input_ids_shape"`
-				InputIDs   []int64   `json:"input_ids"`
-			}
-			raw, err := os.ReadFile(filepath.Join("testdata", fam, "go-adapter-logits.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Unmarshal(raw, &logits); err != nil {
-				t.Fatal(err)
-			}
+			logits := readGoAdapterLogits(t, fam)
 			if logits.ConfigSHA != sha(t, filepath.Join(committed, ConfigFile)) || logits.ModelSHA != sha(t, filepath.Join(committed, WeightsFile)) {
 				t.Error("go-adapter-logits.json was made from other files: run peft_lora.py --go-adapter")
 			}
@@ -88,6 +74,40 @@ func TestGoAdapter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goAdapterLogits is testdata/<family>/go-adapter-logits.json: PEFT's
+// logits of input_ids with the adapter in go-adapter/, and the SHA-256 of
+// that adapter's files it read (peft_lora.py --go-adapter).
+type goAdapterLogits struct {
+	ConfigSHA  string    `json:"adapter_config_sha256"`
+	ModelSHA   string    `json:"adapter_model_sha256"`
+	Shape      []int     `json:"logits_shape"`
+	Logits     []float64 `json:"logits"`
+	InputShape []int     `json:"input_ids_shape"`
+	InputIDs   []int64   `json:"input_ids"`
+}
+
+func readGoAdapterLogits(t *testing.T, family string) goAdapterLogits {
+	t.Helper()
+	var g goAdapterLogits
+	raw, err := os.ReadFile(filepath.Join("testdata", family, "go-adapter-logits.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// IDs32 is InputIDs as the model's int32 tokens.
+func (g goAdapterLogits) IDs32() []int32 {
+	ids := make([]int32, len(g.InputIDs))
+	for i, x := range g.InputIDs {
+		ids[i] = int32(x)
+	}
+	return ids
 }
 
 func sha(t *testing.T, path string) string {
