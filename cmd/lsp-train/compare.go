@@ -51,29 +51,31 @@ func bindCompareFlags(fs *flag.FlagSet, c *compare.Config) {
 	fs.Float64Var(&c.Ortho, "proj-ortho", c.Ortho, "lsp rows: weight of the projector fit's penalty on non-orthogonal columns")
 }
 
-// newCompareFlags is the compare command's flag set with its defaults.
-func newCompareFlags() *flag.FlagSet {
+// compareFlags is the compare command's flag set, bound to the
+// configuration it returns, which holds compare's defaults until parsed.
+func compareFlags() (*flag.FlagSet, *compare.Config) {
 	fs := flag.NewFlagSet("lsp-train compare", flag.ContinueOnError)
 	c := compare.Defaults()
 	bindCompareFlags(fs, &c)
+	return fs, &c
+}
+
+// newCompareFlags is the compare command's flag set with its defaults.
+func newCompareFlags() *flag.FlagSet {
+	fs, _ := compareFlags()
 	return fs
 }
 
 func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
-	c := compare.Defaults()
-	fs := flag.NewFlagSet("lsp-train compare", flag.ContinueOnError)
-	bindCompareFlags(fs, &c)
+	fs, c := compareFlags()
 	report := fs.Bool("report", false, "run nothing: re-read --out's compare.json and rewrite its table, plot and JSON")
-	usage := func(w io.Writer) {
-		subcommandUsage(w, fs, "lsp-train compare [flags]",
-			"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
-				"--task in each of --rows (by default every update: native, zero, lsp with sparse random, fitted,\n"+
-				"svd and gaussian projectors, galore, lora, lora on nf4, and the dense ones at lsp's memory) with --seeds seeds, each row at its best of --lrs on held-out\n"+
-				"loss, times each row with the sequential and the\n"+
-				"pipelined schedule, and prints one table; the last lines are lsp-quality (the best row\n"+
-				"with fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds.")
-	}
-	if err := parseFlags(fs, args, usage, stderr); err != nil {
+	if err := parseSubcommandFlags(fs, args, stderr, "lsp-train compare [flags]",
+		"Pretrains a preset (tiny by default) natively on --pretrain-task, fine-tunes it on\n"+
+			"--task in each of --rows (by default every update: native, zero, lsp with sparse random, fitted,\n"+
+			"svd and gaussian projectors, galore, lora, lora on nf4, and the dense ones at lsp's memory) with --seeds seeds, each row at its best of --lrs on held-out\n"+
+			"loss, times each row with the sequential and the\n"+
+			"pipelined schedule, and prints one table; the last lines are lsp-quality (the best row\n"+
+			"with fitted projectors) and lsp-recovery: (L0 - L_lsp) / (L0 - L_native), means over seeds."); err != nil {
 		return err
 	}
 	if *report {
@@ -90,7 +92,7 @@ func compareCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, sig, done := interruptible(logger, "interrupt: stopping after the current step (Ctrl-C again to quit at once)", nil)
 	defer done()
-	res, err := compare.Run(ctx, c, logger)
+	res, err := compare.Run(ctx, *c, logger)
 	if err != nil {
 		if errors.Is(err, compare.ErrInterrupted) {
 			err = fmt.Errorf("%w (a finished pretraining in %s/pretrain is reused by the next compare with the same settings)", err, c.Out)

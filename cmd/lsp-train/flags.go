@@ -251,6 +251,12 @@ func subcommandUsage(w io.Writer, fs *flag.FlagSet, synopsis, about string) {
 	printFlags(w, fs, names)
 }
 
+// parseSubcommandFlags parses a subcommand's args into fs as parseFlags
+// does, with subcommandUsage's synopsis and about as its -h.
+func parseSubcommandFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsis, about string) error {
+	return parseFlags(fs, args, func(w io.Writer) { subcommandUsage(w, fs, synopsis, about) }, stderr)
+}
+
 // printFlags lists the named flags of fs, each with a placeholder for its
 // value, its usage wrapped to the terminal's customary width, and its
 // default when that is not the zero value.

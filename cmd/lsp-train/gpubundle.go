@@ -45,9 +45,8 @@ const gpuInfoProbe = 64 << 20
 func gpuInfoCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	fs := flag.NewFlagSet("lsp-train gpu-info", flag.ContinueOnError)
 	calib := fs.String("calibration", "", "write the measured CUDA context into this GPU calibration `FILE` (from bench-kernels -calibration)")
-	if err := parseFlags(fs, args, func(w io.Writer) {
-		subcommandUsage(w, fs, "lsp-train gpu-info [flags]", "Lists the CUDA devices and measures device 0's CUDA context.")
-	}, stderr); err != nil {
+	if err := parseSubcommandFlags(fs, args, stderr, "lsp-train gpu-info [flags]",
+		"Lists the CUDA devices and measures device 0's CUDA context."); err != nil {
 		return err
 	}
 	be, err := device.Open(device.Config{Kind: device.CUDA, MemBudget: gpuInfoProbe})

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,18 +94,18 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.baseDType, "base-dtype", o.baseDType, "lora: `nf4` or int8 stores the frozen block matrices quantized (QLoRA), as lsp-train's flag (default: in --dtype)")
 	fs.IntVar(&o.galoreRank, "galore-rank", o.galoreRank, "galore: the singular vectors kept per matrix, as lsp-train's flag")
 	fs.IntVar(&o.galoreEvery, "galore-every", o.galoreEvery, "galore: `STEPS` between projector refreshes, as lsp-train's flag (the refresh's time is given apart from the step's)")
-	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(keys(plan.GPUs), ", ")+
+	fs.StringVar(&o.gpu, "gpu", o.gpu, "the `GPU` preset: "+strings.Join(slices.Sorted(maps.Keys(plan.GPUs)), ", ")+
 		", or cpu: this machine's CPU backend, described by microbenchmarks (train/calibrate)")
 	fs.StringVar(&o.calibration, "calibration", o.calibration, "read the machine's measured figures from `FILE`: with --gpu cpu, the CPU backend's description (go run ./bench/calibrate -o FILE) instead of measuring it now; "+
 		"with a GPU preset, the op efficiencies that GPU measured (the GPU bundle's calibration.json, lsp-train bench-kernels -calibration FILE), for that preset only")
 	fs.DurationVar(&o.calibBudget, "calibrate-budget", o.calibBudget, "--gpu cpu: time to spend measuring the CPU backend when no --calibration is given")
 	fs.IntVar(&o.threads, "threads", o.threads, "--gpu cpu: compute threads and host Adam workers to measure (0: all cores)")
 	fs.Var(&o.linkBandwidth, "link-bandwidth", "--gpu cpu: the CPU backend's charge per device-host copy in bytes/s, as train's --link-bandwidth (0: free)")
-	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(keys(plan.Links), ", ")+" (default: the GPU's usual one)")
-	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(keys(plan.Hosts), ", ")+" (default: the GPU's usual one)")
+	fs.StringVar(&o.link, "link", o.link, "the `LINK` preset: "+strings.Join(slices.Sorted(maps.Keys(plan.Links)), ", ")+" (default: the GPU's usual one)")
+	fs.StringVar(&o.host, "host", o.host, "the `HOST` preset: "+strings.Join(slices.Sorted(maps.Keys(plan.Hosts)), ", ")+" (default: the GPU's usual one)")
 	fs.IntVar(&o.ranks, "ranks", o.ranks, "data parallelism: `N` such GPUs, one process each (mpirun -np N), each with the micro-batch and --grad-accum given")
 	fs.StringVar(&o.collectives, "collectives", o.collectives, "with --ranks: `WHERE` the ranks sum lsp's S and the device AdamW's gradients, as lsp-train's flag: nccl (on the GPUs), host (through pinned memory, over MPI) or auto (nccl on a GPU, host with --gpu cpu)")
-	fs.StringVar(&o.net, "net", o.net, "with --ranks: the `NETWORK` between ranks: "+strings.Join(keys(plan.Nets), ", ")+" (shm: processes on one host)")
+	fs.StringVar(&o.net, "net", o.net, "with --ranks: the `NETWORK` between ranks: "+strings.Join(slices.Sorted(maps.Keys(plan.Nets)), ", ")+" (shm: processes on one host)")
 	fs.Var(&o.hostBW, "host-bw", "host memory bandwidth per second, e.g. 80GB, instead of the host preset's")
 	fs.Var(&o.hostMem, "host-mem", "host memory, e.g. 64GiB, instead of the host preset's")
 	fs.Var(&o.deviceMem, "device-mem", "device memory, e.g. 8GiB, instead of the GPU preset's")
@@ -112,19 +113,17 @@ func bindPlanFlags(fs *flag.FlagSet, o *planOptions) {
 	fs.StringVar(&o.timeline, "timeline", o.timeline, "write the predicted step's timeline to `FILE`.png (with --mode all: FILE-native.png, ...)")
 }
 
-func keys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
-}
-
-func newPlanFlags() *flag.FlagSet {
+// planFlags is the plan command's flag set, bound to the options it
+// returns, which hold the plan's defaults until parsed.
+func planFlags() (*flag.FlagSet, *planOptions) {
 	fs := flag.NewFlagSet("lsp-train plan", flag.ContinueOnError)
 	o := defaultPlanOptions()
 	bindPlanFlags(fs, &o)
+	return fs, &o
+}
+
+func newPlanFlags() *flag.FlagSet {
+	fs, _ := planFlags()
 	return fs
 }
 
@@ -334,16 +333,11 @@ func (o planOptions) engineConfig(j planJob, mode engine.Mode) engine.Config {
 }
 
 func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
-	o := defaultPlanOptions()
-	fs := flag.NewFlagSet("lsp-train plan", flag.ContinueOnError)
-	bindPlanFlags(fs, &o)
-	usage := func(w io.Writer) {
-		subcommandUsage(w, fs, "lsp-train plan [flags]",
-			"Predicts, without training or reading weights, whether --model fits the device and host memory of a\n"+
-				"machine in each update mode and how long a step takes: the engine's own step graph, traced op by op,\n"+
-				"costed against the machine's peak rates and simulated stream by stream (train/plan says how).")
-	}
-	if err := parseFlags(fs, args, usage, stderr); err != nil {
+	fs, o := planFlags()
+	if err := parseSubcommandFlags(fs, args, stderr, "lsp-train plan [flags]",
+		"Predicts, without training or reading weights, whether --model fits the device and host memory of a\n"+
+			"machine in each update mode and how long a step takes: the engine's own step graph, traced op by op,\n"+
+			"costed against the machine's peak rates and simulated stream by stream (train/plan says how)."); err != nil {
 		return err
 	}
 	j, err := o.parse()
@@ -457,7 +451,7 @@ func planCmd(args []string, stdout io.Writer, stderr *os.File) error {
 		}
 	}
 	fmt.Fprintln(stdout)
-	printAnswers(stdout, o, answers, m)
+	printAnswers(stdout, *o, answers, m)
 	return nil
 }
 

@@ -54,37 +54,40 @@ func bindProfileFlags(fs *flag.FlagSet, c *train.Config, mode *string) {
 	fs.StringVar(mode, "mode", *mode, "update `MODE`: native, zero, lsp, lora, or all (one run each, in that order)")
 }
 
-func newProfileFlags() *flag.FlagSet {
+// profileFlags is the profile command's flag set, bound to the
+// configuration and the --mode it returns, which hold the profile's
+// defaults until parsed.
+func profileFlags() (*flag.FlagSet, *train.Config, *string) {
 	fs := flag.NewFlagSet("lsp-train profile", flag.ContinueOnError)
 	c, mode := profileDefaults(), "all"
 	bindProfileFlags(fs, &c, &mode)
+	return fs, &c, &mode
+}
+
+func newProfileFlags() *flag.FlagSet {
+	fs, _, _ := profileFlags()
 	return fs
 }
 
 func profileCmd(args []string, stdout io.Writer, stderr *os.File) error {
-	cfg, mode := profileDefaults(), "all"
-	fs := flag.NewFlagSet("lsp-train profile", flag.ContinueOnError)
-	bindProfileFlags(fs, &cfg, &mode)
-	usage := func(w io.Writer) {
-		subcommandUsage(w, fs, "lsp-train profile [flags]",
-			"Trains --steps steps in each --mode on --device with every device op timed by a pair of events and every\n"+
-				"host node by the wall clock, and prints where a step's time went: by phase (forward, backward, optimizer,\n"+
-				"device-host copies, projector checks, host Adam), by op family, and each stream's busy and idle time;\n"+
-				"the mean over the steps after the first (which warms up). <out>/metrics.jsonl has every step.")
-	}
-	if err := parseFlags(fs, args, usage, stderr); err != nil {
+	fs, cfg, mode := profileFlags()
+	if err := parseSubcommandFlags(fs, args, stderr, "lsp-train profile [flags]",
+		"Trains --steps steps in each --mode on --device with every device op timed by a pair of events and every\n"+
+			"host node by the wall clock, and prints where a step's time went: by phase (forward, backward, optimizer,\n"+
+			"device-host copies, projector checks, host Adam), by op family, and each stream's busy and idle time;\n"+
+			"the mean over the steps after the first (which warms up). <out>/metrics.jsonl has every step."); err != nil {
 		return err
 	}
 	var modes []engine.Mode
-	if mode == "all" {
+	if *mode == "all" {
 		modes = slices.Clone(engine.Modes)
-	} else if m, err := engine.ParseMode(mode); err != nil {
+	} else if m, err := engine.ParseMode(*mode); err != nil {
 		return fmt.Errorf("--mode: %v (or all)", err)
 	} else {
 		modes = []engine.Mode{m}
 	}
-	defaultDType(fs, &cfg)
-	defaultMinLR(fs, &cfg)
+	defaultDType(fs, cfg)
+	defaultMinLR(fs, cfg)
 	if cfg.Steps < 1 {
 		return fmt.Errorf("--steps: %d, want at least 1", cfg.Steps)
 	}
@@ -100,7 +103,7 @@ func profileCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	var cols []profileColumn
 	var backendName string
 	for _, m := range modes {
-		c := cfg
+		c := *cfg
 		c.Mode, c.Out, c.Overwrite = m, filepath.Join(cfg.Out, string(m)), true
 		if err := checkFitFlags(fs, c); err != nil {
 			return err
@@ -115,7 +118,7 @@ func profileCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	if err := mw.Close(); err != nil {
 		return err
 	}
-	printProfile(stdout, cfg, backendName, cols)
+	printProfile(stdout, *cfg, backendName, cols)
 	fmt.Fprintf(stdout, "\nEvery step: %s (event %q); each mode's run: %s/<mode>/\n",
 		filepath.Join(cfg.Out, "metrics.jsonl"), metrics.ProfileEvent, cfg.Out)
 	return nil

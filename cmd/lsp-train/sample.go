@@ -37,25 +37,27 @@ func bindSampleFlags(fs *flag.FlagSet, o *eval.SampleOptions, ids *bool) {
 	fs.IntVar(&o.Threads, "threads", 0, "compute threads (0: all cores)")
 }
 
+// sampleFlags is the sample command's flag set, bound to the options and
+// the --ids it returns, which hold its defaults until parsed.
+func sampleFlags() (*flag.FlagSet, *eval.SampleOptions, *bool) {
+	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
+	o, ids := new(eval.SampleOptions), new(bool)
+	bindSampleFlags(fs, o, ids)
+	return fs, o, ids
+}
+
 // newSampleFlags is the sample command's flag set with its defaults.
 func newSampleFlags() *flag.FlagSet {
-	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
-	bindSampleFlags(fs, new(eval.SampleOptions), new(bool))
+	fs, _, _ := sampleFlags()
 	return fs
 }
 
 func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
-	fs := flag.NewFlagSet("lsp-train sample", flag.ContinueOnError)
-	var o eval.SampleOptions
-	var ids bool
-	bindSampleFlags(fs, &o, &ids)
-	usage := func(w io.Writer) {
-		subcommandUsage(w, fs, "lsp-train sample --model DIR --prompt TEXT [flags]",
-			"Continues the prompt with the model, a token a step with a KV cache: greedy by default, sampled with\n"+
-				"--temperature above 0 (then --top-k and --top-p filter). Stops at the tokenizer's stop ids (EOS, and\n"+
-				"generation_config.json's other eos ids) or after --max-new tokens. The text (or with --ids the token ids) goes to stdout, the speed in tokens/s to stderr.")
-	}
-	if err := parseFlags(fs, args, usage, stderr); err != nil {
+	fs, o, ids := sampleFlags()
+	if err := parseSubcommandFlags(fs, args, stderr, "lsp-train sample --model DIR --prompt TEXT [flags]",
+		"Continues the prompt with the model, a token a step with a KV cache: greedy by default, sampled with\n"+
+			"--temperature above 0 (then --top-k and --top-p filter). Stops at the tokenizer's stop ids (EOS, and\n"+
+			"generation_config.json's other eos ids) or after --max-new tokens. The text (or with --ids the token ids) goes to stdout, the speed in tokens/s to stderr."); err != nil {
 		return err
 	}
 	// The ranges -h states, checked before the model is read. (The
@@ -76,11 +78,11 @@ func sampleCmd(args []string, stdout io.Writer, stderr *os.File) error {
 	case !(o.RepetitionPenalty > 0): // also NaN
 		return fmt.Errorf("--repetition-penalty: must be > 0, got %g", o.RepetitionPenalty)
 	}
-	res, err := eval.Sample(o)
+	res, err := eval.Sample(*o)
 	if err != nil {
 		return err
 	}
-	if ids {
+	if *ids {
 		parts := make([]string, len(res.IDs))
 		for i, id := range res.IDs {
 			parts[i] = strconv.Itoa(int(id))
