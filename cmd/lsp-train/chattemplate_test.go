@@ -20,11 +20,7 @@ import (
 // writeTemplate writes a chat template file.
 func writeTemplate(t *testing.T, name, src string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return tempFile(t, name, []byte(src))
 }
 
 // A small template with the prefix property training needs: the
@@ -93,11 +89,7 @@ func TestChatTemplateFlag(t *testing.T) {
 // copyFile copies src to dst.
 func copyFile(t *testing.T, src, dst string) {
 	t.Helper()
-	raw, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, raw, 0o644); err != nil {
+	if err := os.WriteFile(dst, readFile(t, src), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

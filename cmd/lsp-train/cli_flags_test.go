@@ -19,7 +19,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
-	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
 // execCmd runs the command with args in dir ("" for this one) as a child
@@ -283,23 +282,13 @@ func TestSampleEmptyPrompt(t *testing.T) {
 // export are reported by sample as training reports them, not as a bad
 // safetensors header.
 func TestSampleLlama2CErrors(t *testing.T) {
-	raw, err := os.ReadFile("../../train/testdata/llama2c/untied.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	truncated := filepath.Join(dir, "truncated.bin")
-	if err := os.WriteFile(truncated, raw[:len(raw)-100], 0o644); err != nil {
-		t.Fatal(err)
-	}
+	raw := readFile(t, "../../train/testdata/llama2c/untied.bin")
+	truncated := tempFile(t, "truncated.bin", raw[:len(raw)-100])
 	// export.py --version 1: the magic "ak42", the version, then its own
 	// header, padded to 256 bytes.
 	v1 := make([]byte, 256)
 	copy(v1, []byte{0x32, 0x34, 0x6b, 0x61, 1, 0, 0, 0})
-	version1 := filepath.Join(dir, "v1.bin")
-	if err := os.WriteFile(version1, v1, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	version1 := tempFile(t, "v1.bin", v1)
 	for _, tc := range []struct{ path, want string }{
 		{truncated, "bytes, but the header"},
 		{version1, "is a version 1 export"},
@@ -334,11 +323,7 @@ func TestPresetSaysRandom(t *testing.T) {
 		t.Errorf("a Hugging Face directory: exit %d, and the log must not call its weights random:\n%s", code, stderr)
 	}
 
-	raw, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(raw)
+	readme := string(readFile(t, "../../README.md"))
 	first := regexp.MustCompile(`--model (` + strings.Join(catalog.Presets(), "|") + `)\b`).FindStringIndex(readme)
 	if first == nil {
 		t.Fatal("no README example names a preset")
@@ -369,10 +354,7 @@ func TestCheckAtStart(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s\n%s", args, code, stdout, stderr)
 		}
-		recs, err := metrics.ReadFile(filepath.Join(out, "metrics.jsonl"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		recs := readMetrics(t, out)
 		n := 0
 		for _, r := range recs {
 			if r.Event == "projector-check" && r.Step == 0 {

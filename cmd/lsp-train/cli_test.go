@@ -10,10 +10,9 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
-	gomaps "maps"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,9 +34,7 @@ import (
 // writing its stdout and stderr into the buffers.
 func startChild(t *testing.T, dir string, args []string, stdout, stderr *bytes.Buffer) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Dir = dir
+	cmd := childCmd(dir, args, "")
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -45,17 +42,43 @@ func startChild(t *testing.T, dir string, args []string, stdout, stderr *bytes.B
 	return cmd
 }
 
+// waitForStep waits until the child's metrics file at path has its first
+// step's line (the run trains, so a signal now stops a run in progress);
+// after 2 minutes without one it kills the child and fails t, naming what
+// it waited for.
+func waitForStep(t *testing.T, cmd *exec.Cmd, path, what string, stderr *bytes.Buffer) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		b, _ := os.ReadFile(path)
+		if bytes.Contains(b, []byte(`"train_loss"`)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("no %s after 2 minutes:\n%s", what, stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// skipChildProcesses skips a test that runs the command as child
+// processes under -short: they are slow under -race, and make test runs
+// such tests in its race-free pass (gotest-norace).
+func skipChildProcesses(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
+	}
+}
+
 // TestInterruptExitStatus stops a run with SIGINT and with SIGTERM once it
 // trains: it must exit with 130 and 143, after a checkpoint that loads
 // and the loss plot; the SIGTERM run then resumes to the end.
 func TestInterruptExitStatus(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
-	mc, err := gpt2.ReadHFConfig(killModel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	skipChildProcesses(t)
+	mc := killModelConfig(t)
 	for _, tc := range []struct {
 		sig  syscall.Signal
 		code int
@@ -66,20 +89,7 @@ func TestInterruptExitStatus(t *testing.T) {
 				"--seq-len", "24", "--eval-every", "0", "--eval-generate", "0", "--checkpoint-every", "0", "--threads", "1", "--out", out}
 			var stdout, stderr bytes.Buffer
 			cmd := startChild(t, "", args, &stdout, &stderr)
-			// Wait for the first step's metrics line: the run trains.
-			deadline := time.Now().Add(2 * time.Minute)
-			for {
-				b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
-				if bytes.Contains(b, []byte(`"train_loss"`)) {
-					break
-				}
-				if time.Now().After(deadline) {
-					cmd.Process.Kill()
-					cmd.Wait()
-					t.Fatalf("no step after 2 minutes:\n%s", stderr.String())
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitForStep(t, cmd, filepath.Join(out, "metrics.jsonl"), "step", &stderr)
 			if err := cmd.Process.Signal(tc.sig); err != nil {
 				t.Fatal(err)
 			}
@@ -121,25 +131,11 @@ func TestInterruptExitStatus(t *testing.T) {
 // TestCompareInterruptExitStatus: lsp-train compare stopped by SIGINT
 // while it pretrains exits with 130 too.
 func TestCompareInterruptExitStatus(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	out := filepath.Join(t.TempDir(), "cmp")
 	var stdout, stderr bytes.Buffer
 	cmd := startChild(t, "", []string{"compare", "--out", out, "--threads", "1"}, &stdout, &stderr)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		b, _ := os.ReadFile(filepath.Join(out, "pretrain", "metrics.jsonl"))
-		if bytes.Contains(b, []byte(`"train_loss"`)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("no pretraining step after 2 minutes:\n%s", stderr.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForStep(t, cmd, filepath.Join(out, "pretrain", "metrics.jsonl"), "pretraining step", &stderr)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -176,11 +172,7 @@ type example struct {
 // run the command (./bin/lsp-train or lsp-train, also after "make && ").
 func readmeExamples(t *testing.T) []example {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(string(raw), "\n")
+	lines := strings.Split(string(readFile(t, "../../README.md")), "\n")
 	var exs []example
 	fenced := false
 	for i := 0; i < len(lines); i++ {
@@ -314,7 +306,7 @@ func capped(t *testing.T, args []string) []string {
 			out = append(out, value)
 		}
 	}
-	for _, name := range slices.Sorted(gomaps.Keys(readmeCaps)) {
+	for _, name := range slices.Sorted(maps.Keys(readmeCaps)) {
 		f := fs.Lookup(name)
 		if f == nil || given[name] {
 			continue
@@ -339,9 +331,7 @@ func capped(t *testing.T, args []string) []string {
 // paths and readmeCaps applied; each must exit 0. The examples in
 // readmeNotRun only have their flags parsed and validated.
 func TestREADMEExamples(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	work := t.TempDir()
 	// A GPT-2 with a 512-token context (the examples' --seq-len) and the
 	// byte vocabulary, and Alpaca records short enough for it.
@@ -356,14 +346,7 @@ func TestREADMEExamples(t *testing.T) {
 		slices.Reverse(r)
 		recs = append(recs, map[string]string{"instruction": "Spell the word backwards.", "input": w, "output": string(r)})
 	}
-	raw, err := json.Marshal(recs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alpaca := filepath.Join(t.TempDir(), "my.json")
-	if err := os.WriteFile(alpaca, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	alpaca := tempJSON(t, "my.json", recs)
 	fixtures := map[string]string{
 		"path/to/hf-gpt2-dir": model,
 		"runs/base/hf":        model, // a fine-tuned model in the README's story

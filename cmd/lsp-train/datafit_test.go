@@ -8,7 +8,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -24,15 +23,7 @@ func fitData(t *testing.T) string {
 	for i := range 20 {
 		recs = append(recs, map[string]string{"instruction": fmt.Sprintf("Say x%02d.", i), "input": "", "output": strings.Repeat("x", 5*i+1)})
 	}
-	raw, err := json.Marshal(recs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "fit.json")
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return tempJSON(t, "fit.json", recs)
 }
 
 // TestDataFit runs the command on fitData with a --seq-len that keeps
@@ -116,10 +107,7 @@ func TestExportTokenIDsCommand(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	raw, err := os.ReadFile(filepath.Join(out, "hf", "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := readFile(t, out, "hf", "config.json")
 	var c struct {
 		BOS *int32 `json:"bos_token_id"`
 		EOS *int32 `json:"eos_token_id"`

@@ -18,11 +18,7 @@ import (
 // step" section quotes is defined somewhere in the Go, CUDA or C sources.
 func TestDesignDocNames(t *testing.T) {
 	const root = "../.."
-	raw, err := os.ReadFile(filepath.Join(root, "docs/DESIGN.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
+	doc := string(readFile(t, root, "docs/DESIGN.md"))
 	pathRE := regexp.MustCompile(`\b(?:cmd|train|cuda|kernels|host|internal|bench|scripts|docs)/[A-Za-z0-9_./-]*[A-Za-z0-9_]`)
 	for _, p := range pathRE.FindAllString(doc, -1) {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
@@ -41,7 +37,7 @@ func TestDesignDocNames(t *testing.T) {
 	}
 	life := doc[start : start+1+end]
 	var sources strings.Builder
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}

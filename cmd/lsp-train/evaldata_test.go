@@ -21,11 +21,7 @@ func chatJSONL(t *testing.T, name string, n int) string {
 		q := string(rune('a' + i%26))
 		b.WriteString(`{"messages": [{"role": "user", "content": "` + q + `"}, {"role": "assistant", "content": "` + q + q + `"}]}` + "\n")
 	}
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return tempFile(t, name, []byte(b.String()))
 }
 
 // chatRun is a run of the tiny preset long enough for a conversation.
@@ -61,15 +57,9 @@ func TestEvalData(t *testing.T) {
 
 	// Both held-out sets, a malformed file, an empty name: refused, naming
 	// the flag (and the file, record, line and field).
-	bad := filepath.Join(t.TempDir(), "bad.jsonl")
-	if err := os.WriteFile(bad, []byte(`{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}`+"\n"+
-		`{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}`+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfgFile := filepath.Join(t.TempDir(), "config.json")
-	if err := os.WriteFile(cfgFile, []byte(`{"eval_fraction": 0.2}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bad := tempFile(t, "bad.jsonl", []byte(`{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}`+"\n"+
+		`{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}`+"\n"))
+	cfgFile := writeJSON(t, `{"eval_fraction": 0.2}`)
 	for _, tc := range []struct {
 		args []string
 		want []string

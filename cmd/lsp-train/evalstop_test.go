@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -22,7 +21,6 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/faults"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
-	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
 // evalStopArgs is a short run of the micro model whose evaluations have
@@ -38,11 +36,7 @@ func evalStopArgs(out string, steps, evalEvery int) []string {
 // none: ""), and returns its exit status, stdout and stderr.
 func runStoppedEnv(t *testing.T, args []string, env string) (int, string, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	if env != "" {
-		cmd.Env = append(cmd.Env, env)
-	}
+	cmd := childCmd("", args, env)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
@@ -54,10 +48,7 @@ func runStoppedEnv(t *testing.T, args []string, env string) (int, string, string
 // evalSteps are the steps of the eval records in dir's metrics.
 func evalSteps(t *testing.T, dir string) []int {
 	t.Helper()
-	recs, err := metrics.ReadFile(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readMetrics(t, dir)
 	var steps []int
 	for _, r := range recs {
 		if r.EvalLoss != nil {
@@ -76,13 +67,8 @@ func evalSteps(t *testing.T, dir string) []int {
 // the evaluation began, and no eval record; the same flags plus --resume
 // then run only the final evaluation.
 func TestSignalDuringFinalEval(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
-	mc, err := gpt2.ReadHFConfig(killModel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	skipChildProcesses(t)
+	mc := killModelConfig(t)
 	for _, tc := range []struct {
 		env  string
 		code int
@@ -130,13 +116,8 @@ func TestSignalDuringFinalEval(t *testing.T) {
 // steps stops it there and exits 130 with the checkpoint of that step (the
 // last finished), no export and no eval record of the step.
 func TestSignalDuringPeriodicEval(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
-	mc, err := gpt2.ReadHFConfig(killModel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	skipChildProcesses(t)
+	mc := killModelConfig(t)
 	out := filepath.Join(t.TempDir(), "out")
 	// Evaluations at steps 2 and 4, each of 4 batches of the loss (13
 	// held-out rows) and 2 groups of 4 prompts: the 8th batch is the
@@ -161,9 +142,7 @@ func TestSignalDuringPeriodicEval(t *testing.T) {
 // and --eval-max-new leaves out the prompts whose response is longer,
 // and the start-up log says so with the flags that lift the caps.
 func TestEvalCaps(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	out := filepath.Join(t.TempDir(), "out")
 	args := append(evalStopArgs(out, 1, 0), "--eval-tokens", "48", "--eval-max-new", "4")
 	code, so, se := runStoppedEnv(t, args, "")

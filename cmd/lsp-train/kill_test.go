@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -53,6 +54,19 @@ const childEnv = "LSP_TRAIN_CHILD"
 // SIGKILL.
 const noteExitEnv = "LSP_TRAIN_CHILD_NOTE_EXIT"
 
+// childCmd is the command run as a child process in dir ("" for this
+// one) with args, and env (a fault to arm, or "" for none) added to the
+// environment.
+func childCmd(dir string, args []string, env string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if env != "" {
+		cmd.Env = append(cmd.Env, env)
+	}
+	cmd.Dir = dir
+	return cmd
+}
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		if os.Getenv(noteExitEnv) == "1" {
@@ -69,6 +83,17 @@ func TestMain(m *testing.M) {
 // killModel is a micro GPT-2 (one layer, 32 channels) committed as a
 // Hugging Face directory, so a whole run takes a fraction of a second.
 const killModel = "../../train/testdata/checkpoint-v2/model"
+
+// killModelConfig is killModel's configuration, which its checkpoints
+// are loaded with.
+func killModelConfig(t *testing.T) gpt2.Config {
+	t.Helper()
+	mc, err := gpt2.ReadHFConfig(killModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mc
+}
 
 // killArgs is the run every kill test repeats: 6 steps, an eval every 2
 // steps and a checkpoint every 2 steps (so kills land between checkpoints
@@ -95,11 +120,7 @@ type child struct {
 // succeeds nor is killed fails the test.
 func runChild(t *testing.T, args []string, env string, killAfter time.Duration) child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	if env != "" {
-		cmd.Env = append(cmd.Env, env)
-	}
+	cmd := childCmd("", args, env)
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {
@@ -134,11 +155,7 @@ type killRun struct {
 }
 
 func newKillRun(t *testing.T, mode string) *killRun {
-	mc, err := gpt2.ReadHFConfig(killModel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &killRun{t: t, out: filepath.Join(t.TempDir(), "out"), mode: mode, mc: mc}
+	return &killRun{t: t, out: filepath.Join(t.TempDir(), "out"), mode: mode, mc: killModelConfig(t)}
 }
 
 // next runs the command once more: resuming when a checkpoint is there,
@@ -217,31 +234,16 @@ func reference(t *testing.T, mode string) (string, time.Duration) {
 func sameRun(t *testing.T, a, b string) {
 	t.Helper()
 	for _, f := range []string{checkpoint.FileName, "hf/model.safetensors"} {
-		fa, err := safetensors.Open(filepath.Join(a, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fb, err := safetensors.Open(filepath.Join(b, f))
-		if err != nil {
-			t.Fatal(err)
-		}
+		fa, fb := openTensors(t, a, f), openTensors(t, b, f)
 		if !slices.Equal(fa.Names(), fb.Names()) {
 			t.Fatalf("%s: tensors %v vs %v", f, fa.Names(), fb.Names())
 		}
 		for _, name := range fa.Names() {
-			ra, _, err := fa.Raw(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb, _, err := fb.Raw(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(ra, rb) {
+			if !bytes.Equal(rawTensor(t, fa, name), rawTensor(t, fb, name)) {
 				t.Errorf("%s: tensor %s differs from the uninterrupted run's", f, name)
 			}
 		}
-		if !maps(fa.Metadata, fb.Metadata) {
+		if !maps.Equal(fa.Metadata, fb.Metadata) {
 			t.Errorf("%s: metadata %v differs from the uninterrupted run's %v", f, fb.Metadata, fa.Metadata)
 		}
 	}
@@ -251,26 +253,31 @@ func sameRun(t *testing.T, a, b string) {
 	}
 }
 
-func maps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
+// openTensors opens the safetensors file f of the run in dir.
+func openTensors(t *testing.T, dir, f string) *safetensors.File {
+	t.Helper()
+	st, err := safetensors.Open(filepath.Join(dir, f))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
+	return st
+}
+
+// rawTensor is the bytes of the tensor name in st.
+func rawTensor(t *testing.T, st *safetensors.File, name string) []byte {
+	t.Helper()
+	raw, _, err := st.Raw(name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return true
+	return raw
 }
 
 // metricLines are the records of dir's metrics.jsonl without their
 // times and throughputs, which differ between runs.
 func metricLines(t *testing.T, dir string) []string {
 	t.Helper()
-	recs, err := metrics.ReadFile(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readMetrics(t, dir)
 	var lines []string
 	for _, r := range recs {
 		r.Time, r.TokensPerSec = 0, nil
@@ -319,9 +326,7 @@ var namedKills = []string{
 // TestKillNamedPoints kills the run once at each named write point, then
 // resumes it to the end: nothing is lost.
 func TestKillNamedPoints(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	ref, _ := reference(t, "native")
 	total := 0
 	for _, spec := range namedKills {
@@ -372,9 +377,7 @@ var killModes = []string{"native", "zero", "lsp"}
 // TestKillRandom kills runs at seeded random points and moments, several
 // times per run, in native and zero mode, then resumes each to the end.
 func TestKillRandom(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child processes; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	want := 6
 	if s := os.Getenv("LSP_KILL_TEST_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)

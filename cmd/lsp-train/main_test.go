@@ -5,6 +5,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/checkpoint"
 	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/metrics"
 )
 
 // runCmd runs the command with args and returns its exit code, stdout and
@@ -38,13 +40,54 @@ func runCmd(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), string(stderr)
 }
 
+// writeJSON writes text as a config.json and returns its path.
 func writeJSON(t *testing.T, text string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "config.json")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+	return tempFile(t, "config.json", []byte(text))
+}
+
+// tempFile writes data into a file named name in a fresh temporary
+// directory and returns its path.
+func tempFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// tempJSON writes v as JSON into a file named name in a fresh temporary
+// directory (an input file of the command) and returns its path.
+func tempJSON(t *testing.T, name string, v any) string {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tempFile(t, name, raw)
+}
+
+// readMetrics returns the records of the metrics.jsonl in dir, failing
+// t at once when it does not parse.
+func readMetrics(t *testing.T, dir string) []metrics.Record {
+	t.Helper()
+	recs, err := metrics.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// readFile returns the contents of the file at the joined path elements,
+// failing t at once when it cannot be read.
+func readFile(t *testing.T, elem ...string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(elem...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestTrainAndSample trains two steps of the tiny preset and samples from

@@ -9,7 +9,6 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,10 +39,7 @@ func TestDataParallelNCCLCommand(t *testing.T) {
 	}
 	one := filepath.Join(dir, "one")
 	runChild(t, args(one, "--grad-accum", "2"), "", 0)
-	want, err := os.ReadFile(filepath.Join(one, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := readFile(t, one, "hf", "model.safetensors")
 	comm := map[string]map[int]float64{}
 	for _, tc := range []struct{ collectives, says string }{
 		{"host", `sums="on the host (MPI)"`}, {"nccl", `sums="on the device (NCCL)"`}, {"auto", `sums="on the device (NCCL)"`},
@@ -56,11 +52,7 @@ func TestDataParallelNCCLCommand(t *testing.T) {
 		if !strings.Contains(log, tc.says) {
 			t.Errorf("--collectives %s: the log does not say %s:\n%s", tc.collectives, tc.says, log)
 		}
-		got, err := os.ReadFile(filepath.Join(out, "hf", "model.safetensors"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
+		if got := readFile(t, out, "hf", "model.safetensors"); !bytes.Equal(got, want) {
 			t.Errorf("--collectives %s: the weights of mpirun -np 2 differ from one process with --grad-accum 2", tc.collectives)
 		}
 		comm[tc.collectives] = stepCommBytes(t, out)

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -42,6 +41,13 @@ func runRanks(t *testing.T, np int, args []string) (string, error) {
 	return out, err
 }
 
+// sameExport reports whether the runs in directories a and b exported
+// the same weights, byte for byte.
+func sameExport(t *testing.T, a, b string) bool {
+	t.Helper()
+	return bytes.Equal(readFile(t, a, "hf", "model.safetensors"), readFile(t, b, "hf", "model.safetensors"))
+}
+
 // trainRecord is a step's train record in metrics.jsonl.
 type trainRecord struct {
 	Step      int      `json:"step"`
@@ -53,10 +59,7 @@ type trainRecord struct {
 // comm_bytes.
 func trainRecords(t *testing.T, out string) []trainRecord {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := readFile(t, out, "metrics.jsonl")
 	var recs []trainRecord
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		var rec trainRecord
@@ -126,22 +129,12 @@ func TestDataParallelCommand(t *testing.T) {
 			t.Errorf("metrics.jsonl: %d records of step %d, want 1 (rank 0's)", n, step)
 		}
 	}
-	a, err := os.ReadFile(filepath.Join(one, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(dp, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a, b) {
+	if !sameExport(t, one, dp) {
 		t.Errorf("the weights of mpirun -np 2 (2 steps, resumed to 4) differ from one process with --grad-accum 2")
 	}
 
 	// One process cannot continue the two ranks' run.
-	cmd := exec.Command(os.Args[0], dpArgs(dp, 6, "--resume")...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	b, err = cmd.CombinedOutput()
+	b, err := childCmd("", dpArgs(dp, 6, "--resume"), "").CombinedOutput()
 	if err == nil || !strings.Contains(string(b), "2 ranks (mpirun -np 2)") {
 		t.Errorf("one process resuming a checkpoint of 2 ranks: %v, want an error naming the 2 ranks:\n%s", err, b)
 	}
@@ -236,15 +229,7 @@ func TestDataParallelKilledRank(t *testing.T) {
 	if o, err := runRanks(t, 2, args(whole)); err != nil {
 		t.Fatalf("mpirun -np 2, %d steps: %v\n%s", steps, err, o)
 	}
-	a, err := os.ReadFile(filepath.Join(whole, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(out, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a, b) {
+	if !sameExport(t, whole, out) {
 		t.Errorf("the run resumed from the checkpoint of step %d kept after the lost rank exports other weights than %d steps uninterrupted", step, steps)
 	}
 }
@@ -297,25 +282,10 @@ func TestDataParallelZeroResume(t *testing.T) {
 	if !strings.Contains(out, "data parallel     2 ranks") || !strings.Contains(out, "gradients reduce-scattered and weights all-gathered") {
 		t.Errorf("the report does not say the run was data parallel with a sharded optimizer:\n%s", out)
 	}
-	a, err := os.ReadFile(filepath.Join(whole, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(split, "hf", "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(a, b) {
+	if !sameExport(t, whole, split) {
 		t.Errorf("zero mode, mpirun -np 2: 2 steps resumed to 4 export other weights than 4 steps in one go")
 	}
-	ca, err := os.ReadFile(filepath.Join(whole, "checkpoint.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, err := os.ReadFile(filepath.Join(split, "checkpoint.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cb := readFile(t, whole, "checkpoint.safetensors"), readFile(t, split, "checkpoint.safetensors")
 	if len(ca) != len(cb) {
 		t.Errorf("the checkpoints after 4 steps have %d and %d bytes", len(ca), len(cb))
 	}

@@ -6,7 +6,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -111,6 +110,22 @@ func TestPlanCommand(t *testing.T) {
 	}
 }
 
+// planOutput runs lsp-train plan with args and returns its stdout,
+// failing t at once unless it exits 0, and for each of want it lacks.
+func planOutput(t *testing.T, args []string, want ...string) string {
+	t.Helper()
+	code, stdout, stderr := runCmd(t, append([]string{"plan"}, args...)...)
+	if code != 0 {
+		t.Fatalf("plan %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("plan %s: output lacks %q:\n%s", strings.Join(args, " "), w, stdout)
+		}
+	}
+	return stdout
+}
+
 // TestPlanCPU: --gpu cpu from a calibration file (bench/calibrate's JSON)
 // plans the CPU backend with its measured figures and the link charge.
 func TestPlanCPU(t *testing.T) {
@@ -120,24 +135,10 @@ func TestPlanCPU(t *testing.T) {
 		Overhead:    calibrate.Overhead{Op: 1e-6, RoundTrip: 5e-6, RecordWait: 2e-6},
 		Link:        calibrate.Link{H2D: 4e9, D2H: 4e9, H2DLatency: 1e-6, D2HLatency: 1e-6, Bytes: 1 << 20},
 		HostAdam:    calibrate.HostAdam{BytesPerParam: 32, Rate: 2e8, Overhead: 20e-6}}
-	js, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "cpu.json")
-	if err := os.WriteFile(path, js, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	code, stdout, stderr := runCmd(t, "plan", "--gpu", "cpu", "--calibration", path, "--model", "tiny", "--seq-len", "16",
-		"--batch", "2", "--dtype", "fp32", "--link-bandwidth", "1GB", "--device-mem", "1GiB")
-	if code != 0 {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-	}
-	for _, w := range []string{"CPU backend, 2 threads (test)", "charged 1 GB/s", "1.00 GiB memory", "== lsp ==", "tokens/s"} {
-		if !strings.Contains(stdout, w) {
-			t.Errorf("output lacks %q:\n%s", w, stdout)
-		}
-	}
+	path := tempJSON(t, "cpu.json", c)
+	planOutput(t, []string{"--gpu", "cpu", "--calibration", path, "--model", "tiny", "--seq-len", "16",
+		"--batch", "2", "--dtype", "fp32", "--link-bandwidth", "1GB", "--device-mem", "1GiB"},
+		"CPU backend, 2 threads (test)", "charged 1 GB/s", "1.00 GiB memory", "== lsp ==", "tokens/s")
 }
 
 func TestPlanCommandErrors(t *testing.T) {
@@ -190,9 +191,7 @@ func TestPlanCommandErrors(t *testing.T) {
 // own stays under 30 s and 1 GB of peak resident memory (its maximum
 // RSS, from the kernel's rusage).
 func TestPlanLlama7BResources(t *testing.T) {
-	if testing.Short() {
-		t.Skip("child process; runs in make test's race-free pass (gotest-norace)")
-	}
+	skipChildProcesses(t)
 	var stdout, stderr bytes.Buffer
 	start := time.Now()
 	cmd := startChild(t, t.TempDir(), []string{"plan", "--model", "llama-7b", "--timeline", "tl.png"}, &stdout, &stderr)

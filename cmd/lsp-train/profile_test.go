@@ -42,10 +42,7 @@ func checkProfile(t *testing.T, device string, extra ...string) {
 			t.Errorf("the table lacks %q", want)
 		}
 	}
-	recs, err := metrics.ReadFile(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readMetrics(t, dir)
 	modes := []string{"native", "zero", "lsp", "lora", "galore"}
 	if len(recs) != len(modes)*profileSteps {
 		t.Fatalf("%d records, want %d (%d modes x %d steps)", len(recs), len(modes)*profileSteps, len(modes), profileSteps)

@@ -112,10 +112,7 @@ func TestTensorBoardEvents(t *testing.T) {
 			got[s.Tag][ev.Step] = s.Value
 		}
 	}
-	recs, err := metrics.ReadFile(filepath.Join(out, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readMetrics(t, out)
 	steps := 0
 	for _, r := range recs {
 		if r.TrainLoss == nil {
