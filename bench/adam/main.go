@@ -199,33 +199,28 @@ type paramSet struct {
 	state   *host.AdamState
 }
 
+// hostArray is an array of s.n elements of size bytes in an off-heap
+// buffer of its own, which s frees; view is the buffer's typed view.
+func hostArray[T any](s *paramSet, size int, view func(*host.HostBuffer, int, int) ([]T, error)) ([]T, error) {
+	b, err := host.NewHostBuffer(size*s.n, host.HostBufferOptions{})
+	if err != nil {
+		return nil, err
+	}
+	s.bufs = append(s.bufs, b)
+	return view(b, 0, s.n)
+}
+
 func newParamSet(pool *host.Workers, n int) (*paramSet, error) {
 	s := &paramSet{n: n}
-	f32 := func() ([]float32, error) {
-		b, err := host.NewHostBuffer(4*n, host.HostBufferOptions{})
-		if err != nil {
-			return nil, err
-		}
-		s.bufs = append(s.bufs, b)
-		return b.Float32s(0, n)
-	}
-	u16 := func() ([]uint16, error) {
-		b, err := host.NewHostBuffer(2*n, host.HostBufferOptions{})
-		if err != nil {
-			return nil, err
-		}
-		s.bufs = append(s.bufs, b)
-		return b.Uint16s(0, n)
-	}
 	var err error
 	for _, p := range []*[]float32{&s.w, &s.m, &s.v, &s.g32} {
-		if *p, err = f32(); err != nil {
+		if *p, err = hostArray(s, 4, (*host.HostBuffer).Float32s); err != nil {
 			s.free()
 			return nil, err
 		}
 	}
 	for _, p := range []*[]uint16{&s.g16, &s.out} {
-		if *p, err = u16(); err != nil {
+		if *p, err = hostArray(s, 2, (*host.HostBuffer).Uint16s); err != nil {
 			s.free()
 			return nil, err
 		}

@@ -4,20 +4,10 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-
+	"github.com/lsp-offload/lsp-offload/bench/internal/gpubench"
 	"github.com/lsp-offload/lsp-offload/bench/kernelbench"
 )
 
 func main() {
-	if err := kernelbench.Run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		fmt.Fprintln(os.Stderr, "bench-kernels:", err)
-		os.Exit(1)
-	}
+	gpubench.Main("bench-kernels", kernelbench.Run)
 }

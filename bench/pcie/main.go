@@ -4,20 +4,10 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-
+	"github.com/lsp-offload/lsp-offload/bench/internal/gpubench"
 	"github.com/lsp-offload/lsp-offload/bench/pciebench"
 )
 
 func main() {
-	if err := pciebench.Run(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		fmt.Fprintln(os.Stderr, "bench-pcie:", err)
-		os.Exit(1)
-	}
+	gpubench.Main("bench-pcie", pciebench.Run)
 }

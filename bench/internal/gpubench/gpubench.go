@@ -7,6 +7,7 @@ package gpubench
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,4 +121,17 @@ func OpenCUDA(name string) (backend.Backend, error) {
 		return nil, nil
 	}
 	return be, err
+}
+
+// Main runs a benchmark command's run with the command line's arguments,
+// as bench/kernels and bench/pcie do: -h exits 0 after the usage, any other
+// error is printed after name and exits 1.
+func Main(name string, run func(args []string) error) {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
 }
