@@ -63,14 +63,16 @@ type Backend struct {
 	events     map[*event]struct{}  // live
 	h2d, d2h   int64
 	hostAllocs int64
-	failed     error   // the first async error: sticky, as in CUDA
 	violations []error // calls off the device goroutine (CheckGoroutine)
 	closed     bool
+
+	failed backend.StickyError // the first async error: sticky, as in CUDA
 
 	owner    uint64  // the device goroutine (CheckGoroutine only)
 	dflt     *stream // DefaultStream
 	internal *stream // zeroes new buffers; never handed out
 	staging  *backend.Staging
+	views    backend.ViewCheck // checks the tensors the calls are given
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -105,6 +107,7 @@ func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, info: info, w: w, live: map[int]*buffer{}, hosts: map[int]*hostBuffer{},
 		streams: map[*stream]struct{}{}, events: map[*event]struct{}{}}
 	b.OpsFunc = b.op
+	b.views = backend.ViewCheck{Prefix: "cuda", Kind: "CUDA", Buffer: b.bufferState}
 	if cfg.CheckGoroutine {
 		b.owner = hazard.GoroutineID()
 	}
@@ -193,7 +196,7 @@ func (u *buffer) Bytes() int64   { return u.bytes }
 func (u *buffer) String() string { return u.name }
 
 // ptr is the device address of the view t of a buffer (checked by
-// checkTensor), or 0 for an absent tensor.
+// b.views), or 0 for an absent tensor.
 func (b *Backend) ptr(t backend.Tensor) kernels.Ptr {
 	u, ok := t.Buf.(*buffer)
 	if !ok || u == nil {
@@ -248,7 +251,7 @@ func (b *Backend) Alloc(name string, n int, dt backend.DType) (backend.Tensor, e
 	if err != nil {
 		b.Free(t)
 		err = fmt.Errorf("cuda: alloc %s: zeroing %d bytes: %w", name, bytes, err)
-		b.fail(err)
+		b.failed.Set(err)
 		return backend.Tensor{}, err
 	}
 	return t, nil
@@ -295,20 +298,10 @@ type hostBuffer struct {
 	id    int
 	name  string
 	p     unsafe.Pointer
-	data  []byte
+	backend.HostBytes
 }
 
-func (h *hostBuffer) ID() int       { return h.id }
-func (h *hostBuffer) Bytes() []byte { return h.data }
-func (h *hostBuffer) Float32() []float32 {
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
-}
-func (h *hostBuffer) Int32() []int32 {
-	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
-}
-func (h *hostBuffer) BF16() []uint16 {
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/2)
-}
+func (h *hostBuffer) ID() int { return h.id }
 
 // AllocHost implements backend.Backend: pinned, portable host memory
 // (cudaHostAlloc), zeroed.
@@ -331,8 +324,8 @@ func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) 
 		if err != nil {
 			return nil, fmt.Errorf("cuda: host alloc %s of %d bytes: %w", name, bytes, err)
 		}
-		h.data = unsafe.Slice((*byte)(h.p), bytes)
-		clear(h.data)
+		h.HostBytes = unsafe.Slice((*byte)(h.p), bytes)
+		clear(h.HostBytes)
 	}
 	b.mu.Lock()
 	b.hostAllocs++
@@ -363,15 +356,15 @@ func (b *Backend) FreeHost(hb backend.HostBuffer) {
 	case closed:
 		return // Close freed it
 	case !live:
-		b.fail(fmt.Errorf("cuda: FreeHost of %T that is not a live host buffer of this backend", hb))
+		b.failed.Set(fmt.Errorf("cuda: FreeHost of %T that is not a live host buffer of this backend", hb))
 		return
 	}
 	if h.p != nil {
 		if err := b.w.do(func() error { return rtFreeHost(h.p) }); err != nil {
-			b.fail(fmt.Errorf("cuda: free host %s: %w", h.name, err))
+			b.failed.Set(fmt.Errorf("cuda: free host %s: %w", h.name, err))
 		}
 	}
-	h.data = nil
+	h.HostBytes = nil
 }
 
 // HostAllocs counts the AllocHost calls so far, the staging buffer's
@@ -397,21 +390,6 @@ func (b *Backend) hostBuf(what string, hb backend.HostBuffer) (*hostBuffer, erro
 	return h, nil
 }
 
-// fail records the first asynchronous error.
-func (b *Backend) fail(err error) {
-	b.mu.Lock()
-	if b.failed == nil {
-		b.failed = err
-	}
-	b.mu.Unlock()
-}
-
-func (b *Backend) err() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.failed
-}
-
 // open fails after Close.
 func (b *Backend) open(what string) error {
 	b.mu.Lock()
@@ -433,7 +411,7 @@ func (b *Backend) Close() error {
 	closed := b.closed
 	b.mu.Unlock()
 	if closed {
-		return b.err()
+		return b.failed.Err()
 	}
 	b.staging.Free()
 	b.mu.Lock()
@@ -444,7 +422,7 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	for _, s := range streams {
 		if err := b.w.do(func() error { return rtStreamSynchronize(s.h) }); err != nil {
-			b.fail(fmt.Errorf("cuda: close: stream %s: %w", s.name, err))
+			b.failed.Set(fmt.Errorf("cuda: close: stream %s: %w", s.name, err))
 		}
 	}
 	b.mu.Lock()
@@ -452,7 +430,7 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	rel := b.release()
 	b.w.stop()
-	if err := b.err(); err != nil {
+	if err := b.failed.Err(); err != nil {
 		return err
 	}
 	return rel
@@ -491,7 +469,7 @@ func (b *Backend) release() error {
 		if h.p != nil {
 			errs = append(errs, b.w.do(func() error { return rtFreeHost(h.p) }))
 		}
-		h.data = nil
+		h.HostBytes = nil
 	}
 	for _, s := range streams {
 		errs = append(errs, b.w.do(func() error { return rtStreamDestroy(s.h) }))

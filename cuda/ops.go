@@ -19,80 +19,18 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 )
 
-// viewError says why t is not a view inside a live buffer of this backend
-// with a known dtype: anything else would give a kernel an address that is
-// not (or no longer) the tensor's.
-func (b *Backend) viewError(t backend.Tensor) error {
+// bufferState is what the view checks (b.views) need to know of t's
+// buffer, or ok false when it is not a CUDA buffer: a tensor that is not a
+// live view of this backend would give a kernel an address that is not
+// (or no longer) the tensor's.
+func (b *Backend) bufferState(t backend.Tensor) (st backend.BufferState, ok bool) {
 	u, ok := t.Buf.(*buffer)
 	if !ok || u == nil {
-		return fmt.Errorf("tensor %v is not a CUDA buffer", t)
-	}
-	if t.DType.Size() == 0 {
-		return fmt.Errorf("tensor %v has unknown dtype %v", t, t.DType)
-	}
-	for _, d := range t.Shape {
-		if d < 0 {
-			return fmt.Errorf("tensor %v has a negative shape", t)
-		}
-	}
-	if t.Off < 0 || int64(t.Off)*int64(t.DType.Size())+t.Bytes() > u.bytes {
-		return fmt.Errorf("view %v outside its buffer of %d bytes", t, u.bytes)
-	}
-	if u.owner != b {
-		return fmt.Errorf("tensor %v belongs to another backend", t)
+		return st, false
 	}
 	b.mu.Lock()
-	live, closed := b.live[u.id] == u, b.closed
-	b.mu.Unlock()
-	switch {
-	case closed:
-		return fmt.Errorf("tensor %v: backend is closed", t)
-	case !live:
-		return fmt.Errorf("tensor %v: its buffer was freed", t)
-	}
-	return nil
-}
-
-// checkTensor is viewError's verdict on t, named what.
-func (b *Backend) checkTensor(what string, t backend.Tensor) error {
-	if err := b.viewError(t); err != nil {
-		return fmt.Errorf("cuda: %s: %w", what, err)
-	}
-	return nil
-}
-
-// checkArg is checkTensor for argument arg of op (backend.CheckCall's
-// live check): it builds no name unless t fails.
-func (b *Backend) checkArg(op, arg string, t backend.Tensor) error {
-	if err := b.viewError(t); err != nil {
-		return fmt.Errorf("cuda: %s %s: %w", op, arg, err)
-	}
-	return nil
-}
-
-type arg struct {
-	name string
-	t    backend.Tensor
-	n    int
-	ints bool
-}
-
-// needAll checks that each argument is a valid float tensor (fp32 or bf16;
-// I32 when ints) of its number of elements.
-func (b *Backend) needAll(op string, args ...arg) error {
-	for _, a := range args {
-		if err := b.checkTensor(op+" "+a.name, a.t); err != nil {
-			return err
-		}
-		float := a.t.DType == backend.F32 || a.t.DType == backend.BF16
-		if a.ints != (a.t.DType == backend.I32) || !a.ints && !float {
-			return fmt.Errorf("cuda: %s: %s has dtype %v", op, a.name, a.t.DType)
-		}
-		if a.t.Len() != a.n {
-			return fmt.Errorf("cuda: %s: %s has %d elements, want %d", op, a.name, a.t.Len(), a.n)
-		}
-	}
-	return nil
+	defer b.mu.Unlock()
+	return backend.BufferState{Bytes: u.bytes, Foreign: u.owner != b, Live: b.live[u.id] == u, Closed: b.closed}, true
 }
 
 // dtypes refuses what op's kernel does not take (the table of
@@ -132,9 +70,8 @@ func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 	if err := b.onDevice(op); err != nil {
 		return err
 	}
-	ints := src.DType == backend.I32
 	n := src.Len()
-	if err := b.needAll(op, arg{"dst", dst, n, ints}, arg{"src", src, n, ints}); err != nil {
+	if err := b.views.Copy(op, dst, src); err != nil {
 		return err
 	}
 	if src.DType == dst.DType {
@@ -154,7 +91,7 @@ func (b *Backend) op(s backend.Stream, c *backend.Call) error {
 	if err := b.onDevice(c.Op); err != nil {
 		return err
 	}
-	skip, err := backend.CheckCall(c, "cuda", c.Op, b.checkArg)
+	skip, err := backend.CheckCall(c, "cuda", c.Op, b.views.Arg)
 	if err != nil {
 		return err
 	}

@@ -114,12 +114,12 @@ func (b *Backend) Synchronize(s backend.Stream) error {
 		return err
 	}
 	if err := b.w.do(func() error { return rtStreamSynchronize(st.h) }); err != nil {
-		b.fail(fmt.Errorf("cuda: stream %s: %w", st.name, err))
+		b.failed.Set(fmt.Errorf("cuda: stream %s: %w", st.name, err))
 	}
 	if err := b.violationErr(); err != nil {
 		return err
 	}
-	return b.err()
+	return b.failed.Err()
 }
 
 type event struct {
@@ -266,9 +266,9 @@ func (b *Backend) EventSynchronize(e backend.Event) error {
 		return fmt.Errorf("cuda: event %s was destroyed", ev.name)
 	}
 	if err := rtEventSynchronize(b.info.Ordinal, ev.h); err != nil {
-		b.fail(fmt.Errorf("cuda: event %s: %w", ev.name, err))
+		b.failed.Set(fmt.Errorf("cuda: event %s: %w", ev.name, err))
 	}
-	return b.err()
+	return b.failed.Err()
 }
 
 func (e *event) isDestroyed() bool {
@@ -333,38 +333,43 @@ func (b *Backend) copyTo(s backend.Stream, what string, dst, src uintptr, n int6
 
 // CopyH2D implements backend.Backend.
 func (b *Backend) CopyH2D(s backend.Stream, dst backend.Tensor, src backend.HostBuffer, srcOff int) error {
-	if err := b.onDevice("CopyH2D"); err != nil {
-		return err
-	}
-	n := int(dst.Bytes())
-	if err := b.checkTensor("copy h2d dst", dst); err != nil {
-		return err
-	}
-	h, err := b.hostBuf("copy h2d to "+dst.String(), src)
+	h, err := b.hostCopy("CopyH2D", h2d, dst, src, srcOff)
 	if err != nil {
 		return err
 	}
-	if srcOff < 0 || srcOff+n > len(h.data) {
-		return fmt.Errorf("cuda: copy h2d: host range [%d,%d) outside buffer of %d bytes", srcOff, srcOff+n, len(h.data))
-	}
-	return b.copyTo(s, "copy h2d", uintptr(b.ptr(dst)), uintptr(h.p)+uintptr(srcOff), int64(n), h2d)
+	return b.copyTo(s, "copy h2d", uintptr(b.ptr(dst)), uintptr(h.p)+uintptr(srcOff), dst.Bytes(), h2d)
 }
 
 // CopyD2H implements backend.Backend.
 func (b *Backend) CopyD2H(s backend.Stream, dst backend.HostBuffer, dstOff int, src backend.Tensor) error {
-	if err := b.onDevice("CopyD2H"); err != nil {
-		return err
-	}
-	n := int(src.Bytes())
-	if err := b.checkTensor("copy d2h src", src); err != nil {
-		return err
-	}
-	h, err := b.hostBuf("copy d2h from "+src.String(), dst)
+	h, err := b.hostCopy("CopyD2H", d2h, src, dst, dstOff)
 	if err != nil {
 		return err
 	}
-	if dstOff < 0 || dstOff+n > len(h.data) {
-		return fmt.Errorf("cuda: copy d2h: host range [%d,%d) outside buffer of %d bytes", dstOff, dstOff+n, len(h.data))
+	return b.copyTo(s, "copy d2h", uintptr(h.p)+uintptr(dstOff), uintptr(b.ptr(src)), src.Bytes(), d2h)
+}
+
+// hostCopy checks the arguments of method (CopyH2D or CopyD2H, kind) for
+// a copy between the device tensor t and the bytes of the host buffer hb
+// from off on, and returns the host buffer.
+func (b *Backend) hostCopy(method string, kind copyKind, t backend.Tensor, hb backend.HostBuffer, off int) (*hostBuffer, error) {
+	if err := b.onDevice(method); err != nil {
+		return nil, err
 	}
-	return b.copyTo(s, "copy d2h", uintptr(h.p)+uintptr(dstOff), uintptr(b.ptr(src)), int64(n), d2h)
+	op, arg, way := "copy d2h", "src", "from"
+	if kind == h2d {
+		op, arg, way = "copy h2d", "dst", "to"
+	}
+	n := int(t.Bytes())
+	if err := b.views.Tensor(op+" "+arg, t); err != nil {
+		return nil, err
+	}
+	h, err := b.hostBuf(op+" "+way+" "+t.String(), hb)
+	if err != nil {
+		return nil, err
+	}
+	if off < 0 || off+n > len(h.HostBytes) {
+		return nil, fmt.Errorf("cuda: %s: host range [%d,%d) outside buffer of %d bytes", op, off, off+n, len(h.HostBytes))
+	}
+	return h, nil
 }

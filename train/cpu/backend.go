@@ -77,12 +77,13 @@ type Backend struct {
 	nextStream int       // stream ids handed out (hazard actors)
 	h2d, d2h   int64
 	hostAllocs int64
-	failed     error // first async error: sticky, as in CUDA
 
-	haz     *hazards // nil unless cfg.HazardCheck
-	owner   uint64   // the device goroutine (hazard mode only)
+	failed  backend.StickyError // first async error: sticky, as in CUDA
+	haz     *hazards            // nil unless cfg.HazardCheck
+	owner   uint64              // the device goroutine (hazard mode only)
 	dflt    *stream
 	staging *backend.Staging
+	views   backend.ViewCheck // checks the tensors the calls are given
 	closed  bool
 }
 
@@ -102,6 +103,7 @@ func New(cfg Config) *Backend {
 		b.haz = newHazards()
 		b.owner = hazard.GoroutineID()
 	}
+	b.views = backend.ViewCheck{Prefix: "cpu", Kind: "CPU", Buffer: b.bufferState}
 	b.dflt = b.newStream("default")
 	b.staging = backend.NewStaging(b, backend.StagingBytes)
 	return b
@@ -206,20 +208,10 @@ type hostBuffer struct {
 	id   int
 	name string
 	raw  []byte
-	data []byte
+	backend.HostBytes
 }
 
-func (h *hostBuffer) ID() int       { return h.id }
-func (h *hostBuffer) Bytes() []byte { return h.data }
-func (h *hostBuffer) Float32() []float32 {
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
-}
-func (h *hostBuffer) Int32() []int32 {
-	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/4)
-}
-func (h *hostBuffer) BF16() []uint16 {
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(h.data))), len(h.data)/2)
-}
+func (h *hostBuffer) ID() int { return h.id }
 
 // AllocHost implements backend.Backend.
 func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) {
@@ -235,7 +227,7 @@ func (b *Backend) AllocHost(name string, bytes int) (backend.HostBuffer, error) 
 	id := -b.nextID
 	b.mu.Unlock()
 	h := &hostBuffer{id: id, name: name}
-	h.raw, h.data = alignedBytes(bytes)
+	h.raw, h.HostBytes = alignedBytes(bytes)
 	return h, nil
 }
 
@@ -250,21 +242,6 @@ func (b *Backend) HostAllocs() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.hostAllocs
-}
-
-// fail records the first asynchronous error.
-func (b *Backend) fail(err error) {
-	b.mu.Lock()
-	if b.failed == nil {
-		b.failed = err
-	}
-	b.mu.Unlock()
-}
-
-func (b *Backend) err() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.failed
 }
 
 // ThreadViolations lists the calls made off the device goroutine so far
@@ -319,7 +296,7 @@ func (b *Backend) Close() error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return b.failed
+		return b.failed.Err()
 	}
 	b.closed = true
 	streams := append([]*stream(nil), b.streams...)
@@ -335,7 +312,7 @@ func (b *Backend) Close() error {
 	b.live = map[int]*buffer{}
 	b.inUse = 0
 	b.mu.Unlock()
-	return errors.Join(append(errs, b.err())...)
+	return errors.Join(append(errs, b.failed.Err())...)
 }
 
 // delay sleeps the test-mode random delay of one op.

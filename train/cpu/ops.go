@@ -27,20 +27,9 @@ func bytesOf(t backend.Tensor) []byte {
 	return u.data[lo : lo+int(t.Bytes())]
 }
 
-func f32View(t backend.Tensor) []float32 {
-	b := bytesOf(t)
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
-}
-
-func u16View(t backend.Tensor) []uint16 {
-	b := bytesOf(t)
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
-}
-
-func i32View(t backend.Tensor) []int32 {
-	b := bytesOf(t)
-	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
-}
+func f32View(t backend.Tensor) []float32 { return backend.Float32View(bytesOf(t)) }
+func u16View(t backend.Tensor) []uint16  { return backend.BF16View(bytesOf(t)) }
+func i32View(t backend.Tensor) []int32   { return backend.Int32View(bytesOf(t)) }
 
 // i32OrNil is i32View(t), or nil for an absent t.
 func i32OrNil(t backend.Tensor) []int32 {
@@ -70,55 +59,18 @@ func store(t backend.Tensor, v []float32) {
 	bf16.FromFloat32Slice(u16View(t), v)
 }
 
-// viewError says why t is not a view inside a live buffer of this backend
-// with a known dtype. Anything else would index out of range, or touch
-// memory that is no longer (or never was) this backend's, on the stream.
-func (b *Backend) viewError(t backend.Tensor) error {
+// bufferState is what the view checks (b.views) need to know of t's
+// buffer, or ok false when it is not a CPU buffer: a tensor that is not a
+// live view of this backend would index out of range, or touch memory
+// that is no longer (or never was) this backend's, on the stream.
+func (b *Backend) bufferState(t backend.Tensor) (st backend.BufferState, ok bool) {
 	u, ok := t.Buf.(*buffer)
 	if !ok || u == nil {
-		return fmt.Errorf("tensor %v is not a CPU buffer", t)
-	}
-	if t.DType.Size() == 0 {
-		return fmt.Errorf("tensor %v has unknown dtype %v", t, t.DType)
-	}
-	for _, d := range t.Shape {
-		if d < 0 {
-			return fmt.Errorf("tensor %v has a negative shape", t)
-		}
-	}
-	if t.Off < 0 || int64(t.Off)*int64(t.DType.Size())+t.Bytes() > int64(len(u.data)) {
-		return fmt.Errorf("view %v outside its buffer of %d bytes", t, len(u.data))
-	}
-	if u.owner != b {
-		return fmt.Errorf("tensor %v belongs to another backend", t)
+		return st, false
 	}
 	b.mu.Lock()
-	live, closed := b.live[u.id] == u, b.closed
-	b.mu.Unlock()
-	switch {
-	case closed:
-		return fmt.Errorf("tensor %v: backend is closed", t)
-	case !live:
-		return fmt.Errorf("tensor %v: its buffer was freed", t)
-	}
-	return nil
-}
-
-// checkTensor is viewError's verdict on t, named what.
-func (b *Backend) checkTensor(what string, t backend.Tensor) error {
-	if err := b.viewError(t); err != nil {
-		return fmt.Errorf("cpu: %s: %w", what, err)
-	}
-	return nil
-}
-
-// checkArg is checkTensor for argument arg of op (backend.CheckCall's
-// live check): it builds no name unless t fails.
-func (b *Backend) checkArg(op, arg string, t backend.Tensor) error {
-	if err := b.viewError(t); err != nil {
-		return fmt.Errorf("cpu: %s %s: %w", op, arg, err)
-	}
-	return nil
+	defer b.mu.Unlock()
+	return backend.BufferState{Bytes: int64(len(u.data)), Foreign: u.owner != b, Live: b.live[u.id] == u, Closed: b.closed}, true
 }
 
 // checkDims rejects negative sizes: two of them can multiply into a
@@ -128,38 +80,6 @@ func checkDims(op, names string, vals ...int) error {
 	for i, name := range strings.Fields(names) {
 		if vals[i] < 0 {
 			return fmt.Errorf("cpu: %s: %s=%d is negative", op, name, vals[i])
-		}
-	}
-	return nil
-}
-
-// need checks that t is a valid float tensor (fp32 or bf16; I32 when ints)
-// of n elements.
-func (b *Backend) need(op, arg string, t backend.Tensor, n int, ints bool) error {
-	if err := b.checkTensor(op+" "+arg, t); err != nil {
-		return err
-	}
-	float := t.DType == backend.F32 || t.DType == backend.BF16
-	if ints != (t.DType == backend.I32) || !ints && !float {
-		return fmt.Errorf("cpu: %s: %s has dtype %v", op, arg, t.DType)
-	}
-	if t.Len() != n {
-		return fmt.Errorf("cpu: %s: %s has %d elements, want %d", op, arg, t.Len(), n)
-	}
-	return nil
-}
-
-type arg struct {
-	name string
-	t    backend.Tensor
-	n    int
-	ints bool
-}
-
-func (b *Backend) needAll(op string, args ...arg) error {
-	for _, a := range args {
-		if err := b.need(op, a.name, a.t, a.n, a.ints); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -628,7 +548,7 @@ func sub[T any](x []T, lo, hi int) []T {
 // only to I32).
 func (b *Backend) CopyD2D(s backend.Stream, dst, src backend.Tensor) error {
 	ints := src.DType == backend.I32
-	if err := b.needAll("copy d2d", arg{"dst", dst, src.Len(), ints}, arg{"src", src, src.Len(), ints}); err != nil {
+	if err := b.views.Copy("copy d2d", dst, src); err != nil {
 		return err
 	}
 	return b.enqueue(s, hazard.CopyD2D(dst, src), func() error {

@@ -59,16 +59,25 @@ func (b *Backend) DefaultStream() backend.Stream { return b.dflt }
 // NewStream implements backend.Backend: a stream is a goroutine, which
 // DestroyStream or Close ends.
 func (b *Backend) NewStream(name string) (backend.Stream, error) {
-	if err := b.onDevice(); err != nil {
+	if err := b.open("new stream " + name); err != nil {
 		return nil, err
+	}
+	return b.newStream(name), nil
+}
+
+// open fails where a call may not create a stream or an event: off the
+// device goroutine (hazard mode) and after Close; what names the call.
+func (b *Backend) open(what string) error {
+	if err := b.onDevice(); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("cpu: new stream %s: backend is closed", name)
+		return fmt.Errorf("cpu: %s: backend is closed", what)
 	}
-	return b.newStream(name), nil
+	return nil
 }
 
 // DestroyStream implements backend.Backend. The work enqueued on s still
@@ -113,9 +122,9 @@ func (s *stream) loop() {
 		if !o.control {
 			s.delay()
 		}
-		if o.control || s.b.err() == nil {
+		if o.control || s.b.failed.Err() == nil {
 			if err := o.run(); err != nil {
-				s.b.fail(fmt.Errorf("stream %s: %s: %w", s.name, o.name, err))
+				s.b.failed.Set(fmt.Errorf("stream %s: %s: %w", s.name, o.name, err))
 			}
 		}
 
@@ -201,7 +210,7 @@ func (b *Backend) op(s backend.Stream, c *backend.Call, run func() error) error 
 	if err != nil {
 		return fmt.Errorf("cpu: %w", err)
 	}
-	if _, err := backend.CheckCall(c, "cpu", d.Short, b.checkArg); err != nil {
+	if _, err := backend.CheckCall(c, "cpu", d.Short, b.views.Arg); err != nil {
 		return err
 	}
 	if fp32Only[c.Op] {
@@ -261,7 +270,7 @@ func (b *Backend) Synchronize(s backend.Stream) error {
 			return err
 		}
 	}
-	return b.err()
+	return b.failed.Err()
 }
 
 type event struct {
@@ -284,16 +293,18 @@ type mark struct {
 
 func (e *event) Name() string { return e.name }
 
+// latestMark is the mark of e's latest record, or nil if it was never
+// recorded.
+func (e *event) latestMark() *mark {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.latest
+}
+
 // NewEvent implements backend.Backend.
 func (b *Backend) NewEvent(name string) (backend.Event, error) {
-	if err := b.onDevice(); err != nil {
+	if err := b.open("new event " + name); err != nil {
 		return nil, err
-	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("cpu: new event %s: backend is closed", name)
 	}
 	return &event{b: b, name: name}, nil
 }
@@ -376,9 +387,7 @@ func (b *Backend) Wait(s backend.Stream, e backend.Event) error {
 	if err != nil {
 		return err
 	}
-	ev.mu.Lock()
-	m := ev.latest
-	ev.mu.Unlock()
+	m := ev.latestMark()
 	if m == nil {
 		return fmt.Errorf("cpu: stream %s waits on event %s, which was never recorded", st.name, ev.name)
 	}
@@ -398,9 +407,7 @@ func (b *Backend) EventSynchronize(e backend.Event) error {
 	if err != nil {
 		return err
 	}
-	ev.mu.Lock()
-	m := ev.latest
-	ev.mu.Unlock()
+	m := ev.latestMark()
 	if m == nil {
 		return fmt.Errorf("cpu: host waits on event %s, which was never recorded", ev.name)
 	}
@@ -411,7 +418,7 @@ func (b *Backend) EventSynchronize(e backend.Event) error {
 			return err
 		}
 	}
-	return b.err()
+	return b.failed.Err()
 }
 
 // ElapsedTime implements backend.Backend: the time between the moments the
@@ -423,9 +430,7 @@ func (b *Backend) ElapsedTime(start, end backend.Event) (time.Duration, error) {
 		if err != nil {
 			return 0, fmt.Errorf("cpu: elapsed time: %w", err)
 		}
-		ev.mu.Lock()
-		m := ev.latest
-		ev.mu.Unlock()
+		m := ev.latestMark()
 		if m == nil {
 			return 0, fmt.Errorf("cpu: elapsed time: event %s was never recorded", ev.name)
 		}
@@ -452,43 +457,45 @@ func (b *Backend) chargeLink(n int64) {
 
 // CopyH2D implements backend.Backend.
 func (b *Backend) CopyH2D(s backend.Stream, dst backend.Tensor, src backend.HostBuffer, srcOff int) error {
-	n := int(dst.Bytes())
-	if err := b.checkTensor("copy h2d dst", dst); err != nil {
-		return err
-	}
-	if src == nil {
-		return fmt.Errorf("cpu: copy h2d to %v: nil host buffer", dst)
-	}
-	if srcOff < 0 || srcOff+n > len(src.Bytes()) {
-		return fmt.Errorf("cpu: copy h2d: host range [%d,%d) outside buffer of %d bytes", srcOff, srcOff+n, len(src.Bytes()))
-	}
-	return b.enqueue(s, hazard.CopyH2D(dst, src, srcOff), func() error {
-		b.chargeLink(int64(n))
-		copy(bytesOf(dst), src.Bytes()[srcOff:srcOff+n])
-		b.mu.Lock()
-		b.h2d += int64(n)
-		b.mu.Unlock()
-		return nil
-	})
+	return b.copyHost(s, true, dst, src, srcOff)
 }
 
 // CopyD2H implements backend.Backend.
 func (b *Backend) CopyD2H(s backend.Stream, dst backend.HostBuffer, dstOff int, src backend.Tensor) error {
-	n := int(src.Bytes())
-	if err := b.checkTensor("copy d2h src", src); err != nil {
+	return b.copyHost(s, false, src, dst, dstOff)
+}
+
+// copyHost checks and enqueues a copy between the device tensor t and
+// the bytes of the host buffer h from off on, into t if h2d (CopyH2D),
+// else out of it (CopyD2H).
+func (b *Backend) copyHost(s backend.Stream, h2d bool, t backend.Tensor, h backend.HostBuffer, off int) error {
+	op, arg, way, traffic := "copy d2h", "src", "from", &b.d2h
+	if h2d {
+		op, arg, way, traffic = "copy h2d", "dst", "to", &b.h2d
+	}
+	n := int(t.Bytes())
+	if err := b.views.Tensor(op+" "+arg, t); err != nil {
 		return err
 	}
-	if dst == nil {
-		return fmt.Errorf("cpu: copy d2h from %v: nil host buffer", src)
+	if h == nil {
+		return fmt.Errorf("cpu: %s %s %v: nil host buffer", op, way, t)
 	}
-	if dstOff < 0 || dstOff+n > len(dst.Bytes()) {
-		return fmt.Errorf("cpu: copy d2h: host range [%d,%d) outside buffer of %d bytes", dstOff, dstOff+n, len(dst.Bytes()))
+	if off < 0 || off+n > len(h.Bytes()) {
+		return fmt.Errorf("cpu: %s: host range [%d,%d) outside buffer of %d bytes", op, off, off+n, len(h.Bytes()))
 	}
-	return b.enqueue(s, hazard.CopyD2H(dst, dstOff, src), func() error {
+	acc := hazard.CopyD2H(h, off, t)
+	if h2d {
+		acc = hazard.CopyH2D(t, h, off)
+	}
+	return b.enqueue(s, acc, func() error {
 		b.chargeLink(int64(n))
-		copy(dst.Bytes()[dstOff:dstOff+n], bytesOf(src))
+		if h2d {
+			copy(bytesOf(t), h.Bytes()[off:off+n])
+		} else {
+			copy(h.Bytes()[off:off+n], bytesOf(t))
+		}
 		b.mu.Lock()
-		b.d2h += int64(n)
+		*traffic += int64(n)
 		b.mu.Unlock()
 		return nil
 	})

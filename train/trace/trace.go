@@ -237,20 +237,9 @@ func (h *hostBuffer) Bytes() []byte {
 	return h.mem
 }
 
-func (h *hostBuffer) Float32() []float32 {
-	m := h.Bytes()
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(m))), len(m)/4)
-}
-
-func (h *hostBuffer) Int32() []int32 {
-	m := h.Bytes()
-	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(m))), len(m)/4)
-}
-
-func (h *hostBuffer) BF16() []uint16 {
-	m := h.Bytes()
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(m))), len(m)/2)
-}
+func (h *hostBuffer) Float32() []float32 { return backend.Float32View(h.Bytes()) }
+func (h *hostBuffer) Int32() []int32     { return backend.Int32View(h.Bytes()) }
+func (h *hostBuffer) BF16() []uint16     { return backend.BF16View(h.Bytes()) }
 
 type stream struct {
 	name  string
