@@ -167,6 +167,7 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -299,19 +300,27 @@ func (n *NCCL) Stats() comm.Stats {
 	return n.stats
 }
 
-func (n *NCCL) begin(op comm.Op) error {
+// begin checks that op may start: on the device goroutine, before Close,
+// on F32 tensors of this backend ts, named in turn by names (separated by
+// spaces).
+func (n *NCCL) begin(op comm.Op, names string, ts ...backend.Tensor) error {
 	if err := n.b.onDevice("NCCL " + op.String()); err != nil {
 		return err
 	}
 	if n.closed {
 		return fmt.Errorf("cuda: NCCL %v: communicator is closed", op)
 	}
+	for i, name := range strings.Fields(names) {
+		if err := n.f32(op, name, ts[i]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // f32 checks that t is an F32 tensor of this backend.
 func (n *NCCL) f32(op comm.Op, name string, t backend.Tensor) error {
-	if err := n.b.checkTensor(fmt.Sprintf("NCCL %v %s", op, name), t); err != nil {
+	if err := n.b.views.Tensor(fmt.Sprintf("NCCL %v %s", op, name), t); err != nil {
 		return err
 	}
 	if t.DType != backend.F32 {
@@ -331,19 +340,24 @@ func (n *NCCL) exchange(op comm.Op, s backend.Stream, ts []p2p) error {
 	if err != nil {
 		return err
 	}
-	var r C.int
 	// The array goes to C, which reads it during the call only.
 	cts := (*p2p)(C.calloc(C.size_t(len(ts)), C.sizeof_lspnccl_p2p))
 	defer C.free(unsafe.Pointer(cts))
 	copy(unsafe.Slice(cts, len(ts)), ts)
-	if err := n.b.w.do(func() error {
-		r = C.lspnccl_exchange(C.uintptr_t(n.h), cts, C.int(len(ts)), C.uintptr_t(st.h))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("cuda: NCCL %v on stream %s: %w", op, st.name, err)
+	return n.call(fmt.Sprintf("cuda: NCCL %v on stream %s", op, st.name), func() C.int {
+		return C.lspnccl_exchange(C.uintptr_t(n.h), cts, C.int(len(ts)), C.uintptr_t(st.h))
+	})
+}
+
+// call runs f, a call of the NCCL shim, on the device thread; what begins
+// its error, if the call fails to run or NCCL returns one.
+func (n *NCCL) call(what string, f func() C.int) error {
+	var r C.int
+	if err := n.b.w.do(func() error { r = f(); return nil }); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if r != 0 {
-		return fmt.Errorf("cuda: NCCL %v on stream %s: %s", op, st.name, ncclError(r))
+		return fmt.Errorf("%s: %s", what, ncclError(r))
 	}
 	return nil
 }
@@ -439,10 +453,7 @@ func (n *NCCL) AllReduceSum(s backend.Stream, t, scratch backend.Tensor) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.AllReduce
-	if err := n.begin(op); err != nil {
-		return err
-	}
-	if err := n.f32(op, "t", t); err != nil {
+	if err := n.begin(op, "t", t); err != nil {
 		return err
 	}
 	if err := n.checkScratch(op, t, scratch); err != nil {
@@ -466,16 +477,8 @@ func (n *NCCL) ReduceScatterSum(s backend.Stream, shard, t, scratch backend.Tens
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.ReduceScatter
-	if err := n.begin(op); err != nil {
+	if err := n.begin(op, "shard t", shard, t); err != nil {
 		return err
-	}
-	for _, a := range []struct {
-		name string
-		t    backend.Tensor
-	}{{"shard", shard}, {"t", t}} {
-		if err := n.f32(op, a.name, a.t); err != nil {
-			return err
-		}
 	}
 	if err := comm.CheckArgs(op, n.size, n.rank, t.Len(), shard.Len(), 0); err != nil {
 		return err
@@ -496,13 +499,7 @@ func (n *NCCL) AllGather(s backend.Stream, t, shard backend.Tensor) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.AllGather
-	if err := n.begin(op); err != nil {
-		return err
-	}
-	if err := n.f32(op, "t", t); err != nil {
-		return err
-	}
-	if err := n.f32(op, "shard", shard); err != nil {
+	if err := n.begin(op, "t shard", t, shard); err != nil {
 		return err
 	}
 	if err := comm.CheckArgs(op, n.size, n.rank, t.Len(), shard.Len(), 0); err != nil {
@@ -528,10 +525,10 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.Broadcast
-	if err := n.begin(op); err != nil {
+	if err := n.begin(op, ""); err != nil {
 		return err
 	}
-	if err := n.b.checkTensor("NCCL Broadcast t", t); err != nil {
+	if err := n.b.views.Tensor("NCCL Broadcast t", t); err != nil {
 		return err
 	}
 	if err := comm.CheckArgs(op, n.size, n.rank, 0, 0, root); err != nil {
@@ -551,17 +548,9 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 	} else {
 		n.stats.Ops[op].Received += bytes
 	}
-	var r C.int
-	if err := n.b.w.do(func() error {
-		r = C.lspnccl_bcast(C.uintptr_t(n.h), n.addr(t), C.size_t(bytes), C.int(root), C.uintptr_t(st.h))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("cuda: NCCL %v on stream %s: %w", op, st.name, err)
-	}
-	if r != 0 {
-		return fmt.Errorf("cuda: NCCL %v on stream %s: %s", op, st.name, ncclError(r))
-	}
-	return nil
+	return n.call(fmt.Sprintf("cuda: NCCL %v on stream %s", op, st.name), func() C.int {
+		return C.lspnccl_bcast(C.uintptr_t(n.h), n.addr(t), C.size_t(bytes), C.int(root), C.uintptr_t(st.h))
+	})
 }
 
 // Err is NCCL's asynchronous error of the communicator (a peer lost, a
@@ -600,19 +589,10 @@ func (n *NCCL) end(what string, abort bool) error {
 		return nil
 	}
 	n.closed = true
-	var r C.int
-	if err := n.b.w.do(func() error {
+	return n.call("cuda: NCCL: "+what, func() C.int {
 		if abort {
-			r = C.lspnccl_abort(C.uintptr_t(n.h))
-		} else {
-			r = C.lspnccl_destroy(C.uintptr_t(n.h))
+			return C.lspnccl_abort(C.uintptr_t(n.h))
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("cuda: NCCL: %s: %w", what, err)
-	}
-	if r != 0 {
-		return fmt.Errorf("cuda: NCCL: %s: %s", what, ncclError(r))
-	}
-	return nil
+		return C.lspnccl_destroy(C.uintptr_t(n.h))
+	})
 }
