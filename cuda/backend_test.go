@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/backend/backendtest"
 )
 
 func TestNewDescribesTheDevice(t *testing.T) {
@@ -63,7 +64,7 @@ func deviceFree(t *testing.T, be *Backend) int64 {
 func TestCloseReleases(t *testing.T) {
 	watch := newBE(t, Config{MemBudget: 1 << 20})
 	before := deviceFree(t, watch)
-	goroutines := quietGoroutines()
+	goroutines := backendtest.QuietGoroutines()
 	const budget = 32 << 20
 	be, err := New(Config{MemBudget: budget})
 	ok(t, err)
@@ -82,7 +83,7 @@ func TestCloseReleases(t *testing.T) {
 	if free := deviceFree(t, watch); free < before {
 		t.Errorf("after Close %d bytes free, %d before New: not released", free, before)
 	}
-	if n := settledGoroutines(goroutines); n > goroutines {
+	if n := backendtest.SettledGoroutines(goroutines); n > goroutines {
 		t.Errorf("%d goroutines after Close, %d before New: the device thread lives on", n, goroutines)
 	}
 	ok(t, be.Close()) // again: nothing left, no error
@@ -100,28 +101,6 @@ func TestCloseReleases(t *testing.T) {
 	wantErr(t, "Synchronize after Close", be.Synchronize(be.DefaultStream()), "closed")
 }
 
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for range 200 {
-		time.Sleep(2 * time.Millisecond)
-		m := runtime.NumGoroutine()
-		if m == n {
-			break
-		}
-		n = m
-	}
-	return n
-}
-
-func settledGoroutines(want int) int {
-	n := runtime.NumGoroutine()
-	for deadline := time.Now().Add(2 * time.Second); n > want && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-		n = runtime.NumGoroutine()
-	}
-	return n
-}
-
 // TestDestroyStream: DestroyStream returns at once, as cudaStreamDestroy
 // does, yet the work enqueued before it still runs; later use is an error.
 func TestDestroyStream(t *testing.T) {
@@ -135,24 +114,29 @@ func TestDestroyStream(t *testing.T) {
 	defer open()
 	ok(t, be.Scale(s, x, 3))
 	ok(t, be.Record(e, s))
+	notHeld(t, open, func() error { return be.DestroyStream(s) }, // must not wait for the gate
+		"DestroyStream waited for the work queued on the stream")
+	open()
+	ok(t, be.EventSynchronize(e))
+	same(t, "x", get(t, be, x), slices.Repeat([]float32{21}, 100))
+	backendtest.DestroyedStreamRefused(t, be, s, "doomed", x, e)
+	ok(t, be.Synchronize(be.DefaultStream()))
+}
+
+// notHeld fails t with held unless f returns, without error, within 10 s
+// while a gate is closed; open opens the gate before t fails, so that
+// nothing stays held.
+func notHeld(t *testing.T, open func(), f func() error, held string) {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- be.DestroyStream(s) }() // must not wait for the gate
+	go func() { done <- f() }()
 	select {
 	case err := <-done:
 		ok(t, err)
 	case <-time.After(10 * time.Second):
 		open()
-		t.Fatal("DestroyStream waited for the work queued on the stream")
+		t.Fatal(held)
 	}
-	open()
-	ok(t, be.EventSynchronize(e))
-	same(t, "x", get(t, be, x), slices.Repeat([]float32{21}, 100))
-	wantErr(t, "Fill on a destroyed stream", be.Fill(s, x, 1), "doomed", "destroyed")
-	wantErr(t, "Record on a destroyed stream", be.Record(e, s), "doomed", "destroyed")
-	wantErr(t, "Synchronize of a destroyed stream", be.Synchronize(s), "destroyed")
-	wantErr(t, "second DestroyStream", be.DestroyStream(s), "destroyed")
-	wantErr(t, "DestroyStream of the default stream", be.DestroyStream(be.DefaultStream()), "default")
-	ok(t, be.Synchronize(be.DefaultStream()))
 }
 
 // TestDestroyEvent: a wait enqueued before the destroy still orders its
@@ -173,21 +157,12 @@ func TestDestroyEvent(t *testing.T) {
 	open()
 	ok(t, be.Synchronize(b))
 	same(t, "y", get(t, be, y), slices.Repeat([]float32{5}, 64))
-	wantErr(t, "Record of a destroyed event", be.Record(e, a), "gone", "destroyed")
-	wantErr(t, "Wait on a destroyed event", be.Wait(b, e), "gone", "destroyed")
-	wantErr(t, "EventSynchronize of a destroyed event", be.EventSynchronize(e), "gone", "destroyed")
-	_, err = be.ElapsedTime(e, e)
-	wantErr(t, "ElapsedTime of a destroyed event", err, "gone", "destroyed")
-	wantErr(t, "second DestroyEvent", be.DestroyEvent(e), "destroyed")
+	backendtest.DestroyedEventRefused(t, be, e, "gone", a, b)
 }
 
 func TestRecordErrors(t *testing.T) {
-	be, other := newBE(t, Config{}), newBE(t, Config{})
-	s := newStream(t, be, "s")
-	e, foreign := newEvent(t, be, "mine"), newEvent(t, other, "theirs")
-	wantErr(t, "Record of another backend's event", be.Record(foreign, s), "theirs", "another backend")
-	wantErr(t, "Record on another backend's stream", be.Record(e, other.DefaultStream()), "does not belong")
-	wantErr(t, "Record of a nil event", be.Record(nil, s), "not a CUDA event")
+	be := newBE(t, Config{})
+	s, e := backendtest.ForeignRecordRefused(t, be, newBE(t, Config{}), "not a CUDA event")
 	wantErr(t, "Record on the backend's internal stream", be.Record(e, be.internal), "does not belong")
 	ok(t, be.Record(e, s))
 	ok(t, be.Synchronize(s))
@@ -227,15 +202,8 @@ func TestWaitBindsToLatestRecord(t *testing.T) {
 	ok(t, be.Record(e, a)) // record 2: held by the gate
 	ok(t, be.Scale(b, x, 3))
 	ok(t, be.Record(bDone, b))
-	done := make(chan error, 1)
-	go func() { done <- be.EventSynchronize(bDone) }()
-	select {
-	case err := <-done:
-		ok(t, err)
-	case <-time.After(10 * time.Second):
-		open()
-		t.Fatal("stream B waited for a record of e made after its wait")
-	}
+	notHeld(t, open, func() error { return be.EventSynchronize(bDone) },
+		"stream B waited for a record of e made after its wait")
 	open()
 	ok(t, be.Synchronize(a))
 	same(t, "x", get(t, be, x), slices.Repeat([]float32{6}, 256))
@@ -534,63 +502,7 @@ func TestStickyAsyncError(t *testing.T) {
 // may make is an error naming the method when another goroutine makes it;
 // the calls any goroutine may make pass.
 func TestGoroutineRule(t *testing.T) {
-	be := newBE(t, Config{CheckGoroutine: true})
-	s := newStream(t, be, "s")
-	x := alloc(t, be, "x", 4, backend.F32)
-	freed := alloc(t, be, "freed", 4, backend.F32)
-	h, err := be.AllocHost("h", 16)
-	ok(t, err)
-	e := newEvent(t, be, "e")
-	put(t, be, x, []float32{1, 1, 1, 1})
-	ok(t, be.Record(e, s))
-	ok(t, be.EventSynchronize(e))
-
-	off := func(f func() error) error {
-		done := make(chan error, 1)
-		go func() { done <- f() }()
-		return <-done
-	}
-	for name, f := range map[string]func() error{
-		"EventSynchronize": func() error { return be.EventSynchronize(e) },
-		"ElapsedTime":      func() error { _, err := be.ElapsedTime(e, e); return err },
-		"MemStats, Traffic, DefaultStream, Staging, views": func() error {
-			_, _, _, _ = be.MemStats(), be.Traffic(), be.DefaultStream(), be.Staging()
-			h.Float32()[0] = 1
-			return nil
-		},
-	} {
-		if err := off(f); err != nil {
-			t.Errorf("%s off the device goroutine: %v", name, err)
-		}
-	}
-	if v := be.ThreadViolations(); len(v) > 0 {
-		t.Fatalf("allowed calls reported: %v", v)
-	}
-	for _, tc := range []struct {
-		method string
-		call   func() error
-	}{
-		{"Fill", func() error { return be.Fill(s, x, 2) }},
-		{"Alloc", func() error { _, err := be.Alloc("y", 1, backend.F32); return err }},
-		{"AllocHost", func() error { _, err := be.AllocHost("y", 1); return err }},
-		{"NewStream", func() error { _, err := be.NewStream("t"); return err }},
-		{"NewEvent", func() error { _, err := be.NewEvent("f"); return err }},
-		{"Record", func() error { return be.Record(e, s) }},
-		{"Wait", func() error { return be.Wait(s, e) }},
-		{"Synchronize", func() error { return be.Synchronize(s) }},
-		{"DestroyStream", func() error { return be.DestroyStream(s) }},
-		{"DestroyEvent", func() error { return be.DestroyEvent(e) }},
-		{"CopyH2D", func() error { return backend.Upload(be, s, x, []float32{1, 2, 3, 4}) }},
-		{"Close", func() error { return be.Close() }},
-	} {
-		wantErr(t, tc.method+" off the device goroutine", off(tc.call), tc.method+" called on goroutine", "device goroutine")
-	}
-	_ = off(func() error { be.Free(freed); return nil })
-	v := be.ThreadViolations()
-	if len(v) != 13 || !strings.Contains(v[12].Error(), "Free called on goroutine") {
-		t.Errorf("%d violations kept, last %v; want 13, the last naming Free", len(v), v[len(v)-1])
-	}
-	wantErr(t, "Synchronize after violations", be.Synchronize(s), "off the device goroutine")
+	backendtest.DeviceGoroutineRule(t, newBE(t, Config{CheckGoroutine: true}))
 }
 
 // TestDeviceThread: every runtime call the backend makes for enqueues and

@@ -10,10 +10,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/backend/backendtest"
 	"github.com/lsp-offload/lsp-offload/train/bf16"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 )
@@ -49,18 +49,7 @@ func ok(t testing.TB, err error) {
 }
 
 // wantErr fails unless err is an error saying every one of subs.
-func wantErr(t testing.TB, what string, err error, subs ...string) {
-	t.Helper()
-	if err == nil {
-		t.Errorf("%s: no error, want one saying %q", what, subs)
-		return
-	}
-	for _, s := range subs {
-		if !strings.Contains(err.Error(), s) {
-			t.Errorf("%s: %v, want it to say %q", what, err, s)
-		}
-	}
-}
+var wantErr = backendtest.WantErr
 
 func alloc(t testing.TB, be backend.Backend, name string, n int, dt backend.DType) backend.Tensor {
 	t.Helper()

@@ -4,8 +4,6 @@ package nccltest
 
 import (
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"regexp"
@@ -18,6 +16,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/commtest"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 )
 
@@ -120,11 +119,7 @@ func TestNCCLRanks(t *testing.T) {
 		if err != nil {
 			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
 		}
-		for r := 0; r < np; r++ {
-			if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d of %d: \d+ checks passed$`, r, np)).MatchString(out) {
-				t.Fatalf("mpirun -np %d: rank %d did not pass; output:\n%s", np, r, out)
-			}
-		}
+		commtest.CheckPassed(t, np, out)
 		t.Logf("mpirun -np %d: %v\n%s", np, el.Round(time.Millisecond), out)
 	}
 }
@@ -215,8 +210,7 @@ func rankMain() int {
 	r := c.Rank()
 	devs, err := cuda.Devices()
 	if err != nil || len(devs) == 0 {
-		fmt.Printf("rank %d: FAIL: devices: %d, %v\n", r, len(devs), err)
-		return 1
+		return commtest.Fail(r, "devices: %d, %v", len(devs), err)
 	}
 	scenario := os.Getenv(rankEnv)
 	if scenario == "collectives" {
@@ -226,35 +220,26 @@ func rankMain() int {
 	}
 	be, err := cuda.New(cuda.Config{Device: r % len(devs), MemBudget: 256 << 20})
 	if err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "%v", err)
 	}
 	n, err := be.NewNCCL(c)
 	if err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "%v", err)
 	}
 	if scenario != "collectives" {
 		return lostRank(scenario, c, be, n)
 	}
 	checks, err := check(be, n)
 	if err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "%v", err)
 	}
-	if err := n.Close(); err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+	// The communicator, then the device it runs on, then MPI.
+	for _, closeOne := range []func() error{n.Close, be.Close, c.Close} {
+		if err := closeOne(); err != nil {
+			return commtest.Fail(r, "%v", err)
+		}
 	}
-	if err := be.Close(); err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
-	}
-	if err := c.Close(); err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
-	}
-	fmt.Printf("rank %d of %d: %d checks passed\n", r, c.Size(), checks)
+	commtest.PrintPassed(r, c.Size(), checks)
 	return 0
 }
 
@@ -275,15 +260,13 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 	}
 	x, err := be.Alloc("x", L, backend.F32)
 	if err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "%v", err)
 	}
 	sc, err := be.Alloc("scratch", comm.ReduceScratch(L, n.Size()), backend.F32)
 	if err != nil {
-		fmt.Printf("rank %d: FAIL: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "%v", err)
 	}
-	in := input(r, L)
+	in := commtest.Input(r, L, 0)
 	deadline := time.Now().Add(60 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
 		if r == 1 && i == 3 && scenario != "mismatch" {
@@ -291,8 +274,7 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 			case "abort":
 				fmt.Printf("rank 1: aborts its communicator\n")
 				if err := n.Abort(); err != nil {
-					fmt.Printf("rank 1: FAIL: Abort: %v\n", err)
-					return 1
+					return commtest.Fail(r, "Abort: %v", err)
 				}
 			case "kill":
 				fmt.Printf("rank 1: killing itself (SIGKILL)\n")
@@ -302,14 +284,12 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 				fmt.Printf("rank 1: stops issuing NCCL work for 3.5 s\n")
 				time.Sleep(3500 * time.Millisecond)
 				if err := n.Close(); err != nil {
-					fmt.Printf("rank 1: FAIL: Close: %v\n", err)
-					return 1
+					return commtest.Fail(r, "Close: %v", err)
 				}
 			}
 			// The survivors meet rank 1 again on MPI, then all end.
 			if err := c.Barrier(); err != nil {
-				fmt.Printf("rank 1: FAIL: Barrier: %v\n", err)
-				return 1
+				return commtest.Fail(r, "Barrier: %v", err)
 			}
 			fmt.Printf("rank 1: done\n")
 			c.Close()
@@ -326,8 +306,7 @@ func lostRank(scenario string, c comm.Communicator, be *cuda.Backend, n *cuda.NC
 			return lostError(r, i, t0, err, scenario, c, n)
 		}
 	}
-	fmt.Printf("rank %d: FAIL: still running after 60 s\n", r)
-	return 1
+	return commtest.Fail(r, "still running after 60 s")
 }
 
 // lostError reports the error of a survivor, then NCCL's asynchronous
@@ -338,8 +317,7 @@ func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Commun
 	fmt.Printf("rank %d: NCCL.Err: %v\n", r, n.Err())
 	t1 := time.Now()
 	if err := n.Abort(); err != nil {
-		fmt.Printf("rank %d: FAIL: Abort: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "Abort: %v", err)
 	}
 	fmt.Printf("rank %d: aborted in %v\n", r, time.Since(t1).Round(time.Millisecond))
 	os.Stdout.Sync()
@@ -348,8 +326,7 @@ func lostError(r, i int, t0 time.Time, err error, scenario string, c comm.Commun
 		return 3
 	}
 	if err := c.Barrier(); err != nil {
-		fmt.Printf("rank %d: FAIL: Barrier: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "Barrier: %v", err)
 	}
 	c.Close()
 	return 0
@@ -366,7 +343,7 @@ func checkOrdered(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 	const L = 70001
 	parts := make([][]float32, size)
 	for r := range parts {
-		parts[r] = input(r+100, L)
+		parts[r] = commtest.Input(r+100, L, 0)
 	}
 	want := make([]float32, L)
 	if err := comm.SumInRankOrder(want, parts...); err != nil {
@@ -446,24 +423,10 @@ func checkOrdered(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 	return checks, nil
 }
 
-// input is rank r's values for n elements (as train/comm/mpi's tests).
-func input(r, n int) []float32 {
-	rng := rand.New(rand.NewPCG(uint64(r), uint64(n)))
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(41)-20))
-	}
-	return x
-}
-
+// sameBits says where a and b, what, differ, bit for bit, or returns nil.
 func sameBits(what string, a, b []float32) error {
-	if len(a) != len(b) {
-		return fmt.Errorf("%s: %d elements, want %d", what, len(a), len(b))
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return fmt.Errorf("%s: element %d is %v, want %v", what, i, a[i], b[i])
-		}
+	if err := commtest.SameBits(a, b); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
@@ -498,7 +461,7 @@ func check(be *cuda.Backend, n *cuda.NCCL) (int, error) {
 		}
 		parts := make([][]float32, size)
 		for r := range parts {
-			parts[r] = input(r, L)
+			parts[r] = commtest.Input(r, L, 0)
 		}
 		want := make([]float32, L)
 		if err := comm.SumInRankOrder(want, parts...); err != nil {

@@ -20,6 +20,34 @@ import (
 
 var hazardSeeds = []uint64{1, 2, 3, 4, 5}
 
+// hazardPair is a hazard a test expects: op after prev, not ordered
+// after it.
+type hazardPair struct{ op, prev string }
+
+// checkHazards synchronizes streams a and b of be, returning their errors,
+// and fails unless the hazards be found are exactly want, in order; with
+// want nil, none, and neither synchronize fails.
+func checkHazards(t *testing.T, seed uint64, be *Backend, want []hazardPair, a, b backend.Stream) (errA, errB error) {
+	t.Helper()
+	errA, errB = be.Synchronize(a), be.Synchronize(b)
+	got := be.Hazards()
+	if want == nil {
+		if errA != nil || errB != nil || len(got) > 0 {
+			t.Fatalf("seed %d: unexpected hazards %v (%v, %v)", seed, got, errA, errB)
+		}
+		return errA, errB
+	}
+	if len(got) != len(want) {
+		t.Fatalf("seed %d: hazards %v, want %v", seed, got, want)
+	}
+	for i, w := range want {
+		if got[i].Op != w.op || got[i].Prev != w.prev {
+			t.Errorf("seed %d: hazard %v, want %q after %q", seed, got[i], w.op, w.prev)
+		}
+	}
+	return errA, errB
+}
+
 // poison makes every later non-control op of be a no-op: an encoder op with
 // a token id outside the vocabulary fails, and failures are sticky.
 func poison(t *testing.T, be *Backend) {
@@ -45,11 +73,10 @@ type hazardEnv struct {
 }
 
 func TestHazards(t *testing.T) {
-	type pair struct{ op, prev string }
 	cases := []struct {
 		name string
 		run  func(t *testing.T, v hazardEnv)
-		want []pair // the hazards expected; nil: none (then y must hold 5s)
+		want []hazardPair // the hazards expected; nil: none (then y must hold 5s)
 	}{
 		{"RAW ordered by event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
@@ -60,7 +87,7 @@ func TestHazards(t *testing.T) {
 		{"RAW missing event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.CopyD2D(v.b, v.y, v.x))
-		}, []pair{{"copy d2d", "fill"}}},
+		}, []hazardPair{{"copy d2d", "fill"}}},
 		{"WAR ordered by event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.CopyD2D(v.a, v.y, v.x))
@@ -71,11 +98,11 @@ func TestHazards(t *testing.T) {
 		{"WAR missing event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.CopyD2D(v.a, v.y, v.x))
 			ok(t, v.be.Fill(v.b, v.x, 7))
-		}, []pair{{"fill", "copy d2d"}}},
+		}, []hazardPair{{"fill", "copy d2d"}}},
 		{"WAW missing event", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.Scale(v.b, v.x, 2)) // both its read and its write conflict
-		}, []pair{{"scale", "fill"}, {"scale", "fill"}}},
+		}, []hazardPair{{"scale", "fill"}, {"scale", "fill"}}},
 		{"concurrent reads", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			mustSync(t, v.be, v.a)
@@ -89,7 +116,7 @@ func TestHazards(t *testing.T) {
 		{"overlapping slices", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.y.Slice(0, 6), 5))
 			ok(t, v.be.Fill(v.b, v.y.Slice(5, 5), 5))
-		}, []pair{{"fill", "fill"}}},
+		}, []hazardPair{{"fill", "fill"}}},
 		{"wait binds to the earlier record", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.Record(v.e, v.a))
@@ -97,7 +124,7 @@ func TestHazards(t *testing.T) {
 			ok(t, v.be.Scale(v.a, v.x, 3)) // after the record B waits for
 			ok(t, v.be.Record(v.e, v.a))
 			ok(t, v.be.CopyD2D(v.b, v.y, v.x))
-		}, []pair{{"copy d2d", "scale"}}},
+		}, []hazardPair{{"copy d2d", "scale"}}},
 		{"host synchronize orders streams", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			mustSync(t, v.be, v.a)
@@ -106,7 +133,7 @@ func TestHazards(t *testing.T) {
 		{"host reads pinned before synchronize", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.CopyD2H(v.a, v.h, 0, v.x))
 			v.be.HostAccess("host reads h", []backend.Range{hostRange(v.h, 0, 40)}, nil)
-		}, []pair{{"host reads h", "copy d2h"}}},
+		}, []hazardPair{{"host reads h", "copy d2h"}}},
 		{"host reads pinned after synchronize", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.Fill(v.a, v.x, 5))
 			ok(t, v.be.CopyD2H(v.a, v.h, 0, v.x))
@@ -137,7 +164,7 @@ func TestHazards(t *testing.T) {
 		{"host rewrites pinned during upload", func(t *testing.T, v hazardEnv) {
 			ok(t, v.be.CopyH2D(v.a, v.y, v.h, 0))
 			v.be.HostAccess("host writes h", nil, []backend.Range{hostRange(v.h, 0, 40)})
-		}, []pair{{"host writes h", "copy h2d"}}},
+		}, []hazardPair{{"host writes h", "copy h2d"}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,26 +179,14 @@ func TestHazards(t *testing.T) {
 					x: alloc(t, be, "x", 10, backend.F32), y: alloc(t, be, "y", 10, backend.F32),
 					z: alloc(t, be, "z", 10, backend.F32), h: h, e: newEvent(t, be, "e")}
 				tc.run(t, v)
-				errA, errB := be.Synchronize(v.a), be.Synchronize(v.b)
-				got := be.Hazards()
+				errA, errB := checkHazards(t, seed, be, tc.want, v.a, v.b)
 				if tc.want == nil {
-					if errA != nil || errB != nil || len(got) > 0 {
-						t.Fatalf("seed %d: unexpected hazards %v (%v, %v)", seed, got, errA, errB)
-					}
 					for i, f := range f32View(v.y) {
 						if f != 5 {
 							t.Fatalf("seed %d: y[%d] = %v, want 5", seed, i, f)
 						}
 					}
 					continue
-				}
-				if len(got) != len(tc.want) {
-					t.Fatalf("seed %d: hazards %v, want %v", seed, got, tc.want)
-				}
-				for i, w := range tc.want {
-					if got[i].Op != w.op || got[i].Prev != w.prev {
-						t.Errorf("seed %d: hazard %v, want %q after %q", seed, got[i], w.op, w.prev)
-					}
 				}
 				for _, err := range []error{errA, errB} {
 					if err == nil || !strings.Contains(err.Error(), "hazard") ||

@@ -10,57 +10,18 @@ package cpu
 import (
 	"runtime"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/backend/backendtest"
 )
 
-// quietGoroutines is the goroutine count once it stops falling: a
-// goroutine that has signalled its end (a stream's, a test's) may still be
-// counted for a moment.
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for range 200 {
-		time.Sleep(2 * time.Millisecond)
-		m := runtime.NumGoroutine()
-		if m == n {
-			break
-		}
-		n = m
-	}
-	return n
-}
-
-// settledGoroutines waits (up to 2 s) for the goroutine count to fall to
-// want and returns the last count: goroutines that are ending may take a
-// moment, leaked ones never go.
-func settledGoroutines(want int) int {
-	n := runtime.NumGoroutine()
-	for deadline := time.Now().Add(2 * time.Second); n > want && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-		n = runtime.NumGoroutine()
-	}
-	return n
-}
-
 // wantErr fails unless err is an error saying every one of subs.
-func wantErr(t *testing.T, what string, err error, subs ...string) {
-	t.Helper()
-	if err == nil {
-		t.Errorf("%s: no error, want one saying %q", what, subs)
-		return
-	}
-	for _, s := range subs {
-		if !strings.Contains(err.Error(), s) {
-			t.Errorf("%s: %v, want it to say %q", what, err, s)
-		}
-	}
-}
+var wantErr = backendtest.WantErr
 
 func TestCloseEndsEveryGoroutine(t *testing.T) {
-	before := quietGoroutines()
+	before := backendtest.QuietGoroutines()
 	be := New(Config{})
 	for _, name := range []string{"a", "b", "c"} {
 		newStream(t, be, name)
@@ -69,7 +30,7 @@ func TestCloseEndsEveryGoroutine(t *testing.T) {
 		t.Fatalf("%d goroutines after 4 streams, %d before: the test counts nothing", runtime.NumGoroutine(), before)
 	}
 	ok(t, be.Close())
-	if n := settledGoroutines(before); n > before {
+	if n := backendtest.SettledGoroutines(before); n > before {
 		t.Errorf("%d goroutines after Close, %d before New", n, before)
 	}
 }
@@ -81,23 +42,19 @@ func TestDestroyStream(t *testing.T) {
 	h, err := be.AllocHost("h", 4)
 	ok(t, err)
 	h.Float32()[0] = 7
-	before := quietGoroutines()
+	before := backendtest.QuietGoroutines()
 	s := newStream(t, be, "doomed")
 	// Work enqueued before the destroy still runs: a slow copy, then a
 	// scale that reads what it wrote.
 	ok(t, be.CopyH2D(s, x, h, 0))
 	ok(t, be.Scale(s, x, 3))
 	ok(t, be.DestroyStream(s))
-	if n := settledGoroutines(before); n > before {
+	if n := backendtest.SettledGoroutines(before); n > before {
 		t.Errorf("%d goroutines after DestroyStream, %d before NewStream", n, before)
 	}
 	same(t, "x", get(t, be, x), []float32{21})
 	e := newEvent(t, be, "e")
-	wantErr(t, "Fill on a destroyed stream", be.Fill(s, x, 1), "doomed", "destroyed")
-	wantErr(t, "Record on a destroyed stream", be.Record(e, s), "doomed", "destroyed")
-	wantErr(t, "Synchronize of a destroyed stream", be.Synchronize(s), "destroyed")
-	wantErr(t, "second DestroyStream", be.DestroyStream(s), "destroyed")
-	wantErr(t, "DestroyStream of the default stream", be.DestroyStream(be.DefaultStream()), "default")
+	backendtest.DestroyedStreamRefused(t, be, s, "doomed", x, e)
 	mustSync(t, be, be.DefaultStream())
 }
 
@@ -118,21 +75,12 @@ func TestDestroyEvent(t *testing.T) {
 	ok(t, be.CopyD2D(b, y, x))
 	mustSync(t, be, b)
 	same(t, "y", get(t, be, y), []float32{5})
-	wantErr(t, "Record of a destroyed event", be.Record(e, a), "gone", "destroyed")
-	wantErr(t, "Wait on a destroyed event", be.Wait(b, e), "gone", "destroyed")
-	wantErr(t, "EventSynchronize of a destroyed event", be.EventSynchronize(e), "gone", "destroyed")
-	_, err = be.ElapsedTime(e, e)
-	wantErr(t, "ElapsedTime of a destroyed event", err, "gone", "destroyed")
-	wantErr(t, "second DestroyEvent", be.DestroyEvent(e), "destroyed")
+	backendtest.DestroyedEventRefused(t, be, e, "gone", a, b)
 }
 
 func TestRecordErrors(t *testing.T) {
-	be, other := newBE(t, Config{}), newBE(t, Config{})
-	s := newStream(t, be, "s")
-	e, foreign := newEvent(t, be, "mine"), newEvent(t, other, "theirs")
-	wantErr(t, "Record of another backend's event", be.Record(foreign, s), "theirs", "another backend")
-	wantErr(t, "Record on another backend's stream", be.Record(e, other.DefaultStream()), "does not belong")
-	wantErr(t, "Record of a nil event", be.Record(nil, s), "not a CPU event")
+	be := newBE(t, Config{})
+	s, e := backendtest.ForeignRecordRefused(t, be, newBE(t, Config{}), "not a CPU event")
 	ok(t, be.Record(e, s))
 	mustSync(t, be, s)
 
@@ -190,70 +138,12 @@ func TestElapsedTime(t *testing.T) {
 // makes it (Free, which returns nothing, reports at the next Synchronize);
 // the calls any goroutine may make pass.
 func TestDeviceGoroutineRule(t *testing.T) {
-	be := newBE(t, Config{HazardCheck: true})
-	s := newStream(t, be, "s")
-	x := alloc(t, be, "x", 4, backend.F32)
-	freed := alloc(t, be, "freed", 4, backend.F32)
-	h, err := be.AllocHost("h", 16)
-	ok(t, err)
-	e := newEvent(t, be, "e")
-	ok(t, backend.Upload(be, s, x, []float32{1, 1, 1, 1})) // the staging buffer exists now
-	ok(t, be.Record(e, s))
-	ok(t, be.EventSynchronize(e)) // so that ElapsedTime below has completed records
-
-	off := func(f func() error) error {
-		done := make(chan error, 1)
-		go func() { done <- f() }()
-		return <-done
-	}
-	// Allowed anywhere: host waits, timing, counters, host buffer views.
-	for name, f := range map[string]func() error{
-		"EventSynchronize": func() error { return be.EventSynchronize(e) },
-		"ElapsedTime":      func() error { _, err := be.ElapsedTime(e, e); return err },
-		"MemStats, Traffic, DefaultStream, Staging, views": func() error {
-			_, _, _, _ = be.MemStats(), be.Traffic(), be.DefaultStream(), be.Staging()
-			h.Float32()[0] = 1
-			return nil
-		},
-	} {
-		if err := off(f); err != nil {
-			t.Errorf("%s off the device goroutine: %v", name, err)
-		}
-	}
-	if v := be.ThreadViolations(); len(v) > 0 {
-		t.Fatalf("allowed calls reported: %v", v)
-	}
-	for _, tc := range []struct {
-		method string
-		call   func() error
-	}{
-		{"Fill", func() error { return be.Fill(s, x, 2) }},
-		{"Alloc", func() error { _, err := be.Alloc("y", 1, backend.F32); return err }},
-		{"AllocHost", func() error { _, err := be.AllocHost("y", 1); return err }},
-		{"NewStream", func() error { _, err := be.NewStream("t"); return err }},
-		{"NewEvent", func() error { _, err := be.NewEvent("f"); return err }},
-		{"Record", func() error { return be.Record(e, s) }},
-		{"Wait", func() error { return be.Wait(s, e) }},
-		{"Synchronize", func() error { return be.Synchronize(s) }},
-		{"DestroyStream", func() error { return be.DestroyStream(s) }},
-		{"DestroyEvent", func() error { return be.DestroyEvent(e) }},
-		{"CopyH2D", func() error { return backend.Upload(be, s, x, []float32{1, 2, 3, 4}) }},
-		{"Close", func() error { return be.Close() }},
-	} {
-		wantErr(t, tc.method+" off the device goroutine", off(tc.call), tc.method+" called on goroutine", "device goroutine")
-	}
-	_ = off(func() error { be.Free(freed); return nil })
-	// Every violation is kept, and the device's next Synchronize fails.
-	v := be.ThreadViolations()
-	if len(v) != 13 || !strings.Contains(v[12].Error(), "Free called on goroutine") {
-		t.Errorf("%d violations kept, last %v; want 13, the last naming Free", len(v), v[len(v)-1])
-	}
-	wantErr(t, "Synchronize after violations", be.Synchronize(s), "off the device goroutine")
+	backendtest.DeviceGoroutineRule(t, newBE(t, Config{HazardCheck: true}))
 
 	// Without hazard mode nothing is checked.
 	plain := newBE(t, Config{})
 	y := alloc(t, plain, "y", 1, backend.F32)
-	if err := off(func() error { return plain.Fill(plain.DefaultStream(), y, 1) }); err != nil {
+	if err := backendtest.OffGoroutine(func() error { return plain.Fill(plain.DefaultStream(), y, 1) }); err != nil {
 		t.Errorf("Fill off the device goroutine without hazard mode: %v", err)
 	}
 	mustSync(t, plain, plain.DefaultStream())

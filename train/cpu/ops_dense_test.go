@@ -23,13 +23,7 @@ func denseF64(transA, transB bool, M, N, K int, alpha float64, A, B []float32) (
 	for i := range M {
 		for j := range N {
 			for k := range K {
-				a, b := A[i*K+k], B[k*N+j]
-				if transA {
-					a = A[k*M+i]
-				}
-				if transB {
-					b = B[j*K+k]
-				}
+				a, b := opAB(transA, transB, M, N, K, A, B, i, j, k)
 				p := float64(a) * float64(b)
 				v[i*N+j] += alpha * p
 				mag[i*N+j] += math.Abs(alpha * p)

@@ -653,11 +653,10 @@ func (v spHazEnv) apply(s backend.Stream) error {
 // accumulating: two hazards against an earlier fill, not one), apply reads
 // Delta and writes W and T.
 func TestSparseOpsHazards(t *testing.T) {
-	type pair struct{ op, prev string }
 	cases := []struct {
 		name  string
 		run   func(t *testing.T, v spHazEnv)
-		want  []pair // nil: no hazard, and the results are checked
+		want  []hazardPair // nil: no hazard, and the results are checked
 		check func(t *testing.T, v spHazEnv, ref spOut)
 	}{
 		{"S after compress, ordered", func(t *testing.T, v spHazEnv) {
@@ -678,23 +677,23 @@ func TestSparseOpsHazards(t *testing.T) {
 			ok(t, v.compressA(v.a))
 			ok(t, v.compressB(v.b))
 			ok(t, v.be.SparseS(v.b, v.S, v.A, v.B, v.BT, v.d, false))
-		}, []pair{{"sparse S", "sparse compress A"}}, nil},
+		}, []hazardPair{{"sparse S", "sparse compress A"}}, nil},
 		{"S accumulating reads S", func(t *testing.T, v spHazEnv) {
 			ok(t, v.be.Fill(v.a, v.S, 1))
 			ok(t, v.be.SparseS(v.b, v.S, v.A, v.B, v.BT, v.d, true))
-		}, []pair{{"sparse S", "fill"}, {"sparse S", "fill"}}, nil},
+		}, []hazardPair{{"sparse S", "fill"}, {"sparse S", "fill"}}, nil},
 		{"S overwriting only writes S", func(t *testing.T, v spHazEnv) {
 			ok(t, v.be.Fill(v.a, v.S, 1))
 			ok(t, v.be.SparseS(v.b, v.S, v.A, v.B, v.BT, v.d, false))
-		}, []pair{{"sparse S", "fill"}}, nil},
+		}, []hazardPair{{"sparse S", "fill"}}, nil},
 		{"compress reads X", func(t *testing.T, v spHazEnv) {
 			ok(t, v.be.Fill(v.a, v.X, 1))
 			ok(t, v.compressA(v.b))
-		}, []pair{{"sparse compress A", "fill"}}, nil},
+		}, []hazardPair{{"sparse compress A", "fill"}}, nil},
 		{"compress reads the column storage", func(t *testing.T, v spHazEnv) {
 			ok(t, v.be.CopyD2D(v.a, v.P.tRowidx, v.badRow))
 			ok(t, v.compressA(v.b))
-		}, []pair{{"sparse compress A", "copy d2d"}}, nil},
+		}, []hazardPair{{"sparse compress A", "copy d2d"}}, nil},
 		{"W after apply, ordered", func(t *testing.T, v spHazEnv) {
 			ok(t, v.apply(v.a))
 			ok(t, v.be.Record(v.e, v.a))
@@ -712,15 +711,15 @@ func TestSparseOpsHazards(t *testing.T) {
 		{"W after apply, no event", func(t *testing.T, v spHazEnv) {
 			ok(t, v.apply(v.a))
 			ok(t, v.be.CopyD2D(v.b, v.Wc, v.W))
-		}, []pair{{"copy d2d", "sparse apply"}}, nil},
+		}, []hazardPair{{"copy d2d", "sparse apply"}}, nil},
 		{"T after apply, no event", func(t *testing.T, v spHazEnv) {
 			ok(t, v.apply(v.a))
 			ok(t, v.be.CopyD2D(v.b, v.Tc, v.T))
-		}, []pair{{"copy d2d", "sparse apply"}}, nil},
+		}, []hazardPair{{"copy d2d", "sparse apply"}}, nil},
 		{"apply reads Delta", func(t *testing.T, v spHazEnv) {
 			ok(t, v.be.Fill(v.a, v.Delta, 0))
 			ok(t, v.apply(v.b))
-		}, []pair{{"sparse apply", "fill"}}, nil},
+		}, []hazardPair{{"sparse apply", "fill"}}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -742,22 +741,9 @@ func TestSparseOpsHazards(t *testing.T) {
 					poison(t, be) // nothing runs: the checker works at enqueue
 				}
 				tc.run(t, v)
-				errA, errB := be.Synchronize(v.a), be.Synchronize(v.b)
-				got := be.Hazards()
+				checkHazards(t, seed, be, tc.want, v.a, v.b)
 				if tc.want == nil {
-					if errA != nil || errB != nil || len(got) > 0 {
-						t.Fatalf("seed %d: unexpected hazards %v (%v, %v)", seed, got, errA, errB)
-					}
 					tc.check(t, v, spRef(t, in))
-					continue
-				}
-				if len(got) != len(tc.want) {
-					t.Fatalf("seed %d: hazards %v, want %v", seed, got, tc.want)
-				}
-				for i, w := range tc.want {
-					if got[i].Op != w.op || got[i].Prev != w.prev {
-						t.Errorf("seed %d: hazard %v, want %q after %q", seed, got[i], w.op, w.prev)
-					}
 				}
 			}
 		})

@@ -10,13 +10,7 @@ func gemm64(transA, transB bool, M, N, K int, alpha float64, A, B []float64, bet
 		for j := range N {
 			var s float64
 			for k := range K {
-				a, b := A[i*K+k], B[k*N+j]
-				if transA {
-					a = A[k*M+i]
-				}
-				if transB {
-					b = B[j*K+k]
-				}
+				a, b := opAB(transA, transB, M, N, K, A, B, i, j, k)
 				s += a * b
 			}
 			out[i*N+j] = alpha * s
@@ -26,4 +20,17 @@ func gemm64(transA, transB bool, M, N, K int, alpha float64, A, B []float64, bet
 		}
 	}
 	return out
+}
+
+// opAB is op(A)[i,k] and op(B)[k,j] for row-major A and B, op(A) M x K
+// and op(B) K x N, transposed where transA and transB say.
+func opAB[T float32 | float64](transA, transB bool, M, N, K int, A, B []T, i, j, k int) (a, b T) {
+	a, b = A[i*K+k], B[k*N+j]
+	if transA {
+		a = A[k*M+i]
+	}
+	if transB {
+		b = B[j*K+k]
+	}
+	return a, b
 }

@@ -202,35 +202,6 @@ func TestSparseReferenceSharedP(t *testing.T) {
 	}
 }
 
-// spApply64 is (1 - lr wd) W + P Delta Q^T in float64 (through the dense
-// T = Delta Q^T), and per element the sum of the magnitudes of its terms.
-func spApply64(W []uint16, Delta []float32, P, Q []float64, m, n, d int, lr, wd float32) (x, scale []float64) {
-	T, Ta := make([]float64, d*n), make([]float64, d*n)
-	for a := range d {
-		for j := range n {
-			for b := range d {
-				v := float64(Delta[a*d+b]) * Q[j*d+b]
-				T[a*n+j] += v
-				Ta[a*n+j] += math.Abs(v)
-			}
-		}
-	}
-	x, scale = make([]float64, m*n), make([]float64, m*n)
-	decay := 1 - float64(lr)*float64(wd)
-	for i := range m {
-		for j := range n {
-			w := decay * float64(bf16.ToFloat32(W[i*n+j]))
-			s, sa := w, math.Abs(w)
-			for a := range d {
-				s += P[i*d+a] * T[a*n+j]
-				sa += math.Abs(P[i*d+a]) * Ta[a*n+j]
-			}
-			x[i*n+j], scale[i*n+j] = s, sa
-		}
-	}
-	return x, scale
-}
-
 // bf16Ulp is the distance between consecutive bf16 values around |v|.
 func bf16Ulp(v float64) float64 {
 	if v == 0 {
@@ -261,7 +232,9 @@ func TestSparseReferenceApply(t *testing.T) {
 			Delta[k] = float32(rng.NormFloat64() * 1e-2)
 		}
 		const lr, wd = 1e-3, 0.1
-		want, scale := spApply64(W0, Delta, P, Q, sh.m, sh.n, sh.d, lr, wd)
+		w0 := make([]float32, len(W0))
+		bf16.ToFloat32Slice(w0, W0)
+		want, scale, _, _ := spApplyF64(w0, Delta, P, Q, sh.m, sh.n, sh.d, lr, wd)
 		T := make([]float32, sh.d*sh.n)
 		mean := make([]float64, sh.m*sh.n)
 		var first []uint16

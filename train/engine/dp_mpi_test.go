@@ -27,6 +27,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/commtest"
 	"github.com/lsp-offload/lsp-offload/train/comm/mpi"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/faults"
@@ -277,8 +278,7 @@ func dpRankMain(scenario string) int {
 		before := c.Stats()
 		res, err := dpRun(c, tc, c.Size(), nan)
 		if err != nil {
-			fmt.Printf("rank %d: FAIL: %s: %v\n", r, tc.name, err)
-			return 1
+			return commtest.Fail(r, "%s: %v", tc.name, err)
 		}
 		st := c.Stats().Sub(before)
 		if r == 0 && tc.tol != 0 {
@@ -287,8 +287,7 @@ func dpRankMain(scenario string) int {
 				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 			}
 			if err := os.WriteFile(filepath.Join(os.Getenv(dpOutEnv), tc.name), b, 0o644); err != nil {
-				fmt.Printf("rank %d: FAIL: %v\n", r, err)
-				return 1
+				return commtest.Fail(r, "%v", err)
 			}
 		}
 		fmt.Printf("rank %d %s: params %s state %s skipped %d loss %x allreduce %d elems %d sent %d sharded %d rs %d\n",
@@ -296,8 +295,7 @@ func dpRankMain(scenario string) int {
 			st.Ops[comm.AllReduce].Calls, res.elems, st.Ops[comm.AllReduce].Sent, res.sharded, st.Ops[comm.ReduceScatter].Sent)
 	}
 	if err := c.Close(); err != nil {
-		fmt.Printf("rank %d: FAIL: Close: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "Close: %v", err)
 	}
 	return 0
 }

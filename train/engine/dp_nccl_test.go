@@ -22,6 +22,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/commtest"
 )
 
 func init() { deviceRankMain = ncclRankMain }
@@ -79,15 +80,13 @@ func ncclRankMain(scenario string) int {
 		before := c.Stats()
 		host, err := dpRunOn(cudaRanks(nil), c, tc, c.Size(), nan)
 		if err != nil {
-			fmt.Printf("rank %d: FAIL: %s on the host: %v\n", r, tc.name, err)
-			return 1
+			return commtest.Fail(r, "%s on the host: %v", tc.name, err)
 		}
 		mid := c.Stats()
 		var nccl comm.Stats
 		dev, err := dpRunOn(cudaRanks(&nccl), c, tc, c.Size(), nan)
 		if err != nil {
-			fmt.Printf("rank %d: FAIL: %s on the device: %v\n", r, tc.name, err)
-			return 1
+			return commtest.Fail(r, "%s on the device: %v", tc.name, err)
 		}
 		hostMPI, devMPI := mid.Sub(before), c.Stats().Sub(mid)
 		fmt.Printf("rank %d %s: host params %s state %s skipped %d loss %x mpi %d | device params %s state %s skipped %d loss %x mpi %d nccl %d calls %d | elems %d\n",
@@ -96,8 +95,7 @@ func ncclRankMain(scenario string) int {
 			nccl.Ops[comm.AllReduce].Sent, nccl.Ops[comm.AllReduce].Calls, dev.elems)
 	}
 	if err := c.Close(); err != nil {
-		fmt.Printf("rank %d: FAIL: Close: %v\n", r, err)
-		return 1
+		return commtest.Fail(r, "Close: %v", err)
 	}
 	return 0
 }

@@ -253,6 +253,25 @@ func hazardConfig(seed uint64) cpu.Config {
 	return cpu.Config{Threads: 2, HazardCheck: true, MaxDelay: 200 * time.Microsecond, Seed: seed}
 }
 
+// namedConfig is a configuration under test, named for its subtest.
+type namedConfig struct {
+	name string
+	cfg  Config
+}
+
+// pipelinedModes are the modes whose steps run pipelined, each named:
+// native, zero, and LSP with the dense parameters on the device and on
+// the host.
+func pipelinedModes() []namedConfig {
+	lspHost := testConfig(LSP)
+	lspHost.DenseParams = DenseHost
+	modes := []namedConfig{{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)}, {"lsp-host", lspHost}}
+	for i := range modes {
+		modes[i].cfg.Pipelined = true
+	}
+	return modes
+}
+
 // modeCase is one mode under test: its configuration and dtype.
 type modeCase = struct {
 	name string

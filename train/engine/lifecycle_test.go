@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/backend/backendtest"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/gpt2"
 )
@@ -16,13 +16,7 @@ import (
 // gradient norm, the dense Adam's norms and the projector checks with
 // their refits all go through buffers allocated before.
 func TestNoHostAllocsPerStep(t *testing.T) {
-	lspHost := testConfig(LSP)
-	lspHost.DenseParams = DenseHost
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-	}{{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp-device", testConfig(LSP)}, {"lsp-host", lspHost}} {
-		tc.cfg.Pipelined = true
+	for _, tc := range pipelinedModes() {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := newTrainer(t, tc.cfg, backend.BF16, 2, cpu.Config{Threads: 2})
 			step := func(i int) {
@@ -52,21 +46,6 @@ func TestNoHostAllocsPerStep(t *testing.T) {
 	}
 }
 
-// quietGoroutines is the goroutine count once it stops falling: a
-// goroutine that has signalled its end may still be counted for a moment.
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for range 200 {
-		time.Sleep(2 * time.Millisecond)
-		m := runtime.NumGoroutine()
-		if m == n {
-			break
-		}
-		n = m
-	}
-	return n
-}
-
 // TestFreeEndsGoroutines: an engine's streams, events and host workers end
 // with Free; nothing it started outlives it.
 func TestFreeEndsGoroutines(t *testing.T) {
@@ -75,7 +54,7 @@ func TestFreeEndsGoroutines(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/pipelined=%v", mode, pipelined), func(t *testing.T) {
 				be := cpu.New(cpu.Config{Threads: 2})
 				defer be.Close()
-				before := quietGoroutines()
+				before := backendtest.QuietGoroutines()
 				cfg := testConfig(mode)
 				cfg.Pipelined = pipelined
 				e, err := New(be, small, testB, testT, 1, backend.F32, cfg)
@@ -97,11 +76,7 @@ func TestFreeEndsGoroutines(t *testing.T) {
 				if err := e.Free(); err != nil {
 					t.Fatalf("Free: %v", err)
 				}
-				n := runtime.NumGoroutine()
-				for deadline := time.Now().Add(2 * time.Second); n > before && time.Now().Before(deadline); n = runtime.NumGoroutine() {
-					time.Sleep(5 * time.Millisecond)
-				}
-				if n > before {
+				if n := backendtest.SettledGoroutines(before); n > before {
 					t.Errorf("%d goroutines after Free, %d before New", n, before)
 				}
 				if in := be.MemStats().InUse; in != 0 {

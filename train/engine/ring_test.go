@@ -8,6 +8,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/commtest"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
 	"github.com/lsp-offload/lsp-offload/train/llama"
 )
@@ -160,22 +161,10 @@ func TestRingBF16Accumulation(t *testing.T) {
 		t.Errorf("whole bf16 %.3g, ring bf16 %.3g from fp32; ring from whole %.3g: want the ring nearer fp32, both within 1e-2", ew, er, ewr)
 	}
 	for name, g := range gw {
-		if (strings.Contains(name, "wte") || strings.Contains(name, "wpe")) && !equalBits(g, gr[name]) {
+		if (strings.Contains(name, "wte") || strings.Contains(name, "wpe")) && commtest.SameBits(g, gr[name]) != nil {
 			t.Errorf("resident %s differs between ring and whole", name)
 		}
 	}
-}
-
-func equalBits(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRingSkipsNonFinite: a step whose loss is not finite leaves the

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"maps"
 	"math"
 	"strings"
 	"testing"
@@ -21,6 +22,27 @@ func (tr *trainer) runFrom(t *testing.T, first, last int) {
 		}
 		if _, err := tr.e.Step(batches(uint64(i), tr.e.accum), 1e-2); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// resume loads params and the state st into tr, a fresh engine like the
+// one they were saved from after step steps, runs it on to step last, and
+// fails unless its parameters are then straight's, bit for bit.
+func (tr *trainer) resume(t *testing.T, params []float32, st map[string][]float32, step, last int, straight *trainer) {
+	t.Helper()
+	if err := backend.Upload(tr.be, tr.be.DefaultStream(), tr.e.Model.Buffers().Params, params); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.e.LoadState(st); err != nil {
+		t.Fatal(err)
+	}
+	tr.e.SetStepCount(step)
+	tr.runFrom(t, step, last)
+	want, got := straight.params(t), tr.params(t)
+	for i := range want {
+		if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+			t.Fatalf("weight %d: straight %v, resumed %v", i, want[i], got[i])
 		}
 	}
 }
@@ -51,26 +73,10 @@ func TestStateRoundTrip(t *testing.T) {
 			// The model's parameters (lora's adapters are in the state).
 			params := a.params(t)[:small.NumParams()]
 			b := newTrainer(t, tc.cfg, tc.dt, 1, cpu.Config{Threads: 2})
-			if err := backend.Upload(b.be, b.be.DefaultStream(), b.e.Model.Buffers().Params, params); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.e.LoadState(st); err != nil {
-				t.Fatal(err)
-			}
-			b.e.SetStepCount(4)
-			b.runFrom(t, 4, 7)
-			want, got := full.params(t), b.params(t)
-			for i := range want {
-				if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
-					t.Fatalf("weight %d: straight %v, resumed %v", i, want[i], got[i])
-				}
-			}
+			b.resume(t, params, st, 4, 7, full)
 			// A missing or mis-sized array is an error naming it.
 			for name := range st {
-				bad := map[string][]float32{}
-				for k, v := range st {
-					bad[k] = v
-				}
+				bad := maps.Clone(st)
 				bad[name] = bad[name][:len(bad[name])-1]
 				if err := b.e.LoadState(bad); err == nil || !strings.Contains(err.Error(), name) {
 					t.Errorf("truncated %s: %v", name, err)

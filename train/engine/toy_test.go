@@ -11,6 +11,7 @@ package engine
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -299,14 +300,8 @@ func newToy(t *testing.T, cfg Config) *trainer {
 // TestToyModelTrains: a model the engine has never heard of trains in every
 // mode, and the plan of its memory holds.
 func TestToyModelTrains(t *testing.T) {
-	lspHost := testConfig(LSP)
-	lspHost.DenseParams = DenseHost
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-	}{{"native", testConfig(Native)}, {"zero", testConfig(Zero)}, {"lsp", testConfig(LSP)}, {"lsp-host", lspHost}} {
+	for _, tc := range pipelinedModes() {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.cfg.Pipelined = true
 			tr := newToy(t, tc.cfg)
 			losses := tr.run(t, 80)
 			mean := func(v []float64) float64 {
@@ -415,25 +410,9 @@ func TestToySharedInputResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newToy(t, cfg)
-	if err := backend.Upload(b.be, b.be.DefaultStream(), b.e.Model.Buffers().Params, a.params(t)); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.e.LoadState(st); err != nil {
-		t.Fatal(err)
-	}
-	b.e.SetStepCount(3)
-	b.runFrom(t, 3, 5)
-	want, got := full.params(t), b.params(t)
-	for i := range want {
-		if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
-			t.Fatalf("weight %d: straight %v, resumed %v", i, want[i], got[i])
-		}
-	}
+	b.resume(t, a.params(t), st, 3, 5, full)
 	// A copy of the shared P that disagrees is refused.
-	bad := map[string][]float32{}
-	for k, v := range st {
-		bad[k] = v
-	}
+	bad := maps.Clone(st)
 	name := "lsp.block.0.w2.p_val"
 	bad[name] = append([]float32(nil), st[name]...)
 	bad[name][0]++

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"regexp"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/internal/mpitest"
 	"github.com/lsp-offload/lsp-offload/train/comm"
+	"github.com/lsp-offload/lsp-offload/train/comm/commtest"
 )
 
 const (
@@ -60,14 +60,12 @@ func rankMain() int {
 	case "collectives":
 		n, err := checkCollectives(c)
 		if err != nil {
-			fmt.Printf("rank %d: FAIL: %v\n", r, err)
-			return 1
+			return commtest.Fail(r, "%v", err)
 		}
 		if err := c.Close(); err != nil {
-			fmt.Printf("rank %d: FAIL: Close: %v\n", r, err)
-			return 1
+			return commtest.Fail(r, "Close: %v", err)
 		}
-		fmt.Printf("rank %d of %d: %d checks passed\n", r, c.Size(), n)
+		commtest.PrintPassed(r, c.Size(), n)
 		return 0
 	case "kill", "killidle":
 		// A survivor that has printed stays until mpirun's SIGKILL: one
@@ -107,8 +105,7 @@ func rankMain() int {
 				return survive()
 			}
 		}
-		fmt.Printf("rank %d: FAIL: still running after 90 s\n", r)
-		return 1
+		return commtest.Fail(r, "still running after 90 s")
 	case "stall":
 		if r != 1 {
 			// What the stuck collective waits for, from another
@@ -136,26 +133,22 @@ func rankMain() int {
 			}
 			var lost *LostError
 			if !errors.As(err, &lost) {
-				fmt.Printf("rank %d: FAIL: not a LostError: %v\n", r, err)
-				return 1
+				return commtest.Fail(r, "not a LostError: %v", err)
 			}
 			fmt.Printf("rank %d: error: %v\n", r, err)
 			fmt.Printf("rank %d: LostError.Ranks %v\n", r, lost.Ranks)
 			if err2 := c.Barrier(); err2 != err {
-				fmt.Printf("rank %d: FAIL: Barrier after the error: %v, want the same error\n", r, err2)
-				return 1
+				return commtest.Fail(r, "Barrier after the error: %v, want the same error", err2)
 			}
 			if err2 := c.Close(); err2 != err {
-				fmt.Printf("rank %d: FAIL: Close after the error: %v, want the same error\n", r, err2)
-				return 1
+				return commtest.Fail(r, "Close after the error: %v, want the same error", err2)
 			}
 			return 3
 		}
 	case "mismatch":
 		err := c.AllReduceSum(make([]float32, 5+r))
 		if err == nil {
-			fmt.Printf("rank %d: FAIL: no error\n", r)
-			return 1
+			return commtest.Fail(r, "no error")
 		}
 		fmt.Printf("rank %d: error: %v\n", r, err)
 		return 3
@@ -169,8 +162,7 @@ func rankMain() int {
 			t0 := time.Now()
 			for i := 0; i < reps; i++ {
 				if err := c.AllReduceSum(x); err != nil {
-					fmt.Printf("rank %d: FAIL: %v\n", r, err)
-					return 1
+					return commtest.Fail(r, "%v", err)
 				}
 			}
 			el := time.Since(t0) / time.Duration(reps)
@@ -196,8 +188,7 @@ func killIdle(c comm.Communicator, survive func() int) int {
 	x := make([]float32, 1000)
 	for i := 0; i < 3; i++ {
 		if err := c.AllReduceSum(x); err != nil {
-			fmt.Printf("rank %d: FAIL: %v\n", r, err)
-			return 1
+			return commtest.Fail(r, "%v", err)
 		}
 	}
 	if r == 1 {
@@ -207,8 +198,7 @@ func killIdle(c comm.Communicator, survive func() int) int {
 	select {
 	case <-sig:
 	case <-time.After(90 * time.Second):
-		fmt.Printf("rank %d: FAIL: no SIGTERM in 90 s\n", r)
-		return 1
+		return commtest.Fail(r, "no SIGTERM in 90 s")
 	}
 	err := c.(*Comm).Lost()
 	fmt.Printf("rank %d: SIGTERM: Lost: %v\n", r, err)
@@ -217,29 +207,6 @@ func killIdle(c comm.Communicator, survive func() int) int {
 		fmt.Printf("rank %d: LostError.Ranks %v, Ended %v\n", r, lost.Ranks, lost.Ended)
 	}
 	return survive()
-}
-
-// input is rank r's buffer of n elements in case k: values whose exponents
-// spread over 2^-20..2^20, so that the order of a sum changes its bits.
-func input(r, n, k int) []float32 {
-	rng := rand.New(rand.NewPCG(uint64(r), uint64(n)<<8|uint64(k)))
-	x := make([]float32, n)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(41)-20))
-	}
-	return x
-}
-
-func sameBits(a, b []float32) error {
-	if len(a) != len(b) {
-		return fmt.Errorf("%d elements, want %d", len(a), len(b))
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return fmt.Errorf("element %d is %v (%#08x), want %v (%#08x)", i, a[i], math.Float32bits(a[i]), b[i], math.Float32bits(b[i]))
-		}
-	}
-	return nil
 }
 
 // checkCollectives runs every collective on ragged sizes against the same
@@ -252,7 +219,7 @@ func checkCollectives(c comm.Communicator) (int, error) {
 	run := func(what string, n, k int) error {
 		parts := make([][]float32, size)
 		for r := range parts {
-			parts[r] = input(r, n, k)
+			parts[r] = commtest.Input(r, n, k)
 		}
 		want := make([]float32, n)
 		if err := comm.SumInRankOrder(want, parts...); err != nil {
@@ -272,7 +239,7 @@ func checkCollectives(c comm.Communicator) (int, error) {
 		if err := c.AllReduceSum(x); err != nil {
 			return fmt.Errorf("%s AllReduceSum(%d): %w", what, n, err)
 		}
-		if err := sameBits(x, want); err != nil {
+		if err := commtest.SameBits(x, want); err != nil {
 			return fmt.Errorf("%s AllReduceSum(%d): %v", what, n, err)
 		}
 		d := c.Stats().Sub(before)
@@ -290,10 +257,10 @@ func checkCollectives(c comm.Communicator) (int, error) {
 		if err := c.ReduceScatterSum(shard, x); err != nil {
 			return fmt.Errorf("%s ReduceScatterSum(%d): %w", what, n, err)
 		}
-		if err := sameBits(shard, want[lo:hi]); err != nil {
+		if err := commtest.SameBits(shard, want[lo:hi]); err != nil {
 			return fmt.Errorf("%s ReduceScatterSum(%d): %v", what, n, err)
 		}
-		if err := sameBits(x, parts[rank]); err != nil {
+		if err := commtest.SameBits(x, parts[rank]); err != nil {
 			return fmt.Errorf("%s ReduceScatterSum(%d) changed x: %v", what, n, err)
 		}
 		d = c.Stats().Sub(before)
@@ -314,7 +281,7 @@ func checkCollectives(c comm.Communicator) (int, error) {
 		if err := c.AllGather(y, parts[rank][lo:hi]); err != nil {
 			return fmt.Errorf("%s AllGather(%d): %w", what, n, err)
 		}
-		if err := sameBits(y, gathered); err != nil {
+		if err := commtest.SameBits(y, gathered); err != nil {
 			return fmt.Errorf("%s AllGather(%d): %v", what, n, err)
 		}
 		d = c.Stats().Sub(before)
@@ -326,7 +293,7 @@ func checkCollectives(c comm.Communicator) (int, error) {
 		if err := c.AllGather(y, y[lo:hi]); err != nil {
 			return fmt.Errorf("%s AllGather(%d) in place: %w", what, n, err)
 		}
-		if err := sameBits(y, gathered); err != nil {
+		if err := commtest.SameBits(y, gathered); err != nil {
 			return fmt.Errorf("%s AllGather(%d) in place: %v", what, n, err)
 		}
 		checks += 3
@@ -385,13 +352,13 @@ func checkCollectives(c comm.Communicator) (int, error) {
 		parts := make([][]float32, size)
 		rev := make([][]float32, size)
 		for r := range parts {
-			parts[r] = input(r, 1000, 0)
+			parts[r] = commtest.Input(r, 1000, 0)
 			rev[size-1-r] = parts[r]
 		}
 		a, b := make([]float32, 1000), make([]float32, 1000)
 		comm.SumInRankOrder(a, parts...)
 		comm.SumInRankOrder(b, rev...)
-		if sameBits(a, b) == nil {
+		if commtest.SameBits(a, b) == nil {
 			return checks, fmt.Errorf("the reverse order gives the same bits: the inputs cannot tell orders apart")
 		}
 		checks++
@@ -479,11 +446,7 @@ func TestCollectives(t *testing.T) {
 		if err != nil {
 			t.Fatalf("mpirun -np %d: %v; output:\n%s", np, err, out)
 		}
-		for r := 0; r < np; r++ {
-			if !regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d of %d: \d+ checks passed$`, r, np)).MatchString(out) {
-				t.Fatalf("mpirun -np %d: rank %d did not pass; output:\n%s", np, r, out)
-			}
-		}
+		commtest.CheckPassed(t, np, out)
 		t.Logf("mpirun -np %d: %v\n%s", np, el.Round(time.Millisecond), out)
 	}
 }
@@ -533,64 +496,38 @@ func gone(t *testing.T, out string, np int, start time.Time, limit time.Duration
 // SIGKILL, a second after its SIGTERM), and the job must end non-zero
 // within 60 s.
 func TestKilledRank(t *testing.T) {
-	out, err, start := runMPI(t, 3, "kill")
-	el := time.Since(start)
-	t.Logf("mpirun -np 3 with rank 1 killed: %v, %v\n%s", el.Round(time.Millisecond), err, out)
-	if err == nil {
-		t.Fatal("mpirun exited 0")
-	}
-	if el > 60*time.Second {
-		t.Errorf("took %v, want under 60 s", el)
-	}
-	for _, r := range []int{0, 2} {
-		re := fmt.Sprintf(`(?m)^rank %d: error: comm/mpi: rank %d of 3: AllReduceSum #\d+ of 1000 elements: lost rank 1: its process ended \(pid \d+ on \S+\)$`, r, r)
-		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("no line matching %q", re)
-		}
-		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1], Ended true\n", r)) {
-			t.Errorf("rank %d: no LostError with Ranks [1], Ended", r)
-		}
-	}
-	if strings.Contains(out, "FAIL") {
-		t.Error("a rank failed")
-	}
-	gone(t, out, 3, start, 60*time.Second)
+	lostRank(t, "kill", "with rank 1 killed", nil,
+		`(?m)^rank %[1]d: error: comm/mpi: rank %[1]d of 3: AllReduceSum #\d+ of 1000 elements: lost rank 1: its process ended \(pid \d+ on \S+\)$`,
+		"rank %d: LostError.Ranks [1], Ended true\n")
 }
 
 // TestKilledRankIdle kills rank 1 of 3 while the others are between
 // collectives: on mpirun's SIGTERM, Lost must name rank 1 at once.
 func TestKilledRankIdle(t *testing.T) {
-	out, err, start := runMPI(t, 3, "killidle")
-	el := time.Since(start)
-	t.Logf("mpirun -np 3 with rank 1 killed between collectives: %v, %v\n%s", el.Round(time.Millisecond), err, out)
-	if err == nil {
-		t.Fatal("mpirun exited 0")
-	}
-	if el > 60*time.Second {
-		t.Errorf("took %v, want under 60 s", el)
-	}
-	for _, r := range []int{0, 2} {
-		re := fmt.Sprintf(`(?m)^rank %d: SIGTERM: Lost: comm/mpi: rank %d of 3: lost rank 1: its process ended \(pid \d+ on \S+\)$`, r, r)
-		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("no line matching %q", re)
-		}
-		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1], Ended true\n", r)) {
-			t.Errorf("rank %d: no LostError with Ranks [1], Ended", r)
-		}
-	}
-	if strings.Contains(out, "FAIL") {
-		t.Error("a rank failed")
-	}
-	gone(t, out, 3, start, 60*time.Second)
+	lostRank(t, "killidle", "with rank 1 killed between collectives", nil,
+		`(?m)^rank %[1]d: SIGTERM: Lost: comm/mpi: rank %[1]d of 3: lost rank 1: its process ended \(pid \d+ on \S+\)$`,
+		"rank %d: LostError.Ranks [1], Ended true\n")
 }
 
 // TestStalledRank stops rank 1 of 3 from calling collectives without
 // ending it: the others must fail with an error naming rank 1 after the
 // timeout, and the job must end.
 func TestStalledRank(t *testing.T) {
-	out, err, start := runMPI(t, 3, "stall", timeoutEnv+"=2s")
+	lostRank(t, "stall", "with rank 1 stalled", []string{timeoutEnv + "=2s"},
+		`(?m)^rank %[1]d: error: comm/mpi: rank %[1]d of 3: AllReduceSum #3 of 1000 elements: lost rank 1: nothing received from rank 1`,
+		"rank %d: LostError.Ranks [1]\n", "rank %d: waiting for [1] in AllReduceSum #3 of 1000 elements\n")
+}
+
+// lostRank runs scenario on 3 ranks, in which rank 1 is lost (how says
+// how, for the log): mpirun must exit non-zero within 60 s; ranks 0 and 2
+// must each print a line matching lineRE and every one of lines (both
+// formatted with the rank), and no rank may fail; every rank's process
+// must end.
+func lostRank(t *testing.T, scenario, how string, env []string, lineRE string, lines ...string) {
+	t.Helper()
+	out, err, start := runMPI(t, 3, scenario, env...)
 	el := time.Since(start)
-	t.Logf("mpirun -np 3 with rank 1 stalled: %v, %v\n%s", el.Round(time.Millisecond), err, out)
+	t.Logf("mpirun -np 3 %s: %v, %v\n%s", how, el.Round(time.Millisecond), err, out)
 	if err == nil {
 		t.Fatal("mpirun exited 0")
 	}
@@ -598,15 +535,14 @@ func TestStalledRank(t *testing.T) {
 		t.Errorf("took %v, want under 60 s", el)
 	}
 	for _, r := range []int{0, 2} {
-		re := fmt.Sprintf(`(?m)^rank %d: error: comm/mpi: rank %d of 3: AllReduceSum #3 of 1000 elements: lost rank 1: nothing received from rank 1`, r, r)
+		re := fmt.Sprintf(lineRE, r)
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("no line matching %q", re)
 		}
-		if !strings.Contains(out, fmt.Sprintf("rank %d: LostError.Ranks [1]\n", r)) {
-			t.Errorf("rank %d: LostError.Ranks is not [1]", r)
-		}
-		if line := fmt.Sprintf("rank %d: waiting for [1] in AllReduceSum #3 of 1000 elements\n", r); !strings.Contains(out, line) {
-			t.Errorf("no line %q (Waiting)", line)
+		for _, line := range lines {
+			if line := fmt.Sprintf(line, r); !strings.Contains(out, line) {
+				t.Errorf("rank %d: no line %q", r, line)
+			}
 		}
 	}
 	if strings.Contains(out, "FAIL") {
