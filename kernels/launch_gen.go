@@ -6,230 +6,190 @@
 package kernels
 
 /*
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include "kernels.h"
+#include "lspgo.h"
 
-// lspgo_ret is a launch's result: the CUDA error and, in simulator builds,
-// a malloc'd copy of the simulator's message (NULL when there is none).
-typedef struct {
-	int code;
-	char* msg;
-} lspgo_ret;
-
-// lspgo_begin clears the calling thread's last CUDA error (and the
-// simulator's message), which an earlier call on this OS thread may have
-// left, so that what the launcher returns is its own.
-static void lspgo_begin(void) {
-	(void)cudaGetLastError();
-#ifdef LSP_SIM
-	lsp_sim_clear_message();
-#endif
-}
-
-// lspgo_end completes a launch on the thread that made it: with sync it
-// waits for the device and takes the kernel's run-time error as the
-// launch's; it copies the simulator's message of a failure before any
-// other launch on this thread can replace it.
-static lspgo_ret lspgo_end(cudaError_t e, int sync) {
-	lspgo_ret r;
-	r.code = (int)e;
-	r.msg = NULL;
-	if (r.code == 0 && sync) {
-		r.code = (int)cudaDeviceSynchronize();
-		if (r.code == 0) r.code = (int)cudaGetLastError();
-	}
-#ifdef LSP_SIM
-	if (r.code != 0) {
-		const char* m = lsp_sim_last_message();
-		if (m != NULL && m[0] != 0) r.msg = strdup(m);
-	}
-#endif
-	return r;
-}
-
-static lspgo_ret lspgo_lsp_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, uintptr_t A, long long strideA, uintptr_t B, long long strideB, float beta, uintptr_t C, int c_is_bf16, long long strideC, int batch, uintptr_t bias, int gelu, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_gemm_bf16(bool transA, bool transB, int M, int N, int K, float alpha, uintptr_t A, long long strideA, uintptr_t B, long long strideB, float beta, uintptr_t C, int c_is_bf16, long long strideC, int batch, uintptr_t bias, bool gelu, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_gemm_bf16(transA, transB, M, N, K, alpha, (const __nv_bfloat16*)A, strideA, (const __nv_bfloat16*)B, strideB, beta, (void*)C, c_is_bf16, strideC, batch, (const __nv_bfloat16*)bias, gelu, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_gemm_q(int transW, int M, int N, int K, float alpha, uintptr_t A, int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, float beta, uintptr_t C, int c_is_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_gemm_q(bool transW, int M, int N, int K, float alpha, uintptr_t A, int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, float beta, uintptr_t C, int c_is_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_gemm_q(transW, M, N, K, alpha, (const __nv_bfloat16*)A, format, (const unsigned char*)codes, (const unsigned char*)absmax, (const float*)scale, (const float*)book, beta, (void*)C, c_is_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, uintptr_t pos, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_forward(uintptr_t out, uintptr_t lse, uintptr_t qkv, uintptr_t pos, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_attention_forward((__nv_bfloat16*)out, (float*)lse, (const __nv_bfloat16*)qkv, (const int*)pos, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t pos, uintptr_t scratch, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_attention_backward(uintptr_t dqkv, uintptr_t dout, uintptr_t qkv, uintptr_t out, uintptr_t lse, uintptr_t pos, uintptr_t scratch, int B, int T, int NH, int KVH, int HS, int layout, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_attention_backward((__nv_bfloat16*)dqkv, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, (const __nv_bfloat16*)out, (const float*)lse, (const int*)pos, (float*)scratch, B, T, NH, KVH, HS, layout, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_compress_a(uintptr_t A, uintptr_t X, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int m, int d, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_compress_a(uintptr_t A, uintptr_t X, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int m, int d, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_compress_a((float*)A, (const void*)X, (const int*)colptr, (const int*)rowidx, (const float*)colval, BT, m, d, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_compress_b(uintptr_t B, uintptr_t dY, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int n, int d, int dy_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_compress_b(uintptr_t B, uintptr_t dY, uintptr_t colptr, uintptr_t rowidx, uintptr_t colval, int BT, int n, int d, int dy_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_compress_b((float*)B, (const void*)dY, (const int*)colptr, (const int*)rowidx, (const float*)colval, BT, n, d, dy_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_s(uintptr_t S, uintptr_t A, uintptr_t B, int BT, int d, int accumulate, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_s(uintptr_t S, uintptr_t A, uintptr_t B, int BT, int d, bool accumulate, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_s((float*)S, (const float*)A, (const float*)B, BT, d, accumulate, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delta, uintptr_t pidx, uintptr_t pval, uintptr_t qidx, uintptr_t qval, uintptr_t skip, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_apply(uintptr_t W, uintptr_t T, uintptr_t Delta, uintptr_t pidx, uintptr_t pval, uintptr_t qidx, uintptr_t qval, uintptr_t skip, int m, int n, int d, int r, float lr, float wd, unsigned long long seed, unsigned long long step, unsigned int matrix, int w_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_apply((void*)W, (float*)T, (const float*)Delta, (const int*)pidx, (const float*)pval, (const int*)qidx, (const float*)qval, (const float*)skip, m, n, d, r, lr, wd, seed, step, matrix, w_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_dense_gemm(int transA, int transB, int M, int N, int K, float alpha, uintptr_t A, int a_bf16, uintptr_t B, int b_bf16, float beta, uintptr_t C, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_dense_gemm(bool transA, bool transB, int M, int N, int K, float alpha, uintptr_t A, int a_bf16, uintptr_t B, int b_bf16, float beta, uintptr_t C, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_dense_gemm(transA, transB, M, N, K, alpha, (const void*)A, a_bf16, (const void*)B, b_bf16, beta, (float*)C, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_dense_apply(int transA, int transB, int M, int N, int K, float alpha, uintptr_t A, uintptr_t B, float decay, uintptr_t W, int w_bf16, uintptr_t skip, unsigned long long seed, unsigned long long step, unsigned int matrix, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_dense_apply(bool transA, bool transB, int M, int N, int K, float alpha, uintptr_t A, uintptr_t B, float decay, uintptr_t W, int w_bf16, uintptr_t skip, unsigned long long seed, unsigned long long step, unsigned int matrix, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_dense_apply(transA, transB, M, N, K, alpha, (const float*)A, (const float*)B, decay, (void*)W, w_bf16, (const float*)skip, seed, step, matrix, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sparse_value_grad(uintptr_t out, uintptr_t Y, uintptr_t M, uintptr_t K, uintptr_t idx, uintptr_t val, int rows, int d, int r, float w, int trans, int accumulate, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sparse_value_grad(uintptr_t out, uintptr_t Y, uintptr_t M, uintptr_t K, uintptr_t idx, uintptr_t val, int rows, int d, int r, float w, bool trans, bool accumulate, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sparse_value_grad((float*)out, (const float*)Y, (const float*)M, (const float*)K, (const int*)idx, (const float*)val, rows, d, r, w, trans, accumulate, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_layernorm_forward(uintptr_t out, uintptr_t mean, uintptr_t rstd, uintptr_t inp, uintptr_t weight, uintptr_t bias, int N, int C, float eps, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_layernorm_forward(uintptr_t out, uintptr_t mean, uintptr_t rstd, uintptr_t inp, uintptr_t weight, uintptr_t bias, int N, int C, float eps, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_layernorm_forward((void*)out, (float*)mean, (float*)rstd, (const void*)inp, (const void*)weight, (const void*)bias, N, C, eps, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_layernorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dbias, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t mean, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_layernorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dbias, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t mean, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_layernorm_backward((void*)dinp, (void*)dweight, (void*)dbias, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)mean, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rmsnorm_forward(uintptr_t out, uintptr_t rstd, uintptr_t inp, uintptr_t weight, int N, int C, float eps, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rmsnorm_forward(uintptr_t out, uintptr_t rstd, uintptr_t inp, uintptr_t weight, int N, int C, float eps, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_rmsnorm_forward((void*)out, (float*)rstd, (const void*)inp, (const void*)weight, N, C, eps, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rmsnorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rmsnorm_backward(uintptr_t dinp, uintptr_t dweight, uintptr_t dout, uintptr_t inp, uintptr_t weight, uintptr_t rstd, uintptr_t scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_rmsnorm_backward((void*)dinp, (void*)dweight, (const void*)dout, (const void*)inp, (const void*)weight, (const float*)rstd, (float*)scratch, N, C, x_bf16, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_gelu_forward(uintptr_t out, uintptr_t inp, long long n, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_gelu_forward(uintptr_t out, uintptr_t inp, long long n, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_gelu_forward((void*)out, (const void*)inp, n, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_gelu_backward(uintptr_t dinp, uintptr_t inp, uintptr_t dout, long long n, int x_bf16, int g_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_gelu_backward(uintptr_t dinp, uintptr_t inp, uintptr_t dout, long long n, int x_bf16, int g_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_gelu_backward((void*)dinp, (const void*)inp, (const void*)dout, n, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_swiglu_forward(uintptr_t out, uintptr_t gate, uintptr_t up, long long n, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_swiglu_forward(uintptr_t out, uintptr_t gate, uintptr_t up, long long n, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_swiglu_forward((void*)out, (const void*)gate, (const void*)up, n, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_swiglu_backward(uintptr_t dgate, uintptr_t dup, uintptr_t dout, uintptr_t gate, uintptr_t up, long long n, int x_bf16, int g_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_swiglu_backward(uintptr_t dgate, uintptr_t dup, uintptr_t dout, uintptr_t gate, uintptr_t up, long long n, int x_bf16, int g_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_swiglu_backward((void*)dgate, (void*)dup, (const void*)dout, (const void*)gate, (const void*)up, n, x_bf16, g_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_rope_forward((void*)out, (const void*)inp, (const int*)pos, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_rope_backward(uintptr_t dinp, uintptr_t dout, uintptr_t pos, uintptr_t inv_freq, int B, int T, int NH, int HS, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_rope_backward((void*)dinp, (const void*)dout, (const int*)pos, (const float*)inv_freq, B, T, NH, HS, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t wte, uintptr_t wpe, int B, int T, int C, int V, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_encoder_forward(uintptr_t out, uintptr_t inp, uintptr_t pos, uintptr_t wte, uintptr_t wpe, int B, int T, int C, int V, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_encoder_forward((void*)out, (const int*)inp, (const int*)pos, (const void*)wte, (const void*)wpe, B, T, C, V, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, uintptr_t pos, int B, int T, int C, int V, int g_bf16, int dw_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_encoder_backward(uintptr_t dwte, uintptr_t dwpe, uintptr_t dout, uintptr_t inp, uintptr_t pos, int B, int T, int C, int V, int g_bf16, int dw_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_encoder_backward((void*)dwte, (void*)dwpe, (const void*)dout, (const int*)inp, (const int*)pos, B, T, C, V, g_bf16, dw_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_cross_entropy_forward_backward(uintptr_t losses, uintptr_t logits, uintptr_t targets, int N, int V, float scale, int x_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_cross_entropy_forward_backward(uintptr_t losses, uintptr_t logits, uintptr_t targets, int N, int V, float scale, int x_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_cross_entropy_forward_backward((float*)losses, (void*)logits, (const int*)targets, N, V, scale, x_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_adamw(uintptr_t param, int param_bf16, uintptr_t master, uintptr_t grad, int grad_bf16, uintptr_t m, uintptr_t v, uintptr_t sum_sq, uintptr_t skip, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_adamw(uintptr_t param, int param_bf16, uintptr_t master, uintptr_t grad, int grad_bf16, uintptr_t m, uintptr_t v, uintptr_t sum_sq, uintptr_t skip, long long n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, float max_norm, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_adamw((void*)param, param_bf16, (float*)master, (const void*)grad, grad_bf16, (float*)m, (float*)v, (const float*)sum_sq, (const float*)skip, n, lr, beta1, beta2, eps, weight_decay, step, max_norm, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_non_finite_flag(uintptr_t flag, uintptr_t x, long long n, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_non_finite_flag(uintptr_t flag, uintptr_t x, long long n, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_non_finite_flag((float*)flag, (const float*)x, n, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_cast_f32_to_bf16(uintptr_t out, uintptr_t in, long long n, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_cast_f32_to_bf16(uintptr_t out, uintptr_t in, long long n, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_cast_f32_to_bf16((__nv_bfloat16*)out, (const float*)in, n, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_cast_bf16_to_f32(uintptr_t out, uintptr_t in, long long n, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_cast_bf16_to_f32(uintptr_t out, uintptr_t in, long long n, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_cast_bf16_to_f32((float*)out, (const __nv_bfloat16*)in, n, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_stochastic_round_bf16(uintptr_t out, uintptr_t in, long long n, unsigned long long seed, unsigned long long step, unsigned int matrix, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_stochastic_round_bf16(uintptr_t out, uintptr_t in, long long n, unsigned long long seed, unsigned long long step, unsigned int matrix, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_stochastic_round_bf16((__nv_bfloat16*)out, (const float*)in, n, seed, step, matrix, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_sum_squares(uintptr_t out, uintptr_t x, int x_bf16, long long n, uintptr_t work, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_sum_squares(uintptr_t out, uintptr_t x, int x_bf16, long long n, uintptr_t work, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_sum_squares((float*)out, (const void*)x, x_bf16, n, (double*)work, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_fill(uintptr_t t, float v, long long n, int t_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_fill(uintptr_t t, float v, long long n, int t_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_fill((void*)t, v, n, t_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_scale(uintptr_t t, float a, long long n, int t_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_scale(uintptr_t t, float a, long long n, int t_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_scale((void*)t, a, n, t_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_add(uintptr_t out, uintptr_t a, uintptr_t b, long long n, int out_bf16, int a_bf16, int b_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_add(uintptr_t out, uintptr_t a, uintptr_t b, long long n, int out_bf16, int a_bf16, int b_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_add((void*)out, (const void*)a, (const void*)b, n, out_bf16, a_bf16, b_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_accumulate(uintptr_t dst, uintptr_t src, long long n, int dst_bf16, int src_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_accumulate(uintptr_t dst, uintptr_t src, long long n, int dst_bf16, int src_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_accumulate((void*)dst, (const void*)src, n, dst_bf16, src_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_add_bias(uintptr_t out, uintptr_t bias, int N, int OC, int out_bf16, int bias_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_add_bias(uintptr_t out, uintptr_t bias, int N, int OC, int out_bf16, int bias_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_add_bias((void*)out, (const void*)bias, N, OC, out_bf16, bias_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_bias_backward(uintptr_t dbias, uintptr_t dout, int N, int OC, int dbias_bf16, int dout_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_bias_backward(uintptr_t dbias, uintptr_t dout, int N, int OC, int dbias_bf16, int dout_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_bias_backward((void*)dbias, (const void*)dout, N, OC, dbias_bf16, dout_bf16, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_dequantize(int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, long long len, long long off, long long n, uintptr_t out, int out_bf16, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_dequantize(int format, uintptr_t codes, uintptr_t absmax, uintptr_t scale, uintptr_t book, long long len, long long off, long long n, uintptr_t out, int out_bf16, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_dequantize(format, (const unsigned char*)codes, (const unsigned char*)absmax, (const float*)scale, (const float*)book, len, off, n, (void*)out, out_bf16, (cudaStream_t)stream), lspgo_sync);
 }
@@ -237,36 +197,13 @@ static lspgo_ret lspgo_lsp_dequantize(int format, uintptr_t codes, uintptr_t abs
 import "C"
 
 import (
-	"fmt"
 	"unsafe"
 )
 
 // lspgoResult turns a shim's result into the launcher's error.
 func lspgoResult(launcher string, r C.lspgo_ret) error {
-	if r.code == 0 {
-		return nil
-	}
-	detail := ""
-	if r.msg != nil {
-		detail = C.GoString(r.msg)
-		C.free(unsafe.Pointer(r.msg))
-	}
-	return NewError(launcher, int(r.code), detail)
+	return ShimResult(launcher, int(r.code), unsafe.Pointer(r.msg))
 }
-
-// lspgoRange is the error of an integer argument a launcher cannot take.
-func lspgoRange(launcher, param string, v any, want string) error {
-	return fmt.Errorf("%s: argument %s = %v %s", launcher, param, v, want)
-}
-
-func lspgoBool(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func lspgoSync() C.int { return lspgoBool(Synchronous()) }
 
 // GemmBF16 runs lsp_gemm_bf16 (kernels.h, section gemm):
 //
@@ -281,18 +218,18 @@ func lspgoSync() C.int { return lspgoBool(Synchronous()) }
 // (tanh form) are the optional epilogue.
 func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA int64, B Ptr, strideB int64, beta float32, C_ Ptr, cIsBF16 DType, strideC int64, batch int, bias Ptr, gelu bool, stream Stream) error {
 	if int(int32(M)) != M {
-		return lspgoRange("lsp_gemm_bf16", "M", M, "does not fit in a C int")
+		return ArgError("lsp_gemm_bf16", "M", M, "does not fit in a C int")
 	}
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_gemm_bf16", "N", N, "does not fit in a C int")
+		return ArgError("lsp_gemm_bf16", "N", N, "does not fit in a C int")
 	}
 	if int(int32(K)) != K {
-		return lspgoRange("lsp_gemm_bf16", "K", K, "does not fit in a C int")
+		return ArgError("lsp_gemm_bf16", "K", K, "does not fit in a C int")
 	}
 	if int(int32(batch)) != batch {
-		return lspgoRange("lsp_gemm_bf16", "batch", batch, "does not fit in a C int")
+		return ArgError("lsp_gemm_bf16", "batch", batch, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_gemm_bf16", C.lspgo_lsp_gemm_bf16(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.longlong(strideA), C.uintptr_t(B), C.longlong(strideB), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.longlong(strideC), C.int(batch), C.uintptr_t(bias), lspgoBool(gelu), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_gemm_bf16", C.lspgo_lsp_gemm_bf16(C.bool(transA), C.bool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.longlong(strideA), C.uintptr_t(B), C.longlong(strideB), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.longlong(strideC), C.int(batch), C.uintptr_t(bias), C.bool(gelu), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // GemmQ runs lsp_gemm_q (kernels.h, section gemm):
@@ -309,18 +246,18 @@ func GemmBF16(transA, transB bool, M, N, K int, alpha float32, A Ptr, strideA in
 // c_is_bf16, __nv_bfloat16*; beta == 0 does not read C.
 func GemmQ(transW bool, M, N, K int, alpha float32, A Ptr, format int, codes, absmax, scale, book Ptr, beta float32, C_ Ptr, cIsBF16 DType, stream Stream) error {
 	if int(int32(M)) != M {
-		return lspgoRange("lsp_gemm_q", "M", M, "does not fit in a C int")
+		return ArgError("lsp_gemm_q", "M", M, "does not fit in a C int")
 	}
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_gemm_q", "N", N, "does not fit in a C int")
+		return ArgError("lsp_gemm_q", "N", N, "does not fit in a C int")
 	}
 	if int(int32(K)) != K {
-		return lspgoRange("lsp_gemm_q", "K", K, "does not fit in a C int")
+		return ArgError("lsp_gemm_q", "K", K, "does not fit in a C int")
 	}
 	if int(int32(format)) != format {
-		return lspgoRange("lsp_gemm_q", "format", format, "does not fit in a C int")
+		return ArgError("lsp_gemm_q", "format", format, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_gemm_q", C.lspgo_lsp_gemm_q(lspgoBool(transW), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_gemm_q", C.lspgo_lsp_gemm_q(C.bool(transW), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.float(beta), C.uintptr_t(C_), C.int(cIsBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // AttentionForward runs lsp_attention_forward (kernels.h, section attention):
@@ -341,24 +278,24 @@ func GemmQ(transW bool, M, N, K int, alpha float32, A Ptr, format int, codes, ab
 // of each scaled score row) from qkv bf16.
 func AttentionForward(out, lse, qkv, pos Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_attention_forward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_attention_forward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(NH)) != NH {
-		return lspgoRange("lsp_attention_forward", "NH", NH, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "NH", NH, "does not fit in a C int")
 	}
 	if int(int32(KVH)) != KVH {
-		return lspgoRange("lsp_attention_forward", "KVH", KVH, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "KVH", KVH, "does not fit in a C int")
 	}
 	if int(int32(HS)) != HS {
-		return lspgoRange("lsp_attention_forward", "HS", HS, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "HS", HS, "does not fit in a C int")
 	}
 	if int(int32(layout)) != layout {
-		return lspgoRange("lsp_attention_forward", "layout", layout, "does not fit in a C int")
+		return ArgError("lsp_attention_forward", "layout", layout, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.uintptr_t(pos), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_attention_forward", C.lspgo_lsp_attention_forward(C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(qkv), C.uintptr_t(pos), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // AttentionBackward runs lsp_attention_backward (kernels.h, section attention):
@@ -371,24 +308,24 @@ func AttentionForward(out, lse, qkv, pos Ptr, B, T, NH, KVH, HS, layout int, str
 // (D). Deterministic, no atomics.
 func AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch Ptr, B, T, NH, KVH, HS, layout int, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_attention_backward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_attention_backward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(NH)) != NH {
-		return lspgoRange("lsp_attention_backward", "NH", NH, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "NH", NH, "does not fit in a C int")
 	}
 	if int(int32(KVH)) != KVH {
-		return lspgoRange("lsp_attention_backward", "KVH", KVH, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "KVH", KVH, "does not fit in a C int")
 	}
 	if int(int32(HS)) != HS {
-		return lspgoRange("lsp_attention_backward", "HS", HS, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "HS", HS, "does not fit in a C int")
 	}
 	if int(int32(layout)) != layout {
-		return lspgoRange("lsp_attention_backward", "layout", layout, "does not fit in a C int")
+		return ArgError("lsp_attention_backward", "layout", layout, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(pos), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_attention_backward", C.lspgo_lsp_attention_backward(C.uintptr_t(dqkv), C.uintptr_t(dout), C.uintptr_t(qkv), C.uintptr_t(out), C.uintptr_t(lse), C.uintptr_t(pos), C.uintptr_t(scratch), C.int(B), C.int(T), C.int(NH), C.int(KVH), C.int(HS), C.int(layout), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SparseCompressA runs lsp_sparse_compress_a (kernels.h, section sparse):
@@ -404,15 +341,15 @@ func AttentionBackward(dqkv, dout, qkv, out, lse, pos, scratch Ptr, B, T, NH, KV
 // A [d, BT] fp32 = P^T X^T from X [BT, m] (P by column).
 func SparseCompressA(A, X, colptr, rowidx, colval Ptr, BT, m, d int, xBF16 DType, stream Stream) error {
 	if int(int32(BT)) != BT {
-		return lspgoRange("lsp_sparse_compress_a", "BT", BT, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_a", "BT", BT, "does not fit in a C int")
 	}
 	if int(int32(m)) != m {
-		return lspgoRange("lsp_sparse_compress_a", "m", m, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_a", "m", m, "does not fit in a C int")
 	}
 	if int(int32(d)) != d {
-		return lspgoRange("lsp_sparse_compress_a", "d", d, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_a", "d", d, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_compress_a", C.lspgo_lsp_sparse_compress_a(C.uintptr_t(A), C.uintptr_t(X), C.uintptr_t(colptr), C.uintptr_t(rowidx), C.uintptr_t(colval), C.int(BT), C.int(m), C.int(d), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_compress_a", C.lspgo_lsp_sparse_compress_a(C.uintptr_t(A), C.uintptr_t(X), C.uintptr_t(colptr), C.uintptr_t(rowidx), C.uintptr_t(colval), C.int(BT), C.int(m), C.int(d), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SparseCompressB runs lsp_sparse_compress_b (kernels.h, section sparse):
@@ -422,15 +359,15 @@ func SparseCompressA(A, X, colptr, rowidx, colval Ptr, BT, m, d int, xBF16 DType
 // B [BT, d] fp32 = dY Q from dY [BT, n] (Q by column).
 func SparseCompressB(B, dY, colptr, rowidx, colval Ptr, BT, n, d int, dyBF16 DType, stream Stream) error {
 	if int(int32(BT)) != BT {
-		return lspgoRange("lsp_sparse_compress_b", "BT", BT, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_b", "BT", BT, "does not fit in a C int")
 	}
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_sparse_compress_b", "n", n, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_b", "n", n, "does not fit in a C int")
 	}
 	if int(int32(d)) != d {
-		return lspgoRange("lsp_sparse_compress_b", "d", d, "does not fit in a C int")
+		return ArgError("lsp_sparse_compress_b", "d", d, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_compress_b", C.lspgo_lsp_sparse_compress_b(C.uintptr_t(B), C.uintptr_t(dY), C.uintptr_t(colptr), C.uintptr_t(rowidx), C.uintptr_t(colval), C.int(BT), C.int(n), C.int(d), C.int(dyBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_compress_b", C.lspgo_lsp_sparse_compress_b(C.uintptr_t(B), C.uintptr_t(dY), C.uintptr_t(colptr), C.uintptr_t(rowidx), C.uintptr_t(colval), C.int(BT), C.int(n), C.int(d), C.int(dyBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SparseS runs lsp_sparse_s (kernels.h, section sparse):
@@ -440,12 +377,12 @@ func SparseCompressB(B, dY, colptr, rowidx, colval Ptr, BT, n, d int, dyBF16 DTy
 // S [d, d] = A B (accumulate == 0) or S += A B, summed over t ascending.
 func SparseS(S, A, B Ptr, BT, d int, accumulate bool, stream Stream) error {
 	if int(int32(BT)) != BT {
-		return lspgoRange("lsp_sparse_s", "BT", BT, "does not fit in a C int")
+		return ArgError("lsp_sparse_s", "BT", BT, "does not fit in a C int")
 	}
 	if int(int32(d)) != d {
-		return lspgoRange("lsp_sparse_s", "d", d, "does not fit in a C int")
+		return ArgError("lsp_sparse_s", "d", d, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_s", C.lspgo_lsp_sparse_s(C.uintptr_t(S), C.uintptr_t(A), C.uintptr_t(B), C.int(BT), C.int(d), lspgoBool(accumulate), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_s", C.lspgo_lsp_sparse_s(C.uintptr_t(S), C.uintptr_t(A), C.uintptr_t(B), C.int(BT), C.int(d), C.bool(accumulate), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SparseApply runs lsp_sparse_apply (kernels.h, section sparse):
@@ -459,18 +396,18 @@ func SparseS(S, A, B Ptr, BT, d int, accumulate bool, stream Stream) error {
 // written, neither W nor T (lsp_non_finite_flag's flag).
 func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, lr, wd float32, seed, step uint64, matrix uint32, wBF16 DType, stream Stream) error {
 	if int(int32(m)) != m {
-		return lspgoRange("lsp_sparse_apply", "m", m, "does not fit in a C int")
+		return ArgError("lsp_sparse_apply", "m", m, "does not fit in a C int")
 	}
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_sparse_apply", "n", n, "does not fit in a C int")
+		return ArgError("lsp_sparse_apply", "n", n, "does not fit in a C int")
 	}
 	if int(int32(d)) != d {
-		return lspgoRange("lsp_sparse_apply", "d", d, "does not fit in a C int")
+		return ArgError("lsp_sparse_apply", "d", d, "does not fit in a C int")
 	}
 	if int(int32(r)) != r {
-		return lspgoRange("lsp_sparse_apply", "r", r, "does not fit in a C int")
+		return ArgError("lsp_sparse_apply", "r", r, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.uintptr_t(skip), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_apply", C.lspgo_lsp_sparse_apply(C.uintptr_t(W), C.uintptr_t(T), C.uintptr_t(Delta), C.uintptr_t(pidx), C.uintptr_t(pval), C.uintptr_t(qidx), C.uintptr_t(qval), C.uintptr_t(skip), C.int(m), C.int(n), C.int(d), C.int(r), C.float(lr), C.float(wd), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.int(wBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // DenseGemm runs lsp_dense_gemm (kernels.h, section dense):
@@ -488,15 +425,15 @@ func SparseApply(W, T, Delta, pidx, pval, qidx, qval, skip Ptr, m, n, d, r int, 
 // beta == 0 does not read C.
 func DenseGemm(transA, transB bool, M, N, K int, alpha float32, A Ptr, aBF16 DType, B Ptr, bBF16 DType, beta float32, C_ Ptr, stream Stream) error {
 	if int(int32(M)) != M {
-		return lspgoRange("lsp_dense_gemm", "M", M, "does not fit in a C int")
+		return ArgError("lsp_dense_gemm", "M", M, "does not fit in a C int")
 	}
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_dense_gemm", "N", N, "does not fit in a C int")
+		return ArgError("lsp_dense_gemm", "N", N, "does not fit in a C int")
 	}
 	if int(int32(K)) != K {
-		return lspgoRange("lsp_dense_gemm", "K", K, "does not fit in a C int")
+		return ArgError("lsp_dense_gemm", "K", K, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_dense_gemm", C.lspgo_lsp_dense_gemm(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(aBF16), C.uintptr_t(B), C.int(bBF16), C.float(beta), C.uintptr_t(C_), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_dense_gemm", C.lspgo_lsp_dense_gemm(C.bool(transA), C.bool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.int(aBF16), C.uintptr_t(B), C.int(bBF16), C.float(beta), C.uintptr_t(C_), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // DenseApply runs lsp_dense_apply (kernels.h, section dense):
@@ -510,15 +447,15 @@ func DenseGemm(transA, transB bool, M, N, K int, alpha float32, A Ptr, aBF16 DTy
 // written.
 func DenseApply(transA, transB bool, M, N, K int, alpha float32, A, B Ptr, decay float32, W Ptr, wBF16 DType, skip Ptr, seed, step uint64, matrix uint32, stream Stream) error {
 	if int(int32(M)) != M {
-		return lspgoRange("lsp_dense_apply", "M", M, "does not fit in a C int")
+		return ArgError("lsp_dense_apply", "M", M, "does not fit in a C int")
 	}
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_dense_apply", "N", N, "does not fit in a C int")
+		return ArgError("lsp_dense_apply", "N", N, "does not fit in a C int")
 	}
 	if int(int32(K)) != K {
-		return lspgoRange("lsp_dense_apply", "K", K, "does not fit in a C int")
+		return ArgError("lsp_dense_apply", "K", K, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_dense_apply", C.lspgo_lsp_dense_apply(lspgoBool(transA), lspgoBool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.uintptr_t(B), C.float(decay), C.uintptr_t(W), C.int(wBF16), C.uintptr_t(skip), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_dense_apply", C.lspgo_lsp_dense_apply(C.bool(transA), C.bool(transB), C.int(M), C.int(N), C.int(K), C.float(alpha), C.uintptr_t(A), C.uintptr_t(B), C.float(decay), C.uintptr_t(W), C.int(wBF16), C.uintptr_t(skip), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SparseValueGrad runs lsp_sparse_value_grad (kernels.h, section fit):
@@ -534,15 +471,15 @@ func DenseApply(transA, transB bool, M, N, K int, alpha float32, A, B Ptr, decay
 // M, K [d, d] fp32. Non-contracted fp32: the CPU backend's op bit for bit.
 func SparseValueGrad(out, Y, M, K, idx, val Ptr, rows, d, r int, w float32, trans, accumulate bool, stream Stream) error {
 	if int(int32(rows)) != rows {
-		return lspgoRange("lsp_sparse_value_grad", "rows", rows, "does not fit in a C int")
+		return ArgError("lsp_sparse_value_grad", "rows", rows, "does not fit in a C int")
 	}
 	if int(int32(d)) != d {
-		return lspgoRange("lsp_sparse_value_grad", "d", d, "does not fit in a C int")
+		return ArgError("lsp_sparse_value_grad", "d", d, "does not fit in a C int")
 	}
 	if int(int32(r)) != r {
-		return lspgoRange("lsp_sparse_value_grad", "r", r, "does not fit in a C int")
+		return ArgError("lsp_sparse_value_grad", "r", r, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_sparse_value_grad", C.lspgo_lsp_sparse_value_grad(C.uintptr_t(out), C.uintptr_t(Y), C.uintptr_t(M), C.uintptr_t(K), C.uintptr_t(idx), C.uintptr_t(val), C.int(rows), C.int(d), C.int(r), C.float(w), lspgoBool(trans), lspgoBool(accumulate), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sparse_value_grad", C.lspgo_lsp_sparse_value_grad(C.uintptr_t(out), C.uintptr_t(Y), C.uintptr_t(M), C.uintptr_t(K), C.uintptr_t(idx), C.uintptr_t(val), C.int(rows), C.int(d), C.int(r), C.float(w), C.bool(trans), C.bool(accumulate), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // LayerNormBackwardScratchBytes calls lsp_layernorm_backward_scratch_bytes (kernels.h, section norms):
@@ -558,10 +495,10 @@ func SparseValueGrad(out, Y, M, K, idx, val Ptr, rows, d, r int, w float32, tran
 // lsp_*_backward_scratch_bytes(N, C) bytes, used only by that launch.
 func LayerNormBackwardScratchBytes(N, C_ int) (int, error) {
 	if int(int32(N)) != N {
-		return 0, lspgoRange("lsp_layernorm_backward_scratch_bytes", "N", N, "does not fit in a C int")
+		return 0, ArgError("lsp_layernorm_backward_scratch_bytes", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return 0, lspgoRange("lsp_layernorm_backward_scratch_bytes", "C", C_, "does not fit in a C int")
+		return 0, ArgError("lsp_layernorm_backward_scratch_bytes", "C", C_, "does not fit in a C int")
 	}
 	return int(C.lsp_layernorm_backward_scratch_bytes(C.int(N), C.int(C_))), nil
 }
@@ -571,10 +508,10 @@ func LayerNormBackwardScratchBytes(N, C_ int) (int, error) {
 //	size_t lsp_rmsnorm_backward_scratch_bytes(int N, int C)
 func RMSNormBackwardScratchBytes(N, C_ int) (int, error) {
 	if int(int32(N)) != N {
-		return 0, lspgoRange("lsp_rmsnorm_backward_scratch_bytes", "N", N, "does not fit in a C int")
+		return 0, ArgError("lsp_rmsnorm_backward_scratch_bytes", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return 0, lspgoRange("lsp_rmsnorm_backward_scratch_bytes", "C", C_, "does not fit in a C int")
+		return 0, ArgError("lsp_rmsnorm_backward_scratch_bytes", "C", C_, "does not fit in a C int")
 	}
 	return int(C.lsp_rmsnorm_backward_scratch_bytes(C.int(N), C.int(C_))), nil
 }
@@ -584,12 +521,12 @@ func RMSNormBackwardScratchBytes(N, C_ int) (int, error) {
 //	cudaError_t lsp_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias, int N, int C, float eps, int x_bf16, cudaStream_t stream)
 func LayerNormForward(out, mean, rstd, inp, weight, bias Ptr, N, C_ int, eps float32, xBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_layernorm_forward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_layernorm_forward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_layernorm_forward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_layernorm_forward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_layernorm_forward", C.lspgo_lsp_layernorm_forward(C.uintptr_t(out), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(bias), C.int(N), C.int(C_), C.float(eps), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_layernorm_forward", C.lspgo_lsp_layernorm_forward(C.uintptr_t(out), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(bias), C.int(N), C.int(C_), C.float(eps), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // LayerNormBackward runs lsp_layernorm_backward (kernels.h, section norms):
@@ -597,12 +534,12 @@ func LayerNormForward(out, mean, rstd, inp, weight, bias Ptr, N, C_ int, eps flo
 //	cudaError_t lsp_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight, const float* mean, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream)
 func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch Ptr, N, C_ int, xBF16, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_layernorm_backward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_layernorm_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_layernorm_backward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_layernorm_backward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_layernorm_backward", C.lspgo_lsp_layernorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dbias), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_layernorm_backward", C.lspgo_lsp_layernorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dbias), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(mean), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // RMSNormForward runs lsp_rmsnorm_forward (kernels.h, section norms):
@@ -610,12 +547,12 @@ func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scra
 //	cudaError_t lsp_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C, float eps, int x_bf16, cudaStream_t stream)
 func RMSNormForward(out, rstd, inp, weight Ptr, N, C_ int, eps float32, xBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_rmsnorm_forward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_rmsnorm_forward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_rmsnorm_forward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_rmsnorm_forward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rmsnorm_forward", C.lspgo_lsp_rmsnorm_forward(C.uintptr_t(out), C.uintptr_t(rstd), C.uintptr_t(inp), C.uintptr_t(weight), C.int(N), C.int(C_), C.float(eps), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rmsnorm_forward", C.lspgo_lsp_rmsnorm_forward(C.uintptr_t(out), C.uintptr_t(rstd), C.uintptr_t(inp), C.uintptr_t(weight), C.int(N), C.int(C_), C.float(eps), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // RMSNormBackward runs lsp_rmsnorm_backward (kernels.h, section norms):
@@ -623,12 +560,12 @@ func RMSNormForward(out, rstd, inp, weight Ptr, N, C_ int, eps float32, xBF16 DT
 //	cudaError_t lsp_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, float* scratch, int N, int C, int x_bf16, int g_bf16, int dw_bf16, cudaStream_t stream)
 func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch Ptr, N, C_ int, xBF16, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_rmsnorm_backward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_rmsnorm_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_rmsnorm_backward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_rmsnorm_backward", "C", C_, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rmsnorm_backward", C.lspgo_lsp_rmsnorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rmsnorm_backward", C.lspgo_lsp_rmsnorm_backward(C.uintptr_t(dinp), C.uintptr_t(dweight), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(weight), C.uintptr_t(rstd), C.uintptr_t(scratch), C.int(N), C.int(C_), C.int(xBF16), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // GeluForward runs lsp_gelu_forward (kernels.h, section activations):
@@ -641,28 +578,28 @@ func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, scratch Ptr, N, C_ 
 // (dinp, dgate, dup, dout). Backwards write (not accumulate); dinp, dgate
 // or dup may alias dout.
 func GeluForward(out, inp Ptr, n int64, xBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_gelu_forward", C.lspgo_lsp_gelu_forward(C.uintptr_t(out), C.uintptr_t(inp), C.longlong(n), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_gelu_forward", C.lspgo_lsp_gelu_forward(C.uintptr_t(out), C.uintptr_t(inp), C.longlong(n), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // GeluBackward runs lsp_gelu_backward (kernels.h, section activations):
 //
 //	cudaError_t lsp_gelu_backward(void* dinp, const void* inp, const void* dout, long long n, int x_bf16, int g_bf16, cudaStream_t stream)
 func GeluBackward(dinp, inp, dout Ptr, n int64, xBF16, gBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_gelu_backward", C.lspgo_lsp_gelu_backward(C.uintptr_t(dinp), C.uintptr_t(inp), C.uintptr_t(dout), C.longlong(n), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_gelu_backward", C.lspgo_lsp_gelu_backward(C.uintptr_t(dinp), C.uintptr_t(inp), C.uintptr_t(dout), C.longlong(n), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SwiGLUForward runs lsp_swiglu_forward (kernels.h, section activations):
 //
 //	cudaError_t lsp_swiglu_forward(void* out, const void* gate, const void* up, long long n, int x_bf16, cudaStream_t stream)
 func SwiGLUForward(out, gate, up Ptr, n int64, xBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_swiglu_forward", C.lspgo_lsp_swiglu_forward(C.uintptr_t(out), C.uintptr_t(gate), C.uintptr_t(up), C.longlong(n), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_swiglu_forward", C.lspgo_lsp_swiglu_forward(C.uintptr_t(out), C.uintptr_t(gate), C.uintptr_t(up), C.longlong(n), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SwiGLUBackward runs lsp_swiglu_backward (kernels.h, section activations):
 //
 //	cudaError_t lsp_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, long long n, int x_bf16, int g_bf16, cudaStream_t stream)
 func SwiGLUBackward(dgate, dup, dout, gate, up Ptr, n int64, xBF16, gBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_swiglu_backward", C.lspgo_lsp_swiglu_backward(C.uintptr_t(dgate), C.uintptr_t(dup), C.uintptr_t(dout), C.uintptr_t(gate), C.uintptr_t(up), C.longlong(n), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_swiglu_backward", C.lspgo_lsp_swiglu_backward(C.uintptr_t(dgate), C.uintptr_t(dup), C.uintptr_t(dout), C.uintptr_t(gate), C.uintptr_t(up), C.longlong(n), C.int(xBF16), C.int(gBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // RoPEForward runs lsp_rope_forward (kernels.h, section rope):
@@ -678,18 +615,18 @@ func SwiGLUBackward(dgate, dup, dout, gate, up Ptr, n int64, xBF16, gBF16 DType,
 // bf16). HS even, <= 512.
 func RoPEForward(out, inp, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_rope_forward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_rope_forward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_rope_forward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_rope_forward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(NH)) != NH {
-		return lspgoRange("lsp_rope_forward", "NH", NH, "does not fit in a C int")
+		return ArgError("lsp_rope_forward", "NH", NH, "does not fit in a C int")
 	}
 	if int(int32(HS)) != HS {
-		return lspgoRange("lsp_rope_forward", "HS", HS, "does not fit in a C int")
+		return ArgError("lsp_rope_forward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_forward", C.lspgo_lsp_rope_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // RoPEBackward runs lsp_rope_backward (kernels.h, section rope):
@@ -697,18 +634,18 @@ func RoPEForward(out, inp, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stre
 //	cudaError_t lsp_rope_backward(void* dinp, const void* dout, const int* pos, const float* inv_freq, int B, int T, int NH, int HS, int x_bf16, cudaStream_t stream)
 func RoPEBackward(dinp, dout, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_rope_backward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_rope_backward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_rope_backward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_rope_backward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(NH)) != NH {
-		return lspgoRange("lsp_rope_backward", "NH", NH, "does not fit in a C int")
+		return ArgError("lsp_rope_backward", "NH", NH, "does not fit in a C int")
 	}
 	if int(int32(HS)) != HS {
-		return lspgoRange("lsp_rope_backward", "HS", HS, "does not fit in a C int")
+		return ArgError("lsp_rope_backward", "HS", HS, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_rope_backward", C.lspgo_lsp_rope_backward(C.uintptr_t(dinp), C.uintptr_t(dout), C.uintptr_t(pos), C.uintptr_t(invFreq), C.int(B), C.int(T), C.int(NH), C.int(HS), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // EncoderForward runs lsp_encoder_forward (kernels.h, section embedding):
@@ -725,18 +662,18 @@ func RoPEBackward(dinp, dout, pos, invFreq Ptr, B, T, NH, HS int, xBF16 DType, s
 // (backward). wpe and dwpe may be NULL: no position table (LLaMA).
 func EncoderForward(out, inp, pos, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_encoder_forward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_encoder_forward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_encoder_forward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_encoder_forward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_encoder_forward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_encoder_forward", "C", C_, "does not fit in a C int")
 	}
 	if int(int32(V)) != V {
-		return lspgoRange("lsp_encoder_forward", "V", V, "does not fit in a C int")
+		return ArgError("lsp_encoder_forward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_encoder_forward", C.lspgo_lsp_encoder_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(wte), C.uintptr_t(wpe), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_encoder_forward", C.lspgo_lsp_encoder_forward(C.uintptr_t(out), C.uintptr_t(inp), C.uintptr_t(pos), C.uintptr_t(wte), C.uintptr_t(wpe), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // EncoderBackward runs lsp_encoder_backward (kernels.h, section embedding):
@@ -744,18 +681,18 @@ func EncoderForward(out, inp, pos, wte, wpe Ptr, B, T, C_, V int, xBF16 DType, s
 //	cudaError_t lsp_encoder_backward(void* dwte, void* dwpe, const void* dout, const int* inp, const int* pos, int B, int T, int C, int V, int g_bf16, int dw_bf16, cudaStream_t stream)
 func EncoderBackward(dwte, dwpe, dout, inp, pos Ptr, B, T, C_, V int, gBF16, dwBF16 DType, stream Stream) error {
 	if int(int32(B)) != B {
-		return lspgoRange("lsp_encoder_backward", "B", B, "does not fit in a C int")
+		return ArgError("lsp_encoder_backward", "B", B, "does not fit in a C int")
 	}
 	if int(int32(T)) != T {
-		return lspgoRange("lsp_encoder_backward", "T", T, "does not fit in a C int")
+		return ArgError("lsp_encoder_backward", "T", T, "does not fit in a C int")
 	}
 	if int(int32(C_)) != C_ {
-		return lspgoRange("lsp_encoder_backward", "C", C_, "does not fit in a C int")
+		return ArgError("lsp_encoder_backward", "C", C_, "does not fit in a C int")
 	}
 	if int(int32(V)) != V {
-		return lspgoRange("lsp_encoder_backward", "V", V, "does not fit in a C int")
+		return ArgError("lsp_encoder_backward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(pos), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_encoder_backward", C.lspgo_lsp_encoder_backward(C.uintptr_t(dwte), C.uintptr_t(dwpe), C.uintptr_t(dout), C.uintptr_t(inp), C.uintptr_t(pos), C.int(B), C.int(T), C.int(C_), C.int(V), C.int(gBF16), C.int(dwBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // CrossEntropyForwardBackward runs lsp_cross_entropy_forward_backward (kernels.h, section softmax_ce):
@@ -769,12 +706,12 @@ func EncoderBackward(dwte, dwpe, dout, inp, pos Ptr, B, T, C_, V int, gBF16, dwB
 // scale * (softmax - onehot) (0 on ignored rows).
 func CrossEntropyForwardBackward(losses, logits, targets Ptr, N, V int, scale float32, xBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_cross_entropy_forward_backward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_cross_entropy_forward_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(V)) != V {
-		return lspgoRange("lsp_cross_entropy_forward_backward", "V", V, "does not fit in a C int")
+		return ArgError("lsp_cross_entropy_forward_backward", "V", V, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_cross_entropy_forward_backward", C.lspgo_lsp_cross_entropy_forward_backward(C.uintptr_t(losses), C.uintptr_t(logits), C.uintptr_t(targets), C.int(N), C.int(V), C.float(scale), C.int(xBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_cross_entropy_forward_backward", C.lspgo_lsp_cross_entropy_forward_backward(C.uintptr_t(losses), C.uintptr_t(logits), C.uintptr_t(targets), C.int(N), C.int(V), C.float(scale), C.int(xBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // AdamW runs lsp_adamw (kernels.h, section adam):
@@ -792,9 +729,9 @@ func CrossEntropyForwardBackward(losses, logits, targets Ptr, N, V int, scale fl
 // keep their bits), for a step whose loss is not finite.
 func AdamW(param Ptr, paramBF16 DType, master, grad Ptr, gradBF16 DType, m, v, sumSq, skip Ptr, n int64, lr, beta1, beta2, eps, weightDecay float32, step int, maxNorm float32, stream Stream) error {
 	if int(int32(step)) != step {
-		return lspgoRange("lsp_adamw", "step", step, "does not fit in a C int")
+		return ArgError("lsp_adamw", "step", step, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_adamw", C.lspgo_lsp_adamw(C.uintptr_t(param), C.int(paramBF16), C.uintptr_t(master), C.uintptr_t(grad), C.int(gradBF16), C.uintptr_t(m), C.uintptr_t(v), C.uintptr_t(sumSq), C.uintptr_t(skip), C.longlong(n), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(weightDecay), C.int(step), C.float(maxNorm), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_adamw", C.lspgo_lsp_adamw(C.uintptr_t(param), C.int(paramBF16), C.uintptr_t(master), C.uintptr_t(grad), C.int(gradBF16), C.uintptr_t(m), C.uintptr_t(v), C.uintptr_t(sumSq), C.uintptr_t(skip), C.longlong(n), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(weightDecay), C.int(step), C.float(maxNorm), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // NonFiniteFlag runs lsp_non_finite_flag (kernels.h, section adam):
@@ -805,7 +742,7 @@ func AdamW(param Ptr, paramBF16 DType, master, grad Ptr, gradBF16 DType, m, v, s
 // some of x[0..n) is NaN or +-Inf, else 0 (written; n = 0 gives 0); one
 // block, for vectors the size of a step's per-token losses.
 func NonFiniteFlag(flag, x Ptr, n int64, stream Stream) error {
-	return lspgoResult("lsp_non_finite_flag", C.lspgo_lsp_non_finite_flag(C.uintptr_t(flag), C.uintptr_t(x), C.longlong(n), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_non_finite_flag", C.lspgo_lsp_non_finite_flag(C.uintptr_t(flag), C.uintptr_t(x), C.longlong(n), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // CastF32ToBF16 runs lsp_cast_f32_to_bf16 (kernels.h, section cast):
@@ -817,21 +754,21 @@ func NonFiniteFlag(flag, x Ptr, n int64, stream Stream) error {
 // rounding with the counter-based bits of (seed, step, matrix, element i)
 // (train/cpu StochasticRoundBF16Slice).
 func CastF32ToBF16(out, in Ptr, n int64, stream Stream) error {
-	return lspgoResult("lsp_cast_f32_to_bf16", C.lspgo_lsp_cast_f32_to_bf16(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_cast_f32_to_bf16", C.lspgo_lsp_cast_f32_to_bf16(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // CastBF16ToF32 runs lsp_cast_bf16_to_f32 (kernels.h, section cast):
 //
 //	cudaError_t lsp_cast_bf16_to_f32(float* out, const __nv_bfloat16* in, long long n, cudaStream_t stream)
 func CastBF16ToF32(out, in Ptr, n int64, stream Stream) error {
-	return lspgoResult("lsp_cast_bf16_to_f32", C.lspgo_lsp_cast_bf16_to_f32(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_cast_bf16_to_f32", C.lspgo_lsp_cast_bf16_to_f32(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // StochasticRoundBF16 runs lsp_stochastic_round_bf16 (kernels.h, section cast):
 //
 //	cudaError_t lsp_stochastic_round_bf16(__nv_bfloat16* out, const float* in, long long n, unsigned long long seed, unsigned long long step, unsigned int matrix, cudaStream_t stream)
 func StochasticRoundBF16(out, in Ptr, n int64, seed, step uint64, matrix uint32, stream Stream) error {
-	return lspgoResult("lsp_stochastic_round_bf16", C.lspgo_lsp_stochastic_round_bf16(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_stochastic_round_bf16", C.lspgo_lsp_stochastic_round_bf16(C.uintptr_t(out), C.uintptr_t(in), C.longlong(n), C.ulonglong(seed), C.ulonglong(step), C.uint(matrix), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // SumSquares runs lsp_sum_squares (kernels.h, section cast):
@@ -842,7 +779,7 @@ func StochasticRoundBF16(out, in Ptr, n int64, seed, step uint64, matrix uint32,
 // CPU backend's SumSquares; double accumulation in a fixed order (two
 // passes, no atomics); work: LSP_SUM_SQUARES_WORK doubles of scratch.
 func SumSquares(out, x Ptr, xBF16 DType, n int64, work Ptr, stream Stream) error {
-	return lspgoResult("lsp_sum_squares", C.lspgo_lsp_sum_squares(C.uintptr_t(out), C.uintptr_t(x), C.int(xBF16), C.longlong(n), C.uintptr_t(work), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_sum_squares", C.lspgo_lsp_sum_squares(C.uintptr_t(out), C.uintptr_t(x), C.int(xBF16), C.longlong(n), C.uintptr_t(work), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // Fill runs lsp_fill (kernels.h, section elementwise):
@@ -858,7 +795,7 @@ func SumSquares(out, x Ptr, xBF16 DType, n int64, work Ptr, stream Stream) error
 // other overlaps. Deterministic, no atomics.
 // t = v.
 func Fill(t Ptr, v float32, n int64, tBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_fill", C.lspgo_lsp_fill(C.uintptr_t(t), C.float(v), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_fill", C.lspgo_lsp_fill(C.uintptr_t(t), C.float(v), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // Scale runs lsp_scale (kernels.h, section elementwise):
@@ -867,7 +804,7 @@ func Fill(t Ptr, v float32, n int64, tBF16 DType, stream Stream) error {
 //
 // t = t * a.
 func Scale(t Ptr, a float32, n int64, tBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_scale", C.lspgo_lsp_scale(C.uintptr_t(t), C.float(a), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_scale", C.lspgo_lsp_scale(C.uintptr_t(t), C.float(a), C.longlong(n), C.int(tBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // Add runs lsp_add (kernels.h, section elementwise):
@@ -876,7 +813,7 @@ func Scale(t Ptr, a float32, n int64, tBF16 DType, stream Stream) error {
 //
 // out = a + b.
 func Add(out, a, b Ptr, n int64, outBF16, aBF16, bBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_add", C.lspgo_lsp_add(C.uintptr_t(out), C.uintptr_t(a), C.uintptr_t(b), C.longlong(n), C.int(outBF16), C.int(aBF16), C.int(bBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_add", C.lspgo_lsp_add(C.uintptr_t(out), C.uintptr_t(a), C.uintptr_t(b), C.longlong(n), C.int(outBF16), C.int(aBF16), C.int(bBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // Accumulate runs lsp_accumulate (kernels.h, section elementwise):
@@ -885,7 +822,7 @@ func Add(out, a, b Ptr, n int64, outBF16, aBF16, bBF16 DType, stream Stream) err
 //
 // dst += src.
 func Accumulate(dst, src Ptr, n int64, dstBF16, srcBF16 DType, stream Stream) error {
-	return lspgoResult("lsp_accumulate", C.lspgo_lsp_accumulate(C.uintptr_t(dst), C.uintptr_t(src), C.longlong(n), C.int(dstBF16), C.int(srcBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_accumulate", C.lspgo_lsp_accumulate(C.uintptr_t(dst), C.uintptr_t(src), C.longlong(n), C.int(dstBF16), C.int(srcBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // AddBias runs lsp_add_bias (kernels.h, section elementwise):
@@ -895,12 +832,12 @@ func Accumulate(dst, src Ptr, n int64, dstBF16, srcBF16 DType, stream Stream) er
 // out[r, :] += bias for every row r < N.
 func AddBias(out, bias Ptr, N, OC int, outBF16, biasBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_add_bias", "N", N, "does not fit in a C int")
+		return ArgError("lsp_add_bias", "N", N, "does not fit in a C int")
 	}
 	if int(int32(OC)) != OC {
-		return lspgoRange("lsp_add_bias", "OC", OC, "does not fit in a C int")
+		return ArgError("lsp_add_bias", "OC", OC, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_add_bias", C.lspgo_lsp_add_bias(C.uintptr_t(out), C.uintptr_t(bias), C.int(N), C.int(OC), C.int(outBF16), C.int(biasBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_add_bias", C.lspgo_lsp_add_bias(C.uintptr_t(out), C.uintptr_t(bias), C.int(N), C.int(OC), C.int(outBF16), C.int(biasBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // BiasBackward runs lsp_bias_backward (kernels.h, section elementwise):
@@ -911,12 +848,12 @@ func AddBias(out, bias Ptr, N, OC int, outBF16, biasBF16 DType, stream Stream) e
 // from +0 in fp32 (the CPU's order; N == 0 adds +0).
 func BiasBackward(dbias, dout Ptr, N, OC int, dbiasBF16, doutBF16 DType, stream Stream) error {
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_bias_backward", "N", N, "does not fit in a C int")
+		return ArgError("lsp_bias_backward", "N", N, "does not fit in a C int")
 	}
 	if int(int32(OC)) != OC {
-		return lspgoRange("lsp_bias_backward", "OC", OC, "does not fit in a C int")
+		return ArgError("lsp_bias_backward", "OC", OC, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_bias_backward", C.lspgo_lsp_bias_backward(C.uintptr_t(dbias), C.uintptr_t(dout), C.int(N), C.int(OC), C.int(dbiasBF16), C.int(doutBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_bias_backward", C.lspgo_lsp_bias_backward(C.uintptr_t(dbias), C.uintptr_t(dout), C.int(N), C.int(OC), C.int(dbiasBF16), C.int(doutBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }
 
 // Dequantize runs lsp_dequantize (kernels.h, section quant):
@@ -929,7 +866,7 @@ func BiasBackward(dbias, dout Ptr, N, OC int, dbiasBF16, doutBF16 DType, stream 
 // train/quant.Decode's bit for bit.
 func Dequantize(format int, codes, absmax, scale, book Ptr, len, off, n int64, out Ptr, outBF16 DType, stream Stream) error {
 	if int(int32(format)) != format {
-		return lspgoRange("lsp_dequantize", "format", format, "does not fit in a C int")
+		return ArgError("lsp_dequantize", "format", format, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_dequantize", C.lspgo_lsp_dequantize(C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.longlong(len), C.longlong(off), C.longlong(n), C.uintptr_t(out), C.int(outBF16), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_dequantize", C.lspgo_lsp_dequantize(C.int(format), C.uintptr_t(codes), C.uintptr_t(absmax), C.uintptr_t(scale), C.uintptr_t(book), C.longlong(len), C.longlong(off), C.longlong(n), C.uintptr_t(out), C.int(outBF16), C.uintptr_t(stream), C.bool(Synchronous())))
 }

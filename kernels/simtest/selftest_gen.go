@@ -6,110 +6,70 @@
 package simtest
 
 /*
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include "selftest.h"
+#include "lspgo.h"
 
-// lspgo_ret is a launch's result: the CUDA error and, in simulator builds,
-// a malloc'd copy of the simulator's message (NULL when there is none).
-typedef struct {
-	int code;
-	char* msg;
-} lspgo_ret;
-
-// lspgo_begin clears the calling thread's last CUDA error (and the
-// simulator's message), which an earlier call on this OS thread may have
-// left, so that what the launcher returns is its own.
-static void lspgo_begin(void) {
-	(void)cudaGetLastError();
-#ifdef LSP_SIM
-	lsp_sim_clear_message();
-#endif
-}
-
-// lspgo_end completes a launch on the thread that made it: with sync it
-// waits for the device and takes the kernel's run-time error as the
-// launch's; it copies the simulator's message of a failure before any
-// other launch on this thread can replace it.
-static lspgo_ret lspgo_end(cudaError_t e, int sync) {
-	lspgo_ret r;
-	r.code = (int)e;
-	r.msg = NULL;
-	if (r.code == 0 && sync) {
-		r.code = (int)cudaDeviceSynchronize();
-		if (r.code == 0) r.code = (int)cudaGetLastError();
-	}
-#ifdef LSP_SIM
-	if (r.code != 0) {
-		const char* m = lsp_sim_last_message();
-		if (m != NULL && m[0] != 0) r.msg = strdup(m);
-	}
-#endif
-	return r;
-}
-
-static lspgo_ret lspgo_lsp_st_reverse(uintptr_t in, uintptr_t out, int n, int use_barrier, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_reverse(uintptr_t in, uintptr_t out, int n, bool use_barrier, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_reverse((const float*)in, (float*)out, n, use_barrier, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_order(uintptr_t tickets, uintptr_t counter, int n, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_order(uintptr_t tickets, uintptr_t counter, int n, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_order((int*)tickets, (int*)counter, n, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_warp(uintptr_t in, uintptr_t out, int n, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_warp(uintptr_t in, uintptr_t out, int n, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_warp((const int*)in, (int*)out, n, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_wmma(uintptr_t A, int a_col, int lda, uintptr_t B, int b_col, int ldb, uintptr_t C, int c_col, int ldc, uintptr_t D, int d_col, int ldd, float scale, uintptr_t bias, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_wmma(uintptr_t A, bool a_col, int lda, uintptr_t B, bool b_col, int ldb, uintptr_t C, bool c_col, int ldc, uintptr_t D, bool d_col, int ldd, float scale, uintptr_t bias, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_wmma((const __nv_bfloat16*)A, a_col, lda, (const __nv_bfloat16*)B, b_col, ldb, (const float*)C, c_col, ldc, (float*)D, d_col, ldd, scale, (const float*)bias, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_gemm(uintptr_t A, uintptr_t B, uintptr_t C, int M, int N, int K, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_gemm(uintptr_t A, uintptr_t B, uintptr_t C, int M, int N, int K, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_gemm((const __nv_bfloat16*)A, (const __nv_bfloat16*)B, (float*)C, M, N, K, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_shift(uintptr_t in, uintptr_t out, int n, int off, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_shift(uintptr_t in, uintptr_t out, int n, int off, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_shift((const float*)in, (float*)out, n, off, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_smem(uintptr_t out, int n, int off, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_smem(uintptr_t out, int n, int off, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_smem((float*)out, n, off, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_config(int gx, int gy, int gz, int bx, int by, int bz, size_t smem, int set_attr, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_config(int gx, int gy, int gz, int bx, int by, int bz, size_t smem, int set_attr, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_config(gx, gy, gz, bx, by, bz, smem, set_attr, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_misuse(int kind, uintptr_t out, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_misuse(int kind, uintptr_t out, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_misuse(kind, (int*)out, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_wmma_misaligned(uintptr_t A, int off, int lda, uintptr_t D, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_wmma_misaligned(uintptr_t A, int off, int lda, uintptr_t D, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_wmma_misaligned((const __nv_bfloat16*)A, off, lda, (float*)D, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_reduce(uintptr_t in, uintptr_t out, int n, int blocks, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_reduce(uintptr_t in, uintptr_t out, int n, int blocks, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_reduce((const float*)in, (float*)out, n, blocks, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_blocks(uintptr_t out, uintptr_t counter, uintptr_t maxv, int gx, int gy, int gz, int bx, int by, int bz, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_blocks(uintptr_t out, uintptr_t counter, uintptr_t maxv, int gx, int gy, int gz, int bx, int by, int bz, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_blocks((int*)out, (int*)counter, (unsigned*)maxv, gx, gy, gz, bx, by, bz, (cudaStream_t)stream), lspgo_sync);
 }
 
-static lspgo_ret lspgo_lsp_st_recurse(int depth, uintptr_t out, uintptr_t stream, int lspgo_sync) {
+static lspgo_ret lspgo_lsp_st_recurse(int depth, uintptr_t out, uintptr_t stream, bool lspgo_sync) {
 	lspgo_begin();
 	return lspgo_end(lsp_st_recurse(depth, (int*)out, (cudaStream_t)stream), lspgo_sync);
 }
@@ -117,7 +77,6 @@ static lspgo_ret lspgo_lsp_st_recurse(int depth, uintptr_t out, uintptr_t stream
 import "C"
 
 import (
-	"fmt"
 	"unsafe"
 
 	"github.com/lsp-offload/lsp-offload/kernels"
@@ -125,30 +84,8 @@ import (
 
 // lspgoResult turns a shim's result into the launcher's error.
 func lspgoResult(launcher string, r C.lspgo_ret) error {
-	if r.code == 0 {
-		return nil
-	}
-	detail := ""
-	if r.msg != nil {
-		detail = C.GoString(r.msg)
-		C.free(unsafe.Pointer(r.msg))
-	}
-	return kernels.NewError(launcher, int(r.code), detail)
+	return kernels.ShimResult(launcher, int(r.code), unsafe.Pointer(r.msg))
 }
-
-// lspgoRange is the error of an integer argument a launcher cannot take.
-func lspgoRange(launcher, param string, v any, want string) error {
-	return fmt.Errorf("%s: argument %s = %v %s", launcher, param, v, want)
-}
-
-func lspgoBool(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func lspgoSync() C.int { return lspgoBool(kernels.Synchronous()) }
 
 // stReverse runs lsp_st_reverse (simtest/selftest.h, section selftest):
 //
@@ -158,9 +95,9 @@ func lspgoSync() C.int { return lspgoBool(kernels.Synchronous()) }
 // selftest_gen.go: stReverse, stOrder, ...
 func stReverse(in, out kernels.Ptr, n int, useBarrier bool, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_reverse", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_reverse", "n", n, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_reverse", C.lspgo_lsp_st_reverse(C.uintptr_t(in), C.uintptr_t(out), C.int(n), lspgoBool(useBarrier), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_reverse", C.lspgo_lsp_st_reverse(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.bool(useBarrier), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stOrder runs lsp_st_order (simtest/selftest.h, section selftest):
@@ -168,9 +105,9 @@ func stReverse(in, out kernels.Ptr, n int, useBarrier bool, stream kernels.Strea
 //	cudaError_t lsp_st_order(int* tickets, int* counter, int n, cudaStream_t stream)
 func stOrder(tickets, counter kernels.Ptr, n int, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_order", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_order", "n", n, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_order", C.lspgo_lsp_st_order(C.uintptr_t(tickets), C.uintptr_t(counter), C.int(n), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_order", C.lspgo_lsp_st_order(C.uintptr_t(tickets), C.uintptr_t(counter), C.int(n), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stWarp runs lsp_st_warp (simtest/selftest.h, section selftest):
@@ -178,9 +115,9 @@ func stOrder(tickets, counter kernels.Ptr, n int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_warp(const int* in, int* out, int n, cudaStream_t stream)
 func stWarp(in, out kernels.Ptr, n int, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_warp", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_warp", "n", n, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_warp", C.lspgo_lsp_st_warp(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_warp", C.lspgo_lsp_st_warp(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stWmma runs lsp_st_wmma (simtest/selftest.h, section selftest):
@@ -188,18 +125,18 @@ func stWarp(in, out kernels.Ptr, n int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_wmma(const __nv_bfloat16* A, int a_col, int lda, const __nv_bfloat16* B, int b_col, int ldb, const float* C, int c_col, int ldc, float* D, int d_col, int ldd, float scale, const float* bias, cudaStream_t stream)
 func stWmma(A kernels.Ptr, aCol bool, lda int, B kernels.Ptr, bCol bool, ldb int, C_ kernels.Ptr, cCol bool, ldc int, D kernels.Ptr, dCol bool, ldd int, scale float32, bias kernels.Ptr, stream kernels.Stream) error {
 	if int(int32(lda)) != lda {
-		return lspgoRange("lsp_st_wmma", "lda", lda, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma", "lda", lda, "does not fit in a C int")
 	}
 	if int(int32(ldb)) != ldb {
-		return lspgoRange("lsp_st_wmma", "ldb", ldb, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma", "ldb", ldb, "does not fit in a C int")
 	}
 	if int(int32(ldc)) != ldc {
-		return lspgoRange("lsp_st_wmma", "ldc", ldc, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma", "ldc", ldc, "does not fit in a C int")
 	}
 	if int(int32(ldd)) != ldd {
-		return lspgoRange("lsp_st_wmma", "ldd", ldd, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma", "ldd", ldd, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_wmma", C.lspgo_lsp_st_wmma(C.uintptr_t(A), lspgoBool(aCol), C.int(lda), C.uintptr_t(B), lspgoBool(bCol), C.int(ldb), C.uintptr_t(C_), lspgoBool(cCol), C.int(ldc), C.uintptr_t(D), lspgoBool(dCol), C.int(ldd), C.float(scale), C.uintptr_t(bias), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_wmma", C.lspgo_lsp_st_wmma(C.uintptr_t(A), C.bool(aCol), C.int(lda), C.uintptr_t(B), C.bool(bCol), C.int(ldb), C.uintptr_t(C_), C.bool(cCol), C.int(ldc), C.uintptr_t(D), C.bool(dCol), C.int(ldd), C.float(scale), C.uintptr_t(bias), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stGemm runs lsp_st_gemm (simtest/selftest.h, section selftest):
@@ -207,15 +144,15 @@ func stWmma(A kernels.Ptr, aCol bool, lda int, B kernels.Ptr, bCol bool, ldb int
 //	cudaError_t lsp_st_gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, float* C, int M, int N, int K, cudaStream_t stream)
 func stGemm(A, B, C_ kernels.Ptr, M, N, K int, stream kernels.Stream) error {
 	if int(int32(M)) != M {
-		return lspgoRange("lsp_st_gemm", "M", M, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_gemm", "M", M, "does not fit in a C int")
 	}
 	if int(int32(N)) != N {
-		return lspgoRange("lsp_st_gemm", "N", N, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_gemm", "N", N, "does not fit in a C int")
 	}
 	if int(int32(K)) != K {
-		return lspgoRange("lsp_st_gemm", "K", K, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_gemm", "K", K, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_gemm", C.lspgo_lsp_st_gemm(C.uintptr_t(A), C.uintptr_t(B), C.uintptr_t(C_), C.int(M), C.int(N), C.int(K), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_gemm", C.lspgo_lsp_st_gemm(C.uintptr_t(A), C.uintptr_t(B), C.uintptr_t(C_), C.int(M), C.int(N), C.int(K), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stShift runs lsp_st_shift (simtest/selftest.h, section selftest):
@@ -223,12 +160,12 @@ func stGemm(A, B, C_ kernels.Ptr, M, N, K int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_shift(const float* in, float* out, int n, int off, cudaStream_t stream)
 func stShift(in, out kernels.Ptr, n, off int, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_shift", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_shift", "n", n, "does not fit in a C int")
 	}
 	if int(int32(off)) != off {
-		return lspgoRange("lsp_st_shift", "off", off, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_shift", "off", off, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_shift", C.lspgo_lsp_st_shift(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.int(off), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_shift", C.lspgo_lsp_st_shift(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.int(off), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stSmem runs lsp_st_smem (simtest/selftest.h, section selftest):
@@ -236,12 +173,12 @@ func stShift(in, out kernels.Ptr, n, off int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_smem(float* out, int n, int off, cudaStream_t stream)
 func stSmem(out kernels.Ptr, n, off int, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_smem", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_smem", "n", n, "does not fit in a C int")
 	}
 	if int(int32(off)) != off {
-		return lspgoRange("lsp_st_smem", "off", off, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_smem", "off", off, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_smem", C.lspgo_lsp_st_smem(C.uintptr_t(out), C.int(n), C.int(off), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_smem", C.lspgo_lsp_st_smem(C.uintptr_t(out), C.int(n), C.int(off), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stConfig runs lsp_st_config (simtest/selftest.h, section selftest):
@@ -249,30 +186,30 @@ func stSmem(out kernels.Ptr, n, off int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_config(int gx, int gy, int gz, int bx, int by, int bz, size_t smem, int set_attr, cudaStream_t stream)
 func stConfig(gx, gy, gz, bx, by, bz, smem, setAttr int, stream kernels.Stream) error {
 	if int(int32(gx)) != gx {
-		return lspgoRange("lsp_st_config", "gx", gx, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "gx", gx, "does not fit in a C int")
 	}
 	if int(int32(gy)) != gy {
-		return lspgoRange("lsp_st_config", "gy", gy, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "gy", gy, "does not fit in a C int")
 	}
 	if int(int32(gz)) != gz {
-		return lspgoRange("lsp_st_config", "gz", gz, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "gz", gz, "does not fit in a C int")
 	}
 	if int(int32(bx)) != bx {
-		return lspgoRange("lsp_st_config", "bx", bx, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "bx", bx, "does not fit in a C int")
 	}
 	if int(int32(by)) != by {
-		return lspgoRange("lsp_st_config", "by", by, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "by", by, "does not fit in a C int")
 	}
 	if int(int32(bz)) != bz {
-		return lspgoRange("lsp_st_config", "bz", bz, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "bz", bz, "does not fit in a C int")
 	}
 	if smem < 0 {
-		return lspgoRange("lsp_st_config", "smem", smem, "is negative")
+		return kernels.ArgError("lsp_st_config", "smem", smem, "is negative")
 	}
 	if int(int32(setAttr)) != setAttr {
-		return lspgoRange("lsp_st_config", "set_attr", setAttr, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_config", "set_attr", setAttr, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_config", C.lspgo_lsp_st_config(C.int(gx), C.int(gy), C.int(gz), C.int(bx), C.int(by), C.int(bz), C.size_t(smem), C.int(setAttr), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_config", C.lspgo_lsp_st_config(C.int(gx), C.int(gy), C.int(gz), C.int(bx), C.int(by), C.int(bz), C.size_t(smem), C.int(setAttr), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stMisuse runs lsp_st_misuse (simtest/selftest.h, section selftest):
@@ -280,9 +217,9 @@ func stConfig(gx, gy, gz, bx, by, bz, smem, setAttr int, stream kernels.Stream) 
 //	cudaError_t lsp_st_misuse(int kind, int* out, cudaStream_t stream)
 func stMisuse(kind int, out kernels.Ptr, stream kernels.Stream) error {
 	if int(int32(kind)) != kind {
-		return lspgoRange("lsp_st_misuse", "kind", kind, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_misuse", "kind", kind, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_misuse", C.lspgo_lsp_st_misuse(C.int(kind), C.uintptr_t(out), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_misuse", C.lspgo_lsp_st_misuse(C.int(kind), C.uintptr_t(out), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stWmmaMisaligned runs lsp_st_wmma_misaligned (simtest/selftest.h, section selftest):
@@ -290,12 +227,12 @@ func stMisuse(kind int, out kernels.Ptr, stream kernels.Stream) error {
 //	cudaError_t lsp_st_wmma_misaligned(const __nv_bfloat16* A, int off, int lda, float* D, cudaStream_t stream)
 func stWmmaMisaligned(A kernels.Ptr, off, lda int, D kernels.Ptr, stream kernels.Stream) error {
 	if int(int32(off)) != off {
-		return lspgoRange("lsp_st_wmma_misaligned", "off", off, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma_misaligned", "off", off, "does not fit in a C int")
 	}
 	if int(int32(lda)) != lda {
-		return lspgoRange("lsp_st_wmma_misaligned", "lda", lda, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_wmma_misaligned", "lda", lda, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_wmma_misaligned", C.lspgo_lsp_st_wmma_misaligned(C.uintptr_t(A), C.int(off), C.int(lda), C.uintptr_t(D), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_wmma_misaligned", C.lspgo_lsp_st_wmma_misaligned(C.uintptr_t(A), C.int(off), C.int(lda), C.uintptr_t(D), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stReduce runs lsp_st_reduce (simtest/selftest.h, section selftest):
@@ -303,12 +240,12 @@ func stWmmaMisaligned(A kernels.Ptr, off, lda int, D kernels.Ptr, stream kernels
 //	cudaError_t lsp_st_reduce(const float* in, float* out, int n, int blocks, cudaStream_t stream)
 func stReduce(in, out kernels.Ptr, n, blocks int, stream kernels.Stream) error {
 	if int(int32(n)) != n {
-		return lspgoRange("lsp_st_reduce", "n", n, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_reduce", "n", n, "does not fit in a C int")
 	}
 	if int(int32(blocks)) != blocks {
-		return lspgoRange("lsp_st_reduce", "blocks", blocks, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_reduce", "blocks", blocks, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_reduce", C.lspgo_lsp_st_reduce(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.int(blocks), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_reduce", C.lspgo_lsp_st_reduce(C.uintptr_t(in), C.uintptr_t(out), C.int(n), C.int(blocks), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stBlocks runs lsp_st_blocks (simtest/selftest.h, section selftest):
@@ -316,24 +253,24 @@ func stReduce(in, out kernels.Ptr, n, blocks int, stream kernels.Stream) error {
 //	cudaError_t lsp_st_blocks(int* out, int* counter, unsigned* maxv, int gx, int gy, int gz, int bx, int by, int bz, cudaStream_t stream)
 func stBlocks(out, counter, maxv kernels.Ptr, gx, gy, gz, bx, by, bz int, stream kernels.Stream) error {
 	if int(int32(gx)) != gx {
-		return lspgoRange("lsp_st_blocks", "gx", gx, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "gx", gx, "does not fit in a C int")
 	}
 	if int(int32(gy)) != gy {
-		return lspgoRange("lsp_st_blocks", "gy", gy, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "gy", gy, "does not fit in a C int")
 	}
 	if int(int32(gz)) != gz {
-		return lspgoRange("lsp_st_blocks", "gz", gz, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "gz", gz, "does not fit in a C int")
 	}
 	if int(int32(bx)) != bx {
-		return lspgoRange("lsp_st_blocks", "bx", bx, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "bx", bx, "does not fit in a C int")
 	}
 	if int(int32(by)) != by {
-		return lspgoRange("lsp_st_blocks", "by", by, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "by", by, "does not fit in a C int")
 	}
 	if int(int32(bz)) != bz {
-		return lspgoRange("lsp_st_blocks", "bz", bz, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_blocks", "bz", bz, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_blocks", C.lspgo_lsp_st_blocks(C.uintptr_t(out), C.uintptr_t(counter), C.uintptr_t(maxv), C.int(gx), C.int(gy), C.int(gz), C.int(bx), C.int(by), C.int(bz), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_blocks", C.lspgo_lsp_st_blocks(C.uintptr_t(out), C.uintptr_t(counter), C.uintptr_t(maxv), C.int(gx), C.int(gy), C.int(gz), C.int(bx), C.int(by), C.int(bz), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }
 
 // stRecurse runs lsp_st_recurse (simtest/selftest.h, section selftest):
@@ -341,7 +278,7 @@ func stBlocks(out, counter, maxv kernels.Ptr, gx, gy, gz, bx, by, bz int, stream
 //	cudaError_t lsp_st_recurse(int depth, int* out, cudaStream_t stream)
 func stRecurse(depth int, out kernels.Ptr, stream kernels.Stream) error {
 	if int(int32(depth)) != depth {
-		return lspgoRange("lsp_st_recurse", "depth", depth, "does not fit in a C int")
+		return kernels.ArgError("lsp_st_recurse", "depth", depth, "does not fit in a C int")
 	}
-	return lspgoResult("lsp_st_recurse", C.lspgo_lsp_st_recurse(C.int(depth), C.uintptr_t(out), C.uintptr_t(stream), lspgoSync()))
+	return lspgoResult("lsp_st_recurse", C.lspgo_lsp_st_recurse(C.int(depth), C.uintptr_t(out), C.uintptr_t(stream), C.bool(kernels.Synchronous())))
 }

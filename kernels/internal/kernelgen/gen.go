@@ -168,7 +168,7 @@ func (t Target) param(p Param) (goParam, error) {
 	case p.CType == "int" && strings.HasSuffix(p.Name, "_bf16"):
 		q.GoType, q.cgoType, q.shimType = t.Qual+"DType", "C.int", "int"
 	case p.CType == "int" && slices.Contains(FlagParams, p.Name):
-		q.GoType, q.cgoType, q.shimType = "bool", "lspgoBool", "int"
+		q.GoType, q.cgoType, q.shimType = "bool", "C.bool", "bool"
 	default:
 		s, ok := goTypes[p.CType]
 		if !ok {
@@ -272,51 +272,9 @@ func (t Target) face(h *Header, fs []*goFunc) ([]byte, error) {
 	var b bytes.Buffer
 	t.header(&b, t.Tags)
 	fmt.Fprintf(&b, "package %s\n\n", t.Package)
-	b.WriteString(`/*
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-`)
-	fmt.Fprintf(&b, "#include %q\n", t.Include)
-	b.WriteString(`
-// lspgo_ret is a launch's result: the CUDA error and, in simulator builds,
-// a malloc'd copy of the simulator's message (NULL when there is none).
-typedef struct {
-	int code;
-	char* msg;
-} lspgo_ret;
-
-// lspgo_begin clears the calling thread's last CUDA error (and the
-// simulator's message), which an earlier call on this OS thread may have
-// left, so that what the launcher returns is its own.
-static void lspgo_begin(void) {
-	(void)cudaGetLastError();
-#ifdef LSP_SIM
-	lsp_sim_clear_message();
-#endif
-}
-
-// lspgo_end completes a launch on the thread that made it: with sync it
-// waits for the device and takes the kernel's run-time error as the
-// launch's; it copies the simulator's message of a failure before any
-// other launch on this thread can replace it.
-static lspgo_ret lspgo_end(cudaError_t e, int sync) {
-	lspgo_ret r;
-	r.code = (int)e;
-	r.msg = NULL;
-	if (r.code == 0 && sync) {
-		r.code = (int)cudaDeviceSynchronize();
-		if (r.code == 0) r.code = (int)cudaGetLastError();
-	}
-#ifdef LSP_SIM
-	if (r.code != 0) {
-		const char* m = lsp_sim_last_message();
-		if (m != NULL && m[0] != 0) r.msg = strdup(m);
-	}
-#endif
-	return r;
-}
-`)
+	// The launchers' header first: lspgo.h, the shims' shared C half,
+	// uses CUDA's runtime (and the simulator's) that it brings in.
+	fmt.Fprintf(&b, "/*\n#include %q\n#include \"lspgo.h\"\n", t.Include)
 	for _, g := range fs {
 		if !g.Launch {
 			continue
@@ -330,44 +288,24 @@ static lspgo_ret lspgo_end(cudaError_t e, int sync) {
 				args = append(args, p.Name)
 			}
 		}
-		params = append(params, "int lspgo_sync")
+		params = append(params, "bool lspgo_sync")
 		fmt.Fprintf(&b, "\nstatic lspgo_ret lspgo_%s(%s) {\n", g.CName, strings.Join(params, ", "))
 		b.WriteString("\tlspgo_begin();\n")
 		fmt.Fprintf(&b, "\treturn lspgo_end(%s(%s), lspgo_sync);\n}\n", g.CName, strings.Join(args, ", "))
 	}
 	b.WriteString("*/\nimport \"C\"\n\n")
-	b.WriteString("import (\n\t\"fmt\"\n\t\"unsafe\"\n")
+	b.WriteString("import (\n\t\"unsafe\"\n")
 	if t.Import != "" {
 		fmt.Fprintf(&b, "\n\t%q\n", t.Import)
 	}
 	b.WriteString(")\n\n")
+	// The Go half of the shims is package kernels' (ShimResult, ArgError);
+	// a face only unpacks its own package's C struct for it.
 	fmt.Fprintf(&b, `// lspgoResult turns a shim's result into the launcher's error.
 func lspgoResult(launcher string, r C.lspgo_ret) error {
-	if r.code == 0 {
-		return nil
-	}
-	detail := ""
-	if r.msg != nil {
-		detail = C.GoString(r.msg)
-		C.free(unsafe.Pointer(r.msg))
-	}
-	return %sNewError(launcher, int(r.code), detail)
+	return %sShimResult(launcher, int(r.code), unsafe.Pointer(r.msg))
 }
-
-// lspgoRange is the error of an integer argument a launcher cannot take.
-func lspgoRange(launcher, param string, v any, want string) error {
-	return fmt.Errorf("%%s: argument %%s = %%v %%s", launcher, param, v, want)
-}
-
-func lspgoBool(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func lspgoSync() C.int { return lspgoBool(%sSynchronous()) }
-`, t.Qual, t.Qual)
+`, t.Qual)
 	for _, g := range fs {
 		t.goFunc(&b, h, g)
 	}
@@ -401,11 +339,11 @@ func (t Target) goFunc(b *bytes.Buffer, h *Header, g *goFunc) {
 	for _, p := range g.Params {
 		switch p.check {
 		case "int32":
-			fmt.Fprintf(b, "\tif int(int32(%s)) != %s {\n\t\treturn %slspgoRange(%q, %q, %s, \"does not fit in a C int\")\n\t}\n",
-				p.GoName, p.GoName, zero, g.CName, p.Name, p.GoName)
+			fmt.Fprintf(b, "\tif int(int32(%s)) != %s {\n\t\treturn %s%sArgError(%q, %q, %s, \"does not fit in a C int\")\n\t}\n",
+				p.GoName, p.GoName, zero, t.Qual, g.CName, p.Name, p.GoName)
 		case "size":
-			fmt.Fprintf(b, "\tif %s < 0 {\n\t\treturn %slspgoRange(%q, %q, %s, \"is negative\")\n\t}\n",
-				p.GoName, zero, g.CName, p.Name, p.GoName)
+			fmt.Fprintf(b, "\tif %s < 0 {\n\t\treturn %s%sArgError(%q, %q, %s, \"is negative\")\n\t}\n",
+				p.GoName, zero, t.Qual, g.CName, p.Name, p.GoName)
 		}
 	}
 	var args []string
@@ -413,7 +351,7 @@ func (t Target) goFunc(b *bytes.Buffer, h *Header, g *goFunc) {
 		args = append(args, fmt.Sprintf("%s(%s)", p.cgoType, p.GoName))
 	}
 	if g.Launch {
-		args = append(args, "lspgoSync()")
+		args = append(args, "C.bool("+t.Qual+"Synchronous())")
 		fmt.Fprintf(b, "\treturn lspgoResult(%q, C.lspgo_%s(%s))\n}\n", g.CName, g.CName, strings.Join(args, ", "))
 	} else {
 		fmt.Fprintf(b, "\treturn %s(C.%s(%s)), nil\n}\n", g.Ret, g.CName, strings.Join(args, ", "))

@@ -102,9 +102,9 @@ func TestGenerate(t *testing.T) {
 		"func Add(out, a, b Ptr, n int64, outBF16, aBF16, bBF16 DType, stream Stream) error {",
 		// C is cgo's pseudo-package: the parameter is renamed; transA is a switch.
 		"func Sum(out, x Ptr, C_ int, transA bool, work Ptr, seed uint64, matrix uint32, stream Stream) error {",
-		`return lspgoRange("lsp_sum", "C", C_, "does not fit in a C int")`,
+		`return ArgError("lsp_sum", "C", C_, "does not fit in a C int")`,
 		"func SumScratchBytes(N, C_ int) (int, error) {",
-		"static lspgo_ret lspgo_lsp_sum(uintptr_t out, uintptr_t x, int C, int transA, uintptr_t work, unsigned long long seed, unsigned int matrix, uintptr_t stream, int lspgo_sync) {",
+		"static lspgo_ret lspgo_lsp_sum(uintptr_t out, uintptr_t x, int C, bool transA, uintptr_t work, unsigned long long seed, unsigned int matrix, uintptr_t stream, bool lspgo_sync) {",
 		"(const __nv_bfloat16*)x",
 		"lspgo_begin();",
 	} {
@@ -134,7 +134,7 @@ func TestGenerate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s := string(files["f_gen.go"]); !strings.Contains(s, "func Fill(t kernels.Ptr, v float32, n int64, tBF16 kernels.DType, stream kernels.Stream) error {") ||
-		!strings.Contains(s, "return kernels.NewError(launcher, int(r.code), detail)") {
+		!strings.Contains(s, "return kernels.ShimResult(launcher, int(r.code), unsafe.Pointer(r.msg))") {
 		t.Errorf("qualified face:\n%s", s)
 	}
 }

@@ -82,6 +82,19 @@ func Parse(file string, src []byte) (*Header, error) {
 	errAt := func(line int, format string, args ...any) error {
 		return fmt.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
 	}
+	// endDecl takes the prototype in pending, complete at its ";", into the
+	// section, with the comment before it.
+	endDecl := func() error {
+		f, err := parseProto(pending.String())
+		if err != nil {
+			return errAt(pendAt, "%v", err)
+		}
+		f.Doc, f.Line, f.Family = doc, pendAt, fam.Name
+		fam.Funcs = append(fam.Funcs, f)
+		doc = nil
+		pending.Reset()
+		return nil
+	}
 	lines := strings.Split(string(src), "\n")
 	for i, raw := range lines {
 		n := i + 1
@@ -93,14 +106,9 @@ func Parse(file string, src []byte) (*Header, error) {
 			pending.WriteString(" ")
 			pending.WriteString(line)
 			if strings.HasSuffix(line, ";") {
-				f, err := parseProto(pending.String())
-				if err != nil {
-					return nil, errAt(pendAt, "%v", err)
+				if err := endDecl(); err != nil {
+					return nil, err
 				}
-				f.Doc, f.Line, f.Family = doc, pendAt, fam.Name
-				fam.Funcs = append(fam.Funcs, f)
-				doc = nil
-				pending.Reset()
 			}
 			continue
 		}
@@ -153,14 +161,9 @@ func Parse(file string, src []byte) (*Header, error) {
 			pendAt = n
 			pending.WriteString(line)
 			if strings.HasSuffix(line, ";") {
-				f, err := parseProto(pending.String())
-				if err != nil {
-					return nil, errAt(n, "%v", err)
+				if err := endDecl(); err != nil {
+					return nil, err
 				}
-				f.Doc, f.Line, f.Family = doc, n, fam.Name
-				fam.Funcs = append(fam.Funcs, f)
-				doc = nil
-				pending.Reset()
 			}
 		}
 	}
