@@ -25,16 +25,12 @@
  * other overlaps between inputs and outputs. No barriers.
  */
 #include "kernels.h"
+#include "ldst.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr long long kMaxBlocks = 8192;
-
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(float* p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 

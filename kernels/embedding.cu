@@ -45,6 +45,7 @@
  * caller that did not validate ids sees NaN losses rather than a fault.
  */
 #include "kernels.h"
+#include "ldst.cuh"
 
 #include <math.h>
 
@@ -55,11 +56,6 @@ constexpr long long kMaxBlocks = 16384;  // elementwise grid-stride cap
 constexpr int kRows = 32;                // dwte rows per block (one bit each in a uint32 mask)
 constexpr int kCols = 128;               // dwte channels per block = threads per block
 constexpr int kWarps = kCols / 32;
-
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(float* p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 template <typename X>
 __global__ void __launch_bounds__(kThreads)

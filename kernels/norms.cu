@@ -40,6 +40,7 @@
  * share data.
  */
 #include "kernels.h"
+#include "ldst.cuh"
 
 #include <stddef.h>
 
@@ -50,11 +51,6 @@ constexpr int kRowsPerBlock = kRowThreads / 32;  // one warp per row
 constexpr int kColThreads = 128;                 // threads per block of the column kernels
 constexpr int kMinChunkRows = 32;                // rows per partial column sum, at least
 constexpr int kMaxChunks = 512;                  // partial column sums, at most
-
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(float* p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // warp_sum adds v over the 32 lanes; every lane gets the same bits (each
 // butterfly step adds the same two partials, commutatively).

@@ -41,6 +41,7 @@
  * times inv_freq[0] = 1); smaller angles never touch it. No spills.
  */
 #include "kernels.h"
+#include "ldst.cuh"
 
 #include <math.h>
 
@@ -49,11 +50,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr long long kMaxBlocks = 16384;
 constexpr int kMaxHalf = 256;  // HS/2 at most
-
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(float* p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // rope_kernel rotates by sign * angle; out may equal inp (each thread
 // reads both elements of its pairs before writing them).

@@ -30,6 +30,7 @@
  * +Inf or NaN give NaN.
  */
 #include "kernels.h"
+#include "ldst.cuh"
 
 #include <math.h>
 
@@ -37,11 +38,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ float ld(const float* p) { return *p; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(float* p, float v) { *p = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // merge folds the online-softmax pair (m2, s2) into (m, s): the result is
 // the same bits for (a, b) and (b, a).

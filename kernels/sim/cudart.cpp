@@ -388,6 +388,40 @@ std::shared_ptr<Stream> find_stream(cudaStream_t h, cudaError_t* err) {
 	return it->second;
 }
 
+/* live_stream is find_stream for an entry point, under S.mu held by l: for
+ * a handle that is no live stream it releases l and fails with why (a
+ * printf format whose one %p is the handle), leaving the error for the
+ * entry point to return in *ret. */
+std::shared_ptr<Stream> live_stream(std::unique_lock<std::mutex>& l, cudaStream_t h, const char* why, cudaError_t* ret) {
+	cudaError_t err = cudaSuccess;
+	std::shared_ptr<Stream> s = find_stream(h, &err);
+	if (!s) {
+		l.unlock();
+		*ret = fail(err, why, static_cast<void*>(h));
+	}
+	return s;
+}
+
+/* live_event is live_stream for an event handle (under S.mu held by l):
+ * its event, or null after failing with cudaErrorInvalidResourceHandle. */
+std::shared_ptr<Event> live_event(std::unique_lock<std::mutex>& l, cudaEvent_t ev, const char* why, cudaError_t* ret) {
+	auto it = S.events.find(reinterpret_cast<uintptr_t>(ev));
+	if (it == S.events.end()) {
+		l.unlock();
+		*ret = fail(cudaErrorInvalidResourceHandle, why, static_cast<void*>(ev));
+		return nullptr;
+	}
+	return it->second;
+}
+
+/* new_op is an operation of kind (LSP_SIM_OP_*) with its trace label. */
+std::unique_ptr<Op> new_op(int kind, const char* label) {
+	auto op = std::unique_ptr<Op>(new Op);
+	op->kind = kind;
+	op->label = label;
+	return op;
+}
+
 unsigned delay_for(const Stream* s, uint64_t seq) {
 	if (S.delay_max_us == 0) return 0;
 	return unsigned(mix(mix(S.delay_seed, s->number + 1), seq) % (uint64_t(S.delay_max_us) + 1));
@@ -402,9 +436,7 @@ void push(Stream* s, std::unique_ptr<Op> op) {
 }
 
 std::unique_ptr<Op> wait_for_stream(const std::shared_ptr<Stream>& t) {
-	auto w = std::unique_ptr<Op>(new Op);
-	w->kind = LSP_SIM_OP_WAIT;
-	w->label = "legacy stream sync";
+	auto w = new_op(LSP_SIM_OP_WAIT, "legacy stream sync");
 	w->wait_stream = t;
 	w->wait_seq = t->queued;
 	return w;
@@ -592,9 +624,8 @@ cudaError_t memcpy_impl(const char* fn, void* dst, const void* src, size_t n, cu
 		l.unlock();
 		return fail(cudaErrorInvalidValue, "%s: the ranges of dst %p and src %p (%zu bytes) overlap", fn, dst, src, n);
 	}
-	auto op = std::unique_ptr<Op>(new Op);
-	op->kind = dd && sd ? LSP_SIM_OP_MEMCPY_D2D : dd ? LSP_SIM_OP_MEMCPY_H2D : LSP_SIM_OP_MEMCPY_D2H;
-	op->label = kind_label(op->kind);
+	const int k = dd && sd ? LSP_SIM_OP_MEMCPY_D2D : dd ? LSP_SIM_OP_MEMCPY_H2D : LSP_SIM_OP_MEMCPY_D2H;
+	auto op = new_op(k, kind_label(k));
 	op->dst = dst;
 	op->src = src;
 	op->bytes = n;
@@ -959,21 +990,16 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t count, cudaStream_t strea
 	lsp_sim::rt_init();
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	cudaError_t err = cudaSuccess;
-	auto s = lsp_sim::find_stream(stream, &err);
-	if (!s) {
-		l.unlock();
-		return fail(err, "cudaMemsetAsync: stream %p is not a live stream", static_cast<void*>(stream));
-	}
+	cudaError_t ret;
+	auto s = lsp_sim::live_stream(l, stream, "cudaMemsetAsync: stream %p is not a live stream", &ret);
+	if (!s) return ret;
 	if (count == 0) return cudaSuccess;
 	std::string why;
 	if (!lsp_sim::dev_range(p, count, &why)) {
 		l.unlock();
 		return fail(cudaErrorInvalidValue, "cudaMemsetAsync: %s", why.c_str());
 	}
-	auto op = std::unique_ptr<lsp_sim::Op>(new lsp_sim::Op);
-	op->kind = LSP_SIM_OP_MEMSET;
-	op->label = "memset";
+	auto op = lsp_sim::new_op(LSP_SIM_OP_MEMSET, "memset");
 	op->dst = p;
 	op->bytes = count;
 	op->value = int(static_cast<unsigned char>(value));
@@ -1019,12 +1045,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 	lsp_sim::rt_init();
 	{
 		std::unique_lock<std::mutex> l(S.mu);
-		cudaError_t err = cudaSuccess;
-		auto s = lsp_sim::find_stream(h, &err);
-		if (!s) {
-			l.unlock();
-			return fail(err, "cudaStreamSynchronize(%p): not a live stream", static_cast<void*>(h));
-		}
+		cudaError_t ret;
+		auto s = lsp_sim::live_stream(l, h, "cudaStreamSynchronize(%p): not a live stream", &ret);
+		if (!s) return ret;
 		uint64_t n = s->queued;
 		lsp_sim::Stream* sp = s.get();
 		S.cv.wait(l, [sp, n] { return sp->done >= n; });
@@ -1036,12 +1059,9 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 	lsp_sim::rt_init();
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	cudaError_t err = cudaSuccess;
-	auto s = lsp_sim::find_stream(h, &err);
-	if (!s) {
-		l.unlock();
-		return fail(err, "cudaStreamQuery(%p): not a live stream", static_cast<void*>(h));
-	}
+	cudaError_t ret;
+	auto s = lsp_sim::live_stream(l, h, "cudaStreamQuery(%p): not a live stream", &ret);
+	if (!s) return ret;
 	return s->done == s->queued ? cudaSuccess : cudaErrorNotReady; /* not ready is no error: last error untouched */
 }
 
@@ -1051,23 +1071,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, unsigned int fla
 		return fail(cudaErrorNotSupported, "cudaStreamWaitEvent: flags 0x%x (only cudaEventWaitDefault)", flags);
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	cudaError_t err = cudaSuccess;
-	auto s = lsp_sim::find_stream(h, &err);
-	if (!s) {
-		l.unlock();
-		return fail(err, "cudaStreamWaitEvent: stream %p is not a live stream", static_cast<void*>(h));
-	}
-	auto it = S.events.find(reinterpret_cast<uintptr_t>(ev));
-	if (it == S.events.end()) {
-		l.unlock();
-		return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event %p is not a live event",
-		            static_cast<void*>(ev));
-	}
-	if (!it->second->latest) return cudaSuccess; /* never recorded: a no-op, as CUDA */
-	auto op = std::unique_ptr<lsp_sim::Op>(new lsp_sim::Op);
-	op->kind = LSP_SIM_OP_WAIT;
-	op->label = "wait event";
-	op->wait_rec = it->second->latest; /* the latest record now, not a later one */
+	cudaError_t ret;
+	auto s = lsp_sim::live_stream(l, h, "cudaStreamWaitEvent: stream %p is not a live stream", &ret);
+	if (!s) return ret;
+	auto e = lsp_sim::live_event(l, ev, "cudaStreamWaitEvent: event %p is not a live event", &ret);
+	if (!e) return ret;
+	if (!e->latest) return cudaSuccess; /* never recorded: a no-op, as CUDA */
+	auto op = lsp_sim::new_op(LSP_SIM_OP_WAIT, "wait event");
+	op->wait_rec = e->latest; /* the latest record now, not a later one */
 	lsp_sim::enqueue(s, std::move(op));
 	return cudaSuccess;
 }
@@ -1077,15 +1088,10 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* user) {
 	if (!fn) return fail(cudaErrorInvalidValue, "cudaLaunchHostFunc: null fn");
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	cudaError_t err = cudaSuccess;
-	auto s = lsp_sim::find_stream(h, &err);
-	if (!s) {
-		l.unlock();
-		return fail(err, "cudaLaunchHostFunc: stream %p is not a live stream", static_cast<void*>(h));
-	}
-	auto op = std::unique_ptr<lsp_sim::Op>(new lsp_sim::Op);
-	op->kind = LSP_SIM_OP_HOST_FUNC;
-	op->label = "host function";
+	cudaError_t ret;
+	auto s = lsp_sim::live_stream(l, h, "cudaLaunchHostFunc: stream %p is not a live stream", &ret);
+	if (!s) return ret;
+	auto op = lsp_sim::new_op(LSP_SIM_OP_HOST_FUNC, "host function");
 	op->fn = fn;
 	op->user = user;
 	lsp_sim::enqueue(s, std::move(op));
@@ -1128,22 +1134,14 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
 	lsp_sim::rt_init();
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	auto it = S.events.find(reinterpret_cast<uintptr_t>(ev));
-	if (it == S.events.end()) {
-		l.unlock();
-		return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: event %p is not a live event", static_cast<void*>(ev));
-	}
-	cudaError_t err = cudaSuccess;
-	auto s = lsp_sim::find_stream(h, &err);
-	if (!s) {
-		l.unlock();
-		return fail(err, "cudaEventRecord: stream %p is not a live stream", static_cast<void*>(h));
-	}
-	auto op = std::unique_ptr<lsp_sim::Op>(new lsp_sim::Op);
-	op->kind = LSP_SIM_OP_EVENT_RECORD;
-	op->label = "event record";
+	cudaError_t ret;
+	auto e = lsp_sim::live_event(l, ev, "cudaEventRecord: event %p is not a live event", &ret);
+	if (!e) return ret;
+	auto s = lsp_sim::live_stream(l, h, "cudaEventRecord: stream %p is not a live stream", &ret);
+	if (!s) return ret;
+	auto op = lsp_sim::new_op(LSP_SIM_OP_EVENT_RECORD, "event record");
 	op->done = std::make_shared<lsp_sim::Record>();
-	it->second->latest = op->done;
+	e->latest = op->done;
 	lsp_sim::enqueue(s, std::move(op));
 	return cudaSuccess;
 }
@@ -1152,12 +1150,10 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 	lsp_sim::rt_init();
 	if (cudaError_t e = sticky()) return e;
 	std::unique_lock<std::mutex> l(S.mu);
-	auto it = S.events.find(reinterpret_cast<uintptr_t>(ev));
-	if (it == S.events.end()) {
-		l.unlock();
-		return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery(%p): not a live event", static_cast<void*>(ev));
-	}
-	const auto& r = it->second->latest;
+	cudaError_t ret;
+	auto e = lsp_sim::live_event(l, ev, "cudaEventQuery(%p): not a live event", &ret);
+	if (!e) return ret;
+	const auto& r = e->latest;
 	return !r || r->done ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -1165,13 +1161,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 	lsp_sim::rt_init();
 	{
 		std::unique_lock<std::mutex> l(S.mu);
-		auto it = S.events.find(reinterpret_cast<uintptr_t>(ev));
-		if (it == S.events.end()) {
-			l.unlock();
-			return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(%p): not a live event",
-			            static_cast<void*>(ev));
-		}
-		std::shared_ptr<lsp_sim::Record> r = it->second->latest;
+		cudaError_t ret;
+		auto e = lsp_sim::live_event(l, ev, "cudaEventSynchronize(%p): not a live event", &ret);
+		if (!e) return ret;
+		std::shared_ptr<lsp_sim::Record> r = e->latest;
 		if (r) S.cv.wait(l, [&r] { return r->done; });
 	}
 	return sticky();

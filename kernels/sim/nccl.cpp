@@ -709,9 +709,7 @@ ncclResult_t submit(const std::shared_ptr<NcclComm>& c, cudaStream_t stream, std
 		std::lock_guard<std::mutex> m(c->mu);
 		ticket = ++c->issued;
 	}
-	auto op = std::unique_ptr<Op>(new Op);
-	op->kind = LSP_SIM_OP_NCCL;
-	op->label = xs.size() == 1 ? (xs[0].recv ? "ncclRecv" : "ncclSend") : "nccl group";
+	auto op = new_op(LSP_SIM_OP_NCCL, xs.size() == 1 ? (xs[0].recv ? "ncclRecv" : "ncclSend") : "nccl group");
 	auto shared = std::make_shared<std::vector<Xfer>>(std::move(xs));
 	std::string w = what;
 	op->task = [c, ticket, shared, w](bool dead, std::string* msg) {
