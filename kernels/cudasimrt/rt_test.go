@@ -118,6 +118,27 @@ func stillPending(t *testing.T, what string, s stream) {
 	wantCode(t, what, streamQuery(s), errNotReady)
 }
 
+// heldHostFunc checks a host function that g's blocked kernel holds back:
+// queue blocks g and queues, on s, the function counting its runs in
+// counter and what holds it back (named by pending and before). The
+// function must not have run (s still pending) until g opens, and then
+// run once.
+func heldHostFunc(t *testing.T, g *gate, s stream, pending, before string, queue func(counter uintptr)) {
+	t.Helper()
+	counter, _ := pinnedBuf(t, 4)
+	*(*int32)(ptr(counter)) = 0
+	queue(counter)
+	stillPending(t, pending, s)
+	if v := loadInt(counter); v != 0 {
+		t.Fatalf("the host function ran (%d) before %s", v, before)
+	}
+	must(t, g.open())
+	must(t, streamSync(s))
+	if v := loadInt(counter); v != 1 {
+		t.Fatalf("host function count %d, want 1", v)
+	}
+}
+
 func TestDevice(t *testing.T) {
 	lockThread(t)
 	n, err := deviceCount()
@@ -438,24 +459,15 @@ func TestWaitBindsLatestRecord(t *testing.T) {
 	e, err := eventCreate(eventDisableTim)
 	must(t, err)
 	t.Cleanup(func() { _ = eventDestroy(e) })
-	counter, _ := pinnedBuf(t, 4)
-	*(*int32)(ptr(counter)) = 0
-	g.block(a)
-	must(t, eventRecord(e, a))
-	must(t, streamWaitEvent(b, e, 0))
-	must(t, hostFunc(b, counter))
-	must(t, eventRecord(e, c)) // c is idle: this record completes at once
-	must(t, eventSync(e))      // waits for the latest record only
-	must(t, eventQuery(e))
-	stillPending(t, "the stream waiting on the earlier record", b)
-	if v := loadInt(counter); v != 0 {
-		t.Fatalf("the host function ran (%d) before the record it waits for", v)
-	}
-	must(t, g.open())
-	must(t, streamSync(b))
-	if v := loadInt(counter); v != 1 {
-		t.Fatalf("host function count %d, want 1", v)
-	}
+	heldHostFunc(t, g, b, "the stream waiting on the earlier record", "the record it waits for", func(counter uintptr) {
+		g.block(a)
+		must(t, eventRecord(e, a))
+		must(t, streamWaitEvent(b, e, 0))
+		must(t, hostFunc(b, counter))
+		must(t, eventRecord(e, c)) // c is idle: this record completes at once
+		must(t, eventSync(e))      // waits for the latest record only
+		must(t, eventQuery(e))
+	})
 }
 
 func TestElapsedTime(t *testing.T) {
@@ -655,19 +667,10 @@ func TestPageableCopies(t *testing.T) {
 func TestHostFunc(t *testing.T) {
 	g := newGate(t)
 	s := newStream(t, streamNonBlocking)
-	counter, _ := pinnedBuf(t, 4)
-	*(*int32)(ptr(counter)) = 0
-	g.block(s)
-	must(t, hostFunc(s, counter))
-	stillPending(t, "a host function behind a kernel", s)
-	if v := loadInt(counter); v != 0 {
-		t.Fatalf("the host function ran (%d) before the kernel before it ended", v)
-	}
-	must(t, g.open())
-	must(t, streamSync(s))
-	if v := loadInt(counter); v != 1 {
-		t.Fatalf("host function count %d, want 1", v)
-	}
+	heldHostFunc(t, g, s, "a host function behind a kernel", "the kernel before it ended", func(counter uintptr) {
+		g.block(s)
+		must(t, hostFunc(s, counter))
+	})
 }
 
 // Arguments a launcher or the launch check refuses are errors of the call

@@ -42,113 +42,109 @@ func newActInputs(n int) actInputs {
 	return actInputs{x: Rand(uint64(n), n, 6), up: Rand(uint64(n)+1, n, 3), dout: Rand(uint64(n)+2, n, 1)}
 }
 
-func TestActivationsGeluForward(t *testing.T) {
+// eachActSize calls f for each size of activationSizes and each of the
+// variants (dtype mixes) k of a test, but only the first variant (all
+// bf16, the model's mix) at bigSize.
+func eachActSize(variants int, f func(n, k int)) {
 	for _, n := range activationSizes {
-		for k, xb := range []bool{true, false} {
+		for k := range variants {
 			if n == bigSize && k > 0 {
 				continue
 			}
-			t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
-				in := newActInputs(n)
-				rig := newCPURig(t)
-				out := rig.tensor("out", make([]float32, n), xb)
-				rig.run("gelu forward", rig.be.GeluForward(rig.s, out, rig.tensor("x", in.x, xb)))
-				want := rig.get(out)
-				for i, seed := range Seeds {
-					o := outBuf(t, n, xb, i%2 == 0)
-					SetSeed(seed)
-					mustLaunch(t, kernels.GeluForward(o.Dev(), NewFloatBuf(t, in.x, xb, i%2 == 1).Dev(), int64(n), dtype(xb), 0))
-					Compare(t, "out", o.Values(), want, 1e-7, tolFor(xb, 1e-6))
-				}
-			})
+			f(n, k)
 		}
 	}
+}
+
+func TestActivationsGeluForward(t *testing.T) {
+	eachActSize(2, func(n, k int) {
+		xb := k == 0
+		t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
+			in := newActInputs(n)
+			rig := newCPURig(t)
+			out := rig.tensor("out", make([]float32, n), xb)
+			rig.run("gelu forward", rig.be.GeluForward(rig.s, out, rig.tensor("x", in.x, xb)))
+			want := rig.get(out)
+			for i, seed := range Seeds {
+				o := outBuf(t, n, xb, i%2 == 0)
+				SetSeed(seed)
+				mustLaunch(t, kernels.GeluForward(o.Dev(), NewFloatBuf(t, in.x, xb, i%2 == 1).Dev(), int64(n), dtype(xb), 0))
+				Compare(t, "out", o.Values(), want, 1e-7, tolFor(xb, 1e-6))
+			}
+		})
+	})
 }
 
 func TestActivationsGeluBackward(t *testing.T) {
-	for _, n := range activationSizes {
-		for k, mix := range dtypeMixes {
-			if n == bigSize && k > 0 {
-				continue
+	eachActSize(len(dtypeMixes), func(n, k int) {
+		xb, gb := dtypeMixes[k][0], dtypeMixes[k][1]
+		t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
+			in := newActInputs(n)
+			rig := newCPURig(t)
+			dx := rig.tensor("dx", make([]float32, n), gb)
+			rig.run("gelu backward", rig.be.GeluBackward(rig.s, dx, rig.tensor("x", in.x, xb), rig.tensor("dout", in.dout, gb)))
+			want := rig.get(dx)
+			for i, seed := range Seeds {
+				before := i%2 == 0
+				x := NewFloatBuf(t, in.x, xb, !before)
+				d := outBuf(t, n, gb, before)
+				SetSeed(seed)
+				mustLaunch(t, kernels.GeluBackward(d.Dev(), x.Dev(), NewFloatBuf(t, in.dout, gb, !before).Dev(), int64(n), dtype(xb), dtype(gb), 0))
+				Compare(t, "dinp", d.Values(), want, 1e-6, tolFor(gb, 1e-5))
+				inPlace := NewFloatBuf(t, in.dout, gb, before)
+				mustLaunch(t, kernels.GeluBackward(inPlace.Dev(), x.Dev(), inPlace.Dev(), int64(n), dtype(xb), dtype(gb), 0))
+				Compare(t, "dinp in place", inPlace.Values(), want, 1e-6, tolFor(gb, 1e-5))
 			}
-			xb, gb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
-				in := newActInputs(n)
-				rig := newCPURig(t)
-				dx := rig.tensor("dx", make([]float32, n), gb)
-				rig.run("gelu backward", rig.be.GeluBackward(rig.s, dx, rig.tensor("x", in.x, xb), rig.tensor("dout", in.dout, gb)))
-				want := rig.get(dx)
-				for i, seed := range Seeds {
-					before := i%2 == 0
-					x := NewFloatBuf(t, in.x, xb, !before)
-					d := outBuf(t, n, gb, before)
-					SetSeed(seed)
-					mustLaunch(t, kernels.GeluBackward(d.Dev(), x.Dev(), NewFloatBuf(t, in.dout, gb, !before).Dev(), int64(n), dtype(xb), dtype(gb), 0))
-					Compare(t, "dinp", d.Values(), want, 1e-6, tolFor(gb, 1e-5))
-					inPlace := NewFloatBuf(t, in.dout, gb, before)
-					mustLaunch(t, kernels.GeluBackward(inPlace.Dev(), x.Dev(), inPlace.Dev(), int64(n), dtype(xb), dtype(gb), 0))
-					Compare(t, "dinp in place", inPlace.Values(), want, 1e-6, tolFor(gb, 1e-5))
-				}
-			})
-		}
-	}
+		})
+	})
 }
 
 func TestActivationsSwiGLUForward(t *testing.T) {
-	for _, n := range activationSizes {
-		for k, xb := range []bool{true, false} {
-			if n == bigSize && k > 0 {
-				continue
+	eachActSize(2, func(n, k int) {
+		xb := k == 0
+		t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
+			in := newActInputs(n)
+			gate, up := roundIf(in.x, xb), roundIf(in.up, xb)
+			want := make([]float32, n)
+			cpu.SwiGLUForward(want, gate, up)
+			for i, seed := range Seeds {
+				before := i%2 == 0
+				o := outBuf(t, n, xb, before)
+				SetSeed(seed)
+				mustLaunch(t, kernels.SwiGLUForward(o.Dev(), NewFloatBuf(t, gate, xb, !before).Dev(), NewFloatBuf(t, up, xb, before).Dev(),
+					int64(n), dtype(xb), 0))
+				Compare(t, "out", o.Values(), roundIf(want, xb), 1e-7, tolFor(xb, 1e-6))
 			}
-			t.Run(fmt.Sprintf("n%d_%s", n, dtName(xb)), func(t *testing.T) {
-				in := newActInputs(n)
-				gate, up := roundIf(in.x, xb), roundIf(in.up, xb)
-				want := make([]float32, n)
-				cpu.SwiGLUForward(want, gate, up)
-				for i, seed := range Seeds {
-					before := i%2 == 0
-					o := outBuf(t, n, xb, before)
-					SetSeed(seed)
-					mustLaunch(t, kernels.SwiGLUForward(o.Dev(), NewFloatBuf(t, gate, xb, !before).Dev(), NewFloatBuf(t, up, xb, before).Dev(),
-						int64(n), dtype(xb), 0))
-					Compare(t, "out", o.Values(), roundIf(want, xb), 1e-7, tolFor(xb, 1e-6))
-				}
-			})
-		}
-	}
+		})
+	})
 }
 
 func TestActivationsSwiGLUBackward(t *testing.T) {
-	for _, n := range activationSizes {
-		for k, mix := range dtypeMixes {
-			if n == bigSize && k > 0 {
-				continue
+	eachActSize(len(dtypeMixes), func(n, k int) {
+		xb, gb := dtypeMixes[k][0], dtypeMixes[k][1]
+		t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
+			in := newActInputs(n)
+			gate, up, dout := roundIf(in.x, xb), roundIf(in.up, xb), roundIf(in.dout, gb)
+			wantG, wantU := make([]float32, n), make([]float32, n)
+			cpu.SwiGLUBackward(wantG, wantU, dout, gate, up)
+			wantG, wantU = roundIf(wantG, gb), roundIf(wantU, gb)
+			for i, seed := range Seeds {
+				before := i%2 == 0
+				g, u := NewFloatBuf(t, gate, xb, before), NewFloatBuf(t, up, xb, !before)
+				dg, du := outBuf(t, n, gb, before), outBuf(t, n, gb, !before)
+				SetSeed(seed)
+				mustLaunch(t, kernels.SwiGLUBackward(dg.Dev(), du.Dev(), NewFloatBuf(t, dout, gb, before).Dev(), g.Dev(), u.Dev(),
+					int64(n), dtype(xb), dtype(gb), 0))
+				Compare(t, "dgate", dg.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
+				Compare(t, "dup", du.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
+				inPlace, du2 := NewFloatBuf(t, dout, gb, !before), outBuf(t, n, gb, before)
+				mustLaunch(t, kernels.SwiGLUBackward(inPlace.Dev(), du2.Dev(), inPlace.Dev(), g.Dev(), u.Dev(), int64(n), dtype(xb),
+					dtype(gb), 0))
+				Compare(t, "dgate in place", inPlace.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
+				Compare(t, "dup (dgate in place)", du2.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
 			}
-			xb, gb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("n%d_x%s_g%s", n, dtName(xb), dtName(gb)), func(t *testing.T) {
-				in := newActInputs(n)
-				gate, up, dout := roundIf(in.x, xb), roundIf(in.up, xb), roundIf(in.dout, gb)
-				wantG, wantU := make([]float32, n), make([]float32, n)
-				cpu.SwiGLUBackward(wantG, wantU, dout, gate, up)
-				wantG, wantU = roundIf(wantG, gb), roundIf(wantU, gb)
-				for i, seed := range Seeds {
-					before := i%2 == 0
-					g, u := NewFloatBuf(t, gate, xb, before), NewFloatBuf(t, up, xb, !before)
-					dg, du := outBuf(t, n, gb, before), outBuf(t, n, gb, !before)
-					SetSeed(seed)
-					mustLaunch(t, kernels.SwiGLUBackward(dg.Dev(), du.Dev(), NewFloatBuf(t, dout, gb, before).Dev(), g.Dev(), u.Dev(),
-						int64(n), dtype(xb), dtype(gb), 0))
-					Compare(t, "dgate", dg.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
-					Compare(t, "dup", du.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
-					inPlace, du2 := NewFloatBuf(t, dout, gb, !before), outBuf(t, n, gb, before)
-					mustLaunch(t, kernels.SwiGLUBackward(inPlace.Dev(), du2.Dev(), inPlace.Dev(), g.Dev(), u.Dev(), int64(n), dtype(xb),
-						dtype(gb), 0))
-					Compare(t, "dgate in place", inPlace.Values(), wantG, 1e-6, tolFor(gb, 1e-5))
-					Compare(t, "dup (dgate in place)", du2.Values(), wantU, 1e-6, tolFor(gb, 1e-5))
-				}
-			})
-		}
-	}
+		})
+	})
 }
 
 // TestActivationsArgs checks the launchers' argument checks.

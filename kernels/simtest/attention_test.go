@@ -312,19 +312,6 @@ func dqkvPart(x []float32, c attnCase, p int) []float32 {
 	return out
 }
 
-func sameBits(t *testing.T, name string, a, b []float32) bool {
-	t.Helper()
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			t.Errorf("%s: not deterministic: index %d is %g with one simulator seed and %g with another", name, i,
-				a[i], b[i])
-			failFast(t)
-			return false
-		}
-	}
-	return true
-}
-
 // TestAttentionForward compares out and lse with the CPU backend.
 // attnArgs are the buffers and sizes of the attention launchers (see
 // kernels/attention.cu): qkv, out, dout, dqkv bf16; lse, scratch fp32;
@@ -360,55 +347,56 @@ func (a attnArgs) backward() error {
 		a.at(a.Lse, 0), a.at(a.Pos, 0), a.at(a.Scratch, 0), a.B, a.T, a.NH, a.KVH, a.HS, a.Layout, 0)
 }
 
-func TestAttentionForward(t *testing.T) {
+// eachAttnSeed runs check as a subtest per case of attnCases, for each
+// seed, with that seed's inputs, the CPU backend's results on them and the
+// name of the seed's checks; a false from check skips the case's later
+// seeds.
+func eachAttnSeed(t *testing.T, check func(t *testing.T, c attnCase, seed uint64, in attnInputs, ref attnRef, name string) bool) {
 	for _, c := range attnCases {
 		t.Run(c.String(), func(t *testing.T) {
 			for _, seed := range Seeds {
 				in := newAttnInputs(c, seed)
-				ref := cpuAttention(t, c, in)
-				out, lse := runAttnForward(t, c, in, seed, seed)
-				name := fmt.Sprintf("%v seed %d", c, seed)
-				atol, rtol := bf16Tol(ref.out)
-				if !Compare(t, name+" out", out, ref.out, atol, rtol) ||
-					!Compare(t, name+" lse", lse, ref.lse, math.Ldexp(1, -16), math.Ldexp(1, -17)) {
+				if !check(t, c, seed, in, cpuAttention(t, c, in), fmt.Sprintf("%v seed %d", c, seed)) {
 					return
-				}
-				if seed == Seeds[0] {
-					out2, lse2 := runAttnForward(t, c, in, seed+1, seed+100)
-					if !sameBits(t, name+" out", out, out2) || !sameBits(t, name+" lse", lse, lse2) {
-						return
-					}
 				}
 			}
 		})
 	}
 }
 
+func TestAttentionForward(t *testing.T) {
+	eachAttnSeed(t, func(t *testing.T, c attnCase, seed uint64, in attnInputs, ref attnRef, name string) bool {
+		out, lse := runAttnForward(t, c, in, seed, seed)
+		atol, rtol := bf16Tol(ref.out)
+		if !Compare(t, name+" out", out, ref.out, atol, rtol) ||
+			!Compare(t, name+" lse", lse, ref.lse, math.Ldexp(1, -16), math.Ldexp(1, -17)) {
+			return false
+		}
+		if seed == Seeds[0] {
+			out2, lse2 := runAttnForward(t, c, in, seed+1, seed+100)
+			return sameBits(t, name+" out", out, out2) && sameBits(t, name+" lse", lse, lse2)
+		}
+		return true
+	})
+}
+
 // TestAttentionBackward compares dq, dk and dv with the CPU backend.
 func TestAttentionBackward(t *testing.T) {
-	for _, c := range attnCases {
-		t.Run(c.String(), func(t *testing.T) {
-			for _, seed := range Seeds {
-				in := newAttnInputs(c, seed)
-				ref := cpuAttention(t, c, in)
-				got := runAttnBackward(t, c, in, ref, seed, seed)
-				name := fmt.Sprintf("%v seed %d", c, seed)
-				for p, part := range []string{"dq", "dk", "dv"} {
-					want := dqkvPart(ref.dqkv, c, p)
-					atol, rtol := bf16Tol(want)
-					if !Compare(t, name+" "+part, dqkvPart(got, c, p), want, atol, rtol) {
-						return
-					}
-				}
-				if seed == Seeds[0] {
-					got2 := runAttnBackward(t, c, in, ref, seed+1, seed+100)
-					if !sameBits(t, name+" dqkv", got, got2) {
-						return
-					}
-				}
+	eachAttnSeed(t, func(t *testing.T, c attnCase, seed uint64, in attnInputs, ref attnRef, name string) bool {
+		got := runAttnBackward(t, c, in, ref, seed, seed)
+		for p, part := range []string{"dq", "dk", "dv"} {
+			want := dqkvPart(ref.dqkv, c, p)
+			atol, rtol := bf16Tol(want)
+			if !Compare(t, name+" "+part, dqkvPart(got, c, p), want, atol, rtol) {
+				return false
 			}
-		})
-	}
+		}
+		if seed == Seeds[0] {
+			got2 := runAttnBackward(t, c, in, ref, seed+1, seed+100)
+			return sameBits(t, name+" dqkv", got, got2)
+		}
+		return true
+	})
 }
 
 // TestAttentionArgs: shapes and pointers the launchers must refuse.

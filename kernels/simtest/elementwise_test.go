@@ -134,22 +134,13 @@ func ewCPU(r *cpuRig, name string, vals []float32, bf16 bool) backend.Tensor {
 // any NaN. It reports the count of differences and the first one.
 func ewSame(t *testing.T, name string, got, want []float32, anyNaN bool) bool {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: got %d values, want %d", name, len(got), len(want))
-		failFast(t)
+	if !sameLen(t, name, len(got), len(want)) {
 		return false
 	}
-	bad, first := 0, -1
-	for i := range got {
+	bad, first := countDiffs(len(got), func(i int) bool {
 		g, w := got[i], want[i]
-		if math.Float32bits(g) == math.Float32bits(w) || anyNaN && g != g && w != w {
-			continue
-		}
-		if first < 0 {
-			first = i
-		}
-		bad++
-	}
+		return math.Float32bits(g) != math.Float32bits(w) && !(anyNaN && g != g && w != w)
+	})
 	if bad == 0 {
 		return true
 	}
@@ -238,75 +229,75 @@ func TestElementwiseScale(t *testing.T) {
 	}
 }
 
-func TestElementwiseAdd(t *testing.T) {
+// eachEwMix runs body as a subtest for each size of ewSizes and each
+// dtype mix of the tensors named (true: bf16; only the first mix, all
+// bf16, at ewBigSize).
+func eachEwMix(t *testing.T, names []string, body func(t *testing.T, n int, mix []bool)) {
 	for _, n := range ewSizes {
-		for k, mix := range ewMixes(3) {
+		for k, mix := range ewMixes(len(names)) {
 			if n == ewBigSize && k > 0 {
 				continue
 			}
-			ob, ab, bb := mix[0], mix[1], mix[2]
-			t.Run(fmt.Sprintf("n%d_%s", n, ewMixName([]string{"out", "a", "b"}, mix)), func(t *testing.T) {
-				av, bv := ewInputs(uint64(n)+2, n, 2, 0), ewInputs(uint64(n)+3, n, 2, 1)
-				rig := newCPURig(t)
-				out := ewCPU(rig, "out", make([]float32, n), ob)
-				rig.run("add", rig.be.Add(rig.s, out, ewCPU(rig, "a", av, ab), ewCPU(rig, "b", bv, bb)))
-				want := rig.get(out)
-				for i, seed := range Seeds {
-					o := ewAlloc(t, n, nil, ob, i)
-					a, b := ewAlloc(t, n, av, ab, i+1), ewAlloc(t, n, bv, bb, i+2)
-					SetSeed(seed)
-					mustLaunch(t, kernels.Add(o.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ob), dtype(ab), dtype(bb), 0))
-					ewSame(t, "out", ewGet(o, n, ob), want, true)
-					ewSame(t, "a (read only)", ewGet(a, n, ab), roundIf(av, ab), false)
-					// In place, where out and the input share a dtype.
-					if ob == ab {
-						mustLaunch(t, kernels.Add(a.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ab), dtype(ab), dtype(bb), 0))
-						ewSame(t, "out = a", ewGet(a, n, ab), want, true)
-					}
-					if ob == bb {
-						a2 := ewAlloc(t, n, av, ab, i+1)
-						mustLaunch(t, kernels.Add(b.Dev(), a2.Dev(), b.Dev(), int64(n), dtype(bb), dtype(ab), dtype(bb), 0))
-						ewSame(t, "out = b", ewGet(b, n, bb), want, true)
-					}
-				}
-			})
+			t.Run(fmt.Sprintf("n%d_%s", n, ewMixName(names, mix)), func(t *testing.T) { body(t, n, mix) })
 		}
 	}
 }
 
-func TestElementwiseAccumulate(t *testing.T) {
-	for _, n := range ewSizes {
-		for k, mix := range ewMixes(2) {
-			if n == ewBigSize && k > 0 {
-				continue
+func TestElementwiseAdd(t *testing.T) {
+	eachEwMix(t, []string{"out", "a", "b"}, func(t *testing.T, n int, mix []bool) {
+		ob, ab, bb := mix[0], mix[1], mix[2]
+		av, bv := ewInputs(uint64(n)+2, n, 2, 0), ewInputs(uint64(n)+3, n, 2, 1)
+		rig := newCPURig(t)
+		out := ewCPU(rig, "out", make([]float32, n), ob)
+		rig.run("add", rig.be.Add(rig.s, out, ewCPU(rig, "a", av, ab), ewCPU(rig, "b", bv, bb)))
+		want := rig.get(out)
+		for i, seed := range Seeds {
+			o := ewAlloc(t, n, nil, ob, i)
+			a, b := ewAlloc(t, n, av, ab, i+1), ewAlloc(t, n, bv, bb, i+2)
+			SetSeed(seed)
+			mustLaunch(t, kernels.Add(o.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ob), dtype(ab), dtype(bb), 0))
+			ewSame(t, "out", ewGet(o, n, ob), want, true)
+			ewSame(t, "a (read only)", ewGet(a, n, ab), roundIf(av, ab), false)
+			// In place, where out and the input share a dtype.
+			if ob == ab {
+				mustLaunch(t, kernels.Add(a.Dev(), a.Dev(), b.Dev(), int64(n), dtype(ab), dtype(ab), dtype(bb), 0))
+				ewSame(t, "out = a", ewGet(a, n, ab), want, true)
 			}
-			db, sb := mix[0], mix[1]
-			t.Run(fmt.Sprintf("n%d_%s", n, ewMixName([]string{"dst", "src"}, mix)), func(t *testing.T) {
-				dv, sv := ewInputs(uint64(n)+4, n, 2, 0), ewInputs(uint64(n)+5, n, 2, 3)
-				rig := newCPURig(t)
-				dst := ewCPU(rig, "dst", dv, db)
-				rig.run("accumulate", rig.be.Accumulate(rig.s, dst, ewCPU(rig, "src", sv, sb)))
-				want := rig.get(dst)
-				var wantSelf []float32
-				if db == sb {
-					self := ewCPU(rig, "self", dv, db)
-					rig.run("accumulate self", rig.be.Accumulate(rig.s, self, ewCPU(rig, "self copy", dv, db)))
-					wantSelf = rig.get(self)
-				}
-				for i, seed := range Seeds {
-					d, s := ewAlloc(t, n, dv, db, i), ewAlloc(t, n, sv, sb, i+1)
-					SetSeed(seed)
-					mustLaunch(t, kernels.Accumulate(d.Dev(), s.Dev(), int64(n), dtype(db), dtype(sb), 0))
-					ewSame(t, "dst", ewGet(d, n, db), want, true)
-					if wantSelf != nil {
-						d2 := ewAlloc(t, n, dv, db, i+2)
-						mustLaunch(t, kernels.Accumulate(d2.Dev(), d2.Dev(), int64(n), dtype(db), dtype(db), 0))
-						ewSame(t, "dst += dst", ewGet(d2, n, db), wantSelf, true)
-					}
-				}
-			})
+			if ob == bb {
+				a2 := ewAlloc(t, n, av, ab, i+1)
+				mustLaunch(t, kernels.Add(b.Dev(), a2.Dev(), b.Dev(), int64(n), dtype(bb), dtype(ab), dtype(bb), 0))
+				ewSame(t, "out = b", ewGet(b, n, bb), want, true)
+			}
 		}
-	}
+	})
+}
+
+func TestElementwiseAccumulate(t *testing.T) {
+	eachEwMix(t, []string{"dst", "src"}, func(t *testing.T, n int, mix []bool) {
+		db, sb := mix[0], mix[1]
+		dv, sv := ewInputs(uint64(n)+4, n, 2, 0), ewInputs(uint64(n)+5, n, 2, 3)
+		rig := newCPURig(t)
+		dst := ewCPU(rig, "dst", dv, db)
+		rig.run("accumulate", rig.be.Accumulate(rig.s, dst, ewCPU(rig, "src", sv, sb)))
+		want := rig.get(dst)
+		var wantSelf []float32
+		if db == sb {
+			self := ewCPU(rig, "self", dv, db)
+			rig.run("accumulate self", rig.be.Accumulate(rig.s, self, ewCPU(rig, "self copy", dv, db)))
+			wantSelf = rig.get(self)
+		}
+		for i, seed := range Seeds {
+			d, s := ewAlloc(t, n, dv, db, i), ewAlloc(t, n, sv, sb, i+1)
+			SetSeed(seed)
+			mustLaunch(t, kernels.Accumulate(d.Dev(), s.Dev(), int64(n), dtype(db), dtype(sb), 0))
+			ewSame(t, "dst", ewGet(d, n, db), want, true)
+			if wantSelf != nil {
+				d2 := ewAlloc(t, n, dv, db, i+2)
+				mustLaunch(t, kernels.Accumulate(d2.Dev(), d2.Dev(), int64(n), dtype(db), dtype(db), 0))
+				ewSame(t, "dst += dst", ewGet(d2, n, db), wantSelf, true)
+			}
+		}
+	})
 }
 
 // ewBiasShapes are the N x OC cases of AddBias and BiasBackward.

@@ -318,9 +318,7 @@ func Rand(seed uint64, n int, scale float32) []float32 {
 // test at once, to save time.
 func Compare(t testing.TB, name string, got, want []float32, atol, rtol float64) bool {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: got %d values, want %d", name, len(got), len(want))
-		failFast(t)
+	if !sameLen(t, name, len(got), len(want)) {
 		return false
 	}
 	bad, worst := 0, -1
@@ -364,20 +362,10 @@ func Compare(t testing.TB, name string, got, want []float32, atol, rtol float64)
 // and reports the count of differences and the first one.
 func CompareBits(t testing.TB, name string, got, want []uint16) bool {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: got %d values, want %d", name, len(got), len(want))
-		failFast(t)
+	if !sameLen(t, name, len(got), len(want)) {
 		return false
 	}
-	bad, first := 0, -1
-	for i := range got {
-		if got[i] != want[i] {
-			if first < 0 {
-				first = i
-			}
-			bad++
-		}
-	}
+	bad, first := countDiffs(len(got), func(i int) bool { return got[i] != want[i] })
 	if bad == 0 {
 		return true
 	}
@@ -385,6 +373,34 @@ func CompareBits(t testing.TB, name string, got, want []uint16) bool {
 		len(got), first, got[first], bf16.ToFloat32(got[first]), want[first], bf16.ToFloat32(want[first]))
 	failFast(t)
 	return false
+}
+
+// sameLen fails unless a result's length (got) is its reference's (want),
+// and reports whether it is.
+func sameLen(t testing.TB, name string, got, want int) bool {
+	t.Helper()
+	if got == want {
+		return true
+	}
+	t.Errorf("%s: got %d values, want %d", name, got, want)
+	failFast(t)
+	return false
+}
+
+// countDiffs counts the indices i < n where differ(i) holds and returns
+// the first of them (-1 when there is none), for the reports of the exact
+// comparisons.
+func countDiffs(n int, differ func(i int) bool) (bad, first int) {
+	first = -1
+	for i := range n {
+		if differ(i) {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	return bad, first
 }
 
 func failFast(t testing.TB) {

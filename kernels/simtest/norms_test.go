@@ -5,7 +5,7 @@
 // the same dtypes, RMSNorm against cpu.RMSNormForward/RMSNormBackward
 // (train/cpu/ref_norms.go) on the same (bf16-rounded) values. This file
 // also holds the helpers the tests of activations, rope, embedding and
-// softmax_ce share (cpuRig, roundIf, checkSameBits).
+// softmax_ce share (cpuRig, roundIf, sameBits).
 //
 // Shapes (N rows x C): 256 x 768 (GPT-2 small, realistic), 37 x 95 and
 // 100 x 33 (ragged: not multiples of the 8-row blocks, the 32 lanes or the
@@ -120,17 +120,32 @@ func roundIf(vals []float32, bf16 bool) []float32 {
 	return append([]float32(nil), vals...)
 }
 
-// checkSameBits fails unless got is bit-identical to first (the result of
-// the first simulator seed).
-func checkSameBits(t *testing.T, name string, got, first []float32) {
+// sameBits fails unless got is bit-identical to first (the result of the
+// first simulator seed), and reports whether it is.
+func sameBits(t *testing.T, name string, got, first []float32) bool {
 	t.Helper()
 	for i := range got {
 		if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
 			t.Errorf("%s: not deterministic: index %d is %g under one simulator seed and %g under another", name, i,
 				got[i], first[i])
 			failFast(t)
-			return
+			return false
 		}
+	}
+	return true
+}
+
+// seedResults holds each output's result under the first simulator seed,
+// against which every later seed's must be bit-identical.
+type seedResults map[string][]float32
+
+// check keeps got as name's first result, or checks it against that one.
+func (r seedResults) check(t *testing.T, name string, got []float32) {
+	t.Helper()
+	if first, ok := r[name]; ok {
+		sameBits(t, name, got, first)
+	} else {
+		r[name] = got
 	}
 }
 
@@ -278,7 +293,7 @@ func TestNormsLayerNormForward(t *testing.T) {
 			rig.tensor("w", in.w, xb), rig.tensor("b", in.b, xb), c.N, c.C, c.eps))
 		wantOut, wantMean, wantRstd := rig.get(out), rig.get(mean), rig.get(rstd)
 
-		var first []float32
+		first := seedResults{}
 		for i, seed := range Seeds {
 			before := i%2 == 1
 			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, before)
@@ -290,11 +305,7 @@ func TestNormsLayerNormForward(t *testing.T) {
 			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
 			Compare(t, "mean", m.Float32(), wantMean, 1e-5, 1e-6)
 			Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
-			if first == nil {
-				first = got
-			} else {
-				checkSameBits(t, "out", got, first)
-			}
+			first.check(t, "out", got)
 		}
 	})
 }
@@ -318,7 +329,7 @@ func TestNormsLayerNormBackward(t *testing.T) {
 		meanV, rstdV := rig.get(mean), rig.get(rstd)
 		wantDx, wantDw, wantDb := rig.get(dx), rig.get(dw), rig.get(db)
 
-		var firstDx, firstDw, firstDb []float32
+		first := seedResults{}
 		for i, seed := range Seeds {
 			before := i%2 == 1
 			gdx, gdw, gdb := NewFloatBuf(t, in.dx0, gb, before), NewFloatBuf(t, in.dw0, wb, !before),
@@ -332,13 +343,9 @@ func TestNormsLayerNormBackward(t *testing.T) {
 			Compare(t, "dinp", dxV, wantDx, 2e-5, tolFor(gb, 1e-5))
 			Compare(t, "dweight", dwV, wantDw, paramAtol(c.N), tolFor(wb, 1e-5))
 			Compare(t, "dbias", dbV, wantDb, paramAtol(c.N), tolFor(wb, 1e-5))
-			if firstDx == nil {
-				firstDx, firstDw, firstDb = dxV, dwV, dbV
-			} else {
-				checkSameBits(t, "dinp", dxV, firstDx)
-				checkSameBits(t, "dweight", dwV, firstDw)
-				checkSameBits(t, "dbias", dbV, firstDb)
-			}
+			first.check(t, "dinp", dxV)
+			first.check(t, "dweight", dwV)
+			first.check(t, "dbias", dbV)
 		}
 	})
 }
@@ -350,7 +357,7 @@ func TestNormsRMSNormForward(t *testing.T) {
 		wantOut, wantRstd := make([]float32, c.N*c.C), make([]float32, c.N)
 		cpu.RMSNormForward(wantOut, wantRstd, x, w, c.N, c.C, c.eps)
 
-		var first []float32
+		first := seedResults{}
 		for i, seed := range Seeds {
 			before := i%2 == 1
 			o := NewFloatBuf(t, make([]float32, c.N*c.C), xb, !before)
@@ -361,11 +368,7 @@ func TestNormsRMSNormForward(t *testing.T) {
 			got := o.Values()
 			Compare(t, "out", got, wantOut, 2e-5, tolFor(xb, 1e-5))
 			Compare(t, "rstd", r.Float32(), wantRstd, 0, 1e-5)
-			if first == nil {
-				first = got
-			} else {
-				checkSameBits(t, "out", got, first)
-			}
+			first.check(t, "out", got)
 		}
 	})
 }
@@ -381,7 +384,7 @@ func TestNormsRMSNormBackward(t *testing.T) {
 		wantDx, wantDw := append([]float32(nil), dx0...), append([]float32(nil), dw0...)
 		cpu.RMSNormBackward(wantDx, wantDw, dout, x, w, rstd, c.N, c.C)
 
-		var firstDx, firstDw []float32
+		first := seedResults{}
 		for i, seed := range Seeds {
 			before := i%2 == 1
 			gdx, gdw := NewFloatBuf(t, dx0, gb, before), NewFloatBuf(t, dw0, wb, !before)
@@ -393,12 +396,8 @@ func TestNormsRMSNormBackward(t *testing.T) {
 			dxV, dwV := gdx.Values(), gdw.Values()
 			Compare(t, "dinp", dxV, roundIf(wantDx, gb), 2e-5, tolFor(gb, 1e-5))
 			Compare(t, "dweight", dwV, roundIf(wantDw, wb), paramAtol(c.N), tolFor(wb, 1e-5))
-			if firstDx == nil {
-				firstDx, firstDw = dxV, dwV
-			} else {
-				checkSameBits(t, "dinp", dxV, firstDx)
-				checkSameBits(t, "dweight", dwV, firstDw)
-			}
+			first.check(t, "dinp", dxV)
+			first.check(t, "dweight", dwV)
 		}
 	})
 }

@@ -189,15 +189,7 @@ func checkF32Bits(t *testing.T, name string, got, want []float32) {
 	if len(got) != len(want) {
 		t.Fatalf("%s: got %d values, want %d", name, len(got), len(want))
 	}
-	bad, first := 0, -1
-	for i := range got {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			if first < 0 {
-				first = i
-			}
-			bad++
-		}
-	}
+	bad, first := countDiffs(len(got), func(i int) bool { return math.Float32bits(got[i]) != math.Float32bits(want[i]) })
 	if bad > 0 {
 		t.Errorf("%s: %d of %d values differ from the CPU backend; first at index %d: got %.9g (0x%08x), want %.9g (0x%08x)",
 			name, bad, len(got), first, got[first], math.Float32bits(got[first]), want[first], math.Float32bits(want[first]))
