@@ -208,23 +208,18 @@ func (a *adamTestArena) take(bytes int) int {
 	return off
 }
 
-func (a *adamTestArena) f32(n int) []float32 {
-	if a == nil {
-		return make([]float32, n)
-	}
-	s, err := a.buf.Float32s(a.take(4*n), n)
-	if err != nil {
-		panic(err)
-	}
-	clear(s)
-	return s
-}
+func (a *adamTestArena) f32(n int) []float32 { return arenaSlice[float32](a, n) }
 
-func (a *adamTestArena) u16(n int) []uint16 {
+func (a *adamTestArena) u16(n int) []uint16 { return arenaSlice[uint16](a, n) }
+
+// arenaSlice takes n zeroed elements of T from a (from the Go heap when a
+// is nil).
+func arenaSlice[T float32 | uint16](a *adamTestArena, n int) []T {
 	if a == nil {
-		return make([]uint16, n)
+		return make([]T, n)
 	}
-	s, err := a.buf.Uint16s(a.take(2*n), n)
+	var zero T
+	s, err := hostView[T](a.buf, "test arena", a.take(int(unsafe.Sizeof(zero))*n), n)
 	if err != nil {
 		panic(err)
 	}

@@ -90,18 +90,13 @@ func goFusesFloat() bool {
 }
 
 func TestSumSquaresChunks(t *testing.T) {
-	prev := ActiveSIMD()
-	defer SetSIMD(prev)
 	r := rand.New(rand.NewPCG(1, 9))
 	x := make([]float32, 3*1000+17)
 	for i := range x {
 		x[i] = float32(r.NormFloat64())
 	}
 	var first []float64
-	for _, path := range SupportedSIMD() {
-		if _, err := SetSIMD(path); err != nil {
-			t.Fatal(err)
-		}
+	eachSIMD(t, func(path SIMD) {
 		out := make([]float64, 4)
 		if err := SumSquaresChunks(x, 1000, out); err != nil {
 			t.Fatal(err)
@@ -120,7 +115,7 @@ func TestSumSquaresChunks(t *testing.T) {
 		} else if !slices.Equal(out, first) {
 			t.Fatalf("%v: %v, scalar %v: paths differ", path, out, first)
 		}
-	}
+	})
 	if err := SumSquaresChunks(x, 1000, make([]float64, 3)); err == nil {
 		t.Error("too few outputs: no error")
 	}

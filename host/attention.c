@@ -9,17 +9,7 @@
 #include <string.h>
 
 #include "attention.h"
-
-#ifdef __clang__
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-/* FP exceptions are never read here, so GCC may compute both sides of a
- * select (if-convert), which it needs to vectorise these loops; results do
- * not change. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+#include "vecloops.h"
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
 

@@ -115,24 +115,25 @@ func (b *HostBuffer) check(what string, off, n, elem int) error {
 
 // Float32s returns n float32 starting at byte offset off.
 func (b *HostBuffer) Float32s(off, n int) ([]float32, error) {
-	if err := b.check("float32", off, n, 4); err != nil {
-		return nil, err
-	}
-	if n == 0 {
-		return []float32{}, nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b.mem[off:][:1][0])), n)[:n:n], nil
+	return hostView[float32](b, "float32", off, n)
 }
 
 // Uint16s returns n uint16 (bf16 or fp16 bits) starting at byte offset off.
 func (b *HostBuffer) Uint16s(off, n int) ([]uint16, error) {
-	if err := b.check("uint16", off, n, 2); err != nil {
+	return hostView[uint16](b, "uint16", off, n)
+}
+
+// hostView returns n elements of T (named what in errors) starting at byte
+// offset off of b.
+func hostView[T float32 | uint16](b *HostBuffer, what string, off, n int) ([]T, error) {
+	var zero T
+	if err := b.check(what, off, n, int(unsafe.Sizeof(zero))); err != nil {
 		return nil, err
 	}
 	if n == 0 {
-		return []uint16{}, nil
+		return []T{}, nil
 	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&b.mem[off:][:1][0])), n)[:n:n], nil
+	return unsafe.Slice((*T)(unsafe.Pointer(&b.mem[off:][:1][0])), n)[:n:n], nil
 }
 
 // Free unmaps the buffer. Views taken from it must not be used afterwards.

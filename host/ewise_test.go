@@ -81,24 +81,19 @@ func ulps(a, b float32) int64 {
 // path gives the bits of the first.
 func eachPath(t *testing.T, name string, f func() []float32) {
 	t.Helper()
-	prev := ActiveSIMD()
-	defer SetSIMD(prev)
 	var first []float32
-	for _, p := range SupportedSIMD() {
-		if _, err := SetSIMD(p); err != nil {
-			t.Fatal(err)
-		}
+	eachSIMD(t, func(p SIMD) {
 		got := f()
 		if first == nil {
 			first = got
-			continue
+			return
 		}
 		for i := range got {
 			if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
 				t.Fatalf("%s: %v path: element %d = %v, scalar %v", name, p, i, got[i], first[i])
 			}
 		}
-	}
+	})
 }
 
 func TestGeluMatchesGoLoops(t *testing.T) {

@@ -82,6 +82,8 @@ typedef void (*lsp_gemm_pack_b_fn)(int transB, const float *B, ptrdiff_t ldb,
 				   ptrdiff_t p0, ptrdiff_t p1,
 				   ptrdiff_t k0, ptrdiff_t kc, float *bp);
 
+/* A path: its blocking, its microkernel and its packers, where it has its
+ * own (NULL: the driver's generic ones, for panels of p.mr and p.nr). */
 typedef struct {
 	lsp_gemm_params p;
 	lsp_gemm_kernel kernel;
@@ -92,14 +94,5 @@ typedef struct {
 extern const lsp_gemm_path lsp_gemm_path_scalar;
 extern const lsp_gemm_path lsp_gemm_path_avx2;
 extern const lsp_gemm_path lsp_gemm_path_avx512;
-
-/* Generic packers used by paths without their own (gemm_driver.c). */
-void lsp_gemm_pack_a_generic(int mr, int transA, const float *A,
-			     ptrdiff_t lda, ptrdiff_t i0, ptrdiff_t mrows,
-			     ptrdiff_t k0, ptrdiff_t kc, float *ap);
-void lsp_gemm_pack_b_generic(int nr, int transB, const float *B,
-			     ptrdiff_t ldb, ptrdiff_t j0, ptrdiff_t ncols,
-			     ptrdiff_t p0, ptrdiff_t p1, ptrdiff_t k0,
-			     ptrdiff_t kc, float *bp);
 
 #endif

@@ -75,24 +75,7 @@ kernel_avx2(ptrdiff_t kc, const float *a, const float *b, float *c,
 	}
 }
 
-static void pack_a_avx2(int transA, const float *A, ptrdiff_t lda,
-			ptrdiff_t i0, ptrdiff_t mrows, ptrdiff_t k0,
-			ptrdiff_t kc, float *ap)
-{
-	lsp_gemm_pack_a_generic(A2_MR, transA, A, lda, i0, mrows, k0, kc, ap);
-}
-
-static void pack_b_avx2(int transB, const float *B, ptrdiff_t ldb,
-			ptrdiff_t j0, ptrdiff_t ncols, ptrdiff_t p0,
-			ptrdiff_t p1, ptrdiff_t k0, ptrdiff_t kc, float *bp)
-{
-	lsp_gemm_pack_b_generic(A2_NR, transB, B, ldb, j0, ncols, p0, p1, k0, kc,
-				bp);
-}
-
 const lsp_gemm_path lsp_gemm_path_avx2 = {
 	.p = {.mr = A2_MR, .nr = A2_NR, .kc = LSP_A2_KC, .mc = LSP_A2_MC, .nc = LSP_A2_NC},
-	.kernel = kernel_avx2,
-	.pack_a = pack_a_avx2,
-	.pack_b = pack_b_avx2,
+	.kernel = kernel_avx2, /* the generic packers */
 };

@@ -34,81 +34,71 @@ int lsp_sgemm_params(int path, lsp_gemm_params *out)
 
 static ptrdiff_t min_pd(ptrdiff_t a, ptrdiff_t b) { return a < b ? a : b; }
 
-void lsp_gemm_pack_a_generic(int mr, int transA, const float *A,
-			     ptrdiff_t lda, ptrdiff_t i0, ptrdiff_t mrows,
-			     ptrdiff_t k0, ptrdiff_t kc, float *ap)
+/* Packing op(A) and op(B) is one job on lines of a matrix M (rows of
+ * op(A), columns of op(B)): panels [p0, p1) of w lines each, the last one
+ * cut to n - p*w lines and padded with zeros to w, hold elements k0 ..
+ * k0+kc-1 of lines l0 + p*w + j, stored kc x w (element k of line j of
+ * panel p at out[p*kc*w + k*w + j]). Where a line is a row of the matrix
+ * in memory (ld apart) pack_strided reads it whole and writes strided;
+ * where it is a column, pack_dealt walks each row of the matrix once,
+ * dealing w floats to each panel (a column strip would miss cache). */
+static void pack_strided(const float *M, ptrdiff_t ld, ptrdiff_t l0,
+			 ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kc, ptrdiff_t w,
+			 ptrdiff_t p0, ptrdiff_t p1, float *out)
 {
-	const ptrdiff_t npan = (mrows + mr - 1) / mr;
-	if (transA) {
-		/* op(A)[r][k] = A[k][r]: walk each row of A once, dealing mr
-		 * floats to each panel (a column strip would miss cache). */
-		for (ptrdiff_t k = 0; k < kc; k++) {
-			const float *src = A + (k0 + k) * lda + i0;
-			for (ptrdiff_t q = 0; q < npan; q++) {
-				float *d = ap + q * kc * mr + k * mr;
-				ptrdiff_t rows = min_pd(mr, mrows - q * mr);
-				ptrdiff_t i = 0;
-				for (; i < rows; i++)
-					d[i] = src[q * mr + i];
-				for (; i < mr; i++)
-					d[i] = 0;
-			}
-		}
-		return;
-	}
-	/* op(A)[r][k] = A[r][k]: walk each row, write strided. */
-	for (ptrdiff_t q = 0; q < npan; q++) {
-		float *dst = ap + q * kc * mr;
-		ptrdiff_t r0 = i0 + q * mr;
-		ptrdiff_t rows = min_pd(mr, mrows - q * mr);
-		ptrdiff_t i = 0;
-		for (; i < rows; i++) {
-			const float *src = A + (r0 + i) * lda + k0;
+	for (ptrdiff_t p = p0; p < p1; p++) {
+		float *dst = out + p * kc * w;
+		ptrdiff_t c0 = l0 + p * w;
+		ptrdiff_t lines = min_pd(w, n - p * w);
+		ptrdiff_t j = 0;
+		for (; j < lines; j++) {
+			const float *src = M + (c0 + j) * ld + k0;
 			for (ptrdiff_t k = 0; k < kc; k++)
-				dst[k * mr + i] = src[k];
+				dst[k * w + j] = src[k];
 		}
-		for (; i < mr; i++)
+		for (; j < w; j++)
 			for (ptrdiff_t k = 0; k < kc; k++)
-				dst[k * mr + i] = 0;
+				dst[k * w + j] = 0;
 	}
 }
 
-void lsp_gemm_pack_b_generic(int nr, int transB, const float *B,
-			     ptrdiff_t ldb, ptrdiff_t j0, ptrdiff_t ncols,
-			     ptrdiff_t p0, ptrdiff_t p1, ptrdiff_t k0,
-			     ptrdiff_t kc, float *bp)
+static void pack_dealt(const float *M, ptrdiff_t ld, ptrdiff_t l0,
+		       ptrdiff_t n, ptrdiff_t k0, ptrdiff_t kc, ptrdiff_t w,
+		       ptrdiff_t p0, ptrdiff_t p1, float *out)
 {
-	if (!transB) {
-		/* op(B)[k][c] = B[k][c]: walk each row of B once, dealing nr
-		 * floats to each panel. */
-		for (ptrdiff_t k = 0; k < kc; k++) {
-			const float *src = B + (k0 + k) * ldb + j0;
-			for (ptrdiff_t p = p0; p < p1; p++) {
-				float *d = bp + p * kc * nr + k * nr;
-				ptrdiff_t cols = min_pd(nr, ncols - p * nr);
-				memcpy(d, src + p * nr,
-				       (size_t)cols * sizeof(float));
-				for (ptrdiff_t j = cols; j < nr; j++)
-					d[j] = 0;
-			}
+	for (ptrdiff_t k = 0; k < kc; k++) {
+		const float *src = M + (k0 + k) * ld + l0;
+		for (ptrdiff_t p = p0; p < p1; p++) {
+			float *d = out + p * kc * w + k * w;
+			ptrdiff_t lines = min_pd(w, n - p * w);
+			memcpy(d, src + p * w, (size_t)lines * sizeof(float));
+			for (ptrdiff_t j = lines; j < w; j++)
+				d[j] = 0;
 		}
-		return;
 	}
-	/* op(B)[k][c] = B[c][k]: walk each row of B, write strided. */
-	for (ptrdiff_t p = p0; p < p1; p++) {
-		float *dst = bp + p * kc * nr;
-		ptrdiff_t c0 = j0 + p * nr;
-		ptrdiff_t cols = min_pd(nr, ncols - p * nr);
-		ptrdiff_t j = 0;
-		for (; j < cols; j++) {
-			const float *src = B + (c0 + j) * ldb + k0;
-			for (ptrdiff_t k = 0; k < kc; k++)
-				dst[k * nr + j] = src[k];
-		}
-		for (; j < nr; j++)
-			for (ptrdiff_t k = 0; k < kc; k++)
-				dst[k * nr + j] = 0;
-	}
+}
+
+/* The generic packers, for the paths without their own (pack_a and
+ * pack_b NULL). */
+static void pack_a_generic(int mr, int transA, const float *A, ptrdiff_t lda,
+			   ptrdiff_t i0, ptrdiff_t mrows, ptrdiff_t k0,
+			   ptrdiff_t kc, float *ap)
+{
+	const ptrdiff_t npan = (mrows + mr - 1) / mr;
+	if (transA) /* op(A)[r][k] = A[k][r] */
+		pack_dealt(A, lda, i0, mrows, k0, kc, mr, 0, npan, ap);
+	else /* op(A)[r][k] = A[r][k] */
+		pack_strided(A, lda, i0, mrows, k0, kc, mr, 0, npan, ap);
+}
+
+static void pack_b_generic(int nr, int transB, const float *B, ptrdiff_t ldb,
+			   ptrdiff_t j0, ptrdiff_t ncols, ptrdiff_t p0,
+			   ptrdiff_t p1, ptrdiff_t k0, ptrdiff_t kc, float *bp)
+{
+	if (transB) /* op(B)[k][c] = B[c][k] */
+		pack_strided(B, ldb, j0, ncols, k0, kc, nr, p0, p1, bp);
+	else /* op(B)[k][c] = B[k][c] */
+		pack_dealt(B, ldb, j0, ncols, k0, kc, nr, p0, p1, bp);
 }
 
 void lsp_sgemm_pack_b(int path, int transB, const float *B, ptrdiff_t ldb,
@@ -120,8 +110,11 @@ void lsp_sgemm_pack_b(int path, int transB, const float *B, ptrdiff_t ldb,
 	const ptrdiff_t nr = pp->p.nr, KC = pp->p.kc;
 	for (ptrdiff_t k0 = kb; k0 < kb + kn; k0 += KC) {
 		ptrdiff_t kc = min_pd(KC, kb + kn - k0);
-		pp->pack_b(transB, B, ldb, j0, ncols, p0, p1, k0, kc,
-			   bp + (k0 - kb) * npanels * nr);
+		float *dst = bp + (k0 - kb) * npanels * nr;
+		if (pp->pack_b != NULL)
+			pp->pack_b(transB, B, ldb, j0, ncols, p0, p1, k0, kc, dst);
+		else
+			pack_b_generic(nr, transB, B, ldb, j0, ncols, p0, p1, k0, kc, dst);
 	}
 }
 
@@ -143,7 +136,10 @@ void lsp_sgemm_task(int path, int transA, const float *A, ptrdiff_t lda,
 		int overwrite = first && beta == 0.0f;
 		float beff = first ? beta : 1.0f;
 		const float *blk = bp + (k0 - kb) * npanels * nr;
-		pp->pack_a(transA, A, lda, i0, mrows, k0, kc, ap);
+		if (pp->pack_a != NULL)
+			pp->pack_a(transA, A, lda, i0, mrows, k0, kc, ap);
+		else
+			pack_a_generic(mr, transA, A, lda, i0, mrows, k0, kc, ap);
 
 		/* One A micropanel (mr x kc) stays in L1 while the task's B
 		 * panels (kc x ncols, sized for L2) stream past it. */

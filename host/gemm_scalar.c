@@ -31,24 +31,7 @@ static void kernel_scalar(ptrdiff_t kc, const float *a, const float *b,
 	}
 }
 
-static void pack_a_scalar(int transA, const float *A, ptrdiff_t lda,
-			  ptrdiff_t i0, ptrdiff_t mrows, ptrdiff_t k0,
-			  ptrdiff_t kc, float *ap)
-{
-	lsp_gemm_pack_a_generic(SC_MR, transA, A, lda, i0, mrows, k0, kc, ap);
-}
-
-static void pack_b_scalar(int transB, const float *B, ptrdiff_t ldb,
-			ptrdiff_t j0, ptrdiff_t ncols, ptrdiff_t p0,
-			ptrdiff_t p1, ptrdiff_t k0, ptrdiff_t kc, float *bp)
-{
-	lsp_gemm_pack_b_generic(SC_NR, transB, B, ldb, j0, ncols, p0, p1, k0, kc,
-				bp);
-}
-
 const lsp_gemm_path lsp_gemm_path_scalar = {
 	.p = {.mr = SC_MR, .nr = SC_NR, .kc = 256, .mc = 64, .nc = 512},
-	.kernel = kernel_scalar,
-	.pack_a = pack_a_scalar,
-	.pack_b = pack_b_scalar,
+	.kernel = kernel_scalar, /* the generic packers */
 };

@@ -122,6 +122,15 @@ func withSIMD(t testing.TB, s SIMD, fn func()) {
 	fn()
 }
 
+// eachSIMD runs fn once with each supported SIMD path active (scalar
+// first), and leaves the path that was active before.
+func eachSIMD(t testing.TB, fn func(s SIMD)) {
+	t.Helper()
+	for _, s := range SupportedSIMD() {
+		withSIMD(t, s, func() { fn(s) })
+	}
+}
+
 func TestSgemmMatchesReference(t *testing.T) {
 	betas := []struct {
 		name    string

@@ -32,39 +32,29 @@ static void rmw4_scalar(float *w, const float *g, float *m, float *v, float s,
 		LSP_RMW_PREFETCH(v + (i) + LSP_RMW_PF); \
 	} while (0)
 
-__attribute__((target("avx2,fma"))) static void rmw4_avx2(float *w,
-	const float *g, float *m, float *v, float s, size_t n, int pf)
-{
-	const __m256 vs = _mm256_set1_ps(s);
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		if (pf)
-			LSP_RMW_PREFETCH_ALL(i);
-		__m256 gi = _mm256_loadu_ps(g + i);
-		__m256 mi = _mm256_add_ps(_mm256_loadu_ps(m + i), gi);
-		_mm256_storeu_ps(m + i, mi);
-		_mm256_storeu_ps(v + i, _mm256_fmadd_ps(gi, gi, _mm256_loadu_ps(v + i)));
-		_mm256_storeu_ps(w + i, _mm256_fmadd_ps(vs, mi, _mm256_loadu_ps(w + i)));
+/* LSP_RMW_SIMD(NAME, TARGET, W) defines NAME, rmw4 on vectors of W bits
+ * (256 or 512: W/32 floats, the _mmW_ intrinsics): one body for the AVX2
+ * and the AVX-512 path. */
+#define LSP_RMW_SIMD(NAME, TARGET, W)                                                                   \
+	__attribute__((target(TARGET))) static void NAME(float *w,                                      \
+		const float *g, float *m, float *v, float s, size_t n, int pf)                          \
+	{                                                                                               \
+		const __m##W vs = _mm##W##_set1_ps(s);                                                  \
+		size_t i = 0;                                                                           \
+		for (; i + W / 32 <= n; i += W / 32) {                                                  \
+			if (pf)                                                                         \
+				LSP_RMW_PREFETCH_ALL(i);                                                \
+			__m##W gi = _mm##W##_loadu_ps(g + i);                                           \
+			__m##W mi = _mm##W##_add_ps(_mm##W##_loadu_ps(m + i), gi);                      \
+			_mm##W##_storeu_ps(m + i, mi);                                                  \
+			_mm##W##_storeu_ps(v + i, _mm##W##_fmadd_ps(gi, gi, _mm##W##_loadu_ps(v + i))); \
+			_mm##W##_storeu_ps(w + i, _mm##W##_fmadd_ps(vs, mi, _mm##W##_loadu_ps(w + i))); \
+		}                                                                                       \
+		rmw4_scalar(w, g, m, v, s, i, n);                                                       \
 	}
-	rmw4_scalar(w, g, m, v, s, i, n);
-}
 
-__attribute__((target("avx512f,avx2,fma"))) static void rmw4_avx512(float *w,
-	const float *g, float *m, float *v, float s, size_t n, int pf)
-{
-	const __m512 vs = _mm512_set1_ps(s);
-	size_t i = 0;
-	for (; i + 16 <= n; i += 16) {
-		if (pf)
-			LSP_RMW_PREFETCH_ALL(i);
-		__m512 gi = _mm512_loadu_ps(g + i);
-		__m512 mi = _mm512_add_ps(_mm512_loadu_ps(m + i), gi);
-		_mm512_storeu_ps(m + i, mi);
-		_mm512_storeu_ps(v + i, _mm512_fmadd_ps(gi, gi, _mm512_loadu_ps(v + i)));
-		_mm512_storeu_ps(w + i, _mm512_fmadd_ps(vs, mi, _mm512_loadu_ps(w + i)));
-	}
-	rmw4_scalar(w, g, m, v, s, i, n);
-}
+LSP_RMW_SIMD(rmw4_avx2, "avx2,fma", 256)
+LSP_RMW_SIMD(rmw4_avx512, "avx512f,avx2,fma", 512)
 #define LSP_RMW_X86 1
 #endif
 

@@ -75,17 +75,11 @@ func (w *Workers) RMWBandwidth(n, reps int) (RMWResult, error) {
 	if n <= 0 || reps <= 0 {
 		return RMWResult{}, fmt.Errorf("host: rmw4: n = %d, reps = %d, want both > 0", n, reps)
 	}
-	var arrs [4][]float32
-	for i := range arrs {
-		buf, err := NewHostBuffer(4*n, HostBufferOptions{})
-		if err != nil {
-			return RMWResult{}, fmt.Errorf("host: rmw4: array %d: %w", i, err)
-		}
-		defer buf.Free()
-		if arrs[i], err = buf.Float32s(0, n); err != nil {
-			return RMWResult{}, fmt.Errorf("host: rmw4: array %d: %w", i, err)
-		}
+	arrs, free, err := bandwidthArrays("rmw4", 4, n)
+	if err != nil {
+		return RMWResult{}, err
 	}
+	defer free()
 	wt, g, m, v := arrs[0], arrs[1], arrs[2], arrs[3]
 	chunks := (n + TriadChunkLen - 1) / TriadChunkLen
 	reset := func() error {
@@ -103,15 +97,8 @@ func (w *Workers) RMWBandwidth(n, reps int) (RMWResult, error) {
 		if err := reset(); err != nil {
 			return RMWResult{}, fmt.Errorf("host: rmw4: initialising: %w", err)
 		}
-		best[k] = time.Duration(1<<63 - 1)
-		for r := 0; r <= reps; r++ {
-			t0 := time.Now()
-			if err := w.RMW4(wt, g, m, v, s, pf); err != nil {
-				return RMWResult{}, err
-			}
-			if d := time.Since(t0); r > 0 && d < best[k] {
-				best[k] = d
-			}
+		if best[k], err = fastestRun(reps, func() error { return w.RMW4(wt, g, m, v, s, pf) }); err != nil {
+			return RMWResult{}, err
 		}
 		runs := float32(reps + 1)
 		for _, i := range []int{0, 1, 2, n / 3, n - 1} {
@@ -126,13 +113,9 @@ func (w *Workers) RMWBandwidth(n, reps int) (RMWResult, error) {
 			}
 		}
 	}
-	threads := 1
-	if w != nil {
-		threads = w.N()
-	}
 	bytes := float64(RMWBytesPerElement) * float64(n)
 	return RMWResult{
-		N: n, Threads: threads,
+		N: n, Threads: w.threads(),
 		Best: best[0], GBps: bytes / best[0].Seconds() / 1e9,
 		BestPF: best[1], GBpsPF: bytes / best[1].Seconds() / 1e9,
 	}, nil

@@ -8,12 +8,7 @@ import "testing"
 
 func TestRMW4Paths(t *testing.T) {
 	pool := adamTestWorkers(t, 2)
-	prev := ActiveSIMD()
-	defer SetSIMD(prev)
-	for _, path := range SupportedSIMD() {
-		if _, err := SetSIMD(path); err != nil {
-			t.Fatal(err)
-		}
+	eachSIMD(t, func(path SIMD) {
 		for _, n := range []int{1, 7, 8, 9, 15, 16, 17, 31, 3*TriadChunkLen + 9} {
 			for _, pf := range []bool{false, true} {
 				w, g, m, v := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
@@ -34,7 +29,7 @@ func TestRMW4Paths(t *testing.T) {
 				}
 			}
 		}
-	}
+	})
 	if err := pool.RMW4(make([]float32, 3), make([]float32, 3), make([]float32, 2), make([]float32, 3), 1, false); err == nil {
 		t.Error("mismatched lengths accepted")
 	}

@@ -301,12 +301,7 @@ func TestSparseApplyTBitExact(t *testing.T) {
 		for _, wild := range []bool{false, true} {
 			name := fmt.Sprintf("%d/n%d/d%d/r%d[%d,%d)/wild=%v", ci, c.n, c.d, c.r, c.lo, c.hi, wild)
 			rng := rand.New(rand.NewPCG(uint64(ci), 11))
-			qidx := make([]int32, c.n*c.r)
-			for j := range c.n { // distinct per row, in random order
-				for s, a := range rng.Perm(c.d)[:c.r] {
-					qidx[j*c.r+s] = int32(a)
-				}
-			}
+			qidx := spDistinct(rng, c.n, c.d, c.r)
 			qval := make([]float32, c.n*c.r)
 			spFill(rng, qval, wild)
 			Delta := guarded(t, c.hi*c.d)
@@ -333,19 +328,28 @@ func TestSparseSBitExact(t *testing.T) {
 			for _, wild := range []bool{false, true} {
 				name := fmt.Sprintf("%d/BT%d/d%d[%d,%d)/acc=%v/wild=%v", ci, c.BT, c.d, c.lo, c.hi, acc, wild)
 				rng := rand.New(rand.NewPCG(uint64(ci), 13))
-				A, B := guarded(t, c.hi*c.BT), guarded(t, c.BT*c.d)
-				spFill(rng, A, wild)
-				spFill(rng, B, wild)
-				init := make([]float32, c.hi*c.d)
-				spFill(rng, init, wild)
-				want := append([]float32(nil), init...)
-				goS(want, A, B, c.BT, c.d, acc, c.lo, c.hi)
-				checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+				checkSCore(t, name, rng, c.BT, c.d, acc, wild, c.lo, c.hi, func(path SIMD, got, A, B []float32) error {
 					return sparseS(path, got, A, B, c.BT, c.d, acc, c.lo, c.hi)
 				})
 			}
 		}
 	}
+}
+
+// checkSCore checks core, a kernel of the S core's shape (rows [lo, hi)
+// of A^T B, A K x hi, B K x N; acc adds to out), on every path against the
+// Go loops' bits (goS), on random operands (wild: with specials).
+func checkSCore(t *testing.T, name string, rng *rand.Rand, K, N int, acc, wild bool, lo, hi int,
+	core func(path SIMD, got, A, B []float32) error) {
+	t.Helper()
+	A, B := guarded(t, hi*K), guarded(t, K*N)
+	spFill(rng, A, wild)
+	spFill(rng, B, wild)
+	init := make([]float32, hi*N)
+	spFill(rng, init, wild)
+	want := append([]float32(nil), init...)
+	goS(want, A, B, K, N, acc, lo, hi)
+	checkPaths(t, name, init, want, func(path SIMD, got []float32) error { return core(path, got, A, B) })
 }
 
 // DenseRows is the S core at shapes S is never: more rows than columns
@@ -357,14 +361,7 @@ func TestDenseRowsBitExact(t *testing.T) {
 		for _, acc := range []bool{false, true} {
 			name := fmt.Sprintf("%d/K%d/N%d[%d,%d)/acc=%v", ci, c.K, c.N, c.lo, c.hi, acc)
 			rng := rand.New(rand.NewPCG(uint64(ci), 19))
-			A, B := guarded(t, c.hi*c.K), guarded(t, c.K*c.N)
-			spFill(rng, A, true)
-			spFill(rng, B, true)
-			init := make([]float32, c.hi*c.N)
-			spFill(rng, init, true)
-			want := append([]float32(nil), init...)
-			goS(want, A, B, c.K, c.N, acc, c.lo, c.hi)
-			checkPaths(t, name, init, want, func(path SIMD, got []float32) error {
+			checkSCore(t, name, rng, c.K, c.N, acc, true, c.lo, c.hi, func(path SIMD, got, A, B []float32) error {
 				return denseRows(path, got, A, B, c.K, c.N, acc, c.lo, c.hi)
 			})
 		}
@@ -379,12 +376,7 @@ func TestSparseApplyWBitExact(t *testing.T) {
 		for _, wild := range []bool{false, true} {
 			name := fmt.Sprintf("%d/m%d/n%d/d%d/r%d[%d,%d)/wild=%v", ci, c.m, c.n, c.d, c.r, c.lo, c.hi, wild)
 			rng := rand.New(rand.NewPCG(uint64(ci), 17))
-			pidx := make([]int32, c.m*c.r)
-			for i := range c.m {
-				for s, a := range rng.Perm(c.d)[:c.r] {
-					pidx[i*c.r+s] = int32(a)
-				}
-			}
+			pidx := spDistinct(rng, c.m, c.d, c.r)
 			pval := make([]float32, c.m*c.r)
 			spFill(rng, pval, wild)
 			T := guarded(t, c.d*c.n)
@@ -412,12 +404,7 @@ func TestSparseSplitInvariance(t *testing.T) {
 	A, B := make([]float32, d*BT), make([]float32, BT*d)
 	spFill(rng, A, true)
 	spFill(rng, B, true)
-	pidx, pval := make([]int32, BT*r), make([]float32, BT*r)
-	for i := range BT {
-		for s, a := range rng.Perm(d)[:r] {
-			pidx[i*r+s] = int32(a)
-		}
-	}
+	pidx, pval := spDistinct(rng, BT, d, r), make([]float32, BT*r)
 	spFill(rng, pval, true)
 	T := make([]float32, d*BT)
 	spFill(rng, T, true)
@@ -549,12 +536,7 @@ func TestSparseGoLoopsAgainstFloat64(t *testing.T) {
 			near(fmt.Sprintf("S[%d,%d]", a, b), S[a*d+b], s, sc)
 		}
 	}
-	qidx, qval := make([]int32, n*r), make([]float32, n*r)
-	for j := range n {
-		for s, a := range rng.Perm(d)[:r] {
-			qidx[j*r+s] = int32(a)
-		}
-	}
+	qidx, qval := spDistinct(rng, n, d, r), make([]float32, n*r)
 	spFill(rng, qval, false)
 	Delta := make([]float32, d*d)
 	spFill(rng, Delta, false)
@@ -678,12 +660,7 @@ func BenchmarkSparse(b *testing.B) {
 		S := make([]float32, sh.d*sh.d)
 		Delta := make([]float32, sh.d*sh.d)
 		spFill(rng, Delta, false)
-		qidx, qval := make([]int32, sh.rows*sh.r), make([]float32, sh.rows*sh.r)
-		for j := range sh.rows {
-			for s, a := range rng.Perm(sh.d)[:sh.r] {
-				qidx[j*sh.r+s] = int32(a)
-			}
-		}
+		qidx, qval := spDistinct(rng, sh.rows, sh.d, sh.r), make([]float32, sh.rows*sh.r)
 		spFill(rng, qval, false)
 		T := make([]float32, sh.d*sh.rows)
 		w := make([]float32, sh.rows*sh.rows)
@@ -736,6 +713,18 @@ func BenchmarkSparse(b *testing.B) {
 			})
 		}
 	}
+}
+
+// spDistinct returns rows x r indices into [0, d), distinct within each
+// row and in random order: the rows of a (d,r)-sparse projector.
+func spDistinct(rng *rand.Rand, rows, d, r int) []int32 {
+	idx := make([]int32, rows*r)
+	for i := range rows {
+		for s, a := range rng.Perm(d)[:r] {
+			idx[i*r+s] = int32(a)
+		}
+	}
+	return idx
 }
 
 // spColumnsFixed is the column storage of a (d,r)-sparse projector of rows

@@ -24,49 +24,36 @@ static void triad_scalar(float *a, const float *b, const float *c, float s,
 #define LSP_TRIAD_PF 256
 #define LSP_TRIAD_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-__attribute__((target("avx2,fma"))) static void triad_avx2(float *a,
-	const float *b, const float *c, float s, size_t n, int nt)
-{
-	const __m256 vs = _mm256_set1_ps(s);
-	size_t i = 0;
-	if (nt) {
-		for (; i + 8 <= n; i += 8) {
-			LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);
-			LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);
-			_mm256_stream_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
-		}
-		_mm_sfence();
+/* LSP_TRIAD_SIMD(NAME, TARGET, W) defines NAME, the triad on vectors of W
+ * bits (256 or 512: W/32 floats, the _mmW_ intrinsics): one body for the
+ * AVX2 and the AVX-512 path. */
+#define LSP_TRIAD_SIMD(NAME, TARGET, W)                                                                   \
+	__attribute__((target(TARGET))) static void NAME(float *a, const float *b,                        \
+		const float *c, float s, size_t n, int nt)                                                \
+	{                                                                                                 \
+		const __m##W vs = _mm##W##_set1_ps(s);                                                    \
+		size_t i = 0;                                                                             \
+		if (nt) {                                                                                 \
+			for (; i + W / 32 <= n; i += W / 32) {                                            \
+				LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);                                 \
+				LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);                                 \
+				_mm##W##_stream_ps(a + i, _mm##W##_fmadd_ps(vs, _mm##W##_loadu_ps(c + i), \
+					_mm##W##_loadu_ps(b + i)));                                       \
+			}                                                                                 \
+			_mm_sfence();                                                                     \
+		}                                                                                         \
+		for (; i + W / 32 <= n; i += W / 32) {                                                    \
+			LSP_TRIAD_PREFETCH(a + i + LSP_TRIAD_PF);                                         \
+			LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);                                         \
+			LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);                                         \
+			_mm##W##_storeu_ps(a + i, _mm##W##_fmadd_ps(vs, _mm##W##_loadu_ps(c + i),         \
+				_mm##W##_loadu_ps(b + i)));                                               \
+		}                                                                                         \
+		triad_scalar(a, b, c, s, i, n);                                                           \
 	}
-	for (; i + 8 <= n; i += 8) {
-		LSP_TRIAD_PREFETCH(a + i + LSP_TRIAD_PF);
-		LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);
-		LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);
-		_mm256_storeu_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
-	}
-	triad_scalar(a, b, c, s, i, n);
-}
 
-__attribute__((target("avx512f,avx2,fma"))) static void triad_avx512(float *a,
-	const float *b, const float *c, float s, size_t n, int nt)
-{
-	const __m512 vs = _mm512_set1_ps(s);
-	size_t i = 0;
-	if (nt) {
-		for (; i + 16 <= n; i += 16) {
-			LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);
-			LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);
-			_mm512_stream_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
-		}
-		_mm_sfence();
-	}
-	for (; i + 16 <= n; i += 16) {
-		LSP_TRIAD_PREFETCH(a + i + LSP_TRIAD_PF);
-		LSP_TRIAD_PREFETCH(b + i + LSP_TRIAD_PF);
-		LSP_TRIAD_PREFETCH(c + i + LSP_TRIAD_PF);
-		_mm512_storeu_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
-	}
-	triad_scalar(a, b, c, s, i, n);
-}
+LSP_TRIAD_SIMD(triad_avx2, "avx2,fma", 256)
+LSP_TRIAD_SIMD(triad_avx512, "avx512f,avx2,fma", 512)
 #define LSP_TRIAD_X86 1
 #endif
 

@@ -97,20 +97,14 @@ func (w *Workers) TriadBandwidth(n, reps int) (TriadResult, error) {
 	if n <= 0 || reps <= 0 {
 		return TriadResult{}, fmt.Errorf("host: triad: n = %d, reps = %d, want both > 0", n, reps)
 	}
-	var arrs [3][]float32
-	for i := range arrs {
-		buf, err := NewHostBuffer(4*n, HostBufferOptions{})
-		if err != nil {
-			return TriadResult{}, fmt.Errorf("host: triad: array %d: %w", i, err)
-		}
-		defer buf.Free()
-		if arrs[i], err = buf.Float32s(0, n); err != nil {
-			return TriadResult{}, fmt.Errorf("host: triad: array %d: %w", i, err)
-		}
+	arrs, free, err := bandwidthArrays("triad", 3, n)
+	if err != nil {
+		return TriadResult{}, err
 	}
+	defer free()
 	a, b, c := arrs[0], arrs[1], arrs[2]
 	chunks := (n + TriadChunkLen - 1) / TriadChunkLen
-	err := w.parallel(chunks, func(k int) {
+	err = w.parallel(chunks, func(k int) {
 		for i := k * TriadChunkLen; i < min((k+1)*TriadChunkLen, n); i++ {
 			a[i], b[i], c[i] = 0, float32(i%1024), 1
 		}
@@ -121,16 +115,9 @@ func (w *Workers) TriadBandwidth(n, reps int) (TriadResult, error) {
 	const s = 3
 	var best [2]time.Duration
 	for k, nt := range []bool{false, true} {
-		best[k] = time.Duration(1<<63 - 1)
 		clear(a)
-		for r := 0; r <= reps; r++ {
-			t0 := time.Now()
-			if err := w.Triad(a, b, c, s, nt); err != nil {
-				return TriadResult{}, err
-			}
-			if d := time.Since(t0); r > 0 && d < best[k] {
-				best[k] = d
-			}
+		if best[k], err = fastestRun(reps, func() error { return w.Triad(a, b, c, s, nt) }); err != nil {
+			return TriadResult{}, err
 		}
 		for _, i := range []int{0, n / 3, n - 1} {
 			if want := float32(i%1024) + s; a[i] != want {
@@ -138,14 +125,61 @@ func (w *Workers) TriadBandwidth(n, reps int) (TriadResult, error) {
 			}
 		}
 	}
-	threads := 1
-	if w != nil {
-		threads = w.N()
-	}
 	bytes := float64(TriadBytesPerElement) * float64(n)
 	return TriadResult{
-		N: n, Threads: threads,
+		N: n, Threads: w.threads(),
 		Best: best[0], GBps: bytes / best[0].Seconds() / 1e9,
 		BestNT: best[1], GBpsNT: bytes / best[1].Seconds() / 1e9,
 	}, nil
+}
+
+// The parts the bandwidth measurements (TriadBandwidth, RMWBandwidth)
+// share.
+
+// bandwidthArrays allocates k off-heap arrays of n float32s for a
+// measurement of kernel (named in its errors); free releases them.
+func bandwidthArrays(kernel string, k, n int) (arrs [][]float32, free func(), err error) {
+	var bufs []*HostBuffer
+	free = func() {
+		for _, b := range bufs {
+			b.Free()
+		}
+	}
+	arrs = make([][]float32, k)
+	for i := range arrs {
+		buf, err := NewHostBuffer(4*n, HostBufferOptions{})
+		if err == nil {
+			bufs = append(bufs, buf)
+			arrs[i], err = buf.Float32s(0, n)
+		}
+		if err != nil {
+			free()
+			return nil, nil, fmt.Errorf("host: %s: array %d: %w", kernel, i, err)
+		}
+	}
+	return arrs, free, nil
+}
+
+// fastestRun times run reps+1 times and returns the fastest time but for
+// the first run's (the warm-up).
+func fastestRun(reps int, run func() error) (time.Duration, error) {
+	best := time.Duration(1<<63 - 1)
+	for r := 0; r <= reps; r++ {
+		t0 := time.Now()
+		if err := run(); err != nil {
+			return 0, err
+		}
+		if d := time.Since(t0); r > 0 && d < best {
+			best = d
+		}
+	}
+	return best, nil
+}
+
+// threads is the number of workers a measurement ran on (1 for nil).
+func (w *Workers) threads() int {
+	if w == nil {
+		return 1
+	}
+	return w.N()
 }

@@ -9,12 +9,7 @@ import (
 
 func TestTriadPaths(t *testing.T) {
 	pool := adamTestWorkers(t, 2)
-	prev := ActiveSIMD()
-	defer SetSIMD(prev)
-	for _, path := range SupportedSIMD() {
-		if _, err := SetSIMD(path); err != nil {
-			t.Fatal(err)
-		}
+	eachSIMD(t, func(path SIMD) {
 		for _, n := range []int{1, 15, 16, 17, 31, 3*TriadChunkLen + 9} {
 			a, b, c := make([]float32, n), make([]float32, n), make([]float32, n)
 			for i := range b {
@@ -32,7 +27,7 @@ func TestTriadPaths(t *testing.T) {
 				}
 			}
 		}
-	}
+	})
 	if err := pool.Triad(make([]float32, 3), make([]float32, 2), make([]float32, 3), 1, false); err == nil {
 		t.Error("mismatched lengths accepted")
 	}
