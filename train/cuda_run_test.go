@@ -14,7 +14,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 )
 
 // Tolerances of the CUDA backend's bf16 run against the CPU backend's,
@@ -37,13 +37,7 @@ const (
 )
 
 func TestCUDATrainsLikeCPU(t *testing.T) {
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	if err := probe.Close(); err != nil {
-		t.Fatal(err)
-	}
+	devicetest.RequireCUDA(t)
 	for _, tc := range []struct{ model, mode string }{
 		{"tiny", "native"}, {"tiny", "zero"}, {"tiny", "lsp-device"}, {"tiny", "lsp-host"},
 		{"llama-tiny", "native"}, {"llama-tiny", "lsp-device"}, {"llama-tiny", "galore-device"},
@@ -58,11 +52,7 @@ func TestCUDATrainsLikeCPU(t *testing.T) {
 
 			gpuCfg := tinyBF16Config(t, mode, Pipelined, backend.BF16, backend.F32)
 			gpuCfg.Model = tc.model
-			gb, err := device.Open(device.Config{Kind: device.CUDA})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gb.Close()
+			gb := devicetest.OpenCUDA(t)
 			got := mustRun(t, context.Background(), gpuCfg, Options{Backend: gb})
 
 			worst := lossGap(t, got.Losses, want.Losses, cudaLossTol, "on cuda", "on cpu")

@@ -17,7 +17,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/catalog"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -65,13 +65,7 @@ func decodeLogits(t *testing.T, be backend.Backend, spec model.Spec, vals []floa
 }
 
 func TestCUDADecoderMatchesCPU(t *testing.T) {
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	if err := probe.Close(); err != nil {
-		t.Fatal(err)
-	}
+	devicetest.RequireCUDA(t)
 	for _, name := range []string{"gpt2-tiny", "llama-tiny-gqa", "qwen2-tiny-gqa"} {
 		t.Run(name, func(t *testing.T) {
 			spec, vals, err := catalog.Load(filepath.Join("../testdata", name))
@@ -84,11 +78,7 @@ func TestCUDADecoderMatchesCPU(t *testing.T) {
 			}
 			cb := cpu.New(cpu.Config{KernelDTypes: true})
 			defer cb.Close()
-			gb, err := device.Open(device.Config{Kind: device.CUDA})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gb.Close()
+			gb := devicetest.OpenCUDA(t)
 			_, cpuDec := decodeLogits(t, cb, spec, vals, seq)
 			full, dec := decodeLogits(t, gb, spec, vals, seq)
 			diff := func(a, b []float32) (d, sc float64) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 	"github.com/lsp-offload/lsp-offload/train/model"
 )
 
@@ -19,11 +19,7 @@ import (
 // per-token losses and the gradients within the tolerances of
 // TestCUDAMatchesCPU.
 func TestCUDAMatchesCPUPacked(t *testing.T) {
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	must(t, probe.Close())
+	devicetest.RequireCUDA(t)
 	cfg := hookCfg
 	cfg.QKVBias = true
 	const B, T = 2, 13
@@ -59,9 +55,7 @@ func TestCUDAMatchesCPUPacked(t *testing.T) {
 	}
 	cb := cpu.New(cpu.Config{KernelDTypes: true})
 	defer cb.Close()
-	gb, err := device.Open(device.Config{Kind: device.CUDA})
-	must(t, err)
-	defer gb.Close()
+	gb := devicetest.OpenCUDA(t)
 	wantL, wantG := run(cb)
 	gotL, gotG := run(gb)
 	for i := range wantL {

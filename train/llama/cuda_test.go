@@ -15,7 +15,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
-	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 	"github.com/lsp-offload/lsp-offload/train/model"
 	"github.com/lsp-offload/lsp-offload/train/model/modeltest"
 )
@@ -31,11 +31,7 @@ const (
 )
 
 func TestCUDAMatchesCPU(t *testing.T) {
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	must(t, probe.Close())
+	devicetest.RequireCUDA(t)
 	for _, name := range fixtureNames {
 		fx := loadFixture(t, name)
 		for _, gdt := range []backend.DType{backend.F32, backend.BF16} {
@@ -56,9 +52,7 @@ func TestCUDAMatchesCPU(t *testing.T) {
 				}
 				cb := cpu.New(cpu.Config{KernelDTypes: true})
 				defer cb.Close()
-				gb, err := device.Open(device.Config{Kind: device.CUDA})
-				must(t, err)
-				defer gb.Close()
+				gb := devicetest.OpenCUDA(t)
 				wantLoss, wantLogits, wantGrads := run(cb)
 				loss, logits, grads := run(gb)
 				t.Logf("loss: cuda %.7g, cpu %.7g, pytorch (fp32) %.7g", loss, wantLoss, fx.Loss)

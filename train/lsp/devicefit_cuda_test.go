@@ -3,12 +3,10 @@
 package lsp
 
 import (
-	"errors"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 )
 
 // The fit on the CUDA backend (the simulated runtime under -tags cudasim),
@@ -18,20 +16,5 @@ func init() {
 	backends = append(backends, struct {
 		name string
 		open func(t *testing.T) backend.Backend
-	}{"cuda", func(t *testing.T) backend.Backend {
-		be, err := cuda.New(cuda.Config{MemBudget: 64 << 20, CheckGoroutine: true})
-		if errors.Is(err, cuda.ErrNoDevice) {
-			t.Skip(err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := hazard.Wrap(be)
-		t.Cleanup(func() {
-			for _, h := range w.Hazards() {
-				t.Errorf("hazard: %v", h)
-			}
-		})
-		return w
-	}})
+	}{"cuda", func(t *testing.T) backend.Backend { return devicetest.CheckedCUDA(t) }})
 }

@@ -71,15 +71,18 @@ func (pr problem) build(t *testing.T, seed uint64) (*Projector, []*Projector, []
 	return P, Qs, samples
 }
 
-// backends are the backends the tests run the fit on: the CPU backend in
+// backends are the backends the tests run the fit on, each closed when
+// the test that opened it ends: the CPU backend in
 // its hazard-checking, kernel-dtype mode, and, in cudasim and cuda builds,
 // the CUDA backend (devicefit_cuda_test.go).
 var backends = []struct {
 	name string
 	open func(t *testing.T) backend.Backend
 }{
-	{"cpu", func(*testing.T) backend.Backend {
-		return cpu.New(cpu.Config{Threads: 2, HazardCheck: true, KernelDTypes: true})
+	{"cpu", func(t *testing.T) backend.Backend {
+		be := cpu.New(cpu.Config{Threads: 2, HazardCheck: true, KernelDTypes: true})
+		t.Cleanup(func() { be.Close() })
+		return be
 	}},
 }
 
@@ -207,7 +210,6 @@ func eachFitCase(t *testing.T, f func(t *testing.T, be backend.Backend, pr probl
 			for _, ortho := range []float64{0, 0.3} {
 				t.Run(fmt.Sprintf("%s_%v_ortho%v", bk.name, pr, ortho), func(t *testing.T) {
 					be := bk.open(t)
-					t.Cleanup(func() { be.Close() })
 					f(t, be, pr, ortho)
 				})
 			}

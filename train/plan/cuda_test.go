@@ -7,6 +7,7 @@ import (
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/device"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 )
 
 // TestMeasuredOpsCUDA is TestMeasuredOpsFromEvents on the CUDA backend (a
@@ -15,12 +16,6 @@ import (
 // times measured by the backend's own events, the hook a GPU's predictions
 // are checked with.
 func TestMeasuredOpsCUDA(t *testing.T) {
-	probe, err := device.Open(device.Config{Kind: device.CUDA})
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	if err := probe.Close(); err != nil {
-		t.Fatal(err)
-	}
+	devicetest.RequireCUDA(t)
 	checkMeasuredOps(t, backend.BF16, func() (backend.Backend, error) { return device.Open(device.Config{Kind: device.CUDA}) })
 }

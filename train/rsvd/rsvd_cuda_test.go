@@ -9,14 +9,12 @@
 package rsvd
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 
-	"github.com/lsp-offload/lsp-offload/cuda"
 	"github.com/lsp-offload/lsp-offload/train/backend"
-	"github.com/lsp-offload/lsp-offload/train/hazard"
+	"github.com/lsp-offload/lsp-offload/train/device/devicetest"
 )
 
 func TestCUDAMatchesReference(t *testing.T) {
@@ -25,7 +23,7 @@ func TestCUDAMatchesReference(t *testing.T) {
 		t.Run(fmt.Sprintf("%dx%d_k%d", sh.m, sh.n, k), func(t *testing.T) {
 			// A backend per subtest: only the goroutine that created
 			// it may use it, and each subtest runs on its own.
-			be := openCUDA(t)
+			be := devicetest.CheckedCUDA(t)
 			ref := newCPU(t, true)
 			rng := rand.New(rand.NewPCG(uint64(sh.m+sh.n), uint64(k)))
 			g := matrix(rng, sh.m, sh.n, spectrum("gap", min(sh.m, sh.n), k), 1e-4)
@@ -42,25 +40,4 @@ func TestCUDAMatchesReference(t *testing.T) {
 			}
 		})
 	}
-}
-
-// openCUDA is the CUDA backend behind the hazard wrapper, closed (and its
-// hazards reported) when the test ends; skipped without a device.
-func openCUDA(t *testing.T) *hazard.Backend {
-	t.Helper()
-	raw, err := cuda.New(cuda.Config{MemBudget: 64 << 20, CheckGoroutine: true})
-	if errors.Is(err, cuda.ErrNoDevice) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	be := hazard.Wrap(raw)
-	t.Cleanup(func() {
-		for _, h := range be.Hazards() {
-			t.Errorf("hazard: %v", h)
-		}
-		be.Close()
-	})
-	return be
 }
