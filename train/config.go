@@ -178,14 +178,7 @@ func ParseNonFinite(s string) (NonFinite, error) {
 func (n NonFinite) String() string { return string(n) }
 
 // Set parses an --on-nonfinite value (flag.Value).
-func (n *NonFinite) Set(v string) error {
-	p, err := ParseNonFinite(v)
-	if err != nil {
-		return err
-	}
-	*n = p
-	return nil
-}
+func (n *NonFinite) Set(v string) error { return flagerr.Set(n, ParseNonFinite, v) }
 
 // Schedule is the order the engine runs a step's ops in (--schedule).
 type Schedule string
@@ -209,14 +202,7 @@ func ParseSchedule(s string) (Schedule, error) {
 func (s Schedule) String() string { return string(s) }
 
 // Set parses a --schedule value (flag.Value).
-func (s *Schedule) Set(v string) error {
-	p, err := ParseSchedule(v)
-	if err != nil {
-		return err
-	}
-	*s = p
-	return nil
-}
+func (s *Schedule) Set(v string) error { return flagerr.Set(s, ParseSchedule, v) }
 
 // Collectives says where the ranks of a data-parallel run sum what the
 // device reads back: lsp's S and the gradients of a device AdamW
@@ -248,14 +234,7 @@ func ParseCollectives(s string) (Collectives, error) {
 func (c Collectives) String() string { return string(c) }
 
 // Set parses a --collectives value (flag.Value).
-func (c *Collectives) Set(v string) error {
-	p, err := ParseCollectives(v)
-	if err != nil {
-		return err
-	}
-	*c = p
-	return nil
-}
+func (c *Collectives) Set(v string) error { return flagerr.Set(c, ParseCollectives, v) }
 
 // FlagError is a bad flag value; Flag names it.
 type FlagError = flagerr.Error

@@ -7,15 +7,10 @@
 
 package backend
 
+import "github.com/lsp-offload/lsp-offload/train/flagerr"
+
 // Set parses a dtype flag value (flag.Value).
-func (d *DType) Set(s string) error {
-	v, err := ParseDType(s)
-	if err != nil {
-		return err
-	}
-	*d = v
-	return nil
-}
+func (d *DType) Set(s string) error { return flagerr.Set(d, ParseDType, s) }
 
 // MarshalText writes the flag spelling (encoding.TextMarshaler).
 func (d DType) MarshalText() ([]byte, error) { return []byte(d.String()), nil }

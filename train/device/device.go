@@ -24,6 +24,7 @@ import (
 	"github.com/lsp-offload/lsp-offload/train/backend"
 	"github.com/lsp-offload/lsp-offload/train/comm"
 	"github.com/lsp-offload/lsp-offload/train/cpu"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 // Kind names a backend (--device): cpu, cuda (device 0), or cuda:N.
@@ -99,14 +100,7 @@ func ParseKind(s string) (Kind, error) {
 func (k Kind) String() string { return string(k) }
 
 // Set parses a --device value (flag.Value).
-func (k *Kind) Set(s string) error {
-	v, err := ParseKind(s)
-	if err != nil {
-		return err
-	}
-	*k = v
-	return nil
-}
+func (k *Kind) Set(s string) error { return flagerr.Set(k, ParseKind, s) }
 
 // DefaultDType is the storage type of weights and activations on k when
 // --dtype is not given: bf16 on cuda, fp32 on the CPU.

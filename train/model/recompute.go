@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/lsp-offload/lsp-offload/train/backend"
+	"github.com/lsp-offload/lsp-offload/train/flagerr"
 )
 
 // Recompute says which of a block's activations the forward keeps for the
@@ -70,14 +71,7 @@ func (r Recompute) Recomputed() (last Block, ok bool) {
 }
 
 // Set parses a flag value (flag.Value).
-func (r *Recompute) Set(s string) error {
-	v, err := ParseRecompute(s)
-	if err != nil {
-		return err
-	}
-	*r = v
-	return nil
-}
+func (r *Recompute) Set(s string) error { return flagerr.Set(r, ParseRecompute, s) }
 
 // Block is the part of a block an activation belongs to.
 type Block uint8
