@@ -167,7 +167,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -300,18 +299,24 @@ func (n *NCCL) Stats() comm.Stats {
 	return n.stats
 }
 
+// ncclArg is a tensor argument of a collective, with the name its errors
+// give it.
+type ncclArg struct {
+	name string
+	t    backend.Tensor
+}
+
 // begin checks that op may start: on the device goroutine, before Close,
-// on F32 tensors of this backend ts, named in turn by names (separated by
-// spaces).
-func (n *NCCL) begin(op comm.Op, names string, ts ...backend.Tensor) error {
+// and each of args an F32 tensor of this backend.
+func (n *NCCL) begin(op comm.Op, args ...ncclArg) error {
 	if err := n.b.onDevice("NCCL " + op.String()); err != nil {
 		return err
 	}
 	if n.closed {
 		return fmt.Errorf("cuda: NCCL %v: communicator is closed", op)
 	}
-	for i, name := range strings.Fields(names) {
-		if err := n.f32(op, name, ts[i]); err != nil {
+	for _, a := range args {
+		if err := n.f32(op, a.name, a.t); err != nil {
 			return err
 		}
 	}
@@ -453,7 +458,7 @@ func (n *NCCL) AllReduceSum(s backend.Stream, t, scratch backend.Tensor) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.AllReduce
-	if err := n.begin(op, "t", t); err != nil {
+	if err := n.begin(op, ncclArg{"t", t}); err != nil {
 		return err
 	}
 	if err := n.checkScratch(op, t, scratch); err != nil {
@@ -477,7 +482,7 @@ func (n *NCCL) ReduceScatterSum(s backend.Stream, shard, t, scratch backend.Tens
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.ReduceScatter
-	if err := n.begin(op, "shard t", shard, t); err != nil {
+	if err := n.begin(op, ncclArg{"shard", shard}, ncclArg{"t", t}); err != nil {
 		return err
 	}
 	if err := comm.CheckArgs(op, n.size, n.rank, t.Len(), shard.Len(), 0); err != nil {
@@ -499,7 +504,7 @@ func (n *NCCL) AllGather(s backend.Stream, t, shard backend.Tensor) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.AllGather
-	if err := n.begin(op, "t shard", t, shard); err != nil {
+	if err := n.begin(op, ncclArg{"t", t}, ncclArg{"shard", shard}); err != nil {
 		return err
 	}
 	if err := comm.CheckArgs(op, n.size, n.rank, t.Len(), shard.Len(), 0); err != nil {
@@ -525,7 +530,7 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	op := comm.Broadcast
-	if err := n.begin(op, ""); err != nil {
+	if err := n.begin(op); err != nil {
 		return err
 	}
 	if err := n.b.views.Tensor("NCCL Broadcast t", t); err != nil {
