@@ -57,10 +57,10 @@ func SetBatch(t *testing.T, be backend.Backend, m model.Model, V, mb int) {
 	Must(t, backend.UploadInt32(be, s, bufs.Targets, tgt))
 }
 
-// MicroBatch runs forward, loss and backward of micro-batch mb, either
+// microBatch runs forward, loss and backward of micro-batch mb, either
 // through Forward/Backward or through the per-layer calls, and returns the
 // logits of the forward.
-func (f Family) MicroBatch(t *testing.T, be backend.Backend, m Blocked, mb int, split bool) []float32 {
+func (f Family) microBatch(t *testing.T, be backend.Backend, m Blocked, mb int, split bool) []float32 {
 	t.Helper()
 	s := be.DefaultStream()
 	L := f.Arch.Layers()
@@ -100,7 +100,7 @@ func (f Family) CheckSplitPasses(t *testing.T, dt backend.DType) {
 	for i, split := range []bool{false, true} {
 		Must(t, m.ZeroGrads(be.DefaultStream()))
 		for mb := range 2 {
-			logits[i] = append(logits[i], f.MicroBatch(t, be, m, mb, split))
+			logits[i] = append(logits[i], f.microBatch(t, be, m, mb, split))
 		}
 		grads[i] = Download(t, be, m.Buffers().Grads)
 	}
@@ -132,9 +132,9 @@ type DenseHook struct {
 	Calls []string           // "in l in" and "out l matrix", in call order
 }
 
-// NewDenseHook allocates the hook's buffers for arch's matrices on be, for
+// newDenseHook allocates the hook's buffers for arch's matrices on be, for
 // BT rows in dtype dt.
-func NewDenseHook(t *testing.T, be backend.Backend, arch model.Arch, BT int, dt backend.DType) *DenseHook {
+func newDenseHook(t *testing.T, be backend.Backend, arch model.Arch, BT int, dt backend.DType) *DenseHook {
 	t.Helper()
 	x, err := model.NewIndex(arch)
 	Must(t, err)
@@ -201,12 +201,12 @@ func (h *DenseHook) OutputGrad(s backend.Stream, l, k int, dY backend.Tensor) er
 	return nil
 }
 
-// WantCalls is the order of hook calls of one micro-batch: every block's
+// wantCalls is the order of hook calls of one micro-batch: every block's
 // inputs in the forward, then the output grads in reverse; or, when the
 // inputs are handed over in the backward's recompute
 // (model.Options.HooksInRecompute), block by block from the last, its
 // inputs and then its output grads.
-func (h *DenseHook) WantCalls(inRecompute bool) []string {
+func (h *DenseHook) wantCalls(inRecompute bool) []string {
 	var calls []string
 	ins := func(l int) {
 		for in := range h.x.Inputs {
@@ -246,21 +246,21 @@ func (f Family) CheckMatrixHooks(t *testing.T, dt backend.DType, rc model.Recomp
 	L := f.Arch.Layers()
 	plain := f.New(t, be, dt, model.Options{})
 	plainRC := f.New(t, be, dt, model.Options{Recompute: rc})
-	h := NewDenseHook(t, be, f.Arch, f.B*f.T, dt)
+	h := newDenseHook(t, be, f.Arch, f.B*f.T, dt)
 	hooked := f.New(t, be, dt, model.Options{MatrixGrads: h, Recompute: rc})
-	hf := NewDenseHook(t, be, f.Arch, f.B*f.T, dt)
+	hf := newDenseHook(t, be, f.Arch, f.B*f.T, dt)
 	frozen := f.New(t, be, dt, model.Options{MatrixGrads: hf, Recompute: rc, FrozenDense: true})
 	for _, m := range []Blocked{plain, plainRC, hooked, frozen} {
 		Must(t, m.ZeroGrads(s))
 	}
 	for mb := range 2 {
-		want := f.MicroBatch(t, be, plain, mb, false)
-		SameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), f.MicroBatch(t, be, plainRC, mb, mb == 0), want)
-		got := f.MicroBatch(t, be, hooked, mb, mb == 1) // both call paths
+		want := f.microBatch(t, be, plain, mb, false)
+		SameBits(t, fmt.Sprintf("logits of micro-batch %d, recomputing", mb), f.microBatch(t, be, plainRC, mb, mb == 0), want)
+		got := f.microBatch(t, be, hooked, mb, mb == 1) // both call paths
 		SameBits(t, fmt.Sprintf("logits of micro-batch %d", mb), got, want)
-		SameBits(t, fmt.Sprintf("logits of micro-batch %d, frozen", mb), f.MicroBatch(t, be, frozen, mb, false), want)
+		SameBits(t, fmt.Sprintf("logits of micro-batch %d, frozen", mb), f.microBatch(t, be, frozen, mb, false), want)
 	}
-	if calls := h.WantCalls(rc == model.RecomputeLayer); !slices.Equal(h.Calls, append(calls, calls...)) {
+	if calls := h.wantCalls(rc == model.RecomputeLayer); !slices.Equal(h.Calls, append(calls, calls...)) {
 		t.Errorf("hook calls %v, want %v twice", h.Calls, calls)
 	}
 	if !slices.Equal(hf.Calls, h.Calls) {
@@ -357,11 +357,11 @@ func (f Family) CheckKernelDTypes(t *testing.T) {
 					defer be.Close()
 					opts := model.Options{GradDType: gdt}
 					if hooked {
-						opts.MatrixGrads = NewDenseHook(t, be, f.Arch, f.B*f.T, backend.BF16)
+						opts.MatrixGrads = newDenseHook(t, be, f.Arch, f.B*f.T, backend.BF16)
 					}
 					m := f.New(t, be, backend.BF16, opts)
 					Must(t, m.ZeroGrads(be.DefaultStream()))
-					f.MicroBatch(t, be, m, 0, false)
+					f.microBatch(t, be, m, 0, false)
 					grads[i] = Download(t, be, m.Buffers().Grads)
 				}
 				SameBits(t, "grads under KernelDTypes", grads[1], grads[0])
