@@ -166,6 +166,7 @@ static int lspnccl_bcast(uintptr_t comm, uintptr_t p, size_t bytes, int root, ui
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -349,20 +350,24 @@ func (n *NCCL) exchange(op comm.Op, s backend.Stream, ts []p2p) error {
 	cts := (*p2p)(C.calloc(C.size_t(len(ts)), C.sizeof_lspnccl_p2p))
 	defer C.free(unsafe.Pointer(cts))
 	copy(unsafe.Slice(cts, len(ts)), ts)
-	return n.call(fmt.Sprintf("cuda: NCCL %v on stream %s", op, st.name), func() C.int {
+	if err := n.call(func() C.int {
 		return C.lspnccl_exchange(C.uintptr_t(n.h), cts, C.int(len(ts)), C.uintptr_t(st.h))
-	})
+	}); err != nil {
+		return fmt.Errorf("cuda: NCCL %v on stream %s: %w", op, st.name, err)
+	}
+	return nil
 }
 
-// call runs f, a call of the NCCL shim, on the device thread; what begins
-// its error, if the call fails to run or NCCL returns one.
-func (n *NCCL) call(what string, f func() C.int) error {
+// call runs f, a call of the NCCL shim, on the device thread. Its error,
+// if the call fails to run or NCCL returns one, is wrapped by the caller,
+// so that a collective that succeeds formats nothing.
+func (n *NCCL) call(f func() C.int) error {
 	var r C.int
 	if err := n.b.w.do(func() error { r = f(); return nil }); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return err
 	}
 	if r != 0 {
-		return fmt.Errorf("%s: %s", what, ncclError(r))
+		return errors.New(ncclError(r))
 	}
 	return nil
 }
@@ -553,9 +558,12 @@ func (n *NCCL) Broadcast(s backend.Stream, t backend.Tensor, root int) error {
 	} else {
 		n.stats.Ops[op].Received += bytes
 	}
-	return n.call(fmt.Sprintf("cuda: NCCL %v on stream %s", op, st.name), func() C.int {
+	if err := n.call(func() C.int {
 		return C.lspnccl_bcast(C.uintptr_t(n.h), n.addr(t), C.size_t(bytes), C.int(root), C.uintptr_t(st.h))
-	})
+	}); err != nil {
+		return fmt.Errorf("cuda: NCCL %v on stream %s: %w", op, st.name, err)
+	}
+	return nil
 }
 
 // Err is NCCL's asynchronous error of the communicator (a peer lost, a
@@ -594,10 +602,13 @@ func (n *NCCL) end(what string, abort bool) error {
 		return nil
 	}
 	n.closed = true
-	return n.call("cuda: NCCL: "+what, func() C.int {
+	if err := n.call(func() C.int {
 		if abort {
 			return C.lspnccl_abort(C.uintptr_t(n.h))
 		}
 		return C.lspnccl_destroy(C.uintptr_t(n.h))
-	})
+	}); err != nil {
+		return fmt.Errorf("cuda: NCCL: %s: %w", what, err)
+	}
+	return nil
 }
